@@ -1,0 +1,106 @@
+// quantspec generate: stream a completion to stdout, human stats to stderr.
+#include <fmt/core.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdio>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "commands.h"
+#include "options.h"
+#include "report.h"
+
+namespace qs::cli {
+
+namespace {
+
+struct GenerateArgs {
+  ModelOptions model;
+  GenerationParams gen;
+  std::string prompt;
+  std::string prompt_file;
+  std::string stats_json;
+  bool no_special = false;
+};
+
+Result<std::string> read_text_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return make_error("cannot read prompt file '" + path + "'");
+  std::stringstream ss;
+  ss << in.rdbuf();
+  return ss.str();
+}
+
+int run_generate(const GenerateArgs& a) {
+  if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
+  std::string prompt = a.prompt;
+  if (!a.prompt_file.empty()) {
+    auto text = read_text_file(a.prompt_file);
+    if (!text) return report_error(text.error().message);
+    prompt = std::move(text.value());
+  }
+  auto dir = resolve_model_dir(a.model);
+  auto engine = Engine::load(dir, a.model.engine);
+  if (!engine) return report_error(engine.error().message);
+  Engine& eng = *engine.value();
+  print_resolved_config("generate", dir, eng, a.model, &a.gen);
+  if (!eng.tokenizer()) return report_error(dir.string() + ": no tokenizer.json, cannot generate text");
+
+  std::vector<int32_t> ids = eng.tokenizer()->encode(prompt, !a.no_special);
+  if (ids.empty()) return report_error("the prompt is empty (no tokens)");
+  auto result = eng.generate(ids, a.gen, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (!result) return report_error(result.error().message);
+  const GenerationStats& st = result->stats;
+  fmt::print(stderr,
+             "[{} prompt tokens, prefill {:.3f} s ({:.1f} tok/s); {} generated, decode {:.3f} s "
+             "({:.2f} tok/s); finish: {}]\n",
+             st.prompt_tokens, st.prefill_s, st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0,
+             st.generated_tokens, st.decode_s, st.decode_tok_s(), result->finish_reason);
+  if (!a.stats_json.empty()) {
+    nlohmann::json j = {{"prompt_tokens", st.prompt_tokens},
+                        {"generated_tokens", st.generated_tokens},
+                        {"prefill_s", st.prefill_s},
+                        {"decode_s", st.decode_s},
+                        {"decode_tok_s", st.decode_tok_s()},
+                        {"prefill_tok_s", st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0},
+                        {"finish_reason", result->finish_reason},
+                        {"mode", "ar"},
+                        {"kv", "fp32"},
+                        {"backend", "cpu"},
+                        {"tokens", result->tokens}};
+    std::ofstream out(a.stats_json);
+    if (!out) return report_error("cannot write --stats-json file '" + a.stats_json + "'");
+    out << j.dump(2) << "\n";
+  }
+  return 0;
+}
+
+}  // namespace
+
+CommandRun add_generate_command(CLI::App& root) {
+  auto args = std::make_shared<GenerateArgs>();
+  CLI::App* cmd = root.add_subcommand("generate", "Generate a completion of a prompt");
+  add_model_options(*cmd, args->model);
+  add_generation_options(*cmd, args->gen);
+  auto* p = cmd->add_option("-p,--prompt", args->prompt, "Prompt text");
+  auto* f = cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file");
+  p->excludes(f);
+  f->excludes(p);
+  cmd->add_option("--stats-json", args->stats_json, "Write generation statistics as JSON");
+  cmd->add_flag("--no-special", args->no_special, "Do not add BOS/special tokens to the prompt");
+  cmd->callback([cmd, p, f] {
+    if (p->count() == 0 && f->count() == 0)
+      throw CLI::ValidationError("generate", "one of -p/--prompt or -f/--file is required");
+    (void)cmd;
+  });
+  return [args] { return run_generate(*args); };
+}
+
+}  // namespace qs::cli

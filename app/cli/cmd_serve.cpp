@@ -1,0 +1,193 @@
+// quantspec serve: the OpenAI-compatible HTTP server (app/server).
+#include <fmt/core.h>
+
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <sstream>
+
+#include "commands.h"
+#include "options.h"
+#include "report.h"
+#include "server.h"
+
+namespace qs::cli {
+
+namespace {
+
+struct ServeArgs {
+  ModelOptions model;
+  GenerationParams gen;
+  server::ServerOptions server;
+  std::string served_model_name;
+  std::string chat_template;  // built-in name or file; empty: the model's own
+  CLI::Option* seed_option = nullptr;
+};
+
+std::string builtin_list() {
+  std::string s;
+  for (const auto& n : ChatTemplate::builtin_names()) s += (s.empty() ? "" : ", ") + n;
+  return s;
+}
+
+// The chat template to use: --chat-template (built-in name or file) or the model's own.
+// A broken --chat-template is fatal; a model template we cannot parse only disables chat.
+Result<server::ChatSetup> resolve_chat(const ServeArgs& a, const std::filesystem::path& dir,
+                                       const Engine& engine, std::string* origin) {
+  QS_ASSIGN_OR_RETURN(ModelChatTemplate model, load_model_chat_template(dir));
+  server::ChatSetup chat;
+  chat.tokens.bos_token = model.bos_token;
+  chat.tokens.eos_token = model.eos_token;
+  const Tokenizer& tok = *engine.tokenizer();
+  if (chat.tokens.bos_token.empty() && tok.bos_id() >= 0) chat.tokens.bos_token = tok.id_to_piece(tok.bos_id());
+  if (chat.tokens.eos_token.empty() && !tok.eos_ids().empty()) {
+    chat.tokens.eos_token = tok.id_to_piece(tok.eos_ids().front());
+  }
+  const std::string fix = "start the server with --chat-template NAME (built-ins: " + builtin_list() +
+                          ") or a template file, or use /v1/completions";
+  if (!a.chat_template.empty()) {
+    const auto names = ChatTemplate::builtin_names();
+    if (std::find(names.begin(), names.end(), a.chat_template) != names.end()) {
+      QS_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::builtin(a.chat_template));
+      chat.chat_template.emplace(std::move(t));
+      *origin = "built-in '" + a.chat_template + "'";
+      return chat;
+    }
+    std::ifstream in(a.chat_template, std::ios::binary);
+    if (!in) {
+      return make_error("--chat-template '" + a.chat_template + "' is neither a built-in (" +
+                        builtin_list() + ") nor a readable file");
+    }
+    std::stringstream ss;
+    ss << in.rdbuf();
+    QS_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::parse(ss.str(), a.chat_template));
+    chat.chat_template.emplace(std::move(t));
+    *origin = a.chat_template;
+    return chat;
+  }
+  if (!model.source) {
+    chat.problem = "the model has no chat template (no chat_template in tokenizer_config.json); " + fix;
+    *origin = "none (" + chat.problem + ")";
+    return chat;
+  }
+  auto t = ChatTemplate::parse(*model.source, model.origin);
+  if (!t.ok()) {
+    chat.problem = "the model's chat template is not supported: " + t.error().message + "; " + fix;
+    *origin = "unusable (" + t.error().message + "): chat requests get 400; " + fix;
+    return chat;
+  }
+  chat.chat_template.emplace(std::move(t.value()));
+  *origin = model.origin;
+  return chat;
+}
+
+std::string default_model_name(const std::filesystem::path& dir) {
+  std::filesystem::path p = dir;
+  if (p.filename().empty()) p = p.parent_path();
+  const std::string name = p.filename().string();
+  return name.empty() ? "quantspec" : name;
+}
+
+int run_serve(ServeArgs& a) {
+  server::install_shutdown_signal_handlers();
+  if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
+  const auto dir = resolve_model_dir(a.model);
+  auto engine = Engine::load(dir, a.model.engine);
+  if (!engine) return report_error(engine.error().message);
+  Engine& eng = *engine.value();
+  if (!eng.tokenizer()) return report_error(dir.string() + ": no tokenizer.json, cannot serve text");
+
+  std::string chat_origin;
+  auto chat = resolve_chat(a, dir, eng, &chat_origin);
+  if (!chat) return report_error(chat.error().message);
+
+  a.server.defaults.gen = a.gen;
+  a.server.defaults.seed_given = a.seed_option && a.seed_option->count() > 0;
+  a.server.model_name = a.served_model_name.empty() ? default_model_name(dir) : a.served_model_name;
+
+  print_resolved_config("serve", dir, eng, a.model, &a.gen);
+  const auto& o = a.server;
+  fmt::print(stderr,
+             "  server: model id '{}', queue {}, request timeout {} s, read timeout {} s, request "
+             "deadline {} s, keep-alive {} s, max body {} bytes, {} connection threads, shutdown "
+             "grace {} s\n",
+             o.model_name, o.max_queue, o.request_timeout_s, o.http.read_timeout_s,
+             o.http.request_deadline_s, o.http.keep_alive_timeout_s, o.http.max_body_bytes,
+             o.http.threads, o.shutdown_grace_s);
+  fmt::print(stderr, "  chat template: {}\n", chat_origin);
+  fmt::print(stderr, "  requests without a seed: {}\n",
+             o.defaults.seed_given ? "use --seed" : "get a random seed");
+
+  server::Server srv(eng, a.server, std::move(chat.value()));
+  auto port = srv.bind();
+  if (!port) return report_error(port.error().message);
+  const std::string& host = a.server.http.host;
+  const bool v6 = host.find(':') != std::string::npos;
+  fmt::print(stderr, "quantspec serve: listening on http://{}{}{}:{}\n", v6 ? "[" : "", host, v6 ? "]" : "",
+             *port);
+  std::fflush(stderr);
+  return server::serve_until_signal(srv);
+}
+
+}  // namespace
+
+CommandRun add_serve_command(CLI::App& root) {
+  auto args = std::make_shared<ServeArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "serve", "Serve the model over an OpenAI-compatible HTTP API (/v1/completions, "
+               "/v1/chat/completions, /v1/models, /health, /metrics, /openapi.json)");
+  add_model_options(*cmd, args->model);
+  add_generation_options(*cmd, args->gen);  // defaults for what requests leave out
+  args->seed_option = cmd->get_option("--seed");
+  server::ServerOptions& s = args->server;
+  cmd->add_option("--host", s.http.host, "Address to listen on")->envname("QS_HOST")->capture_default_str();
+  cmd->add_option("--port", s.http.port, "Port to listen on (0: any free port)")
+      ->envname("QS_PORT")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  cmd->add_option("--served-model-name", args->served_model_name,
+                  "Model id reported by /v1/models (default: the model directory's name)")
+      ->envname("QS_SERVED_MODEL_NAME");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "Chat template: a built-in (" + builtin_list() +
+                      ") or a Jinja file; default: the model's tokenizer_config.json chat_template")
+      ->envname("QS_CHAT_TEMPLATE");
+  cmd->add_option("--max-queue", s.max_queue, "Requests that may wait for the engine; beyond: 429")
+      ->envname("QS_MAX_QUEUE")
+      ->check(CLI::Range(1, 1 << 20))
+      ->capture_default_str();
+  cmd->add_option("--timeout", s.request_timeout_s, "Per-request time limit in seconds (queue + generation)")
+      ->envname("QS_REQUEST_TIMEOUT")
+      ->check(CLI::Range(1, 1 << 24))
+      ->capture_default_str();
+  cmd->add_option("--read-timeout", s.http.read_timeout_s,
+                  "Seconds a client may pause while sending a request")
+      ->envname("QS_READ_TIMEOUT")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->add_option("--request-deadline", s.http.request_deadline_s,
+                  "Seconds a client may take to send a whole request (slow clients are cut off)")
+      ->envname("QS_REQUEST_DEADLINE")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->add_option("--keep-alive", s.http.keep_alive_timeout_s, "Idle seconds before a keep-alive connection closes")
+      ->envname("QS_KEEP_ALIVE")
+      ->check(CLI::Range(1, 3600))
+      ->capture_default_str();
+  cmd->add_option("--max-body", s.http.max_body_bytes, "Largest request body in bytes; beyond: 413")
+      ->envname("QS_MAX_BODY")
+      ->check(CLI::Range(size_t{1024}, size_t{1} << 34))
+      ->capture_default_str();
+  cmd->add_option("--http-threads", s.http.threads, "Connection threads (one per open connection)")
+      ->envname("QS_HTTP_THREADS")
+      ->check(CLI::Range(4, 4096))
+      ->capture_default_str();
+  cmd->add_option("--shutdown-grace", s.shutdown_grace_s,
+                  "On SIGINT/SIGTERM: seconds the running request may take to finish")
+      ->envname("QS_SHUTDOWN_GRACE")
+      ->check(CLI::Range(0, 3600))
+      ->capture_default_str();
+  return [args] { return run_serve(*args); };
+}
+
+}  // namespace qs::cli

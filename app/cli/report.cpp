@@ -1,0 +1,52 @@
+#include "report.h"
+
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <thread>
+
+namespace qs::cli {
+
+namespace {
+
+double parameter_count(const ModelConfig& c) {
+  double h = c.hidden_size, layer = 0;
+  layer += h * c.q_dim() + 2.0 * h * c.kv_dim() + c.q_dim() * h;  // attention
+  layer += 3.0 * h * c.intermediate_size;                          // MLP
+  double emb = static_cast<double>(c.vocab_size) * h;
+  return c.num_layers * layer + emb * (c.tie_word_embeddings ? 1 : 2);
+}
+
+}  // namespace
+
+bool stderr_is_tty() { return isatty(fileno(stderr)) != 0; }
+
+void print_resolved_config(const char* command, const std::filesystem::path& model_dir,
+                           const Engine& engine, const ModelOptions& opts,
+                           const GenerationParams* gen) {
+  const ModelConfig& c = engine.config();
+  int threads = opts.engine.num_threads > 0 ? opts.engine.num_threads
+                                            : static_cast<int>(std::thread::hardware_concurrency());
+  double kv_gib = 2.0 * c.num_layers * c.kv_dim() * 4.0 * engine.max_context() / (1 << 30);
+  fmt::print(stderr, "quantspec {}: model {} ({}, {:.1f}M params, weights {})\n", command,
+             model_dir.string(), architecture_name(c.arch), parameter_count(c) / 1e6,
+             c.torch_dtype.empty() ? "?" : c.torch_dtype);
+  fmt::print(stderr,
+             "  layers {} hidden {} heads {}/{} (kv) head_dim {} vocab {} rope_theta {:g}\n",
+             c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
+             c.rope_theta);
+  fmt::print(stderr, "  backend cpu ({} threads), context {} tokens, KV f32 {:.3f} GiB, "
+             "prefill chunk {}\n",
+             threads, engine.max_context(), kv_gib, opts.engine.prefill_chunk);
+  if (gen) {
+    const SamplingParams& s = gen->sampling;
+    fmt::print(stderr,
+               "  max_tokens {} temperature {:g} top_k {} top_p {:g} min_p {:g} seed {} "
+               "stop_at_eos {} stop strings {}\n",
+               gen->max_new_tokens, s.temperature, s.top_k, s.top_p, s.min_p, s.seed,
+               gen->stop_at_eos, gen->stop.size());
+  }
+}
+
+}  // namespace qs::cli

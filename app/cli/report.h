@@ -1,0 +1,18 @@
+// What every command prints once at start (stderr): the resolved configuration.
+#pragma once
+
+#include <filesystem>
+
+#include "engine/engine.h"
+#include "options.h"
+
+namespace qs::cli {
+
+void print_resolved_config(const char* command, const std::filesystem::path& model_dir,
+                           const Engine& engine, const ModelOptions& opts,
+                           const GenerationParams* gen);
+
+// Whether stderr is a terminal (progress output only then).
+bool stderr_is_tty();
+
+}  // namespace qs::cli

@@ -1,0 +1,556 @@
+#include "api.h"
+
+#include <chrono>
+#include <cmath>
+#include <limits>
+#include <random>
+#include <set>
+
+namespace qs::server {
+
+namespace {
+
+constexpr size_t kMaxStopStrings = 4;        // as OpenAI
+constexpr size_t kMaxStopStringBytes = 1024;
+constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
+
+ApiError invalid(std::string message, std::string param, std::string code = "invalid_value") {
+  ApiError e;
+  e.message = std::move(message);
+  e.param = std::move(param);
+  e.code = std::move(code);
+  return e;
+}
+
+ApiError unsupported(const std::string& param, const std::string& what) {
+  return invalid(what + " is not supported by this server", param, "unsupported_parameter");
+}
+
+const char* json_type_name(const Json& j) {
+  switch (j.type()) {
+    case Json::value_t::null: return "null";
+    case Json::value_t::boolean: return "boolean";
+    case Json::value_t::number_integer:
+    case Json::value_t::number_unsigned: return "integer";
+    case Json::value_t::number_float: return "number";
+    case Json::value_t::string: return "string";
+    case Json::value_t::array: return "array";
+    case Json::value_t::object: return "object";
+    default: return "value";
+  }
+}
+
+ApiError wrong_type(const std::string& param, const char* expected, const Json& got) {
+  return invalid("'" + param + "' must be " + expected + ", got " + json_type_name(got), param,
+                 "invalid_type");
+}
+
+bool is_integral_number(const Json& j) {
+  if (j.is_number_integer()) return true;
+  if (!j.is_number_float()) return false;
+  const double d = j.get<double>();
+  return std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e18;
+}
+
+// Reads a JSON integer (or a float with no fraction, as JSON Schema's "integer"), with a range.
+std::optional<ApiError> read_int(const Json& j, const std::string& param, int64_t lo, int64_t hi,
+                                 int64_t* out) {
+  if (!is_integral_number(j)) return wrong_type(param, "an integer", j);
+  if (j.is_number_unsigned() && j.get<uint64_t>() > static_cast<uint64_t>(hi)) {
+    return invalid("'" + param + "' must be at most " + std::to_string(hi), param);
+  }
+  const int64_t v = j.is_number_float() ? static_cast<int64_t>(j.get<double>()) : j.get<int64_t>();
+  if (v < lo || v > hi) {
+    return invalid("'" + param + "' must be in [" + std::to_string(lo) + ", " + std::to_string(hi) +
+                       "], got " + std::to_string(v),
+                   param);
+  }
+  *out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_number(const Json& j, const std::string& param, double lo, double hi,
+                                    double* out) {
+  if (!j.is_number()) return wrong_type(param, "a number", j);
+  const double v = j.get<double>();
+  if (!std::isfinite(v) || v < lo || v > hi) {
+    return invalid("'" + param + "' must be a number in [" + Json(lo).dump() + ", " + Json(hi).dump() +
+                       "], got " + Json(v).dump(),
+                   param);
+  }
+  *out = v;
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_bool(const Json& j, const std::string& param, bool* out) {
+  if (!j.is_boolean()) return wrong_type(param, "a boolean", j);
+  *out = j.get<bool>();
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_stop(const Json& j, std::vector<std::string>* out) {
+  std::vector<std::string> stops;
+  auto add = [&](const Json& s, const std::string& param) -> std::optional<ApiError> {
+    if (!s.is_string()) return wrong_type(param, "a string", s);
+    std::string v = s.get<std::string>();
+    if (v.empty()) return invalid("stop strings must not be empty", param);
+    if (v.size() > kMaxStopStringBytes) {
+      return invalid("stop strings are limited to " + std::to_string(kMaxStopStringBytes) + " bytes", param);
+    }
+    stops.push_back(std::move(v));
+    return std::nullopt;
+  };
+  if (j.is_string()) {
+    if (auto e = add(j, "stop")) return e;
+  } else if (j.is_array()) {
+    if (j.size() > kMaxStopStrings) {
+      return invalid("at most " + std::to_string(kMaxStopStrings) + " stop strings are allowed", "stop");
+    }
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (auto e = add(j[i], "stop[" + std::to_string(i) + "]")) return e;
+    }
+  } else {
+    return wrong_type("stop", "a string or an array of strings", j);
+  }
+  *out = std::move(stops);
+  return std::nullopt;
+}
+
+// Chat message content: a string, or text parts [{"type": "text", "text": "..."}] joined by "\n".
+std::optional<ApiError> read_content(const Json& j, const std::string& param, std::string* out) {
+  if (j.is_string()) {
+    *out = j.get<std::string>();
+    return std::nullopt;
+  }
+  if (!j.is_array()) return wrong_type(param, "a string or an array of content parts", j);
+  std::string text;
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string p = param + "[" + std::to_string(i) + "]";
+    const Json& part = j[i];
+    if (!part.is_object()) return wrong_type(p, "an object", part);
+    for (const auto& [k, v] : part.items()) {
+      if (k != "type" && k != "text") return invalid("unknown parameter '" + p + "." + k + "'", p + "." + k, "unknown_parameter");
+    }
+    if (!part.contains("type") || !part["type"].is_string()) {
+      return invalid("content part '" + p + "' needs a string 'type'", p + ".type", "missing_required_parameter");
+    }
+    const std::string type = part["type"].get<std::string>();
+    if (type != "text") return unsupported(p + ".type", "content part type '" + type + "' (text only)");
+    if (!part.contains("text") || !part["text"].is_string()) {
+      return invalid("content part '" + p + "' needs a string 'text'", p + ".text", "missing_required_parameter");
+    }
+    if (i) text += "\n";
+    text += part["text"].get<std::string>();
+  }
+  *out = std::move(text);
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_messages(const Json& j, Json* out) {
+  if (!j.is_array()) return wrong_type("messages", "an array", j);
+  if (j.empty()) return invalid("'messages' must contain at least one message", "messages");
+  static const std::set<std::string> kKeys = {"role", "content", "name"};
+  static const std::set<std::string> kAssistantKeys = {"role",       "content",       "name", "refusal",
+                                                       "tool_calls", "function_call", "audio"};
+  Json messages = Json::array();
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string p = "messages[" + std::to_string(i) + "]";
+    const Json& m = j[i];
+    if (!m.is_object()) return wrong_type(p, "an object", m);
+    if (!m.contains("role")) return invalid(p + " has no 'role'", p + ".role", "missing_required_parameter");
+    if (!m["role"].is_string()) return wrong_type(p + ".role", "a string", m["role"]);
+    std::string role = m["role"].get<std::string>();
+    if (role == "tool" || role == "function") return unsupported(p + ".role", "tool calling (role '" + role + "')");
+    if (role == "developer") role = "system";
+    if (role != "system" && role != "user" && role != "assistant") {
+      return invalid("unknown role '" + role + "' in " + p + " (expected system, developer, user or assistant)",
+                     p + ".role");
+    }
+    for (const auto& [k, v] : m.items()) {
+      if (!(role == "assistant" ? kAssistantKeys : kKeys).count(k)) {
+        return invalid("unknown parameter '" + p + "." + k + "' (for role " + role + ")", p + "." + k,
+                       "unknown_parameter");
+      }
+    }
+    for (const char* k : {"tool_calls", "function_call", "audio"}) {
+      if (m.contains(k) && !m[k].is_null() && !(std::string(k) == "tool_calls" && m[k].is_array() && m[k].empty())) {
+        return unsupported(p + "." + k, std::string("'") + k + "' in messages (tool calling / audio)");
+      }
+    }
+    if (m.contains("refusal") && !m["refusal"].is_null() && !m["refusal"].is_string()) {
+      return wrong_type(p + ".refusal", "a string or null", m["refusal"]);
+    }
+    std::string content;
+    if (!m.contains("content") || m["content"].is_null()) {
+      if (role != "assistant") {
+        return invalid(p + " (role " + role + ") needs a 'content'", p + ".content", "missing_required_parameter");
+      }
+    } else if (auto e = read_content(m["content"], p + ".content", &content)) {
+      return e;
+    }
+    Json msg = {{"role", role}, {"content", content}};
+    if (m.contains("name") && !m["name"].is_null()) {
+      if (!m["name"].is_string()) return wrong_type(p + ".name", "a string", m["name"]);
+      msg["name"] = m["name"];
+    }
+    messages.push_back(std::move(msg));
+  }
+  *out = std::move(messages);
+  return std::nullopt;
+}
+
+std::optional<ApiError> read_prompt(const Json& j, ApiRequest* r) {
+  if (j.is_string()) {
+    r->prompt_text = j.get<std::string>();
+    return std::nullopt;
+  }
+  if (!j.is_array()) return wrong_type("prompt", "a string, an array of strings or an array of token ids", j);
+  if (j.empty()) return invalid("'prompt' must not be an empty array", "prompt");
+  auto read_ids = [&](const Json& arr, const std::string& param) -> std::optional<ApiError> {
+    std::vector<int64_t> ids;
+    for (size_t i = 0; i < arr.size(); ++i) {
+      int64_t id = 0;
+      if (auto e = read_int(arr[i], param + "[" + std::to_string(i) + "]", 0,
+                            std::numeric_limits<int32_t>::max(), &id)) {
+        return e;
+      }
+      ids.push_back(id);
+    }
+    if (ids.empty()) return invalid("'" + param + "' must contain at least one token id", param);
+    r->prompt_ids = std::move(ids);
+    return std::nullopt;
+  };
+  if (j[0].is_string()) {
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (!j[i].is_string()) return wrong_type("prompt[" + std::to_string(i) + "]", "a string", j[i]);
+    }
+    if (j.size() > 1) return unsupported("prompt", "a batch of several prompts (send one per request)");
+    r->prompt_text = j[0].get<std::string>();
+    return std::nullopt;
+  }
+  if (j[0].is_array()) {
+    for (size_t i = 0; i < j.size(); ++i) {
+      if (!j[i].is_array()) return wrong_type("prompt[" + std::to_string(i) + "]", "an array of token ids", j[i]);
+    }
+    if (j.size() > 1) return unsupported("prompt", "a batch of several prompts (send one per request)");
+    return read_ids(j[0], "prompt[0]");
+  }
+  return read_ids(j, "prompt");
+}
+
+}  // namespace
+
+Json error_json(const ApiError& e) {
+  Json err = {{"message", e.message},
+              {"type", e.type},
+              {"param", e.param.empty() ? Json(nullptr) : Json(e.param)},
+              {"code", e.code.empty() ? Json(nullptr) : Json(e.code)}};
+  return Json{{"error", std::move(err)}};
+}
+
+std::string dump_json(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+
+std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
+                                                 const RequestDefaults& defaults) {
+  Json j;
+  try {
+    j = Json::parse(body.begin(), body.end());
+  } catch (const Json::parse_error& e) {
+    std::string what = e.what();
+    if (const size_t end = what.find("] "); what.rfind("[json.exception", 0) == 0 && end != std::string::npos) what = what.substr(end + 2);
+    return invalid("the request body is not valid JSON: " + what, "", "invalid_json");
+  }
+  if (!j.is_object()) return invalid(std::string("the request body must be a JSON object, got ") + json_type_name(j), "");
+
+  const bool chat = endpoint == Endpoint::kChatCompletions;
+  static const std::set<std::string> kCommon = {
+      "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
+      "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "top_k", "min_p",
+      "ignore_eos"};
+  static const std::set<std::string> kCompletionOnly = {"prompt", "echo", "suffix", "best_of"};
+  static const std::set<std::string> kChatOnly = {
+      "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
+      "parallel_tool_calls", "functions", "function_call", "response_format"};
+  for (const auto& [k, v] : j.items()) {
+    if (kCommon.count(k) || (chat ? kChatOnly : kCompletionOnly).count(k)) continue;
+    return invalid("unknown parameter '" + k + "'", k, "unknown_parameter");
+  }
+
+  ApiRequest r;
+  r.endpoint = endpoint;
+  r.params = defaults.gen;
+  auto has = [&](const char* k) { return j.contains(k) && !j[k].is_null(); };
+
+  if (has("model") && !j["model"].is_string()) return wrong_type("model", "a string", j["model"]);
+  if (has("user") && !j["user"].is_string()) return wrong_type("user", "a string", j["user"]);
+
+  if (chat) {
+    if (!j.contains("messages")) {
+      return invalid("missing required parameter 'messages'", "messages", "missing_required_parameter");
+    }
+    if (auto e = read_messages(j["messages"], &r.messages)) return *e;
+  } else {
+    if (!j.contains("prompt") || j["prompt"].is_null()) {
+      return invalid("missing required parameter 'prompt'", "prompt", "missing_required_parameter");
+    }
+    if (auto e = read_prompt(j["prompt"], &r)) return *e;
+  }
+
+  for (const char* k : {"max_tokens", "max_completion_tokens"}) {
+    if (!has(k) || (!chat && std::string(k) == "max_completion_tokens")) continue;
+    int64_t v = 0;
+    const int64_t hi = defaults.max_context > 0 ? defaults.max_context : kMaxTokensLimit;
+    if (auto e = read_int(j[k], k, 1, hi, &v)) return *e;
+    r.max_tokens = r.max_tokens ? std::min(*r.max_tokens, v) : v;
+  }
+  if (has("temperature")) {
+    double t = 0;
+    if (auto e = read_number(j["temperature"], "temperature", 0.0, 2.0, &t)) return *e;
+    r.params.sampling.temperature = static_cast<float>(t);
+  }
+  if (has("top_p")) {
+    double p = 0;
+    if (auto e = read_number(j["top_p"], "top_p", 0.0, 1.0, &p)) return *e;
+    // top_p = 0 keeps only the most likely token: greedy.
+    if (p == 0) {
+      r.params.sampling.temperature = 0;
+      r.params.sampling.top_p = 1;
+    } else {
+      r.params.sampling.top_p = static_cast<float>(p);
+    }
+  }
+  if (has("top_k")) {
+    int64_t k = 0;
+    if (auto e = read_int(j["top_k"], "top_k", -1, std::numeric_limits<int32_t>::max(), &k)) return *e;
+    r.params.sampling.top_k = k < 0 ? 0 : static_cast<int>(k);
+  }
+  if (has("min_p")) {
+    double p = 0;
+    if (auto e = read_number(j["min_p"], "min_p", 0.0, 1.0, &p)) return *e;
+    r.params.sampling.min_p = static_cast<float>(p);
+  }
+  if (has("n")) {
+    int64_t n = 0;
+    if (auto e = read_int(j["n"], "n", 1, 128, &n)) return *e;
+    if (n != 1) return unsupported("n", "n > 1 (several choices per request)");
+  }
+  if (!chat && has("best_of")) {
+    int64_t b = 0;
+    if (auto e = read_int(j["best_of"], "best_of", 1, 20, &b)) return *e;
+    if (b != 1) return unsupported("best_of", "best_of > 1");
+  }
+  if (has("stream")) {
+    if (auto e = read_bool(j["stream"], "stream", &r.stream)) return *e;
+  }
+  if (has("stream_options")) {
+    const Json& so = j["stream_options"];
+    if (!so.is_object()) return wrong_type("stream_options", "an object", so);
+    if (!r.stream) {
+      return invalid("'stream_options' is only allowed when 'stream' is true", "stream_options");
+    }
+    for (const auto& [k, v] : so.items()) {
+      if (k != "include_usage") {
+        return invalid("unknown parameter 'stream_options." + k + "'", "stream_options." + k, "unknown_parameter");
+      }
+      if (!v.is_null()) {
+        if (auto e = read_bool(v, "stream_options.include_usage", &r.include_usage)) return *e;
+      }
+    }
+  }
+  if (has("stop")) {
+    if (auto e = read_stop(j["stop"], &r.params.stop)) return *e;
+  }
+  if (has("seed")) {
+    const Json& s = j["seed"];
+    if (s.is_number_unsigned()) {
+      r.params.sampling.seed = s.get<uint64_t>();
+    } else {
+      int64_t seed = 0;
+      if (auto e = read_int(s, "seed", std::numeric_limits<int64_t>::min(),
+                            std::numeric_limits<int64_t>::max(), &seed)) {
+        return *e;
+      }
+      r.params.sampling.seed = static_cast<uint64_t>(seed);
+    }
+  } else if (!defaults.seed_given) {
+    static thread_local std::mt19937_64 rng{std::random_device{}()};
+    r.params.sampling.seed = rng();
+  }
+  if (has("ignore_eos")) {
+    bool ignore = false;
+    if (auto e = read_bool(j["ignore_eos"], "ignore_eos", &ignore)) return *e;
+    r.params.stop_at_eos = !ignore;
+  }
+
+  // Accepted at their neutral values only.
+  for (const char* k : {"presence_penalty", "frequency_penalty"}) {
+    if (!has(k)) continue;
+    double v = 0;
+    if (auto e = read_number(j[k], k, -2.0, 2.0, &v)) return *e;
+    if (v != 0) return unsupported(k, std::string("a non-zero ") + k);
+  }
+  if (has("logit_bias")) {
+    if (!j["logit_bias"].is_object()) return wrong_type("logit_bias", "an object", j["logit_bias"]);
+    if (!j["logit_bias"].empty()) return unsupported("logit_bias", "logit_bias");
+  }
+  if (has("logprobs")) {
+    const Json& lp = j["logprobs"];
+    if (chat) {
+      bool want = false;
+      if (auto e = read_bool(lp, "logprobs", &want)) return *e;
+      if (want) return unsupported("logprobs", "logprobs");
+    } else {
+      int64_t n = 0;
+      if (auto e = read_int(lp, "logprobs", 0, 5, &n)) return *e;
+      return unsupported("logprobs", "logprobs");
+    }
+  }
+  if (chat) {
+    if (has("top_logprobs")) {
+      int64_t n = 0;
+      if (auto e = read_int(j["top_logprobs"], "top_logprobs", 0, 20, &n)) return *e;
+      if (n != 0) return unsupported("top_logprobs", "top_logprobs");
+    }
+    for (const char* k : {"tools", "functions"}) {
+      if (!has(k)) continue;
+      if (!j[k].is_array()) return wrong_type(k, "an array", j[k]);
+      if (!j[k].empty()) return unsupported(k, "tool calling");
+    }
+    if (has("tool_choice")) {
+      const Json& tc = j["tool_choice"];
+      if (!tc.is_string() && !tc.is_object()) return wrong_type("tool_choice", "a string or an object", tc);
+      if (!tc.is_string() || (tc != "none" && tc != "auto")) return unsupported("tool_choice", "tool calling");
+    }
+    if (has("function_call")) {
+      const Json& fc = j["function_call"];
+      if (!fc.is_string() && !fc.is_object()) return wrong_type("function_call", "a string or an object", fc);
+      if (!fc.is_string() || (fc != "none" && fc != "auto")) return unsupported("function_call", "function calling");
+    }
+    if (has("parallel_tool_calls") && !j["parallel_tool_calls"].is_boolean()) {
+      return wrong_type("parallel_tool_calls", "a boolean", j["parallel_tool_calls"]);
+    }
+    if (has("response_format")) {
+      const Json& rf = j["response_format"];
+      if (!rf.is_object()) return wrong_type("response_format", "an object", rf);
+      if (!rf.contains("type") || !rf["type"].is_string()) {
+        return invalid("'response_format' needs a string 'type'", "response_format.type", "missing_required_parameter");
+      }
+      for (const auto& [k, v] : rf.items()) {
+        if (k != "type") {
+          return invalid("unknown parameter 'response_format." + k + "'", "response_format." + k, "unknown_parameter");
+        }
+      }
+      if (rf["type"] != "text") return unsupported("response_format", "response_format '" + rf["type"].get<std::string>() + "'");
+    }
+  } else {
+    if (has("echo")) {
+      bool echo = false;
+      if (auto e = read_bool(j["echo"], "echo", &echo)) return *e;
+      if (echo) return unsupported("echo", "echo");
+    }
+    if (has("suffix")) {
+      if (!j["suffix"].is_string()) return wrong_type("suffix", "a string", j["suffix"]);
+      if (!j["suffix"].get<std::string>().empty()) return unsupported("suffix", "suffix (insertion)");
+    }
+  }
+  return r;
+}
+
+// ---- responses -------------------------------------------------------------------------------
+
+std::string new_response_id(Endpoint endpoint) {
+  static thread_local std::mt19937_64 rng{std::random_device{}()};
+  char buf[40];
+  std::snprintf(buf, sizeof(buf), "%016llx%08llx", static_cast<unsigned long long>(rng()),
+                static_cast<unsigned long long>(rng() & 0xffffffffu));
+  return std::string(endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + buf;
+}
+
+Json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+  return Json{{"prompt_tokens", prompt_tokens},
+              {"completion_tokens", completion_tokens},
+              {"total_tokens", prompt_tokens + completion_tokens}};
+}
+
+Json stats_json(const GenerationStats& st, const SpeculativeStats& spec, double queue_s) {
+  Json speculative = {
+      {"drafted_tokens", spec.drafted},
+      {"accepted_tokens", spec.accepted},
+      {"acceptance_rate", spec.drafted > 0 ? Json(static_cast<double>(spec.accepted) / static_cast<double>(spec.drafted))
+                                           : Json(nullptr)},
+      {"rounds", spec.rounds},
+      {"mean_accepted_length",
+       spec.rounds > 0 ? Json(1.0 + static_cast<double>(spec.accepted) / static_cast<double>(spec.rounds))
+                       : Json(nullptr)}};
+  return Json{{"mode", spec.rounds > 0 ? "speculative" : "autoregressive"},
+              {"queue_s", queue_s},
+              {"prefill_s", st.prefill_s},
+              {"decode_s", st.decode_s},
+              {"decode_tokens_per_s", st.decode_tok_s()},
+              {"speculative", std::move(speculative)}};
+}
+
+Json completion_response(const ResponseMeta& meta, const GenerationResult& result,
+                         const SpeculativeStats& spec, double queue_s) {
+  Json choice = {{"index", 0}, {"text", result.text}, {"logprobs", nullptr}, {"finish_reason", result.finish_reason}};
+  return Json{{"id", meta.id},
+              {"object", "text_completion"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", Json::array({std::move(choice)})},
+              {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens)},
+              {"quantspec", stats_json(result.stats, spec, queue_s)}};
+}
+
+Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
+                   const SpeculativeStats& spec, double queue_s) {
+  Json choice = {{"index", 0},
+                 {"message", {{"role", "assistant"}, {"content", result.text}}},
+                 {"logprobs", nullptr},
+                 {"finish_reason", result.finish_reason}};
+  return Json{{"id", meta.id},
+              {"object", "chat.completion"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", Json::array({std::move(choice)})},
+              {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens)},
+              {"quantspec", stats_json(result.stats, spec, queue_s)}};
+}
+
+Json completion_chunk(const ResponseMeta& meta, std::string_view text, const std::string& finish_reason) {
+  Json choice = {{"index", 0},
+                 {"text", std::string(text)},
+                 {"logprobs", nullptr},
+                 {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(finish_reason)}};
+  return Json{{"id", meta.id},
+              {"object", "text_completion"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", Json::array({std::move(choice)})}};
+}
+
+Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason) {
+  Json choice = {{"index", 0},
+                 {"delta", delta},
+                 {"logprobs", nullptr},
+                 {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(finish_reason)}};
+  return Json{{"id", meta.id},
+              {"object", "chat.completion.chunk"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", Json::array({std::move(choice)})}};
+}
+
+Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint, int64_t prompt_tokens,
+                 int64_t completion_tokens) {
+  return Json{{"id", meta.id},
+              {"object", endpoint == Endpoint::kChatCompletions ? "chat.completion.chunk" : "text_completion"},
+              {"created", meta.created},
+              {"model", meta.model},
+              {"choices", Json::array()},
+              {"usage", usage_json(prompt_tokens, completion_tokens)}};
+}
+
+std::string sse_event(const Json& j) { return "data: " + dump_json(j) + "\n\n"; }
+
+}  // namespace qs::server

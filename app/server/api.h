@@ -1,0 +1,98 @@
+// The OpenAI-compatible API surface: request validation (every rejection is an OpenAI-style
+// {"error": {"message", "type", "param", "code"}} with a 4xx status) and response / stream chunk
+// building. Parameter policy (docs in app/server/README.md):
+//  - supported: model, prompt / messages, max_tokens (max_completion_tokens), temperature, top_p,
+//    n = 1, stream, stream_options.include_usage, stop, seed, user; extensions top_k, min_p,
+//    ignore_eos;
+//  - accepted only at their neutral value (else 400 unsupported_parameter): presence_penalty,
+//    frequency_penalty = 0, logit_bias = {}, logprobs = null/false, top_logprobs = 0, echo = false,
+//    suffix = "", best_of = 1, tools = [], tool_choice = none/auto, functions = [],
+//    function_call = none, response_format = {type: text}; parallel_tool_calls is ignored;
+//  - any other field: 400 unknown_parameter (as OpenAI's "Unrecognized request argument").
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <variant>
+#include <vector>
+
+#include "engine/engine.h"
+#include "metrics.h"
+
+namespace qs::server {
+
+using Json = nlohmann::ordered_json;
+
+struct ApiError {
+  int status = 400;
+  std::string message;
+  std::string type = "invalid_request_error";
+  std::string param;  // "" -> null
+  std::string code;   // "" -> null
+};
+
+// {"error": {"message", "type", "param", "code"}}
+Json error_json(const ApiError& e);
+// Serialize JSON for the wire; invalid UTF-8 is replaced, never thrown on.
+std::string dump_json(const Json& j);
+
+enum class Endpoint { kCompletions, kChatCompletions };
+
+// Defaults for what a request leaves out: the shared generation flags of the command line.
+struct RequestDefaults {
+  GenerationParams gen;
+  bool seed_given = false;  // --seed given: requests without "seed" use it; else a random seed
+  int64_t max_context = 0;  // > 0: max_tokens above it are rejected outright
+};
+
+struct ApiRequest {
+  Endpoint endpoint = Endpoint::kCompletions;
+  bool stream = false;
+  bool include_usage = false;         // stream_options.include_usage
+  std::optional<int64_t> max_tokens;  // as requested (nullopt: the server default)
+  GenerationParams params;            // everything but max_new_tokens, resolved with defaults
+  // /v1/completions: a text prompt or token ids.
+  std::optional<std::string> prompt_text;
+  std::optional<std::vector<int64_t>> prompt_ids;
+  // /v1/chat/completions: [{"role", "content"[, "name"]}], roles system/user/assistant.
+  Json messages;
+};
+
+std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
+                                                 const RequestDefaults& defaults);
+
+// ---- responses -------------------------------------------------------------------------------
+
+struct ResponseMeta {
+  std::string id;       // "cmpl-..." / "chatcmpl-..."
+  int64_t created = 0;  // unix seconds
+  std::string model;
+};
+
+std::string new_response_id(Endpoint endpoint);
+
+Json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+// The per-response "quantspec" field: timing and speculative statistics (drafted, accepted,
+// acceptance rate; zeros and nulls in autoregressive mode).
+Json stats_json(const GenerationStats& stats, const SpeculativeStats& spec, double queue_s);
+
+Json completion_response(const ResponseMeta& meta, const GenerationResult& result,
+                         const SpeculativeStats& spec, double queue_s);
+Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
+                   const SpeculativeStats& spec, double queue_s);
+
+// Stream chunks. `finish_reason` empty: null.
+Json completion_chunk(const ResponseMeta& meta, std::string_view text, const std::string& finish_reason);
+Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason);
+Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint, int64_t prompt_tokens,
+                 int64_t completion_tokens);
+
+// One Server-Sent Event: "data: <json>\n\n".
+std::string sse_event(const Json& j);
+constexpr std::string_view kSseDone = "data: [DONE]\n\n";
+
+}  // namespace qs::server

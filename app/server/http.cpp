@@ -1,0 +1,255 @@
+#include "http.h"
+
+#include <httplib.h>
+
+#include <algorithm>
+#include <atomic>
+#include <map>
+#include <set>
+#include <memory>
+
+#include "conn_watch.h"
+
+namespace qs::server {
+
+namespace {
+
+std::string default_error_message(int status, const httplib::Request& req, size_t max_body) {
+  switch (status) {
+    case 400:
+      (void)req;
+      return "malformed or incomplete HTTP request (the request line, headers and body must be "
+             "well-formed and arrive within the read timeout)";
+    case 404: return "no such endpoint: " + req.method + " " + req.path;
+    case 413: return "request body is larger than the limit of " + std::to_string(max_body) + " bytes";
+    case 414: return "request URI is too long";
+    case 416: return "range not satisfiable";
+    default: return "HTTP error " + std::to_string(status);
+  }
+}
+
+class SinkAdapter : public StreamSink {
+ public:
+  SinkAdapter(httplib::DataSink& sink, int fd) : sink_(sink), fd_(fd) {}
+  bool write(std::string_view data) override {
+    if (failed_) return false;
+    if (!sink_.write(data.data(), data.size())) failed_ = true;
+    return !failed_;
+  }
+  bool client_gone() override { return failed_ || peer_closed(fd_); }
+
+ private:
+  httplib::DataSink& sink_;
+  int fd_;
+  bool failed_ = false;
+};
+
+}  // namespace
+
+struct HttpServer::Impl {
+  explicit Impl(HttpServerOptions o) : opt(std::move(o)) {}
+
+  HttpServerOptions opt;
+  httplib::Server svr;
+  std::map<std::string, std::map<std::string, HttpHandler>> routes;  // path -> method -> handler
+  ErrorBodyFn error_body = [](int, const std::string& m) { return m; };
+  AccessLogFn access_log;
+  int port = -1;
+  std::unique_ptr<ConnectionWatchdog> watchdog;
+  std::atomic<bool> stop_requested{false};
+
+  void set_error(httplib::Response& res, int status, const std::string& message) {
+    res.status = status;
+    res.set_content(error_body(status, message), "application/json");
+  }
+
+  void dispatch(const std::string& path, const httplib::Request& req, httplib::Response& res,
+                const httplib::ContentReader* reader) {
+    const std::string peer = req.remote_addr;
+    const int peer_port = req.remote_port;
+    if (watchdog) watchdog->begin_request(peer, peer_port);
+    // Ends the request for the watchdog exactly once: when the handler returns, or for a
+    // streaming response when the stream is done.
+    auto ended = std::make_shared<std::atomic<bool>>(false);
+    auto end_request = [this, ended, peer, peer_port] {
+      if (!ended->exchange(true) && watchdog) watchdog->end_request(peer, peer_port);
+    };
+    const int fd = find_connection_fd(port, peer, peer_port);
+
+    HttpRequest r;
+    r.method = req.method;
+    r.path = path;
+    r.remote = peer + ":" + std::to_string(peer_port);
+    r.client_gone = [fd] { return peer_closed(fd); };
+
+    if (reader) {
+      bool too_big = false;
+      const bool ok = (*reader)([&](const char* data, size_t n) {
+        if (r.body.size() + n > opt.max_body_bytes) {
+          too_big = true;
+          return false;
+        }
+        r.body.append(data, n);
+        return true;
+      });
+      if (too_big || (!ok && res.status == 413)) {
+        // A chunked body is not drained: stop reading so the connection closes after the answer.
+        if (!req.has_header("Content-Length")) stop_reading(fd);
+        set_error(res, 413, default_error_message(413, req, opt.max_body_bytes));
+        end_request();
+        return;
+      }
+      if (!ok) {
+        set_error(res, 400, "could not read the request body (it must have a Content-Length or be "
+                            "chunked, and arrive within the read timeout)");
+        end_request();
+        return;
+      }
+    }
+
+    auto& by_method = routes[path];
+    auto it = by_method.find(req.method == "HEAD" ? "GET" : req.method);
+    if (it == by_method.end()) {
+      std::string allow;
+      for (const auto& [m, h] : by_method) allow += (allow.empty() ? "" : ", ") + m;
+      res.set_header("Allow", allow);
+      set_error(res, 405, "method " + req.method + " is not allowed on " + path + " (allowed: " + allow + ")");
+      end_request();
+      return;
+    }
+
+    HttpResponse out;
+    it->second(r, out);
+    res.status = out.status;
+    for (const auto& [k, v] : out.headers) res.set_header(k, v);
+    if (!out.stream) {
+      res.set_content(out.body, out.content_type);
+      end_request();
+      return;
+    }
+    auto stream = std::make_shared<std::function<void(StreamSink&)>>(std::move(out.stream));
+    res.set_chunked_content_provider(
+        out.content_type,
+        [stream, fd](size_t /*offset*/, httplib::DataSink& sink) {
+          SinkAdapter adapter(sink, fd);
+          (*stream)(adapter);
+          sink.done();
+          return true;
+        },
+        [end_request](bool /*success*/) { end_request(); });
+  }
+};
+
+HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+
+HttpServer::~HttpServer() = default;
+
+void HttpServer::handle(const std::string& method, const std::string& path, HttpHandler handler) {
+  impl_->routes[path][method] = std::move(handler);
+}
+
+void HttpServer::set_error_body(ErrorBodyFn fn) { impl_->error_body = std::move(fn); }
+
+void HttpServer::set_access_log(AccessLogFn fn) { impl_->access_log = std::move(fn); }
+
+Result<int> HttpServer::bind() {
+  Impl& d = *impl_;
+  httplib::Server& svr = d.svr;
+  const int threads = std::max(4, d.opt.threads);
+  svr.new_task_queue = [threads] { return new httplib::ThreadPool(static_cast<size_t>(threads)); };
+  svr.set_read_timeout(d.opt.read_timeout_s, 0);
+  svr.set_write_timeout(d.opt.write_timeout_s, 0);
+  svr.set_keep_alive_timeout(d.opt.keep_alive_timeout_s);
+  svr.set_payload_max_length(d.opt.max_body_bytes);
+  svr.set_tcp_nodelay(true);
+
+  for (const auto& [path, by_method] : d.routes) {
+    const std::string p = path;
+    // Exact match: escape the regex metacharacters our paths could contain.
+    std::string pattern;
+    for (char c : p) {
+      if (std::string_view("\\^$.|?*+()[]{}").find(c) != std::string_view::npos) pattern += '\\';
+      pattern += c;
+    }
+    Impl* impl = &d;
+    auto plain = [impl, p](const httplib::Request& req, httplib::Response& res) {
+      impl->dispatch(p, req, res, nullptr);
+    };
+    auto with_body = [impl, p](const httplib::Request& req, httplib::Response& res,
+                               const httplib::ContentReader& reader) { impl->dispatch(p, req, res, &reader); };
+    svr.Get(pattern, plain);
+    svr.Post(pattern, with_body);
+    svr.Put(pattern, with_body);
+    svr.Patch(pattern, with_body);
+    svr.Delete(pattern, plain);
+    svr.Options(pattern, plain);
+  }
+
+  svr.set_error_handler(httplib::Server::HandlerWithResponse(
+      [impl = &d](const httplib::Request& req, httplib::Response& res) {
+        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        // A well-formed request line with a method we route nowhere (TRACE, ...): the library
+        // says 400; answer as for any other method: 405 on a known path, else 404.
+        // (For a method it does not know at all, only the method and target are parsed.)
+        const std::string path = !req.path.empty() ? req.path : req.target.substr(0, req.target.find('?'));
+        static const std::set<std::string> kRouted = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+        if (res.status == 400 && !path.empty() && path[0] == '/' && !req.method.empty() &&
+            !kRouted.count(req.method) && req.version.rfind("HTTP/", 0) == 0 &&
+            std::all_of(req.method.begin(), req.method.end(), [](char c) { return c >= 'A' && c <= 'Z'; })) {
+          auto route = impl->routes.find(path);
+          if (route == impl->routes.end()) {
+            impl->set_error(res, 404, "no such endpoint: " + req.method + " " + path);
+            return httplib::Server::HandlerResponse::Handled;
+          } else {
+            std::string allow;
+            for (const auto& [m, h] : route->second) allow += (allow.empty() ? "" : ", ") + m;
+            res.set_header("Allow", allow);
+            impl->set_error(res, 405, "method " + req.method + " is not allowed on " + path +
+                                          " (allowed: " + allow + ")");
+            return httplib::Server::HandlerResponse::Handled;
+          }
+        }
+        impl->set_error(res, res.status,
+                        default_error_message(res.status, req, impl->opt.max_body_bytes));
+        return httplib::Server::HandlerResponse::Handled;
+      }));
+  svr.set_exception_handler([impl = &d](const httplib::Request&, httplib::Response& res,
+                                        std::exception_ptr ep) {
+    std::string what = "unknown exception";
+    try {
+      if (ep) std::rethrow_exception(ep);
+    } catch (const std::exception& e) {
+      what = e.what();
+    } catch (...) {
+    }
+    impl->set_error(res, 500, "internal error: " + what);
+  });
+  svr.set_logger([impl = &d](const httplib::Request& req, const httplib::Response& res) {
+    if (impl->access_log) impl->access_log(req.method, req.path, res.status);
+  });
+
+  int port = d.opt.port;
+  if (port == 0) {
+    port = svr.bind_to_any_port(d.opt.host);
+    if (port < 0) return make_error("cannot listen on " + d.opt.host + " (any port)");
+  } else if (!svr.bind_to_port(d.opt.host, port)) {
+    return make_error("cannot listen on " + d.opt.host + ":" + std::to_string(port) +
+                      " (address in use, not local, or not permitted)");
+  }
+  d.port = port;
+  d.watchdog = std::make_unique<ConnectionWatchdog>(port, std::chrono::seconds(d.opt.request_deadline_s));
+  if (d.stop_requested) stop();
+  return port;
+}
+
+void HttpServer::run() {
+  if (!impl_->stop_requested) impl_->svr.listen_after_bind();
+}
+
+void HttpServer::stop() {
+  impl_->stop_requested = true;
+  impl_->svr.stop();
+  if (impl_->watchdog) impl_->watchdog->close_idle_from_now_on();
+}
+
+}  // namespace qs::server

@@ -1,0 +1,194 @@
+#include "scheduler.h"
+
+#include <utility>
+
+namespace qs::server {
+
+namespace {
+
+double seconds_between(Clock::time_point a, Clock::time_point b) {
+  return std::chrono::duration<double>(b - a).count();
+}
+
+const char* stop_reason_name(StopReason r) {
+  switch (r) {
+    case StopReason::kClientGone: return "cancelled";
+    case StopReason::kTimeout: return "timeout";
+    case StopReason::kShutdown: return "shutdown";
+    case StopReason::kNone: break;
+  }
+  return "cancelled";
+}
+
+}  // namespace
+
+// ---- Job ---------------------------------------------------------------------------------------
+
+Job::Job(std::vector<int32_t> prompt, GenerationParams params, Clock::time_point deadline)
+    : prompt_(std::move(prompt)), params_(std::move(params)), arrival_(Clock::now()), deadline_(deadline) {}
+
+void Job::cancel(StopReason why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (stop_ == StopReason::kNone) stop_ = why;
+}
+
+StopReason Job::stop_reason() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return stop_;
+}
+
+Job::Progress Job::wait(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  cv_.wait_for(lock, timeout, [this] { return !pending_.empty() || finished_; });
+  Progress p;
+  p.text.swap(pending_);
+  p.finished = finished_;
+  return p;
+}
+
+bool Job::on_text(std::string_view piece) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_.append(piece);
+  cv_.notify_all();
+  if (stop_ == StopReason::kNone && Clock::now() > deadline_) stop_ = StopReason::kTimeout;
+  return stop_ == StopReason::kNone;
+}
+
+void Job::finish(Outcome outcome) {
+  std::lock_guard<std::mutex> lock(mu_);
+  outcome_ = std::move(outcome);
+  finished_ = true;
+  cv_.notify_all();
+}
+
+// ---- Scheduler ---------------------------------------------------------------------------------
+
+Scheduler::Scheduler(Engine& engine, size_t max_queue, Metrics& metrics)
+    : engine_(engine), max_queue_(max_queue), metrics_(metrics) {
+  thread_ = std::thread([this] { loop(); });
+}
+
+Scheduler::~Scheduler() {
+  begin_shutdown();
+  cancel_running();
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_thread_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+Scheduler::Admission Scheduler::submit(const std::shared_ptr<Job>& job) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (shutting_down_) return Admission::kShuttingDown;
+    if (queue_.size() >= max_queue_) return Admission::kQueueFull;
+    queue_.push_back(job);
+  }
+  cv_.notify_all();
+  return Admission::kAccepted;
+}
+
+void Scheduler::begin_shutdown() {
+  std::deque<std::shared_ptr<Job>> dropped;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    shutting_down_ = true;
+    dropped.swap(queue_);
+  }
+  for (const auto& job : dropped) {
+    job->cancel(StopReason::kShutdown);
+    Job::Outcome o;
+    o.error_status = 503;
+    o.error = "the server is shutting down; the request was not started";
+    job->finish(std::move(o));
+    GenerationRecord r;
+    r.finish_reason = "shutdown";
+    r.prompt_tokens = 0;
+    r.e2e_s = seconds_between(job->arrival(), Clock::now());
+    r.queue_s = r.e2e_s;
+    metrics_.on_generation(r);
+  }
+  cv_.notify_all();
+}
+
+bool Scheduler::wait_idle(std::chrono::milliseconds timeout) {
+  std::unique_lock<std::mutex> lock(mu_);
+  return idle_cv_.wait_for(lock, timeout, [this] { return running_ == nullptr && queue_.empty(); });
+}
+
+void Scheduler::cancel_running() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (running_) running_->cancel(StopReason::kShutdown);
+}
+
+SchedulerGauges Scheduler::gauges() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  SchedulerGauges g;
+  g.waiting = static_cast<int64_t>(queue_.size());
+  g.running = running_ ? 1 : 0;
+  g.capacity = static_cast<int64_t>(max_queue_);
+  return g;
+}
+
+void Scheduler::loop() {
+  for (;;) {
+    std::shared_ptr<Job> job;
+    {
+      std::unique_lock<std::mutex> lock(mu_);
+      cv_.wait(lock, [this] { return !queue_.empty() || stop_thread_; });
+      if (queue_.empty()) return;  // stop_thread_
+      job = std::move(queue_.front());
+      queue_.pop_front();
+      running_ = job;
+    }
+    run(job);
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      running_.reset();
+    }
+    idle_cv_.notify_all();
+  }
+}
+
+void Scheduler::run(const std::shared_ptr<Job>& job) {
+  const Clock::time_point start = Clock::now();
+  GenerationRecord record;
+  record.prompt_tokens = static_cast<int64_t>(job->prompt().size());
+  record.queue_s = seconds_between(job->arrival(), start);
+  if (job->stop_reason() == StopReason::kNone && start > job->deadline()) job->cancel(StopReason::kTimeout);
+
+  Job::Outcome outcome;
+  if (const StopReason why = job->stop_reason(); why != StopReason::kNone) {
+    // Cancelled or expired while queued: never started.
+    record.finish_reason = stop_reason_name(why);
+    outcome.error_status = why == StopReason::kShutdown ? 503 : 408;
+    outcome.error = "the request was cancelled before it started";
+  } else {
+    auto result = engine_.generate(job->prompt(), job->params(),
+                                   [&job](std::string_view piece) { return job->on_text(piece); });
+    if (!result.ok()) {
+      record.finish_reason = "error";
+      outcome.error_status = 500;
+      outcome.error = result.error().message;
+    } else {
+      const GenerationStats& st = result->stats;
+      record.generated_tokens = st.generated_tokens;
+      if (st.generated_tokens > 0) record.ttft_s = record.queue_s + st.prefill_s;
+      record.decode_s = st.decode_s;
+      record.finish_reason = result->finish_reason;
+      if (result->finish_reason == "cancelled") record.finish_reason = stop_reason_name(job->stop_reason());
+      // TODO: fill from the engine's speculative statistics once it reports them.
+      outcome.spec = SpeculativeStats{};
+      outcome.result = std::move(result.value());
+    }
+  }
+  record.spec = outcome.spec;
+  outcome.queue_s = record.queue_s;
+  record.e2e_s = seconds_between(job->arrival(), Clock::now());
+  job->finish(std::move(outcome));
+  metrics_.on_generation(record);
+}
+
+}  // namespace qs::server

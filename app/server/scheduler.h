@@ -1,0 +1,110 @@
+// The scheduler: one thread owns the Engine and runs one generation at a time (batch 1) from a
+// bounded FIFO queue. HTTP threads submit Jobs and read their text as it is produced; any thread
+// may cancel a job (client gone, timeout, shutdown), which stops it within one token.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "engine/engine.h"
+#include "metrics.h"
+
+namespace qs::server {
+
+using Clock = std::chrono::steady_clock;
+
+enum class StopReason { kNone, kClientGone, kTimeout, kShutdown };
+
+class Job {
+ public:
+  Job(std::vector<int32_t> prompt, GenerationParams params, Clock::time_point deadline);
+
+  const std::vector<int32_t>& prompt() const { return prompt_; }
+  const GenerationParams& params() const { return params_; }
+  Clock::time_point arrival() const { return arrival_; }
+  Clock::time_point deadline() const { return deadline_; }
+
+  // Ask the job to stop; the first reason given wins. Safe from any thread.
+  void cancel(StopReason why);
+  StopReason stop_reason() const;
+
+  // Text produced since the previous call; waits up to `timeout` for some (or for the end).
+  struct Progress {
+    std::string text;
+    bool finished = false;
+  };
+  Progress wait(std::chrono::milliseconds timeout);
+
+  // Valid once finished: the result, or the error that prevented one.
+  struct Outcome {
+    std::optional<GenerationResult> result;
+    int error_status = 0;  // HTTP status for `error` (500 engine failure, 503 shutting down)
+    std::string error;
+    SpeculativeStats spec;
+    double queue_s = 0;  // arrival -> generation start
+  };
+  const Outcome& outcome() const { return outcome_; }  // only after wait() said finished
+
+ private:
+  friend class Scheduler;
+  bool on_text(std::string_view piece);  // scheduler thread; false: stop
+  void finish(Outcome outcome);
+
+  const std::vector<int32_t> prompt_;
+  const GenerationParams params_;
+  const Clock::time_point arrival_;
+  const Clock::time_point deadline_;
+
+  mutable std::mutex mu_;
+  std::condition_variable cv_;
+  StopReason stop_ = StopReason::kNone;
+  std::string pending_;
+  bool finished_ = false;
+  Outcome outcome_;
+};
+
+class Scheduler {
+ public:
+  Scheduler(Engine& engine, size_t max_queue, Metrics& metrics);
+  ~Scheduler();  // cancels whatever runs and joins the thread
+  Scheduler(const Scheduler&) = delete;
+  Scheduler& operator=(const Scheduler&) = delete;
+
+  enum class Admission { kAccepted, kQueueFull, kShuttingDown };
+  Admission submit(const std::shared_ptr<Job>& job);
+
+  // Graceful shutdown, step 1: refuse new jobs and finish every queued job with 503. The running
+  // job continues. Step 2 (optional): cancel_running(). Step 3: the destructor joins.
+  void begin_shutdown();
+  // Wait until nothing runs (true) or the timeout passes (false).
+  bool wait_idle(std::chrono::milliseconds timeout);
+  void cancel_running();
+
+  SchedulerGauges gauges() const;
+
+ private:
+  void loop();
+  void run(const std::shared_ptr<Job>& job);
+
+  Engine& engine_;
+  const size_t max_queue_;
+  Metrics& metrics_;
+  mutable std::mutex mu_;
+  std::condition_variable cv_;       // queue changes / stop
+  std::condition_variable idle_cv_;  // running job finished
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::shared_ptr<Job> running_;
+  bool shutting_down_ = false;
+  bool stop_thread_ = false;
+  std::thread thread_;
+};
+
+}  // namespace qs::server

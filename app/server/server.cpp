@@ -1,0 +1,374 @@
+#include "server.h"
+
+#include <fmt/core.h>
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <ctime>
+#include <thread>
+
+#include "openapi.h"
+
+namespace qs::server {
+
+namespace {
+
+constexpr auto kPollInterval = std::chrono::milliseconds(50);
+
+const Tokenizer& require_tokenizer(const Engine& engine) {
+  QS_CHECK_MSG(engine.tokenizer() != nullptr, "the server needs an engine with a tokenizer");
+  return *engine.tokenizer();
+}
+
+int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+
+ApiError make_api_error(int status, std::string message, std::string code, std::string param = "") {
+  ApiError e;
+  e.status = status;
+  e.message = std::move(message);
+  e.code = std::move(code);
+  e.param = std::move(param);
+  switch (status) {
+    case 408: e.type = "timeout_error"; break;
+    case 429: e.type = "rate_limit_error"; break;
+    case 499: e.type = "client_closed_request"; break;
+    case 503: e.type = "service_unavailable"; break;
+    default: e.type = status >= 500 ? "server_error" : "invalid_request_error";
+  }
+  return e;
+}
+
+// Errors the HTTP layer answers by itself.
+std::string http_error_body(int status, const std::string& message) {
+  std::string code;
+  switch (status) {
+    case 400: code = "bad_request"; break;
+    case 404: code = "not_found"; break;
+    case 405: code = "method_not_allowed"; break;
+    case 413: code = "request_too_large"; break;
+    case 414: code = "uri_too_long"; break;
+    default: code = status >= 500 ? "internal_error" : "bad_request";
+  }
+  return dump_json(error_json(make_api_error(status, message, code)));
+}
+
+ApiError stop_error(StopReason why, int timeout_s) {
+  switch (why) {
+    case StopReason::kTimeout:
+      return make_api_error(408, "the request did not finish within the server's per-request timeout of " +
+                                     std::to_string(timeout_s) + " s",
+                            "request_timeout");
+    case StopReason::kShutdown:
+      return make_api_error(503, "the server is shutting down; the request was cancelled", "shutting_down");
+    default:
+      return make_api_error(499, "the client closed the connection", "client_closed_request");
+  }
+}
+
+}  // namespace
+
+Server::Server(Engine& engine, ServerOptions options, ChatSetup chat)
+    : engine_(engine),
+      tokenizer_(require_tokenizer(engine)),
+      options_(std::move(options)),
+      chat_(std::move(chat)),
+      metrics_({"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics",
+                "/openapi.json"}),
+      http_(options_.http),
+      started_at_(unix_now()) {
+  options_.defaults.max_context = engine_.max_context();
+  scheduler_ = std::make_unique<Scheduler>(engine_, options_.max_queue, metrics_);
+  OpenApiLimits limits;
+  limits.model_name = options_.model_name;
+  limits.max_context = engine_.max_context();
+  limits.vocab_size = engine_.config().vocab_size;
+  limits.max_body_bytes = options_.http.max_body_bytes;
+  openapi_json_ = openapi_document(limits).dump(2);
+
+  http_.set_error_body(http_error_body);
+  http_.set_access_log([this](const std::string&, const std::string& path, int status) {
+    metrics_.on_http_response(path, status);
+  });
+  http_.handle("GET", "/health", [this](const HttpRequest&, HttpResponse& res) {
+    const bool down = shutting_down_.load();
+    res.status = down ? 503 : 200;
+    res.body = dump_json(Json{{"status", down ? "shutting_down" : "ok"}});
+  });
+  http_.handle("GET", "/v1/models", [this](const HttpRequest&, HttpResponse& res) {
+    Json model = {{"id", options_.model_name},
+                  {"object", "model"},
+                  {"created", started_at_},
+                  {"owned_by", "quantspec"},
+                  {"max_model_len", engine_.max_context()}};
+    res.body = dump_json(Json{{"object", "list"}, {"data", Json::array({model})}});
+  });
+  http_.handle("GET", "/metrics", [this](const HttpRequest&, HttpResponse& res) {
+    res.content_type = "text/plain; version=0.0.4; charset=utf-8";
+    res.body = metrics_.render(scheduler_->gauges());
+  });
+  http_.handle("GET", "/openapi.json", [this](const HttpRequest&, HttpResponse& res) {
+    res.body = openapi_json_;
+  });
+  http_.handle("POST", "/v1/completions", [this](const HttpRequest& req, HttpResponse& res) {
+    handle_generate(Endpoint::kCompletions, req, res);
+  });
+  http_.handle("POST", "/v1/chat/completions", [this](const HttpRequest& req, HttpResponse& res) {
+    handle_generate(Endpoint::kChatCompletions, req, res);
+  });
+}
+
+Server::~Server() = default;
+
+Result<int> Server::bind() { return http_.bind(); }
+
+void Server::run() { http_.run(); }
+
+void Server::shutdown() {
+  if (shutting_down_.exchange(true)) return;
+  std::fprintf(stderr, "quantspec serve: shutting down: no new requests; queued ones get 503; the "
+                       "running one may finish within %d s\n",
+               options_.shutdown_grace_s);
+  scheduler_->begin_shutdown();
+  http_.stop();
+  if (!scheduler_->wait_idle(std::chrono::seconds(options_.shutdown_grace_s))) {
+    std::fprintf(stderr, "quantspec serve: grace period over: cancelling the running request\n");
+    scheduler_->cancel_running();
+    scheduler_->wait_idle(std::chrono::seconds(60));
+  }
+}
+
+void Server::respond_error(HttpResponse& res, const ApiError& e) {
+  res.status = e.status;
+  res.content_type = "application/json";
+  res.body = dump_json(error_json(e));
+  if (e.status == 429) res.headers.emplace_back("Retry-After", "1");
+}
+
+std::optional<ApiError> Server::prompt_ids(const ApiRequest& r, std::vector<int32_t>* ids) {
+  const bool chat = r.endpoint == Endpoint::kChatCompletions;
+  if (chat) {
+    if (!chat_.chat_template) return make_api_error(400, chat_.problem, "chat_template_missing", "messages");
+    auto text = chat_.chat_template->render(r.messages, chat_.tokens);
+    if (!text.ok()) {
+      return make_api_error(400, "the chat template rejected the messages: " + text.error().message,
+                            "chat_template_error", "messages");
+    }
+    // The template writes the special tokens (BOS, ...) itself, as HF's apply_chat_template.
+    *ids = tokenizer_.encode(*text, /*add_special=*/false);
+  } else if (r.prompt_text) {
+    *ids = tokenizer_.encode(*r.prompt_text, /*add_special=*/true);
+  } else {
+    const int64_t vocab = engine_.config().vocab_size;
+    ids->clear();
+    for (size_t i = 0; i < r.prompt_ids->size(); ++i) {
+      const int64_t id = (*r.prompt_ids)[i];
+      if (id < 0 || id >= vocab) {
+        return make_api_error(400, "token id " + std::to_string(id) + " at prompt position " + std::to_string(i) +
+                                       " is outside the vocabulary [0, " + std::to_string(vocab) + ")",
+                              "invalid_value", "prompt");
+      }
+      ids->push_back(static_cast<int32_t>(id));
+    }
+  }
+  if (ids->empty()) {
+    return make_api_error(400, "the prompt is empty (it has no tokens)", "invalid_value", chat ? "messages" : "prompt");
+  }
+  return std::nullopt;
+}
+
+void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResponse& res) {
+  auto parsed = parse_request(req.body, endpoint, options_.defaults);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return respond_error(res, *e);
+  ApiRequest r = std::move(std::get<ApiRequest>(parsed));
+  if (shutting_down_) return respond_error(res, stop_error(StopReason::kShutdown, 0));
+
+  std::vector<int32_t> ids;
+  if (auto e = prompt_ids(r, &ids)) return respond_error(res, *e);
+
+  // Context: prompt + completion must fit (as OpenAI); without max_tokens the completion gets
+  // the server default, clipped to the room left.
+  const int64_t ctx = engine_.max_context();
+  const int64_t n_prompt = static_cast<int64_t>(ids.size());
+  const char* prompt_param = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  int64_t max_new = 0;
+  if (r.max_tokens) {
+    max_new = *r.max_tokens;
+    if (n_prompt + max_new > ctx) {
+      return respond_error(res, make_api_error(400,
+          fmt::format("this model's maximum context length is {} tokens, but {} were requested ({} in "
+                      "the prompt + {} max_tokens); shorten the prompt or lower max_tokens",
+                      ctx, n_prompt + max_new, n_prompt, max_new),
+          "context_length_exceeded", n_prompt >= ctx ? prompt_param : "max_tokens"));
+    }
+  } else {
+    const int64_t room = ctx - n_prompt;
+    if (room < 1) {
+      return respond_error(res, make_api_error(400,
+          fmt::format("this model's maximum context length is {} tokens, and the prompt has {}: no "
+                      "room to generate; shorten the prompt",
+                      ctx, n_prompt),
+          "context_length_exceeded", prompt_param));
+    }
+    max_new = std::clamp<int64_t>(options_.defaults.gen.max_new_tokens, 1, room);
+  }
+  r.params.max_new_tokens = static_cast<int>(max_new);
+
+  const auto deadline = Clock::now() + std::chrono::seconds(options_.request_timeout_s);
+  auto job = std::make_shared<Job>(std::move(ids), r.params, deadline);
+  switch (scheduler_->submit(job)) {
+    case Scheduler::Admission::kAccepted: break;
+    case Scheduler::Admission::kQueueFull:
+      return respond_error(res, make_api_error(429,
+          fmt::format("the server is busy: {} requests are already waiting (--max-queue); retry later",
+                      options_.max_queue),
+          "queue_full"));
+    case Scheduler::Admission::kShuttingDown:
+      return respond_error(res, stop_error(StopReason::kShutdown, 0));
+  }
+
+  ResponseMeta meta;
+  meta.id = new_response_id(endpoint);
+  meta.created = unix_now();
+  meta.model = options_.model_name;
+  const int timeout_s = options_.request_timeout_s;
+
+  if (!r.stream) {
+    for (;;) {
+      if (job->wait(kPollInterval).finished) break;
+      if (req.client_gone && req.client_gone()) {
+        job->cancel(StopReason::kClientGone);
+        return respond_error(res, stop_error(StopReason::kClientGone, timeout_s));
+      }
+      if (Clock::now() > job->deadline()) {
+        job->cancel(StopReason::kTimeout);
+        return respond_error(res, stop_error(StopReason::kTimeout, timeout_s));
+      }
+    }
+    const Job::Outcome& o = job->outcome();
+    if (!o.result) {
+      return respond_error(res, make_api_error(o.error_status, o.error,
+                                               o.error_status == 503 ? "shutting_down" : "generation_failed"));
+    }
+    if (o.result->finish_reason == "cancelled") return respond_error(res, stop_error(job->stop_reason(), timeout_s));
+    const Json body = endpoint == Endpoint::kChatCompletions ? chat_response(meta, *o.result, o.spec, o.queue_s)
+                                                             : completion_response(meta, *o.result, o.spec, o.queue_s);
+    res.body = dump_json(body);
+    return;
+  }
+
+  res.content_type = "text/event-stream";
+  res.headers.emplace_back("Cache-Control", "no-cache");
+  res.headers.emplace_back("X-Accel-Buffering", "no");
+  const bool include_usage = r.include_usage;
+  res.stream = [job, meta, endpoint, include_usage, timeout_s](StreamSink& sink) {
+    const bool chat = endpoint == Endpoint::kChatCompletions;
+    auto send_error = [&](const ApiError& e) {
+      sink.write(sse_event(error_json(e)));
+      sink.write(kSseDone);
+    };
+    if (chat && !sink.write(sse_event(chat_chunk(meta, Json{{"role", "assistant"}, {"content", ""}}, "")))) {
+      job->cancel(StopReason::kClientGone);
+      return;
+    }
+    for (;;) {
+      Job::Progress p = job->wait(kPollInterval);
+      if (!p.text.empty()) {
+        const Json chunk = chat ? chat_chunk(meta, Json{{"content", p.text}}, "") : completion_chunk(meta, p.text, "");
+        if (!sink.write(sse_event(chunk))) {
+          job->cancel(StopReason::kClientGone);
+          return;
+        }
+      }
+      if (p.finished) break;
+      if (sink.client_gone()) {
+        job->cancel(StopReason::kClientGone);
+        return;
+      }
+      if (Clock::now() > job->deadline()) {
+        job->cancel(StopReason::kTimeout);
+        return send_error(stop_error(StopReason::kTimeout, timeout_s));
+      }
+    }
+    const Job::Outcome& o = job->outcome();
+    if (!o.result) {
+      return send_error(make_api_error(o.error_status, o.error,
+                                       o.error_status == 503 ? "shutting_down" : "generation_failed"));
+    }
+    const GenerationResult& result = *o.result;
+    if (result.finish_reason == "cancelled") return send_error(stop_error(job->stop_reason(), timeout_s));
+    Json last = chat ? chat_chunk(meta, Json::object(), result.finish_reason)
+                     : completion_chunk(meta, "", result.finish_reason);
+    last["quantspec"] = stats_json(result.stats, o.spec, o.queue_s);
+    sink.write(sse_event(last));
+    if (include_usage) {
+      sink.write(sse_event(usage_chunk(meta, endpoint, result.stats.prompt_tokens, result.stats.generated_tokens)));
+    }
+    sink.write(kSseDone);
+  };
+}
+
+namespace {
+
+// SIGINT/SIGTERM may land on any thread (libraries start threads before main), so the handler
+// only writes the signal number to a pipe that serve_until_signal's watcher thread reads.
+int g_signal_pipe[2] = {-1, -1};
+
+extern "C" void on_shutdown_signal(int sig) {
+  const char c = static_cast<char>(sig);
+  const ssize_t n = write(g_signal_pipe[1], &c, 1);
+  (void)n;
+}
+
+}  // namespace
+
+void install_shutdown_signal_handlers() {
+  std::signal(SIGPIPE, SIG_IGN);
+  if (g_signal_pipe[0] >= 0) return;
+  QS_CHECK(pipe2(g_signal_pipe, O_CLOEXEC | O_NONBLOCK) == 0);
+  struct sigaction sa {};
+  sa.sa_handler = on_shutdown_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESTART;
+  sigaction(SIGINT, &sa, nullptr);
+  sigaction(SIGTERM, &sa, nullptr);
+}
+
+int serve_until_signal(Server& server) {
+  QS_CHECK_MSG(g_signal_pipe[0] >= 0, "call install_shutdown_signal_handlers() first");
+  std::atomic<bool> done{false};
+  std::thread watcher([&server, &done] {
+    std::thread shutdown_thread;
+    int received = 0;
+    while (!done) {
+      pollfd pfd{g_signal_pipe[0], POLLIN, 0};
+      if (poll(&pfd, 1, 200) <= 0) continue;
+      char sig = 0;
+      while (read(g_signal_pipe[0], &sig, 1) == 1) {
+        if (++received == 1) {
+          std::fprintf(stderr, "quantspec serve: received %s; shutting down gracefully (send it again "
+                               "to exit at once)\n",
+                       sig == SIGINT ? "SIGINT" : "SIGTERM");
+          shutdown_thread = std::thread([&server] { server.shutdown(); });
+        } else {
+          std::fprintf(stderr, "quantspec serve: second signal: exiting now\n");
+          std::fflush(stderr);
+          std::_Exit(130);
+        }
+      }
+    }
+    if (shutdown_thread.joinable()) shutdown_thread.join();
+  });
+  server.run();
+  done = true;
+  watcher.join();
+  std::fprintf(stderr, "quantspec serve: stopped\n");
+  return 0;
+}
+
+}  // namespace qs::server

@@ -1,0 +1,108 @@
+// The op-level interface the forward pass is written against. The CPU backend (backend/cpu/) is
+// the executable specification: every other backend's ops are tested against it.
+//
+// Conventions: activations are f32, row-major, one row per token; `m` is the number of rows
+// (tokens) of a call. Float pointers point into memory the backend can read/write (host memory
+// for the CPU; a device backend hands out its own through alloc()). Weights are WeightViews in
+// their file dtype (F32/F16/BF16); ops convert as they read and accumulate in f32.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+
+#include "model/weights.h"
+
+namespace qs {
+
+// One layer's keys and values as attention reads them. Today: a full-precision segment holding
+// positions [0, length). The hierarchical cache adds a quantized segment (positions [0, n_q),
+// upper/lower planes) in front of a full-precision buffer; it will extend this description, not
+// the attention signature.
+struct KvView {
+  const float* k = nullptr;  // [length, row_stride] f32, row t = absolute position t, post-RoPE
+  const float* v = nullptr;  // [length, row_stride] f32
+  int64_t row_stride = 0;    // floats between consecutive positions (>= kv_dim)
+  int length = 0;            // positions readable
+};
+
+struct AttentionShape {
+  int num_heads = 0;  // query heads; query head h reads kv head h / (num_heads / num_kv_heads)
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale = 0.0f;  // softmax scale, 1/sqrt(head_dim) for Llama
+};
+
+// A block of backend memory holding `size` floats.
+class Buffer {
+ public:
+  virtual ~Buffer() = default;
+  float* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ protected:
+  float* data_ = nullptr;  // (size_) f32
+  size_t size_ = 0;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual const char* name() const = 0;
+
+  // Memory for activations (contents undefined), and the copy back to the host.
+  virtual std::unique_ptr<Buffer> alloc(size_t n) = 0;
+  virtual void to_host(const float* src, float* dst_host, size_t n) = 0;
+
+  // out[i, :] = table[ids[i], :]. ids: host [m], each in [0, table.rows); out: [m, table.cols].
+  virtual void embedding(const WeightView& table, const int32_t* ids, int m, float* out) = 0;
+
+  // out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight. x, out: [m, weight.cols];
+  // out may alias x.
+  virtual void rmsnorm(const float* x, const WeightView& weight, int m, float eps, float* out) = 0;
+
+  // y = x W^T (+ bias). x: [m, w.cols]; W: [w.rows, w.cols]; bias: [1, w.rows] or nullptr /
+  // empty; y: [m, w.rows], must not alias x.
+  virtual void matmul(const float* x, int m, const WeightView& w, const WeightView* bias,
+                      float* y) = 0;
+
+  // Rotary embedding in place, HF "rotate_half" convention: for each head, the pair
+  // (x[j], x[j + head_dim/2]) is rotated by angle (pos + i) * inv_freq[j] (angle in f32).
+  // x: [m, num_heads * head_dim] for positions [pos, pos + m); inv_freq: host [head_dim / 2].
+  virtual void rope(float* x, int m, int num_heads, int head_dim, int pos,
+                    const float* inv_freq) = 0;
+
+  // Causal attention of m queries at absolute positions [pos, pos + m): query i attends to
+  // positions [0, pos + i] of `kv` (so kv.length >= pos + m). q, out: [m, num_heads * head_dim];
+  // out must not alias q.
+  virtual void attention(const float* q, int m, int pos, const AttentionShape& shape,
+                         const KvView& kv, float* out) = 0;
+
+  // out = silu(gate) * up, elementwise over n floats; out may alias gate or up.
+  virtual void swiglu(const float* gate, const float* up, int64_t n, float* out) = 0;
+
+  // y += x, elementwise over n floats.
+  virtual void add(float* y, const float* x, int64_t n) = 0;
+
+  // --- Additions for device backends. The defaults are right for a backend whose memory is
+  // host memory (the CPU backend), so it need not override them.
+
+  // Makes every tensor of `weights` resident in backend memory ahead of the first op (a device
+  // backend uploads them once; later ops find them by the views' host addresses). Optional:
+  // a device backend uploads a weight on its first use otherwise.
+  virtual void prepare_weights(const ModelWeights& weights) { (void)weights; }
+
+  // Copies n floats from host memory into backend memory (dst from alloc()).
+  virtual void from_host(const float* src_host, float* dst, size_t n) {
+    if (src_host != dst) std::memcpy(dst, src_host, n * sizeof(float));
+  }
+
+  // Copies n floats within backend memory (e.g. new K/V rows into a backend-resident cache).
+  // The ranges must not overlap.
+  virtual void copy(float* dst, const float* src, size_t n) {
+    if (src != dst) std::memcpy(dst, src, n * sizeof(float));
+  }
+};
+
+}  // namespace qs

@@ -1,0 +1,157 @@
+// Small vector helpers shared by the CPU kernels (internal to backend/cpu). One vector type,
+// VecF with kLanes f32 lanes: AVX-512 when compiled for it, else AVX2 + FMA + F16C, else none
+// (QS_CPU_SIMD undefined: the kernels' scalar loops do all the work).
+#pragma once
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+#if defined(__AVX512F__)
+#define QS_CPU_SIMD 1
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip -Wmaybe-uninitialized
+// once inlined (GCC bug 105593); the warnings point into the header, so silence them there.
+#pragma GCC diagnostic push
+#pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#include <immintrin.h>
+#pragma GCC diagnostic pop
+#elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define QS_CPU_SIMD 1
+#include <immintrin.h>
+#endif
+
+namespace qs::cpu {
+
+// Scalar load of element i of a weight in dtype T, as f32.
+template <DType T>
+inline float load1(const void* p, int64_t i) {
+  if constexpr (T == DType::F32) {
+    return static_cast<const float*>(p)[i];
+  } else if constexpr (T == DType::F16) {
+    return f16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  } else {
+    static_assert(T == DType::BF16);
+    return bf16_to_f32(static_cast<const uint16_t*>(p)[i]);
+  }
+}
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+using VecF = __m512;
+inline VecF vzero() {
+  return _mm512_setzero_ps();
+}
+inline VecF vset1(float a) {
+  return _mm512_set1_ps(a);
+}
+inline VecF vload(const float* p) {
+  return _mm512_loadu_ps(p);
+}
+inline void vstore(float* p, VecF v) {
+  _mm512_storeu_ps(p, v);
+}
+inline VecF vfmadd(VecF a, VecF b, VecF c) {
+  return _mm512_fmadd_ps(a, b, c);
+}
+inline VecF vadd(VecF a, VecF b) {
+  return _mm512_add_ps(a, b);
+}
+inline float vsum(VecF v) {
+  // Through memory rather than _mm512_reduce_add_ps, whose lane extracts trip the same GCC bug
+  // outside the reach of the pragma above. Runs once per dot product.
+  alignas(64) float lanes[16];
+  _mm512_store_ps(lanes, v);
+  const __m256 h = _mm256_add_ps(_mm256_load_ps(lanes), _mm256_load_ps(lanes + 8));
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+// kLanes consecutive weight elements starting at element i, widened to f32 (unaligned).
+template <DType T>
+inline VecF vload_w(const void* p, int64_t i) {
+  if constexpr (T == DType::F32) {
+    return _mm512_loadu_ps(static_cast<const float*>(p) + i);
+  } else {
+    __m256i h =
+        _mm256_loadu_si256(reinterpret_cast<const __m256i*>(static_cast<const uint16_t*>(p) + i));
+    if constexpr (T == DType::F16) {
+      return _mm512_cvtph_ps(h);
+    } else {
+      static_assert(T == DType::BF16);
+      return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+#elif defined(QS_CPU_SIMD)
+constexpr int kLanes = 8;
+using VecF = __m256;
+inline VecF vzero() {
+  return _mm256_setzero_ps();
+}
+inline VecF vset1(float a) {
+  return _mm256_set1_ps(a);
+}
+inline VecF vload(const float* p) {
+  return _mm256_loadu_ps(p);
+}
+inline void vstore(float* p, VecF v) {
+  _mm256_storeu_ps(p, v);
+}
+inline VecF vfmadd(VecF a, VecF b, VecF c) {
+  return _mm256_fmadd_ps(a, b, c);
+}
+inline VecF vadd(VecF a, VecF b) {
+  return _mm256_add_ps(a, b);
+}
+inline float vsum(VecF v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+template <DType T>
+inline VecF vload_w(const void* p, int64_t i) {
+  if constexpr (T == DType::F32) {
+    return _mm256_loadu_ps(static_cast<const float*>(p) + i);
+  } else {
+    __m128i h =
+        _mm_loadu_si128(reinterpret_cast<const __m128i*>(static_cast<const uint16_t*>(p) + i));
+    if constexpr (T == DType::F16) {
+      return _mm256_cvtph_ps(h);
+    } else {
+      static_assert(T == DType::BF16);
+      return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+    }
+  }
+}
+#endif
+
+// Dot product of n f32 values, f32 accumulation in several lanes.
+inline float dot_f32(const float* a, const float* b, int64_t n) {
+  int64_t i = 0;
+  float sum = 0.0f;
+#if QS_CPU_SIMD
+  VecF acc0 = vzero(), acc1 = vzero();
+  for (; i + 2 * kLanes <= n; i += 2 * kLanes) {
+    acc0 = vfmadd(vload(a + i), vload(b + i), acc0);
+    acc1 = vfmadd(vload(a + i + kLanes), vload(b + i + kLanes), acc1);
+  }
+  for (; i + kLanes <= n; i += kLanes) acc0 = vfmadd(vload(a + i), vload(b + i), acc0);
+  sum = vsum(vadd(acc0, acc1));
+#endif
+  for (; i < n; ++i) sum += a[i] * b[i];
+  return sum;
+}
+
+// y[i] += a * x[i] over n f32 values.
+inline void axpy_f32(float a, const float* x, float* y, int64_t n) {
+  int64_t i = 0;
+#if QS_CPU_SIMD
+  const VecF av = vset1(a);
+  for (; i + kLanes <= n; i += kLanes) vstore(y + i, vfmadd(av, vload(x + i), vload(y + i)));
+#endif
+  for (; i < n; ++i) y[i] += a * x[i];
+}
+
+}  // namespace qs::cpu

@@ -1,0 +1,443 @@
+#include "backend/cuda/cuda_backend.h"
+
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <unordered_map>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_ops.h"
+
+namespace qs {
+
+namespace cuda {
+
+void check_launch(const char* file, int line, cudaStream_t stream) {
+  cudaError_t e = cudaGetLastError();
+  if (e != cudaSuccess) cuda_failed(file, line, "kernel launch", e);
+  static const bool sync_each = [] {
+    const char* v = std::getenv("QS_CUDA_SYNC");
+    return v != nullptr && std::strcmp(v, "0") != 0;
+  }();
+  if (!sync_each) return;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return;
+  e = cudaStreamSynchronize(stream);
+  if (e != cudaSuccess) cuda_failed(file, line, "kernel execution (QS_CUDA_SYNC)", e);
+}
+
+}  // namespace cuda
+
+namespace {
+
+constexpr int kMinSplitLen = 256;      // positions per KV split, at least
+constexpr int kTargetBlocksPerSm = 4;  // attention blocks wanted per SM before splitting stops
+constexpr int kMaxSplits = 256;
+// Cap on the split partials' size (floats), so splitting never needs a huge scratch buffer.
+constexpr int64_t kMaxPartialFloats = int64_t{64} << 20;
+constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
+
+class DeviceBuffer final : public Buffer {
+ public:
+  explicit DeviceBuffer(size_t n) {
+    if (n > 0) CUDA_CHECK(cudaMalloc(&data_, n * sizeof(float)));
+    size_ = n;
+  }
+  ~DeviceBuffer() override {
+    if (data_) cudaFree(data_);  // no check: may run during teardown
+  }
+};
+
+// Grow-only device scratch memory.
+struct Scratch {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+
+  void* ensure(size_t need) {
+    if (need <= bytes) return ptr;
+    if (ptr) {
+      // Work still queued may read the old buffer.
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaFree(ptr));
+    }
+    const size_t rounded = (need + (size_t{1} << 20) - 1) & ~((size_t{1} << 20) - 1);
+    CUDA_CHECK(cudaMalloc(&ptr, rounded));
+    bytes = rounded;
+    return ptr;
+  }
+  void release() {
+    if (ptr) cudaFree(ptr);
+    ptr = nullptr;
+    bytes = 0;
+  }
+};
+
+size_t weight_bytes(const WeightView& w) {
+  return static_cast<size_t>(w.numel()) * dtype_size(w.dtype);
+}
+
+}  // namespace
+
+int attention_num_splits(int64_t kv_len, int64_t base_blocks, int num_sms, int max_splits) {
+  QS_CHECK(kv_len >= 1 && base_blocks >= 1 && num_sms >= 1 && max_splits >= 1);
+  const int64_t target = static_cast<int64_t>(num_sms) * kTargetBlocksPerSm;
+  if (base_blocks >= target) return 1;
+  int64_t splits = (target + base_blocks - 1) / base_blocks;
+  splits = std::min<int64_t>(splits, (kv_len + kMinSplitLen - 1) / kMinSplitLen);
+  splits = std::min<int64_t>(splits, max_splits);
+  return static_cast<int>(std::max<int64_t>(splits, 1));
+}
+
+bool cuda_device_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky-free error so later calls start clean
+    return false;
+  }
+  return count > 0;
+}
+
+struct CudaBackend::Impl {
+  CudaBackendOptions options;
+  cudaStream_t stream = nullptr;
+  cublasHandle_t cublas = nullptr;
+  void* cublas_workspace = nullptr;
+  int num_sms = 0;
+
+  struct DeviceWeight {
+    const void* ptr = nullptr;  // device copy (or the view's own pointer when already device)
+    size_t bytes = 0;
+    bool owned = false;
+  };
+  std::unordered_map<const void*, DeviceWeight> weights;  // by the view's data pointer
+  size_t resident_bytes = 0;
+
+  Scratch attn_partial;  // attention split partials: o then (m, l)
+  Scratch act_split;     // prefill matmul: activations split into hi/lo halves
+  Scratch ids;           // token ids of large embedding calls
+
+  ~Impl() {
+    if (stream) cudaStreamSynchronize(stream);
+    for (auto& [key, w] : weights) {
+      if (w.owned) cudaFree(const_cast<void*>(w.ptr));
+    }
+    attn_partial.release();
+    act_split.release();
+    ids.release();
+    if (cublas_workspace) cudaFree(cublas_workspace);
+    if (cublas) cublasDestroy(cublas);
+    if (stream) cudaStreamDestroy(stream);
+  }
+
+  // The device copy of a weight: uploaded on first use, found by its data pointer afterwards.
+  // A view that already points to device memory is used as it is.
+  const void* resolve(const WeightView& w) {
+    if (w.empty()) return nullptr;
+    const size_t bytes = weight_bytes(w);
+    auto it = weights.find(w.data);
+    if (it != weights.end()) {
+      QS_CHECK_MSG(it->second.bytes >= bytes,
+                   "weight '" + w.name + "' seen before with fewer bytes at the same address");
+      return it->second.ptr;
+    }
+    cudaPointerAttributes attr{};
+    const cudaError_t e = cudaPointerGetAttributes(&attr, w.data);
+    if (e == cudaSuccess &&
+        (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)) {
+      weights.emplace(w.data, DeviceWeight{w.data, bytes, false});
+      return w.data;
+    }
+    if (e != cudaSuccess) cudaGetLastError();
+    void* dev = nullptr;
+    CUDA_CHECK(cudaMalloc(&dev, bytes));
+    // Synchronous copy from pageable (mmap) memory: the data is there before any later op.
+    CUDA_CHECK(cudaMemcpy(dev, w.data, bytes, cudaMemcpyHostToDevice));
+    weights.emplace(w.data, DeviceWeight{dev, bytes, true});
+    resident_bytes += bytes;
+    return dev;
+  }
+
+  cuda::DeviceMatrix matrix(const WeightView& w) {
+    return cuda::DeviceMatrix{resolve(w), w.dtype, w.rows, w.cols};
+  }
+
+  cuda::DeviceBias bias(const WeightView* b) {
+    if (b == nullptr || b->empty()) return {};
+    return cuda::DeviceBias{resolve(*b), b->dtype};
+  }
+
+  // Fills the split fields of `a` and points the partials at scratch memory.
+  void plan_splits(cuda::AttentionArgs& a, int64_t base_blocks, int forced_splits) {
+    const int64_t kv_len = a.pos + a.m;
+    const int64_t per_split = static_cast<int64_t>(a.m) * a.num_heads * (a.head_dim + 2);
+    const int max_splits =
+        static_cast<int>(std::clamp<int64_t>(kMaxPartialFloats / per_split, 1, kMaxSplits));
+    int splits = forced_splits > 0 ? forced_splits
+                                   : attention_num_splits(kv_len, base_blocks, num_sms, max_splits);
+    splits = static_cast<int>(std::min<int64_t>(splits, kv_len));
+    const int64_t split_len = (kv_len + splits - 1) / splits;
+    splits = static_cast<int>((kv_len + split_len - 1) / split_len);  // no empty trailing split
+    a.num_splits = splits;
+    a.split_len = static_cast<int>(split_len);
+    if (splits > 1) {
+      const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
+      float* base = static_cast<float*>(
+          attn_partial.ensure(sizeof(float) * static_cast<size_t>(splits * num_qv) *
+                              (a.head_dim + 2)));
+      a.partial_o = base;
+      a.partial_ml = base + splits * num_qv * a.head_dim;
+    }
+  }
+};
+
+CudaBackend::CudaBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CudaBackend::~CudaBackend() = default;
+
+Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOptions& options) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    return make_error(std::string("CUDA backend: no usable CUDA device (") +
+                      (e != cudaSuccess ? cudaGetErrorString(e) : "device count is 0") + ")");
+  }
+  if (options.device < 0 || options.device >= count) {
+    return make_error("CUDA backend: device " + std::to_string(options.device) +
+                      " does not exist (" + std::to_string(count) + " present)");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->options = options;
+  CUDA_CHECK(cudaSetDevice(options.device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&impl->num_sms, cudaDevAttrMultiProcessorCount,
+                                    options.device));
+  CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
+  CUBLAS_CHECK(cublasCreate(&impl->cublas));
+  CUBLAS_CHECK(cublasSetStream(impl->cublas, impl->stream));
+  // Our own workspace: cuBLAS then allocates nothing per call (and stays graph-capturable).
+  CUDA_CHECK(cudaMalloc(&impl->cublas_workspace, kCublasWorkspaceBytes));
+  CUBLAS_CHECK(cublasSetWorkspace(impl->cublas, impl->cublas_workspace, kCublasWorkspaceBytes));
+  CUBLAS_CHECK(cublasSetMathMode(impl->cublas, CUBLAS_DEFAULT_MATH));
+  return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
+}
+
+Status CudaBackend::check_supported(const ModelConfig& cfg) {
+  if (!cuda::attention_head_dim_supported(cfg.head_dim)) {
+    return make_error("CUDA backend: head_dim " + std::to_string(cfg.head_dim) +
+                      " is not supported (supported: 32, 64, 128, 256)");
+  }
+  if (cfg.head_dim / 2 > cuda::kMaxRopePairs) {
+    return make_error("CUDA backend: head_dim " + std::to_string(cfg.head_dim) + " too large for RoPE");
+  }
+  return Status::ok_status();
+}
+
+std::unique_ptr<Buffer> CudaBackend::alloc(size_t n) {
+  return std::make_unique<DeviceBuffer>(n);
+}
+
+void CudaBackend::to_host(const float* src, float* dst_host, size_t n) {
+  if (n == 0) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst_host, src, n * sizeof(float), cudaMemcpyDeviceToHost,
+                             impl_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void CudaBackend::from_host(const float* src_host, float* dst, size_t n) {
+  if (n == 0) return;
+  // From pageable memory the call returns once the source has been staged, so the caller may
+  // reuse it at once; the copy itself is ordered on the stream.
+  CUDA_CHECK(cudaMemcpyAsync(dst, src_host, n * sizeof(float), cudaMemcpyHostToDevice,
+                             impl_->stream));
+}
+
+void CudaBackend::copy(float* dst, const float* src, size_t n) {
+  if (n == 0 || dst == src) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
+                             impl_->stream));
+}
+
+void CudaBackend::prepare_weights(const ModelWeights& weights) {
+  impl_->resolve(weights.tok_embeddings);
+  impl_->resolve(weights.final_norm);
+  impl_->resolve(weights.lm_head);
+  for (const LayerWeights& L : weights.layers) {
+    for (const WeightView* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv,
+                                &L.bo, &L.mlp_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+      impl_->resolve(*w);
+    }
+  }
+}
+
+void CudaBackend::embedding(const WeightView& table, const int32_t* ids, int m, float* out) {
+  QS_CHECK(m >= 1);
+  for (int i = 0; i < m; ++i) {
+    QS_CHECK_MSG(ids[i] >= 0 && ids[i] < table.rows, "token id out of range of " + table.name);
+  }
+  const cuda::DeviceMatrix t = impl_->matrix(table);
+  cuda::InlineIds inline_ids{};
+  const int32_t* ids_device = nullptr;
+  if (m <= cuda::kMaxInlineIds) {
+    std::memcpy(inline_ids.ids, ids, sizeof(int32_t) * m);
+  } else {
+    auto* dev = static_cast<int32_t*>(impl_->ids.ensure(sizeof(int32_t) * m));
+    CUDA_CHECK(cudaMemcpyAsync(dev, ids, sizeof(int32_t) * m, cudaMemcpyHostToDevice,
+                               impl_->stream));
+    ids_device = dev;
+  }
+  cuda::launch_embedding(t, ids_device, inline_ids, m, out, impl_->stream);
+}
+
+void CudaBackend::rmsnorm(const float* x, const WeightView& weight, int m, float eps,
+                          float* out) {
+  const void* w = impl_->resolve(weight);
+  cuda::launch_rmsnorm(x, w, weight.dtype, weight.numel(), m, eps, out, impl_->stream);
+}
+
+void CudaBackend::matmul(const float* x, int m, const WeightView& w, const WeightView* bias,
+                         float* y) {
+  if (m <= kGemvMaxRows) {
+    matmul_gemv(x, m, w, bias, y);
+  } else {
+    matmul_gemm(x, m, w, bias, y);
+  }
+}
+
+void CudaBackend::matmul_gemv(const float* x, int m, const WeightView& w, const WeightView* bias,
+                              float* y) {
+  QS_CHECK(m >= 1);
+  const cuda::DeviceMatrix wm = impl_->matrix(w);
+  const cuda::DeviceBias b = impl_->bias(bias);
+  for (int m0 = 0; m0 < m; m0 += kGemvMaxRows) {
+    const int mc = std::min(kGemvMaxRows, m - m0);
+    cuda::launch_gemv(x + static_cast<int64_t>(m0) * w.cols, mc, wm, b,
+                      y + static_cast<int64_t>(m0) * w.rows, impl_->num_sms, impl_->stream);
+  }
+}
+
+// Row-major y[m, N] = x[m, K] W[N, K]^T is, column-major, y^T (N x m) = W^T(op T of a K x N
+// matrix) * x^T (K x m): cuBLAS with op(A) = T on W (lda K) and op(B) = N on x (ldb K).
+void CudaBackend::matmul_gemm(const float* x, int m, const WeightView& w, const WeightView* bias,
+                              float* y) {
+  QS_CHECK(m >= 1);
+  QS_CHECK(w.rows <= 0x7fffffff && w.cols <= 0x7fffffff);
+  const cuda::DeviceMatrix wm = impl_->matrix(w);
+  const cuda::DeviceBias b = impl_->bias(bias);
+  const int n = static_cast<int>(w.rows), k = static_cast<int>(w.cols);
+  const float one = 1.0f, zero = 0.0f;
+  cublasHandle_t h = impl_->cublas;
+  if (w.dtype == DType::F32) {
+    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, wm.data, CUDA_R_32F, k,
+                              x, CUDA_R_32F, k, &zero, y, CUDA_R_32F, n,
+                              CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+  } else {
+    QS_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
+    const cudaDataType_t type = w.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
+    const bool exact = impl_->options.exact_prefill_matmul;
+    const size_t count = static_cast<size_t>(m) * k;
+    auto* hi = static_cast<char*>(impl_->act_split.ensure(2 * count * (exact ? 2 : 1)));
+    char* lo = exact ? hi + 2 * count : nullptr;
+    cuda::launch_split_activations(x, static_cast<int64_t>(count), w.dtype, hi, lo, impl_->stream);
+    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, wm.data, type, k, hi,
+                              type, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                              CUBLAS_GEMM_DEFAULT));
+    if (exact) {
+      CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, wm.data, type, k, lo,
+                                type, k, &one, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F,
+                                CUBLAS_GEMM_DEFAULT));
+    }
+  }
+  cuda::launch_add_bias_rows(y, m, w.rows, b, impl_->stream);
+}
+
+void CudaBackend::rope(float* x, int m, int num_heads, int head_dim, int pos,
+                       const float* inv_freq) {
+  QS_CHECK(head_dim % 2 == 0 && head_dim / 2 <= cuda::kMaxRopePairs);
+  cuda::RopeFreqs freqs{};
+  std::memcpy(freqs.inv_freq, inv_freq, sizeof(float) * (head_dim / 2));
+  cuda::launch_rope(x, m, num_heads, head_dim, pos, freqs, impl_->stream);
+}
+
+namespace {
+
+cuda::AttentionArgs make_args(const float* q, int m, int pos, const AttentionShape& shape,
+                              const KvView& kv, float* out) {
+  QS_CHECK_MSG(kv.length >= pos + m, "attention: the KV view does not cover the queries");
+  cuda::AttentionArgs a;
+  a.q = q;
+  a.k = kv.k;
+  a.v = kv.v;
+  a.out = out;
+  a.row_stride = kv.row_stride;
+  a.m = m;
+  a.pos = pos;
+  a.num_heads = shape.num_heads;
+  a.num_kv_heads = shape.num_kv_heads;
+  a.head_dim = shape.head_dim;
+  a.scale_log2 = static_cast<float>(static_cast<double>(shape.scale) * M_LOG2E);
+  return a;
+}
+
+}  // namespace
+
+void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape& shape,
+                            const KvView& kv, float* out) {
+  if (m <= kGemvMaxRows) {
+    attention_decode(q, m, pos, shape, kv, out);
+  } else {
+    attention_prefill(q, m, pos, shape, kv, out);
+  }
+}
+
+void CudaBackend::attention_decode(const float* q, int m, int pos, const AttentionShape& shape,
+                                   const KvView& kv, float* out, int num_splits) {
+  QS_CHECK(m >= 1 && m <= kGemvMaxRows);
+  cuda::AttentionArgs a = make_args(q, m, pos, shape, kv, out);
+  QS_CHECK(shape.num_kv_heads >= 1 && shape.num_heads % shape.num_kv_heads == 0);
+  const int64_t base_blocks =
+      static_cast<int64_t>(cuda::attention_decode_query_tiles(a)) * shape.num_kv_heads;
+  impl_->plan_splits(a, base_blocks, num_splits);
+  cuda::launch_attention_decode(a, impl_->stream);
+}
+
+void CudaBackend::attention_prefill(const float* q, int m, int pos, const AttentionShape& shape,
+                                    const KvView& kv, float* out, int num_splits) {
+  QS_CHECK(m >= 1);
+  cuda::AttentionArgs a = make_args(q, m, pos, shape, kv, out);
+  const int64_t base_blocks =
+      static_cast<int64_t>(cuda::attention_prefill_query_tiles(a)) * shape.num_heads;
+  impl_->plan_splits(a, base_blocks, num_splits);
+  cuda::launch_attention_prefill(a, impl_->stream);
+}
+
+void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {
+  cuda::launch_swiglu(gate, up, n, out, impl_->stream);
+}
+
+void CudaBackend::add(float* y, const float* x, int64_t n) {
+  cuda::launch_add(y, x, n, impl_->stream);
+}
+
+void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+
+void* CudaBackend::stream() const { return impl_->stream; }
+
+int CudaBackend::num_sms() const { return impl_->num_sms; }
+
+size_t CudaBackend::resident_weight_bytes() const { return impl_->resident_bytes; }
+
+void CudaBackend::release_weights() {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  for (auto& [key, w] : impl_->weights) {
+    if (w.owned) CUDA_CHECK(cudaFree(const_cast<void*>(w.ptr)));
+  }
+  impl_->weights.clear();
+  impl_->resident_bytes = 0;
+}
+
+}  // namespace qs

@@ -1,0 +1,96 @@
+// The CUDA backend: every op of backend.h as kernels queued on one CUDA stream, in the order
+// they are called; the host waits only in to_host() and synchronize(). Activations and the KV
+// view are f32 device memory; weights are uploaded once in their file dtype (F32/F16/BF16) and
+// found again by their host address. docs/cuda.md describes the kernels and their choices.
+//
+// This header needs no CUDA headers: the stream is handed out as an opaque pointer.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "model/config.h"
+
+namespace qs {
+
+struct CudaBackendOptions {
+  int device = 0;  // CUDA device ordinal
+  // Prefill matmul (m > kGemvMaxRows rows) on tensor cores: true splits each f32 activation into
+  // a high and a low bf16/f16 part and runs two GEMMs (about f32 accuracy, the CPU reference's);
+  // false rounds activations to the weight dtype and runs one (HF's bf16 arithmetic, 2x faster).
+  bool exact_prefill_matmul = true;
+};
+
+// Whether a CUDA device is present and usable (GPU tests skip without one).
+bool cuda_device_available();
+
+class CudaBackend final : public Backend {
+ public:
+  // Errors: no CUDA device, or the ordinal is out of range.
+  static Result<std::unique_ptr<CudaBackend>> create(const CudaBackendOptions& options = {});
+  ~CudaBackend() override;
+  CudaBackend(const CudaBackend&) = delete;
+  CudaBackend& operator=(const CudaBackend&) = delete;
+
+  // The model shapes the kernels support (head_dim 32/64/128/256); errors name the field.
+  static Status check_supported(const ModelConfig& cfg);
+
+  const char* name() const override { return "cuda"; }
+
+  std::unique_ptr<Buffer> alloc(size_t n) override;
+  void to_host(const float* src, float* dst_host, size_t n) override;
+  void from_host(const float* src_host, float* dst, size_t n) override;
+  void copy(float* dst, const float* src, size_t n) override;
+  void prepare_weights(const ModelWeights& weights) override;
+
+  void embedding(const WeightView& table, const int32_t* ids, int m, float* out) override;
+  void rmsnorm(const float* x, const WeightView& weight, int m, float eps, float* out) override;
+  void matmul(const float* x, int m, const WeightView& w, const WeightView* bias,
+              float* y) override;
+  void rope(float* x, int m, int num_heads, int head_dim, int pos, const float* inv_freq) override;
+  void attention(const float* q, int m, int pos, const AttentionShape& shape, const KvView& kv,
+                 float* out) override;
+  void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
+  void add(float* y, const float* x, int64_t n) override;
+
+  // At or below this many rows matmul runs the bandwidth-bound skinny GEMM that reads the
+  // weights once for all rows, and attention runs split-KV flash-decoding; above it, cuBLAS and
+  // the flash-attention prefill kernel.
+  static constexpr int kGemvMaxRows = 16;
+
+  // The paths behind matmul and attention, callable directly so tests can check each at any m.
+  void matmul_gemv(const float* x, int m, const WeightView& w, const WeightView* bias, float* y);
+  void matmul_gemm(const float* x, int m, const WeightView& w, const WeightView* bias, float* y);
+  // num_splits: 0 = the heuristic's choice (attention_num_splits), else forced (>= 1).
+  void attention_decode(const float* q, int m, int pos, const AttentionShape& shape,
+                        const KvView& kv, float* out, int num_splits = 0);
+  void attention_prefill(const float* q, int m, int pos, const AttentionShape& shape,
+                         const KvView& kv, float* out, int num_splits = 0);
+
+  // Waits for all queued work; aborts with the CUDA error if a kernel failed.
+  void synchronize();
+  // The cudaStream_t every op is queued on (for events and graph capture).
+  void* stream() const;
+  int num_sms() const;
+  // Bytes of weights uploaded so far.
+  size_t resident_weight_bytes() const;
+  // Frees every uploaded weight copy. The upload cache is keyed by the views' host addresses and
+  // assumes that host tensors neither change nor move while the backend uses them; call this
+  // before freeing or reusing host memory that held weights (e.g. when a model is unloaded).
+  void release_weights();
+
+ private:
+  struct Impl;
+  explicit CudaBackend(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// How many KV splits a flash-decoding/prefill launch uses: enough blocks for about
+// kTargetWavesBlocks per SM, each split at least kMinSplitLen positions, at most max_splits.
+// `base_blocks` = blocks of the launch without splitting. Pure, so it is unit-tested.
+int attention_num_splits(int64_t kv_len, int64_t base_blocks, int num_sms, int max_splits);
+
+}  // namespace qs

@@ -1,0 +1,118 @@
+// Launchers of the CUDA kernels (one .cu file per op family: kernels first, then launchers).
+// A launcher owns the grid math, checks its preconditions (QS_CHECK) and checks the launch.
+// All pointers are device pointers unless named *_host; every launch is queued on `stream`.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "core/dtype.h"
+
+namespace qs::cuda {
+
+// A weight matrix resident in device memory, row-major {rows, cols}, in its file dtype.
+struct DeviceMatrix {
+  const void* data = nullptr;  // [rows, cols] F32/F16/BF16
+  DType dtype = DType::F32;
+  int64_t rows = 0;
+  int64_t cols = 0;
+};
+
+// An optional per-output-column vector added to a result (a linear layer's bias).
+struct DeviceBias {
+  const void* data = nullptr;  // [n] F32/F16/BF16, or nullptr for none
+  DType dtype = DType::F32;
+};
+
+// ---- elementwise.cu -------------------------------------------------------------------------
+
+// Token ids passed by value in the kernel's parameters: a decode step needs no host-to-device
+// copy (and stays capturable in a CUDA graph).
+constexpr int kMaxInlineIds = 64;
+struct InlineIds {
+  int32_t ids[kMaxInlineIds];
+};
+
+// out[i, :] = f32(table[ids[i], :]); ids from `ids_device` [m] when not null, else inline.
+void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device, const InlineIds& inline_ids,
+                      int m, float* out, cudaStream_t stream);
+
+// out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight; x, out: [m, d]; out may alias x.
+void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t d, int m,
+                    float eps, float* out, cudaStream_t stream);
+
+// RoPE inverse frequencies by value (head_dim <= 2 * kMaxRopePairs).
+constexpr int kMaxRopePairs = 128;
+struct RopeFreqs {
+  float inv_freq[kMaxRopePairs];  // [head_dim / 2]
+};
+// x: [m, num_heads * head_dim] rotated in place for positions [pos, pos + m), HF rotate_half.
+void launch_rope(float* x, int m, int num_heads, int head_dim, int pos, const RopeFreqs& freqs,
+                 cudaStream_t stream);
+
+// out = silu(gate) * up over n floats; out may alias gate or up.
+void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
+
+// y += x over n floats.
+void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream);
+
+// y[i, :] += bias over m rows of n floats.
+void launch_add_bias_rows(float* y, int m, int64_t n, const DeviceBias& bias, cudaStream_t stream);
+
+// x (f32, count values) -> hi = round(x) and lo = round(x - hi) in `dtype` (F16 or BF16), so
+// hi + lo carries about 16 (bf16) or 22 (f16) significant bits of x. lo may be null (hi only).
+void launch_split_activations(const float* x, int64_t count, DType dtype, void* hi, void* lo,
+                              cudaStream_t stream);
+
+// ---- gemv.cu --------------------------------------------------------------------------------
+
+// y = x W^T + bias for m <= 16 rows; x: [m, w.cols] f32, y: [m, w.rows] f32. Reads W once
+// for all rows: tensor cores on split activations for F16/BF16 weights with cols % 8 == 0 and
+// 16-byte aligned x and W; plain FMA loops otherwise (F32 weights, odd shapes).
+void launch_gemv(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias, float* y,
+                 int num_sms, cudaStream_t stream);
+// The FMA path alone, for any m (tests; the fallback above).
+void launch_gemv_simt(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
+                      float* y, cudaStream_t stream);
+// Whether launch_gemv takes the tensor-core path for these operands.
+bool gemv_uses_tensor_cores(const float* x, const DeviceMatrix& w);
+
+// ---- attention.cu ---------------------------------------------------------------------------
+
+// One attention call (backend.h semantics) as the kernels see it. Query vector qi = row *
+// num_heads + head; its output is out[qi * head_dim, +head_dim).
+struct AttentionArgs {
+  const float* q = nullptr;   // [m, num_heads * head_dim] f32
+  const float* k = nullptr;   // [>= pos + m, row_stride] f32, post-RoPE; kv head h at h*head_dim
+  const float* v = nullptr;   // [>= pos + m, row_stride] f32
+  float* out = nullptr;       // [m, num_heads * head_dim] f32
+  float* partial_o = nullptr;   // [num_splits, m * num_heads, head_dim] f32, unnormalized
+  float* partial_ml = nullptr;  // [num_splits, m * num_heads, 2] f32: max score (log2 units), sum
+  int64_t row_stride = 0;     // floats between consecutive positions
+  int m = 0;
+  int pos = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale_log2 = 0.0f;    // softmax scale * log2(e): scores are kept in base-2 units
+  int num_splits = 1;         // > 1: write partials, then launch_attention_combine
+  int split_len = 0;          // positions per split
+};
+
+bool attention_head_dim_supported(int head_dim);
+
+// Flash-decoding for m <= 16 query rows: a block per (query tile, KV split, kv head) holds all
+// query heads of one kv head, so each K/V row is read once per tile.
+void launch_attention_decode(const AttentionArgs& a, cudaStream_t stream);
+// Query tiles of the decode kernel for this call (the grid's x).
+int attention_decode_query_tiles(const AttentionArgs& a);
+
+// Flash-attention prefill: a block per (tile of query rows, query head, KV split).
+void launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream);
+int attention_prefill_query_tiles(const AttentionArgs& a);
+
+// Merges the num_splits partial states of every query vector into out.
+void launch_attention_combine(const AttentionArgs& a, cudaStream_t stream);
+
+}  // namespace qs::cuda

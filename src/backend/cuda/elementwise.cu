@@ -1,0 +1,237 @@
+// Embedding, RMSNorm, RoPE, SwiGLU, add, bias rows and activation splitting: one thread per
+// element (or a block per row), memory-bound.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device_util.cuh"
+
+namespace qs::cuda {
+
+namespace {
+
+constexpr int kThreads = 256;
+
+int blocks_for(int64_t n, int threads = kThreads) {
+  const int64_t b = (n + threads - 1) / threads;
+  return static_cast<int>(std::min<int64_t>(std::max<int64_t>(b, 1), 1 << 20));
+}
+
+// ---- kernels --------------------------------------------------------------------------------
+
+template <typename T>
+__global__ void embedding_kernel(const T* table, int64_t cols, const int32_t* ids_device,
+                                 InlineIds inline_ids, int m, float* out) {
+  const int i = blockIdx.y;  // token row
+  if (i >= m) return;
+  const int64_t id = ids_device ? ids_device[i] : inline_ids.ids[i];
+  const T* src = table + id * cols;
+  float* dst = out + static_cast<int64_t>(i) * cols;
+  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
+       j += int64_t(gridDim.x) * blockDim.x) {
+    dst[j] = to_float(src[j]);
+  }
+}
+
+// A block per row. The sum of squares is accumulated in double, as the CPU reference does, so
+// the reduction order does not matter.
+__global__ void rmsnorm_kernel(const float* x, const void* weight, DType weight_dtype, int64_t d,
+                               float eps, float* out) {
+  __shared__ double warp_sums[32];
+  const int64_t row = blockIdx.x;
+  const float* xr = x + row * d;
+  float* yr = out + row * d;
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = xr[j];
+    sum += static_cast<double>(v * v);
+  }
+  sum = warp_sum(sum);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    const int num_warps = blockDim.x / 32;
+    double s = lane < num_warps ? warp_sums[lane] : 0.0;
+    s = warp_sum(s);
+    if (lane == 0) warp_sums[0] = s;
+  }
+  __syncthreads();
+  const float variance = static_cast<float>(warp_sums[0] / static_cast<double>(d));
+  const float inv_rms = 1.0f / sqrtf(variance + eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    yr[j] = load_as_float(weight, weight_dtype, j) * (xr[j] * inv_rms);
+  }
+}
+
+// A thread per (row, head, pair). The angle is the f32 product (HF), cos/sin are evaluated in
+// double and rounded, matching the CPU reference's correctly rounded f32 values.
+__global__ void rope_kernel(float* x, int m, int num_heads, int head_dim, int pos,
+                            RopeFreqs freqs) {
+  const int half = head_dim / 2;
+  const int64_t total = static_cast<int64_t>(m) * num_heads * half;
+  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx >= total) return;
+  const int j = static_cast<int>(idx % half);
+  const int64_t row_head = idx / half;  // row * num_heads + head
+  const int i = static_cast<int>(row_head / num_heads);
+  const float p = static_cast<float>(pos + i);
+  const float angle = p * freqs.inv_freq[j];
+  double s, c;
+  sincos(static_cast<double>(angle), &s, &c);
+  const float cos_v = static_cast<float>(c), sin_v = static_cast<float>(s);
+  float* xh = x + row_head * head_dim;
+  const float x0 = xh[j], x1 = xh[j + half];
+  xh[j] = x0 * cos_v - x1 * sin_v;
+  xh[j + half] = x1 * cos_v + x0 * sin_v;
+}
+
+__global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float g = gate[i];
+    out[i] = g / (1.0f + expf(-g)) * up[i];
+  }
+}
+
+__global__ void add_kernel(float* y, const float* x, int64_t n) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] += x[i];
+  }
+}
+
+__global__ void add4_kernel(float4* y, const float4* x, int64_t n4) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    float4 a = y[i];
+    const float4 b = x[i];
+    a.x += b.x;
+    a.y += b.y;
+    a.z += b.z;
+    a.w += b.w;
+    y[i] = a;
+  }
+}
+
+__global__ void add_bias_rows_kernel(float* y, int64_t total, int64_t n, const void* bias,
+                                     DType bias_dtype) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    y[i] += load_as_float(bias, bias_dtype, i % n);
+  }
+}
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
+
+template <typename T>
+__global__ void split_kernel(const float* x, int64_t n, T* hi, T* lo) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float v = x[i];
+    const T h = from_float<T>(v);
+    hi[i] = h;
+    if (lo) lo[i] = from_float<T>(v - to_float(h));
+  }
+}
+
+}  // namespace
+
+// ---- launchers ------------------------------------------------------------------------------
+
+void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device,
+                      const InlineIds& inline_ids, int m, float* out, cudaStream_t stream) {
+  QS_CHECK(m >= 1 && m <= 65535);
+  QS_CHECK(ids_device != nullptr || m <= kMaxInlineIds);
+  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((table.cols + kThreads - 1) / kThreads, 64)),
+                  static_cast<unsigned>(m));
+  switch (table.dtype) {
+    case DType::F32:
+      embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(table.data),
+                                                      table.cols, ids_device, inline_ids, m, out);
+      break;
+    case DType::F16:
+      embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __half*>(table.data),
+                                                      table.cols, ids_device, inline_ids, m, out);
+      break;
+    case DType::BF16:
+      embedding_kernel<<<grid, kThreads, 0, stream>>>(
+          static_cast<const __nv_bfloat16*>(table.data), table.cols, ids_device, inline_ids, m, out);
+      break;
+    default: QS_CHECK_MSG(false, "embedding: unsupported table dtype");
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t d, int m,
+                    float eps, float* out, cudaStream_t stream) {
+  QS_CHECK(m >= 1 && d >= 1);
+  const int threads = d >= 4096 ? 1024 : (d >= 1024 ? 512 : 128);
+  rmsnorm_kernel<<<m, threads, 0, stream>>>(x, weight, weight_dtype, d, eps, out);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_rope(float* x, int m, int num_heads, int head_dim, int pos, const RopeFreqs& freqs,
+                 cudaStream_t stream) {
+  QS_CHECK(head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs);
+  QS_CHECK(m >= 1 && num_heads >= 1 && pos >= 0);
+  const int64_t total = static_cast<int64_t>(m) * num_heads * (head_dim / 2);
+  rope_kernel<<<blocks_for(total), kThreads, 0, stream>>>(x, m, num_heads, head_dim, pos, freqs);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_swiglu(const float* gate, const float* up, int64_t n, float* out,
+                   cudaStream_t stream) {
+  if (n <= 0) return;
+  swiglu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, out);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
+  if (n <= 0) return;
+  const bool aligned = (reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(x)) % 16 == 0;
+  if (aligned && n % 4 == 0) {
+    add4_kernel<<<blocks_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<float4*>(y),
+                                                            reinterpret_cast<const float4*>(x), n / 4);
+  } else {
+    add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_add_bias_rows(float* y, int m, int64_t n, const DeviceBias& bias,
+                          cudaStream_t stream) {
+  if (bias.data == nullptr || m <= 0 || n <= 0) return;
+  const int64_t total = static_cast<int64_t>(m) * n;
+  add_bias_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(y, total, n, bias.data,
+                                                                   bias.dtype);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_split_activations(const float* x, int64_t count, DType dtype, void* hi, void* lo,
+                              cudaStream_t stream) {
+  if (count <= 0) return;
+  if (dtype == DType::BF16) {
+    split_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
+        x, count, static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo));
+  } else {
+    QS_CHECK(dtype == DType::F16);
+    split_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, static_cast<__half*>(hi),
+                                                             static_cast<__half*>(lo));
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+}  // namespace qs::cuda

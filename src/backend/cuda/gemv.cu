@@ -1,0 +1,272 @@
+// Skinny GEMM for decode and verification (m <= 16 rows): y = x W^T (+ bias), bandwidth-bound
+// on W, which is read exactly once for all rows.
+//
+// Tensor-core path (F16/BF16 W): a warp owns 16 output features (W rows) and a contiguous range
+// of K; each lane streams 16 bytes of two W rows per 32-wide K chunk and feeds them to
+// mma.m16n8k16 as the A fragment. The order of k inside a dot product is free, so k is permuted
+// consistently in A and B: the lane holding W[r][k..k+7] also holds x[token][k..k+7], and no
+// shuffle or shared-memory staging is needed. Activations are f32; each is split into
+// hi = round(x) and lo = round(x - hi) in W's dtype, and both halves are multiplied (two MMAs),
+// so the result has the f32 reference's accuracy (products of 16-bit values are exact in the f32
+// accumulator). The warps of a block split K and are summed through shared memory.
+//
+// FMA path (F32 W, K % 8 != 0, unaligned operands): a warp per output feature, lanes over K.
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device_util.cuh"
+
+namespace qs::cuda {
+
+namespace {
+
+constexpr int kMaxGemvRows = 16;
+constexpr int kMaxWarps = 16;   // warps per block splitting K
+constexpr int kChunkK = 32;     // K per warp step (two k16 MMAs)
+constexpr int kUnroll = 4;      // chunks whose W loads are in flight together
+
+// ---- kernels --------------------------------------------------------------------------------
+
+template <typename T>
+__device__ __forceinline__ uint32_t pack2(float a, float b);
+template <>
+__device__ __forceinline__ uint32_t pack2<__nv_bfloat16>(float a, float b) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(a, b);  // .x = a in the low half
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+template <>
+__device__ __forceinline__ uint32_t pack2<__half>(float a, float b) {
+  __half2 v = __floats2half2_rn(a, b);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+template <typename T>
+__device__ __forceinline__ float round_trip(float v);
+template <>
+__device__ __forceinline__ float round_trip<__nv_bfloat16>(float v) {
+  return __bfloat162float(__float2bfloat16_rn(v));
+}
+template <>
+__device__ __forceinline__ float round_trip<__half>(float v) {
+  return __half2float(__float2half_rn(v));
+}
+
+// D += A(16x16, row) * B(16x8, col), f32 accumulate.
+template <typename T>
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
+                                          uint32_t b0, uint32_t b1);
+template <>
+__device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
+                                                         uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+template <>
+__device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t (&a)[4],
+                                                  uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Block: (warps x 32) threads, 16 output features; NT tiles of 8 tokens (m <= 8 * NT).
+// x: [m, K] f32; w: [N, K]; y: [m, N] f32.
+template <typename T, int NT>
+__global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_kernel(
+    const float* __restrict__ x, int m, int64_t K, const T* __restrict__ w, int64_t N,
+    DeviceBias bias, float* __restrict__ y) {
+  __shared__ float partial[kMaxWarps][NT][32][4];  // per warp: its C fragments
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int g = lane >> 2;  // fragment row group: W rows g, g + 8; token column g
+  const int c = lane & 3;   // thread in group: k offset 8c inside a chunk
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const bool row0_ok = n0 + g < N, row1_ok = n0 + g + 8 < N;
+  const T* w0 = w + (n0 + g) * K;
+  const T* w1 = w + (n0 + g + 8) * K;
+
+  const int64_t chunks = (K + kChunkK - 1) / kChunkK;
+  const int64_t chunk_begin = chunks * warp / num_warps;
+  const int64_t chunk_end = chunks * (warp + 1) / num_warps;
+
+  float acc[NT][4];
+#pragma unroll
+  for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+
+  for (int64_t ch = chunk_begin; ch < chunk_end; ch += kUnroll) {
+    uint4 wa[kUnroll], wb[kUnroll];
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = (ch + u) * kChunkK + 8 * c;
+      const bool ok = ch + u < chunk_end && k < K;
+      wa[u] = ok && row0_ok ? load_stream_16(w0 + k) : make_uint4(0, 0, 0, 0);
+      wb[u] = ok && row1_ok ? load_stream_16(w1 + k) : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int u = 0; u < kUnroll; ++u) {
+      const int64_t k = (ch + u) * kChunkK + 8 * c;
+      const bool ok = ch + u < chunk_end && k < K;
+      const uint32_t a_lo[4] = {wa[u].x, wb[u].x, wa[u].y, wb[u].y};  // k .. k+3
+      const uint32_t a_hi[4] = {wa[u].z, wb[u].z, wa[u].w, wb[u].w};  // k+4 .. k+7
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        const int token = t * 8 + g;
+        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+        if (ok && token < m) {
+          const float4* xp = reinterpret_cast<const float4*>(x + token * K + k);
+          x0 = __ldg(xp);
+          x1 = __ldg(xp + 1);
+        }
+        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float hi[8], lo[8];
+#pragma unroll
+        for (int e = 0; e < 8; ++e) {
+          hi[e] = round_trip<T>(xs[e]);
+          lo[e] = xs[e] - hi[e];
+        }
+        mma_16816<T>(acc[t], a_lo, pack2<T>(hi[0], hi[1]), pack2<T>(hi[2], hi[3]));
+        mma_16816<T>(acc[t], a_lo, pack2<T>(lo[0], lo[1]), pack2<T>(lo[2], lo[3]));
+        mma_16816<T>(acc[t], a_hi, pack2<T>(hi[4], hi[5]), pack2<T>(hi[6], hi[7]));
+        mma_16816<T>(acc[t], a_hi, pack2<T>(lo[4], lo[5]), pack2<T>(lo[6], lo[7]));
+      }
+    }
+  }
+
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+#pragma unroll
+    for (int r = 0; r < 4; ++r) partial[warp][t][lane][r] = acc[t][r];
+  }
+  __syncthreads();
+  // C fragment element r of lane: W row g + 8 * (r / 2), token 2c + (r % 2) of the tile.
+  for (int e = threadIdx.x; e < NT * 32 * 4; e += blockDim.x) {
+    const int t = e / 128, l = (e / 4) % 32, r = e % 4;
+    float sum = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi][t][l][r];
+    const int64_t row = n0 + (l >> 2) + 8 * (r >> 1);
+    const int token = t * 8 + 2 * (l & 3) + (r & 1);
+    if (row < N && token < m) {
+      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      y[token * N + row] = sum;
+    }
+  }
+}
+
+// A warp per output feature; rows of x in chunks of kMaxGemvRows.
+template <typename T>
+__global__ void gemv_simt_kernel(const float* __restrict__ x, int m, int64_t K,
+                                 const T* __restrict__ w, int64_t N, DeviceBias bias,
+                                 float* __restrict__ y) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
+  if (n >= N) return;  // whole warp
+  const T* wr = w + n * K;
+  const float b = bias.data ? load_as_float(bias.data, bias.dtype, n) : 0.0f;
+  for (int m0 = 0; m0 < m; m0 += kMaxGemvRows) {
+    const int mc = min(kMaxGemvRows, m - m0);
+    float acc[kMaxGemvRows];
+#pragma unroll
+    for (int i = 0; i < kMaxGemvRows; ++i) acc[i] = 0.0f;
+    for (int64_t k = lane; k < K; k += 32) {
+      const float wv = to_float(wr[k]);
+#pragma unroll
+      for (int i = 0; i < kMaxGemvRows; ++i) {
+        if (i < mc) acc[i] += wv * x[(m0 + i) * K + k];
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kMaxGemvRows; ++i) {
+      if (i < mc) {
+        const float s = warp_sum(acc[i]);
+        if (lane == 0) y[(m0 + i) * N + n] = s + b;
+      }
+    }
+  }
+}
+
+template <typename T, int NT>
+void launch_mma(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias, float* y,
+                int num_sms, cudaStream_t stream) {
+  const int64_t blocks = (w.rows + 15) / 16;
+  const int64_t chunks = (w.cols + kChunkK - 1) / kChunkK;
+  // Enough warps in flight to cover memory latency (~32 per SM), each with >= 2 chunks.
+  int warps = 1;
+  while (warps < kMaxWarps && warps * blocks < int64_t{num_sms} * 32 && warps * 2 <= chunks) {
+    warps *= 2;
+  }
+  QS_CHECK(blocks <= 0x7fffffff);
+  gemv_mma_kernel<T, NT><<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(
+      x, m, w.cols, static_cast<const T*>(w.data), w.rows, bias, y);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+}  // namespace
+
+// ---- launchers ------------------------------------------------------------------------------
+
+bool gemv_uses_tensor_cores(const float* x, const DeviceMatrix& w) {
+  const bool half_type = w.dtype == DType::BF16 || w.dtype == DType::F16;
+  const bool aligned =
+      (reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w.data)) % 16 == 0;
+  return half_type && w.cols % 8 == 0 && aligned;
+}
+
+void launch_gemv_simt(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
+                      float* y, cudaStream_t stream) {
+  QS_CHECK(m >= 1 && w.rows >= 1 && w.cols >= 1);
+  constexpr int kWarps = 8;
+  const int64_t blocks = (w.rows + kWarps - 1) / kWarps;
+  QS_CHECK(blocks <= 0x7fffffff);
+  const unsigned grid = static_cast<unsigned>(blocks);
+  switch (w.dtype) {
+    case DType::F32:
+      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(x, m, w.cols,
+                                                         static_cast<const float*>(w.data), w.rows,
+                                                         bias, y);
+      break;
+    case DType::F16:
+      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(x, m, w.cols,
+                                                         static_cast<const __half*>(w.data),
+                                                         w.rows, bias, y);
+      break;
+    case DType::BF16:
+      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(
+          x, m, w.cols, static_cast<const __nv_bfloat16*>(w.data), w.rows, bias, y);
+      break;
+    default: QS_CHECK_MSG(false, "gemv: unsupported weight dtype");
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_gemv(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias, float* y,
+                 int num_sms, cudaStream_t stream) {
+  QS_CHECK(m >= 1 && m <= kMaxGemvRows);
+  if (!gemv_uses_tensor_cores(x, w)) {
+    launch_gemv_simt(x, m, w, bias, y, stream);
+    return;
+  }
+  if (w.dtype == DType::BF16) {
+    if (m <= 8) {
+      launch_mma<__nv_bfloat16, 1>(x, m, w, bias, y, num_sms, stream);
+    } else {
+      launch_mma<__nv_bfloat16, 2>(x, m, w, bias, y, num_sms, stream);
+    }
+  } else {
+    if (m <= 8) {
+      launch_mma<__half, 1>(x, m, w, bias, y, num_sms, stream);
+    } else {
+      launch_mma<__half, 2>(x, m, w, bias, y, num_sms, stream);
+    }
+  }
+}
+
+}  // namespace qs::cuda

@@ -1,0 +1,25 @@
+#include "engine/engine.h"
+
+#include <system_error>
+
+#include "engine/llm_engine.h"
+#include "model/weights.h"
+
+namespace qs {
+
+Result<std::unique_ptr<Engine>> Engine::load(const std::filesystem::path& dir,
+                                             const EngineOptions& options) {
+  QS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));
+  QS_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(dir, cfg));
+  std::optional<Tokenizer> tokenizer;
+  std::error_code ec;
+  if (std::filesystem::exists(dir / "tokenizer.json", ec)) {
+    QS_ASSIGN_OR_RETURN(Tokenizer tok, Tokenizer::load(dir));
+    tokenizer.emplace(std::move(tok));
+  }
+  QS_ASSIGN_OR_RETURN(std::unique_ptr<LlmEngine> engine,
+                      LlmEngine::create(cfg, std::move(weights), std::move(tokenizer), options));
+  return std::unique_ptr<Engine>(std::move(engine));
+}
+
+}  // namespace qs

@@ -1,0 +1,63 @@
+// The Engine implementation: one model, one full-precision KV cache (one sequence at a time),
+// autoregressive generation. Engine::load (engine.cpp) reads a directory and builds one; tests
+// and benchmarks can build one from in-memory parts.
+#pragma once
+
+#include <memory>
+#include <optional>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "kv/fp_cache.h"
+
+namespace qs {
+
+// The KV capacity a model runs with: options.max_context when set, else
+// min(max_position_embeddings, 8192). Sliding-window attention is not implemented, so a model
+// with sliding_window > 0 is limited to that window (a larger explicit max_context is an error;
+// within the window, sliding-window and full attention are the same).
+Result<int> resolve_max_context(const ModelConfig& cfg, const EngineOptions& options);
+
+class LlmEngine final : public Engine {
+ public:
+  static Result<std::unique_ptr<LlmEngine>> create(const ModelConfig& cfg, ModelWeights weights,
+                                                   std::optional<Tokenizer> tokenizer,
+                                                   const EngineOptions& options);
+
+  const ModelConfig& config() const override { return model_->config(); }
+  const Tokenizer* tokenizer() const override { return tokenizer_ ? &*tokenizer_ : nullptr; }
+  int max_context() const override { return cache_.capacity(); }
+
+  Result<std::vector<float>> prefill_logits(const std::vector<int32_t>& ids) override;
+
+  // Generates at most min(max_new_tokens, max_context - prompt + 1) tokens (the last one is
+  // sampled but never fed back, so it needs no cache slot). finish_reason: "stop" (EOS or stop
+  // string), "length", or "cancelled" (on_text returned false).
+  Result<GenerationResult> generate(const std::vector<int32_t>& prompt,
+                                    const GenerationParams& params,
+                                    const TextCallback& on_text) override;
+
+  Model& model() { return *model_; }
+  CpuBackend& backend() { return *backend_; }
+  const EngineOptions& options() const { return options_; }
+  size_t kv_cache_bytes() const { return cache_.bytes(); }
+
+ private:
+  LlmEngine() = default;
+  Status check_prompt(const std::vector<int32_t>& ids) const;
+  // Runs `ids` on an empty cache in chunks of options_.prefill_chunk; logits of the last
+  // position into last_logits_.
+  Status prefill(const std::vector<int32_t>& ids);
+
+  EngineOptions options_;
+  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<Model> model_;
+  FpKvCache cache_;
+  std::optional<Tokenizer> tokenizer_;
+  std::vector<float> last_logits_;  // [vocab]
+  std::vector<float> probs_;        // [vocab] sampler scratch
+};
+
+}  // namespace qs

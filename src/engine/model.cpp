@@ -1,0 +1,204 @@
+#include "engine/model.h"
+
+#include <cmath>
+#include <string>
+
+#include "backend/rope_freq.h"
+
+namespace qs {
+
+namespace {
+
+Status check_weight(const WeightView& w, int64_t rows, int64_t cols, const std::string& what) {
+  if (w.empty()) return make_error("model weights: missing tensor " + what);
+  if (w.dtype != DType::F32 && w.dtype != DType::F16 && w.dtype != DType::BF16) {
+    return make_error("model weights: tensor '" + w.name + "' has dtype " + dtype_name(w.dtype) +
+                      ", expected F32, F16 or BF16");
+  }
+  // A vector may be stored as {1, n} or {n, 1}; both describe n contiguous elements.
+  bool vector_ok = rows == 1 && w.numel() == cols && (w.rows == 1 || w.cols == 1);
+  if (!(w.rows == rows && w.cols == cols) && !vector_ok) {
+    return make_error("model weights: tensor '" + w.name + "' has shape [" +
+                      std::to_string(w.rows) + ", " + std::to_string(w.cols) + "], expected [" +
+                      std::to_string(rows) + ", " + std::to_string(cols) + "]");
+  }
+  return Status::ok_status();
+}
+
+}  // namespace
+
+Status check_model(const ModelConfig& cfg, const ModelWeights& weights) {
+  auto positive = [](int v, const char* field) -> Status {
+    if (v <= 0)
+      return make_error(std::string("model config: ") + field + " must be > 0, got " +
+                        std::to_string(v));
+    return Status::ok_status();
+  };
+  QS_TRY(positive(cfg.vocab_size, "vocab_size"));
+  QS_TRY(positive(cfg.hidden_size, "hidden_size"));
+  QS_TRY(positive(cfg.intermediate_size, "intermediate_size"));
+  QS_TRY(positive(cfg.num_layers, "num_hidden_layers"));
+  QS_TRY(positive(cfg.num_heads, "num_attention_heads"));
+  QS_TRY(positive(cfg.num_kv_heads, "num_key_value_heads"));
+  QS_TRY(positive(cfg.head_dim, "head_dim"));
+  if (cfg.num_heads % cfg.num_kv_heads != 0) {
+    return make_error("model config: num_attention_heads (" + std::to_string(cfg.num_heads) +
+                      ") is not a multiple of num_key_value_heads (" +
+                      std::to_string(cfg.num_kv_heads) + ")");
+  }
+  if (cfg.head_dim % 2 != 0) {
+    return make_error("model config: head_dim must be even for RoPE, got " +
+                      std::to_string(cfg.head_dim));
+  }
+  if (!(cfg.rms_norm_eps >= 0.0f) || !(cfg.rope_theta > 0.0f)) {
+    return make_error("model config: rms_norm_eps must be >= 0 and rope_theta > 0");
+  }
+  if (cfg.rope_scaling.type != RopeScalingType::None && !(cfg.rope_scaling.factor > 0.0f)) {
+    return make_error("model config: rope_scaling.factor must be > 0");
+  }
+  if (cfg.rope_scaling.type == RopeScalingType::Llama3 &&
+      (cfg.rope_scaling.original_max_position_embeddings <= 0 ||
+       !(cfg.rope_scaling.high_freq_factor > cfg.rope_scaling.low_freq_factor) ||
+       !(cfg.rope_scaling.low_freq_factor > 0.0f))) {
+    return make_error(
+        "model config: llama3 rope_scaling needs original_max_position_embeddings > 0 and "
+        "high_freq_factor > low_freq_factor > 0");
+  }
+
+  const int64_t d = cfg.hidden_size, qd = cfg.q_dim(), kvd = cfg.kv_dim();
+  const int64_t inter = cfg.intermediate_size, vocab = cfg.vocab_size;
+  QS_TRY(check_weight(weights.tok_embeddings, vocab, d, "model.embed_tokens.weight"));
+  QS_TRY(check_weight(weights.final_norm, 1, d, "model.norm.weight"));
+  QS_TRY(check_weight(weights.lm_head, vocab, d, "lm_head.weight"));
+  if (static_cast<int>(weights.layers.size()) != cfg.num_layers) {
+    return make_error("model weights: " + std::to_string(weights.layers.size()) +
+                      " layers, config says num_hidden_layers = " + std::to_string(cfg.num_layers));
+  }
+  for (size_t l = 0; l < weights.layers.size(); ++l) {
+    const LayerWeights& L = weights.layers[l];
+    const std::string p = "model.layers." + std::to_string(l) + ".";
+    QS_TRY(check_weight(L.attn_norm, 1, d, p + "input_layernorm.weight"));
+    QS_TRY(check_weight(L.wq, qd, d, p + "self_attn.q_proj.weight"));
+    QS_TRY(check_weight(L.wk, kvd, d, p + "self_attn.k_proj.weight"));
+    QS_TRY(check_weight(L.wv, kvd, d, p + "self_attn.v_proj.weight"));
+    QS_TRY(check_weight(L.wo, d, qd, p + "self_attn.o_proj.weight"));
+    if (cfg.attention_bias || !L.bq.empty()) {
+      QS_TRY(check_weight(L.bq, 1, qd, p + "self_attn.q_proj.bias"));
+    }
+    if (cfg.attention_bias || !L.bk.empty()) {
+      QS_TRY(check_weight(L.bk, 1, kvd, p + "self_attn.k_proj.bias"));
+    }
+    if (cfg.attention_bias || !L.bv.empty()) {
+      QS_TRY(check_weight(L.bv, 1, kvd, p + "self_attn.v_proj.bias"));
+    }
+    if (!L.bo.empty()) {  // Llama with attention_bias: o_proj has a bias too (Qwen2 has none)
+      QS_TRY(check_weight(L.bo, 1, d, p + "self_attn.o_proj.bias"));
+    }
+    QS_TRY(check_weight(L.mlp_norm, 1, d, p + "post_attention_layernorm.weight"));
+    QS_TRY(check_weight(L.w_gate, inter, d, p + "mlp.gate_proj.weight"));
+    QS_TRY(check_weight(L.w_up, inter, d, p + "mlp.up_proj.weight"));
+    QS_TRY(check_weight(L.w_down, d, inter, p + "mlp.down_proj.weight"));
+  }
+  return Status::ok_status();
+}
+
+Model::Model(const ModelConfig& cfg, ModelWeights weights, Backend& backend)
+    : cfg_(cfg), weights_(std::move(weights)), backend_(backend), inv_freq_(rope_inv_freq(cfg)) {
+  QS_CHECK_MSG(check_model(cfg_, weights_).ok(), "Model built from unchecked weights");
+}
+
+void Model::ensure_scratch(int m) {
+  if (m <= scratch_rows_) return;
+  const size_t rows = static_cast<size_t>(m);
+  hidden_ = backend_.alloc(rows * cfg_.hidden_size);
+  normed_ = backend_.alloc(rows * cfg_.hidden_size);
+  q_ = backend_.alloc(rows * cfg_.q_dim());
+  k_ = backend_.alloc(rows * cfg_.kv_dim());
+  v_ = backend_.alloc(rows * cfg_.kv_dim());
+  attn_ = backend_.alloc(rows * cfg_.q_dim());
+  proj_ = backend_.alloc(rows * cfg_.hidden_size);
+  gate_ = backend_.alloc(rows * cfg_.intermediate_size);
+  up_ = backend_.alloc(rows * cfg_.intermediate_size);
+  scratch_rows_ = m;
+}
+
+Status Model::forward(std::span<const int32_t> ids, int pos, FpKvCache& cache, LogitRows rows,
+                      float* logits) {
+  const int m = static_cast<int>(ids.size());
+  QS_CHECK(m >= 1 && pos >= 0);
+  QS_CHECK(cache.num_layers() == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());
+  QS_CHECK(rows == LogitRows::kNone || logits != nullptr);
+  for (int32_t id : ids) {
+    if (id < 0 || id >= cfg_.vocab_size) {
+      return make_error("token id " + std::to_string(id) + " is out of range [0, " +
+                        std::to_string(cfg_.vocab_size) + ")");
+    }
+  }
+  QS_TRY(cache.check_write(pos, m));
+  ensure_scratch(m);
+
+  const int64_t d = cfg_.hidden_size;
+  const int64_t inter = cfg_.intermediate_size;
+  const float eps = cfg_.rms_norm_eps;
+  float* h = hidden_->data();
+  float* x = normed_->data();
+  // HF: scaling = head_dim ** -0.5 in double, applied in f32.
+  const AttentionShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
+                             static_cast<float>(1.0 / std::sqrt(double(cfg_.head_dim)))};
+
+  backend_.embedding(weights_.tok_embeddings, ids.data(), m, h);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    // Attention block.
+    backend_.rmsnorm(h, L.attn_norm, m, eps, x);
+    backend_.matmul(x, m, L.wq, &L.bq, q_->data());
+    backend_.matmul(x, m, L.wk, &L.bk, k_->data());
+    backend_.matmul(x, m, L.wv, &L.bv, v_->data());
+    backend_.rope(q_->data(), m, cfg_.num_heads, cfg_.head_dim, pos, inv_freq_.data());
+    backend_.rope(k_->data(), m, cfg_.num_kv_heads, cfg_.head_dim, pos, inv_freq_.data());
+    // The full-precision cache lives in host memory, which is the CPU backend's memory.
+    cache.write(l, pos, m, k_->data(), v_->data());
+    const KvView view{cache.k(l), cache.v(l), cfg_.kv_dim(), pos + m};
+    backend_.attention(q_->data(), m, pos, shape, view, attn_->data());
+    backend_.matmul(attn_->data(), m, L.wo, &L.bo, proj_->data());
+    backend_.add(h, proj_->data(), m * d);
+    // MLP block.
+    backend_.rmsnorm(h, L.mlp_norm, m, eps, x);
+    backend_.matmul(x, m, L.w_gate, nullptr, gate_->data());
+    backend_.matmul(x, m, L.w_up, nullptr, up_->data());
+    backend_.swiglu(gate_->data(), up_->data(), m * inter, gate_->data());
+    backend_.matmul(gate_->data(), m, L.w_down, nullptr, proj_->data());
+    backend_.add(h, proj_->data(), m * d);
+  }
+  cache.set_length(pos + m);
+
+  if (rows == LogitRows::kNone) return Status::ok_status();
+  const int first = rows == LogitRows::kLast ? m - 1 : 0;
+  const int count = m - first;
+  if (count > logits_rows_) {  // sized apart: prefill chunks mostly need one row of logits
+    logits_ = backend_.alloc(static_cast<size_t>(count) * cfg_.vocab_size);
+    logits_rows_ = count;
+  }
+  backend_.rmsnorm(h + first * d, weights_.final_norm, count, eps, x);
+  backend_.matmul(x, count, weights_.lm_head, nullptr, logits_->data());
+  backend_.to_host(logits_->data(), logits, static_cast<size_t>(count) * cfg_.vocab_size);
+  return Status::ok_status();
+}
+
+size_t Model::weight_bytes_per_token() const {
+  auto bytes = [](const WeightView& w) {
+    return w.empty() ? size_t{0} : static_cast<size_t>(w.numel()) * dtype_size(w.dtype);
+  };
+  size_t total =
+      bytes(weights_.final_norm) + bytes(weights_.lm_head) +
+      static_cast<size_t>(weights_.tok_embeddings.cols) * dtype_size(weights_.tok_embeddings.dtype);
+  for (const LayerWeights& L : weights_.layers) {
+    for (const WeightView* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv, &L.bo,
+                                &L.mlp_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+      total += bytes(*w);
+    }
+  }
+  return total;
+}
+
+}  // namespace qs

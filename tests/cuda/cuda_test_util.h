@@ -1,0 +1,155 @@
+// Helpers of the CUDA conformance tests: a shared backend pair (CPU reference + CUDA), random
+// host data, device copies, host weights in any dtype, and error norms.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_backend.h"
+#include "core/dtype.h"
+
+namespace qs::testing {
+
+// One CUDA backend and one CPU backend for the whole test program (creating a CUDA context and
+// a thread pool per test would dominate the run time). Tests skip without a GPU.
+class CudaOpsTest : public ::testing::Test {
+ protected:
+  static void SetUpTestSuite() {
+    if (!cuda_device_available()) return;
+    auto created = CudaBackend::create();
+    ASSERT_TRUE(created.ok()) << created.error().message;
+    cuda_ = std::move(created).value().release();
+    cpu_ = new CpuBackend(0);
+  }
+  static void TearDownTestSuite() {
+    delete cuda_;
+    delete cpu_;
+    cuda_ = nullptr;
+    cpu_ = nullptr;
+  }
+  void SetUp() override {
+    if (cuda_ == nullptr) GTEST_SKIP() << "no CUDA device";
+  }
+  // Host weights of a test die with it: forget their device copies.
+  void TearDown() override {
+    if (cuda_ != nullptr) cuda_->release_weights();
+  }
+
+  static CudaBackend& gpu() { return *cuda_; }
+  static CpuBackend& cpu() { return *cpu_; }
+
+ private:
+  static inline CudaBackend* cuda_ = nullptr;
+  static inline CpuBackend* cpu_ = nullptr;
+};
+
+// Seeded normal values (splitmix64 + Box-Muller: fast enough for 100M-value KV caches).
+inline std::vector<float> random_normal(size_t n, uint64_t seed, float stddev = 1.0f,
+                                        float mean = 0.0f) {
+  uint64_t state = seed * 0x9E3779B97F4A7C15ull + 0x632BE59BD9B4E019ull;
+  auto next_uniform = [&state] {  // in (0, 1]
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    return (static_cast<double>(z >> 11) + 1.0) * (1.0 / 9007199254740992.0);
+  };
+  std::vector<float> v(n);
+  for (size_t i = 0; i < n; i += 2) {
+    const double r = std::sqrt(-2.0 * std::log(next_uniform()));
+    const double t = 6.283185307179586 * next_uniform();
+    v[i] = static_cast<float>(mean + stddev * r * std::cos(t));
+    if (i + 1 < n) v[i + 1] = static_cast<float>(mean + stddev * r * std::sin(t));
+  }
+  return v;
+}
+
+// Device memory holding a copy of host data (or n uninitialized floats).
+class DeviceArray {
+ public:
+  DeviceArray(Backend& be, size_t n) : be_(&be), buf_(be.alloc(n)) {}
+  DeviceArray(Backend& be, const std::vector<float>& host) : DeviceArray(be, host.size()) {
+    be.from_host(host.data(), buf_->data(), host.size());
+  }
+  float* data() const { return buf_->data(); }
+  size_t size() const { return buf_->size(); }
+  std::vector<float> to_host() const {
+    std::vector<float> h(buf_->size());
+    be_->to_host(buf_->data(), h.data(), h.size());
+    return h;
+  }
+  // Fills the device memory with NaN so that unwritten outputs fail the comparison.
+  void poison() {
+    std::vector<float> nan(buf_->size(), std::nanf(""));
+    be_->from_host(nan.data(), buf_->data(), nan.size());
+  }
+
+ private:
+  Backend* be_;
+  std::unique_ptr<Buffer> buf_;
+};
+
+// A weight in host memory in `dtype`, from f32 values (rounded), and the values it holds.
+struct HostWeight {
+  std::vector<uint8_t> bytes;
+  std::vector<float> values;  // what the stored dtype represents, as f32
+  WeightView view;
+
+  HostWeight(const std::vector<float>& src, DType dtype, int64_t rows, int64_t cols,
+             std::string name = "test.weight") {
+    const size_t n = src.size();
+    bytes.resize(n * dtype_size(dtype));
+    values.resize(n);
+    for (size_t i = 0; i < n; ++i) {
+      if (dtype == DType::F32) {
+        reinterpret_cast<float*>(bytes.data())[i] = src[i];
+        values[i] = src[i];
+      } else if (dtype == DType::F16) {
+        const uint16_t h = f32_to_f16(src[i]);
+        reinterpret_cast<uint16_t*>(bytes.data())[i] = h;
+        values[i] = f16_to_f32(h);
+      } else {
+        const uint16_t h = f32_to_bf16(src[i]);
+        reinterpret_cast<uint16_t*>(bytes.data())[i] = h;
+        values[i] = bf16_to_f32(h);
+      }
+    }
+    view.data = bytes.data();
+    view.dtype = dtype;
+    view.rows = rows;
+    view.cols = cols;
+    view.name = std::move(name);
+  }
+};
+
+// ||a - b|| / ||b|| (Frobenius); NaN anywhere makes it NaN, which fails any bound.
+inline double rel_error(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  double num = 0.0, den = 0.0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double d = static_cast<double>(a[i]) - b[i];
+    num += d * d;
+    den += static_cast<double>(b[i]) * b[i];
+  }
+  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
+}
+
+inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0.0;
+  for (size_t i = 0; i < a.size() && i < b.size(); ++i) {
+    const double d = std::abs(static_cast<double>(a[i]) - b[i]);
+    if (std::isnan(d)) return d;
+    m = std::max(m, d);
+  }
+  return m;
+}
+
+inline const char* dtype_label(DType t) { return dtype_name(t); }
+
+}  // namespace qs::testing

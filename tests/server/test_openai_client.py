@@ -1,0 +1,167 @@
+"""The official `openai` Python client against the server: completions and chat, streaming and not."""
+import json
+import os
+import subprocess
+
+import openai
+import pytest
+from tokenizers import Tokenizer
+
+from conftest import REPO, TEST_MODELS, post
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def test_models_list(client):
+    models = client.models.list()
+    assert [m.id for m in models.data] == ["llama3-tiny"]
+    assert models.data[0].model_extra["max_model_len"] == 1024
+
+
+def test_completion(client):
+    r = client.completions.create(model="llama3-tiny", prompt="Hello", max_tokens=8, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.object == "text_completion" and r.model == "llama3-tiny" and r.id.startswith("cmpl-")
+    c = r.choices[0]
+    assert isinstance(c.text, str) and c.text
+    assert c.finish_reason == "length"
+    assert r.usage.completion_tokens == 8
+    tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
+    assert r.usage.prompt_tokens == len(tok.encode("Hello", add_special_tokens=True).ids)
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 8
+    stats = r.model_extra["quantspec"]
+    assert stats["mode"] == "autoregressive"
+    assert stats["speculative"] == {"drafted_tokens": 0, "accepted_tokens": 0, "acceptance_rate": None,
+                                    "rounds": 0, "mean_accepted_length": None}
+    assert stats["prefill_s"] >= 0 and stats["decode_s"] >= 0
+
+
+def test_greedy_completion_matches_the_cli(client, quantspec_binary, chat_models):
+    """The server runs the same generation as `quantspec generate` (prompt, params, detokenization)."""
+    prompt, n = "The quick brown fox", 24
+    cli = subprocess.run([quantspec_binary, "generate", "-m", chat_models["llama3-tiny"], "-p", prompt,
+                          "-n", str(n), "--ignore-eos", "--ctx", "1024"],
+                         capture_output=True, text=True, timeout=120, check=True)
+    r = client.completions.create(model="x", prompt=prompt, max_tokens=n, temperature=0,
+                                  extra_body={"ignore_eos": True})
+    assert r.choices[0].text == cli.stdout[:-1]  # the CLI ends its output with a newline
+
+
+def test_completion_streaming_equals_non_streaming(client):
+    kwargs = dict(model="llama3-tiny", prompt="Once upon a time", max_tokens=20, temperature=0,
+                  extra_body={"ignore_eos": True})
+    whole = client.completions.create(**kwargs).choices[0].text
+    chunks = list(client.completions.create(stream=True, stream_options={"include_usage": True}, **kwargs))
+    text = "".join(c.choices[0].text for c in chunks if c.choices)
+    assert text == whole
+    finals = [c for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert len(finals) == 1 and finals[0].choices[0].finish_reason == "length"
+    assert finals[0].model_extra["quantspec"]["speculative"]["drafted_tokens"] == 0
+    usage = [c for c in chunks if not c.choices]
+    assert len(usage) == 1 and usage[0].usage.completion_tokens == 20
+    assert len({c.id for c in chunks}) == 1
+
+
+def test_chat(client):
+    messages = [{"role": "system", "content": "You are terse."}, {"role": "user", "content": "Hi!"}]
+    r = client.chat.completions.create(model="llama3-tiny", messages=messages, max_tokens=6,
+                                       temperature=0, extra_body={"ignore_eos": True})
+    assert r.object == "chat.completion" and r.id.startswith("chatcmpl-")
+    assert r.choices[0].message.role == "assistant"
+    assert isinstance(r.choices[0].message.content, str)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 6
+
+
+def test_chat_streaming_equals_non_streaming(client):
+    kwargs = dict(model="llama3-tiny", messages=[{"role": "user", "content": "Tell me a story"}],
+                  max_tokens=16, temperature=0, extra_body={"ignore_eos": True})
+    whole = client.chat.completions.create(**kwargs).choices[0].message.content
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks)
+    assert text == whole
+    assert chunks[-1].choices[0].finish_reason == "length"
+    assert all(c.object == "chat.completion.chunk" for c in chunks)
+
+
+def test_stop_strings(client):
+    kwargs = dict(model="llama3-tiny", prompt="Hello world", max_tokens=32, temperature=0,
+                  extra_body={"ignore_eos": True})
+    full = client.completions.create(**kwargs).choices[0].text
+    assert len(full) > 12
+    stop = full[8:11]
+    expected = full[:full.index(stop)]
+    for stop_arg in (stop, [stop], ["never-appears-xyz", stop]):
+        r = client.completions.create(stop=stop_arg, **kwargs)
+        assert r.choices[0].text == expected
+        assert r.choices[0].finish_reason == "stop"
+    streamed = "".join(c.choices[0].text for c in client.completions.create(stream=True, stop=stop, **kwargs))
+    assert streamed == expected
+
+
+def test_seed_makes_sampling_reproducible(client):
+    kwargs = dict(model="llama3-tiny", prompt="Once upon", max_tokens=24, temperature=0.9, top_p=0.95,
+                  extra_body={"ignore_eos": True})
+    a = client.completions.create(seed=7, **kwargs).choices[0].text
+    b = client.completions.create(seed=7, **kwargs).choices[0].text
+    c = client.completions.create(seed=8, **kwargs).choices[0].text
+    assert a == b
+    assert a != c
+
+
+def test_default_max_tokens_is_the_servers(client):
+    r = client.completions.create(model="x", prompt="Hi", temperature=0, extra_body={"ignore_eos": True})
+    assert r.usage.completion_tokens == 32  # started with -n 32
+
+
+def test_token_id_prompts(server):
+    for prompt in ([2041, 100, 200], [[2041, 100, 200]]):
+        status, body = post(server.url + "/v1/completions",
+                            {"prompt": prompt, "max_tokens": 4, "temperature": 0})
+        assert status == 200, body
+        assert body["usage"]["prompt_tokens"] == 3
+
+
+def test_client_sees_openai_errors(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.completions.create(model="x", prompt="Hi", n=2)
+    assert e.value.code == "unsupported_parameter" and e.value.param == "n"
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}], temperature=-1)
+    assert e.value.param == "temperature"
+
+
+def render_with_hf(template, messages, bos, eos):
+    from transformers.utils.chat_template_utils import render_jinja_template
+    out, _ = render_jinja_template(conversations=[messages], chat_template=template,
+                                   add_generation_prompt=True, bos_token=bos, eos_token=eos)
+    return out[0]
+
+
+def token_text(tok):
+    return tok if isinstance(tok, str) else tok["content"]
+
+
+@pytest.mark.parametrize("name", TEST_MODELS)
+def test_chat_prompt_is_the_models_template_as_hf_renders_it(start_server, chat_models, name):
+    """Every test model, with its fixture template: the prompt the server builds has exactly the
+    tokens of HF's rendering of the same conversation."""
+    s = start_server("-m", chat_models[name], "--ctx", "512")
+    try:
+        messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi there"},
+                    {"role": "assistant", "content": "Hello."}, {"role": "user", "content": "Bye"}]
+        status, body = post(s.url + "/v1/chat/completions",
+                            {"messages": messages, "max_tokens": 4, "temperature": 0, "ignore_eos": True})
+        assert status == 200, body
+        cfg = json.load(open(os.path.join(chat_models[name], "tokenizer_config.json")))
+        text = render_with_hf(cfg["chat_template"], messages, token_text(cfg["bos_token"]),
+                              token_text(cfg["eos_token"]))
+        tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", name, "tokenizer.json"))
+        assert body["usage"]["prompt_tokens"] == len(tok.encode(text, add_special_tokens=False).ids)
+        assert "chat template:" in s.stderr and "tokenizer_config.json" in s.stderr
+    finally:
+        s.stop()
