@@ -20,7 +20,7 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 PY=${PYTHON:-python3}
-if ! $PY -c "import tokenizers, numpy, pytest" >/dev/null 2>&1; then
+if ! $PY -c "import tokenizers, numpy, pytest, safetensors, openai, schemathesis, jinja2, requests" >/dev/null 2>&1; then
   echo "install-deps: pip install -r requirements-dev.txt" >&2
   $PY -m pip install -q -r requirements-dev.txt 2>&1 | grep -v "WARNING: Running pip as the 'root'" || true
 fi

@@ -1,10 +1,10 @@
 // quantspec generate: stream a completion to stdout, human stats to stderr.
 #include <fmt/core.h>
-#include <nlohmann/json.hpp>
 
 #include <cstdio>
 #include <fstream>
 #include <memory>
+#include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "commands.h"
@@ -34,6 +34,7 @@ Result<std::string> read_text_file(const std::string& path) {
 
 int run_generate(const GenerateArgs& a) {
   if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
+  if (std::string bad = validate_decode_options(a.model); !bad.empty()) return report_error(bad);
   std::string prompt = a.prompt;
   if (!a.prompt_file.empty()) {
     auto text = read_text_file(a.prompt_file);
@@ -45,7 +46,8 @@ int run_generate(const GenerateArgs& a) {
   if (!engine) return report_error(engine.error().message);
   Engine& eng = *engine.value();
   print_resolved_config("generate", dir, eng, a.model, &a.gen);
-  if (!eng.tokenizer()) return report_error(dir.string() + ": no tokenizer.json, cannot generate text");
+  if (!eng.tokenizer())
+    return report_error(dir.string() + ": no tokenizer.json, cannot generate text");
 
   std::vector<int32_t> ids = eng.tokenizer()->encode(prompt, !a.no_special);
   if (ids.empty()) return report_error("the prompt is empty (no tokens)");
@@ -63,18 +65,55 @@ int run_generate(const GenerateArgs& a) {
              "({:.2f} tok/s); finish: {}]\n",
              st.prompt_tokens, st.prefill_s, st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0,
              st.generated_tokens, st.decode_s, st.decode_tok_s(), result->finish_reason);
+  if (st.rounds > 0) {
+    fmt::print(
+        stderr,
+        "[quantspec: {} rounds, acceptance {:.3f}, mean accepted length {:.2f}; draft {:.3f} "
+        "s, verify {:.3f} s, flush {:.3f} s, sample {:.3f} s]\n",
+        st.rounds, st.acceptance_rate(), st.mean_accepted_length(), st.draft_s, st.verify_s,
+        st.flush_s, st.sample_s);
+  }
   if (!a.stats_json.empty()) {
-    nlohmann::json j = {{"prompt_tokens", st.prompt_tokens},
-                        {"generated_tokens", st.generated_tokens},
-                        {"prefill_s", st.prefill_s},
-                        {"decode_s", st.decode_s},
-                        {"decode_tok_s", st.decode_tok_s()},
-                        {"prefill_tok_s", st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0},
-                        {"finish_reason", result->finish_reason},
-                        {"mode", "ar"},
-                        {"kv", "fp32"},
-                        {"backend", "cpu"},
-                        {"tokens", result->tokens}};
+    nlohmann::json j = {
+        {"prompt_tokens", st.prompt_tokens},
+        {"generated_tokens", st.generated_tokens},
+        {"prefill_s", st.prefill_s},
+        {"decode_s", st.decode_s},
+        {"decode_tok_s", st.decode_tok_s()},
+        {"prefill_tok_s", st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0},
+        {"finish_reason", result->finish_reason},
+        {"mode", decode_mode_name(a.model.engine.mode)},
+        {"kv", a.model.engine.mode == DecodeMode::kQuantSpec ? "quantspec"
+                                                             : kv_type_name(a.model.engine.kv)},
+        {"kv_buffer", "f32"},  // the full-precision rows on the CPU
+        {"group_size", a.model.engine.group_size},
+        {"backend", "cpu"},
+        {"tokens", result->tokens},
+        {"rounds", st.rounds},
+        {"drafted", st.drafted},
+        {"accepted", st.accepted},
+        {"acceptance_rate", st.acceptance_rate()},
+        {"mean_accepted_length", st.mean_accepted_length()},
+        {"accepted_histogram", st.accepted_histogram},
+        {"draft_s", st.draft_s},
+        {"verify_s", st.verify_s},
+        {"flush_s", st.flush_s},
+        {"sample_s", st.sample_s},
+        {"flushes", st.flushes},
+        {"kv_bytes_per_draft_step",
+         {{"upper", st.draft_kv_upper_bytes},
+          {"lower", st.draft_kv_lower_bytes},
+          {"meta", st.draft_kv_meta_bytes},
+          {"fp", st.draft_kv_fp_bytes}}},
+        {"kv_bytes_per_target_step",
+         {{"upper", st.target_kv_upper_bytes},
+          {"lower", st.target_kv_lower_bytes},
+          {"meta", st.target_kv_meta_bytes},
+          {"fp", st.target_kv_fp_bytes}}}};
+    if (a.model.engine.mode == DecodeMode::kQuantSpec)
+      j["gamma"] = a.gen.gamma > 0
+                       ? a.gen.gamma
+                       : (a.model.engine.gamma > 0 ? a.model.engine.gamma : kDefaultGamma);
     std::ofstream out(a.stats_json);
     if (!out) return report_error("cannot write --stats-json file '" + a.stats_json + "'");
     out << j.dump(2) << "\n";
@@ -88,6 +127,7 @@ CommandRun add_generate_command(CLI::App& root) {
   auto args = std::make_shared<GenerateArgs>();
   CLI::App* cmd = root.add_subcommand("generate", "Generate a completion of a prompt");
   add_model_options(*cmd, args->model);
+  add_decode_options(*cmd, args->model);
   add_generation_options(*cmd, args->gen);
   auto* p = cmd->add_option("-p,--prompt", args->prompt, "Prompt text");
   auto* f = cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file");

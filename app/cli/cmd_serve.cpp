@@ -39,12 +39,14 @@ Result<server::ChatSetup> resolve_chat(const ServeArgs& a, const std::filesystem
   chat.tokens.bos_token = model.bos_token;
   chat.tokens.eos_token = model.eos_token;
   const Tokenizer& tok = *engine.tokenizer();
-  if (chat.tokens.bos_token.empty() && tok.bos_id() >= 0) chat.tokens.bos_token = tok.id_to_piece(tok.bos_id());
+  if (chat.tokens.bos_token.empty() && tok.bos_id() >= 0)
+    chat.tokens.bos_token = tok.id_to_piece(tok.bos_id());
   if (chat.tokens.eos_token.empty() && !tok.eos_ids().empty()) {
     chat.tokens.eos_token = tok.id_to_piece(tok.eos_ids().front());
   }
-  const std::string fix = "start the server with --chat-template NAME (built-ins: " + builtin_list() +
-                          ") or a template file, or use /v1/completions";
+  const std::string fix =
+      "start the server with --chat-template NAME (built-ins: " + builtin_list() +
+      ") or a template file, or use /v1/completions";
   if (!a.chat_template.empty()) {
     const auto names = ChatTemplate::builtin_names();
     if (std::find(names.begin(), names.end(), a.chat_template) != names.end()) {
@@ -66,7 +68,8 @@ Result<server::ChatSetup> resolve_chat(const ServeArgs& a, const std::filesystem
     return chat;
   }
   if (!model.source) {
-    chat.problem = "the model has no chat template (no chat_template in tokenizer_config.json); " + fix;
+    chat.problem =
+        "the model has no chat template (no chat_template in tokenizer_config.json); " + fix;
     *origin = "none (" + chat.problem + ")";
     return chat;
   }
@@ -91,11 +94,13 @@ std::string default_model_name(const std::filesystem::path& dir) {
 int run_serve(ServeArgs& a) {
   server::install_shutdown_signal_handlers();
   if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
+  if (std::string bad = validate_decode_options(a.model); !bad.empty()) return report_error(bad);
   const auto dir = resolve_model_dir(a.model);
   auto engine = Engine::load(dir, a.model.engine);
   if (!engine) return report_error(engine.error().message);
   Engine& eng = *engine.value();
-  if (!eng.tokenizer()) return report_error(dir.string() + ": no tokenizer.json, cannot serve text");
+  if (!eng.tokenizer())
+    return report_error(dir.string() + ": no tokenizer.json, cannot serve text");
 
   std::string chat_origin;
   auto chat = resolve_chat(a, dir, eng, &chat_origin);
@@ -104,6 +109,8 @@ int run_serve(ServeArgs& a) {
   a.server.defaults.gen = a.gen;
   a.server.defaults.seed_given = a.seed_option && a.seed_option->count() > 0;
   a.server.model_name = a.served_model_name.empty() ? default_model_name(dir) : a.served_model_name;
+  a.server.decode_mode = decode_mode_name(a.model.engine.mode);
+  if (a.server.http.threads == 0) a.server.http.threads = static_cast<int>(a.server.max_queue) + 32;
 
   print_resolved_config("serve", dir, eng, a.model, &a.gen);
   const auto& o = a.server;
@@ -123,8 +130,8 @@ int run_serve(ServeArgs& a) {
   if (!port) return report_error(port.error().message);
   const std::string& host = a.server.http.host;
   const bool v6 = host.find(':') != std::string::npos;
-  fmt::print(stderr, "quantspec serve: listening on http://{}{}{}:{}\n", v6 ? "[" : "", host, v6 ? "]" : "",
-             *port);
+  fmt::print(stderr, "quantspec serve: listening on http://{}{}{}:{}\n", v6 ? "[" : "", host,
+             v6 ? "]" : "", *port);
   std::fflush(stderr);
   return server::serve_until_signal(srv);
 }
@@ -133,14 +140,18 @@ int run_serve(ServeArgs& a) {
 
 CommandRun add_serve_command(CLI::App& root) {
   auto args = std::make_shared<ServeArgs>();
-  CLI::App* cmd = root.add_subcommand(
-      "serve", "Serve the model over an OpenAI-compatible HTTP API (/v1/completions, "
-               "/v1/chat/completions, /v1/models, /health, /metrics, /openapi.json)");
+  CLI::App* cmd =
+      root.add_subcommand("serve",
+                          "Serve the model over an OpenAI-compatible HTTP API (/v1/completions, "
+                          "/v1/chat/completions, /v1/models, /health, /metrics, /openapi.json)");
   add_model_options(*cmd, args->model);
+  add_decode_options(*cmd, args->model);
   add_generation_options(*cmd, args->gen);  // defaults for what requests leave out
   args->seed_option = cmd->get_option("--seed");
   server::ServerOptions& s = args->server;
-  cmd->add_option("--host", s.http.host, "Address to listen on")->envname("QS_HOST")->capture_default_str();
+  cmd->add_option("--host", s.http.host, "Address to listen on")
+      ->envname("QS_HOST")
+      ->capture_default_str();
   cmd->add_option("--port", s.http.port, "Port to listen on (0: any free port)")
       ->envname("QS_PORT")
       ->check(CLI::Range(0, 65535))
@@ -154,9 +165,10 @@ CommandRun add_serve_command(CLI::App& root) {
       ->envname("QS_CHAT_TEMPLATE");
   cmd->add_option("--max-queue", s.max_queue, "Requests that may wait for the engine; beyond: 429")
       ->envname("QS_MAX_QUEUE")
-      ->check(CLI::Range(1, 1 << 20))
+      ->check(CLI::Range(1, 4096))
       ->capture_default_str();
-  cmd->add_option("--timeout", s.request_timeout_s, "Per-request time limit in seconds (queue + generation)")
+  cmd->add_option("--timeout", s.request_timeout_s,
+                  "Per-request time limit in seconds (queue + generation)")
       ->envname("QS_REQUEST_TIMEOUT")
       ->check(CLI::Range(1, 1 << 24))
       ->capture_default_str();
@@ -170,7 +182,8 @@ CommandRun add_serve_command(CLI::App& root) {
       ->envname("QS_REQUEST_DEADLINE")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
-  cmd->add_option("--keep-alive", s.http.keep_alive_timeout_s, "Idle seconds before a keep-alive connection closes")
+  cmd->add_option("--keep-alive", s.http.keep_alive_timeout_s,
+                  "Idle seconds before a keep-alive connection closes")
       ->envname("QS_KEEP_ALIVE")
       ->check(CLI::Range(1, 3600))
       ->capture_default_str();
@@ -178,9 +191,12 @@ CommandRun add_serve_command(CLI::App& root) {
       ->envname("QS_MAX_BODY")
       ->check(CLI::Range(size_t{1024}, size_t{1} << 34))
       ->capture_default_str();
-  cmd->add_option("--http-threads", s.http.threads, "Connection threads (one per open connection)")
+  s.http.threads = 0;
+  cmd->add_option("--http-threads", s.http.threads,
+                  "Connection threads, one per open connection (0: --max-queue + 32, so that a "
+                  "full queue answers 429 rather than leaving connections waiting)")
       ->envname("QS_HTTP_THREADS")
-      ->check(CLI::Range(4, 4096))
+      ->check(CLI::Range(0, 1 << 16))
       ->capture_default_str();
   cmd->add_option("--shutdown-grace", s.shutdown_grace_s,
                   "On SIGINT/SIGTERM: seconds the running request may take to finish")

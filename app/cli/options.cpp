@@ -2,6 +2,8 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <map>
+#include <string>
 
 namespace qs::cli {
 
@@ -22,6 +24,63 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
       ->check(CLI::Range(1, 1 << 20));
 }
 
+void add_decode_options(CLI::App& app, ModelOptions& opts) {
+  EngineOptions& e = opts.engine;
+  const std::map<std::string, DecodeMode> modes{{"ar", DecodeMode::kAr},
+                                                {"quantspec", DecodeMode::kQuantSpec}};
+  app.add_option("--mode", e.mode, "Decoding: ar (autoregressive) or quantspec (self-speculative)")
+      ->envname("QS_MODE")
+      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case));
+  const std::map<std::string, KvType> kvs{
+      {"fp16", KvType::kFp16}, {"int8", KvType::kInt8}, {"int4", KvType::kInt4}};
+  app.add_option_function<std::string>(
+         "--kv",
+         [&e, kvs](const std::string& v) {
+           e.kv = kvs.at(v);
+           e.kv_explicit = true;
+         },
+         "KV cache of --mode ar: fp16 (full precision; f32 on the CPU), int8 (target view), "
+         "int4 (draft view) [default: fp16]")
+      ->envname("QS_KV")
+      ->check(CLI::IsMember({"fp16", "int8", "int4"}));
+  app.add_option("--gamma", e.gamma,
+                 "QuantSpec draft tokens per round, 1 <= gamma < G [default: " +
+                     std::to_string(kDefaultGamma) + "]")
+      ->envname("QS_GAMMA")
+      ->check(CLI::Range(1, 1 << 16));
+  app.add_option("--group-size", e.group_size,
+                 "G: key quantization group and flush granularity (32, 64 or 128)")
+      ->envname("QS_GROUP_SIZE")
+      ->capture_default_str()
+      ->check(CLI::IsMember({32, 64, 128}));
+  app.add_option("--value-group-size", e.value_group_size,
+                 "Gv: value channels per quantization group; divides head_dim, >= 32 "
+                 "[default: head_dim]")
+      ->envname("QS_VALUE_GROUP_SIZE");
+  const std::map<std::string, DraftWeights> drafts{{"int4", DraftWeights::kInt4},
+                                                   {"int4-mlp", DraftWeights::kInt4Mlp},
+                                                   {"native", DraftWeights::kNative}};
+  app.add_option("--draft-weights", e.draft_weights,
+                 "QuantSpec draft weights: int4 (all linear layers + lm_head, group 128), "
+                 "int4-mlp (MLP only) or native (KV-only draft) [default: int4]")
+      ->envname("QS_DRAFT_WEIGHTS")
+      ->transform(CLI::CheckedTransformer(drafts, CLI::ignore_case));
+}
+
+std::string validate_decode_options(const ModelOptions& opts) {
+  const EngineOptions& e = opts.engine;
+  if (e.mode == DecodeMode::kQuantSpec && e.kv_explicit)
+    return "--kv applies to --mode ar only; --mode quantspec always uses the hierarchical "
+           "cache (INT4 draft view, INT8 target view)";
+  if (e.gamma != 0 && (e.gamma < 1 || e.gamma >= e.group_size))
+    return "--gamma must be in [1, G - 1] = [1, " + std::to_string(e.group_size - 1) +
+           "] (G = --group-size), got " + std::to_string(e.gamma);
+  if (e.value_group_size != 0 && (e.value_group_size < 32 || e.value_group_size % 2 != 0))
+    return "--value-group-size must divide head_dim and be >= 32, got " +
+           std::to_string(e.value_group_size);
+  return "";
+}
+
 void add_generation_options(CLI::App& app, GenerationParams& params) {
   app.add_option("-n,--max-tokens", params.max_new_tokens, "Maximum new tokens")
       ->envname("QS_MAX_TOKENS")
@@ -39,8 +98,9 @@ void add_generation_options(CLI::App& app, GenerationParams& params) {
   app.add_option("--seed", params.sampling.seed, "Random seed (same seed, same output)")
       ->envname("QS_SEED");
   app.add_option("--stop", params.stop, "Stop string (repeatable); not included in the output");
-  app.add_flag("--ignore-eos", [&params](int64_t) { params.stop_at_eos = false; },
-               "Do not stop at the end-of-sequence token");
+  app.add_flag(
+      "--ignore-eos", [&params](int64_t) { params.stop_at_eos = false; },
+      "Do not stop at the end-of-sequence token");
 }
 
 std::filesystem::path resolve_model_dir(const ModelOptions& opts) {

@@ -3,7 +3,6 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
-
 #include <filesystem>
 #include <string>
 
@@ -18,6 +17,11 @@ struct ModelOptions {
 
 // -m/--model, --threads, --ctx, --prefill-chunk.
 void add_model_options(CLI::App& app, ModelOptions& opts);
+// --mode, --kv, --gamma, --group-size, --value-group-size, --draft-weights (the cache and the
+// decoding mode; docs/quantspec.md).
+void add_decode_options(CLI::App& app, ModelOptions& opts);
+// Checks across those flags CLI11 cannot express. Empty string when valid.
+std::string validate_decode_options(const ModelOptions& opts);
 // -n, --temperature, --top-k, --top-p, --min-p, --seed, --stop, --ignore-eos.
 void add_generation_options(CLI::App& app, GenerationParams& params);
 

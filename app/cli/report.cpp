@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdio>
 #include <thread>
 
@@ -13,14 +14,16 @@ namespace {
 double parameter_count(const ModelConfig& c) {
   double h = c.hidden_size, layer = 0;
   layer += h * c.q_dim() + 2.0 * h * c.kv_dim() + c.q_dim() * h;  // attention
-  layer += 3.0 * h * c.intermediate_size;                          // MLP
+  layer += 3.0 * h * c.intermediate_size;                         // MLP
   double emb = static_cast<double>(c.vocab_size) * h;
   return c.num_layers * layer + emb * (c.tie_word_embeddings ? 1 : 2);
 }
 
 }  // namespace
 
-bool stderr_is_tty() { return isatty(fileno(stderr)) != 0; }
+bool stderr_is_tty() {
+  return isatty(fileno(stderr)) != 0;
+}
 
 void print_resolved_config(const char* command, const std::filesystem::path& model_dir,
                            const Engine& engine, const ModelOptions& opts,
@@ -28,7 +31,20 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   const ModelConfig& c = engine.config();
   int threads = opts.engine.num_threads > 0 ? opts.engine.num_threads
                                             : static_cast<int>(std::thread::hardware_concurrency());
+  const EngineOptions& eo = opts.engine;
   double kv_gib = 2.0 * c.num_layers * c.kv_dim() * 4.0 * engine.max_context() / (1 << 30);
+  const char* kv_label = "KV f32";
+  if (eo.mode == DecodeMode::kQuantSpec || eo.kv != KvType::kFp16) {
+    // Four 4-bit code planes + fp16 key (per G tokens) and value (per Gv channels) scale/min,
+    // plus the f32 buffer of 2G + gamma + 1 rows.
+    const double gv = eo.value_group_size > 0 ? eo.value_group_size : c.head_dim;
+    const double per_token = 2.0 * c.kv_dim() + 4.0 * c.kv_dim() / eo.group_size +
+                             4.0 * c.num_kv_heads * (c.head_dim / gv);
+    const double buffer_rows = 2.0 * eo.group_size + (eo.gamma > 0 ? eo.gamma : kDefaultGamma) + 1;
+    kv_gib = c.num_layers *
+             (per_token * engine.max_context() + buffer_rows * 2.0 * c.kv_dim() * 4.0) / (1 << 30);
+    kv_label = "KV hierarchical (planes + f32 buffer)";
+  }
   fmt::print(stderr, "quantspec {}: model {} ({}, {:.1f}M params, weights {})\n", command,
              model_dir.string(), architecture_name(c.arch), parameter_count(c) / 1e6,
              c.torch_dtype.empty() ? "?" : c.torch_dtype);
@@ -36,9 +52,25 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
              "  layers {} hidden {} heads {}/{} (kv) head_dim {} vocab {} rope_theta {:g}\n",
              c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
              c.rope_theta);
-  fmt::print(stderr, "  backend cpu ({} threads), context {} tokens, KV f32 {:.3f} GiB, "
+  fmt::print(stderr,
+             "  backend cpu ({} threads), context {} tokens, {} {:.3f} GiB, "
              "prefill chunk {}\n",
-             threads, engine.max_context(), kv_gib, opts.engine.prefill_chunk);
+             threads, engine.max_context(), kv_label, kv_gib, opts.engine.prefill_chunk);
+  const EngineOptions& e = eo;
+  const int gv = e.value_group_size > 0 ? e.value_group_size : c.head_dim;
+  if (e.mode == DecodeMode::kQuantSpec) {
+    const int gamma = e.gamma > 0 ? e.gamma : std::min(kDefaultGamma, e.group_size - 1);
+    fmt::print(stderr,
+               "  mode quantspec: gamma {} draft weights {} ; KV hierarchical G {} Gv {} "
+               "(draft INT4 view, target INT8 view, fp32 buffer)\n",
+               gen && gen->gamma > 0 ? gen->gamma : gamma, draft_weights_name(e.draft_weights),
+               e.group_size, gv);
+  } else if (e.kv != KvType::kFp16) {
+    fmt::print(stderr, "  mode ar: KV {} view of the hierarchical cache, G {} Gv {}\n",
+               kv_type_name(e.kv), e.group_size, gv);
+  } else {
+    fmt::print(stderr, "  mode ar: KV full precision (f32 on the CPU)\n");
+  }
   if (gen) {
     const SamplingParams& s = gen->sampling;
     fmt::print(stderr,

@@ -10,9 +10,10 @@ namespace qs::server {
 
 namespace {
 
-constexpr size_t kMaxStopStrings = 4;        // as OpenAI
+constexpr size_t kMaxStopStrings = 4;  // as OpenAI
 constexpr size_t kMaxStopStringBytes = 1024;
 constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
+constexpr double kMinTemperature = 1e-6;
 
 ApiError invalid(std::string message, std::string param, std::string code = "invalid_value") {
   ApiError e;
@@ -28,15 +29,23 @@ ApiError unsupported(const std::string& param, const std::string& what) {
 
 const char* json_type_name(const Json& j) {
   switch (j.type()) {
-    case Json::value_t::null: return "null";
-    case Json::value_t::boolean: return "boolean";
+    case Json::value_t::null:
+      return "null";
+    case Json::value_t::boolean:
+      return "boolean";
     case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned: return "integer";
-    case Json::value_t::number_float: return "number";
-    case Json::value_t::string: return "string";
-    case Json::value_t::array: return "array";
-    case Json::value_t::object: return "object";
-    default: return "value";
+    case Json::value_t::number_unsigned:
+      return "integer";
+    case Json::value_t::number_float:
+      return "number";
+    case Json::value_t::string:
+      return "string";
+    case Json::value_t::array:
+      return "array";
+    case Json::value_t::object:
+      return "object";
+    default:
+      return "value";
   }
 }
 
@@ -74,8 +83,8 @@ std::optional<ApiError> read_number(const Json& j, const std::string& param, dou
   if (!j.is_number()) return wrong_type(param, "a number", j);
   const double v = j.get<double>();
   if (!std::isfinite(v) || v < lo || v > hi) {
-    return invalid("'" + param + "' must be a number in [" + Json(lo).dump() + ", " + Json(hi).dump() +
-                       "], got " + Json(v).dump(),
+    return invalid("'" + param + "' must be a number in [" + Json(lo).dump() + ", " +
+                       Json(hi).dump() + "], got " + Json(v).dump(),
                    param);
   }
   *out = v;
@@ -95,7 +104,8 @@ std::optional<ApiError> read_stop(const Json& j, std::vector<std::string>* out) 
     std::string v = s.get<std::string>();
     if (v.empty()) return invalid("stop strings must not be empty", param);
     if (v.size() > kMaxStopStringBytes) {
-      return invalid("stop strings are limited to " + std::to_string(kMaxStopStringBytes) + " bytes", param);
+      return invalid(
+          "stop strings are limited to " + std::to_string(kMaxStopStringBytes) + " bytes", param);
     }
     stops.push_back(std::move(v));
     return std::nullopt;
@@ -104,7 +114,8 @@ std::optional<ApiError> read_stop(const Json& j, std::vector<std::string>* out) 
     if (auto e = add(j, "stop")) return e;
   } else if (j.is_array()) {
     if (j.size() > kMaxStopStrings) {
-      return invalid("at most " + std::to_string(kMaxStopStrings) + " stop strings are allowed", "stop");
+      return invalid("at most " + std::to_string(kMaxStopStrings) + " stop strings are allowed",
+                     "stop");
     }
     for (size_t i = 0; i < j.size(); ++i) {
       if (auto e = add(j[i], "stop[" + std::to_string(i) + "]")) return e;
@@ -129,15 +140,19 @@ std::optional<ApiError> read_content(const Json& j, const std::string& param, st
     const Json& part = j[i];
     if (!part.is_object()) return wrong_type(p, "an object", part);
     for (const auto& [k, v] : part.items()) {
-      if (k != "type" && k != "text") return invalid("unknown parameter '" + p + "." + k + "'", p + "." + k, "unknown_parameter");
+      if (k != "type" && k != "text")
+        return invalid("unknown parameter '" + p + "." + k + "'", p + "." + k, "unknown_parameter");
     }
     if (!part.contains("type") || !part["type"].is_string()) {
-      return invalid("content part '" + p + "' needs a string 'type'", p + ".type", "missing_required_parameter");
+      return invalid("content part '" + p + "' needs a string 'type'", p + ".type",
+                     "missing_required_parameter");
     }
     const std::string type = part["type"].get<std::string>();
-    if (type != "text") return unsupported(p + ".type", "content part type '" + type + "' (text only)");
+    if (type != "text")
+      return unsupported(p + ".type", "content part type '" + type + "' (text only)");
     if (!part.contains("text") || !part["text"].is_string()) {
-      return invalid("content part '" + p + "' needs a string 'text'", p + ".text", "missing_required_parameter");
+      return invalid("content part '" + p + "' needs a string 'text'", p + ".text",
+                     "missing_required_parameter");
     }
     if (i) text += "\n";
     text += part["text"].get<std::string>();
@@ -150,31 +165,36 @@ std::optional<ApiError> read_messages(const Json& j, Json* out) {
   if (!j.is_array()) return wrong_type("messages", "an array", j);
   if (j.empty()) return invalid("'messages' must contain at least one message", "messages");
   static const std::set<std::string> kKeys = {"role", "content", "name"};
-  static const std::set<std::string> kAssistantKeys = {"role",       "content",       "name", "refusal",
-                                                       "tool_calls", "function_call", "audio"};
+  static const std::set<std::string> kAssistantKeys = {
+      "role", "content", "name", "refusal", "tool_calls", "function_call", "audio"};
   Json messages = Json::array();
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string p = "messages[" + std::to_string(i) + "]";
     const Json& m = j[i];
     if (!m.is_object()) return wrong_type(p, "an object", m);
-    if (!m.contains("role")) return invalid(p + " has no 'role'", p + ".role", "missing_required_parameter");
+    if (!m.contains("role"))
+      return invalid(p + " has no 'role'", p + ".role", "missing_required_parameter");
     if (!m["role"].is_string()) return wrong_type(p + ".role", "a string", m["role"]);
     std::string role = m["role"].get<std::string>();
-    if (role == "tool" || role == "function") return unsupported(p + ".role", "tool calling (role '" + role + "')");
+    if (role == "tool" || role == "function")
+      return unsupported(p + ".role", "tool calling (role '" + role + "')");
     if (role == "developer") role = "system";
     if (role != "system" && role != "user" && role != "assistant") {
-      return invalid("unknown role '" + role + "' in " + p + " (expected system, developer, user or assistant)",
+      return invalid("unknown role '" + role + "' in " + p +
+                         " (expected system, developer, user or assistant)",
                      p + ".role");
     }
     for (const auto& [k, v] : m.items()) {
       if (!(role == "assistant" ? kAssistantKeys : kKeys).count(k)) {
-        return invalid("unknown parameter '" + p + "." + k + "' (for role " + role + ")", p + "." + k,
-                       "unknown_parameter");
+        return invalid("unknown parameter '" + p + "." + k + "' (for role " + role + ")",
+                       p + "." + k, "unknown_parameter");
       }
     }
     for (const char* k : {"tool_calls", "function_call", "audio"}) {
-      if (m.contains(k) && !m[k].is_null() && !(std::string(k) == "tool_calls" && m[k].is_array() && m[k].empty())) {
-        return unsupported(p + "." + k, std::string("'") + k + "' in messages (tool calling / audio)");
+      if (m.contains(k) && !m[k].is_null() &&
+          !(std::string(k) == "tool_calls" && m[k].is_array() && m[k].empty())) {
+        return unsupported(p + "." + k,
+                           std::string("'") + k + "' in messages (tool calling / audio)");
       }
     }
     if (m.contains("refusal") && !m["refusal"].is_null() && !m["refusal"].is_string()) {
@@ -183,7 +203,8 @@ std::optional<ApiError> read_messages(const Json& j, Json* out) {
     std::string content;
     if (!m.contains("content") || m["content"].is_null()) {
       if (role != "assistant") {
-        return invalid(p + " (role " + role + ") needs a 'content'", p + ".content", "missing_required_parameter");
+        return invalid(p + " (role " + role + ") needs a 'content'", p + ".content",
+                       "missing_required_parameter");
       }
     } else if (auto e = read_content(m["content"], p + ".content", &content)) {
       return e;
@@ -204,7 +225,8 @@ std::optional<ApiError> read_prompt(const Json& j, ApiRequest* r) {
     r->prompt_text = j.get<std::string>();
     return std::nullopt;
   }
-  if (!j.is_array()) return wrong_type("prompt", "a string, an array of strings or an array of token ids", j);
+  if (!j.is_array())
+    return wrong_type("prompt", "a string, an array of strings or an array of token ids", j);
   if (j.empty()) return invalid("'prompt' must not be an empty array", "prompt");
   auto read_ids = [&](const Json& arr, const std::string& param) -> std::optional<ApiError> {
     std::vector<int64_t> ids;
@@ -222,17 +244,21 @@ std::optional<ApiError> read_prompt(const Json& j, ApiRequest* r) {
   };
   if (j[0].is_string()) {
     for (size_t i = 0; i < j.size(); ++i) {
-      if (!j[i].is_string()) return wrong_type("prompt[" + std::to_string(i) + "]", "a string", j[i]);
+      if (!j[i].is_string())
+        return wrong_type("prompt[" + std::to_string(i) + "]", "a string", j[i]);
     }
-    if (j.size() > 1) return unsupported("prompt", "a batch of several prompts (send one per request)");
+    if (j.size() > 1)
+      return unsupported("prompt", "a batch of several prompts (send one per request)");
     r->prompt_text = j[0].get<std::string>();
     return std::nullopt;
   }
   if (j[0].is_array()) {
     for (size_t i = 0; i < j.size(); ++i) {
-      if (!j[i].is_array()) return wrong_type("prompt[" + std::to_string(i) + "]", "an array of token ids", j[i]);
+      if (!j[i].is_array())
+        return wrong_type("prompt[" + std::to_string(i) + "]", "an array of token ids", j[i]);
     }
-    if (j.size() > 1) return unsupported("prompt", "a batch of several prompts (send one per request)");
+    if (j.size() > 1)
+      return unsupported("prompt", "a batch of several prompts (send one per request)");
     return read_ids(j[0], "prompt[0]");
   }
   return read_ids(j, "prompt");
@@ -248,7 +274,9 @@ Json error_json(const ApiError& e) {
   return Json{{"error", std::move(err)}};
 }
 
-std::string dump_json(const Json& j) { return j.dump(-1, ' ', false, Json::error_handler_t::replace); }
+std::string dump_json(const Json& j) {
+  return j.dump(-1, ' ', false, Json::error_handler_t::replace);
+}
 
 std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
                                                  const RequestDefaults& defaults) {
@@ -257,20 +285,38 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
     j = Json::parse(body.begin(), body.end());
   } catch (const Json::parse_error& e) {
     std::string what = e.what();
-    if (const size_t end = what.find("] "); what.rfind("[json.exception", 0) == 0 && end != std::string::npos) what = what.substr(end + 2);
+    if (const size_t end = what.find("] ");
+        what.rfind("[json.exception", 0) == 0 && end != std::string::npos)
+      what = what.substr(end + 2);
     return invalid("the request body is not valid JSON: " + what, "", "invalid_json");
   }
-  if (!j.is_object()) return invalid(std::string("the request body must be a JSON object, got ") + json_type_name(j), "");
+  if (!j.is_object())
+    return invalid(std::string("the request body must be a JSON object, got ") + json_type_name(j),
+                   "");
 
   const bool chat = endpoint == Endpoint::kChatCompletions;
-  static const std::set<std::string> kCommon = {
-      "model", "max_tokens", "temperature", "top_p", "n", "stream", "stream_options", "stop", "seed",
-      "presence_penalty", "frequency_penalty", "logit_bias", "logprobs", "user", "top_k", "min_p",
-      "ignore_eos"};
+  static const std::set<std::string> kCommon = {"model",
+                                                "max_tokens",
+                                                "temperature",
+                                                "top_p",
+                                                "n",
+                                                "stream",
+                                                "stream_options",
+                                                "stop",
+                                                "seed",
+                                                "presence_penalty",
+                                                "frequency_penalty",
+                                                "logit_bias",
+                                                "logprobs",
+                                                "user",
+                                                "top_k",
+                                                "min_p",
+                                                "ignore_eos"};
   static const std::set<std::string> kCompletionOnly = {"prompt", "echo", "suffix", "best_of"};
   static const std::set<std::string> kChatOnly = {
-      "messages", "max_completion_tokens", "top_logprobs", "tools", "tool_choice",
-      "parallel_tool_calls", "functions", "function_call", "response_format"};
+      "messages",  "max_completion_tokens", "top_logprobs",
+      "tools",     "tool_choice",           "parallel_tool_calls",
+      "functions", "function_call",         "response_format"};
   for (const auto& [k, v] : j.items()) {
     if (kCommon.count(k) || (chat ? kChatOnly : kCompletionOnly).count(k)) continue;
     return invalid("unknown parameter '" + k + "'", k, "unknown_parameter");
@@ -286,7 +332,8 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
 
   if (chat) {
     if (!j.contains("messages")) {
-      return invalid("missing required parameter 'messages'", "messages", "missing_required_parameter");
+      return invalid("missing required parameter 'messages'", "messages",
+                     "missing_required_parameter");
     }
     if (auto e = read_messages(j["messages"], &r.messages)) return *e;
   } else {
@@ -296,8 +343,9 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
     if (auto e = read_prompt(j["prompt"], &r)) return *e;
   }
 
+  // Chat may give both (max_tokens is OpenAI's deprecated name): the smaller one wins.
   for (const char* k : {"max_tokens", "max_completion_tokens"}) {
-    if (!has(k) || (!chat && std::string(k) == "max_completion_tokens")) continue;
+    if (!has(k)) continue;
     int64_t v = 0;
     const int64_t hi = defaults.max_context > 0 ? defaults.max_context : kMaxTokensLimit;
     if (auto e = read_int(j[k], k, 1, hi, &v)) return *e;
@@ -306,13 +354,14 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
   if (has("temperature")) {
     double t = 0;
     if (auto e = read_number(j["temperature"], "temperature", 0.0, 2.0, &t)) return *e;
-    r.params.sampling.temperature = static_cast<float>(t);
+    // Below kMinTemperature sampling is greedy anyway, and logits / T could overflow a float.
+    r.params.sampling.temperature = t < kMinTemperature ? 0.0f : static_cast<float>(t);
   }
   if (has("top_p")) {
     double p = 0;
     if (auto e = read_number(j["top_p"], "top_p", 0.0, 1.0, &p)) return *e;
-    // top_p = 0 keeps only the most likely token: greedy.
-    if (p == 0) {
+    // top_p = 0 keeps only the most likely token: greedy (also when it rounds to 0 as a float).
+    if (static_cast<float>(p) <= 0.0f) {
       r.params.sampling.temperature = 0;
       r.params.sampling.top_p = 1;
     } else {
@@ -321,7 +370,8 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
   }
   if (has("top_k")) {
     int64_t k = 0;
-    if (auto e = read_int(j["top_k"], "top_k", -1, std::numeric_limits<int32_t>::max(), &k)) return *e;
+    if (auto e = read_int(j["top_k"], "top_k", -1, std::numeric_limits<int32_t>::max(), &k))
+      return *e;
     r.params.sampling.top_k = k < 0 ? 0 : static_cast<int>(k);
   }
   if (has("min_p")) {
@@ -350,7 +400,8 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
     }
     for (const auto& [k, v] : so.items()) {
       if (k != "include_usage") {
-        return invalid("unknown parameter 'stream_options." + k + "'", "stream_options." + k, "unknown_parameter");
+        return invalid("unknown parameter 'stream_options." + k + "'", "stream_options." + k,
+                       "unknown_parameter");
       }
       if (!v.is_null()) {
         if (auto e = read_bool(v, "stream_options.include_usage", &r.include_usage)) return *e;
@@ -418,13 +469,17 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
     }
     if (has("tool_choice")) {
       const Json& tc = j["tool_choice"];
-      if (!tc.is_string() && !tc.is_object()) return wrong_type("tool_choice", "a string or an object", tc);
-      if (!tc.is_string() || (tc != "none" && tc != "auto")) return unsupported("tool_choice", "tool calling");
+      if (!tc.is_string() && !tc.is_object())
+        return wrong_type("tool_choice", "a string or an object", tc);
+      if (!tc.is_string() || (tc != "none" && tc != "auto"))
+        return unsupported("tool_choice", "tool calling");
     }
     if (has("function_call")) {
       const Json& fc = j["function_call"];
-      if (!fc.is_string() && !fc.is_object()) return wrong_type("function_call", "a string or an object", fc);
-      if (!fc.is_string() || (fc != "none" && fc != "auto")) return unsupported("function_call", "function calling");
+      if (!fc.is_string() && !fc.is_object())
+        return wrong_type("function_call", "a string or an object", fc);
+      if (!fc.is_string() || (fc != "none" && fc != "auto"))
+        return unsupported("function_call", "function calling");
     }
     if (has("parallel_tool_calls") && !j["parallel_tool_calls"].is_boolean()) {
       return wrong_type("parallel_tool_calls", "a boolean", j["parallel_tool_calls"]);
@@ -433,14 +488,18 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
       const Json& rf = j["response_format"];
       if (!rf.is_object()) return wrong_type("response_format", "an object", rf);
       if (!rf.contains("type") || !rf["type"].is_string()) {
-        return invalid("'response_format' needs a string 'type'", "response_format.type", "missing_required_parameter");
+        return invalid("'response_format' needs a string 'type'", "response_format.type",
+                       "missing_required_parameter");
       }
       for (const auto& [k, v] : rf.items()) {
         if (k != "type") {
-          return invalid("unknown parameter 'response_format." + k + "'", "response_format." + k, "unknown_parameter");
+          return invalid("unknown parameter 'response_format." + k + "'", "response_format." + k,
+                         "unknown_parameter");
         }
       }
-      if (rf["type"] != "text") return unsupported("response_format", "response_format '" + rf["type"].get<std::string>() + "'");
+      if (rf["type"] != "text")
+        return unsupported("response_format",
+                           "response_format '" + rf["type"].get<std::string>() + "'");
     }
   } else {
     if (has("echo")) {
@@ -450,7 +509,8 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
     }
     if (has("suffix")) {
       if (!j["suffix"].is_string()) return wrong_type("suffix", "a string", j["suffix"]);
-      if (!j["suffix"].get<std::string>().empty()) return unsupported("suffix", "suffix (insertion)");
+      if (!j["suffix"].get<std::string>().empty())
+        return unsupported("suffix", "suffix (insertion)");
     }
   }
   return r;
@@ -472,18 +532,20 @@ Json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
               {"total_tokens", prompt_tokens + completion_tokens}};
 }
 
-Json stats_json(const GenerationStats& st, const SpeculativeStats& spec, double queue_s) {
+Json stats_json(const GenerationStats& st, const ResponseStats& extra) {
+  const SpeculativeStats& spec = extra.spec;
   Json speculative = {
       {"drafted_tokens", spec.drafted},
       {"accepted_tokens", spec.accepted},
-      {"acceptance_rate", spec.drafted > 0 ? Json(static_cast<double>(spec.accepted) / static_cast<double>(spec.drafted))
+      {"acceptance_rate", spec.drafted > 0 ? Json(static_cast<double>(spec.accepted) /
+                                                  static_cast<double>(spec.drafted))
                                            : Json(nullptr)},
       {"rounds", spec.rounds},
-      {"mean_accepted_length",
-       spec.rounds > 0 ? Json(1.0 + static_cast<double>(spec.accepted) / static_cast<double>(spec.rounds))
-                       : Json(nullptr)}};
-  return Json{{"mode", spec.rounds > 0 ? "speculative" : "autoregressive"},
-              {"queue_s", queue_s},
+      {"mean_accepted_length", spec.rounds > 0 ? Json(1.0 + static_cast<double>(spec.accepted) /
+                                                                static_cast<double>(spec.rounds))
+                                               : Json(nullptr)}};
+  return Json{{"mode", extra.mode},
+              {"queue_s", extra.queue_s},
               {"prefill_s", st.prefill_s},
               {"decode_s", st.decode_s},
               {"decode_tokens_per_s", st.decode_tok_s()},
@@ -491,19 +553,22 @@ Json stats_json(const GenerationStats& st, const SpeculativeStats& spec, double 
 }
 
 Json completion_response(const ResponseMeta& meta, const GenerationResult& result,
-                         const SpeculativeStats& spec, double queue_s) {
-  Json choice = {{"index", 0}, {"text", result.text}, {"logprobs", nullptr}, {"finish_reason", result.finish_reason}};
+                         const ResponseStats& extra) {
+  Json choice = {{"index", 0},
+                 {"text", result.text},
+                 {"logprobs", nullptr},
+                 {"finish_reason", result.finish_reason}};
   return Json{{"id", meta.id},
               {"object", "text_completion"},
               {"created", meta.created},
               {"model", meta.model},
               {"choices", Json::array({std::move(choice)})},
               {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens)},
-              {"quantspec", stats_json(result.stats, spec, queue_s)}};
+              {"quantspec", stats_json(result.stats, extra)}};
 }
 
 Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
-                   const SpeculativeStats& spec, double queue_s) {
+                   const ResponseStats& extra) {
   Json choice = {{"index", 0},
                  {"message", {{"role", "assistant"}, {"content", result.text}}},
                  {"logprobs", nullptr},
@@ -514,10 +579,11 @@ Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
               {"model", meta.model},
               {"choices", Json::array({std::move(choice)})},
               {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens)},
-              {"quantspec", stats_json(result.stats, spec, queue_s)}};
+              {"quantspec", stats_json(result.stats, extra)}};
 }
 
-Json completion_chunk(const ResponseMeta& meta, std::string_view text, const std::string& finish_reason) {
+Json completion_chunk(const ResponseMeta& meta, std::string_view text,
+                      const std::string& finish_reason) {
   Json choice = {{"index", 0},
                  {"text", std::string(text)},
                  {"logprobs", nullptr},
@@ -544,13 +610,16 @@ Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& 
 Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint, int64_t prompt_tokens,
                  int64_t completion_tokens) {
   return Json{{"id", meta.id},
-              {"object", endpoint == Endpoint::kChatCompletions ? "chat.completion.chunk" : "text_completion"},
+              {"object", endpoint == Endpoint::kChatCompletions ? "chat.completion.chunk"
+                                                                : "text_completion"},
               {"created", meta.created},
               {"model", meta.model},
               {"choices", Json::array()},
               {"usage", usage_json(prompt_tokens, completion_tokens)}};
 }
 
-std::string sse_event(const Json& j) { return "data: " + dump_json(j) + "\n\n"; }
+std::string sse_event(const Json& j) {
+  return "data: " + dump_json(j) + "\n\n";
+}
 
 }  // namespace qs::server

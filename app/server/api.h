@@ -11,9 +11,8 @@
 //  - any other field: 400 unknown_parameter (as OpenAI's "Unrecognized request argument").
 #pragma once
 
-#include <nlohmann/json.hpp>
-
 #include <cstdint>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -76,17 +75,25 @@ struct ResponseMeta {
 std::string new_response_id(Endpoint endpoint);
 
 Json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
-// The per-response "quantspec" field: timing and speculative statistics (drafted, accepted,
-// acceptance rate; zeros and nulls in autoregressive mode).
-Json stats_json(const GenerationStats& stats, const SpeculativeStats& spec, double queue_s);
+// What the per-response "quantspec" field reports besides the engine's GenerationStats.
+struct ResponseStats {
+  std::string mode = "ar";  // the engine's decoding mode: "ar" or "quantspec"
+  SpeculativeStats spec;    // drafted / accepted / rounds (zero in "ar")
+  double queue_s = 0;       // arrival -> generation start
+};
+
+// The "quantspec" field: mode, timing and speculative statistics (drafted, accepted, acceptance
+// rate = accepted / drafted, mean accepted length = 1 + accepted / rounds; null when undefined).
+Json stats_json(const GenerationStats& stats, const ResponseStats& extra);
 
 Json completion_response(const ResponseMeta& meta, const GenerationResult& result,
-                         const SpeculativeStats& spec, double queue_s);
+                         const ResponseStats& extra);
 Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
-                   const SpeculativeStats& spec, double queue_s);
+                   const ResponseStats& extra);
 
 // Stream chunks. `finish_reason` empty: null.
-Json completion_chunk(const ResponseMeta& meta, std::string_view text, const std::string& finish_reason);
+Json completion_chunk(const ResponseMeta& meta, std::string_view text,
+                      const std::string& finish_reason);
 Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason);
 Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint, int64_t prompt_tokens,
                  int64_t completion_tokens);

@@ -7,6 +7,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstdlib>
 #include <set>
@@ -14,6 +15,10 @@
 namespace qs::server {
 
 namespace {
+
+// At shutdown, a connection outside a handler gets this long to finish sending its request (it
+// then gets an answer, 503) before it is closed.
+constexpr std::chrono::milliseconds kShutdownGrace{1000};
 
 bool numeric_address(const sockaddr_storage& addr, socklen_t len, std::string* host, int* port) {
   char h[NI_MAXHOST], s[NI_MAXSERV];
@@ -40,7 +45,8 @@ std::vector<TcpConnection> list_tcp_connections(int local_port) {
     if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     sockaddr_storage local{}, peer{};
     socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
+    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0)
+      continue;
     if (local.ss_family != AF_INET && local.ss_family != AF_INET6) continue;
     std::string local_host;
     int port = 0;
@@ -134,7 +140,8 @@ void ConnectionWatchdog::update_locked(const std::vector<TcpConnection>& open,
         it = conns_.erase(it);
         continue;
       }
-    } else if (s.busy == 0 && !s.cut && (close_idle_ || now - s.since > deadline_)) {
+    } else if (s.busy == 0 && !s.cut &&
+               now - s.since > (close_idle_ ? std::min(deadline_, kShutdownGrace) : deadline_)) {
       // The fd was listed a moment ago; make sure it still is this peer's connection.
       if (find_connection_fd(port_, it->first.first, it->first.second) == s.fd) stop_reading(s.fd);
       s.cut = true;

@@ -36,7 +36,7 @@ void stop_reading(int fd);
 // A thread that, twice a second, looks at the open connections on a port and stops reading from
 // those that have spent longer than `deadline` outside a request handler (a request that has not
 // fully arrived yet, or an idle keep-alive connection). After close_idle_from_now_on() it does the
-// same to every connection that is not inside a handler, at once.
+// same to every connection that has spent a second outside a handler.
 class ConnectionWatchdog {
  public:
   ConnectionWatchdog(int local_port, std::chrono::milliseconds deadline);

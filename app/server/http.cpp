@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <atomic>
 #include <map>
-#include <set>
 #include <memory>
+#include <set>
 
 #include "conn_watch.h"
 
@@ -20,27 +20,56 @@ std::string default_error_message(int status, const httplib::Request& req, size_
       (void)req;
       return "malformed or incomplete HTTP request (the request line, headers and body must be "
              "well-formed and arrive within the read timeout)";
-    case 404: return "no such endpoint: " + req.method + " " + req.path;
-    case 413: return "request body is larger than the limit of " + std::to_string(max_body) + " bytes";
-    case 414: return "request URI is too long";
-    case 416: return "range not satisfiable";
-    default: return "HTTP error " + std::to_string(status);
+    case 404:
+      return "no such endpoint: " + req.method + " " + req.path;
+    case 413:
+      return "request body is larger than the limit of " + std::to_string(max_body) + " bytes";
+    case 414:
+      return "request URI is too long";
+    case 416:
+      return "range not satisfiable";
+    default:
+      return "HTTP error " + std::to_string(status);
   }
 }
 
+// The socket of one request's connection, looked up when first needed (most requests never ask).
+// Used only on the request's own thread, while the connection is open.
+class ConnectionRef {
+ public:
+  ConnectionRef(int local_port, std::string peer, int peer_port)
+      : local_port_(local_port), peer_(std::move(peer)), peer_port_(peer_port) {}
+  int fd() {
+    if (!looked_up_) {
+      fd_ = find_connection_fd(local_port_, peer_, peer_port_);
+      looked_up_ = true;
+    }
+    return fd_;
+  }
+  bool peer_gone() { return peer_closed(fd()); }
+
+ private:
+  int local_port_;
+  std::string peer_;
+  int peer_port_;
+  bool looked_up_ = false;
+  int fd_ = -1;
+};
+
 class SinkAdapter : public StreamSink {
  public:
-  SinkAdapter(httplib::DataSink& sink, int fd) : sink_(sink), fd_(fd) {}
+  SinkAdapter(httplib::DataSink& sink, std::shared_ptr<ConnectionRef> conn)
+      : sink_(sink), conn_(std::move(conn)) {}
   bool write(std::string_view data) override {
     if (failed_) return false;
     if (!sink_.write(data.data(), data.size())) failed_ = true;
     return !failed_;
   }
-  bool client_gone() override { return failed_ || peer_closed(fd_); }
+  bool client_gone() override { return failed_ || conn_->peer_gone(); }
 
  private:
   httplib::DataSink& sink_;
-  int fd_;
+  std::shared_ptr<ConnectionRef> conn_;
   bool failed_ = false;
 };
 
@@ -74,13 +103,13 @@ struct HttpServer::Impl {
     auto end_request = [this, ended, peer, peer_port] {
       if (!ended->exchange(true) && watchdog) watchdog->end_request(peer, peer_port);
     };
-    const int fd = find_connection_fd(port, peer, peer_port);
+    auto conn = std::make_shared<ConnectionRef>(port, peer, peer_port);
 
     HttpRequest r;
     r.method = req.method;
     r.path = path;
     r.remote = peer + ":" + std::to_string(peer_port);
-    r.client_gone = [fd] { return peer_closed(fd); };
+    r.client_gone = [conn] { return conn->peer_gone(); };
 
     if (reader) {
       bool too_big = false;
@@ -94,26 +123,29 @@ struct HttpServer::Impl {
       });
       if (too_big || (!ok && res.status == 413)) {
         // A chunked body is not drained: stop reading so the connection closes after the answer.
-        if (!req.has_header("Content-Length")) stop_reading(fd);
+        if (!req.has_header("Content-Length")) stop_reading(conn->fd());
         set_error(res, 413, default_error_message(413, req, opt.max_body_bytes));
         end_request();
         return;
       }
       if (!ok) {
-        set_error(res, 400, "could not read the request body (it must have a Content-Length or be "
-                            "chunked, and arrive within the read timeout)");
+        set_error(res, 400,
+                  "could not read the request body (it must have a Content-Length or be "
+                  "chunked, and arrive within the read timeout)");
         end_request();
         return;
       }
     }
 
-    auto& by_method = routes[path];
+    const auto& by_method = routes.at(path);  // only registered paths are dispatched here
     auto it = by_method.find(req.method == "HEAD" ? "GET" : req.method);
     if (it == by_method.end()) {
       std::string allow;
       for (const auto& [m, h] : by_method) allow += (allow.empty() ? "" : ", ") + m;
       res.set_header("Allow", allow);
-      set_error(res, 405, "method " + req.method + " is not allowed on " + path + " (allowed: " + allow + ")");
+      set_error(
+          res, 405,
+          "method " + req.method + " is not allowed on " + path + " (allowed: " + allow + ")");
       end_request();
       return;
     }
@@ -130,8 +162,8 @@ struct HttpServer::Impl {
     auto stream = std::make_shared<std::function<void(StreamSink&)>>(std::move(out.stream));
     res.set_chunked_content_provider(
         out.content_type,
-        [stream, fd](size_t /*offset*/, httplib::DataSink& sink) {
-          SinkAdapter adapter(sink, fd);
+        [stream, conn](size_t /*offset*/, httplib::DataSink& sink) {
+          SinkAdapter adapter(sink, conn);
           (*stream)(adapter);
           sink.done();
           return true;
@@ -140,7 +172,8 @@ struct HttpServer::Impl {
   }
 };
 
-HttpServer::HttpServer(HttpServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {}
+HttpServer::HttpServer(HttpServerOptions options)
+    : impl_(std::make_unique<Impl>(std::move(options))) {}
 
 HttpServer::~HttpServer() = default;
 
@@ -148,9 +181,13 @@ void HttpServer::handle(const std::string& method, const std::string& path, Http
   impl_->routes[path][method] = std::move(handler);
 }
 
-void HttpServer::set_error_body(ErrorBodyFn fn) { impl_->error_body = std::move(fn); }
+void HttpServer::set_error_body(ErrorBodyFn fn) {
+  impl_->error_body = std::move(fn);
+}
 
-void HttpServer::set_access_log(AccessLogFn fn) { impl_->access_log = std::move(fn); }
+void HttpServer::set_access_log(AccessLogFn fn) {
+  impl_->access_log = std::move(fn);
+}
 
 Result<int> HttpServer::bind() {
   Impl& d = *impl_;
@@ -176,7 +213,9 @@ Result<int> HttpServer::bind() {
       impl->dispatch(p, req, res, nullptr);
     };
     auto with_body = [impl, p](const httplib::Request& req, httplib::Response& res,
-                               const httplib::ContentReader& reader) { impl->dispatch(p, req, res, &reader); };
+                               const httplib::ContentReader& reader) {
+      impl->dispatch(p, req, res, &reader);
+    };
     svr.Get(pattern, plain);
     svr.Post(pattern, with_body);
     svr.Put(pattern, with_body);
@@ -191,11 +230,14 @@ Result<int> HttpServer::bind() {
         // A well-formed request line with a method we route nowhere (TRACE, ...): the library
         // says 400; answer as for any other method: 405 on a known path, else 404.
         // (For a method it does not know at all, only the method and target are parsed.)
-        const std::string path = !req.path.empty() ? req.path : req.target.substr(0, req.target.find('?'));
-        static const std::set<std::string> kRouted = {"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"};
+        const std::string path =
+            !req.path.empty() ? req.path : req.target.substr(0, req.target.find('?'));
+        static const std::set<std::string> kRouted = {"GET",   "HEAD",   "POST",   "PUT",
+                                                      "PATCH", "DELETE", "OPTIONS"};
         if (res.status == 400 && !path.empty() && path[0] == '/' && !req.method.empty() &&
             !kRouted.count(req.method) && req.version.rfind("HTTP/", 0) == 0 &&
-            std::all_of(req.method.begin(), req.method.end(), [](char c) { return c >= 'A' && c <= 'Z'; })) {
+            std::all_of(req.method.begin(), req.method.end(),
+                        [](char c) { return c >= 'A' && c <= 'Z'; })) {
           auto route = impl->routes.find(path);
           if (route == impl->routes.end()) {
             impl->set_error(res, 404, "no such endpoint: " + req.method + " " + path);
@@ -204,8 +246,9 @@ Result<int> HttpServer::bind() {
             std::string allow;
             for (const auto& [m, h] : route->second) allow += (allow.empty() ? "" : ", ") + m;
             res.set_header("Allow", allow);
-            impl->set_error(res, 405, "method " + req.method + " is not allowed on " + path +
-                                          " (allowed: " + allow + ")");
+            impl->set_error(res, 405,
+                            "method " + req.method + " is not allowed on " + path +
+                                " (allowed: " + allow + ")");
             return httplib::Server::HandlerResponse::Handled;
           }
         }
@@ -213,17 +256,17 @@ Result<int> HttpServer::bind() {
                         default_error_message(res.status, req, impl->opt.max_body_bytes));
         return httplib::Server::HandlerResponse::Handled;
       }));
-  svr.set_exception_handler([impl = &d](const httplib::Request&, httplib::Response& res,
-                                        std::exception_ptr ep) {
-    std::string what = "unknown exception";
-    try {
-      if (ep) std::rethrow_exception(ep);
-    } catch (const std::exception& e) {
-      what = e.what();
-    } catch (...) {
-    }
-    impl->set_error(res, 500, "internal error: " + what);
-  });
+  svr.set_exception_handler(
+      [impl = &d](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        std::string what = "unknown exception";
+        try {
+          if (ep) std::rethrow_exception(ep);
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        impl->set_error(res, 500, "internal error: " + what);
+      });
   svr.set_logger([impl = &d](const httplib::Request& req, const httplib::Response& res) {
     if (impl->access_log) impl->access_log(req.method, req.path, res.status);
   });
@@ -237,7 +280,8 @@ Result<int> HttpServer::bind() {
                       " (address in use, not local, or not permitted)");
   }
   d.port = port;
-  d.watchdog = std::make_unique<ConnectionWatchdog>(port, std::chrono::seconds(d.opt.request_deadline_s));
+  d.watchdog =
+      std::make_unique<ConnectionWatchdog>(port, std::chrono::seconds(d.opt.request_deadline_s));
   if (d.stop_requested) stop();
   return port;
 }

@@ -18,12 +18,12 @@ namespace qs::server {
 
 struct HttpServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;                      // 0: any free port (bind() says which)
-  int threads = 64;                     // connection threads (one per open connection)
-  int read_timeout_s = 10;              // longest wait for the next bytes of a request
-  int write_timeout_s = 10;             // longest wait to write to a client
-  int keep_alive_timeout_s = 5;         // idle time before a keep-alive connection is closed
-  int request_deadline_s = 30;          // a whole request must arrive within this (slowloris)
+  int port = 8080;               // 0: any free port (bind() says which)
+  int threads = 96;              // connection threads (one per open connection)
+  int read_timeout_s = 10;       // longest wait for the next bytes of a request
+  int write_timeout_s = 10;      // longest wait to write to a client
+  int keep_alive_timeout_s = 5;  // idle time before a keep-alive connection is closed
+  int request_deadline_s = 30;   // a whole request must arrive within this (slowloris)
   size_t max_body_bytes = size_t{8} << 20;
 };
 
@@ -32,7 +32,7 @@ class StreamSink {
  public:
   virtual ~StreamSink() = default;
   virtual bool write(std::string_view data) = 0;  // false: the client is gone
-  virtual bool client_gone() = 0;                  // the client closed its connection
+  virtual bool client_gone() = 0;                 // the client closed its connection
 };
 
 struct HttpRequest {
@@ -58,7 +58,8 @@ using HttpHandler = std::function<void(const HttpRequest&, HttpResponse&)>;
 using ErrorBodyFn = std::function<std::string(int status, const std::string& message)>;
 // Called once per answered request (after the response is sent); path is "" when the request
 // line could not be parsed.
-using AccessLogFn = std::function<void(const std::string& method, const std::string& path, int status)>;
+using AccessLogFn =
+    std::function<void(const std::string& method, const std::string& path, int status)>;
 
 class HttpServer {
  public:

@@ -8,17 +8,18 @@ namespace qs::server {
 
 namespace {
 
-const std::vector<double> kLatencyBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25,
-                                             0.5,   1,      2.5,   5,    10,    20,   40,  80,
-                                             160,   320,    640};
+const std::vector<double> kLatencyBuckets = {0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1,
+                                             0.25,  0.5,    1,     2.5,  5,     10,   20,
+                                             40,    80,     160,   320,  640};
 const std::vector<double> kPerTokenBuckets = {0.0005, 0.001, 0.0025, 0.005, 0.01, 0.02, 0.04,
                                               0.06,   0.08,  0.1,    0.15,  0.2,  0.3,  0.4,
                                               0.5,    0.75,  1.0,    2.5,   5.0};
-const std::vector<double> kTokenCountBuckets = {1,    2,    4,     8,     16,    32,    64,   128,
-                                                256,  512,  1024,  2048,  4096,  8192,  16384,
-                                                32768, 65536, 131072};
+const std::vector<double> kTokenCountBuckets = {
+    1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072};
 
-std::string format_number(double v) { return fmt::format("{:g}", v); }
+std::string format_number(double v) {
+  return fmt::format("{:g}", v);
+}
 
 void header(std::string& out, const std::string& name, const char* type, const std::string& help) {
   out += "# HELP " + name + " " + help + "\n# TYPE " + name + " " + type + "\n";
@@ -104,7 +105,8 @@ std::string Metrics::render(const SchedulerGauges& g) const {
            "Generations finished, by finish reason (stop, length, cancelled, timeout, shutdown, "
            "error).");
     for (const auto& [reason, n] : finished_) {
-      out += fmt::format("quantspec_requests_finished_total{{finish_reason=\"{}\"}} {}\n", reason, n);
+      out +=
+          fmt::format("quantspec_requests_finished_total{{finish_reason=\"{}\"}} {}\n", reason, n);
     }
     header(out, "quantspec_prompt_tokens_total", "counter", "Prompt tokens processed.");
     out += fmt::format("quantspec_prompt_tokens_total {}\n", prompt_tokens_);
@@ -131,7 +133,8 @@ std::string Metrics::render(const SchedulerGauges& g) const {
                  "Time from arrival to the first generated token (includes queueing and prefill).");
   tpot_s_.render(out, "quantspec_time_per_output_token_seconds",
                  "Decode latency per generated token after the first.");
-  e2e_s_.render(out, "quantspec_e2e_request_latency_seconds", "Time from arrival to the last token.");
+  e2e_s_.render(out, "quantspec_e2e_request_latency_seconds",
+                "Time from arrival to the last token.");
   prompt_len_.render(out, "quantspec_request_prompt_tokens", "Prompt length per request.");
   output_len_.render(out, "quantspec_request_generation_tokens", "Generated tokens per request.");
   return out;

@@ -38,10 +38,10 @@ struct GenerationRecord {
   std::string finish_reason;  // stop, length, cancelled, timeout, shutdown, error
   int64_t prompt_tokens = 0;
   int64_t generated_tokens = 0;
-  double queue_s = 0;         // arrival -> generation start
-  double ttft_s = -1;         // arrival -> first token (< 0: none produced)
-  double decode_s = 0;        // first token -> last token
-  double e2e_s = 0;           // arrival -> done
+  double queue_s = 0;   // arrival -> generation start
+  double ttft_s = -1;   // arrival -> first token (< 0: none produced)
+  double decode_s = 0;  // first token -> last token
+  double e2e_s = 0;     // arrival -> done
   SpeculativeStats spec;
 };
 

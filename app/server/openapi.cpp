@@ -285,7 +285,7 @@ constexpr const char* kDocument = R"JSON({
         "description": "Extension: timing and speculative-decoding statistics of this response.",
         "required": ["mode", "speculative"],
         "properties": {
-          "mode": {"type": "string", "enum": ["autoregressive", "speculative"]},
+          "mode": {"type": "string", "enum": ["ar", "quantspec"]},
           "queue_s": {"type": "number"},
           "prefill_s": {"type": "number"},
           "decode_s": {"type": "number"},
@@ -374,10 +374,10 @@ Json openapi_document(const OpenApiLimits& limits) {
   schemas["ChatCompletionRequest"]["properties"]["max_tokens"]["maximum"] = max_tokens;
   schemas["ChatCompletionRequest"]["properties"]["max_completion_tokens"]["maximum"] = max_tokens;
   schemas["TokenIds"]["items"]["maximum"] = std::max(0, limits.vocab_size - 1);
-  doc["info"]["description"] = doc["info"]["description"].get<std::string>() + " Model: " +
-                               limits.model_name + ", context " + std::to_string(limits.max_context) +
-                               " tokens, request bodies up to " + std::to_string(limits.max_body_bytes) +
-                               " bytes.";
+  doc["info"]["description"] =
+      doc["info"]["description"].get<std::string>() + " Model: " + limits.model_name +
+      ", context " + std::to_string(limits.max_context) + " tokens, request bodies up to " +
+      std::to_string(limits.max_body_bytes) + " bytes.";
   return doc;
 }
 

@@ -12,10 +12,14 @@ double seconds_between(Clock::time_point a, Clock::time_point b) {
 
 const char* stop_reason_name(StopReason r) {
   switch (r) {
-    case StopReason::kClientGone: return "cancelled";
-    case StopReason::kTimeout: return "timeout";
-    case StopReason::kShutdown: return "shutdown";
-    case StopReason::kNone: break;
+    case StopReason::kClientGone:
+      return "cancelled";
+    case StopReason::kTimeout:
+      return "timeout";
+    case StopReason::kShutdown:
+      return "shutdown";
+    case StopReason::kNone:
+      break;
   }
   return "cancelled";
 }
@@ -25,7 +29,10 @@ const char* stop_reason_name(StopReason r) {
 // ---- Job ---------------------------------------------------------------------------------------
 
 Job::Job(std::vector<int32_t> prompt, GenerationParams params, Clock::time_point deadline)
-    : prompt_(std::move(prompt)), params_(std::move(params)), arrival_(Clock::now()), deadline_(deadline) {}
+    : prompt_(std::move(prompt)),
+      params_(std::move(params)),
+      arrival_(Clock::now()),
+      deadline_(deadline) {}
 
 void Job::cancel(StopReason why) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -83,7 +90,9 @@ Scheduler::Admission Scheduler::submit(const std::shared_ptr<Job>& job) {
   {
     std::lock_guard<std::mutex> lock(mu_);
     if (shutting_down_) return Admission::kShuttingDown;
-    if (queue_.size() >= max_queue_) return Admission::kQueueFull;
+    // Capacity counts the running job too, so that admission does not depend on whether the
+    // scheduler thread has picked up the previous job yet: at most max_queue + 1 in the system.
+    if (queue_.size() + (running_ ? 1 : 0) >= max_queue_ + 1) return Admission::kQueueFull;
     queue_.push_back(job);
   }
   cv_.notify_all();
@@ -102,13 +111,12 @@ void Scheduler::begin_shutdown() {
     Job::Outcome o;
     o.error_status = 503;
     o.error = "the server is shutting down; the request was not started";
-    job->finish(std::move(o));
     GenerationRecord r;
     r.finish_reason = "shutdown";
-    r.prompt_tokens = 0;
     r.e2e_s = seconds_between(job->arrival(), Clock::now());
     r.queue_s = r.e2e_s;
     metrics_.on_generation(r);
+    job->finish(std::move(o));
   }
   cv_.notify_all();
 }
@@ -157,7 +165,8 @@ void Scheduler::run(const std::shared_ptr<Job>& job) {
   GenerationRecord record;
   record.prompt_tokens = static_cast<int64_t>(job->prompt().size());
   record.queue_s = seconds_between(job->arrival(), start);
-  if (job->stop_reason() == StopReason::kNone && start > job->deadline()) job->cancel(StopReason::kTimeout);
+  if (job->stop_reason() == StopReason::kNone && start > job->deadline())
+    job->cancel(StopReason::kTimeout);
 
   Job::Outcome outcome;
   if (const StopReason why = job->stop_reason(); why != StopReason::kNone) {
@@ -178,17 +187,17 @@ void Scheduler::run(const std::shared_ptr<Job>& job) {
       if (st.generated_tokens > 0) record.ttft_s = record.queue_s + st.prefill_s;
       record.decode_s = st.decode_s;
       record.finish_reason = result->finish_reason;
-      if (result->finish_reason == "cancelled") record.finish_reason = stop_reason_name(job->stop_reason());
-      // TODO: fill from the engine's speculative statistics once it reports them.
-      outcome.spec = SpeculativeStats{};
+      if (result->finish_reason == "cancelled")
+        record.finish_reason = stop_reason_name(job->stop_reason());
+      outcome.spec = SpeculativeStats{st.drafted, st.accepted, st.rounds};
       outcome.result = std::move(result.value());
     }
   }
   record.spec = outcome.spec;
   outcome.queue_s = record.queue_s;
   record.e2e_s = seconds_between(job->arrival(), Clock::now());
+  metrics_.on_generation(record);  // before the client can see the answer
   job->finish(std::move(outcome));
-  metrics_.on_generation(record);
 }
 
 }  // namespace qs::server

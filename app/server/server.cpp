@@ -1,7 +1,7 @@
 #include "server.h"
 
-#include <fmt/core.h>
 #include <fcntl.h>
+#include <fmt/core.h>
 #include <poll.h>
 #include <signal.h>
 #include <unistd.h>
@@ -26,7 +26,9 @@ const Tokenizer& require_tokenizer(const Engine& engine) {
   return *engine.tokenizer();
 }
 
-int64_t unix_now() { return static_cast<int64_t>(std::time(nullptr)); }
+int64_t unix_now() {
+  return static_cast<int64_t>(std::time(nullptr));
+}
 
 ApiError make_api_error(int status, std::string message, std::string code, std::string param = "") {
   ApiError e;
@@ -35,11 +37,20 @@ ApiError make_api_error(int status, std::string message, std::string code, std::
   e.code = std::move(code);
   e.param = std::move(param);
   switch (status) {
-    case 408: e.type = "timeout_error"; break;
-    case 429: e.type = "rate_limit_error"; break;
-    case 499: e.type = "client_closed_request"; break;
-    case 503: e.type = "service_unavailable"; break;
-    default: e.type = status >= 500 ? "server_error" : "invalid_request_error";
+    case 408:
+      e.type = "timeout_error";
+      break;
+    case 429:
+      e.type = "rate_limit_error";
+      break;
+    case 499:
+      e.type = "client_closed_request";
+      break;
+    case 503:
+      e.type = "service_unavailable";
+      break;
+    default:
+      e.type = status >= 500 ? "server_error" : "invalid_request_error";
   }
   return e;
 }
@@ -48,12 +59,23 @@ ApiError make_api_error(int status, std::string message, std::string code, std::
 std::string http_error_body(int status, const std::string& message) {
   std::string code;
   switch (status) {
-    case 400: code = "bad_request"; break;
-    case 404: code = "not_found"; break;
-    case 405: code = "method_not_allowed"; break;
-    case 413: code = "request_too_large"; break;
-    case 414: code = "uri_too_long"; break;
-    default: code = status >= 500 ? "internal_error" : "bad_request";
+    case 400:
+      code = "bad_request";
+      break;
+    case 404:
+      code = "not_found";
+      break;
+    case 405:
+      code = "method_not_allowed";
+      break;
+    case 413:
+      code = "request_too_large";
+      break;
+    case 414:
+      code = "uri_too_long";
+      break;
+    default:
+      code = status >= 500 ? "internal_error" : "bad_request";
   }
   return dump_json(error_json(make_api_error(status, message, code)));
 }
@@ -61,11 +83,14 @@ std::string http_error_body(int status, const std::string& message) {
 ApiError stop_error(StopReason why, int timeout_s) {
   switch (why) {
     case StopReason::kTimeout:
-      return make_api_error(408, "the request did not finish within the server's per-request timeout of " +
-                                     std::to_string(timeout_s) + " s",
-                            "request_timeout");
+      return make_api_error(
+          408,
+          "the request did not finish within the server's per-request timeout of " +
+              std::to_string(timeout_s) + " s",
+          "request_timeout");
     case StopReason::kShutdown:
-      return make_api_error(503, "the server is shutting down; the request was cancelled", "shutting_down");
+      return make_api_error(503, "the server is shutting down; the request was cancelled",
+                            "shutting_down");
     default:
       return make_api_error(499, "the client closed the connection", "client_closed_request");
   }
@@ -112,9 +137,8 @@ Server::Server(Engine& engine, ServerOptions options, ChatSetup chat)
     res.content_type = "text/plain; version=0.0.4; charset=utf-8";
     res.body = metrics_.render(scheduler_->gauges());
   });
-  http_.handle("GET", "/openapi.json", [this](const HttpRequest&, HttpResponse& res) {
-    res.body = openapi_json_;
-  });
+  http_.handle("GET", "/openapi.json",
+               [this](const HttpRequest&, HttpResponse& res) { res.body = openapi_json_; });
   http_.handle("POST", "/v1/completions", [this](const HttpRequest& req, HttpResponse& res) {
     handle_generate(Endpoint::kCompletions, req, res);
   });
@@ -125,14 +149,19 @@ Server::Server(Engine& engine, ServerOptions options, ChatSetup chat)
 
 Server::~Server() = default;
 
-Result<int> Server::bind() { return http_.bind(); }
+Result<int> Server::bind() {
+  return http_.bind();
+}
 
-void Server::run() { http_.run(); }
+void Server::run() {
+  http_.run();
+}
 
 void Server::shutdown() {
   if (shutting_down_.exchange(true)) return;
-  std::fprintf(stderr, "quantspec serve: shutting down: no new requests; queued ones get 503; the "
-                       "running one may finish within %d s\n",
+  std::fprintf(stderr,
+               "quantspec serve: shutting down: no new requests; queued ones get 503; the "
+               "running one may finish within %d s\n",
                options_.shutdown_grace_s);
   scheduler_->begin_shutdown();
   http_.stop();
@@ -153,7 +182,8 @@ void Server::respond_error(HttpResponse& res, const ApiError& e) {
 std::optional<ApiError> Server::prompt_ids(const ApiRequest& r, std::vector<int32_t>* ids) {
   const bool chat = r.endpoint == Endpoint::kChatCompletions;
   if (chat) {
-    if (!chat_.chat_template) return make_api_error(400, chat_.problem, "chat_template_missing", "messages");
+    if (!chat_.chat_template)
+      return make_api_error(400, chat_.problem, "chat_template_missing", "messages");
     auto text = chat_.chat_template->render(r.messages, chat_.tokens);
     if (!text.ok()) {
       return make_api_error(400, "the chat template rejected the messages: " + text.error().message,
@@ -169,15 +199,18 @@ std::optional<ApiError> Server::prompt_ids(const ApiRequest& r, std::vector<int3
     for (size_t i = 0; i < r.prompt_ids->size(); ++i) {
       const int64_t id = (*r.prompt_ids)[i];
       if (id < 0 || id >= vocab) {
-        return make_api_error(400, "token id " + std::to_string(id) + " at prompt position " + std::to_string(i) +
-                                       " is outside the vocabulary [0, " + std::to_string(vocab) + ")",
+        return make_api_error(400,
+                              "token id " + std::to_string(id) + " at prompt position " +
+                                  std::to_string(i) + " is outside the vocabulary [0, " +
+                                  std::to_string(vocab) + ")",
                               "invalid_value", "prompt");
       }
       ids->push_back(static_cast<int32_t>(id));
     }
   }
   if (ids->empty()) {
-    return make_api_error(400, "the prompt is empty (it has no tokens)", "invalid_value", chat ? "messages" : "prompt");
+    return make_api_error(400, "the prompt is empty (it has no tokens)", "invalid_value",
+                          chat ? "messages" : "prompt");
   }
   return std::nullopt;
 }
@@ -200,20 +233,28 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   if (r.max_tokens) {
     max_new = *r.max_tokens;
     if (n_prompt + max_new > ctx) {
-      return respond_error(res, make_api_error(400,
-          fmt::format("this model's maximum context length is {} tokens, but {} were requested ({} in "
-                      "the prompt + {} max_tokens); shorten the prompt or lower max_tokens",
-                      ctx, n_prompt + max_new, n_prompt, max_new),
-          "context_length_exceeded", n_prompt >= ctx ? prompt_param : "max_tokens"));
+      return respond_error(
+          res,
+          make_api_error(
+              400,
+              fmt::format(
+                  "this model's maximum context length is {} tokens, but {} were requested ({} in "
+                  "the prompt + {} max_tokens); shorten the prompt or lower max_tokens",
+                  ctx, n_prompt + max_new, n_prompt, max_new),
+              "context_length_exceeded", n_prompt >= ctx ? prompt_param : "max_tokens"));
     }
   } else {
     const int64_t room = ctx - n_prompt;
     if (room < 1) {
-      return respond_error(res, make_api_error(400,
-          fmt::format("this model's maximum context length is {} tokens, and the prompt has {}: no "
-                      "room to generate; shorten the prompt",
-                      ctx, n_prompt),
-          "context_length_exceeded", prompt_param));
+      return respond_error(
+          res,
+          make_api_error(
+              400,
+              fmt::format(
+                  "this model's maximum context length is {} tokens, and the prompt has {}: no "
+                  "room to generate; shorten the prompt",
+                  ctx, n_prompt),
+              "context_length_exceeded", prompt_param));
     }
     max_new = std::clamp<int64_t>(options_.defaults.gen.max_new_tokens, 1, room);
   }
@@ -222,12 +263,17 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   const auto deadline = Clock::now() + std::chrono::seconds(options_.request_timeout_s);
   auto job = std::make_shared<Job>(std::move(ids), r.params, deadline);
   switch (scheduler_->submit(job)) {
-    case Scheduler::Admission::kAccepted: break;
+    case Scheduler::Admission::kAccepted:
+      break;
     case Scheduler::Admission::kQueueFull:
-      return respond_error(res, make_api_error(429,
-          fmt::format("the server is busy: {} requests are already waiting (--max-queue); retry later",
-                      options_.max_queue),
-          "queue_full"));
+      return respond_error(
+          res,
+          make_api_error(
+              429,
+              fmt::format(
+                  "the server is busy: {} requests are already waiting (--max-queue); retry later",
+                  options_.max_queue),
+              "queue_full"));
     case Scheduler::Admission::kShuttingDown:
       return respond_error(res, stop_error(StopReason::kShutdown, 0));
   }
@@ -252,12 +298,16 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     }
     const Job::Outcome& o = job->outcome();
     if (!o.result) {
-      return respond_error(res, make_api_error(o.error_status, o.error,
-                                               o.error_status == 503 ? "shutting_down" : "generation_failed"));
+      return respond_error(
+          res, make_api_error(o.error_status, o.error,
+                              o.error_status == 503 ? "shutting_down" : "generation_failed"));
     }
-    if (o.result->finish_reason == "cancelled") return respond_error(res, stop_error(job->stop_reason(), timeout_s));
-    const Json body = endpoint == Endpoint::kChatCompletions ? chat_response(meta, *o.result, o.spec, o.queue_s)
-                                                             : completion_response(meta, *o.result, o.spec, o.queue_s);
+    if (o.result->finish_reason == "cancelled")
+      return respond_error(res, stop_error(job->stop_reason(), timeout_s));
+    const ResponseStats extra{options_.decode_mode, o.spec, o.queue_s};
+    const Json body = endpoint == Endpoint::kChatCompletions
+                          ? chat_response(meta, *o.result, extra)
+                          : completion_response(meta, *o.result, extra);
     res.body = dump_json(body);
     return;
   }
@@ -266,26 +316,31 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   res.headers.emplace_back("Cache-Control", "no-cache");
   res.headers.emplace_back("X-Accel-Buffering", "no");
   const bool include_usage = r.include_usage;
-  res.stream = [job, meta, endpoint, include_usage, timeout_s](StreamSink& sink) {
+  const std::string mode = options_.decode_mode;
+  res.stream = [job, meta, endpoint, include_usage, timeout_s, mode](StreamSink& sink) {
     const bool chat = endpoint == Endpoint::kChatCompletions;
     auto send_error = [&](const ApiError& e) {
       sink.write(sse_event(error_json(e)));
       sink.write(kSseDone);
     };
-    if (chat && !sink.write(sse_event(chat_chunk(meta, Json{{"role", "assistant"}, {"content", ""}}, "")))) {
+    if (chat && !sink.write(sse_event(
+                    chat_chunk(meta, Json{{"role", "assistant"}, {"content", ""}}, "")))) {
       job->cancel(StopReason::kClientGone);
       return;
     }
     for (;;) {
       Job::Progress p = job->wait(kPollInterval);
       if (!p.text.empty()) {
-        const Json chunk = chat ? chat_chunk(meta, Json{{"content", p.text}}, "") : completion_chunk(meta, p.text, "");
+        const Json chunk = chat ? chat_chunk(meta, Json{{"content", p.text}}, "")
+                                : completion_chunk(meta, p.text, "");
         if (!sink.write(sse_event(chunk))) {
           job->cancel(StopReason::kClientGone);
           return;
         }
       }
       if (p.finished) break;
+      // Checked after every chunk too: a client that closed is noticed within a token or two,
+      // before the kernel would make a write fail.
       if (sink.client_gone()) {
         job->cancel(StopReason::kClientGone);
         return;
@@ -297,17 +352,19 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     }
     const Job::Outcome& o = job->outcome();
     if (!o.result) {
-      return send_error(make_api_error(o.error_status, o.error,
-                                       o.error_status == 503 ? "shutting_down" : "generation_failed"));
+      return send_error(make_api_error(
+          o.error_status, o.error, o.error_status == 503 ? "shutting_down" : "generation_failed"));
     }
     const GenerationResult& result = *o.result;
-    if (result.finish_reason == "cancelled") return send_error(stop_error(job->stop_reason(), timeout_s));
+    if (result.finish_reason == "cancelled")
+      return send_error(stop_error(job->stop_reason(), timeout_s));
     Json last = chat ? chat_chunk(meta, Json::object(), result.finish_reason)
                      : completion_chunk(meta, "", result.finish_reason);
-    last["quantspec"] = stats_json(result.stats, o.spec, o.queue_s);
+    last["quantspec"] = stats_json(result.stats, ResponseStats{mode, o.spec, o.queue_s});
     sink.write(sse_event(last));
     if (include_usage) {
-      sink.write(sse_event(usage_chunk(meta, endpoint, result.stats.prompt_tokens, result.stats.generated_tokens)));
+      sink.write(sse_event(
+          usage_chunk(meta, endpoint, result.stats.prompt_tokens, result.stats.generated_tokens)));
     }
     sink.write(kSseDone);
   };
@@ -351,8 +408,9 @@ int serve_until_signal(Server& server) {
       char sig = 0;
       while (read(g_signal_pipe[0], &sig, 1) == 1) {
         if (++received == 1) {
-          std::fprintf(stderr, "quantspec serve: received %s; shutting down gracefully (send it again "
-                               "to exit at once)\n",
+          std::fprintf(stderr,
+                       "quantspec serve: received %s; shutting down gracefully (send it again "
+                       "to exit at once)\n",
                        sig == SIGINT ? "SIGINT" : "SIGTERM");
           shutdown_thread = std::thread([&server] { server.shutdown(); });
         } else {

@@ -24,6 +24,7 @@ namespace qs::server {
 struct ServerOptions {
   HttpServerOptions http;
   std::string model_name = "quantspec";  // the id /v1/models reports and responses carry
+  std::string decode_mode = "ar";        // the engine's decoding mode ("ar", "quantspec")
   size_t max_queue = 64;                 // waiting requests beyond the running one; more: 429
   int request_timeout_s = 600;           // arrival -> last token; beyond: 408 / error event
   int shutdown_grace_s = 30;             // SIGINT/SIGTERM: time the running request may finish

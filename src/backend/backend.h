@@ -12,19 +12,59 @@
 #include <cstring>
 #include <memory>
 
+#include "core/error.h"
 #include "model/weights.h"
+#include "quant/weight_quant.h"
 
 namespace qs {
 
-// One layer's keys and values as attention reads them. Today: a full-precision segment holding
-// positions [0, length). The hierarchical cache adds a quantized segment (positions [0, n_q),
-// upper/lower planes) in front of a full-precision buffer; it will extend this description, not
-// the attention signature.
+// The quantized history of one layer in the hierarchical format (DESIGN.md §2, docs/kv-format.md):
+// backend memory laid out as kv/quantized_planes.h describes, pointers already offset to this
+// layer.
+struct QuantizedKvSegment {
+  const uint8_t* key_upper = nullptr;     // [n_kv_heads, capacity, head_dim/2] U codes
+  const uint8_t* key_lower = nullptr;     // [n_kv_heads, capacity, head_dim/2] L+8 codes
+  const uint8_t* value_upper = nullptr;   // [n_kv_heads, capacity, head_dim/2] U codes
+  const uint8_t* value_lower = nullptr;   // [n_kv_heads, capacity, head_dim/2] L+8 codes
+  const uint16_t* key_scale = nullptr;    // [n_kv_heads, capacity/G, head_dim] fp16
+  const uint16_t* key_min = nullptr;      // [n_kv_heads, capacity/G, head_dim] fp16
+  const uint16_t* value_scale = nullptr;  // [n_kv_heads, capacity, head_dim/Gv] fp16
+  const uint16_t* value_min = nullptr;    // [n_kv_heads, capacity, head_dim/Gv] fp16
+  int64_t capacity = 0;                   // tokens per kv head in the arrays (multiple of G)
+  int group_size = 0;                     // G: key group and flush granularity
+  int value_group_size = 0;               // Gv: channels per value group
+  bool int8 = true;  // target view (both planes); false: draft view, never reads a lower byte
+};
+
+// The per-query quantization boundary: a query at absolute position t reads [0, b(t)) from the
+// quantized segment and [b(t), t] in full precision, b(t) = G*(floor(t/G) - 1) for t >= 2G, else
+// 0. This is DESIGN §3's n_q of a cache holding t tokens.
+inline int quant_boundary(int t, int group_size) {
+  return t >= 2 * group_size ? group_size * (t / group_size - 1) : 0;
+}
+
+// Bytes of K/V an attention call read for its last query (the longest; every query of a call
+// shares the history, so this is what a fused kernel streams), summed over kv heads.
+struct KvReadBytes {
+  int64_t upper = 0;  // key + value upper codes
+  int64_t lower = 0;  // key + value lower codes (0 for the draft view)
+  int64_t meta = 0;   // key and value scale/min
+  int64_t fp = 0;     // full-precision rows (f32 on the CPU)
+};
+
+// One layer's keys and values as attention reads them: a full-precision segment, optionally
+// preceded by a quantized segment. Without `quantized`, positions [0, length) are all full
+// precision (the plain cache). With it, query t reads [0, quant_boundary(t, G)) through the
+// quantized view and [quant_boundary(t, G), t] from the full-precision rows.
 struct KvView {
-  const float* k = nullptr;  // [length, row_stride] f32, row t = absolute position t, post-RoPE
-  const float* v = nullptr;  // [length, row_stride] f32
+  const float* k = nullptr;  // [length - fp_base, row_stride] f32, row r = position fp_base + r,
+                             // post-RoPE
+  const float* v = nullptr;  // [length - fp_base, row_stride] f32
   int64_t row_stride = 0;    // floats between consecutive positions (>= kv_dim)
-  int length = 0;            // positions readable
+  int length = 0;            // positions readable (end of the full-precision rows)
+  int fp_base = 0;           // absolute position of row 0 of k/v; <= every query's boundary
+  const QuantizedKvSegment* quantized = nullptr;  // nullptr: no quantized history
+  KvReadBytes* read_bytes = nullptr;              // when set, the call adds its reads to it
 };
 
 struct AttentionShape {
@@ -84,6 +124,14 @@ class Backend {
 
   // y += x, elementwise over n floats.
   virtual void add(float* y, const float* x, int64_t n) = 0;
+
+  // y = x W4^T (+ bias) with W4 the 4-bit group-wise draft weight of quant/weight_quant.h
+  // (DESIGN §1). Same shapes as matmul. Backends without it abort.
+  virtual void matmul_q4(const float* x, int m, const QuantizedWeight4& w, const WeightView* bias,
+                         float* y) {
+    (void)x, (void)m, (void)w, (void)bias, (void)y;
+    QS_CHECK_MSG(false, "matmul_q4: not implemented by this backend");
+  }
 
   // --- Additions for device backends. The defaults are right for a backend whose memory is
   // host memory (the CPU backend), so it need not override them.

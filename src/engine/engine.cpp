@@ -7,6 +7,34 @@
 
 namespace qs {
 
+const char* decode_mode_name(DecodeMode mode) {
+  return mode == DecodeMode::kQuantSpec ? "quantspec" : "ar";
+}
+
+const char* kv_type_name(KvType kv) {
+  switch (kv) {
+    case KvType::kFp16:
+      return "fp16";
+    case KvType::kInt8:
+      return "int8";
+    case KvType::kInt4:
+      return "int4";
+  }
+  return "?";
+}
+
+const char* draft_weights_name(DraftWeights w) {
+  switch (w) {
+    case DraftWeights::kInt4:
+      return "int4";
+    case DraftWeights::kInt4Mlp:
+      return "int4-mlp";
+    case DraftWeights::kNative:
+      return "native";
+  }
+  return "?";
+}
+
 Result<std::unique_ptr<Engine>> Engine::load(const std::filesystem::path& dir,
                                              const EngineOptions& options) {
   QS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));

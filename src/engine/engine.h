@@ -17,11 +17,34 @@
 
 namespace qs {
 
+// Decoding: plain autoregressive, or QuantSpec self-speculation (DESIGN §1, docs/quantspec.md).
+enum class DecodeMode : uint8_t { kAr, kQuantSpec };
+// The KV cache of autoregressive decoding: full precision (f32 on the CPU), or the hierarchical
+// cache read through its INT8 (target) or INT4 (draft) view. QuantSpec always uses both views.
+enum class KvType : uint8_t { kFp16, kInt8, kInt4 };
+// Draft weights: 4-bit group-128 for every linear layer incl. lm_head, for the MLP only, or the
+// original weights (a KV-only draft).
+enum class DraftWeights : uint8_t { kInt4, kInt4Mlp, kNative };
+
+// The speculation length used when none is given (measured on models/default, docs/quantspec.md).
+inline constexpr int kDefaultGamma = 4;
+
 struct EngineOptions {
-  int num_threads = 0;     // 0: all hardware threads
-  int max_context = 0;     // KV cache capacity in tokens; 0: min(model max, 8192) [TODO: grows]
-  int prefill_chunk = 512; // prompt tokens per prefill forward (bounds activation memory)
+  int num_threads = 0;      // 0: all hardware threads
+  int max_context = 0;      // KV cache capacity in tokens; 0: min(model max, 8192) [TODO: grows]
+  int prefill_chunk = 512;  // prompt tokens per prefill forward (bounds activation memory)
+  DecodeMode mode = DecodeMode::kAr;
+  KvType kv = KvType::kFp16;  // AR modes only; an error with kQuantSpec unless kFp16
+  bool kv_explicit = false;   // kv was chosen by the user (so kQuantSpec can reject it)
+  int group_size = 128;       // G: key group size and flush granularity (32, 64, 128)
+  int value_group_size = 0;   // Gv: value channels per group; 0: head_dim
+  int gamma = 0;              // draft tokens per round; 0: kDefaultGamma (clamped < G)
+  DraftWeights draft_weights = DraftWeights::kInt4;
 };
+
+const char* decode_mode_name(DecodeMode mode);
+const char* kv_type_name(KvType kv);
+const char* draft_weights_name(DraftWeights w);
 
 struct SamplingParams {
   float temperature = 0.0f;  // 0: greedy
@@ -36,6 +59,7 @@ struct GenerationParams {
   SamplingParams sampling;
   std::vector<std::string> stop;  // stop strings: generation ends before the first match
   bool stop_at_eos = true;
+  int gamma = 0;  // QuantSpec: draft tokens per round; 0: the engine's (must be < G)
 };
 
 struct GenerationStats {
@@ -44,6 +68,26 @@ struct GenerationStats {
   double prefill_s = 0;
   double decode_s = 0;
   double decode_tok_s() const { return decode_s > 0 ? generated_tokens / decode_s : 0; }
+
+  // QuantSpec (zero in AR modes). acceptance_rate = accepted / drafted (vLLM's definition);
+  // mean_accepted_length = 1 + accepted / rounds.
+  int rounds = 0;
+  int64_t drafted = 0;
+  int64_t accepted = 0;
+  std::vector<int64_t> accepted_histogram;  // [gamma + 1] rounds that accepted k candidates
+  double acceptance_rate() const { return drafted > 0 ? double(accepted) / drafted : 0; }
+  double mean_accepted_length() const { return rounds > 0 ? 1.0 + double(accepted) / rounds : 0; }
+  double draft_s = 0;   // draft forwards
+  double verify_s = 0;  // target forwards (AR: every decode forward)
+  double flush_s = 0;   // commits: quantizing complete groups, buffer moves
+  double sample_s = 0;  // logit processing, sampling, accept/reject
+  int flushes = 0;      // key groups quantized during decoding
+  // KV bytes read per step (one forward), by plane, averaged over steps: the draft's lower-plane
+  // bytes are 0 by construction (the draft view never reads them).
+  double draft_kv_upper_bytes = 0, draft_kv_lower_bytes = 0, draft_kv_meta_bytes = 0,
+         draft_kv_fp_bytes = 0;
+  double target_kv_upper_bytes = 0, target_kv_lower_bytes = 0, target_kv_meta_bytes = 0,
+         target_kv_fp_bytes = 0;
 };
 
 struct GenerationResult {
@@ -77,6 +121,13 @@ class Engine {
   virtual Result<GenerationResult> generate(const std::vector<int32_t>& prompt,
                                             const GenerationParams& params,
                                             const TextCallback& on_text) = 0;
+
+  // Logits at every position of `ids` run from an empty cache through the engine's KV mode as
+  // decoding would see it: query t reads the quantized view of [0, b(t)) (docs/quantspec.md) and
+  // full precision after. In the fp mode this equals prefill_logits. [ids.size(), vocab_size].
+  virtual Result<std::vector<float>> sequence_logits(const std::vector<int32_t>& ids) {
+    return prefill_logits(ids);
+  }
 };
 
 }  // namespace qs

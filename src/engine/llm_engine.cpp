@@ -53,13 +53,44 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
   }
   QS_TRY(check_model(cfg, weights));
   QS_ASSIGN_OR_RETURN(int ctx, resolve_max_context(cfg, options));
+  const bool qspec = options.mode == DecodeMode::kQuantSpec;
+  if (qspec && options.kv_explicit) {
+    return make_error(
+        "--kv selects the cache of autoregressive modes; --mode quantspec always uses the "
+        "hierarchical cache (INT4 draft view, INT8 target view): drop --kv");
+  }
+  if (options.gamma < 0) {
+    return make_error("gamma must be >= 1, got " + std::to_string(options.gamma));
+  }
+  if (qspec && options.gamma >= options.group_size) {
+    return make_error(
+        "gamma " + std::to_string(options.gamma) +
+        " must be smaller than the group size G = " + std::to_string(options.group_size));
+  }
+  KvCacheConfig kv;
+  kv.mode = qspec                         ? KvMode::kQuantSpec
+            : options.kv == KvType::kInt8 ? KvMode::kInt8
+            : options.kv == KvType::kInt4 ? KvMode::kInt4
+                                          : KvMode::kFp;
+  kv.num_layers = cfg.num_layers;
+  kv.num_kv_heads = cfg.num_kv_heads;
+  kv.head_dim = cfg.head_dim;
+  kv.group_size = options.group_size;
+  kv.value_group_size = options.value_group_size;
+  const int gamma =
+      options.gamma > 0 ? options.gamma : std::min(kDefaultGamma, options.group_size - 1);
+  kv.max_gamma = qspec ? gamma : 0;
+  kv.capacity = ctx;
+  QS_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
 
   std::unique_ptr<LlmEngine> engine(new LlmEngine());
   engine->options_ = options;
   engine->options_.max_context = ctx;
   engine->backend_ = std::make_unique<CpuBackend>(options.num_threads);
   engine->model_ = std::make_unique<Model>(cfg, std::move(weights), *engine->backend_);
-  engine->cache_ = FpKvCache(cfg.num_layers, ctx, cfg.kv_dim());
+  engine->cache_ = std::move(cache);
+  engine->gamma_ = gamma;
+  if (qspec) QS_TRY(engine->model_->make_draft_weights(options.draft_weights));
   engine->tokenizer_ = std::move(tokenizer);
   engine->last_logits_.resize(static_cast<size_t>(cfg.vocab_size));
   return engine;
@@ -81,8 +112,10 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids) {
     const int m = std::min(options_.prefill_chunk, n - start);
     const bool last = start + m == n;
     QS_TRY(model_->forward(std::span<const int32_t>(ids.data() + start, m), start, cache_,
-                           last ? LogitRows::kLast : LogitRows::kNone, last_logits_.data()));
+                           ForwardPath{}, last ? LogitRows::kLast : LogitRows::kNone,
+                           last_logits_.data()));
   }
+  cache_.commit(n);
   return Status::ok_status();
 }
 
@@ -95,8 +128,52 @@ Result<std::vector<float>> LlmEngine::prefill_logits(const std::vector<int32_t>&
   for (int start = 0; start < n; start += options_.prefill_chunk) {
     const int m = std::min(options_.prefill_chunk, n - start);
     QS_TRY(model_->forward(std::span<const int32_t>(ids.data() + start, m), start, cache_,
-                           LogitRows::kAll, logits.data() + start * vocab));
+                           ForwardPath{}, LogitRows::kAll, logits.data() + start * vocab));
   }
+  cache_.commit(n);
+  return logits;
+}
+
+Result<std::vector<float>> LlmEngine::sequence_logits(const std::vector<int32_t>& ids) {
+  QS_TRY(check_prompt(ids));
+  const int n = static_cast<int>(ids.size());
+  const size_t vocab = static_cast<size_t>(config().vocab_size);
+  std::vector<float> logits(static_cast<size_t>(n) * vocab);
+  cache_.clear();
+  const ForwardPath path = target_path(cache_.mode());
+  for (int start = 0; start < n; start += options_.prefill_chunk) {
+    const int m = std::min(options_.prefill_chunk, n - start);
+    QS_TRY(model_->forward(std::span<const int32_t>(ids.data() + start, m), start, cache_, path,
+                           LogitRows::kAll, logits.data() + start * vocab));
+    cache_.commit(start + m);
+  }
+  return logits;
+}
+
+Result<std::vector<float>> LlmEngine::start(const std::vector<int32_t>& prompt) {
+  QS_TRY(check_prompt(prompt));
+  QS_TRY(prefill(prompt));
+  return last_logits_;
+}
+
+Result<RoundResult> LlmEngine::speculative_round(int32_t x, int gamma,
+                                                 const SamplingParams& sampling, Rng& rng,
+                                                 GenerationStats& stats,
+                                                 const RoundControl& control) {
+  QS_CHECK(cache_.mode() == KvMode::kQuantSpec);
+  if (cache_.length() + gamma >= cache_.capacity()) {
+    return make_error("context is full: a round of gamma " + std::to_string(gamma) + " after " +
+                      std::to_string(cache_.length()) + " positions needs more than " +
+                      std::to_string(cache_.capacity()));
+  }
+  SpeculativeDecoder decoder(*model_, *model_, cache_);
+  return decoder.round(x, gamma, sampling, rng, stats, counters_, control);
+}
+
+Result<std::vector<float>> LlmEngine::peek_logits(int32_t x) {
+  std::vector<float> logits(static_cast<size_t>(config().vocab_size));
+  QS_TRY(model_->forward(std::span<const int32_t>(&x, 1), cache_.length(), cache_,
+                         target_path(cache_.mode()), LogitRows::kLast, logits.data()));
   return logits;
 }
 
@@ -104,6 +181,9 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
                                              const GenerationParams& params,
                                              const TextCallback& on_text) {
   QS_TRY(check_sampling_params(params.sampling));
+  if (params.gamma < 0) {
+    return make_error("gamma must be >= 1, got " + std::to_string(params.gamma));
+  }
   if (params.max_new_tokens < 0) {
     return make_error("max_new_tokens must be >= 0, got " + std::to_string(params.max_new_tokens));
   }
@@ -146,27 +226,83 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     if (on_text && !on_text(piece)) cancelled = true;
   };
 
-  int pos = prompt_len;
-  for (;;) {
-    const int32_t next = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
+  // Emits one token; true when generation ends with it.
+  int emitted = 0;
+  auto push = [&](int32_t next) {
     result.tokens.push_back(next);
+    ++emitted;
     if (eos.count(next)) {
       result.finish_reason = "stop";
-      break;
+      return true;
     }
     if (decoder) {
       emit(stop_matcher.push(decoder->push(next)));
       if (stop_matcher.stopped()) {
         result.finish_reason = "stop";
-        break;
+        return true;
       }
-      if (cancelled) break;
+      if (cancelled) return true;
     }
-    if (static_cast<int>(result.tokens.size()) == max_new) break;
-    QS_TRY(model_->forward(std::span<const int32_t>(&next, 1), pos, cache_, LogitRows::kLast,
-                           last_logits_.data()));
-    ++pos;
+    return emitted == max_new;
+  };
+
+  counters_ = SpecCounters{};
+  GenerationStats& st = result.stats;
+  if (cache_.mode() != KvMode::kQuantSpec) {
+    const ForwardPath path = [&] {
+      ForwardPath p = target_path(cache_.mode());
+      p.kv_read = &counters_.target_kv;
+      return p;
+    }();
+    int pos = prompt_len;
+    for (;;) {
+      auto t0 = std::chrono::steady_clock::now();
+      const int32_t next = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
+      st.sample_s += seconds_since(t0);
+      if (push(next)) break;
+      t0 = std::chrono::steady_clock::now();
+      QS_TRY(model_->forward(std::span<const int32_t>(&next, 1), pos, cache_, path,
+                             LogitRows::kLast, last_logits_.data()));
+      ++counters_.target_steps;
+      st.verify_s += seconds_since(t0);
+      t0 = std::chrono::steady_clock::now();
+      const int flushes_before = cache_.flushes();
+      cache_.commit(++pos);
+      st.flushes += cache_.flushes() - flushes_before;
+      st.flush_s += seconds_since(t0);
+    }
+  } else {
+    const int gamma = params.gamma > 0 ? params.gamma : gamma_;
+    if (gamma >= cache_.group_size()) {
+      return make_error(
+          "gamma " + std::to_string(gamma) +
+          " must be smaller than the group size G = " + std::to_string(cache_.group_size()));
+    }
+    st.accepted_histogram.assign(static_cast<size_t>(gamma + 1), 0);
+    SpeculativeDecoder spec(*model_, *model_, cache_);
+    int32_t x = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
+    bool done = push(x);
+    while (!done) {
+      // Never draft past what may still be emitted (nor past the context).
+      const int g = std::min(gamma, max_new - emitted - 1);
+      QS_ASSIGN_OR_RETURN(RoundResult r, spec.round(x, g, params.sampling, rng, st, counters_));
+      for (int32_t t : r.tokens) {
+        if ((done = push(t))) break;
+      }
+      x = r.tokens.back();
+    }
   }
+  auto per_step = [](int64_t bytes, int64_t steps) {
+    return steps > 0 ? static_cast<double>(bytes) / steps : 0.0;
+  };
+  st.draft_kv_upper_bytes = per_step(counters_.draft_kv.upper, counters_.draft_steps);
+  st.draft_kv_lower_bytes = per_step(counters_.draft_kv.lower, counters_.draft_steps);
+  st.draft_kv_meta_bytes = per_step(counters_.draft_kv.meta, counters_.draft_steps);
+  st.draft_kv_fp_bytes = per_step(counters_.draft_kv.fp, counters_.draft_steps);
+  st.target_kv_upper_bytes = per_step(counters_.target_kv.upper, counters_.target_steps);
+  st.target_kv_lower_bytes = per_step(counters_.target_kv.lower, counters_.target_steps);
+  st.target_kv_meta_bytes = per_step(counters_.target_kv.meta, counters_.target_steps);
+  st.target_kv_fp_bytes = per_step(counters_.target_kv.fp, counters_.target_steps);
   if (decoder && !stop_matcher.stopped() && !cancelled) {
     emit(stop_matcher.push(decoder->flush()));
     if (stop_matcher.stopped()) {

@@ -10,7 +10,8 @@
 #include "backend/cpu/cpu_backend.h"
 #include "engine/engine.h"
 #include "engine/model.h"
-#include "kv/fp_cache.h"
+#include "engine/speculative.h"
+#include "kv/kv_cache.h"
 
 namespace qs {
 
@@ -31,6 +32,7 @@ class LlmEngine final : public Engine {
   int max_context() const override { return cache_.capacity(); }
 
   Result<std::vector<float>> prefill_logits(const std::vector<int32_t>& ids) override;
+  Result<std::vector<float>> sequence_logits(const std::vector<int32_t>& ids) override;
 
   // Generates at most min(max_new_tokens, max_context - prompt + 1) tokens (the last one is
   // sampled but never fed back, so it needs no cache slot). finish_reason: "stop" (EOS or stop
@@ -43,6 +45,19 @@ class LlmEngine final : public Engine {
   CpuBackend& backend() { return *backend_; }
   const EngineOptions& options() const { return options_; }
   size_t kv_cache_bytes() const { return cache_.bytes(); }
+  KvCache& cache() { return cache_; }
+  int gamma() const { return gamma_; }
+
+  // Building blocks of generate, public for the transaction tests: prefill `prompt` on an empty
+  // cache (full-precision attention, then the groups it completes are quantized) and return the
+  // logits of its last position; one speculative round after it (QuantSpec mode only).
+  Result<std::vector<float>> start(const std::vector<int32_t>& prompt);
+  Result<RoundResult> speculative_round(int32_t x, int gamma, const SamplingParams& sampling,
+                                        Rng& rng, GenerationStats& stats,
+                                        const RoundControl& control = {});
+  // The next-token logits after feeding x at position length() through the target path,
+  // without committing it.
+  Result<std::vector<float>> peek_logits(int32_t x);
 
  private:
   LlmEngine() = default;
@@ -52,9 +67,11 @@ class LlmEngine final : public Engine {
   Status prefill(const std::vector<int32_t>& ids);
 
   EngineOptions options_;
+  int gamma_ = 0;  // resolved default speculation length (QuantSpec)
+  SpecCounters counters_;
   std::unique_ptr<CpuBackend> backend_;
   std::unique_ptr<Model> model_;
-  FpKvCache cache_;
+  KvCache cache_;
   std::optional<Tokenizer> tokenizer_;
   std::vector<float> last_logits_;  // [vocab]
   std::vector<float> probs_;        // [vocab] sampler scratch

@@ -122,11 +122,67 @@ void Model::ensure_scratch(int m) {
   scratch_rows_ = m;
 }
 
+ForwardPath target_path(KvMode mode) {
+  ForwardPath p;
+  if (mode == KvMode::kInt8 || mode == KvMode::kQuantSpec) p.kv_view = KvQuantView::kTargetInt8;
+  if (mode == KvMode::kInt4) p.kv_view = KvQuantView::kDraftInt4;
+  return p;
+}
+
+ForwardPath draft_path(KvMode mode) {
+  ForwardPath p;
+  p.draft_weights = true;
+  if (mode != KvMode::kFp) p.kv_view = KvQuantView::kDraftInt4;
+  return p;
+}
+
+void Model::linear(const float* x, int m, const WeightView& w, const QuantizedWeight4* w4,
+                   const WeightView* bias, float* y) {
+  if (w4 != nullptr) {
+    backend_.matmul_q4(x, m, *w4, bias, y);
+  } else {
+    backend_.matmul(x, m, w, bias, y);
+  }
+}
+
 Status Model::forward(std::span<const int32_t> ids, int pos, FpKvCache& cache, LogitRows rows,
                       float* logits) {
   const int m = static_cast<int>(ids.size());
   QS_CHECK(m >= 1 && pos >= 0);
   QS_CHECK(cache.num_layers() == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());
+  QS_TRY(cache.check_write(pos, m));
+  QS_TRY(run(ids, pos, false, rows, logits, [&](int l) {
+    // The full-precision cache lives in host memory, which is the CPU backend's memory.
+    cache.write(l, pos, m, k_->data(), v_->data());
+    return KvView{cache.k(l), cache.v(l), cfg_.kv_dim(), pos + m};
+  }));
+  cache.set_length(pos + m);
+  return Status::ok_status();
+}
+
+Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
+                      const ForwardPath& path, LogitRows rows, float* logits) {
+  const int m = static_cast<int>(ids.size());
+  QS_CHECK(m >= 1 && pos >= 0);
+  QS_CHECK(cache.config().num_layers == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());
+  QS_CHECK_MSG(!path.draft_weights || !draft_layers_.empty(),
+               "draft path without draft weights (make_draft_weights)");
+  QS_TRY(cache.check_write(pos, m));
+  const bool quant = cache.quantized() && path.kv_view.has_value();
+  const int need = quant ? quant_boundary(pos + m - 1, cache.group_size()) : 0;
+  QuantizedKvSegment segment;
+  return run(ids, pos, path.draft_weights, rows, logits, [&](int l) {
+    cache.write(l, pos, m, k_->data(), v_->data());
+    if (quant) cache.quantize_below(l, need);
+    KvView view = cache.view(l, quant ? path.kv_view : std::nullopt, &segment);
+    view.read_bytes = path.kv_read;
+    return view;
+  });
+}
+
+Status Model::run(std::span<const int32_t> ids, int pos, bool draft, LogitRows rows, float* logits,
+                  const std::function<KvView(int layer)>& attend_kv) {
+  const int m = static_cast<int>(ids.size());
   QS_CHECK(rows == LogitRows::kNone || logits != nullptr);
   for (int32_t id : ids) {
     if (id < 0 || id >= cfg_.vocab_size) {
@@ -134,7 +190,6 @@ Status Model::forward(std::span<const int32_t> ids, int pos, FpKvCache& cache, L
                         std::to_string(cfg_.vocab_size) + ")");
     }
   }
-  QS_TRY(cache.check_write(pos, m));
   ensure_scratch(m);
 
   const int64_t d = cfg_.hidden_size;
@@ -149,28 +204,27 @@ Status Model::forward(std::span<const int32_t> ids, int pos, FpKvCache& cache, L
   backend_.embedding(weights_.tok_embeddings, ids.data(), m, h);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
+    static const DraftLayer kNoDraft;
+    const DraftLayer& D = draft ? draft_layers_[l] : kNoDraft;
     // Attention block.
     backend_.rmsnorm(h, L.attn_norm, m, eps, x);
-    backend_.matmul(x, m, L.wq, &L.bq, q_->data());
-    backend_.matmul(x, m, L.wk, &L.bk, k_->data());
-    backend_.matmul(x, m, L.wv, &L.bv, v_->data());
+    linear(x, m, L.wq, D.wq.get(), &L.bq, q_->data());
+    linear(x, m, L.wk, D.wk.get(), &L.bk, k_->data());
+    linear(x, m, L.wv, D.wv.get(), &L.bv, v_->data());
     backend_.rope(q_->data(), m, cfg_.num_heads, cfg_.head_dim, pos, inv_freq_.data());
     backend_.rope(k_->data(), m, cfg_.num_kv_heads, cfg_.head_dim, pos, inv_freq_.data());
-    // The full-precision cache lives in host memory, which is the CPU backend's memory.
-    cache.write(l, pos, m, k_->data(), v_->data());
-    const KvView view{cache.k(l), cache.v(l), cfg_.kv_dim(), pos + m};
+    const KvView view = attend_kv(l);
     backend_.attention(q_->data(), m, pos, shape, view, attn_->data());
-    backend_.matmul(attn_->data(), m, L.wo, &L.bo, proj_->data());
+    linear(attn_->data(), m, L.wo, D.wo.get(), &L.bo, proj_->data());
     backend_.add(h, proj_->data(), m * d);
     // MLP block.
     backend_.rmsnorm(h, L.mlp_norm, m, eps, x);
-    backend_.matmul(x, m, L.w_gate, nullptr, gate_->data());
-    backend_.matmul(x, m, L.w_up, nullptr, up_->data());
+    linear(x, m, L.w_gate, D.w_gate.get(), nullptr, gate_->data());
+    linear(x, m, L.w_up, D.w_up.get(), nullptr, up_->data());
     backend_.swiglu(gate_->data(), up_->data(), m * inter, gate_->data());
-    backend_.matmul(gate_->data(), m, L.w_down, nullptr, proj_->data());
+    linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
     backend_.add(h, proj_->data(), m * d);
   }
-  cache.set_length(pos + m);
 
   if (rows == LogitRows::kNone) return Status::ok_status();
   const int first = rows == LogitRows::kLast ? m - 1 : 0;
@@ -180,9 +234,60 @@ Status Model::forward(std::span<const int32_t> ids, int pos, FpKvCache& cache, L
     logits_rows_ = count;
   }
   backend_.rmsnorm(h + first * d, weights_.final_norm, count, eps, x);
-  backend_.matmul(x, count, weights_.lm_head, nullptr, logits_->data());
+  linear(x, count, weights_.lm_head, draft ? draft_lm_head_.get() : nullptr, nullptr,
+         logits_->data());
   backend_.to_host(logits_->data(), logits, static_cast<size_t>(count) * cfg_.vocab_size);
   return Status::ok_status();
+}
+
+Status Model::make_draft_weights(DraftWeights kind) {
+  draft_layers_.clear();
+  draft_layers_.resize(weights_.layers.size());
+  draft_lm_head_.reset();
+  if (kind == DraftWeights::kNative) return Status::ok_status();
+  auto quantize = [](const WeightView& w) -> Result<std::unique_ptr<QuantizedWeight4>> {
+    QS_ASSIGN_OR_RETURN(QuantizedWeight4 q, quantize_weight4(w.data, w.dtype, w.rows, w.cols,
+                                                             kWeightQuantGroup, w.name));
+    return std::make_unique<QuantizedWeight4>(std::move(q));
+  };
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    DraftLayer& D = draft_layers_[l];
+    QS_ASSIGN_OR_RETURN(D.w_gate, quantize(L.w_gate));
+    QS_ASSIGN_OR_RETURN(D.w_up, quantize(L.w_up));
+    QS_ASSIGN_OR_RETURN(D.w_down, quantize(L.w_down));
+    if (kind == DraftWeights::kInt4) {
+      QS_ASSIGN_OR_RETURN(D.wq, quantize(L.wq));
+      QS_ASSIGN_OR_RETURN(D.wk, quantize(L.wk));
+      QS_ASSIGN_OR_RETURN(D.wv, quantize(L.wv));
+      QS_ASSIGN_OR_RETURN(D.wo, quantize(L.wo));
+    }
+  }
+  if (kind == DraftWeights::kInt4) {
+    QS_ASSIGN_OR_RETURN(draft_lm_head_, quantize(weights_.lm_head));
+  }
+  return Status::ok_status();
+}
+
+size_t Model::draft_weight_bytes_per_token() const {
+  if (draft_layers_.empty()) return weight_bytes_per_token();
+  auto bytes = [](const WeightView& w, const std::unique_ptr<QuantizedWeight4>& q) {
+    if (q) return static_cast<size_t>(q->bytes());
+    return w.empty() ? size_t{0} : static_cast<size_t>(w.numel()) * dtype_size(w.dtype);
+  };
+  static const std::unique_ptr<QuantizedWeight4> kNone;
+  size_t total =
+      bytes(weights_.final_norm, kNone) + bytes(weights_.lm_head, draft_lm_head_) +
+      static_cast<size_t>(weights_.tok_embeddings.cols) * dtype_size(weights_.tok_embeddings.dtype);
+  for (size_t l = 0; l < weights_.layers.size(); ++l) {
+    const LayerWeights& L = weights_.layers[l];
+    const DraftLayer& D = draft_layers_[l];
+    total += bytes(L.attn_norm, kNone) + bytes(L.mlp_norm, kNone) + bytes(L.bq, kNone) +
+             bytes(L.bk, kNone) + bytes(L.bv, kNone) + bytes(L.bo, kNone);
+    total += bytes(L.wq, D.wq) + bytes(L.wk, D.wk) + bytes(L.wv, D.wv) + bytes(L.wo, D.wo) +
+             bytes(L.w_gate, D.w_gate) + bytes(L.w_up, D.w_up) + bytes(L.w_down, D.w_down);
+  }
+  return total;
 }
 
 size_t Model::weight_bytes_per_token() const {
@@ -193,8 +298,8 @@ size_t Model::weight_bytes_per_token() const {
       bytes(weights_.final_norm) + bytes(weights_.lm_head) +
       static_cast<size_t>(weights_.tok_embeddings.cols) * dtype_size(weights_.tok_embeddings.dtype);
   for (const LayerWeights& L : weights_.layers) {
-    for (const WeightView* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv, &L.bo,
-                                &L.mlp_norm, &L.w_gate, &L.w_up, &L.w_down}) {
+    for (const WeightView* w : {&L.attn_norm, &L.wq, &L.wk, &L.wv, &L.wo, &L.bq, &L.bk, &L.bv,
+                                &L.bo, &L.mlp_norm, &L.w_gate, &L.w_up, &L.w_down}) {
       total += bytes(*w);
     }
   }

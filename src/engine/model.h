@@ -3,20 +3,39 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <vector>
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "engine/engine.h"
 #include "kv/fp_cache.h"
+#include "kv/kv_cache.h"
 #include "model/config.h"
 #include "model/weights.h"
+#include "quant/weight_quant.h"
 
 namespace qs {
 
 // Which rows of a forward call produce logits.
 enum class LogitRows { kNone, kLast, kAll };
+
+// Which weights and which view of the KV history a forward uses (DESIGN §1's two paths).
+struct ForwardPath {
+  bool draft_weights = false;  // the 4-bit draft weights (make_draft_weights) instead of the
+                               // original ones
+  // The view of the quantized history (quantized caches): query t reads [0, b(t)) through it.
+  // nullopt: full-precision attention over the buffer (prefill; the cache must start at 0).
+  std::optional<KvQuantView> kv_view;
+  KvReadBytes* kv_read = nullptr;  // when set, gets the KV bytes every layer read
+};
+
+// The target path of a cache mode (AR decoding, verification) and QuantSpec's draft path.
+ForwardPath target_path(KvMode mode);
+ForwardPath draft_path(KvMode mode);
 
 // Checks that the weights have the shapes, dtypes and presence the config implies and that the
 // config is one the forward pass supports. Errors name the tensor or the field.
@@ -38,12 +57,38 @@ class Model {
   Status forward(std::span<const int32_t> ids, int pos, FpKvCache& cache, LogitRows rows,
                  float* logits);
 
+  // The same over the hierarchical cache: writes rows [pos, pos + m) (pos in [cache.length(),
+  // cache.written_end()]); the caller commits. With path.kv_view set, groups below the last
+  // query's boundary that are not quantized yet are quantized first (evaluation over rows that
+  // are committed by construction; in decoding they always are already).
+  Status forward(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
+                 LogitRows rows, float* logits);
+
+  // Builds the draft weights from the original ones (DESIGN §1): kInt4 quantizes every linear
+  // layer and lm_head to 4-bit group 128, kInt4Mlp the MLP only, kNative keeps the originals.
+  Status make_draft_weights(DraftWeights kind);
+  // Bytes of weights one draft step reads (the 4-bit tensors at their packed size).
+  size_t draft_weight_bytes_per_token() const;
+
   // Bytes of weights one decode step reads: every layer, the final norm, the LM head, and one
   // embedding row.
   size_t weight_bytes_per_token() const;
 
  private:
   void ensure_scratch(int m);
+  // The layer stack and head over ids at [pos, pos + m); `attend_kv(layer)` stores the layer's
+  // new K/V rows (k_, v_) and returns the view attention reads.
+  Status run(std::span<const int32_t> ids, int pos, bool draft, LogitRows rows, float* logits,
+             const std::function<KvView(int layer)>& attend_kv);
+  void linear(const float* x, int m, const WeightView& w, const QuantizedWeight4* w4,
+              const WeightView* bias, float* y);
+
+  // 4-bit draft copies; a null entry means the draft uses the original weight.
+  struct DraftLayer {
+    std::unique_ptr<QuantizedWeight4> wq, wk, wv, wo, w_gate, w_up, w_down;
+  };
+  std::vector<DraftLayer> draft_layers_;
+  std::unique_ptr<QuantizedWeight4> draft_lm_head_;
 
   ModelConfig cfg_;
   ModelWeights weights_;

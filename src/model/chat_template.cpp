@@ -7,8 +7,6 @@
 // as qs::Error values.
 #include "model/chat_template.h"
 
-#include <nlohmann/json.hpp>
-
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -18,6 +16,7 @@
 #include <ctime>
 #include <fstream>
 #include <limits>
+#include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
 #include <unordered_map>
@@ -86,7 +85,8 @@ bool is_python_space(uint32_t cp) {
 std::string py_strip(const std::string& s, const std::string* chars, bool left, bool right) {
   std::vector<uint32_t> strip_set;
   if (chars) {
-    for (size_t i = 0, n = 0; i < chars->size(); i += n) strip_set.push_back(decode_code_point(*chars, i, &n));
+    for (size_t i = 0, n = 0; i < chars->size(); i += n)
+      strip_set.push_back(decode_code_point(*chars, i, &n));
   }
   auto strippable = [&](uint32_t cp) {
     return chars ? std::find(strip_set.begin(), strip_set.end(), cp) != strip_set.end()
@@ -144,12 +144,22 @@ struct Callable {
 };
 
 struct Value {
-  enum class Kind : uint8_t { kUndefined, kNone, kBool, kInt, kFloat, kString, kList, kMap, kCallable };
+  enum class Kind : uint8_t {
+    kUndefined,
+    kNone,
+    kBool,
+    kInt,
+    kFloat,
+    kString,
+    kList,
+    kMap,
+    kCallable
+  };
   Kind kind = Kind::kUndefined;
   bool boolean = false;
   int64_t integer = 0;
   double number = 0;
-  std::string text;  // kString; for kUndefined the name that was looked up (for messages)
+  std::string text;    // kString; for kUndefined the name that was looked up (for messages)
   bool tuple = false;  // kList: a Python tuple (prints as "(a, b)", unequal to a list)
   std::shared_ptr<const ValueList> list;
   std::shared_ptr<ValueMap> map;  // mutated only when it is a namespace()
@@ -203,10 +213,13 @@ struct Value {
   bool is_string() const { return kind == Kind::kString; }
   bool is_list() const { return kind == Kind::kList; }
   bool is_map() const { return kind == Kind::kMap; }
-  bool is_number() const { return kind == Kind::kBool || kind == Kind::kInt || kind == Kind::kFloat; }
+  bool is_number() const {
+    return kind == Kind::kBool || kind == Kind::kInt || kind == Kind::kFloat;
+  }
   bool is_integral() const { return kind == Kind::kBool || kind == Kind::kInt; }
   double as_double() const {
-    return kind == Kind::kFloat ? number : static_cast<double>(kind == Kind::kBool ? boolean : integer);
+    return kind == Kind::kFloat ? number
+                                : static_cast<double>(kind == Kind::kBool ? boolean : integer);
   }
   int64_t as_int() const { return kind == Kind::kBool ? (boolean ? 1 : 0) : integer; }
 
@@ -242,15 +255,24 @@ struct ValueMap {
 
 const char* type_name(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "undefined";
-    case Value::Kind::kNone: return "NoneType";
-    case Value::Kind::kBool: return "bool";
-    case Value::Kind::kInt: return "int";
-    case Value::Kind::kFloat: return "float";
-    case Value::Kind::kString: return "str";
-    case Value::Kind::kList: return "list";
-    case Value::Kind::kMap: return v.map->is_namespace ? "Namespace" : "dict";
-    case Value::Kind::kCallable: return "function";
+    case Value::Kind::kUndefined:
+      return "undefined";
+    case Value::Kind::kNone:
+      return "NoneType";
+    case Value::Kind::kBool:
+      return "bool";
+    case Value::Kind::kInt:
+      return "int";
+    case Value::Kind::kFloat:
+      return "float";
+    case Value::Kind::kString:
+      return "str";
+    case Value::Kind::kList:
+      return "list";
+    case Value::Kind::kMap:
+      return v.map->is_namespace ? "Namespace" : "dict";
+    case Value::Kind::kCallable:
+      return "function";
   }
   return "?";
 }
@@ -262,14 +284,22 @@ std::string undefined_message(const Value& v) {
 bool truthy(const Value& v) {
   switch (v.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return false;
-    case Value::Kind::kBool: return v.boolean;
-    case Value::Kind::kInt: return v.integer != 0;
-    case Value::Kind::kFloat: return v.number != 0;
-    case Value::Kind::kString: return !v.text.empty();
-    case Value::Kind::kList: return !v.list->empty();
-    case Value::Kind::kMap: return v.map->is_namespace || !v.map->items.empty();
-    case Value::Kind::kCallable: return true;
+    case Value::Kind::kNone:
+      return false;
+    case Value::Kind::kBool:
+      return v.boolean;
+    case Value::Kind::kInt:
+      return v.integer != 0;
+    case Value::Kind::kFloat:
+      return v.number != 0;
+    case Value::Kind::kString:
+      return !v.text.empty();
+    case Value::Kind::kList:
+      return !v.list->empty();
+    case Value::Kind::kMap:
+      return v.map->is_namespace || !v.map->items.empty();
+    case Value::Kind::kCallable:
+      return true;
   }
   return false;
 }
@@ -295,7 +325,8 @@ std::string py_float_repr(double x) {
     if (exp >= 0) {
       std::string int_part = digits.substr(0, std::min<size_t>(digits.size(), exp + 1));
       int_part.append(static_cast<size_t>(exp + 1) - int_part.size(), '0');
-      std::string frac = digits.size() > static_cast<size_t>(exp + 1) ? digits.substr(exp + 1) : "0";
+      std::string frac =
+          digits.size() > static_cast<size_t>(exp + 1) ? digits.substr(exp + 1) : "0";
       out = int_part + "." + frac;
     } else {
       out = "0." + std::string(static_cast<size_t>(-exp - 1), '0') + digits;
@@ -342,12 +373,18 @@ std::string py_repr(const Value& v);
 // Python str(): what {{ value }} prints.
 std::string py_str(const Value& v) {
   switch (v.kind) {
-    case Value::Kind::kUndefined: return "";
-    case Value::Kind::kNone: return "None";
-    case Value::Kind::kBool: return v.boolean ? "True" : "False";
-    case Value::Kind::kInt: return std::to_string(v.integer);
-    case Value::Kind::kFloat: return py_float_repr(v.number);
-    case Value::Kind::kString: return v.text;
+    case Value::Kind::kUndefined:
+      return "";
+    case Value::Kind::kNone:
+      return "None";
+    case Value::Kind::kBool:
+      return v.boolean ? "True" : "False";
+    case Value::Kind::kInt:
+      return std::to_string(v.integer);
+    case Value::Kind::kFloat:
+      return py_float_repr(v.number);
+    case Value::Kind::kString:
+      return v.text;
     case Value::Kind::kList: {
       std::string out = v.tuple ? "(" : "[";
       for (size_t i = 0; i < v.list->size(); ++i) {
@@ -367,7 +404,8 @@ std::string py_str(const Value& v) {
       }
       return out + (v.map->is_namespace ? "}>" : "}");
     }
-    case Value::Kind::kCallable: return "<function " + v.callable->name + ">";
+    case Value::Kind::kCallable:
+      return "<function " + v.callable->name + ">";
   }
   return "";
 }
@@ -393,13 +431,27 @@ void dump_json_string(const std::string& s, bool ensure_ascii, std::string& out)
     const auto c = static_cast<unsigned char>(s[i]);
     if (c < 0x80) {
       switch (c) {
-        case '"': out += "\\\""; break;
-        case '\\': out += "\\\\"; break;
-        case '\n': out += "\\n"; break;
-        case '\r': out += "\\r"; break;
-        case '\t': out += "\\t"; break;
-        case '\b': out += "\\b"; break;
-        case '\f': out += "\\f"; break;
+        case '"':
+          out += "\\\"";
+          break;
+        case '\\':
+          out += "\\\\";
+          break;
+        case '\n':
+          out += "\\n";
+          break;
+        case '\r':
+          out += "\\r";
+          break;
+        case '\t':
+          out += "\\t";
+          break;
+        case '\b':
+          out += "\\b";
+          break;
+        case '\f':
+          out += "\\f";
+          break;
         default:
           if (c < 0x20) {
             char buf[8];
@@ -439,9 +491,15 @@ void dump_json(const Value& v, const JsonDumpOptions& o, int level, std::string&
     for (int i = 0; i < lvl; ++i) out += *o.indent;
   };
   switch (v.kind) {
-    case Value::Kind::kNone: out += "null"; return;
-    case Value::Kind::kBool: out += v.boolean ? "true" : "false"; return;
-    case Value::Kind::kInt: out += std::to_string(v.integer); return;
+    case Value::Kind::kNone:
+      out += "null";
+      return;
+    case Value::Kind::kBool:
+      out += v.boolean ? "true" : "false";
+      return;
+    case Value::Kind::kInt:
+      out += std::to_string(v.integer);
+      return;
     case Value::Kind::kFloat:
       if (std::isnan(v.number)) {
         out += "NaN";
@@ -451,7 +509,9 @@ void dump_json(const Value& v, const JsonDumpOptions& o, int level, std::string&
         out += py_float_repr(v.number);
       }
       return;
-    case Value::Kind::kString: dump_json_string(v.text, o.ensure_ascii, out); return;
+    case Value::Kind::kString:
+      dump_json_string(v.text, o.ensure_ascii, out);
+      return;
     case Value::Kind::kList: {
       if (v.list->empty()) {
         out += "[]";
@@ -491,8 +551,10 @@ void dump_json(const Value& v, const JsonDumpOptions& o, int level, std::string&
       out += '}';
       return;
     }
-    case Value::Kind::kUndefined: fail(line, "tojson: " + undefined_message(v));
-    case Value::Kind::kCallable: fail(line, "tojson: a function is not JSON serializable");
+    case Value::Kind::kUndefined:
+      fail(line, "tojson: " + undefined_message(v));
+    case Value::Kind::kCallable:
+      fail(line, "tojson: a function is not JSON serializable");
   }
 }
 
@@ -504,8 +566,10 @@ bool values_equal(const Value& a, const Value& b) {
   if (a.kind != b.kind) return false;
   switch (a.kind) {
     case Value::Kind::kUndefined:
-    case Value::Kind::kNone: return true;
-    case Value::Kind::kString: return a.text == b.text;
+    case Value::Kind::kNone:
+      return true;
+    case Value::Kind::kString:
+      return a.text == b.text;
     case Value::Kind::kList: {
       if (a.tuple != b.tuple || a.list->size() != b.list->size()) return false;
       for (size_t i = 0; i < a.list->size(); ++i) {
@@ -522,8 +586,10 @@ bool values_equal(const Value& a, const Value& b) {
       }
       return true;
     }
-    case Value::Kind::kCallable: return a.callable == b.callable;
-    default: return false;
+    case Value::Kind::kCallable:
+      return a.callable == b.callable;
+    default:
+      return false;
   }
 }
 
@@ -555,9 +621,12 @@ int compare_values(const Value& a, const Value& b, const char* op, int line) {
 
 Value json_to_value(const json& j) {
   switch (j.type()) {
-    case json::value_t::null: return Value::none();
-    case json::value_t::boolean: return Value::from_bool(j.get<bool>());
-    case json::value_t::number_integer: return Value::from_int(j.get<int64_t>());
+    case json::value_t::null:
+      return Value::none();
+    case json::value_t::boolean:
+      return Value::from_bool(j.get<bool>());
+    case json::value_t::number_integer:
+      return Value::from_int(j.get<int64_t>());
     case json::value_t::number_unsigned: {
       const uint64_t u = j.get<uint64_t>();
       if (u > static_cast<uint64_t>(std::numeric_limits<int64_t>::max())) {
@@ -565,8 +634,10 @@ Value json_to_value(const json& j) {
       }
       return Value::from_int(static_cast<int64_t>(u));
     }
-    case json::value_t::number_float: return Value::from_float(j.get<double>());
-    case json::value_t::string: return Value::from_string(j.get<std::string>());
+    case json::value_t::number_float:
+      return Value::from_float(j.get<double>());
+    case json::value_t::string:
+      return Value::from_string(j.get<std::string>());
     case json::value_t::array: {
       ValueList items;
       items.reserve(j.size());
@@ -578,7 +649,8 @@ Value json_to_value(const json& j) {
       for (const auto& [k, e] : j.items()) m->items.emplace_back(k, json_to_value(e));
       return Value::from_map(std::move(m));
     }
-    default: return Value::none();
+    default:
+      return Value::none();
   }
 }
 
@@ -783,7 +855,8 @@ std::vector<Segment> scan_template(std::string_view raw) {
         const size_t l_pos = nl == std::string::npos ? 0 : nl + 1;
         if (l_pos > 0 || line_starting) {
           bool all_space = l_pos < text.size();
-          for (size_t k = l_pos; k < text.size(); ++k) all_space = all_space && is_ascii_space(text[k]);
+          for (size_t k = l_pos; k < text.size(); ++k)
+            all_space = all_space && is_ascii_space(text[k]);
           if (all_space) text.erase(l_pos);
         }
       }
@@ -792,7 +865,8 @@ std::vector<Segment> scan_template(std::string_view raw) {
 
   std::vector<Segment> segments;
   for (size_t i = 0; i < texts.size(); ++i) {
-    if (!texts[i].empty()) segments.push_back({SegmentKind::kText, texts[i], i > 0 ? tags[i - 1].line : 1});
+    if (!texts[i].empty())
+      segments.push_back({SegmentKind::kText, texts[i], i > 0 ? tags[i - 1].line : 1});
     if (i < tags.size() && tags[i].kind != '#') {
       segments.push_back({tags[i].kind == '{' ? SegmentKind::kOutput : SegmentKind::kStatement,
                           tags[i].inner, tags[i].line});
@@ -829,33 +903,65 @@ std::string unescape_string(const std::string& body, int line) {
         if (i + k >= body.size()) fail(line, "truncated escape in string literal");
         const char h = body[i + k];
         v <<= 4;
-        if (h >= '0' && h <= '9') v |= h - '0';
-        else if (h >= 'a' && h <= 'f') v |= h - 'a' + 10;
-        else if (h >= 'A' && h <= 'F') v |= h - 'A' + 10;
-        else fail(line, "bad hex digit in string escape");
+        if (h >= '0' && h <= '9')
+          v |= h - '0';
+        else if (h >= 'a' && h <= 'f')
+          v |= h - 'a' + 10;
+        else if (h >= 'A' && h <= 'F')
+          v |= h - 'A' + 10;
+        else
+          fail(line, "bad hex digit in string escape");
       }
       i += digits;
       return v;
     };
     switch (e) {
-      case 'n': out += '\n'; break;
-      case 't': out += '\t'; break;
-      case 'r': out += '\r'; break;
-      case '\\': out += '\\'; break;
-      case '\'': out += '\''; break;
-      case '"': out += '"'; break;
-      case 'a': out += '\a'; break;
-      case 'b': out += '\b'; break;
-      case 'f': out += '\f'; break;
-      case 'v': out += '\v'; break;
-      case '\n': break;  // line continuation
-      case 'x': append_utf8(out, hex(2)); break;
-      case 'u': append_utf8(out, hex(4)); break;
-      case 'U': append_utf8(out, hex(8)); break;
+      case 'n':
+        out += '\n';
+        break;
+      case 't':
+        out += '\t';
+        break;
+      case 'r':
+        out += '\r';
+        break;
+      case '\\':
+        out += '\\';
+        break;
+      case '\'':
+        out += '\'';
+        break;
+      case '"':
+        out += '"';
+        break;
+      case 'a':
+        out += '\a';
+        break;
+      case 'b':
+        out += '\b';
+        break;
+      case 'f':
+        out += '\f';
+        break;
+      case 'v':
+        out += '\v';
+        break;
+      case '\n':
+        break;  // line continuation
+      case 'x':
+        append_utf8(out, hex(2));
+        break;
+      case 'u':
+        append_utf8(out, hex(4));
+        break;
+      case 'U':
+        append_utf8(out, hex(8));
+        break;
       default:
         if (e >= '0' && e <= '7') {
           uint32_t v = e - '0';
-          for (int k = 0; k < 2 && i + 1 < body.size() && body[i + 1] >= '0' && body[i + 1] <= '7'; ++k) {
+          for (int k = 0; k < 2 && i + 1 < body.size() && body[i + 1] >= '0' && body[i + 1] <= '7';
+               ++k) {
             v = v * 8 + (body[++i] - '0');
           }
           append_utf8(out, v);
@@ -869,9 +975,9 @@ std::string unescape_string(const std::string& body, int line) {
 }
 
 std::vector<Token> lex_tag(const std::string& src, int line) {
-  static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%",
-                                     "~",  "<",  ">",  "=",  "(",  ")",  "[", "]", "{", "}", ",",
-                                     ".",  ":",  "|"};
+  static const char* const kOps[] = {"//", "**", "==", "!=", "<=", ">=", "+", "-", "*",
+                                     "/",  "%",  "~",  "<",  ">",  "=",  "(", ")", "[",
+                                     "]",  "{",  "}",  ",",  ".",  ":",  "|"};
   std::vector<Token> tokens;
   size_t i = 0;
   while (i < src.size()) {
@@ -882,7 +988,8 @@ std::vector<Token> lex_tag(const std::string& src, int line) {
     }
     if (std::isalpha(static_cast<unsigned char>(c)) || c == '_') {
       size_t j = i;
-      while (j < src.size() && (std::isalnum(static_cast<unsigned char>(src[j])) || src[j] == '_')) ++j;
+      while (j < src.size() && (std::isalnum(static_cast<unsigned char>(src[j])) || src[j] == '_'))
+        ++j;
       tokens.push_back({TokenType::kName, src.substr(i, j - i)});
       i = j;
       continue;
@@ -891,10 +998,13 @@ std::vector<Token> lex_tag(const std::string& src, int line) {
       size_t j = i;
       bool is_float = false;
       auto digits = [&] {
-        while (j < src.size() && (std::isdigit(static_cast<unsigned char>(src[j])) || src[j] == '_')) ++j;
+        while (j < src.size() &&
+               (std::isdigit(static_cast<unsigned char>(src[j])) || src[j] == '_'))
+          ++j;
       };
       digits();
-      if (j + 1 < src.size() && src[j] == '.' && std::isdigit(static_cast<unsigned char>(src[j + 1]))) {
+      if (j + 1 < src.size() && src[j] == '.' &&
+          std::isdigit(static_cast<unsigned char>(src[j + 1]))) {
         is_float = true;
         ++j;
         digits();
@@ -953,9 +1063,27 @@ std::vector<Token> lex_tag(const std::string& src, int line) {
 // ------------------------------------------------------------------------------------------------
 
 enum class Op {
-  kAdd, kSub, kMul, kDiv, kFloorDiv, kMod, kPow, kConcat,
-  kEq, kNe, kLt, kLe, kGt, kGe, kIn, kNotIn,
-  kAnd, kOr, kNot, kNeg, kPos,
+  kAdd,
+  kSub,
+  kMul,
+  kDiv,
+  kFloorDiv,
+  kMod,
+  kPow,
+  kConcat,
+  kEq,
+  kNe,
+  kLt,
+  kLe,
+  kGt,
+  kGe,
+  kIn,
+  kNotIn,
+  kAnd,
+  kOr,
+  kNot,
+  kNeg,
+  kPos,
 };
 
 struct Expr;
@@ -963,8 +1091,20 @@ using ExprPtr = std::unique_ptr<Expr>;
 
 struct Expr {
   enum class Kind {
-    kLiteral, kName, kList, kDict, kGetAttr, kGetItem, kSlice, kCall, kFilter, kTest,
-    kUnary, kBinary, kCompare, kCondition,
+    kLiteral,
+    kName,
+    kList,
+    kDict,
+    kGetAttr,
+    kGetItem,
+    kSlice,
+    kCall,
+    kFilter,
+    kTest,
+    kUnary,
+    kBinary,
+    kCompare,
+    kCondition,
   };
   Kind kind;
   int line = 0;
@@ -981,7 +1121,19 @@ struct Expr {
 using NodeList = std::vector<std::unique_ptr<Node>>;
 
 struct Node {
-  enum class Kind { kText, kOutput, kIf, kFor, kSet, kSetAttr, kSetBlock, kBreak, kContinue, kMacro, kGeneration };
+  enum class Kind {
+    kText,
+    kOutput,
+    kIf,
+    kFor,
+    kSet,
+    kSetAttr,
+    kSetBlock,
+    kBreak,
+    kContinue,
+    kMacro,
+    kGeneration
+  };
   Kind kind;
   int line = 0;
   std::string text;                                    // kText
@@ -997,20 +1149,23 @@ struct Node {
 
 const std::set<std::string>& supported_filters() {
   static const std::set<std::string> names = {
-      "abs",    "capitalize", "count",   "d",     "default", "dictsort", "e",     "escape",
-      "first",  "float",      "indent",  "int",   "items",   "join",     "last",  "length",
-      "list",   "lower",      "map",     "max",   "min",     "reject",   "rejectattr",
-      "replace", "reverse",   "round",   "safe",  "select",  "selectattr", "sort", "string",
-      "sum",    "title",      "tojson",  "trim",  "unique",  "upper",    "wordcount"};
+      "abs",        "capitalize", "count",    "d",       "default", "dictsort", "e",
+      "escape",     "first",      "float",    "indent",  "int",     "items",    "join",
+      "last",       "length",     "list",     "lower",   "map",     "max",      "min",
+      "reject",     "rejectattr", "replace",  "reverse", "round",   "safe",     "select",
+      "selectattr", "sort",       "string",   "sum",     "title",   "tojson",   "trim",
+      "unique",     "upper",      "wordcount"};
   return names;
 }
 
 const std::set<std::string>& supported_tests() {
   static const std::set<std::string> names = {
-      "boolean", "callable", "defined", "divisibleby", "eq", "equalto", "escaped", "even",
-      "false", "float", "ge", "greaterthan", "gt", "in", "integer", "iterable", "le", "lessthan",
-      "lower", "lt", "mapping", "ne", "none", "number", "odd", "sameas", "sequence", "string",
-      "true", "undefined", "upper", "==", "!=", "<", "<=", ">", ">="};
+      "boolean", "callable",  "defined", "divisibleby", "eq",          "equalto",  "escaped",
+      "even",    "false",     "float",   "ge",          "greaterthan", "gt",       "in",
+      "integer", "iterable",  "le",      "lessthan",    "lower",       "lt",       "mapping",
+      "ne",      "none",      "number",  "odd",         "sameas",      "sequence", "string",
+      "true",    "undefined", "upper",   "==",          "!=",          "<",        "<=",
+      ">",       ">="};
   return names;
 }
 
@@ -1022,7 +1177,9 @@ class ExprParser {
  public:
   ExprParser(std::vector<Token> tokens, int line) : toks_(std::move(tokens)), line_(line) {}
 
-  const Token& peek(size_t ahead = 0) const { return toks_[std::min(pos_ + ahead, toks_.size() - 1)]; }
+  const Token& peek(size_t ahead = 0) const {
+    return toks_[std::min(pos_ + ahead, toks_.size() - 1)];
+  }
   bool at_end() const { return peek().type == TokenType::kEnd; }
   bool is_op(const char* op, size_t ahead = 0) const {
     return peek(ahead).type == TokenType::kOp && peek(ahead).text == op;
@@ -1044,9 +1201,12 @@ class ExprParser {
   }
   static std::string describe(const Token& t) {
     switch (t.type) {
-      case TokenType::kEnd: return "end of tag";
-      case TokenType::kString: return "string literal";
-      default: return "'" + t.text + "'";
+      case TokenType::kEnd:
+        return "end of tag";
+      case TokenType::kString:
+        return "string literal";
+      default:
+        return "'" + t.text + "'";
     }
   }
 
@@ -1130,15 +1290,24 @@ class ExprParser {
     std::unique_ptr<Expr> cmp;
     for (;;) {
       Op op;
-      if (is_op("==")) op = Op::kEq;
-      else if (is_op("!=")) op = Op::kNe;
-      else if (is_op("<")) op = Op::kLt;
-      else if (is_op("<=")) op = Op::kLe;
-      else if (is_op(">")) op = Op::kGt;
-      else if (is_op(">=")) op = Op::kGe;
-      else if (is_name("in")) op = Op::kIn;
-      else if (is_name("not") && is_name("in", 1)) op = Op::kNotIn;
-      else break;
+      if (is_op("=="))
+        op = Op::kEq;
+      else if (is_op("!="))
+        op = Op::kNe;
+      else if (is_op("<"))
+        op = Op::kLt;
+      else if (is_op("<="))
+        op = Op::kLe;
+      else if (is_op(">"))
+        op = Op::kGt;
+      else if (is_op(">="))
+        op = Op::kGe;
+      else if (is_name("in"))
+        op = Op::kIn;
+      else if (is_name("not") && is_name("in", 1))
+        op = Op::kNotIn;
+      else
+        break;
       pos_ += op == Op::kNotIn ? 2 : 1;
       if (!cmp) {
         cmp = make(Expr::Kind::kCompare);
@@ -1170,11 +1339,16 @@ class ExprParser {
     ExprPtr e = parse_pow();
     for (;;) {
       Op op;
-      if (is_op("*")) op = Op::kMul;
-      else if (is_op("/")) op = Op::kDiv;
-      else if (is_op("//")) op = Op::kFloorDiv;
-      else if (is_op("%")) op = Op::kMod;
-      else break;
+      if (is_op("*"))
+        op = Op::kMul;
+      else if (is_op("/"))
+        op = Op::kDiv;
+      else if (is_op("//"))
+        op = Op::kFloorDiv;
+      else if (is_op("%"))
+        op = Op::kMod;
+      else
+        break;
       ++pos_;
       e = binary(op, std::move(e), parse_pow());
     }
@@ -1220,8 +1394,10 @@ class ExprParser {
         while (peek().type == TokenType::kString) s += next().text;  // "a" "b" concatenates
         return literal(Value::from_string(std::move(s)));
       }
-      case TokenType::kInt: return literal(Value::from_int(t.integer));
-      case TokenType::kFloat: return literal(Value::from_float(t.number));
+      case TokenType::kInt:
+        return literal(Value::from_int(t.integer));
+      case TokenType::kFloat:
+        return literal(Value::from_float(t.number));
       case TokenType::kOp:
         if (t.text == "(") {
           if (is_op(")")) {
@@ -1268,7 +1444,8 @@ class ExprParser {
           return dict;
         }
         break;
-      case TokenType::kEnd: break;
+      case TokenType::kEnd:
+        break;
     }
     fail(line_, "unexpected " + describe(t) + " in expression");
   }
@@ -1337,7 +1514,8 @@ class ExprParser {
   }
   void parse_arguments(Expr& target) {
     while (!is_op(")")) {
-      if (is_op("*") || is_op("**")) fail(line_, "unsupported construct: *args / **kwargs in a call");
+      if (is_op("*") || is_op("**"))
+        fail(line_, "unsupported construct: *args / **kwargs in a call");
       if (peek().type == TokenType::kName && is_op("=", 1)) {
         std::string key = next().text;
         ++pos_;
@@ -1358,7 +1536,8 @@ class ExprParser {
         ++pos_;
         auto f = make(Expr::Kind::kFilter);
         f->name = expect_name();
-        if (!supported_filters().count(f->name)) fail(line_, "unsupported filter '" + f->name + "'");
+        if (!supported_filters().count(f->name))
+          fail(line_, "unsupported filter '" + f->name + "'");
         f->args.push_back(std::move(e));
         if (is_op("(")) {
           ++pos_;
@@ -1449,7 +1628,8 @@ class TemplateParser {
       } else if (keyword == "break" || keyword == "continue") {
         p->expect_end();
         if (loop_depth_ == 0) fail(seg.line, "'" + keyword + "' outside of a loop");
-        nodes.push_back(make(keyword == "break" ? Node::Kind::kBreak : Node::Kind::kContinue, seg.line));
+        nodes.push_back(
+            make(keyword == "break" ? Node::Kind::kBreak : Node::Kind::kContinue, seg.line));
       } else if (keyword == "macro") {
         nodes.push_back(parse_macro(*p, seg.line));
       } else if (keyword == "generation") {
@@ -1460,8 +1640,9 @@ class TemplateParser {
       } else if (keyword.rfind("end", 0) == 0 || keyword == "elif" || keyword == "else") {
         fail(seg.line, "unexpected '{% " + keyword + " %}'");
       } else {
-        fail(seg.line, "unsupported tag '{% " + keyword +
-                           " %}' (supported: if, for, set, macro, break, continue, raw, generation)");
+        fail(seg.line,
+             "unsupported tag '{% " + keyword +
+                 " %}' (supported: if, for, set, macro, break, continue, raw, generation)");
       }
     }
     if (!terminators.empty()) {
@@ -1472,7 +1653,8 @@ class TemplateParser {
   }
 
   NodeList parse_block(int line, const std::string& what, const std::vector<std::string>& ends,
-                       std::string* found = nullptr, std::unique_ptr<ExprParser>* parser = nullptr) {
+                       std::string* found = nullptr,
+                       std::unique_ptr<ExprParser>* parser = nullptr) {
     std::string end;
     std::unique_ptr<ExprParser> p;
     NodeList body = parse_body(ends, &end, &p);
@@ -1649,8 +1831,12 @@ class Renderer {
 
   void render_node(const Node& n) {
     switch (n.kind) {
-      case Node::Kind::kText: emit(n.text); return;
-      case Node::Kind::kOutput: emit(py_str(eval(*n.expr))); return;
+      case Node::Kind::kText:
+        emit(n.text);
+        return;
+      case Node::Kind::kOutput:
+        emit(py_str(eval(*n.expr)));
+        return;
       case Node::Kind::kIf:
         for (const auto& [cond, body] : n.branches) {
           if (truthy(eval(*cond))) {
@@ -1660,8 +1846,12 @@ class Renderer {
         }
         render_nodes(n.else_body);
         return;
-      case Node::Kind::kFor: render_for(n); return;
-      case Node::Kind::kSet: assign(n.targets, eval(*n.expr), n.line); return;
+      case Node::Kind::kFor:
+        render_for(n);
+        return;
+      case Node::Kind::kSet:
+        assign(n.targets, eval(*n.expr), n.line);
+        return;
       case Node::Kind::kSetAttr: {
         Value ns = lookup(n.targets[0]);
         if (!ns.is_map() || !ns.map->is_namespace) {
@@ -1677,8 +1867,12 @@ class Renderer {
         scopes_.back()->insert_or_assign(n.targets[0], Value::from_string(std::move(captured)));
         return;
       }
-      case Node::Kind::kBreak: break_ = true; return;
-      case Node::Kind::kContinue: continue_ = true; return;
+      case Node::Kind::kBreak:
+        break_ = true;
+        return;
+      case Node::Kind::kContinue:
+        continue_ = true;
+        return;
       case Node::Kind::kMacro: {
         Callable c;
         c.name = n.text;
@@ -1686,7 +1880,9 @@ class Renderer {
         scopes_.back()->insert_or_assign(n.text, Value::from_callable(std::move(c)));
         return;
       }
-      case Node::Kind::kGeneration: render_nodes(n.body); return;
+      case Node::Kind::kGeneration:
+        render_nodes(n.body);
+        return;
     }
   }
 
@@ -1700,7 +1896,8 @@ class Renderer {
       fail(line, "cannot unpack " + std::to_string(items.size()) + " values into " +
                      std::to_string(targets.size()) + " names");
     }
-    for (size_t i = 0; i < targets.size(); ++i) scopes_.back()->insert_or_assign(targets[i], items[i]);
+    for (size_t i = 0; i < targets.size(); ++i)
+      scopes_.back()->insert_or_assign(targets[i], items[i]);
   }
 
   void render_for(const Node& n) {
@@ -1756,8 +1953,10 @@ class Renderer {
 
   ValueList iterate(const Value& v, int line) const {
     switch (v.kind) {
-      case Value::Kind::kUndefined: return {};
-      case Value::Kind::kList: return *v.list;
+      case Value::Kind::kUndefined:
+        return {};
+      case Value::Kind::kList:
+        return *v.list;
       case Value::Kind::kMap: {
         ValueList keys;
         for (const auto& [k, item] : v.map->items) keys.push_back(Value::from_string(k));
@@ -1771,7 +1970,8 @@ class Renderer {
         }
         return chars;
       }
-      default: fail(line, std::string("'") + type_name(v) + "' object is not iterable");
+      default:
+        fail(line, std::string("'") + type_name(v) + "' object is not iterable");
     }
   }
 
@@ -1786,8 +1986,10 @@ class Renderer {
   Value eval(const Expr& e) {
     DepthGuard guard(depth_, e.line);
     switch (e.kind) {
-      case Expr::Kind::kLiteral: return e.literal;
-      case Expr::Kind::kName: return lookup(e.name);
+      case Expr::Kind::kLiteral:
+        return e.literal;
+      case Expr::Kind::kName:
+        return lookup(e.name);
       case Expr::Kind::kList: {
         ValueList items;
         for (const auto& a : e.args) items.push_back(eval(*a));
@@ -1802,10 +2004,14 @@ class Renderer {
         }
         return Value::from_map(std::move(m));
       }
-      case Expr::Kind::kGetAttr: return get_attr(eval(*e.args[0]), e.name, e.line);
-      case Expr::Kind::kGetItem: return get_item(eval(*e.args[0]), eval(*e.args[1]), e.line);
-      case Expr::Kind::kSlice: return slice(e);
-      case Expr::Kind::kCall: return call(e);
+      case Expr::Kind::kGetAttr:
+        return get_attr(eval(*e.args[0]), e.name, e.line);
+      case Expr::Kind::kGetItem:
+        return get_item(eval(*e.args[0]), eval(*e.args[1]), e.line);
+      case Expr::Kind::kSlice:
+        return slice(e);
+      case Expr::Kind::kCall:
+        return call(e);
       case Expr::Kind::kFilter: {
         Value subject = eval(*e.args[0]);
         return apply_filter(e.name, subject, eval_args(e, 1), e.line);
@@ -1819,7 +2025,8 @@ class Renderer {
         if (e.op == Op::kNot) return Value::from_bool(!truthy(eval(*e.args[0])));
         Value v = eval(*e.args[0]);
         if (v.is_undefined()) fail(e.line, undefined_message(v));
-        if (!v.is_number()) fail(e.line, std::string("bad operand type for unary -: '") + type_name(v) + "'");
+        if (!v.is_number())
+          fail(e.line, std::string("bad operand type for unary -: '") + type_name(v) + "'");
         if (e.op == Op::kPos) return v.kind == Value::Kind::kBool ? Value::from_int(v.as_int()) : v;
         if (v.kind == Value::Kind::kFloat) return Value::from_float(-v.number);
         return Value::from_int(-v.as_int());
@@ -1940,15 +2147,24 @@ class Renderer {
 
   bool compare(Op op, const Value& a, const Value& b, int line) {
     switch (op) {
-      case Op::kEq: return values_equal(a, b);
-      case Op::kNe: return !values_equal(a, b);
-      case Op::kLt: return compare_values(a, b, "<", line) < 0;
-      case Op::kLe: return compare_values(a, b, "<=", line) <= 0;
-      case Op::kGt: return compare_values(a, b, ">", line) > 0;
-      case Op::kGe: return compare_values(a, b, ">=", line) >= 0;
-      case Op::kIn: return contains(b, a, line);
-      case Op::kNotIn: return !contains(b, a, line);
-      default: return false;
+      case Op::kEq:
+        return values_equal(a, b);
+      case Op::kNe:
+        return !values_equal(a, b);
+      case Op::kLt:
+        return compare_values(a, b, "<", line) < 0;
+      case Op::kLe:
+        return compare_values(a, b, "<=", line) <= 0;
+      case Op::kGt:
+        return compare_values(a, b, ">", line) > 0;
+      case Op::kGe:
+        return compare_values(a, b, ">=", line) >= 0;
+      case Op::kIn:
+        return contains(b, a, line);
+      case Op::kNotIn:
+        return !contains(b, a, line);
+      default:
+        return false;
     }
   }
 
@@ -1956,7 +2172,8 @@ class Renderer {
     switch (container.kind) {
       case Value::Kind::kString:
         if (!needle.is_string()) {
-          fail(line, std::string("'in <string>' requires a string, not '") + type_name(needle) + "'");
+          fail(line,
+               std::string("'in <string>' requires a string, not '") + type_name(needle) + "'");
         }
         return container.text.find(needle.text) != std::string::npos;
       case Value::Kind::kList:
@@ -1964,8 +2181,10 @@ class Renderer {
           if (values_equal(v, needle)) return true;
         }
         return false;
-      case Value::Kind::kMap: return needle.is_string() && container.map->find(needle.text) != nullptr;
-      case Value::Kind::kUndefined: return false;
+      case Value::Kind::kMap:
+        return needle.is_string() && container.map->find(needle.text) != nullptr;
+      case Value::Kind::kUndefined:
+        return false;
       default:
         fail(line, std::string("argument of type '") + type_name(container) + "' is not iterable");
     }
@@ -1990,7 +2209,8 @@ class Renderer {
       }
     }
     if (op == Op::kMul) {
-      const Value* seq = a.is_string() || a.is_list() ? &a : (b.is_string() || b.is_list() ? &b : nullptr);
+      const Value* seq =
+          a.is_string() || a.is_list() ? &a : (b.is_string() || b.is_list() ? &b : nullptr);
       const Value* count = seq == &a ? &b : &a;
       if (seq && count->is_integral()) {
         const int64_t n = std::max<int64_t>(0, count->as_int());
@@ -2002,7 +2222,8 @@ class Renderer {
           return Value::from_string(std::move(s));
         }
         ValueList items;
-        for (int64_t i = 0; i < n; ++i) items.insert(items.end(), seq->list->begin(), seq->list->end());
+        for (int64_t i = 0; i < n; ++i)
+          items.insert(items.end(), seq->list->begin(), seq->list->end());
         return Value::from_list(std::move(items));
       }
     }
@@ -2059,7 +2280,8 @@ class Renderer {
           return Value::from_int(acc);
         }
         return Value::from_float(std::pow(fx, fy));
-      default: return type_error();
+      default:
+        return type_error();
     }
   }
 
@@ -2169,11 +2391,13 @@ class Renderer {
   static std::string arg_string(const CallArgs& args, size_t i, const char* name, const char* fn,
                                 int line) {
     const Value* v = args.get(i, name);
-    if (!v || !v->is_string()) fail(line, std::string(fn) + "() needs a string argument '" + name + "'");
+    if (!v || !v->is_string())
+      fail(line, std::string(fn) + "() needs a string argument '" + name + "'");
     return v->text;
   }
 
-  static ValueList python_split(const std::string& s, const Value* sep, int64_t maxsplit, int line) {
+  static ValueList python_split(const std::string& s, const Value* sep, int64_t maxsplit,
+                                int line) {
     ValueList parts;
     if (!sep || sep->is_none()) {
       size_t i = 0;
@@ -2195,11 +2419,13 @@ class Renderer {
       }
       return parts;
     }
-    if (!sep->is_string() || sep->text.empty()) fail(line, "split() separator must be a non-empty string");
+    if (!sep->is_string() || sep->text.empty())
+      fail(line, "split() separator must be a non-empty string");
     size_t start = 0;
     int64_t splits = 0;
     for (;;) {
-      const size_t at = (maxsplit >= 0 && splits == maxsplit) ? std::string::npos : s.find(sep->text, start);
+      const size_t at =
+          (maxsplit >= 0 && splits == maxsplit) ? std::string::npos : s.find(sep->text, start);
       if (at == std::string::npos) {
         parts.push_back(Value::from_string(s.substr(start)));
         return parts;
@@ -2211,8 +2437,9 @@ class Renderer {
   }
 
   static std::string ascii_case(std::string s, bool upper) {
-    for (char& c : s) c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c))
-                                                  : std::tolower(static_cast<unsigned char>(c)));
+    for (char& c : s)
+      c = static_cast<char>(upper ? std::toupper(static_cast<unsigned char>(c))
+                                  : std::tolower(static_cast<unsigned char>(c)));
     return s;
   }
   static std::string title_case(const std::string& s) {
@@ -2230,8 +2457,8 @@ class Renderer {
     if (!out.empty()) out[0] = static_cast<char>(std::toupper(static_cast<unsigned char>(out[0])));
     return out;
   }
-  static std::string replace_all(const std::string& s, const std::string& from, const std::string& to,
-                                 int64_t count) {
+  static std::string replace_all(const std::string& s, const std::string& from,
+                                 const std::string& to, int64_t count) {
     if (from.empty()) return s;
     std::string out;
     size_t start = 0;
@@ -2258,7 +2485,8 @@ class Renderer {
         return Value::from_string(py_strip(s, chars && chars->is_string() ? &set : nullptr,
                                            name != "rstrip", name != "lstrip"));
       }
-      if (name == "upper" || name == "lower") return Value::from_string(ascii_case(s, name == "upper"));
+      if (name == "upper" || name == "lower")
+        return Value::from_string(ascii_case(s, name == "upper"));
       if (name == "title") return Value::from_string(title_case(s));
       if (name == "capitalize") return Value::from_string(capitalize(s));
       if (name == "startswith" || name == "endswith") {
@@ -2268,18 +2496,19 @@ class Renderer {
         for (const Value& o : options) {
           if (!o.is_string()) fail(line, name + "() arguments must be strings");
           const std::string& t = o.text;
-          const bool hit = name == "startswith"
-                               ? s.compare(0, t.size(), t) == 0
-                               : s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
+          const bool hit =
+              name == "startswith"
+                  ? s.compare(0, t.size(), t) == 0
+                  : s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0;
           if (hit) return Value::from_bool(true);
         }
         return Value::from_bool(false);
       }
       if (name == "split") {
         const Value* maxsplit = args.get(1, "maxsplit");
-        return Value::from_list(python_split(s, args.get(0, "sep"),
-                                             maxsplit && maxsplit->is_integral() ? maxsplit->as_int() : -1,
-                                             line));
+        return Value::from_list(
+            python_split(s, args.get(0, "sep"),
+                         maxsplit && maxsplit->is_integral() ? maxsplit->as_int() : -1, line));
       }
       if (name == "splitlines") {
         ValueList lines;
@@ -2296,20 +2525,23 @@ class Renderer {
       }
       if (name == "replace") {
         const Value* count = args.get(2, "count");
-        return Value::from_string(replace_all(s, arg_string(args, 0, "old", "replace", line),
-                                              arg_string(args, 1, "new", "replace", line),
-                                              count && count->is_integral() ? count->as_int() : -1));
+        return Value::from_string(
+            replace_all(s, arg_string(args, 0, "old", "replace", line),
+                        arg_string(args, 1, "new", "replace", line),
+                        count && count->is_integral() ? count->as_int() : -1));
       }
       if (name == "find" || name == "count") {
         const std::string sub = arg_string(args, 0, "sub", name.c_str(), line);
         if (name == "find") {
           const size_t at = s.find(sub);
           if (at == std::string::npos) return Value::from_int(-1);
-          return Value::from_int(static_cast<int64_t>(code_point_offsets(s.substr(0, at)).size()) - 1);
+          return Value::from_int(static_cast<int64_t>(code_point_offsets(s.substr(0, at)).size()) -
+                                 1);
         }
         if (sub.empty()) return Value::from_int(static_cast<int64_t>(code_point_offsets(s).size()));
         int64_t n = 0;
-        for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size())) ++n;
+        for (size_t at = s.find(sub); at != std::string::npos; at = s.find(sub, at + sub.size()))
+          ++n;
         return Value::from_int(n);
       }
       if (name == "join") {
@@ -2367,7 +2599,8 @@ class Renderer {
     size_t start = 0;
     for (;;) {
       const size_t dot = path.find('.', start);
-      const std::string part = path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
+      const std::string part =
+          path.substr(start, dot == std::string::npos ? std::string::npos : dot - start);
       const bool numeric = !part.empty() && std::all_of(part.begin(), part.end(), [](char c) {
         return std::isdigit(static_cast<unsigned char>(c)) != 0;
       });
@@ -2385,16 +2618,21 @@ class Renderer {
     if (name == "trim") {
       const Value* chars = args.get(0, "chars");
       std::string set = chars && chars->is_string() ? chars->text : "";
-      return Value::from_string(py_strip(py_str(v), chars && chars->is_string() ? &set : nullptr, true, true));
+      return Value::from_string(
+          py_strip(py_str(v), chars && chars->is_string() ? &set : nullptr, true, true));
     }
     if (name == "length" || name == "count") {
       switch (v.kind) {
-        case Value::Kind::kUndefined: return Value::from_int(0);
+        case Value::Kind::kUndefined:
+          return Value::from_int(0);
         case Value::Kind::kString:
           return Value::from_int(static_cast<int64_t>(code_point_offsets(v.text).size()) - 1);
-        case Value::Kind::kList: return Value::from_int(static_cast<int64_t>(v.list->size()));
-        case Value::Kind::kMap: return Value::from_int(static_cast<int64_t>(v.map->items.size()));
-        default: fail(line, std::string("object of type '") + type_name(v) + "' has no len()");
+        case Value::Kind::kList:
+          return Value::from_int(static_cast<int64_t>(v.list->size()));
+        case Value::Kind::kMap:
+          return Value::from_int(static_cast<int64_t>(v.map->items.size()));
+        default:
+          fail(line, std::string("object of type '") + type_name(v) + "' has no len()");
       }
     }
     if (name == "string") return Value::from_string(py_str(v));
@@ -2403,17 +2641,29 @@ class Renderer {
       std::string out;
       for (char c : py_str(v)) {
         switch (c) {
-          case '&': out += "&amp;"; break;
-          case '<': out += "&lt;"; break;
-          case '>': out += "&gt;"; break;
-          case '"': out += "&#34;"; break;
-          case '\'': out += "&#39;"; break;
-          default: out += c;
+          case '&':
+            out += "&amp;";
+            break;
+          case '<':
+            out += "&lt;";
+            break;
+          case '>':
+            out += "&gt;";
+            break;
+          case '"':
+            out += "&#34;";
+            break;
+          case '\'':
+            out += "&#39;";
+            break;
+          default:
+            out += c;
         }
       }
       return Value::from_string(std::move(out));
     }
-    if (name == "upper" || name == "lower") return Value::from_string(ascii_case(py_str(v), name == "upper"));
+    if (name == "upper" || name == "lower")
+      return Value::from_string(ascii_case(py_str(v), name == "upper"));
     if (name == "capitalize") return Value::from_string(capitalize(py_str(v)));
     if (name == "title") return Value::from_string(title_case(py_str(v)));
     if (name == "replace") {
@@ -2463,7 +2713,9 @@ class Renderer {
     if (name == "int" || name == "float") {
       const Value* dflt = args.get(0, "default");
       const bool to_int = name == "int";
-      if (v.is_number()) return to_int ? Value::from_int(static_cast<int64_t>(v.as_double())) : Value::from_float(v.as_double());
+      if (v.is_number())
+        return to_int ? Value::from_int(static_cast<int64_t>(v.as_double()))
+                      : Value::from_float(v.as_double());
       if (v.is_string()) {
         const std::string t = py_strip(v.text, nullptr, true, true);
         char* end = nullptr;
@@ -2483,25 +2735,36 @@ class Renderer {
     if (name == "round") {
       if (!v.is_number()) fail(line, "round: not a number");
       const Value* prec = args.get(0, "precision");
-      const double scale = std::pow(10.0, prec && prec->is_integral() ? static_cast<double>(prec->as_int()) : 0.0);
+      const double scale =
+          std::pow(10.0, prec && prec->is_integral() ? static_cast<double>(prec->as_int()) : 0.0);
       return Value::from_float(std::nearbyint(v.as_double() * scale) / scale);
     }
-    if (name == "wordcount") return Value::from_int(static_cast<int64_t>(python_split(py_str(v), nullptr, -1, line).size()));
+    if (name == "wordcount")
+      return Value::from_int(
+          static_cast<int64_t>(python_split(py_str(v), nullptr, -1, line).size()));
     if (name == "indent") {
       const Value* width = args.get(0, "width");
       const Value* first = args.get(1, "first");
       const Value* blank = args.get(2, "blank");
-      std::string pad = width && width->is_string() ? width->text
-                                                    : std::string(width && width->is_integral() ? static_cast<size_t>(std::max<int64_t>(0, width->as_int())) : 4, ' ');
+      std::string pad =
+          width && width->is_string()
+              ? width->text
+              : std::string(width && width->is_integral()
+                                ? static_cast<size_t>(std::max<int64_t>(0, width->as_int()))
+                                : 4,
+                            ' ');
       const std::string s = py_str(v);
       std::string out;
       size_t start = 0;
       bool first_line = true;
       for (;;) {
         const size_t nl = s.find('\n', start);
-        const std::string ln = s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
+        const std::string ln =
+            s.substr(start, nl == std::string::npos ? std::string::npos : nl - start);
         const bool is_blank = py_strip(ln, nullptr, true, true).empty();
-        if ((first_line ? (first && truthy(*first)) : true) && (!is_blank || (blank && truthy(*blank)))) out += pad;
+        if ((first_line ? (first && truthy(*first)) : true) &&
+            (!is_blank || (blank && truthy(*blank))))
+          out += pad;
         out += ln;
         if (nl == std::string::npos) break;
         out += '\n';
@@ -2518,7 +2781,8 @@ class Renderer {
     if (name == "dictsort") {
       if (!v.is_map()) fail(line, "dictsort: value is not a dict");
       std::vector<std::pair<std::string, Value>> items = v.map->items;
-      std::stable_sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.first < b.first; });
+      std::stable_sort(items.begin(), items.end(),
+                       [](const auto& a, const auto& b) { return a.first < b.first; });
       ValueList out;
       for (auto& [k, item] : items) {
         out.push_back(Value::from_list({Value::from_string(k), item}, /*is_tuple=*/true));
@@ -2555,8 +2819,9 @@ class Renderer {
     if (name == "select" || name == "reject") {
       const Value* test = args.get(0, "test");
       CallArgs test_args;
-      test_args.positional.assign(args.positional.begin() + std::min<size_t>(1, args.positional.size()),
-                                  args.positional.end());
+      test_args.positional.assign(
+          args.positional.begin() + std::min<size_t>(1, args.positional.size()),
+          args.positional.end());
       ValueList out;
       for (const Value& item : items) {
         const bool hit = test ? apply_test(py_str(*test), item, test_args, line) : truthy(item);
@@ -2569,7 +2834,8 @@ class Renderer {
       if (!attr || !attr->is_string()) fail(line, name + " needs an attribute name");
       const Value* test = args.get(1, "test");
       CallArgs test_args;
-      if (args.positional.size() > 2) test_args.positional.assign(args.positional.begin() + 2, args.positional.end());
+      if (args.positional.size() > 2)
+        test_args.positional.assign(args.positional.begin() + 2, args.positional.end());
       ValueList out;
       for (const Value& item : items) {
         const Value field = attribute_of(item, attr->text, line);
@@ -2595,7 +2861,8 @@ class Renderer {
       }
       const Value* filter = args.get(0, "filter");
       if (!filter || !filter->is_string()) fail(line, "map needs a filter name or attribute=");
-      if (!supported_filters().count(filter->text)) fail(line, "unsupported filter '" + filter->text + "'");
+      if (!supported_filters().count(filter->text))
+        fail(line, "unsupported filter '" + filter->text + "'");
       CallArgs rest;
       rest.positional.assign(args.positional.begin() + 1, args.positional.end());
       for (const Value& item : items) out.push_back(apply_filter(filter->text, item, rest, line));
@@ -2604,7 +2871,8 @@ class Renderer {
     if (name == "unique") {
       ValueList out;
       for (const Value& item : items) {
-        if (std::none_of(out.begin(), out.end(), [&](const Value& o) { return values_equal(o, item); })) {
+        if (std::none_of(out.begin(), out.end(),
+                         [&](const Value& o) { return values_equal(o, item); })) {
           out.push_back(item);
         }
       }
@@ -2613,7 +2881,9 @@ class Renderer {
     if (name == "sort" || name == "min" || name == "max") {
       const Value* reverse = name == "sort" ? args.get(0, "reverse") : nullptr;
       const Value* attr = args.get(name == "sort" ? 2 : 1, "attribute");
-      auto key = [&](const Value& item) { return attr ? attribute_of(item, py_str(*attr), line) : item; };
+      auto key = [&](const Value& item) {
+        return attr ? attribute_of(item, py_str(*attr), line) : item;
+      };
       std::stable_sort(items.begin(), items.end(), [&](const Value& a, const Value& b) {
         return compare_values(key(a), key(b), "<", line) < 0;
       });
@@ -2625,7 +2895,8 @@ class Renderer {
     if (name == "sum") {
       Value acc = Value::from_int(0);
       const Value* attr = args.get(0, "attribute");
-      for (const Value& item : items) acc = binary(Op::kAdd, acc, attr ? attribute_of(item, py_str(*attr), line) : item, line);
+      for (const Value& item : items)
+        acc = binary(Op::kAdd, acc, attr ? attribute_of(item, py_str(*attr), line) : item, line);
       return acc;
     }
     fail(line, "unsupported filter '" + name + "'");
@@ -2648,8 +2919,10 @@ class Renderer {
     if (name == "number") return v.is_number();
     if (name == "string") return v.is_string();
     if (name == "mapping") return v.is_map() && !v.map->is_namespace;
-    if (name == "iterable") return v.is_string() || v.is_list() || (v.is_map() && !v.map->is_namespace);
-    if (name == "sequence") return v.is_string() || v.is_list() || (v.is_map() && !v.map->is_namespace);
+    if (name == "iterable")
+      return v.is_string() || v.is_list() || (v.is_map() && !v.map->is_namespace);
+    if (name == "sequence")
+      return v.is_string() || v.is_list() || (v.is_map() && !v.map->is_namespace);
     if (name == "callable") return v.kind == Value::Kind::kCallable;
     if (name == "escaped") return false;
     if (name == "lower" || name == "upper") {
@@ -2664,9 +2937,11 @@ class Renderer {
     }
     if (name == "eq" || name == "equalto" || name == "==") return values_equal(v, arg());
     if (name == "ne" || name == "!=") return !values_equal(v, arg());
-    if (name == "lt" || name == "lessthan" || name == "<") return compare_values(v, arg(), "<", line) < 0;
+    if (name == "lt" || name == "lessthan" || name == "<")
+      return compare_values(v, arg(), "<", line) < 0;
     if (name == "le" || name == "<=") return compare_values(v, arg(), "<=", line) <= 0;
-    if (name == "gt" || name == "greaterthan" || name == ">") return compare_values(v, arg(), ">", line) > 0;
+    if (name == "gt" || name == "greaterthan" || name == ">")
+      return compare_values(v, arg(), ">", line) > 0;
     if (name == "ge" || name == ">=") return compare_values(v, arg(), ">=", line) >= 0;
     if (name == "in") return contains(arg(), v, line);
     if (name == "sameas") {
@@ -2786,11 +3061,10 @@ constexpr const char* kChatmlTemplate = R"JINJA(
 )JINJA";
 
 const std::vector<std::pair<std::string, const char*>>& builtin_templates() {
-  static const std::vector<std::pair<std::string, const char*>> t = {
-      {"llama2", kLlama2Template},
-      {"llama3", kLlama3Template},
-      {"mistral", kMistralTemplate},
-      {"chatml", kChatmlTemplate}};
+  static const std::vector<std::pair<std::string, const char*>> t = {{"llama2", kLlama2Template},
+                                                                     {"llama3", kLlama3Template},
+                                                                     {"mistral", kMistralTemplate},
+                                                                     {"chatml", kChatmlTemplate}};
   return t;
 }
 
@@ -2813,12 +3087,15 @@ struct ChatTemplateProgram {
   NodeList nodes;
 };
 
-ChatTemplate::ChatTemplate(std::unique_ptr<ChatTemplateProgram> program) : program_(std::move(program)) {}
+ChatTemplate::ChatTemplate(std::unique_ptr<ChatTemplateProgram> program)
+    : program_(std::move(program)) {}
 ChatTemplate::ChatTemplate(ChatTemplate&&) noexcept = default;
 ChatTemplate& ChatTemplate::operator=(ChatTemplate&&) noexcept = default;
 ChatTemplate::~ChatTemplate() = default;
 
-const std::string& ChatTemplate::name() const { return program_->name; }
+const std::string& ChatTemplate::name() const {
+  return program_->name;
+}
 
 static std::string format_template_error(const std::string& name, const TemplateError& e) {
   if (e.line > 0) return name + " line " + std::to_string(e.line) + ": " + e.message;
@@ -2842,7 +3119,8 @@ Result<ChatTemplate> ChatTemplate::builtin(std::string_view name) {
   }
   std::string known;
   for (const auto& n : builtin_names()) known += (known.empty() ? "" : ", ") + n;
-  return make_error("unknown built-in chat template '" + std::string(name) + "' (known: " + known + ")");
+  return make_error("unknown built-in chat template '" + std::string(name) + "' (known: " + known +
+                    ")");
 }
 
 std::vector<std::string> ChatTemplate::builtin_names() {
@@ -2860,7 +3138,8 @@ Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages,
                                          const ChatRenderOptions& options,
                                          const nlohmann::ordered_json& extra) const {
   if (!messages.is_array()) return make_error(program_->name + ": messages must be a JSON array");
-  if (!extra.is_object()) return make_error(program_->name + ": extra variables must be a JSON object");
+  if (!extra.is_object())
+    return make_error(program_->name + ": extra variables must be a JSON object");
   auto root = std::make_shared<Scope>();
   root->emplace("messages", json_to_value(messages));
   root->emplace("bos_token", Value::from_string(options.bos_token));
@@ -2881,7 +3160,8 @@ Result<std::string> ChatTemplate::render(const nlohmann::ordered_json& messages,
 Result<ModelChatTemplate> parse_tokenizer_config_chat_template(const std::string& json_text,
                                                                const std::string& source) {
   json cfg = json::parse(json_text, nullptr, /*allow_exceptions=*/false);
-  if (cfg.is_discarded() || !cfg.is_object()) return make_error(source + ": not a valid JSON object");
+  if (cfg.is_discarded() || !cfg.is_object())
+    return make_error(source + ": not a valid JSON object");
   ModelChatTemplate out;
   out.origin = source;
   if (cfg.contains("bos_token")) out.bos_token = special_token_text(cfg["bos_token"]);
@@ -2901,7 +3181,8 @@ Result<ModelChatTemplate> parse_tokenizer_config_chat_template(const std::string
         return out;
       }
     }
-    return make_error(source + ": chat_template is a list of named templates without a 'default' entry");
+    return make_error(source +
+                      ": chat_template is a list of named templates without a 'default' entry");
   }
   return make_error(source + ": chat_template must be a string or a list of {name, template}");
 }

@@ -5,10 +5,9 @@
 // filter, test or method we do not implement) is an Error naming it and its line.
 #pragma once
 
-#include <nlohmann/json_fwd.hpp>
-
 #include <filesystem>
 #include <memory>
+#include <nlohmann/json_fwd.hpp>
 #include <optional>
 #include <string>
 #include <string_view>

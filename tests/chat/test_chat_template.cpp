@@ -2,11 +2,11 @@
 // produced by tests/chat/gen_goldens.py from transformers' own renderer), the built-in templates
 // against the public templates they stand for, and clear errors for unsupported constructs.
 #include <gtest/gtest.h>
-#include <nlohmann/json.hpp>
 
 #include <ctime>
 #include <filesystem>
 #include <fstream>
+#include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
 
@@ -41,7 +41,8 @@ ChatRenderOptions options_of(const json& c) {
 }
 
 std::string case_label(const json& c) {
-  const std::string name = c.contains("name") ? c["name"].get<std::string>() : c["template"].get<std::string>();
+  const std::string name =
+      c.contains("name") ? c["name"].get<std::string>() : c["template"].get<std::string>();
   return name + " / " + c["conversation"].get<std::string>() +
          (c["add_generation_prompt"].get<bool>() ? " / gen" : " / no-gen");
 }
@@ -95,7 +96,8 @@ TEST(ChatTemplateGolden, RaiseExceptionCarriesTheTemplatesMessage) {
   ASSERT_FALSE(out.ok());
   EXPECT_NE(out.error().message.find("Conversation roles must alternate"), std::string::npos)
       << out.error().message;
-  EXPECT_NE(out.error().message.find("llama2-chat line 1"), std::string::npos) << out.error().message;
+  EXPECT_NE(out.error().message.find("llama2-chat line 1"), std::string::npos)
+      << out.error().message;
 }
 
 // Built-in templates render exactly what the public template they are named after renders.
@@ -170,10 +172,13 @@ std::string render_error(const std::string& src) {
   return out.error().message;
 }
 
-bool contains(const std::string& s, const std::string& part) { return s.find(part) != std::string::npos; }
+bool contains(const std::string& s, const std::string& part) {
+  return s.find(part) != std::string::npos;
+}
 
 TEST(ChatTemplateErrors, UnsupportedConstructsAreNamed) {
-  EXPECT_TRUE(contains(parse_error("{% filter upper %}x{% endfilter %}"), "unsupported tag '{% filter %}'"));
+  EXPECT_TRUE(contains(parse_error("{% filter upper %}x{% endfilter %}"),
+                       "unsupported tag '{% filter %}'"));
   EXPECT_TRUE(contains(parse_error("{% include 'x.j2' %}"), "unsupported tag '{% include %}'"));
   EXPECT_TRUE(contains(parse_error("{% extends 'base' %}"), "unsupported tag '{% extends %}'"));
   EXPECT_TRUE(contains(parse_error("{{ x | wordwrap(3) }}"), "unsupported filter 'wordwrap'"));
@@ -187,7 +192,8 @@ TEST(ChatTemplateErrors, UnsupportedConstructsAreNamed) {
 }
 
 TEST(ChatTemplateErrors, SyntaxErrorsGiveTheLine) {
-  EXPECT_TRUE(contains(parse_error("a\nb\n{{ x | nope }}"), "tpl line 3: unsupported filter 'nope'"));
+  EXPECT_TRUE(
+      contains(parse_error("a\nb\n{{ x | nope }}"), "tpl line 3: unsupported filter 'nope'"));
   EXPECT_TRUE(contains(parse_error("{% if x %}never closed"), "missing '{% endif %}'"));
   EXPECT_TRUE(contains(parse_error("{{ x "), "unclosed tag '{{'"));
   EXPECT_TRUE(contains(parse_error("{# comment"), "unclosed comment"));
@@ -205,17 +211,21 @@ TEST(ChatTemplateErrors, RuntimeErrors) {
   EXPECT_TRUE(contains(render_error("{{ raise_exception('custom failure') }}"), "custom failure"));
   EXPECT_TRUE(contains(render_error("{{ zz + 1 }}"), "'zz' is undefined"));
   EXPECT_TRUE(contains(render_error("{{ zz.attr }}"), "'zz' is undefined"));
-  EXPECT_TRUE(contains(render_error("{{ 'a' + 1 }}"), "unsupported operand types for +: 'str' and 'int'"));
+  EXPECT_TRUE(
+      contains(render_error("{{ 'a' + 1 }}"), "unsupported operand types for +: 'str' and 'int'"));
   EXPECT_TRUE(contains(render_error("{{ 1 // 0 }}"), "division by zero"));
-  EXPECT_TRUE(contains(render_error("{% for x in 5 %}{% endfor %}"), "'int' object is not iterable"));
+  EXPECT_TRUE(
+      contains(render_error("{% for x in 5 %}{% endfor %}"), "'int' object is not iterable"));
   EXPECT_TRUE(contains(render_error("{{ nope() }}"), "'nope' is undefined"));
   EXPECT_TRUE(contains(render_error("{% set ns = 1 %}{% set ns.a = 2 %}"), "not a namespace()"));
   EXPECT_TRUE(contains(render_error("{{ 9223372036854775807 + 1 }}"), "integer overflow"));
-  EXPECT_TRUE(contains(render_error("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}"), "takes 1 arguments"));
+  EXPECT_TRUE(
+      contains(render_error("{% macro m(a) %}{% endmacro %}{{ m(1, 2) }}"), "takes 1 arguments"));
 }
 
 TEST(ChatTemplateErrors, RunawayTemplatesStopAtLimits) {
-  EXPECT_TRUE(contains(render_error("{% for i in range(5000000) %}{% endfor %}"), "range() too large"));
+  EXPECT_TRUE(
+      contains(render_error("{% for i in range(5000000) %}{% endfor %}"), "range() too large"));
   EXPECT_TRUE(contains(render_error("{{ 'x' * 100000000 }}"), "repetition too large"));
   EXPECT_TRUE(contains(render_error("{% for i in range(200000) %}{{ 'x' * 100 }}{% endfor %}"),
                        "exceeds 16 MiB"));
@@ -250,7 +260,8 @@ TEST(ChatTemplate, ExtraVariablesOverrideDefaults) {
 
 TEST(ModelChatTemplate, ParsesTheTemplateForms) {
   auto plain = parse_tokenizer_config_chat_template(
-      R"({"chat_template": "{{ x }}", "bos_token": "<s>", "eos_token": {"content": "</s>"}})", "cfg");
+      R"({"chat_template": "{{ x }}", "bos_token": "<s>", "eos_token": {"content": "</s>"}})",
+      "cfg");
   ASSERT_TRUE(plain.ok()) << plain.error().message;
   EXPECT_EQ(*plain->source, "{{ x }}");
   EXPECT_EQ(plain->bos_token, "<s>");

@@ -6,7 +6,7 @@ import pytest
 
 from conftest import REPO, TEST_MODELS, golden_dir, model_dir
 
-SUBCOMMANDS = ["generate", "tokenize", "detokenize", "logits"]
+SUBCOMMANDS = ["generate", "tokenize", "detokenize", "logits", "eval"]
 
 
 @pytest.mark.parametrize("sub", SUBCOMMANDS)
@@ -153,3 +153,119 @@ def test_logits_bad_ids(qs, tmp_path):
     p = qs("logits", "-m", model_dir("llama3-tiny"), "--ids", "99999999", "--out",
            tmp_path / "o.npy", check=False)
     assert_clean_error(p, "vocabulary")
+
+
+# ---- QuantSpec (issue #3): modes, KV types, eval --------------------------------------------
+
+TEXT = ("Once upon a time there was a little robot who liked to count the stars. Every night it "
+        "climbed the hill behind the village and wrote the numbers in a small blue book. ") * 6
+
+
+def gen_stats(qs, tmp_path, name, *extra):
+    stats = tmp_path / f"s{abs(hash(extra))}.json"
+    qs("generate", "-m", model_dir(name), "-p", TEXT, "-n", "40", "--ignore-eos",
+       "--stats-json", stats, *extra)
+    return json.loads(stats.read_text())
+
+
+@pytest.mark.parametrize("name", ["llama3-tiny", "qwen2-tiny"])
+def test_quantspec_greedy_equals_ar_int8(qs, tmp_path, name):
+    ar = gen_stats(qs, tmp_path, name, "--mode", "ar", "--kv", "int8", "--group-size", "32")
+    for gamma in ("1", "4", "7"):
+        s = gen_stats(qs, tmp_path, name, "--mode", "quantspec", "--group-size", "32",
+                      "--gamma", gamma)
+        assert s["tokens"] == ar["tokens"]
+        assert s["mode"] == "quantspec" and s["gamma"] == int(gamma)
+        for key in ("acceptance_rate", "mean_accepted_length", "accepted_histogram", "rounds",
+                    "draft_s", "verify_s", "flush_s", "sample_s"):
+            assert key in s
+        assert len(s["accepted_histogram"]) == int(gamma) + 1
+        assert sum(s["accepted_histogram"]) == s["rounds"] > 0
+        assert 0.0 <= s["acceptance_rate"] <= 1.0
+        assert s["mean_accepted_length"] == pytest.approx(1 + s["accepted"] / s["rounds"])
+        assert s["kv_bytes_per_draft_step"]["lower"] == 0
+        assert s["kv_bytes_per_target_step"]["lower"] > 0
+
+
+def test_kv_modes_and_draft_weights(qs, tmp_path):
+    fp = gen_stats(qs, tmp_path, "llama3-tiny", "--kv", "fp16")
+    assert fp["mode"] == "ar" and fp["kv"] == "fp16" and fp["generated_tokens"] == 40
+    for kv in ("int8", "int4"):
+        s = gen_stats(qs, tmp_path, "llama3-tiny", "--kv", kv, "--group-size", "64")
+        assert s["kv"] == kv and s["generated_tokens"] == 40
+    for dw in ("int4", "int4-mlp", "native"):
+        s = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "quantspec", "--draft-weights", dw,
+                      "--value-group-size", "32")
+        assert s["generated_tokens"] == 40
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--mode", "quantspec", "--gamma", "0"], "gamma"),
+    (["--mode", "quantspec", "--gamma", "128"], "gamma"),
+    (["--mode", "quantspec", "--group-size", "32", "--gamma", "32"], "gamma"),
+    (["--mode", "quantspec", "--gamma", "99999999"], "gamma"),
+    (["--mode", "quantspec", "--kv", "int8"], "--kv"),
+    (["--value-group-size", "48"], "value"),
+    (["--value-group-size", "16"], "value"),
+    (["--group-size", "48"], "group-size"),
+    (["--mode", "fast"], "mode"),
+    (["--kv", "int2"], "kv"),
+    (["--draft-weights", "int3"], "draft-weights"),
+])
+def test_quantspec_bad_flags(qs, args, needle):
+    p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "hi", "-n", "4", *args, check=False)
+    assert p.returncode in (1, 2), p.stderr
+    assert needle in p.stderr.lower() or needle in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "Aborted" not in p.stderr
+
+
+def test_eval_ppl_text_and_tokens(qs, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT * 3)
+    out = {}
+    for kv in ("fp16", "int8", "int4"):
+        p = qs("eval", "ppl", "-m", model_dir("llama3-tiny"), "-f", text, "--ctx", "128",
+               "--kv", kv, "--group-size", "32")
+        lines = dict(line.split(": ", 1) for line in p.stdout.strip().split("\n"))
+        out[kv] = float(lines["ppl"])
+        assert int(lines["tokens"]) > 100 and "windows" in lines["method"]
+    assert out["fp16"] > 1.0
+    assert abs(out["int8"] - out["fp16"]) < abs(out["int4"] - out["fp16"]) + 1e-9
+    # Raw token ids: u16 and i32 give the same result; --max-windows evaluates a prefix.
+    ids = np.arange(1, 400, dtype=np.int64) * 7 % 2000
+    ids.astype("<u2").tofile(tmp_path / "t.u16")
+    ids.astype("<i4").tofile(tmp_path / "t.i32")
+    a = qs("eval", "ppl", "-m", model_dir("llama3-tiny"), "--tokens", tmp_path / "t.u16",
+           "--token-dtype", "u16", "--ctx", "100", "--max-windows", "2").stdout
+    b = qs("eval", "ppl", "-m", model_dir("llama3-tiny"), "--tokens", tmp_path / "t.i32",
+           "--token-dtype", "i32", "--ctx", "100", "--max-windows", "2").stdout
+    assert a == b and "tokens: 200" in a
+
+
+def test_eval_ppl_bad_input(qs, tmp_path):
+    odd = tmp_path / "odd.u16"
+    odd.write_bytes(b"\x01\x00\x02")
+    p = qs("eval", "ppl", "-m", model_dir("llama3-tiny"), "--tokens", odd, check=False)
+    assert p.returncode == 1 and "whole number" in p.stderr
+    big = tmp_path / "big.u16"
+    np.array([1, 60000], dtype="<u2").tofile(big)
+    p = qs("eval", "ppl", "-m", model_dir("llama3-tiny"), "--tokens", big, check=False)
+    assert p.returncode == 1 and "vocabulary" in p.stderr
+    p = qs("eval", "ppl", "-m", model_dir("llama3-tiny"), check=False)
+    assert p.returncode == 1
+
+
+def test_eval_accept_table(qs, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT * 3)
+    p = qs("eval", "accept", "-m", model_dir("llama3-tiny"), "-f", text, "--ctx", "20,70",
+           "--gamma", "1,3", "-n", "16", "--group-size", "32")
+    rows = [line.split() for line in p.stdout.strip().split("\n")]
+    assert rows[0][:4] == ["ctx", "gamma", "rounds", "acceptance"]
+    body = rows[1:]
+    assert [(r[0], r[1]) for r in body] == [("20", "1"), ("20", "3"), ("70", "1"), ("70", "3")]
+    for r in body:
+        assert 0.0 <= float(r[3]) <= 1.0 and 1.0 <= float(r[4]) <= 1.0 + int(r[1])
+    p = qs("eval", "accept", "-m", model_dir("llama3-tiny"), "-f", text, "--ctx", "20",
+           "--gamma", "0", check=False)
+    assert p.returncode == 1 and "gamma" in p.stderr

@@ -150,6 +150,8 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   return m;
 }
 
-inline const char* dtype_label(DType t) { return dtype_name(t); }
+inline const char* dtype_label(DType t) {
+  return dtype_name(t);
+}
 
 }  // namespace qs::testing

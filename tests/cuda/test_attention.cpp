@@ -64,8 +64,7 @@ std::string describe(const KvData& kv, const Case& c) {
 }
 
 // Queries are the last m positions of the view (pos = kv_len - m), as in decode/verify/prefill.
-double run_case(CudaBackend& gpu, CpuBackend& cpu, const KvData& kv, const Case& c,
-                uint64_t seed) {
+double run_case(CudaBackend& gpu, CpuBackend& cpu, const KvData& kv, const Case& c, uint64_t seed) {
   const int hd = kv.head_dim;
   const int pos = kv.kv_len - c.m;
   const AttentionShape shape{c.num_heads, kv.num_kv_heads, hd,
@@ -78,7 +77,9 @@ double run_case(CudaBackend& gpu, CpuBackend& cpu, const KvData& kv, const Case&
   out.poison();
   const KvView view{kv.k_dev.data(), kv.v_dev.data(), kv.stride, kv.kv_len};
   switch (c.path) {
-    case Path::kAuto: gpu.attention(qd.data(), c.m, pos, shape, view, out.data()); break;
+    case Path::kAuto:
+      gpu.attention(qd.data(), c.m, pos, shape, view, out.data());
+      break;
     case Path::kDecode:
       gpu.attention_decode(qd.data(), c.m, pos, shape, view, out.data(), c.splits);
       break;

@@ -32,6 +32,7 @@ TEST_F(CudaOpsTest, EmbeddingMatchesCpuExactly) {
       gpu().embedding(table.view, ids.data(), m, out.data());
       EXPECT_EQ(out.to_host(), want) << dtype_name(dt) << " m=" << m;
     }
+    gpu().release_weights();  // the host table dies here; its address may be reused
   }
 }
 
@@ -49,6 +50,7 @@ TEST_F(CudaOpsTest, RmsNormMatchesCpu) {
         EXPECT_LT(rel_error(out.to_host(), want), 1e-6) << dtype_name(dt) << " d=" << d;
         gpu().rmsnorm(xd.data(), w.view, m, 1e-5f, xd.data());  // in place
         EXPECT_LT(rel_error(xd.to_host(), want), 1e-6) << "in place, d=" << d;
+        gpu().release_weights();
       }
     }
   }

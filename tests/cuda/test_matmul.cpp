@@ -9,6 +9,7 @@
 
 #include <vector>
 
+#include "backend/cuda/cuda_ops.h"
 #include "cuda_test_util.h"
 
 namespace qs {
@@ -20,7 +21,9 @@ using testing::HostWeight;
 using testing::random_normal;
 using testing::rel_error;
 
-double tolerance(DType dt) { return dt == DType::BF16 ? 2e-5 : 2e-6; }
+double tolerance(DType dt) {
+  return dt == DType::BF16 ? 2e-5 : 2e-6;
+}
 
 enum class Path { kAuto, kGemv, kGemm };
 
@@ -43,9 +46,15 @@ double run_with(CudaBackend& gpu, CpuBackend& cpu, const MatmulCase& c, const Ho
   y.poison();
   const WeightView* bias = c.bias ? &b.view : nullptr;
   switch (c.path) {
-    case Path::kAuto: gpu.matmul(xd.data(), c.m, w.view, bias, y.data()); break;
-    case Path::kGemv: gpu.matmul_gemv(xd.data(), c.m, w.view, bias, y.data()); break;
-    case Path::kGemm: gpu.matmul_gemm(xd.data(), c.m, w.view, bias, y.data()); break;
+    case Path::kAuto:
+      gpu.matmul(xd.data(), c.m, w.view, bias, y.data());
+      break;
+    case Path::kGemv:
+      gpu.matmul_gemv(xd.data(), c.m, w.view, bias, y.data());
+      break;
+    case Path::kGemm:
+      gpu.matmul_gemm(xd.data(), c.m, w.view, bias, y.data());
+      break;
   }
   const double err = rel_error(y.to_host(), want);
   gpu.release_weights();
@@ -58,8 +67,8 @@ double run_case(CudaBackend& gpu, CpuBackend& cpu, const MatmulCase& c, uint64_t
 }
 
 std::string describe(const MatmulCase& c) {
-  return std::string(dtype_name(c.dtype)) + " m=" + std::to_string(c.m) + " n=" +
-         std::to_string(c.n) + " k=" + std::to_string(c.k) + (c.bias ? " +bias" : "");
+  return std::string(dtype_name(c.dtype)) + " m=" + std::to_string(c.m) +
+         " n=" + std::to_string(c.n) + " k=" + std::to_string(c.k) + (c.bias ? " +bias" : "");
 }
 
 TEST_F(CudaOpsTest, GemvEveryRowCountAndDtype) {
@@ -95,6 +104,28 @@ TEST_F(CudaOpsTest, GemvRealShapes) {
       }
     }
   }
+}
+
+// Every kernel variant the benchmark compares computes the same function.
+TEST_F(CudaOpsTest, GemvEveryTuning) {
+  const cuda::GemvTuning saved = cuda::gemv_tuning();
+  const cuda::GemvTuning tunings[] = {{4, false, 0}, {4, true, 0}, {8, false, 0}, {8, true, 0},
+                                      {4, false, 4}, {8, true, 2}, {0, true, 0}};
+  for (const cuda::GemvTuning& t : tunings) {
+    cuda::set_gemv_tuning(t);
+    for (DType dt : {DType::F16, DType::BF16}) {
+      for (auto [n, k] : {std::pair<int64_t, int64_t>{300, 1000}, {37, 8}, {1024, 4096}}) {
+        HostWeight w(random_normal(n * k, 900 + n + k, 0.05f), dt, n, k, "w");
+        for (int m : {1, 2, 3, 4, 5, 8, 9, 16}) {
+          const MatmulCase c{m, n, k, dt, m % 2 == 1};
+          EXPECT_LT(run_with(gpu(), cpu(), c, w, 950 + m), tolerance(dt))
+              << describe(c) << " unroll=" << t.mma_unroll << " l2=" << t.l2_prefetch
+              << " coalesced<=" << t.coalesced_max_rows;
+        }
+      }
+    }
+  }
+  cuda::set_gemv_tuning(saved);
 }
 
 TEST_F(CudaOpsTest, GemvPathHandlesMoreThan16Rows) {

@@ -63,9 +63,8 @@ class BackendForward {
       float* v_layer = v_->data() + int64_t(l) * capacity_ * kvd;
       be_.copy(k_layer + int64_t(pos) * kvd, k->data(), size_t(m) * kvd);
       be_.copy(v_layer + int64_t(pos) * kvd, v->data(), size_t(m) * kvd);
-      be_.attention(q->data(), m, pos, shape, KvView{k_layer, v_layer, kvd, pos + m},
-                    attn->data());
-      be_.matmul(attn->data(), m, L.wo, nullptr, proj->data());
+      be_.attention(q->data(), m, pos, shape, KvView{k_layer, v_layer, kvd, pos + m}, attn->data());
+      be_.matmul(attn->data(), m, L.wo, &L.bo, proj->data());
       be_.add(h->data(), proj->data(), m * d);
       be_.rmsnorm(h->data(), L.mlp_norm, m, eps, x->data());
       be_.matmul(x->data(), m, L.w_gate, nullptr, gate->data());
@@ -106,7 +105,8 @@ std::vector<int32_t> token_ids(int n, int vocab) {
 class CudaModelTest : public CudaOpsTest, public ::testing::WithParamInterface<const char*> {};
 
 TEST_P(CudaModelTest, LogitsMatchCpu) {
-  const std::filesystem::path dir = std::filesystem::path(QS_SOURCE_DIR) / "models/test" / GetParam();
+  const std::filesystem::path dir =
+      std::filesystem::path(QS_SOURCE_DIR) / "models/test" / GetParam();
   auto cfg = load_model_config(dir);
   ASSERT_TRUE(cfg.ok()) << cfg.error().message;
   ASSERT_TRUE(CudaBackend::check_supported(*cfg).ok());
@@ -134,8 +134,9 @@ TEST_P(CudaModelTest, LogitsMatchCpu) {
     ASSERT_TRUE(model.forward(chunk, pos, cache, LogitRows::kAll, engine_logits.data()).ok());
     const std::vector<float> cpu_logits = on_cpu.forward(chunk, pos);
     const std::vector<float> gpu_logits = on_gpu.forward(chunk, pos);
-    // Same ops on the same backend: the test's forward is the engine's.
-    EXPECT_LT(rel_error(cpu_logits, engine_logits), 1e-6) << "pos=" << pos << " m=" << s.m;
+    // Same ops on the same backend: the test's forward is the engine's (the CPU backend is
+    // not bitwise reproducible across buffer addresses, hence not exact equality).
+    EXPECT_LT(rel_error(cpu_logits, engine_logits), 1e-5) << "pos=" << pos << " m=" << s.m;
     const double err = rel_error(gpu_logits, engine_logits);
     EXPECT_LT(err, 1e-4) << GetParam() << " pos=" << pos << " m=" << s.m;
     worst = std::max(worst, err);

@@ -7,7 +7,7 @@ import openai
 import pytest
 from tokenizers import Tokenizer
 
-from conftest import REPO, TEST_MODELS, post
+from serverlib import REPO, TEST_MODELS, post
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,7 @@ def test_completion(client):
     assert r.usage.prompt_tokens == len(tok.encode("Hello", add_special_tokens=True).ids)
     assert r.usage.total_tokens == r.usage.prompt_tokens + 8
     stats = r.model_extra["quantspec"]
-    assert stats["mode"] == "autoregressive"
+    assert stats["mode"] == "ar"
     assert stats["speculative"] == {"drafted_tokens": 0, "accepted_tokens": 0, "acceptance_rate": None,
                                     "rounds": 0, "mean_accepted_length": None}
     assert stats["prefill_s"] >= 0 and stats["decode_s"] >= 0
@@ -136,10 +136,19 @@ def test_client_sees_openai_errors(client):
 
 
 def render_with_hf(template, messages, bos, eos):
-    from transformers.utils.chat_template_utils import render_jinja_template
-    out, _ = render_jinja_template(conversations=[messages], chat_template=template,
-                                   add_generation_prompt=True, bos_token=bos, eos_token=eos)
-    return out[0]
+    """Render as transformers' apply_chat_template does: jinja2 sandbox, trim_blocks,
+    lstrip_blocks, loop controls, raise_exception; tools and documents are None."""
+    import jinja2
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    def raise_exception(message):
+        raise jinja2.exceptions.TemplateError(message)
+
+    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
+                                        extensions=["jinja2.ext.loopcontrols"])
+    env.globals["raise_exception"] = raise_exception
+    return env.from_string(template).render(messages=messages, tools=None, documents=None,
+                                            add_generation_prompt=True, bos_token=bos, eos_token=eos)
 
 
 def token_text(tok):
@@ -163,5 +172,35 @@ def test_chat_prompt_is_the_models_template_as_hf_renders_it(start_server, chat_
         tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", name, "tokenizer.json"))
         assert body["usage"]["prompt_tokens"] == len(tok.encode(text, add_special_tokens=False).ids)
         assert "chat template:" in s.stderr and "tokenizer_config.json" in s.stderr
+    finally:
+        s.stop()
+
+
+def test_quantspec_mode_reports_speculative_statistics(start_server, chat_models, quantspec_binary):
+    s = start_server("-m", chat_models["llama3-tiny"], "--ctx", "1024", "--mode", "quantspec")
+    try:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0)
+        before = s.metrics()
+        kwargs = dict(model="x", prompt="The quick brown fox", max_tokens=200, temperature=0,
+                      extra_body={"ignore_eos": True})
+        r = client.completions.create(**kwargs)
+        stats = r.model_extra["quantspec"]
+        spec = stats["speculative"]
+        assert stats["mode"] == "quantspec"
+        assert spec["drafted_tokens"] > 0 and spec["rounds"] > 0
+        assert 0 <= spec["accepted_tokens"] <= spec["drafted_tokens"]
+        assert spec["acceptance_rate"] == pytest.approx(spec["accepted_tokens"] / spec["drafted_tokens"])
+        assert spec["mean_accepted_length"] == pytest.approx(1 + spec["accepted_tokens"] / spec["rounds"])
+        after = s.metrics()
+        for key, field in (("draft", "drafted_tokens"), ("accepted", "accepted_tokens"), ("rounds", "rounds")):
+            name = f"quantspec_spec_decode_{key}_tokens_total" if key != "rounds" else "quantspec_spec_decode_rounds_total"
+            assert after[name] - before.get(name, 0) == spec[field]
+        # The same engine as `quantspec generate --mode quantspec`.
+        cli = subprocess.run([quantspec_binary, "generate", "-m", chat_models["llama3-tiny"], "--ctx", "1024",
+                              "--mode", "quantspec", "-p", "The quick brown fox", "-n", "200", "--ignore-eos"],
+                             capture_output=True, text=True, timeout=120, check=True)
+        assert r.choices[0].text == cli.stdout[:-1]
+        final = [c for c in client.completions.create(stream=True, **kwargs) if c.choices[0].finish_reason]
+        assert final[0].model_extra["quantspec"]["speculative"] == spec
     finally:
         s.stop()

@@ -28,6 +28,8 @@ class CpuBackend final : public Backend {
   void rope(float* x, int m, int num_heads, int head_dim, int pos, const float* inv_freq) override;
   void attention(const float* q, int m, int pos, const AttentionShape& shape, const KvView& kv,
                  float* out) override;
+  void matmul_q4(const float* x, int m, const QuantizedWeight4& w, const WeightView* bias,
+                 float* y) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
   void add(float* y, const float* x, int64_t n) override;
 

@@ -154,4 +154,100 @@ inline void axpy_f32(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// ---- 4-bit KV codes (kv_quant.h) straight from the packed planes, without an f32 copy.
+// n bytes of `upper` (and of `lower`, or nullptr for the INT4 view) hold the codes of channels
+// 2j (low nibble) and 2j+1 (high nibble); code c = U (INT4) or 16U + L - 8 (INT8).
+
+inline void code_pair(const uint8_t* upper, const uint8_t* lower, int64_t j, float* even,
+                      float* odd) {
+  if (lower) {
+    *even = static_cast<float>(16 * (upper[j] & 0x0f) + (lower[j] & 0x0f) - 8);
+    *odd = static_cast<float>(16 * (upper[j] >> 4) + (lower[j] >> 4) - 8);
+  } else {
+    *even = static_cast<float>(upper[j] & 0x0f);
+    *odd = static_cast<float>(upper[j] >> 4);
+  }
+}
+
+#if QS_CPU_SIMD
+inline void load_codes(const uint8_t* upper, const uint8_t* lower, int64_t j, VecF* even,
+                       VecF* odd) {
+#if defined(__AVX512F__)
+  const __m512i mask = _mm512_set1_epi32(0x0f);
+  const __m512i u =
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(upper + j)));
+  __m512i e = _mm512_and_si512(u, mask), o = _mm512_srli_epi32(u, 4);
+  if (lower) {
+    const __m512i l =
+        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lower + j)));
+    const __m512i bias = _mm512_set1_epi32(8);
+    e = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(e, 4), _mm512_and_si512(l, mask)),
+                         bias);
+    o = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(o, 4), _mm512_srli_epi32(l, 4)), bias);
+  }
+  *even = _mm512_cvtepi32_ps(e);
+  *odd = _mm512_cvtepi32_ps(o);
+#else
+  const __m256i mask = _mm256_set1_epi32(0x0f);
+  const __m256i u =
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(upper + j)));
+  __m256i e = _mm256_and_si256(u, mask), o = _mm256_srli_epi32(u, 4);
+  if (lower) {
+    const __m256i l =
+        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lower + j)));
+    const __m256i bias = _mm256_set1_epi32(8);
+    e = _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(e, 4), _mm256_and_si256(l, mask)),
+                         bias);
+    o = _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(o, 4), _mm256_srli_epi32(l, 4)), bias);
+  }
+  *even = _mm256_cvtepi32_ps(e);
+  *odd = _mm256_cvtepi32_ps(o);
+#endif
+}
+#endif
+
+// sum_j code(2j) * we[j] + code(2j+1) * wo[j], j < n.
+inline float dot_codes(const uint8_t* upper, const uint8_t* lower, const float* we, const float* wo,
+                       int64_t n) {
+  int64_t j = 0;
+  float sum = 0.0f;
+#if QS_CPU_SIMD
+  VecF acc = vzero();
+  for (; j + kLanes <= n; j += kLanes) {
+    VecF e, o;
+    load_codes(upper, lower, j, &e, &o);
+    acc = vfmadd(e, vload(we + j), acc);
+    acc = vfmadd(o, vload(wo + j), acc);
+  }
+  sum = vsum(acc);
+#endif
+  for (; j < n; ++j) {
+    float e, o;
+    code_pair(upper, lower, j, &e, &o);
+    sum += e * we[j] + o * wo[j];
+  }
+  return sum;
+}
+
+// ye[j] += a * code(2j), yo[j] += a * code(2j+1), j < n.
+inline void axpy_codes(float a, const uint8_t* upper, const uint8_t* lower, float* ye, float* yo,
+                       int64_t n) {
+  int64_t j = 0;
+#if QS_CPU_SIMD
+  const VecF av = vset1(a);
+  for (; j + kLanes <= n; j += kLanes) {
+    VecF e, o;
+    load_codes(upper, lower, j, &e, &o);
+    vstore(ye + j, vfmadd(av, e, vload(ye + j)));
+    vstore(yo + j, vfmadd(av, o, vload(yo + j)));
+  }
+#endif
+  for (; j < n; ++j) {
+    float e, o;
+    code_pair(upper, lower, j, &e, &o);
+    ye[j] += a * e;
+    yo[j] += a * o;
+  }
+}
+
 }  // namespace qs::cpu

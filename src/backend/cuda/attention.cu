@@ -41,8 +41,8 @@ template <int HD, int QMAX>
 constexpr size_t decode_smem_bytes() {
   using L = DecodeLayout<HD>;
   // q tile [QMAX][HD] + per-group states o [kGroups][QMAX][HD] and (m, l) [kGroups][QMAX][2].
-  return sizeof(float) * (size_t{QMAX} * HD + size_t{L::kGroups} * QMAX * HD +
-                          size_t{L::kGroups} * QMAX * 2);
+  return sizeof(float) *
+         (size_t{QMAX} * HD + size_t{L::kGroups} * QMAX * HD + size_t{L::kGroups} * QMAX * 2);
 }
 
 // Grid: x = query tile (QMAX query vectors of one kv head), y = KV split, z = kv head.
@@ -109,9 +109,9 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(Attent
         for (int e = 0; e < kVec / 4; ++e) {
           const float4 kv4 = __ldg(kp + e), vv4 = __ldg(vp + e);
           kr[u][4 * e] = kv4.x, kr[u][4 * e + 1] = kv4.y, kr[u][4 * e + 2] = kv4.z,
-          kr[u][4 * e + 3] = kv4.w;
+                    kr[u][4 * e + 3] = kv4.w;
           vr[u][4 * e] = vv4.x, vr[u][4 * e + 1] = vv4.y, vr[u][4 * e + 2] = vv4.z,
-          vr[u][4 * e + 3] = vv4.w;
+                    vr[u][4 * e + 3] = vv4.w;
         }
       } else {
 #pragma unroll
@@ -293,9 +293,11 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_kernel(Atte
     for (int d4 = 0; d4 < HD / 4; ++d4) {
       float4 qv[R], kv[4];
 #pragma unroll
-      for (int i = 0; i < R; ++i) qv[i] = *reinterpret_cast<const float4*>(q_s + (ty + 16 * i) * LD + 4 * d4);
+      for (int i = 0; i < R; ++i)
+        qv[i] = *reinterpret_cast<const float4*>(q_s + (ty + 16 * i) * LD + 4 * d4);
 #pragma unroll
-      for (int j = 0; j < 4; ++j) kv[j] = *reinterpret_cast<const float4*>(k_s + (tx + 8 * j) * LD + 4 * d4);
+      for (int j = 0; j < 4; ++j)
+        kv[j] = *reinterpret_cast<const float4*>(k_s + (tx + 8 * j) * LD + 4 * d4);
 #pragma unroll
       for (int i = 0; i < R; ++i) {
 #pragma unroll
@@ -372,8 +374,8 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_kernel(Atte
       const float inv = 1.0f / l;
 #pragma unroll
       for (int c = 0; c < C; ++c) {
-        const float4 v = make_float4(o[i][c].x * inv, o[i][c].y * inv, o[i][c].z * inv,
-                                     o[i][c].w * inv);
+        const float4 v =
+            make_float4(o[i][c].x * inv, o[i][c].y * inv, o[i][c].z * inv, o[i][c].w * inv);
         *reinterpret_cast<float4*>(a.out + qi * HD + 4 * tx + 32 * c) = v;
       }
     } else {
@@ -460,10 +462,18 @@ template <int HD>
 void decode_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
   const int q_per_kv_head = (a.num_heads / a.num_kv_heads) * a.m;
   switch (decode_qmax<HD>(q_per_kv_head)) {
-    case 1: decode_with<HD, 1>(a, stream); break;
-    case 2: decode_with<HD, 2>(a, stream); break;
-    case 4: decode_with<HD, 4>(a, stream); break;
-    case 8: decode_with<HD, 8>(a, stream); break;
+    case 1:
+      decode_with<HD, 1>(a, stream);
+      break;
+    case 2:
+      decode_with<HD, 2>(a, stream);
+      break;
+    case 4:
+      decode_with<HD, 4>(a, stream);
+      break;
+    case 8:
+      decode_with<HD, 8>(a, stream);
+      break;
     default:
       if constexpr (HD < 256) decode_with<HD, 16>(a, stream);
       break;
@@ -494,18 +504,27 @@ int attention_decode_query_tiles(const AttentionArgs& a) {
   const int q_per_kv_head = (a.num_heads / a.num_kv_heads) * a.m;
   int qmax = 16;
   switch (a.head_dim) {
-    case 32: qmax = decode_qmax<32>(q_per_kv_head); break;
-    case 64: qmax = decode_qmax<64>(q_per_kv_head); break;
-    case 128: qmax = decode_qmax<128>(q_per_kv_head); break;
-    case 256: qmax = decode_qmax<256>(q_per_kv_head); break;
-    default: QS_CHECK_MSG(false, "attention: unsupported head_dim");
+    case 32:
+      qmax = decode_qmax<32>(q_per_kv_head);
+      break;
+    case 64:
+      qmax = decode_qmax<64>(q_per_kv_head);
+      break;
+    case 128:
+      qmax = decode_qmax<128>(q_per_kv_head);
+      break;
+    case 256:
+      qmax = decode_qmax<256>(q_per_kv_head);
+      break;
+    default:
+      QS_CHECK_MSG(false, "attention: unsupported head_dim");
   }
   return (q_per_kv_head + qmax - 1) / qmax;
 }
 
 int attention_prefill_query_tiles(const AttentionArgs& a) {
-  const int tile_rows = a.head_dim <= 128 ? PrefillLayout<128>::kTileRows
-                                          : PrefillLayout<256>::kTileRows;
+  const int tile_rows =
+      a.head_dim <= 128 ? PrefillLayout<128>::kTileRows : PrefillLayout<256>::kTileRows;
   return (a.m + tile_rows - 1) / tile_rows;
 }
 
@@ -514,11 +533,20 @@ void launch_attention_decode(const AttentionArgs& a, cudaStream_t stream) {
   QS_CHECK(a.m <= 16);
   QS_CHECK(a.num_kv_heads <= 65535);
   switch (a.head_dim) {
-    case 32: decode_for_head_dim<32>(a, stream); break;
-    case 64: decode_for_head_dim<64>(a, stream); break;
-    case 128: decode_for_head_dim<128>(a, stream); break;
-    case 256: decode_for_head_dim<256>(a, stream); break;
-    default: QS_CHECK_MSG(false, "attention: unsupported head_dim");
+    case 32:
+      decode_for_head_dim<32>(a, stream);
+      break;
+    case 64:
+      decode_for_head_dim<64>(a, stream);
+      break;
+    case 128:
+      decode_for_head_dim<128>(a, stream);
+      break;
+    case 256:
+      decode_for_head_dim<256>(a, stream);
+      break;
+    default:
+      QS_CHECK_MSG(false, "attention: unsupported head_dim");
   }
   if (a.num_splits > 1) launch_attention_combine(a, stream);
 }
@@ -526,11 +554,20 @@ void launch_attention_decode(const AttentionArgs& a, cudaStream_t stream) {
 void launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
   check_args(a);
   switch (a.head_dim) {
-    case 32: prefill_for_head_dim<32>(a, stream); break;
-    case 64: prefill_for_head_dim<64>(a, stream); break;
-    case 128: prefill_for_head_dim<128>(a, stream); break;
-    case 256: prefill_for_head_dim<256>(a, stream); break;
-    default: QS_CHECK_MSG(false, "attention: unsupported head_dim");
+    case 32:
+      prefill_for_head_dim<32>(a, stream);
+      break;
+    case 64:
+      prefill_for_head_dim<64>(a, stream);
+      break;
+    case 128:
+      prefill_for_head_dim<128>(a, stream);
+      break;
+    case 256:
+      prefill_for_head_dim<256>(a, stream);
+      break;
+    default:
+      QS_CHECK_MSG(false, "attention: unsupported head_dim");
   }
   if (a.num_splits > 1) launch_attention_combine(a, stream);
 }

@@ -1,5 +1,3 @@
-#include "backend/cuda/cuda_backend.h"
-
 #include <cublas_v2.h>
 #include <cuda_runtime.h>
 
@@ -10,6 +8,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 
@@ -113,6 +112,7 @@ struct CudaBackend::Impl {
   struct DeviceWeight {
     const void* ptr = nullptr;  // device copy (or the view's own pointer when already device)
     size_t bytes = 0;
+    DType dtype = DType::F32;
     bool owned = false;
   };
   std::unordered_map<const void*, DeviceWeight> weights;  // by the view's data pointer
@@ -142,23 +142,34 @@ struct CudaBackend::Impl {
     const size_t bytes = weight_bytes(w);
     auto it = weights.find(w.data);
     if (it != weights.end()) {
-      QS_CHECK_MSG(it->second.bytes >= bytes,
-                   "weight '" + w.name + "' seen before with fewer bytes at the same address");
-      return it->second.ptr;
+      if (!it->second.owned) {  // device memory: used in place, whatever its size
+        it->second.bytes = std::max(it->second.bytes, bytes);
+        return it->second.ptr;
+      }
+      if (it->second.bytes == bytes && it->second.dtype == w.dtype) return it->second.ptr;
+      // Another tensor at an address seen before: the old host memory was freed and reused.
+      // (A same-sized tensor cannot be told apart: hence release_weights().)
+      CUDA_CHECK(cudaStreamSynchronize(stream));
+      CUDA_CHECK(cudaFree(const_cast<void*>(it->second.ptr)));
+      resident_bytes -= it->second.bytes;
+      weights.erase(it);
     }
     cudaPointerAttributes attr{};
     const cudaError_t e = cudaPointerGetAttributes(&attr, w.data);
     if (e == cudaSuccess &&
         (attr.type == cudaMemoryTypeDevice || attr.type == cudaMemoryTypeManaged)) {
-      weights.emplace(w.data, DeviceWeight{w.data, bytes, false});
+      weights.emplace(w.data, DeviceWeight{w.data, bytes, w.dtype, false});
       return w.data;
     }
     if (e != cudaSuccess) cudaGetLastError();
     void* dev = nullptr;
     CUDA_CHECK(cudaMalloc(&dev, bytes));
-    // Synchronous copy from pageable (mmap) memory: the data is there before any later op.
-    CUDA_CHECK(cudaMemcpy(dev, w.data, bytes, cudaMemcpyHostToDevice));
-    weights.emplace(w.data, DeviceWeight{dev, bytes, true});
+    // On the backend's stream, so every later op is ordered after it. (A plain cudaMemcpy from
+    // pageable memory may return before the data has landed, and the non-blocking stream would
+    // not wait for it: seen as wrong results on the device.) From pageable memory the call
+    // returns once the source is staged, so the host tensor may go at once.
+    CUDA_CHECK(cudaMemcpyAsync(dev, w.data, bytes, cudaMemcpyHostToDevice, stream));
+    weights.emplace(w.data, DeviceWeight{dev, bytes, w.dtype, true});
     resident_bytes += bytes;
     return dev;
   }
@@ -187,9 +198,8 @@ struct CudaBackend::Impl {
     a.split_len = static_cast<int>(split_len);
     if (splits > 1) {
       const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
-      float* base = static_cast<float*>(
-          attn_partial.ensure(sizeof(float) * static_cast<size_t>(splits * num_qv) *
-                              (a.head_dim + 2)));
+      float* base = static_cast<float*>(attn_partial.ensure(
+          sizeof(float) * static_cast<size_t>(splits * num_qv) * (a.head_dim + 2)));
       a.partial_o = base;
       a.partial_ml = base + splits * num_qv * a.head_dim;
     }
@@ -214,8 +224,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   CUDA_CHECK(cudaSetDevice(options.device));
-  CUDA_CHECK(cudaDeviceGetAttribute(&impl->num_sms, cudaDevAttrMultiProcessorCount,
-                                    options.device));
+  CUDA_CHECK(
+      cudaDeviceGetAttribute(&impl->num_sms, cudaDevAttrMultiProcessorCount, options.device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));
   CUBLAS_CHECK(cublasCreate(&impl->cublas));
   CUBLAS_CHECK(cublasSetStream(impl->cublas, impl->stream));
@@ -232,7 +242,8 @@ Status CudaBackend::check_supported(const ModelConfig& cfg) {
                       " is not supported (supported: 32, 64, 128, 256)");
   }
   if (cfg.head_dim / 2 > cuda::kMaxRopePairs) {
-    return make_error("CUDA backend: head_dim " + std::to_string(cfg.head_dim) + " too large for RoPE");
+    return make_error("CUDA backend: head_dim " + std::to_string(cfg.head_dim) +
+                      " too large for RoPE");
   }
   return Status::ok_status();
 }
@@ -243,8 +254,8 @@ std::unique_ptr<Buffer> CudaBackend::alloc(size_t n) {
 
 void CudaBackend::to_host(const float* src, float* dst_host, size_t n) {
   if (n == 0) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst_host, src, n * sizeof(float), cudaMemcpyDeviceToHost,
-                             impl_->stream));
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst_host, src, n * sizeof(float), cudaMemcpyDeviceToHost, impl_->stream));
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
 }
 
@@ -252,14 +263,13 @@ void CudaBackend::from_host(const float* src_host, float* dst, size_t n) {
   if (n == 0) return;
   // From pageable memory the call returns once the source has been staged, so the caller may
   // reuse it at once; the copy itself is ordered on the stream.
-  CUDA_CHECK(cudaMemcpyAsync(dst, src_host, n * sizeof(float), cudaMemcpyHostToDevice,
-                             impl_->stream));
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst, src_host, n * sizeof(float), cudaMemcpyHostToDevice, impl_->stream));
 }
 
 void CudaBackend::copy(float* dst, const float* src, size_t n) {
   if (n == 0 || dst == src) return;
-  CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice,
-                             impl_->stream));
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, impl_->stream));
 }
 
 void CudaBackend::prepare_weights(const ModelWeights& weights) {
@@ -286,15 +296,14 @@ void CudaBackend::embedding(const WeightView& table, const int32_t* ids, int m, 
     std::memcpy(inline_ids.ids, ids, sizeof(int32_t) * m);
   } else {
     auto* dev = static_cast<int32_t*>(impl_->ids.ensure(sizeof(int32_t) * m));
-    CUDA_CHECK(cudaMemcpyAsync(dev, ids, sizeof(int32_t) * m, cudaMemcpyHostToDevice,
-                               impl_->stream));
+    CUDA_CHECK(
+        cudaMemcpyAsync(dev, ids, sizeof(int32_t) * m, cudaMemcpyHostToDevice, impl_->stream));
     ids_device = dev;
   }
   cuda::launch_embedding(t, ids_device, inline_ids, m, out, impl_->stream);
 }
 
-void CudaBackend::rmsnorm(const float* x, const WeightView& weight, int m, float eps,
-                          float* out) {
+void CudaBackend::rmsnorm(const float* x, const WeightView& weight, int m, float eps, float* out) {
   const void* w = impl_->resolve(weight);
   cuda::launch_rmsnorm(x, w, weight.dtype, weight.numel(), m, eps, out, impl_->stream);
 }
@@ -332,9 +341,9 @@ void CudaBackend::matmul_gemm(const float* x, int m, const WeightView& w, const 
   const float one = 1.0f, zero = 0.0f;
   cublasHandle_t h = impl_->cublas;
   if (w.dtype == DType::F32) {
-    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, wm.data, CUDA_R_32F, k,
-                              x, CUDA_R_32F, k, &zero, y, CUDA_R_32F, n,
-                              CUBLAS_COMPUTE_32F_PEDANTIC, CUBLAS_GEMM_DEFAULT));
+    CUBLAS_CHECK(cublasGemmEx(h, CUBLAS_OP_T, CUBLAS_OP_N, n, m, k, &one, wm.data, CUDA_R_32F, k, x,
+                              CUDA_R_32F, k, &zero, y, CUDA_R_32F, n, CUBLAS_COMPUTE_32F_PEDANTIC,
+                              CUBLAS_GEMM_DEFAULT));
   } else {
     QS_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
     const cudaDataType_t type = w.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
@@ -368,6 +377,13 @@ namespace {
 cuda::AttentionArgs make_args(const float* q, int m, int pos, const AttentionShape& shape,
                               const KvView& kv, float* out) {
   QS_CHECK_MSG(kv.length >= pos + m, "attention: the KV view does not cover the queries");
+  // TODO: the hierarchical (quantized) KV segment comes with the quantized-cache kernels.
+  QS_CHECK_MSG(kv.quantized == nullptr && kv.fp_base == 0,
+               "attention: the CUDA backend reads a full-precision KV view only (so far)");
+  if (kv.read_bytes) {  // what the last query streams, as the CPU backend counts it
+    kv.read_bytes->fp += int64_t{shape.num_kv_heads} * 2 * (pos + m) * shape.head_dim *
+                         static_cast<int64_t>(sizeof(float));
+  }
   cuda::AttentionArgs a;
   a.q = q;
   a.k = kv.k;
@@ -423,13 +439,21 @@ void CudaBackend::add(float* y, const float* x, int64_t n) {
   cuda::launch_add(y, x, n, impl_->stream);
 }
 
-void CudaBackend::synchronize() { CUDA_CHECK(cudaStreamSynchronize(impl_->stream)); }
+void CudaBackend::synchronize() {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
 
-void* CudaBackend::stream() const { return impl_->stream; }
+void* CudaBackend::stream() const {
+  return impl_->stream;
+}
 
-int CudaBackend::num_sms() const { return impl_->num_sms; }
+int CudaBackend::num_sms() const {
+  return impl_->num_sms;
+}
 
-size_t CudaBackend::resident_weight_bytes() const { return impl_->resident_bytes; }
+size_t CudaBackend::resident_weight_bytes() const {
+  return impl_->resident_bytes;
+}
 
 void CudaBackend::release_weights() {
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));

@@ -12,8 +12,9 @@
 namespace qs::cuda {
 
 [[noreturn]] inline void cuda_failed(const char* file, int line, const char* expr, cudaError_t e) {
-  ::qs::check_failed(file, line, expr,
-                     std::string("CUDA error ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
+  ::qs::check_failed(
+      file, line, expr,
+      std::string("CUDA error ") + cudaGetErrorName(e) + ": " + cudaGetErrorString(e));
 }
 
 // After a launch: catches launch-configuration errors at once. With QS_CUDA_SYNC=1 in the
@@ -23,18 +24,19 @@ void check_launch(const char* file, int line, cudaStream_t stream);
 
 }  // namespace qs::cuda
 
-#define CUDA_CHECK(expr) \
-  do { \
-    cudaError_t qs_cuda_err_ = (expr); \
-    if (qs_cuda_err_ != cudaSuccess) ::qs::cuda::cuda_failed(__FILE__, __LINE__, #expr, qs_cuda_err_); \
+#define CUDA_CHECK(expr)                                                \
+  do {                                                                  \
+    cudaError_t qs_cuda_err_ = (expr);                                  \
+    if (qs_cuda_err_ != cudaSuccess)                                    \
+      ::qs::cuda::cuda_failed(__FILE__, __LINE__, #expr, qs_cuda_err_); \
   } while (0)
 
 #define CUDA_CHECK_LAUNCH(stream) ::qs::cuda::check_launch(__FILE__, __LINE__, (stream))
 
-#define CUBLAS_CHECK(expr) \
-  do { \
-    cublasStatus_t qs_cublas_st_ = (expr); \
-    if (qs_cublas_st_ != CUBLAS_STATUS_SUCCESS) \
-      ::qs::check_failed(__FILE__, __LINE__, #expr, \
+#define CUBLAS_CHECK(expr)                                                                   \
+  do {                                                                                       \
+    cublasStatus_t qs_cublas_st_ = (expr);                                                   \
+    if (qs_cublas_st_ != CUBLAS_STATUS_SUCCESS)                                              \
+      ::qs::check_failed(__FILE__, __LINE__, #expr,                                          \
                          std::string("cuBLAS error ") + cublasGetStatusName(qs_cublas_st_)); \
   } while (0)

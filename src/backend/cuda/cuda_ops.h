@@ -35,8 +35,8 @@ struct InlineIds {
 };
 
 // out[i, :] = f32(table[ids[i], :]); ids from `ids_device` [m] when not null, else inline.
-void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device, const InlineIds& inline_ids,
-                      int m, float* out, cudaStream_t stream);
+void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device,
+                      const InlineIds& inline_ids, int m, float* out, cudaStream_t stream);
 
 // out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight; x, out: [m, d]; out may alias x.
 void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t d, int m,
@@ -72,6 +72,19 @@ void launch_split_activations(const float* x, int64_t count, DType dtype, void* 
 // 16-byte aligned x and W; plain FMA loops otherwise (F32 weights, odd shapes).
 void launch_gemv(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias, float* y,
                  int num_sms, cudaStream_t stream);
+// Tuning of launch_gemv, process-wide (benchmarks and tests compare the variants; every
+// variant computes the same function and is tested).
+// Defaults: the fastest measured on the H200 (docs/perf.md).
+struct GemvTuning {
+  // 32-wide K chunks whose W loads a lane keeps in flight: 4 or 8; 0 = 8 for grids of more
+  // than ~32 blocks per SM (LM heads), else 4.
+  int mma_unroll = 0;
+  bool l2_prefetch = true;     // W loads ask L2 for the whole 256-byte segment
+  int coalesced_max_rows = 0;  // m <= this (<= 4) runs the coalesced FMA kernel; 0 = never
+};
+void set_gemv_tuning(const GemvTuning& tuning);
+GemvTuning gemv_tuning();
+
 // The FMA path alone, for any m (tests; the fallback above).
 void launch_gemv_simt(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
                       float* y, cudaStream_t stream);
@@ -83,21 +96,21 @@ bool gemv_uses_tensor_cores(const float* x, const DeviceMatrix& w);
 // One attention call (backend.h semantics) as the kernels see it. Query vector qi = row *
 // num_heads + head; its output is out[qi * head_dim, +head_dim).
 struct AttentionArgs {
-  const float* q = nullptr;   // [m, num_heads * head_dim] f32
-  const float* k = nullptr;   // [>= pos + m, row_stride] f32, post-RoPE; kv head h at h*head_dim
-  const float* v = nullptr;   // [>= pos + m, row_stride] f32
-  float* out = nullptr;       // [m, num_heads * head_dim] f32
+  const float* q = nullptr;     // [m, num_heads * head_dim] f32
+  const float* k = nullptr;     // [>= pos + m, row_stride] f32, post-RoPE; kv head h at h*head_dim
+  const float* v = nullptr;     // [>= pos + m, row_stride] f32
+  float* out = nullptr;         // [m, num_heads * head_dim] f32
   float* partial_o = nullptr;   // [num_splits, m * num_heads, head_dim] f32, unnormalized
   float* partial_ml = nullptr;  // [num_splits, m * num_heads, 2] f32: max score (log2 units), sum
-  int64_t row_stride = 0;     // floats between consecutive positions
+  int64_t row_stride = 0;       // floats between consecutive positions
   int m = 0;
   int pos = 0;
   int num_heads = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
-  float scale_log2 = 0.0f;    // softmax scale * log2(e): scores are kept in base-2 units
-  int num_splits = 1;         // > 1: write partials, then launch_attention_combine
-  int split_len = 0;          // positions per split
+  float scale_log2 = 0.0f;  // softmax scale * log2(e): scores are kept in base-2 units
+  int num_splits = 1;       // > 1: write partials, then launch_attention_combine
+  int split_len = 0;        // positions per split
 };
 
 bool attention_head_dim_supported(int head_dim);

@@ -14,16 +14,25 @@ namespace qs::cuda {
 
 constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ __forceinline__ float to_float(float v) { return v; }
-__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
-__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(float v) {
+  return v;
+}
+__device__ __forceinline__ float to_float(__half v) {
+  return __half2float(v);
+}
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) {
+  return __bfloat162float(v);
+}
 
 // Element i of a vector whose dtype is known only at run time (norm weights, biases).
 __device__ __forceinline__ float load_as_float(const void* p, DType t, int64_t i) {
   switch (t) {
-    case DType::F16: return __half2float(static_cast<const __half*>(p)[i]);
-    case DType::BF16: return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
-    default: return static_cast<const float*>(p)[i];
+    case DType::F16:
+      return __half2float(static_cast<const __half*>(p)[i]);
+    case DType::BF16:
+      return __bfloat162float(static_cast<const __nv_bfloat16*>(p)[i]);
+    default:
+      return static_cast<const float*>(p)[i];
   }
 }
 
@@ -46,6 +55,25 @@ __device__ __forceinline__ uint4 load_stream_16(const void* p) {
                : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
                : "l"(p));
   return r;
+}
+
+// The same, also asking L2 to fetch the whole 256-byte segment (longer DRAM bursts when a
+// warp reads short pieces of many rows).
+__device__ __forceinline__ uint4 load_stream_16_l2(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.L2::256B.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+template <bool kL2Prefetch>
+__device__ __forceinline__ uint4 load_weights_16(const void* p) {
+  if constexpr (kL2Prefetch) {
+    return load_stream_16_l2(p);
+  } else {
+    return load_stream_16(p);
+  }
 }
 
 }  // namespace qs::cuda

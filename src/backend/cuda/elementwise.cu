@@ -155,8 +155,9 @@ void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device,
                       const InlineIds& inline_ids, int m, float* out, cudaStream_t stream) {
   QS_CHECK(m >= 1 && m <= 65535);
   QS_CHECK(ids_device != nullptr || m <= kMaxInlineIds);
-  const dim3 grid(static_cast<unsigned>(std::min<int64_t>((table.cols + kThreads - 1) / kThreads, 64)),
-                  static_cast<unsigned>(m));
+  const dim3 grid(
+      static_cast<unsigned>(std::min<int64_t>((table.cols + kThreads - 1) / kThreads, 64)),
+      static_cast<unsigned>(m));
   switch (table.dtype) {
     case DType::F32:
       embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(table.data),
@@ -167,10 +168,11 @@ void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device,
                                                       table.cols, ids_device, inline_ids, m, out);
       break;
     case DType::BF16:
-      embedding_kernel<<<grid, kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(table.data), table.cols, ids_device, inline_ids, m, out);
+      embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(table.data),
+                                                      table.cols, ids_device, inline_ids, m, out);
       break;
-    default: QS_CHECK_MSG(false, "embedding: unsupported table dtype");
+    default:
+      QS_CHECK_MSG(false, "embedding: unsupported table dtype");
   }
   CUDA_CHECK_LAUNCH(stream);
 }
@@ -192,8 +194,7 @@ void launch_rope(float* x, int m, int num_heads, int head_dim, int pos, const Ro
   CUDA_CHECK_LAUNCH(stream);
 }
 
-void launch_swiglu(const float* gate, const float* up, int64_t n, float* out,
-                   cudaStream_t stream) {
+void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
   if (n <= 0) return;
   swiglu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, out);
   CUDA_CHECK_LAUNCH(stream);
@@ -203,16 +204,15 @@ void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   const bool aligned = (reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(x)) % 16 == 0;
   if (aligned && n % 4 == 0) {
-    add4_kernel<<<blocks_for(n / 4), kThreads, 0, stream>>>(reinterpret_cast<float4*>(y),
-                                                            reinterpret_cast<const float4*>(x), n / 4);
+    add4_kernel<<<blocks_for(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<float4*>(y), reinterpret_cast<const float4*>(x), n / 4);
   } else {
     add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
   }
   CUDA_CHECK_LAUNCH(stream);
 }
 
-void launch_add_bias_rows(float* y, int m, int64_t n, const DeviceBias& bias,
-                          cudaStream_t stream) {
+void launch_add_bias_rows(float* y, int m, int64_t n, const DeviceBias& bias, cudaStream_t stream) {
   if (bias.data == nullptr || m <= 0 || n <= 0) return;
   const int64_t total = static_cast<int64_t>(m) * n;
   add_bias_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(y, total, n, bias.data,

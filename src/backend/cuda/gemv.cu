@@ -8,7 +8,12 @@
 // shuffle or shared-memory staging is needed. Activations are f32; each is split into
 // hi = round(x) and lo = round(x - hi) in W's dtype, and both halves are multiplied (two MMAs),
 // so the result has the f32 reference's accuracy (products of 16-bit values are exact in the f32
-// accumulator). The warps of a block split K and are summed through shared memory.
+// accumulator). The warps of a block split K and are summed through shared memory. The W loads
+// ask L2 for whole 256-byte segments (GemvTuning::l2_prefetch; up to 1.7x on large matrices).
+//
+// Coalesced FMA path (optional, GemvTuning::coalesced_max_rows): m <= 4, two W rows per warp
+// read as 512-byte runs. Measured slower than the tensor-core path except on LM heads; kept as a
+// tested variant for the benchmark.
 //
 // FMA path (F32 W, K % 8 != 0, unaligned operands): a warp per output feature, lanes over K.
 #include <cuda_bf16.h>
@@ -25,9 +30,8 @@ namespace qs::cuda {
 namespace {
 
 constexpr int kMaxGemvRows = 16;
-constexpr int kMaxWarps = 16;   // warps per block splitting K
-constexpr int kChunkK = 32;     // K per warp step (two k16 MMAs)
-constexpr int kUnroll = 4;      // chunks whose W loads are in flight together
+constexpr int kMaxWarps = 16;  // warps per block splitting K
+constexpr int kChunkK = 32;    // K per warp step (two k16 MMAs)
 
 // ---- kernels --------------------------------------------------------------------------------
 
@@ -57,8 +61,8 @@ __device__ __forceinline__ float round_trip<__half>(float v) {
 
 // D += A(16x16, row) * B(16x8, col), f32 accumulate.
 template <typename T>
-__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4],
-                                          uint32_t b0, uint32_t b1);
+__device__ __forceinline__ void mma_16816(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                          uint32_t b1);
 template <>
 __device__ __forceinline__ void mma_16816<__nv_bfloat16>(float (&d)[4], const uint32_t (&a)[4],
                                                          uint32_t b0, uint32_t b1) {
@@ -80,10 +84,10 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
 
 // Block: (warps x 32) threads, 16 output features; NT tiles of 8 tokens (m <= 8 * NT).
 // x: [m, K] f32; w: [N, K]; y: [m, N] f32.
-template <typename T, int NT>
-__global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_kernel(
-    const float* __restrict__ x, int m, int64_t K, const T* __restrict__ w, int64_t N,
-    DeviceBias bias, float* __restrict__ y) {
+template <typename T, int NT, int UNROLL, bool L2HINT>
+__global__ void __launch_bounds__(kMaxWarps * 32, UNROLL >= 8 ? 1 : 2)
+    gemv_mma_kernel(const float* __restrict__ x, int m, int64_t K, const T* __restrict__ w,
+                    int64_t N, DeviceBias bias, float* __restrict__ y) {
   __shared__ float partial[kMaxWarps][NT][32][4];  // per warp: its C fragments
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -94,25 +98,31 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_kernel(
   const T* w0 = w + (n0 + g) * K;
   const T* w1 = w + (n0 + g + 8) * K;
 
+  // Warps split K in whole steps of UNROLL chunks (aligned runs of W per step).
   const int64_t chunks = (K + kChunkK - 1) / kChunkK;
-  const int64_t chunk_begin = chunks * warp / num_warps;
-  const int64_t chunk_end = chunks * (warp + 1) / num_warps;
+  const int64_t steps = (chunks + UNROLL - 1) / UNROLL;
+  const int64_t chunk_begin = steps * warp / num_warps * UNROLL;
+  const int64_t chunk_end = min(chunks, steps * (warp + 1) / num_warps * UNROLL);
 
   float acc[NT][4];
 #pragma unroll
   for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
 
-  for (int64_t ch = chunk_begin; ch < chunk_end; ch += kUnroll) {
-    uint4 wa[kUnroll], wb[kUnroll];
+  for (int64_t ch = chunk_begin; ch < chunk_end; ch += UNROLL) {
+    uint4 wa[UNROLL], wb[UNROLL];
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
+      // Loads are unconditional (from a valid address, zeroed after) so that no branch keeps
+      // them from being in flight together.
       const int64_t k = (ch + u) * kChunkK + 8 * c;
       const bool ok = ch + u < chunk_end && k < K;
-      wa[u] = ok && row0_ok ? load_stream_16(w0 + k) : make_uint4(0, 0, 0, 0);
-      wb[u] = ok && row1_ok ? load_stream_16(w1 + k) : make_uint4(0, 0, 0, 0);
+      wa[u] = load_weights_16<L2HINT>(ok && row0_ok ? w0 + k : w);
+      wb[u] = load_weights_16<L2HINT>(ok && row1_ok ? w1 + k : w);
+      if (!(ok && row0_ok)) wa[u] = make_uint4(0, 0, 0, 0);
+      if (!(ok && row1_ok)) wb[u] = make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
-    for (int u = 0; u < kUnroll; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
       const int64_t k = (ch + u) * kChunkK + 8 * c;
       const bool ok = ch + u < chunk_end && k < K;
       const uint32_t a_lo[4] = {wa[u].x, wb[u].x, wa[u].y, wb[u].y};  // k .. k+3
@@ -161,6 +171,105 @@ __global__ void __launch_bounds__(kMaxWarps * 32) gemv_mma_kernel(
   }
 }
 
+// Coalesced FMA kernel for a few rows (m <= M <= 4): a warp owns kCoalRows W rows and reads
+// each as whole 512-byte runs (32 lanes x 16 bytes, kCoalUnroll runs in flight per row); the
+// warps of a block split K and are summed in shared memory.
+constexpr int kCoalRows = 2;
+constexpr int kCoalUnroll = 4;
+constexpr int kCoalMaxWarps = 8;
+
+__device__ __forceinline__ void unpack8(const uint4& v, __nv_bfloat16, float (&f)[8]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    f[2 * i] = __uint_as_float(words[i] << 16);
+    f[2 * i + 1] = __uint_as_float(words[i] & 0xffff0000u);
+  }
+}
+__device__ __forceinline__ void unpack8(const uint4& v, __half, float (&f)[8]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 p = __half22float2(*reinterpret_cast<const __half2*>(&words[i]));
+    f[2 * i] = p.x;
+    f[2 * i + 1] = p.y;
+  }
+}
+
+template <typename T, int M, bool L2HINT>
+__global__ void __launch_bounds__(kCoalMaxWarps * 32)
+    gemv_coalesced_kernel(const float* __restrict__ x, int m, int64_t K, const T* __restrict__ w,
+                          int64_t N, DeviceBias bias, float* __restrict__ y) {
+  constexpr int R = kCoalRows, U = kCoalUnroll;
+  __shared__ float partial[kCoalMaxWarps][M][R];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * R;
+  const int64_t pieces = K / 8;  // 16-byte pieces per row
+  const int64_t steps = (pieces + 32 * U - 1) / (32 * U);
+  const int64_t step_begin = steps * warp / num_warps;
+  const int64_t step_end = steps * (warp + 1) / num_warps;
+
+  float acc[M][R];
+#pragma unroll
+  for (int t = 0; t < M; ++t) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) acc[t][r] = 0.0f;
+  }
+  for (int64_t st = step_begin; st < step_end; ++st) {
+    uint4 wv[R][U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t piece = (st * U + u) * 32 + lane;
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const bool ok = piece < pieces && n0 + r < N;
+        wv[r][u] = load_weights_16<L2HINT>(ok ? w + (n0 + r) * K + piece * 8 : w);
+        if (!ok) wv[r][u] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t piece = (st * U + u) * 32 + lane;
+      if (piece >= pieces) break;
+      float wf[R][8];
+#pragma unroll
+      for (int r = 0; r < R; ++r) unpack8(wv[r][u], T{}, wf[r]);
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        if (t >= m) break;
+        const float4* xp = reinterpret_cast<const float4*>(x + t * K + piece * 8);
+        const float4 x0 = __ldg(xp), x1 = __ldg(xp + 1);
+        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[t][r] += wf[r][e] * xs[e];
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int t = 0; t < M; ++t) {
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      const float v = warp_sum(acc[t][r]);
+      if (lane == 0) partial[warp][t][r] = v;
+    }
+  }
+  __syncthreads();
+  if (threadIdx.x < M * R) {
+    const int t = threadIdx.x / R, r = threadIdx.x % R;
+    const int64_t row = n0 + r;
+    if (t < m && row < N) {
+      float sum = 0.0f;
+      for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi][t][r];
+      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      y[t * N + row] = sum;
+    }
+  }
+}
+
 // A warp per output feature; rows of x in chunks of kMaxGemvRows.
 template <typename T>
 __global__ void gemv_simt_kernel(const float* __restrict__ x, int m, int64_t K,
@@ -193,20 +302,81 @@ __global__ void gemv_simt_kernel(const float* __restrict__ x, int m, int64_t K,
   }
 }
 
-template <typename T, int NT>
+GemvTuning g_tuning;
+
+template <typename T, int NT, int UNROLL, bool L2HINT>
 void launch_mma(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias, float* y,
                 int num_sms, cudaStream_t stream) {
   const int64_t blocks = (w.rows + 15) / 16;
-  const int64_t chunks = (w.cols + kChunkK - 1) / kChunkK;
-  // Enough warps in flight to cover memory latency (~32 per SM), each with >= 2 chunks.
+  const int64_t steps = (w.cols + kChunkK * UNROLL - 1) / (kChunkK * UNROLL);
+  // Enough warps in flight to cover memory latency (~32 per SM), each with >= 2 steps.
   int warps = 1;
-  while (warps < kMaxWarps && warps * blocks < int64_t{num_sms} * 32 && warps * 2 <= chunks) {
+  while (warps < kMaxWarps && warps * blocks < int64_t{num_sms} * 32 && warps * 2 <= steps) {
     warps *= 2;
   }
   QS_CHECK(blocks <= 0x7fffffff);
-  gemv_mma_kernel<T, NT><<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(
+  gemv_mma_kernel<T, NT, UNROLL, L2HINT><<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(
       x, m, w.cols, static_cast<const T*>(w.data), w.rows, bias, y);
   CUDA_CHECK_LAUNCH(stream);
+}
+
+template <typename T, int NT>
+void launch_mma_tuned(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
+                      float* y, int num_sms, cudaStream_t stream) {
+  int unroll = g_tuning.mma_unroll;
+  if (unroll == 0) unroll = (w.rows + 15) / 16 >= int64_t{num_sms} * 32 ? 8 : 4;
+  if (unroll >= 8) {
+    if (g_tuning.l2_prefetch) {
+      launch_mma<T, NT, 8, true>(x, m, w, bias, y, num_sms, stream);
+    } else {
+      launch_mma<T, NT, 8, false>(x, m, w, bias, y, num_sms, stream);
+    }
+  } else {
+    if (g_tuning.l2_prefetch) {
+      launch_mma<T, NT, 4, true>(x, m, w, bias, y, num_sms, stream);
+    } else {
+      launch_mma<T, NT, 4, false>(x, m, w, bias, y, num_sms, stream);
+    }
+  }
+}
+
+template <typename T, int M>
+void launch_coalesced(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
+                      float* y, int num_sms, cudaStream_t stream) {
+  const int64_t blocks = (w.rows + kCoalRows - 1) / kCoalRows;
+  const int64_t steps = (w.cols / 8 + 32 * kCoalUnroll - 1) / (32 * kCoalUnroll);
+  int warps = 1;
+  while (warps < kCoalMaxWarps && warps * blocks < int64_t{num_sms} * 32 && warps * 2 <= steps) {
+    warps *= 2;
+  }
+  QS_CHECK(blocks <= 0x7fffffff);
+  const unsigned grid = static_cast<unsigned>(blocks);
+  if (g_tuning.l2_prefetch) {
+    gemv_coalesced_kernel<T, M, true><<<grid, warps * 32, 0, stream>>>(
+        x, m, w.cols, static_cast<const T*>(w.data), w.rows, bias, y);
+  } else {
+    gemv_coalesced_kernel<T, M, false><<<grid, warps * 32, 0, stream>>>(
+        x, m, w.cols, static_cast<const T*>(w.data), w.rows, bias, y);
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+template <typename T>
+void launch_half(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias, float* y,
+                 int num_sms, cudaStream_t stream) {
+  if (m <= std::min(g_tuning.coalesced_max_rows, 4)) {
+    if (m == 1) {
+      launch_coalesced<T, 1>(x, m, w, bias, y, num_sms, stream);
+    } else if (m == 2) {
+      launch_coalesced<T, 2>(x, m, w, bias, y, num_sms, stream);
+    } else {
+      launch_coalesced<T, 4>(x, m, w, bias, y, num_sms, stream);
+    }
+  } else if (m <= 8) {
+    launch_mma_tuned<T, 1>(x, m, w, bias, y, num_sms, stream);
+  } else {
+    launch_mma_tuned<T, 2>(x, m, w, bias, y, num_sms, stream);
+  }
 }
 
 }  // namespace
@@ -229,22 +399,31 @@ void launch_gemv_simt(const float* x, int m, const DeviceMatrix& w, const Device
   const unsigned grid = static_cast<unsigned>(blocks);
   switch (w.dtype) {
     case DType::F32:
-      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(x, m, w.cols,
-                                                         static_cast<const float*>(w.data), w.rows,
-                                                         bias, y);
+      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(
+          x, m, w.cols, static_cast<const float*>(w.data), w.rows, bias, y);
       break;
     case DType::F16:
-      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(x, m, w.cols,
-                                                         static_cast<const __half*>(w.data),
-                                                         w.rows, bias, y);
+      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(
+          x, m, w.cols, static_cast<const __half*>(w.data), w.rows, bias, y);
       break;
     case DType::BF16:
       gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(
           x, m, w.cols, static_cast<const __nv_bfloat16*>(w.data), w.rows, bias, y);
       break;
-    default: QS_CHECK_MSG(false, "gemv: unsupported weight dtype");
+    default:
+      QS_CHECK_MSG(false, "gemv: unsupported weight dtype");
   }
   CUDA_CHECK_LAUNCH(stream);
+}
+
+void set_gemv_tuning(const GemvTuning& tuning) {
+  QS_CHECK(tuning.mma_unroll == 0 || tuning.mma_unroll == 4 || tuning.mma_unroll == 8);
+  QS_CHECK(tuning.coalesced_max_rows >= 0 && tuning.coalesced_max_rows <= 4);
+  g_tuning = tuning;
+}
+
+GemvTuning gemv_tuning() {
+  return g_tuning;
 }
 
 void launch_gemv(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias, float* y,
@@ -252,20 +431,10 @@ void launch_gemv(const float* x, int m, const DeviceMatrix& w, const DeviceBias&
   QS_CHECK(m >= 1 && m <= kMaxGemvRows);
   if (!gemv_uses_tensor_cores(x, w)) {
     launch_gemv_simt(x, m, w, bias, y, stream);
-    return;
-  }
-  if (w.dtype == DType::BF16) {
-    if (m <= 8) {
-      launch_mma<__nv_bfloat16, 1>(x, m, w, bias, y, num_sms, stream);
-    } else {
-      launch_mma<__nv_bfloat16, 2>(x, m, w, bias, y, num_sms, stream);
-    }
+  } else if (w.dtype == DType::BF16) {
+    launch_half<__nv_bfloat16>(x, m, w, bias, y, num_sms, stream);
   } else {
-    if (m <= 8) {
-      launch_mma<__half, 1>(x, m, w, bias, y, num_sms, stream);
-    } else {
-      launch_mma<__half, 2>(x, m, w, bias, y, num_sms, stream);
-    }
+    launch_half<__half>(x, m, w, bias, y, num_sms, stream);
   }
 }
 

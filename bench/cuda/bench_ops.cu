@@ -1,0 +1,523 @@
+// CUDA op benchmarks at real model shapes, and a first whole decode step.
+//
+//   bench_ops [--sections copy,gemv,tune,attn,prefill,step] [--quick]
+//
+// Every time is the median over batches of launches timed with CUDA events after warm-up;
+// inputs rotate over enough copies to exceed the L2 cache, so each launch reads HBM. Every line
+// states the bytes counted and the fraction of the H200's measured copy bandwidth (4.24 TB/s,
+// bytes read + written), and the copy section re-measures that ceiling on the machine at hand.
+// Lines starting with "| " form the summary table printed last.
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdarg>
+#include <cstdio>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_ops.h"
+
+namespace qs {
+namespace {
+
+constexpr double kRefBandwidth = 4.24e12;           // bytes/s, H200 device copy (read + write)
+constexpr size_t kRotateBytes = size_t{512} << 20;  // inputs rotate over >= this many bytes
+
+std::vector<std::string> g_summary;
+
+void summary(const char* fmt, ...) __attribute__((format(printf, 1, 2)));
+void summary(const char* fmt, ...) {
+  char buf[512];
+  va_list ap;
+  va_start(ap, fmt);
+  std::vsnprintf(buf, sizeof buf, fmt, ap);
+  va_end(ap);
+  std::printf("%s\n", buf);
+  g_summary.emplace_back(buf);
+}
+
+// ---- device data ----------------------------------------------------------------------------
+
+__device__ uint32_t hash32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdull;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ull;
+  x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+
+// Uniform values in [center - half_width, center + half_width].
+__global__ void fill_bf16(__nv_bfloat16* p, size_t n, uint64_t seed, float center,
+                          float half_width) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float u = hash32(seed * 0x9E3779B97F4A7C15ull + i) * (1.0f / 4294967296.0f);
+    p[i] = __float2bfloat16(center + half_width * (2.0f * u - 1.0f));
+  }
+}
+
+__global__ void fill_f32(float* p, size_t n, uint64_t seed, float half_width) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float u = hash32(seed * 0x9E3779B97F4A7C15ull + i) * (1.0f / 4294967296.0f);
+    p[i] = half_width * (2.0f * u - 1.0f);
+  }
+}
+
+// Device memory owned by the benchmark (freed at scope end).
+struct DeviceMem {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  explicit DeviceMem(size_t b) : bytes(b) { CUDA_CHECK(cudaMalloc(&ptr, b)); }
+  ~DeviceMem() { cudaFree(ptr); }
+  DeviceMem(const DeviceMem&) = delete;
+  DeviceMem& operator=(const DeviceMem&) = delete;
+  float* f32() const { return static_cast<float*>(ptr); }
+};
+
+std::unique_ptr<DeviceMem> random_bf16(size_t n, uint64_t seed, float center = 0.0f,
+                                       float half_width = 0.02f) {
+  auto m = std::make_unique<DeviceMem>(n * 2);
+  fill_bf16<<<1024, 256>>>(static_cast<__nv_bfloat16*>(m->ptr), n, seed, center, half_width);
+  CUDA_CHECK(cudaGetLastError());
+  return m;
+}
+
+std::unique_ptr<DeviceMem> random_f32(size_t n, uint64_t seed, float half_width = 1.0f) {
+  auto m = std::make_unique<DeviceMem>(n * 4);
+  fill_f32<<<1024, 256>>>(m->f32(), n, seed, half_width);
+  CUDA_CHECK(cudaGetLastError());
+  return m;
+}
+
+WeightView bf16_view(const DeviceMem& m, int64_t rows, int64_t cols, const char* name) {
+  WeightView w;
+  w.data = m.ptr;
+  w.dtype = DType::BF16;
+  w.rows = rows;
+  w.cols = cols;
+  w.name = name;
+  return w;
+}
+
+// ---- timing ---------------------------------------------------------------------------------
+
+// Median milliseconds per call of `body(i)` (i counts calls, for rotating inputs): warm-up,
+// then `batches` batches of `reps` calls between two events.
+double time_ms(cudaStream_t s, const std::function<void(int)>& body, int reps, int batches = 7) {
+  for (int i = 0; i < std::max(3, reps / 4); ++i) body(i);
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::vector<float> ms;
+  int call = 0;
+  for (int b = 0; b < batches; ++b) {
+    CUDA_CHECK(cudaEventRecord(start, s));
+    for (int r = 0; r < reps; ++r) body(call++);
+    CUDA_CHECK(cudaEventRecord(stop, s));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float t = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+    ms.push_back(t / reps);
+  }
+  CUDA_CHECK(cudaEventDestroy(start));
+  CUDA_CHECK(cudaEventDestroy(stop));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
+
+double pct(double bytes, double ms) {
+  return 100.0 * bytes / (ms * 1e-3) / kRefBandwidth;
+}
+double gbps(double bytes, double ms) {
+  return bytes / (ms * 1e-3) / 1e9;
+}
+
+// ---- sections -------------------------------------------------------------------------------
+
+void bench_copy(CudaBackend& be) {
+  const size_t bytes = size_t{4} << 30;
+  DeviceMem a(bytes), b(bytes);
+  CUDA_CHECK(cudaMemset(a.ptr, 1, bytes));
+  auto s = static_cast<cudaStream_t>(be.stream());
+  const double ms = time_ms(
+      s,
+      [&](int) { CUDA_CHECK(cudaMemcpyAsync(b.ptr, a.ptr, bytes, cudaMemcpyDeviceToDevice, s)); },
+      5, 5);
+  const double moved = 2.0 * bytes;
+  summary("| copy d2d 4 GiB | %.3f ms | %.0f GB/s (read+write) | %.1f%% of 4.24 TB/s |", ms,
+          gbps(moved, ms), pct(moved, ms));
+}
+
+struct Shape {
+  const char* model;
+  int64_t hidden, inter, vocab;
+  int heads, kv_heads, head_dim, layers;
+};
+constexpr Shape kLlama2_7B{"llama2-7b", 4096, 11008, 32000, 32, 32, 128, 32};
+constexpr Shape kLlama31_8B{"llama3.1-8b", 4096, 14336, 128256, 32, 8, 128, 32};
+
+void bench_gemv(CudaBackend& be, bool quick) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  struct Mat {
+    const char* name;
+    int64_t n, k;
+  };
+  const Mat mats[] = {
+      {"7b q/o 4096x4096", 4096, 4096},    {"7b gate/up 11008x4096", 11008, 4096},
+      {"7b down 4096x11008", 4096, 11008}, {"7b lm_head 32000x4096", 32000, 4096},
+      {"8b k/v 1024x4096", 1024, 4096},    {"8b gate/up 14336x4096", 14336, 4096},
+      {"8b down 4096x14336", 4096, 14336}, {"8b lm_head 128256x4096", 128256, 4096}};
+  const int rows_list[] = {1, 4, 8, 16};
+  for (const Mat& mat : mats) {
+    const size_t wbytes = size_t(mat.n) * mat.k * 2;
+    const int copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + wbytes - 1) / wbytes));
+    std::vector<std::unique_ptr<DeviceMem>> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(random_bf16(size_t(mat.n) * mat.k, 10 + c));
+    std::vector<WeightView> views;
+    for (auto& w : ws) views.push_back(bf16_view(*w, mat.n, mat.k, mat.name));
+    auto x = random_f32(16 * mat.k, 3);
+    DeviceMem y(16 * mat.n * 4);
+    for (int m : rows_list) {
+      if (quick && m != 1 && m != 16) continue;
+      const double ms = time_ms(
+          s, [&](int i) { be.matmul(x->f32(), m, views[i % copies], nullptr, y.f32()); },
+          20 * copies);
+      const double bytes = double(wbytes) + 4.0 * m * (mat.k + mat.n);
+      summary("| gemv bf16 %-24s m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |", mat.name, m, ms * 1e3,
+              gbps(bytes, ms), pct(bytes, ms));
+    }
+  }
+}
+
+// The skinny-GEMM variants side by side (cuda::GemvTuning): time per call and % of 4.24 TB/s.
+constexpr cuda::GemvTuning kTunings[] = {{4, false, 0}, {4, true, 0}, {8, false, 0},
+                                         {8, true, 0},  {4, true, 4}, {0, true, 0}};
+
+void bench_gemv_tuning(CudaBackend& be) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  struct Mat {
+    const char* name;
+    int64_t n, k;
+  };
+  const Mat mats[] = {{"7b q/o", 4096, 4096},
+                      {"7b down", 4096, 11008},
+                      {"8b k/v", 1024, 4096},
+                      {"8b gate/up", 14336, 4096},
+                      {"8b lm_head", 128256, 4096}};
+  const cuda::GemvTuning saved = cuda::gemv_tuning();
+  summary(
+      "| gemv-tune (us, %% of 4.24 TB/s) | u4 | u4+L2 | u8 | u8+L2 | coal+L2 (m<=4) | default |");
+  for (const Mat& mat : mats) {
+    const size_t wbytes = size_t(mat.n) * mat.k * 2;
+    const int copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + wbytes - 1) / wbytes));
+    std::vector<std::unique_ptr<DeviceMem>> ws;
+    for (int c = 0; c < copies; ++c) ws.push_back(random_bf16(size_t(mat.n) * mat.k, 10 + c));
+    std::vector<WeightView> views;
+    for (auto& w : ws) views.push_back(bf16_view(*w, mat.n, mat.k, mat.name));
+    auto x = random_f32(16 * mat.k, 3);
+    DeviceMem y(16 * mat.n * 4);
+    for (int m : {1, 2, 4, 8, 16}) {
+      std::string line;
+      char buf[64];
+      for (const cuda::GemvTuning& t : kTunings) {
+        if (t.coalesced_max_rows > 0 && m > t.coalesced_max_rows) {
+          line += "         - |";
+          continue;
+        }
+        cuda::set_gemv_tuning(t);
+        const double ms = time_ms(
+            s, [&](int i) { be.matmul(x->f32(), m, views[i % copies], nullptr, y.f32()); },
+            20 * copies);
+        const double bytes = double(wbytes) + 4.0 * m * (mat.k + mat.n);
+        std::snprintf(buf, sizeof buf, " %6.1f %3.0f%% |", ms * 1e3, pct(bytes, ms));
+        line += buf;
+      }
+      summary("| gemv-tune %-10s m=%-2d |%s", mat.name, m, line.c_str());
+    }
+  }
+  cuda::set_gemv_tuning(saved);
+  be.release_weights();
+}
+
+void bench_attention(CudaBackend& be, bool quick) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
+    const int64_t kv_dim = int64_t(sh->kv_heads) * sh->head_dim;
+    for (int ctx : {4096, 32768, 131072}) {
+      if (quick && ctx != 32768) continue;
+      const size_t kv_bytes = size_t(ctx) * kv_dim * 4 * 2;  // K + V, f32
+      const int copies =
+          static_cast<int>(std::max<size_t>(1, (kRotateBytes + kv_bytes - 1) / kv_bytes));
+      std::vector<std::unique_ptr<DeviceMem>> ks, vs;
+      for (int c = 0; c < copies; ++c) {
+        ks.push_back(random_f32(size_t(ctx) * kv_dim, 100 + c));
+        vs.push_back(random_f32(size_t(ctx) * kv_dim, 200 + c));
+      }
+      const AttentionShape shape{sh->heads, sh->kv_heads, sh->head_dim,
+                                 static_cast<float>(1.0 / std::sqrt(double(sh->head_dim)))};
+      for (int m : {1, 8, 16}) {
+        if (quick && m != 1) continue;
+        auto q = random_f32(size_t(m) * sh->heads * sh->head_dim, 5);
+        DeviceMem out(size_t(m) * sh->heads * sh->head_dim * 4);
+        const int pos = ctx - m;
+        const double ms = time_ms(
+            s,
+            [&](int i) {
+              const int c = i % copies;
+              be.attention(q->f32(), m, pos, shape, KvView{ks[c]->f32(), vs[c]->f32(), kv_dim, ctx},
+                           out.f32());
+            },
+            std::max(10, 4 * copies));
+        summary("| attn decode f32-KV %-11s ctx=%-6d m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |",
+                sh->model, ctx, m, ms * 1e3, gbps(double(kv_bytes), ms), pct(double(kv_bytes), ms));
+      }
+    }
+  }
+}
+
+void bench_prefill(CudaBackend& be, CudaBackend& fast) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  const int64_t n = 11008, k = 4096;
+  auto w = random_bf16(size_t(n) * k, 7);
+  const WeightView view = bf16_view(*w, n, k, "7b gate");
+  for (int m : {512, 4096}) {
+    auto x = random_f32(size_t(m) * k, 8);
+    DeviceMem y(size_t(m) * n * 4);
+    for (CudaBackend* b : {&be, &fast}) {
+      auto bs = static_cast<cudaStream_t>(b->stream());
+      const double ms = time_ms(
+          bs, [&](int) { b->matmul(x->f32(), m, view, nullptr, y.f32()); }, 10);
+      summary("| gemm bf16 11008x4096 m=%-4d %-5s | %8.3f ms | %6.1f TFLOP/s |", m,
+              b == &be ? "exact" : "fast", ms, 2.0 * m * n * k / (ms * 1e-3) / 1e12);
+    }
+  }
+  // Causal prefill attention from position 0 (Llama-2-7B heads).
+  for (int m : {4096, 16384}) {
+    const int heads = 32, hd = 128;
+    const int64_t kv_dim = int64_t(heads) * hd;
+    auto q = random_f32(size_t(m) * kv_dim, 11);
+    auto kk = random_f32(size_t(m) * kv_dim, 12);
+    auto vv = random_f32(size_t(m) * kv_dim, 13);
+    DeviceMem out(size_t(m) * kv_dim * 4);
+    const AttentionShape shape{heads, heads, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};
+    const double ms = time_ms(
+        s,
+        [&](int) {
+          be.attention(q->f32(), m, 0, shape, KvView{kk->f32(), vv->f32(), kv_dim, m}, out.f32());
+        },
+        2, 3);
+    const double flops = 4.0 * heads * hd * (double(m) * (m + 1) / 2);  // causal QK^T + PV
+    summary("| attn prefill f32 llama2-7b layer m=%-6d | %8.2f ms | %6.1f TFLOP/s |", m, ms,
+            flops / (ms * 1e-3) / 1e12);
+  }
+  (void)s;
+}
+
+// One decode step of a whole model (random bf16 weights, f32 KV cache of `ctx` positions).
+class DecodeStep {
+ public:
+  DecodeStep(CudaBackend& be, const Shape& sh, int ctx) : be_(be), sh_(sh), ctx_(ctx) {
+    const int64_t d = sh.hidden, qd = int64_t(sh.heads) * sh.head_dim;
+    const int64_t kvd = int64_t(sh.kv_heads) * sh.head_dim, inter = sh.inter;
+    uint64_t seed = 1000;
+    auto mat = [&](int64_t rows, int64_t cols, const char* name) {
+      mem_.push_back(random_bf16(size_t(rows) * cols, seed++));
+      return bf16_view(*mem_.back(), rows, cols, name);
+    };
+    auto norm = [&](int64_t n, const char* name) {
+      mem_.push_back(random_bf16(size_t(n), seed++, 1.0f, 0.1f));
+      return bf16_view(*mem_.back(), 1, n, name);
+    };
+    embed_ = mat(sh.vocab, d, "embed");
+    for (int l = 0; l < sh.layers; ++l) {
+      LayerWeights L;
+      L.attn_norm = norm(d, "attn_norm");
+      L.wq = mat(qd, d, "wq");
+      L.wk = mat(kvd, d, "wk");
+      L.wv = mat(kvd, d, "wv");
+      L.wo = mat(d, qd, "wo");
+      L.mlp_norm = norm(d, "mlp_norm");
+      L.w_gate = mat(inter, d, "gate");
+      L.w_up = mat(inter, d, "up");
+      L.w_down = mat(d, inter, "down");
+      layers_.push_back(L);
+      weight_bytes_ += 2.0 * (2 * d + qd * d * 2 + kvd * d * 2 + 3 * inter * d);
+    }
+    final_norm_ = norm(d, "final_norm");
+    lm_head_ = mat(sh.vocab, d, "lm_head");
+    weight_bytes_ += 2.0 * (d + sh.vocab * d + d);
+    const size_t kv_elems = size_t(sh.layers) * ctx * kvd;
+    k_cache_ = random_f32(kv_elems, 77, 1.0f);
+    v_cache_ = random_f32(kv_elems, 78, 1.0f);
+    kv_bytes_ = 2.0 * 4.0 * double(ctx) * kvd * sh.layers;
+    h_ = be.alloc(d);
+    x_ = be.alloc(d);
+    q_ = be.alloc(qd);
+    k_ = be.alloc(kvd);
+    v_ = be.alloc(kvd);
+    attn_ = be.alloc(qd);
+    proj_ = be.alloc(d);
+    gate_ = be.alloc(inter);
+    up_ = be.alloc(inter);
+    logits_ = be.alloc(sh.vocab);
+    inv_freq_.resize(sh.head_dim / 2);
+    for (int j = 0; j < sh.head_dim / 2; ++j) {
+      inv_freq_[j] = static_cast<float>(1.0 / std::pow(10000.0, 2.0 * j / sh.head_dim));
+    }
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+
+  double weight_bytes() const { return weight_bytes_; }
+  double kv_bytes() const { return kv_bytes_; }
+
+  // The last position of the cache is the token being decoded.
+  void run() {
+    const int pos = ctx_ - 1;
+    const int64_t d = sh_.hidden, kvd = int64_t(sh_.kv_heads) * sh_.head_dim, inter = sh_.inter;
+    const AttentionShape shape{sh_.heads, sh_.kv_heads, sh_.head_dim,
+                               static_cast<float>(1.0 / std::sqrt(double(sh_.head_dim)))};
+    const int32_t id = 42;
+    be_.embedding(embed_, &id, 1, h_->data());
+    for (int l = 0; l < sh_.layers; ++l) {
+      const LayerWeights& L = layers_[l];
+      be_.rmsnorm(h_->data(), L.attn_norm, 1, 1e-5f, x_->data());
+      be_.matmul(x_->data(), 1, L.wq, nullptr, q_->data());
+      be_.matmul(x_->data(), 1, L.wk, nullptr, k_->data());
+      be_.matmul(x_->data(), 1, L.wv, nullptr, v_->data());
+      be_.rope(q_->data(), 1, sh_.heads, sh_.head_dim, pos, inv_freq_.data());
+      be_.rope(k_->data(), 1, sh_.kv_heads, sh_.head_dim, pos, inv_freq_.data());
+      float* kl = k_cache_->f32() + size_t(l) * ctx_ * kvd;
+      float* vl = v_cache_->f32() + size_t(l) * ctx_ * kvd;
+      be_.copy(kl + size_t(pos) * kvd, k_->data(), kvd);
+      be_.copy(vl + size_t(pos) * kvd, v_->data(), kvd);
+      be_.attention(q_->data(), 1, pos, shape, KvView{kl, vl, kvd, ctx_}, attn_->data());
+      be_.matmul(attn_->data(), 1, L.wo, nullptr, proj_->data());
+      be_.add(h_->data(), proj_->data(), d);
+      be_.rmsnorm(h_->data(), L.mlp_norm, 1, 1e-5f, x_->data());
+      be_.matmul(x_->data(), 1, L.w_gate, nullptr, gate_->data());
+      be_.matmul(x_->data(), 1, L.w_up, nullptr, up_->data());
+      be_.swiglu(gate_->data(), up_->data(), inter, gate_->data());
+      be_.matmul(gate_->data(), 1, L.w_down, nullptr, proj_->data());
+      be_.add(h_->data(), proj_->data(), d);
+    }
+    be_.rmsnorm(h_->data(), final_norm_, 1, 1e-5f, x_->data());
+    be_.matmul(x_->data(), 1, lm_head_, nullptr, logits_->data());
+  }
+
+ private:
+  CudaBackend& be_;
+  Shape sh_;
+  int ctx_;
+  std::vector<std::unique_ptr<DeviceMem>> mem_;
+  WeightView embed_, final_norm_, lm_head_;
+  std::vector<LayerWeights> layers_;
+  std::unique_ptr<DeviceMem> k_cache_, v_cache_;  // [layers, ctx, kv_dim] f32
+  std::unique_ptr<Buffer> h_, x_, q_, k_, v_, attn_, proj_, gate_, up_, logits_;
+  std::vector<float> inv_freq_;
+  double weight_bytes_ = 0, kv_bytes_ = 0;
+};
+
+void bench_step(CudaBackend& be, bool quick) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  struct Config {
+    const Shape* shape;
+    int ctx;
+  };
+  // f32 KV: Llama-2-7B at 128K would need 137 GB of cache, so it stops at 32K here.
+  const Config configs[] = {{&kLlama2_7B, 4096},
+                            {&kLlama2_7B, 32768},
+                            {&kLlama31_8B, 4096},
+                            {&kLlama31_8B, 32768},
+                            {&kLlama31_8B, 131072}};
+  const cuda::GemvTuning saved = cuda::gemv_tuning();
+  // The default skinny GEMM and the same without the L2 prefetch hint: in isolation the hint
+  // wins on large matrices, but whole steps measured in separate runs came out ~5% faster
+  // without it (docs/perf.md); both are timed here, in one process.
+  const cuda::GemvTuning variants[] = {saved, cuda::GemvTuning{4, false, 0}};
+  for (const Config& c : configs) {
+    if (quick && c.ctx != 32768) continue;
+    DecodeStep step(be, *c.shape, c.ctx);
+    for (const cuda::GemvTuning& tuning : variants) {
+      cuda::set_gemv_tuning(tuning);
+      const double eager = time_ms(
+          s, [&](int) { step.run(); }, 5, 5);
+      // The same step as a CUDA graph (every op is capturable: ids, RoPE frequencies by value).
+      cudaGraph_t graph;
+      cudaGraphExec_t exec;
+      CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+      step.run();
+      CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+      const double graphed = time_ms(
+          s, [&](int) { CUDA_CHECK(cudaGraphLaunch(exec, s)); }, 5, 5);
+      CUDA_CHECK(cudaGraphExecDestroy(exec));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+      const double bytes = step.weight_bytes() + step.kv_bytes();
+      const double floor_f32 = bytes / kRefBandwidth * 1e3;
+      const double floor_f16 = (step.weight_bytes() + step.kv_bytes() / 2) / kRefBandwidth * 1e3;
+      size_t free_b = 0, total_b = 0;
+      CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
+      summary(
+          "| decode step %-11s ctx=%-6d gemv %s | eager %7.2f ms | graph %7.2f ms | floor "
+          "f32-KV %6.2f ms (%4.0f%%) | floor f16-KV %6.2f ms | GPU mem used %5.1f GiB |",
+          c.shape->model, c.ctx, tuning.l2_prefetch ? "L2  " : "noL2", eager, graphed, floor_f32,
+          100.0 * floor_f32 / graphed, floor_f16, double(total_b - free_b) / (1 << 30));
+    }
+  }
+  cuda::set_gemv_tuning(saved);
+}
+
+}  // namespace
+}  // namespace qs
+
+int main(int argc, char** argv) {
+  using namespace qs;
+  std::string sections = "copy,gemv,tune,attn,prefill,step";
+  bool quick = false;
+  for (int i = 1; i < argc; ++i) {
+    if (!std::strcmp(argv[i], "--sections") && i + 1 < argc) {
+      sections = argv[++i];
+    } else if (!std::strcmp(argv[i], "--quick")) {
+      quick = true;
+    } else {
+      std::fprintf(stderr,
+                   "usage: bench_ops [--sections copy,gemv,tune,attn,prefill,step] [--quick]\n");
+      return 2;
+    }
+  }
+  auto be = CudaBackend::create();
+  if (!be.ok()) {
+    std::fprintf(stderr, "bench_ops: %s\n", be.error().message.c_str());
+    return 1;
+  }
+  CudaBackendOptions fast_opt;
+  fast_opt.exact_prefill_matmul = false;
+  auto fast = CudaBackend::create(fast_opt);
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("device: %s, %d SMs, L2 %d MiB, %.1f GiB\n", prop.name, prop.multiProcessorCount,
+              prop.l2CacheSize >> 20, double(prop.totalGlobalMem) / (1 << 30));
+  auto has = [&](const char* s) { return sections.find(s) != std::string::npos; };
+  // Each section frees its device weights; release_weights() drops their cache entries.
+  if (has("copy")) bench_copy(**be);
+  if (has("gemv")) bench_gemv(**be, quick);
+  if (has("tune")) bench_gemv_tuning(**be);
+  (*be)->release_weights();
+  if (has("attn")) bench_attention(**be, quick);
+  if (has("prefill")) bench_prefill(**be, **fast);
+  (*be)->release_weights();
+  (*fast)->release_weights();
+  if (has("step")) bench_step(**be, quick);
+  std::printf("\n== summary (%s) ==\n", prop.name);
+  for (const std::string& line : g_summary) std::printf("%s\n", line.c_str());
+  return 0;
+}

@@ -1,0 +1,120 @@
+#include "engine/speculative.h"
+
+#include <algorithm>
+#include <chrono>
+
+namespace qs {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+SpeculativeDecoder::SpeculativeDecoder(Model& target, Model& draft, KvCache& cache)
+    : target_(target), draft_(draft), cache_(cache) {
+  QS_CHECK(draft.config().vocab_size == target.config().vocab_size);
+}
+
+Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const SamplingParams& sampling,
+                                              Rng& rng, GenerationStats& stats,
+                                              SpecCounters& counters, const RoundControl& control) {
+  const int vocab = target_.config().vocab_size;
+  const int n = cache_.length();
+  QS_CHECK(gamma >= 0 && gamma < cache_.group_size());
+  QS_CHECK(n + gamma < cache_.capacity());
+  const bool greedy = sampling.temperature <= 0.0f;
+  logits_.resize(static_cast<size_t>(vocab));
+  if (q_.size() < static_cast<size_t>(gamma)) q_.resize(static_cast<size_t>(gamma));
+
+  // Draft: inputs x, g1, ..., g(gamma-1) at positions n.., each writing its K/V after n.
+  ForwardPath dpath = draft_path(cache_.mode());
+  dpath.draft_weights = &draft_ == &target_;
+  dpath.kv_read = &counters.draft_kv;
+  std::vector<int32_t> ids{x};  // [x, g1, ..., g_gamma]
+  for (int i = 0; i < gamma; ++i) {
+    auto t0 = std::chrono::steady_clock::now();
+    QS_TRY(draft_.forward(std::span<const int32_t>(&ids.back(), 1), n + i, cache_, dpath,
+                          LogitRows::kLast, logits_.data()));
+    ++counters.draft_steps;
+    stats.draft_s += seconds_since(t0);
+    t0 = std::chrono::steady_clock::now();
+    token_probabilities(logits_.data(), vocab, sampling, q_[i]);
+    ids.push_back(greedy ? argmax(logits_.data(), vocab) : sample_from(q_[i], rng));
+    stats.sample_s += seconds_since(t0);
+  }
+
+  // Verify: one target forward over [x, g1..g_gamma] overwrites those rows with target K/V.
+  auto t0 = std::chrono::steady_clock::now();
+  ForwardPath tpath = target_path(cache_.mode());
+  tpath.kv_read = &counters.target_kv;
+  verify_logits_.resize(static_cast<size_t>(gamma + 1) * vocab);
+  QS_TRY(target_.forward(ids, n, cache_, tpath, LogitRows::kAll, verify_logits_.data()));
+  ++counters.target_steps;
+  stats.verify_s += seconds_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  RoundResult result;
+  int32_t y = -1;
+  for (int i = 0; i < gamma && y < 0; ++i) {
+    const float* row = verify_logits_.data() + static_cast<size_t>(i) * vocab;
+    const int32_t g = ids[i + 1];
+    bool accept;
+    if (control.force_accepted >= 0) {
+      accept = i < control.force_accepted;
+    } else if (greedy) {
+      accept = g == argmax(row, vocab);
+    } else {
+      token_probabilities(row, vocab, sampling, p_);
+      const double pg = p_[g], qg = q_[i][g];  // qg > 0: g was drawn from q
+      accept = rng.uniform() < std::min(1.0, pg / qg);
+    }
+    if (accept) {
+      result.tokens.push_back(g);
+      ++result.accepted;
+      continue;
+    }
+    if (greedy || control.force_accepted >= 0) {
+      y = argmax(row, vocab);
+    } else if (control.broken_no_residual) {
+      y = sample_from(p_, rng);
+    } else {
+      // The residual normalize(max(p - q, 0)); all zero only when p == q up to rounding, where
+      // a rejection is (nearly) impossible and p itself is the right law.
+      double mass = 0.0;
+      for (int t = 0; t < vocab; ++t) {
+        const float r = std::max(p_[t] - q_[i][t], 0.0f);
+        q_[i][t] = r;
+        mass += r;
+      }
+      y = mass > 0.0 ? sample_from(q_[i], rng) : sample_from(p_, rng);
+    }
+  }
+  if (y < 0) {  // every candidate accepted: the bonus from p_(gamma+1)
+    const float* row = verify_logits_.data() + static_cast<size_t>(gamma) * vocab;
+    y = sample_token(row, vocab, sampling, rng, p_);
+  }
+  result.tokens.push_back(y);
+  stats.sample_s += seconds_since(t0);
+
+  t0 = std::chrono::steady_clock::now();
+  const int flushes_before = cache_.flushes();
+  cache_.commit(n + result.accepted + 1);
+  stats.flushes += cache_.flushes() - flushes_before;
+  stats.flush_s += seconds_since(t0);
+
+  if (gamma > 0) {
+    ++stats.rounds;
+    stats.drafted += gamma;
+    stats.accepted += result.accepted;
+    if (stats.accepted_histogram.size() < static_cast<size_t>(gamma + 1)) {
+      stats.accepted_histogram.resize(static_cast<size_t>(gamma + 1), 0);
+    }
+    ++stats.accepted_histogram[result.accepted];
+  }
+  return result;
+}
+
+}  // namespace qs

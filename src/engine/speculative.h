@@ -1,0 +1,61 @@
+// One QuantSpec round (DESIGN.md §3-§4): gamma draft steps over the draft path, one target
+// forward over the gamma + 1 positions, accept/reject with the same logit processing on p and q,
+// commit by length.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "engine/engine.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "kv/kv_cache.h"
+
+namespace qs {
+
+// Test hooks; the defaults are the normative rule.
+struct RoundControl {
+  // >= 0: accept exactly min(force_accepted, gamma) candidates whatever they are, then the
+  // target's argmax (drives the transaction tests through chosen rejection points).
+  int force_accepted = -1;
+  // Deliberately wrong: on a rejection sample from p instead of normalize(max(p - q, 0)).
+  // Exists only so the distribution test can show it has the power to fail.
+  bool broken_no_residual = false;
+};
+
+struct RoundResult {
+  std::vector<int32_t> tokens;  // emitted: the accepted candidates g1..gk, then y
+  int accepted = 0;             // k
+};
+
+// Accumulated over rounds, turned into GenerationStats by the engine.
+struct SpecCounters {
+  KvReadBytes draft_kv, target_kv;  // summed over forwards
+  int64_t draft_steps = 0, target_steps = 0;
+};
+
+class SpeculativeDecoder {
+ public:
+  // The cache holds the committed prefix; the draft forwards run `draft` with its draft weights
+  // when it is `target` (QuantSpec: one model, two paths). A different draft model (tests) runs
+  // with its own original weights; it must have the target's shape.
+  SpeculativeDecoder(Model& target, Model& draft, KvCache& cache);
+
+  // A round from n = cache.length() with input x (the last emitted token, not in the cache).
+  // gamma >= 0 (0: one target step, the bonus sampled from p_1); n + gamma < capacity.
+  // Commits n + k + 1.
+  Result<RoundResult> round(int32_t x, int gamma, const SamplingParams& sampling, Rng& rng,
+                            GenerationStats& stats, SpecCounters& counters,
+                            const RoundControl& control = {});
+
+ private:
+  Model& target_;
+  Model& draft_;
+  KvCache& cache_;
+  std::vector<float> logits_;          // [vocab] one draft step
+  std::vector<float> verify_logits_;   // [gamma + 1, vocab]
+  std::vector<std::vector<float>> q_;  // [gamma][vocab] processed draft distributions
+  std::vector<float> p_;               // [vocab] processed target distribution
+};
+
+}  // namespace qs

@@ -1,0 +1,109 @@
+// The KV cache of one sequence in every mode (DESIGN.md §2-§3, docs/quantspec.md): one object,
+// three views.
+//
+//   fp        never quantizes: the full-precision buffer holds every position (AR "fp16 KV"; the
+//             CPU stores f32).
+//   int8/int4 AR over the target (INT8) or draft (INT4) view of the quantized history.
+//   quantspec the draft reads the INT4 view, the target the INT8 view of the same planes.
+//
+// State: n = committed positions (target-verified K/V). In the quantized modes the planes hold
+// the complete committed groups [0, n_planes), n_planes = G*floor(n/G), each quantized once, as
+// soon as its G rows are committed (the flush). The full-precision buffer holds rows
+// [fp_base, fp_end): fp_base = b(n) (backend.h quant_boundary) after a commit, and the rows past n
+// are the speculative ones (draft K/V, then the target's overwrite). Rows [fp_base, n_planes)
+// exist in both forms. Rejection is only a length change: the planes are never touched by it.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+
+#include "backend/backend.h"
+#include "core/error.h"
+#include "kv/quantized_planes.h"
+
+namespace qs {
+
+enum class KvMode : uint8_t { kFp, kInt8, kInt4, kQuantSpec };
+const char* kv_mode_name(KvMode mode);
+
+struct KvCacheConfig {
+  KvMode mode = KvMode::kFp;
+  int num_layers = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int group_size = 128;      // G (quantized modes)
+  int value_group_size = 0;  // Gv; 0: head_dim
+  int max_gamma = 0;         // speculative rows past n the buffer must take (quantspec: gamma)
+  int capacity = 0;          // positions
+
+  // User-facing checks: G in {power of two, 8..256}, Gv dividing head_dim and >= 32 (or equal to
+  // head_dim), max_gamma < G.
+  Status validate() const;
+};
+
+class KvCache {
+ public:
+  KvCache() = default;
+  static Result<KvCache> create(const KvCacheConfig& config);
+  KvCache(KvCache&&) = default;
+  KvCache& operator=(KvCache&&) = default;
+
+  const KvCacheConfig& config() const { return cfg_; }
+  KvMode mode() const { return cfg_.mode; }
+  bool quantized() const { return cfg_.mode != KvMode::kFp; }
+  int capacity() const { return cfg_.capacity; }
+  int kv_dim() const { return cfg_.num_kv_heads * cfg_.head_dim; }
+  int group_size() const { return cfg_.group_size; }
+  int length() const { return n_; }            // committed positions
+  int written_end() const { return fp_end_; }  // rows [fp_base, fp_end) hold K/V
+  int fp_base() const { return fp_base_; }
+  int planes_length() const { return n_planes_; }  // complete groups quantized in every layer
+  int flushes() const { return flushes_; }         // groups quantized so far (per layer)
+  // Memory held now: the planes (allocated for the whole capacity) plus the buffer.
+  size_t bytes() const;
+  const QuantizedPlanes* planes() const { return planes_ ? &*planes_ : nullptr; }
+
+  // May rows [pos, pos + m) be written? pos must lie in [n, written_end] (a bug otherwise);
+  // Error "context is full ..." when pos + m exceeds the capacity.
+  Status check_write(int pos, int m) const;
+  // Copy m rows of K and V ([m, kv_dim] f32 each) to positions [pos, pos + m) of `layer`'s
+  // buffer (every layer gets the same rows). Rows past pos + m are dropped: written_end() becomes
+  // pos + m.
+  void write(int layer, int pos, int m, const float* k, const float* v);
+
+  // Quantize `layer`'s groups below `end` (a multiple of G) that are not quantized yet, from the
+  // buffer. Used by commit() and by a forward over committed-by-construction rows (evaluation).
+  void quantize_below(int layer, int end);
+
+  // Makes [0, n) committed (n_old <= n <= written_end; n < n_old is a rollback only in the fp
+  // mode or when no group above n is quantized), quantizes newly complete groups, drops buffer
+  // rows below b(n).
+  void commit(int n);
+  // Empty cache (planes keep their memory; nothing of them is read until rewritten).
+  void clear();
+
+  // What attention reads for `layer`: buffer rows and, in the quantized modes with `view` set,
+  // the quantized segment for that view. `segment` is the caller's storage for it.
+  KvView view(int layer, std::optional<KvQuantView> quant_view, QuantizedKvSegment* segment) const;
+
+ private:
+  void reserve_rows(int rows);  // buffer capacity in rows, preserving [fp_base, fp_end)
+  float* k_row(int layer, int pos) const;
+  float* v_row(int layer, int pos) const;
+
+  KvCacheConfig cfg_;
+  std::optional<QuantizedPlanes> planes_;
+  int n_ = 0;
+  int n_planes_ = 0;
+  int fp_base_ = 0;
+  int fp_end_ = 0;
+  int flushes_ = 0;
+  std::unique_ptr<int[]> layer_quantized_;  // [num_layers] positions quantized per layer
+  int buffer_rows_ = 0;                     // allocated rows per layer
+  std::unique_ptr<float[]> k_buf_;          // [num_layers, buffer_rows, kv_dim] f32, post-RoPE
+  std::unique_ptr<float[]> v_buf_;          // [num_layers, buffer_rows, kv_dim] f32
+};
+
+}  // namespace qs

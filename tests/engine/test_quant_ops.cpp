@@ -1,0 +1,124 @@
+// The backend ops of the QuantSpec paths against plain references: the 4-bit draft matmul, and
+// attention over the hierarchical view (quantized history + full-precision buffer, per-query
+// boundary) against plain attention over the same rows materialized.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "kv/quantized_planes.h"
+#include "quant/weight_quant.h"
+
+namespace qs {
+namespace {
+
+std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
+TEST(MatmulQ4, MatchesTheReferenceWithBias) {
+  CpuBackend be(2);
+  for (int64_t cols : {128, 300, 64, 301}) {  // 301: odd, the row-expansion path
+    const int64_t rows = 37;
+    const std::vector<float> w = randn(rows * cols, 1);
+    auto q = quantize_weight4(w.data(), DType::F32, rows, cols, 128, "w");
+    ASSERT_TRUE(q.ok());
+    std::vector<float> bias = randn(rows, 2);
+    WeightView bv;
+    bv.data = bias.data();
+    bv.dtype = DType::F32;
+    bv.rows = 1;
+    bv.cols = rows;
+    bv.name = "b";
+    for (int m : {1, 3, 9}) {
+      const std::vector<float> x = randn(m * cols, 3);
+      std::vector<float> want(m * rows), got(m * rows);
+      matmul_weight4(x.data(), m, *q, want.data());
+      be.matmul_q4(x.data(), m, *q, &bv, got.data());
+      for (int i = 0; i < m; ++i)
+        for (int64_t j = 0; j < rows; ++j)
+          ASSERT_NEAR(got[i * rows + j], want[i * rows + j] + bias[j], 1e-4) << cols << " " << m;
+    }
+  }
+}
+
+// Queries at [pos, pos + m) straddle group boundaries; GQA 3:1; both views.
+TEST(HierarchicalAttention, MatchesPlainAttentionOverMaterializedRows) {
+  CpuBackend be(2);
+  const int G = 32, hd = 64, kvh = 2, nh = 6, kvd = kvh * hd;
+  const int total = 200;
+  const std::vector<float> k = randn(size_t(total) * kvd, 4), v = randn(size_t(total) * kvd, 5);
+  KvPlanesShape shape{1, kvh, hd, G, 32, 256};
+  auto planes = QuantizedPlanes::create(shape);
+  ASSERT_TRUE(planes.ok());
+  for (int g = 0; g < total / G; ++g) {
+    planes->append_group(0, k.data() + size_t(g) * G * kvd, v.data() + size_t(g) * G * kvd, g);
+  }
+  const AttentionShape ash{nh, kvh, hd, 0.125f};
+  for (KvQuantView view : {KvQuantView::kTargetInt8, KvQuantView::kDraftInt4}) {
+    for (int pos : {0, 40, 63, 95, 100, 150, 190}) {
+      // Blocks of <= 16 queries share dequantized rows; 40 queries take the per-query tasks.
+      const int m = pos == 100 ? 40 : std::min(8, total - pos);
+      const std::vector<float> q = randn(size_t(m) * nh * hd, 6 + pos);
+      QuantizedKvSegment seg;
+      const QuantizedPlanes& p = *planes;
+      seg.key_upper = p.code_plane(KvCodePlane::kKeyUpper).data();
+      seg.key_lower = p.code_plane(KvCodePlane::kKeyLower).data();
+      seg.value_upper = p.code_plane(KvCodePlane::kValueUpper).data();
+      seg.value_lower = p.code_plane(KvCodePlane::kValueLower).data();
+      seg.key_scale = p.meta(KvMetaArray::kKeyScale).data();
+      seg.key_min = p.meta(KvMetaArray::kKeyMin).data();
+      seg.value_scale = p.meta(KvMetaArray::kValueScale).data();
+      seg.value_min = p.meta(KvMetaArray::kValueMin).data();
+      seg.capacity = 256;
+      seg.group_size = G;
+      seg.value_group_size = 32;
+      seg.int8 = view == KvQuantView::kTargetInt8;
+      if (!seg.int8) seg.key_lower = seg.value_lower = nullptr;  // must not be touched
+      // Full-precision rows from the first query's boundary on (the buffer).
+      const int base = quant_boundary(pos, G);
+      KvView kv{k.data() + size_t(base) * kvd, v.data() + size_t(base) * kvd, kvd, pos + m};
+      kv.fp_base = base;
+      kv.quantized = &seg;
+      KvReadBytes bytes;
+      kv.read_bytes = &bytes;
+      std::vector<float> got(size_t(m) * nh * hd);
+      be.attention(q.data(), m, pos, ash, kv, got.data());
+      if (!seg.int8) {
+        EXPECT_EQ(bytes.lower, 0);
+      } else if (quant_boundary(pos + m - 1, G) > 0) {
+        EXPECT_EQ(bytes.lower, bytes.upper);
+      }
+
+      for (int i = 0; i < m; ++i) {
+        const int t = pos + i, b = quant_boundary(t, G);
+        std::vector<float> mk(k.begin(), k.begin() + size_t(t + 1) * kvd);
+        std::vector<float> mv(v.begin(), v.begin() + size_t(t + 1) * kvd);
+        std::vector<float> row(hd);
+        for (int h = 0; h < kvh; ++h) {
+          for (int r = 0; r < b; ++r) {
+            p.read_keys(0, h, r, 1, view, row.data());
+            std::copy(row.begin(), row.end(), mk.begin() + size_t(r) * kvd + h * hd);
+            p.read_values(0, h, r, 1, view, row.data());
+            std::copy(row.begin(), row.end(), mv.begin() + size_t(r) * kvd + h * hd);
+          }
+        }
+        std::vector<float> want(size_t(nh) * hd);
+        be.attention(q.data() + size_t(i) * nh * hd, 1, t, ash,
+                     KvView{mk.data(), mv.data(), kvd, t + 1}, want.data());
+        for (int j = 0; j < nh * hd; ++j) {
+          ASSERT_NEAR(got[size_t(i) * nh * hd + j], want[j], 1e-5) << "pos " << t;
+        }
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace qs

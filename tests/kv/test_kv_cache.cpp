@@ -1,0 +1,111 @@
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "kv/kv_cache.h"
+
+namespace qs {
+namespace {
+
+KvCacheConfig small(KvMode mode) {
+  KvCacheConfig c;
+  c.mode = mode;
+  c.num_layers = 2;
+  c.num_kv_heads = 1;
+  c.head_dim = 4;
+  c.group_size = 8;
+  c.max_gamma = 3;
+  c.capacity = 200;
+  return c;
+}
+
+// Rows whose every element is the position (+ 1000 for values), layer-independent.
+void write_rows(KvCache& c, int pos, int m, float offset = 0.0f) {
+  std::vector<float> k(static_cast<size_t>(m) * 4), v(k.size());
+  for (int i = 0; i < m; ++i) {
+    for (int d = 0; d < 4; ++d) {
+      k[i * 4 + d] = float(pos + i) + offset;
+      v[i * 4 + d] = float(pos + i) + 1000.0f + offset;
+    }
+  }
+  ASSERT_TRUE(c.check_write(pos, m).ok());
+  for (int l = 0; l < 2; ++l) c.write(l, pos, m, k.data(), v.data());
+}
+
+std::vector<uint8_t> snapshot(const KvCache& c) {
+  auto p = c.planes()->code_plane(KvCodePlane::kKeyUpper);
+  auto q = c.planes()->code_plane(KvCodePlane::kValueLower);
+  std::vector<uint8_t> s(p.begin(), p.end());
+  s.insert(s.end(), q.begin(), q.end());
+  return s;
+}
+
+TEST(KvCache, FlushesCompleteCommittedGroupsOnceAndKeepsTheBufferWindow) {
+  auto made = KvCache::create(small(KvMode::kQuantSpec));
+  ASSERT_TRUE(made.ok()) << made.error().message;
+  KvCache c = std::move(made).value();
+  write_rows(c, 0, 13);  // prefill of 13 < 2G: nothing is dropped, one group quantized
+  c.commit(13);
+  EXPECT_EQ(c.planes_length(), 8);
+  EXPECT_EQ(c.fp_base(), 0);
+  EXPECT_EQ(c.flushes(), 1);
+  int n = 13;
+  for (int round = 0; round < 40; ++round) {
+    const int gamma = round % 4;
+    write_rows(c, n, gamma + 1, 0.5f);  // draft rows
+    write_rows(c, n, gamma + 1);        // the target's overwrite
+    const int k = round % (gamma + 1);
+    const std::vector<uint8_t> before = snapshot(c);
+    const int planes_before = c.planes_length();
+    n += k + 1;
+    c.commit(n);
+    EXPECT_EQ(c.length(), n);
+    EXPECT_EQ(c.planes_length(), 8 * (n / 8));
+    EXPECT_EQ(c.fp_base(), quant_boundary(n, 8));
+    EXPECT_GE(c.planes_length(), c.fp_base());
+    if (c.planes_length() == planes_before) {
+      EXPECT_EQ(snapshot(c), before);
+    }
+    // The buffer row of position p holds p (target K/V, not the rejected draft's).
+    QuantizedKvSegment seg;
+    const KvView v = c.view(1, KvQuantView::kTargetInt8, &seg);
+    for (int p = c.fp_base(); p < n; ++p) EXPECT_EQ(v.k[(p - v.fp_base) * 4], float(p));
+  }
+  EXPECT_EQ(c.flushes(), n / 8);
+  // The quantized rows reconstruct the committed values (position-valued rows are exact-ish).
+  std::vector<float> out(4);
+  c.planes()->read_keys(0, 0, 17, 1, KvQuantView::kTargetInt8, out.data());
+  EXPECT_NEAR(out[0], 17.0f, 7.0f / 16 / 15 + 1e-3);
+}
+
+TEST(KvCache, FullPrecisionModeNeverQuantizes) {
+  KvCache c = std::move(KvCache::create(small(KvMode::kFp))).value();
+  EXPECT_EQ(c.planes(), nullptr);
+  write_rows(c, 0, 150);
+  c.commit(150);
+  EXPECT_EQ(c.fp_base(), 0);
+  EXPECT_EQ(c.planes_length(), 0);
+  const KvView v = c.view(0, KvQuantView::kTargetInt8, nullptr);
+  EXPECT_EQ(v.quantized, nullptr);
+  EXPECT_EQ(v.k[149 * 4], 149.0f);
+  EXPECT_FALSE(c.check_write(150, 51).ok());  // capacity 200
+}
+
+TEST(KvCache, RejectsBadConfigurations) {
+  KvCacheConfig c = small(KvMode::kInt8);
+  c.max_gamma = 8;
+  EXPECT_FALSE(c.validate().ok());
+  c = small(KvMode::kQuantSpec);
+  c.head_dim = 64;
+  c.value_group_size = 48;
+  EXPECT_NE(c.validate().error().message.find("Gv"), std::string::npos);
+  c.value_group_size = 16;
+  EXPECT_FALSE(c.validate().ok());
+  c.value_group_size = 32;
+  EXPECT_TRUE(c.validate().ok());
+  c.group_size = 24;
+  EXPECT_FALSE(c.validate().ok());
+}
+
+}  // namespace
+}  // namespace qs

@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The whole GPU check in one device call (runs ON the GPU machine, from the repository root):
+# build, conformance tests, compute-sanitizer on a small subset, benchmarks. Full logs go to
+# $OUT (the device tool brings them back); a short table is printed last.
+#
+#   device run: bash tools/gpu/check.sh            carry: [".deb/bundle"]
+#   bash tools/gpu/check.sh build test       # only some stages (build sass test sanitize bench)
+#
+# Environment: QS_BENCH_ARGS (extra bench_ops arguments, e.g. "--quick"), QS_TEST_FILTER
+# (gtest filter of the conformance run), OUT (log folder; default ./out).
+set -uo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+out=${OUT:-$repo/out}
+mkdir -p "$out"
+stages=("$@")
+((${#stages[@]})) || stages=(build sass test sanitize bench)
+want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
+build=${QS_GPU_BUILD:-$repo/build-gpu}
+declare -A result seconds
+
+run_stage() {  # name, timeout seconds, command...
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout --kill-after=10 "$limit" "$@"
+  local rc=$?
+  seconds[$name]=$((SECONDS - t0))
+  if ((rc == 0)); then result[$name]=ok; elif ((rc == 124)); then result[$name]="TIMEOUT"; else result[$name]="FAILED (rc $rc)"; fi
+  return $rc
+}
+
+{
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+  nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
+  (command -v nvcc >/dev/null && nvcc --version | tail -2) || /usr/local/cuda/bin/nvcc --version | tail -2
+  cmake --version | head -1
+  echo "cores: $(nproc)"
+} >"$out/env.log" 2>&1
+cat "$out/env.log"
+
+if want build; then
+  run_stage build 200 bash -c "tools/gpu/build_on_device.sh test_cuda bench_ops 2>&1 | tee '$out/build.log' | grep -E 'error|warning|build_on_device' ; exit \${PIPESTATUS[0]}"
+fi
+[[ -f $build/env.sh ]] && source "$build/env.sh"
+
+cuobjdump_bin=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+if want sass && [[ -x $cuobjdump_bin ]]; then
+  # Load / tensor-core / branch / local-memory instructions of each kernel, in program order:
+  # are the 16-byte weight loads issued together, is anything spilled.
+  for obj in "$build"/src/backend/cuda/CMakeFiles/qs_backend_cuda.dir/{gemv,attention}.cu.o; do
+    "$cuobjdump_bin" -sass "$obj" | grep -E 'Function :|LDG|HMMA|BRA|LDL|STL|SHFL' |
+      sed -E 's@^\s+/\*[0-9a-f]+\*/\s+@@; s@\s*/\*.*@@; s@ +@ @g'
+  done >"$out/sass.txt" 2>&1
+  result[sass]=ok
+  seconds[sass]=0
+fi
+
+if want test && [[ -x $build/tests/test_cuda ]]; then
+  run_stage test 150 bash -c "'$build/tests/test_cuda' --gtest_filter='${QS_TEST_FILTER:-*}' --gtest_output=xml:'$out/test_cuda.xml' >'$out/test_cuda.log' 2>&1"
+fi
+
+if want sanitize && [[ -x $build/tests/test_cuda ]]; then
+  # Small cases of every kernel: memcheck (out-of-bounds, misaligned), then racecheck on the
+  # kernels that share memory between threads.
+  subset='CudaOpsTest.EmbeddingMatchesCpuExactly:CudaOpsTest.RmsNormMatchesCpu:CudaOpsTest.RopeMatchesCpu:CudaOpsTest.SwigluAndAddMatchCpu:CudaOpsTest.GemvEveryRowCountAndDtype:CudaOpsTest.GemvOddShapesUseTheFallback:CudaOpsTest.GemvEveryTuning:CudaOpsTest.AttentionSanitizerSubset:TinyModels/CudaModelTest.*'
+  run_stage sanitize 100 bash -c "compute-sanitizer --tool memcheck --error-exitcode 3 '$build/tests/test_cuda' --gtest_filter='$subset' >'$out/sanitizer.log' 2>&1 && compute-sanitizer --tool racecheck --error-exitcode 3 '$build/tests/test_cuda' --gtest_filter='CudaOpsTest.AttentionSanitizerSubset:CudaOpsTest.GemvEveryRowCountAndDtype' >>'$out/sanitizer.log' 2>&1"
+fi
+
+if want bench && [[ -x $build/bench/cuda/bench_ops ]]; then
+  run_stage bench 140 bash -c "'$build/bench/cuda/bench_ops' ${QS_BENCH_ARGS:-} >'$out/bench.log' 2>&1"
+fi
+
+# --- short table ---------------------------------------------------------------------------------
+echo
+echo "== GPU check =="
+for s in build sass test sanitize bench; do
+  [[ -n ${result[$s]:-} ]] && printf '%-9s %-16s %4ss\n' "$s" "${result[$s]}" "${seconds[$s]}"
+done
+if [[ -f $out/test_cuda.log ]]; then
+  grep -E '^\[  (PASSED|FAILED) |^\[==========\] [0-9]+ tests' "$out/test_cuda.log" | tail -25
+  grep -E '^\[ max rel error \]' "$out/test_cuda.log"
+  grep -B2 -A6 -m3 'Failure' "$out/test_cuda.log" | head -40
+  grep -E 'internal error|CUDA error' "$out/test_cuda.log" | head -5
+fi
+[[ -f $out/sanitizer.log ]] && grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race' "$out/sanitizer.log" | head -12
+[[ -f $out/bench.log ]] && sed -n '/== summary/,$p' "$out/bench.log"
+[[ -f $out/bench.log ]] && grep -E 'internal error|CUDA error' "$out/bench.log" | head -3
+exit 0
