@@ -51,7 +51,14 @@ int run_generate(const GenerateArgs& a) {
 
   std::vector<int32_t> ids = eng.tokenizer()->encode(prompt, !a.no_special);
   if (ids.empty()) return report_error("the prompt is empty (no tokens)");
-  auto result = eng.generate(ids, a.gen, [](std::string_view piece) {
+  GenerationParams gen = a.gen;
+  if (stderr_is_tty() && static_cast<int>(ids.size()) > eng.max_context() / 64) {
+    gen.on_prefill_progress = [](int done, int total) {
+      fmt::print(stderr, "\r  prefill {}/{} tokens ({:.0f}%)", done, total, 100.0 * done / total);
+      if (done == total) fmt::print(stderr, "\r\033[K");
+    };
+  }
+  auto result = eng.generate(ids, gen, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;

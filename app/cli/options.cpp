@@ -30,7 +30,8 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
                                                 {"quantspec", DecodeMode::kQuantSpec}};
   app.add_option("--mode", e.mode, "Decoding: ar (autoregressive) or quantspec (self-speculative)")
       ->envname("QS_MODE")
-      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case));
+      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))
+      ->option_text("ar|quantspec");
   const std::map<std::string, KvType> kvs{
       {"fp16", KvType::kFp16}, {"int8", KvType::kInt8}, {"int4", KvType::kInt4}};
   app.add_option_function<std::string>(
@@ -64,7 +65,8 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
                  "QuantSpec draft weights: int4 (all linear layers + lm_head, group 128), "
                  "int4-mlp (MLP only) or native (KV-only draft) [default: int4]")
       ->envname("QS_DRAFT_WEIGHTS")
-      ->transform(CLI::CheckedTransformer(drafts, CLI::ignore_case));
+      ->transform(CLI::CheckedTransformer(drafts, CLI::ignore_case))
+      ->option_text("int4|int4-mlp|native");
 }
 
 std::string validate_decode_options(const ModelOptions& opts) {

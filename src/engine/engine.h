@@ -60,6 +60,8 @@ struct GenerationParams {
   std::vector<std::string> stop;  // stop strings: generation ends before the first match
   bool stop_at_eos = true;
   int gamma = 0;  // QuantSpec: draft tokens per round; 0: the engine's (must be < G)
+  // Called after each prefill chunk with (prompt tokens done, prompt tokens in all); may be empty.
+  std::function<void(int done, int total)> on_prefill_progress;
 };
 
 struct GenerationStats {

@@ -105,7 +105,7 @@ Status LlmEngine::check_prompt(const std::vector<int32_t>& ids) const {
   return Status::ok_status();
 }
 
-Status LlmEngine::prefill(const std::vector<int32_t>& ids) {
+Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress) {
   cache_.clear();
   const int n = static_cast<int>(ids.size());
   for (int start = 0; start < n; start += options_.prefill_chunk) {
@@ -114,6 +114,7 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids) {
     QS_TRY(model_->forward(std::span<const int32_t>(ids.data() + start, m), start, cache_,
                            ForwardPath{}, last ? LogitRows::kLast : LogitRows::kNone,
                            last_logits_.data()));
+    if (progress) progress(start + m, n);
   }
   cache_.commit(n);
   return Status::ok_status();
@@ -211,7 +212,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   }
 
   const auto t_start = std::chrono::steady_clock::now();
-  QS_TRY(prefill(prompt));
+  QS_TRY(prefill(prompt, params.on_prefill_progress));
   result.stats.prefill_s = seconds_since(t_start);
   const auto t_decode = std::chrono::steady_clock::now();
 

@@ -64,7 +64,8 @@ class LlmEngine final : public Engine {
   Status check_prompt(const std::vector<int32_t>& ids) const;
   // Runs `ids` on an empty cache in chunks of options_.prefill_chunk; logits of the last
   // position into last_logits_.
-  Status prefill(const std::vector<int32_t>& ids);
+  using PrefillProgress = std::function<void(int done, int total)>;
+  Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {});
 
   EngineOptions options_;
   int gamma_ = 0;  // resolved default speculation length (QuantSpec)
