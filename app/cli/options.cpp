@@ -31,7 +31,7 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
   app.add_option("--mode", e.mode, "Decoding: ar (autoregressive) or quantspec (self-speculative)")
       ->envname("QS_MODE")
       ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))
-      ->option_text("ar|quantspec");
+      ->option_text("ar|quantspec (Env:QS_MODE)");
   const std::map<std::string, KvType> kvs{
       {"fp16", KvType::kFp16}, {"int8", KvType::kInt8}, {"int4", KvType::kInt4}};
   app.add_option_function<std::string>(
@@ -66,7 +66,7 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
                  "int4-mlp (MLP only) or native (KV-only draft) [default: int4]")
       ->envname("QS_DRAFT_WEIGHTS")
       ->transform(CLI::CheckedTransformer(drafts, CLI::ignore_case))
-      ->option_text("int4|int4-mlp|native");
+      ->option_text("int4|int4-mlp|native (Env:QS_DRAFT_WEIGHTS)");
 }
 
 std::string validate_decode_options(const ModelOptions& opts) {
