@@ -95,12 +95,13 @@ struct GenerationStats {
 struct GenerationResult {
   std::vector<int32_t> tokens;  // generated ids (incl. the EOS id if it ended on one)
   std::string text;             // detokenized completion, stop string removed
-  std::string finish_reason;    // "stop" (EOS or stop string) or "length"
+  std::string finish_reason;    // "stop" (EOS or stop string), "length", or "cancelled"
   GenerationStats stats;
 };
 
-// Called with each new piece of completed text (valid UTF-8, stop strings held back until they
-// are known not to match). Return false to cancel generation.
+// Called once per generated token with the newly completed text (valid UTF-8, stop strings held
+// back until they are known not to match; empty when nothing is complete yet). Return false to
+// cancel generation: it stops within one token (one speculative round).
 using TextCallback = std::function<bool(std::string_view piece)>;
 
 class Engine {

@@ -221,8 +221,10 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   if (tokenizer_) decoder.emplace(*tokenizer_, /*skip_special=*/true);
   StopMatcher stop_matcher(params.stop);
   bool cancelled = false;
+  // Called once per emitted token, with an empty piece while no text is complete (held-back
+  // UTF-8 or stop-string prefix), so that a caller can cancel within one token / one round.
   auto emit = [&](const std::string& piece) {
-    if (piece.empty() || cancelled) return;
+    if (cancelled) return;
     result.text += piece;
     if (on_text && !on_text(piece)) cancelled = true;
   };
