@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <map>
 #include <memory>
 #include <sstream>
 
@@ -139,7 +140,7 @@ int run_ppl(const PplArgs& a) {
 
 int run_accept(AcceptArgs a) {
   if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
-  a.model.engine.mode = DecodeMode::kQuantSpec;
+  if (a.model.engine.mode == DecodeMode::kAr) a.model.engine.mode = DecodeMode::kQuantSpec;
   if (std::string bad = validate_decode_options(a.model); !bad.empty()) return report_error(bad);
   for (int g : a.gammas) {
     if (g < 1 || g >= a.model.engine.group_size)
@@ -217,6 +218,15 @@ CommandRun add_eval_command(CLI::App& root) {
   add_decode_options(*a, acc->model);
   a->remove_option(a->get_option("--gamma"));
   a->remove_option(a->get_option("--mode"));
+  const std::map<std::string, DecodeMode> accept_modes{
+      {"quantspec", DecodeMode::kQuantSpec},
+      {"streamingllm", DecodeMode::kStreamingLlm},
+      {"snapkv", DecodeMode::kSnapKv}};
+  a->add_option("--mode", acc->model.engine.mode,
+                "Self-speculation draft: quantspec (quantized KV), streamingllm or snapkv "
+                "(sparse KV) [default: quantspec]")
+      ->transform(CLI::CheckedTransformer(accept_modes, CLI::ignore_case))
+      ->option_text("quantspec|streamingllm|snapkv");
   a->remove_option(a->get_option("--kv"));
   add_generation_options(*a, acc->gen);
   a->add_option("-f,--file", acc->text_file, "Text file the prompts are cut from (its start)");

@@ -75,9 +75,9 @@ int run_generate(const GenerateArgs& a) {
   if (st.rounds > 0) {
     fmt::print(
         stderr,
-        "[quantspec: {} rounds, acceptance {:.3f}, mean accepted length {:.2f}; draft {:.3f} "
+        "[{}: {} rounds, acceptance {:.3f}, mean accepted length {:.2f}; draft {:.3f} "
         "s, verify {:.3f} s, flush {:.3f} s, sample {:.3f} s]\n",
-        st.rounds, st.acceptance_rate(), st.mean_accepted_length(), st.draft_s, st.verify_s,
+        decode_mode_name(a.model.engine.mode), st.rounds, st.acceptance_rate(), st.mean_accepted_length(), st.draft_s, st.verify_s,
         st.flush_s, st.sample_s);
   }
   if (!a.stats_json.empty()) {
@@ -107,6 +107,7 @@ int run_generate(const GenerateArgs& a) {
         {"flush_s", st.flush_s},
         {"sample_s", st.sample_s},
         {"flushes", st.flushes},
+        {"draft_index_bytes", st.draft_index_bytes},
         {"kv_bytes_per_draft_step",
          {{"upper", st.draft_kv_upper_bytes},
           {"lower", st.draft_kv_lower_bytes},
@@ -117,7 +118,7 @@ int run_generate(const GenerateArgs& a) {
           {"lower", st.target_kv_lower_bytes},
           {"meta", st.target_kv_meta_bytes},
           {"fp", st.target_kv_fp_bytes}}}};
-    if (a.model.engine.mode == DecodeMode::kQuantSpec)
+    if (a.model.engine.mode != DecodeMode::kAr)
       j["gamma"] = a.gen.gamma > 0
                        ? a.gen.gamma
                        : (a.model.engine.gamma > 0 ? a.model.engine.gamma : kDefaultGamma);

@@ -24,14 +24,20 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
       ->check(CLI::Range(1, 1 << 20));
 }
 
+static void add_sparse_draft_options(CLI::App& app, EngineOptions& e);
+
 void add_decode_options(CLI::App& app, ModelOptions& opts) {
   EngineOptions& e = opts.engine;
   const std::map<std::string, DecodeMode> modes{{"ar", DecodeMode::kAr},
-                                                {"quantspec", DecodeMode::kQuantSpec}};
-  app.add_option("--mode", e.mode, "Decoding: ar (autoregressive) or quantspec (self-speculative)")
+                                                {"quantspec", DecodeMode::kQuantSpec},
+                                                {"streamingllm", DecodeMode::kStreamingLlm},
+                                                {"snapkv", DecodeMode::kSnapKv}};
+  app.add_option("--mode", e.mode,
+                 "Decoding: ar (autoregressive), quantspec (self-speculative, quantized KV "
+                 "draft), or the sparse-KV draft baselines streamingllm and snapkv")
       ->envname("QS_MODE")
       ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))
-      ->option_text("ar|quantspec (Env:QS_MODE)");
+      ->option_text("ar|quantspec|streamingllm|snapkv (Env:QS_MODE)");
   const std::map<std::string, KvType> kvs{
       {"fp16", KvType::kFp16}, {"int8", KvType::kInt8}, {"int4", KvType::kInt4}};
   app.add_option_function<std::string>(
@@ -67,10 +73,32 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
       ->envname("QS_DRAFT_WEIGHTS")
       ->transform(CLI::CheckedTransformer(drafts, CLI::ignore_case))
       ->option_text("int4|int4-mlp|native (Env:QS_DRAFT_WEIGHTS)");
+  add_sparse_draft_options(app, e);
+}
+
+static void add_sparse_draft_options(CLI::App& app, EngineOptions& e) {
+  app.add_option("--draft-budget", e.draft_budget,
+                 "streamingllm/snapkv: prompt positions the draft keeps, a fraction of the "
+                 "prompt (< 1) or a count (>= 1)")
+      ->envname("QS_DRAFT_BUDGET")
+      ->capture_default_str();
+  app.add_option("--sinks", e.sink_tokens, "streamingllm: attention-sink positions kept")
+      ->capture_default_str()
+      ->check(CLI::Range(0, 1 << 20));
+  app.add_option("--snap-window", e.snap_window, "snapkv: observation window (last prompt queries)")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1 << 20));
 }
 
 std::string validate_decode_options(const ModelOptions& opts) {
   const EngineOptions& e = opts.engine;
+  const bool sparse = e.mode == DecodeMode::kStreamingLlm || e.mode == DecodeMode::kSnapKv;
+  if (sparse && e.kv_explicit && e.kv != KvType::kFp16)
+    return std::string("--kv applies to --mode ar only; --mode ") + decode_mode_name(e.mode) +
+           " keeps the full-precision KV cache for the target";
+  if (sparse && !(e.draft_budget > 0.0))
+    return "--draft-budget must be > 0 (a fraction < 1 or a count >= 1), got " +
+           std::to_string(e.draft_budget);
   if (e.mode == DecodeMode::kQuantSpec && e.kv_explicit)
     return "--kv applies to --mode ar only; --mode quantspec always uses the hierarchical "
            "cache (INT4 draft view, INT8 target view)";

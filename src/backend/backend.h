@@ -52,6 +52,15 @@ struct KvReadBytes {
   int64_t fp = 0;     // full-precision rows (f32 on the CPU)
 };
 
+// A sparse-KV draft's subset of one layer's full-precision history: kv head h reads the
+// positions positions[h * count, (h + 1) * count) (ascending, each < dense_from) and then every
+// position in [dense_from, t] for a query at t. Only without a quantized segment.
+struct KvSelection {
+  const int32_t* positions = nullptr;  // [num_kv_heads, count] absolute positions
+  int count = 0;
+  int dense_from = 0;
+};
+
 // One layer's keys and values as attention reads them: a full-precision segment, optionally
 // preceded by a quantized segment. Without `quantized`, positions [0, length) are all full
 // precision (the plain cache). With it, query t reads [0, quant_boundary(t, G)) through the
@@ -65,6 +74,7 @@ struct KvView {
   int fp_base = 0;           // absolute position of row 0 of k/v; <= every query's boundary
   const QuantizedKvSegment* quantized = nullptr;  // nullptr: no quantized history
   KvReadBytes* read_bytes = nullptr;              // when set, the call adds its reads to it
+  const KvSelection* selection = nullptr;         // nullptr: every position (sparse drafts)
 };
 
 struct AttentionShape {

@@ -8,7 +8,17 @@
 namespace qs {
 
 const char* decode_mode_name(DecodeMode mode) {
-  return mode == DecodeMode::kQuantSpec ? "quantspec" : "ar";
+  switch (mode) {
+    case DecodeMode::kQuantSpec:
+      return "quantspec";
+    case DecodeMode::kStreamingLlm:
+      return "streamingllm";
+    case DecodeMode::kSnapKv:
+      return "snapkv";
+    case DecodeMode::kAr:
+      break;
+  }
+  return "ar";
 }
 
 const char* kv_type_name(KvType kv) {

@@ -18,7 +18,9 @@
 namespace qs {
 
 // Decoding: plain autoregressive, or QuantSpec self-speculation (DESIGN §1, docs/quantspec.md).
-enum class DecodeMode : uint8_t { kAr, kQuantSpec };
+// kStreamingLlm / kSnapKv: the sparse-KV self-speculation baselines (docs/quantspec.md "Sparse-KV
+// drafts"): the draft attends to a subset of the prompt's positions, the target to all of them.
+enum class DecodeMode : uint8_t { kAr, kQuantSpec, kStreamingLlm, kSnapKv };
 // The KV cache of autoregressive decoding: full precision (f32 on the CPU), or the hierarchical
 // cache read through its INT8 (target) or INT4 (draft) view. QuantSpec always uses both views.
 enum class KvType : uint8_t { kFp16, kInt8, kInt4 };
@@ -40,6 +42,13 @@ struct EngineOptions {
   int value_group_size = 0;   // Gv: value channels per group; 0: head_dim
   int gamma = 0;              // draft tokens per round; 0: kDefaultGamma (clamped < G)
   DraftWeights draft_weights = DraftWeights::kInt4;
+  // Sparse-KV drafts: prompt positions the draft keeps, a fraction of the prompt (< 1) or an
+  // absolute count (>= 1); attention sinks (StreamingLLM); SnapKV's observation window (queries)
+  // and max-pool kernel.
+  double draft_budget = 0.25;
+  int sink_tokens = 4;
+  int snap_window = 32;
+  int snap_kernel = 7;
 };
 
 const char* decode_mode_name(DecodeMode mode);
@@ -90,6 +99,7 @@ struct GenerationStats {
          draft_kv_fp_bytes = 0;
   double target_kv_upper_bytes = 0, target_kv_lower_bytes = 0, target_kv_meta_bytes = 0,
          target_kv_fp_bytes = 0;
+  int64_t draft_index_bytes = 0;  // sparse-KV drafts: the draft's position index (all layers)
 };
 
 struct GenerationResult {

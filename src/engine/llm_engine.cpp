@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <unordered_set>
 
@@ -59,10 +60,27 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
         "--kv selects the cache of autoregressive modes; --mode quantspec always uses the "
         "hierarchical cache (INT4 draft view, INT8 target view): drop --kv");
   }
+  const bool sparse =
+      options.mode == DecodeMode::kStreamingLlm || options.mode == DecodeMode::kSnapKv;
+  if (sparse) {
+    if (options.kv_explicit && options.kv != KvType::kFp16) {
+      return make_error(std::string("--mode ") + decode_mode_name(options.mode) +
+                        " keeps the full-precision KV cache for the target: drop --kv");
+    }
+    if (!(options.draft_budget > 0.0)) {
+      return make_error("draft budget must be > 0 (a fraction < 1 or a count >= 1), got " +
+                        std::to_string(options.draft_budget));
+    }
+    if (options.sink_tokens < 0 || options.snap_window < 1 || options.snap_kernel < 1 ||
+        options.snap_kernel % 2 == 0) {
+      return make_error("sparse draft: sinks must be >= 0, the observation window >= 1 and the "
+                        "pooling kernel odd and >= 1");
+    }
+  }
   if (options.gamma < 0) {
     return make_error("gamma must be >= 1, got " + std::to_string(options.gamma));
   }
-  if (qspec && options.gamma >= options.group_size) {
+  if ((qspec || sparse) && options.gamma >= options.group_size) {
     return make_error(
         "gamma " + std::to_string(options.gamma) +
         " must be smaller than the group size G = " + std::to_string(options.group_size));
@@ -90,7 +108,7 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
   engine->model_ = std::make_unique<Model>(cfg, std::move(weights), *engine->backend_);
   engine->cache_ = std::move(cache);
   engine->gamma_ = gamma;
-  if (qspec) QS_TRY(engine->model_->make_draft_weights(options.draft_weights));
+  if (qspec || sparse) QS_TRY(engine->model_->make_draft_weights(options.draft_weights));
   engine->tokenizer_ = std::move(tokenizer);
   engine->last_logits_.resize(static_cast<size_t>(cfg.vocab_size));
   return engine;
@@ -107,16 +125,51 @@ Status LlmEngine::check_prompt(const std::vector<int32_t>& ids) const {
 
 Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress) {
   cache_.clear();
+  sparse_ = SparseDraftIndex{};
   const int n = static_cast<int>(ids.size());
+  const ModelConfig& cfg = config();
+  const bool snap = options_.mode == DecodeMode::kSnapKv;
+  const int window = std::min(options_.snap_window, n);
+  const int64_t q_dim = cfg.q_dim();
+  ForwardPath path;
+  int chunk_start = 0;
+  if (snap) {
+    snap_q_.resize(static_cast<size_t>(cfg.num_layers) * window * q_dim);
+    path.query_tap = [&](int layer, const float* q, int m) {
+      // Keeps the rows of this chunk that fall in the observation window [n - window, n).
+      for (int r = 0; r < m; ++r) {
+        const int i = chunk_start + r - (n - window);
+        if (i < 0) continue;
+        std::copy(q + r * q_dim, q + (r + 1) * q_dim,
+                  snap_q_.data() + (static_cast<size_t>(layer) * window + i) * q_dim);
+      }
+    };
+  }
   for (int start = 0; start < n; start += options_.prefill_chunk) {
     const int m = std::min(options_.prefill_chunk, n - start);
     const bool last = start + m == n;
-    QS_TRY(model_->forward(std::span<const int32_t>(ids.data() + start, m), start, cache_,
-                           ForwardPath{}, last ? LogitRows::kLast : LogitRows::kNone,
-                           last_logits_.data()));
+    chunk_start = start;
+    QS_TRY(model_->forward(std::span<const int32_t>(ids.data() + start, m), start, cache_, path,
+                           last ? LogitRows::kLast : LogitRows::kNone, last_logits_.data()));
     if (progress) progress(start + m, n);
   }
   cache_.commit(n);
+  if (sparse()) {
+    const int keep = sparse_keep_count(options_.draft_budget, n);
+    if (!snap) {
+      sparse_.build_streaming(cfg.num_layers, cfg.num_kv_heads, n, keep, options_.sink_tokens);
+    } else {
+      sparse_.begin_snapkv(cfg.num_layers, cfg.num_kv_heads, n, keep, window);
+      const AttentionShape shape{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                                 static_cast<float>(1.0 / std::sqrt(double(cfg.head_dim)))};
+      for (int l = 0; l < cfg.num_layers; ++l) {
+        const KvView kv = cache_.view(l, std::nullopt, nullptr);
+        QS_CHECK(kv.fp_base == 0);
+        sparse_.select_snapkv_layer(l, snap_q_.data() + static_cast<size_t>(l) * window * q_dim,
+                                    kv.k, kv.row_stride, shape, options_.snap_kernel);
+      }
+    }
+  }
   return Status::ok_status();
 }
 
@@ -161,13 +214,13 @@ Result<RoundResult> LlmEngine::speculative_round(int32_t x, int gamma,
                                                  const SamplingParams& sampling, Rng& rng,
                                                  GenerationStats& stats,
                                                  const RoundControl& control) {
-  QS_CHECK(cache_.mode() == KvMode::kQuantSpec);
+  QS_CHECK(speculative());
   if (cache_.length() + gamma >= cache_.capacity()) {
     return make_error("context is full: a round of gamma " + std::to_string(gamma) + " after " +
                       std::to_string(cache_.length()) + " positions needs more than " +
                       std::to_string(cache_.capacity()));
   }
-  SpeculativeDecoder decoder(*model_, *model_, cache_);
+  SpeculativeDecoder decoder(*model_, *model_, cache_, draft_selection());
   return decoder.round(x, gamma, sampling, rng, stats, counters_, control);
 }
 
@@ -251,7 +304,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
 
   counters_ = SpecCounters{};
   GenerationStats& st = result.stats;
-  if (cache_.mode() != KvMode::kQuantSpec) {
+  if (!speculative()) {
     const ForwardPath path = [&] {
       ForwardPath p = target_path(cache_.mode());
       p.kv_read = &counters_.target_kv;
@@ -282,7 +335,8 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
           " must be smaller than the group size G = " + std::to_string(cache_.group_size()));
     }
     st.accepted_histogram.assign(static_cast<size_t>(gamma + 1), 0);
-    SpeculativeDecoder spec(*model_, *model_, cache_);
+    SpeculativeDecoder spec(*model_, *model_, cache_, draft_selection());
+    st.draft_index_bytes = static_cast<int64_t>(sparse_.bytes());
     int32_t x = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
     bool done = push(x);
     while (!done) {

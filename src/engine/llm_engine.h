@@ -12,6 +12,7 @@
 #include "engine/model.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
+#include "kv/sparse_select.h"
 
 namespace qs {
 
@@ -47,6 +48,8 @@ class LlmEngine final : public Engine {
   size_t kv_cache_bytes() const { return cache_.bytes(); }
   KvCache& cache() { return cache_; }
   int gamma() const { return gamma_; }
+  // Sparse-KV modes: the draft's index, built by the last prefill (empty otherwise).
+  const SparseDraftIndex& sparse_index() const { return sparse_; }
 
   // Building blocks of generate, public for the transaction tests: prefill `prompt` on an empty
   // cache (full-precision attention, then the groups it completes are quantized) and return the
@@ -62,6 +65,13 @@ class LlmEngine final : public Engine {
  private:
   LlmEngine() = default;
   Status check_prompt(const std::vector<int32_t>& ids) const;
+  bool speculative() const { return options_.mode != DecodeMode::kAr; }
+  bool sparse() const {
+    return options_.mode == DecodeMode::kStreamingLlm || options_.mode == DecodeMode::kSnapKv;
+  }
+  const KvSelection* draft_selection() const {
+    return sparse() && !sparse_.empty() ? sparse_.layers() : nullptr;
+  }
   // Runs `ids` on an empty cache in chunks of options_.prefill_chunk; logits of the last
   // position into last_logits_.
   using PrefillProgress = std::function<void(int done, int total)>;
@@ -76,6 +86,8 @@ class LlmEngine final : public Engine {
   std::optional<Tokenizer> tokenizer_;
   std::vector<float> last_logits_;  // [vocab]
   std::vector<float> probs_;        // [vocab] sampler scratch
+  SparseDraftIndex sparse_;
+  std::vector<float> snap_q_;  // [num_layers, window, q_dim] SnapKV observation queries
 };
 
 }  // namespace qs

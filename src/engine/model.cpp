@@ -176,12 +176,17 @@ Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
     if (quant) cache.quantize_below(l, need);
     KvView view = cache.view(l, quant ? path.kv_view : std::nullopt, &segment);
     view.read_bytes = path.kv_read;
+    if (path.selection) {
+      QS_CHECK_MSG(!quant, "a KV selection applies to full-precision views only");
+      view.selection = &path.selection[l];
+    }
     return view;
-  });
+  }, path.query_tap ? &path.query_tap : nullptr);
 }
 
 Status Model::run(std::span<const int32_t> ids, int pos, bool draft, LogitRows rows, float* logits,
-                  const std::function<KvView(int layer)>& attend_kv) {
+                  const std::function<KvView(int layer)>& attend_kv,
+                  const std::function<void(int layer, const float* q, int m)>* query_tap) {
   const int m = static_cast<int>(ids.size());
   QS_CHECK(rows == LogitRows::kNone || logits != nullptr);
   for (int32_t id : ids) {
@@ -213,6 +218,7 @@ Status Model::run(std::span<const int32_t> ids, int pos, bool draft, LogitRows r
     linear(x, m, L.wv, D.wv.get(), &L.bv, v_->data());
     backend_.rope(q_->data(), m, cfg_.num_heads, cfg_.head_dim, pos, inv_freq_.data());
     backend_.rope(k_->data(), m, cfg_.num_kv_heads, cfg_.head_dim, pos, inv_freq_.data());
+    if (query_tap) (*query_tap)(l, q_->data(), m);
     const KvView view = attend_kv(l);
     backend_.attention(q_->data(), m, pos, shape, view, attn_->data());
     linear(attn_->data(), m, L.wo, D.wo.get(), &L.bo, proj_->data());

@@ -31,6 +31,12 @@ struct ForwardPath {
   // nullopt: full-precision attention over the buffer (prefill; the cache must start at 0).
   std::optional<KvQuantView> kv_view;
   KvReadBytes* kv_read = nullptr;  // when set, gets the KV bytes every layer read
+  // Sparse-KV drafts: layer l attends to selection[l] of the full-precision history
+  // (fp caches only). nullptr: every position.
+  const KvSelection* selection = nullptr;  // [num_layers]
+  // When set, called per layer with the call's post-RoPE queries ([m, q_dim], host memory on the
+  // CPU): SnapKV's observation window.
+  std::function<void(int layer, const float* q, int m)> query_tap;
 };
 
 // The target path of a cache mode (AR decoding, verification) and QuantSpec's draft path.
@@ -79,7 +85,8 @@ class Model {
   // The layer stack and head over ids at [pos, pos + m); `attend_kv(layer)` stores the layer's
   // new K/V rows (k_, v_) and returns the view attention reads.
   Status run(std::span<const int32_t> ids, int pos, bool draft, LogitRows rows, float* logits,
-             const std::function<KvView(int layer)>& attend_kv);
+             const std::function<KvView(int layer)>& attend_kv,
+             const std::function<void(int layer, const float* q, int m)>* query_tap = nullptr);
   void linear(const float* x, int m, const WeightView& w, const QuantizedWeight4* w4,
               const WeightView* bias, float* y);
 

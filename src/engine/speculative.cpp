@@ -13,8 +13,9 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
-SpeculativeDecoder::SpeculativeDecoder(Model& target, Model& draft, KvCache& cache)
-    : target_(target), draft_(draft), cache_(cache) {
+SpeculativeDecoder::SpeculativeDecoder(Model& target, Model& draft, KvCache& cache,
+                                       const KvSelection* draft_selection)
+    : target_(target), draft_(draft), cache_(cache), draft_selection_(draft_selection) {
   QS_CHECK(draft.config().vocab_size == target.config().vocab_size);
 }
 
@@ -33,6 +34,7 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   ForwardPath dpath = draft_path(cache_.mode());
   dpath.draft_weights = &draft_ == &target_;
   dpath.kv_read = &counters.draft_kv;
+  dpath.selection = draft_selection_;
   std::vector<int32_t> ids{x};  // [x, g1, ..., g_gamma]
   for (int i = 0; i < gamma; ++i) {
     auto t0 = std::chrono::steady_clock::now();

@@ -39,7 +39,9 @@ class SpeculativeDecoder {
   // The cache holds the committed prefix; the draft forwards run `draft` with its draft weights
   // when it is `target` (QuantSpec: one model, two paths). A different draft model (tests) runs
   // with its own original weights; it must have the target's shape.
-  SpeculativeDecoder(Model& target, Model& draft, KvCache& cache);
+  // draft_selection ([num_layers], optional): the sparse-KV draft's view of the history.
+  SpeculativeDecoder(Model& target, Model& draft, KvCache& cache,
+                     const KvSelection* draft_selection = nullptr);
 
   // A round from n = cache.length() with input x (the last emitted token, not in the cache).
   // gamma >= 0 (0: one target step, the bonus sampled from p_1); n + gamma < capacity.
@@ -52,6 +54,7 @@ class SpeculativeDecoder {
   Model& target_;
   Model& draft_;
   KvCache& cache_;
+  const KvSelection* draft_selection_;  // [num_layers] or nullptr
   std::vector<float> logits_;          // [vocab] one draft step
   std::vector<float> verify_logits_;   // [gamma + 1, vocab]
   std::vector<std::vector<float>> q_;  // [gamma][vocab] processed draft distributions

@@ -269,3 +269,39 @@ def test_eval_accept_table(qs, tmp_path):
     p = qs("eval", "accept", "-m", model_dir("llama3-tiny"), "-f", text, "--ctx", "20",
            "--gamma", "0", check=False)
     assert p.returncode == 1 and "gamma" in p.stderr
+
+
+@pytest.mark.parametrize("mode", ["streamingllm", "snapkv"])
+def test_sparse_draft_greedy_equals_ar_fp16(qs, tmp_path, mode):
+    ar = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "ar")
+    s = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", mode, "--draft-budget", "0.2",
+                  "--gamma", "3", "--draft-weights", "native")
+    assert s["tokens"] == ar["tokens"]
+    assert s["mode"] == mode and s["gamma"] == 3 and s["rounds"] > 0
+    assert s["draft_index_bytes"] > 0
+    assert s["kv_bytes_per_draft_step"]["fp"] < s["kv_bytes_per_target_step"]["fp"]
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--mode", "snapkv", "--draft-budget", "0"], "budget"),
+    (["--mode", "streamingllm", "--kv", "int8"], "--kv"),
+    (["--mode", "snapkv", "--snap-window", "0"], "snap-window"),
+])
+def test_sparse_draft_bad_flags(qs, args, needle):
+    p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "hi", "-n", "4", *args, check=False)
+    assert p.returncode in (1, 2), p.stderr
+    assert needle in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "Aborted" not in p.stderr
+
+
+def test_eval_accept_sparse_modes(qs, tmp_path):
+    text = tmp_path / "t.txt"
+    text.write_text(TEXT * 3)
+    for mode in ("streamingllm", "snapkv"):
+        p = qs("eval", "accept", "-m", model_dir("llama3-tiny"), "-f", text, "--ctx", "70",
+               "--gamma", "3", "-n", "16", "--mode", mode)
+        rows = [line.split() for line in p.stdout.strip().split("\n")]
+        assert rows[1][:2] == ["70", "3"] and 0.0 <= float(rows[1][3]) <= 1.0
+    p = qs("eval", "accept", "-m", model_dir("llama3-tiny"), "-f", text, "--ctx", "20",
+           "--gamma", "1", "--mode", "ar", check=False)
+    assert p.returncode in (1, 2) and "mode" in p.stderr

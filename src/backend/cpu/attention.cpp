@@ -18,6 +18,56 @@ namespace {
 // Query rows up to which one task serves all queries of a call (shares dequantized blocks).
 constexpr int kShareQueries = 16;
 
+// A sparse-KV draft: per (query, query head), the selected positions of its kv head, then the
+// dense tail [dense_from, t]; the same f32 dot / softmax / axpy as the dense path.
+void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const AttentionShape& shape,
+                      const KvView& kv, float* out) {
+  const KvSelection& sel = *kv.selection;
+  const int hd = shape.head_dim;
+  QS_CHECK_MSG(kv.quantized == nullptr, "attention: a KV selection over a quantized history");
+  QS_CHECK(sel.count >= 0 && sel.dense_from >= kv.fp_base && sel.dense_from <= pos);
+  const int group = shape.num_heads / shape.num_kv_heads;
+  const int64_t q_row = static_cast<int64_t>(shape.num_heads) * hd;
+  const int64_t tasks = static_cast<int64_t>(m) * shape.num_heads;
+  pool_.parallel_for(tasks, [&](int64_t begin, int64_t end) {
+    thread_local std::vector<float> scores;  // [count + pos + m - dense_from] softmax row
+    for (int64_t task = begin; task < end; ++task) {
+      const int i = static_cast<int>(task / shape.num_heads);
+      const int h = static_cast<int>(task % shape.num_heads);
+      const int kvh = h / group;
+      const int t_end = pos + i + 1;
+      const int32_t* sp = sel.positions + static_cast<int64_t>(kvh) * sel.count;
+      const int n = sel.count + (t_end - sel.dense_from);
+      if (scores.size() < static_cast<size_t>(n)) scores.resize(static_cast<size_t>(n));
+      const float* qh = q + i * q_row + static_cast<int64_t>(h) * hd;
+      float* oh = out + i * q_row + static_cast<int64_t>(h) * hd;
+      const int64_t kv_off = static_cast<int64_t>(kvh) * hd;
+      auto position = [&](int j) { return j < sel.count ? sp[j] : sel.dense_from + j - sel.count; };
+      for (int j = 0; j < n; ++j) {
+        const float* k_row = kv.k + (position(j) - kv.fp_base) * kv.row_stride + kv_off;
+        scores[j] = cpu::dot_f32(qh, k_row, hd) * shape.scale;
+      }
+      const float mx = *std::max_element(scores.begin(), scores.begin() + n);
+      float sum = 0.0f;
+      for (int j = 0; j < n; ++j) {
+        scores[j] = std::exp(scores[j] - mx);
+        sum += scores[j];
+      }
+      const float inv_sum = 1.0f / sum;
+      std::fill(oh, oh + hd, 0.0f);
+      for (int j = 0; j < n; ++j) {
+        const float* v_row = kv.v + (position(j) - kv.fp_base) * kv.row_stride + kv_off;
+        cpu::axpy_f32(scores[j] * inv_sum, v_row, oh, hd);
+      }
+    }
+  });
+  if (kv.read_bytes) {
+    const int64_t rows = sel.count + (pos + m - sel.dense_from);
+    kv.read_bytes->fp += static_cast<int64_t>(shape.num_kv_heads) * 2 * rows * hd *
+                         static_cast<int64_t>(sizeof(float));
+  }
+}
+
 }  // namespace
 
 void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape& shape,
@@ -25,6 +75,10 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
   const int hd = shape.head_dim;
   QS_CHECK(shape.num_kv_heads > 0 && shape.num_heads % shape.num_kv_heads == 0);
   QS_CHECK_MSG(kv.length >= pos + m, "attention: the KV view does not cover the queries");
+  if (kv.selection) {
+    sparse_attention(pool_, q, m, pos, shape, kv, out);
+    return;
+  }
   const QuantizedKvSegment* qseg = kv.quantized;
   const int G = qseg ? qseg->group_size : 0;
   auto boundary = [&](int t) { return qseg ? quant_boundary(t, G) : 0; };

@@ -1,0 +1,103 @@
+#include "kv/sparse_select.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+
+#include "core/error.h"
+
+namespace qs {
+
+int sparse_keep_count(double budget, int prompt_len) {
+  const double k = budget < 1.0 ? std::round(budget * prompt_len) : std::floor(budget);
+  return static_cast<int>(std::clamp<double>(k, 1.0, std::max(prompt_len, 1)));
+}
+
+void SparseDraftIndex::reset(int num_layers, int num_kv_heads, int count, int dense_from) {
+  num_kv_heads_ = num_kv_heads;
+  positions_.assign(static_cast<size_t>(num_layers) * num_kv_heads * count, 0);
+  layers_.assign(static_cast<size_t>(num_layers), KvSelection{});
+  for (int l = 0; l < num_layers; ++l) {
+    layers_[l].positions = positions_.data() + static_cast<size_t>(l) * num_kv_heads * count;
+    layers_[l].count = count;
+    layers_[l].dense_from = dense_from;
+  }
+}
+
+void SparseDraftIndex::build_streaming(int num_layers, int num_kv_heads, int prompt_len,
+                                       int keep, int sinks) {
+  QS_CHECK(keep >= 1 && keep <= prompt_len && sinks >= 0);
+  if (keep == prompt_len) {  // everything visible: a dense view
+    reset(num_layers, num_kv_heads, 0, 0);
+    return;
+  }
+  const int count = std::min(sinks, keep);
+  reset(num_layers, num_kv_heads, count, prompt_len - (keep - count));
+  for (size_t i = 0; i < positions_.size(); ++i) positions_[i] = static_cast<int32_t>(i % count);
+}
+
+void SparseDraftIndex::begin_snapkv(int num_layers, int num_kv_heads, int prompt_len, int keep,
+                                    int window) {
+  QS_CHECK(keep >= 1 && keep <= prompt_len && window >= 1);
+  prompt_len_ = prompt_len;
+  window_ = std::min(window, prompt_len);
+  const int recent = std::min(window_, keep);
+  const int dense_from = prompt_len - recent;
+  reset(num_layers, num_kv_heads, std::min(keep - recent, dense_from), dense_from);
+}
+
+void SparseDraftIndex::select_snapkv_layer(int layer, const float* q, const float* k,
+                                           int64_t k_stride, const AttentionShape& shape,
+                                           int kernel) {
+  KvSelection& sel = layers_.at(static_cast<size_t>(layer));
+  if (sel.count == 0) return;
+  const int hd = shape.head_dim;
+  const int group = shape.num_heads / shape.num_kv_heads;
+  const int past = sel.dense_from;  // candidates [0, past)
+  const int w = window_;
+  const int q0 = prompt_len_ - w;
+  std::vector<double> score(static_cast<size_t>(past));
+  std::vector<double> pooled(static_cast<size_t>(past));
+  std::vector<float> row(static_cast<size_t>(prompt_len_));
+  std::vector<int32_t> order(static_cast<size_t>(past));
+  for (int kvh = 0; kvh < shape.num_kv_heads; ++kvh) {
+    std::fill(score.begin(), score.end(), 0.0);
+    for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+      for (int i = 0; i < w; ++i) {
+        const float* qh = q + (static_cast<int64_t>(i) * shape.num_heads + h) * hd;
+        const int len = q0 + i + 1;  // causal
+        float mx = -INFINITY;
+        for (int t = 0; t < len; ++t) {
+          const float* kr = k + t * k_stride + static_cast<int64_t>(kvh) * hd;
+          float dot = 0.0f;
+          for (int d = 0; d < hd; ++d) dot += qh[d] * kr[d];
+          row[t] = dot * shape.scale;
+          mx = std::max(mx, row[t]);
+        }
+        double sum = 0.0;
+        for (int t = 0; t < len; ++t) sum += std::exp(double(row[t]) - mx);
+        for (int t = 0; t < past; ++t) score[t] += std::exp(double(row[t]) - mx) / sum;
+      }
+    }
+    const int r = kernel / 2;
+    for (int t = 0; t < past; ++t) {
+      double best = 0.0;
+      for (int u = std::max(0, t - r); u <= std::min(past - 1, t + r); ++u) {
+        best = std::max(best, score[u]);
+      }
+      pooled[t] = best;
+    }
+    std::iota(order.begin(), order.end(), 0);
+    // Ties (pooling makes many) go to the earlier position: a deterministic choice.
+    std::partial_sort(order.begin(), order.begin() + sel.count, order.end(),
+                      [&](int32_t a, int32_t b) {
+                        return pooled[a] != pooled[b] ? pooled[a] > pooled[b] : a < b;
+                      });
+    int32_t* out = positions_.data() + (sel.positions - positions_.data()) +
+                   static_cast<int64_t>(kvh) * sel.count;
+    std::copy(order.begin(), order.begin() + sel.count, out);
+    std::sort(out, out + sel.count);
+  }
+}
+
+}  // namespace qs

@@ -1,0 +1,47 @@
+// Sparse-KV draft indices (the StreamingLLM and SnapKV self-speculation baselines): which prompt
+// positions the draft attends to, per layer and kv head, chosen once after prefill. Positions
+// after the selection's dense tail (the recent prompt window, everything generated later) are
+// always visible; the K/V stay in the full-precision cache, the draft holds only this index.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace qs {
+
+// Prompt positions a draft keeps: round(budget * prompt_len) for budget < 1, else the count;
+// at least 1, at most prompt_len.
+int sparse_keep_count(double budget, int prompt_len);
+
+class SparseDraftIndex {
+ public:
+  // StreamingLLM: the first min(sinks, keep) positions and the last keep - sinks of the prompt.
+  void build_streaming(int num_layers, int num_kv_heads, int prompt_len, int keep, int sinks);
+
+  // SnapKV for one layer (call begin_snapkv first): `q` holds the post-RoPE queries of the
+  // observation window, positions [prompt_len - w, prompt_len), `k` the layer's keys of positions
+  // [0, prompt_len) (row r = position r). Each kv head keeps the recent window (up to keep
+  // positions) and the keep - w earlier positions of highest pooled score: the window's softmax
+  // attention to them, summed over queries and the head's query group, max-pooled (kernel).
+  void begin_snapkv(int num_layers, int num_kv_heads, int prompt_len, int keep, int window);
+  void select_snapkv_layer(int layer, const float* q, const float* k, int64_t k_stride,
+                           const AttentionShape& shape, int kernel);
+
+  bool empty() const { return layers_.empty(); }
+  const KvSelection* layers() const { return layers_.data(); }  // [num_layers]
+  size_t bytes() const { return positions_.size() * sizeof(int32_t); }
+
+ private:
+  void reset(int num_layers, int num_kv_heads, int count, int dense_from);
+
+  int num_kv_heads_ = 0;
+  int prompt_len_ = 0;
+  int window_ = 0;                  // SnapKV: observation queries
+  std::vector<int32_t> positions_;  // [num_layers, num_kv_heads, count] ascending per head
+  std::vector<KvSelection> layers_;  // [num_layers] views into positions_
+};
+
+}  // namespace qs
