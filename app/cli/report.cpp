@@ -65,6 +65,14 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
                "(draft INT4 view, target INT8 view, fp32 buffer)\n",
                gen && gen->gamma > 0 ? gen->gamma : gamma, draft_weights_name(e.draft_weights),
                e.group_size, gv);
+  } else if (e.mode == DecodeMode::kStreamingLlm || e.mode == DecodeMode::kSnapKv) {
+    const int gamma = e.gamma > 0 ? e.gamma : std::min(kDefaultGamma, e.group_size - 1);
+    fmt::print(stderr,
+               "  mode {}: gamma {} draft weights {} ; draft KV budget {:g}{} (sinks {}, snap "
+               "window {}), target KV full precision (f32 on the CPU)\n",
+               decode_mode_name(e.mode), gen && gen->gamma > 0 ? gen->gamma : gamma,
+               draft_weights_name(e.draft_weights), e.draft_budget,
+               e.draft_budget < 1 ? " of the prompt" : " positions", e.sink_tokens, e.snap_window);
   } else if (e.kv != KvType::kFp16) {
     fmt::print(stderr, "  mode ar: KV {} view of the hierarchical cache, G {} Gv {}\n",
                kv_type_name(e.kv), e.group_size, gv);
