@@ -49,19 +49,8 @@ EngineOptions spec_options(int group, int gamma) {
   return o;
 }
 
-std::vector<int32_t> prompt_ids(int n, int vocab, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (int& id : ids) id = static_cast<int32_t>(rng() % vocab);
-  return ids;
-}
-
-GenerationParams greedy(int n) {
-  GenerationParams p;
-  p.max_new_tokens = n;
-  p.stop_at_eos = false;
-  return p;
-}
+using testing::greedy_params;
+using testing::random_prompt;
 
 // ---------------------------------------------------------------------------------------------
 
@@ -77,10 +66,10 @@ TEST(QuantSpec, GreedyEqualsArInt8TokenForToken) {
       ASSERT_TRUE(spec);
       int prompt_index = 0;
       for (int len : {1, 3, 2 * group - 1, 2 * group + 5, 300}) {
-        const std::vector<int32_t> prompt = prompt_ids(len, 97, 100 + prompt_index++);
+        const std::vector<int32_t> prompt = random_prompt(len, 97, 100 + prompt_index++);
         const int n = group == 32 ? 150 : 290;
-        auto want = ar->generate(prompt, greedy(n), nullptr);
-        auto got = spec->generate(prompt, greedy(n), nullptr);
+        auto want = ar->generate(prompt, greedy_params(n), nullptr);
+        auto got = spec->generate(prompt, greedy_params(n), nullptr);
         ASSERT_TRUE(want.ok() && got.ok());
         ASSERT_EQ(got->tokens, want->tokens)
             << "G " << group << " gamma " << gamma << " len " << len;
@@ -99,7 +88,7 @@ TEST(QuantSpec, GreedyEqualsArInt8TokenForToken) {
 TEST(QuantSpec, StatsAreConsistentAndTheDraftReadsNoLowerPlaneByte) {
   const TinyModel tiny = testing::make_tiny_model(spec_config(), DType::BF16, 6);
   auto spec = make_engine(tiny, spec_options(32, 4));
-  auto got = spec->generate(prompt_ids(100, 97, 1), greedy(120), nullptr);
+  auto got = spec->generate(random_prompt(100, 97, 1), greedy_params(120), nullptr);
   ASSERT_TRUE(got.ok());
   const GenerationStats& s = got->stats;
   int64_t rounds = 0, accepted = 0;
@@ -135,7 +124,7 @@ TEST(QuantSpec, TransactionInvariantOverThousandsOfTokens) {
   ASSERT_TRUE(spec && ref);
   const int vocab = tiny.cfg.vocab_size;
 
-  const std::vector<int32_t> prompt = prompt_ids(45, vocab, 3);
+  const std::vector<int32_t> prompt = random_prompt(45, vocab, 3);
   auto first = spec->start(prompt);
   ASSERT_TRUE(first.ok());
   std::vector<int32_t> generated{argmax(first->data(), vocab)};  // x, then every emitted token
@@ -386,18 +375,18 @@ TEST(QuantSpec, ShortPromptsAndSampling) {
   const TinyModel tiny = testing::make_tiny_model(spec_config(), DType::BF16, 8);
   auto spec = make_engine(tiny, spec_options(32, 3));
   for (int len : {1, 2, 63}) {
-    GenerationParams p = greedy(37);
+    GenerationParams p = greedy_params(37);
     p.sampling.temperature = 0.8f;
     p.sampling.seed = 5;
-    auto a = spec->generate(prompt_ids(len, 97, 9), p, nullptr);
-    auto b = spec->generate(prompt_ids(len, 97, 9), p, nullptr);
+    auto a = spec->generate(random_prompt(len, 97, 9), p, nullptr);
+    auto b = spec->generate(random_prompt(len, 97, 9), p, nullptr);
     ASSERT_TRUE(a.ok() && b.ok());
     EXPECT_EQ(a->tokens.size(), 37u);
     EXPECT_EQ(a->tokens, b->tokens);  // seeded
   }
   // max_new_tokens 1 and 2: the first token comes from the prefill, then a round cut short.
   for (int n : {1, 2}) {
-    auto r = spec->generate(prompt_ids(4, 97, 2), greedy(n), nullptr);
+    auto r = spec->generate(random_prompt(4, 97, 2), greedy_params(n), nullptr);
     ASSERT_TRUE(r.ok());
     EXPECT_EQ(r->tokens.size(), static_cast<size_t>(n));
   }
@@ -406,7 +395,7 @@ TEST(QuantSpec, ShortPromptsAndSampling) {
 TEST(QuantSpec, EosInsideARoundCutsTheOutput) {
   TinyModel tiny = testing::make_tiny_model(spec_config(), DType::BF16, 10);
   auto ar = make_engine(tiny, ar_options(KvType::kInt8, 32));
-  auto full = ar->generate(prompt_ids(20, 97, 4), greedy(60), nullptr);
+  auto full = ar->generate(random_prompt(20, 97, 4), greedy_params(60), nullptr);
   ASSERT_TRUE(full.ok());
   // Make the 25th greedy token the EOS: both modes must stop right there.
   tiny.cfg.eos_token_ids = {full->tokens[24]};
@@ -414,10 +403,10 @@ TEST(QuantSpec, EosInsideARoundCutsTheOutput) {
       std::find(full->tokens.begin(), full->tokens.end(), full->tokens[24]) - full->tokens.begin();
   auto ar2 = make_engine(tiny, ar_options(KvType::kInt8, 32));
   auto spec = make_engine(tiny, spec_options(32, 6));
-  GenerationParams p = greedy(60);
+  GenerationParams p = greedy_params(60);
   p.stop_at_eos = true;
-  auto a = ar2->generate(prompt_ids(20, 97, 4), p, nullptr);
-  auto b = spec->generate(prompt_ids(20, 97, 4), p, nullptr);
+  auto a = ar2->generate(random_prompt(20, 97, 4), p, nullptr);
+  auto b = spec->generate(random_prompt(20, 97, 4), p, nullptr);
   ASSERT_TRUE(a.ok() && b.ok());
   EXPECT_EQ(a->tokens.size(), first + 1);
   EXPECT_EQ(b->tokens, a->tokens);
@@ -426,7 +415,7 @@ TEST(QuantSpec, EosInsideARoundCutsTheOutput) {
 
 TEST(QuantSpec, IntFourAndEightKvStayCloseToFullPrecision) {
   const TinyModel tiny = testing::make_tiny_model(spec_config(), DType::BF16, 12);
-  const std::vector<int32_t> ids = prompt_ids(200, 97, 6);
+  const std::vector<int32_t> ids = random_prompt(200, 97, 6);
   auto fp = make_engine(tiny, ar_options(KvType::kFp16, 32));
   auto i8 = make_engine(tiny, ar_options(KvType::kInt8, 32));
   auto i4 = make_engine(tiny, ar_options(KvType::kInt4, 32));
@@ -464,9 +453,9 @@ TEST(QuantSpec, BadInputIsAClearError) {
   o = ar_options(KvType::kInt8, 48);
   fails(o, "group size");
   auto spec = make_engine(tiny, spec_options(32, 4));
-  GenerationParams p = greedy(10);
+  GenerationParams p = greedy_params(10);
   p.gamma = 32;
-  auto r = spec->generate(prompt_ids(3, 97, 1), p, nullptr);
+  auto r = spec->generate(random_prompt(3, 97, 1), p, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("gamma"), std::string::npos);
 }

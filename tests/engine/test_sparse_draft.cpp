@@ -130,19 +130,8 @@ std::unique_ptr<LlmEngine> make_engine(const TinyModel& tiny, EngineOptions o) {
   return e.ok() ? std::move(e).value() : nullptr;
 }
 
-std::vector<int32_t> prompt_ids(int n, uint32_t seed) {
-  std::mt19937 rng(seed);
-  std::vector<int32_t> ids(n);
-  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % 97);
-  return ids;
-}
-
-GenerationParams greedy(int n) {
-  GenerationParams p;
-  p.max_new_tokens = n;
-  p.stop_at_eos = false;
-  return p;
-}
+// Prompt ids below 97 (the tiny model's vocabulary is larger).
+std::vector<int32_t> prompt_ids(int n, uint32_t seed) { return testing::random_prompt(n, 97, seed); }
 
 TEST(SparseDraft, GreedyEqualsArFullPrecisionTokenForToken) {
   const TinyModel tiny = testing::make_tiny_model(sparse_config(), DType::BF16, 31);
@@ -161,8 +150,8 @@ TEST(SparseDraft, GreedyEqualsArFullPrecisionTokenForToken) {
       ASSERT_TRUE(sp);
       for (int len : {3, 60, 150}) {
         const auto prompt = prompt_ids(len, 100 + len);
-        auto want = ar->generate(prompt, greedy(70), nullptr);
-        auto got = sp->generate(prompt, greedy(70), nullptr);
+        auto want = ar->generate(prompt, testing::greedy_params(70), nullptr);
+        auto got = sp->generate(prompt, testing::greedy_params(70), nullptr);
         ASSERT_TRUE(want.ok() && got.ok());
         EXPECT_EQ(got->tokens, want->tokens) << decode_mode_name(mode) << " prompt " << len;
         const GenerationStats& st = got->stats;
@@ -185,7 +174,7 @@ TEST(SparseDraft, SamplingIsSeededAndEmitsTheRequestedLength) {
   o.snap_window = 8;
   auto sp = make_engine(tiny, o);
   ASSERT_TRUE(sp);
-  GenerationParams p = greedy(40);
+  GenerationParams p = testing::greedy_params(40);
   p.sampling.temperature = 0.8f;
   p.sampling.seed = 7;
   auto a = sp->generate(prompt_ids(90, 5), p, nullptr);

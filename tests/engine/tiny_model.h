@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "core/dtype.h"
+#include "engine/engine.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -224,6 +225,22 @@ inline std::vector<double> reference_forward(const ModelConfig& cfg, const Model
   }
   std::vector<double> x = rmsnorm(h, n, w.final_norm);
   return linear(x, n, w.lm_head, WeightView{});
+}
+
+// n token ids drawn uniformly from [0, vocab), seeded.
+inline std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(n);
+  for (int32_t& id : ids) id = static_cast<int32_t>(rng() % vocab);
+  return ids;
+}
+
+// Greedy decoding of exactly n tokens (EOS does not stop it).
+inline GenerationParams greedy_params(int n) {
+  GenerationParams p;
+  p.max_new_tokens = n;
+  p.stop_at_eos = false;
+  return p;
 }
 
 }  // namespace qs::testing
