@@ -36,6 +36,22 @@ struct QuantizedKvSegment {
   bool int8 = true;  // target view (both planes); false: draft view, never reads a lower byte
 };
 
+// The writable twin of QuantizedKvSegment: where the flush stores one layer's groups (same
+// layout, pointers offset to the layer).
+struct QuantizedKvPlanesOut {
+  uint8_t* key_upper = nullptr;     // [n_kv_heads, capacity, head_dim/2]
+  uint8_t* key_lower = nullptr;     // [n_kv_heads, capacity, head_dim/2]
+  uint8_t* value_upper = nullptr;   // [n_kv_heads, capacity, head_dim/2]
+  uint8_t* value_lower = nullptr;   // [n_kv_heads, capacity, head_dim/2]
+  uint16_t* key_scale = nullptr;    // [n_kv_heads, capacity/G, head_dim] fp16
+  uint16_t* key_min = nullptr;      // [n_kv_heads, capacity/G, head_dim] fp16
+  uint16_t* value_scale = nullptr;  // [n_kv_heads, capacity, head_dim/Gv] fp16
+  uint16_t* value_min = nullptr;    // [n_kv_heads, capacity, head_dim/Gv] fp16
+  int64_t capacity = 0;
+  int group_size = 0;
+  int value_group_size = 0;  // resolved (never 0)
+};
+
 // The per-query quantization boundary: a query at absolute position t reads [0, b(t)) from the
 // quantized segment and [b(t), t] in full precision, b(t) = G*(floor(t/G) - 1) for t >= 2G, else
 // 0. This is DESIGN §3's n_q of a cache holding t tokens.
@@ -143,6 +159,19 @@ class Backend {
     QS_CHECK_MSG(false, "matmul_q4: not implemented by this backend");
   }
 
+  // The flush of DESIGN §3 (docs/kv-format.md): quantizes key groups [first_group,
+  // first_group + n_groups) of one layer, every kv head, into `dst`. k_rows, v_rows:
+  // [n_groups * G, row_stride] f32 backend memory, row i = position first_group * G + i, kv head h
+  // at columns [h * head_dim, (h + 1) * head_dim), keys post-RoPE. Codes and fp16 metadata are
+  // bit-identical to quant/kv_quant.h's quantize_key_group / quantize_value_row on the same rows.
+  virtual void quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
+                           int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                           const QuantizedKvPlanesOut& dst) {
+    (void)k_rows, (void)v_rows, (void)row_stride, (void)num_kv_heads, (void)head_dim;
+    (void)first_group, (void)n_groups, (void)dst;
+    QS_CHECK_MSG(false, "quantize_kv: not implemented by this backend");
+  }
+
   // --- Additions for device backends. The defaults are right for a backend whose memory is
   // host memory (the CPU backend), so it need not override them.
 
@@ -155,6 +184,9 @@ class Backend {
   virtual void from_host(const float* src_host, float* dst, size_t n) {
     if (src_host != dst) std::memcpy(dst, src_host, n * sizeof(float));
   }
+
+  // Sets `bytes` bytes of backend memory (from alloc()) to zero.
+  virtual void fill_zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
 
   // Copies n floats within backend memory (e.g. new K/V rows into a backend-resident cache).
   // The ranges must not overlap.

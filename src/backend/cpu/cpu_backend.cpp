@@ -8,6 +8,7 @@
 
 #include "backend/cpu/simd.h"
 #include "core/error.h"
+#include "quant/kv_quant.h"
 
 namespace qs {
 
@@ -120,6 +121,44 @@ void CpuBackend::add(float* y, const float* x, int64_t n) {
   } else {
     pool_.parallel_for(n, body);
   }
+}
+
+}  // namespace qs
+
+namespace qs {
+
+void CpuBackend::quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
+                             int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                             const QuantizedKvPlanesOut& dst) {
+  const int G = dst.group_size;
+  QS_CHECK(G > 0 && dst.value_group_size > 0 && n_groups >= 0 && first_group >= 0);
+  QS_CHECK((first_group + n_groups) * G <= dst.capacity);
+  QS_CHECK(row_stride >= static_cast<int64_t>(num_kv_heads) * head_dim);
+  const int64_t row_bytes = head_dim / 2;
+  const int64_t value_groups = head_dim / dst.value_group_size;
+  const int64_t key_groups = dst.capacity / G;
+  // One task per (kv head, group); each writes a disjoint slice of every array.
+  auto one = [&](int64_t task) {
+    const int h = static_cast<int>(task / n_groups);
+    const int64_t g = first_group + task % n_groups;
+    const int64_t first_token = g * G;
+    const float* k = k_rows + (first_token - first_group * G) * row_stride + h * head_dim;
+    const float* v = v_rows + (first_token - first_group * G) * row_stride + h * head_dim;
+    const int64_t codes = (h * dst.capacity + first_token) * row_bytes;
+    const int64_t kmeta = (h * key_groups + g) * head_dim;
+    quantize_key_group(k, row_stride, G, head_dim, dst.key_upper + codes, dst.key_lower + codes,
+                       dst.key_scale + kmeta, dst.key_min + kmeta);
+    for (int i = 0; i < G; ++i) {
+      const int64_t row_codes = codes + i * row_bytes;
+      const int64_t vmeta = (h * dst.capacity + first_token + i) * value_groups;
+      quantize_value_row(v + i * row_stride, head_dim, dst.value_group_size,
+                         dst.value_upper + row_codes, dst.value_lower + row_codes,
+                         dst.value_scale + vmeta, dst.value_min + vmeta);
+    }
+  };
+  pool_.parallel_for(static_cast<int64_t>(num_kv_heads) * n_groups, [&](int64_t b, int64_t e) {
+    for (int64_t task = b; task < e; ++task) one(task);
+  });
 }
 
 }  // namespace qs
