@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/llm_engine.h"
@@ -98,7 +99,8 @@ int main(int argc, char** argv) {
              c.num_kv_heads, c.head_dim, c.vocab_size);
   fmt::print("weights   {}, {:.3f} GiB streamed per token\n", qs::dtype_name(wtype),
              weight_bytes / gib);
-  fmt::print("backend   {}, {} threads\n", model.backend().name(), e.backend().num_threads());
+  fmt::print("backend   {}, {} threads\n", model.backend().name(),
+             options.num_threads > 0 ? options.num_threads : int(std::thread::hardware_concurrency()));
   fmt::print("kv cache  f32, context {}, {:.3f} GiB reserved, {} bytes per token\n",
              e.max_context(), e.kv_cache_bytes() / gib, kv_row_bytes);
   fmt::print("run       prompt {} tokens, decode {} tokens, greedy\n", prompt_len, tokens);
@@ -106,7 +108,8 @@ int main(int argc, char** argv) {
   std::vector<int32_t> prompt(prompt_len);
   for (int i = 0; i < prompt_len; ++i)
     prompt[i] = static_cast<int32_t>((i * 7919L + 1) % c.vocab_size);
-  qs::FpKvCache cache(c.num_layers, e.max_context(), c.kv_dim());
+  qs::KvCache& cache = e.cache();  // the engine's (full-precision: --kv is not set)
+  cache.clear();
   std::vector<float> logits(c.vocab_size);
 
   const auto t0 = Clock::now();
@@ -114,7 +117,7 @@ int main(int argc, char** argv) {
     const int m = std::min(options.prefill_chunk, prompt_len - start);
     const bool last = start + m == prompt_len;
     qs::Status st =
-        model.forward(std::span<const int32_t>(prompt.data() + start, m), start, cache,
+        model.forward(std::span<const int32_t>(prompt.data() + start, m), start, cache, {},
                       last ? qs::LogitRows::kLast : qs::LogitRows::kNone, logits.data());
     if (!st.ok()) {
       fmt::print(stderr, "error: {}\n", st.error().message);
@@ -127,12 +130,13 @@ int main(int argc, char** argv) {
   for (int s = 0; s < tokens; ++s) {
     const int32_t next = qs::argmax(logits.data(), c.vocab_size);
     const int pos = prompt_len + s;
-    qs::Status st = model.forward(std::span<const int32_t>(&next, 1), pos, cache,
+    qs::Status st = model.forward(std::span<const int32_t>(&next, 1), pos, cache, {},
                                   qs::LogitRows::kLast, logits.data());
     if (!st.ok()) {
       fmt::print(stderr, "error: {}\n", st.error().message);
       return 1;
     }
+    cache.commit(pos + 1);
     kv_bytes_read += static_cast<double>(pos + 1) * kv_row_bytes;
   }
   const auto t2 = Clock::now();

@@ -222,11 +222,9 @@ CommandRun add_eval_command(CLI::App& root) {
       {"quantspec", DecodeMode::kQuantSpec},
       {"streamingllm", DecodeMode::kStreamingLlm},
       {"snapkv", DecodeMode::kSnapKv}};
-  a->add_option("--mode", acc->model.engine.mode,
-                "Self-speculation draft: quantspec (quantized KV), streamingllm or snapkv "
-                "(sparse KV) [default: quantspec]")
-      ->transform(CLI::CheckedTransformer(accept_modes, CLI::ignore_case))
-      ->option_text("quantspec|streamingllm|snapkv");
+  add_choice_option(*a, "--mode", acc->model.engine.mode, accept_modes,
+                    "Self-speculation draft: quantspec (quantized KV), streamingllm or snapkv "
+                    "(sparse KV) [default: quantspec]");
   a->remove_option(a->get_option("--kv"));
   add_generation_options(*a, acc->gen);
   a->add_option("-f,--file", acc->text_file, "Text file the prompts are cut from (its start)");

@@ -12,6 +12,12 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                  "Model directory (config.json, *.safetensors, tokenizer.json); "
                  "default: the bundled model")
       ->envname("QS_MODEL");
+  const std::map<std::string, Device> devices{{"cpu", Device::kCpu}, {"cuda", Device::kCuda}};
+  add_choice_option(app, "--device", opts.engine.device, devices,
+                    std::string("Where the model runs: cpu, or cuda (the GPU; ") +
+                        (cuda_compiled() ? "this build has it" : "needs a build with QS_CUDA=ON") +
+                        ")",
+                    "QS_DEVICE");
   app.add_option("--threads", opts.engine.num_threads, "CPU threads (0: all cores)")
       ->envname("QS_THREADS")
       ->check(CLI::Range(0, 1024));
@@ -32,12 +38,10 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
                                                 {"quantspec", DecodeMode::kQuantSpec},
                                                 {"streamingllm", DecodeMode::kStreamingLlm},
                                                 {"snapkv", DecodeMode::kSnapKv}};
-  app.add_option("--mode", e.mode,
-                 "Decoding: ar (autoregressive), quantspec (self-speculative, quantized KV "
-                 "draft), or the sparse-KV draft baselines streamingllm and snapkv")
-      ->envname("QS_MODE")
-      ->transform(CLI::CheckedTransformer(modes, CLI::ignore_case))
-      ->option_text("ar|quantspec|streamingllm|snapkv (Env:QS_MODE)");
+  add_choice_option(app, "--mode", e.mode, modes,
+                    "Decoding: ar (autoregressive), quantspec (self-speculative, quantized KV "
+                    "draft), or the sparse-KV draft baselines streamingllm and snapkv",
+                    "QS_MODE");
   const std::map<std::string, KvType> kvs{
       {"fp16", KvType::kFp16}, {"int8", KvType::kInt8}, {"int4", KvType::kInt4}};
   app.add_option_function<std::string>(
@@ -67,12 +71,10 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
   const std::map<std::string, DraftWeights> drafts{{"int4", DraftWeights::kInt4},
                                                    {"int4-mlp", DraftWeights::kInt4Mlp},
                                                    {"native", DraftWeights::kNative}};
-  app.add_option("--draft-weights", e.draft_weights,
-                 "QuantSpec draft weights: int4 (all linear layers + lm_head, group 128), "
-                 "int4-mlp (MLP only) or native (KV-only draft) [default: int4]")
-      ->envname("QS_DRAFT_WEIGHTS")
-      ->transform(CLI::CheckedTransformer(drafts, CLI::ignore_case))
-      ->option_text("int4|int4-mlp|native (Env:QS_DRAFT_WEIGHTS)");
+  add_choice_option(app, "--draft-weights", e.draft_weights, drafts,
+                    "QuantSpec draft weights: int4 (all linear layers + lm_head, group 128), "
+                    "int4-mlp (MLP only) or native (KV-only draft) [default: int4]",
+                    "QS_DRAFT_WEIGHTS");
   add_sparse_draft_options(app, e);
 }
 

@@ -4,6 +4,7 @@
 
 #include <CLI/CLI.hpp>
 #include <filesystem>
+#include <map>
 #include <string>
 
 #include "engine/engine.h"
@@ -14,6 +15,30 @@ struct ModelOptions {
   std::string model_dir;  // -m; empty: $QS_MODEL, else the bundled default model
   EngineOptions engine;
 };
+
+// An option taking one of `choices` (case-insensitive) into `target`; a bad value is a usage
+// error naming the allowed ones. The help shows them as a|b|c. `env`: its environment variable
+// (none when empty).
+template <typename T>
+CLI::Option* add_choice_option(CLI::App& app, const std::string& name, T& target,
+                               const std::map<std::string, T>& choices, const std::string& help,
+                               const std::string& env = {}) {
+  std::string names;
+  for (const auto& [key, value] : choices) names += (names.empty() ? "" : "|") + key;
+  CLI::Option* opt = app.add_option_function<std::string>(
+          name, [&target, choices](const std::string& v) { target = choices.at(CLI::detail::to_lower(v)); },
+          help)
+      ->check(
+          [choices, names](const std::string& v) {
+            return choices.count(CLI::detail::to_lower(v))
+                       ? std::string()
+                       : "'" + v + "' is not one of " + names;
+          },
+          names)
+      ->option_text(env.empty() ? names : names + " (Env:" + env + ")");
+  if (!env.empty()) opt->envname(env);
+  return opt;
+}
 
 // -m/--model, --threads, --ctx, --prefill-chunk.
 void add_model_options(CLI::App& app, ModelOptions& opts);

@@ -52,10 +52,13 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
              "  layers {} hidden {} heads {}/{} (kv) head_dim {} vocab {} rope_theta {:g}\n",
              c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
              c.rope_theta);
+  const std::string backend =
+      eo.device == Device::kCuda ? fmt::format("cuda (device {})", eo.device_index)
+                                 : fmt::format("cpu ({} threads)", threads);
   fmt::print(stderr,
-             "  backend cpu ({} threads), context {} tokens, {} {:.3f} GiB, "
+             "  backend {}, context {} tokens, {} {:.3f} GiB, "
              "prefill chunk {}\n",
-             threads, engine.max_context(), kv_label, kv_gib, opts.engine.prefill_chunk);
+             backend, engine.max_context(), kv_label, kv_gib, opts.engine.prefill_chunk);
   const EngineOptions& e = eo;
   const int gv = e.value_group_size > 0 ? e.value_group_size : c.head_dim;
   if (e.mode == DecodeMode::kQuantSpec) {

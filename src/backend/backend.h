@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <memory>
+#include <new>
 
 #include "core/error.h"
 #include "model/weights.h"
@@ -112,6 +113,18 @@ class Buffer {
   size_t size_ = 0;
 };
 
+// A Buffer in host memory (the CPU backend's memory; host-side storage elsewhere).
+class HostBuffer final : public Buffer {
+ public:
+  explicit HostBuffer(size_t n) : storage_(new float[n]) {  // uninitialized on purpose
+    data_ = storage_.get();
+    size_ = n;
+  }
+
+ private:
+  std::unique_ptr<float[]> storage_;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -119,6 +132,14 @@ class Backend {
 
   // Memory for activations (contents undefined), and the copy back to the host.
   virtual std::unique_ptr<Buffer> alloc(size_t n) = 0;
+  // The same, but nullptr when the memory cannot be had (large caches report it as an error).
+  virtual std::unique_ptr<Buffer> try_alloc(size_t n) {
+    try {
+      return alloc(n);
+    } catch (const std::bad_alloc&) {
+      return nullptr;
+    }
+  }
   virtual void to_host(const float* src, float* dst_host, size_t n) = 0;
 
   // out[i, :] = table[ids[i], :]. ids: host [m], each in [0, table.rows); out: [m, table.cols].

@@ -28,10 +28,15 @@ enum class KvType : uint8_t { kFp16, kInt8, kInt4 };
 // original weights (a KV-only draft).
 enum class DraftWeights : uint8_t { kInt4, kInt4Mlp, kNative };
 
+// Where the forward pass runs: the CPU backend, or the CUDA backend (builds with QS_CUDA=ON).
+enum class Device : uint8_t { kCpu, kCuda };
+
 // The speculation length used when none is given (measured on models/default, docs/quantspec.md).
 inline constexpr int kDefaultGamma = 4;
 
 struct EngineOptions {
+  Device device = Device::kCpu;
+  int device_index = 0;     // CUDA device ordinal
   int num_threads = 0;      // 0: all hardware threads
   int max_context = 0;      // KV cache capacity in tokens; 0: min(model max, 8192) [TODO: grows]
   int prefill_chunk = 512;  // prompt tokens per prefill forward (bounds activation memory)
@@ -51,6 +56,9 @@ struct EngineOptions {
   int snap_kernel = 7;
 };
 
+const char* device_name(Device device);
+// Whether this build has the CUDA backend (QS_CUDA=ON).
+bool cuda_compiled();
 const char* decode_mode_name(DecodeMode mode);
 const char* kv_type_name(KvType kv);
 const char* draft_weights_name(DraftWeights w);

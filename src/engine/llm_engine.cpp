@@ -6,6 +6,7 @@
 #include <string>
 #include <unordered_set>
 
+#include "engine/backend_factory.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 
@@ -99,14 +100,18 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
       options.gamma > 0 ? options.gamma : std::min(kDefaultGamma, options.group_size - 1);
   kv.max_gamma = qspec ? gamma : 0;
   kv.capacity = ctx;
-  QS_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(kv));
+  if (sparse && options.device != Device::kCpu) {
+    return make_error(std::string("--mode ") + decode_mode_name(options.mode) +
+                      " runs on the CPU only so far (--device cpu)");
+  }
 
   std::unique_ptr<LlmEngine> engine(new LlmEngine());
   engine->options_ = options;
   engine->options_.max_context = ctx;
-  engine->backend_ = std::make_unique<CpuBackend>(options.num_threads);
+  QS_ASSIGN_OR_RETURN(engine->backend_, create_backend(options, cfg));
+  QS_ASSIGN_OR_RETURN(engine->cache_, KvCache::create(kv, *engine->backend_));
   engine->model_ = std::make_unique<Model>(cfg, std::move(weights), *engine->backend_);
-  engine->cache_ = std::move(cache);
+  engine->backend_->prepare_weights(engine->model_->weights());
   engine->gamma_ = gamma;
   if (qspec || sparse) QS_TRY(engine->model_->make_draft_weights(options.draft_weights));
   engine->tokenizer_ = std::move(tokenizer);

@@ -7,7 +7,7 @@
 #include <optional>
 #include <vector>
 
-#include "backend/cpu/cpu_backend.h"
+#include "backend/backend.h"
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/speculative.h"
@@ -43,7 +43,7 @@ class LlmEngine final : public Engine {
                                     const TextCallback& on_text) override;
 
   Model& model() { return *model_; }
-  CpuBackend& backend() { return *backend_; }
+  Backend& backend() { return *backend_; }
   const EngineOptions& options() const { return options_; }
   size_t kv_cache_bytes() const { return cache_.bytes(); }
   KvCache& cache() { return cache_; }
@@ -80,9 +80,9 @@ class LlmEngine final : public Engine {
   EngineOptions options_;
   int gamma_ = 0;  // resolved default speculation length (QuantSpec)
   SpecCounters counters_;
-  std::unique_ptr<CpuBackend> backend_;
+  std::unique_ptr<Backend> backend_;
   std::unique_ptr<Model> model_;
-  KvCache cache_;
+  KvCache cache_;  // after backend_: destroyed before it
   std::optional<Tokenizer> tokenizer_;
   std::vector<float> last_logits_;  // [vocab]
   std::vector<float> probs_;        // [vocab] sampler scratch

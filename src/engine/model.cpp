@@ -145,21 +145,6 @@ void Model::linear(const float* x, int m, const WeightView& w, const QuantizedWe
   }
 }
 
-Status Model::forward(std::span<const int32_t> ids, int pos, FpKvCache& cache, LogitRows rows,
-                      float* logits) {
-  const int m = static_cast<int>(ids.size());
-  QS_CHECK(m >= 1 && pos >= 0);
-  QS_CHECK(cache.num_layers() == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());
-  QS_TRY(cache.check_write(pos, m));
-  QS_TRY(run(ids, pos, false, rows, logits, [&](int l) {
-    // The full-precision cache lives in host memory, which is the CPU backend's memory.
-    cache.write(l, pos, m, k_->data(), v_->data());
-    return KvView{cache.k(l), cache.v(l), cfg_.kv_dim(), pos + m};
-  }));
-  cache.set_length(pos + m);
-  return Status::ok_status();
-}
-
 Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
                       const ForwardPath& path, LogitRows rows, float* logits) {
   const int m = static_cast<int>(ids.size());
@@ -167,7 +152,7 @@ Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
   QS_CHECK(cache.config().num_layers == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());
   QS_CHECK_MSG(!path.draft_weights || !draft_layers_.empty(),
                "draft path without draft weights (make_draft_weights)");
-  QS_TRY(cache.check_write(pos, m));
+  QS_TRY(cache.prepare_write(pos, m));
   const bool quant = cache.quantized() && path.kv_view.has_value();
   const int need = quant ? quant_boundary(pos + m - 1, cache.group_size()) : 0;
   QuantizedKvSegment segment;

@@ -12,7 +12,6 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "engine/engine.h"
-#include "kv/fp_cache.h"
 #include "kv/kv_cache.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -56,17 +55,14 @@ class Model {
   const ModelWeights& weights() const { return weights_; }
   Backend& backend() { return backend_; }
 
-  // Runs `ids` at positions [pos, pos + m), m = ids.size() >= 1, on a cache holding at least
-  // [0, pos); writes their K/V and sets cache.length() = pos + m (later rows are dropped).
+  // Runs `ids` at positions [pos, pos + m), m = ids.size() >= 1, pos in [cache.length(),
+  // cache.written_end()]: writes their K/V rows (the caller commits) and attends through `path`.
   // logits (host): kLast -> [vocab]; kAll -> [m, vocab]; kNone -> unused (may be null).
   // Errors: a token id outside [0, vocab), or the cache is full.
-  Status forward(std::span<const int32_t> ids, int pos, FpKvCache& cache, LogitRows rows,
-                 float* logits);
-
-  // The same over the hierarchical cache: writes rows [pos, pos + m) (pos in [cache.length(),
-  // cache.written_end()]); the caller commits. With path.kv_view set, groups below the last
-  // query's boundary that are not quantized yet are quantized first (evaluation over rows that
-  // are committed by construction; in decoding they always are already).
+  // With path.kv_view set on a quantized cache, query t reads [0, b(t)) through that view and
+  // groups below the last query's boundary that are not quantized yet are quantized first
+  // (evaluation over rows that are committed by construction; in decoding they always are
+  // already). Without it, attention is full precision over the buffer (the cache must start at 0).
   Status forward(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
                  LogitRows rows, float* logits);
 

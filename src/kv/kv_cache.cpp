@@ -56,10 +56,11 @@ Status KvCacheConfig::validate() const {
   return Status::ok_status();
 }
 
-Result<KvCache> KvCache::create(const KvCacheConfig& config) {
+Result<KvCache> KvCache::create(const KvCacheConfig& config, Backend& backend) {
   QS_TRY(config.validate());
   KvCache c;
   c.cfg_ = config;
+  c.backend_ = &backend;
   if (c.quantized()) {
     KvPlanesShape shape;
     shape.n_layers = config.num_layers;
@@ -69,13 +70,16 @@ Result<KvCache> KvCache::create(const KvCacheConfig& config) {
     shape.value_group_size = config.value_group_size;
     shape.capacity = (static_cast<int64_t>(config.capacity) + config.group_size - 1) /
                      config.group_size * config.group_size;
-    QS_ASSIGN_OR_RETURN(QuantizedPlanes planes, QuantizedPlanes::create(shape));
+    QS_ASSIGN_OR_RETURN(QuantizedPlanes planes, QuantizedPlanes::create(shape, &backend));
     c.planes_.emplace(std::move(planes));
   }
   c.layer_quantized_.reset(new int[config.num_layers]());
-  const int steady = c.quantized() ? 2 * config.group_size + config.max_gamma + 1 : 64;
-  c.reserve_rows(std::min(steady, config.capacity));
+  QS_TRY(c.reserve_rows(std::min(c.steady_rows(), config.capacity)));
   return c;
+}
+
+int KvCache::steady_rows() const {
+  return quantized() ? 2 * cfg_.group_size + cfg_.max_gamma + 1 : 64;
 }
 
 size_t KvCache::bytes() const {
@@ -84,31 +88,38 @@ size_t KvCache::bytes() const {
   return b;
 }
 
-void KvCache::reserve_rows(int rows) {
-  if (rows <= buffer_rows_) return;
+Status KvCache::reserve_rows(int rows) {
+  if (rows <= buffer_rows_) return Status::ok_status();
   const size_t per_layer = static_cast<size_t>(rows) * kv_dim();
-  std::unique_ptr<float[]> k(new float[per_layer * cfg_.num_layers]);
-  std::unique_ptr<float[]> v(new float[per_layer * cfg_.num_layers]);
+  std::unique_ptr<Buffer> k = backend_->try_alloc(per_layer * cfg_.num_layers);
+  std::unique_ptr<Buffer> v = k ? backend_->try_alloc(per_layer * cfg_.num_layers) : nullptr;
+  if (!v) {
+    return make_error("KV cache: cannot allocate " +
+                      std::to_string(2.0 * per_layer * cfg_.num_layers * sizeof(float) / (1 << 30)) +
+                      " GiB on " + backend_->name() + " for " + str(rows) +
+                      " full-precision positions");
+  }
   const size_t used = static_cast<size_t>(fp_end_ - fp_base_) * kv_dim();
   for (int l = 0; l < cfg_.num_layers && used > 0; ++l) {
     const size_t old = static_cast<size_t>(l) * buffer_rows_ * kv_dim();
-    std::memcpy(k.get() + l * per_layer, k_buf_.get() + old, used * sizeof(float));
-    std::memcpy(v.get() + l * per_layer, v_buf_.get() + old, used * sizeof(float));
+    backend_->copy(k->data() + l * per_layer, k_buf_->data() + old, used);
+    backend_->copy(v->data() + l * per_layer, v_buf_->data() + old, used);
   }
   k_buf_ = std::move(k);
   v_buf_ = std::move(v);
   buffer_rows_ = rows;
+  return Status::ok_status();
 }
 
 float* KvCache::k_row(int layer, int pos) const {
-  return k_buf_.get() + (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim();
+  return k_buf_->data() + (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim();
 }
 
 float* KvCache::v_row(int layer, int pos) const {
-  return v_buf_.get() + (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim();
+  return v_buf_->data() + (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim();
 }
 
-Status KvCache::check_write(int pos, int m) const {
+Status KvCache::prepare_write(int pos, int m) {
   QS_CHECK(m >= 0);
   QS_CHECK_MSG(pos >= n_ && pos <= fp_end_, "KV cache: write at " + str(pos) +
                                                 " outside [n, written_end] = [" + str(n_) + ", " +
@@ -117,19 +128,21 @@ Status KvCache::check_write(int pos, int m) const {
     return make_error("context is full: " + str(static_cast<int64_t>(pos) + m) +
                       " positions needed but the KV cache holds " + str(cfg_.capacity));
   }
+  if (pos + m - fp_base_ > buffer_rows_) {
+    // Grows geometrically (prefill, evaluation windows); commit() shrinks it back.
+    QS_TRY(reserve_rows(
+        std::min(std::max(pos + m - fp_base_, 2 * buffer_rows_), cfg_.capacity - fp_base_)));
+  }
   return Status::ok_status();
 }
 
 void KvCache::write(int layer, int pos, int m, const float* k, const float* v) {
   QS_CHECK(layer >= 0 && layer < cfg_.num_layers);
   QS_CHECK(pos >= std::max(n_, fp_base_) && pos <= fp_end_ && pos + m <= cfg_.capacity);
-  if (pos + m - fp_base_ > buffer_rows_) {
-    // Grows geometrically (prefill, evaluation windows); commit() shrinks it back.
-    reserve_rows(std::min(std::max(pos + m - fp_base_, 2 * buffer_rows_), cfg_.capacity));
-  }
-  const size_t bytes = static_cast<size_t>(m) * kv_dim() * sizeof(float);
-  std::memcpy(k_row(layer, pos), k, bytes);
-  std::memcpy(v_row(layer, pos), v, bytes);
+  QS_CHECK_MSG(pos + m - fp_base_ <= buffer_rows_, "KV cache: write without prepare_write");
+  const size_t n = static_cast<size_t>(m) * kv_dim();
+  backend_->copy(k_row(layer, pos), k, n);
+  backend_->copy(v_row(layer, pos), v, n);
   fp_end_ = pos + m;
 }
 
@@ -137,11 +150,27 @@ void KvCache::quantize_below(int layer, int end) {
   QS_CHECK(planes_.has_value());
   const int G = cfg_.group_size;
   QS_CHECK(end % G == 0 && end <= fp_end_);
-  for (int start = layer_quantized_[layer]; start < end; start += G) {
-    QS_CHECK_MSG(start >= fp_base_, "KV cache: group rows already left the buffer");
-    planes_->append_group(layer, k_row(layer, start), v_row(layer, start), start / G, kv_dim());
+  const int start = layer_quantized_[layer];
+  if (start >= end) return;
+  QS_CHECK_MSG(start >= fp_base_, "KV cache: group rows already left the buffer");
+  backend_->quantize_kv(k_row(layer, start), v_row(layer, start), kv_dim(), cfg_.num_kv_heads,
+                        cfg_.head_dim, start / G, (end - start) / G, planes_->output(layer));
+  layer_quantized_[layer] = end;
+}
+
+void KvCache::shift_rows(int from) {
+  const int shift = from - fp_base_;
+  const int keep = fp_end_ - from;
+  QS_CHECK(shift > 0 && keep >= 0);
+  // Chunks of at most `shift` rows: source and destination of one copy never overlap.
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    for (int r = 0; r < keep; r += shift) {
+      const size_t n = static_cast<size_t>(std::min(shift, keep - r)) * kv_dim();
+      backend_->copy(k_row(l, fp_base_ + r), k_row(l, from + r), n);
+      backend_->copy(v_row(l, fp_base_ + r), v_row(l, from + r), n);
+    }
   }
-  layer_quantized_[layer] = std::max(layer_quantized_[layer], end);
+  fp_base_ = from;
 }
 
 void KvCache::commit(int n) {
@@ -158,29 +187,29 @@ void KvCache::commit(int n) {
     n_planes_ = complete;
   }
   const int base = quant_boundary(n, G);
-  if (base > fp_base_) {
-    const size_t keep = static_cast<size_t>(fp_end_ - base) * kv_dim();
-    for (int l = 0; l < cfg_.num_layers; ++l) {
-      const int64_t off = static_cast<int64_t>(l) * buffer_rows_ * kv_dim();
-      std::memmove(k_buf_.get() + off, k_row(l, base), keep * sizeof(float));
-      std::memmove(v_buf_.get() + off, v_row(l, base), keep * sizeof(float));
-    }
-    fp_base_ = base;
-  }
-  const int steady = 2 * G + cfg_.max_gamma + 1;
+  if (base > fp_base_) shift_rows(base);
+  const int steady = steady_rows();
   if (buffer_rows_ > 2 * steady && fp_end_ - fp_base_ <= steady) {
-    // Give back what a long prefill grew.
-    std::unique_ptr<float[]> k = std::move(k_buf_), v = std::move(v_buf_);
+    // Give back what a long prefill grew (a failed allocation just keeps the large buffer).
+    std::unique_ptr<Buffer> k = std::move(k_buf_), v = std::move(v_buf_);
     const int old_rows = buffer_rows_;
-    k_buf_.reset(new float[static_cast<size_t>(steady) * kv_dim() * cfg_.num_layers]);
-    v_buf_.reset(new float[static_cast<size_t>(steady) * kv_dim() * cfg_.num_layers]);
+    buffer_rows_ = 0;
+    k_buf_ = backend_->try_alloc(static_cast<size_t>(steady) * kv_dim() * cfg_.num_layers);
+    v_buf_ = k_buf_ ? backend_->try_alloc(static_cast<size_t>(steady) * kv_dim() * cfg_.num_layers)
+                    : nullptr;
+    if (!v_buf_) {
+      k_buf_ = std::move(k);
+      v_buf_ = std::move(v);
+      buffer_rows_ = old_rows;
+      return;
+    }
     buffer_rows_ = steady;
     const size_t used = static_cast<size_t>(fp_end_ - fp_base_) * kv_dim();
-    for (int l = 0; l < cfg_.num_layers; ++l) {
-      std::memcpy(k_buf_.get() + l * static_cast<size_t>(steady) * kv_dim(),
-                  k.get() + l * static_cast<size_t>(old_rows) * kv_dim(), used * sizeof(float));
-      std::memcpy(v_buf_.get() + l * static_cast<size_t>(steady) * kv_dim(),
-                  v.get() + l * static_cast<size_t>(old_rows) * kv_dim(), used * sizeof(float));
+    for (int l = 0; l < cfg_.num_layers && used > 0; ++l) {
+      backend_->copy(k_buf_->data() + l * static_cast<size_t>(steady) * kv_dim(),
+                     k->data() + l * static_cast<size_t>(old_rows) * kv_dim(), used);
+      backend_->copy(v_buf_->data() + l * static_cast<size_t>(steady) * kv_dim(),
+                     v->data() + l * static_cast<size_t>(old_rows) * kv_dim(), used);
     }
   }
 }
@@ -197,24 +226,7 @@ KvView KvCache::view(int layer, std::optional<KvQuantView> quant_view,
   v.fp_base = fp_base_;
   if (!quantized() || !quant_view) return v;
   QS_CHECK(segment != nullptr);
-  const KvPlanesShape& s = planes_->shape();
-  const int64_t codes = s.code_offset(layer, 0, 0);
-  const int64_t kmeta = s.key_meta_offset(layer, 0, 0);
-  const int64_t vmeta = s.value_meta_offset(layer, 0, 0);
-  const QuantizedPlanes& p = *planes_;
-  const bool int8 = *quant_view == KvQuantView::kTargetInt8;
-  segment->key_upper = p.code_plane(KvCodePlane::kKeyUpper).data() + codes;
-  segment->value_upper = p.code_plane(KvCodePlane::kValueUpper).data() + codes;
-  segment->key_lower = int8 ? p.code_plane(KvCodePlane::kKeyLower).data() + codes : nullptr;
-  segment->value_lower = int8 ? p.code_plane(KvCodePlane::kValueLower).data() + codes : nullptr;
-  segment->key_scale = p.meta(KvMetaArray::kKeyScale).data() + kmeta;
-  segment->key_min = p.meta(KvMetaArray::kKeyMin).data() + kmeta;
-  segment->value_scale = p.meta(KvMetaArray::kValueScale).data() + vmeta;
-  segment->value_min = p.meta(KvMetaArray::kValueMin).data() + vmeta;
-  segment->capacity = s.capacity;
-  segment->group_size = s.group_size;
-  segment->value_group_size = s.value_group_size;
-  segment->int8 = int8;
+  *segment = planes_->segment(layer, *quant_view);
   v.quantized = segment;
   return v;
 }

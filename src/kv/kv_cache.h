@@ -43,10 +43,14 @@ struct KvCacheConfig {
   Status validate() const;
 };
 
+// Memory: the buffer and the planes live in the backend's memory (device memory for a GPU
+// backend) and are written only through the backend (copy, quantize_kv), so one cache serves
+// every backend.
 class KvCache {
  public:
   KvCache() = default;
-  static Result<KvCache> create(const KvCacheConfig& config);
+  // `backend` must outlive the cache. Errors: an invalid config, or memory that cannot be had.
+  static Result<KvCache> create(const KvCacheConfig& config, Backend& backend);
   KvCache(KvCache&&) = default;
   KvCache& operator=(KvCache&&) = default;
 
@@ -65,12 +69,13 @@ class KvCache {
   size_t bytes() const;
   const QuantizedPlanes* planes() const { return planes_ ? &*planes_ : nullptr; }
 
-  // May rows [pos, pos + m) be written? pos must lie in [n, written_end] (a bug otherwise);
-  // Error "context is full ..." when pos + m exceeds the capacity.
-  Status check_write(int pos, int m) const;
-  // Copy m rows of K and V ([m, kv_dim] f32 each) to positions [pos, pos + m) of `layer`'s
-  // buffer (every layer gets the same rows). Rows past pos + m are dropped: written_end() becomes
-  // pos + m.
+  // Makes rows [pos, pos + m) writable (grows the buffer). pos must lie in [n, written_end] (a bug
+  // otherwise). Errors: "context is full ..." when pos + m exceeds the capacity; the backend has
+  // no memory for the larger buffer.
+  Status prepare_write(int pos, int m);
+  // Copy m rows of K and V ([m, kv_dim] f32 each, backend memory) to positions [pos, pos + m) of
+  // `layer`'s buffer (every layer gets the same rows), after prepare_write(pos, m). Rows past
+  // pos + m are dropped: written_end() becomes pos + m.
   void write(int layer, int pos, int m, const float* k, const float* v);
 
   // Quantize `layer`'s groups below `end` (a multiple of G) that are not quantized yet, from the
@@ -89,11 +94,16 @@ class KvCache {
   KvView view(int layer, std::optional<KvQuantView> quant_view, QuantizedKvSegment* segment) const;
 
  private:
-  void reserve_rows(int rows);  // buffer capacity in rows, preserving [fp_base, fp_end)
+  // Buffer capacity in rows, preserving [fp_base, fp_end). Error when the memory cannot be had.
+  Status reserve_rows(int rows);
+  int steady_rows() const;  // buffer rows of steady decoding
+  // Moves rows [from, fp_end) of every layer to the start of the buffer.
+  void shift_rows(int from);
   float* k_row(int layer, int pos) const;
   float* v_row(int layer, int pos) const;
 
   KvCacheConfig cfg_;
+  Backend* backend_ = nullptr;
   std::optional<QuantizedPlanes> planes_;
   int n_ = 0;
   int n_planes_ = 0;
@@ -102,8 +112,8 @@ class KvCache {
   int flushes_ = 0;
   std::unique_ptr<int[]> layer_quantized_;  // [num_layers] positions quantized per layer
   int buffer_rows_ = 0;                     // allocated rows per layer
-  std::unique_ptr<float[]> k_buf_;          // [num_layers, buffer_rows, kv_dim] f32, post-RoPE
-  std::unique_ptr<float[]> v_buf_;          // [num_layers, buffer_rows, kv_dim] f32
+  std::unique_ptr<Buffer> k_buf_;           // [num_layers, buffer_rows, kv_dim] f32, post-RoPE
+  std::unique_ptr<Buffer> v_buf_;           // [num_layers, buffer_rows, kv_dim] f32
 };
 
 }  // namespace qs

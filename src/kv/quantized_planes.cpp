@@ -1,5 +1,7 @@
 #include "kv/quantized_planes.h"
 
+#include <cstring>
+#include <memory>
 #include <new>
 #include <string>
 #include <utility>
@@ -69,29 +71,87 @@ double fp16_kv_bytes_per_token(int n_kv_heads, int head_dim) {
   return 2.0 * kFp16Bytes * n_kv_heads * head_dim;
 }
 
-Result<QuantizedPlanes> QuantizedPlanes::create(const KvPlanesShape& shape) {
+Result<QuantizedPlanes> QuantizedPlanes::create(const KvPlanesShape& shape, Backend* backend) {
   QS_TRY(shape.validate());
   KvPlanesShape resolved = shape;
   resolved.value_group_size = shape.value_group_channels();
   QuantizedPlanes p(resolved);
-  try {
-    const auto code_bytes = static_cast<size_t>(resolved.code_plane_bytes());
-    const auto key_meta = static_cast<size_t>(resolved.key_meta_elems());
-    const auto value_meta = static_cast<size_t>(resolved.value_meta_elems());
-    p.key_upper_.assign(code_bytes, 0);
-    p.key_lower_.assign(code_bytes, 0);
-    p.value_upper_.assign(code_bytes, 0);
-    p.value_lower_.assign(code_bytes, 0);
-    p.key_scale_.assign(key_meta, 0);
-    p.key_min_.assign(key_meta, 0);
-    p.value_scale_.assign(value_meta, 0);
-    p.value_min_.assign(value_meta, 0);
-  } catch (const std::bad_alloc&) {
-    return make_error("KV planes: cannot allocate " +
-                      std::to_string(static_cast<double>(resolved.total_bytes()) / (1 << 30)) +
-                      " GiB for " + str(resolved.capacity) + " quantized tokens");
+  const auto code_bytes = static_cast<size_t>(resolved.code_plane_bytes());
+  const size_t meta_bytes[2] = {static_cast<size_t>(resolved.key_meta_elems()) * kFp16Bytes,
+                                static_cast<size_t>(resolved.value_meta_elems()) * kFp16Bytes};
+  for (int i = 0; i < 8; ++i) {
+    const size_t bytes = i < 4 ? code_bytes : meta_bytes[(i - 4) / 2];
+    const size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);
+    std::unique_ptr<Buffer> buf;
+    if (backend) {
+      buf = backend->try_alloc(floats);
+    } else {
+      try {
+        buf = std::make_unique<HostBuffer>(floats);
+      } catch (const std::bad_alloc&) {
+      }
+    }
+    if (!buf) {
+      return make_error("KV planes: cannot allocate " +
+                        std::to_string(static_cast<double>(resolved.total_bytes()) / (1 << 30)) +
+                        " GiB for " + str(resolved.capacity) + " quantized tokens" +
+                        (backend ? std::string(" on ") + backend->name() : std::string()));
+    }
+    if (backend) {
+      backend->fill_zero(buf->data(), bytes);
+    } else {
+      std::memset(buf->data(), 0, bytes);
+    }
+    if (i < 4) {
+      p.codes_[i] = {reinterpret_cast<uint8_t*>(buf->data()), bytes};
+    } else {
+      p.meta_[i - 4] = {reinterpret_cast<uint16_t*>(buf->data()), bytes / kFp16Bytes};
+    }
+    p.storage_[i] = std::move(buf);
   }
   return p;
+}
+
+QuantizedKvSegment QuantizedPlanes::segment(int layer, KvQuantView view) const {
+  QS_CHECK(layer >= 0 && layer < shape_.n_layers);
+  const int64_t codes = shape_.code_offset(layer, 0, 0);
+  const int64_t kmeta = shape_.key_meta_offset(layer, 0, 0);
+  const int64_t vmeta = shape_.value_meta_offset(layer, 0, 0);
+  const bool int8 = view == KvQuantView::kTargetInt8;
+  QuantizedKvSegment seg;
+  seg.key_upper = codes_[0].data() + codes;
+  seg.key_lower = int8 ? codes_[1].data() + codes : nullptr;
+  seg.value_upper = codes_[2].data() + codes;
+  seg.value_lower = int8 ? codes_[3].data() + codes : nullptr;
+  seg.key_scale = meta_[0].data() + kmeta;
+  seg.key_min = meta_[1].data() + kmeta;
+  seg.value_scale = meta_[2].data() + vmeta;
+  seg.value_min = meta_[3].data() + vmeta;
+  seg.capacity = shape_.capacity;
+  seg.group_size = shape_.group_size;
+  seg.value_group_size = shape_.value_group_size;
+  seg.int8 = int8;
+  return seg;
+}
+
+QuantizedKvPlanesOut QuantizedPlanes::output(int layer) {
+  QS_CHECK(layer >= 0 && layer < shape_.n_layers);
+  const int64_t codes = shape_.code_offset(layer, 0, 0);
+  const int64_t kmeta = shape_.key_meta_offset(layer, 0, 0);
+  const int64_t vmeta = shape_.value_meta_offset(layer, 0, 0);
+  QuantizedKvPlanesOut out;
+  out.key_upper = codes_[0].data() + codes;
+  out.key_lower = codes_[1].data() + codes;
+  out.value_upper = codes_[2].data() + codes;
+  out.value_lower = codes_[3].data() + codes;
+  out.key_scale = meta_[0].data() + kmeta;
+  out.key_min = meta_[1].data() + kmeta;
+  out.value_scale = meta_[2].data() + vmeta;
+  out.value_min = meta_[3].data() + vmeta;
+  out.capacity = shape_.capacity;
+  out.group_size = shape_.group_size;
+  out.value_group_size = shape_.value_group_size;
+  return out;
 }
 
 void QuantizedPlanes::append_group(int layer, const float* k_rows, const float* v_rows,
@@ -106,14 +166,14 @@ void QuantizedPlanes::append_group(int layer, const float* k_rows, const float* 
     const int64_t codes = s.code_offset(layer, h, first_token);
     const int64_t kmeta = s.key_meta_offset(layer, h, key_group);
     quantize_key_group(k_rows + h * s.head_dim, row_stride, s.group_size, s.head_dim,
-                       key_upper_.data() + codes, key_lower_.data() + codes,
-                       key_scale_.data() + kmeta, key_min_.data() + kmeta);
+                       codes_[0].data() + codes, codes_[1].data() + codes,
+                       meta_[0].data() + kmeta, meta_[1].data() + kmeta);
     for (int i = 0; i < s.group_size; ++i) {
       const int64_t row_codes = s.code_offset(layer, h, first_token + i);
       const int64_t vmeta = s.value_meta_offset(layer, h, first_token + i);
       quantize_value_row(v_rows + i * row_stride + h * s.head_dim, s.head_dim, s.value_group_size,
-                         value_upper_.data() + row_codes, value_lower_.data() + row_codes,
-                         value_scale_.data() + vmeta, value_min_.data() + vmeta);
+                         codes_[2].data() + row_codes, codes_[3].data() + row_codes,
+                         meta_[2].data() + vmeta, meta_[3].data() + vmeta);
     }
   }
 }
@@ -144,11 +204,11 @@ void QuantizedPlanes::read_keys(int layer, int kv_head, int64_t token_begin, int
     const int64_t kmeta = s.key_meta_offset(layer, kv_head, group);
     float* row = out + i * s.head_dim;
     if (int8) {
-      dequantize_key_row_int8(key_upper_.data() + codes, key_lower_.data() + codes,
-                              key_scale_.data() + kmeta, key_min_.data() + kmeta, s.head_dim, row);
+      dequantize_key_row_int8(codes_[0].data() + codes, codes_[1].data() + codes,
+                              meta_[0].data() + kmeta, meta_[1].data() + kmeta, s.head_dim, row);
     } else {
-      dequantize_key_row_int4(key_upper_.data() + codes, key_scale_.data() + kmeta,
-                              key_min_.data() + kmeta, s.head_dim, row);
+      dequantize_key_row_int4(codes_[0].data() + codes, meta_[0].data() + kmeta,
+                              meta_[1].data() + kmeta, s.head_dim, row);
     }
   }
   if (stats) {
@@ -169,12 +229,12 @@ void QuantizedPlanes::read_values(int layer, int kv_head, int64_t token_begin, i
     const int64_t vmeta = s.value_meta_offset(layer, kv_head, t);
     float* row = out + i * s.head_dim;
     if (int8) {
-      dequantize_value_row_int8(value_upper_.data() + codes, value_lower_.data() + codes,
-                                value_scale_.data() + vmeta, value_min_.data() + vmeta, s.head_dim,
+      dequantize_value_row_int8(codes_[2].data() + codes, codes_[3].data() + codes,
+                                meta_[2].data() + vmeta, meta_[3].data() + vmeta, s.head_dim,
                                 s.value_group_size, row);
     } else {
-      dequantize_value_row_int4(value_upper_.data() + codes, value_scale_.data() + vmeta,
-                                value_min_.data() + vmeta, s.head_dim, s.value_group_size, row);
+      dequantize_value_row_int4(codes_[2].data() + codes, meta_[2].data() + vmeta,
+                                meta_[3].data() + vmeta, s.head_dim, s.value_group_size, row);
     }
   }
   if (stats) {
@@ -185,43 +245,19 @@ void QuantizedPlanes::read_values(int layer, int kv_head, int64_t token_begin, i
 }
 
 std::span<const uint8_t> QuantizedPlanes::code_plane(KvCodePlane plane) const {
-  switch (plane) {
-    case KvCodePlane::kKeyUpper:
-      return key_upper_;
-    case KvCodePlane::kKeyLower:
-      return key_lower_;
-    case KvCodePlane::kValueUpper:
-      return value_upper_;
-    case KvCodePlane::kValueLower:
-      return value_lower_;
-  }
-  QS_CHECK(false);
-  return {};
+  return codes_[static_cast<int>(plane)];
 }
 
 std::span<uint8_t> QuantizedPlanes::code_plane(KvCodePlane plane) {
-  std::span<const uint8_t> c = std::as_const(*this).code_plane(plane);
-  return {const_cast<uint8_t*>(c.data()), c.size()};
+  return codes_[static_cast<int>(plane)];
 }
 
 std::span<const uint16_t> QuantizedPlanes::meta(KvMetaArray array) const {
-  switch (array) {
-    case KvMetaArray::kKeyScale:
-      return key_scale_;
-    case KvMetaArray::kKeyMin:
-      return key_min_;
-    case KvMetaArray::kValueScale:
-      return value_scale_;
-    case KvMetaArray::kValueMin:
-      return value_min_;
-  }
-  QS_CHECK(false);
-  return {};
+  return meta_[static_cast<int>(array)];
 }
 
 std::span<uint16_t> QuantizedPlanes::meta(KvMetaArray array) {
-  std::span<const uint16_t> c = std::as_const(*this).meta(array);
-  return {const_cast<uint16_t*>(c.data()), c.size()};
+  return meta_[static_cast<int>(array)];
 }
 
 }  // namespace qs

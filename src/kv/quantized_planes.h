@@ -14,6 +14,7 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/error.h"
 #include "quant/kv_quant.h"
 
@@ -82,9 +83,10 @@ enum class KvMetaArray : uint8_t { kKeyScale, kKeyMin, kValueScale, kValueMin };
 
 class QuantizedPlanes {
  public:
-  // Validates the shape and allocates zeroed storage (an all-zero group dequantizes to 0).
-  // Errors: an invalid shape, or storage that cannot be allocated.
-  static Result<QuantizedPlanes> create(const KvPlanesShape& shape);
+  // Validates the shape and allocates zeroed storage (an all-zero group dequantizes to 0) in
+  // `backend`'s memory, or in host memory when backend is null. Errors: an invalid shape, or
+  // storage that cannot be allocated.
+  static Result<QuantizedPlanes> create(const KvPlanesShape& shape, Backend* backend = nullptr);
 
   QuantizedPlanes(QuantizedPlanes&&) = default;
   QuantizedPlanes& operator=(QuantizedPlanes&&) = default;
@@ -93,7 +95,12 @@ class QuantizedPlanes {
 
   const KvPlanesShape& shape() const { return shape_; }
 
-  // The flush of DESIGN §3: quantize G committed full-precision rows of `layer` into key group
+  // One layer's arrays as the backend's attention reads them (the int8 view has the lower
+  // planes; the int4 view leaves them null) and as its quantize_kv writes them.
+  QuantizedKvSegment segment(int layer, KvQuantView view) const;
+  QuantizedKvPlanesOut output(int layer);
+
+  // Host memory only (tests, the reference): the flush of DESIGN §3: quantize G committed full-precision rows of `layer` into key group
   // `key_group` (absolute positions [key_group*G, (key_group+1)*G)) of all four planes.
   // k_rows, v_rows: [G, row_stride] f32, row i = position key_group*G + i, keys post-RoPE, kv head
   // h at columns [h*head_dim, (h+1)*head_dim); row_stride >= kv_dim (0 means kv_dim).
@@ -101,7 +108,7 @@ class QuantizedPlanes {
   void append_group(int layer, const float* k_rows, const float* v_rows, int64_t key_group,
                     int64_t row_stride = 0);
 
-  // Dequantize tokens [token_begin, token_begin + n) of one kv head: out [n, head_dim] f32.
+  // Host memory only: dequantize tokens [token_begin, token_begin + n) of one kv head: out [n, head_dim] f32.
   // kDraftInt4 reads no byte of the lower planes. `stats`, when given, accumulates bytes read.
   void read_keys(int layer, int kv_head, int64_t token_begin, int64_t n, KvQuantView view,
                  float* out, KvReadStats* stats = nullptr) const;
@@ -120,14 +127,11 @@ class QuantizedPlanes {
   void check_read(int layer, int kv_head, int64_t token_begin, int64_t n, const float* out) const;
 
   KvPlanesShape shape_;
-  std::vector<uint8_t> key_upper_;     // [n_layers, n_kv_heads, C, head_dim/2] U codes
-  std::vector<uint8_t> key_lower_;     // [n_layers, n_kv_heads, C, head_dim/2] L+8 codes
-  std::vector<uint8_t> value_upper_;   // [n_layers, n_kv_heads, C, head_dim/2] U codes
-  std::vector<uint8_t> value_lower_;   // [n_layers, n_kv_heads, C, head_dim/2] L+8 codes
-  std::vector<uint16_t> key_scale_;    // [n_layers, n_kv_heads, C/G, head_dim] fp16
-  std::vector<uint16_t> key_min_;      // [n_layers, n_kv_heads, C/G, head_dim] fp16
-  std::vector<uint16_t> value_scale_;  // [n_layers, n_kv_heads, C, head_dim/Gv] fp16
-  std::vector<uint16_t> value_min_;    // [n_layers, n_kv_heads, C, head_dim/Gv] fp16
+  // The eight arrays (the layout above), each in its own buffer: the code planes in the order of
+  // KvCodePlane, then the metadata in the order of KvMetaArray.
+  std::unique_ptr<Buffer> storage_[8];
+  std::span<uint8_t> codes_[4];
+  std::span<uint16_t> meta_[4];
 };
 
 }  // namespace qs

@@ -7,7 +7,6 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/model.h"
-#include "kv/fp_cache.h"
 #include "tiny_model.h"
 
 namespace qs {
@@ -41,15 +40,15 @@ std::vector<double> widen(const std::vector<float>& v) {
 // All-row logits of ids run in chunks of `chunk` tokens from position 0.
 std::vector<float> run_chunked(Model& model, const std::vector<int32_t>& ids, int chunk) {
   const int vocab = model.config().vocab_size;
-  FpKvCache cache(model.config().num_layers, 64, model.config().kv_dim());
+  KvCache cache = testing::fp_cache(model.config(), 64, model.backend());
   std::vector<float> logits(ids.size() * vocab);
   for (size_t start = 0; start < ids.size(); start += chunk) {
     const size_t m = std::min<size_t>(chunk, ids.size() - start);
     Status st =
         model.forward(std::span<const int32_t>(ids.data() + start, m), static_cast<int>(start),
-                      cache, LogitRows::kAll, logits.data() + start * vocab);
+                      cache, ForwardPath{}, LogitRows::kAll, logits.data() + start * vocab);
     EXPECT_TRUE(st.ok());
-    EXPECT_EQ(cache.length(), static_cast<int>(start + m));
+    cache.commit(static_cast<int>(start + m));
   }
   return logits;
 }
@@ -99,9 +98,9 @@ TEST_P(ForwardTest, PrefillDecodeAndChunksAgreeWithReference) {
   }
 
   // kLast gives the last row of kAll.
-  FpKvCache cache(cfg.num_layers, 64, cfg.kv_dim());
+  KvCache cache = testing::fp_cache(cfg, 64, cpu);
   std::vector<float> last(cfg.vocab_size);
-  ASSERT_TRUE(model.forward(ids, 0, cache, LogitRows::kLast, last.data()).ok());
+  ASSERT_TRUE(model.forward(ids, 0, cache, ForwardPath{}, LogitRows::kLast, last.data()).ok());
   const std::vector<float> want_last(one_shot.end() - cfg.vocab_size, one_shot.end());
   EXPECT_LT(rel_diff(last, widen(want_last)), 1e-5);
 }
@@ -127,14 +126,14 @@ TEST(Forward, RollbackThenRewriteMatchesFreshRun) {
   std::vector<int32_t> b(a.begin(), a.begin() + 8);
   for (int32_t t : {5, 6, 7}) b.push_back(t);
 
-  FpKvCache cache(cfg.num_layers, 32, cfg.kv_dim());
+  KvCache cache = testing::fp_cache(cfg, 32, cpu);
   std::vector<float> logits(12 * vocab);
-  ASSERT_TRUE(model.forward(a, 0, cache, LogitRows::kAll, logits.data()).ok());
-  cache.truncate(8);
+  ASSERT_TRUE(model.forward(a, 0, cache, ForwardPath{}, LogitRows::kAll, logits.data()).ok());
+  cache.commit(8);  // rows 8..11 are dropped: the rejected tail of a speculative round
   std::vector<float> cont(3 * vocab);
   ASSERT_TRUE(model
-                  .forward(std::span<const int32_t>(b.data() + 8, 3), 8, cache, LogitRows::kAll,
-                           cont.data())
+                  .forward(std::span<const int32_t>(b.data() + 8, 3), 8, cache, ForwardPath{},
+                           LogitRows::kAll, cont.data())
                   .ok());
   const std::vector<float> fresh = run_chunked(model, b, 64);
   const std::vector<float> fresh_tail(fresh.begin() + 8 * vocab, fresh.end());
@@ -146,16 +145,16 @@ TEST(Forward, UserErrors) {
   TinyModel tiny = testing::make_tiny_model(cfg, DType::F32, 4);
   CpuBackend cpu(1);
   Model model(cfg, tiny.weights, cpu);
-  FpKvCache cache(cfg.num_layers, 8, cfg.kv_dim());
+  KvCache cache = testing::fp_cache(cfg, 8, cpu);
   std::vector<float> logits(cfg.vocab_size * 9);
 
   const std::vector<int32_t> bad = {1, 97};
-  Status st = model.forward(bad, 0, cache, LogitRows::kLast, logits.data());
+  Status st = model.forward(bad, 0, cache, ForwardPath{}, LogitRows::kLast, logits.data());
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message.find("token id 97 is out of range [0, 97)"), std::string::npos);
 
   const std::vector<int32_t> nine(9, 1);
-  st = model.forward(nine, 0, cache, LogitRows::kLast, logits.data());
+  st = model.forward(nine, 0, cache, ForwardPath{}, LogitRows::kLast, logits.data());
   ASSERT_FALSE(st.ok());
   EXPECT_NE(st.error().message.find("context is full"), std::string::npos);
   EXPECT_EQ(cache.length(), 0);

@@ -251,7 +251,7 @@ class Distribution : public ::testing::Test {
   CpuBackend backend{1};
   Model target{cfg, target_w.weights, backend};
   Model draft{cfg, draft_w.weights, backend};
-  KvCache cache = [] {
+  KvCache cache = [&] {
     KvCacheConfig k;
     k.mode = KvMode::kQuantSpec;
     k.num_layers = 2;
@@ -260,7 +260,7 @@ class Distribution : public ::testing::Test {
     k.group_size = 32;
     k.max_gamma = 2;
     k.capacity = 64;
-    return std::move(KvCache::create(k)).value();
+    return std::move(KvCache::create(k, backend)).value();
   }();
   const std::vector<int32_t> prompt{1, 5, 2, 7, 3};
   SamplingParams sampling = [] {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cmath>
+#include <cstdlib>
 #include <cstdint>
 #include <memory>
 #include <random>
@@ -11,6 +12,7 @@
 
 #include "core/dtype.h"
 #include "engine/engine.h"
+#include "kv/kv_cache.h"
 #include "model/config.h"
 #include "model/weights.h"
 
@@ -228,6 +230,19 @@ inline std::vector<double> reference_forward(const ModelConfig& cfg, const Model
 }
 
 // n token ids drawn uniformly from [0, vocab), seeded.
+// A full-precision KV cache of `capacity` positions for cfg in `backend`'s memory.
+inline KvCache fp_cache(const ModelConfig& cfg, int capacity, Backend& backend) {
+  KvCacheConfig k;
+  k.mode = KvMode::kFp;
+  k.num_layers = cfg.num_layers;
+  k.num_kv_heads = cfg.num_kv_heads;
+  k.head_dim = cfg.head_dim;
+  k.capacity = capacity;
+  auto made = KvCache::create(k, backend);
+  if (!made.ok()) std::abort();
+  return std::move(made).value();
+}
+
 inline std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> ids(n);

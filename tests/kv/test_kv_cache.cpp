@@ -2,10 +2,16 @@
 
 #include <vector>
 
+#include "backend/cpu/cpu_backend.h"
 #include "kv/kv_cache.h"
 
 namespace qs {
 namespace {
+
+CpuBackend& cpu() {
+  static CpuBackend backend{1};
+  return backend;
+}
 
 KvCacheConfig small(KvMode mode) {
   KvCacheConfig c;
@@ -28,7 +34,7 @@ void write_rows(KvCache& c, int pos, int m, float offset = 0.0f) {
       v[i * 4 + d] = float(pos + i) + 1000.0f + offset;
     }
   }
-  ASSERT_TRUE(c.check_write(pos, m).ok());
+  ASSERT_TRUE(c.prepare_write(pos, m).ok());
   for (int l = 0; l < 2; ++l) c.write(l, pos, m, k.data(), v.data());
 }
 
@@ -41,7 +47,7 @@ std::vector<uint8_t> snapshot(const KvCache& c) {
 }
 
 TEST(KvCache, FlushesCompleteCommittedGroupsOnceAndKeepsTheBufferWindow) {
-  auto made = KvCache::create(small(KvMode::kQuantSpec));
+  auto made = KvCache::create(small(KvMode::kQuantSpec), cpu());
   ASSERT_TRUE(made.ok()) << made.error().message;
   KvCache c = std::move(made).value();
   write_rows(c, 0, 13);  // prefill of 13 < 2G: nothing is dropped, one group quantized
@@ -79,7 +85,7 @@ TEST(KvCache, FlushesCompleteCommittedGroupsOnceAndKeepsTheBufferWindow) {
 }
 
 TEST(KvCache, FullPrecisionModeNeverQuantizes) {
-  KvCache c = std::move(KvCache::create(small(KvMode::kFp))).value();
+  KvCache c = std::move(KvCache::create(small(KvMode::kFp), cpu())).value();
   EXPECT_EQ(c.planes(), nullptr);
   write_rows(c, 0, 150);
   c.commit(150);
@@ -88,7 +94,7 @@ TEST(KvCache, FullPrecisionModeNeverQuantizes) {
   const KvView v = c.view(0, KvQuantView::kTargetInt8, nullptr);
   EXPECT_EQ(v.quantized, nullptr);
   EXPECT_EQ(v.k[149 * 4], 149.0f);
-  EXPECT_FALSE(c.check_write(150, 51).ok());  // capacity 200
+  EXPECT_FALSE(c.prepare_write(150, 51).ok());  // capacity 200
 }
 
 TEST(KvCache, RejectsBadConfigurations) {

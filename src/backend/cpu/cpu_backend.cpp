@@ -14,17 +14,6 @@ namespace qs {
 
 namespace {
 
-class HostBuffer final : public Buffer {
- public:
-  explicit HostBuffer(size_t n) : storage_(new float[n]) {  // uninitialized on purpose
-    data_ = storage_.get();
-    size_ = n;
-  }
-
- private:
-  std::unique_ptr<float[]> storage_;
-};
-
 // Elementwise loops below this size are not worth waking the workers for.
 constexpr int64_t kParallelElementwise = 1 << 16;
 

@@ -48,6 +48,11 @@ class DeviceBuffer final : public Buffer {
     if (n > 0) CUDA_CHECK(cudaMalloc(&data_, n * sizeof(float)));
     size_ = n;
   }
+  // Takes ownership of n floats from cudaMalloc.
+  DeviceBuffer(float* adopted, size_t n) {
+    data_ = adopted;
+    size_ = n;
+  }
   ~DeviceBuffer() override {
     if (data_) cudaFree(data_);  // no check: may run during teardown
   }
@@ -250,6 +255,19 @@ Status CudaBackend::check_supported(const ModelConfig& cfg) {
 
 std::unique_ptr<Buffer> CudaBackend::alloc(size_t n) {
   return std::make_unique<DeviceBuffer>(n);
+}
+
+std::unique_ptr<Buffer> CudaBackend::try_alloc(size_t n) {
+  void* ptr = nullptr;
+  if (n > 0) {
+    const cudaError_t err = cudaMalloc(&ptr, n * sizeof(float));
+    if (err == cudaErrorMemoryAllocation) {
+      (void)cudaGetLastError();  // not sticky: clear it so later checks do not see it
+      return nullptr;
+    }
+    CUDA_CHECK(err);
+  }
+  return std::make_unique<DeviceBuffer>(static_cast<float*>(ptr), n);
 }
 
 void CudaBackend::to_host(const float* src, float* dst_host, size_t n) {

@@ -41,6 +41,7 @@ class CudaBackend final : public Backend {
   const char* name() const override { return "cuda"; }
 
   std::unique_ptr<Buffer> alloc(size_t n) override;
+  std::unique_ptr<Buffer> try_alloc(size_t n) override;
   void to_host(const float* src, float* dst_host, size_t n) override;
   void from_host(const float* src_host, float* dst, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;

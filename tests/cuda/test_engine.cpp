@@ -1,0 +1,132 @@
+// The whole engine on the GPU (--device cuda): the same greedy tokens as the CPU engine on the
+// bundled trained model, in every decoding mode that runs on CUDA, and the same sequence logits
+// through the hierarchical cache.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_backend.h"
+#include "cuda_test_util.h"
+#include "engine/engine.h"
+
+namespace qs {
+namespace {
+
+std::filesystem::path default_model() {
+  return std::filesystem::path(QS_SOURCE_DIR) / "models/default";
+}
+
+struct ModeCase {
+  const char* name;
+  DecodeMode mode;
+  KvType kv;
+  DraftWeights draft;
+  int group_size;
+};
+
+void PrintTo(const ModeCase& c, std::ostream* os) {
+  *os << c.name;
+}
+
+std::unique_ptr<Engine> load(const ModeCase& c, Device device) {
+  EngineOptions o;
+  o.device = device;
+  o.mode = c.mode;
+  o.kv = c.kv;
+  o.kv_explicit = c.kv != KvType::kFp16;
+  o.draft_weights = c.draft;
+  o.group_size = c.group_size;
+  o.max_context = 1024;
+  o.prefill_chunk = 128;  // several chunks: the prefill driver runs on the device too
+  auto made = Engine::load(default_model(), o);
+  if (!made.ok()) {
+    ADD_FAILURE() << made.error().message;
+    return nullptr;
+  }
+  return std::move(made).value();
+}
+
+std::vector<int32_t> prompt_ids(const Engine& e, int n) {
+  std::vector<int32_t> ids;
+  const std::string text =
+      "The package manager resolves dependencies before it unpacks the archives. ";
+  while (static_cast<int>(ids.size()) < n) {
+    for (int32_t t : e.tokenizer()->encode(text, false)) ids.push_back(t);
+  }
+  ids.resize(n);
+  return ids;
+}
+
+class CudaEngineTest : public ::testing::TestWithParam<ModeCase> {
+ protected:
+  void SetUp() override {
+    if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  }
+};
+
+TEST_P(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
+  const ModeCase& c = GetParam();
+  std::unique_ptr<Engine> cpu = load(c, Device::kCpu);
+  std::unique_ptr<Engine> gpu = load(c, Device::kCuda);
+  ASSERT_TRUE(cpu && gpu);
+  GenerationParams params;
+  params.max_new_tokens = 96;
+  params.stop_at_eos = false;
+  for (int prompt_len : {5, 300}) {  // 300 > 2G: flushes during prefill and decoding
+    const std::vector<int32_t> prompt = prompt_ids(*cpu, prompt_len);
+    auto want = cpu->generate(prompt, params, {});
+    auto got = gpu->generate(prompt, params, {});
+    ASSERT_TRUE(want.ok()) << want.error().message;
+    ASSERT_TRUE(got.ok()) << got.error().message;
+    EXPECT_EQ(got->tokens, want->tokens) << c.name << " prompt " << prompt_len;
+    if (c.mode == DecodeMode::kQuantSpec) {
+      EXPECT_GT(got->stats.rounds, 0);
+      std::printf("[ quantspec ] %s prompt %d: acceptance cpu %.3f gpu %.3f\n", c.name,
+                  prompt_len, want->stats.acceptance_rate(), got->stats.acceptance_rate());
+    }
+  }
+}
+
+TEST_P(CudaEngineTest, SequenceLogitsMatchTheCpuEngine) {
+  const ModeCase& c = GetParam();
+  if (c.mode != DecodeMode::kAr) GTEST_SKIP() << "AR modes define sequence_logits";
+  std::unique_ptr<Engine> cpu = load(c, Device::kCpu);
+  std::unique_ptr<Engine> gpu = load(c, Device::kCuda);
+  ASSERT_TRUE(cpu && gpu);
+  const std::vector<int32_t> ids = prompt_ids(*cpu, 700);
+  auto want = cpu->sequence_logits(ids);
+  auto got = gpu->sequence_logits(ids);
+  ASSERT_TRUE(want.ok()) << want.error().message;
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  const double err = testing::rel_error(*got, *want);
+  EXPECT_LT(err, 1e-4) << c.name;
+  std::printf("[ max rel error ] %s sequence logits (700 tokens): %.3g\n", c.name, err);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Modes, CudaEngineTest,
+    ::testing::Values(
+        ModeCase{"ar_fp", DecodeMode::kAr, KvType::kFp16, DraftWeights::kInt4, 128},
+        ModeCase{"ar_int8", DecodeMode::kAr, KvType::kInt8, DraftWeights::kInt4, 64},
+        ModeCase{"ar_int4", DecodeMode::kAr, KvType::kInt4, DraftWeights::kInt4, 32},
+        ModeCase{"quantspec_int4", DecodeMode::kQuantSpec, KvType::kFp16, DraftWeights::kInt4,
+                 32},
+        ModeCase{"quantspec_native", DecodeMode::kQuantSpec, KvType::kFp16,
+                 DraftWeights::kNative, 128}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+TEST(CudaEngine, SparseModesSayTheyRunOnTheCpuOnly) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  EngineOptions o;
+  o.device = Device::kCuda;
+  o.mode = DecodeMode::kSnapKv;
+  auto made = Engine::load(default_model(), o);
+  ASSERT_FALSE(made.ok());
+  EXPECT_NE(made.error().message.find("CPU only"), std::string::npos) << made.error().message;
+}
+
+}  // namespace
+}  // namespace qs
