@@ -65,6 +65,9 @@ def main():
     ap.add_argument("--inter", type=int)
     ap.add_argument("--vocab", type=int)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--torch-device", default="",
+                    help="draw the values with torch on this device (e.g. cuda: seconds instead "
+                         "of minutes for 7B shapes; different values than numpy's)")
     args = ap.parse_args()
 
     if args.shape == "custom":
@@ -80,13 +83,29 @@ def main():
     def rand(*shape):
         return to_bf16_bytes(rng.standard_normal(shape, dtype=np.float32) * 0.02)
 
+    if args.torch_device:
+        import torch
+        gen = torch.Generator(device=args.torch_device).manual_seed(args.seed)
+
+        def rand(*shape):  # noqa: F811 (the fast path)
+            t = torch.randn(shape, generator=gen, device=args.torch_device,
+                            dtype=torch.float32).mul_(0.02).to(torch.bfloat16)
+            return t.view(torch.int16).cpu().numpy().tobytes()
+
     def ones(n):
         return to_bf16_bytes(np.ones(n, dtype=np.float32))
 
-    shards = [[("model.embed_tokens.weight", (vocab, hidden), rand(vocab, hidden))]]
-    for i in range(layers):
+    # Shards are produced one at a time and written at once, so memory stays one shard.
+    def shards():
+        yield [("model.embed_tokens.weight", (vocab, hidden), rand(vocab, hidden))]
+        for i in range(layers):
+            yield layer(i)
+        yield [("model.norm.weight", (hidden,), ones(hidden)),
+               ("lm_head.weight", (vocab, hidden), rand(vocab, hidden))]
+
+    def layer(i):
         p = f"model.layers.{i}."
-        shards.append([
+        return [
             (p + "input_layernorm.weight", (hidden,), ones(hidden)),
             (p + "self_attn.q_proj.weight", (heads * head_dim, hidden), rand(heads * head_dim, hidden)),
             (p + "self_attn.k_proj.weight", (kv_heads * head_dim, hidden), rand(kv_heads * head_dim, hidden)),
@@ -96,12 +115,12 @@ def main():
             (p + "mlp.gate_proj.weight", (inter, hidden), rand(inter, hidden)),
             (p + "mlp.up_proj.weight", (inter, hidden), rand(inter, hidden)),
             (p + "mlp.down_proj.weight", (hidden, inter), rand(hidden, inter)),
-        ])
-    shards.append([("model.norm.weight", (hidden,), ones(hidden)),
-                   ("lm_head.weight", (vocab, hidden), rand(vocab, hidden))])
+        ]
+
     weight_map = {}
-    for s, tensors in enumerate(shards):
-        fn = f"model-{s + 1:05d}-of-{len(shards):05d}.safetensors"
+    n_shards = layers + 2
+    for s, tensors in enumerate(shards()):
+        fn = f"model-{s + 1:05d}-of-{n_shards:05d}.safetensors"
         write_safetensors(os.path.join(args.out, fn), tensors)
         for name, _, _ in tensors:
             weight_map[name] = fn

@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "commands.h"
+#include "files.h"
 #include "options.h"
 #include "report.h"
 
@@ -24,20 +25,13 @@ struct GenerateArgs {
   bool no_special = false;
 };
 
-Result<std::string> read_text_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return make_error("cannot read prompt file '" + path + "'");
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
 
 int run_generate(const GenerateArgs& a) {
   if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
   if (std::string bad = validate_decode_options(a.model); !bad.empty()) return report_error(bad);
   std::string prompt = a.prompt;
   if (!a.prompt_file.empty()) {
-    auto text = read_text_file(a.prompt_file);
+    auto text = read_file(a.prompt_file);
     if (!text) return report_error(text.error().message);
     prompt = std::move(text.value());
   }
@@ -81,47 +75,7 @@ int run_generate(const GenerateArgs& a) {
         st.flush_s, st.sample_s);
   }
   if (!a.stats_json.empty()) {
-    nlohmann::json j = {
-        {"prompt_tokens", st.prompt_tokens},
-        {"generated_tokens", st.generated_tokens},
-        {"prefill_s", st.prefill_s},
-        {"decode_s", st.decode_s},
-        {"decode_tok_s", st.decode_tok_s()},
-        {"prefill_tok_s", st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0},
-        {"finish_reason", result->finish_reason},
-        {"mode", decode_mode_name(a.model.engine.mode)},
-        {"kv", a.model.engine.mode == DecodeMode::kQuantSpec ? "quantspec"
-                                                             : kv_type_name(a.model.engine.kv)},
-        {"kv_buffer", "f32"},  // the full-precision rows on the CPU
-        {"group_size", a.model.engine.group_size},
-        {"backend", "cpu"},
-        {"tokens", result->tokens},
-        {"rounds", st.rounds},
-        {"drafted", st.drafted},
-        {"accepted", st.accepted},
-        {"acceptance_rate", st.acceptance_rate()},
-        {"mean_accepted_length", st.mean_accepted_length()},
-        {"accepted_histogram", st.accepted_histogram},
-        {"draft_s", st.draft_s},
-        {"verify_s", st.verify_s},
-        {"flush_s", st.flush_s},
-        {"sample_s", st.sample_s},
-        {"flushes", st.flushes},
-        {"draft_index_bytes", st.draft_index_bytes},
-        {"kv_bytes_per_draft_step",
-         {{"upper", st.draft_kv_upper_bytes},
-          {"lower", st.draft_kv_lower_bytes},
-          {"meta", st.draft_kv_meta_bytes},
-          {"fp", st.draft_kv_fp_bytes}}},
-        {"kv_bytes_per_target_step",
-         {{"upper", st.target_kv_upper_bytes},
-          {"lower", st.target_kv_lower_bytes},
-          {"meta", st.target_kv_meta_bytes},
-          {"fp", st.target_kv_fp_bytes}}}};
-    if (a.model.engine.mode != DecodeMode::kAr)
-      j["gamma"] = a.gen.gamma > 0
-                       ? a.gen.gamma
-                       : (a.model.engine.gamma > 0 ? a.model.engine.gamma : kDefaultGamma);
+    const nlohmann::json j = stats_json(*result, eng, a.model.engine, a.gen);
     std::ofstream out(a.stats_json);
     if (!out) return report_error("cannot write --stats-json file '" + a.stats_json + "'");
     out << j.dump(2) << "\n";

@@ -17,6 +17,7 @@ CommandRun add_detokenize_command(CLI::App& root);
 CommandRun add_logits_command(CLI::App& root);
 CommandRun add_serve_command(CLI::App& root);
 CommandRun add_eval_command(CLI::App& root);
+CommandRun add_bench_command(CLI::App& root);
 
 // "quantspec: error: <message>" on stderr; returns 1.
 int report_error(const std::string& message);

@@ -20,6 +20,7 @@ int main(int argc, char** argv) {
   add(qs::cli::add_logits_command(app));
   add(qs::cli::add_serve_command(app));
   add(qs::cli::add_eval_command(app));
+  add(qs::cli::add_bench_command(app));
 
   try {
     app.parse(argc, argv);

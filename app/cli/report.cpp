@@ -92,4 +92,51 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   }
 }
 
+nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
+                          const EngineOptions& options, const GenerationParams& gen) {
+  const GenerationStats& st = result.stats;
+  nlohmann::json j = {
+      {"prompt_tokens", st.prompt_tokens},
+      {"generated_tokens", st.generated_tokens},
+      {"prefill_s", st.prefill_s},
+      {"decode_s", st.decode_s},
+      {"decode_tok_s", st.decode_tok_s()},
+      {"prefill_tok_s", st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0},
+      {"finish_reason", result.finish_reason},
+      {"mode", decode_mode_name(options.mode)},
+      {"kv", options.mode == DecodeMode::kQuantSpec ? "quantspec" : kv_type_name(options.kv)},
+      {"kv_buffer", "f32"},  // the full-precision rows (f32 on every backend so far)
+      {"kv_cache_bytes", engine.kv_cache_bytes()},
+      {"group_size", options.group_size},
+      {"backend", device_name(options.device)},
+      {"device", engine.device_description()},
+      {"tokens", result.tokens},
+      {"rounds", st.rounds},
+      {"drafted", st.drafted},
+      {"accepted", st.accepted},
+      {"acceptance_rate", st.acceptance_rate()},
+      {"mean_accepted_length", st.mean_accepted_length()},
+      {"accepted_histogram", st.accepted_histogram},
+      {"draft_s", st.draft_s},
+      {"verify_s", st.verify_s},
+      {"flush_s", st.flush_s},
+      {"sample_s", st.sample_s},
+      {"flushes", st.flushes},
+      {"draft_index_bytes", st.draft_index_bytes},
+      {"kv_bytes_per_draft_step",
+       {{"upper", st.draft_kv_upper_bytes},
+        {"lower", st.draft_kv_lower_bytes},
+        {"meta", st.draft_kv_meta_bytes},
+        {"fp", st.draft_kv_fp_bytes}}},
+      {"kv_bytes_per_target_step",
+       {{"upper", st.target_kv_upper_bytes},
+        {"lower", st.target_kv_lower_bytes},
+        {"meta", st.target_kv_meta_bytes},
+        {"fp", st.target_kv_fp_bytes}}}};
+  if (options.mode != DecodeMode::kAr) {
+    j["gamma"] = gen.gamma > 0 ? gen.gamma : (options.gamma > 0 ? options.gamma : kDefaultGamma);
+  }
+  return j;
+}
+
 }  // namespace qs::cli

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 
 #include "engine/engine.h"
 #include "options.h"
@@ -11,6 +12,11 @@ namespace qs::cli {
 void print_resolved_config(const char* command, const std::filesystem::path& model_dir,
                            const Engine& engine, const ModelOptions& opts,
                            const GenerationParams* gen);
+
+// A generation's statistics as JSON (generate --stats-json, bench): timings, speculative
+// counters and per-step KV bytes, the mode and cache, the backend.
+nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
+                          const EngineOptions& options, const GenerationParams& gen);
 
 // Whether stderr is a terminal (progress output only then).
 bool stderr_is_tty();

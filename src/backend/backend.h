@@ -12,6 +12,7 @@
 #include <cstring>
 #include <memory>
 #include <new>
+#include <string>
 
 #include "core/error.h"
 #include "model/weights.h"
@@ -129,6 +130,11 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual const char* name() const = 0;
+  // The hardware in words, for reports (e.g. "NVIDIA H200, driver 13.0, 139.8 GiB").
+  virtual std::string description() const { return name(); }
+  // Bytes of device memory in use now (the whole device), or -1 where it is not measured (host
+  // memory).
+  virtual int64_t memory_in_use() const { return -1; }
 
   // Memory for activations (contents undefined), and the copy back to the host.
   virtual std::unique_ptr<Buffer> alloc(size_t n) = 0;

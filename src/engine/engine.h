@@ -132,6 +132,12 @@ class Engine {
   virtual const ModelConfig& config() const = 0;
   virtual const Tokenizer* tokenizer() const = 0;  // nullptr when the directory has none
   virtual int max_context() const = 0;
+  // The backend's hardware in words, and its device memory in use now in bytes (-1: host
+  // memory, not measured).
+  virtual std::string device_description() const = 0;
+  virtual int64_t device_memory_in_use() const = 0;
+  // Bytes the KV cache holds now (planes for the whole capacity + the full-precision buffer).
+  virtual size_t kv_cache_bytes() const = 0;
 
   // Logits at every position of one prefill of `ids` on an empty cache:
   // row-major [ids.size(), vocab_size].

@@ -45,7 +45,9 @@ class LlmEngine final : public Engine {
   Model& model() { return *model_; }
   Backend& backend() { return *backend_; }
   const EngineOptions& options() const { return options_; }
-  size_t kv_cache_bytes() const { return cache_.bytes(); }
+  size_t kv_cache_bytes() const override { return cache_.bytes(); }
+  std::string device_description() const override { return backend_->description(); }
+  int64_t device_memory_in_use() const override { return backend_->memory_in_use(); }
   KvCache& cache() { return cache_; }
   int gamma() const { return gamma_; }
   // Sparse-KV modes: the draft's index, built by the last prefill (empty otherwise).

@@ -305,3 +305,41 @@ def test_eval_accept_sparse_modes(qs, tmp_path):
     p = qs("eval", "accept", "-m", model_dir("llama3-tiny"), "-f", text, "--ctx", "20",
            "--gamma", "1", "--mode", "ar", check=False)
     assert p.returncode in (1, 2) and "mode" in p.stderr
+
+
+def test_bench_matrix_table_and_json(qs, tmp_path):
+    out = tmp_path / "bench.json"
+    p = qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40,90", "--modes",
+           "ar-fp16,quantspec", "--gammas", "1,3", "-n", "12", "--group-size", "32",
+           "--repeats", "2", "-o", out)
+    rows = [line.split() for line in p.stdout.strip().split("\n")]
+    assert rows[0][0] == "device:" and rows[1][:4] == ["mode", "context", "gamma", "rep"]
+    body = rows[2:]
+    # ar: 2 contexts x 2 repeats; quantspec: 2 contexts x 2 gammas x 2 repeats.
+    assert len(body) == 4 + 8
+    assert [r[0] for r in body] == ["ar-fp16"] * 4 + ["quantspec"] * 8
+    report = json.loads(out.read_text())
+    assert report["command"] == "bench" and report["backend"] == "cpu" and report["commit"]
+    runs = report["runs"]
+    assert len(runs) == 12
+    for r in runs:
+        assert r["generated_tokens"] == 12 and r["prompt_tokens"] == r["context"]
+        assert r["ms_per_token"] > 0 and r["decode_tok_s"] > 0
+    spec = [r for r in runs if r["bench_mode"] == "quantspec"]
+    assert sorted({r["gamma"] for r in spec}) == [1, 3]
+    assert all(r["drafted"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in spec)
+    # "resolved configuration once at start": one banner per engine (mode).
+    assert p.stderr.count("quantspec bench: model") == 2
+
+
+def test_bench_bad_input(qs, tmp_path):
+    p = qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--modes", "fast",
+           check=False)
+    assert p.returncode == 2 and "fast" in p.stderr
+    p = qs("bench", "-m", model_dir("llama3-tiny"), check=False)
+    assert p.returncode == 2 and "--contexts" in p.stderr
+    short = tmp_path / "short.u16"
+    short.write_bytes(b"\x01\x00\x02\x00")
+    p = qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--prompt-tokens", short,
+           check=False)
+    assert p.returncode == 1 and "fewer than the longest context" in p.stderr

@@ -15,7 +15,7 @@ cd "$repo"
 out=${OUT:-$repo/out}
 mkdir -p "$out"
 stages=("$@")
-((${#stages[@]})) || stages=(build sass test sanitize bench)
+((${#stages[@]})) || stages=(build sass test sanitize bench e2e)
 want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 build=${QS_GPU_BUILD:-$repo/build-gpu}
 declare -A result seconds
@@ -42,7 +42,7 @@ run_stage() {  # name, timeout seconds, command...
 cat "$out/env.log"
 
 if want build; then
-  run_stage build 200 bash -c "tools/gpu/build_on_device.sh test_cuda bench_ops 2>&1 | tee '$out/build.log' | grep -E 'error|warning|build_on_device' ; exit \${PIPESTATUS[0]}"
+  run_stage build 300 bash -c "tools/gpu/build_on_device.sh test_cuda bench_ops quantspec 2>&1 | tee '$out/build.log' | grep -E 'error|warning|build_on_device' ; exit \${PIPESTATUS[0]}"
 fi
 [[ -f $build/env.sh ]] && source "$build/env.sh"
 
@@ -73,10 +73,14 @@ if want bench && [[ -x $build/bench/cuda/bench_ops ]]; then
   run_stage bench 140 bash -c "'$build/bench/cuda/bench_ops' ${QS_BENCH_ARGS:-} >'$out/bench.log' 2>&1"
 fi
 
+if want e2e && [[ -x $build/quantspec ]]; then
+  run_stage e2e "${QS_E2E_LIMIT:-300}" bash -c "OUT='$out' tools/gpu/bench_e2e.sh >'$out/e2e.log' 2>&1"
+fi
+
 # --- short table ---------------------------------------------------------------------------------
 echo
 echo "== GPU check =="
-for s in build sass test sanitize bench; do
+for s in build sass test sanitize bench e2e; do
   [[ -n ${result[$s]:-} ]] && printf '%-9s %-16s %4ss\n' "$s" "${result[$s]}" "${seconds[$s]}"
 done
 if [[ -f $out/test_cuda.log ]]; then
@@ -88,4 +92,5 @@ fi
 [[ -f $out/sanitizer.log ]] && grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|Invalid|Race' "$out/sanitizer.log" | head -12
 [[ -f $out/bench.log ]] && sed -n '/== summary/,$p' "$out/bench.log"
 [[ -f $out/bench.log ]] && grep -E 'internal error|CUDA error' "$out/bench.log" | head -3
+[[ -f $out/e2e.log ]] && cat "$out/e2e.log"
 exit 0

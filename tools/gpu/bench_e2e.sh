@@ -1,0 +1,54 @@
+#!/usr/bin/env bash
+# End-to-end decode benchmarks on the GPU machine (runs THERE, after tools/gpu/check.sh's build
+# stage): `quantspec bench --device cuda` on the bundled trained model (a real acceptance rate)
+# and on seeded random-weight models of the Llama-2-7B and Llama-3.1-8B shapes (real memory
+# traffic). JSON per model and the tables go to $OUT.
+#
+#   bash tools/gpu/bench_e2e.sh                 # everything below
+#   QS_E2E="default llama3.1-8b" bash tools/gpu/bench_e2e.sh
+#
+# Environment: QS_E2E (models to run: default llama2-7b llama3.1-8b), QS_E2E_TOKENS (generated
+# tokens per run, default 128), QS_E2E_GAMMAS (default 2,4,6), QS_E2E_MODES, OUT.
+set -uo pipefail
+
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+cd "$repo"
+out=${OUT:-$repo/out}
+build=${QS_GPU_BUILD:-$repo/build-gpu}
+mkdir -p "$out"
+[[ -f $build/env.sh ]] && source "$build/env.sh"
+qs=$build/quantspec
+[[ -x $qs ]] || { echo "bench_e2e: $qs missing (build stage)" >&2; exit 1; }
+export QS_COMMIT=${QS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
+tokens=${QS_E2E_TOKENS:-128}
+gammas=${QS_E2E_GAMMAS:-2,4,6}
+modes=${QS_E2E_MODES:-ar-fp16,ar-int8,quantspec}
+
+# Contexts per model. Llama-2-7B at 128K does not fit yet: the full-precision rows are f32
+# (137 GB of KV for the fp16 baseline; the prefill of the hierarchical cache passes through them).
+declare -A contexts=(
+  [default]=1024,4096,16000
+  [llama2-7b]=4096,32768
+  [llama3.1-8b]=4096,32768,131072
+)
+
+for name in ${QS_E2E:-default llama2-7b llama3.1-8b}; do
+  if [[ $name == default ]]; then
+    dir=models/default
+    extra=(--prompt-tokens models/default/heldout.u16)
+  else
+    dir=/tmp/qs-$name
+    if [[ ! -f $dir/config.json ]]; then
+      t0=$SECONDS
+      python3 tools/make_synthetic_model.py --shape "$name" --out "$dir" --torch-device cuda \
+        >"$out/make-$name.log" 2>&1 || { echo "bench_e2e: cannot make $name"; tail -3 "$out/make-$name.log"; continue; }
+      echo "bench_e2e: made $name in $((SECONDS - t0)) s"
+    fi
+    extra=()
+  fi
+  echo "== $name: contexts ${contexts[$name]}, modes $modes, gammas $gammas, $tokens tokens =="
+  "$qs" bench -m "$dir" --device cuda --contexts "${contexts[$name]}" --modes "$modes" \
+    --gammas "$gammas" -n "$tokens" "${extra[@]}" -o "$out/e2e-$name.json" \
+    2>"$out/e2e-$name.err" | tee "$out/e2e-$name.txt"
+  grep -E "error" "$out/e2e-$name.err" | head -3
+done
