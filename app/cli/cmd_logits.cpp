@@ -1,10 +1,14 @@
 // quantspec logits: the logits at every position of one prefill, as float32 NumPy [n, vocab].
+#include <fmt/core.h>
+
+#include <algorithm>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <sstream>
 
 #include "commands.h"
+#include "files.h"
 #include "npy.h"
 #include "options.h"
 #include "report.h"
@@ -16,6 +20,9 @@ namespace {
 struct LogitsArgs {
   ModelOptions model;
   std::string ids_csv;
+  std::string tokens_file;
+  std::string token_dtype = "u16";
+  int last = 0;  // 0: every position
   std::string out;
 };
 
@@ -47,14 +54,23 @@ int run_logits(const LogitsArgs& a) {
   if (!engine) return report_error(engine.error().message);
   Engine& eng = *engine.value();
   print_resolved_config("logits", dir, eng, a.model, nullptr);
-  auto ids = parse_ids(a.ids_csv, eng.config().vocab_size);
+  if (a.ids_csv.empty() == a.tokens_file.empty())
+    return report_error("logits needs exactly one of --ids or --tokens");
+  auto ids = a.tokens_file.empty()
+                 ? parse_ids(a.ids_csv, eng.config().vocab_size)
+                 : read_token_file(a.tokens_file, a.token_dtype, eng.config().vocab_size);
   if (!ids) return report_error(ids.error().message);
-  auto logits = eng.prefill_logits(ids.value());
+  if (ids->empty()) return report_error("no token ids given");
+  const size_t rows = a.last > 0 ? std::min<size_t>(a.last, ids->size()) : ids->size();
+  if (stderr_is_tty()) {
+    fmt::print(stderr, "  prefill of {} tokens...\n", ids->size());
+  }
+  auto logits = eng.prefill_logits(ids.value(), static_cast<int>(rows));
   if (!logits) return report_error(logits.error().message);
-  Status st = write_npy_f32(a.out, logits.value(), {ids->size(), size_t(eng.config().vocab_size)});
+  Status st = write_npy_f32(a.out, logits.value(), {rows, size_t(eng.config().vocab_size)});
   if (!st) return report_error(st.error().message);
-  std::fprintf(stderr, "wrote %s [%zu, %d] float32\n", a.out.c_str(), ids->size(),
-               eng.config().vocab_size);
+  std::fprintf(stderr, "wrote %s [%zu, %d] float32 (the last %zu of %zu positions)\n",
+               a.out.c_str(), rows, eng.config().vocab_size, rows, ids->size());
   return 0;
 }
 
@@ -65,8 +81,13 @@ CommandRun add_logits_command(CLI::App& root) {
   CLI::App* cmd =
       root.add_subcommand("logits", "Write the logits at every position of one prefill (.npy)");
   add_model_options(*cmd, args->model);
-  cmd->add_option("--ids", args->ids_csv, "Comma-separated token ids")->required();
-  cmd->add_option("--out", args->out, "Output .npy file (float32 [n_ids, vocab])")->required();
+  cmd->add_option("--ids", args->ids_csv, "Comma-separated token ids");
+  cmd->add_option("--tokens", args->tokens_file, "Token ids from a raw file instead of --ids");
+  cmd->add_option("--token-dtype", args->token_dtype, "--tokens element type: u16 or i32")
+      ->check(CLI::IsMember({"u16", "i32"}));
+  cmd->add_option("--last", args->last, "Only the last N positions' logits (0: every position)")
+      ->check(CLI::Range(0, 1 << 30));
+  cmd->add_option("--out", args->out, "Output .npy file (float32 [rows, vocab])")->required();
   return [args] { return run_logits(*args); };
 }
 

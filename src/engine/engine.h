@@ -140,8 +140,10 @@ class Engine {
   virtual size_t kv_cache_bytes() const = 0;
 
   // Logits at every position of one prefill of `ids` on an empty cache:
-  // row-major [ids.size(), vocab_size].
-  virtual Result<std::vector<float>> prefill_logits(const std::vector<int32_t>& ids) = 0;
+  // row-major [ids.size(), vocab_size]; with last_rows > 0 only the last min(last_rows, n)
+  // positions' rows (the others are not computed).
+  virtual Result<std::vector<float>> prefill_logits(const std::vector<int32_t>& ids,
+                                                    int last_rows = 0) = 0;
 
   // Generate after `prompt` (ids, special tokens already applied). Needs a tokenizer for stop
   // strings and text; `on_text` may be empty.
@@ -153,7 +155,7 @@ class Engine {
   // decoding would see it: query t reads the quantized view of [0, b(t)) (docs/quantspec.md) and
   // full precision after. In the fp mode this equals prefill_logits. [ids.size(), vocab_size].
   virtual Result<std::vector<float>> sequence_logits(const std::vector<int32_t>& ids) {
-    return prefill_logits(ids);
+    return prefill_logits(ids, 0);
   }
 };
 

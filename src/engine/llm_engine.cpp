@@ -178,16 +178,32 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
   return Status::ok_status();
 }
 
-Result<std::vector<float>> LlmEngine::prefill_logits(const std::vector<int32_t>& ids) {
+Result<std::vector<float>> LlmEngine::prefill_logits(const std::vector<int32_t>& ids,
+                                                     int last_rows) {
   QS_TRY(check_prompt(ids));
   const int n = static_cast<int>(ids.size());
+  const int first = last_rows > 0 ? std::max(0, n - last_rows) : 0;  // first row returned
   const size_t vocab = static_cast<size_t>(config().vocab_size);
-  std::vector<float> logits(static_cast<size_t>(n) * vocab);
+  std::vector<float> logits(static_cast<size_t>(n - first) * vocab);
+  std::vector<float> chunk_logits;
   cache_.clear();
   for (int start = 0; start < n; start += options_.prefill_chunk) {
     const int m = std::min(options_.prefill_chunk, n - start);
-    QS_TRY(model_->forward(std::span<const int32_t>(ids.data() + start, m), start, cache_,
-                           ForwardPath{}, LogitRows::kAll, logits.data() + start * vocab));
+    const std::span<const int32_t> chunk(ids.data() + start, m);
+    if (start + m <= first) {  // no row of this chunk is returned
+      QS_TRY(model_->forward(chunk, start, cache_, ForwardPath{}, LogitRows::kNone, nullptr));
+      continue;
+    }
+    float* out = logits.data() + static_cast<size_t>(std::max(0, start - first)) * vocab;
+    if (start >= first) {
+      QS_TRY(model_->forward(chunk, start, cache_, ForwardPath{}, LogitRows::kAll, out));
+    } else {  // the chunk straddles the first returned row
+      chunk_logits.resize(static_cast<size_t>(m) * vocab);
+      QS_TRY(model_->forward(chunk, start, cache_, ForwardPath{}, LogitRows::kAll,
+                             chunk_logits.data()));
+      std::copy(chunk_logits.begin() + static_cast<size_t>(first - start) * vocab,
+                chunk_logits.end(), out);
+    }
   }
   cache_.commit(n);
   return logits;

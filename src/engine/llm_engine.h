@@ -32,7 +32,8 @@ class LlmEngine final : public Engine {
   const Tokenizer* tokenizer() const override { return tokenizer_ ? &*tokenizer_ : nullptr; }
   int max_context() const override { return cache_.capacity(); }
 
-  Result<std::vector<float>> prefill_logits(const std::vector<int32_t>& ids) override;
+  Result<std::vector<float>> prefill_logits(const std::vector<int32_t>& ids,
+                                            int last_rows = 0) override;
   Result<std::vector<float>> sequence_logits(const std::vector<int32_t>& ids) override;
 
   // Generates at most min(max_new_tokens, max_context - prompt + 1) tokens (the last one is

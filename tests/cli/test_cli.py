@@ -146,6 +146,21 @@ def test_bad_sampling_values(qs):
         assert "error" in p.stderr.lower() or "Error" in p.stderr
 
 
+def test_logits_from_token_file_last_rows(qs, tmp_path):
+    name = "llama3-tiny"
+    ids = np.load(f"{golden_dir(name)}/ids_40.npy")
+    ref = np.load(f"{golden_dir(name)}/logits_40.npy")
+    ids.astype("<i4").tofile(tmp_path / "ids.i32")
+    out = tmp_path / "l.npy"
+    qs("logits", "-m", model_dir(name), "--tokens", tmp_path / "ids.i32", "--token-dtype", "i32",
+       "--last", "7", "--prefill-chunk", "16", "--out", out)
+    got = np.load(out)
+    assert got.shape == (7, ref.shape[1])
+    assert np.abs(got - ref[-7:]).max() <= 1e-4 * np.abs(ref).max()
+    p = qs("logits", "-m", model_dir(name), "--out", out, check=False)
+    assert_clean_error(p, "exactly one of --ids or --tokens")
+
+
 def test_logits_bad_ids(qs, tmp_path):
     p = qs("logits", "-m", model_dir("llama3-tiny"), "--ids", "1,x,3", "--out",
            tmp_path / "o.npy", check=False)

@@ -66,6 +66,28 @@ class GenerateTest : public ::testing::Test {
   TinyModel tiny = testing::make_tiny_model(generate_config(), DType::BF16, 99);
 };
 
+TEST_F(GenerateTest, PrefillLogitsOfTheLastRowsAreTheTailOfAllRows) {
+  EngineOptions opt;
+  opt.prefill_chunk = 4;
+  auto e = make_engine(tiny, false, opt);
+  ASSERT_TRUE(e);
+  const std::vector<int32_t> ids = prompt_ids(11);
+  const size_t vocab = static_cast<size_t>(e->config().vocab_size);
+  Result<std::vector<float>> all = e->prefill_logits(ids);
+  ASSERT_TRUE(all.ok());
+  ASSERT_EQ(all->size(), 11 * vocab);
+  for (int last : {1, 3, 4, 5, 8, 11, 40}) {  // within, at and across chunk edges; more than n
+    Result<std::vector<float>> tail = e->prefill_logits(ids, last);
+    ASSERT_TRUE(tail.ok());
+    const size_t rows = static_cast<size_t>(std::min(last, 11));
+    ASSERT_EQ(tail->size(), rows * vocab) << last;
+    const std::vector<float> want(all->end() - rows * vocab, all->end());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR((*tail)[i], want[i], 1e-5f * (1.0f + std::abs(want[i]))) << last << " " << i;
+    }
+  }
+}
+
 TEST_F(GenerateTest, GreedyEqualsStepwiseArgmax) {
   EngineOptions opt;
   opt.prefill_chunk = 4;  // the prompt goes in several chunks

@@ -15,7 +15,7 @@ cd "$repo"
 out=${OUT:-$repo/out}
 mkdir -p "$out"
 stages=("$@")
-((${#stages[@]})) || stages=(build sass test sanitize bench e2e)
+((${#stages[@]})) || stages=(build sass test sanitize bench e2e oracle)
 want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 build=${QS_GPU_BUILD:-$repo/build-gpu}
 declare -A result seconds
@@ -77,10 +77,14 @@ if want e2e && [[ -x $build/quantspec ]]; then
   run_stage e2e "${QS_E2E_LIMIT:-300}" bash -c "OUT='$out' tools/gpu/bench_e2e.sh >'$out/e2e.log' 2>&1"
 fi
 
+if want oracle && [[ -x $build/quantspec ]]; then
+  run_stage oracle "${QS_ORACLE_LIMIT:-300}" bash -c "OUT='$out' tools/gpu/hf_oracle.sh >'$out/oracle.log' 2>&1"
+fi
+
 # --- short table ---------------------------------------------------------------------------------
 echo
 echo "== GPU check =="
-for s in build sass test sanitize bench e2e; do
+for s in build sass test sanitize bench e2e oracle; do
   [[ -n ${result[$s]:-} ]] && printf '%-9s %-16s %4ss\n' "$s" "${result[$s]}" "${seconds[$s]}"
 done
 if [[ -f $out/test_cuda.log ]]; then
@@ -93,4 +97,5 @@ fi
 [[ -f $out/bench.log ]] && sed -n '/== summary/,$p' "$out/bench.log"
 [[ -f $out/bench.log ]] && grep -E 'internal error|CUDA error' "$out/bench.log" | head -3
 [[ -f $out/e2e.log ]] && cat "$out/e2e.log"
+[[ -f $out/oracle.log ]] && grep -E "ORACLE|hf_oracle" "$out/oracle.log"
 exit 0
