@@ -1,12 +1,15 @@
 """End-to-end tests of the quantspec binary: contracts, HF goldens, bad input."""
 import json
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
 
 from conftest import REPO, TEST_MODELS, golden_dir, model_dir
 
-SUBCOMMANDS = ["generate", "tokenize", "detokenize", "logits", "eval"]
+SUBCOMMANDS = ["generate", "tokenize", "detokenize", "logits", "eval", "bench"]
 
 
 @pytest.mark.parametrize("sub", SUBCOMMANDS)
@@ -345,6 +348,25 @@ def test_bench_matrix_table_and_json(qs, tmp_path):
     assert all(r["drafted"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in spec)
     # "resolved configuration once at start": one banner per engine (mode).
     assert p.stderr.count("quantspec bench: model") == 2
+
+
+def test_bench_report_tables_and_plots(qs, tmp_path):
+    out = tmp_path / "bench.json"
+    qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40,90", "--modes",
+       "ar-fp16,ar-int8,quantspec", "--gammas", "1,2", "-n", "8", "--group-size", "32", "-o", out)
+    md = tmp_path / "r.md"
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_report.py"), str(out),
+                    "--markdown", str(md), "--plots", str(tmp_path / "img")], check=True,
+                   capture_output=True)
+    text = md.read_text()
+    rows = [line for line in text.splitlines() if line.startswith("| 40 |") or
+            line.startswith("| 90 |")]
+    # 3 best-per-mode rows + 2 sweep rows per context.
+    assert len(rows) == 2 * (3 + 2)
+    fp16 = [r for r in rows if "| ar-fp16 |" in r]
+    assert all("| 1.00x |" in r for r in fp16)
+    for name in ("speedup", "acceptance", "memory"):
+        assert (tmp_path / "img" / f"bench-{name}.png").stat().st_size > 1000
 
 
 def test_bench_bad_input(qs, tmp_path):

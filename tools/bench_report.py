@@ -1,0 +1,207 @@
+#!/usr/bin/env python3
+"""Turn `quantspec bench -o` JSON files into markdown tables and (optionally) PNG plots.
+
+  python3 tools/bench_report.py out/e2e-*.json --markdown report.md --plots docs/img
+
+Per model and context: every mode at its best gamma (highest decode tokens/s, repeats
+averaged) with tokens/s, ms/token, speedup vs AR fp16 and vs AR INT8 (when those ran),
+acceptance, KV cache and peak device memory; then the gamma sweep of the speculative modes.
+Plots (matplotlib): speedup vs context, acceptance vs gamma, memory vs context.
+"""
+import argparse
+import collections
+import json
+import os
+import statistics
+import sys
+
+BASELINES = ("ar-fp16", "ar-int8")
+
+
+def load(paths):
+    reports = []
+    for p in paths:
+        with open(p) as f:
+            r = json.load(f)
+        if r.get("command") != "bench" or "runs" not in r:
+            sys.exit(f"bench_report: {p} is not a `quantspec bench` JSON file")
+        r["_path"] = p
+        reports.append(r)
+    return reports
+
+
+def model_label(r):
+    c = r.get("config", {})
+    name = os.path.basename(str(r.get("model", "?")).rstrip("/"))
+    return (f"{name} ({c.get('layers')} layers, hidden {c.get('hidden')}, heads "
+            f"{c.get('heads')}/{c.get('kv_heads')} kv, vocab {c.get('vocab')})")
+
+
+def cells(report):
+    """{(mode, context, gamma): averaged run dict} over repeats."""
+    groups = collections.defaultdict(list)
+    for run in report["runs"]:
+        groups[(run["bench_mode"], run["context"], run.get("gamma", 0))].append(run)
+    out = {}
+    for key, runs in groups.items():
+        avg = dict(runs[0])
+        for field in ("decode_tok_s", "ms_per_token", "acceptance_rate", "mean_accepted_length",
+                      "draft_ms_per_step", "verify_ms_per_step", "prefill_s"):
+            avg[field] = statistics.fmean(r.get(field, 0.0) for r in runs)
+        avg["peak_device_memory_bytes"] = max(r.get("peak_device_memory_bytes", -1) for r in runs)
+        avg["repeats"] = len(runs)
+        out[key] = avg
+    return out
+
+
+def best_per_mode(cs):
+    """{(mode, context): the cell with the highest tokens/s over gamma}."""
+    best = {}
+    for (mode, ctx, _), cell in cs.items():
+        key = (mode, ctx)
+        if key not in best or cell["decode_tok_s"] > best[key]["decode_tok_s"]:
+            best[key] = cell
+    return best
+
+
+def gib(b):
+    return "-" if b is None or b < 0 else f"{b / 2**30:.2f}"
+
+
+def markdown(reports):
+    lines = []
+    for r in reports:
+        cs = cells(r)
+        best = best_per_mode(cs)
+        modes = sorted({m for m, _ in best}, key=lambda m: (m not in BASELINES, m))
+        contexts = sorted({c for _, c in best})
+        lines += [f"### {model_label(r)}", "",
+                  f"Device: {r.get('device', '?')}; commit {r.get('commit', '?')}, {r.get('date', '?')}; "
+                  f"{r.get('generated_tokens')} generated tokens per run, temperature "
+                  f"{r.get('temperature', 0)}; source `{os.path.basename(r['_path'])}`.", "",
+                  "| context | mode | best γ | tok/s | ms/token | vs AR fp16 | vs AR INT8 | acceptance | "
+                  "KV GiB | peak GiB |",
+                  "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for ctx in contexts:
+            for mode in modes:
+                cell = best.get((mode, ctx))
+                if not cell:
+                    continue
+                speed = []
+                for base in BASELINES:
+                    b = best.get((base, ctx))
+                    speed.append(f"{cell['decode_tok_s'] / b['decode_tok_s']:.2f}x" if b else "-")
+                spec = not mode.startswith("ar-")
+                gamma = cell.get("gamma", "-") if spec else "-"
+                accept = f"{cell['acceptance_rate']:.3f}" if spec else "-"
+                lines.append(
+                    f"| {ctx} | {mode} | {gamma} | {cell['decode_tok_s']:.1f} | "
+                    f"{cell['ms_per_token']:.2f} | {speed[0]} | {speed[1]} | {accept} | "
+                    f"{gib(cell.get('kv_cache_bytes'))} | "
+                    f"{gib(cell.get('peak_device_memory_bytes'))} |")
+        sweep = sorted(k for k in cs if k[2])
+        if sweep:
+            lines += ["", "γ sweep (speculative modes):", "",
+                      "| context | mode | γ | acceptance | mean accepted length | tok/s | draft ms/step | "
+                      "verify ms/round |",
+                      "|---:|---|---:|---:|---:|---:|---:|---:|"]
+            for mode, ctx, g in sorted(sweep, key=lambda k: (k[1], k[0], k[2])):
+                c = cs[(mode, ctx, g)]
+                lines.append(f"| {ctx} | {mode} | {g} | {c['acceptance_rate']:.3f} | "
+                             f"{c['mean_accepted_length']:.2f} | {c['decode_tok_s']:.1f} | "
+                             f"{c['draft_ms_per_step']:.3f} | {c['verify_ms_per_step']:.3f} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def plots(reports, folder):
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    os.makedirs(folder, exist_ok=True)
+    written = []
+    for i, r in enumerate(reports):
+        cs = cells(r)
+        best = best_per_mode(cs)
+        tag = os.path.splitext(os.path.basename(r["_path"]))[0]
+        contexts = sorted({c for _, c in best})
+        # Speedup vs context over AR fp16.
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for mode in sorted({m for m, _ in best}):
+            xs, ys = [], []
+            for ctx in contexts:
+                base, cell = best.get(("ar-fp16", ctx)), best.get((mode, ctx))
+                if base and cell:
+                    xs.append(ctx)
+                    ys.append(cell["decode_tok_s"] / base["decode_tok_s"])
+            if xs:
+                ax.plot(xs, ys, marker="o", label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("decode speedup vs AR fp16")
+        ax.set_title(model_label(r), fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        path = os.path.join(folder, f"{tag}-speedup.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+        # Acceptance vs gamma.
+        sweep = sorted(k for k in cs if k[2])
+        if sweep:
+            fig, ax = plt.subplots(figsize=(6, 4))
+            for mode, ctx in sorted({(m, c) for m, c, _ in sweep}):
+                gs = sorted(g for m, c, g in sweep if m == mode and c == ctx)
+                ax.plot(gs, [cs[(mode, ctx, g)]["acceptance_rate"] for g in gs], marker="o",
+                        label=f"{mode} @ {ctx}")
+            ax.set_xlabel("γ (draft tokens per round)")
+            ax.set_ylabel("acceptance rate")
+            ax.set_title(model_label(r), fontsize=8)
+            ax.grid(True, alpha=0.3)
+            ax.legend(fontsize=7)
+            path = os.path.join(folder, f"{tag}-acceptance.png")
+            fig.tight_layout()
+            fig.savefig(path, dpi=120)
+            plt.close(fig)
+            written.append(path)
+        # KV memory vs context.
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for mode in sorted({m for m, _ in best}):
+            xs = [c for c in contexts if (mode, c) in best]
+            ax.plot(xs, [best[(mode, c)].get("kv_cache_bytes", 0) / 2**30 for c in xs], marker="o",
+                    label=mode)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("context (tokens)")
+        ax.set_ylabel("KV cache (GiB)")
+        ax.set_title(model_label(r), fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8)
+        path = os.path.join(folder, f"{tag}-memory.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("json", nargs="+", help="quantspec bench -o files")
+    ap.add_argument("--markdown", help="write the tables here (default: stdout)")
+    ap.add_argument("--plots", help="write PNG plots into this folder")
+    args = ap.parse_args()
+    reports = load(args.json)
+    text = markdown(reports)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text + "\n")
+    else:
+        print(text)
+    if args.plots:
+        for p in plots(reports, args.plots):
+            print(f"wrote {p}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()
