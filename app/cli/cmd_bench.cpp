@@ -1,5 +1,6 @@
 // quantspec bench: decode speed over a declared matrix (decoding modes x prompt lengths x gamma x
 // repeats) on one model; a table on stdout, every run (with the environment) as JSON.
+#include <cstdint>
 #include <fmt/core.h>
 
 #include <algorithm>

@@ -1,5 +1,6 @@
 // quantspec eval ppl | eval accept: perplexity of a KV mode over a text or token file, and the
 // acceptance table of QuantSpec over contexts and speculation lengths (docs/quantspec.md).
+#include <cstdint>
 #include <fmt/core.h>
 
 #include <chrono>

@@ -1,4 +1,5 @@
 // quantspec generate: stream a completion to stdout, human stats to stderr.
+#include <cstdint>
 #include <fmt/core.h>
 
 #include <cstdio>

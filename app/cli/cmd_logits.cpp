@@ -1,4 +1,5 @@
 // quantspec logits: the logits at every position of one prefill, as float32 NumPy [n, vocab].
+#include <cstdint>
 #include <fmt/core.h>
 
 #include <algorithm>

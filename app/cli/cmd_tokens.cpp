@@ -1,5 +1,6 @@
 // quantspec tokenize / detokenize: JSONL in on stdin, JSONL out on stdout. Work on a directory
 // holding only tokenizer files, as Hugging Face's AutoTokenizer does.
+#include <cstdint>
 #include <nlohmann/json.hpp>
 
 #include <iostream>

@@ -1,5 +1,6 @@
 #include "files.h"
 
+#include <cstdint>
 #include <fstream>
 #include <sstream>
 

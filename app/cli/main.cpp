@@ -18,7 +18,13 @@ int main(int argc, char** argv) {
   add(qs::cli::add_tokenize_command(app));
   add(qs::cli::add_detokenize_command(app));
   add(qs::cli::add_logits_command(app));
+#ifdef QS_HAVE_SERVER
   add(qs::cli::add_serve_command(app));
+#else
+  app.add_subcommand("serve", "(not in this build: configured with QS_SERVER=OFF)")
+      ->allow_extras();
+  add([] { return qs::cli::report_error("this quantspec was built without the server (QS_SERVER=OFF)"); });
+#endif
   add(qs::cli::add_eval_command(app));
   add(qs::cli::add_bench_command(app));
 

@@ -1,5 +1,6 @@
 #include "npy.h"
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 

@@ -1,6 +1,7 @@
 // Minimal NumPy .npy (format 1.0) writer for float32 arrays.
 #pragma once
 
+#include <cstdint>
 #include <string>
 #include <vector>
 

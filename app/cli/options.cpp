@@ -1,5 +1,6 @@
 #include "options.h"
 
+#include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <map>

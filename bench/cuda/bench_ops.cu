@@ -1,6 +1,11 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
-//   bench_ops [--sections copy,gemv,tune,attn,prefill,step] [--quick]
+//   bench_ops [--sections copy,gemv,tune,attn,prefill,step,w4mm,w4var,kvflush,quantkv] [--quick]
+//
+// quantkv: attention over the hierarchical quantized KV cache (draft INT4 and target INT8 views).
+// w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; kvflush: quantize_kv.
+// Their small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured
+// decode step runs them; w4mm also states the eager time.
 //
 // Every time is the median over batches of launches timed with CUDA events after warm-up;
 // inputs rotate over enough copies to exceed the L2 cache, so each launch reads HBM. Every line
@@ -8,6 +13,7 @@
 // bytes read + written), and the copy section re-measures that ceiling on the machine at hand.
 // Lines starting with "| " form the summary table printed last.
 #include <cuda_bf16.h>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -20,9 +26,11 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention_quant.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/quant_ops.h"
 
 namespace qs {
 namespace {
@@ -476,12 +484,335 @@ void bench_step(CudaBackend& be, bool quick) {
   cuda::set_gemv_tuning(saved);
 }
 
+// ---- 4-bit draft weights and the KV flush (backend/cuda/quant_ops.h) ------------------------
+
+// Median milliseconds per call of `body(i)`, the calls captured as one CUDA graph of `reps`
+// calls: the kernels of small calls (a few us) are shorter than their host launch, so eager
+// timing would measure the host. `body` must have run eagerly for every i first (uploads).
+double time_graph_ms(cudaStream_t s, const std::function<void(int)>& body, int reps,
+                     int batches = 7) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CUDA_CHECK(cudaStreamSynchronize(s));
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeThreadLocal));
+  for (int r = 0; r < reps; ++r) body(r);
+  CUDA_CHECK(cudaStreamEndCapture(s, &graph));
+  CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const double ms =
+      time_ms(s, [&](int) { CUDA_CHECK(cudaGraphLaunch(exec, s)); }, 1, batches) / reps;
+  CUDA_CHECK(cudaGraphExecDestroy(exec));
+  CUDA_CHECK(cudaGraphDestroy(graph));
+  return ms;
+}
+
+// `copies` host 4-bit weights with the same random codes (distinct host arrays, so each is
+// uploaded separately and the rotation reads HBM); scale/min of a +-0.05 weight.
+std::vector<QuantizedWeight4> random_q4_copies(int64_t rows, int64_t cols, int copies) {
+  QuantizedWeight4 w;
+  w.rows = rows;
+  w.cols = cols;
+  w.group_size = kWeightQuantGroup;
+  w.groups_per_row = (cols + kWeightQuantGroup - 1) / kWeightQuantGroup;
+  w.row_bytes = (cols + 1) / 2;
+  w.codes.resize(static_cast<size_t>(rows * w.row_bytes));
+  uint64_t state = 0x9E3779B97F4A7C15ull;
+  for (size_t i = 0; i < w.codes.size(); i += 8) {
+    uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    z ^= z >> 31;
+    std::memcpy(&w.codes[i], &z, std::min<size_t>(8, w.codes.size() - i));
+  }
+  w.scale.assign(static_cast<size_t>(rows * w.groups_per_row), f32_to_f16(0.1f / 15));
+  w.min.assign(w.scale.size(), f32_to_f16(-0.05f));
+  w.name = "w4";
+  return std::vector<QuantizedWeight4>(static_cast<size_t>(copies), w);
+}
+
+struct Q4Mat {
+  const char* name;
+  int64_t n, k;
+};
+constexpr Q4Mat kQ4Mats[] = {{"7b q/o 4096x4096", 4096, 4096},
+                             {"7b gate/up 11008x4096", 11008, 4096},
+                             {"7b down 4096x11008", 4096, 11008},
+                             {"7b lm_head 32000x4096", 32000, 4096},
+                             {"8b lm_head 128256x4096", 128256, 4096}};
+
+// Bytes of the packed weight (codes + fp16 scale/min) and of x and y.
+double q4_bytes(const Q4Mat& mat, int m) {
+  const double groups = double((mat.k + kWeightQuantGroup - 1) / kWeightQuantGroup);
+  return double(mat.n) * ((mat.k + 1) / 2) + 4.0 * mat.n * groups + 4.0 * m * (mat.k + mat.n);
+}
+
+// Calls `timed(mat, weights, x, y)` for every shape with its rotated weights uploaded.
+void for_each_q4_shape(CudaBackend& be, bool quick,
+                       const std::function<void(const Q4Mat&, std::vector<QuantizedWeight4>&,
+                                                float*, float*)>& timed) {
+  for (const Q4Mat& mat : kQ4Mats) {
+    if (quick && mat.n != 11008 && mat.n != 128256) continue;
+    const double wbytes = q4_bytes(mat, 0);
+    const int copies = static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / wbytes)));
+    std::vector<QuantizedWeight4> ws = random_q4_copies(mat.n, mat.k, copies);
+    auto x = random_f32(16 * mat.k, 3);
+    DeviceMem y(16 * mat.n * 4);
+    for (auto& w : ws) be.matmul_q4(x->f32(), 1, w, nullptr, y.f32());  // uploads
+    timed(mat, ws, x->f32(), y.f32());
+    be.release_weights();
+  }
+}
+
+void bench_gemv_q4(CudaBackend& be, bool quick) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  for_each_q4_shape(be, quick, [&](const Q4Mat& mat, std::vector<QuantizedWeight4>& ws, float* x,
+                                   float* y) {
+    const int copies = static_cast<int>(ws.size());
+    for (int m : {1, 5, 16}) {
+      if (quick && m == 16) continue;
+      auto body = [&](int i) { be.matmul_q4(x, m, ws[i % copies], nullptr, y); };
+      const double graph = time_graph_ms(s, body, 20 * copies);
+      const double eager = time_ms(s, body, 20 * copies);
+      const double bytes = q4_bytes(mat, m);
+      summary("| gemv q4 %-24s m=%-2d | %7.1f us (eager %7.1f) | %6.0f GB/s | %5.1f%% |",
+              mat.name, m, graph * 1e3, eager * 1e3, gbps(bytes, graph), pct(bytes, graph));
+    }
+  });
+}
+
+// The variants of the q4 kernel side by side (cuda::Q4GemvTuning), graph-timed.
+void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  // {row_tiles, warps, stages}: 0 = automatic; stages 4 = the cp.async ring.
+  const cuda::Q4GemvTuning variants[] = {{1, 0, 0}, {2, 0, 0}, {4, 0, 0}, {0, 2, 0},
+                                         {0, 4, 0}, {0, 8, 0}, {0, 0, 0}, {1, 0, 4},
+                                         {2, 0, 4}, {4, 0, 4}, {0, 8, 4}, {0, 0, 4}};
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  summary(
+      "| gemv-q4 variants (us, %% of 4.24 TB/s) | rt1 | rt2 | rt4 | w2 | w4 | w8 | auto | "
+      "ring rt1 | ring rt2 | ring rt4 | ring w8 | ring auto |");
+  for_each_q4_shape(be, quick, [&](const Q4Mat& mat, std::vector<QuantizedWeight4>& ws, float* x,
+                                   float* y) {
+    const int copies = static_cast<int>(ws.size());
+    for (int m : {1, 5}) {
+      std::string line;
+      char buf[64];
+      for (const cuda::Q4GemvTuning& t : variants) {
+        cuda::set_q4_gemv_tuning(t);
+        const double ms = time_graph_ms(
+            s, [&](int i) { be.matmul_q4(x, m, ws[i % copies], nullptr, y); }, 20 * copies);
+        std::snprintf(buf, sizeof buf, " %6.1f %3.0f%% |", ms * 1e3, pct(q4_bytes(mat, m), ms));
+        line += buf;
+      }
+      summary("| gemv-q4 %-24s m=%-2d |%s", mat.name, m, line.c_str());
+    }
+  });
+  cuda::set_q4_gemv_tuning(saved);
+}
+
+// quantize_kv at Llama-2-7B's shape (32 kv heads x 128, G = Gv = 128): the flush of one group in
+// every layer (32 calls), and one layer's prefill history of 32K tokens (one call).
+void bench_quantize_kv(CudaBackend& be) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  const int heads = 32, hd = 128, G = 128, layers = 32;
+  const int64_t kv_dim = int64_t{heads} * hd;
+  struct Planes {
+    std::vector<std::unique_ptr<DeviceMem>> mem;
+    QuantizedKvPlanesOut out;
+    Planes(int64_t capacity, int64_t kv_dim, int hd, int G) {
+      const size_t codes = size_t(capacity) * kv_dim / 2;
+      const size_t kmeta = size_t(capacity / G) * kv_dim * 2;
+      const size_t vmeta = size_t(capacity) * (kv_dim / hd) * 2;
+      for (size_t b : {codes, codes, codes, codes, kmeta, kmeta, vmeta, vmeta}) {
+        mem.push_back(std::make_unique<DeviceMem>(b));
+      }
+      out.key_upper = static_cast<uint8_t*>(mem[0]->ptr);
+      out.key_lower = static_cast<uint8_t*>(mem[1]->ptr);
+      out.value_upper = static_cast<uint8_t*>(mem[2]->ptr);
+      out.value_lower = static_cast<uint8_t*>(mem[3]->ptr);
+      out.key_scale = static_cast<uint16_t*>(mem[4]->ptr);
+      out.key_min = static_cast<uint16_t*>(mem[5]->ptr);
+      out.value_scale = static_cast<uint16_t*>(mem[6]->ptr);
+      out.value_min = static_cast<uint16_t*>(mem[7]->ptr);
+      out.capacity = capacity;
+      out.group_size = G;
+      out.value_group_size = hd;
+    }
+  };
+  // Bytes of one call over `tokens` rows: K and V read, 4 code planes and metadata written.
+  auto bytes = [&](int64_t tokens) {
+    return double(tokens) * kv_dim * 4 * 2 + double(tokens) * kv_dim / 2 * 4 +
+           double(tokens / G) * kv_dim * 2 * 2 + double(tokens) * heads * 2 * 2;
+  };
+  {  // the flush: every layer's buffer rows are distinct memory (128 MiB in all, > L2)
+    std::vector<std::unique_ptr<DeviceMem>> k, v;
+    std::vector<std::unique_ptr<Planes>> planes;
+    for (int l = 0; l < layers; ++l) {
+      k.push_back(random_f32(size_t(G) * kv_dim, 300 + l));
+      v.push_back(random_f32(size_t(G) * kv_dim, 400 + l));
+      planes.push_back(std::make_unique<Planes>(4 * G, kv_dim, hd, G));
+    }
+    auto flush = [&](int i) {
+      for (int l = 0; l < layers; ++l) {
+        be.quantize_kv(k[l]->f32(), v[l]->f32(), kv_dim, heads, hd, 1 + i % 3, 1,
+                       planes[l]->out);
+      }
+    };
+    flush(0);
+    const double graph = time_graph_ms(s, flush, 10);
+    const double eager = time_ms(s, flush, 10);
+    const double b = layers * bytes(G);
+    summary(
+        "| quantize_kv flush 1 group x 32 layers (7b) | %7.1f us (eager %7.1f) | %6.0f GB/s | "
+        "%5.1f%% |",
+        graph * 1e3, eager * 1e3, gbps(b, graph), pct(b, graph));
+  }
+  {  // one layer's prefill history: 32K tokens, 256 groups
+    const int64_t tokens = 32768;
+    auto k = random_f32(size_t(tokens) * kv_dim, 500);
+    auto v = random_f32(size_t(tokens) * kv_dim, 501);
+    Planes planes(tokens, kv_dim, hd, G);
+    auto call = [&](int) {
+      be.quantize_kv(k->f32(), v->f32(), kv_dim, heads, hd, 0, static_cast<int>(tokens / G),
+                     planes.out);
+    };
+    call(0);
+    const double ms = time_ms(s, call, 5);
+    const double b = bytes(tokens);
+    summary("| quantize_kv history 32K tokens x 1 layer (7b) | %7.1f us | %6.0f GB/s | %5.1f%% |",
+            ms * 1e3, gbps(b, ms), pct(b, ms));
+  }
+}
+
+// ---- attention over the hierarchical quantized KV (backend/cuda/attention_quant.h) -----------
+
+__global__ void fill_bytes(uint8_t* p, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    p[i] = static_cast<uint8_t>(hash32(seed * 0x9E3779B97F4A7C15ull + i));
+  }
+}
+
+// fp16 values uniform in [lo, hi].
+__global__ void fill_f16(uint16_t* p, size_t n, uint64_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float u = hash32(seed * 0x9E3779B97F4A7C15ull + i) * (1.0f / 4294967296.0f);
+    p[i] = __half_as_ushort(__float2half(lo + (hi - lo) * u));
+  }
+}
+
+// One layer's quantized history (both planes, Gv = head_dim) and its f32 full-precision rows.
+struct QuantLayer {
+  std::vector<std::unique_ptr<DeviceMem>> mem;
+  QuantizedKvSegment seg;
+  float* k = nullptr;  // [fp_rows, heads * hd]
+  float* v = nullptr;
+
+  QuantLayer(int heads, int hd, int G, int64_t capacity, int fp_rows, uint64_t seed) {
+    const size_t codes = size_t(heads) * capacity * hd / 2;
+    const size_t kmeta = size_t(heads) * (capacity / G) * hd, vmeta = size_t(heads) * capacity;
+    auto bytes = [&](size_t n) {
+      mem.push_back(std::make_unique<DeviceMem>(n));
+      fill_bytes<<<1024, 256>>>(static_cast<uint8_t*>(mem.back()->ptr), n, seed++);
+      CUDA_CHECK(cudaGetLastError());
+      return static_cast<const uint8_t*>(mem.back()->ptr);
+    };
+    auto halves = [&](size_t n, float lo, float hi) {
+      mem.push_back(std::make_unique<DeviceMem>(n * 2));
+      fill_f16<<<1024, 256>>>(static_cast<uint16_t*>(mem.back()->ptr), n, seed++, lo, hi);
+      CUDA_CHECK(cudaGetLastError());
+      return static_cast<const uint16_t*>(mem.back()->ptr);
+    };
+    seg.key_upper = bytes(codes);
+    seg.key_lower = bytes(codes);
+    seg.value_upper = bytes(codes);
+    seg.value_lower = bytes(codes);
+    seg.key_scale = halves(kmeta, 0.005f, 0.05f);
+    seg.key_min = halves(kmeta, -1.0f, -0.2f);
+    seg.value_scale = halves(vmeta, 0.005f, 0.05f);
+    seg.value_min = halves(vmeta, -1.0f, -0.2f);
+    seg.capacity = capacity;
+    seg.group_size = G;
+    seg.value_group_size = hd;
+    mem.push_back(random_f32(size_t(fp_rows) * heads * hd, seed++));
+    k = mem.back()->f32();
+    mem.push_back(random_f32(size_t(fp_rows) * heads * hd, seed++));
+    v = mem.back()->f32();
+  }
+};
+
+// One layer's attention over the hierarchical KV (G = Gv = 128): the draft (INT4 view, m = 1) and
+// the target (INT8, m = 5, 7, 9) at 4K, 32K and 128K positions, as a captured step runs it (graph)
+// and eagerly. Bytes: what the call needs (kv.read_bytes: codes, metadata, f32 rows). At 32K the
+// CUDA-core path (the fallback) is timed too.
+void bench_quant_attention(CudaBackend& be, bool quick) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  const int G = 128, m_max = 9;
+  const cuda::QuantAttentionTuning saved = cuda::quant_attention_tuning();
+  for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
+    const int hd = sh->head_dim, kv_heads = sh->kv_heads;
+    const AttentionShape shape{sh->heads, kv_heads, hd,
+                               static_cast<float>(1.0 / std::sqrt(double(hd)))};
+    for (int ctx : {4096, 32768, 131072}) {
+      if (quick && ctx != 32768) continue;
+      const int fp_base = quant_boundary(ctx - m_max, G);
+      const int fp_rows = ctx - fp_base;
+      const double layer_bytes = double(kv_heads) * ctx * (2.0 * hd + 4.0 + 4.0 * hd / G);
+      const int copies = std::max(1, static_cast<int>(std::ceil(kRotateBytes / layer_bytes)));
+      std::vector<std::unique_ptr<QuantLayer>> layers;
+      for (int c = 0; c < copies; ++c) {
+        layers.push_back(std::make_unique<QuantLayer>(kv_heads, hd, G, ctx, fp_rows, 500 + 16 * c));
+      }
+      auto q = random_f32(size_t(m_max) * sh->heads * hd, 7);
+      DeviceMem out(size_t(m_max) * sh->heads * hd * 4);
+      struct Run {
+        const char* what;
+        bool int8;
+        int m;
+      };
+      for (const Run& r : {Run{"draft int4", false, 1}, Run{"target int8", true, 5},
+                           Run{"target int8", true, 7}, Run{"target int8", true, 9}}) {
+        for (bool tensor_cores : {true, false}) {
+          if (!tensor_cores && (quick || ctx != 32768)) continue;
+          cuda::set_quant_attention_tuning({tensor_cores, 0});
+          std::vector<QuantizedKvSegment> segs;
+          for (const auto& l : layers) {
+            segs.push_back(l->seg);
+            segs.back().int8 = r.int8;
+            if (!r.int8) segs.back().key_lower = segs.back().value_lower = nullptr;
+          }
+          auto call = [&](int i, KvReadBytes* rb) {
+            const int c = i % copies;
+            KvView kv{layers[c]->k, layers[c]->v, int64_t{kv_heads} * hd, ctx};
+            kv.fp_base = fp_base;
+            kv.quantized = &segs[c];
+            kv.read_bytes = rb;
+            be.attention(q->f32(), r.m, ctx - r.m, shape, kv, out.f32());
+          };
+          KvReadBytes rb;
+          call(0, &rb);
+          for (int i = 1; i < copies; ++i) call(i, nullptr);  // scratch and occupancy, eagerly
+          const int reps = std::max(10, 2 * copies);
+          const double eager = time_ms(s, [&](int i) { call(i, nullptr); }, reps);
+          const double graph = time_graph_ms(s, [&](int i) { call(i, nullptr); }, reps);
+          const double bytes = double(rb.upper + rb.lower + rb.meta + rb.fp);
+          summary("| attn-q %-11s ctx=%-6d %-11s m=%d%-11s | %8.1f us (eager %8.1f) | %7.1f MB | "
+                  "%6.0f GB/s | %5.1f%% |",
+                  sh->model, ctx, r.what, r.m, tensor_cores ? "" : " cuda-cores", graph * 1e3,
+                  eager * 1e3, bytes / 1e6, gbps(bytes, graph), pct(bytes, graph));
+        }
+      }
+    }
+  }
+  cuda::set_quant_attention_tuning(saved);
+}
+
 }  // namespace
 }  // namespace qs
 
 int main(int argc, char** argv) {
   using namespace qs;
-  std::string sections = "copy,gemv,tune,attn,prefill,step";
+  std::string sections = "copy,gemv,tune,attn,prefill,step,w4mm,w4var,kvflush,quantkv";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sections") && i + 1 < argc) {
@@ -490,7 +821,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else {
       std::fprintf(stderr,
-                   "usage: bench_ops [--sections copy,gemv,tune,attn,prefill,step] [--quick]\n");
+                   "usage: bench_ops [--sections copy,gemv,tune,attn,prefill,step,w4mm,w4var,"
+                   "kvflush,quantkv] [--quick]\n");
       return 2;
     }
   }
@@ -517,6 +849,10 @@ int main(int argc, char** argv) {
   (*be)->release_weights();
   (*fast)->release_weights();
   if (has("step")) bench_step(**be, quick);
+  if (has("w4mm")) bench_gemv_q4(**be, quick);
+  if (has("w4var")) bench_gemv_q4_variants(**be, quick);
+  if (has("kvflush")) bench_quantize_kv(**be);
+  if (has("quantkv")) bench_quant_attention(**be, quick);
   std::printf("\n== summary (%s) ==\n", prop.name);
   for (const std::string& line : g_summary) std::printf("%s\n", line.c_str());
   return 0;

@@ -8,7 +8,8 @@
 #   QS_E2E="default llama3.1-8b" bash tools/gpu/bench_e2e.sh
 #
 # Environment: QS_E2E (models to run: default llama2-7b llama3.1-8b), QS_E2E_TOKENS (generated
-# tokens per run, default 128), QS_E2E_GAMMAS (default 2,4,6), QS_E2E_MODES, OUT.
+# tokens per run, default 128), QS_E2E_GAMMAS (default 2,4,6), QS_E2E_MODES, QS_E2E_CONTEXTS
+# (one list for every model instead of the defaults below), OUT.
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -46,8 +47,9 @@ for name in ${QS_E2E:-default llama2-7b llama3.1-8b}; do
     fi
     extra=()
   fi
-  echo "== $name: contexts ${contexts[$name]}, modes $modes, gammas $gammas, $tokens tokens =="
-  "$qs" bench -m "$dir" --device cuda --contexts "${contexts[$name]}" --modes "$modes" \
+  ctx=${QS_E2E_CONTEXTS:-${contexts[$name]}}
+  echo "== $name: contexts $ctx, modes $modes, gammas $gammas, $tokens tokens =="
+  "$qs" bench -m "$dir" --device cuda --contexts "$ctx" --modes "$modes" \
     --gammas "$gammas" -n "$tokens" "${extra[@]}" -o "$out/e2e-$name.json" \
     2>"$out/e2e-$name.err" | tee "$out/e2e-$name.txt"
   grep -E "error" "$out/e2e-$name.err" | head -3

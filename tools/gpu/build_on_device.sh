@@ -67,7 +67,7 @@ export LD_LIBRARY_PATH="$runtime_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cmake -S "$repo" -B "$build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release \
   -DQS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
-  -DQS_BUILD_TESTS=ON -DQS_BUILD_BENCH=ON \
+  -DQS_BUILD_TESTS=ON -DQS_BUILD_BENCH=ON -DQS_SERVER=OFF \
   -DCMAKE_PREFIX_PATH="$prefix/usr" \
   -DCMAKE_LIBRARY_PATH="$blasdir;$libdir" \
   -DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include" \

@@ -3,14 +3,17 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
 #include <unordered_map>
 
+#include "backend/cuda/attention_quant.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/quant_ops.h"
 
 namespace qs {
 
@@ -122,6 +125,7 @@ struct CudaBackend::Impl {
   };
   std::unordered_map<const void*, DeviceWeight> weights;  // by the view's data pointer
   size_t resident_bytes = 0;
+  cuda::Weight4Cache weights4;  // 4-bit draft weights, by their host codes (gemv_q4.cu)
 
   Scratch attn_partial;  // attention split partials: o then (m, l)
   Scratch act_split;     // prefill matmul: activations split into hi/lo halves
@@ -255,6 +259,26 @@ Status CudaBackend::check_supported(const ModelConfig& cfg) {
 
 std::unique_ptr<Buffer> CudaBackend::alloc(size_t n) {
   return std::make_unique<DeviceBuffer>(n);
+}
+
+std::string CudaBackend::description() const {
+  int device = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
+  int driver = 0;
+  CUDA_CHECK(cudaDriverGetVersion(&driver));
+  char text[512];
+  std::snprintf(text, sizeof(text), "%.256s (sm_%d%d, %.1f GiB, %d SMs), CUDA driver %d.%d", prop.name,
+                prop.major, prop.minor, prop.totalGlobalMem / double(1 << 30),
+                prop.multiProcessorCount, driver / 1000, (driver % 1000) / 10);
+  return text;
+}
+
+int64_t CudaBackend::memory_in_use() const {
+  size_t free_bytes = 0, total_bytes = 0;
+  CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  return static_cast<int64_t>(total_bytes - free_bytes);
 }
 
 std::unique_ptr<Buffer> CudaBackend::try_alloc(size_t n) {
@@ -395,9 +419,9 @@ namespace {
 cuda::AttentionArgs make_args(const float* q, int m, int pos, const AttentionShape& shape,
                               const KvView& kv, float* out) {
   QS_CHECK_MSG(kv.length >= pos + m, "attention: the KV view does not cover the queries");
-  // TODO: the hierarchical (quantized) KV segment comes with the quantized-cache kernels.
+  // A quantized segment goes through attention() (attention_quant.cu).
   QS_CHECK_MSG(kv.quantized == nullptr && kv.fp_base == 0,
-               "attention: the CUDA backend reads a full-precision KV view only (so far)");
+               "attention: the decode/prefill kernels read a full-precision KV view only");
   if (kv.read_bytes) {  // what the last query streams, as the CPU backend counts it
     kv.read_bytes->fp += int64_t{shape.num_kv_heads} * 2 * (pos + m) * shape.head_dim *
                          static_cast<int64_t>(sizeof(float));
@@ -421,6 +445,22 @@ cuda::AttentionArgs make_args(const float* q, int m, int pos, const AttentionSha
 
 void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape& shape,
                             const KvView& kv, float* out) {
+  if (kv.quantized != nullptr) {
+    // Hierarchical KV (attention_quant.cu): the fused decode kernels, slices of <= 16 queries
+    // for longer blocks (evaluation).
+    const int64_t q_row = static_cast<int64_t>(shape.num_heads) * shape.head_dim;
+    for (int i0 = 0; i0 < m; i0 += cuda::kQuantAttentionMaxRows) {
+      const int mi = std::min(cuda::kQuantAttentionMaxRows, m - i0);
+      const cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(
+          q + i0 * q_row, mi, pos + i0, shape, kv, out + i0 * q_row);
+      const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
+      auto* partials = static_cast<float*>(
+          impl_->attn_partial.ensure(sizeof(float) * static_cast<size_t>(plan.partial_floats)));
+      cuda::launch_attention_quant(a, plan, partials, impl_->stream);
+    }
+    cuda::add_quant_attention_read_bytes(m, pos, shape, kv);
+    return;
+  }
   if (m <= kGemvMaxRows) {
     attention_decode(q, m, pos, shape, kv, out);
   } else {
@@ -457,6 +497,33 @@ void CudaBackend::add(float* y, const float* x, int64_t n) {
   cuda::launch_add(y, x, n, impl_->stream);
 }
 
+void CudaBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w,
+                            const WeightView* bias, float* y) {
+  QS_CHECK(m >= 1);
+  if (bias != nullptr && !bias->empty()) {
+    QS_CHECK_MSG(bias->numel() == w.rows, "bias " + bias->name + " does not match " + w.name);
+  }
+  const cuda::DeviceWeight4& dw = impl_->weights4.resolve(w, impl_->stream);
+  const cuda::DeviceBias b = impl_->bias(bias);
+  for (int m0 = 0; m0 < m; m0 += kGemvMaxRows) {  // m > 16 (rare): the weights once per slice
+    const int mc = std::min(kGemvMaxRows, m - m0);
+    cuda::launch_gemv_q4(x + static_cast<int64_t>(m0) * w.cols, mc, dw, b,
+                         y + static_cast<int64_t>(m0) * w.rows, impl_->num_sms, impl_->stream);
+  }
+}
+
+void CudaBackend::quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
+                              int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                              const QuantizedKvPlanesOut& dst) {
+  cuda::launch_quantize_kv(k_rows, v_rows, row_stride, num_kv_heads, head_dim, first_group,
+                           n_groups, dst, impl_->stream);
+}
+
+void CudaBackend::fill_zero(void* dst, size_t bytes) {
+  if (bytes == 0) return;
+  CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, impl_->stream));
+}
+
 void CudaBackend::synchronize() {
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
 }
@@ -470,7 +537,7 @@ int CudaBackend::num_sms() const {
 }
 
 size_t CudaBackend::resident_weight_bytes() const {
-  return impl_->resident_bytes;
+  return impl_->resident_bytes + impl_->weights4.bytes();
 }
 
 void CudaBackend::release_weights() {
@@ -480,6 +547,7 @@ void CudaBackend::release_weights() {
   }
   impl_->weights.clear();
   impl_->resident_bytes = 0;
+  impl_->weights4.release(impl_->stream);
 }
 
 }  // namespace qs

@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "backend/backend.h"
 #include "core/error.h"
@@ -39,6 +40,8 @@ class CudaBackend final : public Backend {
   static Status check_supported(const ModelConfig& cfg);
 
   const char* name() const override { return "cuda"; }
+  std::string description() const override;
+  int64_t memory_in_use() const override;
 
   std::unique_ptr<Buffer> alloc(size_t n) override;
   std::unique_ptr<Buffer> try_alloc(size_t n) override;
@@ -56,6 +59,14 @@ class CudaBackend final : public Backend {
                  float* out) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
   void add(float* y, const float* x, int64_t n) override;
+  // 4-bit draft weights: uploaded (repacked for the kernel) on first use, found again by the
+  // address of their host codes; m <= kGemvMaxRows per launch (larger m in slices of 16 rows).
+  void matmul_q4(const float* x, int m, const QuantizedWeight4& w, const WeightView* bias,
+                 float* y) override;
+  void quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride, int num_kv_heads,
+                   int head_dim, int64_t first_group, int n_groups,
+                   const QuantizedKvPlanesOut& dst) override;
+  void fill_zero(void* dst, size_t bytes) override;
 
   // At or below this many rows matmul runs the bandwidth-bound skinny GEMM that reads the
   // weights once for all rows, and attention runs split-KV flash-decoding; above it, cuBLAS and
@@ -76,11 +87,12 @@ class CudaBackend final : public Backend {
   // The cudaStream_t every op is queued on (for events and graph capture).
   void* stream() const;
   int num_sms() const;
-  // Bytes of weights uploaded so far.
+  // Bytes of weights uploaded so far (4-bit draft weights included).
   size_t resident_weight_bytes() const;
-  // Frees every uploaded weight copy. The upload cache is keyed by the views' host addresses and
-  // assumes that host tensors neither change nor move while the backend uses them; call this
-  // before freeing or reusing host memory that held weights (e.g. when a model is unloaded).
+  // Frees every uploaded weight copy (4-bit draft weights included). The upload cache is keyed
+  // by the views' host addresses and assumes that host tensors neither change nor move while the
+  // backend uses them; call this before freeing or reusing host memory that held weights (e.g.
+  // when a model is unloaded).
   void release_weights();
 
  private:

@@ -1,0 +1,1279 @@
+// Attention over the hierarchical quantized KV cache: one split-KV kernel whose blocks each read a
+// range of the quantized history and a share of the full-precision rows of one kv head (for all
+// query heads of it), then attention.cu's combine merges the splits. Semantics:
+// attention_quant.h; design and measurements: docs/cuda.md ("Quantized-KV attention").
+//
+// Conventions as attention.cu: scores in base-2 units (q pre-scaled by scale * log2 e), an
+// online-softmax state {o unnormalized, m = max score, l = sum of 2^(s - m)} per query vector;
+// a state that saw no visible position has m = -inf and weight 0 in every merge.
+//
+// Tensor-core path (quantized history, head_dim 64/128, G and Gv multiples of 32). A warp owns 8
+// query vectors and a contiguous token range, processed 32 tokens (a sub-chunk) per pipeline stage:
+// cp.async copies the sub-chunk's code rows (16-byte pieces, every plane the view reads) and
+// metadata into shared memory, ldmatrix reads them back in mma fragment order.
+//  - Scores S^T = K Q'^T on mma.m16n8k16 (A = 16 tokens x 16 channels of codes, B = 16 channels
+//    x 8 queries): codes are small integers, exact in f16; Q' = q * step of the key group
+//    (step = s or s/16), folded once per key group, split into f16 hi + lo halves after scaling
+//    each query by a power of two 2^F that puts its largest |Q'| in [2^13, 2^14): hi + lo carry
+//    ~22 significant bits, so the scores keep f32 accuracy. q . min (the other half of
+//    q . (code * step + min)) is added in f32.
+//  - Values O^T += V^T P^T (A = 16 channels x 16 tokens of codes via ldmatrix.trans, B = 16
+//    tokens x 8 queries): B = p * step_v(token, value group), hi + lo, scaled by a power of two
+//    2^E that only decreases (O is rescaled together with the softmax correction), moved from
+//    the score fragment layout to the B layout by movmatrix; sum p * min per value group in f32.
+//  - A code byte becomes f16 without a conversion instruction: prmt puts it into the mantissa of
+//    1024 (0x6400 | b is exactly 1024 + b) and one f16x2 subtraction removes 1024 (INT4) or
+//    1032 (INT8, where the byte is 16U + (L + 8)).
+// CUDA-core path (the full-precision rows always; the quantized history for head_dim 32/256,
+// G or Gv not a multiple of 32, or with the tensor cores switched off): a warp owns 8 query
+// vectors (4 for head_dim 256), a lane head_dim/32 channels, 8 rows per step (4 quantized); the 8
+// partial dot products of a row are reduced by a transposing butterfly (9 shuffles; each lane ends
+// with one query's score).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <vector>
+
+#include "backend/cuda/attention_quant.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device_util.cuh"
+#include "core/error.h"
+
+namespace qs::cuda {
+
+namespace {
+
+constexpr float kNegInf = -INFINITY;
+constexpr int kSubTokens = 32;  // quantized tokens per warp per pipeline stage
+constexpr int kStages = 3;      // cp.async pipeline depth: two stages in flight while one is used
+constexpr int kMaxTiles = 8;    // query tiles (warps) per block
+constexpr int kMaxThreads = 32 * kMaxTiles;
+constexpr int kQuantRowUnroll = 4;  // quantized rows per step of the CUDA-core path
+// Full-precision rows per step of the CUDA-core path (loads in flight; registers for head_dim 256).
+template <int HD>
+constexpr int fp_row_unroll() {
+  return HD <= 128 ? 8 : 4;
+}
+constexpr int kFpRowsPerWarp = 16;  // full-precision rows per warp a split aims at (2 steps)
+constexpr int kQPad = 4;            // floats of padding per query row in shared memory
+
+// Registers per thread: left alone, ptxas gives the tensor-core kernels 255, so a block of 5
+// query tiles (GQA 4 at m = 9) fits once per SM; 192 fits two (spill-free but a word or two).
+// __maxnreg__ needs nvcc 12.4; it excludes __launch_bounds__.
+#if defined(__CUDACC_VER_MAJOR__) && \
+    (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4))
+#define QS_QUANT_ATTENTION_BOUNDS __maxnreg__(192)
+#else
+#define QS_QUANT_ATTENTION_BOUNDS __launch_bounds__(kMaxThreads)
+#endif
+
+// Bytes of one warp's sub-chunk in a pipeline stage: code tiles [32 tokens][head_dim/2] of every
+// plane read (keys then values), the key group's scale/min [head_dim] and the tokens' value
+// scale/min [32][ng] (fp16). Every part is a multiple of 128 bytes.
+constexpr int mma_sub_bytes(int head_dim, bool int8, int ng) {
+  return 2 * (int8 ? 2 : 1) * kSubTokens * head_dim / 2 + 4 * head_dim + 4 * kSubTokens * ng;
+}
+
+// Everything the kernel reads (by value).
+struct Params {
+  QuantAttentionArgs a;
+  int group;         // query heads per kv head
+  int nq;            // query vectors per kv head: group * m
+  int tiles;         // query tiles per block (QT)
+  int slices;        // warps per query tile (TS), each on its own part of the split
+  int fp_split_len;  // split x: full-precision rows [fp_begin + x * len, +len), below fp_end
+  int fp_begin;
+  int fp_end;
+  int q_split_len;  // split x: quantized positions [x * len, +len), below q_end
+  int q_end;
+  int q_smem_bytes;   // the query tile; the pipeline stages and the merge buffer follow
+  int stage_bytes;    // slices * mma_sub_bytes (tensor-core path), else 0
+  float* partial_o;   // [splits, m * num_heads, head_dim]
+  float* partial_ml;  // [splits, m * num_heads, 2]
+};
+
+// ---- device helpers -------------------------------------------------------------------------
+
+__device__ __forceinline__ int quant_boundary_dev(int t, int G) {
+  return t >= 2 * G ? G * (t / G - 1) : 0;
+}
+
+// 2^e as a float, e in [-126, 127].
+__device__ __forceinline__ float exp2i(int e) {
+  return __int_as_float((e + 127) << 23);
+}
+
+__device__ __forceinline__ float merge_weight(float m_part, float m_total) {
+  return m_part == kNegInf ? 0.0f : exp2f(m_part - m_total);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// Four 8x8 b16 matrices; lane i supplies the row address of row i % 8 of matrix i / 8.
+template <bool kTrans>
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&d)[4]) {
+  if constexpr (kTrans) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(addr)
+                 : "memory");
+  } else {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(d[0]), "=r"(d[1]), "=r"(d[2]), "=r"(d[3])
+                 : "r"(addr)
+                 : "memory");
+  }
+}
+
+// d += A B, m16n8k16, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                        uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// The 8x8 b16 matrix whose row lane/4, columns 2(lane%4) and +1 this lane holds, transposed.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
+  return y;
+}
+
+// {a, b} (a in the low half) as f16 hi + lo: hi = f16(a), lo = f16(a - hi). For |a| < 2^14 and
+// a not tiny, hi + lo has ~22 significant bits.
+__device__ __forceinline__ void split_f16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+// Two code bytes of `bytes` (picked by a prmt selector that interleaves them with 0x64) as the
+// f16x2 {byte, byte} - bias: exact small integers.
+__device__ __forceinline__ uint32_t codes_to_f16x2(uint32_t bytes, uint32_t sel, uint32_t bias) {
+  const uint32_t h = __byte_perm(bytes, 0x64646464u, sel);
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(bias));
+  return r;
+}
+
+// Four bytes of packed codes (byte i: channel 2i in the low nibble, 2i+1 in the high nibble; for
+// INT8 the same bytes of both planes) as the full codes of the even channels (byte i = channel 2i)
+// and of the odd channels: U (INT4) or 16U + (L + 8) (INT8).
+template <bool INT8>
+__device__ __forceinline__ void codes_even_odd(uint32_t up, uint32_t lo, uint32_t& even,
+                                               uint32_t& odd) {
+  if constexpr (INT8) {
+    even = ((up << 4) & 0xF0F0F0F0u) | (lo & 0x0F0F0F0Fu);
+    odd = (up & 0xF0F0F0F0u) | ((lo >> 4) & 0x0F0F0F0Fu);
+  } else {
+    (void)lo;
+    even = up & 0x0F0F0F0Fu;
+    odd = (up >> 4) & 0x0F0F0F0Fu;
+  }
+}
+
+// Full sum over the warp of v[j] for the query j = lane / (32 / N) of this lane: a butterfly that
+// halves the values a lane carries at each of its first log2(N) steps (N = 4 or 8).
+template <int N>
+__device__ __forceinline__ float transpose_reduce(float (&v)[N]) {
+  const int lane = threadIdx.x & 31;
+  int off = 16;
+#pragma unroll
+  for (int n = N; n > 1; n /= 2, off /= 2) {
+    const bool upper = (lane & off) != 0;
+#pragma unroll
+    for (int i = 0; i < n / 2; ++i) {
+      const float keep = upper ? v[n / 2 + i] : v[i];
+      const float send = upper ? v[i] : v[n / 2 + i];
+      v[i] = keep + __shfl_xor_sync(kFullMask, send, off);
+    }
+  }
+#pragma unroll
+  for (; off > 0; off /= 2) v[0] += __shfl_xor_sync(kFullMask, v[0], off);
+  return v[0];
+}
+
+template <int N>
+__device__ __forceinline__ void load_f32(const float* p, float (&x)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(p) + i);
+      x[4 * i] = f.x, x[4 * i + 1] = f.y, x[4 * i + 2] = f.z, x[4 * i + 3] = f.w;
+    }
+  } else if constexpr (N == 2) {
+    const float2 f = __ldg(reinterpret_cast<const float2*>(p));
+    x[0] = f.x, x[1] = f.y;
+  } else {
+    x[0] = __ldg(p);
+  }
+}
+
+// The 4-bit codes of this lane's C channels [lane*C, +C) in a packed row, code c in bits 4c.
+template <int C>
+__device__ __forceinline__ uint32_t lane_codes(const uint8_t* row, int lane) {
+  if constexpr (C == 1) {
+    return (static_cast<uint32_t>(__ldg(row + (lane >> 1))) >> ((lane & 1) * 4)) & 0xFu;
+  } else if constexpr (C == 2) {
+    return __ldg(row + lane);
+  } else if constexpr (C == 4) {
+    return __ldg(reinterpret_cast<const uint16_t*>(row) + lane);
+  } else {
+    static_assert(C == 8, "head_dim 32..256");
+    return __ldg(reinterpret_cast<const uint32_t*>(row) + lane);
+  }
+}
+
+__device__ __forceinline__ float fp16_at(const uint16_t* p, int64_t i) {
+  return __half2float(__ushort_as_half(__ldg(p + i)));
+}
+
+// ---- CUDA-core path -------------------------------------------------------------------------
+
+// Full-precision rows of one kv head: this lane's channels of position t.
+template <int HD>
+struct FpRows {
+  static constexpr int kC = HD / 32;
+  const float* k;  // at kv head, lane channels, position fp_base
+  const float* v;
+  int64_t stride;
+  int base;
+
+  __device__ void load(int t, float (&kx)[kC], float (&vx)[kC]) const {
+    const int64_t off = static_cast<int64_t>(t - base) * stride;
+    load_f32<kC>(k + off, kx);
+    load_f32<kC>(v + off, vx);
+  }
+};
+
+// Quantized rows of one kv head, dequantized as the CPU reference does (kv_quant.h: the products
+// are exact, so the values are bit-identical with or without FMA).
+template <int HD, bool INT8>
+struct QuantRows {
+  static constexpr int kC = HD / 32;
+  const uint8_t* ku;  // planes at kv head, token 0
+  const uint8_t* kl;
+  const uint8_t* vu;
+  const uint8_t* vl;
+  const uint16_t* ks;  // key scale/min at kv head, group 0
+  const uint16_t* km;
+  const uint16_t* vs;  // value scale/min at kv head, token 0
+  const uint16_t* vm;
+  int G;
+  int gv;  // channels per value group
+  int ng;  // value groups per token
+
+  __device__ void load(int t, float (&kx)[kC], float (&vx)[kC]) const {
+    const int lane = threadIdx.x & 31;
+    const int64_t row = static_cast<int64_t>(t) * (HD / 2);
+    const uint32_t k_up = lane_codes<kC>(ku + row, lane);
+    const uint32_t v_up = lane_codes<kC>(vu + row, lane);
+    uint32_t k_lo = 0, v_lo = 0;
+    if constexpr (INT8) {
+      k_lo = lane_codes<kC>(kl + row, lane);
+      v_lo = lane_codes<kC>(vl + row, lane);
+    }
+    const int64_t kmeta = static_cast<int64_t>(t / G) * HD;
+    const int64_t vmeta = static_cast<int64_t>(t) * ng;
+#pragma unroll
+    for (int c = 0; c < kC; ++c) {
+      const int d = (threadIdx.x & 31) * kC + c;
+      const int g = d / gv;
+      const float k_s = fp16_at(ks, kmeta + d), k_m = fp16_at(km, kmeta + d);
+      const float v_s = fp16_at(vs, vmeta + g), v_m = fp16_at(vm, vmeta + g);
+      const int ku_c = (k_up >> (4 * c)) & 0xF, vu_c = (v_up >> (4 * c)) & 0xF;
+      if constexpr (INT8) {
+        const int kq = 16 * ku_c + static_cast<int>((k_lo >> (4 * c)) & 0xF) - 8;
+        const int vq = 16 * vu_c + static_cast<int>((v_lo >> (4 * c)) & 0xF) - 8;
+        kx[c] = static_cast<float>(kq) * (k_s * 0.0625f) + k_m;
+        vx[c] = static_cast<float>(vq) * (v_s * 0.0625f) + v_m;
+      } else {
+        kx[c] = static_cast<float>(ku_c) * k_s + k_m;
+        vx[c] = static_cast<float>(vu_c) * v_s + v_m;
+      }
+    }
+  }
+};
+
+// A warp's online-softmax state over QW query vectors; lane holds channels [lane*kC, +kC) of
+// every query and the (m, l) of query lane / kLanesPerQuery, whose visible positions are
+// [lo, hi].
+template <int HD, int QW>
+struct RowPath {
+  static constexpr int kC = HD / 32;
+  static constexpr int kLanesPerQuery = 32 / QW;
+  static constexpr int kQStride = HD + kQPad;
+
+  float qr[QW][kC];
+  float o[QW][kC];
+  float m_run;
+  float l_run;
+  int lo;
+  int hi;
+
+  // q_tile: [QW][kQStride] pre-scaled queries of this warp.
+  __device__ void init(const float* q_tile, int lo_, int hi_) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < QW; ++j) {
+#pragma unroll
+      for (int c = 0; c < kC; ++c) {
+        qr[j][c] = q_tile[j * kQStride + lane * kC + c];
+        o[j][c] = 0.0f;
+      }
+    }
+    m_run = kNegInf;
+    l_run = 0.0f;
+    lo = lo_;
+    hi = hi_;
+  }
+
+  // Positions [begin, end), this warp taking every `slices`-th one from begin + slice, U rows
+  // (loads in flight) per step.
+  template <int U, class Rows>
+  __device__ void run(const Rows& rows, int begin, int end, int slice, int slices) {
+    constexpr int kRowUnroll = U;
+    for (int t0 = begin + slice; t0 < end; t0 += kRowUnroll * slices) {
+      float kx[kRowUnroll][kC], vx[kRowUnroll][kC];
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        const int t = t0 + u * slices;
+        if (t < end) {
+          rows.load(t, kx[u], vx[u]);
+        } else {
+#pragma unroll
+          for (int c = 0; c < kC; ++c) kx[u][c] = vx[u][c] = 0.0f;
+        }
+      }
+      float sc[kRowUnroll];
+      float cmax = kNegInf;
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) {
+        float part[QW];
+#pragma unroll
+        for (int j = 0; j < QW; ++j) {
+          float s = 0.0f;
+#pragma unroll
+          for (int c = 0; c < kC; ++c) s = fmaf(qr[j][c], kx[u][c], s);
+          part[j] = s;
+        }
+        sc[u] = transpose_reduce<QW>(part);
+        const int t = t0 + u * slices;
+        if (t >= end || t < lo || t > hi) sc[u] = kNegInf;
+        cmax = fmaxf(cmax, sc[u]);
+      }
+      const float m_new = fmaxf(m_run, cmax);
+      float corr = 1.0f, p[kRowUnroll], p_sum = 0.0f;
+#pragma unroll
+      for (int u = 0; u < kRowUnroll; ++u) p[u] = 0.0f;
+      if (m_new != kNegInf) {
+        corr = exp2f(m_run - m_new);
+#pragma unroll
+        for (int u = 0; u < kRowUnroll; ++u) {
+          p[u] = exp2f(sc[u] - m_new);
+          p_sum += p[u];
+        }
+      }
+      l_run = l_run * corr + p_sum;
+      m_run = m_new;
+#pragma unroll
+      for (int j = 0; j < QW; ++j) {
+        const int src = j * kLanesPerQuery;
+        const float cj = __shfl_sync(kFullMask, corr, src);
+        float pj[kRowUnroll];
+#pragma unroll
+        for (int u = 0; u < kRowUnroll; ++u) pj[u] = __shfl_sync(kFullMask, p[u], src);
+#pragma unroll
+        for (int c = 0; c < kC; ++c) {
+          float acc = o[j][c] * cj;
+#pragma unroll
+          for (int u = 0; u < kRowUnroll; ++u) acc = fmaf(pj[u], vx[u][c], acc);
+          o[j][c] = acc;
+        }
+      }
+    }
+  }
+
+  // o_s: [QW][HD], ml_s: [QW][2] of this warp's tile.
+  __device__ void store(float* o_s, float* ml_s) const {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < QW; ++j) {
+#pragma unroll
+      for (int c = 0; c < kC; ++c) o_s[j * HD + lane * kC + c] = o[j][c];
+    }
+    if (lane % kLanesPerQuery == 0) {
+      const int j = lane / kLanesPerQuery;
+      ml_s[2 * j] = m_run;
+      ml_s[2 * j + 1] = l_run;
+    }
+  }
+};
+
+// ---- tensor-core path -----------------------------------------------------------------------
+
+// One warp: 8 query vectors (tile columns), lane = (r, c) = (lane / 4, lane % 4) in mma terms.
+// Fragment maps (channel offsets within a 16-byte unit u = 32 channels of a code row):
+//  - key k-step (u, h): k-slots 2c, 2c+1, 2c+8, 2c+9 are channels 32u + 8c + 4h + {0, 2, 1, 3};
+//  - value m-tile (u, p): rows r, r+8 are channels 32u + 4r + 2p and 32u + 4r + 2p + 1;
+//  - tokens are in natural order in both products.
+template <int HD, bool INT8, int NG>
+struct MmaPath {
+  static constexpr int R = HD / 32;               // 16-byte units per code row per plane
+  static constexpr int RB = HD / 2;               // bytes per code row per plane
+  static constexpr int KP = INT8 ? 2 : 1;         // planes per tensor
+  static constexpr int kTile = kSubTokens * RB;   // one plane of a sub-chunk
+  static constexpr int kKMeta = 2 * KP * kTile;   // key scale [HD], then min [HD]
+  static constexpr int kVMeta = kKMeta + 4 * HD;  // value scale [32][NG], then min [32][NG]
+  static constexpr int kBytes = kVMeta + 4 * kSubTokens * NG;
+  static constexpr int kUnitsPerGroup = R / NG;  // code units (32 channels) per value group
+  static constexpr int kQStride = HD + kQPad;
+  static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
+  static constexpr uint32_t kBias = INT8 ? 0x64086408u : 0x64006400u;  // f16x2 1032 / 1024
+  static_assert(R == 2 || R == 4, "head_dim 64 or 128");
+  static_assert(NG >= 1 && R % NG == 0, "value groups of 32, 64 or 128 channels");
+  static_assert(mma_sub_bytes(HD, INT8, NG) == kBytes, "stage layout");
+
+  uint32_t bq_hi[R][2][2], bq_lo[R][2][2];  // folded queries, k-step (u, h), {b0, b1}
+  float inv_f[2], qm[2];                    // 2^-F and q.min of queries 2c, 2c+1
+  float o[R][2][4];                         // O^T m-tiles (u, p), scaled by 2^E
+  float m_run[2], l_part[2], acc_min[2][NG];
+  int e_run;
+  int bq[2];  // quantized positions [0, bq) visible to queries 2c, 2c+1
+
+  // Row swizzle of the 16-byte units of a code tile: the 8 rows an ldmatrix reads hit 8
+  // different bank groups.
+  static __device__ __forceinline__ int swz(int tok) { return (tok / (8 / R)) % R; }
+
+  __device__ void init(int b0, int b1) {
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+#pragma unroll
+      for (int p = 0; p < 2; ++p) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) o[u][p][i] = 0.0f;
+      }
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      m_run[k] = kNegInf;
+      l_part[k] = 0.0f;
+#pragma unroll
+      for (int g = 0; g < NG; ++g) acc_min[k][g] = 0.0f;
+    }
+    e_run = 64;  // above any step's bound (<= 41): the first scaled step sets it
+    bq[0] = b0;
+    bq[1] = b1;
+  }
+
+  // Folds the query of column r (q_row: [HD] pre-scaled) with a key group's scale/min.
+  __device__ void fold_queries(const float* q_row, const __half* k_scale, const __half* k_min) {
+    const int lane = threadIdx.x & 31, c = lane & 3;
+    float x[R][8];
+    float amax = 0.0f, qmp = 0.0f;
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      const int d0 = 32 * u + 8 * c;
+      const float4 q0 = *reinterpret_cast<const float4*>(q_row + d0);
+      const float4 q1 = *reinterpret_cast<const float4*>(q_row + d0 + 4);
+      const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+      const uint4 sr = *reinterpret_cast<const uint4*>(k_scale + d0);
+      const uint4 mr = *reinterpret_cast<const uint4*>(k_min + d0);
+      const uint32_t sw[4] = {sr.x, sr.y, sr.z, sr.w}, mw[4] = {mr.x, mr.y, mr.z, mr.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 s2 = __half22float2(*reinterpret_cast<const __half2*>(&sw[i]));
+        const float2 m2 = __half22float2(*reinterpret_cast<const __half2*>(&mw[i]));
+        x[u][2 * i] = qv[2 * i] * (s2.x * kStepMul);
+        x[u][2 * i + 1] = qv[2 * i + 1] * (s2.y * kStepMul);
+        qmp = fmaf(qv[2 * i], m2.x, qmp);
+        qmp = fmaf(qv[2 * i + 1], m2.y, qmp);
+        amax = fmaxf(amax, fmaxf(fabsf(x[u][2 * i]), fabsf(x[u][2 * i + 1])));
+      }
+    }
+    // The four lanes of column r hold all of its channels.
+    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+    qmp += __shfl_xor_sync(kFullMask, qmp, 1);
+    qmp += __shfl_xor_sync(kFullMask, qmp, 2);
+    const int f = amax > 0.0f ? max(-100, min(100, 13 - ilogbf(amax))) : 0;
+    const float sf = exp2i(f);
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        split_f16x2(x[u][4 * h] * sf, x[u][4 * h + 2] * sf, bq_hi[u][h][0], bq_lo[u][h][0]);
+        split_f16x2(x[u][4 * h + 1] * sf, x[u][4 * h + 3] * sf, bq_hi[u][h][1], bq_lo[u][h][1]);
+      }
+    }
+    // Columns 2c and 2c+1 are folded by lanes 8c and 8c + 4.
+    const float isf = exp2i(-f);
+    inv_f[0] = __shfl_sync(kFullMask, isf, 8 * c);
+    inv_f[1] = __shfl_sync(kFullMask, isf, 8 * c + 4);
+    qm[0] = __shfl_sync(kFullMask, qmp, 8 * c);
+    qm[1] = __shfl_sync(kFullMask, qmp, 8 * c + 4);
+  }
+
+  // Code words of one plane tile for tokens [16 step, +16): w[j][u] = this lane's 32 bits of
+  // 16-byte unit u of token 16 step + 8 j + (kTrans ? rows 2c, 2c+1 : row r).
+  template <bool kTrans>
+  static __device__ void load_words(uint32_t tile, int step, uint32_t (&w)[2][R]) {
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int x = 0; x < 2 * R / 4; ++x) {
+      const int mi = 4 * x + (lane >> 3);
+      const int j = mi / R, u = mi % R;
+      const int tok = 16 * step + 8 * j + (lane & 7);
+      uint32_t d[4];
+      ldsm_x4<kTrans>(tile + tok * RB + 16 * (u ^ swz(tok)), d);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[(4 * x + k) / R][(4 * x + k) % R] = d[k];
+    }
+  }
+
+  // One sub-chunk (32 tokens from t_sub) in shared memory. q_row: this lane's column r query.
+  __device__ void process(const unsigned char* sub, bool new_group, int t_sub, const float* q_row) {
+    const int lane = threadIdx.x & 31, r = lane >> 2;
+    if (new_group) {
+      const __half* ksc = reinterpret_cast<const __half*>(sub + kKMeta);
+      fold_queries(q_row, ksc, ksc + HD);
+    }
+    const uint32_t base = smem_u32(sub);
+
+    // Scores of the 32 tokens: s[step][i], i = (token r | 8 + r) x (query 2c | 2c + 1).
+    float s[2][4];
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      uint32_t wu[2][R], wl[2][R];
+      load_words<false>(base, st, wu);
+      if constexpr (INT8) load_words<false>(base + kTile, st, wl);
+      float acc_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int u = 0; u < R; ++u) {
+        uint32_t ev[2], od[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          codes_even_odd<INT8>(wu[j][u], INT8 ? wl[j][u] : 0u, ev[j], od[j]);
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t sel = h ? 0x4342u : 0x4140u;
+          const uint32_t a0 = codes_to_f16x2(ev[0], sel, kBias);
+          const uint32_t a1 = codes_to_f16x2(ev[1], sel, kBias);
+          const uint32_t a2 = codes_to_f16x2(od[0], sel, kBias);
+          const uint32_t a3 = codes_to_f16x2(od[1], sel, kBias);
+          mma_f16(acc_hi, a0, a1, a2, a3, bq_hi[u][h][0], bq_hi[u][h][1]);
+          mma_f16(acc_lo, a0, a1, a2, a3, bq_lo[u][h][0], bq_lo[u][h][1]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = i & 1;
+        const int tok = t_sub + 16 * st + 8 * (i >> 1) + r;
+        s[st][i] = tok < bq[k] ? (acc_hi[i] + acc_lo[i]) * inv_f[k] + qm[k] : kNegInf;
+      }
+    }
+
+    // Online softmax per query column (the 8 lanes of a column share its state).
+    float corr[2], p[2][4];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float mx = fmaxf(fmaxf(s[0][k], s[0][k + 2]), fmaxf(s[1][k], s[1][k + 2]));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 16));
+      const float m_new = fmaxf(m_run[k], mx);
+      if (m_new == kNegInf) {
+        corr[k] = 1.0f;
+        p[0][k] = p[0][k + 2] = p[1][k] = p[1][k + 2] = 0.0f;
+      } else {
+        corr[k] = exp2f(m_run[k] - m_new);
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+          p[st][k] = exp2f(s[st][k] - m_new);
+          p[st][k + 2] = exp2f(s[st][k + 2] - m_new);
+        }
+      }
+      m_run[k] = m_new;
+      l_part[k] = l_part[k] * corr[k] + ((p[0][k] + p[0][k + 2]) + (p[1][k] + p[1][k + 2]));
+    }
+
+    // Value metadata of this lane's tokens 16 st + 8 jb + r.
+    const __half* vsc = reinterpret_cast<const __half*>(sub + kVMeta);
+    const __half* vmn = vsc + kSubTokens * NG;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+      for (int g = 0; g < NG; ++g) acc_min[k][g] *= corr[k];
+    }
+    float vstep[2][2][NG];
+    float vmax = 0.0f;
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+#pragma unroll
+      for (int jb = 0; jb < 2; ++jb) {
+        const int tl = 16 * st + 8 * jb + r;
+#pragma unroll
+        for (int g = 0; g < NG; ++g) {
+          vstep[st][jb][g] = __half2float(vsc[tl * NG + g]) * kStepMul;
+          vmax = fmaxf(vmax, vstep[st][jb][g]);
+          const float vm = __half2float(vmn[tl * NG + g]);
+#pragma unroll
+          for (int k = 0; k < 2; ++k) acc_min[k][g] = fmaf(p[st][2 * jb + k], vm, acc_min[k][g]);
+        }
+      }
+    }
+    // Scale of the value operand: the largest step * 2^E stays below 2^14 (E never grows, so
+    // earlier contributions are only ever scaled down, exactly).
+    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 4));
+    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 8));
+    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 16));
+    const int e_step = vmax > 0.0f ? 13 - ilogbf(vmax) : e_run;
+    const int e_new = min(e_run, e_step);
+    const float fe = exp2i(e_new - e_run);
+    e_run = e_new;
+    const float se = exp2i(e_new);
+    const float c0 = corr[0] * fe, c1 = corr[1] * fe;
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+#pragma unroll
+      for (int pp = 0; pp < 2; ++pp) {
+        o[u][pp][0] *= c0;
+        o[u][pp][1] *= c1;
+        o[u][pp][2] *= c0;
+        o[u][pp][3] *= c1;
+      }
+    }
+
+    // O^T += V^T P^T, 16 tokens per k-step.
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      uint32_t bh[NG][2], bl[NG][2];
+#pragma unroll
+      for (int g = 0; g < NG; ++g) {
+#pragma unroll
+        for (int jb = 0; jb < 2; ++jb) {
+          const float w = vstep[st][jb][g];
+          uint32_t h, l;
+          split_f16x2(p[st][2 * jb] * w * se, p[st][2 * jb + 1] * w * se, h, l);
+          bh[g][jb] = movmatrix_trans(h);
+          bl[g][jb] = movmatrix_trans(l);
+        }
+      }
+      uint32_t wu[2][R], wl[2][R];
+      load_words<true>(base + KP * kTile, st, wu);
+      if constexpr (INT8) load_words<true>(base + (KP + 1) * kTile, st, wl);
+#pragma unroll
+      for (int u = 0; u < R; ++u) {
+        uint32_t ev[2], od[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j)
+          codes_even_odd<INT8>(wu[j][u], INT8 ? wl[j][u] : 0u, ev[j], od[j]);
+        const int g = u / kUnitsPerGroup;
+#pragma unroll
+        for (int pp = 0; pp < 2; ++pp) {
+          const uint32_t sel = pp ? 0x4341u : 0x4240u;
+          const uint32_t a0 = codes_to_f16x2(ev[0], sel, kBias);
+          const uint32_t a1 = codes_to_f16x2(od[0], sel, kBias);
+          const uint32_t a2 = codes_to_f16x2(ev[1], sel, kBias);
+          const uint32_t a3 = codes_to_f16x2(od[1], sel, kBias);
+          mma_f16(o[u][pp], a0, a1, a2, a3, bh[g][0], bh[g][1]);
+          mma_f16(o[u][pp], a0, a1, a2, a3, bl[g][0], bl[g][1]);
+        }
+      }
+    }
+  }
+
+  // o_s: [8][HD], ml_s: [8][2] of this warp's tile.
+  __device__ void store(float* o_s, float* ml_s) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) {
+        l_part[k] += __shfl_xor_sync(kFullMask, l_part[k], off);
+#pragma unroll
+        for (int g = 0; g < NG; ++g)
+          acc_min[k][g] += __shfl_xor_sync(kFullMask, acc_min[k][g], off);
+      }
+    }
+    const float ie = exp2i(-e_run);
+#pragma unroll
+    for (int u = 0; u < R; ++u) {
+      const int g = u / kUnitsPerGroup;
+#pragma unroll
+      for (int pp = 0; pp < 2; ++pp) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          const int ch = 32 * u + 4 * r + 2 * pp + (i >> 1);
+          const int q = 2 * c + (i & 1);
+          o_s[q * HD + ch] = o[u][pp][i] * ie + acc_min[i & 1][g];
+        }
+      }
+    }
+    if (r == 0) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        ml_s[2 * (2 * c + k)] = m_run[k];
+        ml_s[2 * (2 * c + k) + 1] = l_part[k];
+      }
+    }
+  }
+};
+
+template <bool INT8>
+__device__ __forceinline__ const uint8_t* plane_ptr(const QuantizedKvSegment& s, int pl) {
+  if constexpr (INT8) {
+    return pl == 0 ? s.key_upper : pl == 1 ? s.key_lower : pl == 2 ? s.value_upper : s.value_lower;
+  } else {
+    return pl == 0 ? s.key_upper : s.value_upper;
+  }
+}
+
+// A quantized split [begin, end) on tensor cores. Slice `ts` of the block's warps takes the
+// contiguous positions [begin + ts * len, +len), len = q_split_len / slices; all warps run the
+// same cp.async pipeline over the block's stages (every __syncthreads is reached by all).
+// `overlap()` runs once the first stages are in flight (the block's full-precision rows).
+template <int HD, bool INT8, int NG, class Overlap>
+__device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int end, int kvh,
+                                                int ts, int qv_warp, const float* q_warp,
+                                                unsigned char* stages, float* o_mine,
+                                                float* ml_mine, const Overlap& overlap) {
+  using M = MmaPath<HD, INT8, NG>;
+  const QuantAttentionArgs& a = p.a;
+  const int lane = threadIdx.x & 31, c = lane & 3;
+  const int G = a.seg.group_size;
+  const int64_t C = a.seg.capacity;
+  const int slice_len = p.q_split_len / p.slices;
+  auto subs = [&](int sl) {
+    const int b = begin + sl * slice_len, e = min(end, b + slice_len);
+    return e > b ? (e - b) / kSubTokens : 0;
+  };
+  const int n_steps = subs(0);
+  const int my_subs = subs(ts);
+  const int nthreads = blockDim.x;
+
+  // One stage: for every slice with a sub-chunk s, its code rows (contiguous in global memory:
+  // 16-byte unit e of the sub-chunk is token e / R, unit e % R, stored swizzled), the key
+  // group's scale/min where process() folds the queries again, and the tokens' value scale/min.
+  const uint8_t* planes[2 * M::KP];
+#pragma unroll
+  for (int pl = 0; pl < 2 * M::KP; ++pl) planes[pl] = plane_ptr<INT8>(a.seg, pl) + kvh * C * M::RB;
+  const uint16_t* k_scale = a.seg.key_scale + kvh * (C / G) * HD;
+  const uint16_t* k_min = a.seg.key_min + kvh * (C / G) * HD;
+  const uint16_t* v_scale = a.seg.value_scale + kvh * C * NG;
+  const uint16_t* v_min = a.seg.value_min + kvh * C * NG;
+  auto issue = [&](int s) {
+    if (s >= n_steps) return;
+    unsigned char* stage = stages + (s % kStages) * p.stage_bytes;
+    for (int sl = 0; sl < p.slices; ++sl) {
+      if (s >= subs(sl)) continue;
+      const int t_sub = begin + sl * slice_len + s * kSubTokens;
+      unsigned char* sub = stage + sl * M::kBytes;
+      for (int e = threadIdx.x; e < kSubTokens * M::R; e += nthreads) {
+        const int tok = e / M::R, u = e % M::R;
+        const int dst = tok * M::RB + 16 * (u ^ M::swz(tok));
+        const int64_t src = static_cast<int64_t>(t_sub) * M::RB + 16 * e;
+#pragma unroll
+        for (int pl = 0; pl < 2 * M::KP; ++pl) {
+          cp_async16(smem_u32(sub + pl * M::kTile + dst), planes[pl] + src);
+        }
+      }
+      if (s == 0 || t_sub % G == 0) {
+        for (int e = threadIdx.x; e < HD / 4; e += nthreads) {  // 2 arrays x HD/8 units
+          const int arr = e / (HD / 8), unit = e % (HD / 8);
+          cp_async16(smem_u32(sub + M::kKMeta + arr * 2 * HD + unit * 16),
+                     (arr ? k_min : k_scale) + static_cast<int64_t>(t_sub / G) * HD + unit * 8);
+        }
+      }
+      for (int e = threadIdx.x; e < 8 * NG; e += nthreads) {  // 2 arrays x 4 NG units
+        const int arr = e / (4 * NG), unit = e % (4 * NG);
+        cp_async16(smem_u32(sub + M::kVMeta + arr * 2 * kSubTokens * NG + unit * 16),
+                   (arr ? v_min : v_scale) + static_cast<int64_t>(t_sub) * NG + unit * 8);
+      }
+    }
+  };
+
+#pragma unroll
+  for (int s = 0; s < kStages - 1; ++s) {
+    issue(s);
+    cp_async_commit();
+  }
+  overlap();
+
+  M w;
+  {
+    int b[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int qv = qv_warp + 2 * c + k;
+      b[k] = qv < p.nq ? quant_boundary_dev(a.pos + qv / p.group, G) : 0;
+    }
+    w.init(b[0], b[1]);
+  }
+  const float* q_row = q_warp + (lane >> 2) * M::kQStride;
+  for (int s = 0; s < n_steps; ++s) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // stage s landed for all threads; stage s - 1 is free again
+    issue(s + kStages - 1);
+    cp_async_commit();
+    if (s < my_subs) {
+      const int t_sub = begin + ts * slice_len + s * kSubTokens;
+      w.process(stages + (s % kStages) * p.stage_bytes + ts * M::kBytes, s == 0 || t_sub % G == 0,
+                t_sub, q_row);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the quantized states are stored over the stages
+  w.store(o_mine, ml_mine);
+}
+
+// Grid: x = split, y = kv head, z = query group (tiles * QW query vectors of the kv head).
+// Split x reads the quantized positions [x * q_split_len, +q_split_len) below q_end and the
+// full-precision rows [fp_begin + x * fp_split_len, +fp_split_len) below fp_end (either may be
+// empty). Block: tiles * slices warps; warp (ts, qt) = (warp / tiles, warp % tiles) keeps one
+// state per kind, merged at the end with the other slices' states.
+template <int HD, bool INT8, int NG, bool kMma, int QW>
+__global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  constexpr int kQStride = HD + kQPad;
+  const QuantAttentionArgs& a = p.a;
+  const int kvh = blockIdx.y;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+  const int qt = warp % p.tiles, ts = warp / p.tiles;
+  const int block_qv = p.tiles * QW;
+  const int qv_block = blockIdx.z * block_qv;
+  const int G = a.seg.group_size;
+  float* q_s = reinterpret_cast<float*>(smem);  // [block_qv][kQStride]
+  // Then the pipeline stages, also the quantized states once the stages are consumed, then the
+  // full-precision states. A state region: o [slices][block_qv][HD], (m, l) [slices][block_qv][2].
+  unsigned char* stages = smem + p.q_smem_bytes;
+  const int state_floats = p.slices * block_qv * (HD + 2);
+  float* q_states = reinterpret_cast<float*>(stages);
+  float* fp_states = reinterpret_cast<float*>(
+      stages + max(kStages * p.stage_bytes, state_floats * static_cast<int>(sizeof(float))));
+  const int n_states = 2 * p.slices;  // (kind, slice): fp slices, then quantized slices
+  auto state_o = [&](int st) {
+    float* base = st < p.slices ? fp_states : q_states;
+    return base + (st % p.slices) * block_qv * HD;
+  };
+  auto state_ml = [&](int st) {
+    float* base = st < p.slices ? fp_states : q_states;
+    return base + p.slices * block_qv * HD + (st % p.slices) * block_qv * 2;
+  };
+
+  // The block's query vectors, pre-scaled to base-2 units; zeros past the last one.
+  const int64_t q_row_len = static_cast<int64_t>(a.num_heads) * HD;
+  for (int e = threadIdx.x; e < block_qv * HD; e += blockDim.x) {
+    const int j = e / HD, d = e % HD;
+    const int qv = qv_block + j;
+    float val = 0.0f;
+    if (qv < p.nq) {
+      const int row = qv / p.group, head = kvh * p.group + qv % p.group;
+      val = a.q[row * q_row_len + static_cast<int64_t>(head) * HD + d] * a.scale_log2;
+    }
+    q_s[j * kQStride + d] = val;
+  }
+  __syncthreads();
+
+  const int qv_warp = qv_block + qt * QW;
+  const float* q_warp = q_s + qt * QW * kQStride;
+  auto state = [&](int kind, float*& o_w, float*& ml_w) {
+    o_w = state_o(kind * p.slices + ts) + qt * QW * HD;
+    ml_w = state_ml(kind * p.slices + ts) + qt * QW * 2;
+  };
+  // This lane's query in the CUDA-core path.
+  const int qv_lane = qv_warp + lane / RowPath<HD, QW>::kLanesPerQuery;
+  const bool lane_valid = qv_lane < p.nq;
+  const int t_lane = a.pos + (lane_valid ? qv_lane / p.group : 0);
+  const int b_lane = lane_valid ? quant_boundary_dev(t_lane, G) : 0;
+
+  // Full-precision part of a query at t: [b(t), t].
+  auto fp_rows = [&]() {
+    const int begin = p.fp_begin + blockIdx.x * p.fp_split_len;
+    const int end = min(p.fp_end, begin + p.fp_split_len);
+    RowPath<HD, QW> w;
+    w.init(q_warp, lane_valid ? b_lane : 1, lane_valid ? t_lane : 0);
+    const int64_t off = static_cast<int64_t>(kvh) * HD + lane * (HD / 32);
+    const FpRows<HD> rows{a.k + off, a.v + off, a.row_stride, a.fp_base};
+    w.template run<fp_row_unroll<HD>()>(rows, begin, end, ts, p.slices);
+    float *o_w, *ml_w;
+    state(0, o_w, ml_w);
+    w.store(o_w, ml_w);
+  };
+
+  const int q_begin = blockIdx.x * p.q_split_len;
+  const int q_end = min(p.q_end, q_begin + p.q_split_len);
+  float *o_q, *ml_q;
+  state(1, o_q, ml_q);
+  if constexpr (kMma) {
+    quant_split_mma<HD, INT8, NG>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q, ml_q,
+                                  fp_rows);
+  } else {
+    fp_rows();
+    // Quantized part of a query at t: [0, b(t)).
+    RowPath<HD, QW> w;
+    w.init(q_warp, lane_valid ? 0 : 1, lane_valid ? b_lane - 1 : 0);
+    const int64_t C = a.seg.capacity;
+    const int64_t codes = static_cast<int64_t>(kvh) * C * (HD / 2);
+    const int gv = a.seg.value_group_size, ng = HD / gv;
+    const QuantRows<HD, INT8> rows{a.seg.key_upper + codes,
+                                   INT8 ? a.seg.key_lower + codes : nullptr,
+                                   a.seg.value_upper + codes,
+                                   INT8 ? a.seg.value_lower + codes : nullptr,
+                                   a.seg.key_scale + static_cast<int64_t>(kvh) * (C / G) * HD,
+                                   a.seg.key_min + static_cast<int64_t>(kvh) * (C / G) * HD,
+                                   a.seg.value_scale + static_cast<int64_t>(kvh) * C * ng,
+                                   a.seg.value_min + static_cast<int64_t>(kvh) * C * ng,
+                                   G,
+                                   gv,
+                                   ng};
+    w.template run<kQuantRowUnroll>(rows, q_begin, q_end, ts, p.slices);
+    w.store(o_q, ml_q);
+  }
+  __syncthreads();
+
+  // Merge the states and write this split's partial state of every valid query vector.
+  const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
+  for (int e = threadIdx.x; e < block_qv * HD; e += blockDim.x) {
+    const int j = e / HD, d = e % HD;
+    const int qv = qv_block + j;
+    if (qv >= p.nq) continue;
+    float m_tot = kNegInf;
+    for (int st = 0; st < n_states; ++st) m_tot = fmaxf(m_tot, state_ml(st)[2 * j]);
+    float l_tot = 0.0f, o_tot = 0.0f;
+    for (int st = 0; st < n_states; ++st) {
+      const float wgt = merge_weight(state_ml(st)[2 * j], m_tot);
+      l_tot += wgt * state_ml(st)[2 * j + 1];
+      o_tot += wgt * state_o(st)[j * HD + d];
+    }
+    const int row = qv / p.group, head = kvh * p.group + qv % p.group;
+    const int64_t slot =
+        static_cast<int64_t>(blockIdx.x) * num_qv + static_cast<int64_t>(row) * a.num_heads + head;
+    p.partial_o[slot * HD + d] = o_tot;
+    if (d == 0) {
+      p.partial_ml[slot * 2] = m_tot;
+      p.partial_ml[slot * 2 + 1] = l_tot;
+    }
+  }
+}
+
+// ---- host side ------------------------------------------------------------------------------
+
+std::mutex g_tuning_mu;
+QuantAttentionTuning g_tuning;
+
+struct KernelChoice {
+  const void* fn = nullptr;
+  bool mma = false;
+  int qw = 8;  // query vectors per warp
+  int ng = 0;  // value groups (tensor-core kernels)
+};
+
+template <int HD, bool INT8>
+KernelChoice mma_kernel(int ng) {
+  KernelChoice k;
+  k.mma = true;
+  k.qw = 8;
+  k.ng = ng;
+  if (ng == 1) {
+    k.fn = reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 1, true, 8>);
+  } else if (ng == 2) {
+    k.fn = reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 2, true, 8>);
+  } else if constexpr (HD == 128) {
+    QS_CHECK(ng == 4);
+    k.fn = reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 4, true, 8>);
+  }
+  QS_CHECK(k.fn != nullptr);
+  return k;
+}
+
+template <int HD, bool INT8>
+KernelChoice row_kernel() {
+  constexpr int qw = HD >= 256 ? 4 : 8;  // registers: qw * HD / 32 floats each of q and o
+  KernelChoice k;
+  k.fn = reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 0, false, qw>);
+  k.qw = qw;
+  return k;
+}
+
+// The tensor-core kernels need head_dim 64/128, value groups of whole 16-byte code units and key
+// groups of whole sub-chunks; everything else runs on CUDA cores (e.g. G = 8 in the model tests).
+template <bool INT8>
+KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores) {
+  if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
+    return hd == 64 ? mma_kernel<64, INT8>(hd / gv) : mma_kernel<128, INT8>(hd / gv);
+  }
+  switch (hd) {
+    case 32:
+      return row_kernel<32, INT8>();
+    case 64:
+      return row_kernel<64, INT8>();
+    case 128:
+      return row_kernel<128, INT8>();
+    case 256:
+      return row_kernel<256, INT8>();
+    default:
+      QS_CHECK_MSG(false, "quantized attention: unsupported head_dim");
+  }
+  return {};
+}
+
+KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores) {
+  const QuantizedKvSegment& s = a.seg;
+  return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores)
+                : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores);
+}
+
+// Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
+// after raising the kernel's dynamic shared memory limit when it needs more than 48 KiB.
+int blocks_per_sm(const void* fn, int threads, size_t smem) {
+  struct Entry {
+    const void* fn;
+    int threads;
+    size_t smem;
+    int blocks;
+  };
+  static std::mutex mu;
+  static std::vector<Entry> cache;
+  static std::vector<std::pair<const void*, size_t>> smem_limit;
+  std::lock_guard<std::mutex> lock(mu);
+  for (const Entry& e : cache) {
+    if (e.fn == fn && e.threads == threads && e.smem == smem) return e.blocks;
+  }
+  auto it = std::find_if(smem_limit.begin(), smem_limit.end(),
+                         [&](const auto& s) { return s.first == fn; });
+  const size_t have = it == smem_limit.end() ? size_t{48} << 10 : it->second;
+  if (smem > have) {
+    CUDA_CHECK(cudaFuncSetAttribute(fn, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    if (it == smem_limit.end()) {
+      smem_limit.emplace_back(fn, smem);
+    } else {
+      it->second = smem;
+    }
+  }
+  int blocks = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, fn, threads, smem));
+  cache.push_back({fn, threads, smem, blocks});
+  return blocks;
+}
+
+void check_args(const QuantAttentionArgs& a) {
+  const QuantizedKvSegment& s = a.seg;
+  QS_CHECK(a.m >= 1 && a.m <= kQuantAttentionMaxRows && a.pos >= 0);
+  QS_CHECK(a.num_kv_heads >= 1 && a.num_heads % a.num_kv_heads == 0);
+  QS_CHECK(a.num_kv_heads <= 65535);
+  QS_CHECK_MSG(attention_head_dim_supported(a.head_dim),
+               "quantized attention: unsupported head_dim");
+  const int G = s.group_size;
+  QS_CHECK_MSG(G > 0, "quantized attention: no key group size");
+  QS_CHECK_MSG(s.value_group_size > 0 && a.head_dim % s.value_group_size == 0,
+               "quantized attention: the value group size must divide head_dim");
+  QS_CHECK(s.capacity >= 0 && s.capacity % G == 0);
+  QS_CHECK_MSG(quant_boundary(a.pos + a.m - 1, G) <= s.capacity,
+               "quantized attention: the queries' boundary is past the quantized capacity");
+  QS_CHECK_MSG(a.fp_base >= 0 && a.fp_base <= quant_boundary(a.pos, G),
+               "attention: full-precision rows start after the quantization boundary");
+  QS_CHECK(a.row_stride >= static_cast<int64_t>(a.num_kv_heads) * a.head_dim);
+  QS_CHECK_MSG(a.row_stride % 4 == 0,
+               "quantized attention: KV row stride must be a multiple of 4 floats");
+  QS_CHECK(s.key_upper && s.value_upper && s.key_scale && s.key_min && s.value_scale &&
+           s.value_min);
+  QS_CHECK_MSG(!s.int8 || (s.key_lower && s.value_lower),
+               "quantized attention: the INT8 view needs both planes");
+  uintptr_t bits =
+      reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.out) |
+      reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v) |
+      reinterpret_cast<uintptr_t>(s.key_upper) | reinterpret_cast<uintptr_t>(s.value_upper) |
+      reinterpret_cast<uintptr_t>(s.key_scale) | reinterpret_cast<uintptr_t>(s.key_min) |
+      reinterpret_cast<uintptr_t>(s.value_scale) | reinterpret_cast<uintptr_t>(s.value_min);
+  if (s.int8) {
+    bits |= reinterpret_cast<uintptr_t>(s.key_lower) | reinterpret_cast<uintptr_t>(s.value_lower);
+  }
+  QS_CHECK_MSG(bits % 16 == 0,
+               "quantized attention: q, out, the KV rows and every plane/metadata array must be "
+               "16-byte aligned");
+}
+
+int64_t ceil_div(int64_t a, int64_t b) {
+  return (a + b - 1) / b;
+}
+
+}  // namespace
+
+// ---- API ------------------------------------------------------------------------------------
+
+void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  g_tuning = tuning;
+}
+
+QuantAttentionTuning quant_attention_tuning() {
+  std::lock_guard<std::mutex> lock(g_tuning_mu);
+  return g_tuning;
+}
+
+QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
+                                             const AttentionShape& shape, const KvView& kv,
+                                             float* out) {
+  QS_CHECK(kv.quantized != nullptr);
+  QS_CHECK_MSG(kv.selection == nullptr, "attention: a KV selection over a quantized history");
+  QS_CHECK_MSG(kv.length >= pos + m, "attention: the KV view does not cover the queries");
+  QuantAttentionArgs a;
+  a.q = q;
+  a.out = out;
+  a.k = kv.k;
+  a.v = kv.v;
+  a.row_stride = kv.row_stride;
+  a.fp_base = kv.fp_base;
+  a.seg = *kv.quantized;
+  a.m = m;
+  a.pos = pos;
+  a.num_heads = shape.num_heads;
+  a.num_kv_heads = shape.num_kv_heads;
+  a.head_dim = shape.head_dim;
+  a.scale_log2 = static_cast<float>(static_cast<double>(shape.scale) * M_LOG2E);
+  check_args(a);
+  return a;
+}
+
+QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms) {
+  check_args(a);
+  QS_CHECK(num_sms >= 1);
+  const QuantAttentionTuning tune = quant_attention_tuning();
+  const KernelChoice kc = choose_kernel(a, tune.tensor_cores);
+  QuantAttentionPlan pl;
+  pl.tensor_cores = kc.mma;
+  pl.queries_per_warp = kc.qw;
+  const int hd = a.head_dim, G = a.seg.group_size;
+  const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
+  const int64_t tiles = ceil_div(nq, kc.qw);
+  pl.query_groups = static_cast<int>(ceil_div(tiles, kMaxTiles));
+  QS_CHECK(pl.query_groups <= 65535);
+  pl.query_tiles = static_cast<int>(ceil_div(tiles, pl.query_groups));
+  pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
+  pl.threads = 32 * pl.query_tiles * pl.token_slices;
+  const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
+  const size_t q_bytes = (block_qv * (hd + kQPad) * sizeof(float) + 127) / 128 * 128;
+  const size_t stage_bytes =
+      kc.mma ? static_cast<size_t>(pl.token_slices) * mma_sub_bytes(hd, a.seg.int8, kc.ng) : 0;
+  const size_t state_bytes = pl.token_slices * block_qv * (hd + 2) * sizeof(float);
+  pl.smem_bytes = q_bytes + std::max(kStages * stage_bytes, state_bytes) + state_bytes;
+
+  // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
+  // each split also takes its share of the full-precision rows, at most kFpRowsPerWarp per warp
+  // (those rows are latency-bound: a few steps, overlapped with the pipeline's first stages).
+  const int b_min = quant_boundary(a.pos, G), b_max = quant_boundary(a.pos + a.m - 1, G);
+  const int64_t n_fp = static_cast<int64_t>(a.pos) + a.m - b_min;
+  const int64_t base = static_cast<int64_t>(a.num_kv_heads) * pl.query_groups;
+  const int64_t slots =
+      static_cast<int64_t>(num_sms) * std::max(1, blocks_per_sm(kc.fn, pl.threads, pl.smem_bytes));
+  const int64_t want = std::max<int64_t>(1, slots / base);
+  const int unit = kSubTokens * pl.token_slices;  // tensor-core sub-chunks of every slice
+  const int64_t q_max = ceil_div(b_max, unit);    // splits with a non-empty quantized range
+  int64_t splits =
+      std::max(std::min(want, q_max), ceil_div(n_fp, int64_t{kFpRowsPerWarp} * pl.token_slices));
+  if (tune.splits > 0) splits = tune.splits;
+  splits = std::clamp<int64_t>(splits, 1, std::max(q_max, n_fp));
+  pl.splits = static_cast<int>(splits);
+  pl.fp_split_len = static_cast<int>(ceil_div(n_fp, splits));
+  pl.q_split_len = b_max > 0 ? static_cast<int>(ceil_div(ceil_div(b_max, splits), unit) * unit) : 0;
+  pl.partial_floats = splits * a.m * a.num_heads * (hd + 2);
+  return pl;
+}
+
+void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
+                            float* partials, cudaStream_t stream) {
+  check_args(a);
+  const KernelChoice kc = choose_kernel(a, plan.tensor_cores);
+  QS_CHECK(kc.mma == plan.tensor_cores && kc.qw == plan.queries_per_warp);
+  QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
+  const int G = a.seg.group_size;
+  const int hd = a.head_dim;
+  const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
+
+  Params p{};
+  p.a = a;
+  p.group = a.num_heads / a.num_kv_heads;
+  p.nq = p.group * a.m;
+  p.tiles = plan.query_tiles;
+  p.slices = plan.token_slices;
+  p.fp_split_len = plan.fp_split_len;
+  p.fp_begin = quant_boundary(a.pos, G);
+  p.fp_end = a.pos + a.m;
+  p.q_split_len = plan.q_split_len;
+  p.q_end = quant_boundary(a.pos + a.m - 1, G);
+  const size_t block_qv = static_cast<size_t>(plan.query_tiles) * kc.qw;
+  p.q_smem_bytes = static_cast<int>((block_qv * (hd + kQPad) * sizeof(float) + 127) / 128 * 128);
+  p.stage_bytes = kc.mma ? plan.token_slices * mma_sub_bytes(hd, a.seg.int8, kc.ng) : 0;
+  p.partial_o = partials;
+  p.partial_ml = partials + plan.splits * num_qv * hd;
+  QS_CHECK(p.tiles * kc.qw * static_cast<int64_t>(plan.query_groups) >= p.nq);
+  QS_CHECK(p.fp_split_len >= 1 &&
+           static_cast<int64_t>(plan.splits) * p.fp_split_len >= p.fp_end - p.fp_begin);
+  QS_CHECK(p.q_end == 0 || (p.q_split_len > 0 && p.q_split_len % (kSubTokens * p.slices) == 0 &&
+                            static_cast<int64_t>(plan.splits) * p.q_split_len >= p.q_end));
+  QS_CHECK(!kc.mma || (p.q_end % kSubTokens == 0 && G % kSubTokens == 0));
+  QS_CHECK(plan.partial_floats >= plan.splits * num_qv * (hd + 2));
+  const size_t state_bytes = p.slices * block_qv * (hd + 2) * sizeof(float);
+  QS_CHECK(plan.smem_bytes >=
+           p.q_smem_bytes + std::max(kStages * static_cast<size_t>(p.stage_bytes), state_bytes) +
+               state_bytes);
+
+  blocks_per_sm(kc.fn, plan.threads, plan.smem_bytes);  // sets the shared memory limit
+  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(a.num_kv_heads),
+                  static_cast<unsigned>(plan.query_groups));
+  void* args[] = {&p};
+  CUDA_CHECK(cudaLaunchKernel(kc.fn, grid, dim3(plan.threads), args, plan.smem_bytes, stream));
+  CUDA_CHECK_LAUNCH(stream);
+
+  AttentionArgs c;
+  c.out = a.out;
+  c.partial_o = p.partial_o;
+  c.partial_ml = p.partial_ml;
+  c.m = a.m;
+  c.num_heads = a.num_heads;
+  c.num_kv_heads = a.num_kv_heads;
+  c.head_dim = hd;
+  c.num_splits = plan.splits;
+  launch_attention_combine(c, stream);
+}
+
+void add_quant_attention_read_bytes(int m, int pos, const AttentionShape& shape, const KvView& kv) {
+  if (kv.read_bytes == nullptr) return;
+  QS_CHECK(kv.quantized != nullptr);
+  const QuantizedKvSegment& s = *kv.quantized;
+  const int64_t hd = shape.head_dim, G = s.group_size, heads = shape.num_kv_heads;
+  const int64_t t_last = static_cast<int64_t>(pos) + m - 1;
+  const int64_t bq = quant_boundary(static_cast<int>(t_last), s.group_size);
+  KvReadBytes& rb = *kv.read_bytes;
+  const int64_t codes = heads * 2 * bq * (hd / 2);  // K and V rows of one plane
+  rb.upper += codes;
+  if (s.int8) rb.lower += codes;
+  const int64_t key_groups = (bq + G - 1) / G;
+  rb.meta += heads * (key_groups * 2 * 2 * hd + bq * 2 * 2 * (hd / s.value_group_size));
+  rb.fp += heads * 2 * (t_last + 1 - bq) * hd * static_cast<int64_t>(sizeof(float));
+}
+
+}  // namespace qs::cuda

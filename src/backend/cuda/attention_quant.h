@@ -1,0 +1,81 @@
+// Attention over the hierarchical quantized KV cache (DESIGN.md §2-3, docs/kv-format.md) on
+// CUDA: fused split-KV flash-decoding for m <= 16 query rows (a draft step, a verification
+// block). Internal to the CUDA backend: CudaBackend::attention calls it for a KvView with a
+// quantized segment; docs/cuda.md ("Quantized-KV attention") describes the kernels.
+//
+// Semantics are backend.h's (the CPU reference, backend/cpu/attention.cpp): query i at
+// t = pos + i reads positions [0, b(t)) through the quantized view (INT8: both planes; INT4
+// draft view: the upper plane only, no lower-plane byte is ever touched) and [b(t), t] from the
+// f32 full-precision rows, b = quant_boundary(t, G).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/backend.h"
+
+namespace qs::cuda {
+
+// One call of at most kQuantAttentionMaxRows query rows, as the kernels see it (device
+// pointers). Query vector qv of kv head h is (row qv / group, head h * group + qv % group).
+struct QuantAttentionArgs {
+  const float* q = nullptr;  // [m, num_heads * head_dim] f32
+  float* out = nullptr;      // [m, num_heads * head_dim] f32
+  const float* k = nullptr;  // full-precision rows: row r = position fp_base + r, post-RoPE
+  const float* v = nullptr;
+  int64_t row_stride = 0;  // floats between rows (multiple of 4)
+  int fp_base = 0;         // <= every query's boundary
+  QuantizedKvSegment seg;  // device pointers; key_lower / value_lower unused when !seg.int8
+  int m = 0;
+  int pos = 0;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  float scale_log2 = 0.0f;  // softmax scale * log2(e)
+};
+
+constexpr int kQuantAttentionMaxRows = 16;
+
+// The args of queries [pos, pos + m) of a backend.h attention call (m <= 16) over a KvView with
+// a quantized segment; checks the view (QS_CHECK: these are programming errors).
+QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
+                                             const AttentionShape& shape, const KvView& kv,
+                                             float* out);
+
+// How one call is cut into blocks (chosen by plan_attention_quant; pure data). Grid: x = split,
+// y = kv head, z = query group. Split x reads quantized positions [x * q_split_len, +q_split_len)
+// and full-precision rows [b(pos) + x * fp_split_len, +fp_split_len) (either may be empty).
+struct QuantAttentionPlan {
+  bool tensor_cores = false;  // quantized part on mma.sync (head_dim 64/128, Gv % 32 == 0)
+  int queries_per_warp = 8;   // query vectors per warp tile
+  int query_tiles = 1;        // warp tiles per block (QT)
+  int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
+  int query_groups = 1;       // blocks along grid z (query tiles beyond one block)
+  int splits = 1;             // blocks along grid x
+  int fp_split_len = 1;
+  int q_split_len = 0;  // a multiple of 32 * token_slices; 0 without a quantized history
+  int threads = 32;
+  size_t smem_bytes = 0;
+  int64_t partial_floats = 0;  // scratch for the split partials (o, then (max, sum))
+};
+
+QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms);
+
+// Runs the plan: the split kernel, then attention.cu's combine. partials: plan.partial_floats.
+void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
+                            float* partials, cudaStream_t stream);
+
+// Adds what an attention call over `kv` reads to kv.read_bytes exactly as the CPU backend
+// counts it (the last query of the call, all kv heads). No-op without read_bytes.
+void add_quant_attention_read_bytes(int m, int pos, const AttentionShape& shape, const KvView& kv);
+
+// Process-wide switches for tests and benchmarks (every variant computes the same function).
+struct QuantAttentionTuning {
+  bool tensor_cores = true;  // false: the CUDA-core path for every head_dim
+  int splits = 0;            // > 0: force the number of splits (clamped to the positions)
+};
+void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
+QuantAttentionTuning quant_attention_tuning();
+
+}  // namespace qs::cuda

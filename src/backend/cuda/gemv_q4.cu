@@ -1,0 +1,709 @@
+// The draft path's matmul over 4-bit group-wise weights (quant/weight_quant.h) for m <= 16 rows:
+// y = x W4^T (+ bias), bandwidth-bound on the packed codes, which are read exactly once for all
+// rows.
+//
+// Per output row n and group j of 128 columns, W4[n][c] = U[n][c] * s[n][j] + mn[n][j], so
+//   y[t][n] = sum_j ( s[n][j] * sum_{c in j} U[n][c] x[t][c]  +  mn[n][j] * sum_{c in j} x[t][c] ).
+// The inner sums run on tensor cores: the centred codes U - 8 (-8..7) are exact bf16 values
+// (A operand), each f32 activation is split into hi = bf16(x) and lo = bf16(x - hi) (B operand,
+// two MMAs, as the bf16 GEMV of gemv.cu), and the products are exact in the f32 accumulator. The
+// group sum is then scaled in f32 and the min term, (mn + 8 s) * sum(x), added from the f32 sum
+// of x over the group, so the result has the CPU reference's f32 accuracy: only the hi/lo pair's
+// representation error (at most 2^-16 of x) remains, and it multiplies the centred codes, whose
+// magnitude is about half that of the raw ones.
+//
+// Tiled layout (repacked at upload, see repack_q4_kernel): a warp owns RT tiles of 16 rows and a
+// contiguous range of groups. For one (tile, group) its lanes read 1024 contiguous bytes (two
+// 512-byte runs, 16 bytes per lane) and 64 bytes of metadata. Lane (g = lane/4, c = lane%4)
+// holds the 32 codes of row g and of row g + 8 that its MMA fragments need: for k16 step k
+// (0..7) the actual columns 16k + 4c + {0, 1, 2, 3}, which play the MMA's logical columns
+// {2c, 2c+1, 2c+8, 2c+9}. The same lane loads x[token g][16k + 4c .. +3] as one float4 for the
+// B fragment, so no shuffle or shared-memory staging is needed (the order of the columns inside
+// a dot product is free as long as A and B agree). Within a lane's 16 bytes, 32-bit word w holds
+// steps 2w and 2w+1 so that one mask-and-or per register makes two bf16 codes:
+//   nibble position (e & 1) * 4 + (k & 1) * 2 + (e >> 1) holds column 16k + 4c + e.
+// The warps of a block split the groups and are summed in shared memory; the bias is added in
+// that epilogue. The codes reach the registers either directly (one group loaded ahead) or through
+// a per-warp cp.async ring in shared memory (Q4GemvTuning::stages).
+//
+// Weights whose group size is not 128 keep the reference layout and run a plain FMA kernel
+// (correctness only; the draft weights use 128).
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_util.cuh"
+#include "backend/cuda/quant_ops.h"
+
+namespace qs::cuda {
+
+namespace {
+
+constexpr int kMaxRows = 16;                        // rows of x per launch
+constexpr int kQ4MaxWarps = 8;                      // warps per block splitting K
+constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
+constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
+constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
+
+Q4GemvTuning g_q4_tuning;
+
+// ---- device helpers ---------------------------------------------------------------------------
+
+// bf16x2 of n - 8 for the nibbles n at bits [0, 4) and [16, 20) of v: 128 + n by bit pattern
+// (bf16 0x4300 = 128, whose ulp is 1), then 136 subtracted (bf16 0xc308 = -136; exact).
+__device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t v) {
+  const uint32_t biased = (v & 0x000f000fu) | 0x43004300u;
+  uint32_t r;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(biased), "r"(0x3f803f80u), "r"(0xc308c308u));
+  return r;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+// (a, b) -> hi = bf16x2(a, b) and lo = bf16x2(a - hi.x, b - hi.y); a in the low half.
+__device__ __forceinline__ void split_pair(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __nv_bfloat162 h = __floats2bfloat162_rn(a, b);
+  const float2 hf = __bfloat1622float2(h);
+  hi = bf16x2_bits(h);
+  lo = bf16x2_bits(__floats2bfloat162_rn(__fsub_rn(a, hf.x), __fsub_rn(b, hf.y)));
+}
+
+// D += A(16x16, row) * B(16x8, col), bf16 inputs, f32 accumulate.
+__device__ __forceinline__ void mma_bf16_16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
+                                               uint32_t a3, uint32_t b0, uint32_t b1) {
+  asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// x[token][col .. col+3] (zeros past m or K). VEC: x 16-byte aligned and K % 4 == 0, so the
+// float4 is entirely inside or entirely outside the row.
+template <bool VEC>
+__device__ __forceinline__ float4 load_x4(const float* __restrict__ x, int token, int m, int64_t K,
+                                          int64_t col) {
+  float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (token >= m) return r;
+  const float* p = x + token * K + col;
+  if constexpr (VEC) {
+    if (col < K) r = __ldg(reinterpret_cast<const float4*>(p));
+  } else {
+    if (col < K) r.x = __ldg(p);
+    if (col + 1 < K) r.y = __ldg(p + 1);
+    if (col + 2 < K) r.z = __ldg(p + 2);
+    if (col + 3 < K) r.w = __ldg(p + 3);
+  }
+  return r;
+}
+
+// One (tile, group)'s codes (this lane's two 16-byte pieces) and metadata (8 bytes: half2
+// (scale, min) of row g, then of row g + 8); zeros for a tile past the matrix.
+template <int RT>
+__device__ __forceinline__ void load_group(const uint4* __restrict__ codes,
+                                           const uint2* __restrict__ meta, int64_t tile0,
+                                           int64_t tiles, int64_t groups, int64_t grp, int lane,
+                                           uint4 (&w)[RT][2], uint2 (&mm)[RT]) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const int64_t tile = tile0 + rt;
+    if (tile < tiles) {
+      const int64_t tg = tile * groups + grp;
+      const uint4* p = codes + tg * kPiecesPerTileGroup + lane;
+      w[rt][0] = load_stream_16(p);
+      w[rt][1] = load_stream_16(p + 32);
+      mm[rt] = __ldg(meta + tg * kMetaPerTileGroup + (lane >> 2));
+    } else {
+      w[rt][0] = w[rt][1] = make_uint4(0, 0, 0, 0);
+      mm[rt] = make_uint2(0, 0);
+    }
+  }
+}
+
+__device__ __forceinline__ float2 half2_bits_to_float2(uint32_t v) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+
+// The codes of one (tile, group) with the kernel's register prefetch, or copied into this lane's
+// slots of a shared-memory ring with cp.async (each lane copies and later reads only its own
+// 16-byte pieces and 8-byte meta entry, so a lane's cp.async.wait_group is all the
+// synchronization needed). A tile past the matrix reads as zeros (src-size 0).
+__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 16 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_8(void* smem, const void* gmem, bool valid) {
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;" ::"r"(dst), "l"(gmem),
+               "r"(valid ? 8 : 0)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
+// A warp's slots of the ring, per stage and tile: 64 code pieces (piece p of lane l at
+// p * 32 + l) and 32 meta entries.
+template <int RT>
+__device__ __forceinline__ void issue_group(uint4* ring_codes, uint2* ring_meta, int stage,
+                                            const uint4* __restrict__ codes,
+                                            const uint2* __restrict__ meta, int64_t tile0,
+                                            int64_t tiles, int64_t groups, int64_t grp, int lane) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const bool valid = tile0 + rt < tiles;
+    const int64_t tg = valid ? (tile0 + rt) * groups + grp : 0;
+    const uint4* src = codes + tg * kPiecesPerTileGroup + lane;
+    uint4* dst = ring_codes + (stage * RT + rt) * kPiecesPerTileGroup + lane;
+    cp_async_16(dst, src, valid);
+    cp_async_16(dst + 32, src + 32, valid);
+    cp_async_8(ring_meta + (stage * RT + rt) * 32 + lane,
+               meta + tg * kMetaPerTileGroup + (lane >> 2), valid);
+  }
+}
+
+// acc += this lane's share of the (RT tiles x NT token tiles) products with group `grp`, from
+// the group's codes cw (pieces for rows g, g + 8) and metadata cm.
+template <int RT, int NT, bool VEC_X>
+__device__ __forceinline__ void accumulate_group(const float* __restrict__ x, int m, int64_t K,
+                                                 int64_t grp, int lane, const uint4 (&cw)[RT][2],
+                                                 const uint2 (&cm)[RT], float (&acc)[RT][NT][4]) {
+  const int g = lane >> 2, c = lane & 3;
+  float gacc[RT][NT][4];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) {
+      gacc[rt][tt][0] = gacc[rt][tt][1] = gacc[rt][tt][2] = gacc[rt][tt][3] = 0.f;
+    }
+  }
+  float xsum[NT];
+#pragma unroll
+  for (int tt = 0; tt < NT; ++tt) xsum[tt] = 0.f;
+  const int64_t col0 = grp * kQ4TiledGroup + 4 * c;
+#pragma unroll
+  for (int k = 0; k < kStepsPerGroup; ++k) {
+    uint32_t bh0[NT], bh1[NT], bl0[NT], bl1[NT];
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) {
+      const float4 xv = load_x4<VEC_X>(x, tt * 8 + g, m, K, col0 + 16 * k);
+      xsum[tt] += (xv.x + xv.y) + (xv.z + xv.w);
+      split_pair(xv.x, xv.y, bh0[tt], bl0[tt]);
+      split_pair(xv.z, xv.w, bh1[tt], bl1[tt]);
+    }
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const int shift = (k & 1) * 8;
+      const uint32_t w0 = word_of(cw[rt][0], k / 2) >> shift;  // row g
+      const uint32_t w1 = word_of(cw[rt][1], k / 2) >> shift;  // row g + 8
+      const uint32_t a0 = nibbles_to_bf16x2(w0);               // row g, logical k 2c, 2c+1
+      const uint32_t a1 = nibbles_to_bf16x2(w1);               // row g+8, 2c, 2c+1
+      const uint32_t a2 = nibbles_to_bf16x2(w0 >> 4);          // row g, 2c+8, 2c+9
+      const uint32_t a3 = nibbles_to_bf16x2(w1 >> 4);          // row g+8, 2c+8, 2c+9
+#pragma unroll
+      for (int tt = 0; tt < NT; ++tt) {
+        mma_bf16_16816(gacc[rt][tt], a0, a1, a2, a3, bh0[tt], bh1[tt]);
+        mma_bf16_16816(gacc[rt][tt], a0, a1, a2, a3, bl0[tt], bl1[tt]);
+      }
+    }
+  }
+  // The group's sum of x per token: the 4 lanes of token g, then the tokens 2c and 2c + 1 of
+  // this lane's C fragment (held by lanes 8c and 8c + 4).
+  float xs_a[NT], xs_b[NT];
+#pragma unroll
+  for (int tt = 0; tt < NT; ++tt) {
+    float v = xsum[tt];
+    v += __shfl_xor_sync(kFullMask, v, 1);
+    v += __shfl_xor_sync(kFullMask, v, 2);
+    xs_a[tt] = __shfl_sync(kFullMask, v, 8 * c);
+    xs_b[tt] = __shfl_sync(kFullMask, v, 8 * c + 4);
+  }
+  // C fragment element r: row g + 8 * (r / 2), token 2c + (r % 2) of the token tile.
+  // W4 = U*s + mn = (U - 8)*s + (mn + 8s); 8s is exact, so mn + 8s rounds once.
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+    const float2 p0 = half2_bits_to_float2(cm[rt].x);  // (scale, min) of row g
+    const float2 p1 = half2_bits_to_float2(cm[rt].y);  // of row g + 8
+    const float c0 = fmaf(8.0f, p0.x, p0.y), c1 = fmaf(8.0f, p1.x, p1.y);
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) {
+      float* a = acc[rt][tt];
+      const float* ga = gacc[rt][tt];
+      a[0] = fmaf(c0, xs_a[tt], fmaf(p0.x, ga[0], a[0]));
+      a[1] = fmaf(c0, xs_b[tt], fmaf(p0.x, ga[1], a[1]));
+      a[2] = fmaf(c1, xs_a[tt], fmaf(p1.x, ga[2], a[2]));
+      a[3] = fmaf(c1, xs_b[tt], fmaf(p1.x, ga[3], a[3]));
+    }
+  }
+}
+
+// ---- kernels ------------------------------------------------------------------------------------
+
+// Block: (warps x 32) threads, RT tiles of 16 rows; NT tiles of 8 tokens (m <= 8 * NT).
+// x: [m, K] f32; codes/meta: the tiled layout; y: [m, N] f32.
+// STAGES == 0: the codes go through registers; with RT <= 2 the next group's are loaded while
+// the current one is computed (with RT = 4 the registers go to the wider tile instead).
+// STAGES > 0: a ring of STAGES groups per warp in dynamic shared memory filled by cp.async,
+// STAGES - 1 groups in flight while one is computed, no registers held for them.
+// Dynamic shared memory (q4_smem_bytes): the ring, warps * STAGES * RT * (1024 + 256) bytes,
+// which the cross-warp sum of the epilogue reuses; warps * RT * NT * 512 bytes for STAGES == 0.
+template <int RT, int NT, bool VEC_X, int STAGES>
+__global__ void __launch_bounds__(kQ4MaxWarps * 32, 2)
+    gemv_q4_tiled_kernel(const float* __restrict__ x, int m, int64_t K,
+                         const uint4* __restrict__ codes, const uint2* __restrict__ meta, int64_t N,
+                         int64_t tiles, int64_t groups, DeviceBias bias, float* __restrict__ y) {
+  extern __shared__ uint4 q4_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * RT;
+  const int64_t grp_begin = groups * warp / num_warps;
+  const int64_t grp_end = groups * (warp + 1) / num_warps;
+
+  float acc[RT][NT][4];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) {
+      acc[rt][tt][0] = acc[rt][tt][1] = acc[rt][tt][2] = acc[rt][tt][3] = 0.f;
+    }
+  }
+
+  uint4 cw[RT][2];
+  uint2 cm[RT];
+  if constexpr (STAGES == 0) {
+    constexpr bool kPrefetch = RT <= 2;
+    if (kPrefetch && grp_begin < grp_end) {
+      load_group<RT>(codes, meta, tile0, tiles, groups, grp_begin, lane, cw, cm);
+    }
+    for (int64_t grp = grp_begin; grp < grp_end; ++grp) {
+      uint4 nw[RT][2];
+      uint2 nm[RT];
+      const bool has_next = grp + 1 < grp_end;
+      if constexpr (kPrefetch) {
+        if (has_next) load_group<RT>(codes, meta, tile0, tiles, groups, grp + 1, lane, nw, nm);
+      } else {
+        load_group<RT>(codes, meta, tile0, tiles, groups, grp, lane, cw, cm);
+      }
+      accumulate_group<RT, NT, VEC_X>(x, m, K, grp, lane, cw, cm, acc);
+      if constexpr (kPrefetch) {
+        if (has_next) {
+#pragma unroll
+          for (int rt = 0; rt < RT; ++rt) {
+            cw[rt][0] = nw[rt][0];
+            cw[rt][1] = nw[rt][1];
+            cm[rt] = nm[rt];
+          }
+        }
+      }
+    }
+  } else {
+    // [warps][STAGES][RT][64] code pieces, then [warps][STAGES][RT][32] meta entries.
+    uint4* ring_codes = q4_smem + warp * (STAGES * RT * kPiecesPerTileGroup);
+    uint2* ring_meta =
+        reinterpret_cast<uint2*>(q4_smem + num_warps * STAGES * RT * kPiecesPerTileGroup) +
+        warp * (STAGES * RT * 32);
+    // Commit groups are counted per lane: one per prologue stage and per iteration (possibly
+    // empty), so "all but the newest STAGES - 1 complete" means group i has landed.
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (grp_begin + st < grp_end) {
+        issue_group<RT>(ring_codes, ring_meta, st, codes, meta, tile0, tiles, groups,
+                        grp_begin + st, lane);
+      }
+      cp_async_commit();
+    }
+    int stage = 0;
+    for (int64_t grp = grp_begin; grp < grp_end; ++grp) {
+      // The slot refilled here was read (into registers) in the previous iteration.
+      const int64_t ahead = grp + STAGES - 1;
+      if (ahead < grp_end) {
+        const int fill = stage == 0 ? STAGES - 1 : stage - 1;
+        issue_group<RT>(ring_codes, ring_meta, fill, codes, meta, tile0, tiles, groups, ahead,
+                        lane);
+      }
+      cp_async_commit();
+      cp_async_wait<STAGES - 1>();
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const uint4* src = ring_codes + (stage * RT + rt) * kPiecesPerTileGroup + lane;
+        cw[rt][0] = src[0];
+        cw[rt][1] = src[32];
+        cm[rt] = ring_meta[(stage * RT + rt) * 32 + lane];
+      }
+      accumulate_group<RT, NT, VEC_X>(x, m, K, grp, lane, cw, cm, acc);
+      stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();  // nothing may be left in flight into shared memory at exit
+  }
+
+  // Cross-warp sum: per warp its C fragments, [warps][RT][NT][32 lanes][4] floats (over the
+  // ring, once every warp is done with it).
+  float* partial = reinterpret_cast<float*>(q4_smem);
+  if constexpr (STAGES > 0) __syncthreads();
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        partial[(((warp * RT + rt) * NT + tt) * 32 + lane) * 4 + r] = acc[rt][tt][r];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < RT * NT * 128; e += blockDim.x) {
+    const int rt = e / (NT * 128), tt = (e / 128) % NT, l = (e / 4) % 32, r = e % 4;
+    float sum = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi * (RT * NT * 128) + e];
+    const int64_t row = (tile0 + rt) * 16 + (l >> 2) + 8 * (r >> 1);
+    const int token = tt * 8 + 2 * (l & 3) + (r & 1);
+    if (row < N && token < m) {
+      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      y[token * N + row] = sum;
+    }
+  }
+}
+
+// Reference layout, any group size: a warp per output row, lanes over columns, the weight
+// dequantized as the CPU does (w = U*s + mn, the product exact) and dotted in f32.
+constexpr int kSimtWarps = 8;
+
+__global__ void gemv_q4_simt_kernel(const float* __restrict__ x, int m, int64_t K,
+                                    const uint8_t* __restrict__ codes, int64_t row_bytes,
+                                    const uint16_t* __restrict__ scale,
+                                    const uint16_t* __restrict__ mins, int64_t groups,
+                                    int group_size, int64_t N, DeviceBias bias,
+                                    float* __restrict__ y) {
+  const int lane = threadIdx.x % 32;
+  const int64_t n = static_cast<int64_t>(blockIdx.x) * kSimtWarps + threadIdx.x / 32;
+  if (n >= N) return;  // whole warp
+  float acc[kMaxRows];
+#pragma unroll
+  for (int i = 0; i < kMaxRows; ++i) acc[i] = 0.0f;
+  const uint8_t* row = codes + n * row_bytes;
+  for (int64_t col = lane; col < K; col += 32) {
+    const uint32_t b = row[col >> 1];
+    const uint32_t u = (col & 1) ? (b >> 4) : (b & 0x0fu);
+    const int64_t j = n * groups + col / group_size;
+    const float s = __half2float(__ushort_as_half(scale[j]));
+    const float mn = __half2float(__ushort_as_half(mins[j]));
+    const float w = __fadd_rn(__fmul_rn(static_cast<float>(u), s), mn);
+#pragma unroll
+    for (int i = 0; i < kMaxRows; ++i) {
+      if (i < m) acc[i] = fmaf(w, x[i * K + col], acc[i]);
+    }
+  }
+  const float b = bias.data ? load_as_float(bias.data, bias.dtype, n) : 0.0f;
+#pragma unroll
+  for (int i = 0; i < kMaxRows; ++i) {
+    if (i < m) {
+      const float s = warp_sum(acc[i]);
+      if (lane == 0) y[i * N + n] = s + b;
+    }
+  }
+}
+
+// Reference layout -> tiled layout; a thread per 16-byte output piece (and, for the lanes with
+// c == 0 of piece 0, the meta entry of row pair g, g + 8).
+__global__ void repack_q4_kernel(const uint8_t* __restrict__ raw, int64_t row_bytes,
+                                 const uint16_t* __restrict__ scale,
+                                 const uint16_t* __restrict__ mins, int64_t rows, int64_t cols,
+                                 int64_t groups, int64_t tiles, uint4* __restrict__ out_codes,
+                                 uint2* __restrict__ out_meta) {
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= tiles * groups * kPiecesPerTileGroup) return;
+  const int lane = static_cast<int>(idx % 32);
+  const int piece = static_cast<int>((idx / 32) % 2);
+  const int64_t tg = idx / kPiecesPerTileGroup;
+  const int64_t tile = tg / groups, grp = tg % groups;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t row = tile * 16 + g + 8 * piece;
+  uint32_t words[4] = {0, 0, 0, 0};
+  if (row < rows) {
+    for (int k = 0; k < kStepsPerGroup; ++k) {
+      for (int e = 0; e < 4; ++e) {
+        const int64_t col = grp * kQ4TiledGroup + 16 * k + 4 * c + e;
+        if (col >= cols) continue;
+        const uint32_t b = raw[row * row_bytes + (col >> 1)];
+        const uint32_t u = (col & 1) ? (b >> 4) : (b & 0x0fu);
+        const int pos = (e & 1) * 4 + (k & 1) * 2 + (e >> 1);
+        words[k / 2] |= u << (4 * pos);
+      }
+    }
+  }
+  out_codes[idx] = make_uint4(words[0], words[1], words[2], words[3]);
+  if (piece == 0 && c == 0) {
+    uint32_t entry[2] = {0, 0};
+    for (int half = 0; half < 2; ++half) {
+      const int64_t r = tile * 16 + g + 8 * half;
+      if (r < rows) {
+        const int64_t j = r * groups + grp;
+        entry[half] = static_cast<uint32_t>(scale[j]) | (static_cast<uint32_t>(mins[j]) << 16);
+      }
+    }
+    out_meta[tg * kMetaPerTileGroup + g] = make_uint2(entry[0], entry[1]);
+  }
+}
+
+// ---- launchers ----------------------------------------------------------------------------------
+
+// One tiled launch's operands.
+struct TiledLaunch {
+  const float* x;
+  int m;
+  const DeviceWeight4* w;
+  DeviceBias bias;
+  float* y;
+  int warps;
+  cudaStream_t stream;
+};
+
+constexpr int kRingStages = 4;  // Q4GemvTuning::stages of the cp.async variant
+constexpr size_t kRingBytesPerTile =
+    kPiecesPerTileGroup * sizeof(uint4) + 32 * sizeof(uint2);  // per warp, stage and tile
+
+// Dynamic shared memory of a tiled launch: the cp.async ring, or the epilogue's partial sums.
+template <int RT, int NT, int STAGES>
+constexpr size_t q4_smem_bytes(int warps) {
+  const size_t ring = static_cast<size_t>(warps) * STAGES * RT * kRingBytesPerTile;
+  const size_t sums = static_cast<size_t>(warps) * RT * NT * 32 * 4 * sizeof(float);
+  return ring > sums ? ring : sums;
+}
+
+template <int RT, int NT, bool VEC_X, int STAGES>
+void launch_tiled(const TiledLaunch& l) {
+  const int64_t tiles = (l.w->rows + 15) / 16;
+  const int64_t blocks = (tiles + RT - 1) / RT;
+  QS_CHECK(blocks <= 0x7fffffff && l.warps >= 1 && l.warps <= kQ4MaxWarps);
+  auto* kernel = gemv_q4_tiled_kernel<RT, NT, VEC_X, STAGES>;
+  const size_t smem = q4_smem_bytes<RT, NT, STAGES>(l.warps);
+  if constexpr (STAGES > 0) {
+    // Above 48 KiB of dynamic shared memory a kernel must opt in (once per instantiation, for
+    // its largest block).
+    static const bool opted_in = [kernel] {
+      const int most = static_cast<int>(q4_smem_bytes<RT, NT, STAGES>(kQ4MaxWarps));
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+      return true;
+    }();
+    (void)opted_in;
+  }
+  kernel<<<static_cast<unsigned>(blocks), l.warps * 32, smem, l.stream>>>(
+      l.x, l.m, l.w->cols, reinterpret_cast<const uint4*>(l.w->codes),
+      reinterpret_cast<const uint2*>(l.w->meta), l.w->rows, tiles, l.w->groups, l.bias, l.y);
+  CUDA_CHECK_LAUNCH(l.stream);
+}
+
+template <int NT, bool VEC_X, int STAGES>
+void launch_tiled_rt(int rt, const TiledLaunch& l) {
+  if (rt == 4 && NT == 1) {
+    launch_tiled<4, 1, VEC_X, STAGES>(l);
+  } else if (rt >= 2) {
+    launch_tiled<2, NT, VEC_X, STAGES>(l);
+  } else {
+    launch_tiled<1, NT, VEC_X, STAGES>(l);
+  }
+}
+
+template <int NT, bool VEC_X>
+void launch_tiled_stages(int rt, int stages, const TiledLaunch& l) {
+  if (stages > 0) {
+    launch_tiled_rt<NT, VEC_X, kRingStages>(rt, l);
+  } else {
+    launch_tiled_rt<NT, VEC_X, 0>(rt, l);
+  }
+}
+
+// Tiles of 16 rows per warp: wide tiles share each activation fragment between more weight
+// rows (fewer instructions per code) but make fewer blocks; keep about a block per SM.
+int auto_row_tiles(int64_t tiles, int num_sms) {
+  if ((tiles + 3) / 4 >= 2 * int64_t{num_sms}) return 4;
+  if ((tiles + 1) / 2 >= int64_t{num_sms} * 7 / 8) return 2;
+  return 1;
+}
+
+// Warps splitting K: about 16 warps per SM in all, each with at least 2 groups.
+int auto_warps(int64_t blocks, int64_t groups, int num_sms) {
+  int warps = 1;
+  while (warps < kQ4MaxWarps && warps * blocks < int64_t{num_sms} * 16 && warps * 2 <= groups) {
+    warps *= 2;
+  }
+  return warps;
+}
+
+void upload_async(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
+  if (bytes > 0) CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream));
+}
+
+void free_weight(DeviceWeight4& d) {
+  if (d.codes) cudaFree(const_cast<uint8_t*>(d.codes));
+  if (d.meta) cudaFree(const_cast<uint16_t*>(d.meta));
+  d.codes = nullptr;
+  d.meta = nullptr;
+}
+
+bool same_shape(const DeviceWeight4& d, const QuantizedWeight4& w) {
+  return d.rows == w.rows && d.cols == w.cols && d.group_size == w.group_size;
+}
+
+}  // namespace
+
+// ---- Weight4Cache -------------------------------------------------------------------------------
+
+Weight4Cache::~Weight4Cache() {
+  for (auto& [key, d] : map_) free_weight(d);  // no checks: may run during teardown
+}
+
+const DeviceWeight4& Weight4Cache::resolve(const QuantizedWeight4& w, cudaStream_t stream) {
+  QS_CHECK(w.rows > 0 && w.cols > 0 && w.group_size > 0);
+  const int64_t groups = (w.cols + w.group_size - 1) / w.group_size;
+  const int64_t row_bytes = (w.cols + 1) / 2;
+  QS_CHECK_MSG(w.groups_per_row == groups && w.row_bytes == row_bytes &&
+                   static_cast<int64_t>(w.codes.size()) == w.rows * row_bytes &&
+                   static_cast<int64_t>(w.scale.size()) == w.rows * groups &&
+                   static_cast<int64_t>(w.min.size()) == w.rows * groups,
+               "matmul_q4: inconsistent QuantizedWeight4 " + w.name);
+  const void* key = w.codes.data();
+  auto it = map_.find(key);
+  if (it != map_.end()) {
+    if (same_shape(it->second, w)) return it->second;
+    // Another weight at an address seen before: the old host memory was freed and reused.
+    CUDA_CHECK(cudaStreamSynchronize(stream));
+    bytes_ -= it->second.bytes;
+    free_weight(it->second);
+    map_.erase(it);
+  }
+  DeviceWeight4 d;
+  d.rows = w.rows;
+  d.cols = w.cols;
+  d.group_size = w.group_size;
+  d.groups = groups;
+  d.row_bytes = row_bytes;
+  d.tiled = w.group_size == kQ4TiledGroup;
+  const size_t code_bytes = w.codes.size();
+  const size_t meta_bytes = 2 * sizeof(uint16_t) * w.scale.size();
+  if (!d.tiled) {
+    void* codes = nullptr;
+    void* meta = nullptr;
+    CUDA_CHECK(cudaMalloc(&codes, code_bytes));
+    CUDA_CHECK(cudaMalloc(&meta, meta_bytes));
+    upload_async(codes, w.codes.data(), code_bytes, stream);
+    upload_async(meta, w.scale.data(), meta_bytes / 2, stream);
+    upload_async(static_cast<char*>(meta) + meta_bytes / 2, w.min.data(), meta_bytes / 2, stream);
+    d.codes = static_cast<const uint8_t*>(codes);
+    d.meta = static_cast<const uint16_t*>(meta);
+    d.bytes = code_bytes + meta_bytes;
+  } else {
+    const int64_t tiles = (w.rows + 15) / 16;
+    const int64_t pieces = tiles * groups * kPiecesPerTileGroup;
+    const size_t tiled_code_bytes = sizeof(uint4) * static_cast<size_t>(pieces);
+    const size_t tiled_meta_bytes =
+        sizeof(uint2) * static_cast<size_t>(tiles * groups * kMetaPerTileGroup);
+    void* codes = nullptr;
+    void* meta = nullptr;
+    CUDA_CHECK(cudaMalloc(&codes, tiled_code_bytes));
+    CUDA_CHECK(cudaMalloc(&meta, tiled_meta_bytes));
+    // The reference arrays in one temporary buffer: codes, then scale and min (256-B aligned).
+    const size_t scale_at = (code_bytes + 255) & ~size_t{255};
+    const size_t min_at = scale_at + meta_bytes / 2;
+    void* staging = nullptr;
+    CUDA_CHECK(cudaMalloc(&staging, min_at + meta_bytes / 2));
+    char* st = static_cast<char*>(staging);
+    upload_async(st, w.codes.data(), code_bytes, stream);
+    upload_async(st + scale_at, w.scale.data(), meta_bytes / 2, stream);
+    upload_async(st + min_at, w.min.data(), meta_bytes / 2, stream);
+    constexpr int kThreads = 256;
+    const int64_t blocks = (pieces + kThreads - 1) / kThreads;
+    QS_CHECK(blocks <= 0x7fffffff);
+    repack_q4_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
+        reinterpret_cast<const uint8_t*>(st), row_bytes,
+        reinterpret_cast<const uint16_t*>(st + scale_at),
+        reinterpret_cast<const uint16_t*>(st + min_at), w.rows, w.cols, groups, tiles,
+        static_cast<uint4*>(codes), static_cast<uint2*>(meta));
+    CUDA_CHECK_LAUNCH(stream);
+    CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging buffer is read by the repack
+    CUDA_CHECK(cudaFree(staging));
+    d.codes = static_cast<const uint8_t*>(codes);
+    d.meta = static_cast<const uint16_t*>(meta);
+    d.bytes = tiled_code_bytes + tiled_meta_bytes;
+  }
+  bytes_ += d.bytes;
+  return map_.emplace(key, d).first->second;
+}
+
+void Weight4Cache::release(cudaStream_t stream) {
+  CUDA_CHECK(cudaStreamSynchronize(stream));
+  for (auto& [key, d] : map_) {
+    if (d.codes) CUDA_CHECK(cudaFree(const_cast<uint8_t*>(d.codes)));
+    if (d.meta) CUDA_CHECK(cudaFree(const_cast<uint16_t*>(d.meta)));
+  }
+  map_.clear();
+  bytes_ = 0;
+}
+
+// ---- launchers ----------------------------------------------------------------------------------
+
+void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
+  QS_CHECK(tuning.row_tiles == 0 || tuning.row_tiles == 1 || tuning.row_tiles == 2 ||
+           tuning.row_tiles == 4);
+  QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
+  QS_CHECK(tuning.stages == 0 || tuning.stages == kRingStages);
+  g_q4_tuning = tuning;
+}
+
+Q4GemvTuning q4_gemv_tuning() {
+  return g_q4_tuning;
+}
+
+void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,
+                    int num_sms, cudaStream_t stream) {
+  QS_CHECK(m >= 1 && m <= kMaxRows && w.rows >= 1 && w.cols >= 1 && w.codes && w.meta);
+  if (!w.tiled) {
+    const int64_t blocks = (w.rows + kSimtWarps - 1) / kSimtWarps;
+    QS_CHECK(blocks <= 0x7fffffff);
+    const uint16_t* scale = w.meta;
+    const uint16_t* mins = w.meta + w.rows * w.groups;
+    gemv_q4_simt_kernel<<<static_cast<unsigned>(blocks), kSimtWarps * 32, 0, stream>>>(
+        x, m, w.cols, w.codes, w.row_bytes, scale, mins, w.groups, w.group_size, w.rows, bias, y);
+    CUDA_CHECK_LAUNCH(stream);
+    return;
+  }
+  const int64_t tiles = (w.rows + 15) / 16;
+  int rt = g_q4_tuning.row_tiles > 0 ? g_q4_tuning.row_tiles : auto_row_tiles(tiles, num_sms);
+  const int nt = m <= 8 ? 1 : 2;
+  if (nt == 2 && rt == 4) rt = 2;  // registers: no 4 x 2 variant
+  const int64_t blocks = (tiles + rt - 1) / rt;
+  const int warps = g_q4_tuning.warps > 0
+                        ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, w.groups))
+                        : auto_warps(blocks, w.groups, num_sms);
+  const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.cols % 4 == 0;
+  const TiledLaunch l{x, m, &w, bias, y, warps, stream};
+  const int stages = g_q4_tuning.stages;
+  if (nt == 1) {
+    if (vec_x) {
+      launch_tiled_stages<1, true>(rt, stages, l);
+    } else {
+      launch_tiled_stages<1, false>(rt, stages, l);
+    }
+  } else {
+    if (vec_x) {
+      launch_tiled_stages<2, true>(rt, stages, l);
+    } else {
+      launch_tiled_stages<2, false>(rt, stages, l);
+    }
+  }
+}
+
+}  // namespace qs::cuda

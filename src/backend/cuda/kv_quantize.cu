@@ -1,0 +1,376 @@
+// The flush of DESIGN §3 on the device: f32 K/V rows -> the hierarchical INT8/INT4 planes
+// (docs/kv-format.md), bit-identical to the CPU reference (quant/kv_quant.h, quant/quant4.h).
+//
+// A block owns one (key group, kv head): G tokens x head_dim channels of K and of V.
+//  - Keys (per channel over the G tokens): a thread owns a channel pair (2p, 2p+1) and a slice of
+//    TPT consecutive tokens, which it keeps in registers. Slices meet in shared memory; every
+//    thread of a pair combines the slices' (min, max) in slice order, derives the group's
+//    parameters and encodes its own slice, writing one byte per token (both channels' codes).
+//  - Values (per token over groups of Gv channels): a lane owns CPL consecutive channels of one
+//    token; the Gv / CPL lanes of a value group combine their (min, max) with xor shuffles.
+//
+// Exactness (what makes the bits equal to the CPU's):
+//  - min/max: the CPU scans in order with strict comparisons, so among equal candidates the
+//    FIRST one wins; this only matters for -0 vs +0, whose fp16 bits differ. Every partial
+//    result here covers a contiguous run of positions, and two runs are combined as
+//    "later wins only if strictly smaller (larger)", which is exactly the sequential scan.
+//    NaN never wins a comparison, as in the CPU's scan.
+//  - arithmetic: IEEE f32 with explicit round-to-nearest intrinsics (__fsub_rn, __fdiv_rn, ...)
+//    so that nvcc cannot contract anything into an FMA; codes are rounded half-to-even (rintf);
+//    clamps are fminf(fmaxf()), which map NaN to the lower bound like std::fmin/std::fmax.
+//  - fp16: min rounded toward -inf and scale toward +inf exactly as quant4.cpp does it
+//    (round-to-nearest-even conversion, then one fp16 step if it landed on the wrong side).
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/quant_ops.h"
+
+namespace qs::cuda {
+
+namespace {
+
+constexpr float kF16Max = 65504.0f;  // = kF16MaxFinite of quant4.h
+constexpr float kMaxCode = 15.0f;    // = kQuant4MaxCode
+constexpr uint32_t kLowerBias = 8;   // = kKvLowerBias
+constexpr int kMaxThreads = 1024;
+
+// ---- the scalar rules of quant4.h / kv_quant.h ------------------------------------------------
+
+__device__ __forceinline__ float f16_bits_to_f32(uint16_t h) {
+  return __half2float(__ushort_as_half(h));
+}
+
+// Round-to-nearest-even, like core/dtype.h's f32_to_f16 (identical on the finite, clamped
+// values it is used on here).
+__device__ __forceinline__ uint16_t f32_to_f16_bits(float x) {
+  return __half_as_ushort(__float2half_rn(x));
+}
+
+__device__ __forceinline__ float clamp_to_f16_range(float x) {
+  return fminf(fmaxf(x, -kF16Max), kF16Max);
+}
+
+__device__ __forceinline__ uint16_t f16_next_down(uint16_t h) {
+  if ((h & 0x7fffu) == 0) return 0x8001u;  // +-0 -> -2^-24
+  return (h & 0x8000u) ? static_cast<uint16_t>(h + 1) : static_cast<uint16_t>(h - 1);
+}
+
+__device__ __forceinline__ uint16_t f16_next_up(uint16_t h) {
+  if ((h & 0x7fffu) == 0) return 0x0001u;  // +-0 -> +2^-24
+  return (h & 0x8000u) ? static_cast<uint16_t>(h - 1) : static_cast<uint16_t>(h + 1);
+}
+
+__device__ __forceinline__ uint16_t f32_to_f16_round_down(float x) {
+  x = clamp_to_f16_range(x);
+  uint16_t h = f32_to_f16_bits(x);
+  if (f16_bits_to_f32(h) > x) h = f16_next_down(h);
+  return h;
+}
+
+__device__ __forceinline__ uint16_t f32_to_f16_round_up(float x) {
+  x = clamp_to_f16_range(x);
+  uint16_t h = f32_to_f16_bits(x);
+  if (f16_bits_to_f32(h) < x) h = f16_next_up(h);
+  return h;
+}
+
+struct Params {
+  uint16_t scale;  // fp16 bits
+  uint16_t min;    // fp16 bits
+};
+
+// choose_quant4_params of quant4.cpp.
+__device__ __forceinline__ Params choose_params(float lo, float hi) {
+  if (!(lo <= hi)) lo = hi = 0.0f;
+  lo = clamp_to_f16_range(lo);
+  hi = clamp_to_f16_range(hi);
+  Params p;
+  p.min = f32_to_f16_round_down(lo);
+  const float span = __fsub_rn(hi, f16_bits_to_f32(p.min));
+  p.scale = f32_to_f16_round_up(__fdiv_rn(span, kMaxCode));
+  return p;
+}
+
+// kv_encode of kv_quant.h: upper code U and stored lower code L + 8 of x, from the decoded
+// stored scale s and min mn.
+__device__ __forceinline__ void encode(float x, float s, float mn, uint32_t& upper,
+                                       uint32_t& lower) {
+  if (s == 0.0f) {
+    upper = 0;
+    lower = kLowerBias;
+    return;
+  }
+  const float t = fminf(fmaxf(__fdiv_rn(__fsub_rn(x, mn), s), 0.0f), kMaxCode);
+  const float u = rintf(t);
+  const float x4 = __fadd_rn(__fmul_rn(u, s), mn);  // U*s is exact: one rounding
+  const float r = __fsub_rn(x, x4);
+  const float l = fminf(fmaxf(__fdiv_rn(r, __fmul_rn(s, 0.0625f)), -8.0f), 7.0f);
+  upper = static_cast<uint32_t>(static_cast<int>(u));
+  lower = static_cast<uint32_t>(static_cast<int>(rintf(l)) + static_cast<int>(kLowerBias));
+}
+
+// The sequential scan's update (group_range of quant4.cpp): strict comparisons, NaN skipped.
+__device__ __forceinline__ void scan(float v, float& lo, float& hi) {
+  if (v < lo) lo = v;
+  if (v > hi) hi = v;
+}
+
+// Combines the (lo, hi) of an earlier run with those of the run right after it.
+__device__ __forceinline__ void combine_in_order(float& lo, float& hi, float later_lo,
+                                                 float later_hi) {
+  if (later_lo < lo) lo = later_lo;
+  if (later_hi > hi) hi = later_hi;
+}
+
+// ---- kernel ----------------------------------------------------------------------------------
+
+struct QuantizeKvArgs {
+  const float* k = nullptr;  // row 0 = first token of the call's first group
+  const float* v = nullptr;
+  int64_t row_stride = 0;
+  int head_dim = 0;
+  int group_size = 0;        // G
+  int value_group_size = 0;  // Gv
+  int64_t first_group = 0;
+  int64_t capacity = 0;  // tokens per kv head in the arrays
+  uint8_t* key_upper = nullptr;
+  uint8_t* key_lower = nullptr;
+  uint8_t* value_upper = nullptr;
+  uint8_t* value_lower = nullptr;
+  uint16_t* key_scale = nullptr;
+  uint16_t* key_min = nullptr;
+  uint16_t* value_scale = nullptr;
+  uint16_t* value_min = nullptr;
+  bool k_vec2 = false;  // float2 loads of K are aligned
+  bool v_vec4 = false;  // float4 loads of V are aligned
+};
+
+// Block (group blockIdx.x of the call, kv head blockIdx.y); blockDim.x = max(32, head_dim/2 *
+// G/TPT). Dynamic shared memory: G/TPT * head_dim float2.
+// TPT: tokens per key slice (<= G); CPL: value channels per lane (Gv/CPL <= 32 lanes a group).
+template <int TPT, int CPL>
+__global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const QuantizeKvArgs a) {
+  extern __shared__ float2 slice_range[];  // [G / TPT][head_dim]: (lo, hi) per slice, channel
+  const int hd = a.head_dim, G = a.group_size;
+  const int h = blockIdx.y;
+  const int64_t group = a.first_group + blockIdx.x;
+  const int64_t row0 = static_cast<int64_t>(blockIdx.x) * G;  // first row of k/v
+  const int64_t row_bytes = hd / 2;
+  // Code byte of (h, token 0 of the group, channel 0), in every code plane.
+  const int64_t code0 = (static_cast<int64_t>(h) * a.capacity + group * G) * row_bytes;
+  const int tid = threadIdx.x;
+
+  // ---- keys: thread (pair p, slice s) ----
+  const int pairs = hd / 2, slices = G / TPT;
+  const bool key_thread = tid < pairs * slices;
+  const int p = tid % pairs, s = tid / pairs;
+  float ev[TPT], od[TPT];  // channel 2p / 2p+1 of the slice's tokens
+  if (key_thread) {
+    const float* k = a.k + (row0 + static_cast<int64_t>(s) * TPT) * a.row_stride +
+                     static_cast<int64_t>(h) * hd + 2 * p;
+#pragma unroll
+    for (int i = 0; i < TPT; ++i) {
+      const float* r = k + i * a.row_stride;
+      if (a.k_vec2) {
+        const float2 t = *reinterpret_cast<const float2*>(r);
+        ev[i] = t.x;
+        od[i] = t.y;
+      } else {
+        ev[i] = r[0];
+        od[i] = r[1];
+      }
+    }
+    float lo0 = INFINITY, hi0 = -INFINITY, lo1 = INFINITY, hi1 = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < TPT; ++i) {
+      scan(ev[i], lo0, hi0);
+      scan(od[i], lo1, hi1);
+    }
+    slice_range[s * hd + 2 * p] = make_float2(lo0, hi0);
+    slice_range[s * hd + 2 * p + 1] = make_float2(lo1, hi1);
+  }
+  __syncthreads();
+  if (key_thread) {
+    float2 r0 = slice_range[2 * p], r1 = slice_range[2 * p + 1];
+    for (int sl = 1; sl < slices; ++sl) {
+      const float2 q0 = slice_range[sl * hd + 2 * p], q1 = slice_range[sl * hd + 2 * p + 1];
+      combine_in_order(r0.x, r0.y, q0.x, q0.y);
+      combine_in_order(r1.x, r1.y, q1.x, q1.y);
+    }
+    const Params p0 = choose_params(r0.x, r0.y), p1 = choose_params(r1.x, r1.y);
+    if (s == 0) {
+      const int64_t meta = (static_cast<int64_t>(h) * (a.capacity / G) + group) * hd + 2 * p;
+      a.key_scale[meta] = p0.scale;
+      a.key_min[meta] = p0.min;
+      a.key_scale[meta + 1] = p1.scale;
+      a.key_min[meta + 1] = p1.min;
+    }
+    const float s0 = f16_bits_to_f32(p0.scale), m0 = f16_bits_to_f32(p0.min);
+    const float s1 = f16_bits_to_f32(p1.scale), m1 = f16_bits_to_f32(p1.min);
+#pragma unroll
+    for (int i = 0; i < TPT; ++i) {
+      uint32_t u0, l0, u1, l1;
+      encode(ev[i], s0, m0, u0, l0);
+      encode(od[i], s1, m1, u1, l1);
+      const int64_t off = code0 + (static_cast<int64_t>(s) * TPT + i) * row_bytes + p;
+      a.key_upper[off] = static_cast<uint8_t>(u0 | (u1 << 4));
+      a.key_lower[off] = static_cast<uint8_t>(l0 | (l1 << 4));
+    }
+  }
+
+  // ---- values: item i = (token, lane of the row), CPL channels each ----
+  const int lanes_per_row = hd / CPL;
+  const int lanes_per_group = a.value_group_size / CPL;  // power of two <= 32
+  const int value_groups = hd / a.value_group_size;
+  const int total = G * lanes_per_row;
+  // blockDim.x >= head_dim/2 * G/TPT, hence kIters * blockDim.x >= total.
+  constexpr int kIters = 2 * TPT / CPL;
+  const float* vbase = a.v + row0 * a.row_stride + static_cast<int64_t>(h) * hd;
+  float vals[kIters][CPL];
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = it * blockDim.x + tid;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) vals[it][c] = 0.0f;
+    if (i < total) {
+      const int token = i / lanes_per_row, d0 = (i % lanes_per_row) * CPL;
+      const float* r = vbase + static_cast<int64_t>(token) * a.row_stride + d0;
+      if (a.v_vec4) {
+#pragma unroll
+        for (int c = 0; c < CPL; c += 4) {
+          const float4 t = *reinterpret_cast<const float4*>(r + c);
+          vals[it][c] = t.x;
+          vals[it][c + 1] = t.y;
+          vals[it][c + 2] = t.z;
+          vals[it][c + 3] = t.w;
+        }
+      } else {
+#pragma unroll
+        for (int c = 0; c < CPL; ++c) vals[it][c] = r[c];
+      }
+    }
+  }
+#pragma unroll
+  for (int it = 0; it < kIters; ++it) {
+    const int i = it * blockDim.x + tid;  // lane of the warp == i % 32 (blockDim.x % 32 == 0)
+    float lo = INFINITY, hi = -INFINITY;
+#pragma unroll
+    for (int c = 0; c < CPL; ++c) scan(vals[it][c], lo, hi);
+    // Butterfly over the group's lanes: at step o a lane holds the range of its aligned run of
+    // o lanes; the partner holds the adjacent run, the earlier one being the run whose lanes
+    // have bit o clear. Every lane of the warp takes part (uniform trip count).
+    for (int o = 1; o < lanes_per_group; o <<= 1) {
+      const float olo = __shfl_xor_sync(0xffffffffu, lo, o);
+      const float ohi = __shfl_xor_sync(0xffffffffu, hi, o);
+      if (i & o) {  // mine is the later run
+        float elo = olo, ehi = ohi;
+        combine_in_order(elo, ehi, lo, hi);
+        lo = elo;
+        hi = ehi;
+      } else {
+        combine_in_order(lo, hi, olo, ohi);
+      }
+    }
+    if (i < total) {
+      const int token = i / lanes_per_row, d0 = (i % lanes_per_row) * CPL;
+      const Params pr = choose_params(lo, hi);
+      if ((i & (lanes_per_group - 1)) == 0) {
+        const int64_t meta =
+            (static_cast<int64_t>(h) * a.capacity + group * G + token) * value_groups +
+            d0 / a.value_group_size;
+        a.value_scale[meta] = pr.scale;
+        a.value_min[meta] = pr.min;
+      }
+      const float sc = f16_bits_to_f32(pr.scale), mn = f16_bits_to_f32(pr.min);
+      const int64_t off = code0 + static_cast<int64_t>(token) * row_bytes + d0 / 2;
+#pragma unroll
+      for (int c = 0; c < CPL; c += 2) {
+        uint32_t u0, l0, u1, l1;
+        encode(vals[it][c], sc, mn, u0, l0);
+        encode(vals[it][c + 1], sc, mn, u1, l1);
+        a.value_upper[off + c / 2] = static_cast<uint8_t>(u0 | (u1 << 4));
+        a.value_lower[off + c / 2] = static_cast<uint8_t>(l0 | (l1 << 4));
+      }
+    }
+  }
+}
+
+bool is_pow2(int64_t v) {
+  return v > 0 && (v & (v - 1)) == 0;
+}
+
+template <int TPT, int CPL>
+void launch_tpt_cpl(const QuantizeKvArgs& a, int num_kv_heads, int n_groups, cudaStream_t stream) {
+  const int slices = a.group_size / TPT;
+  const int threads = std::max(32, a.head_dim / 2 * slices);
+  QS_CHECK(threads <= kMaxThreads && threads % 32 == 0);
+  const size_t smem = sizeof(float2) * static_cast<size_t>(slices) * a.head_dim;
+  const dim3 grid(static_cast<unsigned>(n_groups), static_cast<unsigned>(num_kv_heads));
+  quantize_kv_kernel<TPT, CPL><<<grid, threads, smem, stream>>>(a);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+template <int TPT>
+void launch_tpt(const QuantizeKvArgs& a, int num_kv_heads, int n_groups, cudaStream_t stream) {
+  if (a.value_group_size <= 128) {
+    launch_tpt_cpl<TPT, 4>(a, num_kv_heads, n_groups, stream);
+  } else {
+    launch_tpt_cpl<TPT, 8>(a, num_kv_heads, n_groups, stream);
+  }
+}
+
+}  // namespace
+
+void launch_quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
+                        int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                        const QuantizedKvPlanesOut& dst, cudaStream_t stream) {
+  const int G = dst.group_size, Gv = dst.value_group_size;
+  QS_CHECK(n_groups >= 0 && first_group >= 0 && num_kv_heads >= 1 && num_kv_heads <= 65535);
+  QS_CHECK_MSG(head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256,
+               "quantize_kv: the CUDA kernel supports head_dim 32, 64, 128 and 256");
+  QS_CHECK_MSG(is_pow2(G) && G >= 8 && G <= 256,
+               "quantize_kv: the CUDA kernel supports key groups of 8..256 (a power of two)");
+  QS_CHECK_MSG(
+      is_pow2(Gv) && Gv >= 4 && Gv <= head_dim,
+      "quantize_kv: the CUDA kernel supports value groups of 4..head_dim (a power of two)");
+  QS_CHECK(dst.capacity % G == 0 && (first_group + n_groups) * G <= dst.capacity);
+  QS_CHECK(row_stride >= static_cast<int64_t>(num_kv_heads) * head_dim);
+  if (n_groups == 0) return;
+  QS_CHECK(k_rows && v_rows && dst.key_upper && dst.key_lower && dst.value_upper &&
+           dst.value_lower && dst.key_scale && dst.key_min && dst.value_scale && dst.value_min);
+  QuantizeKvArgs a;
+  a.k = k_rows;
+  a.v = v_rows;
+  a.row_stride = row_stride;
+  a.head_dim = head_dim;
+  a.group_size = G;
+  a.value_group_size = Gv;
+  a.first_group = first_group;
+  a.capacity = dst.capacity;
+  a.key_upper = dst.key_upper;
+  a.key_lower = dst.key_lower;
+  a.value_upper = dst.value_upper;
+  a.value_lower = dst.value_lower;
+  a.key_scale = dst.key_scale;
+  a.key_min = dst.key_min;
+  a.value_scale = dst.value_scale;
+  a.value_min = dst.value_min;
+  // Head offsets (h * head_dim) and channel offsets (2p, multiples of 4) keep the vector
+  // alignment of the base pointer when the row stride does.
+  a.k_vec2 = reinterpret_cast<uintptr_t>(k_rows) % 8 == 0 && row_stride % 2 == 0;
+  a.v_vec4 = reinterpret_cast<uintptr_t>(v_rows) % 16 == 0 && row_stride % 4 == 0;
+  // Key slices of 16 tokens (32 floats in registers per thread); fewer when the group is
+  // smaller, more when the block would exceed 1024 threads (head_dim 256 with G 256).
+  if (G < 16) {
+    launch_tpt<8>(a, num_kv_heads, n_groups, stream);
+  } else if (head_dim / 2 * (G / 16) <= kMaxThreads) {
+    launch_tpt<16>(a, num_kv_heads, n_groups, stream);
+  } else {
+    launch_tpt<32>(a, num_kv_heads, n_groups, stream);
+  }
+}
+
+}  // namespace qs::cuda

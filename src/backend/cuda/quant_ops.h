@@ -1,0 +1,99 @@
+// Launchers of the quantized-format kernels of the CUDA backend (internal header, like
+// cuda_ops.h): the hierarchical KV quantizer (kv_quantize.cu) and the 4-bit draft-weight GEMV
+// (gemv_q4.cu). All pointers are device pointers unless named *_host; every launch is queued on
+// `stream`. docs/cuda.md describes the kernels.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <unordered_map>
+
+#include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
+#include "quant/weight_quant.h"
+
+namespace qs::cuda {
+
+// ---- kv_quantize.cu -------------------------------------------------------------------------
+
+// Backend::quantize_kv on the device: key groups [first_group, first_group + n_groups) of every
+// kv head of one layer into `dst` (device arrays, the layout of docs/kv-format.md). k_rows,
+// v_rows: [n_groups * G, row_stride] f32. Codes and fp16 metadata are bit-identical to
+// quant/kv_quant.h (same operation order, IEEE division, round-half-to-even, directed fp16
+// rounding of min/scale, first-wins min/max as the CPU's sequential scan). Supported: head_dim
+// 32/64/128/256, G a power of two in [8, 256], Gv a power of two >= 8 dividing head_dim
+// (QS_CHECK otherwise). n_groups == 0 launches nothing.
+void launch_quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
+                        int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                        const QuantizedKvPlanesOut& dst, cudaStream_t stream);
+
+// ---- gemv_q4.cu -----------------------------------------------------------------------------
+
+// Columns per group of the tiled (fast) layout; weights with another group size keep the
+// reference layout and run a plain kernel.
+constexpr int kQ4TiledGroup = 128;
+
+// A QuantizedWeight4 resident on the device. Tiled layout (group_size == 128), repacked at
+// upload for the tensor-core GEMV (gemv_q4.cu explains the order):
+//   codes: [row_tiles][groups][2 pieces][32 lanes] 16-byte pieces (1024 bytes per 16 rows x 128
+//          columns); rows past `rows` and columns past `cols` hold code 0;
+//   meta:  [row_tiles][groups][8] 8-byte entries: entry g = half2 (scale, min) of the tile's
+//          row g, then half2 (scale, min) of its row g + 8 (zeros past `rows`).
+// Reference layout (any other group size): the QuantizedWeight4 arrays copied as they are:
+//   codes [rows, row_bytes], scale and min [rows, groups] fp16 (scale then min in `meta`).
+struct DeviceWeight4 {
+  const uint8_t* codes = nullptr;
+  const uint16_t* meta = nullptr;
+  int64_t rows = 0;
+  int64_t cols = 0;
+  int group_size = 0;
+  int64_t groups = 0;     // ceil(cols / group_size)
+  int64_t row_bytes = 0;  // reference layout: bytes per row of codes
+  bool tiled = false;
+  size_t bytes = 0;  // device bytes held (codes + meta)
+};
+
+// Upload cache of QuantizedWeight4s, keyed by the host address of their codes (stable while the
+// weight lives, also across moves of the struct). Like the WeightView cache of cuda_backend.cu it
+// assumes host weights neither change nor move while cached: release() before freeing them.
+class Weight4Cache {
+ public:
+  Weight4Cache() = default;
+  Weight4Cache(const Weight4Cache&) = delete;
+  Weight4Cache& operator=(const Weight4Cache&) = delete;
+  ~Weight4Cache();
+
+  // The device copy of `w`: uploaded (and repacked) on first use, queued on `stream`.
+  // A cached entry whose shape no longer matches is replaced (the host memory was reused).
+  const DeviceWeight4& resolve(const QuantizedWeight4& w, cudaStream_t stream);
+  // Frees every device copy (waits for `stream` first).
+  void release(cudaStream_t stream);
+  size_t bytes() const { return bytes_; }
+
+ private:
+  std::unordered_map<const void*, DeviceWeight4> map_;
+  size_t bytes_ = 0;
+};
+
+// y = x W4^T (+ bias) for 1 <= m <= 16 rows; x: [m, w.cols] f32, y: [m, w.rows] f32, y must not
+// alias x. Tiled weights: tensor-core skinny GEMM reading every weight byte once for all rows;
+// reference layout: a plain FMA kernel.
+void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,
+                    int num_sms, cudaStream_t stream);
+
+// Process-wide tuning of launch_gemv_q4's tiled kernel (benchmarks compare the variants; every
+// variant computes the same function and is tested). 0 = automatic.
+struct Q4GemvTuning {
+  int row_tiles = 0;  // 16-row tiles per warp: 1, 2 or 4 (4 only for m <= 8)
+  int warps = 0;      // warps per block splitting K: 1..8
+  // How the codes reach the registers: 0 = loaded into registers, the next group while the
+  // current one is computed (1 group ahead); 4 = a 4-group cp.async ring per warp in shared
+  // memory (3 groups ahead, no registers held).
+  int stages = 0;
+};
+void set_q4_gemv_tuning(const Q4GemvTuning& tuning);
+Q4GemvTuning q4_gemv_tuning();
+
+}  // namespace qs::cuda

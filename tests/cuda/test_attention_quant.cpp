@@ -1,0 +1,417 @@
+// Attention over the hierarchical quantized KV cache on CUDA (attention_quant.cu) against the CPU
+// backend. Both read the same quantized segment, built by CpuBackend::quantize_kv from random
+// K/V, and the same full-precision rows; the GPU reads device copies. Draft-view (INT4) cases pass
+// null lower planes to both backends, so a read of a lower-plane byte would fault.
+//
+// Tolerance (relative Frobenius error of the output) as test_attention.cpp: 2e-5 up to 4099
+// positions, 5e-5 up to 33000 (the CPU's sequential softmax sum). The largest error of each test
+// is printed for docs/cuda.md.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/attention_quant.h"
+#include "cuda_test_util.h"
+
+namespace qs {
+namespace {
+
+using testing::CudaOpsTest;
+using testing::DeviceArray;
+using testing::random_normal;
+using testing::rel_error;
+
+double tolerance(int len) {
+  return len <= 4099 ? 2e-5 : 5e-5;
+}
+
+// Bytes in backend memory (a float buffer, rounded up).
+class DeviceBytes {
+ public:
+  template <typename T>
+  DeviceBytes(Backend& be, const std::vector<T>& host) {
+    const size_t bytes = host.size() * sizeof(T);
+    std::vector<float> staged((bytes + 3) / 4 + 1, 0.0f);
+    std::memcpy(staged.data(), host.data(), bytes);
+    buf_ = be.alloc(staged.size());
+    be.from_host(staged.data(), buf_->data(), staged.size());
+  }
+  template <typename T>
+  const T* as() const {
+    return reinterpret_cast<const T*>(buf_->data());
+  }
+
+ private:
+  std::unique_ptr<Buffer> buf_;
+};
+
+// How the K/V values are drawn.
+enum class Values {
+  kNormal,  // N(0, 1)
+  kWild,    // per-position magnitudes over 6 decades, constant channels and constant rows
+};
+
+struct KvConfig {
+  int len;  // positions in the view (kv.length)
+  int kv_heads;
+  int head_dim;
+  int G;
+  int gv;
+  int64_t pad = 0;  // floats of row padding
+  Values values = Values::kNormal;
+  uint64_t seed = 1;
+};
+
+// One layer: K/V rows and their quantized segment (capacity = whole groups below len), on the
+// host and on the device.
+struct QuantKv {
+  KvConfig cfg;
+  int64_t stride;
+  int64_t capacity;
+  std::vector<float> k, v;              // [rows, stride], rows = max(len, capacity)
+  std::vector<uint8_t> ku, kl, vu, vl;  // [kv_heads, capacity, head_dim / 2]
+  std::vector<uint16_t> ks, km;         // [kv_heads, capacity / G, head_dim]
+  std::vector<uint16_t> vs, vm;         // [kv_heads, capacity, head_dim / gv]
+  std::unique_ptr<DeviceArray> k_dev, v_dev;
+  std::unique_ptr<DeviceBytes> ku_dev, kl_dev, vu_dev, vl_dev, ks_dev, km_dev, vs_dev, vm_dev;
+
+  QuantKv(CudaBackend& gpu, CpuBackend& cpu, const KvConfig& c) : cfg(c) {
+    const int hd = c.head_dim, H = c.kv_heads;
+    stride = int64_t{H} * hd + c.pad;
+    capacity = std::max<int64_t>(c.G, int64_t{c.G} * (c.len / c.G));
+    const int64_t rows = std::max<int64_t>(c.len, capacity);
+    k = random_normal(size_t(rows * stride), c.seed);
+    v = random_normal(size_t(rows * stride), c.seed + 7);
+    if (c.values == Values::kWild) make_wild(rows);
+    const size_t codes = size_t(H) * capacity * hd / 2;
+    ku.resize(codes), kl.resize(codes), vu.resize(codes), vl.resize(codes);
+    ks.resize(size_t(H) * (capacity / c.G) * hd), km.resize(ks.size());
+    vs.resize(size_t(H) * capacity * (hd / c.gv)), vm.resize(vs.size());
+    QuantizedKvPlanesOut out;
+    out.key_upper = ku.data(), out.key_lower = kl.data();
+    out.value_upper = vu.data(), out.value_lower = vl.data();
+    out.key_scale = ks.data(), out.key_min = km.data();
+    out.value_scale = vs.data(), out.value_min = vm.data();
+    out.capacity = capacity;
+    out.group_size = c.G;
+    out.value_group_size = c.gv;
+    cpu.quantize_kv(k.data(), v.data(), stride, H, hd, 0, static_cast<int>(capacity / c.G), out);
+    k_dev = std::make_unique<DeviceArray>(gpu, k);
+    v_dev = std::make_unique<DeviceArray>(gpu, v);
+    ku_dev = std::make_unique<DeviceBytes>(gpu, ku);
+    kl_dev = std::make_unique<DeviceBytes>(gpu, kl);
+    vu_dev = std::make_unique<DeviceBytes>(gpu, vu);
+    vl_dev = std::make_unique<DeviceBytes>(gpu, vl);
+    ks_dev = std::make_unique<DeviceBytes>(gpu, ks);
+    km_dev = std::make_unique<DeviceBytes>(gpu, km);
+    vs_dev = std::make_unique<DeviceBytes>(gpu, vs);
+    vm_dev = std::make_unique<DeviceBytes>(gpu, vm);
+  }
+
+  // Value magnitudes from 1e-3 to 1e3 and key magnitudes from 0.1 to 10 by position (scores stay
+  // moderate: both sides round them in f32), a constant key channel (scale 0 in every group) and
+  // constant value rows (scale 0), so every power-of-two scaling of the kernels is exercised.
+  void make_wild(int64_t rows) {
+    const int hd = cfg.head_dim;
+    for (int64_t t = 0; t < rows; ++t) {
+      const float kmag = std::pow(10.0f, std::sin(0.37f * float(t)));
+      const float vmag = std::pow(10.0f, 3.0f * std::cos(0.23f * float(t)));
+      for (int64_t i = 0; i < stride; ++i) {
+        k[t * stride + i] *= kmag;
+        v[t * stride + i] *= vmag;
+      }
+      for (int h = 0; h < cfg.kv_heads; ++h) {
+        k[t * stride + h * hd + 3] = 0.75f;
+        if (t % 5 == 0) {
+          for (int d = 0; d < hd; ++d) v[t * stride + h * hd + d] = -0.5f;
+        }
+      }
+    }
+  }
+
+  QuantizedKvSegment segment(bool int8, bool device) const {
+    QuantizedKvSegment s;
+    if (device) {
+      s.key_upper = ku_dev->as<uint8_t>(), s.value_upper = vu_dev->as<uint8_t>();
+      s.key_lower = int8 ? kl_dev->as<uint8_t>() : nullptr;
+      s.value_lower = int8 ? vl_dev->as<uint8_t>() : nullptr;
+      s.key_scale = ks_dev->as<uint16_t>(), s.key_min = km_dev->as<uint16_t>();
+      s.value_scale = vs_dev->as<uint16_t>(), s.value_min = vm_dev->as<uint16_t>();
+    } else {
+      s.key_upper = ku.data(), s.value_upper = vu.data();
+      s.key_lower = int8 ? kl.data() : nullptr;
+      s.value_lower = int8 ? vl.data() : nullptr;
+      s.key_scale = ks.data(), s.key_min = km.data();
+      s.value_scale = vs.data(), s.value_min = vm.data();
+    }
+    s.capacity = capacity;
+    s.group_size = cfg.G;
+    s.value_group_size = cfg.gv;
+    s.int8 = int8;
+    return s;
+  }
+};
+
+constexpr int kFpBaseMax = -1;  // fp_base = the first query's boundary (what the cache does)
+
+struct Case {
+  int num_heads;
+  int m;
+  bool int8 = true;
+  int fp_base = 0;  // or kFpBaseMax
+};
+
+std::string describe(const QuantKv& kv, const Case& c, int fp_base) {
+  const KvConfig& k = kv.cfg;
+  return "len=" + std::to_string(k.len) + " head_dim=" + std::to_string(k.head_dim) +
+         " G=" + std::to_string(k.G) + " Gv=" + std::to_string(k.gv) +
+         " heads=" + std::to_string(c.num_heads) + "/" + std::to_string(k.kv_heads) +
+         " m=" + std::to_string(c.m) + (c.int8 ? " int8" : " int4") +
+         " fp_base=" + std::to_string(fp_base) + " stride=" + std::to_string(kv.stride) +
+         (k.values == Values::kWild ? " wild" : "") +
+         (cuda::quant_attention_tuning().tensor_cores ? "" : " cuda-cores");
+}
+
+// Queries are the last m positions of the view (pos = len - m), as in decode and verification.
+double run_case(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv, const Case& c,
+                uint64_t seed) {
+  const KvConfig& k = kv.cfg;
+  const int hd = k.head_dim, pos = k.len - c.m;
+  const int fp_base = c.fp_base == kFpBaseMax ? quant_boundary(pos, k.G) : c.fp_base;
+  const AttentionShape shape{c.num_heads, k.kv_heads, hd,
+                             static_cast<float>(1.0 / std::sqrt(double(hd)))};
+  const std::vector<float> q = random_normal(size_t(c.m) * c.num_heads * hd, seed);
+
+  std::vector<float> want(q.size());
+  const QuantizedKvSegment seg_cpu = kv.segment(c.int8, false);
+  KvReadBytes rb_cpu, rb_gpu;
+  KvView view_cpu{kv.k.data() + fp_base * kv.stride, kv.v.data() + fp_base * kv.stride, kv.stride,
+                  k.len};
+  view_cpu.fp_base = fp_base;
+  view_cpu.quantized = &seg_cpu;
+  view_cpu.read_bytes = &rb_cpu;
+  cpu.attention(q.data(), c.m, pos, shape, view_cpu, want.data());
+
+  DeviceArray qd(gpu, q), out(gpu, q.size());
+  out.poison();
+  const QuantizedKvSegment seg_gpu = kv.segment(c.int8, true);
+  KvView view_gpu{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
+                  kv.stride, k.len};
+  view_gpu.fp_base = fp_base;
+  view_gpu.quantized = &seg_gpu;
+  view_gpu.read_bytes = &rb_gpu;
+  gpu.attention(qd.data(), c.m, pos, shape, view_gpu, out.data());
+  const std::vector<float> got = out.to_host();
+
+  const std::string what = describe(kv, c, fp_base);
+  EXPECT_EQ(rb_gpu.upper, rb_cpu.upper) << what;
+  EXPECT_EQ(rb_gpu.lower, rb_cpu.lower) << what;
+  EXPECT_EQ(rb_gpu.meta, rb_cpu.meta) << what;
+  EXPECT_EQ(rb_gpu.fp, rb_cpu.fp) << what;
+  const double err = rel_error(got, want);
+  EXPECT_LT(err, tolerance(k.len)) << what;
+  return err;
+}
+
+void check_cases(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv,
+                 const std::vector<Case>& cases, double& worst) {
+  for (size_t i = 0; i < cases.size(); ++i) {
+    if (cases[i].m > kv.cfg.len) continue;
+    const double err = run_case(gpu, cpu, kv, cases[i], 5000 + i + kv.cfg.seed);
+    worst = std::isnan(err) ? err : std::max(worst, err);
+  }
+}
+
+void report(const char* test, double worst) {
+  std::printf("[ max rel error ] %s: %.3g\n", test, worst);
+}
+
+// Restores the default tuning when a test ends (also on a failed assertion).
+struct TuningScope {
+  explicit TuningScope(const cuda::QuantAttentionTuning& t) { cuda::set_quant_attention_tuning(t); }
+  ~TuningScope() { cuda::set_quant_attention_tuning({}); }
+};
+
+constexpr int kKvHeads = 2;
+constexpr int kRatios[] = {1, 4, 8};
+
+std::vector<Case> ratio_cases(std::initializer_list<int> ms, bool int8, int fp_base = 0) {
+  std::vector<Case> cases;
+  for (int ratio : kRatios) {
+    for (int m : ms) cases.push_back({kKvHeads * ratio, m, int8, fp_base});
+  }
+  return cases;
+}
+
+// Group sizes x value group sizes x views x head dims x lengths around the group boundaries.
+void sweep(CudaBackend& gpu, CpuBackend& cpu, double& worst) {
+  for (int hd : {64, 128}) {
+    for (int G : {32, 64, 128}) {
+      for (int gv : {hd, 32}) {
+        for (int len : {1, 2 * G - 1, 2 * G, 2 * G + 1, 1000}) {
+          QuantKv kv(gpu, cpu, {len, kKvHeads, hd, G, gv, 0, Values::kNormal, uint64_t(len + G)});
+          for (bool int8 : {true, false}) {
+            check_cases(gpu, cpu, kv, ratio_cases({1, 5, 16}, int8, kFpBaseMax), worst);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, QuantAttentionSweep) {
+  double worst = 0;
+  sweep(gpu(), cpu(), worst);
+  report("quantized sweep", worst);
+}
+
+// The same sweep on the CUDA-core path (the fallback, and the path of head_dim 32/256).
+TEST_F(CudaOpsTest, QuantAttentionSweepCudaCores) {
+  TuningScope scope({false, 0});
+  double worst = 0;
+  sweep(gpu(), cpu(), worst);
+  report("quantized sweep, CUDA cores", worst);
+}
+
+// m = 1..16 for blocks that straddle a group boundary (the queries' boundaries differ), up to
+// 128 query vectors per kv head (two query groups).
+TEST_F(CudaOpsTest, QuantAttentionEveryQueryCount) {
+  double worst = 0;
+  for (int hd : {64, 128}) {
+    for (int m = 1; m <= 16; ++m) {
+      const int G = 64;
+      const int len = 10 * G + (m + 1) / 2;  // queries [len - m, len) cross 10 G
+      QuantKv kv(gpu(), cpu(), {len, kKvHeads, hd, G, hd, 0, Values::kNormal, uint64_t(m)});
+      for (bool int8 : {true, false}) {
+        check_cases(gpu(), cpu(), kv, ratio_cases({m}, int8, kFpBaseMax), worst);
+        check_cases(gpu(), cpu(), kv, {{2 * kKvHeads, m, int8, 0}}, worst);
+      }
+    }
+  }
+  report("quantized m=1..16", worst);
+}
+
+TEST_F(CudaOpsTest, QuantAttentionLongContext) {
+  double worst = 0;
+  for (int len : {4099, 33000}) {
+    QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, 128, 128, 0, Values::kNormal, 11});
+    for (bool int8 : {true, false}) {
+      check_cases(gpu(), cpu(), kv,
+                  {{4 * kKvHeads, 1, int8, kFpBaseMax},
+                   {4 * kKvHeads, 7, int8, kFpBaseMax},
+                   {kKvHeads, 16, int8, kFpBaseMax}},
+                  worst);
+    }
+  }
+  QuantKv kv(gpu(), cpu(), {33000, kKvHeads, 64, 32, 32, 0, Values::kNormal, 12});
+  check_cases(gpu(), cpu(), kv, {{8 * kKvHeads, 9, true, kFpBaseMax}, {kKvHeads, 1, false, 0}},
+              worst);
+  report("quantized long context", worst);
+}
+
+// Full-precision rows starting anywhere at or below the first query's boundary.
+TEST_F(CudaOpsTest, QuantAttentionFpBase) {
+  double worst = 0;
+  for (int hd : {64, 128}) {
+    QuantKv kv(gpu(), cpu(), {1000, kKvHeads, hd, 64, hd, 0, Values::kNormal, 21});
+    for (bool int8 : {true, false}) {
+      // First boundary: 896 for m = 1 (pos 999) and for m = 16 (pos 984).
+      for (int fp_base : {0, 37, 832, 895, kFpBaseMax}) {
+        check_cases(gpu(), cpu(), kv,
+                    {{4 * kKvHeads, 1, int8, fp_base}, {kKvHeads, 16, int8, fp_base}}, worst);
+      }
+    }
+  }
+  report("quantized fp_base", worst);
+}
+
+TEST_F(CudaOpsTest, QuantAttentionForcedSplits) {
+  double worst = 0;
+  QuantKv kv(gpu(), cpu(), {2000, kKvHeads, 128, 64, 32, 0, Values::kNormal, 31});
+  for (bool tensor_cores : {true, false}) {
+    for (int splits : {1, 2, 3, 7, 64, 1000}) {
+      TuningScope scope({tensor_cores, splits});
+      check_cases(gpu(), cpu(), kv,
+                  {{kKvHeads, 1, true, kFpBaseMax},
+                   {4 * kKvHeads, 9, false, kFpBaseMax},
+                   {8 * kKvHeads, 16, true, 0}},
+                  worst);
+    }
+  }
+  report("quantized forced splits", worst);
+}
+
+// head_dim 32 and 256, value groups that are not multiples of 32, key groups of 8 and 16 (the
+// model tests' G = 8): the CUDA-core path.
+TEST_F(CudaOpsTest, QuantAttentionOtherShapes) {
+  double worst = 0;
+  struct Shape {
+    int hd, G, gv;
+  };
+  for (const Shape& s :
+       {Shape{32, 32, 32}, Shape{256, 64, 256}, Shape{256, 32, 32}, Shape{64, 32, 16},
+        Shape{128, 64, 8}, Shape{32, 8, 32}, Shape{64, 8, 64}, Shape{128, 16, 32}}) {
+    for (int len : {129, 1000}) {
+      QuantKv kv(gpu(), cpu(),
+                 {len, kKvHeads, s.hd, s.G, s.gv, 0, Values::kNormal, uint64_t(s.hd)});
+      for (bool int8 : {true, false}) {
+        check_cases(gpu(), cpu(), kv, ratio_cases({1, 5, 16}, int8, kFpBaseMax), worst);
+      }
+    }
+  }
+  report("quantized head_dim 32/256, Gv 8/16, G 8/16", worst);
+}
+
+// Blocks of more than 16 rows (evaluation) run in slices of 16; padded rows.
+TEST_F(CudaOpsTest, QuantAttentionLongBlocksAndPadding) {
+  double worst = 0;
+  for (int64_t pad : {int64_t{0}, int64_t{8}}) {
+    QuantKv kv(gpu(), cpu(), {1000, kKvHeads, 128, 32, 128, pad, Values::kNormal, 41});
+    for (bool int8 : {true, false}) {
+      check_cases(
+          gpu(), cpu(), kv,
+          {{4 * kKvHeads, 17, int8, 0}, {kKvHeads, 40, int8, 0}, {8 * kKvHeads, 5, int8, 0}},
+          worst);
+    }
+  }
+  report("quantized long blocks, padded rows", worst);
+}
+
+// Magnitudes over six decades, constant key channels and constant value rows.
+TEST_F(CudaOpsTest, QuantAttentionWildValues) {
+  double worst = 0;
+  for (bool tensor_cores : {true, false}) {
+    TuningScope scope({tensor_cores, 0});
+    for (int hd : {64, 128}) {
+      QuantKv kv(gpu(), cpu(), {1500, kKvHeads, hd, 64, 32, 0, Values::kWild, 51});
+      for (bool int8 : {true, false}) {
+        check_cases(gpu(), cpu(), kv, ratio_cases({1, 7}, int8, kFpBaseMax), worst);
+      }
+    }
+  }
+  report("quantized wild values", worst);
+}
+
+// A small, quick subset of every kernel variant (compute-sanitizer runs this one).
+TEST_F(CudaOpsTest, QuantAttentionSanitizerSubset) {
+  double worst = 0;
+  for (bool tensor_cores : {true, false}) {
+    TuningScope scope({tensor_cores, 3});
+    QuantKv kv(gpu(), cpu(), {300, kKvHeads, 64, 32, 32, 4, Values::kNormal, 61});
+    check_cases(gpu(), cpu(), kv,
+                {{4 * kKvHeads, 1, false, kFpBaseMax},
+                 {4 * kKvHeads, 16, true, 0},
+                 {kKvHeads, 3, true, kFpBaseMax}},
+                worst);
+  }
+  report("quantized sanitizer subset", worst);
+}
+
+}  // namespace
+}  // namespace qs
