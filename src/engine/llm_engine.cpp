@@ -100,10 +100,6 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
       options.gamma > 0 ? options.gamma : std::min(kDefaultGamma, options.group_size - 1);
   kv.max_gamma = qspec ? gamma : 0;
   kv.capacity = ctx;
-  if (sparse && options.device != Device::kCpu) {
-    return make_error(std::string("--mode ") + decode_mode_name(options.mode) +
-                      " runs on the CPU only so far (--device cpu)");
-  }
 
   std::unique_ptr<LlmEngine> engine(new LlmEngine());
   engine->options_ = options;
@@ -141,13 +137,14 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
   if (snap) {
     snap_q_.resize(static_cast<size_t>(cfg.num_layers) * window * q_dim);
     path.query_tap = [&](int layer, const float* q, int m) {
-      // Keeps the rows of this chunk that fall in the observation window [n - window, n).
-      for (int r = 0; r < m; ++r) {
-        const int i = chunk_start + r - (n - window);
-        if (i < 0) continue;
-        std::copy(q + r * q_dim, q + (r + 1) * q_dim,
-                  snap_q_.data() + (static_cast<size_t>(layer) * window + i) * q_dim);
-      }
+      // Keeps the rows of this chunk that fall in the observation window [n - window, n)
+      // (q is backend memory).
+      const int first = std::max(0, n - window - chunk_start);
+      if (first >= m) return;
+      backend_->to_host(q + static_cast<size_t>(first) * q_dim,
+                        snap_q_.data() + (static_cast<size_t>(layer) * window +
+                                          (chunk_start + first - (n - window))) * q_dim,
+                        static_cast<size_t>(m - first) * q_dim);
     };
   }
   for (int start = 0; start < n; start += options_.prefill_chunk) {
@@ -167,13 +164,17 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
       sparse_.begin_snapkv(cfg.num_layers, cfg.num_kv_heads, n, keep, window);
       const AttentionShape shape{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                  static_cast<float>(1.0 / std::sqrt(double(cfg.head_dim)))};
+      std::vector<float> keys;  // one layer's prompt keys, copied from backend memory
       for (int l = 0; l < cfg.num_layers; ++l) {
         const KvView kv = cache_.view(l, std::nullopt, nullptr);
         QS_CHECK(kv.fp_base == 0);
+        keys.resize(static_cast<size_t>(n) * kv.row_stride);
+        backend_->to_host(kv.k, keys.data(), keys.size());
         sparse_.select_snapkv_layer(l, snap_q_.data() + static_cast<size_t>(l) * window * q_dim,
-                                    kv.k, kv.row_stride, shape, options_.snap_kernel);
+                                    keys.data(), kv.row_stride, shape, options_.snap_kernel);
       }
     }
+    sparse_.place(*backend_);  // the draft's attention reads the index where it runs
   }
   return Status::ok_status();
 }

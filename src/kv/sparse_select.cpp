@@ -15,6 +15,7 @@ int sparse_keep_count(double budget, int prompt_len) {
 
 void SparseDraftIndex::reset(int num_layers, int num_kv_heads, int count, int dense_from) {
   num_kv_heads_ = num_kv_heads;
+  placed_.reset();
   positions_.assign(static_cast<size_t>(num_layers) * num_kv_heads * count, 0);
   layers_.assign(static_cast<size_t>(num_layers), KvSelection{});
   for (int l = 0; l < num_layers; ++l) {
@@ -98,6 +99,17 @@ void SparseDraftIndex::select_snapkv_layer(int layer, const float* q, const floa
     std::copy(order.begin(), order.begin() + sel.count, out);
     std::sort(out, out + sel.count);
   }
+}
+
+void SparseDraftIndex::place(Backend& backend) {
+  static_assert(sizeof(int32_t) == sizeof(float));
+  QS_CHECK_MSG(!placed_, "SparseDraftIndex::place called twice");
+  if (positions_.empty()) return;
+  placed_ = backend.alloc(positions_.size());
+  backend.from_host(reinterpret_cast<const float*>(positions_.data()), placed_->data(),
+                    positions_.size());
+  const auto* base = reinterpret_cast<const int32_t*>(placed_->data());
+  for (KvSelection& sel : layers_) sel.positions = base + (sel.positions - positions_.data());
 }
 
 }  // namespace qs

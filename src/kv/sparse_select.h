@@ -6,6 +6,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -30,6 +31,10 @@ class SparseDraftIndex {
   void select_snapkv_layer(int layer, const float* q, const float* k, int64_t k_stride,
                            const AttentionShape& shape, int kernel);
 
+  // Copies the positions into `backend`'s memory and points layers() there (attention reads them
+  // where it runs). Call once, after the index is built.
+  void place(Backend& backend);
+
   bool empty() const { return layers_.empty(); }
   const KvSelection* layers() const { return layers_.data(); }  // [num_layers]
   size_t bytes() const { return positions_.size() * sizeof(int32_t); }
@@ -41,7 +46,8 @@ class SparseDraftIndex {
   int prompt_len_ = 0;
   int window_ = 0;                  // SnapKV: observation queries
   std::vector<int32_t> positions_;  // [num_layers, num_kv_heads, count] ascending per head
-  std::vector<KvSelection> layers_;  // [num_layers] views into positions_
+  std::vector<KvSelection> layers_;  // [num_layers] views into positions_ (or placed_)
+  std::shared_ptr<Buffer> placed_;   // the positions in backend memory, after place()
 };
 
 }  // namespace qs

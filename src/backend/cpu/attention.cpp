@@ -159,10 +159,12 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
             const int64_t meta = (kvh * (qseg->capacity / G) + t0 / G) * hd;
             float* step = key_meta.data();
             float* kmin = step + hd;
+            // Codes come centred (simd.h): the min moves to the middle of the range.
+            const float center = qseg->int8 ? cpu::kCodeCenter8 : cpu::kCodeCenter4;
             for (int d = 0; d < hd; ++d) {
               const float sc = f16_to_f32(qseg->key_scale[meta + d]);
               step[d] = qseg->int8 ? sc * 0.0625f : sc;
-              kmin[d] = f16_to_f32(qseg->key_min[meta + d]);
+              kmin[d] = f16_to_f32(qseg->key_min[meta + d]) + center * step[d];
             }
             for (int i = 0; i < rows_per_task; ++i) {
               if (bq_of(i) <= t0) continue;
@@ -214,7 +216,8 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
           }
 
           // Values of the quantized history: sum_t p*(code*s + min) per value group
-          // = sum_t (p*s)*code + sum_t p*min, accumulated even / odd channels apart.
+          // = sum_t (p*s)*code + sum_t p*min (centred codes and mins, simd.h), accumulated even /
+          // odd channels apart.
           if (bq_max > 0) {
             std::fill(acc.begin(), acc.begin() + qh_count * hd, 0.0f);
             std::fill(acc_min.begin(), acc_min.begin() + qh_count * vgroups, 0.0f);
@@ -227,7 +230,8 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
             for (int g = 0; g < vgroups; ++g) {
               const float sc = f16_to_f32(qseg->value_scale[meta + g]);
               const float vs = qseg->int8 ? sc * 0.0625f : sc;
-              const float vmin = f16_to_f32(qseg->value_min[meta + g]);
+              const float vmin = f16_to_f32(qseg->value_min[meta + g]) +
+                                 (qseg->int8 ? cpu::kCodeCenter8 : cpu::kCodeCenter4) * vs;
               const int c0 = g * gv / 2;
               for (int i = 0; i < rows_per_task; ++i) {
                 if (t >= bq_of(i)) continue;
