@@ -1,6 +1,9 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
-//   bench_ops [--sections copy,gemv,tune,attn,prefill,step,w4mm,w4var,kvflush,quantkv] [--quick]
+//   bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,kvflush,quantkv]
+//             [--quick]
+//
+// prefattn: one layer's causal prefill attention, f32 kernel vs tensor cores, 4K/32K/128K.
 //
 // quantkv: attention over the hierarchical quantized KV cache (draft INT4 and target INT8 views).
 // w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; kvflush: quantize_kv.
@@ -26,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention_prefill_tc.h"
 #include "backend/cuda/attention_quant.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -330,6 +334,47 @@ void bench_prefill(CudaBackend& be, CudaBackend& fast) {
   (void)s;
 }
 
+// Causal prefill attention of one layer from position 0, the f32 CUDA-core kernel against the
+// tensor-core kernel (attention_prefill_tc.cu), at the Llama-2-7B (32/32 heads) and
+// Llama-3.1-8B (32/8) shapes; FLOP = 4 m n_kv_avg head_dim heads with n_kv_avg = (m + 1) / 2,
+// and the whole prefill's attention estimated as 32 such layers. 128K runs on tensor cores
+// only (the f32 kernel needs seconds per layer there), and only for Llama-3.1-8B.
+void bench_prefill_attention(CudaBackend& be, bool quick) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  const cuda::PrefillAttentionTuning saved = cuda::prefill_attention_tuning();
+  for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
+    for (int m : {4096, 32768, 131072}) {
+      if (m == 131072 && (quick || sh != &kLlama31_8B)) continue;
+      if (quick && m != 32768) continue;
+      const int64_t q_dim = int64_t(sh->heads) * sh->head_dim;
+      const int64_t kv_dim = int64_t(sh->kv_heads) * sh->head_dim;
+      auto q = random_f32(size_t(m) * q_dim, 21);
+      auto kk = random_f32(size_t(m) * kv_dim, 22);
+      auto vv = random_f32(size_t(m) * kv_dim, 23);
+      DeviceMem out(size_t(m) * q_dim * 4);
+      const AttentionShape shape{sh->heads, sh->kv_heads, sh->head_dim,
+                                 static_cast<float>(1.0 / std::sqrt(double(sh->head_dim)))};
+      const double flops = 4.0 * sh->heads * sh->head_dim * double(m) * (double(m) + 1) / 2;
+      for (bool tc : {false, true}) {
+        if (!tc && m > 32768) continue;
+        cuda::set_prefill_attention_tuning({tc});
+        const int reps = m <= 4096 ? 5 : 1;
+        const double ms = time_ms(
+            s,
+            [&](int) {
+              be.attention_prefill(q->f32(), m, 0, shape,
+                                   KvView{kk->f32(), vv->f32(), kv_dim, m}, out.f32());
+            },
+            reps, m <= 32768 ? 3 : 1);
+        summary("| attn prefill %-11s %-3s m=%-6d | %9.2f ms | %6.1f TFLOP/s | x%d layers %7.2f s |",
+                sh->model, tc ? "tc" : "f32", m, ms, flops / (ms * 1e-3) / 1e12, sh->layers,
+                ms * sh->layers * 1e-3);
+      }
+    }
+  }
+  cuda::set_prefill_attention_tuning(saved);
+}
+
 // One decode step of a whole model (random bf16 weights, f32 KV cache of `ctx` positions).
 class DecodeStep {
  public:
@@ -582,18 +627,21 @@ void bench_gemv_q4(CudaBackend& be, bool quick) {
 // The variants of the q4 kernel side by side (cuda::Q4GemvTuning), graph-timed.
 void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
   auto s = static_cast<cudaStream_t>(be.stream());
-  // {row_tiles, warps, stages}: 0 = automatic; stages 4 = the cp.async ring.
-  const cuda::Q4GemvTuning variants[] = {{1, 0, 0}, {2, 0, 0}, {4, 0, 0}, {0, 2, 0},
-                                         {0, 4, 0}, {0, 8, 0}, {0, 0, 0}, {1, 0, 4},
-                                         {2, 0, 4}, {4, 0, 4}, {0, 8, 4}, {0, 0, 4}};
+  // {row_tiles, warps, stages, kernel}: 0 = automatic; stages 4 = the cp.async ring; kernel 1 =
+  // tensor cores, 2 = CUDA cores (m <= 8; warps applies), 0 = the automatic choice.
+  const cuda::Q4GemvTuning variants[] = {
+      {1, 0, 0, 1}, {2, 0, 0, 1}, {4, 0, 0, 1}, {0, 2, 0, 1}, {0, 4, 0, 1}, {0, 8, 0, 1},
+      {0, 0, 0, 1}, {1, 0, 4, 1}, {2, 0, 4, 1}, {4, 0, 4, 1}, {0, 8, 4, 1}, {0, 0, 4, 1},
+      {0, 0, 0, 2}, {0, 2, 0, 2}, {0, 4, 0, 2}, {0, 8, 0, 2}, {0, 0, 0, 0}};
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   summary(
-      "| gemv-q4 variants (us, %% of 4.24 TB/s) | rt1 | rt2 | rt4 | w2 | w4 | w8 | auto | "
-      "ring rt1 | ring rt2 | ring rt4 | ring w8 | ring auto |");
+      "| gemv-q4 variants (us, %% of 4.24 TB/s) | mma rt1 | mma rt2 | mma rt4 | mma w2 | mma w4 | "
+      "mma w8 | mma auto | ring rt1 | ring rt2 | ring rt4 | ring w8 | ring auto | cc auto | "
+      "cc w2 | cc w4 | cc w8 | auto |");
   for_each_q4_shape(be, quick, [&](const Q4Mat& mat, std::vector<QuantizedWeight4>& ws, float* x,
                                    float* y) {
     const int copies = static_cast<int>(ws.size());
-    for (int m : {1, 5}) {
+    for (int m : {1, 2, 4, 5}) {
       std::string line;
       char buf[64];
       for (const cuda::Q4GemvTuning& t : variants) {
@@ -744,7 +792,8 @@ struct QuantLayer {
 // One layer's attention over the hierarchical KV (G = Gv = 128): the draft (INT4 view, m = 1) and
 // the target (INT8, m = 5, 7, 9) at 4K, 32K and 128K positions, as a captured step runs it (graph)
 // and eagerly. Bytes: what the call needs (kv.read_bytes: codes, metadata, f32 rows). At 32K the
-// CUDA-core path (the fallback) is timed too.
+// CUDA-core path (the fallback) is timed too, and the tensor-core path planned for 2 and 4 waves of
+// blocks (QuantAttentionTuning::split_factor; also with --quick).
 void bench_quant_attention(CudaBackend& be, bool quick) {
   auto s = static_cast<cudaStream_t>(be.stream());
   const int G = 128, m_max = 9;
@@ -772,9 +821,18 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
       };
       for (const Run& r : {Run{"draft int4", false, 1}, Run{"target int8", true, 5},
                            Run{"target int8", true, 7}, Run{"target int8", true, 9}}) {
-        for (bool tensor_cores : {true, false}) {
-          if (!tensor_cores && (quick || ctx != 32768)) continue;
-          cuda::set_quant_attention_tuning({tensor_cores, 0});
+        // Variants (label suffix): the default plan, the CUDA-core path, 2 and 4 waves of blocks.
+        struct Variant {
+          bool tensor_cores;
+          int split_factor;
+          const char* label;
+        };
+        for (const Variant& var : {Variant{true, 1, ""}, Variant{false, 1, " cuda-cores"},
+                                   Variant{true, 2, " x2 waves"}, Variant{true, 4, " x4 waves"}}) {
+          const bool tensor_cores = var.tensor_cores;
+          const bool is_default = tensor_cores && var.split_factor == 1;
+          if (!is_default && ctx != 32768) continue;
+          cuda::set_quant_attention_tuning({tensor_cores, 0, var.split_factor});
           std::vector<QuantizedKvSegment> segs;
           for (const auto& l : layers) {
             segs.push_back(l->seg);
@@ -798,7 +856,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           const double bytes = double(rb.upper + rb.lower + rb.meta + rb.fp);
           summary("| attn-q %-11s ctx=%-6d %-11s m=%d%-11s | %8.1f us (eager %8.1f) | %7.1f MB | "
                   "%6.0f GB/s | %5.1f%% |",
-                  sh->model, ctx, r.what, r.m, tensor_cores ? "" : " cuda-cores", graph * 1e3,
+                  sh->model, ctx, r.what, r.m, var.label, graph * 1e3,
                   eager * 1e3, bytes / 1e6, gbps(bytes, graph), pct(bytes, graph));
         }
       }
@@ -812,7 +870,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
 
 int main(int argc, char** argv) {
   using namespace qs;
-  std::string sections = "copy,gemv,tune,attn,prefill,step,w4mm,w4var,kvflush,quantkv";
+  std::string sections = "copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,kvflush,quantkv";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sections") && i + 1 < argc) {
@@ -821,7 +879,8 @@ int main(int argc, char** argv) {
       quick = true;
     } else {
       std::fprintf(stderr,
-                   "usage: bench_ops [--sections copy,gemv,tune,attn,prefill,step,w4mm,w4var,"
+                   "usage: bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,"
+                   "w4var,"
                    "kvflush,quantkv] [--quick]\n");
       return 2;
     }
@@ -846,6 +905,7 @@ int main(int argc, char** argv) {
   (*be)->release_weights();
   if (has("attn")) bench_attention(**be, quick);
   if (has("prefill")) bench_prefill(**be, **fast);
+  if (has("prefattn")) bench_prefill_attention(**be, quick);
   (*be)->release_weights();
   (*fast)->release_weights();
   if (has("step")) bench_step(**be, quick);

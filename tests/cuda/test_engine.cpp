@@ -1,6 +1,6 @@
 // The whole engine on the GPU (--device cuda): the same greedy tokens as the CPU engine on the
-// bundled trained model, in every decoding mode that runs on CUDA, and the same sequence logits
-// through the hierarchical cache.
+// bundled trained model, in every decoding mode (AR over each cache, QuantSpec, the sparse-KV
+// drafts), and the same sequence logits through the hierarchical cache.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -82,9 +82,11 @@ TEST_P(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
     ASSERT_TRUE(want.ok()) << want.error().message;
     ASSERT_TRUE(got.ok()) << got.error().message;
     EXPECT_EQ(got->tokens, want->tokens) << c.name << " prompt " << prompt_len;
-    if (c.mode == DecodeMode::kQuantSpec) {
+    if (c.mode != DecodeMode::kAr) {
       EXPECT_GT(got->stats.rounds, 0);
-      std::printf("[ quantspec ] %s prompt %d: acceptance cpu %.3f gpu %.3f\n", c.name,
+      // The same draft on both: the same acceptance up to near-ties of the draft's argmax.
+      EXPECT_NEAR(got->stats.acceptance_rate(), want->stats.acceptance_rate(), 0.05) << c.name;
+      std::printf("[ speculative ] %s prompt %d: acceptance cpu %.3f gpu %.3f\n", c.name,
                   prompt_len, want->stats.acceptance_rate(), got->stats.acceptance_rate());
     }
   }
@@ -102,7 +104,9 @@ TEST_P(CudaEngineTest, SequenceLogitsMatchTheCpuEngine) {
   ASSERT_TRUE(want.ok()) << want.error().message;
   ASSERT_TRUE(got.ok()) << got.error().message;
   const double err = testing::rel_error(*got, *want);
-  EXPECT_LT(err, 1e-4) << c.name;
+  // Quantized caches: code flips at rounding boundaries (see test_model.cpp) bound the agreement.
+  const double bound = c.kv == KvType::kFp16 ? 1e-4 : c.kv == KvType::kInt8 ? 2e-3 : 3e-2;
+  EXPECT_LT(err, bound) << c.name;
   std::printf("[ max rel error ] %s sequence logits (700 tokens): %.3g\n", c.name, err);
 }
 
@@ -115,18 +119,12 @@ INSTANTIATE_TEST_SUITE_P(
         ModeCase{"quantspec_int4", DecodeMode::kQuantSpec, KvType::kFp16, DraftWeights::kInt4,
                  32},
         ModeCase{"quantspec_native", DecodeMode::kQuantSpec, KvType::kFp16,
-                 DraftWeights::kNative, 128}),
+                 DraftWeights::kNative, 128},
+        ModeCase{"streamingllm_int4", DecodeMode::kStreamingLlm, KvType::kFp16,
+                 DraftWeights::kInt4, 128},
+        ModeCase{"snapkv_native", DecodeMode::kSnapKv, KvType::kFp16, DraftWeights::kNative,
+                 128}),
     [](const auto& info) { return std::string(info.param.name); });
-
-TEST(CudaEngine, SparseModesSayTheyRunOnTheCpuOnly) {
-  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
-  EngineOptions o;
-  o.device = Device::kCuda;
-  o.mode = DecodeMode::kSnapKv;
-  auto made = Engine::load(default_model(), o);
-  ASSERT_FALSE(made.ok());
-  EXPECT_NE(made.error().message.find("CPU only"), std::string::npos) << made.error().message;
-}
 
 }  // namespace
 }  // namespace qs

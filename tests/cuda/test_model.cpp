@@ -89,7 +89,13 @@ void CudaModelTest::check_logits(const char* model_name, KvMode mode) {
     cpu_cache.commit(pos + s.m);
     gpu_cache.commit(pos + s.m);
     const double err = rel_error(gpu_logits, cpu_logits);
-    EXPECT_LT(err, 1e-4) << model_name << " " << kv_mode_name(mode) << " pos=" << pos
+    // Full precision: summation order only. Quantized views: the two backends quantize K/V rows
+    // that differ by ~1e-6 (their own projections), so a value next to a rounding boundary gets
+    // a neighbouring code (one INT8 step s/16, or one INT4 step s) on one side only; the
+    // attention kernels themselves agree to ~1e-6 (tests/cuda/test_attention_quant.cpp). The
+    // bounds are far below what a wrong view or flush gives (O(1)).
+    const double bound = mode == KvMode::kFp ? 1e-4 : mode == KvMode::kInt8 ? 2e-3 : 3e-2;
+    EXPECT_LT(err, bound) << model_name << " " << kv_mode_name(mode) << " pos=" << pos
                          << " m=" << s.m;
     worst = std::max(worst, err);
     pos += s.m;

@@ -10,7 +10,8 @@
 // matmul_q4 tolerance (relative Frobenius error against the CPU's f32 result): the tensor-core
 // kernel carries each activation as a bf16 hi + lo pair (error <= 2^-17 of x) multiplying the
 // centred codes (U - 8) * s, so the error is a few 1e-6 of the result; held to 2e-5 like the bf16
-// GEMV. The kernel for other group sizes is plain f32: 2e-6.
+// GEMV. The CUDA-core kernel (exact f32 products, group terms s * sum(U x) + min * sum(x)) is held
+// to the same bound. The kernel for other group sizes is plain f32: 2e-6.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -287,13 +288,16 @@ TEST_F(CudaOpsTest, QuantizeKvIsBitIdenticalToTheCpu) {
 }
 
 // The other shapes the kernel accepts: small and large G, head_dim 32 and 256 (the 1024-thread
-// and 8-channel-per-lane variants), value groups below 32.
+// and 8-channel-per-lane variants), value groups below 32, large launches (no small-flush
+// split).
 TEST_F(CudaOpsTest, QuantizeKvOtherSupportedShapes) {
   const KvCase cases[] = {
       {2, 32, 8, 32, 3, 5, 0},     {3, 32, 16, 32, 0, 4, 1},    {4, 32, 32, 16, 2, 3, 0},
       {2, 64, 256, 64, 1, 2, 4},   {2, 128, 256, 128, 0, 2, 2}, {2, 256, 128, 256, 1, 2, 0},
       {1, 256, 256, 256, 0, 2, 4}, {2, 256, 256, 32, 1, 1, 3},  {3, 128, 64, 8, 0, 3, 4},
       {2, 64, 32, 4, 2, 2, 1},     {5, 128, 128, 64, 0, 2, 0},
+      // Launches of >= 128 blocks: 16-token key slices, split in 2 parts or not split.
+      {8, 128, 128, 128, 1, 20, 4}, {16, 128, 64, 32, 0, 20, 0},
   };
   uint64_t seed = 3000;
   for (const KvCase& c : cases) {
@@ -446,7 +450,7 @@ TEST_F(CudaOpsTest, MatmulQ4EveryTuning) {
   for (int stages : {0, 4}) {
     for (int rt : {0, 1, 2, 4}) {
       for (int warps : {0, 1, 3, 8}) {
-        cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{rt, warps, stages});
+        cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{rt, warps, stages, /*kernel=*/1});
         for (const QuantizedWeight4* w : {&a, &b}) {
           for (int m : {1, 4, 8, 9, 16}) {
             const WeightView* bv = (w == &a && m % 2 == 1) ? &bias.view : nullptr;
@@ -459,6 +463,54 @@ TEST_F(CudaOpsTest, MatmulQ4EveryTuning) {
     }
   }
   cuda::set_q4_gemv_tuning(saved);
+}
+
+// The CUDA-core kernel (m <= 8) on every row count, warp split, odd shape (short last group,
+// partial last tile, odd K: scalar activation loads), bias dtype and misaligned x; m > 8 falls
+// back to the tensor cores under the same tuning.
+TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  const QuantizedWeight4 a = make_q4(300, 1000, 800), b = make_q4(130, 4096, 801),
+                         c = make_q4(37, 301, 802), d = make_q4(17, 129, 803);
+  HostWeight b32(random_normal(300, 804), DType::F32, 1, 300, "b");
+  HostWeight b16(random_normal(300, 805), DType::BF16, 1, 300, "b");
+  double worst = 0;
+  for (int warps : {0, 1, 3, 8}) {
+    cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, warps, 0, /*kernel=*/2});
+    for (const QuantizedWeight4* w : {&a, &b, &c, &d}) {
+      for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+        const WeightView* bv =
+            w != &a ? nullptr : m % 3 == 0 ? &b32.view : m % 3 == 1 ? &b16.view : nullptr;
+        for (int x_offset : {0, 1}) {
+          const double err = run_q4(gpu(), cpu(), *w, m, bv, 810 + m, x_offset);
+          EXPECT_LT(err, kQ4Tolerance) << describe(*w, m, bv != nullptr) << " warps=" << warps
+                                       << " x_offset=" << x_offset;
+          worst = std::max(worst, err);
+        }
+      }
+    }
+  }
+  cuda::set_q4_gemv_tuning(saved);
+  gpu().release_weights();
+  std::printf("[ max rel error ] matmul_q4 CUDA-core kernel, m = 1..9: %.3g\n", worst);
+}
+
+// Large K and N for the CUDA-core kernel: several load batches per warp, many blocks.
+TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernelModelShapes) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, /*kernel=*/2});
+  double worst = 0;
+  for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 4096}, {1024, 11008}}) {
+    const QuantizedWeight4 w = make_q4(rows, cols, 900 + rows + cols);
+    for (int m : {1, 2, 4, 5, 8}) {
+      const double err = run_q4(gpu(), cpu(), w, m, nullptr, 910 + m);
+      EXPECT_LT(err, kQ4Tolerance) << describe(w, m, false);
+      worst = std::max(worst, err);
+    }
+    gpu().release_weights();
+  }
+  cuda::set_q4_gemv_tuning(saved);
+  std::printf("[ max rel error ] matmul_q4 CUDA-core kernel, Llama shapes: %.3g\n", worst);
 }
 
 TEST_F(CudaOpsTest, MatmulQ4UnalignedActivations) {

@@ -3,11 +3,17 @@
 # stage): `quantspec bench --device cuda` on the bundled trained model (a real acceptance rate)
 # and on seeded random-weight models of the Llama-2-7B and Llama-3.1-8B shapes (real memory
 # traffic). JSON per model and the tables go to $OUT.
+# padded-llama2-7b / padded-llama3.1-8b (not in the default list; name them in QS_E2E): the
+# bundled model padded to those shapes by tools/pad_model.py (the same function, so its real
+# acceptance, at 7B/8B weight and KV bytes), made in /tmp/qs-padded-<shape> unless present
+# (~1 min, 13.5 / 16 GB of disk each) and benched on held-out text.
 #
-#   bash tools/gpu/bench_e2e.sh                 # everything below
+#   bash tools/gpu/bench_e2e.sh                 # default llama2-7b llama3.1-8b
 #   QS_E2E="default llama3.1-8b" bash tools/gpu/bench_e2e.sh
+#   QS_E2E="padded-llama2-7b padded-llama3.1-8b" bash tools/gpu/bench_e2e.sh
 #
-# Environment: QS_E2E (models to run: default llama2-7b llama3.1-8b), QS_E2E_TOKENS (generated
+# Environment: QS_E2E (models to run: default llama2-7b llama3.1-8b padded-llama2-7b
+# padded-llama3.1-8b; default: the first three), QS_E2E_TOKENS (generated
 # tokens per run, default 128), QS_E2E_GAMMAS (default 2,4,6), QS_E2E_MODES, QS_E2E_CONTEXTS
 # (one list for every model instead of the defaults below), OUT.
 set -uo pipefail
@@ -31,11 +37,24 @@ declare -A contexts=(
   [default]=1024,4096,16000
   [llama2-7b]=4096,32768
   [llama3.1-8b]=4096,32768,131072
+  # The padded models are the bundled one, trained at 16K context.
+  [padded-llama2-7b]=4096,16000
+  [padded-llama3.1-8b]=4096,16000
 )
 
 for name in ${QS_E2E:-default llama2-7b llama3.1-8b}; do
   if [[ $name == default ]]; then
     dir=models/default
+    extra=(--prompt-tokens models/default/heldout.u16)
+  elif [[ $name == padded-* ]]; then
+    dir=/tmp/qs-$name
+    if [[ ! -f $dir/config.json ]]; then
+      t0=$SECONDS
+      rm -rf "$dir"  # a partial one from an interrupted run
+      python3 tools/pad_model.py --shape "${name#padded-}" --src models/default --out "$dir" \
+        >"$out/make-$name.log" 2>&1 || { echo "bench_e2e: cannot make $name"; tail -3 "$out/make-$name.log"; continue; }
+      echo "bench_e2e: made $name in $((SECONDS - t0)) s"
+    fi
     extra=(--prompt-tokens models/default/heldout.u16)
   else
     dir=/tmp/qs-$name

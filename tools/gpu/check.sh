@@ -50,7 +50,7 @@ cuobjdump_bin=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
 if want sass && [[ -x $cuobjdump_bin ]]; then
   # Load / tensor-core / branch / local-memory instructions of each kernel, in program order:
   # are the 16-byte weight loads issued together, is anything spilled.
-  for obj in "$build"/src/backend/cuda/CMakeFiles/qs_backend_cuda.dir/{gemv,attention,attention_quant,gemv_q4,kv_quantize}.cu.o; do
+  for obj in "$build"/src/backend/cuda/CMakeFiles/qs_backend_cuda.dir/{gemv,attention,attention_quant,attention_prefill_tc,gemv_q4,kv_quantize}.cu.o; do
     "$cuobjdump_bin" -sass "$obj" | grep -E 'Function :|LDG|HMMA|BRA|LDL|STL|SHFL' |
       sed -E 's@^\s+/\*[0-9a-f]+\*/\s+@@; s@\s*/\*.*@@; s@ +@ @g'
   done >"$out/sass.txt" 2>&1
@@ -65,7 +65,7 @@ fi
 if want sanitize && [[ -x $build/tests/test_cuda ]]; then
   # Small cases of every kernel: memcheck (out-of-bounds, misaligned), then racecheck on the
   # kernels that share memory between threads.
-  subset='CudaOpsTest.EmbeddingMatchesCpuExactly:CudaOpsTest.RmsNormMatchesCpu:CudaOpsTest.RopeMatchesCpu:CudaOpsTest.SwigluAndAddMatchCpu:CudaOpsTest.GemvEveryRowCountAndDtype:CudaOpsTest.GemvOddShapesUseTheFallback:CudaOpsTest.GemvEveryTuning:CudaOpsTest.AttentionSanitizerSubset:CudaOpsTest.QuantAttentionSanitizerSubset:CudaOpsTest.QuantizeKvOtherSupportedShapes:CudaOpsTest.MatmulQ4OddAndShortShapes:TinyModels/CudaModelTest.*'
+  subset='CudaOpsTest.EmbeddingMatchesCpuExactly:CudaOpsTest.RmsNormMatchesCpu:CudaOpsTest.RopeMatchesCpu:CudaOpsTest.SwigluAndAddMatchCpu:CudaOpsTest.GemvEveryRowCountAndDtype:CudaOpsTest.GemvOddShapesUseTheFallback:CudaOpsTest.GemvEveryTuning:CudaOpsTest.AttentionSanitizerSubset:CudaOpsTest.QuantAttentionSanitizerSubset:CudaOpsTest.QuantizeKvOtherSupportedShapes:CudaOpsTest.MatmulQ4OddAndShortShapes:CudaOpsTest.AttentionPrefillTcPaddedRowStride:TinyModels/CudaModelTest.*'
   run_stage sanitize 150 bash -c "compute-sanitizer --tool memcheck --error-exitcode 3 '$build/tests/test_cuda' --gtest_filter='$subset' >'$out/sanitizer.log' 2>&1 && compute-sanitizer --tool racecheck --error-exitcode 3 '$build/tests/test_cuda' --gtest_filter='CudaOpsTest.AttentionSanitizerSubset:CudaOpsTest.GemvEveryRowCountAndDtype:CudaOpsTest.QuantAttentionSanitizerSubset:CudaOpsTest.QuantizeKvOtherSupportedShapes:CudaOpsTest.MatmulQ4OddAndShortShapes' >>'$out/sanitizer.log' 2>&1"
 fi
 

@@ -7,6 +7,7 @@
 // l = l1 2^(m1-m) + l2 2^(m2-m), o = o1 2^(m1-m) + o2 2^(m2-m); a state that saw only masked
 // positions has m = -inf and weight 0. The full score matrix is never materialized.
 #include <algorithm>
+#include <climits>
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
@@ -80,8 +81,10 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(Attent
   const int lane = threadIdx.x % 32;
   const int gl = lane % kLanes;  // lane within the group: dims [gl * kVec, +kVec)
   const int gid = threadIdx.x / kLanes;
+  // Indices into the kv head's sequence: position i, or with a selection its i-th entry.
   const int t_begin = split * a.split_len;
-  const int t_end = min(a.pos + a.m, t_begin + a.split_len);
+  const int t_end = min(a.seq_len(), t_begin + a.split_len);
+  const int32_t* sel = a.sel_positions + static_cast<int64_t>(kvh) * a.sel_count;
 
   int last_visible[QMAX];  // query vector j sees positions [0, pos + row]
   float m_run[QMAX], l_run[QMAX], o[QMAX][kVec];
@@ -99,10 +102,15 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(Attent
   // The step loop is uniform across the block (shuffles below need whole warps).
   for (int t_step = t_begin; t_step < t_end; t_step += kGroups * kDecodeUnroll) {
     float kr[kDecodeUnroll][kVec], vr[kDecodeUnroll][kVec];
+    int tpos[kDecodeUnroll];  // the position of each row (masking)
 #pragma unroll
     for (int u = 0; u < kDecodeUnroll; ++u) {
-      const int t = t_step + u * kGroups + gid;
-      if (t < t_end) {
+      const int i = t_step + u * kGroups + gid;
+      const int t = !a.selected            ? i
+                    : i < a.sel_count      ? __ldg(sel + i)
+                                           : a.sel_dense_from + (i - a.sel_count);
+      tpos[u] = i < t_end ? t : INT_MAX;
+      if (i < t_end) {
         const float4* kp = reinterpret_cast<const float4*>(k_base + t * a.row_stride);
         const float4* vp = reinterpret_cast<const float4*>(v_base + t * a.row_stride);
 #pragma unroll
@@ -142,8 +150,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(Attent
       float step_max = kNegInf;
 #pragma unroll
       for (int u = 0; u < kDecodeUnroll; ++u) {
-        const int t = t_step + u * kGroups + gid;
-        if (t >= t_end || t > last_visible[j]) s[u] = kNegInf;
+        if (tpos[u] > last_visible[j]) s[u] = kNegInf;  // past the end: INT_MAX
         step_max = fmaxf(step_max, s[u]);
       }
       const float m_new = fmaxf(m_run[j], step_max);
@@ -426,8 +433,10 @@ void check_args(const AttentionArgs& a) {
   QS_CHECK_MSG(bits % 16 == 0, "attention: q, k, v and out must be 16-byte aligned");
   QS_CHECK(a.num_splits >= 1 && a.num_splits <= 65535);
   QS_CHECK(a.split_len >= 1);
-  QS_CHECK(static_cast<int64_t>(a.num_splits) * a.split_len >= a.pos + a.m);
+  QS_CHECK(static_cast<int64_t>(a.num_splits) * a.split_len >= a.seq_len());
   QS_CHECK(a.num_splits == 1 || (a.partial_o != nullptr && a.partial_ml != nullptr));
+  QS_CHECK(!a.selected || (a.sel_count >= 0 && a.sel_dense_from >= 0 &&
+                           a.sel_dense_from <= a.pos && (a.sel_count == 0 || a.sel_positions)));
 }
 
 template <typename Kernel>
@@ -552,6 +561,8 @@ void launch_attention_decode(const AttentionArgs& a, cudaStream_t stream) {
 }
 
 void launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
+  QS_CHECK_MSG(!a.selected,
+               "attention: a KV selection (sparse draft) runs through the decode kernel only");
   check_args(a);
   switch (a.head_dim) {
     case 32:

@@ -22,8 +22,10 @@
 //    2^E that only decreases (O is rescaled together with the softmax correction), moved from
 //    the score fragment layout to the B layout by movmatrix; sum p * min per value group in f32.
 //  - A code byte becomes f16 without a conversion instruction: prmt puts it into the mantissa of
-//    1024 (0x6400 | b is exactly 1024 + b) and one f16x2 subtraction removes 1024 (INT4) or
-//    1032 (INT8, where the byte is 16U + (L + 8)).
+//    1024 (0x6400 | b is exactly 1024 + b) and one f16x2 subtraction removes 1024 + 8 (INT4) or
+//    1024 + 128 (INT8, where the byte is 16U + (L + 8)): the codes are centred on the middle of
+//    their grid and the min replaced by the grid's midpoint (min + 8 s, min + 7.5 s), so the
+//    product and the min terms do not cancel (MmaPath::kCenter).
 // CUDA-core path (the full-precision rows always; the quantized history for head_dim 32/256,
 // G or Gv not a multiple of 32, or with the tensor cores switched off): a warp owns 8 query
 // vectors (4 for head_dim 256), a lane head_dim/32 channels, 8 rows per step (4 quantized); the 8
@@ -450,7 +452,13 @@ struct MmaPath {
   static constexpr int kUnitsPerGroup = R / NG;  // code units (32 channels) per value group
   static constexpr int kQStride = HD + kQPad;
   static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
-  static constexpr uint32_t kBias = INT8 ? 0x64086408u : 0x64006400u;  // f16x2 1032 / 1024
+  // Codes are centred: the f16 operands are code - kCenter (INT4: U - 8 in [-8, 7]; INT8:
+  // 16U + L - 120 in [-128, 127]) and the group's min is replaced by its midpoint
+  // min + kCenter * step. Uncentred, sum p * step * code and sum p * min are both ~|min| while
+  // their sum (the output) is ~|min| / sqrt(positions): the cancellation turns f32 rounding into
+  // a 1e-3 relative error at 32K positions.
+  static constexpr float kCenter = INT8 ? 120.0f : 8.0f;
+  static constexpr uint32_t kBias = INT8 ? 0x64806480u : 0x64086408u;  // f16x2 1152 / 1032
   static_assert(R == 2 || R == 4, "head_dim 64 or 128");
   static_assert(NG >= 1 && R % NG == 0, "value groups of 32, 64 or 128 channels");
   static_assert(mma_sub_bytes(HD, INT8, NG) == kBytes, "stage layout");
@@ -507,8 +515,8 @@ struct MmaPath {
         const float2 m2 = __half22float2(*reinterpret_cast<const __half2*>(&mw[i]));
         x[u][2 * i] = qv[2 * i] * (s2.x * kStepMul);
         x[u][2 * i + 1] = qv[2 * i + 1] * (s2.y * kStepMul);
-        qmp = fmaf(qv[2 * i], m2.x, qmp);
-        qmp = fmaf(qv[2 * i + 1], m2.y, qmp);
+        qmp = fmaf(qv[2 * i], fmaf(kCenter, s2.x * kStepMul, m2.x), qmp);
+        qmp = fmaf(qv[2 * i + 1], fmaf(kCenter, s2.y * kStepMul, m2.y), qmp);
         amax = fmaxf(amax, fmaxf(fabsf(x[u][2 * i]), fabsf(x[u][2 * i + 1])));
       }
     }
@@ -637,7 +645,7 @@ struct MmaPath {
         for (int g = 0; g < NG; ++g) {
           vstep[st][jb][g] = __half2float(vsc[tl * NG + g]) * kStepMul;
           vmax = fmaxf(vmax, vstep[st][jb][g]);
-          const float vm = __half2float(vmn[tl * NG + g]);
+          const float vm = fmaf(kCenter, vstep[st][jb][g], __half2float(vmn[tl * NG + g]));
 #pragma unroll
           for (int k = 0; k < 2; ++k) acc_min[k][g] = fmaf(p[st][2 * jb + k], vm, acc_min[k][g]);
         }
@@ -1189,7 +1197,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const int64_t base = static_cast<int64_t>(a.num_kv_heads) * pl.query_groups;
   const int64_t slots =
       static_cast<int64_t>(num_sms) * std::max(1, blocks_per_sm(kc.fn, pl.threads, pl.smem_bytes));
-  const int64_t want = std::max<int64_t>(1, slots / base);
+  const int64_t want = std::max<int64_t>(1, slots * std::max(1, tune.split_factor) / base);
   const int unit = kSubTokens * pl.token_slices;  // tensor-core sub-chunks of every slice
   const int64_t q_max = ceil_div(b_max, unit);    // splits with a non-empty quantized range
   int64_t splits =

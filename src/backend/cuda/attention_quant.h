@@ -74,6 +74,7 @@ void add_quant_attention_read_bytes(int m, int pos, const AttentionShape& shape,
 struct QuantAttentionTuning {
   bool tensor_cores = true;  // false: the CUDA-core path for every head_dim
   int splits = 0;            // > 0: force the number of splits (clamped to the positions)
+  int split_factor = 1;      // >= 1: the heuristic aims at this many waves of blocks (benchmarks)
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();

@@ -9,6 +9,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "backend/cuda/attention_prefill_tc.h"
 #include "backend/cuda/attention_quant.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -129,6 +130,7 @@ struct CudaBackend::Impl {
 
   Scratch attn_partial;  // attention split partials: o then (m, l)
   Scratch act_split;     // prefill matmul: activations split into hi/lo halves
+  Scratch attn_tc;       // tensor-core prefill attention: K/V hi/lo planes
   Scratch ids;           // token ids of large embedding calls
 
   ~Impl() {
@@ -138,6 +140,7 @@ struct CudaBackend::Impl {
     }
     attn_partial.release();
     act_split.release();
+    attn_tc.release();
     ids.release();
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (cublas) cublasDestroy(cublas);
@@ -194,7 +197,7 @@ struct CudaBackend::Impl {
 
   // Fills the split fields of `a` and points the partials at scratch memory.
   void plan_splits(cuda::AttentionArgs& a, int64_t base_blocks, int forced_splits) {
-    const int64_t kv_len = a.pos + a.m;
+    const int64_t kv_len = a.seq_len();
     const int64_t per_split = static_cast<int64_t>(a.m) * a.num_heads * (a.head_dim + 2);
     const int max_splits =
         static_cast<int>(std::clamp<int64_t>(kMaxPartialFloats / per_split, 1, kMaxSplits));
@@ -422,8 +425,10 @@ cuda::AttentionArgs make_args(const float* q, int m, int pos, const AttentionSha
   // A quantized segment goes through attention() (attention_quant.cu).
   QS_CHECK_MSG(kv.quantized == nullptr && kv.fp_base == 0,
                "attention: the decode/prefill kernels read a full-precision KV view only");
+  const KvSelection* sel = kv.selection;
   if (kv.read_bytes) {  // what the last query streams, as the CPU backend counts it
-    kv.read_bytes->fp += int64_t{shape.num_kv_heads} * 2 * (pos + m) * shape.head_dim *
+    const int64_t rows = sel ? sel->count + (pos + m - sel->dense_from) : pos + m;
+    kv.read_bytes->fp += int64_t{shape.num_kv_heads} * 2 * rows * shape.head_dim *
                          static_cast<int64_t>(sizeof(float));
   }
   cuda::AttentionArgs a;
@@ -438,6 +443,12 @@ cuda::AttentionArgs make_args(const float* q, int m, int pos, const AttentionSha
   a.num_kv_heads = shape.num_kv_heads;
   a.head_dim = shape.head_dim;
   a.scale_log2 = static_cast<float>(static_cast<double>(shape.scale) * M_LOG2E);
+  if (sel) {  // positions in device memory (the engine uploads its index)
+    a.selected = true;
+    a.sel_positions = sel->positions;
+    a.sel_count = sel->count;
+    a.sel_dense_from = sel->dense_from;
+  }
   return a;
 }
 
@@ -461,6 +472,8 @@ void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape
     cuda::add_quant_attention_read_bytes(m, pos, shape, kv);
     return;
   }
+  QS_CHECK_MSG(kv.selection == nullptr || m <= kGemvMaxRows,
+               "attention: a KV selection (sparse draft) over more than 16 query rows");
   if (m <= kGemvMaxRows) {
     attention_decode(q, m, pos, shape, kv, out);
   } else {
@@ -483,10 +496,18 @@ void CudaBackend::attention_prefill(const float* q, int m, int pos, const Attent
                                     const KvView& kv, float* out, int num_splits) {
   QS_CHECK(m >= 1);
   cuda::AttentionArgs a = make_args(q, m, pos, shape, kv, out);
-  const int64_t base_blocks =
-      static_cast<int64_t>(cuda::attention_prefill_query_tiles(a)) * shape.num_heads;
-  impl_->plan_splits(a, base_blocks, num_splits);
-  cuda::launch_attention_prefill(a, impl_->stream);
+  // Tensor cores (attention_prefill_tc.cu) for head_dim 64/128 unless tuned off.
+  const bool tc = cuda::prefill_attention_tuning().tensor_cores && !a.selected &&
+                  cuda::attention_prefill_tc_supported(a);
+  const int tiles = tc ? cuda::attention_prefill_tc_query_tiles(a)
+                       : cuda::attention_prefill_query_tiles(a);
+  impl_->plan_splits(a, static_cast<int64_t>(tiles) * shape.num_heads, num_splits);
+  if (tc) {
+    void* scratch = impl_->attn_tc.ensure(cuda::attention_prefill_tc_scratch_bytes(a));
+    cuda::launch_attention_prefill_tc(a, scratch, impl_->stream);
+  } else {
+    cuda::launch_attention_prefill(a, impl_->stream);
+  }
 }
 
 void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* out) {

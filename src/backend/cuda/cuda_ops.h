@@ -110,7 +110,17 @@ struct AttentionArgs {
   int head_dim = 0;
   float scale_log2 = 0.0f;  // softmax scale * log2(e): scores are kept in base-2 units
   int num_splits = 1;       // > 1: write partials, then launch_attention_combine
-  int split_len = 0;        // positions per split
+  int split_len = 0;        // positions per split (of the selection's sequence when selected)
+  // A sparse-KV draft's selection (backend.h KvSelection, decode kernel only): kv head h reads
+  // positions sel_positions[h * sel_count + i], i < sel_count, then [sel_dense_from, pos + m).
+  bool selected = false;                   // false: every position
+  const int32_t* sel_positions = nullptr;  // device memory, [num_kv_heads, sel_count]
+  int sel_count = 0;
+  int sel_dense_from = 0;
+  // Positions a query row's kv head sequence holds (the split range).
+  __host__ __device__ int seq_len() const {
+    return selected ? sel_count + (pos + m - sel_dense_from) : pos + m;
+  }
 };
 
 bool attention_head_dim_supported(int head_dim);

@@ -26,6 +26,9 @@
 // that epilogue. The codes reach the registers either directly (one group loaded ahead) or through
 // a per-warp cp.async ring in shared memory (Q4GemvTuning::stages).
 //
+// For a few rows of x (m <= kQ4CudaCoreAutoRows by default) a CUDA-core kernel reads the same
+// layout and dequantizes with integer/float bit tricks instead (gemv_q4_cc_kernel).
+//
 // Weights whose group size is not 128 keep the reference layout and run a plain FMA kernel
 // (correctness only; the draft weights use 128).
 #include <cuda_bf16.h>
@@ -377,6 +380,148 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 2)
   }
 }
 
+// ---- CUDA-core kernel (few rows of x) ------------------------------------------------------------
+//
+// The same tiled layout, no tensor cores: per code one LOP3, one FADD and one FFMA per row of x,
+// cheaper per byte than the MMA path's fragments at m = 1 and all in f32. A block owns one 16-row
+// tile; its warps split the groups; a lane keeps its two pieces (rows g, g + 8, the 32 columns
+// 16k + 4c + e of the group) and dots them with x straight from global memory (L1-resident).
+// Each batch issues the 16-byte loads of kCcBatch groups before any is used, so a warp has
+// kCcBatch KiB of codes in flight, and many small blocks per SM keep the DRAM queue full.
+//
+// Dequantization without conversions: a nibble at bits [4q, 4q + 4) (q <= 4) OR-ed into the
+// float 2^23 gives 2^23 + n * 16^q exactly; subtracting 2^23 leaves n * 16^q, which multiplies
+// x * 16^-q (exact: a power of two, computed once per column and shared by both rows). Positions
+// 5..7 of a word are read from the word shifted right by 12 (positions 2..4 there). The product
+// n * x is exact in the FFMA, so the group dot sum(U x) has f32 accuracy; the group's scale and
+// min are applied once per group (s * dot + min * sum(x)), as the tensor-core path does.
+constexpr int kCcMaxWarps = 8;
+constexpr int kCcMaxRows = 8;  // rows of x of the CUDA-core kernel
+
+// The float n * 16^q for the nibble n at bits [4q, 4q + 4) of v, q <= 4.
+template <int Q>
+__device__ __forceinline__ float nibble_scaled(uint32_t v) {
+  static_assert(Q >= 0 && Q <= 4, "the nibble must lie inside the f32 mantissa");
+  return __uint_as_float((v & (0xfu << (4 * Q))) | 0x4b000000u) - 8388608.0f;
+}
+
+// dot[0/1] += the products of one 32-bit word of codes (steps 2q, 2q + 1: 8 columns) with the
+// scaled activations xs (see gemv_q4_cc_kernel for their order); two chains for latency.
+__device__ __forceinline__ void dot_word(uint32_t v, const float (&xs)[8], float (&dot)[2]) {
+  const uint32_t v2 = v >> 12;
+  dot[0] = fmaf(nibble_scaled<0>(v), xs[0], dot[0]);
+  dot[1] = fmaf(nibble_scaled<1>(v), xs[1], dot[1]);
+  dot[0] = fmaf(nibble_scaled<2>(v), xs[2], dot[0]);
+  dot[1] = fmaf(nibble_scaled<3>(v), xs[3], dot[1]);
+  dot[0] = fmaf(nibble_scaled<4>(v), xs[4], dot[0]);
+  dot[1] = fmaf(nibble_scaled<2>(v2), xs[5], dot[1]);
+  dot[0] = fmaf(nibble_scaled<3>(v2), xs[6], dot[0]);
+  dot[1] = fmaf(nibble_scaled<4>(v2), xs[7], dot[1]);
+}
+
+// acc[r][t] += row (g + 8r)'s share of group `grp` (this lane's 32 columns) times x[t], from the
+// lane's pieces p0 (row g), p1 (row g + 8) and metadata mm.
+template <int M, bool VEC_X>
+__device__ __forceinline__ void cc_group(const float* __restrict__ x, int64_t K, int64_t grp,
+                                         int c, const uint4& p0, const uint4& p1, const uint2& mm,
+                                         float (&acc)[2][M]) {
+  float dot[2][M][2], xsum[M];
+#pragma unroll
+  for (int t = 0; t < M; ++t) {
+    dot[0][t][0] = dot[0][t][1] = dot[1][t][0] = dot[1][t][1] = 0.0f;
+    xsum[t] = 0.0f;
+  }
+  const int64_t col0 = grp * kQ4TiledGroup + 4 * c;
+#pragma unroll
+  for (int q = 0; q < 4; ++q) {
+    const uint32_t v0 = word_of(p0, q), v1 = word_of(p1, q);
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      // Step 2q: columns col0 + 32q + e (nibble positions 0, 4, 1, 5 for e = 0..3); step 2q + 1:
+      // col0 + 32q + 16 + e (positions 2, 6, 3, 7).
+      const float4 a = load_x4<VEC_X>(x, t, M, K, col0 + 32 * q);
+      const float4 b = load_x4<VEC_X>(x, t, M, K, col0 + 32 * q + 16);
+      xsum[t] += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
+      const float xs[8] = {a.x,           a.z * 0x1p-4f,  b.x * 0x1p-8f,  b.z * 0x1p-12f,
+                           a.y * 0x1p-16f, a.w * 0x1p-8f, b.y * 0x1p-12f, b.w * 0x1p-16f};
+      dot_word(v0, xs, dot[0][t]);
+      dot_word(v1, xs, dot[1][t]);
+    }
+  }
+  const float2 sm0 = half2_bits_to_float2(mm.x);  // (scale, min) of row g
+  const float2 sm1 = half2_bits_to_float2(mm.y);  // of row g + 8
+#pragma unroll
+  for (int t = 0; t < M; ++t) {
+    acc[0][t] = fmaf(sm0.x, dot[0][t][0] + dot[0][t][1], fmaf(sm0.y, xsum[t], acc[0][t]));
+    acc[1][t] = fmaf(sm1.x, dot[1][t][0] + dot[1][t][1], fmaf(sm1.y, xsum[t], acc[1][t]));
+  }
+}
+
+// Block: (warps x 32) threads, one 16-row tile (blockIdx.x); exactly M rows of x.
+// x: [M, K] f32; codes/meta: the tiled layout; y: [M, N] f32. BATCH groups are loaded per step.
+template <int M, int BATCH, bool VEC_X>
+__global__ void __launch_bounds__(kCcMaxWarps * 32, 2)
+    gemv_q4_cc_kernel(const float* __restrict__ x, int64_t K, const uint4* __restrict__ codes,
+                      const uint2* __restrict__ meta, int64_t N, int64_t groups, DeviceBias bias,
+                      float* __restrict__ y) {
+  __shared__ float partial[kCcMaxWarps][16][M];  // per warp: the tile's row sums
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t tile = blockIdx.x;
+  const int64_t grp_begin = groups * warp / num_warps;
+  const int64_t grp_end = groups * (warp + 1) / num_warps;
+  const uint4* tcodes = codes + tile * groups * kPiecesPerTileGroup + lane;
+  const uint2* tmeta = meta + tile * groups * kMetaPerTileGroup + g;
+
+  float acc[2][M];
+#pragma unroll
+  for (int t = 0; t < M; ++t) acc[0][t] = acc[1][t] = 0.0f;
+
+  for (int64_t grp0 = grp_begin; grp0 < grp_end; grp0 += BATCH) {
+    uint4 p[BATCH][2];
+    uint2 mm[BATCH];
+    // Every load of the batch is issued before any is used; groups past the warp's range read
+    // its first group again (a valid address) and are skipped below.
+#pragma unroll
+    for (int u = 0; u < BATCH; ++u) {
+      const int64_t grp = grp0 + u < grp_end ? grp0 + u : grp_begin;
+      p[u][0] = load_stream_16(tcodes + grp * kPiecesPerTileGroup);
+      p[u][1] = load_stream_16(tcodes + grp * kPiecesPerTileGroup + 32);
+      mm[u] = __ldg(tmeta + grp * kMetaPerTileGroup);
+    }
+#pragma unroll
+    for (int u = 0; u < BATCH; ++u) {
+      if (grp0 + u < grp_end) {  // warp-uniform
+        cc_group<M, VEC_X>(x, K, grp0 + u, c, p[u][0], p[u][1], mm[u], acc);
+      }
+    }
+  }
+
+  // Rows g and g + 8: the 4 lanes of a row hold disjoint columns.
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      float v = acc[r][t];
+      v += __shfl_xor_sync(kFullMask, v, 1);
+      v += __shfl_xor_sync(kFullMask, v, 2);
+      if (c == 0) partial[warp][g + 8 * r][t] = v;
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < 16 * M; e += blockDim.x) {
+    const int row_in_tile = e / M, t = e % M;
+    float sum = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi][row_in_tile][t];
+    const int64_t row = tile * 16 + row_in_tile;
+    if (row < N) {
+      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      y[t * N + row] = sum;
+    }
+  }
+}
+
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
 // dequantized as the CPU does (w = U*s + mn, the product exact) and dotted in f32.
 constexpr int kSimtWarps = 8;
@@ -526,6 +671,40 @@ void launch_tiled_stages(int rt, int stages, const TiledLaunch& l) {
   }
 }
 
+// The CUDA-core kernel for exactly M rows of x.
+template <int M, bool VEC_X>
+void launch_cc(const TiledLaunch& l) {
+  // Groups loaded per step (8 registers each), within 128 registers without spills.
+  constexpr int kBatch = M <= 2 ? 4 : (M <= 4 ? 2 : 1);
+  const int64_t tiles = (l.w->rows + 15) / 16;
+  QS_CHECK(tiles <= 0x7fffffff && l.warps >= 1 && l.warps <= kCcMaxWarps);
+  gemv_q4_cc_kernel<M, kBatch, VEC_X><<<static_cast<unsigned>(tiles), l.warps * 32, 0, l.stream>>>(
+      l.x, l.w->cols, reinterpret_cast<const uint4*>(l.w->codes),
+      reinterpret_cast<const uint2*>(l.w->meta), l.w->rows, l.w->groups, l.bias, l.y);
+  CUDA_CHECK_LAUNCH(l.stream);
+}
+
+template <bool VEC_X>
+void launch_cc_rows(const TiledLaunch& l) {
+  static_assert(kCcMaxRows == 8, "one instantiation per row count");
+  switch (l.m) {
+    case 1: return launch_cc<1, VEC_X>(l);
+    case 2: return launch_cc<2, VEC_X>(l);
+    case 3: return launch_cc<3, VEC_X>(l);
+    case 4: return launch_cc<4, VEC_X>(l);
+    case 5: return launch_cc<5, VEC_X>(l);
+    case 6: return launch_cc<6, VEC_X>(l);
+    case 7: return launch_cc<7, VEC_X>(l);
+    case 8: return launch_cc<8, VEC_X>(l);
+    default: QS_CHECK_MSG(false, "gemv_q4: the CUDA-core kernel takes m <= 8");
+  }
+}
+
+// Warps of the CUDA-core kernel splitting K: about 4 groups (4 KiB of codes) each, at most 8.
+int auto_cc_warps(int64_t groups) {
+  return static_cast<int>(std::clamp<int64_t>(groups / 4, 1, kCcMaxWarps));
+}
+
 // Tiles of 16 rows per warp: wide tiles share each activation fragment between more weight
 // rows (fewer instructions per code) but make fewer blocks; keep about a block per SM.
 int auto_row_tiles(int64_t tiles, int num_sms) {
@@ -660,6 +839,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
            tuning.row_tiles == 4);
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == kRingStages);
+  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 2);
   g_q4_tuning = tuning;
 }
 
@@ -680,6 +860,20 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
     CUDA_CHECK_LAUNCH(stream);
     return;
   }
+  const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.cols % 4 == 0;
+  const int kernel = g_q4_tuning.kernel;
+  if (m <= kCcMaxRows && (kernel == 2 || (kernel == 0 && m <= kQ4CudaCoreAutoRows))) {
+    const int warps = g_q4_tuning.warps > 0
+                          ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, w.groups))
+                          : auto_cc_warps(w.groups);
+    const TiledLaunch l{x, m, &w, bias, y, warps, stream};
+    if (vec_x) {
+      launch_cc_rows<true>(l);
+    } else {
+      launch_cc_rows<false>(l);
+    }
+    return;
+  }
   const int64_t tiles = (w.rows + 15) / 16;
   int rt = g_q4_tuning.row_tiles > 0 ? g_q4_tuning.row_tiles : auto_row_tiles(tiles, num_sms);
   const int nt = m <= 8 ? 1 : 2;
@@ -688,7 +882,6 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
   const int warps = g_q4_tuning.warps > 0
                         ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, w.groups))
                         : auto_warps(blocks, w.groups, num_sms);
-  const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.cols % 4 == 0;
   const TiledLaunch l{x, m, &w, bias, y, warps, stream};
   const int stages = g_q4_tuning.stages;
   if (nt == 1) {

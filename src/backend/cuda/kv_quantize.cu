@@ -1,7 +1,9 @@
 // The flush of DESIGN §3 on the device: f32 K/V rows -> the hierarchical INT8/INT4 planes
 // (docs/kv-format.md), bit-identical to the CPU reference (quant/kv_quant.h, quant/quant4.h).
 //
-// A block owns one (key group, kv head): G tokens x head_dim channels of K and of V.
+// A block owns one part of one (key group, kv head): G tokens x head_dim channels of K and of V
+// split into gridDim.z parts (key channel pairs and value tokens; more blocks for small flushes,
+// the same per-channel and per-token arithmetic, hence the same bits).
 //  - Keys (per channel over the G tokens): a thread owns a channel pair (2p, 2p+1) and a slice of
 //    TPT consecutive tokens, which it keeps in registers. Slices meet in shared memory; every
 //    thread of a pair combines the slices' (min, max) in slice order, derives the group's
@@ -148,8 +150,10 @@ struct QuantizeKvArgs {
   bool v_vec4 = false;  // float4 loads of V are aligned
 };
 
-// Block (group blockIdx.x of the call, kv head blockIdx.y); blockDim.x = max(32, head_dim/2 *
-// G/TPT). Dynamic shared memory: G/TPT * head_dim float2.
+// Block (group blockIdx.x of the call, kv head blockIdx.y, part blockIdx.z of gridDim.z: key
+// channel pairs [z, z + 1) * pairs / parts and value tokens [z, z + 1) * G / parts);
+// blockDim.x = max(32, head_dim/2 / parts * G/TPT). Dynamic shared memory: G/TPT * head_dim
+// float2.
 // TPT: tokens per key slice (<= G); CPL: value channels per lane (Gv/CPL <= 32 lanes a group).
 template <int TPT, int CPL>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const QuantizeKvArgs a) {
@@ -163,10 +167,11 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const Quantize
   const int64_t code0 = (static_cast<int64_t>(h) * a.capacity + group * G) * row_bytes;
   const int tid = threadIdx.x;
 
-  // ---- keys: thread (pair p, slice s) ----
-  const int pairs = hd / 2, slices = G / TPT;
-  const bool key_thread = tid < pairs * slices;
-  const int p = tid % pairs, s = tid / pairs;
+  // ---- keys: thread (pair p of this part, slice s) ----
+  const int parts = gridDim.z, part = blockIdx.z;
+  const int part_pairs = hd / 2 / parts, slices = G / TPT;
+  const bool key_thread = tid < part_pairs * slices;
+  const int p = part * part_pairs + tid % part_pairs, s = tid / part_pairs;
   float ev[TPT], od[TPT];  // channel 2p / 2p+1 of the slice's tokens
   if (key_thread) {
     const float* k = a.k + (row0 + static_cast<int64_t>(s) * TPT) * a.row_stride +
@@ -225,8 +230,11 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const Quantize
   const int lanes_per_row = hd / CPL;
   const int lanes_per_group = a.value_group_size / CPL;  // power of two <= 32
   const int value_groups = hd / a.value_group_size;
-  const int total = G * lanes_per_row;
-  // blockDim.x >= head_dim/2 * G/TPT, hence kIters * blockDim.x >= total.
+  // This part's items: whole tokens, so the value groups (aligned runs of lanes_per_group items,
+  // which divides lanes_per_row) start at multiples of lanes_per_group of the local index too.
+  const int total = G / parts * lanes_per_row;
+  const int item0 = part * total;
+  // blockDim.x >= head_dim/2/parts * G/TPT, hence kIters * blockDim.x >= total.
   constexpr int kIters = 2 * TPT / CPL;
   const float* vbase = a.v + row0 * a.row_stride + static_cast<int64_t>(h) * hd;
   float vals[kIters][CPL];
@@ -236,7 +244,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const Quantize
 #pragma unroll
     for (int c = 0; c < CPL; ++c) vals[it][c] = 0.0f;
     if (i < total) {
-      const int token = i / lanes_per_row, d0 = (i % lanes_per_row) * CPL;
+      const int token = (item0 + i) / lanes_per_row, d0 = (i % lanes_per_row) * CPL;
       const float* r = vbase + static_cast<int64_t>(token) * a.row_stride + d0;
       if (a.v_vec4) {
 #pragma unroll
@@ -275,7 +283,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const Quantize
       }
     }
     if (i < total) {
-      const int token = i / lanes_per_row, d0 = (i % lanes_per_row) * CPL;
+      const int token = (item0 + i) / lanes_per_row, d0 = (i % lanes_per_row) * CPL;
       const Params pr = choose_params(lo, hi);
       if ((i & (lanes_per_group - 1)) == 0) {
         const int64_t meta =
@@ -302,13 +310,27 @@ bool is_pow2(int64_t v) {
   return v > 0 && (v & (v - 1)) == 0;
 }
 
+// Parts per (group, head): up to 8, while the launch has fewer than 256 blocks, each part keeps
+// at least 8 key channel pairs and 8 value tokens.
+int choose_parts(int head_dim, int G, int num_kv_heads, int n_groups) {
+  int parts = 1;
+  while (parts < 8 && static_cast<int64_t>(n_groups) * num_kv_heads * parts < 256 &&
+         head_dim / 2 / (2 * parts) >= 8 && G / (2 * parts) >= 8) {
+    parts *= 2;
+  }
+  return parts;
+}
+
 template <int TPT, int CPL>
 void launch_tpt_cpl(const QuantizeKvArgs& a, int num_kv_heads, int n_groups, cudaStream_t stream) {
   const int slices = a.group_size / TPT;
-  const int threads = std::max(32, a.head_dim / 2 * slices);
+  const int parts = choose_parts(a.head_dim, a.group_size, num_kv_heads, n_groups);
+  QS_CHECK((a.head_dim / 2) % parts == 0 && a.group_size % parts == 0);
+  const int threads = std::max(32, a.head_dim / 2 / parts * slices);
   QS_CHECK(threads <= kMaxThreads && threads % 32 == 0);
   const size_t smem = sizeof(float2) * static_cast<size_t>(slices) * a.head_dim;
-  const dim3 grid(static_cast<unsigned>(n_groups), static_cast<unsigned>(num_kv_heads));
+  const dim3 grid(static_cast<unsigned>(n_groups), static_cast<unsigned>(num_kv_heads),
+                  static_cast<unsigned>(parts));
   quantize_kv_kernel<TPT, CPL><<<grid, threads, smem, stream>>>(a);
   CUDA_CHECK_LAUNCH(stream);
 }
@@ -364,7 +386,10 @@ void launch_quantize_kv(const float* k_rows, const float* v_rows, int64_t row_st
   a.v_vec4 = reinterpret_cast<uintptr_t>(v_rows) % 16 == 0 && row_stride % 4 == 0;
   // Key slices of 16 tokens (32 floats in registers per thread); fewer when the group is
   // smaller, more when the block would exceed 1024 threads (head_dim 256 with G 256).
-  if (G < 16) {
+  // A small launch (a flush) takes slices of 8 tokens: twice the threads, half the serial work
+  // per thread.
+  const bool small = static_cast<int64_t>(n_groups) * num_kv_heads < 128;
+  if (G < 16 || (small && head_dim / 2 * (G / 8) <= kMaxThreads)) {
     launch_tpt<8>(a, num_kv_heads, n_groups, stream);
   } else if (head_dim / 2 * (G / 16) <= kMaxThreads) {
     launch_tpt<16>(a, num_kv_heads, n_groups, stream);

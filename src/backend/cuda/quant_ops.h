@@ -78,8 +78,8 @@ class Weight4Cache {
 };
 
 // y = x W4^T (+ bias) for 1 <= m <= 16 rows; x: [m, w.cols] f32, y: [m, w.rows] f32, y must not
-// alias x. Tiled weights: tensor-core skinny GEMM reading every weight byte once for all rows;
-// reference layout: a plain FMA kernel.
+// alias x. Tiled weights: a CUDA-core GEMV (few rows) or a tensor-core skinny GEMM, both reading
+// every weight byte once for all rows; reference layout: a plain FMA kernel.
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,
                     int num_sms, cudaStream_t stream);
 
@@ -92,7 +92,13 @@ struct Q4GemvTuning {
   // current one is computed (1 group ahead); 4 = a 4-group cp.async ring per warp in shared
   // memory (3 groups ahead, no registers held).
   int stages = 0;
+  // Which kernel: 0 = automatic (CUDA cores for m <= kQ4CudaCoreAutoRows, else tensor cores),
+  // 1 = tensor cores (the fields above), 2 = CUDA cores for m <= 8 (tensor cores above; `warps`
+  // applies, row_tiles and stages do not).
+  int kernel = 0;
 };
+// Rows of x up to which the automatic choice is the CUDA-core kernel.
+constexpr int kQ4CudaCoreAutoRows = 4;
 void set_q4_gemv_tuning(const Q4GemvTuning& tuning);
 Q4GemvTuning q4_gemv_tuning();
 

@@ -1,0 +1,39 @@
+// Tensor-core flash-attention prefill (attention_prefill_tc.cu): the same function as
+// launch_attention_prefill (cuda_ops.h) for head_dim 64 and 128, on mma.sync m16n8k16 with f16
+// hi + lo operand halves and f32 accumulation (about f32 accuracy).
+//
+// Two launches per call: a conversion pass turns the f32 K/V rows [0, pos + m) into f16 hi/lo
+// planes in 64-key tiles, each tile scaled by its own power of two (caller-provided scratch), and
+// the attention kernel streams those tiles through shared memory. Query tiles, splits and the
+// partial-state format are the old kernel's (AttentionArgs), so launch_attention_combine merges
+// split partials unchanged.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace qs::cuda {
+
+// Process-wide choice between this kernel and the f32 CUDA-core prefill kernel (tests and
+// benchmarks compare both; both compute the same function and are tested).
+struct PrefillAttentionTuning {
+  bool tensor_cores = true;  // false: attention_prefill_kernel (attention.cu) for every shape
+};
+void set_prefill_attention_tuning(const PrefillAttentionTuning& tuning);
+PrefillAttentionTuning prefill_attention_tuning();
+
+// Whether launch_attention_prefill_tc handles this call (head_dim 64 or 128).
+bool attention_prefill_tc_supported(const AttentionArgs& a);
+// Query tiles of the tensor-core kernel (the grid's x): 128 query rows each.
+int attention_prefill_tc_query_tiles(const AttentionArgs& a);
+// Device scratch launch_attention_prefill_tc needs: K/V hi/lo planes of keys [0, pos + m)
+// (as many bytes as the f32 K and V rows themselves) plus one exponent pair per tile.
+size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a);
+// Causal GQA prefill attention; a.num_splits / a.split_len / partials as planned by the caller
+// (the combine is launched here when num_splits > 1). scratch: >= the bytes above, 16-aligned.
+void launch_attention_prefill_tc(const AttentionArgs& a, void* scratch, cudaStream_t stream);
+
+}  // namespace qs::cuda
