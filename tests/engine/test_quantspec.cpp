@@ -241,7 +241,10 @@ TEST(ChiSquare, PValueMatchesKnownQuantiles) {
   EXPECT_NEAR(upper_gamma_q(50.0, 135.807 / 2), 0.01, 1e-4);  // df 100
 }
 
-class Distribution : public ::testing::Test {
+// Exactness of speculative sampling for both kinds of self-speculation: the QuantSpec cache (the
+// draft reads the INT4 view), and a sparse-KV draft (StreamingLLM-style selection over a
+// full-precision cache; GetParam() = true).
+class Distribution : public ::testing::TestWithParam<bool> {
  protected:
   static constexpr int kVocab = 8;
   static constexpr int kTokens = 3;  // the first three emitted tokens: x1, then a round's output
@@ -251,9 +254,11 @@ class Distribution : public ::testing::Test {
   CpuBackend backend{1};
   Model target{cfg, target_w.weights, backend};
   Model draft{cfg, draft_w.weights, backend};
+  const bool sparse = GetParam();
+  const KvMode mode = sparse ? KvMode::kFp : KvMode::kQuantSpec;
   KvCache cache = [&] {
     KvCacheConfig k;
-    k.mode = KvMode::kQuantSpec;
+    k.mode = mode;
     k.num_layers = 2;
     k.num_kv_heads = 2;
     k.head_dim = 16;
@@ -263,6 +268,10 @@ class Distribution : public ::testing::Test {
     return std::move(KvCache::create(k, backend)).value();
   }();
   const std::vector<int32_t> prompt{1, 5, 2, 7, 3};
+  // The sparse draft keeps prompt positions 0 and 2 of kv head 0, 1 and 3 of kv head 1, then
+  // everything from position 4 on.
+  const std::vector<int32_t> kept{0, 2, 1, 3, 0, 2, 1, 3};  // [layer][kv head][2]
+  const std::vector<KvSelection> selection{{kept.data(), 2, 4}, {kept.data() + 4, 2, 4}};
   SamplingParams sampling = [] {
     SamplingParams s;
     s.temperature = 0.9f;
@@ -296,7 +305,7 @@ class Distribution : public ::testing::Test {
           std::vector<float> logits(prefixes[i].size() * kVocab);
           EXPECT_TRUE(target
                           .forward(prefixes[i], static_cast<int>(prompt.size()), cache,
-                                   target_path(KvMode::kQuantSpec), LogitRows::kLast, logits.data())
+                                   target_path(mode), LogitRows::kLast, logits.data())
                           .ok());
           token_probabilities(logits.data(), kVocab, sampling, probs);
         }
@@ -318,7 +327,7 @@ class Distribution : public ::testing::Test {
     const std::vector<double> law = exact();
     std::vector<int64_t> counts(law.size(), 0);
     Rng rng(broken ? 77 : 78);
-    SpeculativeDecoder spec(target, draft, cache);
+    SpeculativeDecoder spec(target, draft, cache, sparse ? selection.data() : nullptr);
     GenerationStats stats;
     SpecCounters counters;
     RoundControl control;
@@ -359,15 +368,20 @@ class Distribution : public ::testing::Test {
   }
 };
 
-TEST_F(Distribution, SpeculativeSamplingMatchesTargetOnlySampling) {
+TEST_P(Distribution, SpeculativeSamplingMatchesTargetOnlySampling) {
   const double p = p_value(20000, /*broken=*/false);
   EXPECT_GT(p, 0.001);
 }
 
-TEST_F(Distribution, WithoutResidualResamplingTheTestFails) {
+TEST_P(Distribution, WithoutResidualResamplingTheTestFails) {
   const double p = p_value(20000, /*broken=*/true);
   EXPECT_LT(p, 0.001) << "the chi-square test has no power against the broken rule";
 }
+
+INSTANTIATE_TEST_SUITE_P(Drafts, Distribution, ::testing::Values(false, true),
+                         [](const ::testing::TestParamInfo<bool>& info) {
+                           return std::string(info.param ? "sparse_kv" : "quantspec");
+                         });
 
 // ---------------------------------------------------------------------------------------------
 
