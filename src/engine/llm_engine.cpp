@@ -171,12 +171,18 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
         keys.resize(static_cast<size_t>(n) * kv.row_stride);
         backend_->to_host(kv.k, keys.data(), keys.size());
         sparse_.select_snapkv_layer(l, snap_q_.data() + static_cast<size_t>(l) * window * q_dim,
-                                    keys.data(), kv.row_stride, shape, options_.snap_kernel);
+                                    keys.data(), kv.row_stride, shape, options_.snap_kernel,
+                                    &host_pool());
       }
     }
     sparse_.place(*backend_);  // the draft's attention reads the index where it runs
   }
   return Status::ok_status();
+}
+
+ThreadPool& LlmEngine::host_pool() {
+  if (!host_pool_) host_pool_ = std::make_unique<ThreadPool>(options_.num_threads);
+  return *host_pool_;
 }
 
 Result<std::vector<float>> LlmEngine::prefill_logits(const std::vector<int32_t>& ids,

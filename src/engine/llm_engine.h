@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "core/thread_pool.h"
 #include "engine/engine.h"
 #include "engine/model.h"
 #include "engine/speculative.h"
@@ -80,7 +81,11 @@ class LlmEngine final : public Engine {
   using PrefillProgress = std::function<void(int done, int total)>;
   Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {});
 
+  // Threads for host-side work that is not a backend op (SnapKV's selection), made on first use.
+  ThreadPool& host_pool();
+
   EngineOptions options_;
+  std::unique_ptr<ThreadPool> host_pool_;
   int gamma_ = 0;  // resolved default speculation length (QuantSpec)
   SpecCounters counters_;
   std::unique_ptr<Backend> backend_;

@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/thread_pool.h"
 
 namespace qs {
 
@@ -49,56 +50,70 @@ void SparseDraftIndex::begin_snapkv(int num_layers, int num_kv_heads, int prompt
 
 void SparseDraftIndex::select_snapkv_layer(int layer, const float* q, const float* k,
                                            int64_t k_stride, const AttentionShape& shape,
-                                           int kernel) {
+                                           int kernel, ThreadPool* pool) {
   KvSelection& sel = layers_.at(static_cast<size_t>(layer));
   if (sel.count == 0) return;
+  int32_t* layer_out = positions_.data() + (sel.positions - positions_.data());
+  auto one_head = [&](int kvh) {
+    select_snapkv_head(kvh, q, k, k_stride, shape, kernel, sel,
+                       layer_out + static_cast<int64_t>(kvh) * sel.count);
+  };
+  if (pool == nullptr) {
+    for (int kvh = 0; kvh < shape.num_kv_heads; ++kvh) one_head(kvh);
+    return;
+  }
+  // Heads are independent and each writes its own slice: the result does not depend on the pool.
+  pool->parallel_for(shape.num_kv_heads, [&](int64_t begin, int64_t end) {
+    for (int64_t kvh = begin; kvh < end; ++kvh) one_head(static_cast<int>(kvh));
+  });
+}
+
+void SparseDraftIndex::select_snapkv_head(int kvh, const float* q, const float* k,
+                                          int64_t k_stride, const AttentionShape& shape,
+                                          int kernel, const KvSelection& sel,
+                                          int32_t* out) const {
   const int hd = shape.head_dim;
   const int group = shape.num_heads / shape.num_kv_heads;
   const int past = sel.dense_from;  // candidates [0, past)
   const int w = window_;
   const int q0 = prompt_len_ - w;
-  std::vector<double> score(static_cast<size_t>(past));
+  std::vector<double> score(static_cast<size_t>(past), 0.0);
   std::vector<double> pooled(static_cast<size_t>(past));
   std::vector<float> row(static_cast<size_t>(prompt_len_));
   std::vector<int32_t> order(static_cast<size_t>(past));
-  for (int kvh = 0; kvh < shape.num_kv_heads; ++kvh) {
-    std::fill(score.begin(), score.end(), 0.0);
-    for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
-      for (int i = 0; i < w; ++i) {
-        const float* qh = q + (static_cast<int64_t>(i) * shape.num_heads + h) * hd;
-        const int len = q0 + i + 1;  // causal
-        float mx = -INFINITY;
-        for (int t = 0; t < len; ++t) {
-          const float* kr = k + t * k_stride + static_cast<int64_t>(kvh) * hd;
-          float dot = 0.0f;
-          for (int d = 0; d < hd; ++d) dot += qh[d] * kr[d];
-          row[t] = dot * shape.scale;
-          mx = std::max(mx, row[t]);
-        }
-        double sum = 0.0;
-        for (int t = 0; t < len; ++t) sum += std::exp(double(row[t]) - mx);
-        for (int t = 0; t < past; ++t) score[t] += std::exp(double(row[t]) - mx) / sum;
+  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+    for (int i = 0; i < w; ++i) {
+      const float* qh = q + (static_cast<int64_t>(i) * shape.num_heads + h) * hd;
+      const int len = q0 + i + 1;  // causal
+      float mx = -INFINITY;
+      for (int t = 0; t < len; ++t) {
+        const float* kr = k + t * k_stride + static_cast<int64_t>(kvh) * hd;
+        float dot = 0.0f;
+        for (int d = 0; d < hd; ++d) dot += qh[d] * kr[d];
+        row[t] = dot * shape.scale;
+        mx = std::max(mx, row[t]);
       }
+      double sum = 0.0;
+      for (int t = 0; t < len; ++t) sum += std::exp(double(row[t]) - mx);
+      for (int t = 0; t < past; ++t) score[t] += std::exp(double(row[t]) - mx) / sum;
     }
-    const int r = kernel / 2;
-    for (int t = 0; t < past; ++t) {
-      double best = 0.0;
-      for (int u = std::max(0, t - r); u <= std::min(past - 1, t + r); ++u) {
-        best = std::max(best, score[u]);
-      }
-      pooled[t] = best;
-    }
-    std::iota(order.begin(), order.end(), 0);
-    // Ties (pooling makes many) go to the earlier position: a deterministic choice.
-    std::partial_sort(order.begin(), order.begin() + sel.count, order.end(),
-                      [&](int32_t a, int32_t b) {
-                        return pooled[a] != pooled[b] ? pooled[a] > pooled[b] : a < b;
-                      });
-    int32_t* out = positions_.data() + (sel.positions - positions_.data()) +
-                   static_cast<int64_t>(kvh) * sel.count;
-    std::copy(order.begin(), order.begin() + sel.count, out);
-    std::sort(out, out + sel.count);
   }
+  const int r = kernel / 2;
+  for (int t = 0; t < past; ++t) {
+    double best = 0.0;
+    for (int u = std::max(0, t - r); u <= std::min(past - 1, t + r); ++u) {
+      best = std::max(best, score[u]);
+    }
+    pooled[t] = best;
+  }
+  std::iota(order.begin(), order.end(), 0);
+  // Ties (pooling makes many) go to the earlier position: a deterministic choice.
+  std::partial_sort(order.begin(), order.begin() + sel.count, order.end(),
+                    [&](int32_t a, int32_t b) {
+                      return pooled[a] != pooled[b] ? pooled[a] > pooled[b] : a < b;
+                    });
+  std::copy(order.begin(), order.begin() + sel.count, out);
+  std::sort(out, out + sel.count);
 }
 
 void SparseDraftIndex::place(Backend& backend) {

@@ -13,6 +13,8 @@
 
 namespace qs {
 
+class ThreadPool;
+
 // Prompt positions a draft keeps: round(budget * prompt_len) for budget < 1, else the count;
 // at least 1, at most prompt_len.
 int sparse_keep_count(double budget, int prompt_len);
@@ -28,8 +30,9 @@ class SparseDraftIndex {
   // positions) and the keep - w earlier positions of highest pooled score: the window's softmax
   // attention to them, summed over queries and the head's query group, max-pooled (kernel).
   void begin_snapkv(int num_layers, int num_kv_heads, int prompt_len, int keep, int window);
+  // `pool` (optional) spreads the kv heads over threads; the result does not depend on it.
   void select_snapkv_layer(int layer, const float* q, const float* k, int64_t k_stride,
-                           const AttentionShape& shape, int kernel);
+                           const AttentionShape& shape, int kernel, ThreadPool* pool = nullptr);
 
   // Copies the positions into `backend`'s memory and points layers() there (attention reads them
   // where it runs). Call once, after the index is built.
@@ -41,6 +44,9 @@ class SparseDraftIndex {
 
  private:
   void reset(int num_layers, int num_kv_heads, int count, int dense_from);
+  void select_snapkv_head(int kvh, const float* q, const float* k, int64_t k_stride,
+                          const AttentionShape& shape, int kernel, const KvSelection& sel,
+                          int32_t* out) const;
 
   int num_kv_heads_ = 0;
   int prompt_len_ = 0;

@@ -8,6 +8,7 @@
 #include <random>
 
 #include "backend/cpu/cpu_backend.h"
+#include "core/thread_pool.h"
 #include "engine/llm_engine.h"
 #include "kv/sparse_select.h"
 #include "tiny_model.h"
@@ -71,6 +72,14 @@ TEST(SparseSelect, SnapKvPicksWhatTheWindowAttendsToPerHead) {
   for (int32_t p : h1) EXPECT_LE(std::abs(p - 60), 3) << p;
   EXPECT_NE(std::find(h0.begin(), h0.end(), 20), h0.end());
   EXPECT_NE(std::find(h1.begin(), h1.end(), 60), h1.end());
+
+  // Spreading the kv heads over threads selects the same positions.
+  ThreadPool pool(3);
+  SparseDraftIndex threaded;
+  threaded.begin_snapkv(1, 2, P, keep, W);
+  threaded.select_snapkv_layer(0, q.data(), k.data(), 2 * hd, shape, 7, &pool);
+  EXPECT_EQ(head_positions(threaded.layers()[0], 0), h0);
+  EXPECT_EQ(head_positions(threaded.layers()[0], 1), h1);
 }
 
 TEST(SparseAttention, EqualsDenseAttentionOverTheGatheredRows) {
