@@ -618,8 +618,10 @@ void bench_gemv_q4(CudaBackend& be, bool quick) {
       const double graph = time_graph_ms(s, body, 20 * copies);
       const double eager = time_ms(s, body, 20 * copies);
       const double bytes = q4_bytes(mat, m);
-      summary("| gemv q4 %-24s m=%-2d | %7.1f us (eager %7.1f) | %6.0f GB/s | %5.1f%% |",
-              mat.name, m, graph * 1e3, eager * 1e3, gbps(bytes, graph), pct(bytes, graph));
+      summary("| gemv q4 %-24s m=%-2d | %7.1f us (eager %7.1f) | %6.0f GB/s | %5.1f%% | kernel %d |",
+              mat.name, m, graph * 1e3, eager * 1e3, gbps(bytes, graph), pct(bytes, graph),
+              cuda::q4_gemv_tuning().kernel != 0 ? cuda::q4_gemv_tuning().kernel
+                                                 : cuda::kQ4AutoKernel);
     }
   });
 }
@@ -628,16 +630,21 @@ void bench_gemv_q4(CudaBackend& be, bool quick) {
 void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
   auto s = static_cast<cudaStream_t>(be.stream());
   // {row_tiles, warps, stages, kernel}: 0 = automatic; stages 4 = the cp.async ring; kernel 1 =
-  // tensor cores, 2 = CUDA cores (m <= 8; warps applies), 0 = the automatic choice.
+  // tensor cores, 2 = CUDA cores (m <= 8; warps applies), 3 = the wide tensor-core kernel,
+  // 4 = the previous automatic choice (CUDA cores for m <= 4), 0 = cuda::kQ4AutoKernel.
   const cuda::Q4GemvTuning variants[] = {
       {1, 0, 0, 1}, {2, 0, 0, 1}, {4, 0, 0, 1}, {0, 2, 0, 1}, {0, 4, 0, 1}, {0, 8, 0, 1},
       {0, 0, 0, 1}, {1, 0, 4, 1}, {2, 0, 4, 1}, {4, 0, 4, 1}, {0, 8, 4, 1}, {0, 0, 4, 1},
-      {0, 0, 0, 2}, {0, 2, 0, 2}, {0, 4, 0, 2}, {0, 8, 0, 2}, {0, 0, 0, 0}};
+      {0, 0, 0, 2}, {0, 2, 0, 2}, {0, 4, 0, 2}, {0, 8, 0, 2}, {1, 0, 0, 3}, {2, 0, 0, 3},
+      {4, 0, 0, 3}, {0, 1, 0, 3}, {0, 2, 0, 3}, {0, 4, 0, 3}, {0, 8, 0, 3}, {0, 0, 0, 3},
+      {0, 0, 0, 4}, {0, 0, 0, 0}};
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   summary(
       "| gemv-q4 variants (us, %% of 4.24 TB/s) | mma rt1 | mma rt2 | mma rt4 | mma w2 | mma w4 | "
       "mma w8 | mma auto | ring rt1 | ring rt2 | ring rt4 | ring w8 | ring auto | cc auto | "
-      "cc w2 | cc w4 | cc w8 | auto |");
+      "cc w2 | cc w4 | cc w8 | wide rt1 | wide rt2 | wide rt4 | wide w1 | wide w2 | wide w4 | "
+      "wide w8 | wide auto | old auto | default (kernel %d) |",
+      cuda::kQ4AutoKernel);
   for_each_q4_shape(be, quick, [&](const Q4Mat& mat, std::vector<QuantizedWeight4>& ws, float* x,
                                    float* y) {
     const int copies = static_cast<int>(ws.size());
@@ -821,18 +828,31 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
       };
       for (const Run& r : {Run{"draft int4", false, 1}, Run{"target int8", true, 5},
                            Run{"target int8", true, 7}, Run{"target int8", true, 9}}) {
-        // Variants (label suffix): the default plan, the CUDA-core path, 2 and 4 waves of blocks.
+        // Variants (label suffix): the default plan, the CUDA-core path, 2 and 4 waves of blocks;
+        // attention.cu's serial combine ("old-combine": the previous default), and pipeline
+        // shapes (cN = 32-token sub-chunks per warp per stage, sN = stages; 0 = the default of
+        // attention_quant.h).
         struct Variant {
           bool tensor_cores;
           int split_factor;
           const char* label;
+          bool parallel_combine = cuda::kQuantAttentionParallelCombine;
+          int chunk = 0;
+          int stages = 0;
         };
-        for (const Variant& var : {Variant{true, 1, ""}, Variant{false, 1, " cuda-cores"},
-                                   Variant{true, 2, " x2 waves"}, Variant{true, 4, " x4 waves"}}) {
+        for (const Variant& var :
+             {Variant{true, 1, ""}, Variant{false, 1, " cuda-cores"},
+              Variant{true, 2, " x2 waves"}, Variant{true, 4, " x4 waves"},
+              Variant{true, 1, " old-combine", false, 1, 3}, Variant{true, 1, " c1 s3", true, 1, 3},
+              Variant{true, 1, " c1 s4", true, 1, 4}, Variant{true, 1, " c2 s2", true, 2, 2},
+              Variant{true, 1, " c2 s3", true, 2, 3}, Variant{true, 1, " c4 s2", true, 4, 2},
+              Variant{true, 2, " c2 s3 x2", true, 2, 3}}) {
           const bool tensor_cores = var.tensor_cores;
-          const bool is_default = tensor_cores && var.split_factor == 1;
+          const bool is_default = tensor_cores && var.split_factor == 1 && var.chunk == 0 &&
+                                  var.parallel_combine == cuda::kQuantAttentionParallelCombine;
           if (!is_default && ctx != 32768) continue;
-          cuda::set_quant_attention_tuning({tensor_cores, 0, var.split_factor});
+          cuda::set_quant_attention_tuning(
+              {tensor_cores, 0, var.split_factor, var.parallel_combine, var.chunk, var.stages});
           std::vector<QuantizedKvSegment> segs;
           for (const auto& l : layers) {
             segs.push_back(l->seg);

@@ -513,6 +513,60 @@ TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernelModelShapes) {
   std::printf("[ max rel error ] matmul_q4 CUDA-core kernel, Llama shapes: %.3g\n", worst);
 }
 
+// The wide tensor-core kernel (kernel 3) on every tile width and warp split (3: uneven, some
+// warps without a batch), row counts across both token-tile widths, shapes with a partial last
+// block of tiles (300 rows: 19 tiles; 37 rows: fewer tiles than a block), partial last batches
+// (8, 3 and 2 groups), odd K (scalar activation loads), both bias dtypes and misaligned x.
+TEST_F(CudaOpsTest, MatmulQ4WideKernel) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  const QuantizedWeight4 a = make_q4(300, 1000, 1000), b = make_q4(130, 4096, 1001),
+                         c = make_q4(37, 301, 1002), d = make_q4(17, 129, 1003);
+  HostWeight b32(random_normal(300, 1004), DType::F32, 1, 300, "b");
+  HostWeight b16(random_normal(300, 1005), DType::BF16, 1, 300, "b");
+  double worst = 0;
+  for (int rt : {0, 1, 2, 4}) {
+    for (int warps : {0, 1, 2, 3, 8}) {
+      cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{rt, warps, 0, /*kernel=*/3});
+      for (const QuantizedWeight4* w : {&a, &b, &c, &d}) {
+        for (int m : {1, 2, 5, 8, 9, 16}) {
+          const WeightView* bv =
+              w != &a ? nullptr : m % 3 == 0 ? &b32.view : m % 3 == 1 ? &b16.view : nullptr;
+          for (int x_offset : {0, 1}) {
+            const double err = run_q4(gpu(), cpu(), *w, m, bv, 1010 + m, x_offset);
+            EXPECT_LT(err, kQ4Tolerance) << describe(*w, m, bv != nullptr) << " row_tiles=" << rt
+                                         << " warps=" << warps << " x_offset=" << x_offset;
+            worst = std::max(worst, err);
+          }
+        }
+      }
+    }
+  }
+  cuda::set_q4_gemv_tuning(saved);
+  gpu().release_weights();
+  std::printf("[ max rel error ] matmul_q4 wide kernel, m = 1..16: %.3g\n", worst);
+}
+
+// The wide kernel's automatic launch on Llama shapes: 4 tiles per warp with several warps per
+// block (gate/up 11008 x 4096), one tile per warp with a partial last batch (86 groups), few
+// blocks (1024 rows).
+TEST_F(CudaOpsTest, MatmulQ4WideKernelModelShapes) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, /*kernel=*/3});
+  double worst = 0;
+  for (auto [rows, cols] :
+       {std::pair<int64_t, int64_t>{11008, 4096}, {4096, 11008}, {1024, 4096}}) {
+    const QuantizedWeight4 w = make_q4(rows, cols, 1100 + rows + cols);
+    for (int m : {1, 5, 16}) {
+      const double err = run_q4(gpu(), cpu(), w, m, nullptr, 1110 + m);
+      EXPECT_LT(err, kQ4Tolerance) << describe(w, m, false);
+      worst = std::max(worst, err);
+    }
+    gpu().release_weights();
+  }
+  cuda::set_q4_gemv_tuning(saved);
+  std::printf("[ max rel error ] matmul_q4 wide kernel, Llama shapes: %.3g\n", worst);
+}
+
 TEST_F(CudaOpsTest, MatmulQ4UnalignedActivations) {
   const QuantizedWeight4 w = make_q4(200, 1024, 500);
   for (int m : {1, 7, 12}) {

@@ -50,7 +50,6 @@ namespace {
 
 constexpr float kNegInf = -INFINITY;
 constexpr int kSubTokens = 32;  // quantized tokens per warp per pipeline stage
-constexpr int kStages = 3;      // cp.async pipeline depth: two stages in flight while one is used
 constexpr int kMaxTiles = 8;    // query tiles (warps) per block
 constexpr int kMaxThreads = 32 * kMaxTiles;
 constexpr int kQuantRowUnroll = 4;  // quantized rows per step of the CUDA-core path
@@ -92,7 +91,9 @@ struct Params {
   int q_split_len;  // split x: quantized positions [x * len, +len), below q_end
   int q_end;
   int q_smem_bytes;   // the query tile; the pipeline stages and the merge buffer follow
-  int stage_bytes;    // slices * mma_sub_bytes (tensor-core path), else 0
+  int stage_bytes;    // slices * chunk * mma_sub_bytes (tensor-core path), else 0
+  int chunk;          // sub-chunks per slice per pipeline stage (tensor-core path)
+  int stages;         // pipeline stages, 2..kQuantAttentionMaxStages (tensor-core path)
   float* partial_o;   // [splits, m * num_heads, head_dim]
   float* partial_ml;  // [splits, m * num_heads, 2]
 };
@@ -125,6 +126,28 @@ __device__ __forceinline__ void cp_async_commit() {
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+// cp_async_wait<n> for a runtime n in [0, kQuantAttentionMaxStages - 2] (the pipeline depth is a
+// plan parameter; wait_group takes an immediate).
+__device__ __forceinline__ void cp_async_wait_n(int n) {
+  static_assert(kQuantAttentionMaxStages - 2 <= 4, "cases below");
+  switch (n) {
+    case 0:
+      cp_async_wait<0>();
+      break;
+    case 1:
+      cp_async_wait<1>();
+      break;
+    case 2:
+      cp_async_wait<2>();
+      break;
+    case 3:
+      cp_async_wait<3>();
+      break;
+    default:
+      cp_async_wait<4>();
+      break;
+  }
 }
 
 // Four 8x8 b16 matrices; lane i supplies the row address of row i % 8 of matrix i / 8.
@@ -760,7 +783,9 @@ __device__ __forceinline__ const uint8_t* plane_ptr(const QuantizedKvSegment& s,
 
 // A quantized split [begin, end) on tensor cores. Slice `ts` of the block's warps takes the
 // contiguous positions [begin + ts * len, +len), len = q_split_len / slices; all warps run the
-// same cp.async pipeline over the block's stages (every __syncthreads is reached by all).
+// same cp.async pipeline over the block's p.stages stages (every __syncthreads is reached by
+// all). A stage holds p.chunk consecutive sub-chunks of every slice (sub-chunk j of slice sl at
+// (sl * chunk + j % chunk) * kBytes), so a larger chunk puts more bytes in flight per barrier.
 // `overlap()` runs once the first stages are in flight (the block's full-precision rows).
 template <int HD, bool INT8, int NG, class Overlap>
 __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int end, int kvh,
@@ -777,7 +802,8 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
     const int b = begin + sl * slice_len, e = min(end, b + slice_len);
     return e > b ? (e - b) / kSubTokens : 0;
   };
-  const int n_steps = subs(0);
+  const int CH = p.chunk, S = p.stages;
+  const int n_steps = (subs(0) + CH - 1) / CH;  // slice 0 has the most sub-chunks
   const int my_subs = subs(ts);
   const int nthreads = blockDim.x;
 
@@ -793,11 +819,12 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
   const uint16_t* v_min = a.seg.value_min + kvh * C * NG;
   auto issue = [&](int s) {
     if (s >= n_steps) return;
-    unsigned char* stage = stages + (s % kStages) * p.stage_bytes;
-    for (int sl = 0; sl < p.slices; ++sl) {
-      if (s >= subs(sl)) continue;
-      const int t_sub = begin + sl * slice_len + s * kSubTokens;
-      unsigned char* sub = stage + sl * M::kBytes;
+    unsigned char* stage = stages + (s % S) * p.stage_bytes;
+    for (int si = 0; si < p.slices * CH; ++si) {
+      const int sl = si / CH, j = s * CH + si % CH;  // sub-chunk j of slice sl
+      if (j >= subs(sl)) continue;
+      const int t_sub = begin + sl * slice_len + j * kSubTokens;
+      unsigned char* sub = stage + si * M::kBytes;
       for (int e = threadIdx.x; e < kSubTokens * M::R; e += nthreads) {
         const int tok = e / M::R, u = e % M::R;
         const int dst = tok * M::RB + 16 * (u ^ M::swz(tok));
@@ -807,7 +834,7 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
           cp_async16(smem_u32(sub + pl * M::kTile + dst), planes[pl] + src);
         }
       }
-      if (s == 0 || t_sub % G == 0) {
+      if (j == 0 || t_sub % G == 0) {
         for (int e = threadIdx.x; e < HD / 4; e += nthreads) {  // 2 arrays x HD/8 units
           const int arr = e / (HD / 8), unit = e % (HD / 8);
           cp_async16(smem_u32(sub + M::kKMeta + arr * 2 * HD + unit * 16),
@@ -822,8 +849,7 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
     }
   };
 
-#pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
+  for (int s = 0; s < S - 1; ++s) {
     issue(s);
     cp_async_commit();
   }
@@ -841,14 +867,17 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
   }
   const float* q_row = q_warp + (lane >> 2) * M::kQStride;
   for (int s = 0; s < n_steps; ++s) {
-    cp_async_wait<kStages - 2>();
+    // S - 1 + s groups committed (empty ones too): at most S - 2 pending = group s has landed.
+    cp_async_wait_n(S - 2);
     __syncthreads();  // stage s landed for all threads; stage s - 1 is free again
-    issue(s + kStages - 1);
+    issue(s + S - 1);
     cp_async_commit();
-    if (s < my_subs) {
-      const int t_sub = begin + ts * slice_len + s * kSubTokens;
-      w.process(stages + (s % kStages) * p.stage_bytes + ts * M::kBytes, s == 0 || t_sub % G == 0,
-                t_sub, q_row);
+    const unsigned char* stage = stages + (s % S) * p.stage_bytes + ts * CH * M::kBytes;
+    for (int i = 0; i < CH; ++i) {
+      const int j = s * CH + i;
+      if (j >= my_subs) break;
+      const int t_sub = begin + ts * slice_len + j * kSubTokens;
+      w.process(stage + i * M::kBytes, j == 0 || t_sub % G == 0, t_sub, q_row);
     }
   }
   cp_async_wait<0>();
@@ -879,7 +908,7 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
   const int state_floats = p.slices * block_qv * (HD + 2);
   float* q_states = reinterpret_cast<float*>(stages);
   float* fp_states = reinterpret_cast<float*>(
-      stages + max(kStages * p.stage_bytes, state_floats * static_cast<int>(sizeof(float))));
+      stages + max(p.stages * p.stage_bytes, state_floats * static_cast<int>(sizeof(float))));
   const int n_states = 2 * p.slices;  // (kind, slice): fp slices, then quantized slices
   auto state_o = [&](int st) {
     float* base = st < p.slices ? fp_states : q_states;
@@ -983,6 +1012,68 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
       p.partial_ml[slot * 2] = m_tot;
       p.partial_ml[slot * 2 + 1] = l_tot;
     }
+  }
+}
+
+// ---- split combine --------------------------------------------------------------------------
+
+constexpr int kCombineThreads = 256;  // 8 warps per query vector
+
+// One block per query vector qi (row * num_heads + head): out[qi] = sum_s w_s o_s / sum_s w_s l_s,
+// w_s = 2^(m_s - max m). Unlike attention.cu's combine (one thread per channel, every split in
+// sequence: a chain of dependent L2 round trips that grows with the splits, ~0.3 us per split on
+// the H200), the warps take the splits round-robin, so the loads of 8+ splits are in flight at
+// once, and the warps' sums meet in shared memory. A split that saw nothing has m = -inf, weight 0.
+template <int HD>
+__global__ void __launch_bounds__(kCombineThreads)
+    quant_combine_kernel(const float* __restrict__ partial_o, const float* __restrict__ partial_ml,
+                         int splits, int64_t num_qv, float* __restrict__ out) {
+  constexpr int kWarps = kCombineThreads / 32;
+  constexpr int kC = HD / 32;  // channels per lane
+  __shared__ float red_m[kWarps];
+  __shared__ float red_l[kWarps];
+  __shared__ __align__(16) float red_o[kWarps][HD];
+  const int64_t qi = blockIdx.x;
+  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+
+  float mx = kNegInf;
+  for (int s = threadIdx.x; s < splits; s += kCombineThreads) {
+    mx = fmaxf(mx, __ldg(partial_ml + (s * num_qv + qi) * 2));
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, off));
+  if (lane == 0) red_m[warp] = mx;
+  __syncthreads();
+  float m_tot = red_m[0];
+#pragma unroll
+  for (int w = 1; w < kWarps; ++w) m_tot = fmaxf(m_tot, red_m[w]);
+
+  float acc[kC], l_sum = 0.0f;
+#pragma unroll
+  for (int c = 0; c < kC; ++c) acc[c] = 0.0f;
+#pragma unroll 4
+  for (int s = warp; s < splits; s += kWarps) {
+    const int64_t slot = s * num_qv + qi;
+    const float2 ml = __ldg(reinterpret_cast<const float2*>(partial_ml + slot * 2));
+    float x[kC];
+    load_f32<kC>(partial_o + slot * HD + lane * kC, x);
+    const float wgt = merge_weight(ml.x, m_tot);
+    l_sum = fmaf(wgt, ml.y, l_sum);
+#pragma unroll
+    for (int c = 0; c < kC; ++c) acc[c] = fmaf(wgt, x[c], acc[c]);
+  }
+#pragma unroll
+  for (int c = 0; c < kC; ++c) red_o[warp][lane * kC + c] = acc[c];
+  if (lane == 0) red_l[warp] = l_sum;  // the same in every lane
+  __syncthreads();
+  for (int d = threadIdx.x; d < HD; d += kCombineThreads) {
+    float o = 0.0f, l = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      o += red_o[w][d];
+      l += red_l[w];
+    }
+    out[qi * HD + d] = o / l;
   }
 }
 
@@ -1128,6 +1219,51 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// The current device's opt-in shared memory per block (cached per device).
+size_t max_smem_per_block() {
+  static std::mutex mu;
+  static std::vector<std::pair<int, size_t>> cache;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& e : cache) {
+    if (e.first == dev) return e.second;
+  }
+  int bytes = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cache.emplace_back(dev, static_cast<size_t>(bytes));
+  return static_cast<size_t>(bytes);
+}
+
+void launch_quant_combine(const float* partial_o, const float* partial_ml, int splits,
+                          int64_t num_qv, int hd, float* out, cudaStream_t stream) {
+  QS_CHECK(num_qv >= 1 && num_qv <= 0x7fffffff && splits >= 1);
+  QS_CHECK((reinterpret_cast<uintptr_t>(partial_o) | reinterpret_cast<uintptr_t>(partial_ml)) %
+               16 == 0);
+  const dim3 grid(static_cast<unsigned>(num_qv));
+  switch (hd) {
+    case 32:
+      quant_combine_kernel<32><<<grid, kCombineThreads, 0, stream>>>(partial_o, partial_ml, splits,
+                                                                      num_qv, out);
+      break;
+    case 64:
+      quant_combine_kernel<64><<<grid, kCombineThreads, 0, stream>>>(partial_o, partial_ml, splits,
+                                                                      num_qv, out);
+      break;
+    case 128:
+      quant_combine_kernel<128><<<grid, kCombineThreads, 0, stream>>>(partial_o, partial_ml,
+                                                                       splits, num_qv, out);
+      break;
+    case 256:
+      quant_combine_kernel<256><<<grid, kCombineThreads, 0, stream>>>(partial_o, partial_ml,
+                                                                       splits, num_qv, out);
+      break;
+    default:
+      QS_CHECK_MSG(false, "quantized attention: unsupported head_dim");
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
+
 }  // namespace
 
 // ---- API ------------------------------------------------------------------------------------
@@ -1184,10 +1320,28 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
   const size_t q_bytes = (block_qv * (hd + kQPad) * sizeof(float) + 127) / 128 * 128;
-  const size_t stage_bytes =
-      kc.mma ? static_cast<size_t>(pl.token_slices) * mma_sub_bytes(hd, a.seg.int8, kc.ng) : 0;
   const size_t state_bytes = pl.token_slices * block_qv * (hd + 2) * sizeof(float);
-  pl.smem_bytes = q_bytes + std::max(kStages * stage_bytes, state_bytes) + state_bytes;
+  // Pipeline shape (tensor-core path): `chunk` sub-chunks per slice per stage, `stages` stages;
+  // halved (chunk first) until the block fits the device's shared memory.
+  pl.chunk = std::clamp(tune.chunk_subs > 0 ? tune.chunk_subs : kQuantAttentionDefaultChunk, 1,
+                        kQuantAttentionMaxChunk);
+  pl.stages = std::clamp(tune.stages > 0 ? tune.stages : kQuantAttentionDefaultStages, 2,
+                         kQuantAttentionMaxStages);
+  auto smem_for = [&](int chunk, int stages) {
+    const size_t stage_bytes = kc.mma ? static_cast<size_t>(pl.token_slices) * chunk *
+                                            mma_sub_bytes(hd, a.seg.int8, kc.ng)
+                                      : 0;
+    return q_bytes + std::max(stages * stage_bytes, state_bytes) + state_bytes;
+  };
+  const size_t smem_cap = max_smem_per_block();
+  while (smem_for(pl.chunk, pl.stages) > smem_cap && (pl.chunk > 1 || pl.stages > 2)) {
+    if (pl.chunk > 1) {
+      pl.chunk /= 2;
+    } else {
+      --pl.stages;
+    }
+  }
+  pl.smem_bytes = smem_for(pl.chunk, pl.stages);
 
   // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
   // each split also takes its share of the full-precision rows, at most kFpRowsPerWarp per warp
@@ -1208,6 +1362,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.fp_split_len = static_cast<int>(ceil_div(n_fp, splits));
   pl.q_split_len = b_max > 0 ? static_cast<int>(ceil_div(ceil_div(b_max, splits), unit) * unit) : 0;
   pl.partial_floats = splits * a.m * a.num_heads * (hd + 2);
+  pl.parallel_combine = tune.parallel_combine;
   return pl;
 }
 
@@ -1234,7 +1389,12 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.q_end = quant_boundary(a.pos + a.m - 1, G);
   const size_t block_qv = static_cast<size_t>(plan.query_tiles) * kc.qw;
   p.q_smem_bytes = static_cast<int>((block_qv * (hd + kQPad) * sizeof(float) + 127) / 128 * 128);
-  p.stage_bytes = kc.mma ? plan.token_slices * mma_sub_bytes(hd, a.seg.int8, kc.ng) : 0;
+  p.chunk = plan.chunk;
+  p.stages = plan.stages;
+  QS_CHECK(p.chunk >= 1 && p.chunk <= kQuantAttentionMaxChunk && p.stages >= 2 &&
+           p.stages <= kQuantAttentionMaxStages);
+  p.stage_bytes =
+      kc.mma ? plan.token_slices * plan.chunk * mma_sub_bytes(hd, a.seg.int8, kc.ng) : 0;
   p.partial_o = partials;
   p.partial_ml = partials + plan.splits * num_qv * hd;
   QS_CHECK(p.tiles * kc.qw * static_cast<int64_t>(plan.query_groups) >= p.nq);
@@ -1246,7 +1406,7 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   QS_CHECK(plan.partial_floats >= plan.splits * num_qv * (hd + 2));
   const size_t state_bytes = p.slices * block_qv * (hd + 2) * sizeof(float);
   QS_CHECK(plan.smem_bytes >=
-           p.q_smem_bytes + std::max(kStages * static_cast<size_t>(p.stage_bytes), state_bytes) +
+           p.q_smem_bytes + std::max(p.stages * static_cast<size_t>(p.stage_bytes), state_bytes) +
                state_bytes);
 
   blocks_per_sm(kc.fn, plan.threads, plan.smem_bytes);  // sets the shared memory limit
@@ -1256,6 +1416,10 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   CUDA_CHECK(cudaLaunchKernel(kc.fn, grid, dim3(plan.threads), args, plan.smem_bytes, stream));
   CUDA_CHECK_LAUNCH(stream);
 
+  if (plan.parallel_combine) {
+    launch_quant_combine(p.partial_o, p.partial_ml, plan.splits, num_qv, hd, a.out, stream);
+    return;
+  }
   AttentionArgs c;
   c.out = a.out;
   c.partial_o = p.partial_o;

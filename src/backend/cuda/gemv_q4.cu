@@ -26,8 +26,10 @@
 // that epilogue. The codes reach the registers either directly (one group loaded ahead) or through
 // a per-warp cp.async ring in shared memory (Q4GemvTuning::stages).
 //
-// For a few rows of x (m <= kQ4CudaCoreAutoRows by default) a CUDA-core kernel reads the same
-// layout and dequantizes with integer/float bit tricks instead (gemv_q4_cc_kernel).
+// gemv_q4_wide_kernel: the same arithmetic with the bf16 GEMV's memory access pattern (16 loads
+// of 16 bytes in flight per lane); measured slower than expected, not the default. A CUDA-core
+// kernel reads the same layout and dequantizes with integer/float bit tricks instead
+// (gemv_q4_cc_kernel): the default for m <= 4 (kQ4AutoKernel, quant_ops.h).
 //
 // Weights whose group size is not 128 keep the reference layout and run a plain FMA kernel
 // (correctness only; the draft weights use 128).
@@ -35,6 +37,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <array>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
@@ -380,6 +383,120 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 2)
   }
 }
 
+// ---- wide kernel (tensor cores, many bytes in flight) -------------------------------------------
+//
+// The tensor-core arithmetic of accumulate_group with the memory access pattern of the bf16
+// GEMV (gemv.cu): a warp owns RT tiles and a contiguous range of groups that it walks in batches
+// of U = kWideBatch / RT groups, and every lane issues all U x RT x 2 16-byte code loads of a
+// batch (256 bytes, as many as the bf16 kernel's 8 x 2) before it uses any. The loads are
+// unconditional from valid addresses: a tile past the matrix reads the last tile (its rows are
+// >= N and never stored) and a group past the warp's range reads the batch's first group (not
+// computed). Warps split the groups in whole batches; with one warp per block the epilogue
+// writes straight from the C fragments, otherwise the warps are summed in shared memory
+// (warps * RT * NT * 512 bytes of dynamic shared memory). Up to 255 registers (about 135-210
+// used, no spills): the 64 registers of codes in flight come on top of the MMA path's own.
+constexpr int kWideBatch = 8;  // (tile, group) pairs per lane per batch: 16 loads in flight
+
+template <int RT, int NT, bool VEC_X>
+__global__ void __launch_bounds__(kQ4MaxWarps * 32, 1)
+    gemv_q4_wide_kernel(const float* __restrict__ x, int m, int64_t K,
+                        const uint4* __restrict__ codes, const uint2* __restrict__ meta, int64_t N,
+                        int64_t tiles, int64_t groups, DeviceBias bias, float* __restrict__ y) {
+  static_assert(kWideBatch % RT == 0, "a batch holds whole groups of the warp's tiles");
+  constexpr int U = kWideBatch / RT;
+  extern __shared__ float wide_partial[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int64_t tile0 = static_cast<int64_t>(blockIdx.x) * RT;
+  const int64_t steps = (groups + U - 1) / U;
+  const int64_t grp_begin = steps * warp / num_warps * U;
+  const int64_t grp_end = min(groups, steps * (warp + 1) / num_warps * U);
+
+  // Tile rt of the block is tile min(rt, last) (one base and a stride, few registers).
+  const int last = static_cast<int>(min(static_cast<int64_t>(RT - 1), tiles - 1 - tile0));
+  const uint4* tcodes = codes + tile0 * groups * kPiecesPerTileGroup + lane;
+  const uint2* tmeta = meta + tile0 * groups * kMetaPerTileGroup + (lane >> 2);
+
+  float acc[RT][NT][4];
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) {
+      acc[rt][tt][0] = acc[rt][tt][1] = acc[rt][tt][2] = acc[rt][tt][3] = 0.f;
+    }
+  }
+
+  for (int64_t grp0 = grp_begin; grp0 < grp_end; grp0 += U) {
+    uint4 cw[U][RT][2];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int64_t grp = grp0 + u < grp_end ? grp0 + u : grp0;
+#pragma unroll
+      for (int rt = 0; rt < RT; ++rt) {
+        const uint4* p = tcodes + (min(rt, last) * groups + grp) * kPiecesPerTileGroup;
+        cw[u][rt][0] = load_stream_16(p);
+        cw[u][rt][1] = load_stream_16(p + 32);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      if (grp0 + u < grp_end) {  // warp-uniform
+        // The metadata is first needed after the group's MMAs, which hide its latency.
+        uint2 cm[RT];
+#pragma unroll
+        for (int rt = 0; rt < RT; ++rt) {
+          cm[rt] = __ldg(tmeta + (min(rt, last) * groups + grp0 + u) * kMetaPerTileGroup);
+        }
+        accumulate_group<RT, NT, VEC_X>(x, m, K, grp0 + u, lane, cw[u], cm, acc);
+      }
+    }
+  }
+
+  // C fragment element r of lane: row g + 8 * (r / 2) of tile rt, token 2c + (r % 2) of tile tt.
+  if (num_warps == 1) {
+    const int g = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+      for (int tt = 0; tt < NT; ++tt) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) {
+          const int64_t row = (tile0 + rt) * 16 + g + 8 * (r >> 1);
+          const int token = tt * 8 + 2 * c + (r & 1);
+          if (row < N && token < m) {
+            float sum = acc[rt][tt][r];
+            if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+            y[token * N + row] = sum;
+          }
+        }
+      }
+    }
+    return;
+  }
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        wide_partial[(((warp * RT + rt) * NT + tt) * 32 + lane) * 4 + r] = acc[rt][tt][r];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < RT * NT * 128; e += blockDim.x) {
+    const int rt = e / (NT * 128), tt = (e / 128) % NT, l = (e / 4) % 32, r = e % 4;
+    float sum = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi) sum += wide_partial[wi * (RT * NT * 128) + e];
+    const int64_t row = (tile0 + rt) * 16 + (l >> 2) + 8 * (r >> 1);
+    const int token = tt * 8 + 2 * (l & 3) + (r & 1);
+    if (row < N && token < m) {
+      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      y[token * N + row] = sum;
+    }
+  }
+}
+
 // ---- CUDA-core kernel (few rows of x) ------------------------------------------------------------
 //
 // The same tiled layout, no tensor cores: per code one LOP3, one FADD and one FFMA per row of x,
@@ -671,6 +788,60 @@ void launch_tiled_stages(int rt, int stages, const TiledLaunch& l) {
   }
 }
 
+// Dynamic shared memory of the wide kernel: the epilogue's partial sums (none for one warp).
+template <int RT, int NT>
+constexpr size_t q4_wide_smem_bytes(int warps) {
+  return warps > 1 ? static_cast<size_t>(warps) * RT * NT * 32 * 4 * sizeof(float) : 0;
+}
+
+// l.warps == 0: automatic. Warps per block are doubled while the whole grid stays resident in
+// one wave (asked of the occupancy calculator once per instantiation: the register count
+// decides) and every warp keeps at least one full batch of groups.
+template <int RT, int NT, bool VEC_X>
+void launch_wide(const TiledLaunch& l, int num_sms) {
+  const int64_t tiles = (l.w->rows + 15) / 16;
+  const int64_t blocks = (tiles + RT - 1) / RT;
+  auto* kernel = gemv_q4_wide_kernel<RT, NT, VEC_X>;
+  static_assert(q4_wide_smem_bytes<RT, NT>(kQ4MaxWarps) <= 48 * 1024, "no opt-in needed");
+  int warps = l.warps;
+  if (warps == 0) {
+    static const std::array<int, 4> resident = [kernel] {  // blocks per SM of 1, 2, 4, 8 warps
+      std::array<int, 4> r{};
+      for (int i = 0; i < 4; ++i) {
+        CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &r[i], kernel, 32 << i, q4_wide_smem_bytes<RT, NT>(1 << i)));
+      }
+      return r;
+    }();
+    constexpr int kGroupsPerBatch = kWideBatch / RT;
+    const int64_t batches = (l.w->groups + kGroupsPerBatch - 1) / kGroupsPerBatch;
+    warps = 1;
+    for (int i = 1; i < 4 && 2 * warps <= batches &&
+                    blocks <= int64_t{resident[i]} * num_sms;
+         ++i) {
+      warps *= 2;
+    }
+  }
+  QS_CHECK(blocks <= 0x7fffffff && warps >= 1 && warps <= kQ4MaxWarps);
+  kernel<<<static_cast<unsigned>(blocks), warps * 32, q4_wide_smem_bytes<RT, NT>(warps),
+           l.stream>>>(l.x, l.m, l.w->cols, reinterpret_cast<const uint4*>(l.w->codes),
+                     reinterpret_cast<const uint2*>(l.w->meta), l.w->rows, tiles, l.w->groups,
+                     l.bias, l.y);
+  CUDA_CHECK_LAUNCH(l.stream);
+}
+
+// rt: 1, 2 or 4 (4 only with NT == 1).
+template <int NT, bool VEC_X>
+void launch_wide_rt(int rt, const TiledLaunch& l, int num_sms) {
+  if (rt == 4 && NT == 1) {
+    launch_wide<4, 1, VEC_X>(l, num_sms);
+  } else if (rt >= 2) {
+    launch_wide<2, NT, VEC_X>(l, num_sms);
+  } else {
+    launch_wide<1, NT, VEC_X>(l, num_sms);
+  }
+}
+
 // The CUDA-core kernel for exactly M rows of x.
 template <int M, bool VEC_X>
 void launch_cc(const TiledLaunch& l) {
@@ -720,6 +891,14 @@ int auto_warps(int64_t blocks, int64_t groups, int num_sms) {
     warps *= 2;
   }
   return warps;
+}
+
+// Tiles per warp of the wide kernel: the widest (most rows sharing each activation fragment)
+// that still gives every SM a block.
+int wide_row_tiles(int64_t tiles, int nt, int num_sms) {
+  if (nt == 1 && (tiles + 3) / 4 >= num_sms) return 4;
+  if ((tiles + 1) / 2 >= num_sms) return 2;
+  return 1;
 }
 
 void upload_async(void* dst, const void* src, size_t bytes, cudaStream_t stream) {
@@ -839,7 +1018,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
            tuning.row_tiles == 4);
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == kRingStages);
-  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 2);
+  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 4);
   g_q4_tuning = tuning;
 }
 
@@ -861,8 +1040,21 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
     return;
   }
   const bool vec_x = reinterpret_cast<uintptr_t>(x) % 16 == 0 && w.cols % 4 == 0;
-  const int kernel = g_q4_tuning.kernel;
-  if (m <= kCcMaxRows && (kernel == 2 || (kernel == 0 && m <= kQ4CudaCoreAutoRows))) {
+  const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
+  const int64_t tiles = (w.rows + 15) / 16;
+  const int nt = m <= 8 ? 1 : 2;
+  if (kernel == 3) {
+    int rt = g_q4_tuning.row_tiles > 0 ? g_q4_tuning.row_tiles : wide_row_tiles(tiles, nt, num_sms);
+    if (nt == 2 && rt == 4) rt = 2;  // registers: no 4 x 2 variant
+    const TiledLaunch l{x, m, &w, bias, y, g_q4_tuning.warps, stream};  // 0: automatic
+    if (nt == 1) {
+      vec_x ? launch_wide_rt<1, true>(rt, l, num_sms) : launch_wide_rt<1, false>(rt, l, num_sms);
+    } else {
+      vec_x ? launch_wide_rt<2, true>(rt, l, num_sms) : launch_wide_rt<2, false>(rt, l, num_sms);
+    }
+    return;
+  }
+  if (m <= kCcMaxRows && (kernel == 2 || (kernel == 4 && m <= kQ4CudaCoreAutoRows))) {
     const int warps = g_q4_tuning.warps > 0
                           ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, w.groups))
                           : auto_cc_warps(w.groups);
@@ -874,9 +1066,7 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
     }
     return;
   }
-  const int64_t tiles = (w.rows + 15) / 16;
   int rt = g_q4_tuning.row_tiles > 0 ? g_q4_tuning.row_tiles : auto_row_tiles(tiles, num_sms);
-  const int nt = m <= 8 ? 1 : 2;
   if (nt == 2 && rt == 4) rt = 2;  // registers: no 4 x 2 variant
   const int64_t blocks = (tiles + rt - 1) / rt;
   const int warps = g_q4_tuning.warps > 0

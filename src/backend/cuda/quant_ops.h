@@ -78,8 +78,9 @@ class Weight4Cache {
 };
 
 // y = x W4^T (+ bias) for 1 <= m <= 16 rows; x: [m, w.cols] f32, y: [m, w.rows] f32, y must not
-// alias x. Tiled weights: a CUDA-core GEMV (few rows) or a tensor-core skinny GEMM, both reading
-// every weight byte once for all rows; reference layout: a plain FMA kernel.
+// alias x. Tiled weights: a CUDA-core GEMV (few rows) or a tensor-core skinny GEMM (two
+// variants), all reading every weight byte once for all rows; reference layout: a plain FMA
+// kernel.
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,
                     int num_sms, cudaStream_t stream);
 
@@ -92,12 +93,18 @@ struct Q4GemvTuning {
   // current one is computed (1 group ahead); 4 = a 4-group cp.async ring per warp in shared
   // memory (3 groups ahead, no registers held).
   int stages = 0;
-  // Which kernel: 0 = automatic (CUDA cores for m <= kQ4CudaCoreAutoRows, else tensor cores),
-  // 1 = tensor cores (the fields above), 2 = CUDA cores for m <= 8 (tensor cores above; `warps`
-  // applies, row_tiles and stages do not).
+  // Which kernel: 0 = automatic (kQ4AutoKernel), 1 = tensor cores (the fields above), 2 = CUDA
+  // cores for m <= 8 (tensor cores above; `warps` applies, row_tiles and stages do not),
+  // 3 = the wide tensor-core kernel (16 loads in flight per lane; row_tiles and warps apply,
+  // stages does not), 4 = CUDA cores for m <= kQ4CudaCoreAutoRows, tensor cores (1) above.
   int kernel = 0;
 };
-// Rows of x up to which the automatic choice is the CUDA-core kernel.
+// The kernel that Q4GemvTuning::kernel = 0 runs (1..4 above), chosen from the H200 bench
+// (docs/perf.md): CUDA cores for m <= 4, tensor cores above. The wide kernel (3) measured slower
+// (7B gate/up m=1 22.9 us vs 18.0; 8B lm_head 150 vs 125-166 us) and made the draft step of the
+// padded 7B shape 9.1 ms instead of 6.1 ms.
+constexpr int kQ4AutoKernel = 4;
+// Rows of x up to which kernel 4 is the CUDA-core kernel.
 constexpr int kQ4CudaCoreAutoRows = 4;
 void set_q4_gemv_tuning(const Q4GemvTuning& tuning);
 Q4GemvTuning q4_gemv_tuning();
