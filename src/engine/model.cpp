@@ -206,7 +206,11 @@ Status Model::run(std::span<const int32_t> ids, int pos, bool draft, LogitRows r
     if (query_tap) (*query_tap)(l, q_->data(), m);
     const KvView view = attend_kv(l);
     backend_.attention(q_->data(), m, pos, shape, view, attn_->data());
-    linear(attn_->data(), m, L.wo, D.wo.get(), &L.bo, proj_->data());
+    // Tensor parallel: each rank's o_proj covers its heads (a partial sum); the bias goes into
+    // the sum once.
+    const bool bias_here = comm_ == nullptr || comm_->rank() == 0;
+    linear(attn_->data(), m, L.wo, D.wo.get(), bias_here ? &L.bo : nullptr, proj_->data());
+    if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
     backend_.add(h, proj_->data(), m * d);
     // MLP block.
     backend_.rmsnorm(h, L.mlp_norm, m, eps, x);
@@ -214,6 +218,7 @@ Status Model::run(std::span<const int32_t> ids, int pos, bool draft, LogitRows r
     linear(x, m, L.w_up, D.w_up.get(), nullptr, up_->data());
     backend_.swiglu(gate_->data(), up_->data(), m * inter, gate_->data());
     linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
+    if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
     backend_.add(h, proj_->data(), m * d);
   }
 

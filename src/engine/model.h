@@ -11,6 +11,7 @@
 
 #include "backend/backend.h"
 #include "core/error.h"
+#include "engine/communicator.h"
 #include "engine/engine.h"
 #include "kv/kv_cache.h"
 #include "model/config.h"
@@ -55,6 +56,14 @@ class Model {
   const ModelWeights& weights() const { return weights_; }
   Backend& backend() { return backend_; }
 
+  // Tensor parallelism (engine/tensor_parallel.h, docs/multi-gpu.md): with a communicator, this
+  // model is one rank's shard; the o_proj and down_proj outputs are summed over the ranks
+  // (all_reduce_sum) before the residual add, and o_proj's bias is added on rank 0 only. Every
+  // forward is then a collective: all ranks run the same calls. nullptr (the default): the
+  // unsharded model. The communicator must outlive its use.
+  void set_communicator(Communicator* comm) { comm_ = comm; }
+  Communicator* communicator() const { return comm_; }
+
   // Runs `ids` at positions [pos, pos + m), m = ids.size() >= 1, pos in [cache.length(),
   // cache.written_end()]: writes their K/V rows (the caller commits) and attends through `path`.
   // logits (host): kLast -> [vocab]; kAll -> [m, vocab]; kNone -> unused (may be null).
@@ -96,6 +105,7 @@ class Model {
   ModelConfig cfg_;
   ModelWeights weights_;
   Backend& backend_;
+  Communicator* comm_ = nullptr;  // tensor parallelism; nullptr: unsharded
   std::vector<float> inv_freq_;  // [head_dim / 2] RoPE inverse frequencies
 
   // Activations for up to scratch_rows_ tokens (backend memory).

@@ -1,0 +1,394 @@
+// Tensor parallelism on the CPU (docs/multi-gpu.md): the shards of a model, run by `world`
+// threads over a LocalCommunicatorGroup, each with its own KV cache over its kv heads, compute the
+// unsharded model's logits (fp, int8 and the QuantSpec draft's int4 paths), decode the same greedy
+// tokens, and run speculative rounds in lockstep. Bad shapes are clear errors.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <functional>
+#include <thread>
+
+#include "backend/cpu/cpu_backend.h"
+#include "engine/communicator.h"
+#include "engine/model.h"
+#include "engine/sampler.h"
+#include "engine/speculative.h"
+#include "engine/tensor_parallel.h"
+#include "tiny_model.h"
+
+namespace qs {
+namespace {
+
+using testing::TinyModel;
+
+// GQA (8 query heads over 4 kv heads), attention biases and an o_proj bias: divisible by 4.
+ModelConfig gqa_bias_config() {
+  ModelConfig c = testing::tiny_config();
+  c.num_heads = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 16;
+  c.intermediate_size = 96;
+  c.attention_bias = true;
+  return c;
+}
+
+// Column shards aligned to the 4-bit draft weights' groups of 128 at world 2 and 4 (q_dim 512,
+// intermediate 512), so the int4 draft of every shard is a slice of the unsharded int4 draft.
+ModelConfig draft_aligned_config() {
+  ModelConfig c = testing::tiny_config();
+  c.hidden_size = 128;
+  c.num_heads = 8;
+  c.num_kv_heads = 4;
+  c.head_dim = 64;
+  c.intermediate_size = 512;
+  return c;
+}
+
+TinyModel make_model(const ModelConfig& cfg, DType dtype, uint32_t seed, bool o_bias) {
+  TinyModel m = testing::make_tiny_model(cfg, dtype, seed);
+  if (o_bias) {
+    std::mt19937 rng(seed + 1000);
+    for (size_t l = 0; l < m.weights.layers.size(); ++l) {
+      m.weights.layers[l].bo = m.make("model.layers." + std::to_string(l) + ".self_attn.o_proj.bias",
+                                      1, cfg.hidden_size, dtype, rng, 0.1f);
+    }
+  }
+  return m;
+}
+
+// Runs fn(rank) on `world` threads and joins them.
+void run_ranks(int world, const std::function<void(int)>& fn) {
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) threads.emplace_back(fn, r);
+  for (std::thread& t : threads) t.join();
+}
+
+KvCache make_cache(const ModelConfig& cfg, KvMode mode, int group, int gamma, Backend& backend) {
+  KvCacheConfig k;
+  k.mode = mode;
+  k.num_layers = cfg.num_layers;
+  k.num_kv_heads = cfg.num_kv_heads;
+  k.head_dim = cfg.head_dim;
+  k.group_size = group;
+  k.max_gamma = gamma;
+  k.capacity = 256;
+  Result<KvCache> made = KvCache::create(k, backend);
+  QS_CHECK_MSG(made.ok(), made.ok() ? "" : made.error().message);
+  return std::move(made).value();
+}
+
+enum class PathKind { kFp, kInt8, kQuantSpecDraft };
+const char* path_name(PathKind p) {
+  return p == PathKind::kFp ? "fp" : p == PathKind::kInt8 ? "int8" : "quantspec-draft";
+}
+
+// What one decode run saw: the prompt's logits (all rows), each step's logits, the tokens.
+struct Trace {
+  std::vector<float> prefill;
+  std::vector<std::vector<float>> steps;
+  std::vector<int32_t> tokens;
+};
+
+// Prefill over the target path, then `n` greedy tokens, each fed back through `kind`'s path (the
+// QuantSpec draft: int4 weights over the int4 view of the hierarchical cache). With a
+// communicator, rank 0 picks each token and broadcasts it.
+Trace decode(const ModelConfig& full_cfg, Model& model, KvCache& cache, PathKind kind,
+             const std::vector<int32_t>& prompt, int n, Communicator* comm) {
+  const int vocab = full_cfg.vocab_size;
+  const KvMode mode = cache.mode();
+  const ForwardPath prefill_path = target_path(mode);
+  const ForwardPath step_path = kind == PathKind::kQuantSpecDraft ? draft_path(mode) : target_path(mode);
+  Trace t;
+  t.prefill.resize(prompt.size() * vocab);
+  Status st = model.forward(prompt, 0, cache, prefill_path, LogitRows::kAll, t.prefill.data());
+  QS_CHECK_MSG(st.ok(), st.ok() ? "" : st.error().message);
+  int pos = static_cast<int>(prompt.size());
+  cache.commit(pos);
+  const float* last = t.prefill.data() + (prompt.size() - 1) * vocab;
+  std::vector<float> logits(vocab);
+  for (int i = 0; i < n; ++i) {
+    int32_t tok = argmax(last, vocab);
+    if (comm) comm->broadcast(&tok, sizeof(tok), 0);  // rank 0 decides
+    t.tokens.push_back(tok);
+    st = model.forward(std::span<const int32_t>(&tok, 1), pos, cache, step_path, LogitRows::kLast,
+                       logits.data());
+    QS_CHECK_MSG(st.ok(), st.ok() ? "" : st.error().message);
+    cache.commit(++pos);
+    t.steps.push_back(logits);
+    last = t.steps.back().data();
+  }
+  return t;
+}
+
+// max |a - b| <= rel * max |b|, row by row.
+void expect_close(const std::vector<float>& got, const std::vector<float>& want, int vocab,
+                  double rel, const std::string& what) {
+  ASSERT_EQ(got.size(), want.size()) << what;
+  for (size_t r = 0; r * vocab < want.size(); ++r) {
+    double diff = 0, scale = 0;
+    for (int c = 0; c < vocab; ++c) {
+      diff = std::max(diff, std::abs(double(got[r * vocab + c]) - want[r * vocab + c]));
+      scale = std::max(scale, std::abs(double(want[r * vocab + c])));
+    }
+    ASSERT_LE(diff, rel * scale) << what << " row " << r;
+  }
+}
+
+// Relative logit tolerance against the unsharded model (summation order only).
+constexpr double kTol = 1e-5;
+
+struct Case {
+  ModelConfig cfg;
+  DType dtype;
+  bool o_bias;
+  std::string name;
+};
+
+void check_matches_single_rank(const Case& c, PathKind kind, int world) {
+  SCOPED_TRACE(c.name + " " + path_name(kind) + " world " + std::to_string(world));
+  const TinyModel tiny = make_model(c.cfg, c.dtype, 7, c.o_bias);
+  const KvMode mode = kind == PathKind::kFp     ? KvMode::kFp
+                      : kind == PathKind::kInt8 ? KvMode::kInt8
+                                                : KvMode::kQuantSpec;
+  const int group = 16, steps = 20;
+  const std::vector<int32_t> prompt = testing::random_prompt(37, c.cfg.vocab_size, 11);
+
+  CpuBackend backend(1);
+  Model single(tiny.cfg, tiny.weights, backend);
+  if (kind == PathKind::kQuantSpecDraft) {
+    ASSERT_TRUE(single.make_draft_weights(DraftWeights::kInt4).ok());
+  }
+  KvCache cache = make_cache(tiny.cfg, mode, group, 4, backend);
+  const Trace want = decode(c.cfg, single, cache, kind, prompt, steps, nullptr);
+
+  LocalCommunicatorGroup group_comm(world);
+  std::vector<Trace> got(world);
+  std::vector<std::string> errors(world);
+  run_ranks(world, [&](int r) {
+    Result<ShardedWeights> shard = shard_model(tiny.cfg, tiny.weights, r, world);
+    if (!shard.ok()) {
+      errors[r] = shard.error().message;
+      return;  // every rank fails alike (same shapes): no collective is left waiting
+    }
+    CpuBackend rank_backend(1);
+    Model model(shard->cfg, shard->weights, rank_backend);
+    model.set_communicator(&group_comm.rank(r));
+    if (kind == PathKind::kQuantSpecDraft) {
+      Status st = model.make_draft_weights(DraftWeights::kInt4);
+      QS_CHECK(st.ok());
+    }
+    KvCache rank_cache = make_cache(shard->cfg, mode, group, 4, rank_backend);
+    EXPECT_EQ(rank_cache.kv_dim(), c.cfg.kv_dim() / world);
+    got[r] = decode(c.cfg, model, rank_cache, kind, prompt, steps, &group_comm.rank(r));
+  });
+  for (int r = 0; r < world; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    const std::string where = "rank " + std::to_string(r);
+    // Every rank holds the same logits, bit for bit (the all-reduce sums in one order).
+    EXPECT_EQ(got[r].prefill, got[0].prefill) << where;
+    EXPECT_EQ(got[r].steps, got[0].steps) << where;
+  }
+  // The sharded model is the unsharded one up to the order of the o_proj / down_proj sums.
+  expect_close(got[0].prefill, want.prefill, c.cfg.vocab_size, kTol, "prefill");
+  ASSERT_EQ(got[0].steps.size(), want.steps.size());
+  for (size_t i = 0; i < want.steps.size(); ++i) {
+    expect_close(got[0].steps[i], want.steps[i], c.cfg.vocab_size, kTol,
+                 "step " + std::to_string(i));
+  }
+  EXPECT_EQ(got[0].tokens, want.tokens);
+  if (world == 1) {  // one rank is the unsharded model exactly
+    EXPECT_EQ(got[0].prefill, want.prefill);
+    EXPECT_EQ(got[0].steps, want.steps);
+  }
+}
+
+std::vector<Case> cases() {
+  return {
+      {gqa_bias_config(), DType::BF16, true, "gqa+bias bf16"},
+      {gqa_bias_config(), DType::F32, false, "gqa+qkv-bias f32"},
+      {draft_aligned_config(), DType::F16, false, "draft-aligned f16"},
+  };
+}
+
+class TensorParallelPaths : public ::testing::TestWithParam<PathKind> {};
+
+TEST_P(TensorParallelPaths, ShardsMatchTheSingleRankModel) {
+  for (const Case& c : cases()) {
+    // The int4 draft matches the unsharded draft only where the column shards align to its
+    // groups of 128 (docs/multi-gpu.md).
+    if (GetParam() == PathKind::kQuantSpecDraft && c.cfg.q_dim() % (4 * 128) != 0) continue;
+    for (int world : {1, 2, 4}) check_matches_single_rank(c, GetParam(), world);
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(TensorParallel, TensorParallelPaths,
+                         ::testing::Values(PathKind::kFp, PathKind::kInt8,
+                                           PathKind::kQuantSpecDraft),
+                         [](const ::testing::TestParamInfo<PathKind>& info) {
+                           return std::string(info.param == PathKind::kFp     ? "Fp"
+                                              : info.param == PathKind::kInt8 ? "Int8"
+                                                                              : "QuantSpecDraft");
+                         });
+
+TEST(TensorParallel, ShardShapesAndStorage) {
+  const ModelConfig cfg = gqa_bias_config();
+  const TinyModel tiny = make_model(cfg, DType::BF16, 3, true);
+  Result<ShardedWeights> s = shard_model(cfg, tiny.weights, 1, 4);
+  ASSERT_TRUE(s.ok()) << s.error().message;
+  EXPECT_EQ(s->cfg.num_heads, 2);
+  EXPECT_EQ(s->cfg.num_kv_heads, 1);
+  EXPECT_EQ(s->cfg.head_dim, 16);
+  EXPECT_EQ(s->cfg.intermediate_size, 24);
+  EXPECT_EQ(s->cfg.hidden_size, cfg.hidden_size);
+  const LayerWeights& L = s->weights.layers[0];
+  const LayerWeights& F = tiny.weights.layers[0];
+  // Row slices are views of the original bytes; column slices are copies.
+  EXPECT_EQ(L.wq.data, static_cast<const uint8_t*>(F.wq.data) + 32 * 64 * 2);
+  EXPECT_EQ(L.wq.rows, 32);
+  EXPECT_EQ(L.wk.rows, 16);
+  EXPECT_EQ(L.bq.cols, 32);
+  EXPECT_EQ(L.bo.data, F.bo.data);
+  EXPECT_EQ(L.wo.rows, 64);
+  EXPECT_EQ(L.wo.cols, 32);
+  const uint16_t* wo = static_cast<const uint16_t*>(L.wo.data);
+  const uint16_t* fo = static_cast<const uint16_t*>(F.wo.data);
+  EXPECT_EQ(wo[5 * 32 + 3], fo[5 * 128 + 32 + 3]);
+  EXPECT_EQ(L.w_down.cols, 24);
+  EXPECT_EQ(s->weights.lm_head.data, tiny.weights.lm_head.data);
+  EXPECT_EQ(s->storage.size(), 2 * cfg.num_layers);
+}
+
+TEST(TensorParallel, BadShapesAreClearErrors) {
+  const TinyModel tiny = testing::make_tiny_model(testing::tiny_config(), DType::F32, 1);
+  // tiny_config: 4 heads, 2 kv heads, intermediate 88.
+  auto error_of = [&](const ModelConfig& cfg, const ModelWeights& w, int rank, int world) {
+    Result<ShardedWeights> s = shard_model(cfg, w, rank, world);
+    return s.ok() ? std::string() : s.error().message;
+  };
+  EXPECT_NE(error_of(tiny.cfg, tiny.weights, 0, 4).find(
+                "num_key_value_heads (2) is not a multiple of the world size (4); replicating kv "
+                "heads over ranks is not implemented"),
+            std::string::npos)
+      << error_of(tiny.cfg, tiny.weights, 0, 4);
+  EXPECT_NE(error_of(tiny.cfg, tiny.weights, 0, 3).find(
+                "num_attention_heads (4) is not a multiple of the world size (3)"),
+            std::string::npos);
+  EXPECT_NE(error_of(tiny.cfg, tiny.weights, 2, 2).find("rank 2 is out of range [0, 2)"),
+            std::string::npos);
+  EXPECT_NE(error_of(tiny.cfg, tiny.weights, 0, 0).find("world size must be >= 1"),
+            std::string::npos);
+  ModelConfig odd = testing::tiny_config();
+  odd.intermediate_size = 90;
+  odd.num_kv_heads = 4;
+  const TinyModel mha = testing::make_tiny_model(odd, DType::F32, 1);
+  EXPECT_NE(error_of(odd, mha.weights, 1, 4).find(
+                "intermediate_size (90) is not a multiple of the world size (4)"),
+            std::string::npos)
+      << error_of(odd, mha.weights, 1, 4);
+  // Inconsistent weights fail check_model first.
+  ModelWeights broken = tiny.weights;
+  broken.layers[1].wq.rows = 60;
+  EXPECT_NE(error_of(tiny.cfg, broken, 0, 2).find("self_attn.q_proj.weight' has shape [60, 64]"),
+            std::string::npos);
+}
+
+TEST(TensorParallel, CommunicatorSumsInRankOrderAndBroadcasts) {
+  for (int world : {1, 2, 3, 4}) {
+    LocalCommunicatorGroup g(world);
+    std::vector<std::vector<float>> data(world);
+    std::vector<int64_t> got(world, -1);
+    run_ranks(world, [&](int r) {
+      Communicator& c = g.rank(r);
+      EXPECT_EQ(c.rank(), r);
+      EXPECT_EQ(c.world(), world);
+      for (int it = 0; it < 50; ++it) {
+        data[r].assign(1000, 0.0f);
+        for (int i = 0; i < 1000; ++i) data[r][i] = 0.1f * (r + 1) + 1e-3f * i + it;
+        c.all_reduce_sum(data[r].data(), data[r].size());
+        int64_t v = r == world - 1 ? 1000 + it : -1;
+        c.broadcast(&v, sizeof(v), world - 1);
+        got[r] = v;
+      }
+    });
+    for (int r = 0; r < world; ++r) {
+      EXPECT_EQ(data[r], data[0]);
+      EXPECT_EQ(got[r], 1049);
+    }
+    float want = 0.1f * 1 + 1e-3f * 7 + 49;
+    for (int r = 1; r < world; ++r) want += 0.1f * (r + 1) + 1e-3f * 7 + 49;
+    EXPECT_EQ(data[0][7], want);
+  }
+}
+
+// QuantSpec rounds on every rank, each with its own SpeculativeDecoder over its shard and cache:
+// the logits are bit-identical on every rank, so with the same seed every rank makes the same
+// accept/reject decisions; rank 0's are broadcast and every rank checks it agrees, and the
+// committed tokens equal the unsharded model's.
+TEST(TensorParallel, SpeculativeRoundsRunInLockstep) {
+  const ModelConfig cfg = draft_aligned_config();
+  const TinyModel tiny = make_model(cfg, DType::BF16, 21, false);
+  const int group = 16, gamma = 3, rounds = 12, world = 4;
+  const std::vector<int32_t> prompt = testing::random_prompt(29, cfg.vocab_size, 5);
+  for (float temperature : {0.0f, 0.8f}) {
+    SCOPED_TRACE("temperature " + std::to_string(temperature));
+    SamplingParams sampling;
+    sampling.temperature = temperature;
+    auto run = [&](Model& model, KvCache& cache, Communicator* comm) {
+      std::vector<int32_t> out;
+      std::vector<float> logits(cfg.vocab_size);
+      Status st = model.forward(prompt, 0, cache, target_path(cache.mode()), LogitRows::kLast,
+                                logits.data());
+      QS_CHECK(st.ok());
+      cache.commit(static_cast<int>(prompt.size()));
+      int32_t x = argmax(logits.data(), cfg.vocab_size);
+      out.push_back(x);
+      SpeculativeDecoder dec(model, model, cache);
+      Rng rng(1234);
+      GenerationStats stats;
+      SpecCounters counters;
+      for (int i = 0; i < rounds; ++i) {
+        Result<RoundResult> res = dec.round(x, gamma, sampling, rng, stats, counters);
+        QS_CHECK(res.ok());
+        if (comm) {  // rank 0's decision: accepted count and tokens
+          int32_t head[2] = {res->accepted, static_cast<int32_t>(res->tokens.size())};
+          comm->broadcast(head, sizeof(head), 0);
+          std::vector<int32_t> toks(static_cast<size_t>(head[1]));
+          if (comm->rank() == 0) toks = res->tokens;
+          comm->broadcast(toks.data(), toks.size() * sizeof(int32_t), 0);
+          EXPECT_EQ(head[0], res->accepted) << "rank " << comm->rank() << " round " << i;
+          EXPECT_EQ(toks, res->tokens) << "rank " << comm->rank() << " round " << i;
+        }
+        out.insert(out.end(), res->tokens.begin(), res->tokens.end());
+        x = res->tokens.back();
+      }
+      return out;
+    };
+    CpuBackend backend(1);
+    Model single(tiny.cfg, tiny.weights, backend);
+    ASSERT_TRUE(single.make_draft_weights(DraftWeights::kInt4).ok());
+    KvCache cache = make_cache(cfg, KvMode::kQuantSpec, group, gamma, backend);
+    const std::vector<int32_t> want = run(single, cache, nullptr);
+
+    LocalCommunicatorGroup comm(world);
+    std::vector<std::vector<int32_t>> got(world);
+    run_ranks(world, [&](int r) {
+      Result<ShardedWeights> shard = shard_model(tiny.cfg, tiny.weights, r, world);
+      QS_CHECK(shard.ok());
+      CpuBackend rank_backend(1);
+      Model model(shard->cfg, shard->weights, rank_backend);
+      model.set_communicator(&comm.rank(r));
+      QS_CHECK(model.make_draft_weights(DraftWeights::kInt4).ok());
+      KvCache rank_cache = make_cache(shard->cfg, KvMode::kQuantSpec, group, gamma, rank_backend);
+      got[r] = run(model, rank_cache, &comm.rank(r));
+    });
+    for (int r = 0; r < world; ++r) EXPECT_EQ(got[r], got[0]) << "rank " << r;
+    if (temperature == 0.0f) {
+      EXPECT_EQ(got[0], want);  // greedy: the unsharded tokens exactly
+    }
+    EXPECT_GT(got[0].size(), static_cast<size_t>(rounds));
+  }
+}
+
+}  // namespace
+}  // namespace qs
