@@ -91,7 +91,7 @@ def markdown(reports):
                 for base in BASELINES:
                     b = best.get((base, ctx))
                     speed.append(f"{cell['decode_tok_s'] / b['decode_tok_s']:.2f}x" if b else "-")
-                spec = not mode.startswith("ar-")
+                spec = cell.get("drafted", 0) > 0  # a speculative mode (not AR, not HF)
                 gamma = cell.get("gamma", "-") if spec else "-"
                 accept = f"{cell['acceptance_rate']:.3f}" if spec else "-"
                 lines.append(

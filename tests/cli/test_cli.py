@@ -380,3 +380,20 @@ def test_bench_bad_input(qs, tmp_path):
     p = qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--prompt-tokens", short,
            check=False)
     assert p.returncode == 1 and "fewer than the longest context" in p.stderr
+
+
+def test_hf_decode_bench_writes_bench_json(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    out = tmp_path / "hf.json"
+    subprocess.run([sys.executable, os.path.join(REPO, "tools", "hf_decode_bench.py"), "--model",
+                    model_dir("llama3-tiny"), "--contexts", "20,40", "--tokens", "4", "--device",
+                    "cpu", "--dtype", "float32", "-o", str(out)], check=True, capture_output=True)
+    report = json.loads(out.read_text())
+    assert report["command"] == "bench" and report["tool"] == "hf_decode_bench"
+    assert [r["context"] for r in report["runs"]] == [20, 40]
+    assert all(r["bench_mode"] == "hf-transformers" and r["ms_per_token"] > 0
+               for r in report["runs"])
+    md = subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_report.py"), str(out)],
+                        check=True, capture_output=True, text=True).stdout
+    assert "| 20 | hf-transformers |" in md

@@ -15,7 +15,8 @@
 # Environment: QS_E2E (models to run: default llama2-7b llama3.1-8b padded-llama2-7b
 # padded-llama3.1-8b; default: the first three), QS_E2E_TOKENS (generated
 # tokens per run, default 128), QS_E2E_GAMMAS (default 2,4,6), QS_E2E_MODES, QS_E2E_CONTEXTS
-# (one list for every model instead of the defaults below), OUT.
+# (one list for every model instead of the defaults below), QS_E2E_HF (set: also time HF
+# transformers on the same model and contexts, tools/hf_decode_bench.py), OUT.
 set -uo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -72,4 +73,10 @@ for name in ${QS_E2E:-default llama2-7b llama3.1-8b}; do
     --gammas "$gammas" -n "$tokens" "${extra[@]}" -o "$out/e2e-$name.json" \
     2>"$out/e2e-$name.err" | tee "$out/e2e-$name.txt"
   grep -E "error" "$out/e2e-$name.err" | head -3
+  if [[ -n ${QS_E2E_HF:-} && $name != default ]]; then
+    # The "what people use today" row: HF transformers, bf16, static cache + compiled decode.
+    python3 tools/hf_decode_bench.py --model "$dir" --contexts "$ctx" --tokens "$tokens" \
+      --device cuda --dtype bfloat16 --static -o "$out/hf-$name.json" 2>"$out/hf-$name.err" |
+      tee "$out/hf-$name.txt"
+  fi
 done
