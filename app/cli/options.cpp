@@ -22,6 +22,13 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
   app.add_option("--threads", opts.engine.num_threads, "CPU threads (0: all cores)")
       ->envname("QS_THREADS")
       ->check(CLI::Range(0, 1024));
+  app.add_option("--tp", opts.engine.tensor_parallel,
+                 "Tensor parallelism: shard the model over N ranks (cuda: devices 0..N-1; cpu: "
+                 "N thread groups splitting --threads); attention heads, kv heads and "
+                 "intermediate_size must divide by N")
+      ->envname("QS_TP")
+      ->capture_default_str()
+      ->check(CLI::Range(1, 1024));
   app.add_option("--ctx", opts.engine.max_context,
                  "Context capacity in tokens (0: min(model max, 8192))")
       ->envname("QS_CTX")

@@ -52,9 +52,15 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
              "  layers {} hidden {} heads {}/{} (kv) head_dim {} vocab {} rope_theta {:g}\n",
              c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
              c.rope_theta);
-  const std::string backend =
-      eo.device == Device::kCuda ? fmt::format("cuda (device {})", eo.device_index)
-                                 : fmt::format("cpu ({} threads)", threads);
+  const int tp = eo.tensor_parallel;
+  std::string backend =
+      eo.device == Device::kCuda
+          ? (tp > 1 ? fmt::format("cuda (devices {}..{})", eo.device_index,
+                                  eo.device_index + tp - 1)
+                    : fmt::format("cuda (device {})", eo.device_index))
+          : (tp > 1 ? fmt::format("cpu ({} threads per rank)", std::max(1, threads / tp))
+                    : fmt::format("cpu ({} threads)", threads));
+  backend += fmt::format(", tensor parallel {}", tp);
   fmt::print(stderr,
              "  backend {}, context {} tokens, {} {:.3f} GiB, "
              "prefill chunk {}\n",
@@ -109,6 +115,7 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
       {"kv_cache_bytes", engine.kv_cache_bytes()},
       {"group_size", options.group_size},
       {"backend", device_name(options.device)},
+      {"tensor_parallel", options.tensor_parallel},
       {"device", engine.device_description()},
       {"tokens", result.tokens},
       {"rounds", st.rounds},

@@ -207,6 +207,11 @@ class Backend {
   // a device backend uploads a weight on its first use otherwise.
   virtual void prepare_weights(const ModelWeights& weights) { (void)weights; }
 
+  // Makes this backend's device current on the calling thread (CUDA: cudaSetDevice), for a
+  // thread other than the one that created it (tensor parallelism: one thread per rank runs
+  // each rank's backend). No-op for a host-memory backend.
+  virtual void bind_thread() {}
+
   // Copies n floats from host memory into backend memory (dst from alloc()).
   virtual void from_host(const float* src_host, float* dst, size_t n) {
     if (src_host != dst) std::memcpy(dst, src_host, n * sizeof(float));

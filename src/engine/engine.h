@@ -37,7 +37,11 @@ inline constexpr int kDefaultGamma = 4;
 struct EngineOptions {
   Device device = Device::kCpu;
   int device_index = 0;     // CUDA device ordinal
-  int num_threads = 0;      // 0: all hardware threads
+  int num_threads = 0;      // 0: all hardware threads (with tensor_parallel > 1: in all ranks)
+  // Tensor parallelism (docs/multi-gpu.md): the model sharded over this many ranks, one per CUDA
+  // device (device_index, device_index + 1, ...), or CPU backends of num_threads / N threads each
+  // (the CPU stand-in). 1: one unsharded model.
+  int tensor_parallel = 1;
   int max_context = 0;      // KV cache capacity in tokens; 0: min(model max, 8192) [TODO: grows]
   int prefill_chunk = 512;  // prompt tokens per prefill forward (bounds activation memory)
   DecodeMode mode = DecodeMode::kAr;

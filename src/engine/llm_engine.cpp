@@ -9,6 +9,7 @@
 #include "engine/backend_factory.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
+#include "engine/tensor_parallel.h"
 
 namespace qs {
 
@@ -53,6 +54,10 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
   if (options.prefill_chunk < 1) {
     return make_error("prefill_chunk must be >= 1, got " + std::to_string(options.prefill_chunk));
   }
+  if (options.tensor_parallel < 1) {
+    return make_error("tensor parallel size (--tp) must be >= 1, got " +
+                      std::to_string(options.tensor_parallel));
+  }
   QS_TRY(check_model(cfg, weights));
   QS_ASSIGN_OR_RETURN(int ctx, resolve_max_context(cfg, options));
   const bool qspec = options.mode == DecodeMode::kQuantSpec;
@@ -76,6 +81,11 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
         options.snap_kernel % 2 == 0) {
       return make_error("sparse draft: sinks must be >= 0, the observation window >= 1 and the "
                         "pooling kernel odd and >= 1");
+    }
+    if (options.tensor_parallel > 1) {
+      return make_error(std::string("--mode ") + decode_mode_name(options.mode) +
+                        " is not with --tp yet (the sparse draft's selection is not sharded): "
+                        "use --tp 1, or --mode ar / quantspec");
     }
   }
   if (options.gamma < 0) {
@@ -104,15 +114,92 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
   std::unique_ptr<LlmEngine> engine(new LlmEngine());
   engine->options_ = options;
   engine->options_.max_context = ctx;
-  QS_ASSIGN_OR_RETURN(engine->backend_, create_backend(options, cfg));
-  QS_ASSIGN_OR_RETURN(engine->cache_, KvCache::create(kv, *engine->backend_));
-  engine->model_ = std::make_unique<Model>(cfg, std::move(weights), *engine->backend_);
-  engine->backend_->prepare_weights(engine->model_->weights());
+  engine->cfg_ = cfg;
   engine->gamma_ = gamma;
-  if (qspec || sparse) QS_TRY(engine->model_->make_draft_weights(options.draft_weights));
+  const int world = options.tensor_parallel;
+  if (world == 1) {
+    QS_ASSIGN_OR_RETURN(engine->backend_, create_backend(options, cfg));
+    QS_ASSIGN_OR_RETURN(engine->cache_, KvCache::create(kv, *engine->backend_));
+    engine->model_ = std::make_unique<Model>(cfg, std::move(weights), *engine->backend_);
+    engine->backend_->prepare_weights(engine->model_->weights());
+    if (qspec || sparse) QS_TRY(engine->model_->make_draft_weights(options.draft_weights));
+  } else {
+    // Shards (shape errors name the field), then per rank a backend, a model over its shard
+    // and a cache over its kv heads, built on the rank's own thread (its device current).
+    std::vector<ShardedWeights> shards;
+    for (int r = 0; r < world; ++r) {
+      Result<ShardedWeights> shard = shard_model(cfg, weights, r, world);
+      if (!shard.ok()) {  // "tensor parallel: num_attention_heads (4) is not a multiple ..."
+        std::string msg = shard.error().message;
+        const std::string prefix = "tensor parallel: ";
+        if (msg.rfind(prefix, 0) == 0) msg.erase(0, prefix.size());
+        return make_error("--tp " + std::to_string(world) + " (tensor parallel): " + msg);
+      }
+      shards.push_back(std::move(shard).value());
+    }
+    QS_ASSIGN_OR_RETURN(std::vector<std::unique_ptr<Backend>> backends,
+                        create_rank_backends(options, shards[0].cfg, world));
+    std::vector<Backend*> rank_backends;
+    for (auto& b : backends) rank_backends.push_back(b.get());
+    QS_ASSIGN_OR_RETURN(engine->comms_, create_rank_communicators(options, rank_backends));
+    engine->backend_ = std::move(backends[0]);
+    engine->peers_.resize(static_cast<size_t>(world - 1));
+    for (int r = 1; r < world; ++r) {
+      engine->peers_[static_cast<size_t>(r - 1)].backend =
+          std::move(backends[static_cast<size_t>(r)]);
+    }
+    engine->rank_threads_ = std::make_unique<RankThreads>(world);
+    LlmEngine& e = *engine;
+    QS_TRY(e.rank_threads_->run([&](int r) -> Status {
+      Backend& backend = r == 0 ? *e.backend_ : *e.peers_[static_cast<size_t>(r - 1)].backend;
+      backend.bind_thread();
+      ShardedWeights& shard = shards[static_cast<size_t>(r)];
+      KvCacheConfig rank_kv = kv;
+      rank_kv.num_kv_heads = shard.cfg.num_kv_heads;
+      QS_ASSIGN_OR_RETURN(KvCache cache, KvCache::create(rank_kv, backend));
+      auto model = std::make_unique<Model>(shard.cfg, std::move(shard.weights), backend);
+      model->set_communicator(&e.comms_->rank(r));
+      backend.prepare_weights(model->weights());
+      if (qspec) QS_TRY(model->make_draft_weights(options.draft_weights));
+      if (r == 0) {
+        e.cache_ = std::move(cache);
+        e.model_ = std::move(model);
+      } else {
+        Peer& peer = e.peers_[static_cast<size_t>(r - 1)];
+        peer.cache = std::move(cache);
+        peer.model = std::move(model);
+      }
+      return Status::ok_status();
+    }));
+    for (ShardedWeights& shard : shards) {
+      engine->shard_storage_.insert(engine->shard_storage_.end(), shard.storage.begin(),
+                                    shard.storage.end());
+    }
+  }
   engine->tokenizer_ = std::move(tokenizer);
   engine->last_logits_.resize(static_cast<size_t>(cfg.vocab_size));
   return engine;
+}
+
+LlmEngine::~LlmEngine() {
+  if (peers_.empty()) return;
+  // Tensor parallelism: each rank's memory is freed on its own thread with its device current
+  // (the communicators first, while the streams they use exist); rank 0's by the members'
+  // destructors, on this thread.
+  comms_.reset();
+  const Status st = rank_threads_->run([&](int r) -> Status {
+    if (r == 0) {
+      backend_->bind_thread();
+      return Status::ok_status();
+    }
+    Peer& p = peers_[static_cast<size_t>(r - 1)];
+    p.backend->bind_thread();
+    p.cache = KvCache();
+    p.model.reset();
+    p.backend.reset();
+    return Status::ok_status();
+  });
+  QS_CHECK(st.ok());
 }
 
 Status LlmEngine::check_prompt(const std::vector<int32_t>& ids) const {
@@ -124,8 +211,88 @@ Status LlmEngine::check_prompt(const std::vector<int32_t>& ids) const {
   return Status::ok_status();
 }
 
+size_t LlmEngine::kv_cache_bytes() const {
+  size_t bytes = cache_.bytes();
+  for (const Peer& p : peers_) bytes += p.cache.bytes();
+  return bytes;
+}
+
+std::string LlmEngine::device_description() const {
+  std::string d = backend_->description();
+  if (!peers_.empty()) {
+    d += " (rank 0 of tensor parallel " + std::to_string(tensor_parallel()) + ")";
+  }
+  return d;
+}
+
+int64_t LlmEngine::device_memory_in_use() const {
+  int64_t bytes = backend_->memory_in_use();
+  for (const Peer& p : peers_) {
+    const int64_t b = p.backend->memory_in_use();
+    if (bytes < 0 || b < 0) return -1;
+    bytes += b;
+  }
+  return bytes;
+}
+
+Status LlmEngine::forward_all(std::span<const int32_t> ids, int pos, const ForwardPath& path,
+                              LogitRows rows, float* logits) {
+  if (peers_.empty()) return model_->forward(ids, pos, cache_, path, rows, logits);
+  // Sparse drafts (selection, query tap) are rejected with more than one rank by create().
+  QS_CHECK(path.selection == nullptr && !path.query_tap);
+  ForwardPath peer_path = path;
+  peer_path.kv_read = nullptr;  // counted on rank 0 (its share of the KV)
+  const size_t vocab = static_cast<size_t>(cfg_.vocab_size);
+  const size_t n = rows == LogitRows::kNone ? 0
+                   : rows == LogitRows::kLast ? vocab
+                                              : ids.size() * vocab;
+  return rank_threads_->run([&](int r) -> Status {
+    if (r == 0) {
+      backend_->bind_thread();
+      return model_->forward(ids, pos, cache_, path, rows, logits);
+    }
+    Peer& p = peers_[static_cast<size_t>(r - 1)];
+    p.backend->bind_thread();
+    if (p.logits.size() < n) p.logits.resize(n);
+    return p.model->forward(ids, pos, p.cache, peer_path, rows, n ? p.logits.data() : nullptr);
+  });
+}
+
+void LlmEngine::commit_all(int length) {
+  if (peers_.empty()) return cache_.commit(length);
+  const Status st = rank_threads_->run([&](int r) -> Status {
+    Backend& b = r == 0 ? *backend_ : *peers_[static_cast<size_t>(r - 1)].backend;
+    b.bind_thread();
+    (r == 0 ? cache_ : peers_[static_cast<size_t>(r - 1)].cache).commit(length);
+    return Status::ok_status();
+  });
+  QS_CHECK(st.ok());
+}
+
+void LlmEngine::clear_all() {
+  if (peers_.empty()) return cache_.clear();
+  const Status st = rank_threads_->run([&](int r) -> Status {
+    Backend& b = r == 0 ? *backend_ : *peers_[static_cast<size_t>(r - 1)].backend;
+    b.bind_thread();
+    (r == 0 ? cache_ : peers_[static_cast<size_t>(r - 1)].cache).clear();
+    return Status::ok_status();
+  });
+  QS_CHECK(st.ok());
+}
+
+DecoderDispatch LlmEngine::dispatch() {
+  DecoderDispatch d;
+  if (peers_.empty()) return d;
+  d.forward = [this](std::span<const int32_t> ids, int pos, const ForwardPath& path,
+                     LogitRows rows, float* logits) {
+    return forward_all(ids, pos, path, rows, logits);
+  };
+  d.commit = [this](int length) { commit_all(length); };
+  return d;
+}
+
 Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress) {
-  cache_.clear();
+  clear_all();
   sparse_ = SparseDraftIndex{};
   const int n = static_cast<int>(ids.size());
   const ModelConfig& cfg = config();
@@ -151,11 +318,11 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
     const int m = std::min(options_.prefill_chunk, n - start);
     const bool last = start + m == n;
     chunk_start = start;
-    QS_TRY(model_->forward(std::span<const int32_t>(ids.data() + start, m), start, cache_, path,
-                           last ? LogitRows::kLast : LogitRows::kNone, last_logits_.data()));
+    QS_TRY(forward_all(std::span<const int32_t>(ids.data() + start, m), start, path,
+                       last ? LogitRows::kLast : LogitRows::kNone, last_logits_.data()));
     if (progress) progress(start + m, n);
   }
-  cache_.commit(n);
+  commit_all(n);
   if (sparse()) {
     const int keep = sparse_keep_count(options_.draft_budget, n);
     if (!snap) {
@@ -193,26 +360,25 @@ Result<std::vector<float>> LlmEngine::prefill_logits(const std::vector<int32_t>&
   const size_t vocab = static_cast<size_t>(config().vocab_size);
   std::vector<float> logits(static_cast<size_t>(n - first) * vocab);
   std::vector<float> chunk_logits;
-  cache_.clear();
+  clear_all();
   for (int start = 0; start < n; start += options_.prefill_chunk) {
     const int m = std::min(options_.prefill_chunk, n - start);
     const std::span<const int32_t> chunk(ids.data() + start, m);
     if (start + m <= first) {  // no row of this chunk is returned
-      QS_TRY(model_->forward(chunk, start, cache_, ForwardPath{}, LogitRows::kNone, nullptr));
+      QS_TRY(forward_all(chunk, start, ForwardPath{}, LogitRows::kNone, nullptr));
       continue;
     }
     float* out = logits.data() + static_cast<size_t>(std::max(0, start - first)) * vocab;
     if (start >= first) {
-      QS_TRY(model_->forward(chunk, start, cache_, ForwardPath{}, LogitRows::kAll, out));
+      QS_TRY(forward_all(chunk, start, ForwardPath{}, LogitRows::kAll, out));
     } else {  // the chunk straddles the first returned row
       chunk_logits.resize(static_cast<size_t>(m) * vocab);
-      QS_TRY(model_->forward(chunk, start, cache_, ForwardPath{}, LogitRows::kAll,
-                             chunk_logits.data()));
+      QS_TRY(forward_all(chunk, start, ForwardPath{}, LogitRows::kAll, chunk_logits.data()));
       std::copy(chunk_logits.begin() + static_cast<size_t>(first - start) * vocab,
                 chunk_logits.end(), out);
     }
   }
-  cache_.commit(n);
+  commit_all(n);
   return logits;
 }
 
@@ -221,13 +387,13 @@ Result<std::vector<float>> LlmEngine::sequence_logits(const std::vector<int32_t>
   const int n = static_cast<int>(ids.size());
   const size_t vocab = static_cast<size_t>(config().vocab_size);
   std::vector<float> logits(static_cast<size_t>(n) * vocab);
-  cache_.clear();
+  clear_all();
   const ForwardPath path = target_path(cache_.mode());
   for (int start = 0; start < n; start += options_.prefill_chunk) {
     const int m = std::min(options_.prefill_chunk, n - start);
-    QS_TRY(model_->forward(std::span<const int32_t>(ids.data() + start, m), start, cache_, path,
-                           LogitRows::kAll, logits.data() + start * vocab));
-    cache_.commit(start + m);
+    QS_TRY(forward_all(std::span<const int32_t>(ids.data() + start, m), start, path,
+                       LogitRows::kAll, logits.data() + start * vocab));
+    commit_all(start + m);
   }
   return logits;
 }
@@ -248,14 +414,14 @@ Result<RoundResult> LlmEngine::speculative_round(int32_t x, int gamma,
                       std::to_string(cache_.length()) + " positions needs more than " +
                       std::to_string(cache_.capacity()));
   }
-  SpeculativeDecoder decoder(*model_, *model_, cache_, draft_selection());
+  SpeculativeDecoder decoder(*model_, *model_, cache_, draft_selection(), dispatch());
   return decoder.round(x, gamma, sampling, rng, stats, counters_, control);
 }
 
 Result<std::vector<float>> LlmEngine::peek_logits(int32_t x) {
   std::vector<float> logits(static_cast<size_t>(config().vocab_size));
-  QS_TRY(model_->forward(std::span<const int32_t>(&x, 1), cache_.length(), cache_,
-                         target_path(cache_.mode()), LogitRows::kLast, logits.data()));
+  QS_TRY(forward_all(std::span<const int32_t>(&x, 1), cache_.length(), target_path(cache_.mode()),
+                     LogitRows::kLast, logits.data()));
   return logits;
 }
 
@@ -345,13 +511,13 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
       st.sample_s += seconds_since(t0);
       if (push(next)) break;
       t0 = std::chrono::steady_clock::now();
-      QS_TRY(model_->forward(std::span<const int32_t>(&next, 1), pos, cache_, path,
-                             LogitRows::kLast, last_logits_.data()));
+      QS_TRY(forward_all(std::span<const int32_t>(&next, 1), pos, path, LogitRows::kLast,
+                         last_logits_.data()));
       ++counters_.target_steps;
       st.verify_s += seconds_since(t0);
       t0 = std::chrono::steady_clock::now();
       const int flushes_before = cache_.flushes();
-      cache_.commit(++pos);
+      commit_all(++pos);
       st.flushes += cache_.flushes() - flushes_before;
       st.flush_s += seconds_since(t0);
     }
@@ -363,7 +529,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
           " must be smaller than the group size G = " + std::to_string(cache_.group_size()));
     }
     st.accepted_histogram.assign(static_cast<size_t>(gamma + 1), 0);
-    SpeculativeDecoder spec(*model_, *model_, cache_, draft_selection());
+    SpeculativeDecoder spec(*model_, *model_, cache_, draft_selection(), dispatch());
     st.draft_index_bytes = static_cast<int64_t>(sparse_.bytes());
     int32_t x = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
     bool done = push(x);

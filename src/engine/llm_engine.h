@@ -1,6 +1,9 @@
-// The Engine implementation: one model, one full-precision KV cache (one sequence at a time),
-// autoregressive generation. Engine::load (engine.cpp) reads a directory and builds one; tests
-// and benchmarks can build one from in-memory parts.
+// The Engine implementation: one model, one KV cache (one sequence at a time), autoregressive or
+// speculative generation. With EngineOptions::tensor_parallel = N > 1 the model is sharded over N
+// ranks (docs/multi-gpu.md), each with its own backend, Model and KvCache over its kv heads; every
+// forward and cache operation runs on all ranks at once (one thread per rank) and the one
+// generation loop samples from rank 0's logits. Engine::load (engine.cpp) reads a directory and
+// builds one; tests and benchmarks can build one from in-memory parts.
 #pragma once
 
 #include <memory>
@@ -9,8 +12,10 @@
 
 #include "backend/backend.h"
 #include "core/thread_pool.h"
+#include "engine/backend_factory.h"
 #include "engine/engine.h"
 #include "engine/model.h"
+#include "engine/rank_threads.h"
 #include "engine/speculative.h"
 #include "kv/kv_cache.h"
 #include "kv/sparse_select.h"
@@ -29,7 +34,10 @@ class LlmEngine final : public Engine {
                                                    std::optional<Tokenizer> tokenizer,
                                                    const EngineOptions& options);
 
-  const ModelConfig& config() const override { return model_->config(); }
+  // The full model's configuration (with tensor_parallel > 1, model() is rank 0's shard).
+  ~LlmEngine() override;
+
+  const ModelConfig& config() const override { return cfg_; }
   const Tokenizer* tokenizer() const override { return tokenizer_ ? &*tokenizer_ : nullptr; }
   int max_context() const override { return cache_.capacity(); }
 
@@ -44,12 +52,15 @@ class LlmEngine final : public Engine {
                                     const GenerationParams& params,
                                     const TextCallback& on_text) override;
 
+  // Rank 0's model, backend and cache (the only ones when tensor_parallel is 1).
   Model& model() { return *model_; }
   Backend& backend() { return *backend_; }
   const EngineOptions& options() const { return options_; }
-  size_t kv_cache_bytes() const override { return cache_.bytes(); }
-  std::string device_description() const override { return backend_->description(); }
-  int64_t device_memory_in_use() const override { return backend_->memory_in_use(); }
+  int tensor_parallel() const { return static_cast<int>(peers_.size()) + 1; }
+  // Summed over the ranks.
+  size_t kv_cache_bytes() const override;
+  std::string device_description() const override;
+  int64_t device_memory_in_use() const override;
   KvCache& cache() { return cache_; }
   int gamma() const { return gamma_; }
   // Sparse-KV modes: the draft's index, built by the last prefill (empty otherwise).
@@ -81,6 +92,16 @@ class LlmEngine final : public Engine {
   using PrefillProgress = std::function<void(int done, int total)>;
   Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {});
 
+  // Tensor parallelism: the same forward on every rank (rank 0: model_ on cache_, logits into
+  // `logits`; the others into their own scratch), and a cache operation on every rank's cache.
+  // With one rank these are the plain calls on model_ and cache_.
+  Status forward_all(std::span<const int32_t> ids, int pos, const ForwardPath& path,
+                     LogitRows rows, float* logits);
+  void commit_all(int length);
+  void clear_all();
+  // How a SpeculativeDecoder over model_ runs on all ranks (empty with one rank).
+  DecoderDispatch dispatch();
+
   // Threads for host-side work that is not a backend op (SnapKV's selection), made on first use.
   ThreadPool& host_pool();
 
@@ -88,9 +109,23 @@ class LlmEngine final : public Engine {
   std::unique_ptr<ThreadPool> host_pool_;
   int gamma_ = 0;  // resolved default speculation length (QuantSpec)
   SpecCounters counters_;
-  std::unique_ptr<Backend> backend_;
+  ModelConfig cfg_;  // the full (unsharded) model's
+  // tensor_parallel > 1: the shards' copied column slices (the rest are views of the weights'
+  // mappings, which the shards' ModelWeights keep).
+  std::vector<std::shared_ptr<std::vector<uint8_t>>> shard_storage_;
+  std::unique_ptr<Backend> backend_;  // rank 0's
   std::unique_ptr<Model> model_;
   KvCache cache_;  // after backend_: destroyed before it
+  // Ranks 1..tensor_parallel-1, each with its own backend, shard and cache.
+  struct Peer {
+    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Model> model;
+    KvCache cache;
+    std::vector<float> logits;  // this rank's copy of the logits (rank 0's are returned)
+  };
+  std::vector<Peer> peers_;
+  std::unique_ptr<RankCommunicators> comms_;  // destroyed before the backends
+  std::unique_ptr<RankThreads> rank_threads_;  // joined first
   std::optional<Tokenizer> tokenizer_;
   std::vector<float> last_logits_;  // [vocab]
   std::vector<float> probs_;        // [vocab] sampler scratch

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <utility>
 
 namespace qs {
 
@@ -14,9 +15,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 SpeculativeDecoder::SpeculativeDecoder(Model& target, Model& draft, KvCache& cache,
-                                       const KvSelection* draft_selection)
-    : target_(target), draft_(draft), cache_(cache), draft_selection_(draft_selection) {
+                                       const KvSelection* draft_selection,
+                                       DecoderDispatch dispatch)
+    : target_(target),
+      draft_(draft),
+      cache_(cache),
+      draft_selection_(draft_selection),
+      dispatch_(std::move(dispatch)) {
   QS_CHECK(draft.config().vocab_size == target.config().vocab_size);
+  QS_CHECK(!dispatch_.forward || &draft == &target);
 }
 
 Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const SamplingParams& sampling,
@@ -38,8 +45,10 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   std::vector<int32_t> ids{x};  // [x, g1, ..., g_gamma]
   for (int i = 0; i < gamma; ++i) {
     auto t0 = std::chrono::steady_clock::now();
-    QS_TRY(draft_.forward(std::span<const int32_t>(&ids.back(), 1), n + i, cache_, dpath,
-                          LogitRows::kLast, logits_.data()));
+    const std::span<const int32_t> step(&ids.back(), 1);
+    QS_TRY(dispatch_.forward
+               ? dispatch_.forward(step, n + i, dpath, LogitRows::kLast, logits_.data())
+               : draft_.forward(step, n + i, cache_, dpath, LogitRows::kLast, logits_.data()));
     ++counters.draft_steps;
     stats.draft_s += seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
@@ -53,7 +62,9 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   ForwardPath tpath = target_path(cache_.mode());
   tpath.kv_read = &counters.target_kv;
   verify_logits_.resize(static_cast<size_t>(gamma + 1) * vocab);
-  QS_TRY(target_.forward(ids, n, cache_, tpath, LogitRows::kAll, verify_logits_.data()));
+  QS_TRY(dispatch_.forward
+             ? dispatch_.forward(ids, n, tpath, LogitRows::kAll, verify_logits_.data())
+             : target_.forward(ids, n, cache_, tpath, LogitRows::kAll, verify_logits_.data()));
   ++counters.target_steps;
   stats.verify_s += seconds_since(t0);
 
@@ -103,7 +114,11 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
 
   t0 = std::chrono::steady_clock::now();
   const int flushes_before = cache_.flushes();
-  cache_.commit(n + result.accepted + 1);
+  if (dispatch_.commit) {
+    dispatch_.commit(n + result.accepted + 1);
+  } else {
+    cache_.commit(n + result.accepted + 1);
+  }
   stats.flushes += cache_.flushes() - flushes_before;
   stats.flush_s += seconds_since(t0);
 

@@ -4,6 +4,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <span>
 #include <vector>
 
 #include "engine/engine.h"
@@ -34,6 +36,19 @@ struct SpecCounters {
   int64_t draft_steps = 0, target_steps = 0;
 };
 
+// How a decoder runs its forwards and commits; empty members: draft.forward / target.forward on
+// `cache` and cache.commit. Tensor parallelism (LlmEngine with tensor_parallel > 1): the same call
+// on every rank's shard and cache, logits from rank 0. Sampling and accept/reject then run once,
+// on the caller's thread, and every rank gets the decided tokens as the next forward's input and
+// the decided length as its commit. `forward` serves both paths (ForwardPath::draft_weights says
+// which weights), so it needs draft == target.
+struct DecoderDispatch {
+  std::function<Status(std::span<const int32_t> ids, int pos, const ForwardPath& path,
+                       LogitRows rows, float* logits)>
+      forward;
+  std::function<void(int length)> commit;
+};
+
 class SpeculativeDecoder {
  public:
   // The cache holds the committed prefix; the draft forwards run `draft` with its draft weights
@@ -41,7 +56,8 @@ class SpeculativeDecoder {
   // with its own original weights; it must have the target's shape.
   // draft_selection ([num_layers], optional): the sparse-KV draft's view of the history.
   SpeculativeDecoder(Model& target, Model& draft, KvCache& cache,
-                     const KvSelection* draft_selection = nullptr);
+                     const KvSelection* draft_selection = nullptr,
+                     DecoderDispatch dispatch = {});
 
   // A round from n = cache.length() with input x (the last emitted token, not in the cache).
   // gamma >= 0 (0: one target step, the bonus sampled from p_1); n + gamma < capacity.
@@ -55,6 +71,7 @@ class SpeculativeDecoder {
   Model& draft_;
   KvCache& cache_;
   const KvSelection* draft_selection_;  // [num_layers] or nullptr
+  DecoderDispatch dispatch_;
   std::vector<float> logits_;          // [vocab] one draft step
   std::vector<float> verify_logits_;   // [gamma + 1, vocab]
   std::vector<std::vector<float>> q_;  // [gamma][vocab] processed draft distributions

@@ -63,6 +63,25 @@ def test_seed_determinism(qs):
     assert a != c
 
 
+def test_generate_tensor_parallel(qs, tmp_path):
+    # llama3-tiny: 4 attention heads, 2 kv heads, intermediate 384: shards over 2, not over 3.
+    cfg = json.loads(open(os.path.join(model_dir("llama3-tiny"), "config.json")).read())
+    assert cfg["num_attention_heads"] % 2 == 0 and cfg["num_key_value_heads"] % 2 == 0
+    for mode in ("ar", "quantspec"):
+        args = ["generate", "-m", model_dir("llama3-tiny"), "-p", "Once upon a time", "-n", "24",
+                "--ignore-eos", "--mode", mode, "--group-size", "32"]
+        one = qs(*args, "--tp", "1")
+        stats = tmp_path / f"{mode}.json"
+        two = qs(*args, "--tp", "2", "--stats-json", stats)
+        assert two.stdout == one.stdout, mode
+        assert "tensor parallel 2" in two.stderr
+        assert json.loads(stats.read_text())["tensor_parallel"] == 2
+    p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "hi", "-n", "4", "--tp", "3",
+           check=False)
+    assert_clean_error(p, "--tp 3 (tensor parallel): num_attention_heads (4) is not a "
+                          "multiple of the world size (3)")
+
+
 def test_tokenize_detokenize_roundtrip_on_tokenizer_only_dir(qs):
     tok_dir = f"{REPO}/models/tokenizers/bytelevel"
     texts = ["Hello, world!", "  spaces\tand\ttabs\n", "naïve café 日本語 🙂"]

@@ -11,6 +11,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/communicator.h"
+#include "engine/llm_engine.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
@@ -388,6 +389,115 @@ TEST(TensorParallel, SpeculativeRoundsRunInLockstep) {
     }
     EXPECT_GT(got[0].size(), static_cast<size_t>(rounds));
   }
+}
+
+// ---- The engine: EngineOptions::tensor_parallel (--tp) ----
+
+std::unique_ptr<LlmEngine> make_engine(const TinyModel& tiny, DecodeMode mode, KvType kv, int tp,
+                                       int group = 32) {
+  EngineOptions o;
+  o.num_threads = 4;  // tp ranks of 4 / tp threads each
+  o.mode = mode;
+  o.kv = kv;
+  o.kv_explicit = kv != KvType::kFp16;
+  o.group_size = group;
+  o.tensor_parallel = tp;
+  Result<std::unique_ptr<LlmEngine>> e = LlmEngine::create(tiny.cfg, tiny.weights, std::nullopt, o);
+  EXPECT_TRUE(e.ok()) << e.error().message;
+  return e.ok() ? std::move(e).value() : nullptr;
+}
+
+std::string engine_error(const TinyModel& tiny, DecodeMode mode, int tp) {
+  EngineOptions o;
+  o.num_threads = 2;
+  o.mode = mode;
+  o.tensor_parallel = tp;
+  Result<std::unique_ptr<LlmEngine>> e = LlmEngine::create(tiny.cfg, tiny.weights, std::nullopt, o);
+  return e.ok() ? std::string() : e.error().message;
+}
+
+struct EngineCase {
+  DecodeMode mode;
+  KvType kv;
+  const char* name;
+};
+
+// LlmEngine with tensor_parallel 2 and 4 on the CPU: the prefill logits equal tensor_parallel 1's
+// within 1e-5 relative, and generate gives the same greedy tokens (long enough to cross several
+// flushes of G = 32), in AR fp, AR int8 and QuantSpec; then the same engine generates again
+// (the caches are cleared on every rank).
+TEST(TensorParallelEngine, MatchesOneRank) {
+  const std::vector<Case> models = {cases()[0], cases()[2]};  // gqa+bias bf16, draft-aligned f16
+  const EngineCase modes[] = {{DecodeMode::kAr, KvType::kFp16, "ar fp"},
+                              {DecodeMode::kAr, KvType::kInt8, "ar int8"},
+                              {DecodeMode::kQuantSpec, KvType::kFp16, "quantspec"}};
+  for (const Case& c : models) {
+    const TinyModel tiny = make_model(c.cfg, c.dtype, 9, c.o_bias);
+    const std::vector<int32_t> prompt = testing::random_prompt(37, c.cfg.vocab_size, 3);
+    GenerationParams params;
+    params.max_new_tokens = 90;
+    params.stop_at_eos = false;
+    for (const EngineCase& m : modes) {
+      std::unique_ptr<LlmEngine> one = make_engine(tiny, m.mode, m.kv, 1);
+      ASSERT_TRUE(one);
+      Result<std::vector<float>> want_logits = one->prefill_logits(prompt);
+      ASSERT_TRUE(want_logits.ok());
+      Result<GenerationResult> want = one->generate(prompt, params, {});
+      ASSERT_TRUE(want.ok()) << want.error().message;
+      ASSERT_EQ(want->tokens.size(), 90u);
+      for (int tp : {2, 4}) {
+        SCOPED_TRACE(c.name + " " + m.name + " tp " + std::to_string(tp));
+        std::unique_ptr<LlmEngine> e = make_engine(tiny, m.mode, m.kv, tp);
+        ASSERT_TRUE(e);
+        EXPECT_EQ(e->tensor_parallel(), tp);
+        EXPECT_EQ(e->config().num_heads, c.cfg.num_heads);  // the full model's config
+        EXPECT_EQ(e->model().config().num_heads, c.cfg.num_heads / tp);
+        EXPECT_EQ(e->max_context(), one->max_context());
+        Result<std::vector<float>> logits = e->prefill_logits(prompt);
+        ASSERT_TRUE(logits.ok()) << logits.error().message;
+        expect_close(*logits, *want_logits, c.cfg.vocab_size, kTol, "prefill");
+        for (int again = 0; again < 2; ++again) {
+          Result<GenerationResult> got = e->generate(prompt, params, {});
+          ASSERT_TRUE(got.ok()) << got.error().message;
+          EXPECT_EQ(got->tokens, want->tokens) << "run " << again;
+          EXPECT_EQ(got->stats.flushes, want->stats.flushes);
+          // Summed over the ranks, whose caches hold kv_heads / tp heads each.
+          EXPECT_EQ(e->kv_cache_bytes(), one->kv_cache_bytes());
+          if (m.mode == DecodeMode::kQuantSpec) {
+            EXPECT_GT(got->stats.rounds, 0);
+            if (c.cfg.q_dim() % (4 * 128) == 0) {  // draft shards align: the same drafts
+              EXPECT_EQ(got->stats.accepted, want->stats.accepted);
+            }
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(TensorParallelEngine, BadSizesAreClearErrors) {
+  const TinyModel tiny = make_model(gqa_bias_config(), DType::F32, 2, false);  // 8 heads, 4 kv
+  EXPECT_NE(engine_error(tiny, DecodeMode::kAr, 0).find("tensor parallel size (--tp) must be >= 1"),
+            std::string::npos)
+      << engine_error(tiny, DecodeMode::kAr, 0);
+  EXPECT_NE(engine_error(tiny, DecodeMode::kAr, -2).find("must be >= 1, got -2"),
+            std::string::npos);
+  EXPECT_NE(engine_error(tiny, DecodeMode::kAr, 3).find(
+                "--tp 3 (tensor parallel): num_attention_heads (8) is not a multiple of the world "
+                "size (3)"),
+            std::string::npos)
+      << engine_error(tiny, DecodeMode::kAr, 3);
+  EXPECT_NE(engine_error(tiny, DecodeMode::kQuantSpec, 8).find(
+                "num_key_value_heads (4) is not a multiple of the world size (8)"),
+            std::string::npos)
+      << engine_error(tiny, DecodeMode::kQuantSpec, 8);
+  for (DecodeMode mode : {DecodeMode::kStreamingLlm, DecodeMode::kSnapKv}) {
+    const std::string err = engine_error(tiny, mode, 2);
+    EXPECT_NE(err.find("is not with --tp yet"), std::string::npos) << err;
+    EXPECT_NE(err.find(decode_mode_name(mode)), std::string::npos) << err;
+  }
+  EXPECT_EQ(engine_error(tiny, DecodeMode::kAr, 4), "");
+  EXPECT_EQ(engine_error(tiny, DecodeMode::kSnapKv, 1), "");
 }
 
 }  // namespace

@@ -264,9 +264,12 @@ std::unique_ptr<Buffer> CudaBackend::alloc(size_t n) {
   return std::make_unique<DeviceBuffer>(n);
 }
 
+void CudaBackend::bind_thread() {
+  CUDA_CHECK(cudaSetDevice(impl_->options.device));
+}
+
 std::string CudaBackend::description() const {
-  int device = 0;
-  CUDA_CHECK(cudaGetDevice(&device));
+  const int device = impl_->options.device;  // this backend's, whichever device is current
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   int driver = 0;
@@ -279,8 +282,13 @@ std::string CudaBackend::description() const {
 }
 
 int64_t CudaBackend::memory_in_use() const {
+  // Of this backend's device (tensor parallelism: the caller may have another one current).
+  int current = 0;
+  CUDA_CHECK(cudaGetDevice(&current));
+  if (current != impl_->options.device) CUDA_CHECK(cudaSetDevice(impl_->options.device));
   size_t free_bytes = 0, total_bytes = 0;
   CUDA_CHECK(cudaMemGetInfo(&free_bytes, &total_bytes));
+  if (current != impl_->options.device) CUDA_CHECK(cudaSetDevice(current));
   return static_cast<int64_t>(total_bytes - free_bytes);
 }
 

@@ -49,6 +49,7 @@ class CudaBackend final : public Backend {
   void from_host(const float* src_host, float* dst, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;
   void prepare_weights(const ModelWeights& weights) override;
+  void bind_thread() override;
 
   void embedding(const WeightView& table, const int32_t* ids, int m, float* out) override;
   void rmsnorm(const float* x, const WeightView& weight, int m, float eps, float* out) override;
