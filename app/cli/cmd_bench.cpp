@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -104,7 +105,10 @@ int run_bench(const BenchArgs& a) {
 
   nlohmann::json report = {{"command", "bench"}, {"version", QS_VERSION},
                            {"commit", commit_id()},  {"date", utc_now()},
-                           {"model", dir.string()},  {"runs", nlohmann::json::array()}};
+                           // Relative to the working directory when it lies below it, so that
+                           // reports name no machine's paths.
+                           {"model", std::filesystem::proximate(dir).string()},
+                           {"runs", nlohmann::json::array()}};
   std::vector<int32_t> pool;
   bool header = false;
   for (const std::string& mode_name : a.modes) {

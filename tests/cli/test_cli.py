@@ -357,6 +357,7 @@ def test_bench_matrix_table_and_json(qs, tmp_path):
     assert [r[0] for r in body] == ["ar-fp16"] * 4 + ["quantspec"] * 8
     report = json.loads(out.read_text())
     assert report["command"] == "bench" and report["backend"] == "cpu" and report["commit"]
+    assert not os.path.isabs(report["model"])  # reports name no machine's paths
     runs = report["runs"]
     assert len(runs) == 12
     for r in runs:
