@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine/tiny_model.h"
 #include "cuda_test_util.h"
 #include "engine/model.h"
 #include "kv/kv_cache.h"
@@ -22,18 +23,9 @@ namespace {
 using testing::CudaOpsTest;
 using testing::rel_error;
 
+// Small groups (G = 8): the 95-token run crosses many flushes.
 KvCache make_cache(const ModelConfig& cfg, KvMode mode, int capacity, Backend& backend) {
-  KvCacheConfig k;
-  k.mode = mode;
-  k.num_layers = cfg.num_layers;
-  k.num_kv_heads = cfg.num_kv_heads;
-  k.head_dim = cfg.head_dim;
-  k.group_size = 8;  // small groups: the 95-token run crosses many flushes
-  k.max_gamma = 7;
-  k.capacity = capacity;
-  auto made = KvCache::create(k, backend);
-  if (!made.ok()) ADD_FAILURE() << made.error().message;
-  return std::move(made).value();
+  return testing::model_cache(cfg, mode, capacity, backend, /*group_size=*/8, /*max_gamma=*/7);
 }
 
 struct Step {

@@ -40,7 +40,7 @@ std::vector<double> widen(const std::vector<float>& v) {
 // All-row logits of ids run in chunks of `chunk` tokens from position 0.
 std::vector<float> run_chunked(Model& model, const std::vector<int32_t>& ids, int chunk) {
   const int vocab = model.config().vocab_size;
-  KvCache cache = testing::fp_cache(model.config(), 64, model.backend());
+  KvCache cache = testing::model_cache(model.config(), KvMode::kFp, 64, model.backend());
   std::vector<float> logits(ids.size() * vocab);
   for (size_t start = 0; start < ids.size(); start += chunk) {
     const size_t m = std::min<size_t>(chunk, ids.size() - start);
@@ -98,7 +98,7 @@ TEST_P(ForwardTest, PrefillDecodeAndChunksAgreeWithReference) {
   }
 
   // kLast gives the last row of kAll.
-  KvCache cache = testing::fp_cache(cfg, 64, cpu);
+  KvCache cache = testing::model_cache(cfg, KvMode::kFp, 64, cpu);
   std::vector<float> last(cfg.vocab_size);
   ASSERT_TRUE(model.forward(ids, 0, cache, ForwardPath{}, LogitRows::kLast, last.data()).ok());
   const std::vector<float> want_last(one_shot.end() - cfg.vocab_size, one_shot.end());
@@ -126,7 +126,7 @@ TEST(Forward, RollbackThenRewriteMatchesFreshRun) {
   std::vector<int32_t> b(a.begin(), a.begin() + 8);
   for (int32_t t : {5, 6, 7}) b.push_back(t);
 
-  KvCache cache = testing::fp_cache(cfg, 32, cpu);
+  KvCache cache = testing::model_cache(cfg, KvMode::kFp, 32, cpu);
   std::vector<float> logits(12 * vocab);
   ASSERT_TRUE(model.forward(a, 0, cache, ForwardPath{}, LogitRows::kAll, logits.data()).ok());
   cache.commit(8);  // rows 8..11 are dropped: the rejected tail of a speculative round
@@ -145,7 +145,7 @@ TEST(Forward, UserErrors) {
   TinyModel tiny = testing::make_tiny_model(cfg, DType::F32, 4);
   CpuBackend cpu(1);
   Model model(cfg, tiny.weights, cpu);
-  KvCache cache = testing::fp_cache(cfg, 8, cpu);
+  KvCache cache = testing::model_cache(cfg, KvMode::kFp, 8, cpu);
   std::vector<float> logits(cfg.vocab_size * 9);
 
   const std::vector<int32_t> bad = {1, 97};

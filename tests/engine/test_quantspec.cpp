@@ -256,17 +256,7 @@ class Distribution : public ::testing::TestWithParam<bool> {
   Model draft{cfg, draft_w.weights, backend};
   const bool sparse = GetParam();
   const KvMode mode = sparse ? KvMode::kFp : KvMode::kQuantSpec;
-  KvCache cache = [&] {
-    KvCacheConfig k;
-    k.mode = mode;
-    k.num_layers = 2;
-    k.num_kv_heads = 2;
-    k.head_dim = 16;
-    k.group_size = 32;
-    k.max_gamma = 2;
-    k.capacity = 64;
-    return std::move(KvCache::create(k, backend)).value();
-  }();
+  KvCache cache = testing::model_cache(cfg, mode, 64, backend, /*group_size=*/32, /*gamma=*/2);
   const std::vector<int32_t> prompt{1, 5, 2, 7, 3};
   // The sparse draft keeps prompt positions 0 and 2 of kv head 0, 1 and 3 of kv head 1, then
   // everything from position 4 on.

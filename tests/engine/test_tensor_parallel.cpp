@@ -66,17 +66,7 @@ void run_ranks(int world, const std::function<void(int)>& fn) {
 }
 
 KvCache make_cache(const ModelConfig& cfg, KvMode mode, int group, int gamma, Backend& backend) {
-  KvCacheConfig k;
-  k.mode = mode;
-  k.num_layers = cfg.num_layers;
-  k.num_kv_heads = cfg.num_kv_heads;
-  k.head_dim = cfg.head_dim;
-  k.group_size = group;
-  k.max_gamma = gamma;
-  k.capacity = 256;
-  Result<KvCache> made = KvCache::create(k, backend);
-  QS_CHECK_MSG(made.ok(), made.ok() ? "" : made.error().message);
-  return std::move(made).value();
+  return testing::model_cache(cfg, mode, 256, backend, group, gamma);
 }
 
 enum class PathKind { kFp, kInt8, kQuantSpecDraft };

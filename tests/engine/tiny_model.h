@@ -229,20 +229,24 @@ inline std::vector<double> reference_forward(const ModelConfig& cfg, const Model
   return linear(x, n, w.lm_head, WeightView{});
 }
 
-// n token ids drawn uniformly from [0, vocab), seeded.
-// A full-precision KV cache of `capacity` positions for cfg in `backend`'s memory.
-inline KvCache fp_cache(const ModelConfig& cfg, int capacity, Backend& backend) {
+// A KV cache for cfg in `backend`'s memory: `mode`, `capacity` positions, key group G and the
+// speculation length it must take (quantized modes). Aborts on a bad configuration (a test bug).
+inline KvCache model_cache(const ModelConfig& cfg, KvMode mode, int capacity, Backend& backend,
+                           int group_size = 128, int max_gamma = 0) {
   KvCacheConfig k;
-  k.mode = KvMode::kFp;
+  k.mode = mode;
   k.num_layers = cfg.num_layers;
   k.num_kv_heads = cfg.num_kv_heads;
   k.head_dim = cfg.head_dim;
+  k.group_size = group_size;
+  k.max_gamma = max_gamma;
   k.capacity = capacity;
   auto made = KvCache::create(k, backend);
   if (!made.ok()) std::abort();
   return std::move(made).value();
 }
 
+// n token ids drawn uniformly from [0, vocab), seeded.
 inline std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> ids(n);
