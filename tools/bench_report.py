@@ -120,68 +120,56 @@ def plots(reports, folder):
     import matplotlib.pyplot as plt
     os.makedirs(folder, exist_ok=True)
     written = []
-    for i, r in enumerate(reports):
+
+    def figure(report, tag, name, series, xlabel, ylabel, log_x):
+        """One PNG: series = [(label, xs, ys)] (empty ones skipped)."""
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for label, xs, ys in series:
+            if xs:
+                ax.plot(xs, ys, marker="o", label=label)
+        if log_x:
+            ax.set_xscale("log", base=2)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        ax.set_title(model_label(report), fontsize=8)
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        path = os.path.join(folder, f"{tag}-{name}.png")
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)
+        plt.close(fig)
+        written.append(path)
+
+    for r in reports:
         cs = cells(r)
         best = best_per_mode(cs)
         tag = os.path.splitext(os.path.basename(r["_path"]))[0]
         contexts = sorted({c for _, c in best})
+        modes = sorted({m for m, _ in best})
         # Speedup vs context over AR fp16.
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for mode in sorted({m for m, _ in best}):
-            xs, ys = [], []
-            for ctx in contexts:
-                base, cell = best.get(("ar-fp16", ctx)), best.get((mode, ctx))
-                if base and cell:
-                    xs.append(ctx)
-                    ys.append(cell["decode_tok_s"] / base["decode_tok_s"])
-            if xs:
-                ax.plot(xs, ys, marker="o", label=mode)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel("decode speedup vs AR fp16")
-        ax.set_title(model_label(r), fontsize=8)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        path = os.path.join(folder, f"{tag}-speedup.png")
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+        speedup = []
+        for mode in modes:
+            pts = [(c, best[(mode, c)]["decode_tok_s"] / best[("ar-fp16", c)]["decode_tok_s"])
+                   for c in contexts if (mode, c) in best and ("ar-fp16", c) in best]
+            speedup.append((mode, [x for x, _ in pts], [y for _, y in pts]))
+        figure(r, tag, "speedup", speedup, "context (tokens)", "decode speedup vs AR fp16", True)
         # Acceptance vs gamma.
         sweep = sorted(k for k in cs if k[2])
         if sweep:
-            fig, ax = plt.subplots(figsize=(6, 4))
+            acceptance = []
             for mode, ctx in sorted({(m, c) for m, c, _ in sweep}):
                 gs = sorted(g for m, c, g in sweep if m == mode and c == ctx)
-                ax.plot(gs, [cs[(mode, ctx, g)]["acceptance_rate"] for g in gs], marker="o",
-                        label=f"{mode} @ {ctx}")
-            ax.set_xlabel("γ (draft tokens per round)")
-            ax.set_ylabel("acceptance rate")
-            ax.set_title(model_label(r), fontsize=8)
-            ax.grid(True, alpha=0.3)
-            ax.legend(fontsize=7)
-            path = os.path.join(folder, f"{tag}-acceptance.png")
-            fig.tight_layout()
-            fig.savefig(path, dpi=120)
-            plt.close(fig)
-            written.append(path)
+                acceptance.append((f"{mode} @ {ctx}", gs,
+                                   [cs[(mode, ctx, g)]["acceptance_rate"] for g in gs]))
+            figure(r, tag, "acceptance", acceptance, "γ (draft tokens per round)",
+                   "acceptance rate", False)
         # KV memory vs context.
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for mode in sorted({m for m, _ in best}):
+        memory = []
+        for mode in modes:
             xs = [c for c in contexts if (mode, c) in best]
-            ax.plot(xs, [best[(mode, c)].get("kv_cache_bytes", 0) / 2**30 for c in xs], marker="o",
-                    label=mode)
-        ax.set_xscale("log", base=2)
-        ax.set_xlabel("context (tokens)")
-        ax.set_ylabel("KV cache (GiB)")
-        ax.set_title(model_label(r), fontsize=8)
-        ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=8)
-        path = os.path.join(folder, f"{tag}-memory.png")
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
-        plt.close(fig)
-        written.append(path)
+            memory.append((mode, xs, [best[(mode, c)].get("kv_cache_bytes", 0) / 2**30
+                                      for c in xs]))
+        figure(r, tag, "memory", memory, "context (tokens)", "KV cache (GiB)", True)
     return written
 
 
