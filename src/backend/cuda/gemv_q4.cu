@@ -258,6 +258,40 @@ __device__ __forceinline__ void accumulate_group(const float* __restrict__ x, in
 
 // ---- kernels ------------------------------------------------------------------------------------
 
+// The epilogue of the tensor-core kernels: every warp stores its C fragments into `partial`
+// ([warps][RT][NT][32 lanes][4] floats of shared memory), then the block sums them over warps and
+// writes y (+ bias). C fragment element r of lane l: row (l >> 2) + 8 * (r >> 1) of tile rt,
+// token 2 * (l & 3) + (r & 1) of token tile tt.
+template <int RT, int NT>
+__device__ __forceinline__ void sum_warps_and_store(float* partial, const float (&acc)[RT][NT][4],
+                                                    int warp, int lane, int num_warps,
+                                                    int64_t tile0, int64_t N, int m,
+                                                    const DeviceBias& bias,
+                                                    float* __restrict__ y) {
+#pragma unroll
+  for (int rt = 0; rt < RT; ++rt) {
+#pragma unroll
+    for (int tt = 0; tt < NT; ++tt) {
+#pragma unroll
+      for (int r = 0; r < 4; ++r) {
+        partial[(((warp * RT + rt) * NT + tt) * 32 + lane) * 4 + r] = acc[rt][tt][r];
+      }
+    }
+  }
+  __syncthreads();
+  for (int e = threadIdx.x; e < RT * NT * 128; e += blockDim.x) {
+    const int rt = e / (NT * 128), tt = (e / 128) % NT, l = (e / 4) % 32, r = e % 4;
+    float sum = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi * (RT * NT * 128) + e];
+    const int64_t row = (tile0 + rt) * 16 + (l >> 2) + 8 * (r >> 1);
+    const int token = tt * 8 + 2 * (l & 3) + (r & 1);
+    if (row < N && token < m) {
+      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      y[token * N + row] = sum;
+    }
+  }
+}
+
 // Block: (warps x 32) threads, RT tiles of 16 rows; NT tiles of 8 tokens (m <= 8 * NT).
 // x: [m, K] f32; codes/meta: the tiled layout; y: [m, N] f32.
 // STAGES == 0: the codes go through registers; with RT <= 2 the next group's are loaded while
@@ -359,28 +393,7 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 2)
   // ring, once every warp is done with it).
   float* partial = reinterpret_cast<float*>(q4_smem);
   if constexpr (STAGES > 0) __syncthreads();
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) {
-#pragma unroll
-    for (int tt = 0; tt < NT; ++tt) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        partial[(((warp * RT + rt) * NT + tt) * 32 + lane) * 4 + r] = acc[rt][tt][r];
-      }
-    }
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < RT * NT * 128; e += blockDim.x) {
-    const int rt = e / (NT * 128), tt = (e / 128) % NT, l = (e / 4) % 32, r = e % 4;
-    float sum = 0.0f;
-    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi * (RT * NT * 128) + e];
-    const int64_t row = (tile0 + rt) * 16 + (l >> 2) + 8 * (r >> 1);
-    const int token = tt * 8 + 2 * (l & 3) + (r & 1);
-    if (row < N && token < m) {
-      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-      y[token * N + row] = sum;
-    }
-  }
+  sum_warps_and_store<RT, NT>(partial, acc, warp, lane, num_warps, tile0, N, m, bias, y);
 }
 
 // ---- wide kernel (tensor cores, many bytes in flight) -------------------------------------------
@@ -473,28 +486,7 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 1)
     }
     return;
   }
-#pragma unroll
-  for (int rt = 0; rt < RT; ++rt) {
-#pragma unroll
-    for (int tt = 0; tt < NT; ++tt) {
-#pragma unroll
-      for (int r = 0; r < 4; ++r) {
-        wide_partial[(((warp * RT + rt) * NT + tt) * 32 + lane) * 4 + r] = acc[rt][tt][r];
-      }
-    }
-  }
-  __syncthreads();
-  for (int e = threadIdx.x; e < RT * NT * 128; e += blockDim.x) {
-    const int rt = e / (NT * 128), tt = (e / 128) % NT, l = (e / 4) % 32, r = e % 4;
-    float sum = 0.0f;
-    for (int wi = 0; wi < num_warps; ++wi) sum += wide_partial[wi * (RT * NT * 128) + e];
-    const int64_t row = (tile0 + rt) * 16 + (l >> 2) + 8 * (r >> 1);
-    const int token = tt * 8 + 2 * (l & 3) + (r & 1);
-    if (row < N && token < m) {
-      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-      y[token * N + row] = sum;
-    }
-  }
+  sum_warps_and_store<RT, NT>(wide_partial, acc, warp, lane, num_warps, tile0, N, m, bias, y);
 }
 
 // ---- CUDA-core kernel (few rows of x) ------------------------------------------------------------
