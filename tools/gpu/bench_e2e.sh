@@ -19,13 +19,8 @@
 # transformers on the same model and contexts, tools/hf_decode_bench.py), OUT.
 set -uo pipefail
 
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$repo"
-out=${OUT:-$repo/out}
-build=${QS_GPU_BUILD:-$repo/build-gpu}
-mkdir -p "$out"
-[[ -f $build/env.sh ]] && source "$build/env.sh"
-qs=$build/quantspec
+source "$(dirname "$0")/lib.sh"
+qs_gpu_setup
 [[ -x $qs ]] || { echo "bench_e2e: $qs missing (build stage)" >&2; exit 1; }
 export QS_COMMIT=${QS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)}
 tokens=${QS_E2E_TOKENS:-128}
@@ -47,25 +42,12 @@ for name in ${QS_E2E:-default llama2-7b llama3.1-8b}; do
   if [[ $name == default ]]; then
     dir=models/default
     extra=(--prompt-tokens models/default/heldout.u16)
-  elif [[ $name == padded-* ]]; then
-    dir=/tmp/qs-$name
-    if [[ ! -f $dir/config.json ]]; then
-      t0=$SECONDS
-      rm -rf "$dir"  # a partial one from an interrupted run
-      python3 tools/pad_model.py --shape "${name#padded-}" --src models/default --out "$dir" \
-        >"$out/make-$name.log" 2>&1 || { echo "bench_e2e: cannot make $name"; tail -3 "$out/make-$name.log"; continue; }
-      echo "bench_e2e: made $name in $((SECONDS - t0)) s"
-    fi
-    extra=(--prompt-tokens models/default/heldout.u16)
   else
     dir=/tmp/qs-$name
-    if [[ ! -f $dir/config.json ]]; then
-      t0=$SECONDS
-      python3 tools/make_synthetic_model.py --shape "$name" --out "$dir" --torch-device cuda \
-        >"$out/make-$name.log" 2>&1 || { echo "bench_e2e: cannot make $name"; tail -3 "$out/make-$name.log"; continue; }
-      echo "bench_e2e: made $name in $((SECONDS - t0)) s"
-    fi
+    qs_make_model "$name" || continue
     extra=()
+    # The padded models are the bundled one: its held-out text.
+    [[ $name == padded-* ]] && extra=(--prompt-tokens models/default/heldout.u16)
   fi
   ctx=${QS_E2E_CONTEXTS:-${contexts[$name]}}
   echo "== $name: contexts $ctx, modes $modes, gammas $gammas, $tokens tokens =="

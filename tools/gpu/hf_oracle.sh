@@ -10,22 +10,14 @@
 #   QS_ORACLE="llama3.1-8b" QS_ORACLE_LENGTHS="4096 32768" bash tools/gpu/hf_oracle.sh
 set -uo pipefail
 
-repo=$(cd "$(dirname "$0")/../.." && pwd)
-cd "$repo"
-out=${OUT:-$repo/out}
-build=${QS_GPU_BUILD:-$repo/build-gpu}
-mkdir -p "$out"
-[[ -f $build/env.sh ]] && source "$build/env.sh"
-qs=$build/quantspec
+source "$(dirname "$0")/lib.sh"
+qs_gpu_setup
 lengths=${QS_ORACLE_LENGTHS:-4096 32768}
 last=16
 
 for shape in ${QS_ORACLE:-llama2-7b llama3.1-8b}; do
   dir=/tmp/qs-$shape
-  if [[ ! -f $dir/config.json ]]; then
-    python3 tools/make_synthetic_model.py --shape "$shape" --out "$dir" --torch-device cuda \
-      >"$out/make-$shape.log" 2>&1 || { echo "hf_oracle: cannot make $shape"; continue; }
-  fi
+  qs_make_model "$shape" || continue
   max_len=0
   for n in $lengths; do ((n > max_len)) && max_len=$n; done
   python3 -c "
