@@ -113,28 +113,29 @@ Result<QuantizedPlanes> QuantizedPlanes::create(const KvPlanesShape& shape, Back
 }
 
 QuantizedKvSegment QuantizedPlanes::segment(int layer, KvQuantView view) const {
-  QS_CHECK(layer >= 0 && layer < shape_.n_layers);
-  const int64_t codes = shape_.code_offset(layer, 0, 0);
-  const int64_t kmeta = shape_.key_meta_offset(layer, 0, 0);
-  const int64_t vmeta = shape_.value_meta_offset(layer, 0, 0);
+  const QuantizedKvPlanesOut p = layer_arrays(layer);
   const bool int8 = view == KvQuantView::kTargetInt8;
   QuantizedKvSegment seg;
-  seg.key_upper = codes_[0].data() + codes;
-  seg.key_lower = int8 ? codes_[1].data() + codes : nullptr;
-  seg.value_upper = codes_[2].data() + codes;
-  seg.value_lower = int8 ? codes_[3].data() + codes : nullptr;
-  seg.key_scale = meta_[0].data() + kmeta;
-  seg.key_min = meta_[1].data() + kmeta;
-  seg.value_scale = meta_[2].data() + vmeta;
-  seg.value_min = meta_[3].data() + vmeta;
-  seg.capacity = shape_.capacity;
-  seg.group_size = shape_.group_size;
-  seg.value_group_size = shape_.value_group_size;
+  seg.key_upper = p.key_upper;
+  seg.key_lower = int8 ? p.key_lower : nullptr;  // the draft view never reads a lower byte
+  seg.value_upper = p.value_upper;
+  seg.value_lower = int8 ? p.value_lower : nullptr;
+  seg.key_scale = p.key_scale;
+  seg.key_min = p.key_min;
+  seg.value_scale = p.value_scale;
+  seg.value_min = p.value_min;
+  seg.capacity = p.capacity;
+  seg.group_size = p.group_size;
+  seg.value_group_size = p.value_group_size;
   seg.int8 = int8;
   return seg;
 }
 
 QuantizedKvPlanesOut QuantizedPlanes::output(int layer) {
+  return layer_arrays(layer);
+}
+
+QuantizedKvPlanesOut QuantizedPlanes::layer_arrays(int layer) const {
   QS_CHECK(layer >= 0 && layer < shape_.n_layers);
   const int64_t codes = shape_.code_offset(layer, 0, 0);
   const int64_t kmeta = shape_.key_meta_offset(layer, 0, 0);

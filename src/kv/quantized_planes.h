@@ -125,6 +125,8 @@ class QuantizedPlanes {
  private:
   explicit QuantizedPlanes(const KvPlanesShape& shape) : shape_(shape) {}
   void check_read(int layer, int kv_head, int64_t token_begin, int64_t n, const float* out) const;
+  // Pointers to one layer's eight arrays (segment() and output() take their views from here).
+  QuantizedKvPlanesOut layer_arrays(int layer) const;
 
   KvPlanesShape shape_;
   // The eight arrays (the layout above), each in its own buffer: the code planes in the order of
