@@ -258,26 +258,23 @@ Status LlmEngine::forward_all(std::span<const int32_t> ids, int pos, const Forwa
   });
 }
 
-void LlmEngine::commit_all(int length) {
-  if (peers_.empty()) return cache_.commit(length);
+void LlmEngine::each_cache(const std::function<void(KvCache&)>& fn) {
+  if (peers_.empty()) return fn(cache_);
   const Status st = rank_threads_->run([&](int r) -> Status {
     Backend& b = r == 0 ? *backend_ : *peers_[static_cast<size_t>(r - 1)].backend;
     b.bind_thread();
-    (r == 0 ? cache_ : peers_[static_cast<size_t>(r - 1)].cache).commit(length);
+    fn(r == 0 ? cache_ : peers_[static_cast<size_t>(r - 1)].cache);
     return Status::ok_status();
   });
   QS_CHECK(st.ok());
 }
 
+void LlmEngine::commit_all(int length) {
+  each_cache([length](KvCache& c) { c.commit(length); });
+}
+
 void LlmEngine::clear_all() {
-  if (peers_.empty()) return cache_.clear();
-  const Status st = rank_threads_->run([&](int r) -> Status {
-    Backend& b = r == 0 ? *backend_ : *peers_[static_cast<size_t>(r - 1)].backend;
-    b.bind_thread();
-    (r == 0 ? cache_ : peers_[static_cast<size_t>(r - 1)].cache).clear();
-    return Status::ok_status();
-  });
-  QS_CHECK(st.ok());
+  each_cache([](KvCache& c) { c.clear(); });
 }
 
 DecoderDispatch LlmEngine::dispatch() {
