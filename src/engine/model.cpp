@@ -153,26 +153,27 @@ Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
   QS_CHECK_MSG(!path.draft_weights || !draft_layers_.empty(),
                "draft path without draft weights (make_draft_weights)");
   QS_TRY(cache.prepare_write(pos, m));
-  const bool quant = cache.quantized() && path.kv_view.has_value();
-  const int need = quant ? quant_boundary(pos + m - 1, cache.group_size()) : 0;
-  QuantizedKvSegment segment;
-  return run(ids, pos, path.draft_weights, rows, logits, [&](int l) {
-    cache.write(l, pos, m, k_->data(), v_->data());
-    if (quant) cache.quantize_below(l, need);
-    KvView view = cache.view(l, quant ? path.kv_view : std::nullopt, &segment);
-    view.read_bytes = path.kv_read;
-    if (path.selection) {
-      QS_CHECK_MSG(!quant, "a KV selection applies to full-precision views only");
-      view.selection = &path.selection[l];
-    }
-    return view;
-  }, path.query_tap ? &path.query_tap : nullptr);
+  return run(ids, pos, cache, path, rows, logits);
 }
 
-Status Model::run(std::span<const int32_t> ids, int pos, bool draft, LogitRows rows, float* logits,
-                  const std::function<KvView(int layer)>& attend_kv,
-                  const std::function<void(int layer, const float* q, int m)>* query_tap) {
+KvView Model::store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,
+                             QuantizedKvSegment* segment) {
+  cache.write(layer, pos, m, k_->data(), v_->data());
+  const bool quant = cache.quantized() && path.kv_view.has_value();
+  if (quant) cache.quantize_below(layer, quant_boundary(pos + m - 1, cache.group_size()));
+  KvView view = cache.view(layer, quant ? path.kv_view : std::nullopt, segment);
+  view.read_bytes = path.kv_read;
+  if (path.selection) {
+    QS_CHECK_MSG(!quant, "a KV selection applies to full-precision views only");
+    view.selection = &path.selection[layer];
+  }
+  return view;
+}
+
+Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
+                  LogitRows rows, float* logits) {
   const int m = static_cast<int>(ids.size());
+  const bool draft = path.draft_weights;
   QS_CHECK(rows == LogitRows::kNone || logits != nullptr);
   for (int32_t id : ids) {
     if (id < 0 || id >= cfg_.vocab_size) {
@@ -203,8 +204,9 @@ Status Model::run(std::span<const int32_t> ids, int pos, bool draft, LogitRows r
     linear(x, m, L.wv, D.wv.get(), &L.bv, v_->data());
     backend_.rope(q_->data(), m, cfg_.num_heads, cfg_.head_dim, pos, inv_freq_.data());
     backend_.rope(k_->data(), m, cfg_.num_kv_heads, cfg_.head_dim, pos, inv_freq_.data());
-    if (query_tap) (*query_tap)(l, q_->data(), m);
-    const KvView view = attend_kv(l);
+    if (path.query_tap) path.query_tap(l, q_->data(), m);
+    QuantizedKvSegment segment;
+    const KvView view = store_and_view(cache, path, l, pos, m, &segment);
     backend_.attention(q_->data(), m, pos, shape, view, attn_->data());
     // Tensor parallel: each rank's o_proj covers its heads (a partial sum); the bias goes into
     // the sum once.

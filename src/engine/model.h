@@ -87,11 +87,13 @@ class Model {
 
  private:
   void ensure_scratch(int m);
-  // The layer stack and head over ids at [pos, pos + m); `attend_kv(layer)` stores the layer's
-  // new K/V rows (k_, v_) and returns the view attention reads.
-  Status run(std::span<const int32_t> ids, int pos, bool draft, LogitRows rows, float* logits,
-             const std::function<KvView(int layer)>& attend_kv,
-             const std::function<void(int layer, const float* q, int m)>* query_tap = nullptr);
+  // The layer stack and head over ids at [pos, pos + m) (forward's checks done).
+  Status run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
+             LogitRows rows, float* logits);
+  // Stores `layer`'s new K/V rows (k_, v_) in the cache, quantizes the groups the last query's
+  // boundary needs, and returns the view attention reads (segment: its storage).
+  KvView store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,
+                        QuantizedKvSegment* segment);
   void linear(const float* x, int m, const WeightView& w, const QuantizedWeight4* w4,
               const WeightView* bias, float* y);
 
