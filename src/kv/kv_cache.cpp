@@ -90,6 +90,11 @@ size_t KvCache::bytes() const {
 
 Status KvCache::reserve_rows(int rows) {
   if (rows <= buffer_rows_) return Status::ok_status();
+  return resize_rows(rows);
+}
+
+Status KvCache::resize_rows(int rows) {
+  QS_CHECK(rows >= fp_end_ - fp_base_);
   const size_t per_layer = static_cast<size_t>(rows) * kv_dim();
   std::unique_ptr<Buffer> k = backend_->try_alloc(per_layer * cfg_.num_layers);
   std::unique_ptr<Buffer> v = k ? backend_->try_alloc(per_layer * cfg_.num_layers) : nullptr;
@@ -191,26 +196,7 @@ void KvCache::commit(int n) {
   const int steady = steady_rows();
   if (buffer_rows_ > 2 * steady && fp_end_ - fp_base_ <= steady) {
     // Give back what a long prefill grew (a failed allocation just keeps the large buffer).
-    std::unique_ptr<Buffer> k = std::move(k_buf_), v = std::move(v_buf_);
-    const int old_rows = buffer_rows_;
-    buffer_rows_ = 0;
-    k_buf_ = backend_->try_alloc(static_cast<size_t>(steady) * kv_dim() * cfg_.num_layers);
-    v_buf_ = k_buf_ ? backend_->try_alloc(static_cast<size_t>(steady) * kv_dim() * cfg_.num_layers)
-                    : nullptr;
-    if (!v_buf_) {
-      k_buf_ = std::move(k);
-      v_buf_ = std::move(v);
-      buffer_rows_ = old_rows;
-      return;
-    }
-    buffer_rows_ = steady;
-    const size_t used = static_cast<size_t>(fp_end_ - fp_base_) * kv_dim();
-    for (int l = 0; l < cfg_.num_layers && used > 0; ++l) {
-      backend_->copy(k_buf_->data() + l * static_cast<size_t>(steady) * kv_dim(),
-                     k->data() + l * static_cast<size_t>(old_rows) * kv_dim(), used);
-      backend_->copy(v_buf_->data() + l * static_cast<size_t>(steady) * kv_dim(),
-                     v->data() + l * static_cast<size_t>(old_rows) * kv_dim(), used);
-    }
+    (void)resize_rows(steady);
   }
 }
 

@@ -96,6 +96,9 @@ class KvCache {
  private:
   // Buffer capacity in rows, preserving [fp_base, fp_end). Error when the memory cannot be had.
   Status reserve_rows(int rows);
+  // Buffer of exactly `rows` rows (>= the rows held), preserving [fp_base, fp_end); on an
+  // allocation failure the buffer is unchanged and the error returned.
+  Status resize_rows(int rows);
   int steady_rows() const;  // buffer rows of steady decoding
   // Moves rows [from, fp_end) of every layer to the start of the buffer.
   void shift_rows(int from);
