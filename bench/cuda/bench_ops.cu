@@ -1,7 +1,7 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
 //   bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,kvflush,quantkv]
-//             [--quick]
+//             [--quick] [--profile]
 //
 // prefattn: one layer's causal prefill attention, f32 kernel vs tensor cores, 4K/32K/128K.
 //
@@ -41,6 +41,9 @@ namespace {
 
 constexpr double kRefBandwidth = 4.24e12;           // bytes/s, H200 device copy (read + write)
 constexpr size_t kRotateBytes = size_t{512} << 20;  // inputs rotate over >= this many bytes
+// --profile: every timed body runs twice, eagerly, and times are not measured (for ncu, which
+// then sees each configuration's kernels a few times instead of thousands).
+bool g_profile = false;
 
 std::vector<std::string> g_summary;
 
@@ -125,6 +128,11 @@ WeightView bf16_view(const DeviceMem& m, int64_t rows, int64_t cols, const char*
 // Median milliseconds per call of `body(i)` (i counts calls, for rotating inputs): warm-up,
 // then `batches` batches of `reps` calls between two events.
 double time_ms(cudaStream_t s, const std::function<void(int)>& body, int reps, int batches = 7) {
+  if (g_profile) {
+    for (int i = 0; i < 2; ++i) body(i);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    return 1.0;
+  }
   for (int i = 0; i < std::max(3, reps / 4); ++i) body(i);
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
@@ -536,6 +544,7 @@ void bench_step(CudaBackend& be, bool quick) {
 // timing would measure the host. `body` must have run eagerly for every i first (uploads).
 double time_graph_ms(cudaStream_t s, const std::function<void(int)>& body, int reps,
                      int batches = 7) {
+  if (g_profile) return time_ms(s, body, reps, batches);
   cudaGraph_t graph;
   cudaGraphExec_t exec;
   CUDA_CHECK(cudaStreamSynchronize(s));
@@ -597,7 +606,8 @@ void for_each_q4_shape(CudaBackend& be, bool quick,
   for (const Q4Mat& mat : kQ4Mats) {
     if (quick && mat.n != 11008 && mat.n != 128256) continue;
     const double wbytes = q4_bytes(mat, 0);
-    const int copies = static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / wbytes)));
+    const int copies =
+        g_profile ? 1 : static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / wbytes)));
     std::vector<QuantizedWeight4> ws = random_q4_copies(mat.n, mat.k, copies);
     auto x = random_f32(16 * mat.k, 3);
     DeviceMem y(16 * mat.n * 4);
@@ -637,13 +647,13 @@ void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
       {0, 0, 0, 1}, {1, 0, 4, 1}, {2, 0, 4, 1}, {4, 0, 4, 1}, {0, 8, 4, 1}, {0, 0, 4, 1},
       {0, 0, 0, 2}, {0, 2, 0, 2}, {0, 4, 0, 2}, {0, 8, 0, 2}, {1, 0, 0, 3}, {2, 0, 0, 3},
       {4, 0, 0, 3}, {0, 1, 0, 3}, {0, 2, 0, 3}, {0, 4, 0, 3}, {0, 8, 0, 3}, {0, 0, 0, 3},
-      {0, 0, 0, 4}, {0, 0, 0, 0}};
+      {1, 0, 0, 2}, {2, 0, 0, 2}, {4, 0, 0, 2}, {0, 0, 0, 4}, {0, 0, 0, 0}};
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   summary(
       "| gemv-q4 variants (us, %% of 4.24 TB/s) | mma rt1 | mma rt2 | mma rt4 | mma w2 | mma w4 | "
       "mma w8 | mma auto | ring rt1 | ring rt2 | ring rt4 | ring w8 | ring auto | cc auto | "
       "cc w2 | cc w4 | cc w8 | wide rt1 | wide rt2 | wide rt4 | wide w1 | wide w2 | wide w4 | "
-      "wide w8 | wide auto | old auto | default (kernel %d) |",
+      "wide w8 | wide auto | cc rt1 | cc rt2 | cc rt4 | old auto | default (kernel %d) |",
       cuda::kQ4AutoKernel);
   for_each_q4_shape(be, quick, [&](const Q4Mat& mat, std::vector<QuantizedWeight4>& ws, float* x,
                                    float* y) {
@@ -850,7 +860,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           const bool tensor_cores = var.tensor_cores;
           const bool is_default = tensor_cores && var.split_factor == 1 && var.chunk == 0 &&
                                   var.parallel_combine == cuda::kQuantAttentionParallelCombine;
-          if (!is_default && ctx != 32768) continue;
+          if (!is_default && (ctx != 32768 || g_profile)) continue;
           cuda::set_quant_attention_tuning(
               {tensor_cores, 0, var.split_factor, var.parallel_combine, var.chunk, var.stages});
           std::vector<QuantizedKvSegment> segs;
@@ -869,7 +879,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           };
           KvReadBytes rb;
           call(0, &rb);
-          for (int i = 1; i < copies; ++i) call(i, nullptr);  // scratch and occupancy, eagerly
+          for (int i = 1; i < copies && !g_profile; ++i) call(i, nullptr);  // scratch, eagerly
           const int reps = std::max(10, 2 * copies);
           const double eager = time_ms(s, [&](int i) { call(i, nullptr); }, reps);
           const double graph = time_graph_ms(s, [&](int i) { call(i, nullptr); }, reps);
@@ -897,11 +907,13 @@ int main(int argc, char** argv) {
       sections = argv[++i];
     } else if (!std::strcmp(argv[i], "--quick")) {
       quick = true;
+    } else if (!std::strcmp(argv[i], "--profile")) {
+      g_profile = true;
     } else {
       std::fprintf(stderr,
                    "usage: bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,"
                    "w4var,"
-                   "kvflush,quantkv] [--quick]\n");
+                   "kvflush,quantkv] [--quick] [--profile]\n");
       return 2;
     }
   }

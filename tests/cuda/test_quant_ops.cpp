@@ -465,9 +465,10 @@ TEST_F(CudaOpsTest, MatmulQ4EveryTuning) {
   cuda::set_q4_gemv_tuning(saved);
 }
 
-// The CUDA-core kernel (m <= 8) on every row count, warp split, odd shape (short last group,
-// partial last tile, odd K: scalar activation loads), bias dtype and misaligned x; m > 8 falls
-// back to the tensor cores under the same tuning.
+// The CUDA-core kernel (m <= 8) on every row count, tiles per block (1, 2, 4; 4 runs as 2 above
+// m = 2), warp split, odd shape (short last group, partial last tile and block, odd K: scalar
+// activation loads), bias dtype and misaligned x; m > 8 falls back to the tensor cores under the
+// same tuning.
 TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   const QuantizedWeight4 a = make_q4(300, 1000, 800), b = make_q4(130, 4096, 801),
@@ -475,17 +476,19 @@ TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
   HostWeight b32(random_normal(300, 804), DType::F32, 1, 300, "b");
   HostWeight b16(random_normal(300, 805), DType::BF16, 1, 300, "b");
   double worst = 0;
-  for (int warps : {0, 1, 3, 8}) {
-    cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, warps, 0, /*kernel=*/2});
-    for (const QuantizedWeight4* w : {&a, &b, &c, &d}) {
-      for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
-        const WeightView* bv =
-            w != &a ? nullptr : m % 3 == 0 ? &b32.view : m % 3 == 1 ? &b16.view : nullptr;
-        for (int x_offset : {0, 1}) {
-          const double err = run_q4(gpu(), cpu(), *w, m, bv, 810 + m, x_offset);
-          EXPECT_LT(err, kQ4Tolerance) << describe(*w, m, bv != nullptr) << " warps=" << warps
-                                       << " x_offset=" << x_offset;
-          worst = std::max(worst, err);
+  for (int rt : {0, 1, 2, 4}) {
+    for (int warps : {0, 1, 3, 8}) {
+      cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{rt, warps, 0, /*kernel=*/2});
+      for (const QuantizedWeight4* w : {&a, &b, &c, &d}) {
+        for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+          const WeightView* bv =
+              w != &a ? nullptr : m % 3 == 0 ? &b32.view : m % 3 == 1 ? &b16.view : nullptr;
+          for (int x_offset : {0, 1}) {
+            const double err = run_q4(gpu(), cpu(), *w, m, bv, 810 + m, x_offset);
+            EXPECT_LT(err, kQ4Tolerance) << describe(*w, m, bv != nullptr) << " row_tiles=" << rt
+                                         << " warps=" << warps << " x_offset=" << x_offset;
+            worst = std::max(worst, err);
+          }
         }
       }
     }

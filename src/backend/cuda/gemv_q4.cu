@@ -492,11 +492,16 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 1)
 // ---- CUDA-core kernel (few rows of x) ------------------------------------------------------------
 //
 // The same tiled layout, no tensor cores: per code one LOP3, one FADD and one FFMA per row of x,
-// cheaper per byte than the MMA path's fragments at m = 1 and all in f32. A block owns one 16-row
-// tile; its warps split the groups; a lane keeps its two pieces (rows g, g + 8, the 32 columns
-// 16k + 4c + e of the group) and dots them with x straight from global memory (L1-resident).
-// Each batch issues the 16-byte loads of kCcBatch groups before any is used, so a warp has
-// kCcBatch KiB of codes in flight, and many small blocks per SM keep the DRAM queue full.
+// cheaper per byte than the MMA path's fragments at m = 1 and all in f32. A block owns RT
+// consecutive 16-row tiles (1, 2 or 4; cc_row_tiles picks 1 or 2); its warps split the groups;
+// a lane keeps its two pieces of every tile (rows g, g + 8, the 32 columns 16k + 4c + e of the
+// group) and dots them with x straight from global memory (L1-resident). The activation work
+// (loads, power-of-two scaling, the group sum of x) is done once per group and shared by the 2 RT
+// rows: with one tile it cost more instructions than the codes themselves (ncu, 2026-11-29: 7
+// instructions per code, 49% of issue slots busy at 25% of DRAM bandwidth, 3.4 active warps per
+// scheduler). Two tiles gained 14%, not 2x: the kernel is latency-bound as much as issue-bound.
+// Each batch issues the 16-byte loads of BATCH groups of every tile before any is used, so a
+// warp has ~4 KiB of codes in flight.
 //
 // Dequantization without conversions: a nibble at bits [4q, 4q + 4) (q <= 4) OR-ed into the
 // float 2^23 gives 2^23 + n * 16^q exactly; subtracting 2^23 leaves n * 16^q, which multiplies
@@ -528,22 +533,25 @@ __device__ __forceinline__ void dot_word(uint32_t v, const float (&xs)[8], float
   dot[1] = fmaf(nibble_scaled<4>(v2), xs[7], dot[1]);
 }
 
-// acc[r][t] += row (g + 8r)'s share of group `grp` (this lane's 32 columns) times x[t], from the
-// lane's pieces p0 (row g), p1 (row g + 8) and metadata mm.
-template <int M, bool VEC_X>
+// acc[r][h][t] += row (16 r + g + 8 h)'s share of group `grp` (this lane's 32 columns) times
+// x[t], from the lane's pieces p[r][h] of tile r and metadata mm[r]: the activations (loads,
+// power-of-two scaling, group sum) are prepared once and shared by the 2 RT rows.
+template <int M, int RT, bool VEC_X>
 __device__ __forceinline__ void cc_group(const float* __restrict__ x, int64_t K, int64_t grp,
-                                         int c, const uint4& p0, const uint4& p1, const uint2& mm,
-                                         float (&acc)[2][M]) {
-  float dot[2][M][2], xsum[M];
+                                         int c, const uint4 (&p)[RT][2], const uint2 (&mm)[RT],
+                                         float (&acc)[RT][2][M]) {
+  float dot[RT][2][M][2], xsum[M];
 #pragma unroll
   for (int t = 0; t < M; ++t) {
-    dot[0][t][0] = dot[0][t][1] = dot[1][t][0] = dot[1][t][1] = 0.0f;
+#pragma unroll
+    for (int r = 0; r < RT; ++r) {
+      dot[r][0][t][0] = dot[r][0][t][1] = dot[r][1][t][0] = dot[r][1][t][1] = 0.0f;
+    }
     xsum[t] = 0.0f;
   }
   const int64_t col0 = grp * kQ4TiledGroup + 4 * c;
 #pragma unroll
   for (int q = 0; q < 4; ++q) {
-    const uint32_t v0 = word_of(p0, q), v1 = word_of(p1, q);
 #pragma unroll
     for (int t = 0; t < M; ++t) {
       // Step 2q: columns col0 + 32q + e (nibble positions 0, 4, 1, 5 for e = 0..3); step 2q + 1:
@@ -553,77 +561,102 @@ __device__ __forceinline__ void cc_group(const float* __restrict__ x, int64_t K,
       xsum[t] += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
       const float xs[8] = {a.x,           a.z * 0x1p-4f,  b.x * 0x1p-8f,  b.z * 0x1p-12f,
                            a.y * 0x1p-16f, a.w * 0x1p-8f, b.y * 0x1p-12f, b.w * 0x1p-16f};
-      dot_word(v0, xs, dot[0][t]);
-      dot_word(v1, xs, dot[1][t]);
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        dot_word(word_of(p[r][0], q), xs, dot[r][0][t]);
+        dot_word(word_of(p[r][1], q), xs, dot[r][1][t]);
+      }
     }
   }
-  const float2 sm0 = half2_bits_to_float2(mm.x);  // (scale, min) of row g
-  const float2 sm1 = half2_bits_to_float2(mm.y);  // of row g + 8
 #pragma unroll
-  for (int t = 0; t < M; ++t) {
-    acc[0][t] = fmaf(sm0.x, dot[0][t][0] + dot[0][t][1], fmaf(sm0.y, xsum[t], acc[0][t]));
-    acc[1][t] = fmaf(sm1.x, dot[1][t][0] + dot[1][t][1], fmaf(sm1.y, xsum[t], acc[1][t]));
+  for (int r = 0; r < RT; ++r) {
+    const float2 sm0 = half2_bits_to_float2(mm[r].x);  // (scale, min) of row g
+    const float2 sm1 = half2_bits_to_float2(mm[r].y);  // of row g + 8
+#pragma unroll
+    for (int t = 0; t < M; ++t) {
+      acc[r][0][t] =
+          fmaf(sm0.x, dot[r][0][t][0] + dot[r][0][t][1], fmaf(sm0.y, xsum[t], acc[r][0][t]));
+      acc[r][1][t] =
+          fmaf(sm1.x, dot[r][1][t][0] + dot[r][1][t][1], fmaf(sm1.y, xsum[t], acc[r][1][t]));
+    }
   }
 }
 
-// Block: (warps x 32) threads, one 16-row tile (blockIdx.x); exactly M rows of x.
-// x: [M, K] f32; codes/meta: the tiled layout; y: [M, N] f32. BATCH groups are loaded per step.
-template <int M, int BATCH, bool VEC_X>
-__global__ void __launch_bounds__(kCcMaxWarps * 32, 2)
+// Block: (warps x 32) threads, RT consecutive 16-row tiles from blockIdx.x * RT; exactly M rows
+// of x. x: [M, K] f32; codes/meta: the tiled layout; y: [M, N] f32. BATCH groups are loaded per
+// step. Tiles past the matrix re-read the block's first tile (a valid address) and are not
+// stored.
+template <int M, int RT, int BATCH, bool VEC_X>
+__global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
     gemv_q4_cc_kernel(const float* __restrict__ x, int64_t K, const uint4* __restrict__ codes,
-                      const uint2* __restrict__ meta, int64_t N, int64_t groups, DeviceBias bias,
-                      float* __restrict__ y) {
-  __shared__ float partial[kCcMaxWarps][16][M];  // per warp: the tile's row sums
+                      const uint2* __restrict__ meta, int64_t N, int64_t tiles, int64_t groups,
+                      DeviceBias bias, float* __restrict__ y) {
+  __shared__ float partial[kCcMaxWarps][16 * RT][M];  // per warp: the tiles' row sums
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
   const int g = lane >> 2, c = lane & 3;
-  const int64_t tile = blockIdx.x;
+  const int64_t tile0 = blockIdx.x * int64_t{RT};
   const int64_t grp_begin = groups * warp / num_warps;
   const int64_t grp_end = groups * (warp + 1) / num_warps;
-  const uint4* tcodes = codes + tile * groups * kPiecesPerTileGroup + lane;
-  const uint2* tmeta = meta + tile * groups * kMetaPerTileGroup + g;
-
-  float acc[2][M];
+  const uint4* tcodes[RT];
+  const uint2* tmeta[RT];
 #pragma unroll
-  for (int t = 0; t < M; ++t) acc[0][t] = acc[1][t] = 0.0f;
+  for (int r = 0; r < RT; ++r) {
+    const int64_t tile = tile0 + r < tiles ? tile0 + r : tile0;
+    tcodes[r] = codes + tile * groups * kPiecesPerTileGroup + lane;
+    tmeta[r] = meta + tile * groups * kMetaPerTileGroup + g;
+  }
+
+  float acc[RT][2][M];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][0][t] = acc[r][1][t] = 0.0f;
+  }
 
   for (int64_t grp0 = grp_begin; grp0 < grp_end; grp0 += BATCH) {
-    uint4 p[BATCH][2];
-    uint2 mm[BATCH];
+    uint4 p[BATCH][RT][2];
+    uint2 mm[BATCH][RT];
     // Every load of the batch is issued before any is used; groups past the warp's range read
     // its first group again (a valid address) and are skipped below.
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
       const int64_t grp = grp0 + u < grp_end ? grp0 + u : grp_begin;
-      p[u][0] = load_stream_16(tcodes + grp * kPiecesPerTileGroup);
-      p[u][1] = load_stream_16(tcodes + grp * kPiecesPerTileGroup + 32);
-      mm[u] = __ldg(tmeta + grp * kMetaPerTileGroup);
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        p[u][r][0] = load_stream_16(tcodes[r] + grp * kPiecesPerTileGroup);
+        p[u][r][1] = load_stream_16(tcodes[r] + grp * kPiecesPerTileGroup + 32);
+        mm[u][r] = __ldg(tmeta[r] + grp * kMetaPerTileGroup);
+      }
     }
 #pragma unroll
     for (int u = 0; u < BATCH; ++u) {
       if (grp0 + u < grp_end) {  // warp-uniform
-        cc_group<M, VEC_X>(x, K, grp0 + u, c, p[u][0], p[u][1], mm[u], acc);
+        cc_group<M, RT, VEC_X>(x, K, grp0 + u, c, p[u], mm[u], acc);
       }
     }
   }
 
-  // Rows g and g + 8: the 4 lanes of a row hold disjoint columns.
+  // Rows g and g + 8 of each tile: the 4 lanes of a row hold disjoint columns.
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < RT; ++r) {
 #pragma unroll
-    for (int t = 0; t < M; ++t) {
-      float v = acc[r][t];
-      v += __shfl_xor_sync(kFullMask, v, 1);
-      v += __shfl_xor_sync(kFullMask, v, 2);
-      if (c == 0) partial[warp][g + 8 * r][t] = v;
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int t = 0; t < M; ++t) {
+        float v = acc[r][h][t];
+        v += __shfl_xor_sync(kFullMask, v, 1);
+        v += __shfl_xor_sync(kFullMask, v, 2);
+        if (c == 0) partial[warp][16 * r + g + 8 * h][t] = v;
+      }
     }
   }
   __syncthreads();
-  for (int e = threadIdx.x; e < 16 * M; e += blockDim.x) {
-    const int row_in_tile = e / M, t = e % M;
+  for (int e = threadIdx.x; e < 16 * RT * M; e += blockDim.x) {
+    const int row_in_block = e / M, t = e % M;
     float sum = 0.0f;
-    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi][row_in_tile][t];
-    const int64_t row = tile * 16 + row_in_tile;
+    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi][row_in_block][t];
+    const int64_t row = tile0 * 16 + row_in_block;
     if (row < N) {
       if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
       y[t * N + row] = sum;
@@ -834,33 +867,56 @@ void launch_wide_rt(int rt, const TiledLaunch& l, int num_sms) {
   }
 }
 
-// The CUDA-core kernel for exactly M rows of x.
-template <int M, bool VEC_X>
-void launch_cc(const TiledLaunch& l) {
-  // Groups loaded per step (8 registers each), within 128 registers without spills.
-  constexpr int kBatch = M <= 2 ? 4 : (M <= 4 ? 2 : 1);
-  const int64_t tiles = (l.w->rows + 15) / 16;
-  QS_CHECK(tiles <= 0x7fffffff && l.warps >= 1 && l.warps <= kCcMaxWarps);
-  gemv_q4_cc_kernel<M, kBatch, VEC_X><<<static_cast<unsigned>(tiles), l.warps * 32, 0, l.stream>>>(
-      l.x, l.w->cols, reinterpret_cast<const uint4*>(l.w->codes),
-      reinterpret_cast<const uint2*>(l.w->meta), l.w->rows, l.w->groups, l.bias, l.y);
+// The CUDA-core kernel for exactly M rows of x, RT tiles per block.
+template <int M, int RT, bool VEC_X>
+void launch_cc(const TiledLaunch& l, int64_t tiles) {
+  // Groups loaded per step (8 registers per tile each): about 4 KiB of codes in flight per warp
+  // within the register budget (128 per thread for RT <= 2, 255 for RT = 4).
+  constexpr int kBatch = RT >= 4 ? (M == 1 ? 2 : 1) : RT == 2 ? (M <= 2 ? 2 : 1)
+                                                            : (M <= 2 ? 4 : (M <= 4 ? 2 : 1));
+  const int64_t blocks = (tiles + RT - 1) / RT;
+  QS_CHECK(blocks <= 0x7fffffff && l.warps >= 1 && l.warps <= kCcMaxWarps);
+  gemv_q4_cc_kernel<M, RT, kBatch, VEC_X>
+      <<<static_cast<unsigned>(blocks), l.warps * 32, 0, l.stream>>>(
+          l.x, l.w->cols, reinterpret_cast<const uint4*>(l.w->codes),
+          reinterpret_cast<const uint2*>(l.w->meta), l.w->rows, tiles, l.w->groups, l.bias, l.y);
   CUDA_CHECK_LAUNCH(l.stream);
 }
 
+// rt: 1, 2 or 4 (4 only for m <= 2: registers; it runs as 2 above).
+template <int M, bool VEC_X>
+void launch_cc_rt(int rt, const TiledLaunch& l) {
+  const int64_t tiles = (l.w->rows + 15) / 16;
+  if constexpr (M <= 2) {
+    if (rt == 4) return launch_cc<M, 4, VEC_X>(l, tiles);
+  }
+  if (rt >= 2) return launch_cc<M, 2, VEC_X>(l, tiles);
+  launch_cc<M, 1, VEC_X>(l, tiles);
+}
+
 template <bool VEC_X>
-void launch_cc_rows(const TiledLaunch& l) {
+void launch_cc_rows(int rt, const TiledLaunch& l) {
   static_assert(kCcMaxRows == 8, "one instantiation per row count");
   switch (l.m) {
-    case 1: return launch_cc<1, VEC_X>(l);
-    case 2: return launch_cc<2, VEC_X>(l);
-    case 3: return launch_cc<3, VEC_X>(l);
-    case 4: return launch_cc<4, VEC_X>(l);
-    case 5: return launch_cc<5, VEC_X>(l);
-    case 6: return launch_cc<6, VEC_X>(l);
-    case 7: return launch_cc<7, VEC_X>(l);
-    case 8: return launch_cc<8, VEC_X>(l);
+    case 1: return launch_cc_rt<1, VEC_X>(rt, l);
+    case 2: return launch_cc_rt<2, VEC_X>(rt, l);
+    case 3: return launch_cc_rt<3, VEC_X>(rt, l);
+    case 4: return launch_cc_rt<4, VEC_X>(rt, l);
+    case 5: return launch_cc_rt<5, VEC_X>(rt, l);
+    case 6: return launch_cc_rt<6, VEC_X>(rt, l);
+    case 7: return launch_cc_rt<7, VEC_X>(rt, l);
+    case 8: return launch_cc_rt<8, VEC_X>(rt, l);
     default: QS_CHECK_MSG(false, "gemv_q4: the CUDA-core kernel takes m <= 8");
   }
+}
+
+// Tiles per block of the CUDA-core kernel: two tiles share each activation load, scaling and
+// group sum between 4 rows per lane, when every SM still gets a block. Measured on the H200
+// (bench_ops w4var, m = 1): 7B gate/up 15.6 us with 2 tiles vs 18.1 with 1 and 20.2 with 4 (172
+// blocks of 4 tiles make a second, mostly empty wave at 1 block per SM); 8B lm_head 131 / 167 /
+// 156 us. Four tiles stay a tuning option (Q4GemvTuning::row_tiles).
+int cc_row_tiles(int64_t tiles, int num_sms) {
+  return (tiles + 1) / 2 >= num_sms ? 2 : 1;
 }
 
 // Warps of the CUDA-core kernel splitting K: about 4 groups (4 KiB of codes) each, at most 8.
@@ -1051,10 +1107,12 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
                           ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, w.groups))
                           : auto_cc_warps(w.groups);
     const TiledLaunch l{x, m, &w, bias, y, warps, stream};
+    const int rt = g_q4_tuning.row_tiles > 0 ? g_q4_tuning.row_tiles
+                                             : cc_row_tiles(tiles, num_sms);
     if (vec_x) {
-      launch_cc_rows<true>(l);
+      launch_cc_rows<true>(rt, l);
     } else {
-      launch_cc_rows<false>(l);
+      launch_cc_rows<false>(rt, l);
     }
     return;
   }

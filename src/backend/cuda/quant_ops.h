@@ -87,14 +87,16 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
 // Process-wide tuning of launch_gemv_q4's tiled kernel (benchmarks compare the variants; every
 // variant computes the same function and is tested). 0 = automatic.
 struct Q4GemvTuning {
-  int row_tiles = 0;  // 16-row tiles per warp: 1, 2 or 4 (4 only for m <= 8)
+  // 16-row tiles per warp (tensor cores; 4 only for m <= 8) or per block (CUDA cores; 4 only
+  // for m <= 2): 1, 2 or 4.
+  int row_tiles = 0;
   int warps = 0;      // warps per block splitting K: 1..8
   // How the codes reach the registers: 0 = loaded into registers, the next group while the
   // current one is computed (1 group ahead); 4 = a 4-group cp.async ring per warp in shared
   // memory (3 groups ahead, no registers held).
   int stages = 0;
   // Which kernel: 0 = automatic (kQ4AutoKernel), 1 = tensor cores (the fields above), 2 = CUDA
-  // cores for m <= 8 (tensor cores above; `warps` applies, row_tiles and stages do not),
+  // cores for m <= 8 (tensor cores above; `warps` and row_tiles apply, stages does not),
   // 3 = the wide tensor-core kernel (16 loads in flight per lane; row_tiles and warps apply,
   // stages does not), 4 = CUDA cores for m <= kQ4CudaCoreAutoRows, tensor cores (1) above.
   int kernel = 0;
