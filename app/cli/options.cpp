@@ -19,6 +19,13 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                         (cuda_compiled() ? "this build has it" : "needs a build with QS_CUDA=ON") +
                         ")",
                     "QS_DEVICE");
+  const std::map<std::string, KvDType> kv_dtypes{
+      {"auto", KvDType::kAuto}, {"f32", KvDType::kF32}, {"f16", KvDType::kF16}};
+  add_choice_option(app, "--kv-dtype", opts.engine.kv_dtype, kv_dtypes,
+                    "Element type of the full-precision KV rows (the whole cache of --kv fp16, "
+                    "the buffer of the quantized caches): f32, f16, or auto (f16 on cuda, f32 "
+                    "on cpu) [default: auto]",
+                    "QS_KV_DTYPE");
   app.add_option("--threads", opts.engine.num_threads, "CPU threads (0: all cores)")
       ->envname("QS_THREADS")
       ->check(CLI::Range(0, 1024));
@@ -58,8 +65,8 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
            e.kv = kvs.at(v);
            e.kv_explicit = true;
          },
-         "KV cache of --mode ar: fp16 (full precision; f32 on the CPU), int8 (target view), "
-         "int4 (draft view) [default: fp16]")
+         "KV cache of --mode ar: fp16 (full precision, rows of --kv-dtype), int8 (target "
+         "view), int4 (draft view) [default: fp16]")
       ->envname("QS_KV")
       ->check(CLI::IsMember({"fp16", "int8", "int4"}));
   app.add_option("--gamma", e.gamma,

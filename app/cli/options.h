@@ -40,7 +40,7 @@ CLI::Option* add_choice_option(CLI::App& app, const std::string& name, T& target
   return opt;
 }
 
-// -m/--model, --threads, --ctx, --prefill-chunk.
+// -m/--model, --device, --kv-dtype, --threads, --tp, --ctx, --prefill-chunk.
 void add_model_options(CLI::App& app, ModelOptions& opts);
 // --mode, --kv, --gamma, --group-size, --value-group-size, --draft-weights (the cache and the
 // decoding mode; docs/quantspec.md).

@@ -32,18 +32,22 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   int threads = opts.engine.num_threads > 0 ? opts.engine.num_threads
                                             : static_cast<int>(std::thread::hardware_concurrency());
   const EngineOptions& eo = opts.engine;
-  double kv_gib = 2.0 * c.num_layers * c.kv_dim() * 4.0 * engine.max_context() / (1 << 30);
-  const char* kv_label = "KV f32";
+  const KvDType rows = resolve_kv_dtype(eo);
+  const char* rows_name = kv_dtype_name(rows);
+  const double row_bytes = rows == KvDType::kF16 ? 2.0 : 4.0;  // per element
+  double kv_gib = 2.0 * c.num_layers * c.kv_dim() * row_bytes * engine.max_context() / (1 << 30);
+  std::string kv_label = fmt::format("KV {}", rows_name);
   if (eo.mode == DecodeMode::kQuantSpec || eo.kv != KvType::kFp16) {
     // Four 4-bit code planes + fp16 key (per G tokens) and value (per Gv channels) scale/min,
-    // plus the f32 buffer of 2G + gamma + 1 rows.
+    // plus the full-precision buffer of 2G + gamma + 1 rows.
     const double gv = eo.value_group_size > 0 ? eo.value_group_size : c.head_dim;
     const double per_token = 2.0 * c.kv_dim() + 4.0 * c.kv_dim() / eo.group_size +
                              4.0 * c.num_kv_heads * (c.head_dim / gv);
     const double buffer_rows = 2.0 * eo.group_size + (eo.gamma > 0 ? eo.gamma : kDefaultGamma) + 1;
     kv_gib = c.num_layers *
-             (per_token * engine.max_context() + buffer_rows * 2.0 * c.kv_dim() * 4.0) / (1 << 30);
-    kv_label = "KV hierarchical (planes + f32 buffer)";
+             (per_token * engine.max_context() + buffer_rows * 2.0 * c.kv_dim() * row_bytes) /
+             (1 << 30);
+    kv_label = fmt::format("KV hierarchical (planes + {} buffer)", rows_name);
   }
   fmt::print(stderr, "quantspec {}: model {} ({}, {:.1f}M params, weights {})\n", command,
              model_dir.string(), architecture_name(c.arch), parameter_count(c) / 1e6,
@@ -60,7 +64,8 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
                     : fmt::format("cuda (device {})", eo.device_index))
           : (tp > 1 ? fmt::format("cpu ({} threads per rank)", std::max(1, threads / tp))
                     : fmt::format("cpu ({} threads)", threads));
-  backend += fmt::format(", tensor parallel {}", tp);
+  backend += fmt::format(", tensor parallel {}, kv dtype {}{}", tp, rows_name,
+                         eo.kv_dtype == KvDType::kAuto ? " (auto)" : "");
   fmt::print(stderr,
              "  backend {}, context {} tokens, {} {:.3f} GiB, "
              "prefill chunk {}\n",
@@ -71,22 +76,23 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
     const int gamma = e.gamma > 0 ? e.gamma : std::min(kDefaultGamma, e.group_size - 1);
     fmt::print(stderr,
                "  mode quantspec: gamma {} draft weights {} ; KV hierarchical G {} Gv {} "
-               "(draft INT4 view, target INT8 view, fp32 buffer)\n",
+               "(draft INT4 view, target INT8 view, {} buffer)\n",
                gen && gen->gamma > 0 ? gen->gamma : gamma, draft_weights_name(e.draft_weights),
-               e.group_size, gv);
+               e.group_size, gv, rows_name);
   } else if (e.mode == DecodeMode::kStreamingLlm || e.mode == DecodeMode::kSnapKv) {
     const int gamma = e.gamma > 0 ? e.gamma : std::min(kDefaultGamma, e.group_size - 1);
     fmt::print(stderr,
                "  mode {}: gamma {} draft weights {} ; draft KV budget {:g}{} (sinks {}, snap "
-               "window {}), target KV full precision (f32 on the CPU)\n",
+               "window {}), target KV full precision ({} rows)\n",
                decode_mode_name(e.mode), gen && gen->gamma > 0 ? gen->gamma : gamma,
                draft_weights_name(e.draft_weights), e.draft_budget,
-               e.draft_budget < 1 ? " of the prompt" : " positions", e.sink_tokens, e.snap_window);
+               e.draft_budget < 1 ? " of the prompt" : " positions", e.sink_tokens, e.snap_window,
+               rows_name);
   } else if (e.kv != KvType::kFp16) {
     fmt::print(stderr, "  mode ar: KV {} view of the hierarchical cache, G {} Gv {}\n",
                kv_type_name(e.kv), e.group_size, gv);
   } else {
-    fmt::print(stderr, "  mode ar: KV full precision (f32 on the CPU)\n");
+    fmt::print(stderr, "  mode ar: KV full precision ({} rows)\n", rows_name);
   }
   if (gen) {
     const SamplingParams& s = gen->sampling;
@@ -111,7 +117,7 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
       {"finish_reason", result.finish_reason},
       {"mode", decode_mode_name(options.mode)},
       {"kv", options.mode == DecodeMode::kQuantSpec ? "quantspec" : kv_type_name(options.kv)},
-      {"kv_buffer", "f32"},  // the full-precision rows (f32 on every backend so far)
+      {"kv_buffer", kv_dtype_name(resolve_kv_dtype(options))},  // the full-precision rows
       {"kv_cache_bytes", engine.kv_cache_bytes()},
       {"group_size", options.group_size},
       {"backend", device_name(options.device)},

@@ -838,31 +838,38 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
       };
       for (const Run& r : {Run{"draft int4", false, 1}, Run{"target int8", true, 5},
                            Run{"target int8", true, 7}, Run{"target int8", true, 9}}) {
-        // Variants (label suffix): the default plan, the CUDA-core path, 2 and 4 waves of blocks;
-        // attention.cu's serial combine ("old-combine": the previous default), and pipeline
-        // shapes (cN = 32-token sub-chunks per warp per stage, sN = stages; 0 = the default of
-        // attention_quant.h).
+        // Variants (label suffix): the default plan (the register-direct path where it applies),
+        // the CUDA-core path, 2 and 4 waves of blocks; the cp.async-ring tensor-core path
+        // ("ring", the previous default) with its pipeline shapes (cN = 32-token sub-chunks per
+        // warp per stage, sN = stages; 0 = the default of attention_quant.h).
         struct Variant {
           bool tensor_cores;
           int split_factor;
           const char* label;
-          bool parallel_combine = cuda::kQuantAttentionParallelCombine;
+          bool direct = cuda::kQuantAttentionDirect;
           int chunk = 0;
           int stages = 0;
+          int direct_regs = cuda::kQuantAttentionDirectRegs;
         };
         for (const Variant& var :
              {Variant{true, 1, ""}, Variant{false, 1, " cuda-cores"},
               Variant{true, 2, " x2 waves"}, Variant{true, 4, " x4 waves"},
-              Variant{true, 1, " old-combine", false, 1, 3}, Variant{true, 1, " c1 s3", true, 1, 3},
-              Variant{true, 1, " c1 s4", true, 1, 4}, Variant{true, 1, " c2 s2", true, 2, 2},
-              Variant{true, 1, " c2 s3", true, 2, 3}, Variant{true, 1, " c4 s2", true, 4, 2},
-              Variant{true, 2, " c2 s3 x2", true, 2, 3}}) {
+              Variant{true, 1, " ring", false}, Variant{true, 1, " ring c2 s2", false, 2, 2},
+              Variant{true, 1, " regs 192", true, 0, 0, 192},
+              Variant{true, 1, " regs 168", true, 0, 0, 168}}) {
           const bool tensor_cores = var.tensor_cores;
           const bool is_default = tensor_cores && var.split_factor == 1 && var.chunk == 0 &&
-                                  var.parallel_combine == cuda::kQuantAttentionParallelCombine;
+                                  var.direct == cuda::kQuantAttentionDirect &&
+                                  var.direct_regs == cuda::kQuantAttentionDirectRegs;
           if (!is_default && (ctx != 32768 || g_profile)) continue;
-          cuda::set_quant_attention_tuning(
-              {tensor_cores, 0, var.split_factor, var.parallel_combine, var.chunk, var.stages});
+          cuda::QuantAttentionTuning tuning;
+          tuning.tensor_cores = tensor_cores;
+          tuning.split_factor = var.split_factor;
+          tuning.chunk_subs = var.chunk;
+          tuning.stages = var.stages;
+          tuning.direct = var.direct;
+          tuning.direct_regs = var.direct_regs;
+          cuda::set_quant_attention_tuning(tuning);
           std::vector<QuantizedKvSegment> segs;
           for (const auto& l : layers) {
             segs.push_back(l->seg);

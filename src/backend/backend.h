@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 
+#include "core/dtype.h"
 #include "core/error.h"
 #include "model/weights.h"
 #include "quant/weight_quant.h"
@@ -67,7 +68,7 @@ struct KvReadBytes {
   int64_t upper = 0;  // key + value upper codes
   int64_t lower = 0;  // key + value lower codes (0 for the draft view)
   int64_t meta = 0;   // key and value scale/min
-  int64_t fp = 0;     // full-precision rows (f32 on the CPU)
+  int64_t fp = 0;     // full-precision rows (f32 or f16: their element size)
 };
 
 // A sparse-KV draft's subset of one layer's full-precision history: kv head h reads the
@@ -83,17 +84,47 @@ struct KvSelection {
 // preceded by a quantized segment. Without `quantized`, positions [0, length) are all full
 // precision (the plain cache). With it, query t reads [0, quant_boundary(t, G)) through the
 // quantized view and [quant_boundary(t, G), t] from the full-precision rows.
+//
+// The full-precision rows are f32 or f16 (`row_dtype`, the cache's KvCacheConfig::row_dtype):
+// every reader converts f16 to f32 on load and computes in f32, so a view of f16 rows gives the
+// same results as a view of f32 rows holding the same (f16-representable) values.
 struct KvView {
-  const float* k = nullptr;  // [length - fp_base, row_stride] f32, row r = position fp_base + r,
-                             // post-RoPE
-  const float* v = nullptr;  // [length - fp_base, row_stride] f32
-  int64_t row_stride = 0;    // floats between consecutive positions (>= kv_dim)
-  int length = 0;            // positions readable (end of the full-precision rows)
-  int fp_base = 0;           // absolute position of row 0 of k/v; <= every query's boundary
+  const void* k = nullptr;  // [length - fp_base, row_stride] of row_dtype, row r = position
+                            // fp_base + r, post-RoPE
+  const void* v = nullptr;  // [length - fp_base, row_stride] of row_dtype
+  int64_t row_stride = 0;   // elements between consecutive positions (>= kv_dim)
+  int length = 0;           // positions readable (end of the full-precision rows)
+  int fp_base = 0;          // absolute position of row 0 of k/v; <= every query's boundary
   const QuantizedKvSegment* quantized = nullptr;  // nullptr: no quantized history
   KvReadBytes* read_bytes = nullptr;              // when set, the call adds its reads to it
   const KvSelection* selection = nullptr;         // nullptr: every position (sparse drafts)
+  DType row_dtype = DType::F32;                   // of k and v: F32 or F16
+
+  // Bytes of one element of the rows (4 or 2).
+  int64_t row_elem_bytes() const { return static_cast<int64_t>(dtype_size(row_dtype)); }
+  // The rows as their type (a QS_CHECK failure for the other type).
+  const float* k_f32() const {
+    QS_CHECK(row_dtype == DType::F32);
+    return static_cast<const float*>(k);
+  }
+  const float* v_f32() const {
+    QS_CHECK(row_dtype == DType::F32);
+    return static_cast<const float*>(v);
+  }
+  const uint16_t* k_f16() const {
+    QS_CHECK(row_dtype == DType::F16);
+    return static_cast<const uint16_t*>(k);
+  }
+  const uint16_t* v_f16() const {
+    QS_CHECK(row_dtype == DType::F16);
+    return static_cast<const uint16_t*>(v);
+  }
 };
+
+// Whether full-precision KV rows may have this type (F32, F16).
+inline bool kv_row_dtype_supported(DType t) {
+  return t == DType::F32 || t == DType::F16;
+}
 
 struct AttentionShape {
   int num_heads = 0;  // query heads; query head h reads kv head h / (num_heads / num_kv_heads)
@@ -188,15 +219,25 @@ class Backend {
 
   // The flush of DESIGN §3 (docs/kv-format.md): quantizes key groups [first_group,
   // first_group + n_groups) of one layer, every kv head, into `dst`. k_rows, v_rows:
-  // [n_groups * G, row_stride] f32 backend memory, row i = position first_group * G + i, kv head h
-  // at columns [h * head_dim, (h + 1) * head_dim), keys post-RoPE. Codes and fp16 metadata are
-  // bit-identical to quant/kv_quant.h's quantize_key_group / quantize_value_row on the same rows.
-  virtual void quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
-                           int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
-                           const QuantizedKvPlanesOut& dst) {
-    (void)k_rows, (void)v_rows, (void)row_stride, (void)num_kv_heads, (void)head_dim;
-    (void)first_group, (void)n_groups, (void)dst;
+  // [n_groups * G, row_stride] backend memory of `row_dtype` (F32 or F16; row_stride in
+  // elements), row i = position first_group * G + i, kv head h at columns [h * head_dim,
+  // (h + 1) * head_dim), keys post-RoPE. Codes and fp16 metadata are bit-identical to
+  // quant/kv_quant.h's quantize_key_group / quantize_value_row on the same rows as f32 (F16 rows
+  // converted exactly).
+  virtual void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,
+                           int64_t row_stride, int num_kv_heads, int head_dim, int64_t first_group,
+                           int n_groups, const QuantizedKvPlanesOut& dst) {
+    (void)k_rows, (void)v_rows, (void)row_dtype, (void)row_stride, (void)num_kv_heads;
+    (void)head_dim, (void)first_group, (void)n_groups, (void)dst;
     QS_CHECK_MSG(false, "quantize_kv: not implemented by this backend");
+  }
+  // The same over f32 rows (row_stride in floats). Derived backends bring it into scope with
+  // `using Backend::quantize_kv;`.
+  void quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride, int num_kv_heads,
+                   int head_dim, int64_t first_group, int n_groups,
+                   const QuantizedKvPlanesOut& dst) {
+    quantize_kv(k_rows, v_rows, DType::F32, row_stride, num_kv_heads, head_dim, first_group,
+                n_groups, dst);
   }
 
   // --- Additions for device backends. The defaults are right for a backend whose memory is
@@ -212,6 +253,11 @@ class Backend {
   // each rank's backend). No-op for a host-memory backend.
   virtual void bind_thread() {}
 
+  // Brackets the stretch an external profiler records (CUDA: cudaProfilerStart/Stop, for
+  // `ncu --profile-from-start off`; the engine brackets decoding when QS_PROFILE_DECODE is set).
+  // No-op where there is nothing to profile.
+  virtual void profile_region(bool begin) { (void)begin; }
+
   // Copies n floats from host memory into backend memory (dst from alloc()).
   virtual void from_host(const float* src_host, float* dst, size_t n) {
     if (src_host != dst) std::memcpy(dst, src_host, n * sizeof(float));
@@ -220,10 +266,28 @@ class Backend {
   // Sets `bytes` bytes of backend memory (from alloc()) to zero.
   virtual void fill_zero(void* dst, size_t bytes) { std::memset(dst, 0, bytes); }
 
-  // Copies n floats within backend memory (e.g. new K/V rows into a backend-resident cache).
-  // The ranges must not overlap.
+  // Copies n floats within backend memory. The ranges must not overlap.
   virtual void copy(float* dst, const float* src, size_t n) {
     if (src != dst) std::memcpy(dst, src, n * sizeof(float));
+  }
+
+  // Copies `bytes` bytes within backend memory (KV rows of any type moving inside the cache).
+  // The ranges must not overlap.
+  virtual void copy_bytes(void* dst, const void* src, size_t bytes) {
+    if (src != dst && bytes > 0) std::memcpy(dst, src, bytes);
+  }
+
+  // Stores n f32 values (backend memory) as `dst_dtype` into backend memory: F32 copies; F16
+  // rounds to nearest even, and finite values beyond +-65504 saturate to +-65504 (never inf;
+  // core/dtype.h f32_to_f16_sat). The new K/V rows of a cache. Ranges must not overlap.
+  virtual void store_kv_rows(void* dst, DType dst_dtype, const float* src, size_t n) {
+    QS_CHECK_MSG(kv_row_dtype_supported(dst_dtype), "store_kv_rows: rows are F32 or F16");
+    if (dst_dtype == DType::F32) {
+      copy(static_cast<float*>(dst), src, n);
+      return;
+    }
+    auto* d = static_cast<uint16_t*>(dst);
+    for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16_sat(src[i]);
   }
 };
 

@@ -103,6 +103,17 @@ inline uint16_t f32_to_f16(float f) {
   return static_cast<uint16_t>(sign | h);
 }
 
+// f32_to_f16, except that finite values beyond +-65504 saturate to +-65504 instead of becoming
+// +-inf (f16 KV rows: a large finite key stays finite). +-inf and NaN keep their meaning.
+inline uint16_t f32_to_f16_sat(float f) {
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const bool finite = (x & 0x7f800000u) != 0x7f800000u;
+  if (finite && f > 65504.0f) return 0x7bffu;  // the largest finite f16
+  if (finite && f < -65504.0f) return 0xfbffu;
+  return f32_to_f16(f);
+}
+
 // Convert n elements of `src` (of type t) to f32.
 inline void to_f32(DType t, const void* src, float* dst, size_t n) {
   switch (t) {

@@ -33,6 +33,23 @@ const char* kv_type_name(KvType kv) {
   return "?";
 }
 
+const char* kv_dtype_name(KvDType t) {
+  switch (t) {
+    case KvDType::kF32:
+      return "f32";
+    case KvDType::kF16:
+      return "f16";
+    case KvDType::kAuto:
+      break;
+  }
+  return "auto";
+}
+
+KvDType resolve_kv_dtype(const EngineOptions& options) {
+  if (options.kv_dtype != KvDType::kAuto) return options.kv_dtype;
+  return options.device == Device::kCuda ? KvDType::kF16 : KvDType::kF32;
+}
+
 const char* draft_weights_name(DraftWeights w) {
   switch (w) {
     case DraftWeights::kInt4:

@@ -21,9 +21,13 @@ namespace qs {
 // kStreamingLlm / kSnapKv: the sparse-KV self-speculation baselines (docs/quantspec.md "Sparse-KV
 // drafts"): the draft attends to a subset of the prompt's positions, the target to all of them.
 enum class DecodeMode : uint8_t { kAr, kQuantSpec, kStreamingLlm, kSnapKv };
-// The KV cache of autoregressive decoding: full precision (f32 on the CPU), or the hierarchical
+// The KV cache of autoregressive decoding: full precision (rows of KvDType), or the hierarchical
 // cache read through its INT8 (target) or INT4 (draft) view. QuantSpec always uses both views.
 enum class KvType : uint8_t { kFp16, kInt8, kInt4 };
+// Element type of the full-precision KV rows (the whole cache of KvType::kFp16, and the
+// full-precision buffer of the hierarchical cache): kAuto = f16 on cuda, f32 (the exact
+// reference) on the cpu.
+enum class KvDType : uint8_t { kAuto, kF32, kF16 };
 // Draft weights: 4-bit group-128 for every linear layer incl. lm_head, for the MLP only, or the
 // original weights (a KV-only draft).
 enum class DraftWeights : uint8_t { kInt4, kInt4Mlp, kNative };
@@ -47,6 +51,7 @@ struct EngineOptions {
   DecodeMode mode = DecodeMode::kAr;
   KvType kv = KvType::kFp16;  // AR modes only; an error with kQuantSpec unless kFp16
   bool kv_explicit = false;   // kv was chosen by the user (so kQuantSpec can reject it)
+  KvDType kv_dtype = KvDType::kAuto;  // full-precision KV rows (every mode, every rank)
   int group_size = 128;       // G: key group size and flush granularity (32, 64, 128)
   int value_group_size = 0;   // Gv: value channels per group; 0: head_dim
   int gamma = 0;              // draft tokens per round; 0: kDefaultGamma (clamped < G)
@@ -65,6 +70,10 @@ const char* device_name(Device device);
 bool cuda_compiled();
 const char* decode_mode_name(DecodeMode mode);
 const char* kv_type_name(KvType kv);
+// "auto", "f32", "f16".
+const char* kv_dtype_name(KvDType t);
+// The row type `options` runs with: kF32 or kF16, never kAuto (kAuto: kF16 on cuda, else kF32).
+KvDType resolve_kv_dtype(const EngineOptions& options);
 const char* draft_weights_name(DraftWeights w);
 
 struct SamplingParams {

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <string>
 #include <unordered_set>
 
@@ -110,6 +111,7 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
       options.gamma > 0 ? options.gamma : std::min(kDefaultGamma, options.group_size - 1);
   kv.max_gamma = qspec ? gamma : 0;
   kv.capacity = ctx;
+  kv.row_dtype = resolve_kv_dtype(options) == KvDType::kF16 ? DType::F16 : DType::F32;
 
   std::unique_ptr<LlmEngine> engine(new LlmEngine());
   engine->options_ = options;
@@ -258,23 +260,29 @@ Status LlmEngine::forward_all(std::span<const int32_t> ids, int pos, const Forwa
   });
 }
 
-void LlmEngine::each_cache(const std::function<void(KvCache&)>& fn) {
+Status LlmEngine::each_cache(const std::function<Status(KvCache&)>& fn) {
   if (peers_.empty()) return fn(cache_);
-  const Status st = rank_threads_->run([&](int r) -> Status {
+  return rank_threads_->run([&](int r) -> Status {
     Backend& b = r == 0 ? *backend_ : *peers_[static_cast<size_t>(r - 1)].backend;
     b.bind_thread();
-    fn(r == 0 ? cache_ : peers_[static_cast<size_t>(r - 1)].cache);
+    return fn(r == 0 ? cache_ : peers_[static_cast<size_t>(r - 1)].cache);
+  });
+}
+
+void LlmEngine::commit_all(int length) {
+  const Status st = each_cache([length](KvCache& c) {
+    c.commit(length);
     return Status::ok_status();
   });
   QS_CHECK(st.ok());
 }
 
-void LlmEngine::commit_all(int length) {
-  each_cache([length](KvCache& c) { c.commit(length); });
-}
-
 void LlmEngine::clear_all() {
-  each_cache([](KvCache& c) { c.clear(); });
+  const Status st = each_cache([](KvCache& c) {
+    c.clear();
+    return Status::ok_status();
+  });
+  QS_CHECK(st.ok());
 }
 
 DecoderDispatch LlmEngine::dispatch() {
@@ -292,6 +300,8 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
   clear_all();
   sparse_ = SparseDraftIndex{};
   const int n = static_cast<int>(ids.size());
+  // The prompt's rows in one allocation (a chain of growths holds two buffers at once).
+  QS_TRY(each_cache([n](KvCache& c) { return c.prepare_write(0, n); }));
   const ModelConfig& cfg = config();
   const bool snap = options_.mode == DecodeMode::kSnapKv;
   const int window = std::min(options_.snap_window, n);
@@ -328,12 +338,22 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
       sparse_.begin_snapkv(cfg.num_layers, cfg.num_kv_heads, n, keep, window);
       const AttentionShape shape{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                                  static_cast<float>(1.0 / std::sqrt(double(cfg.head_dim)))};
-      std::vector<float> keys;  // one layer's prompt keys, copied from backend memory
+      std::vector<float> keys;       // one layer's prompt keys, copied from backend memory, as f32
+      std::vector<uint16_t> keys16;  // the same as stored, when the rows are f16
       for (int l = 0; l < cfg.num_layers; ++l) {
         const KvView kv = cache_.view(l, std::nullopt, nullptr);
         QS_CHECK(kv.fp_base == 0);
-        keys.resize(static_cast<size_t>(n) * kv.row_stride);
-        backend_->to_host(kv.k, keys.data(), keys.size());
+        const size_t count = static_cast<size_t>(n) * kv.row_stride;
+        keys.resize(count);
+        if (kv.row_dtype == DType::F32) {
+          backend_->to_host(kv.k_f32(), keys.data(), count);
+        } else {  // f16 rows: copied as they are (to_host counts floats), converted here
+          const size_t floats = (count + 1) / 2;
+          keys16.resize(2 * floats);
+          backend_->to_host(static_cast<const float*>(kv.k),
+                            reinterpret_cast<float*>(keys16.data()), floats);
+          to_f32(DType::F16, keys16.data(), keys.data(), count);
+        }
         sparse_.select_snapkv_layer(l, snap_q_.data() + static_cast<size_t>(l) * window * q_dim,
                                     keys.data(), kv.row_stride, shape, options_.snap_kernel,
                                     &host_pool());
@@ -458,6 +478,9 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   const auto t_start = std::chrono::steady_clock::now();
   QS_TRY(prefill(prompt, params.on_prefill_progress));
   result.stats.prefill_s = seconds_since(t_start);
+  // QS_PROFILE_DECODE: an external profiler (ncu --profile-from-start off) records decoding only.
+  const bool profile = std::getenv("QS_PROFILE_DECODE") != nullptr;
+  if (profile) backend_->profile_region(true);
   const auto t_decode = std::chrono::steady_clock::now();
 
   Rng rng(params.sampling.seed);
@@ -563,6 +586,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
 
   result.stats.generated_tokens = static_cast<int>(result.tokens.size());
   result.stats.decode_s = seconds_since(t_decode);
+  if (profile) backend_->profile_region(false);
   return result;
 }
 

@@ -97,8 +97,8 @@ class LlmEngine final : public Engine {
   // With one rank these are the plain calls on model_ and cache_.
   Status forward_all(std::span<const int32_t> ids, int pos, const ForwardPath& path,
                      LogitRows rows, float* logits);
-  // Runs fn on every rank's cache (on that rank's thread).
-  void each_cache(const std::function<void(KvCache&)>& fn);
+  // Runs fn on every rank's cache (on that rank's thread); the first error.
+  Status each_cache(const std::function<Status(KvCache&)>& fn);
   void commit_all(int length);
   void clear_all();
   // How a SpeculativeDecoder over model_ runs on all ranks (empty with one rank).

@@ -36,6 +36,10 @@ Status KvCacheConfig::validate() const {
                       str(num_kv_heads) + ", head_dim " + str(head_dim) + ")");
   }
   if (capacity <= 0) return make_error("KV cache: capacity must be > 0, got " + str(capacity));
+  if (!kv_row_dtype_supported(row_dtype)) {
+    return make_error(std::string("KV cache: full-precision rows must be F32 or F16, got ") +
+                      dtype_name(row_dtype));
+  }
   if (group_size < 8 || group_size > 256 || (group_size & (group_size - 1)) != 0) {
     return make_error("KV cache: the group size G must be a power of two in [8, 256], got " +
                       str(group_size));
@@ -83,7 +87,7 @@ int KvCache::steady_rows() const {
 }
 
 size_t KvCache::bytes() const {
-  size_t b = 2 * static_cast<size_t>(cfg_.num_layers) * buffer_rows_ * kv_dim() * sizeof(float);
+  size_t b = 2 * static_cast<size_t>(cfg_.num_layers) * buffer_rows_ * kv_dim() * elem_bytes();
   if (planes_) b += static_cast<size_t>(planes_->shape().total_bytes());
   return b;
 }
@@ -95,20 +99,23 @@ Status KvCache::reserve_rows(int rows) {
 
 Status KvCache::resize_rows(int rows) {
   QS_CHECK(rows >= fp_end_ - fp_base_);
-  const size_t per_layer = static_cast<size_t>(rows) * kv_dim();
-  std::unique_ptr<Buffer> k = backend_->try_alloc(per_layer * cfg_.num_layers);
-  std::unique_ptr<Buffer> v = k ? backend_->try_alloc(per_layer * cfg_.num_layers) : nullptr;
+  const size_t per_layer = static_cast<size_t>(rows) * kv_dim() * elem_bytes();  // bytes
+  const size_t total = per_layer * cfg_.num_layers;
+  const size_t floats = (total + sizeof(float) - 1) / sizeof(float);  // Buffer counts floats
+  std::unique_ptr<Buffer> k = backend_->try_alloc(floats);
+  std::unique_ptr<Buffer> v = k ? backend_->try_alloc(floats) : nullptr;
   if (!v) {
-    return make_error("KV cache: cannot allocate " +
-                      std::to_string(2.0 * per_layer * cfg_.num_layers * sizeof(float) / (1 << 30)) +
-                      " GiB on " + backend_->name() + " for " + str(rows) +
-                      " full-precision positions");
+    return make_error("KV cache: cannot allocate " + std::to_string(2.0 * total / (1 << 30)) +
+                      " GiB on " + backend_->name() + " for " + str(rows) + " full-precision " +
+                      (cfg_.row_dtype == DType::F16 ? "(f16)" : "(f32)") + " positions");
   }
-  const size_t used = static_cast<size_t>(fp_end_ - fp_base_) * kv_dim();
+  const size_t used = static_cast<size_t>(fp_end_ - fp_base_) * kv_dim() * elem_bytes();
   for (int l = 0; l < cfg_.num_layers && used > 0; ++l) {
-    const size_t old = static_cast<size_t>(l) * buffer_rows_ * kv_dim();
-    backend_->copy(k->data() + l * per_layer, k_buf_->data() + old, used);
-    backend_->copy(v->data() + l * per_layer, v_buf_->data() + old, used);
+    const size_t old = static_cast<size_t>(l) * buffer_rows_ * kv_dim() * elem_bytes();
+    auto* k_new = reinterpret_cast<char*>(k->data()) + l * per_layer;
+    auto* v_new = reinterpret_cast<char*>(v->data()) + l * per_layer;
+    backend_->copy_bytes(k_new, reinterpret_cast<const char*>(k_buf_->data()) + old, used);
+    backend_->copy_bytes(v_new, reinterpret_cast<const char*>(v_buf_->data()) + old, used);
   }
   k_buf_ = std::move(k);
   v_buf_ = std::move(v);
@@ -116,12 +123,16 @@ Status KvCache::resize_rows(int rows) {
   return Status::ok_status();
 }
 
-float* KvCache::k_row(int layer, int pos) const {
-  return k_buf_->data() + (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim();
+void* KvCache::k_row(int layer, int pos) const {
+  return reinterpret_cast<char*>(k_buf_->data()) +
+         (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim() *
+             static_cast<int64_t>(elem_bytes());
 }
 
-float* KvCache::v_row(int layer, int pos) const {
-  return v_buf_->data() + (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim();
+void* KvCache::v_row(int layer, int pos) const {
+  return reinterpret_cast<char*>(v_buf_->data()) +
+         (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim() *
+             static_cast<int64_t>(elem_bytes());
 }
 
 Status KvCache::prepare_write(int pos, int m) {
@@ -133,10 +144,15 @@ Status KvCache::prepare_write(int pos, int m) {
     return make_error("context is full: " + str(static_cast<int64_t>(pos) + m) +
                       " positions needed but the KV cache holds " + str(cfg_.capacity));
   }
-  if (pos + m - fp_base_ > buffer_rows_) {
-    // Grows geometrically (prefill, evaluation windows); commit() shrinks it back.
-    QS_TRY(reserve_rows(
-        std::min(std::max(pos + m - fp_base_, 2 * buffer_rows_), cfg_.capacity - fp_base_)));
+  const int needed = pos + m - fp_base_;
+  if (needed > buffer_rows_) {
+    // Grows geometrically (prefill, evaluation windows; commit() shrinks it back), and straight to
+    // the capacity once more than half of it is needed: a growth holds the old and the new buffer
+    // at once, and two large steps (half, then all) would need 1.5x the final size (Llama-2-7B at
+    // 128K: 96 of the 140 GB).
+    const int room = cfg_.capacity - fp_base_;
+    const int rows = needed > room / 2 ? room : std::min(std::max(needed, 2 * buffer_rows_), room);
+    QS_TRY(reserve_rows(rows));
   }
   return Status::ok_status();
 }
@@ -146,8 +162,8 @@ void KvCache::write(int layer, int pos, int m, const float* k, const float* v) {
   QS_CHECK(pos >= std::max(n_, fp_base_) && pos <= fp_end_ && pos + m <= cfg_.capacity);
   QS_CHECK_MSG(pos + m - fp_base_ <= buffer_rows_, "KV cache: write without prepare_write");
   const size_t n = static_cast<size_t>(m) * kv_dim();
-  backend_->copy(k_row(layer, pos), k, n);
-  backend_->copy(v_row(layer, pos), v, n);
+  backend_->store_kv_rows(k_row(layer, pos), cfg_.row_dtype, k, n);
+  backend_->store_kv_rows(v_row(layer, pos), cfg_.row_dtype, v, n);
   fp_end_ = pos + m;
 }
 
@@ -158,8 +174,9 @@ void KvCache::quantize_below(int layer, int end) {
   const int start = layer_quantized_[layer];
   if (start >= end) return;
   QS_CHECK_MSG(start >= fp_base_, "KV cache: group rows already left the buffer");
-  backend_->quantize_kv(k_row(layer, start), v_row(layer, start), kv_dim(), cfg_.num_kv_heads,
-                        cfg_.head_dim, start / G, (end - start) / G, planes_->output(layer));
+  backend_->quantize_kv(k_row(layer, start), v_row(layer, start), cfg_.row_dtype, kv_dim(),
+                        cfg_.num_kv_heads, cfg_.head_dim, start / G, (end - start) / G,
+                        planes_->output(layer));
   layer_quantized_[layer] = end;
 }
 
@@ -170,9 +187,9 @@ void KvCache::shift_rows(int from) {
   // Chunks of at most `shift` rows: source and destination of one copy never overlap.
   for (int l = 0; l < cfg_.num_layers; ++l) {
     for (int r = 0; r < keep; r += shift) {
-      const size_t n = static_cast<size_t>(std::min(shift, keep - r)) * kv_dim();
-      backend_->copy(k_row(l, fp_base_ + r), k_row(l, from + r), n);
-      backend_->copy(v_row(l, fp_base_ + r), v_row(l, from + r), n);
+      const size_t n = static_cast<size_t>(std::min(shift, keep - r)) * kv_dim() * elem_bytes();
+      backend_->copy_bytes(k_row(l, fp_base_ + r), k_row(l, from + r), n);
+      backend_->copy_bytes(v_row(l, fp_base_ + r), v_row(l, from + r), n);
     }
   }
   fp_base_ = from;
@@ -210,6 +227,7 @@ KvView KvCache::view(int layer, std::optional<KvQuantView> quant_view,
   QS_CHECK(layer >= 0 && layer < cfg_.num_layers);
   KvView v{k_row(layer, fp_base_), v_row(layer, fp_base_), kv_dim(), fp_end_};
   v.fp_base = fp_base_;
+  v.row_dtype = cfg_.row_dtype;
   if (!quantized() || !quant_view) return v;
   QS_CHECK(segment != nullptr);
   *segment = planes_->segment(layer, *quant_view);

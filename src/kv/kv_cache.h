@@ -1,8 +1,7 @@
 // The KV cache of one sequence in every mode (DESIGN.md §2-§3, docs/quantspec.md): one object,
 // three views.
 //
-//   fp        never quantizes: the full-precision buffer holds every position (AR "fp16 KV"; the
-//             CPU stores f32).
+//   fp        never quantizes: the full-precision buffer holds every position (AR "fp16 KV").
 //   int8/int4 AR over the target (INT8) or draft (INT4) view of the quantized history.
 //   quantspec the draft reads the INT4 view, the target the INT8 view of the same planes.
 //
@@ -12,6 +11,10 @@
 // [fp_base, fp_end): fp_base = b(n) (backend.h quant_boundary) after a commit, and the rows past n
 // are the speculative ones (draft K/V, then the target's overwrite). Rows [fp_base, n_planes)
 // exist in both forms. Rejection is only a length change: the planes are never touched by it.
+//
+// The full-precision rows (the whole fp cache, the quantized modes' buffer) are f32 or f16
+// (KvCacheConfig::row_dtype): new rows are stored through Backend::store_kv_rows (f16: rounded to
+// nearest even, saturating at +-65504) and every reader converts them back to f32.
 #pragma once
 
 #include <cstdint>
@@ -37,15 +40,17 @@ struct KvCacheConfig {
   int value_group_size = 0;  // Gv; 0: head_dim
   int max_gamma = 0;         // speculative rows past n the buffer must take (quantspec: gamma)
   int capacity = 0;          // positions
+  // Element type of the full-precision rows: F32 (the exact reference) or F16 (half the bytes).
+  DType row_dtype = DType::F32;
 
   // User-facing checks: G in {power of two, 8..256}, Gv dividing head_dim and >= 32 (or equal to
-  // head_dim), max_gamma < G.
+  // head_dim), max_gamma < G, row_dtype F32 or F16.
   Status validate() const;
 };
 
 // Memory: the buffer and the planes live in the backend's memory (device memory for a GPU
-// backend) and are written only through the backend (copy, quantize_kv), so one cache serves
-// every backend.
+// backend) and are written only through the backend (store_kv_rows, copy_bytes, quantize_kv), so
+// one cache serves every backend.
 class KvCache {
  public:
   KvCache() = default;
@@ -60,6 +65,7 @@ class KvCache {
   int capacity() const { return cfg_.capacity; }
   int kv_dim() const { return cfg_.num_kv_heads * cfg_.head_dim; }
   int group_size() const { return cfg_.group_size; }
+  DType row_dtype() const { return cfg_.row_dtype; }
   int length() const { return n_; }            // committed positions
   int written_end() const { return fp_end_; }  // rows [fp_base, fp_end) hold K/V
   int fp_base() const { return fp_base_; }
@@ -69,13 +75,15 @@ class KvCache {
   size_t bytes() const;
   const QuantizedPlanes* planes() const { return planes_ ? &*planes_ : nullptr; }
 
-  // Makes rows [pos, pos + m) writable (grows the buffer). pos must lie in [n, written_end] (a bug
-  // otherwise). Errors: "context is full ..." when pos + m exceeds the capacity; the backend has
-  // no memory for the larger buffer.
+  // Makes rows [pos, pos + m) writable (grows the buffer: geometrically, straight to the capacity
+  // beyond half of it). pos must lie in [n, written_end] (a bug otherwise). Errors: "context is
+  // full ..." when pos + m exceeds the capacity; the backend has no memory for the larger buffer.
+  // A caller that knows how many rows are coming (a prompt) asks for them at once: one allocation
+  // instead of a chain of growths.
   Status prepare_write(int pos, int m);
-  // Copy m rows of K and V ([m, kv_dim] f32 each, backend memory) to positions [pos, pos + m) of
-  // `layer`'s buffer (every layer gets the same rows), after prepare_write(pos, m). Rows past
-  // pos + m are dropped: written_end() becomes pos + m.
+  // Stores m rows of K and V ([m, kv_dim] f32 each, backend memory) as row_dtype at positions
+  // [pos, pos + m) of `layer`'s buffer (every layer gets the same rows), after
+  // prepare_write(pos, m). Rows past pos + m are dropped: written_end() becomes pos + m.
   void write(int layer, int pos, int m, const float* k, const float* v);
 
   // Quantize `layer`'s groups below `end` (a multiple of G) that are not quantized yet, from the
@@ -102,8 +110,10 @@ class KvCache {
   int steady_rows() const;  // buffer rows of steady decoding
   // Moves rows [from, fp_end) of every layer to the start of the buffer.
   void shift_rows(int from);
-  float* k_row(int layer, int pos) const;
-  float* v_row(int layer, int pos) const;
+  // Element size of the rows, and where row `pos` of `layer` starts.
+  size_t elem_bytes() const { return dtype_size(cfg_.row_dtype); }
+  void* k_row(int layer, int pos) const;
+  void* v_row(int layer, int pos) const;
 
   KvCacheConfig cfg_;
   Backend* backend_ = nullptr;
@@ -115,8 +125,9 @@ class KvCache {
   int flushes_ = 0;
   std::unique_ptr<int[]> layer_quantized_;  // [num_layers] positions quantized per layer
   int buffer_rows_ = 0;                     // allocated rows per layer
-  std::unique_ptr<Buffer> k_buf_;           // [num_layers, buffer_rows, kv_dim] f32, post-RoPE
-  std::unique_ptr<Buffer> v_buf_;           // [num_layers, buffer_rows, kv_dim] f32
+  // [num_layers, buffer_rows, kv_dim] of row_dtype (Buffer sizes count floats: rounded up).
+  std::unique_ptr<Buffer> k_buf_;  // post-RoPE
+  std::unique_ptr<Buffer> v_buf_;
 };
 
 }  // namespace qs

@@ -82,6 +82,39 @@ def test_generate_tensor_parallel(qs, tmp_path):
                           "multiple of the world size (3)")
 
 
+def test_kv_dtype(qs, tmp_path, monkeypatch):
+    """--kv-dtype: the full-precision KV rows, shown in the configuration and the stats."""
+    args = ["generate", "-m", model_dir("llama3-tiny"), "-p", "Once upon a time", "-n", "20",
+            "--ignore-eos", "--group-size", "32"]
+    stats = tmp_path / "auto.json"
+    p = qs(*args, "--stats-json", stats)
+    assert "kv dtype f32 (auto)" in p.stderr and "KV full precision (f32 rows)" in p.stderr
+    assert json.loads(stats.read_text())["kv_buffer"] == "f32"
+    for extra in ([], ["--kv", "int8"], ["--mode", "quantspec"], ["--mode", "snapkv"]):
+        stats = tmp_path / "f16.json"
+        p = qs(*args, *extra, "--kv-dtype", "f16", "--stats-json", stats)
+        assert "kv dtype f16," in p.stderr, p.stderr
+        assert json.loads(stats.read_text())["kv_buffer"] == "f16"
+        assert json.loads(stats.read_text())["generated_tokens"] == 20
+    p = qs(*args, "--mode", "quantspec", "--kv-dtype", "F16")  # case-insensitive
+    assert "f16 buffer" in p.stderr
+    monkeypatch.setenv("QS_KV_DTYPE", "f16")
+    p = qs(*args)
+    assert "kv dtype f16," in p.stderr
+    monkeypatch.delenv("QS_KV_DTYPE")
+    # The logits of f16 rows stay close to HF's f32 ones (rounding of K and V only).
+    ids = np.load(f"{golden_dir('llama3-tiny')}/ids_40.npy")
+    ref = np.load(f"{golden_dir('llama3-tiny')}/logits_40.npy")
+    out = tmp_path / "l.npy"
+    qs("logits", "-m", model_dir("llama3-tiny"), "--ids", ",".join(map(str, ids)), "--out", out,
+       "--kv-dtype", "f16")
+    err = np.abs(np.load(out) - ref).max() / np.abs(ref).max()
+    assert 0 < err <= 1e-2
+    bad = qs(*args, "--kv-dtype", "bf16", check=False)
+    assert bad.returncode == 2
+    assert "--kv-dtype" in bad.stderr and "'bf16' is not one of auto|f16|f32" in bad.stderr
+
+
 def test_tokenize_detokenize_roundtrip_on_tokenizer_only_dir(qs):
     tok_dir = f"{REPO}/models/tokenizers/bytelevel"
     texts = ["Hello, world!", "  spaces\tand\ttabs\n", "naïve café 日本語 🙂"]
@@ -368,6 +401,10 @@ def test_bench_matrix_table_and_json(qs, tmp_path):
     assert all(r["drafted"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in spec)
     # "resolved configuration once at start": one banner per engine (mode).
     assert p.stderr.count("quantspec bench: model") == 2
+    assert all(r["kv_buffer"] == "f32" for r in runs)  # the CPU's default rows
+    qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--modes", "ar-fp16,quantspec",
+       "--gammas", "2", "-n", "6", "--group-size", "32", "--kv-dtype", "f16", "-o", out)
+    assert all(r["kv_buffer"] == "f16" for r in json.loads(out.read_text())["runs"])
 
 
 def test_bench_report_tables_and_plots(qs, tmp_path):

@@ -364,6 +364,27 @@ TEST_F(CudaOpsTest, QuantAttentionSweep) {
   report("quantized sweep", worst);
 }
 
+// The same sweep on the cp.async-ring tensor-core path (the default sweep runs head_dim 128 with
+// Gv = head_dim on the register-direct path).
+TEST_F(CudaOpsTest, QuantAttentionSweepRing) {
+  cuda::QuantAttentionTuning ring;
+  ring.direct = false;
+  TuningScope scope(ring);
+  double worst = 0;
+  sweep(gpu(), cpu(), worst);
+  report("quantized sweep, cp.async ring", worst);
+}
+
+// The register-direct path with its other register cap (192: no spilled words).
+TEST_F(CudaOpsTest, QuantAttentionSweepDirect192) {
+  cuda::QuantAttentionTuning t;
+  t.direct_regs = 192;
+  TuningScope scope(t);
+  double worst = 0;
+  sweep(gpu(), cpu(), worst);
+  report("quantized sweep, direct path at 192 registers", worst);
+}
+
 // The same sweep on the CUDA-core path (the fallback, and the path of head_dim 32/256).
 TEST_F(CudaOpsTest, QuantAttentionSweepCudaCores) {
   TuningScope scope({false, 0});

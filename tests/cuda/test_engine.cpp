@@ -1,6 +1,7 @@
 // The whole engine on the GPU (--device cuda): the same greedy tokens as the CPU engine on the
 // bundled trained model, in every decoding mode (AR over each cache, QuantSpec, the sparse-KV
-// drafts), and the same sequence logits through the hierarchical cache.
+// drafts), and the same sequence logits through the hierarchical cache; with f32 full-precision
+// KV rows on both (the CPU's reference rows) and with f16 rows on both (the CUDA default).
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -25,6 +26,7 @@ struct ModeCase {
   KvType kv;
   DraftWeights draft;
   int group_size;
+  KvDType rows = KvDType::kF32;  // the same on both devices (auto would differ)
 };
 
 void PrintTo(const ModeCase& c, std::ostream* os) {
@@ -39,6 +41,7 @@ std::unique_ptr<Engine> load(const ModeCase& c, Device device) {
   o.kv_explicit = c.kv != KvType::kFp16;
   o.draft_weights = c.draft;
   o.group_size = c.group_size;
+  o.kv_dtype = c.rows;
   o.max_context = 1024;
   o.prefill_chunk = 128;  // several chunks: the prefill driver runs on the device too
   auto made = Engine::load(default_model(), o);
@@ -104,8 +107,12 @@ TEST_P(CudaEngineTest, SequenceLogitsMatchTheCpuEngine) {
   ASSERT_TRUE(want.ok()) << want.error().message;
   ASSERT_TRUE(got.ok()) << got.error().message;
   const double err = testing::rel_error(*got, *want);
-  // Quantized caches: code flips at rounding boundaries (see test_model.cpp) bound the agreement.
-  const double bound = c.kv == KvType::kFp16 ? 1e-4 : c.kv == KvType::kInt8 ? 2e-3 : 3e-2;
+  // Quantized caches: code flips at rounding boundaries (see test_model.cpp) bound the agreement;
+  // f16 rows likewise round a few elements to neighbouring f16 values on one side only.
+  const bool f16 = c.rows == KvDType::kF16;
+  const double bound = c.kv == KvType::kFp16   ? (f16 ? 1e-3 : 1e-4)
+                       : c.kv == KvType::kInt8 ? (f16 ? 3e-3 : 2e-3)
+                                               : 3e-2;
   EXPECT_LT(err, bound) << c.name;
   std::printf("[ max rel error ] %s sequence logits (700 tokens): %.3g\n", c.name, err);
 }
@@ -124,6 +131,18 @@ INSTANTIATE_TEST_SUITE_P(
                  DraftWeights::kInt4, 128},
         ModeCase{"snapkv_native", DecodeMode::kSnapKv, KvType::kFp16, DraftWeights::kNative,
                  128}),
+    [](const auto& info) { return std::string(info.param.name); });
+
+INSTANTIATE_TEST_SUITE_P(
+    ModesF16Rows, CudaEngineTest,
+    ::testing::Values(ModeCase{"ar_fp_f16", DecodeMode::kAr, KvType::kFp16, DraftWeights::kInt4,
+                               128, KvDType::kF16},
+                      ModeCase{"ar_int8_f16", DecodeMode::kAr, KvType::kInt8, DraftWeights::kInt4,
+                               64, KvDType::kF16},
+                      ModeCase{"quantspec_int4_f16", DecodeMode::kQuantSpec, KvType::kFp16,
+                               DraftWeights::kInt4, 32, KvDType::kF16},
+                      ModeCase{"snapkv_native_f16", DecodeMode::kSnapKv, KvType::kFp16,
+                               DraftWeights::kNative, 128, KvDType::kF16}),
     [](const auto& info) { return std::string(info.param.name); });
 
 }  // namespace

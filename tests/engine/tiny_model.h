@@ -229,10 +229,11 @@ inline std::vector<double> reference_forward(const ModelConfig& cfg, const Model
   return linear(x, n, w.lm_head, WeightView{});
 }
 
-// A KV cache for cfg in `backend`'s memory: `mode`, `capacity` positions, key group G and the
-// speculation length it must take (quantized modes). Aborts on a bad configuration (a test bug).
+// A KV cache for cfg in `backend`'s memory: `mode`, `capacity` positions, key group G, the
+// speculation length it must take (quantized modes) and the full-precision row type. Aborts on a
+// bad configuration (a test bug).
 inline KvCache model_cache(const ModelConfig& cfg, KvMode mode, int capacity, Backend& backend,
-                           int group_size = 128, int max_gamma = 0) {
+                           int group_size = 128, int max_gamma = 0, DType row_dtype = DType::F32) {
   KvCacheConfig k;
   k.mode = mode;
   k.num_layers = cfg.num_layers;
@@ -241,6 +242,7 @@ inline KvCache model_cache(const ModelConfig& cfg, KvMode mode, int capacity, Ba
   k.group_size = group_size;
   k.max_gamma = max_gamma;
   k.capacity = capacity;
+  k.row_dtype = row_dtype;
   auto made = KvCache::create(k, backend);
   if (!made.ok()) std::abort();
   return std::move(made).value();

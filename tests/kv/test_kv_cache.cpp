@@ -75,7 +75,7 @@ TEST(KvCache, FlushesCompleteCommittedGroupsOnceAndKeepsTheBufferWindow) {
     // The buffer row of position p holds p (target K/V, not the rejected draft's).
     QuantizedKvSegment seg;
     const KvView v = c.view(1, KvQuantView::kTargetInt8, &seg);
-    for (int p = c.fp_base(); p < n; ++p) EXPECT_EQ(v.k[(p - v.fp_base) * 4], float(p));
+    for (int p = c.fp_base(); p < n; ++p) EXPECT_EQ(v.k_f32()[(p - v.fp_base) * 4], float(p));
   }
   EXPECT_EQ(c.flushes(), n / 8);
   // The quantized rows reconstruct the committed values (position-valued rows are exact-ish).
@@ -93,8 +93,30 @@ TEST(KvCache, FullPrecisionModeNeverQuantizes) {
   EXPECT_EQ(c.planes_length(), 0);
   const KvView v = c.view(0, KvQuantView::kTargetInt8, nullptr);
   EXPECT_EQ(v.quantized, nullptr);
-  EXPECT_EQ(v.k[149 * 4], 149.0f);
+  EXPECT_EQ(v.k_f32()[149 * 4], 149.0f);
   EXPECT_FALSE(c.prepare_write(150, 51).ok());  // capacity 200
+}
+
+// The buffer grows geometrically, and straight to the capacity once more than half of it is
+// needed (two large growths would hold 1.5x the final size at once); a prompt reserved up front
+// is one allocation.
+TEST(KvCache, GrowsToTheCapacityBeyondHalfOfIt) {
+  KvCacheConfig cfg = small(KvMode::kFp);
+  cfg.capacity = 1000;
+  KvCache c = std::move(KvCache::create(cfg, cpu())).value();
+  const size_t per_row = 2 * 2 * 4 * sizeof(float);  // K and V, 2 layers, kv_dim 4
+  EXPECT_EQ(c.bytes(), 64 * per_row);                 // the steady buffer
+  ASSERT_TRUE(c.prepare_write(0, 70).ok());
+  EXPECT_EQ(c.bytes(), 128 * per_row);  // doubled
+  ASSERT_TRUE(c.prepare_write(0, 300).ok());
+  EXPECT_EQ(c.bytes(), 300 * per_row);  // what is asked for, when more than double
+  ASSERT_TRUE(c.prepare_write(0, 501).ok());
+  EXPECT_EQ(c.bytes(), 1000 * per_row);  // past half of the capacity: all of it, not 600
+  write_rows(c, 0, 501);
+  c.commit(501);
+  ASSERT_TRUE(c.prepare_write(501, 499).ok());
+  EXPECT_EQ(c.bytes(), 1000 * per_row);  // no further growth up to the capacity
+  EXPECT_FALSE(c.prepare_write(501, 500).ok());
 }
 
 TEST(KvCache, RejectsBadConfigurations) {

@@ -59,7 +59,7 @@ if want sass && [[ -x $cuobjdump_bin ]]; then
 fi
 
 if want test && [[ -x $build/tests/test_cuda ]]; then
-  run_stage test 150 bash -c "'$build/tests/test_cuda' --gtest_filter='${QS_TEST_FILTER:-*}' --gtest_output=xml:'$out/test_cuda.xml' >'$out/test_cuda.log' 2>&1"
+  run_stage test ${QS_TEST_LIMIT:-300} bash -c "'$build/tests/test_cuda' --gtest_filter='${QS_TEST_FILTER:-*}' --gtest_output=xml:'$out/test_cuda.xml' >'$out/test_cuda.log' 2>&1"
 fi
 
 if want sanitize && [[ -x $build/tests/test_cuda ]]; then

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Where the GPU time goes (runs ON the GPU machine, after tools/gpu/check.sh's build stage):
-#   kernels   Nsight Compute (`ncu --set full`, cold L2, clocks left alone) on one call of each
+#   kernels   Nsight Compute (throughput, occupancy, launch, warp-state and scheduler sections;
+#             cold L2, clocks left alone) on a few calls of each
 #             QuantSpec kernel at 32K (bench_ops --profile: the quantized attention draft/target
 #             kernels, the 4-bit GEMV): throughput, occupancy, warp stall reasons.
 #   decode    every kernel of a few decoding steps of `quantspec bench` (QS_PROFILE_DECODE: the
@@ -12,7 +13,8 @@
 #
 # Environment: QS_PROFILE (stages, default both), QS_PROFILE_MODEL (decode: a shape of
 # make_synthetic_model.py, default llama2-7b), QS_PROFILE_CONTEXT (default 32768),
-# QS_PROFILE_MODES (default ar-fp16,ar-int8,quantspec), QS_PROFILE_KERNELS (ncu -k regex), OUT.
+# QS_PROFILE_MODES (default ar-fp16,ar-int8,quantspec), QS_PROFILE_KERNELS (ncu -k regex),
+# QS_PROFILE_SECTIONS (bench_ops sections of the kernels stage, default quantkv,w4mm), OUT.
 set -uo pipefail
 
 source "$(dirname "$0")/lib.sh"
@@ -26,10 +28,13 @@ for stage in ${QS_PROFILE:-kernels decode}; do
     kernels)
       regex=${QS_PROFILE_KERNELS:-attention_quant_kernel|quant_combine|gemv_q4}
       t0=$SECONDS
-      timeout 240 "$ncu_bin" "${ncu_common[@]}" --cache-control all --set full \
-        -k "regex:$regex" "$build/bench/cuda/bench_ops" --quick --profile \
-        --sections quantkv,w4mm >"$out/ncu-kernels.txt" 2>&1
-      echo "kernels: rc $?, $((SECONDS - t0)) s, $(grep -c 'Section: GPU Speed Of Light' "$out/ncu-kernels.txt") kernels profiled"
+      # `--set full` replays each kernel ~38 times: 4 minutes were not enough for this list.
+      timeout 300 "$ncu_bin" "${ncu_common[@]}" --cache-control all --section SpeedOfLight \
+        --section Occupancy --section LaunchStats --section WarpStateStats \
+        --section SchedulerStats --section MemoryWorkloadAnalysis \
+        --section InstructionStats -k "regex:$regex" "$build/bench/cuda/bench_ops" --quick \
+        --profile --sections "${QS_PROFILE_SECTIONS:-quantkv,w4mm}" >"$out/ncu-kernels.txt" 2>&1
+      echo "kernels: rc $?, $((SECONDS - t0)) s, $(grep -c '^==PROF== Profiling' "$out/ncu-kernels.txt") kernels profiled"
       ;;
     decode)
       model=${QS_PROFILE_MODEL:-llama2-7b}

@@ -18,6 +18,15 @@ namespace {
 // Query rows up to which one task serves all queries of a call (shares dequantized blocks).
 constexpr int kShareQueries = 16;
 
+// Elements [offset, offset + n) of full-precision K or V rows as f32: the rows themselves (F32),
+// or their exact conversion into `scratch` (F16; n floats). Every reader of the rows goes through
+// here, so f16 rows give the same arithmetic as f32 rows holding the same values.
+inline const float* fp_row(const void* rows, DType type, int64_t offset, int n, float* scratch) {
+  if (type == DType::F32) return static_cast<const float*>(rows) + offset;
+  to_f32(DType::F16, static_cast<const uint16_t*>(rows) + offset, scratch, static_cast<size_t>(n));
+  return scratch;
+}
+
 // A sparse-KV draft: per (query, query head), the selected positions of its kv head, then the
 // dense tail [dense_from, t]; the same f32 dot / softmax / axpy as the dense path.
 void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const AttentionShape& shape,
@@ -29,8 +38,11 @@ void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const A
   const int group = shape.num_heads / shape.num_kv_heads;
   const int64_t q_row = static_cast<int64_t>(shape.num_heads) * hd;
   const int64_t tasks = static_cast<int64_t>(m) * shape.num_heads;
+  QS_CHECK_MSG(kv_row_dtype_supported(kv.row_dtype), "attention: KV rows are F32 or F16");
   pool_.parallel_for(tasks, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;  // [count + pos + m - dense_from] softmax row
+    thread_local std::vector<float> row;     // [hd] an f16 row as f32
+    if (row.size() < static_cast<size_t>(hd)) row.resize(static_cast<size_t>(hd));
     for (int64_t task = begin; task < end; ++task) {
       const int i = static_cast<int>(task / shape.num_heads);
       const int h = static_cast<int>(task % shape.num_heads);
@@ -44,7 +56,9 @@ void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const A
       const int64_t kv_off = static_cast<int64_t>(kvh) * hd;
       auto position = [&](int j) { return j < sel.count ? sp[j] : sel.dense_from + j - sel.count; };
       for (int j = 0; j < n; ++j) {
-        const float* k_row = kv.k + (position(j) - kv.fp_base) * kv.row_stride + kv_off;
+        const float* k_row =
+            fp_row(kv.k, kv.row_dtype, (position(j) - kv.fp_base) * kv.row_stride + kv_off, hd,
+                   row.data());
         scores[j] = cpu::dot_f32(qh, k_row, hd) * shape.scale;
       }
       const float mx = *std::max_element(scores.begin(), scores.begin() + n);
@@ -56,15 +70,17 @@ void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const A
       const float inv_sum = 1.0f / sum;
       std::fill(oh, oh + hd, 0.0f);
       for (int j = 0; j < n; ++j) {
-        const float* v_row = kv.v + (position(j) - kv.fp_base) * kv.row_stride + kv_off;
+        const float* v_row =
+            fp_row(kv.v, kv.row_dtype, (position(j) - kv.fp_base) * kv.row_stride + kv_off, hd,
+                   row.data());
         cpu::axpy_f32(scores[j] * inv_sum, v_row, oh, hd);
       }
     }
   });
   if (kv.read_bytes) {
     const int64_t rows = sel.count + (pos + m - sel.dense_from);
-    kv.read_bytes->fp += static_cast<int64_t>(shape.num_kv_heads) * 2 * rows * hd *
-                         static_cast<int64_t>(sizeof(float));
+    kv.read_bytes->fp +=
+        static_cast<int64_t>(shape.num_kv_heads) * 2 * rows * hd * kv.row_elem_bytes();
   }
 }
 
@@ -75,6 +91,7 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
   const int hd = shape.head_dim;
   QS_CHECK(shape.num_kv_heads > 0 && shape.num_heads % shape.num_kv_heads == 0);
   QS_CHECK_MSG(kv.length >= pos + m, "attention: the KV view does not cover the queries");
+  QS_CHECK_MSG(kv_row_dtype_supported(kv.row_dtype), "attention: KV rows are F32 or F16");
   if (kv.selection) {
     sparse_attention(pool_, q, m, pos, shape, kv, out);
     return;
@@ -121,6 +138,8 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
         // accumulators: even / odd channels of sum p*s*code ([hd]) and sum p*min per value group.
         thread_local std::vector<float> qw, qm, acc, acc_min;
         thread_local std::vector<float> key_meta;  // [2, hd] a key group's step and min (f32)
+        thread_local std::vector<float> row;       // [hd] an f16 full-precision row as f32
+        if (row.size() < static_cast<size_t>(hd)) row.resize(static_cast<size_t>(hd));
         const size_t qh_count = size_t(rows_per_task) * heads_per_task;
         const size_t need = qh_count * max_len;
         if (scores.size() < need) scores.resize(need);
@@ -196,7 +215,8 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
           }
           for (int i = 0; i < rows_per_task; ++i) {
             for (int t = bq_of(i); t < len_of(i); ++t) {
-              const float* k_row = kv.k + (t - kv.fp_base) * kv.row_stride + kv_off;
+              const float* k_row = fp_row(
+                  kv.k, kv.row_dtype, (t - kv.fp_base) * kv.row_stride + kv_off, hd, row.data());
               for (int j = 0; j < nh; ++j) {
                 srow(i, j)[t] = cpu::dot_f32(qhead(i, j), k_row, hd) * shape.scale;
               }
@@ -262,7 +282,8 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
               }
             }
             for (int t = bq_of(i); t < len_of(i); ++t) {
-              const float* v_row = kv.v + (t - kv.fp_base) * kv.row_stride + kv_off;
+              const float* v_row = fp_row(
+                  kv.v, kv.row_dtype, (t - kv.fp_base) * kv.row_stride + kv_off, hd, row.data());
               for (int j = 0; j < nh; ++j) cpu::axpy_f32(srow(i, j)[t], v_row, ohead(i, j), hd);
             }
           }
@@ -283,7 +304,7 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
       const int64_t key_groups = (bq + G - 1) / G;
       rb.meta += heads * (key_groups * 2 * 2 * hd + bq * 2 * 2 * (hd / qseg->value_group_size));
     }
-    rb.fp += heads * 2 * (t_last + 1 - bq) * hd * static_cast<int64_t>(sizeof(float));
+    rb.fp += heads * 2 * (t_last + 1 - bq) * hd * kv.row_elem_bytes();
   }
 }
 

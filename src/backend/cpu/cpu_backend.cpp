@@ -116,37 +116,60 @@ void CpuBackend::add(float* y, const float* x, int64_t n) {
 
 namespace qs {
 
-void CpuBackend::quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
-                             int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
-                             const QuantizedKvPlanesOut& dst) {
+void CpuBackend::quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,
+                             int64_t row_stride, int num_kv_heads, int head_dim,
+                             int64_t first_group, int n_groups, const QuantizedKvPlanesOut& dst) {
   const int G = dst.group_size;
   QS_CHECK(G > 0 && dst.value_group_size > 0 && n_groups >= 0 && first_group >= 0);
   QS_CHECK((first_group + n_groups) * G <= dst.capacity);
   QS_CHECK(row_stride >= static_cast<int64_t>(num_kv_heads) * head_dim);
+  QS_CHECK_MSG(kv_row_dtype_supported(row_dtype), "quantize_kv: rows are F32 or F16");
+  const bool f16 = row_dtype == DType::F16;
   const int64_t row_bytes = head_dim / 2;
   const int64_t value_groups = head_dim / dst.value_group_size;
   const int64_t key_groups = dst.capacity / G;
-  // One task per (kv head, group); each writes a disjoint slice of every array.
-  auto one = [&](int64_t task) {
+  // One task per (kv head, group); each writes a disjoint slice of every array. F16 rows are
+  // first converted (exactly) into f32 scratch [G, head_dim]: the quantizer then sees the same
+  // f32 values as it would from f32 rows holding them.
+  auto one = [&](int64_t task, std::vector<float>& k32, std::vector<float>& v32) {
     const int h = static_cast<int>(task / n_groups);
     const int64_t g = first_group + task % n_groups;
     const int64_t first_token = g * G;
-    const float* k = k_rows + (first_token - first_group * G) * row_stride + h * head_dim;
-    const float* v = v_rows + (first_token - first_group * G) * row_stride + h * head_dim;
+    const int64_t off = (first_token - first_group * G) * row_stride + h * head_dim;
+    const float* k;
+    const float* v;
+    int64_t stride = row_stride;
+    if (f16) {
+      k32.resize(static_cast<size_t>(G) * head_dim);
+      v32.resize(static_cast<size_t>(G) * head_dim);
+      const auto* k16 = static_cast<const uint16_t*>(k_rows) + off;
+      const auto* v16 = static_cast<const uint16_t*>(v_rows) + off;
+      for (int i = 0; i < G; ++i) {
+        to_f32(DType::F16, k16 + i * row_stride, k32.data() + size_t(i) * head_dim, head_dim);
+        to_f32(DType::F16, v16 + i * row_stride, v32.data() + size_t(i) * head_dim, head_dim);
+      }
+      k = k32.data();
+      v = v32.data();
+      stride = head_dim;
+    } else {
+      k = static_cast<const float*>(k_rows) + off;
+      v = static_cast<const float*>(v_rows) + off;
+    }
     const int64_t codes = (h * dst.capacity + first_token) * row_bytes;
     const int64_t kmeta = (h * key_groups + g) * head_dim;
-    quantize_key_group(k, row_stride, G, head_dim, dst.key_upper + codes, dst.key_lower + codes,
+    quantize_key_group(k, stride, G, head_dim, dst.key_upper + codes, dst.key_lower + codes,
                        dst.key_scale + kmeta, dst.key_min + kmeta);
     for (int i = 0; i < G; ++i) {
       const int64_t row_codes = codes + i * row_bytes;
       const int64_t vmeta = (h * dst.capacity + first_token + i) * value_groups;
-      quantize_value_row(v + i * row_stride, head_dim, dst.value_group_size,
+      quantize_value_row(v + i * stride, head_dim, dst.value_group_size,
                          dst.value_upper + row_codes, dst.value_lower + row_codes,
                          dst.value_scale + vmeta, dst.value_min + vmeta);
     }
   };
   pool_.parallel_for(static_cast<int64_t>(num_kv_heads) * n_groups, [&](int64_t b, int64_t e) {
-    for (int64_t task = b; task < e; ++task) one(task);
+    std::vector<float> k32, v32;
+    for (int64_t task = b; task < e; ++task) one(task, k32, v32);
   });
 }
 

@@ -30,8 +30,9 @@ class CpuBackend final : public Backend {
                  float* out) override;
   void matmul_q4(const float* x, int m, const QuantizedWeight4& w, const WeightView* bias,
                  float* y) override;
-  void quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride, int num_kv_heads,
-                   int head_dim, int64_t first_group, int n_groups,
+  using Backend::quantize_kv;  // the f32 overload
+  void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
+                   int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                    const QuantizedKvPlanesOut& dst) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
   void add(float* y, const float* x, int64_t n) override;

@@ -1,4 +1,5 @@
-// Causal GQA attention over an f32 KV view: split-KV flash-decoding for few query rows, a
+// Causal GQA attention over a full-precision KV view (f32 or f16 rows: T = float or __half, f16
+// converted to f32 on load, all arithmetic in f32): split-KV flash-decoding for few query rows, a
 // flash-attention prefill kernel for many, and the combine step that merges split partials.
 //
 // Every kernel keeps the online-softmax state {o (unnormalized), m (max score), l (sum of
@@ -6,6 +7,8 @@
 // exp(s - max) becomes exp2). Two states merge as m = max(m1, m2),
 // l = l1 2^(m1-m) + l2 2^(m2-m), o = o1 2^(m1-m) + o2 2^(m2-m); a state that saw only masked
 // positions has m = -inf and weight 0. The full score matrix is never materialized.
+#include <cuda_fp16.h>
+
 #include <algorithm>
 #include <climits>
 #include <cmath>
@@ -33,7 +36,7 @@ constexpr int kDecodeUnroll = 4;  // positions per lane group per step (loads in
 
 template <int HD>
 struct DecodeLayout {
-  static constexpr int kVec = HD >= 128 ? HD / 32 : 4;     // floats per lane
+  static constexpr int kVec = HD >= 128 ? HD / 32 : 4;     // elements per lane
   static constexpr int kLanes = HD / kVec;                 // lanes per position: 8, 16 or 32
   static constexpr int kGroups = kDecodeThreads / kLanes;  // positions read side by side
 };
@@ -46,11 +49,7 @@ constexpr size_t decode_smem_bytes() {
          (size_t{QMAX} * HD + size_t{L::kGroups} * QMAX * HD + size_t{L::kGroups} * QMAX * 2);
 }
 
-// Grid: x = query tile (QMAX query vectors of one kv head), y = KV split, z = kv head.
-// A lane group of kLanes lanes reads one K and one V row (kVec floats per lane) and keeps the
-// online-softmax state of every query vector of the tile; the groups of the block merge their
-// states in shared memory at the end.
-template <int HD, int QMAX>
+template <int HD, int QMAX, typename T>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(AttentionArgs a) {
   using L = DecodeLayout<HD>;
   constexpr int kVec = L::kVec, kLanes = L::kLanes, kGroups = L::kGroups;
@@ -97,8 +96,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(Attent
     for (int e = 0; e < kVec; ++e) o[j][e] = 0.0f;
   }
 
-  const float* k_base = a.k + static_cast<int64_t>(kvh) * HD + gl * kVec;
-  const float* v_base = a.v + static_cast<int64_t>(kvh) * HD + gl * kVec;
+  const T* k_base = static_cast<const T*>(a.k) + static_cast<int64_t>(kvh) * HD + gl * kVec;
+  const T* v_base = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * HD + gl * kVec;
   // The step loop is uniform across the block (shuffles below need whole warps).
   for (int t_step = t_begin; t_step < t_end; t_step += kGroups * kDecodeUnroll) {
     float kr[kDecodeUnroll][kVec], vr[kDecodeUnroll][kVec];
@@ -111,11 +110,11 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(Attent
                                            : a.sel_dense_from + (i - a.sel_count);
       tpos[u] = i < t_end ? t : INT_MAX;
       if (i < t_end) {
-        const float4* kp = reinterpret_cast<const float4*>(k_base + t * a.row_stride);
-        const float4* vp = reinterpret_cast<const float4*>(v_base + t * a.row_stride);
+        const T* kp = k_base + t * a.row_stride;
+        const T* vp = v_base + t * a.row_stride;
 #pragma unroll
         for (int e = 0; e < kVec / 4; ++e) {
-          const float4 kv4 = __ldg(kp + e), vv4 = __ldg(vp + e);
+          const float4 kv4 = load4_kv(kp + 4 * e), vv4 = load4_kv(vp + 4 * e);
           kr[u][4 * e] = kv4.x, kr[u][4 * e + 1] = kv4.y, kr[u][4 * e + 2] = kv4.z,
                     kr[u][4 * e + 3] = kv4.w;
           vr[u][4 * e] = vv4.x, vr[u][4 * e + 1] = vv4.y, vr[u][4 * e + 2] = vv4.z,
@@ -233,7 +232,8 @@ constexpr size_t prefill_smem_bytes() {
 
 // Grid: x = tile of kTileRows query rows, y = query head, z = KV split. Thread (ty, tx) owns
 // query rows ty + 16 i, keys tx + 8 j of each key tile and output dims 4 tx + 32 c (+0..3).
-template <int HD>
+// K/V tiles are converted to f32 as they enter shared memory.
+template <int HD, typename T>
 __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_kernel(AttentionArgs a) {
   using L = PrefillLayout<HD>;
   constexpr int R = L::kRows, TR = L::kTileRows, LD = L::kStride, C = L::kChunks;
@@ -276,8 +276,8 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_kernel(Atte
     for (int c = 0; c < C; ++c) o[i][c] = make_float4(0.f, 0.f, 0.f, 0.f);
   }
 
-  const float* k_head = a.k + static_cast<int64_t>(kvh) * HD;
-  const float* v_head = a.v + static_cast<int64_t>(kvh) * HD;
+  const T* k_head = static_cast<const T*>(a.k) + static_cast<int64_t>(kvh) * HD;
+  const T* v_head = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * HD;
   for (int kt0 = t_begin; kt0 < t_end; kt0 += BK) {
     __syncthreads();  // the previous tile is consumed (and q_s is written on the first pass)
     for (int e = tid; e < BK * (HD / 4); e += kPrefillThreads) {
@@ -285,8 +285,8 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_kernel(Atte
       float4 kv = make_float4(0.f, 0.f, 0.f, 0.f), vv = kv;
       if (kt0 + r < t_end) {
         const int64_t off = (kt0 + r) * a.row_stride + 4 * c4;
-        kv = __ldg(reinterpret_cast<const float4*>(k_head + off));
-        vv = __ldg(reinterpret_cast<const float4*>(v_head + off));
+        kv = load4_kv(k_head + off);
+        vv = load4_kv(v_head + off);
       }
       *reinterpret_cast<float4*>(k_s + r * LD + 4 * c4) = kv;
       *reinterpret_cast<float4*>(v_s + r * LD + 4 * c4) = vv;
@@ -426,11 +426,16 @@ void check_args(const AttentionArgs& a) {
   QS_CHECK(a.m >= 1 && a.pos >= 0);
   QS_CHECK(a.num_kv_heads >= 1 && a.num_heads % a.num_kv_heads == 0);
   QS_CHECK_MSG(attention_head_dim_supported(a.head_dim), "attention: unsupported head_dim");
+  QS_CHECK_MSG(a.kv_dtype == DType::F32 || a.kv_dtype == DType::F16,
+               "attention: KV rows are F32 or F16");
   QS_CHECK(a.row_stride >= static_cast<int64_t>(a.num_kv_heads) * a.head_dim);
-  QS_CHECK_MSG(a.row_stride % 4 == 0, "attention: KV row stride must be a multiple of 4 floats");
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.k) |
-                         reinterpret_cast<uintptr_t>(a.v) | reinterpret_cast<uintptr_t>(a.out);
-  QS_CHECK_MSG(bits % 16 == 0, "attention: q, k, v and out must be 16-byte aligned");
+  QS_CHECK_MSG(a.row_stride % 4 == 0, "attention: KV row stride must be a multiple of 4 elements");
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.out);
+  QS_CHECK_MSG(bits % 16 == 0, "attention: q and out must be 16-byte aligned");
+  // K/V are read 4 elements at a time: 16 bytes (f32) or 8 bytes (f16).
+  const uintptr_t kv_bits = reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v);
+  QS_CHECK_MSG(kv_bits % (4 * dtype_size(a.kv_dtype)) == 0,
+               "attention: k and v must be aligned to 4 elements");
   QS_CHECK(a.num_splits >= 1 && a.num_splits <= 65535);
   QS_CHECK(a.split_len >= 1);
   QS_CHECK(static_cast<int64_t>(a.num_splits) * a.split_len >= a.seq_len());
@@ -447,16 +452,25 @@ void set_smem(Kernel kernel, size_t bytes) {
   }
 }
 
-template <int HD, int QMAX>
-void decode_with(const AttentionArgs& a, cudaStream_t stream) {
+template <int HD, int QMAX, typename T>
+void decode_with_type(const AttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = decode_smem_bytes<HD, QMAX>();
-  static const bool configured = (set_smem(attention_decode_kernel<HD, QMAX>, smem), true);
+  static const bool configured = (set_smem(attention_decode_kernel<HD, QMAX, T>, smem), true);
   (void)configured;
   const int group = a.num_heads / a.num_kv_heads;
   const int tiles = (group * a.m + QMAX - 1) / QMAX;
   const dim3 grid(tiles, a.num_splits, a.num_kv_heads);
-  attention_decode_kernel<HD, QMAX><<<grid, kDecodeThreads, smem, stream>>>(a);
+  attention_decode_kernel<HD, QMAX, T><<<grid, kDecodeThreads, smem, stream>>>(a);
   CUDA_CHECK_LAUNCH(stream);
+}
+
+template <int HD, int QMAX>
+void decode_with(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.kv_dtype == DType::F16) {
+    decode_with_type<HD, QMAX, __half>(a, stream);
+  } else {
+    decode_with_type<HD, QMAX, float>(a, stream);
+  }
 }
 
 template <int HD>
@@ -489,16 +503,25 @@ void decode_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
   }
 }
 
-template <int HD>
-void prefill_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
+template <int HD, typename T>
+void prefill_with_type(const AttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = prefill_smem_bytes<HD>();
-  static const bool configured = (set_smem(attention_prefill_kernel<HD>, smem), true);
+  static const bool configured = (set_smem(attention_prefill_kernel<HD, T>, smem), true);
   (void)configured;
   const int tiles = (a.m + PrefillLayout<HD>::kTileRows - 1) / PrefillLayout<HD>::kTileRows;
   QS_CHECK(a.num_heads <= 65535);
   const dim3 grid(tiles, a.num_heads, a.num_splits);
-  attention_prefill_kernel<HD><<<grid, kPrefillThreads, smem, stream>>>(a);
+  attention_prefill_kernel<HD, T><<<grid, kPrefillThreads, smem, stream>>>(a);
   CUDA_CHECK_LAUNCH(stream);
+}
+
+template <int HD>
+void prefill_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.kv_dtype == DType::F16) {
+    prefill_with_type<HD, __half>(a, stream);
+  } else {
+    prefill_with_type<HD, float>(a, stream);
+  }
 }
 
 }  // namespace

@@ -8,10 +8,10 @@
 // operand inside it, so lo stays a normal f16 for all but the smallest elements of a group:
 //  - Q: each query row is scaled by 2^fq so that its largest |q * scale_log2| lies in
 //    [2^13, 2^14) (hi never overflows, lo of the large elements stays normal).
-//  - K and V: a conversion pass splits the f32 rows into hi/lo planes in tiles of 64 keys per
-//    kv head; a tile's K (resp. V) is scaled by 2^ek (2^ev) that puts its largest |k| (|v|)
-//    in [2^13, 2^14). Exponents are clamped to [-30, 30] (|x| < 2^44 stays finite; tiles
-//    below 2^-17 keep absolute accuracy only).
+//  - K and V: a conversion pass splits the rows (f32, or f16 converted to f32 on load) into
+//    hi/lo planes in tiles of 64 keys per kv head; a tile's K (resp. V) is scaled by 2^ek (2^ev)
+//    that puts its largest |k| (|v|) in [2^13, 2^14). Exponents are clamped to [-30, 30]
+//    (|x| < 2^44 stays finite; tiles below 2^-17 keep absolute accuracy only).
 //  - Scores: the S accumulator holds 2^(fq + ek) S; one multiply by 2^-(fq + ek) per element
 //    restores base-2 scores exactly.
 //  - P = exp2(s - max) in [0, 1] is scaled by 2^12 before splitting (lo normal for p >= 2^-15).
@@ -134,19 +134,20 @@ __host__ __device__ __forceinline__ int64_t chunk_offset(int kvh, int tile, int 
 }
 
 // Grid: x = tile of 64 keys, y = kv head. Keys at or past kv_end become zeros (finite V rows
-// for the masked keys of the last tile). exps[kvh * num_tiles + tile] = {ek, ev}.
-template <int HD>
+// for the masked keys of the last tile). exps[kvh * num_tiles + tile] = {ek, ev}. T: the row
+// type (float or __half; f16 rows are converted to f32 first, then split like f32 rows).
+template <int HD, typename T>
 __global__ void __launch_bounds__(kConvThreads)
-    prefill_tc_convert_kernel(const float* __restrict__ k, const float* __restrict__ v,
-                              int64_t row_stride, int kv_end, int num_tiles,
-                              __half* __restrict__ planes, int2* __restrict__ exps) {
+    prefill_tc_convert_kernel(const T* __restrict__ k, const T* __restrict__ v, int64_t row_stride,
+                              int kv_end, int num_tiles, __half* __restrict__ planes,
+                              int2* __restrict__ exps) {
   constexpr int kC4 = HD / 4;                         // float4 per row
   constexpr int kPer = kTcKeys * kC4 / kConvThreads;  // float4 per thread and plane
   static_assert(kTcKeys * kC4 % kConvThreads == 0, "tile must split evenly over threads");
   __shared__ float red[2][kConvThreads / 32];
   const int tile = blockIdx.x, kvh = blockIdx.y;
-  const float* k_head = k + static_cast<int64_t>(kvh) * HD;
-  const float* v_head = v + static_cast<int64_t>(kvh) * HD;
+  const T* k_head = k + static_cast<int64_t>(kvh) * HD;
+  const T* v_head = v + static_cast<int64_t>(kvh) * HD;
 
   float4 kr[kPer], vr[kPer];
   float kmax = 0.0f, vmax = 0.0f;
@@ -158,8 +159,8 @@ __global__ void __launch_bounds__(kConvThreads)
     kr[j] = vr[j] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (t < kv_end) {
       const int64_t off = t * row_stride + 4 * c4;
-      kr[j] = __ldg(reinterpret_cast<const float4*>(k_head + off));
-      vr[j] = __ldg(reinterpret_cast<const float4*>(v_head + off));
+      kr[j] = load4_kv(k_head + off);
+      vr[j] = load4_kv(v_head + off);
     }
     kmax = fmaxf(kmax, max_abs4(kr[j]));
     vmax = fmaxf(vmax, max_abs4(vr[j]));
@@ -481,12 +482,16 @@ void check_tc_args(const AttentionArgs& a, const void* scratch) {
   QS_CHECK(a.num_kv_heads >= 1 && a.num_heads % a.num_kv_heads == 0);
   QS_CHECK_MSG(attention_prefill_tc_supported(a), "attention_prefill_tc: unsupported head_dim");
   QS_CHECK(a.num_heads <= 65535 && a.num_kv_heads <= 65535);
+  QS_CHECK_MSG(a.kv_dtype == DType::F32 || a.kv_dtype == DType::F16,
+               "attention: KV rows are F32 or F16");
   QS_CHECK(a.row_stride >= static_cast<int64_t>(a.num_kv_heads) * a.head_dim);
-  QS_CHECK_MSG(a.row_stride % 4 == 0, "attention: KV row stride must be a multiple of 4 floats");
-  const uintptr_t bits = reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.k) |
-                         reinterpret_cast<uintptr_t>(a.v) | reinterpret_cast<uintptr_t>(a.out) |
+  QS_CHECK_MSG(a.row_stride % 4 == 0, "attention: KV row stride must be a multiple of 4 elements");
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.out) |
                          reinterpret_cast<uintptr_t>(scratch);
-  QS_CHECK_MSG(bits % 16 == 0, "attention: q, k, v, out and scratch must be 16-byte aligned");
+  QS_CHECK_MSG(bits % 16 == 0, "attention: q, out and scratch must be 16-byte aligned");
+  const uintptr_t kv_bits = reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v);
+  QS_CHECK_MSG(kv_bits % (4 * dtype_size(a.kv_dtype)) == 0,
+               "attention: k and v must be aligned to 4 elements");
   QS_CHECK(a.num_splits >= 1 && a.num_splits <= 65535);
   QS_CHECK(a.split_len >= 1);
   QS_CHECK(static_cast<int64_t>(a.num_splits) * a.split_len >= a.pos + a.m);
@@ -499,8 +504,16 @@ void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t str
   const int num_tiles = num_key_tiles(a);
   auto* planes = static_cast<__half*>(scratch);
   auto* exps = reinterpret_cast<int2*>(static_cast<char*>(scratch) + planes_bytes(a));
-  prefill_tc_convert_kernel<HD><<<dim3(num_tiles, a.num_kv_heads), kConvThreads, 0, stream>>>(
-      a.k, a.v, a.row_stride, a.pos + a.m, num_tiles, planes, exps);
+  const dim3 conv_grid(num_tiles, a.num_kv_heads);
+  if (a.kv_dtype == DType::F16) {
+    prefill_tc_convert_kernel<HD, __half><<<conv_grid, kConvThreads, 0, stream>>>(
+        static_cast<const __half*>(a.k), static_cast<const __half*>(a.v), a.row_stride, a.pos + a.m,
+        num_tiles, planes, exps);
+  } else {
+    prefill_tc_convert_kernel<HD, float><<<conv_grid, kConvThreads, 0, stream>>>(
+        static_cast<const float*>(a.k), static_cast<const float*>(a.v), a.row_stride, a.pos + a.m,
+        num_tiles, planes, exps);
+  }
   CUDA_CHECK_LAUNCH(stream);
 
   constexpr size_t smem = TcLayout<HD>::kSmemBytes;

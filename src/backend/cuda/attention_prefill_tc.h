@@ -2,11 +2,11 @@
 // launch_attention_prefill (cuda_ops.h) for head_dim 64 and 128, on mma.sync m16n8k16 with f16
 // hi + lo operand halves and f32 accumulation (about f32 accuracy).
 //
-// Two launches per call: a conversion pass turns the f32 K/V rows [0, pos + m) into f16 hi/lo
-// planes in 64-key tiles, each tile scaled by its own power of two (caller-provided scratch), and
-// the attention kernel streams those tiles through shared memory. Query tiles, splits and the
-// partial-state format are the old kernel's (AttentionArgs), so launch_attention_combine merges
-// split partials unchanged.
+// Two launches per call: a conversion pass turns the K/V rows [0, pos + m) (f32, or f16 read as
+// f32) into f16 hi/lo planes in 64-key tiles, each tile scaled by its own power of two
+// (caller-provided scratch), and the attention kernel streams those tiles through shared memory.
+// Query tiles, splits and the partial-state format are the old kernel's (AttentionArgs), so
+// launch_attention_combine merges split partials unchanged.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -30,7 +30,7 @@ bool attention_prefill_tc_supported(const AttentionArgs& a);
 // Query tiles of the tensor-core kernel (the grid's x): 128 query rows each.
 int attention_prefill_tc_query_tiles(const AttentionArgs& a);
 // Device scratch launch_attention_prefill_tc needs: K/V hi/lo planes of keys [0, pos + m)
-// (as many bytes as the f32 K and V rows themselves) plus one exponent pair per tile.
+// (as many bytes as f32 K and V rows, whatever the row type) plus one exponent pair per tile.
 size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a);
 // Causal GQA prefill attention; a.num_splits / a.split_len / partials as planned by the caller
 // (the combine is launched here when num_splits > 1). scratch: >= the bytes above, 16-aligned.

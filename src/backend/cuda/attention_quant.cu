@@ -67,8 +67,12 @@ constexpr int kQPad = 4;            // floats of padding per query row in shared
 #if defined(__CUDACC_VER_MAJOR__) && \
     (__CUDACC_VER_MAJOR__ > 12 || (__CUDACC_VER_MAJOR__ == 12 && __CUDACC_VER_MINOR__ >= 4))
 #define QS_QUANT_ATTENTION_BOUNDS __maxnreg__(192)
+// The register-direct kernels take their cap as a template parameter (QuantAttentionTuning::
+// direct_regs): 168 fits 6 blocks of 2 warps per SM, 192 fits 4.
+#define QS_QUANT_DIRECT_BOUNDS(regs) __maxnreg__(regs)
 #else
 #define QS_QUANT_ATTENTION_BOUNDS __launch_bounds__(kMaxThreads)
+#define QS_QUANT_DIRECT_BOUNDS(regs) __launch_bounds__(kMaxThreads)
 #endif
 
 // Bytes of one warp's sub-chunk in a pipeline stage: code tiles [32 tokens][head_dim/2] of every
@@ -270,25 +274,49 @@ __device__ __forceinline__ uint32_t lane_codes(const uint8_t* row, int lane) {
   }
 }
 
+// The same for f16 values (full-precision KV rows stored as f16), converted exactly.
+template <int N>
+__device__ __forceinline__ void load_f16(const __half* p, float (&x)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 f = load4_kv(p + 4 * i);
+      x[4 * i] = f.x, x[4 * i + 1] = f.y, x[4 * i + 2] = f.z, x[4 * i + 3] = f.w;
+    }
+  } else if constexpr (N == 2) {
+    const float2 f = __half22float2(__ldg(reinterpret_cast<const __half2*>(p)));
+    x[0] = f.x, x[1] = f.y;
+  } else {
+    x[0] = __half2float(__ldg(p));
+  }
+}
+
 __device__ __forceinline__ float fp16_at(const uint16_t* p, int64_t i) {
   return __half2float(__ushort_as_half(__ldg(p + i)));
 }
 
 // ---- CUDA-core path -------------------------------------------------------------------------
 
-// Full-precision rows of one kv head: this lane's channels of position t.
+// Full-precision rows of one kv head: this lane's channels of position t, as f32 (f16 rows
+// converted on load; the branch is uniform over the grid).
 template <int HD>
 struct FpRows {
   static constexpr int kC = HD / 32;
-  const float* k;  // at kv head, lane channels, position fp_base
-  const float* v;
-  int64_t stride;
+  const void* k;  // at kv head, lane channels, position fp_base (elements of the row type)
+  const void* v;
+  int64_t stride;  // elements
   int base;
+  bool f16;  // rows of f16, else f32
 
   __device__ void load(int t, float (&kx)[kC], float (&vx)[kC]) const {
     const int64_t off = static_cast<int64_t>(t - base) * stride;
-    load_f32<kC>(k + off, kx);
-    load_f32<kC>(v + off, vx);
+    if (f16) {
+      load_f16<kC>(static_cast<const __half*>(k) + off, kx);
+      load_f16<kC>(static_cast<const __half*>(v) + off, vx);
+    } else {
+      load_f32<kC>(static_cast<const float*>(k) + off, kx);
+      load_f32<kC>(static_cast<const float*>(v) + off, vx);
+    }
   }
 };
 
@@ -885,13 +913,17 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
   w.store(o_mine, ml_mine);
 }
 
+#include "backend/cuda/attention_quant_direct.cuh"
+
 // Grid: x = split, y = kv head, z = query group (tiles * QW query vectors of the kv head).
 // Split x reads the quantized positions [x * q_split_len, +q_split_len) below q_end and the
 // full-precision rows [fp_begin + x * fp_split_len, +fp_split_len) below fp_end (either may be
 // empty). Block: tiles * slices warps; warp (ts, qt) = (warp / tiles, warp % tiles) keeps one
 // state per kind, merged at the end with the other slices' states.
-template <int HD, bool INT8, int NG, bool kMma, int QW>
-__global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p) {
+// kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
+// 128, NG 1, tensor cores).
+template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect>
+__device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
   const QuantAttentionArgs& a = p.a;
@@ -951,8 +983,11 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
     const int end = min(p.fp_end, begin + p.fp_split_len);
     RowPath<HD, QW> w;
     w.init(q_warp, lane_valid ? b_lane : 1, lane_valid ? t_lane : 0);
-    const int64_t off = static_cast<int64_t>(kvh) * HD + lane * (HD / 32);
-    const FpRows<HD> rows{a.k + off, a.v + off, a.row_stride, a.fp_base};
+    const int64_t off = static_cast<int64_t>(kvh) * HD + lane * (HD / 32);  // elements
+    const bool f16 = a.kv_dtype == DType::F16;
+    const int64_t off_bytes = off * (f16 ? 2 : 4);
+    const FpRows<HD> rows{static_cast<const char*>(a.k) + off_bytes,
+                          static_cast<const char*>(a.v) + off_bytes, a.row_stride, a.fp_base, f16};
     w.template run<fp_row_unroll<HD>()>(rows, begin, end, ts, p.slices);
     float *o_w, *ml_w;
     state(0, o_w, ml_w);
@@ -963,7 +998,10 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
   const int q_end = min(p.q_end, q_begin + p.q_split_len);
   float *o_q, *ml_q;
   state(1, o_q, ml_q);
-  if constexpr (kMma) {
+  if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
+    direct_path::quant_split_direct<INT8>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q,
+                                          fp_rows);
+  } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q, ml_q,
                                   fp_rows);
   } else {
@@ -1013,6 +1051,16 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
       p.partial_ml[slot * 2 + 1] = l_tot;
     }
   }
+}
+
+template <int HD, bool INT8, int NG, bool kMma, int QW>
+__global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p) {
+  attention_quant_body<HD, INT8, NG, kMma, QW, false>(p);
+}
+
+template <bool INT8, int kRegs>
+__global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
+  attention_quant_body<direct_path::kHD, INT8, 1, true, 8, true>(p);
 }
 
 // ---- split combine --------------------------------------------------------------------------
@@ -1085,6 +1133,7 @@ QuantAttentionTuning g_tuning;
 struct KernelChoice {
   const void* fn = nullptr;
   bool mma = false;
+  bool direct = false;  // tensor cores, register-direct (no shared-memory stages)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
 };
@@ -1118,8 +1167,18 @@ KernelChoice row_kernel() {
 
 // The tensor-core kernels need head_dim 64/128, value groups of whole 16-byte code units and key
 // groups of whole sub-chunks; everything else runs on CUDA cores (e.g. G = 8 in the model tests).
+// The register-direct variant covers head_dim 128 with one value group per token (the default).
 template <bool INT8>
-KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores) {
+KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs) {
+  if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
+    KernelChoice k;
+    k.mma = k.direct = true;
+    k.qw = 8;
+    k.ng = 1;
+    k.fn = regs == 192 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 192>)
+                       : reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 168>);
+    return k;
+  }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
     return hd == 64 ? mma_kernel<64, INT8>(hd / gv) : mma_kernel<128, INT8>(hd / gv);
   }
@@ -1138,10 +1197,13 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores) {
   return {};
 }
 
-KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores) {
+KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct,
+                           int regs) {
   const QuantizedKvSegment& s = a.seg;
-  return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores)
-                : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores);
+  return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
+                                   direct, regs)
+                : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
+                                    direct, regs);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1194,16 +1256,22 @@ void check_args(const QuantAttentionArgs& a) {
                "quantized attention: the queries' boundary is past the quantized capacity");
   QS_CHECK_MSG(a.fp_base >= 0 && a.fp_base <= quant_boundary(a.pos, G),
                "attention: full-precision rows start after the quantization boundary");
+  QS_CHECK_MSG(a.kv_dtype == DType::F32 || a.kv_dtype == DType::F16,
+               "quantized attention: full-precision rows are F32 or F16");
   QS_CHECK(a.row_stride >= static_cast<int64_t>(a.num_kv_heads) * a.head_dim);
   QS_CHECK_MSG(a.row_stride % 4 == 0,
-               "quantized attention: KV row stride must be a multiple of 4 floats");
+               "quantized attention: KV row stride must be a multiple of 4 elements");
+  // Full-precision rows are read at most 4 elements at a time: 16 bytes (f32), 8 bytes (f16).
+  QS_CHECK_MSG((reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v)) %
+                       (4 * dtype_size(a.kv_dtype)) ==
+                   0,
+               "quantized attention: the full-precision rows must be aligned to 4 elements");
   QS_CHECK(s.key_upper && s.value_upper && s.key_scale && s.key_min && s.value_scale &&
            s.value_min);
   QS_CHECK_MSG(!s.int8 || (s.key_lower && s.value_lower),
                "quantized attention: the INT8 view needs both planes");
   uintptr_t bits =
       reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.out) |
-      reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v) |
       reinterpret_cast<uintptr_t>(s.key_upper) | reinterpret_cast<uintptr_t>(s.value_upper) |
       reinterpret_cast<uintptr_t>(s.key_scale) | reinterpret_cast<uintptr_t>(s.key_min) |
       reinterpret_cast<uintptr_t>(s.value_scale) | reinterpret_cast<uintptr_t>(s.value_min);
@@ -1211,8 +1279,8 @@ void check_args(const QuantAttentionArgs& a) {
     bits |= reinterpret_cast<uintptr_t>(s.key_lower) | reinterpret_cast<uintptr_t>(s.value_lower);
   }
   QS_CHECK_MSG(bits % 16 == 0,
-               "quantized attention: q, out, the KV rows and every plane/metadata array must be "
-               "16-byte aligned");
+               "quantized attention: q, out and every plane/metadata array must be 16-byte "
+               "aligned");
 }
 
 int64_t ceil_div(int64_t a, int64_t b) {
@@ -1269,6 +1337,8 @@ void launch_quant_combine(const float* partial_o, const float* partial_ml, int s
 // ---- API ------------------------------------------------------------------------------------
 
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
+  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 168 || tuning.direct_regs == 192,
+               "quantized attention: direct_regs must be 0 (automatic), 168 or 192");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
   g_tuning = tuning;
 }
@@ -1289,6 +1359,7 @@ QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
   a.out = out;
   a.k = kv.k;
   a.v = kv.v;
+  a.kv_dtype = kv.row_dtype;
   a.row_stride = kv.row_stride;
   a.fp_base = kv.fp_base;
   a.seg = *kv.quantized;
@@ -1306,9 +1377,12 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   check_args(a);
   QS_CHECK(num_sms >= 1);
   const QuantAttentionTuning tune = quant_attention_tuning();
-  const KernelChoice kc = choose_kernel(a, tune.tensor_cores);
+  // The query tiling does not depend on the register cap (8 query vectors per warp on every
+  // tensor-core path), so the kernel is chosen again once the tiles are known.
+  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
+  pl.direct = kc.direct;
   pl.queries_per_warp = kc.qw;
   const int hd = a.head_dim, G = a.seg.group_size;
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
@@ -1316,6 +1390,12 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.query_groups = static_cast<int>(ceil_div(tiles, kMaxTiles));
   QS_CHECK(pl.query_groups <= 65535);
   pl.query_tiles = static_cast<int>(ceil_div(tiles, pl.query_groups));
+  // Register cap of the direct path, measured on the H200 (bench_ops quantkv, 32K): one query
+  // tile (2-warp blocks: MHA m <= 8, GQA 4 at m = 1) runs faster at 192 (no spill; Llama-2-7B
+  // draft 93 vs 101 us), several tiles at 168 (more blocks per SM; Llama-3.1-8B m = 5 / 9: 110 /
+  // 165 us vs 119 / 207).
+  pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs : pl.query_tiles == 1 ? 192 : 168;
+  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1328,9 +1408,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.stages = std::clamp(tune.stages > 0 ? tune.stages : kQuantAttentionDefaultStages, 2,
                          kQuantAttentionMaxStages);
   auto smem_for = [&](int chunk, int stages) {
-    const size_t stage_bytes = kc.mma ? static_cast<size_t>(pl.token_slices) * chunk *
-                                            mma_sub_bytes(hd, a.seg.int8, kc.ng)
-                                      : 0;
+    const size_t stage_bytes = kc.mma && !kc.direct
+                                   ? static_cast<size_t>(pl.token_slices) * chunk *
+                                         mma_sub_bytes(hd, a.seg.int8, kc.ng)
+                                   : 0;
     return q_bytes + std::max(stages * stage_bytes, state_bytes) + state_bytes;
   };
   const size_t smem_cap = max_smem_per_block();
@@ -1369,8 +1450,9 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
                             float* partials, cudaStream_t stream) {
   check_args(a);
-  const KernelChoice kc = choose_kernel(a, plan.tensor_cores);
-  QS_CHECK(kc.mma == plan.tensor_cores && kc.qw == plan.queries_per_warp);
+  const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs);
+  QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
+           kc.qw == plan.queries_per_warp);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   const int G = a.seg.group_size;
   const int hd = a.head_dim;
@@ -1393,8 +1475,9 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.stages = plan.stages;
   QS_CHECK(p.chunk >= 1 && p.chunk <= kQuantAttentionMaxChunk && p.stages >= 2 &&
            p.stages <= kQuantAttentionMaxStages);
-  p.stage_bytes =
-      kc.mma ? plan.token_slices * plan.chunk * mma_sub_bytes(hd, a.seg.int8, kc.ng) : 0;
+  p.stage_bytes = kc.mma && !kc.direct
+                      ? plan.token_slices * plan.chunk * mma_sub_bytes(hd, a.seg.int8, kc.ng)
+                      : 0;
   p.partial_o = partials;
   p.partial_ml = partials + plan.splits * num_qv * hd;
   QS_CHECK(p.tiles * kc.qw * static_cast<int64_t>(plan.query_groups) >= p.nq);
@@ -1445,7 +1528,7 @@ void add_quant_attention_read_bytes(int m, int pos, const AttentionShape& shape,
   if (s.int8) rb.lower += codes;
   const int64_t key_groups = (bq + G - 1) / G;
   rb.meta += heads * (key_groups * 2 * 2 * hd + bq * 2 * 2 * (hd / s.value_group_size));
-  rb.fp += heads * 2 * (t_last + 1 - bq) * hd * static_cast<int64_t>(sizeof(float));
+  rb.fp += heads * 2 * (t_last + 1 - bq) * hd * kv.row_elem_bytes();
 }
 
 }  // namespace qs::cuda

@@ -6,7 +6,7 @@
 // Semantics are backend.h's (the CPU reference, backend/cpu/attention.cpp): query i at
 // t = pos + i reads positions [0, b(t)) through the quantized view (INT8: both planes; INT4
 // draft view: the upper plane only, no lower-plane byte is ever touched) and [b(t), t] from the
-// f32 full-precision rows, b = quant_boundary(t, G).
+// full-precision rows (f32 or f16, converted to f32 on load), b = quant_boundary(t, G).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -22,9 +22,10 @@ namespace qs::cuda {
 struct QuantAttentionArgs {
   const float* q = nullptr;  // [m, num_heads * head_dim] f32
   float* out = nullptr;      // [m, num_heads * head_dim] f32
-  const float* k = nullptr;  // full-precision rows: row r = position fp_base + r, post-RoPE
-  const float* v = nullptr;
-  int64_t row_stride = 0;  // floats between rows (multiple of 4)
+  const void* k = nullptr;   // full-precision rows: row r = position fp_base + r, post-RoPE
+  const void* v = nullptr;
+  DType kv_dtype = DType::F32;  // of k and v: F32 or F16
+  int64_t row_stride = 0;       // elements between rows (multiple of 4)
   int fp_base = 0;         // <= every query's boundary
   QuantizedKvSegment seg;  // device pointers; key_lower / value_lower unused when !seg.int8
   int m = 0;
@@ -48,6 +49,9 @@ QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
 // and full-precision rows [b(pos) + x * fp_split_len, +fp_split_len) (either may be empty).
 struct QuantAttentionPlan {
   bool tensor_cores = false;  // quantized part on mma.sync (head_dim 64/128, Gv % 32 == 0)
+  bool direct = false;  // tensor cores, fragments loaded straight into registers (head_dim 128, Gv
+                        // = head_dim): attention_quant_direct.cuh
+  int direct_regs = 192;  // its register cap: 168 or 192
   int queries_per_warp = 8;   // query vectors per warp tile
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -76,6 +80,9 @@ void add_quant_attention_read_bytes(int m, int pos, const AttentionShape& shape,
 // Defaults of the tuning below (one constant each to switch back to the previous kernel:
 // parallel combine false, chunk 1, stages 3).
 constexpr bool kQuantAttentionParallelCombine = true;
+// The register-direct tensor-core path where it applies (false: the cp.async ring everywhere).
+constexpr bool kQuantAttentionDirect = true;
+constexpr int kQuantAttentionDirectRegs = 0;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
@@ -94,6 +101,11 @@ struct QuantAttentionTuning {
   int chunk_subs = 0;
   // > 0: cp.async pipeline stages, 2..kQuantAttentionMaxStages (0: kQuantAttentionDefaultStages).
   int stages = 0;
+  // The register-direct path for head_dim 128 / Gv = head_dim (kQuantAttentionDirect).
+  bool direct = kQuantAttentionDirect;
+  // Its register cap per thread: 168 (6 two-warp blocks per SM, a few spilled words) or 192 (4
+  // blocks); 0: 192 for a single query tile per block, 168 for more (plan_attention_quant).
+  int direct_regs = kQuantAttentionDirectRegs;
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();

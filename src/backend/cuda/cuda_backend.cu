@@ -1,4 +1,5 @@
 #include <cublas_v2.h>
+#include <cuda_profiler_api.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -268,6 +269,11 @@ void CudaBackend::bind_thread() {
   CUDA_CHECK(cudaSetDevice(impl_->options.device));
 }
 
+void CudaBackend::profile_region(bool begin) {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));  // the region holds exactly its own work
+  CUDA_CHECK(begin ? cudaProfilerStart() : cudaProfilerStop());
+}
+
 std::string CudaBackend::description() const {
   const int device = impl_->options.device;  // this backend's, whichever device is current
   cudaDeviceProp prop{};
@@ -323,6 +329,20 @@ void CudaBackend::from_host(const float* src_host, float* dst, size_t n) {
 void CudaBackend::copy(float* dst, const float* src, size_t n) {
   if (n == 0 || dst == src) return;
   CUDA_CHECK(cudaMemcpyAsync(dst, src, n * sizeof(float), cudaMemcpyDeviceToDevice, impl_->stream));
+}
+
+void CudaBackend::copy_bytes(void* dst, const void* src, size_t bytes) {
+  if (bytes == 0 || dst == src) return;
+  CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
+}
+
+void CudaBackend::store_kv_rows(void* dst, DType dst_dtype, const float* src, size_t n) {
+  QS_CHECK_MSG(kv_row_dtype_supported(dst_dtype), "store_kv_rows: rows are F32 or F16");
+  if (dst_dtype == DType::F32) {
+    copy(static_cast<float*>(dst), src, n);
+    return;
+  }
+  cuda::launch_store_f16(src, static_cast<int64_t>(n), dst, impl_->stream);
 }
 
 void CudaBackend::prepare_weights(const ModelWeights& weights) {
@@ -436,13 +456,14 @@ cuda::AttentionArgs make_args(const float* q, int m, int pos, const AttentionSha
   const KvSelection* sel = kv.selection;
   if (kv.read_bytes) {  // what the last query streams, as the CPU backend counts it
     const int64_t rows = sel ? sel->count + (pos + m - sel->dense_from) : pos + m;
-    kv.read_bytes->fp += int64_t{shape.num_kv_heads} * 2 * rows * shape.head_dim *
-                         static_cast<int64_t>(sizeof(float));
+    kv.read_bytes->fp +=
+        int64_t{shape.num_kv_heads} * 2 * rows * shape.head_dim * kv.row_elem_bytes();
   }
   cuda::AttentionArgs a;
   a.q = q;
   a.k = kv.k;
   a.v = kv.v;
+  a.kv_dtype = kv.row_dtype;
   a.out = out;
   a.row_stride = kv.row_stride;
   a.m = m;
@@ -541,11 +562,11 @@ void CudaBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w,
   }
 }
 
-void CudaBackend::quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
-                              int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
-                              const QuantizedKvPlanesOut& dst) {
-  cuda::launch_quantize_kv(k_rows, v_rows, row_stride, num_kv_heads, head_dim, first_group,
-                           n_groups, dst, impl_->stream);
+void CudaBackend::quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,
+                              int64_t row_stride, int num_kv_heads, int head_dim,
+                              int64_t first_group, int n_groups, const QuantizedKvPlanesOut& dst) {
+  cuda::launch_quantize_kv(k_rows, v_rows, row_dtype, row_stride, num_kv_heads, head_dim,
+                           first_group, n_groups, dst, impl_->stream);
 }
 
 void CudaBackend::fill_zero(void* dst, size_t bytes) {

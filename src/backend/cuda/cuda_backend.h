@@ -1,7 +1,8 @@
 // The CUDA backend: every op of backend.h as kernels queued on one CUDA stream, in the order
-// they are called; the host waits only in to_host() and synchronize(). Activations and the KV
-// view are f32 device memory; weights are uploaded once in their file dtype (F32/F16/BF16) and
-// found again by their host address. docs/cuda.md describes the kernels and their choices.
+// they are called; the host waits only in to_host() and synchronize(). Activations are f32 device
+// memory, the KV view's full-precision rows f32 or f16 (read as f32); weights are uploaded once in
+// their file dtype (F32/F16/BF16) and found again by their host address. docs/cuda.md describes
+// the kernels and their choices.
 //
 // This header needs no CUDA headers: the stream is handed out as an opaque pointer.
 #pragma once
@@ -48,8 +49,12 @@ class CudaBackend final : public Backend {
   void to_host(const float* src, float* dst_host, size_t n) override;
   void from_host(const float* src_host, float* dst, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;
+  void copy_bytes(void* dst, const void* src, size_t bytes) override;
+  // F16: a conversion kernel (cuda_ops.h launch_store_f16), bit-identical to the CPU's.
+  void store_kv_rows(void* dst, DType dst_dtype, const float* src, size_t n) override;
   void prepare_weights(const ModelWeights& weights) override;
   void bind_thread() override;
+  void profile_region(bool begin) override;
 
   void embedding(const WeightView& table, const int32_t* ids, int m, float* out) override;
   void rmsnorm(const float* x, const WeightView& weight, int m, float eps, float* out) override;
@@ -64,8 +69,9 @@ class CudaBackend final : public Backend {
   // address of their host codes; m <= kGemvMaxRows per launch (larger m in slices of 16 rows).
   void matmul_q4(const float* x, int m, const QuantizedWeight4& w, const WeightView* bias,
                  float* y) override;
-  void quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride, int num_kv_heads,
-                   int head_dim, int64_t first_group, int n_groups,
+  using Backend::quantize_kv;  // the f32 overload
+  void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
+                   int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                    const QuantizedKvPlanesOut& dst) override;
   void fill_zero(void* dst, size_t bytes) override;
 

@@ -65,6 +65,11 @@ void launch_add_bias_rows(float* y, int m, int64_t n, const DeviceBias& bias, cu
 void launch_split_activations(const float* x, int64_t count, DType dtype, void* hi, void* lo,
                               cudaStream_t stream);
 
+// dst[i] = f16(src[i]) for n values (Backend::store_kv_rows with F16 rows): round to nearest
+// even, finite values beyond +-65504 saturate to +-65504 (core/dtype.h f32_to_f16_sat); inf and
+// NaN stay inf and NaN. src must not overlap dst.
+void launch_store_f16(const float* src, int64_t n, void* dst, cudaStream_t stream);
+
 // ---- gemv.cu --------------------------------------------------------------------------------
 
 // y = x W^T + bias for m <= 16 rows; x: [m, w.cols] f32, y: [m, w.rows] f32. Reads W once
@@ -94,15 +99,18 @@ bool gemv_uses_tensor_cores(const float* x, const DeviceMatrix& w);
 // ---- attention.cu ---------------------------------------------------------------------------
 
 // One attention call (backend.h semantics) as the kernels see it. Query vector qi = row *
-// num_heads + head; its output is out[qi * head_dim, +head_dim).
+// num_heads + head; its output is out[qi * head_dim, +head_dim). K/V rows are f32 or f16
+// (kv_dtype); the kernels convert f16 to f32 on load and compute in f32.
 struct AttentionArgs {
   const float* q = nullptr;     // [m, num_heads * head_dim] f32
-  const float* k = nullptr;     // [>= pos + m, row_stride] f32, post-RoPE; kv head h at h*head_dim
-  const float* v = nullptr;     // [>= pos + m, row_stride] f32
+  const void* k = nullptr;      // [>= pos + m, row_stride] kv_dtype, post-RoPE; kv head h at
+                                // h * head_dim
+  const void* v = nullptr;      // [>= pos + m, row_stride] kv_dtype
+  DType kv_dtype = DType::F32;  // of k and v: F32 or F16
   float* out = nullptr;         // [m, num_heads * head_dim] f32
   float* partial_o = nullptr;   // [num_splits, m * num_heads, head_dim] f32, unnormalized
   float* partial_ml = nullptr;  // [num_splits, m * num_heads, 2] f32: max score (log2 units), sum
-  int64_t row_stride = 0;       // floats between consecutive positions
+  int64_t row_stride = 0;       // elements (of kv_dtype) between consecutive positions
   int m = 0;
   int pos = 0;
   int num_heads = 0;

@@ -36,6 +36,22 @@ __device__ __forceinline__ float load_as_float(const void* p, DType t, int64_t i
   }
 }
 
+// Two f16 values packed in a 32-bit word (the lower one first in memory) as f32.
+__device__ __forceinline__ float2 f16x2_bits_to_float2(uint32_t bits) {
+  return __half22float2(*reinterpret_cast<const __half2*>(&bits));
+}
+
+// Four consecutive elements of read-only KV rows as f32: one 16-byte load of f32, one 8-byte load
+// of f16 (converted exactly). p must be aligned to 4 elements.
+__device__ __forceinline__ float4 load4_kv(const float* p) {
+  return __ldg(reinterpret_cast<const float4*>(p));
+}
+__device__ __forceinline__ float4 load4_kv(const __half* p) {
+  const uint2 u = __ldg(reinterpret_cast<const uint2*>(p));
+  const float2 a = f16x2_bits_to_float2(u.x), b = f16x2_bits_to_float2(u.y);
+  return make_float4(a.x, a.y, b.x, b.y);
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);

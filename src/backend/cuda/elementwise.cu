@@ -147,6 +147,32 @@ __global__ void split_kernel(const float* x, int64_t n, T* hi, T* lo) {
   }
 }
 
+// core/dtype.h's f32_to_f16_sat: round to nearest even; finite values beyond +-65504 saturate
+// (__float2half_rn alone would give inf from 65520 on); inf and NaN pass through.
+__device__ __forceinline__ __half to_f16_sat(float v) {
+  if (isfinite(v)) v = fminf(fmaxf(v, -65504.0f), 65504.0f);
+  return __float2half_rn(v);
+}
+
+__global__ void store_f16_kernel(const float* __restrict__ src, int64_t n,
+                                 __half* __restrict__ dst) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    dst[i] = to_f16_sat(src[i]);
+  }
+}
+
+// Four values per thread: a 16-byte load, an 8-byte store.
+__global__ void store_f16x4_kernel(const float4* __restrict__ src, int64_t n4,
+                                   __half2* __restrict__ dst) {
+  for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
+       i += int64_t(gridDim.x) * blockDim.x) {
+    const float4 v = src[i];
+    dst[2 * i] = __halves2half2(to_f16_sat(v.x), to_f16_sat(v.y));
+    dst[2 * i + 1] = __halves2half2(to_f16_sat(v.z), to_f16_sat(v.w));
+  }
+}
+
 }  // namespace
 
 // ---- launchers ------------------------------------------------------------------------------
@@ -230,6 +256,19 @@ void launch_split_activations(const float* x, int64_t count, DType dtype, void* 
     QS_CHECK(dtype == DType::F16);
     split_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, static_cast<__half*>(hi),
                                                              static_cast<__half*>(lo));
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_store_f16(const float* src, int64_t n, void* dst, cudaStream_t stream) {
+  if (n <= 0) return;
+  const bool aligned =
+      reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
+  if (aligned && n % 4 == 0) {
+    store_f16x4_kernel<<<blocks_for(n / 4), kThreads, 0, stream>>>(
+        reinterpret_cast<const float4*>(src), n / 4, static_cast<__half2*>(dst));
+  } else {
+    store_f16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, n, static_cast<__half*>(dst));
   }
   CUDA_CHECK_LAUNCH(stream);
 }

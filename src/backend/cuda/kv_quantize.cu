@@ -1,5 +1,6 @@
-// The flush of DESIGN §3 on the device: f32 K/V rows -> the hierarchical INT8/INT4 planes
-// (docs/kv-format.md), bit-identical to the CPU reference (quant/kv_quant.h, quant/quant4.h).
+// The flush of DESIGN §3 on the device: f32 or f16 K/V rows -> the hierarchical INT8/INT4 planes
+// (docs/kv-format.md), bit-identical to the CPU reference (quant/kv_quant.h, quant/quant4.h) on
+// the same rows as f32 (f16 rows are converted exactly on load; everything after is unchanged).
 //
 // A block owns one part of one (key group, kv head): G tokens x head_dim channels of K and of V
 // split into gridDim.z parts (key channel pairs and value tokens; more blocks for small flushes,
@@ -130,9 +131,9 @@ __device__ __forceinline__ void combine_in_order(float& lo, float& hi, float lat
 // ---- kernel ----------------------------------------------------------------------------------
 
 struct QuantizeKvArgs {
-  const float* k = nullptr;  // row 0 = first token of the call's first group
-  const float* v = nullptr;
-  int64_t row_stride = 0;
+  const void* k = nullptr;  // row 0 = first token of the call's first group
+  const void* v = nullptr;
+  int64_t row_stride = 0;  // elements
   int head_dim = 0;
   int group_size = 0;        // G
   int value_group_size = 0;  // Gv
@@ -146,16 +147,41 @@ struct QuantizeKvArgs {
   uint16_t* key_min = nullptr;
   uint16_t* value_scale = nullptr;
   uint16_t* value_min = nullptr;
-  bool k_vec2 = false;  // float2 loads of K are aligned
-  bool v_vec4 = false;  // float4 loads of V are aligned
+  bool k_vec2 = false;  // 2-element loads of K are aligned
+  bool v_vec4 = false;  // 4-element loads of V are aligned
 };
+
+// One, two (aligned to 2 elements) or four (aligned to 4) consecutive row elements as f32: the
+// row type T is float, or __half converted exactly.
+__device__ __forceinline__ float load1(const float* p) {
+  return *p;
+}
+__device__ __forceinline__ float load1(const __half* p) {
+  return __half2float(*p);
+}
+__device__ __forceinline__ float2 load2(const float* p) {
+  return *reinterpret_cast<const float2*>(p);
+}
+__device__ __forceinline__ float2 load2(const __half* p) {
+  return __half22float2(*reinterpret_cast<const __half2*>(p));
+}
+__device__ __forceinline__ float4 load4(const float* p) {
+  return *reinterpret_cast<const float4*>(p);
+}
+__device__ __forceinline__ float4 load4(const __half* p) {
+  const uint2 u = *reinterpret_cast<const uint2*>(p);
+  const float2 a = __half22float2(*reinterpret_cast<const __half2*>(&u.x));
+  const float2 b = __half22float2(*reinterpret_cast<const __half2*>(&u.y));
+  return make_float4(a.x, a.y, b.x, b.y);
+}
 
 // Block (group blockIdx.x of the call, kv head blockIdx.y, part blockIdx.z of gridDim.z: key
 // channel pairs [z, z + 1) * pairs / parts and value tokens [z, z + 1) * G / parts);
 // blockDim.x = max(32, head_dim/2 / parts * G/TPT). Dynamic shared memory: G/TPT * head_dim
 // float2.
-// TPT: tokens per key slice (<= G); CPL: value channels per lane (Gv/CPL <= 32 lanes a group).
-template <int TPT, int CPL>
+// TPT: tokens per key slice (<= G); CPL: value channels per lane (Gv/CPL <= 32 lanes a group);
+// T: the row type (float or __half).
+template <int TPT, int CPL, typename T>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const QuantizeKvArgs a) {
   extern __shared__ float2 slice_range[];  // [G / TPT][head_dim]: (lo, hi) per slice, channel
   const int hd = a.head_dim, G = a.group_size;
@@ -174,18 +200,19 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const Quantize
   const int p = part * part_pairs + tid % part_pairs, s = tid / part_pairs;
   float ev[TPT], od[TPT];  // channel 2p / 2p+1 of the slice's tokens
   if (key_thread) {
-    const float* k = a.k + (row0 + static_cast<int64_t>(s) * TPT) * a.row_stride +
-                     static_cast<int64_t>(h) * hd + 2 * p;
+    const T* k = static_cast<const T*>(a.k) +
+                 (row0 + static_cast<int64_t>(s) * TPT) * a.row_stride +
+                 static_cast<int64_t>(h) * hd + 2 * p;
 #pragma unroll
     for (int i = 0; i < TPT; ++i) {
-      const float* r = k + i * a.row_stride;
+      const T* r = k + i * a.row_stride;
       if (a.k_vec2) {
-        const float2 t = *reinterpret_cast<const float2*>(r);
+        const float2 t = load2(r);
         ev[i] = t.x;
         od[i] = t.y;
       } else {
-        ev[i] = r[0];
-        od[i] = r[1];
+        ev[i] = load1(r);
+        od[i] = load1(r + 1);
       }
     }
     float lo0 = INFINITY, hi0 = -INFINITY, lo1 = INFINITY, hi1 = -INFINITY;
@@ -236,7 +263,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const Quantize
   const int item0 = part * total;
   // blockDim.x >= head_dim/2/parts * G/TPT, hence kIters * blockDim.x >= total.
   constexpr int kIters = 2 * TPT / CPL;
-  const float* vbase = a.v + row0 * a.row_stride + static_cast<int64_t>(h) * hd;
+  const T* vbase = static_cast<const T*>(a.v) + row0 * a.row_stride + static_cast<int64_t>(h) * hd;
   float vals[kIters][CPL];
 #pragma unroll
   for (int it = 0; it < kIters; ++it) {
@@ -245,11 +272,11 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const Quantize
     for (int c = 0; c < CPL; ++c) vals[it][c] = 0.0f;
     if (i < total) {
       const int token = (item0 + i) / lanes_per_row, d0 = (i % lanes_per_row) * CPL;
-      const float* r = vbase + static_cast<int64_t>(token) * a.row_stride + d0;
+      const T* r = vbase + static_cast<int64_t>(token) * a.row_stride + d0;
       if (a.v_vec4) {
 #pragma unroll
         for (int c = 0; c < CPL; c += 4) {
-          const float4 t = *reinterpret_cast<const float4*>(r + c);
+          const float4 t = load4(r + c);
           vals[it][c] = t.x;
           vals[it][c + 1] = t.y;
           vals[it][c + 2] = t.z;
@@ -257,7 +284,7 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const Quantize
         }
       } else {
 #pragma unroll
-        for (int c = 0; c < CPL; ++c) vals[it][c] = r[c];
+        for (int c = 0; c < CPL; ++c) vals[it][c] = load1(r + c);
       }
     }
   }
@@ -322,7 +349,8 @@ int choose_parts(int head_dim, int G, int num_kv_heads, int n_groups) {
 }
 
 template <int TPT, int CPL>
-void launch_tpt_cpl(const QuantizeKvArgs& a, int num_kv_heads, int n_groups, cudaStream_t stream) {
+void launch_tpt_cpl(const QuantizeKvArgs& a, bool f16, int num_kv_heads, int n_groups,
+                    cudaStream_t stream) {
   const int slices = a.group_size / TPT;
   const int parts = choose_parts(a.head_dim, a.group_size, num_kv_heads, n_groups);
   QS_CHECK((a.head_dim / 2) % parts == 0 && a.group_size % parts == 0);
@@ -331,22 +359,27 @@ void launch_tpt_cpl(const QuantizeKvArgs& a, int num_kv_heads, int n_groups, cud
   const size_t smem = sizeof(float2) * static_cast<size_t>(slices) * a.head_dim;
   const dim3 grid(static_cast<unsigned>(n_groups), static_cast<unsigned>(num_kv_heads),
                   static_cast<unsigned>(parts));
-  quantize_kv_kernel<TPT, CPL><<<grid, threads, smem, stream>>>(a);
+  if (f16) {
+    quantize_kv_kernel<TPT, CPL, __half><<<grid, threads, smem, stream>>>(a);
+  } else {
+    quantize_kv_kernel<TPT, CPL, float><<<grid, threads, smem, stream>>>(a);
+  }
   CUDA_CHECK_LAUNCH(stream);
 }
 
 template <int TPT>
-void launch_tpt(const QuantizeKvArgs& a, int num_kv_heads, int n_groups, cudaStream_t stream) {
+void launch_tpt(const QuantizeKvArgs& a, bool f16, int num_kv_heads, int n_groups,
+                cudaStream_t stream) {
   if (a.value_group_size <= 128) {
-    launch_tpt_cpl<TPT, 4>(a, num_kv_heads, n_groups, stream);
+    launch_tpt_cpl<TPT, 4>(a, f16, num_kv_heads, n_groups, stream);
   } else {
-    launch_tpt_cpl<TPT, 8>(a, num_kv_heads, n_groups, stream);
+    launch_tpt_cpl<TPT, 8>(a, f16, num_kv_heads, n_groups, stream);
   }
 }
 
 }  // namespace
 
-void launch_quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
+void launch_quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                         int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                         const QuantizedKvPlanesOut& dst, cudaStream_t stream) {
   const int G = dst.group_size, Gv = dst.value_group_size;
@@ -360,6 +393,8 @@ void launch_quantize_kv(const float* k_rows, const float* v_rows, int64_t row_st
       "quantize_kv: the CUDA kernel supports value groups of 4..head_dim (a power of two)");
   QS_CHECK(dst.capacity % G == 0 && (first_group + n_groups) * G <= dst.capacity);
   QS_CHECK(row_stride >= static_cast<int64_t>(num_kv_heads) * head_dim);
+  QS_CHECK_MSG(row_dtype == DType::F32 || row_dtype == DType::F16,
+               "quantize_kv: rows are F32 or F16");
   if (n_groups == 0) return;
   QS_CHECK(k_rows && v_rows && dst.key_upper && dst.key_lower && dst.value_upper &&
            dst.value_lower && dst.key_scale && dst.key_min && dst.value_scale && dst.value_min);
@@ -382,19 +417,21 @@ void launch_quantize_kv(const float* k_rows, const float* v_rows, int64_t row_st
   a.value_min = dst.value_min;
   // Head offsets (h * head_dim) and channel offsets (2p, multiples of 4) keep the vector
   // alignment of the base pointer when the row stride does.
-  a.k_vec2 = reinterpret_cast<uintptr_t>(k_rows) % 8 == 0 && row_stride % 2 == 0;
-  a.v_vec4 = reinterpret_cast<uintptr_t>(v_rows) % 16 == 0 && row_stride % 4 == 0;
+  const bool f16 = row_dtype == DType::F16;
+  const size_t esize = dtype_size(row_dtype);
+  a.k_vec2 = reinterpret_cast<uintptr_t>(k_rows) % (2 * esize) == 0 && row_stride % 2 == 0;
+  a.v_vec4 = reinterpret_cast<uintptr_t>(v_rows) % (4 * esize) == 0 && row_stride % 4 == 0;
   // Key slices of 16 tokens (32 floats in registers per thread); fewer when the group is
   // smaller, more when the block would exceed 1024 threads (head_dim 256 with G 256).
   // A small launch (a flush) takes slices of 8 tokens: twice the threads, half the serial work
   // per thread.
   const bool small = static_cast<int64_t>(n_groups) * num_kv_heads < 128;
   if (G < 16 || (small && head_dim / 2 * (G / 8) <= kMaxThreads)) {
-    launch_tpt<8>(a, num_kv_heads, n_groups, stream);
+    launch_tpt<8>(a, f16, num_kv_heads, n_groups, stream);
   } else if (head_dim / 2 * (G / 16) <= kMaxThreads) {
-    launch_tpt<16>(a, num_kv_heads, n_groups, stream);
+    launch_tpt<16>(a, f16, num_kv_heads, n_groups, stream);
   } else {
-    launch_tpt<32>(a, num_kv_heads, n_groups, stream);
+    launch_tpt<32>(a, f16, num_kv_heads, n_groups, stream);
   }
 }
 

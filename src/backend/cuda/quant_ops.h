@@ -20,12 +20,13 @@ namespace qs::cuda {
 
 // Backend::quantize_kv on the device: key groups [first_group, first_group + n_groups) of every
 // kv head of one layer into `dst` (device arrays, the layout of docs/kv-format.md). k_rows,
-// v_rows: [n_groups * G, row_stride] f32. Codes and fp16 metadata are bit-identical to
-// quant/kv_quant.h (same operation order, IEEE division, round-half-to-even, directed fp16
-// rounding of min/scale, first-wins min/max as the CPU's sequential scan). Supported: head_dim
+// v_rows: [n_groups * G, row_stride] of row_dtype (F32, or F16 converted exactly on load;
+// row_stride in elements). Codes and fp16 metadata are bit-identical to quant/kv_quant.h on the
+// rows as f32 (same operation order, IEEE division, round-half-to-even, directed fp16 rounding of
+// min/scale, first-wins min/max as the CPU's sequential scan). Supported: head_dim
 // 32/64/128/256, G a power of two in [8, 256], Gv a power of two >= 8 dividing head_dim
 // (QS_CHECK otherwise). n_groups == 0 launches nothing.
-void launch_quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride,
+void launch_quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                         int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                         const QuantizedKvPlanesOut& dst, cudaStream_t stream);
 

@@ -1,0 +1,393 @@
+// The register-direct tensor-core path of attention_quant.cu (included there, after its device
+// helpers): head_dim 128, one value group per token (Gv = head_dim), key groups of whole 32-token
+// sub-chunks. Same arithmetic as MmaPath (centred codes, queries folded with the key group's step
+// and split into f16 hi + lo, p * value step split likewise, q . min and p . min in f32), but the
+// code fragments come straight from global memory into registers, one sub-chunk ahead, instead of
+// through a cp.async ring in shared memory and ldmatrix. ncu on the ring version (2026-11-29,
+// Llama-2-7B shape, 32K, draft): 50 warp instructions per (token, kv head), two thirds of them
+// address arithmetic, stage bookkeeping and barriers; 41-66 KB of shared memory per 2-warp block
+// left 6-10 warps per SM. Here every warp runs on its own (no block barrier in the loop) and the
+// block needs shared memory only for the queries and the states.
+//
+// Fragment maps (lane = (r, c) = (lane / 4, lane % 4)); the order of channels inside a dot product
+// is free as long as both operands agree:
+//  - keys, S^T = K Q'^T, m-tile = 16 tokens (rows r, r + 8), k-step ks = 2w + h (w, h < 4, 2):
+//    the lane loads 16 bytes of each of its two token rows at byte 16c (channels [32c, 32c + 32)),
+//    k-slots 2c, 2c+1, 2c+8, 2c+9 are channels 32c + 8w + 4h + {0, 2, 1, 3};
+//  - values, O^T += V^T P^T, m-tile u < 8 (rows r, r + 8 are channels 16r + 8(u / 4) + 2(u % 4)
+//    and that + 1), k-step = 16 tokens (k-slots 2c, 2c+1, 2c+8, 2c+9 in natural order): the lane
+//    loads 8 bytes (channels [16r, 16r + 16)) of each of its four tokens.
+#pragma once
+
+namespace direct_path {
+
+constexpr int kHD = 128;
+constexpr int kTok = 32;  // tokens per sub-chunk (two 16-token steps)
+
+// One sub-chunk's codes and value metadata as this lane needs them.
+template <bool INT8>
+struct Chunk {
+  uint4 ku[2][2];  // keys: [step][row r / r + 8], 16 bytes at 16c
+  uint4 kl[INT8 ? 2 : 1][2];
+  uint2 vu[2][4];  // values: [step][token 2c, 2c+1, 2c+8, 2c+9], 8 bytes at 8r
+  uint2 vl[INT8 ? 2 : 1][4];
+  uint16_t vs[2][2];  // value scale / min (fp16) of tokens 16 st + 8 jb + r
+  uint16_t vm[2][2];
+};
+
+// Pointers of one kv head (token 0) for Chunk loads.
+struct Head {
+  const uint8_t* ku;
+  const uint8_t* kl;
+  const uint8_t* vu;
+  const uint8_t* vl;
+  const uint16_t* vs;
+  const uint16_t* vm;
+};
+
+template <bool INT8>
+__device__ __forceinline__ void load_chunk(const Head& hd, int t_sub, Chunk<INT8>& ch) {
+  const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+  constexpr int RB = kHD / 2;
+#pragma unroll
+  for (int st = 0; st < 2; ++st) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int64_t off = static_cast<int64_t>(t_sub + 16 * st + 8 * j + r) * RB + 16 * c;
+      ch.ku[st][j] = load_stream_16(reinterpret_cast<const uint4*>(hd.ku + off));
+      if constexpr (INT8) ch.kl[st][j] = load_stream_16(reinterpret_cast<const uint4*>(hd.kl + off));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int tok = t_sub + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
+      const int64_t off = static_cast<int64_t>(tok) * RB + 8 * r;
+      ch.vu[st][i] = __ldg(reinterpret_cast<const uint2*>(hd.vu + off));
+      if constexpr (INT8) ch.vl[st][i] = __ldg(reinterpret_cast<const uint2*>(hd.vl + off));
+    }
+#pragma unroll
+    for (int jb = 0; jb < 2; ++jb) {
+      const int tok = t_sub + 16 * st + 8 * jb + r;
+      ch.vs[st][jb] = __ldg(hd.vs + tok);
+      ch.vm[st][jb] = __ldg(hd.vm + tok);
+    }
+  }
+}
+
+__device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+__device__ __forceinline__ uint32_t word_at(const uint2& v, int i) {
+  return i == 0 ? v.x : v.y;
+}
+
+template <bool INT8>
+struct DirectPath {
+  static constexpr int HD = kHD;
+  static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
+  static constexpr float kCenter = INT8 ? 120.0f : 8.0f;  // as MmaPath: centred codes
+  static constexpr uint32_t kBias = INT8 ? 0x64806480u : 0x64086408u;
+  static constexpr int kQStride = HD + kQPad;
+
+  uint32_t bq_hi[8][2], bq_lo[8][2];  // folded query r's B fragments per k-step
+  float inv_f[2], qm[2];              // 2^-F and q.mid of queries 2c, 2c+1
+  float o[8][4];                      // O^T m-tiles, scaled by 2^E
+  float m_run[2], l_part[2], acc_min[2];
+  int e_run;
+  int bq[2];  // quantized positions [0, bq) visible to queries 2c, 2c+1
+
+  __device__ void init(int b0, int b1) {
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) o[u][i] = 0.0f;
+    }
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      m_run[k] = kNegInf;
+      l_part[k] = 0.0f;
+      acc_min[k] = 0.0f;
+    }
+    e_run = 64;
+    bq[0] = b0;
+    bq[1] = b1;
+  }
+
+  // Query r (q_row: its pre-scaled [HD] row) folded with the key group's scale/min (global).
+  __device__ void fold_queries(const float* q_row, const uint16_t* k_scale, const uint16_t* k_min) {
+    const int lane = threadIdx.x & 31, c = lane & 3;
+    float x[32];
+    float amax = 0.0f, qmp = 0.0f;
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+      const int d0 = 32 * c + 8 * w;
+      const float4 q0 = *reinterpret_cast<const float4*>(q_row + d0);
+      const float4 q1 = *reinterpret_cast<const float4*>(q_row + d0 + 4);
+      const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+      const uint4 sr = __ldg(reinterpret_cast<const uint4*>(k_scale + d0));
+      const uint4 mr = __ldg(reinterpret_cast<const uint4*>(k_min + d0));
+      const uint32_t sw[4] = {sr.x, sr.y, sr.z, sr.w}, mw[4] = {mr.x, mr.y, mr.z, mr.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 s2 = __half22float2(*reinterpret_cast<const __half2*>(&sw[i]));
+        const float2 m2 = __half22float2(*reinterpret_cast<const __half2*>(&mw[i]));
+        x[8 * w + 2 * i] = qv[2 * i] * (s2.x * kStepMul);
+        x[8 * w + 2 * i + 1] = qv[2 * i + 1] * (s2.y * kStepMul);
+        qmp = fmaf(qv[2 * i], fmaf(kCenter, s2.x * kStepMul, m2.x), qmp);
+        qmp = fmaf(qv[2 * i + 1], fmaf(kCenter, s2.y * kStepMul, m2.y), qmp);
+        amax = fmaxf(amax, fmaxf(fabsf(x[8 * w + 2 * i]), fabsf(x[8 * w + 2 * i + 1])));
+      }
+    }
+    // The four lanes of query r hold all of its channels.
+    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+    qmp += __shfl_xor_sync(kFullMask, qmp, 1);
+    qmp += __shfl_xor_sync(kFullMask, qmp, 2);
+    const int f = amax > 0.0f ? max(-100, min(100, 13 - ilogbf(amax))) : 0;
+    const float sf = exp2i(f);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int b = 8 * w + 4 * h;
+        split_f16x2(x[b] * sf, x[b + 2] * sf, bq_hi[2 * w + h][0], bq_lo[2 * w + h][0]);
+        split_f16x2(x[b + 1] * sf, x[b + 3] * sf, bq_hi[2 * w + h][1], bq_lo[2 * w + h][1]);
+      }
+    }
+    // Queries 2c and 2c+1 are folded by lanes 8c and 8c + 4.
+    const float isf = exp2i(-f);
+    inv_f[0] = __shfl_sync(kFullMask, isf, 8 * c);
+    inv_f[1] = __shfl_sync(kFullMask, isf, 8 * c + 4);
+    qm[0] = __shfl_sync(kFullMask, qmp, 8 * c);
+    qm[1] = __shfl_sync(kFullMask, qmp, 8 * c + 4);
+  }
+
+  __device__ void process(const Chunk<INT8>& ch, int t_sub) {
+    const int lane = threadIdx.x & 31, r = lane >> 2;
+
+    // Scores: s[st][i], i = (token r | 8 + r) x (query 2c | 2c + 1).
+    float s[2][4];
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      float acc_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t ev[2], od[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          codes_even_odd<INT8>(word_at(ch.ku[st][j], w),
+                               INT8 ? word_at(ch.kl[INT8 ? st : 0][j], w) : 0u, ev[j], od[j]);
+        }
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const uint32_t sel = h ? 0x4342u : 0x4140u;
+          const uint32_t a0 = codes_to_f16x2(ev[0], sel, kBias);
+          const uint32_t a1 = codes_to_f16x2(ev[1], sel, kBias);
+          const uint32_t a2 = codes_to_f16x2(od[0], sel, kBias);
+          const uint32_t a3 = codes_to_f16x2(od[1], sel, kBias);
+          mma_f16(acc_hi, a0, a1, a2, a3, bq_hi[2 * w + h][0], bq_hi[2 * w + h][1]);
+          mma_f16(acc_lo, a0, a1, a2, a3, bq_lo[2 * w + h][0], bq_lo[2 * w + h][1]);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int k = i & 1;
+        const int tok = t_sub + 16 * st + 8 * (i >> 1) + r;
+        s[st][i] = tok < bq[k] ? (acc_hi[i] + acc_lo[i]) * inv_f[k] + qm[k] : kNegInf;
+      }
+    }
+
+    // Online softmax per query column (the 8 lanes of a column share its state).
+    float corr[2], p[2][4];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      float mx = fmaxf(fmaxf(s[0][k], s[0][k + 2]), fmaxf(s[1][k], s[1][k + 2]));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 4));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 8));
+      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 16));
+      const float m_new = fmaxf(m_run[k], mx);
+      if (m_new == kNegInf) {
+        corr[k] = 1.0f;
+        p[0][k] = p[0][k + 2] = p[1][k] = p[1][k + 2] = 0.0f;
+      } else {
+        corr[k] = exp2f(m_run[k] - m_new);
+#pragma unroll
+        for (int st = 0; st < 2; ++st) {
+          p[st][k] = exp2f(s[st][k] - m_new);
+          p[st][k + 2] = exp2f(s[st][k + 2] - m_new);
+        }
+      }
+      m_run[k] = m_new;
+      l_part[k] = l_part[k] * corr[k] + ((p[0][k] + p[0][k + 2]) + (p[1][k] + p[1][k + 2]));
+      acc_min[k] *= corr[k];
+    }
+
+    // Value steps of this lane's tokens 16 st + 8 jb + r; the min terms in f32.
+    float vstep[2][2];
+    float vmax = 0.0f;
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+#pragma unroll
+      for (int jb = 0; jb < 2; ++jb) {
+        vstep[st][jb] = __half2float(__ushort_as_half(ch.vs[st][jb])) * kStepMul;
+        vmax = fmaxf(vmax, vstep[st][jb]);
+        const float vmid = fmaf(kCenter, vstep[st][jb], __half2float(__ushort_as_half(ch.vm[st][jb])));
+#pragma unroll
+        for (int k = 0; k < 2; ++k) acc_min[k] = fmaf(p[st][2 * jb + k], vmid, acc_min[k]);
+      }
+    }
+    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 4));
+    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 8));
+    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 16));
+    const int e_step = vmax > 0.0f ? 13 - ilogbf(vmax) : e_run;
+    const int e_new = min(e_run, e_step);
+    const float fe = exp2i(e_new - e_run);
+    e_run = e_new;
+    const float se = exp2i(e_new);
+    const float c0 = corr[0] * fe, c1 = corr[1] * fe;
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      o[u][0] *= c0;
+      o[u][1] *= c1;
+      o[u][2] *= c0;
+      o[u][3] *= c1;
+    }
+
+    // O^T += V^T P^T, 16 tokens per k-step.
+#pragma unroll
+    for (int st = 0; st < 2; ++st) {
+      uint32_t bh[2], bl[2];
+#pragma unroll
+      for (int jb = 0; jb < 2; ++jb) {
+        const float w = vstep[st][jb] * se;
+        uint32_t h, l;
+        split_f16x2(p[st][2 * jb] * w, p[st][2 * jb + 1] * w, h, l);
+        bh[jb] = movmatrix_trans(h);
+        bl[jb] = movmatrix_trans(l);
+      }
+#pragma unroll
+      for (int wi = 0; wi < 2; ++wi) {
+        // Even / odd channel codes of tokens 2c, 2c+1, 2c+8, 2c+9 (word wi: channels 16r + 8wi..).
+        uint32_t ev[4], od[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+          codes_even_odd<INT8>(word_at(ch.vu[st][i], wi),
+                               INT8 ? word_at(ch.vl[INT8 ? st : 0][i], wi) : 0u, ev[i], od[i]);
+        }
+#pragma unroll
+        for (int half = 0; half < 2; ++half) {  // bytes {0, 1} or {2, 3} of each word
+          const uint32_t pair_sel = half ? 0x7362u : 0x5140u;
+          // [t0.b, t1.b, t0.b+1, t1.b+1] for tokens (2c, 2c+1) and (2c+8, 2c+9).
+          const uint32_t e01 = __byte_perm(ev[0], ev[1], pair_sel);
+          const uint32_t e89 = __byte_perm(ev[2], ev[3], pair_sel);
+          const uint32_t o01 = __byte_perm(od[0], od[1], pair_sel);
+          const uint32_t o89 = __byte_perm(od[2], od[3], pair_sel);
+#pragma unroll
+          for (int bb = 0; bb < 2; ++bb) {
+            const int u = 4 * wi + 2 * half + bb;
+            const uint32_t sel = bb ? 0x4342u : 0x4140u;
+            const uint32_t a0 = codes_to_f16x2(e01, sel, kBias);  // row r: channel, tokens 2c, 2c+1
+            const uint32_t a1 = codes_to_f16x2(o01, sel, kBias);  // row r + 8: channel + 1
+            const uint32_t a2 = codes_to_f16x2(e89, sel, kBias);
+            const uint32_t a3 = codes_to_f16x2(o89, sel, kBias);
+            mma_f16(o[u], a0, a1, a2, a3, bh[0], bh[1]);
+            mma_f16(o[u], a0, a1, a2, a3, bl[0], bl[1]);
+          }
+        }
+      }
+    }
+  }
+
+  // o_s: [8][HD], ml_s: [8][2] of this warp's tile.
+  __device__ void store(float* o_s, float* ml_s) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) {
+        l_part[k] += __shfl_xor_sync(kFullMask, l_part[k], off);
+        acc_min[k] += __shfl_xor_sync(kFullMask, acc_min[k], off);
+      }
+    }
+    const float ie = exp2i(-e_run);
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int ch = 16 * r + 8 * (u >> 2) + 2 * (u & 3);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int q = 2 * c + (i & 1);
+        o_s[q * HD + ch + (i >> 1)] = o[u][i] * ie + acc_min[i & 1];
+      }
+    }
+    if (r == 0) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        ml_s[2 * (2 * c + k)] = m_run[k];
+        ml_s[2 * (2 * c + k) + 1] = l_part[k];
+      }
+    }
+  }
+};
+
+// A quantized split [begin, end) of kv head kvh: slice `ts` of the block's warps takes the
+// contiguous positions [begin + ts * len, +len), len = q_split_len / slices, one sub-chunk ahead
+// in registers. No shared memory and no barrier: `overlap()` (the full-precision rows) runs first.
+template <bool INT8, class Overlap>
+__device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
+                                                   int ts, int qv_warp, const float* q_warp,
+                                                   float* o_mine, float* ml_mine,
+                                                   const Overlap& overlap) {
+  const QuantAttentionArgs& a = p.a;
+  const int lane = threadIdx.x & 31, c = lane & 3;
+  const int G = a.seg.group_size;
+  const int64_t C = a.seg.capacity;
+  const int slice_len = p.q_split_len / p.slices;
+  const int b = begin + ts * slice_len, e = min(end, b + slice_len);
+  const int n_subs = e > b ? (e - b) / kTok : 0;
+  const int64_t codes = static_cast<int64_t>(kvh) * C * (kHD / 2);
+  const Head head{a.seg.key_upper + codes,
+                  INT8 ? a.seg.key_lower + codes : nullptr,
+                  a.seg.value_upper + codes,
+                  INT8 ? a.seg.value_lower + codes : nullptr,
+                  a.seg.value_scale + static_cast<int64_t>(kvh) * C,
+                  a.seg.value_min + static_cast<int64_t>(kvh) * C};
+  const uint16_t* k_scale = a.seg.key_scale + static_cast<int64_t>(kvh) * (C / G) * kHD;
+  const uint16_t* k_min = a.seg.key_min + static_cast<int64_t>(kvh) * (C / G) * kHD;
+
+  // INT4: the next sub-chunk is loaded while this one is computed (2 x 40 registers); INT8 (twice
+  // the codes) loads each sub-chunk just before use and relies on the other warps.
+  constexpr bool kPrefetch = !INT8;
+  // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
+  overlap();
+  Chunk<INT8> cur;
+  if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, b, cur);
+
+  DirectPath<INT8> w;
+  {
+    int bnd[2];
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+      const int qv = qv_warp + 2 * c + k;
+      bnd[k] = qv < p.nq ? quant_boundary_dev(a.pos + qv / p.group, G) : 0;
+    }
+    w.init(bnd[0], bnd[1]);
+  }
+  const float* q_row = q_warp + (lane >> 2) * DirectPath<INT8>::kQStride;
+  for (int j = 0; j < n_subs; ++j) {
+    const int t_sub = b + j * kTok;
+    Chunk<INT8> nxt;
+    if (kPrefetch) {
+      if (j + 1 < n_subs) load_chunk<INT8>(head, t_sub + kTok, nxt);
+    } else {
+      load_chunk<INT8>(head, t_sub, cur);
+    }
+    if (j == 0 || t_sub % G == 0) {
+      const int64_t grp = t_sub / G;
+      w.fold_queries(q_row, k_scale + grp * kHD, k_min + grp * kHD);
+    }
+    w.process(cur, t_sub);
+    if (kPrefetch) cur = nxt;
+  }
+  w.store(o_mine, ml_mine);
+}
+
+}  // namespace direct_path
