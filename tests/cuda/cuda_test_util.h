@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -92,6 +93,38 @@ class DeviceArray {
 
  private:
   Backend* be_;
+  std::unique_ptr<Buffer> buf_;
+};
+
+// Raw bytes in backend memory (through the backend's float buffers, rounded up to whole floats
+// plus one spare; the copies are memcpy, so any bit pattern survives).
+class DeviceBytes {
+ public:
+  DeviceBytes(Backend& be, const void* host, size_t bytes)
+      : be_(&be), bytes_(bytes), buf_(be.alloc((bytes + 3) / 4 + 1)) {
+    std::vector<float> staging(buf_->size(), 0.0f);
+    std::memcpy(staging.data(), host, bytes);
+    be.from_host(staging.data(), buf_->data(), staging.size());
+  }
+  template <typename T>
+  DeviceBytes(Backend& be, const std::vector<T>& host)
+      : DeviceBytes(be, host.data(), host.size() * sizeof(T)) {}
+  uint8_t* data() const { return reinterpret_cast<uint8_t*>(buf_->data()); }
+  template <typename T>
+  T* as() const {
+    return reinterpret_cast<T*>(buf_->data());
+  }
+  std::vector<uint8_t> to_host() const {
+    std::vector<float> staging(buf_->size());
+    be_->to_host(buf_->data(), staging.data(), staging.size());
+    std::vector<uint8_t> out(bytes_);
+    std::memcpy(out.data(), staging.data(), bytes_);
+    return out;
+  }
+
+ private:
+  Backend* be_;
+  size_t bytes_;
   std::unique_ptr<Buffer> buf_;
 };
 

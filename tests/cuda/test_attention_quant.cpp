@@ -32,32 +32,13 @@ namespace {
 
 using testing::CudaOpsTest;
 using testing::DeviceArray;
+using testing::DeviceBytes;
 using testing::random_normal;
 using testing::rel_error;
 
 double tolerance(int len) {
   return len <= 4099 ? 2e-5 : 5e-5;
 }
-
-// Bytes in backend memory (a float buffer, rounded up).
-class DeviceBytes {
- public:
-  template <typename T>
-  DeviceBytes(Backend& be, const std::vector<T>& host) {
-    const size_t bytes = host.size() * sizeof(T);
-    std::vector<float> staged((bytes + 3) / 4 + 1, 0.0f);
-    std::memcpy(staged.data(), host.data(), bytes);
-    buf_ = be.alloc(staged.size());
-    be.from_host(staged.data(), buf_->data(), staged.size());
-  }
-  template <typename T>
-  const T* as() const {
-    return reinterpret_cast<const T*>(buf_->data());
-  }
-
- private:
-  std::unique_ptr<Buffer> buf_;
-};
 
 // How the K/V values are drawn.
 enum class Values {

@@ -34,6 +34,7 @@ namespace {
 
 using testing::CudaOpsTest;
 using testing::DeviceArray;
+using testing::DeviceBytes;
 using testing::random_normal;
 using testing::rel_error;
 
@@ -43,40 +44,13 @@ double tolerance(int kv_len) {
   return kv_len <= 4099 ? 2e-5 : 5e-5;
 }
 
-// Raw bytes in backend memory (through the backend's float buffers, copies are memcpy).
-class DeviceRaw {
- public:
-  DeviceRaw(Backend& be, const void* host, size_t bytes)
-      : be_(&be), bytes_(bytes), buf_(be.alloc((bytes + 3) / 4 + 1)) {
-    std::vector<float> staging(buf_->size(), 0.0f);
-    std::memcpy(staging.data(), host, bytes);
-    be.from_host(staging.data(), buf_->data(), staging.size());
-  }
-  template <typename T>
-  explicit DeviceRaw(Backend& be, const std::vector<T>& host)
-      : DeviceRaw(be, host.data(), host.size() * sizeof(T)) {}
-  void* data() const { return buf_->data(); }
-  std::vector<uint8_t> to_host() const {
-    std::vector<float> staging(buf_->size());
-    be_->to_host(buf_->data(), staging.data(), staging.size());
-    std::vector<uint8_t> out(bytes_);
-    std::memcpy(out.data(), staging.data(), bytes_);
-    return out;
-  }
-
- private:
-  Backend* be_;
-  size_t bytes_;
-  std::unique_ptr<Buffer> buf_;
-};
-
 // Rows as f16 bits and as the f32 values those bits hold (host), and device copies of both.
 struct F16Kv {
   int len, kv_heads, head_dim;
   int64_t stride;
   std::vector<uint16_t> k16, v16;
   std::vector<float> k32, v32;
-  std::unique_ptr<DeviceRaw> k16_dev, v16_dev;
+  std::unique_ptr<DeviceBytes> k16_dev, v16_dev;
   std::unique_ptr<DeviceArray> k32_dev, v32_dev;
 
   // kf, vf: the values before rounding (stride-padded rows).
@@ -85,8 +59,8 @@ struct F16Kv {
       : len(len_), kv_heads(kvh), head_dim(hd), stride(int64_t{kvh} * hd + pad) {
     round(kf, k16, k32);
     round(vf, v16, v32);
-    k16_dev = std::make_unique<DeviceRaw>(gpu, k16);
-    v16_dev = std::make_unique<DeviceRaw>(gpu, v16);
+    k16_dev = std::make_unique<DeviceBytes>(gpu, k16);
+    v16_dev = std::make_unique<DeviceBytes>(gpu, v16);
     k32_dev = std::make_unique<DeviceArray>(gpu, k32);
     v32_dev = std::make_unique<DeviceArray>(gpu, v32);
   }
@@ -113,8 +87,8 @@ struct F16Kv {
     return v;
   }
   KvView gpu_view(int fp_base = 0) const {
-    KvView v{static_cast<const uint16_t*>(k16_dev->data()) + fp_base * stride,
-             static_cast<const uint16_t*>(v16_dev->data()) + fp_base * stride, stride, len};
+    KvView v{k16_dev->as<const uint16_t>() + fp_base * stride,
+             v16_dev->as<const uint16_t>() + fp_base * stride, stride, len};
     v.row_dtype = DType::F16;
     v.fp_base = fp_base;
     return v;
@@ -305,7 +279,7 @@ struct QuantF16Kv {
   int64_t capacity;
   std::vector<uint8_t> ku, kl, vu, vl;
   std::vector<uint16_t> ks, km, vs, vm;
-  std::vector<std::unique_ptr<DeviceRaw>> dev;  // ku kl vu vl ks km vs vm
+  std::vector<std::unique_ptr<DeviceBytes>> dev;  // ku kl vu vl ks km vs vm
 
   QuantF16Kv(CudaBackend& gpu, CpuBackend& cpu, int len, int hd, int G_, int gv_, uint64_t seed)
       : rows(gpu, len, kKvHeads, hd, 0, seed), G(G_), gv(gv_) {
@@ -321,16 +295,16 @@ struct QuantF16Kv {
       cpu.quantize_kv(rows.k16.data(), rows.v16.data(), DType::F16, rows.stride, kKvHeads, hd, 0,
                       groups, out);
     }
-    for (const auto* a : {&ku, &kl, &vu, &vl}) dev.push_back(std::make_unique<DeviceRaw>(gpu, *a));
-    for (const auto* a : {&ks, &km, &vs, &vm}) dev.push_back(std::make_unique<DeviceRaw>(gpu, *a));
+    for (const auto* a : {&ku, &kl, &vu, &vl}) dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
+    for (const auto* a : {&ks, &km, &vs, &vm}) dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
   }
 
   QuantizedKvSegment segment(bool int8, bool device) const {
     auto u8 = [&](int i, const std::vector<uint8_t>& h) {
-      return device ? static_cast<const uint8_t*>(dev[i]->data()) : h.data();
+      return device ? dev[i]->as<const uint8_t>() : h.data();
     };
     auto u16 = [&](int i, const std::vector<uint16_t>& h) {
-      return device ? static_cast<const uint16_t*>(dev[i]->data()) : h.data();
+      return device ? dev[i]->as<const uint16_t>() : h.data();
     };
     QuantizedKvSegment s;
     s.key_upper = u8(0, ku), s.value_upper = u8(2, vu);
@@ -502,13 +476,13 @@ void run_flush(CudaBackend& gpu, CpuBackend& cpu, int heads, int hd, int G, int 
   for (int i = 0; i < 8; ++i) ASSERT_EQ(want.a[i], want16.a[i]) << "CPU f16 rows, array " << i;
   // The GPU over the f16 rows, into poisoned arrays.
   const FlushArrays poison(heads, hd, G, gv, capacity);
-  std::vector<std::unique_ptr<DeviceRaw>> dev;
+  std::vector<std::unique_ptr<DeviceBytes>> dev;
   uint8_t* pd[8];
   for (int i = 0; i < 8; ++i) {
-    dev.push_back(std::make_unique<DeviceRaw>(gpu, poison.a[i]));
+    dev.push_back(std::make_unique<DeviceBytes>(gpu, poison.a[i]));
     pd[i] = static_cast<uint8_t*>(dev.back()->data());
   }
-  const DeviceRaw kd(gpu, k16), vd(gpu, v16);
+  const DeviceBytes kd(gpu, k16), vd(gpu, v16);
   gpu.quantize_kv(kd.data(), vd.data(), DType::F16, stride, heads, hd, first_group, n_groups,
                   FlushArrays::out(pd, capacity, G, gv));
   static const char* kNames[8] = {"key_upper", "key_lower", "value_upper", "value_lower",
@@ -568,8 +542,8 @@ TEST_F(CudaOpsTest, F16RowsStoreKvRowsMatchesTheCpuBits) {
   for (auto [n, src_off, dst_off] :
        {std::tuple{4000, 0, 0}, {5001, 0, 0}, {1, 0, 0}, {1000, 1, 0}, {1000, 0, 1}}) {
     const std::vector<uint16_t> poison(size_t(n) + 8, 0x7e01);
-    DeviceRaw dst(gpu(), poison);
-    gpu().store_kv_rows(static_cast<uint16_t*>(dst.data()) + dst_off, DType::F16,
+    DeviceBytes dst(gpu(), poison);
+    gpu().store_kv_rows(dst.as<uint16_t>() + dst_off, DType::F16,
                         src_dev.data() + src_off, size_t(n));
     const std::vector<uint8_t> bytes = dst.to_host();
     std::vector<uint16_t> got(poison.size());

@@ -33,6 +33,7 @@ namespace {
 
 using testing::CudaOpsTest;
 using testing::DeviceArray;
+using testing::DeviceBytes;
 using testing::HostWeight;
 using testing::random_normal;
 using testing::rel_error;
@@ -58,31 +59,6 @@ class Rng {
 
  private:
   uint64_t state_;
-};
-
-// Raw bytes in backend memory (through the backend's float buffers; the copies are memcpy, so
-// any bit pattern survives).
-class DeviceBytes {
- public:
-  DeviceBytes(Backend& be, const std::vector<uint8_t>& host)
-      : be_(&be), bytes_(host.size()), buf_(be.alloc((host.size() + 3) / 4)) {
-    std::vector<float> staging(buf_->size());
-    std::memcpy(staging.data(), host.data(), bytes_);
-    be.from_host(staging.data(), buf_->data(), staging.size());
-  }
-  uint8_t* data() const { return reinterpret_cast<uint8_t*>(buf_->data()); }
-  std::vector<uint8_t> to_host() const {
-    std::vector<float> staging(buf_->size());
-    be_->to_host(buf_->data(), staging.data(), staging.size());
-    std::vector<uint8_t> out(bytes_);
-    std::memcpy(out.data(), staging.data(), bytes_);
-    return out;
-  }
-
- private:
-  Backend* be_;
-  size_t bytes_;
-  std::unique_ptr<Buffer> buf_;
 };
 
 // ---- quantize_kv --------------------------------------------------------------------------------

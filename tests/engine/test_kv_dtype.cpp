@@ -28,11 +28,7 @@ ModelConfig config() {
 }
 
 std::unique_ptr<LlmEngine> make_engine(const TinyModel& tiny, EngineOptions o) {
-  if (o.num_threads == 0) o.num_threads = 2;
-  if (o.max_context == 0) o.max_context = 1024;
-  Result<std::unique_ptr<LlmEngine>> e = LlmEngine::create(tiny.cfg, tiny.weights, std::nullopt, o);
-  EXPECT_TRUE(e.ok()) << e.error().message;
-  return e.ok() ? std::move(e).value() : nullptr;
+  return testing::make_tiny_engine(tiny, o);
 }
 
 EngineOptions options(DecodeMode mode, KvType kv, KvDType rows, int group = 32, int gamma = 0) {

@@ -134,9 +134,7 @@ ModelConfig sparse_config() {
 std::unique_ptr<LlmEngine> make_engine(const TinyModel& tiny, EngineOptions o) {
   o.num_threads = 2;
   o.max_context = 512;
-  auto e = LlmEngine::create(tiny.cfg, tiny.weights, std::nullopt, o);
-  EXPECT_TRUE(e.ok()) << e.error().message;
-  return e.ok() ? std::move(e).value() : nullptr;
+  return testing::make_tiny_engine(tiny, o);
 }
 
 // Prompt ids below 97 (the tiny model's vocabulary is larger).

@@ -2,6 +2,8 @@
 // forward pass (written independently of src/engine and src/backend) to check them against.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <cmath>
 #include <cstdlib>
 #include <cstdint>
@@ -12,6 +14,7 @@
 
 #include "core/dtype.h"
 #include "engine/engine.h"
+#include "engine/llm_engine.h"
 #include "kv/kv_cache.h"
 #include "model/config.h"
 #include "model/weights.h"
@@ -262,6 +265,16 @@ inline GenerationParams greedy_params(int n) {
   p.max_new_tokens = n;
   p.stop_at_eos = false;
   return p;
+}
+
+// An engine over the tiny model without a tokenizer: 2 threads and 1024 positions unless `o` sets
+// them; nullptr (and a test failure) when it cannot be created.
+inline std::unique_ptr<LlmEngine> make_tiny_engine(const TinyModel& tiny, EngineOptions o) {
+  if (o.num_threads == 0) o.num_threads = 2;
+  if (o.max_context == 0) o.max_context = 1024;
+  Result<std::unique_ptr<LlmEngine>> e = LlmEngine::create(tiny.cfg, tiny.weights, std::nullopt, o);
+  EXPECT_TRUE(e.ok()) << e.error().message;
+  return e.ok() ? std::move(e).value() : nullptr;
 }
 
 }  // namespace qs::testing

@@ -486,6 +486,51 @@ struct RowPath {
 
 // ---- tensor-core path -----------------------------------------------------------------------
 
+// Online softmax over a warp's 32-token sub-chunk in the S^T fragment layout: this lane's scores
+// s[st][i], i = (token r | r + 8) x (query 2c | 2c + 1); the 8 lanes of a query column share its
+// state. Updates the running max and sum, gives the weights p (2^(s - max)) and the factor corr
+// by which every earlier contribution of the query is scaled.
+__device__ __forceinline__ void online_softmax_sub(const float (&s)[2][4], float (&m_run)[2],
+                                                   float (&l_part)[2], float (&corr)[2],
+                                                   float (&p)[2][4]) {
+#pragma unroll
+  for (int k = 0; k < 2; ++k) {
+    float mx = fmaxf(fmaxf(s[0][k], s[0][k + 2]), fmaxf(s[1][k], s[1][k + 2]));
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 4));
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 8));
+    mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 16));
+    const float m_new = fmaxf(m_run[k], mx);
+    if (m_new == kNegInf) {
+      corr[k] = 1.0f;
+      p[0][k] = p[0][k + 2] = p[1][k] = p[1][k + 2] = 0.0f;
+    } else {
+      corr[k] = exp2f(m_run[k] - m_new);
+#pragma unroll
+      for (int st = 0; st < 2; ++st) {
+        p[st][k] = exp2f(s[st][k] - m_new);
+        p[st][k + 2] = exp2f(s[st][k + 2] - m_new);
+      }
+    }
+    m_run[k] = m_new;
+    l_part[k] = l_part[k] * corr[k] + ((p[0][k] + p[0][k + 2]) + (p[1][k] + p[1][k + 2]));
+  }
+}
+
+// The power-of-two scale 2^E of the value operand: the largest step (vmax, this lane's; reduced
+// over the warp here) times 2^E stays below 2^14, and E never grows, so earlier contributions are
+// only ever scaled down, exactly. Returns 2^E; fe = 2^(E_new - E_old) rescales the accumulators.
+__device__ __forceinline__ float value_scale_step(float vmax, int& e_run, float& fe) {
+  vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 4));
+  vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 8));
+  vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 16));
+  const int e_step = vmax > 0.0f ? 13 - ilogbf(vmax) : e_run;
+  const int e_new = min(e_run, e_step);
+  fe = exp2i(e_new - e_run);
+  e_run = e_new;
+  return exp2i(e_new);
+}
+
+
 // One warp: 8 query vectors (tile columns), lane = (r, c) = (lane / 4, lane % 4) in mma terms.
 // Fragment maps (channel offsets within a 16-byte unit u = 32 channels of a code row):
 //  - key k-step (u, h): k-slots 2c, 2c+1, 2c+8, 2c+9 are channels 32u + 8c + 4h + {0, 2, 1, 3};
@@ -653,29 +698,8 @@ struct MmaPath {
       }
     }
 
-    // Online softmax per query column (the 8 lanes of a column share its state).
     float corr[2], p[2][4];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float mx = fmaxf(fmaxf(s[0][k], s[0][k + 2]), fmaxf(s[1][k], s[1][k + 2]));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 16));
-      const float m_new = fmaxf(m_run[k], mx);
-      if (m_new == kNegInf) {
-        corr[k] = 1.0f;
-        p[0][k] = p[0][k + 2] = p[1][k] = p[1][k + 2] = 0.0f;
-      } else {
-        corr[k] = exp2f(m_run[k] - m_new);
-#pragma unroll
-        for (int st = 0; st < 2; ++st) {
-          p[st][k] = exp2f(s[st][k] - m_new);
-          p[st][k + 2] = exp2f(s[st][k + 2] - m_new);
-        }
-      }
-      m_run[k] = m_new;
-      l_part[k] = l_part[k] * corr[k] + ((p[0][k] + p[0][k + 2]) + (p[1][k] + p[1][k + 2]));
-    }
+    online_softmax_sub(s, m_run, l_part, corr, p);
 
     // Value metadata of this lane's tokens 16 st + 8 jb + r.
     const __half* vsc = reinterpret_cast<const __half*>(sub + kVMeta);
@@ -702,16 +726,8 @@ struct MmaPath {
         }
       }
     }
-    // Scale of the value operand: the largest step * 2^E stays below 2^14 (E never grows, so
-    // earlier contributions are only ever scaled down, exactly).
-    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 4));
-    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 8));
-    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 16));
-    const int e_step = vmax > 0.0f ? 13 - ilogbf(vmax) : e_run;
-    const int e_new = min(e_run, e_step);
-    const float fe = exp2i(e_new - e_run);
-    e_run = e_new;
-    const float se = exp2i(e_new);
+    float fe;
+    const float se = value_scale_step(vmax, e_run, fe);
     const float c0 = corr[0] * fe, c1 = corr[1] * fe;
 #pragma unroll
     for (int u = 0; u < R; ++u) {

@@ -196,30 +196,10 @@ struct DirectPath {
       }
     }
 
-    // Online softmax per query column (the 8 lanes of a column share its state).
     float corr[2], p[2][4];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      float mx = fmaxf(fmaxf(s[0][k], s[0][k + 2]), fmaxf(s[1][k], s[1][k + 2]));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 4));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 8));
-      mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 16));
-      const float m_new = fmaxf(m_run[k], mx);
-      if (m_new == kNegInf) {
-        corr[k] = 1.0f;
-        p[0][k] = p[0][k + 2] = p[1][k] = p[1][k + 2] = 0.0f;
-      } else {
-        corr[k] = exp2f(m_run[k] - m_new);
-#pragma unroll
-        for (int st = 0; st < 2; ++st) {
-          p[st][k] = exp2f(s[st][k] - m_new);
-          p[st][k + 2] = exp2f(s[st][k + 2] - m_new);
-        }
-      }
-      m_run[k] = m_new;
-      l_part[k] = l_part[k] * corr[k] + ((p[0][k] + p[0][k + 2]) + (p[1][k] + p[1][k + 2]));
-      acc_min[k] *= corr[k];
-    }
+    online_softmax_sub(s, m_run, l_part, corr, p);
+    acc_min[0] *= corr[0];
+    acc_min[1] *= corr[1];
 
     // Value steps of this lane's tokens 16 st + 8 jb + r; the min terms in f32.
     float vstep[2][2];
@@ -235,14 +215,8 @@ struct DirectPath {
         for (int k = 0; k < 2; ++k) acc_min[k] = fmaf(p[st][2 * jb + k], vmid, acc_min[k]);
       }
     }
-    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 4));
-    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 8));
-    vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 16));
-    const int e_step = vmax > 0.0f ? 13 - ilogbf(vmax) : e_run;
-    const int e_new = min(e_run, e_step);
-    const float fe = exp2i(e_new - e_run);
-    e_run = e_new;
-    const float se = exp2i(e_new);
+    float fe;
+    const float se = value_scale_step(vmax, e_run, fe);
     const float c0 = corr[0] * fe, c1 = corr[1] * fe;
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
