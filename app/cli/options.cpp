@@ -26,6 +26,14 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                     "the buffer of the quantized caches): f32, f16, or auto (f16 on cuda, f32 "
                     "on cpu) [default: auto]",
                     "QS_KV_DTYPE");
+  const std::map<std::string, PrefillMatmul> prefill_matmuls{{"exact", PrefillMatmul::kExact},
+                                                              {"bf16", PrefillMatmul::kBf16}};
+  add_choice_option(app, "--prefill-matmul", opts.engine.prefill_matmul, prefill_matmuls,
+                    "Prefill matmuls on cuda: exact (f32 activations as bf16 hi + lo, two GEMMs: "
+                    "f32-level logits) or bf16 (activations rounded to bf16, one GEMM, about "
+                    "twice as fast, like HF transformers in bf16); the CPU always computes in "
+                    "f32 [default: exact]",
+                    "QS_PREFILL_MATMUL");
   app.add_option("--threads", opts.engine.num_threads, "CPU threads (0: all cores)")
       ->envname("QS_THREADS")
       ->check(CLI::Range(0, 1024));

@@ -66,6 +66,9 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
                     : fmt::format("cpu ({} threads)", threads));
   backend += fmt::format(", tensor parallel {}, kv dtype {}{}", tp, rows_name,
                          eo.kv_dtype == KvDType::kAuto ? " (auto)" : "");
+  if (eo.device == Device::kCuda) {
+    backend += fmt::format(", prefill matmul {}", prefill_matmul_name(eo.prefill_matmul));
+  }
   fmt::print(stderr,
              "  backend {}, context {} tokens, {} {:.3f} GiB, "
              "prefill chunk {}\n",
@@ -118,6 +121,9 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
       {"mode", decode_mode_name(options.mode)},
       {"kv", options.mode == DecodeMode::kQuantSpec ? "quantspec" : kv_type_name(options.kv)},
       {"kv_buffer", kv_dtype_name(resolve_kv_dtype(options))},  // the full-precision rows
+      // Prefill matmul arithmetic: the GPU's choice, f32 on the CPU.
+      {"prefill_matmul",
+       options.device == Device::kCuda ? prefill_matmul_name(options.prefill_matmul) : "f32"},
       {"kv_cache_bytes", engine.kv_cache_bytes()},
       {"group_size", options.group_size},
       {"backend", device_name(options.device)},

@@ -45,6 +45,10 @@ const char* kv_dtype_name(KvDType t) {
   return "auto";
 }
 
+const char* prefill_matmul_name(PrefillMatmul p) {
+  return p == PrefillMatmul::kBf16 ? "bf16" : "exact";
+}
+
 KvDType resolve_kv_dtype(const EngineOptions& options) {
   if (options.kv_dtype != KvDType::kAuto) return options.kv_dtype;
   return options.device == Device::kCuda ? KvDType::kF16 : KvDType::kF32;

@@ -28,6 +28,12 @@ enum class KvType : uint8_t { kFp16, kInt8, kInt4 };
 // full-precision buffer of the hierarchical cache): kAuto = f16 on cuda, f32 (the exact
 // reference) on the cpu.
 enum class KvDType : uint8_t { kAuto, kF32, kF16 };
+
+// Prefill matmuls (m > 16 rows) on the GPU: kExact splits the f32 activations into bf16 hi + lo
+// (two tensor-core GEMMs, f32-level results: the oracle's setting), kBf16 rounds them to bf16 (one
+// GEMM, twice as fast; what HF transformers computes with bf16 weights). The CPU always computes
+// in f32.
+enum class PrefillMatmul : uint8_t { kExact, kBf16 };
 // Draft weights: 4-bit group-128 for every linear layer incl. lm_head, for the MLP only, or the
 // original weights (a KV-only draft).
 enum class DraftWeights : uint8_t { kInt4, kInt4Mlp, kNative };
@@ -48,6 +54,7 @@ struct EngineOptions {
   int tensor_parallel = 1;
   int max_context = 0;      // KV cache capacity in tokens; 0: min(model max, 8192) [TODO: grows]
   int prefill_chunk = 512;  // prompt tokens per prefill forward (bounds activation memory)
+  PrefillMatmul prefill_matmul = PrefillMatmul::kExact;  // GPU only
   DecodeMode mode = DecodeMode::kAr;
   KvType kv = KvType::kFp16;  // AR modes only; an error with kQuantSpec unless kFp16
   bool kv_explicit = false;   // kv was chosen by the user (so kQuantSpec can reject it)
@@ -72,6 +79,7 @@ const char* decode_mode_name(DecodeMode mode);
 const char* kv_type_name(KvType kv);
 // "auto", "f32", "f16".
 const char* kv_dtype_name(KvDType t);
+const char* prefill_matmul_name(PrefillMatmul p);
 // The row type `options` runs with: kF32 or kF16, never kAuto (kAuto: kF16 on cuda, else kF32).
 KvDType resolve_kv_dtype(const EngineOptions& options);
 const char* draft_weights_name(DraftWeights w);

@@ -115,6 +115,23 @@ def test_kv_dtype(qs, tmp_path, monkeypatch):
     assert "--kv-dtype" in bad.stderr and "'bf16' is not one of auto|f16|f32" in bad.stderr
 
 
+def test_prefill_matmul(qs, tmp_path):
+    """--prefill-matmul: a GPU choice (exact | bf16); the CPU computes in f32 either way."""
+    args = ["generate", "-m", model_dir("llama3-tiny"), "-p", "Once upon a time", "-n", "12",
+            "--ignore-eos"]
+    outs = {}
+    for choice in ("exact", "bf16"):
+        stats = tmp_path / f"{choice}.json"
+        qs(*args, "--prefill-matmul", choice, "--stats-json", stats)
+        j = json.loads(stats.read_text())
+        assert j["prefill_matmul"] == "f32"  # on the CPU
+        outs[choice] = j["tokens"]
+    assert outs["exact"] == outs["bf16"]
+    bad = qs(*args, "--prefill-matmul", "fp8", check=False)
+    assert bad.returncode == 2
+    assert "--prefill-matmul" in bad.stderr and "'fp8' is not one of bf16|exact" in bad.stderr
+
+
 def test_tokenize_detokenize_roundtrip_on_tokenizer_only_dir(qs):
     tok_dir = f"{REPO}/models/tokenizers/bytelevel"
     texts = ["Hello, world!", "  spaces\tand\ttabs\n", "naïve café 日本語 🙂"]
