@@ -5,7 +5,9 @@
 
 Per model and context: every mode at its best gamma (highest decode tokens/s, repeats
 averaged) with tokens/s, ms/token, speedup vs AR fp16 and vs AR INT8 (when those ran),
-acceptance, KV cache and peak device memory; then the gamma sweep of the speculative modes.
+acceptance, KV cache and peak device memory; then the gamma sweep of the speculative modes, and
+the ms/token projected from each speculative cell's measured phase times for acceptance rates
+0.85 / 0.90 / 0.95 (the phases do not depend on acceptance, so random-weight runs give them too).
 Plots (matplotlib): speedup vs context, acceptance vs gamma, memory vs context.
 """
 import argparse
@@ -16,6 +18,15 @@ import statistics
 import sys
 
 BASELINES = ("ar-fp16", "ar-int8")
+ALPHAS = (0.85, 0.90, 0.95)
+
+
+def projected_ms(draft_ms, verify_ms, gamma, alpha):
+    """ms/token of rounds of `gamma` draft steps and one verification when each draft token is
+    accepted with probability alpha: E[tokens per round] = (1 - alpha^(gamma+1)) / (1 - alpha)
+    (the accepted prefix plus the target's own token)."""
+    tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha)
+    return (gamma * draft_ms + verify_ms) / tokens
 
 
 def load(paths):
@@ -110,8 +121,33 @@ def markdown(reports):
                 lines.append(f"| {ctx} | {mode} | {g} | {c['acceptance_rate']:.3f} | "
                              f"{c['mean_accepted_length']:.2f} | {c['decode_tok_s']:.1f} | "
                              f"{c['draft_ms_per_step']:.3f} | {c['verify_ms_per_step']:.3f} |")
+        lines += projection_lines(cs, best)
         lines.append("")
     return "\n".join(lines)
+
+
+def projection_lines(cs, best):
+    """The projected table (mode first in each row, so rows never start with a context)."""
+    spec = sorted((k for k, c in cs.items()
+                   if k[2] and c.get("draft_ms_per_step", 0) > 0 and c.get("verify_ms_per_step", 0) > 0),
+                  key=lambda k: (k[1], k[0], k[2]))
+    if not spec:
+        return []
+    head = " | ".join(f"α={a:.2f}: ms/token (vs AR fp16, vs AR INT8)" for a in ALPHAS)
+    lines = ["", "Projected from the measured phases (ms/token = (γ·draft + verify) / E[tokens per "
+             "round]):", "", f"| mode | context | γ | draft ms/step | verify ms/round | {head} |",
+             "|---|---:|---:|---:|---:|" + "---:|" * len(ALPHAS)]
+    for mode, ctx, g in spec:
+        c = cs[(mode, ctx, g)]
+        parts = []
+        for a in ALPHAS:
+            ms = projected_ms(c["draft_ms_per_step"], c["verify_ms_per_step"], g, a)
+            vs = [f"{best[(b, ctx)]['ms_per_token'] / ms:.2f}x" if (b, ctx) in best else "-"
+                  for b in BASELINES]
+            parts.append(f"{ms:.2f} ({vs[0]}, {vs[1]})")
+        lines.append(f"| {mode} | {ctx} | {g} | {c['draft_ms_per_step']:.3f} | "
+                     f"{c['verify_ms_per_step']:.3f} | " + " | ".join(parts) + " |")
+    return lines
 
 
 def plots(reports, folder):

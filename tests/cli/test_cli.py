@@ -443,6 +443,26 @@ def test_bench_report_tables_and_plots(qs, tmp_path):
         assert (tmp_path / "img" / f"bench-{name}.png").stat().st_size > 1000
 
 
+def test_bench_report_projection(tmp_path):
+    """The projected ms/token from phase times: (γ·draft + verify) / ((1 - α^(γ+1)) / (1 - α))."""
+    def run(mode, ms, gamma=0, draft=0.0, verify=0.0):
+        return {"bench_mode": mode, "context": 1000, "gamma": gamma, "ms_per_token": ms,
+                "decode_tok_s": 1000.0 / ms, "acceptance_rate": 0.0, "mean_accepted_length": 1.0,
+                "draft_ms_per_step": draft, "verify_ms_per_step": verify, "prefill_s": 0.1,
+                "drafted": 8 if gamma else 0}
+    report = {"command": "bench", "model": "m", "config": {}, "runs": [
+        run("ar-fp16", 12.0), run("ar-int8", 9.0), run("quantspec", 30.0, 4, 6.0, 10.0)]}
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(report))
+    md = subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_report.py"), str(path)],
+                        check=True, capture_output=True, text=True).stdout
+    row = next(line for line in md.splitlines() if line.startswith("| quantspec | 1000 | 4 |"))
+    # α = 0.9: E = (1 - 0.9^5) / 0.1 = 4.0951; (4·6 + 10) / 4.0951 = 8.30 ms: 1.45x / 1.08x.
+    assert "8.30 (1.45x, 1.08x)" in row, row
+    # α = 0.85: E = 3.7086 -> 9.17 ms; α = 0.95: E = 4.5244 -> 7.51 ms.
+    assert "9.17 (1.31x, 0.98x)" in row and "7.51 (1.60x, 1.20x)" in row, row
+
+
 def test_bench_bad_input(qs, tmp_path):
     p = qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--modes", "fast",
            check=False)
