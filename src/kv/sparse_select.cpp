@@ -68,6 +68,21 @@ void SparseDraftIndex::select_snapkv_layer(int layer, const float* q, const floa
   });
 }
 
+namespace {
+
+// q . k over hd floats: 8 independent partial sums (vectorizable), combined pairwise.
+float dot_8(const float* q, const float* k, int hd) {
+  float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int d = 0;
+  for (; d + 8 <= hd; d += 8) {
+    for (int u = 0; u < 8; ++u) acc[u] += q[d + u] * k[d + u];
+  }
+  for (; d < hd; ++d) acc[d % 8] += q[d] * k[d];
+  return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+}  // namespace
+
 void SparseDraftIndex::select_snapkv_head(int kvh, const float* q, const float* k,
                                           int64_t k_stride, const AttentionShape& shape,
                                           int kernel, const KvSelection& sel,
@@ -77,27 +92,43 @@ void SparseDraftIndex::select_snapkv_head(int kvh, const float* q, const float* 
   const int past = sel.dense_from;  // candidates [0, past)
   const int w = window_;
   const int q0 = prompt_len_ - w;
-  std::vector<double> score(static_cast<size_t>(past), 0.0);
-  std::vector<double> pooled(static_cast<size_t>(past));
-  std::vector<float> row(static_cast<size_t>(prompt_len_));
-  std::vector<int32_t> order(static_cast<size_t>(past));
-  for (int h = kvh * group; h < (kvh + 1) * group; ++h) {
+  const int nq = group * w;  // the window's query vectors of this kv head: (head, query i)
+  // Scores of every query vector against every prompt key, the key rows read once (in order)
+  // for all of them: [nq][prompt_len] (causality is applied below).
+  std::vector<float> s(static_cast<size_t>(nq) * prompt_len_);
+  std::vector<const float*> qv(static_cast<size_t>(nq));
+  for (int g = 0; g < group; ++g) {
     for (int i = 0; i < w; ++i) {
-      const float* qh = q + (static_cast<int64_t>(i) * shape.num_heads + h) * hd;
-      const int len = q0 + i + 1;  // causal
-      float mx = -INFINITY;
-      for (int t = 0; t < len; ++t) {
-        const float* kr = k + t * k_stride + static_cast<int64_t>(kvh) * hd;
-        float dot = 0.0f;
-        for (int d = 0; d < hd; ++d) dot += qh[d] * kr[d];
-        row[t] = dot * shape.scale;
-        mx = std::max(mx, row[t]);
-      }
-      double sum = 0.0;
-      for (int t = 0; t < len; ++t) sum += std::exp(double(row[t]) - mx);
-      for (int t = 0; t < past; ++t) score[t] += std::exp(double(row[t]) - mx) / sum;
+      qv[static_cast<size_t>(g * w + i)] =
+          q + (static_cast<int64_t>(i) * shape.num_heads + kvh * group + g) * hd;
     }
   }
+  for (int t = 0; t < prompt_len_; ++t) {
+    const float* kr = k + t * k_stride + static_cast<int64_t>(kvh) * hd;
+    for (int j = 0; j < nq; ++j) {
+      s[static_cast<size_t>(j) * prompt_len_ + t] = dot_8(qv[static_cast<size_t>(j)], kr, hd) *
+                                                    shape.scale;
+    }
+  }
+  // Per query vector: the softmax over its visible keys [0, q0 + i], summed into the candidates'
+  // scores.
+  std::vector<double> score(static_cast<size_t>(past), 0.0);
+  std::vector<float> e(static_cast<size_t>(prompt_len_));
+  for (int j = 0; j < nq; ++j) {
+    const float* row = s.data() + static_cast<size_t>(j) * prompt_len_;
+    const int len = q0 + j % w + 1;  // causal
+    float mx = -INFINITY;
+    for (int t = 0; t < len; ++t) mx = std::max(mx, row[t]);
+    double sum = 0.0;
+    for (int t = 0; t < len; ++t) {
+      e[static_cast<size_t>(t)] = std::exp(row[t] - mx);  // in (0, 1]: f32 is ample for a ranking
+      sum += e[static_cast<size_t>(t)];
+    }
+    const double inv = 1.0 / sum;
+    for (int t = 0; t < past; ++t) score[static_cast<size_t>(t)] += e[static_cast<size_t>(t)] * inv;
+  }
+  std::vector<double> pooled(static_cast<size_t>(past));
+  std::vector<int32_t> order(static_cast<size_t>(past));
   const int r = kernel / 2;
   for (int t = 0; t < past; ++t) {
     double best = 0.0;
