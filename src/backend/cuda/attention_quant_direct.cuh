@@ -4,10 +4,11 @@
 // and split into f16 hi + lo, p * value step split likewise, q . min and p . min in f32), but the
 // code fragments come straight from global memory into registers, one sub-chunk ahead, instead of
 // through a cp.async ring in shared memory and ldmatrix. ncu on the ring version (2026-11-29,
-// Llama-2-7B shape, 32K, draft): 50 warp instructions per (token, kv head), two thirds of them
-// address arithmetic, stage bookkeeping and barriers; 41-66 KB of shared memory per 2-warp block
-// left 6-10 warps per SM. Here every warp runs on its own (no block barrier in the loop) and the
-// block needs shared memory only for the queries and the states.
+// Llama-2-7B shape, 32K, draft): 47 warp instructions per (token, kv head), issue-latency-bound
+// with 41-66 KB of shared memory per 2-warp block (6-10 warps per SM). Here every warp runs on its
+// own (no block barrier in the loop), the block needs shared memory only for the queries and the
+// states, and the same draft call executes 36 instructions per (token, kv head) (37.5 M instead
+// of 49.1 M; 93 vs 118 us, docs/perf.md).
 //
 // Fragment maps (lane = (r, c) = (lane / 4, lane % 4)); the order of channels inside a dot product
 // is free as long as both operands agree:
