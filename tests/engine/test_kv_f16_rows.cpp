@@ -14,17 +14,12 @@
 #include "backend/cpu/cpu_backend.h"
 #include "core/dtype.h"
 #include "kv/quantized_planes.h"
+#include "tiny_model.h"
 
 namespace qs {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using testing::randn;
 
 // Rows as f16 bits and as the f32 values those bits hold.
 struct Rows {

@@ -10,17 +10,12 @@
 #include "backend/cpu/cpu_backend.h"
 #include "kv/quantized_planes.h"
 #include "quant/weight_quant.h"
+#include "tiny_model.h"
 
 namespace qs {
 namespace {
 
-std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d(0.0f, scale);
-  std::vector<float> v(n);
-  for (float& x : v) x = d(rng);
-  return v;
-}
+using testing::randn;
 
 TEST(MatmulQ4, MatchesTheReferenceWithBias) {
   CpuBackend be(2);

@@ -252,6 +252,15 @@ inline KvCache model_cache(const ModelConfig& cfg, KvMode mode, int capacity, Ba
 }
 
 // n token ids drawn uniformly from [0, vocab), seeded.
+// n seeded N(0, scale^2) floats.
+inline std::vector<float> randn(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = d(rng);
+  return v;
+}
+
 inline std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
   std::mt19937 rng(seed);
   std::vector<int32_t> ids(n);

@@ -516,6 +516,73 @@ __device__ __forceinline__ void online_softmax_sub(const float (&s)[2][4], float
   }
 }
 
+// Folds one query (this lane's share: NB blocks of 8 channels, block j at q_row + d0[j], with the
+// key group's fp16 scale/min words sr[j]/mr[j] of the same channels) into the B fragments of
+// S^T = K Q'^T: Q' = q * scale * step_mul, scaled by a power of two 2^F that puts the query's
+// largest |Q'| in [2^13, 2^14), split into f16 hi + lo; block j, half h feeds k-step (j, h) with
+// channels 4h + {0, 2} (b0) and 4h + {1, 3} (b1). q . (center * step + min) is summed in f32. The
+// four lanes of a query (lanes 4r..4r+3) hold all of its channels; inv_f / qm receive 2^-F and
+// that sum of queries 2c and 2c+1 (folded by lanes 8c and 8c + 4).
+template <int NB>
+__device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[NB],
+                                           const uint4 (&sr)[NB], const uint4 (&mr)[NB],
+                                           float step_mul, float center,
+                                           uint32_t (&bq_hi)[NB][2][2], uint32_t (&bq_lo)[NB][2][2],
+                                           float (&inv_f)[2], float (&qm)[2]) {
+  const int c = threadIdx.x & 3;
+  float x[NB][8];
+  float amax = 0.0f, qmp = 0.0f;
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    const float4 q0 = *reinterpret_cast<const float4*>(q_row + d0[j]);
+    const float4 q1 = *reinterpret_cast<const float4*>(q_row + d0[j] + 4);
+    const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
+    const uint32_t sw[4] = {sr[j].x, sr[j].y, sr[j].z, sr[j].w};
+    const uint32_t mw[4] = {mr[j].x, mr[j].y, mr[j].z, mr[j].w};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const float2 s2 = __half22float2(*reinterpret_cast<const __half2*>(&sw[i]));
+      const float2 m2 = __half22float2(*reinterpret_cast<const __half2*>(&mw[i]));
+      x[j][2 * i] = qv[2 * i] * (s2.x * step_mul);
+      x[j][2 * i + 1] = qv[2 * i + 1] * (s2.y * step_mul);
+      qmp = fmaf(qv[2 * i], fmaf(center, s2.x * step_mul, m2.x), qmp);
+      qmp = fmaf(qv[2 * i + 1], fmaf(center, s2.y * step_mul, m2.y), qmp);
+      amax = fmaxf(amax, fmaxf(fabsf(x[j][2 * i]), fabsf(x[j][2 * i + 1])));
+    }
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+  qmp += __shfl_xor_sync(kFullMask, qmp, 1);
+  qmp += __shfl_xor_sync(kFullMask, qmp, 2);
+  const int f = amax > 0.0f ? max(-100, min(100, 13 - ilogbf(amax))) : 0;
+  const float sf = exp2i(f);
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      split_f16x2(x[j][4 * h] * sf, x[j][4 * h + 2] * sf, bq_hi[j][h][0], bq_lo[j][h][0]);
+      split_f16x2(x[j][4 * h + 1] * sf, x[j][4 * h + 3] * sf, bq_hi[j][h][1], bq_lo[j][h][1]);
+    }
+  }
+  const float isf = exp2i(-f);
+  inv_f[0] = __shfl_sync(kFullMask, isf, 8 * c);
+  inv_f[1] = __shfl_sync(kFullMask, isf, 8 * c + 4);
+  qm[0] = __shfl_sync(kFullMask, qmp, 8 * c);
+  qm[1] = __shfl_sync(kFullMask, qmp, 8 * c + 4);
+}
+
+// The scores of one 16-token step from the two MMA accumulators: s[i], i = (token r | r + 8) x
+// (query 2c | 2c + 1), token = tok0 + 8 (i >> 1), -inf past each query's quantized boundary bq.
+__device__ __forceinline__ void finish_scores(const float (&hi)[4], const float (&lo)[4], int tok0,
+                                              const int (&bq)[2], const float (&inv_f)[2],
+                                              const float (&qm)[2], float (&s)[4]) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int k = i & 1;
+    s[i] = tok0 + 8 * (i >> 1) < bq[k] ? (hi[i] + lo[i]) * inv_f[k] + qm[k] : kNegInf;
+  }
+}
+
 // The power-of-two scale 2^E of the value operand: the largest step (vmax, this lane's; reduced
 // over the warp here) times 2^E stays below 2^14, and E never grows, so earlier contributions are
 // only ever scaled down, exactly. Returns 2^E; fe = 2^(E_new - E_old) rescales the accumulators.
@@ -591,52 +658,19 @@ struct MmaPath {
     bq[1] = b1;
   }
 
-  // Folds the query of column r (q_row: [HD] pre-scaled) with a key group's scale/min.
+  // Folds the query of column r (q_row: [HD] pre-scaled) with a key group's scale/min (shared
+  // memory): block u holds channels 32u + 8c .. +7.
   __device__ void fold_queries(const float* q_row, const __half* k_scale, const __half* k_min) {
-    const int lane = threadIdx.x & 31, c = lane & 3;
-    float x[R][8];
-    float amax = 0.0f, qmp = 0.0f;
+    const int c = threadIdx.x & 3;
+    int d0[R];
+    uint4 sr[R], mr[R];
 #pragma unroll
     for (int u = 0; u < R; ++u) {
-      const int d0 = 32 * u + 8 * c;
-      const float4 q0 = *reinterpret_cast<const float4*>(q_row + d0);
-      const float4 q1 = *reinterpret_cast<const float4*>(q_row + d0 + 4);
-      const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-      const uint4 sr = *reinterpret_cast<const uint4*>(k_scale + d0);
-      const uint4 mr = *reinterpret_cast<const uint4*>(k_min + d0);
-      const uint32_t sw[4] = {sr.x, sr.y, sr.z, sr.w}, mw[4] = {mr.x, mr.y, mr.z, mr.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 s2 = __half22float2(*reinterpret_cast<const __half2*>(&sw[i]));
-        const float2 m2 = __half22float2(*reinterpret_cast<const __half2*>(&mw[i]));
-        x[u][2 * i] = qv[2 * i] * (s2.x * kStepMul);
-        x[u][2 * i + 1] = qv[2 * i + 1] * (s2.y * kStepMul);
-        qmp = fmaf(qv[2 * i], fmaf(kCenter, s2.x * kStepMul, m2.x), qmp);
-        qmp = fmaf(qv[2 * i + 1], fmaf(kCenter, s2.y * kStepMul, m2.y), qmp);
-        amax = fmaxf(amax, fmaxf(fabsf(x[u][2 * i]), fabsf(x[u][2 * i + 1])));
-      }
+      d0[u] = 32 * u + 8 * c;
+      sr[u] = *reinterpret_cast<const uint4*>(k_scale + d0[u]);
+      mr[u] = *reinterpret_cast<const uint4*>(k_min + d0[u]);
     }
-    // The four lanes of column r hold all of its channels.
-    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
-    qmp += __shfl_xor_sync(kFullMask, qmp, 1);
-    qmp += __shfl_xor_sync(kFullMask, qmp, 2);
-    const int f = amax > 0.0f ? max(-100, min(100, 13 - ilogbf(amax))) : 0;
-    const float sf = exp2i(f);
-#pragma unroll
-    for (int u = 0; u < R; ++u) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        split_f16x2(x[u][4 * h] * sf, x[u][4 * h + 2] * sf, bq_hi[u][h][0], bq_lo[u][h][0]);
-        split_f16x2(x[u][4 * h + 1] * sf, x[u][4 * h + 3] * sf, bq_hi[u][h][1], bq_lo[u][h][1]);
-      }
-    }
-    // Columns 2c and 2c+1 are folded by lanes 8c and 8c + 4.
-    const float isf = exp2i(-f);
-    inv_f[0] = __shfl_sync(kFullMask, isf, 8 * c);
-    inv_f[1] = __shfl_sync(kFullMask, isf, 8 * c + 4);
-    qm[0] = __shfl_sync(kFullMask, qmp, 8 * c);
-    qm[1] = __shfl_sync(kFullMask, qmp, 8 * c + 4);
+    fold_query<R>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f, qm);
   }
 
   // Code words of one plane tile for tokens [16 step, +16): w[j][u] = this lane's 32 bits of
@@ -690,12 +724,7 @@ struct MmaPath {
           mma_f16(acc_lo, a0, a1, a2, a3, bq_lo[u][h][0], bq_lo[u][h][1]);
         }
       }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int k = i & 1;
-        const int tok = t_sub + 16 * st + 8 * (i >> 1) + r;
-        s[st][i] = tok < bq[k] ? (acc_hi[i] + acc_lo[i]) * inv_f[k] + qm[k] : kNegInf;
-      }
+      finish_scores(acc_hi, acc_lo, t_sub + 16 * st + r, bq, inv_f, qm, s[st]);
     }
 
     float corr[2], p[2][4];

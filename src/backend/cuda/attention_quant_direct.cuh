@@ -89,7 +89,7 @@ struct DirectPath {
   static constexpr uint32_t kBias = INT8 ? 0x64806480u : 0x64086408u;
   static constexpr int kQStride = HD + kQPad;
 
-  uint32_t bq_hi[8][2], bq_lo[8][2];  // folded query r's B fragments per k-step
+  uint32_t bq_hi[4][2][2], bq_lo[4][2][2];  // folded query r's B fragments, k-step (w, h)
   float inv_f[2], qm[2];              // 2^-F and q.mid of queries 2c, 2c+1
   float o[8][4];                      // O^T m-tiles, scaled by 2^E
   float m_run[2], l_part[2], acc_min[2];
@@ -113,53 +113,19 @@ struct DirectPath {
     bq[1] = b1;
   }
 
-  // Query r (q_row: its pre-scaled [HD] row) folded with the key group's scale/min (global).
+  // Query r (q_row: its pre-scaled [HD] row) folded with the key group's scale/min (global):
+  // block w holds channels 32c + 8w .. +7 (k-steps 2w, 2w + 1).
   __device__ void fold_queries(const float* q_row, const uint16_t* k_scale, const uint16_t* k_min) {
-    const int lane = threadIdx.x & 31, c = lane & 3;
-    float x[32];
-    float amax = 0.0f, qmp = 0.0f;
+    const int c = threadIdx.x & 3;
+    int d0[4];
+    uint4 sr[4], mr[4];
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
-      const int d0 = 32 * c + 8 * w;
-      const float4 q0 = *reinterpret_cast<const float4*>(q_row + d0);
-      const float4 q1 = *reinterpret_cast<const float4*>(q_row + d0 + 4);
-      const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-      const uint4 sr = __ldg(reinterpret_cast<const uint4*>(k_scale + d0));
-      const uint4 mr = __ldg(reinterpret_cast<const uint4*>(k_min + d0));
-      const uint32_t sw[4] = {sr.x, sr.y, sr.z, sr.w}, mw[4] = {mr.x, mr.y, mr.z, mr.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 s2 = __half22float2(*reinterpret_cast<const __half2*>(&sw[i]));
-        const float2 m2 = __half22float2(*reinterpret_cast<const __half2*>(&mw[i]));
-        x[8 * w + 2 * i] = qv[2 * i] * (s2.x * kStepMul);
-        x[8 * w + 2 * i + 1] = qv[2 * i + 1] * (s2.y * kStepMul);
-        qmp = fmaf(qv[2 * i], fmaf(kCenter, s2.x * kStepMul, m2.x), qmp);
-        qmp = fmaf(qv[2 * i + 1], fmaf(kCenter, s2.y * kStepMul, m2.y), qmp);
-        amax = fmaxf(amax, fmaxf(fabsf(x[8 * w + 2 * i]), fabsf(x[8 * w + 2 * i + 1])));
-      }
+      d0[w] = 32 * c + 8 * w;
+      sr[w] = __ldg(reinterpret_cast<const uint4*>(k_scale + d0[w]));
+      mr[w] = __ldg(reinterpret_cast<const uint4*>(k_min + d0[w]));
     }
-    // The four lanes of query r hold all of its channels.
-    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
-    qmp += __shfl_xor_sync(kFullMask, qmp, 1);
-    qmp += __shfl_xor_sync(kFullMask, qmp, 2);
-    const int f = amax > 0.0f ? max(-100, min(100, 13 - ilogbf(amax))) : 0;
-    const float sf = exp2i(f);
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        const int b = 8 * w + 4 * h;
-        split_f16x2(x[b] * sf, x[b + 2] * sf, bq_hi[2 * w + h][0], bq_lo[2 * w + h][0]);
-        split_f16x2(x[b + 1] * sf, x[b + 3] * sf, bq_hi[2 * w + h][1], bq_lo[2 * w + h][1]);
-      }
-    }
-    // Queries 2c and 2c+1 are folded by lanes 8c and 8c + 4.
-    const float isf = exp2i(-f);
-    inv_f[0] = __shfl_sync(kFullMask, isf, 8 * c);
-    inv_f[1] = __shfl_sync(kFullMask, isf, 8 * c + 4);
-    qm[0] = __shfl_sync(kFullMask, qmp, 8 * c);
-    qm[1] = __shfl_sync(kFullMask, qmp, 8 * c + 4);
+    fold_query<4>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f, qm);
   }
 
   __device__ void process(const Chunk<INT8>& ch, int t_sub) {
@@ -185,16 +151,11 @@ struct DirectPath {
           const uint32_t a1 = codes_to_f16x2(ev[1], sel, kBias);
           const uint32_t a2 = codes_to_f16x2(od[0], sel, kBias);
           const uint32_t a3 = codes_to_f16x2(od[1], sel, kBias);
-          mma_f16(acc_hi, a0, a1, a2, a3, bq_hi[2 * w + h][0], bq_hi[2 * w + h][1]);
-          mma_f16(acc_lo, a0, a1, a2, a3, bq_lo[2 * w + h][0], bq_lo[2 * w + h][1]);
+          mma_f16(acc_hi, a0, a1, a2, a3, bq_hi[w][h][0], bq_hi[w][h][1]);
+          mma_f16(acc_lo, a0, a1, a2, a3, bq_lo[w][h][0], bq_lo[w][h][1]);
         }
       }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int k = i & 1;
-        const int tok = t_sub + 16 * st + 8 * (i >> 1) + r;
-        s[st][i] = tok < bq[k] ? (acc_hi[i] + acc_lo[i]) * inv_f[k] + qm[k] : kNegInf;
-      }
+      finish_scores(acc_hi, acc_lo, t_sub + 16 * st + r, bq, inv_f, qm, s[st]);
     }
 
     float corr[2], p[2][4];
