@@ -34,6 +34,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_ops.h"
 
 namespace qs {
@@ -268,37 +269,60 @@ void bench_gemv_tuning(CudaBackend& be) {
   be.release_weights();
 }
 
+// Decode attention over full-precision rows: f32, f16 (16-byte-aligned rows: the wide kernel) and
+// f16 with rows padded by 4 elements (8-byte aligned: the narrow kernel), bytes = K + V read.
 void bench_attention(CudaBackend& be, bool quick) {
   auto s = static_cast<cudaStream_t>(be.stream());
+  struct Rows {
+    const char* name;
+    DType dtype;
+    int pad;
+  };
+  const Rows kRows[] = {
+      {"f32-KV", DType::F32, 0}, {"f16-KV", DType::F16, 0}, {"f16-KV pad4", DType::F16, 4}};
   for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
     const int64_t kv_dim = int64_t(sh->kv_heads) * sh->head_dim;
     for (int ctx : {4096, 32768, 131072}) {
-      if (quick && ctx != 32768) continue;
-      const size_t kv_bytes = size_t(ctx) * kv_dim * 4 * 2;  // K + V, f32
-      const int copies =
-          static_cast<int>(std::max<size_t>(1, (kRotateBytes + kv_bytes - 1) / kv_bytes));
-      std::vector<std::unique_ptr<DeviceMem>> ks, vs;
-      for (int c = 0; c < copies; ++c) {
-        ks.push_back(random_f32(size_t(ctx) * kv_dim, 100 + c));
-        vs.push_back(random_f32(size_t(ctx) * kv_dim, 200 + c));
-      }
-      const AttentionShape shape{sh->heads, sh->kv_heads, sh->head_dim,
-                                 static_cast<float>(1.0 / std::sqrt(double(sh->head_dim)))};
-      for (int m : {1, 8, 16}) {
-        if (quick && m != 1) continue;
-        auto q = random_f32(size_t(m) * sh->heads * sh->head_dim, 5);
-        DeviceMem out(size_t(m) * sh->heads * sh->head_dim * 4);
-        const int pos = ctx - m;
-        const double ms = time_ms(
-            s,
-            [&](int i) {
-              const int c = i % copies;
-              be.attention(q->f32(), m, pos, shape, KvView{ks[c]->f32(), vs[c]->f32(), kv_dim, ctx},
-                           out.f32());
-            },
-            std::max(10, 4 * copies));
-        summary("| attn decode f32-KV %-11s ctx=%-6d m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |",
-                sh->model, ctx, m, ms * 1e3, gbps(double(kv_bytes), ms), pct(double(kv_bytes), ms));
+      if (quick && ctx == 4096) continue;
+      for (const Rows& r : kRows) {
+        const int64_t stride = kv_dim + r.pad;
+        const size_t esize = dtype_size(r.dtype);
+        const size_t kv_bytes = size_t(ctx) * kv_dim * esize * 2;  // K + V read
+        const size_t alloc = size_t(ctx) * stride;
+        const int copies =
+            static_cast<int>(std::max<size_t>(1, (kRotateBytes + kv_bytes - 1) / kv_bytes));
+        std::vector<std::unique_ptr<DeviceMem>> ks, vs;
+        for (int c = 0; c < copies; ++c) {
+          for (auto* list : {&ks, &vs}) {
+            auto f = random_f32(alloc, 100 + c + (list == &vs ? 100 : 0));
+            if (r.dtype == DType::F16) {
+              auto h = std::make_unique<DeviceMem>(alloc * 2);
+              be.store_kv_rows(h->ptr, DType::F16, f->f32(), alloc);
+              f = std::move(h);
+            }
+            list->push_back(std::move(f));
+          }
+        }
+        const AttentionShape shape{sh->heads, sh->kv_heads, sh->head_dim,
+                                   static_cast<float>(1.0 / std::sqrt(double(sh->head_dim)))};
+        for (int m : {1, 8, 16}) {
+          if (quick && m == 16) continue;
+          auto q = random_f32(size_t(m) * sh->heads * sh->head_dim, 5);
+          DeviceMem out(size_t(m) * sh->heads * sh->head_dim * 4);
+          const int pos = ctx - m;
+          const double ms = time_ms(
+              s,
+              [&](int i) {
+                const int c = i % copies;
+                KvView view{ks[c]->ptr, vs[c]->ptr, stride, ctx};
+                view.row_dtype = r.dtype;
+                be.attention(q->f32(), m, pos, shape, view, out.f32());
+              },
+              std::max(10, 4 * copies));
+          summary("| attn decode %-11s %-11s ctx=%-6d m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |",
+                  r.name, sh->model, ctx, m, ms * 1e3, gbps(double(kv_bytes), ms),
+                  pct(double(kv_bytes), ms));
+        }
       }
     }
   }
@@ -499,16 +523,13 @@ void bench_step(CudaBackend& be, bool quick) {
                             {&kLlama31_8B, 4096},
                             {&kLlama31_8B, 32768},
                             {&kLlama31_8B, 131072}};
-  const cuda::GemvTuning saved = cuda::gemv_tuning();
-  // The default skinny GEMM and the same without the L2 prefetch hint: in isolation the hint
-  // wins on large matrices, but whole steps measured in separate runs came out ~5% faster
-  // without it (docs/perf.md); both are timed here, in one process.
-  const cuda::GemvTuning variants[] = {saved, cuda::GemvTuning{4, false, 0}};
+  // Programmatic dependent launch on (the default) and off, in one process (launch.cuh).
+  const bool saved = cuda::pdl_enabled();
   for (const Config& c : configs) {
     if (quick && c.ctx != 32768) continue;
     DecodeStep step(be, *c.shape, c.ctx);
-    for (const cuda::GemvTuning& tuning : variants) {
-      cuda::set_gemv_tuning(tuning);
+    for (const bool pdl : {true, false}) {
+      cuda::set_pdl_enabled(pdl);
       const double eager = time_ms(
           s, [&](int) { step.run(); }, 5, 5);
       // The same step as a CUDA graph (every op is capturable: ids, RoPE frequencies by value).
@@ -528,13 +549,13 @@ void bench_step(CudaBackend& be, bool quick) {
       size_t free_b = 0, total_b = 0;
       CUDA_CHECK(cudaMemGetInfo(&free_b, &total_b));
       summary(
-          "| decode step %-11s ctx=%-6d gemv %s | eager %7.2f ms | graph %7.2f ms | floor "
+          "| decode step %-11s ctx=%-6d pdl %-3s | eager %7.2f ms | graph %7.2f ms | floor "
           "f32-KV %6.2f ms (%4.0f%%) | floor f16-KV %6.2f ms | GPU mem used %5.1f GiB |",
-          c.shape->model, c.ctx, tuning.l2_prefetch ? "L2  " : "noL2", eager, graphed, floor_f32,
+          c.shape->model, c.ctx, pdl ? "on" : "off", eager, graphed, floor_f32,
           100.0 * floor_f32 / graphed, floor_f16, double(total_b - free_b) / (1 << 30));
     }
   }
-  cuda::set_gemv_tuning(saved);
+  cuda::set_pdl_enabled(saved);
 }
 
 // ---- 4-bit draft weights and the KV flush (backend/cuda/quant_ops.h) ------------------------

@@ -88,6 +88,15 @@ struct KvSelection {
 // The full-precision rows are f32 or f16 (`row_dtype`, the cache's KvCacheConfig::row_dtype):
 // every reader converts f16 to f32 on load and computes in f32, so a view of f16 rows gives the
 // same results as a view of f32 rows holding the same (f16-representable) values.
+// One linear layer of a matmul_group call: dense weights, or 4-bit weights when w4 is set; bias
+// nullptr or empty for none; y: [m, rows].
+struct LinearOp {
+  const WeightView* w = nullptr;
+  const QuantizedWeight4* w4 = nullptr;
+  const WeightView* bias = nullptr;
+  float* y = nullptr;
+};
+
 struct KvView {
   const void* k = nullptr;  // [length - fp_base, row_stride] of row_dtype, row r = position
                             // fp_base + r, post-RoPE
@@ -215,6 +224,20 @@ class Backend {
                          float* y) {
     (void)x, (void)m, (void)w, (void)bias, (void)y;
     QS_CHECK_MSG(false, "matmul_q4: not implemented by this backend");
+  }
+
+  // Several linear layers of the same input (q/k/v, gate/up): ops[i].y = x W_i^T (+ bias), W_i
+  // dense (ops[i].w) or 4-bit (ops[i].w4 when set), as one matmul / matmul_q4 call each would
+  // compute them (up to summation order). Backends may run them as one launch.
+  virtual void matmul_group(const float* x, int m, const LinearOp* ops, int count) {
+    for (int i = 0; i < count; ++i) {
+      const LinearOp& op = ops[i];
+      if (op.w4 != nullptr) {
+        matmul_q4(x, m, *op.w4, op.bias, op.y);
+      } else {
+        matmul(x, m, *op.w, op.bias, op.y);
+      }
+    }
   }
 
   // The flush of DESIGN §3 (docs/kv-format.md): quantizes key groups [first_group,

@@ -199,9 +199,10 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
     const DraftLayer& D = draft ? draft_layers_[l] : kNoDraft;
     // Attention block.
     backend_.rmsnorm(h, L.attn_norm, m, eps, x);
-    linear(x, m, L.wq, D.wq.get(), &L.bq, q_->data());
-    linear(x, m, L.wk, D.wk.get(), &L.bk, k_->data());
-    linear(x, m, L.wv, D.wv.get(), &L.bv, v_->data());
+    const LinearOp qkv[] = {{&L.wq, D.wq.get(), &L.bq, q_->data()},
+                            {&L.wk, D.wk.get(), &L.bk, k_->data()},
+                            {&L.wv, D.wv.get(), &L.bv, v_->data()}};
+    backend_.matmul_group(x, m, qkv, 3);
     backend_.rope(q_->data(), m, cfg_.num_heads, cfg_.head_dim, pos, inv_freq_.data());
     backend_.rope(k_->data(), m, cfg_.num_kv_heads, cfg_.head_dim, pos, inv_freq_.data());
     if (path.query_tap) path.query_tap(l, q_->data(), m);
@@ -216,8 +217,9 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
     backend_.add(h, proj_->data(), m * d);
     // MLP block.
     backend_.rmsnorm(h, L.mlp_norm, m, eps, x);
-    linear(x, m, L.w_gate, D.w_gate.get(), nullptr, gate_->data());
-    linear(x, m, L.w_up, D.w_up.get(), nullptr, up_->data());
+    const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
+                                {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
+    backend_.matmul_group(x, m, gate_up, 2);
     backend_.swiglu(gate_->data(), up_->data(), m * inter, gate_->data());
     linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
     if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));

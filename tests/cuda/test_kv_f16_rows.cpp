@@ -197,16 +197,25 @@ TEST_F(CudaOpsTest, F16RowsDecodeAttention) {
       }
     }
   }
-  // Padded rows (f16 rows then only 8-byte aligned), forced splits, head_dim 32 and 256.
-  F16Kv padded(gpu(), 777, kKvHeads, 128, 4, 3);
-  for (int splits : {1, 3, 64}) {
-    for (int m : {1, 9, 16}) {
-      run_plain(gpu(), cpu(), padded, 8, m, Path::kDecode, splits, ++seed, worst);
+  // Padded rows (f16 rows then only 8-byte aligned: the narrow kernel), aligned rows (the wide
+  // kernel up to 8 queries per kv head), forced splits, head_dim 32 and 256.
+  for (int pad : {4, 0}) {
+    F16Kv rows(gpu(), 777, kKvHeads, 128, pad, 3);
+    for (int splits : {1, 3, 64}) {
+      for (int m : {1, 9, 16}) {
+        run_plain(gpu(), cpu(), rows, 8, m, Path::kDecode, splits, ++seed, worst);
+        run_plain(gpu(), cpu(), rows, 2, m, Path::kDecode, splits, ++seed, worst);
+      }
     }
   }
   for (int hd : {32, 256}) {
-    F16Kv kv(gpu(), 333, kKvHeads, hd, 4, hd + 1);
-    for (int m : {1, 7, 16}) run_plain(gpu(), cpu(), kv, 8, m, Path::kDecode, 0, ++seed, worst);
+    for (int pad : {4, 0}) {
+      F16Kv kv(gpu(), 333, kKvHeads, hd, pad, hd + 1);
+      for (int m : {1, 7, 16}) {
+        run_plain(gpu(), cpu(), kv, 8, m, Path::kDecode, 0, ++seed, worst);
+        run_plain(gpu(), cpu(), kv, 2, m, Path::kDecode, 0, ++seed, worst);
+      }
+    }
   }
   report("f16 rows: decode", worst);
 }

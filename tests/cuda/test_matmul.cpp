@@ -7,6 +7,7 @@
 // and f16/f32 weights to 2e-6. The fast prefill option (activations rounded to bf16) gets 1e-2.
 #include <gtest/gtest.h>
 
+#include <memory>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -126,6 +127,45 @@ TEST_F(CudaOpsTest, GemvEveryTuning) {
     }
   }
   cuda::set_gemv_tuning(saved);
+}
+
+// matmul_group over dense weights: one tensor-core launch for groups of 2 and 3 matrices of
+// the same cols (partial tiles, biases), every row count, both half dtypes; and the per-matrix
+// fallback (mixed dtypes, m > 16); each output against the CPU.
+TEST_F(CudaOpsTest, GemvGroupMatchesCpu) {
+  const int64_t k = 1000;
+  const int64_t rows[3] = {300, 64, 17};
+  for (DType dt : {DType::BF16, DType::F16}) {
+    std::vector<std::unique_ptr<HostWeight>> ws, bs;
+    for (int i = 0; i < 3; ++i) {
+      ws.push_back(std::make_unique<HostWeight>(random_normal(rows[i] * k, 60 + i, 0.05f),
+                                                i == 2 && dt == DType::F16 ? DType::BF16 : dt,
+                                                rows[i], k, "w"));
+      bs.push_back(std::make_unique<HostWeight>(random_normal(rows[i], 70 + i), DType::F32, 1,
+                                                rows[i], "b"));
+    }
+    for (int m : {1, 2, 3, 5, 8, 9, 16, 17}) {
+      for (int count : {2, 3}) {
+        const std::vector<float> x = random_normal(size_t(m) * k, 80 + m);
+        DeviceArray xd(gpu(), x);
+        std::vector<std::unique_ptr<DeviceArray>> ys;
+        LinearOp ops[3];
+        for (int i = 0; i < count; ++i) {
+          ys.push_back(std::make_unique<DeviceArray>(gpu(), size_t(m) * rows[i]));
+          ys.back()->poison();
+          ops[i] = {&ws[i]->view, nullptr, i == 1 ? nullptr : &bs[i]->view, ys.back()->data()};
+        }
+        gpu().matmul_group(xd.data(), m, ops, count);
+        for (int i = 0; i < count; ++i) {
+          std::vector<float> want(size_t(m) * rows[i]);
+          cpu().matmul(x.data(), m, *ops[i].w, ops[i].bias, want.data());
+          EXPECT_LT(rel_error(ys[i]->to_host(), want), tolerance(DType::BF16))
+              << dtype_name(dt) << " m=" << m << " op " << i << " of " << count;
+        }
+      }
+    }
+    gpu().release_weights();
+  }
 }
 
 TEST_F(CudaOpsTest, GemvPathHandlesMoreThan16Rows) {

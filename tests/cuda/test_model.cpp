@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "../engine/tiny_model.h"
+#include "backend/cuda/cuda_ops.h"
 #include "cuda_test_util.h"
 #include "engine/model.h"
 #include "kv/kv_cache.h"
@@ -112,6 +114,46 @@ TEST_P(CudaModelTest, LogitsMatchCpuFullPrecisionF16Rows) {
 }
 TEST_P(CudaModelTest, LogitsMatchCpuInt8KvF16Rows) {
   check_logits(GetParam(), KvMode::kInt8, DType::F16);
+}
+
+// Programmatic dependent launch (launch.cuh) lets a kernel start before the previous one ends;
+// a kernel that touched memory before its pdl_begin() would race. The same steps with PDL on
+// and off must give bit-identical logits (the kernels are deterministic): full-precision f16
+// rows, the INT8 view and the draft (4-bit weights, INT4 view), across flushes.
+TEST_P(CudaModelTest, ProgrammaticLaunchGivesIdenticalLogits) {
+  const std::filesystem::path dir =
+      std::filesystem::path(QS_SOURCE_DIR) / "models/test" / GetParam();
+  auto cfg = load_model_config(dir);
+  ASSERT_TRUE(cfg.ok()) << cfg.error().message;
+  auto weights = load_model_weights(dir, *cfg);
+  ASSERT_TRUE(weights.ok()) << weights.error().message;
+  Model model(*cfg, *weights, gpu());
+  ASSERT_TRUE(model.make_draft_weights(DraftWeights::kInt4).ok());
+  int total = 0;
+  for (const Step& s : kSteps) total += s.m;
+  const std::vector<int32_t> ids = token_ids(total, cfg->vocab_size);
+  const bool saved = cuda::pdl_enabled();
+  for (KvMode mode : {KvMode::kFp, KvMode::kInt8, KvMode::kInt4}) {
+    const ForwardPath path = mode == KvMode::kInt4 ? draft_path(mode) : target_path(mode);
+    std::vector<float> runs[2];
+    for (int r = 0; r < 2; ++r) {
+      cuda::set_pdl_enabled(r == 0);
+      KvCache cache = make_cache(*cfg, mode, total, gpu(), DType::F16);
+      int pos = 0;
+      for (const Step& s : kSteps) {
+        std::vector<float> logits(size_t(s.m) * cfg->vocab_size);
+        std::span<const int32_t> chunk(ids.data() + pos, s.m);
+        ASSERT_TRUE(model.forward(chunk, pos, cache, path, LogitRows::kAll, logits.data()).ok());
+        cache.commit(pos + s.m);
+        runs[r].insert(runs[r].end(), logits.begin(), logits.end());
+        pos += s.m;
+      }
+    }
+    cuda::set_pdl_enabled(saved);
+    ASSERT_EQ(runs[0].size(), runs[1].size());
+    EXPECT_EQ(0, std::memcmp(runs[0].data(), runs[1].data(), runs[0].size() * sizeof(float)))
+        << GetParam() << " " << kv_mode_name(mode);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, CudaModelTest,

@@ -20,6 +20,7 @@
 #include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -402,6 +403,49 @@ TEST_F(CudaOpsTest, MatmulQ4OddAndShortShapes) {
     }
     gpu().release_weights();
   }
+}
+
+// matmul_group over 4-bit weights: one launch of the CUDA-core kernel for q/k/v-like and
+// gate/up-like groups (partial tiles, biases of two dtypes, RT 1 and 2 from the total tile
+// count), and the per-matrix fallback for other row counts; each output against the CPU.
+TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
+  const int64_t cols = 1000;
+  const QuantizedWeight4 ws[3] = {make_q4(300, cols, 41), make_q4(64, cols, 42),
+                                  make_q4(17, cols, 43)};
+  HostWeight b32(random_normal(300, 44), DType::F32, 1, 300, "b");
+  HostWeight b16(random_normal(17, 45), DType::BF16, 1, 17, "b");
+  const WeightView* biases[3] = {&b32.view, nullptr, &b16.view};
+  const QuantizedWeight4 big[2] = {make_q4(4490, 512, 46), make_q4(4500, 512, 47)};
+  double worst = 0;
+  for (int m : {1, 2, 3, 4, 5, 8, 9, 16}) {
+    for (int count : {2, 3}) {
+      for (bool wide : {false, true}) {  // wide: 281 + 282 tiles, 2 tiles per block
+        const QuantizedWeight4* w = wide ? big : ws;
+        const int64_t k = w[0].cols;
+        const std::vector<float> x = random_normal(size_t(m) * k, 50 + m);
+        DeviceArray xd(gpu(), x);
+        std::vector<std::unique_ptr<DeviceArray>> ys;
+        LinearOp ops[3];
+        const int n = wide ? 2 : count;
+        for (int i = 0; i < n; ++i) {
+          ys.push_back(std::make_unique<DeviceArray>(gpu(), size_t(m) * w[i].rows));
+          ys.back()->poison();
+          ops[i] = {nullptr, &w[i], wide ? nullptr : biases[i], ys.back()->data()};
+        }
+        gpu().matmul_group(xd.data(), m, ops, n);
+        for (int i = 0; i < n; ++i) {
+          std::vector<float> want(size_t(m) * w[i].rows);
+          cpu().matmul_q4(x.data(), m, w[i], ops[i].bias, want.data());
+          const double err = rel_error(ys[i]->to_host(), want);
+          EXPECT_LT(err, kQ4Tolerance)
+              << describe(w[i], m, ops[i].bias != nullptr) << " op " << i << " of " << n;
+          worst = std::max(worst, err);
+        }
+      }
+    }
+  }
+  gpu().release_weights();
+  std::printf("[ max rel error ] matmul_q4 groups: %.3g\n", worst);
 }
 
 TEST_F(CudaOpsTest, MatmulQ4ModelShapes) {

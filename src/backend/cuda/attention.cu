@@ -12,10 +12,12 @@
 #include <algorithm>
 #include <climits>
 #include <cmath>
+#include <type_traits>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace qs::cuda {
 
@@ -34,24 +36,61 @@ constexpr int kDecodeWarps = 4;
 constexpr int kDecodeThreads = kDecodeWarps * 32;
 constexpr int kDecodeUnroll = 4;  // positions per lane group per step (loads in flight)
 
-template <int HD>
+// Elements of a position's K (and V) row per lane. Narrow: 4 up to head_dim 64, head_dim / 32
+// above; f16 rows are then read 8 bytes at a time. Wide (f16 rows whose stride and base keep
+// every row 16-byte aligned): at least 8 f16 per lane, read 16 bytes at a time, as many bytes in
+// flight per lane as the f32 kernel.
+template <int HD, bool WIDE>
+constexpr int decode_vec() {
+  const int narrow = HD >= 128 ? HD / 32 : 4;
+  return WIDE && narrow < 8 ? 8 : narrow;
+}
+
+template <int HD, bool WIDE = false>
 struct DecodeLayout {
-  static constexpr int kVec = HD >= 128 ? HD / 32 : 4;     // elements per lane
+  static constexpr int kVec = decode_vec<HD, WIDE>();      // elements per lane
   static constexpr int kLanes = HD / kVec;                 // lanes per position: 8, 16 or 32
   static constexpr int kGroups = kDecodeThreads / kLanes;  // positions read side by side
 };
 
-template <int HD, int QMAX>
+// kVec consecutive elements of a read-only K/V row as f32: 16-byte loads for f32 and for wide
+// f16 rows, 8-byte loads for narrow f16 rows (rows only 8-byte aligned).
+template <int kVec, bool WIDE, typename T>
+__device__ __forceinline__ void load_row_part(const T* p, float (&r)[kVec]) {
+  if constexpr (std::is_same_v<T, __half> && WIDE) {
+    static_assert(kVec % 8 == 0);
+#pragma unroll
+    for (int e = 0; e < kVec / 8; ++e) {
+      const uint4 u = __ldg(reinterpret_cast<const uint4*>(p) + e);
+      const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const float2 f = f16x2_bits_to_float2(w[i]);
+        r[8 * e + 2 * i] = f.x;
+        r[8 * e + 2 * i + 1] = f.y;
+      }
+    }
+  } else {
+#pragma unroll
+    for (int e = 0; e < kVec / 4; ++e) {
+      const float4 f = load4_kv(p + 4 * e);
+      r[4 * e] = f.x, r[4 * e + 1] = f.y, r[4 * e + 2] = f.z, r[4 * e + 3] = f.w;
+    }
+  }
+}
+
+template <int HD, int QMAX, bool WIDE>
 constexpr size_t decode_smem_bytes() {
-  using L = DecodeLayout<HD>;
+  using L = DecodeLayout<HD, WIDE>;
   // q tile [QMAX][HD] + per-group states o [kGroups][QMAX][HD] and (m, l) [kGroups][QMAX][2].
   return sizeof(float) *
          (size_t{QMAX} * HD + size_t{L::kGroups} * QMAX * HD + size_t{L::kGroups} * QMAX * 2);
 }
 
-template <int HD, int QMAX, typename T>
+template <int HD, int QMAX, typename T, bool WIDE>
 __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(AttentionArgs a) {
-  using L = DecodeLayout<HD>;
+  pdl_begin();
+  using L = DecodeLayout<HD, WIDE>;
   constexpr int kVec = L::kVec, kLanes = L::kLanes, kGroups = L::kGroups;
   extern __shared__ float4 smem4[];
   float* q_s = reinterpret_cast<float*>(smem4);  // [QMAX][HD]
@@ -110,16 +149,8 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(Attent
                                            : a.sel_dense_from + (i - a.sel_count);
       tpos[u] = i < t_end ? t : INT_MAX;
       if (i < t_end) {
-        const T* kp = k_base + t * a.row_stride;
-        const T* vp = v_base + t * a.row_stride;
-#pragma unroll
-        for (int e = 0; e < kVec / 4; ++e) {
-          const float4 kv4 = load4_kv(kp + 4 * e), vv4 = load4_kv(vp + 4 * e);
-          kr[u][4 * e] = kv4.x, kr[u][4 * e + 1] = kv4.y, kr[u][4 * e + 2] = kv4.z,
-                    kr[u][4 * e + 3] = kv4.w;
-          vr[u][4 * e] = vv4.x, vr[u][4 * e + 1] = vv4.y, vr[u][4 * e + 2] = vv4.z,
-                    vr[u][4 * e + 3] = vv4.w;
-        }
+        load_row_part<kVec, WIDE>(k_base + t * a.row_stride, kr[u]);
+        load_row_part<kVec, WIDE>(v_base + t * a.row_stride, vr[u]);
       } else {
 #pragma unroll
         for (int e = 0; e < kVec; ++e) kr[u][e] = vr[u][e] = 0.0f;
@@ -235,6 +266,7 @@ constexpr size_t prefill_smem_bytes() {
 // K/V tiles are converted to f32 as they enter shared memory.
 template <int HD, typename T>
 __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_kernel(AttentionArgs a) {
+  pdl_begin();
   using L = PrefillLayout<HD>;
   constexpr int R = L::kRows, TR = L::kTileRows, LD = L::kStride, C = L::kChunks;
   constexpr int BK = kPrefillKeys;
@@ -405,6 +437,7 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_kernel(Atte
 __global__ void attention_combine_kernel(const float* __restrict__ partial_o,
                                          const float* __restrict__ partial_ml, int num_splits,
                                          int64_t num_qv, int head_dim, float* __restrict__ out) {
+  pdl_begin();
   const int64_t qi = blockIdx.x;
   float m_tot = kNegInf;
   for (int s = 0; s < num_splits; ++s) m_tot = fmaxf(m_tot, partial_ml[(s * num_qv + qi) * 2]);
@@ -452,24 +485,41 @@ void set_smem(Kernel kernel, size_t bytes) {
   }
 }
 
-template <int HD, int QMAX, typename T>
+template <int HD, int QMAX, typename T, bool WIDE>
 void decode_with_type(const AttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = decode_smem_bytes<HD, QMAX>();
-  static const bool configured = (set_smem(attention_decode_kernel<HD, QMAX, T>, smem), true);
+  constexpr size_t smem = decode_smem_bytes<HD, QMAX, WIDE>();
+  static const bool configured = (set_smem(attention_decode_kernel<HD, QMAX, T, WIDE>, smem), true);
   (void)configured;
   const int group = a.num_heads / a.num_kv_heads;
   const int tiles = (group * a.m + QMAX - 1) / QMAX;
   const dim3 grid(tiles, a.num_splits, a.num_kv_heads);
-  attention_decode_kernel<HD, QMAX, T><<<grid, kDecodeThreads, smem, stream>>>(a);
+  launch(attention_decode_kernel<HD, QMAX, T, WIDE>, grid, kDecodeThreads, smem, stream, a);
   CUDA_CHECK_LAUNCH(stream);
+}
+
+// f16 rows take the wide layout when every row is 16-byte aligned and the query tile is small
+// enough for its registers (kVec 8 x QMAX accumulators per lane, as head_dim 256 at QMAX 8).
+// Measured (bench_ops attn, H200, 32K, us): MHA m=1 179 wide vs 284 narrow, MHA m=8 765 vs 906,
+// but GQA-8 m=1 (QMAX 8 from one row) 127 wide vs 115 narrow: the 185-register wide tile halves
+// the blocks per SM of an instruction-bound kernel. So GQA tiles of more than 4 stay narrow.
+bool decode_f16_wide(const AttentionArgs& a, int qmax) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v);
+  const bool mha = a.num_heads == a.num_kv_heads;
+  return a.row_stride % 8 == 0 && bits % 16 == 0 && qmax <= (mha ? 8 : 4);
 }
 
 template <int HD, int QMAX>
 void decode_with(const AttentionArgs& a, cudaStream_t stream) {
   if (a.kv_dtype == DType::F16) {
-    decode_with_type<HD, QMAX, __half>(a, stream);
+    if constexpr (QMAX <= 8 && HD >= 64) {
+      if (decode_f16_wide(a, QMAX)) {
+        decode_with_type<HD, QMAX, __half, true>(a, stream);
+        return;
+      }
+    }
+    decode_with_type<HD, QMAX, __half, false>(a, stream);
   } else {
-    decode_with_type<HD, QMAX, float>(a, stream);
+    decode_with_type<HD, QMAX, float, false>(a, stream);
   }
 }
 
@@ -511,7 +561,7 @@ void prefill_with_type(const AttentionArgs& a, cudaStream_t stream) {
   const int tiles = (a.m + PrefillLayout<HD>::kTileRows - 1) / PrefillLayout<HD>::kTileRows;
   QS_CHECK(a.num_heads <= 65535);
   const dim3 grid(tiles, a.num_heads, a.num_splits);
-  attention_prefill_kernel<HD, T><<<grid, kPrefillThreads, smem, stream>>>(a);
+  launch(attention_prefill_kernel<HD, T>, grid, kPrefillThreads, smem, stream, a);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -610,8 +660,8 @@ void launch_attention_combine(const AttentionArgs& a, cudaStream_t stream) {
   const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
   QS_CHECK(num_qv <= 0x7fffffff);
   const int threads = std::min(a.head_dim, 128);
-  attention_combine_kernel<<<static_cast<unsigned>(num_qv), threads, 0, stream>>>(
-      a.partial_o, a.partial_ml, a.num_splits, num_qv, a.head_dim, a.out);
+  launch(attention_combine_kernel, static_cast<unsigned>(num_qv), threads, 0, stream, a.partial_o,
+         a.partial_ml, a.num_splits, num_qv, a.head_dim, a.out);
   CUDA_CHECK_LAUNCH(stream);
 }
 

@@ -37,6 +37,7 @@
 #include "backend/cuda/attention_prefill_tc.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace qs::cuda {
 
@@ -141,6 +142,7 @@ __global__ void __launch_bounds__(kConvThreads)
     prefill_tc_convert_kernel(const T* __restrict__ k, const T* __restrict__ v, int64_t row_stride,
                               int kv_end, int num_tiles, __half* __restrict__ planes,
                               int2* __restrict__ exps) {
+  pdl_begin();
   constexpr int kC4 = HD / 4;                         // float4 per row
   constexpr int kPer = kTcKeys * kC4 / kConvThreads;  // float4 per thread and plane
   static_assert(kTcKeys * kC4 % kConvThreads == 0, "tile must split evenly over threads");
@@ -223,6 +225,7 @@ template <int HD>
 __global__ void __launch_bounds__(kTcThreads, 1)
     attention_prefill_tc_kernel(AttentionArgs a, const __half* __restrict__ planes,
                                 const int2* __restrict__ exps, int num_tiles) {
+  pdl_begin();
   using L = TcLayout<HD>;
   constexpr int KS = L::kKSteps, DT = L::kDimTiles, LDS = L::kLds;
   extern __shared__ float4 smem4[];
@@ -506,13 +509,13 @@ void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t str
   auto* exps = reinterpret_cast<int2*>(static_cast<char*>(scratch) + planes_bytes(a));
   const dim3 conv_grid(num_tiles, a.num_kv_heads);
   if (a.kv_dtype == DType::F16) {
-    prefill_tc_convert_kernel<HD, __half><<<conv_grid, kConvThreads, 0, stream>>>(
-        static_cast<const __half*>(a.k), static_cast<const __half*>(a.v), a.row_stride, a.pos + a.m,
-        num_tiles, planes, exps);
+    launch(prefill_tc_convert_kernel<HD, __half>, conv_grid, kConvThreads, 0, stream,
+           static_cast<const __half*>(a.k), static_cast<const __half*>(a.v), a.row_stride,
+           a.pos + a.m, num_tiles, planes, exps);
   } else {
-    prefill_tc_convert_kernel<HD, float><<<conv_grid, kConvThreads, 0, stream>>>(
-        static_cast<const float*>(a.k), static_cast<const float*>(a.v), a.row_stride, a.pos + a.m,
-        num_tiles, planes, exps);
+    launch(prefill_tc_convert_kernel<HD, float>, conv_grid, kConvThreads, 0, stream,
+           static_cast<const float*>(a.k), static_cast<const float*>(a.v), a.row_stride,
+           a.pos + a.m, num_tiles, planes, exps);
   }
   CUDA_CHECK_LAUNCH(stream);
 
@@ -525,7 +528,8 @@ void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t str
   }();
   (void)configured;
   const dim3 grid(attention_prefill_tc_query_tiles(a), a.num_heads, a.num_splits);
-  attention_prefill_tc_kernel<HD><<<grid, kTcThreads, smem, stream>>>(a, planes, exps, num_tiles);
+  launch(attention_prefill_tc_kernel<HD>, grid, kTcThreads, smem, stream, a, planes, exps,
+         num_tiles);
   CUDA_CHECK_LAUNCH(stream);
 }
 

@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/launch.cuh"
 #include "core/error.h"
 
 namespace qs::cuda {
@@ -1100,11 +1101,13 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
 
 template <int HD, bool INT8, int NG, bool kMma, int QW>
 __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p) {
+  pdl_begin();
   attention_quant_body<HD, INT8, NG, kMma, QW, false>(p);
 }
 
 template <bool INT8, int kRegs>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
+  pdl_begin();
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8, true>(p);
 }
 
@@ -1121,6 +1124,7 @@ template <int HD>
 __global__ void __launch_bounds__(kCombineThreads)
     quant_combine_kernel(const float* __restrict__ partial_o, const float* __restrict__ partial_ml,
                          int splits, int64_t num_qv, float* __restrict__ out) {
+  pdl_begin();
   constexpr int kWarps = kCombineThreads / 32;
   constexpr int kC = HD / 32;  // channels per lane
   __shared__ float red_m[kWarps];
@@ -1356,20 +1360,20 @@ void launch_quant_combine(const float* partial_o, const float* partial_ml, int s
   const dim3 grid(static_cast<unsigned>(num_qv));
   switch (hd) {
     case 32:
-      quant_combine_kernel<32><<<grid, kCombineThreads, 0, stream>>>(partial_o, partial_ml, splits,
-                                                                      num_qv, out);
+      launch(quant_combine_kernel<32>, grid, kCombineThreads, 0, stream, partial_o, partial_ml,
+             splits, num_qv, out);
       break;
     case 64:
-      quant_combine_kernel<64><<<grid, kCombineThreads, 0, stream>>>(partial_o, partial_ml, splits,
-                                                                      num_qv, out);
+      launch(quant_combine_kernel<64>, grid, kCombineThreads, 0, stream, partial_o, partial_ml,
+             splits, num_qv, out);
       break;
     case 128:
-      quant_combine_kernel<128><<<grid, kCombineThreads, 0, stream>>>(partial_o, partial_ml,
-                                                                       splits, num_qv, out);
+      launch(quant_combine_kernel<128>, grid, kCombineThreads, 0, stream, partial_o, partial_ml,
+             splits, num_qv, out);
       break;
     case 256:
-      quant_combine_kernel<256><<<grid, kCombineThreads, 0, stream>>>(partial_o, partial_ml,
-                                                                       splits, num_qv, out);
+      launch(quant_combine_kernel<256>, grid, kCombineThreads, 0, stream, partial_o, partial_ml,
+             splits, num_qv, out);
       break;
     default:
       QS_CHECK_MSG(false, "quantized attention: unsupported head_dim");
@@ -1540,8 +1544,8 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   blocks_per_sm(kc.fn, plan.threads, plan.smem_bytes);  // sets the shared memory limit
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(plan.query_groups));
-  void* args[] = {&p};
-  CUDA_CHECK(cudaLaunchKernel(kc.fn, grid, dim3(plan.threads), args, plan.smem_bytes, stream));
+  launch(reinterpret_cast<void (*)(Params)>(kc.fn), grid, dim3(plan.threads), plan.smem_bytes,
+         stream, p);
   CUDA_CHECK_LAUNCH(stream);
 
   if (plan.parallel_combine) {

@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_ops.h"
 
 namespace qs {
@@ -34,6 +35,21 @@ void check_launch(const char* file, int line, cudaStream_t stream) {
   if (capture != cudaStreamCaptureStatusNone) return;
   e = cudaStreamSynchronize(stream);
   if (e != cudaSuccess) cuda_failed(file, line, "kernel execution (QS_CUDA_SYNC)", e);
+}
+
+namespace {
+bool g_pdl = [] {
+  const char* v = std::getenv("QS_CUDA_PDL");
+  return v == nullptr || std::strcmp(v, "0") != 0;
+}();
+}  // namespace
+
+bool pdl_enabled() {
+  return g_pdl;
+}
+
+void set_pdl_enabled(bool on) {
+  g_pdl = on;
 }
 
 }  // namespace cuda
@@ -545,6 +561,46 @@ void CudaBackend::swiglu(const float* gate, const float* up, int64_t n, float* o
 
 void CudaBackend::add(float* y, const float* x, int64_t n) {
   cuda::launch_add(y, x, n, impl_->stream);
+}
+
+void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int count) {
+  const int n = count;
+  bool dense = true, q4 = true;
+  for (int i = 0; i < n; ++i) {
+    const LinearOp& op = ops[i];
+    dense = dense && op.w4 == nullptr;
+    q4 = q4 && op.w4 != nullptr;
+    if (op.w4 != nullptr && op.bias != nullptr && !op.bias->empty()) {
+      QS_CHECK_MSG(op.bias->numel() == op.w4->rows,
+                   "bias " + op.bias->name + " does not match " + op.w4->name);
+    }
+  }
+  if (n >= 2 && n <= cuda::kMaxGemvSegments && m >= 1 && m <= kGemvMaxRows) {
+    if (dense) {
+      cuda::GemvSegment segs[cuda::kMaxGemvSegments];
+      for (int i = 0; i < n; ++i) {
+        segs[i] = {impl_->matrix(*ops[i].w), impl_->bias(ops[i].bias), ops[i].y};
+      }
+      if (cuda::gemv_group_supported(x, m, segs, n)) {
+        cuda::launch_gemv_group(x, m, segs, n, impl_->num_sms, impl_->stream);
+        return;
+      }
+    } else if (q4) {
+      const cuda::DeviceWeight4* ws[cuda::kMaxGemvSegments];
+      cuda::DeviceBias biases[cuda::kMaxGemvSegments];
+      float* ys[cuda::kMaxGemvSegments];
+      for (int i = 0; i < n; ++i) {
+        ws[i] = &impl_->weights4.resolve(*ops[i].w4, impl_->stream);
+        biases[i] = impl_->bias(ops[i].bias);
+        ys[i] = ops[i].y;
+      }
+      if (cuda::gemv_q4_group_supported(m, ws, n)) {
+        cuda::launch_gemv_q4_group(x, m, ws, biases, ys, n, impl_->num_sms, impl_->stream);
+        return;
+      }
+    }
+  }
+  Backend::matmul_group(x, m, ops, count);
 }
 
 void CudaBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w,

@@ -67,6 +67,7 @@ class CudaBackend final : public Backend {
   void add(float* y, const float* x, int64_t n) override;
   // 4-bit draft weights: uploaded (repacked for the kernel) on first use, found again by the
   // address of their host codes; m <= kGemvMaxRows per launch (larger m in slices of 16 rows).
+  void matmul_group(const float* x, int m, const LinearOp* ops, int count) override;
   void matmul_q4(const float* x, int m, const QuantizedWeight4& w, const WeightView* bias,
                  float* y) override;
   using Backend::quantize_kv;  // the f32 overload

@@ -72,11 +72,30 @@ void launch_store_f16(const float* src, int64_t n, void* dst, cudaStream_t strea
 
 // ---- gemv.cu --------------------------------------------------------------------------------
 
+// Programmatic dependent launch of every kernel (launch.cuh): on by default, QS_CUDA_PDL=0 in the
+// environment turns it off; benchmarks and tests switch it per process.
+bool pdl_enabled();
+void set_pdl_enabled(bool on);
+
 // y = x W^T + bias for m <= 16 rows; x: [m, w.cols] f32, y: [m, w.rows] f32. Reads W once
 // for all rows: tensor cores on split activations for F16/BF16 weights with cols % 8 == 0 and
 // 16-byte aligned x and W; plain FMA loops otherwise (F32 weights, odd shapes).
 void launch_gemv(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias, float* y,
                  int num_sms, cudaStream_t stream);
+// Several matrices with the same cols read by one launch (q/k/v, gate/up): y_i = x W_i^T + b_i.
+// One grid covers every matrix, so there is one launch ramp and tail instead of one per matrix.
+constexpr int kMaxGemvSegments = 3;
+struct GemvSegment {
+  DeviceMatrix w;
+  DeviceBias bias;
+  float* y = nullptr;
+};
+// Whether launch_gemv_group takes these matrices (same F16/BF16 dtype and cols, the tensor-core
+// path for each, 1..kMaxGemvSegments of them); otherwise call launch_gemv per matrix.
+bool gemv_group_supported(const float* x, int m, const GemvSegment* segs, int count);
+void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
+                       cudaStream_t stream);
+
 // Tuning of launch_gemv, process-wide (benchmarks and tests compare the variants; every
 // variant computes the same function and is tested).
 // Defaults: the fastest measured on the H200 (docs/perf.md).

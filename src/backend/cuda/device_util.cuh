@@ -92,4 +92,31 @@ __device__ __forceinline__ uint4 load_weights_16(const void* p) {
   }
 }
 
+// Element i (< N) of a kernel-parameter array without a dynamic index (which would copy the
+// parameters to local memory).
+template <typename V, int N>
+__device__ __forceinline__ V pick(const V (&a)[N], int i) {
+  V r = a[0];
+#pragma unroll
+  for (int k = 1; k < N; ++k) {
+    if (i == k) r = a[k];
+  }
+  return r;
+}
+
+// Grouped launches (several matrices in one grid): the segment whose blocks hold blockIdx.x
+// (segs.block_end: cumulative block counts; segs.count segments) and the block's index in it.
+template <class Segs>
+__device__ __forceinline__ int find_segment(const Segs& segs, int64_t& block) {
+  constexpr int kN = sizeof(segs.block_end) / sizeof(segs.block_end[0]);
+  block = blockIdx.x;
+  int si = 0;
+#pragma unroll
+  for (int i = 0; i + 1 < kN; ++i) {
+    if (i + 1 < segs.count && blockIdx.x >= segs.block_end[i]) si = i + 1;
+  }
+  if (si > 0) block -= pick(segs.block_end, si - 1);
+  return si;
+}
+
 }  // namespace qs::cuda

@@ -8,6 +8,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace qs::cuda {
 
@@ -25,6 +26,7 @@ int blocks_for(int64_t n, int threads = kThreads) {
 template <typename T>
 __global__ void embedding_kernel(const T* table, int64_t cols, const int32_t* ids_device,
                                  InlineIds inline_ids, int m, float* out) {
+  pdl_begin();
   const int i = blockIdx.y;  // token row
   if (i >= m) return;
   const int64_t id = ids_device ? ids_device[i] : inline_ids.ids[i];
@@ -40,6 +42,7 @@ __global__ void embedding_kernel(const T* table, int64_t cols, const int32_t* id
 // the reduction order does not matter.
 __global__ void rmsnorm_kernel(const float* x, const void* weight, DType weight_dtype, int64_t d,
                                float eps, float* out) {
+  pdl_begin();
   __shared__ double warp_sums[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * d;
@@ -71,6 +74,7 @@ __global__ void rmsnorm_kernel(const float* x, const void* weight, DType weight_
 // double and rounded, matching the CPU reference's correctly rounded f32 values.
 __global__ void rope_kernel(float* x, int m, int num_heads, int head_dim, int pos,
                             RopeFreqs freqs) {
+  pdl_begin();
   const int half = head_dim / 2;
   const int64_t total = static_cast<int64_t>(m) * num_heads * half;
   const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
@@ -90,6 +94,7 @@ __global__ void rope_kernel(float* x, int m, int num_heads, int head_dim, int po
 }
 
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float g = gate[i];
@@ -98,6 +103,7 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, flo
 }
 
 __global__ void add_kernel(float* y, const float* x, int64_t n) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     y[i] += x[i];
@@ -105,6 +111,7 @@ __global__ void add_kernel(float* y, const float* x, int64_t n) {
 }
 
 __global__ void add4_kernel(float4* y, const float4* x, int64_t n4) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {
     float4 a = y[i];
@@ -119,6 +126,7 @@ __global__ void add4_kernel(float4* y, const float4* x, int64_t n4) {
 
 __global__ void add_bias_rows_kernel(float* y, int64_t total, int64_t n, const void* bias,
                                      DType bias_dtype) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < total;
        i += int64_t(gridDim.x) * blockDim.x) {
     y[i] += load_as_float(bias, bias_dtype, i % n);
@@ -138,6 +146,7 @@ __device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
 
 template <typename T>
 __global__ void split_kernel(const float* x, int64_t n, T* hi, T* lo) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float v = x[i];
@@ -156,6 +165,7 @@ __device__ __forceinline__ __half to_f16_sat(float v) {
 
 __global__ void store_f16_kernel(const float* __restrict__ src, int64_t n,
                                  __half* __restrict__ dst) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     dst[i] = to_f16_sat(src[i]);
@@ -165,6 +175,7 @@ __global__ void store_f16_kernel(const float* __restrict__ src, int64_t n,
 // Four values per thread: a 16-byte load, an 8-byte store.
 __global__ void store_f16x4_kernel(const float4* __restrict__ src, int64_t n4,
                                    __half2* __restrict__ dst) {
+  pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = src[i];
@@ -186,16 +197,17 @@ void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device,
       static_cast<unsigned>(m));
   switch (table.dtype) {
     case DType::F32:
-      embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const float*>(table.data),
-                                                      table.cols, ids_device, inline_ids, m, out);
+      launch(embedding_kernel<float>, grid, kThreads, 0, stream,
+             static_cast<const float*>(table.data), table.cols, ids_device, inline_ids, m, out);
       break;
     case DType::F16:
-      embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __half*>(table.data),
-                                                      table.cols, ids_device, inline_ids, m, out);
+      launch(embedding_kernel<__half>, grid, kThreads, 0, stream,
+             static_cast<const __half*>(table.data), table.cols, ids_device, inline_ids, m, out);
       break;
     case DType::BF16:
-      embedding_kernel<<<grid, kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(table.data),
-                                                      table.cols, ids_device, inline_ids, m, out);
+      launch(embedding_kernel<__nv_bfloat16>, grid, kThreads, 0, stream,
+             static_cast<const __nv_bfloat16*>(table.data), table.cols, ids_device, inline_ids, m,
+             out);
       break;
     default:
       QS_CHECK_MSG(false, "embedding: unsupported table dtype");
@@ -207,7 +219,7 @@ void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int6
                     float eps, float* out, cudaStream_t stream) {
   QS_CHECK(m >= 1 && d >= 1);
   const int threads = d >= 4096 ? 1024 : (d >= 1024 ? 512 : 128);
-  rmsnorm_kernel<<<m, threads, 0, stream>>>(x, weight, weight_dtype, d, eps, out);
+  launch(rmsnorm_kernel, m, threads, 0, stream, x, weight, weight_dtype, d, eps, out);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -216,13 +228,14 @@ void launch_rope(float* x, int m, int num_heads, int head_dim, int pos, const Ro
   QS_CHECK(head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs);
   QS_CHECK(m >= 1 && num_heads >= 1 && pos >= 0);
   const int64_t total = static_cast<int64_t>(m) * num_heads * (head_dim / 2);
-  rope_kernel<<<blocks_for(total), kThreads, 0, stream>>>(x, m, num_heads, head_dim, pos, freqs);
+  launch(rope_kernel, blocks_for(total), kThreads, 0, stream, x, m, num_heads, head_dim, pos,
+         freqs);
   CUDA_CHECK_LAUNCH(stream);
 }
 
 void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream) {
   if (n <= 0) return;
-  swiglu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(gate, up, n, out);
+  launch(swiglu_kernel, blocks_for(n), kThreads, 0, stream, gate, up, n, out);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -230,10 +243,10 @@ void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
   if (n <= 0) return;
   const bool aligned = (reinterpret_cast<uintptr_t>(y) | reinterpret_cast<uintptr_t>(x)) % 16 == 0;
   if (aligned && n % 4 == 0) {
-    add4_kernel<<<blocks_for(n / 4), kThreads, 0, stream>>>(
-        reinterpret_cast<float4*>(y), reinterpret_cast<const float4*>(x), n / 4);
+    launch(add4_kernel, blocks_for(n / 4), kThreads, 0, stream, reinterpret_cast<float4*>(y),
+           reinterpret_cast<const float4*>(x), n / 4);
   } else {
-    add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(y, x, n);
+    launch(add_kernel, blocks_for(n), kThreads, 0, stream, y, x, n);
   }
   CUDA_CHECK_LAUNCH(stream);
 }
@@ -241,8 +254,8 @@ void launch_add(float* y, const float* x, int64_t n, cudaStream_t stream) {
 void launch_add_bias_rows(float* y, int m, int64_t n, const DeviceBias& bias, cudaStream_t stream) {
   if (bias.data == nullptr || m <= 0 || n <= 0) return;
   const int64_t total = static_cast<int64_t>(m) * n;
-  add_bias_rows_kernel<<<blocks_for(total), kThreads, 0, stream>>>(y, total, n, bias.data,
-                                                                   bias.dtype);
+  launch(add_bias_rows_kernel, blocks_for(total), kThreads, 0, stream, y, total, n, bias.data,
+         bias.dtype);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -250,12 +263,12 @@ void launch_split_activations(const float* x, int64_t count, DType dtype, void* 
                               cudaStream_t stream) {
   if (count <= 0) return;
   if (dtype == DType::BF16) {
-    split_kernel<<<blocks_for(count), kThreads, 0, stream>>>(
-        x, count, static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo));
+    launch(split_kernel<__nv_bfloat16>, blocks_for(count), kThreads, 0, stream, x, count,
+           static_cast<__nv_bfloat16*>(hi), static_cast<__nv_bfloat16*>(lo));
   } else {
     QS_CHECK(dtype == DType::F16);
-    split_kernel<<<blocks_for(count), kThreads, 0, stream>>>(x, count, static_cast<__half*>(hi),
-                                                             static_cast<__half*>(lo));
+    launch(split_kernel<__half>, blocks_for(count), kThreads, 0, stream, x, count,
+           static_cast<__half*>(hi), static_cast<__half*>(lo));
   }
   CUDA_CHECK_LAUNCH(stream);
 }
@@ -265,10 +278,10 @@ void launch_store_f16(const float* src, int64_t n, void* dst, cudaStream_t strea
   const bool aligned =
       reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
   if (aligned && n % 4 == 0) {
-    store_f16x4_kernel<<<blocks_for(n / 4), kThreads, 0, stream>>>(
-        reinterpret_cast<const float4*>(src), n / 4, static_cast<__half2*>(dst));
+    launch(store_f16x4_kernel, blocks_for(n / 4), kThreads, 0, stream,
+           reinterpret_cast<const float4*>(src), n / 4, static_cast<__half2*>(dst));
   } else {
-    store_f16_kernel<<<blocks_for(n), kThreads, 0, stream>>>(src, n, static_cast<__half*>(dst));
+    launch(store_f16_kernel, blocks_for(n), kThreads, 0, stream, src, n, static_cast<__half*>(dst));
   }
   CUDA_CHECK_LAUNCH(stream);
 }

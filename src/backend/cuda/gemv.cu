@@ -24,6 +24,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/launch.cuh"
 
 namespace qs::cuda {
 
@@ -82,18 +83,35 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
-// Block: (warps x 32) threads, 16 output features; NT tiles of 8 tokens (m <= 8 * NT).
-// x: [m, K] f32; w: [N, K]; y: [m, N] f32.
+// The matrices of one launch (launch_gemv_group; one segment for launch_gemv): blocks
+// [block_end[i - 1], block_end[i]) compute matrix i.
+template <typename T>
+struct MmaSegments {
+  const T* w[kMaxGemvSegments];
+  int64_t N[kMaxGemvSegments];
+  DeviceBias bias[kMaxGemvSegments];
+  float* y[kMaxGemvSegments];
+  int64_t block_end[kMaxGemvSegments];
+  int count;
+};
+
+// Block: (warps x 32) threads, 16 output features of one segment; NT tiles of 8 tokens
+// (m <= 8 * NT). x: [m, K] f32; w: [N, K]; y: [m, N] f32.
 template <typename T, int NT, int UNROLL, bool L2HINT>
 __global__ void __launch_bounds__(kMaxWarps * 32, UNROLL >= 8 ? 1 : 2)
-    gemv_mma_kernel(const float* __restrict__ x, int m, int64_t K, const T* __restrict__ w,
-                    int64_t N, DeviceBias bias, float* __restrict__ y) {
+    gemv_mma_kernel(const float* __restrict__ x, int m, int64_t K, const MmaSegments<T> segs) {
   __shared__ float partial[kMaxWarps][NT][32][4];  // per warp: its C fragments
+  int64_t block;
+  const int si = find_segment(segs, block);
+  const T* __restrict__ w = pick(segs.w, si);
+  const int64_t N = pick(segs.N, si);
+  const DeviceBias bias = pick(segs.bias, si);
+  float* __restrict__ y = pick(segs.y, si);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
   const int g = lane >> 2;  // fragment row group: W rows g, g + 8; token column g
   const int c = lane & 3;   // thread in group: k offset 8c inside a chunk
-  const int64_t n0 = static_cast<int64_t>(blockIdx.x) * 16;
+  const int64_t n0 = block * 16;
   const bool row0_ok = n0 + g < N, row1_ok = n0 + g + 8 < N;
   const T* w0 = w + (n0 + g) * K;
   const T* w1 = w + (n0 + g + 8) * K;
@@ -103,6 +121,14 @@ __global__ void __launch_bounds__(kMaxWarps * 32, UNROLL >= 8 ? 1 : 2)
   const int64_t steps = (chunks + UNROLL - 1) / UNROLL;
   const int64_t chunk_begin = steps * warp / num_warps * UNROLL;
   const int64_t chunk_end = min(chunks, steps * (warp + 1) / num_warps * UNROLL);
+  // The weights do not depend on the previous kernel: the first two steps of each of the 16 rows
+  // go to L2 while it finishes (launch.cuh).
+  if (lane < 16 && n0 + lane < N && chunk_begin < chunk_end) {
+    const int64_t k0 = chunk_begin * kChunkK;
+    const int64_t k1 = min(K, min(chunk_end, chunk_begin + 2 * UNROLL) * kChunkK);
+    prefetch_l2(w + (n0 + lane) * K + k0, static_cast<uint32_t>((k1 - k0) * sizeof(T)));
+  }
+  pdl_begin();
 
   float acc[NT][4];
 #pragma unroll
@@ -200,6 +226,7 @@ template <typename T, int M, bool L2HINT>
 __global__ void __launch_bounds__(kCoalMaxWarps * 32)
     gemv_coalesced_kernel(const float* __restrict__ x, int m, int64_t K, const T* __restrict__ w,
                           int64_t N, DeviceBias bias, float* __restrict__ y) {
+  pdl_begin();
   constexpr int R = kCoalRows, U = kCoalUnroll;
   __shared__ float partial[kCoalMaxWarps][M][R];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -275,6 +302,7 @@ template <typename T>
 __global__ void gemv_simt_kernel(const float* __restrict__ x, int m, int64_t K,
                                  const T* __restrict__ w, int64_t N, DeviceBias bias,
                                  float* __restrict__ y) {
+  pdl_begin();
   const int lane = threadIdx.x % 32;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * (blockDim.x / 32) + threadIdx.x / 32;
   if (n >= N) return;  // whole warp
@@ -304,39 +332,70 @@ __global__ void gemv_simt_kernel(const float* __restrict__ x, int m, int64_t K,
 
 GemvTuning g_tuning;
 
+template <typename T>
+MmaSegments<T> mma_segments(const GemvSegment* segs, int count) {
+  MmaSegments<T> ms{};
+  ms.count = count;
+  int64_t blocks = 0;
+  for (int i = 0; i < kMaxGemvSegments; ++i) {
+    const GemvSegment& sg = segs[std::min(i, count - 1)];  // unused slots repeat the last
+    if (i < count) blocks += (sg.w.rows + 15) / 16;
+    ms.w[i] = static_cast<const T*>(sg.w.data);
+    ms.N[i] = sg.w.rows;
+    ms.bias[i] = sg.bias;
+    ms.y[i] = sg.y;
+    ms.block_end[i] = blocks;
+  }
+  return ms;
+}
+
 template <typename T, int NT, int UNROLL, bool L2HINT>
-void launch_mma(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias, float* y,
-                int num_sms, cudaStream_t stream) {
-  const int64_t blocks = (w.rows + 15) / 16;
-  const int64_t steps = (w.cols + kChunkK * UNROLL - 1) / (kChunkK * UNROLL);
+void launch_mma(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
+                cudaStream_t stream) {
+  const MmaSegments<T> ms = mma_segments<T>(segs, count);
+  const int64_t blocks = ms.block_end[kMaxGemvSegments - 1];
+  const int64_t K = segs[0].w.cols;
+  const int64_t steps = (K + kChunkK * UNROLL - 1) / (kChunkK * UNROLL);
   // Enough warps in flight to cover memory latency (~32 per SM), each with >= 2 steps.
   int warps = 1;
   while (warps < kMaxWarps && warps * blocks < int64_t{num_sms} * 32 && warps * 2 <= steps) {
     warps *= 2;
   }
   QS_CHECK(blocks <= 0x7fffffff);
-  gemv_mma_kernel<T, NT, UNROLL, L2HINT><<<static_cast<unsigned>(blocks), warps * 32, 0, stream>>>(
-      x, m, w.cols, static_cast<const T*>(w.data), w.rows, bias, y);
+  launch(gemv_mma_kernel<T, NT, UNROLL, L2HINT>, static_cast<unsigned>(blocks), warps * 32, 0,
+         stream, x, m, K, ms);
   CUDA_CHECK_LAUNCH(stream);
 }
 
 template <typename T, int NT>
-void launch_mma_tuned(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
-                      float* y, int num_sms, cudaStream_t stream) {
+void launch_mma_tuned(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
+                      cudaStream_t stream) {
+  int64_t rows = 0;
+  for (int i = 0; i < count; ++i) rows += segs[i].w.rows;
   int unroll = g_tuning.mma_unroll;
-  if (unroll == 0) unroll = (w.rows + 15) / 16 >= int64_t{num_sms} * 32 ? 8 : 4;
+  if (unroll == 0) unroll = (rows + 15) / 16 >= int64_t{num_sms} * 32 ? 8 : 4;
   if (unroll >= 8) {
     if (g_tuning.l2_prefetch) {
-      launch_mma<T, NT, 8, true>(x, m, w, bias, y, num_sms, stream);
+      launch_mma<T, NT, 8, true>(x, m, segs, count, num_sms, stream);
     } else {
-      launch_mma<T, NT, 8, false>(x, m, w, bias, y, num_sms, stream);
+      launch_mma<T, NT, 8, false>(x, m, segs, count, num_sms, stream);
     }
   } else {
     if (g_tuning.l2_prefetch) {
-      launch_mma<T, NT, 4, true>(x, m, w, bias, y, num_sms, stream);
+      launch_mma<T, NT, 4, true>(x, m, segs, count, num_sms, stream);
     } else {
-      launch_mma<T, NT, 4, false>(x, m, w, bias, y, num_sms, stream);
+      launch_mma<T, NT, 4, false>(x, m, segs, count, num_sms, stream);
     }
+  }
+}
+
+template <typename T>
+void launch_mma_rows(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
+                     cudaStream_t stream) {
+  if (m <= 8) {
+    launch_mma_tuned<T, 1>(x, m, segs, count, num_sms, stream);
+  } else {
+    launch_mma_tuned<T, 2>(x, m, segs, count, num_sms, stream);
   }
 }
 
@@ -352,11 +411,11 @@ void launch_coalesced(const float* x, int m, const DeviceMatrix& w, const Device
   QS_CHECK(blocks <= 0x7fffffff);
   const unsigned grid = static_cast<unsigned>(blocks);
   if (g_tuning.l2_prefetch) {
-    gemv_coalesced_kernel<T, M, true><<<grid, warps * 32, 0, stream>>>(
-        x, m, w.cols, static_cast<const T*>(w.data), w.rows, bias, y);
+    launch(gemv_coalesced_kernel<T, M, true>, grid, warps * 32, 0, stream, x, m, w.cols,
+           static_cast<const T*>(w.data), w.rows, bias, y);
   } else {
-    gemv_coalesced_kernel<T, M, false><<<grid, warps * 32, 0, stream>>>(
-        x, m, w.cols, static_cast<const T*>(w.data), w.rows, bias, y);
+    launch(gemv_coalesced_kernel<T, M, false>, grid, warps * 32, 0, stream, x, m, w.cols,
+           static_cast<const T*>(w.data), w.rows, bias, y);
   }
   CUDA_CHECK_LAUNCH(stream);
 }
@@ -372,10 +431,9 @@ void launch_half(const float* x, int m, const DeviceMatrix& w, const DeviceBias&
     } else {
       launch_coalesced<T, 4>(x, m, w, bias, y, num_sms, stream);
     }
-  } else if (m <= 8) {
-    launch_mma_tuned<T, 1>(x, m, w, bias, y, num_sms, stream);
   } else {
-    launch_mma_tuned<T, 2>(x, m, w, bias, y, num_sms, stream);
+    const GemvSegment seg{w, bias, y};
+    launch_mma_rows<T>(x, m, &seg, 1, num_sms, stream);
   }
 }
 
@@ -399,21 +457,43 @@ void launch_gemv_simt(const float* x, int m, const DeviceMatrix& w, const Device
   const unsigned grid = static_cast<unsigned>(blocks);
   switch (w.dtype) {
     case DType::F32:
-      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(
-          x, m, w.cols, static_cast<const float*>(w.data), w.rows, bias, y);
+      launch(gemv_simt_kernel<float>, grid, kWarps * 32, 0, stream, x, m, w.cols,
+             static_cast<const float*>(w.data), w.rows, bias, y);
       break;
     case DType::F16:
-      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(
-          x, m, w.cols, static_cast<const __half*>(w.data), w.rows, bias, y);
+      launch(gemv_simt_kernel<__half>, grid, kWarps * 32, 0, stream, x, m, w.cols,
+             static_cast<const __half*>(w.data), w.rows, bias, y);
       break;
     case DType::BF16:
-      gemv_simt_kernel<<<grid, kWarps * 32, 0, stream>>>(
-          x, m, w.cols, static_cast<const __nv_bfloat16*>(w.data), w.rows, bias, y);
+      launch(gemv_simt_kernel<__nv_bfloat16>, grid, kWarps * 32, 0, stream, x, m, w.cols,
+             static_cast<const __nv_bfloat16*>(w.data), w.rows, bias, y);
       break;
     default:
       QS_CHECK_MSG(false, "gemv: unsupported weight dtype");
   }
   CUDA_CHECK_LAUNCH(stream);
+}
+
+bool gemv_group_supported(const float* x, int m, const GemvSegment* segs, int count) {
+  if (count < 1 || count > kMaxGemvSegments || m < 1 || m > kMaxGemvRows) return false;
+  if (m <= std::min(g_tuning.coalesced_max_rows, 4)) return false;  // that kernel is per matrix
+  for (int i = 0; i < count; ++i) {
+    const DeviceMatrix& w = segs[i].w;
+    if (!gemv_uses_tensor_cores(x, w) || w.dtype != segs[0].w.dtype || w.cols != segs[0].w.cols) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
+                       cudaStream_t stream) {
+  QS_CHECK(gemv_group_supported(x, m, segs, count));
+  if (segs[0].w.dtype == DType::BF16) {
+    launch_mma_rows<__nv_bfloat16>(x, m, segs, count, num_sms, stream);
+  } else {
+    launch_mma_rows<__half>(x, m, segs, count, num_sms, stream);
+  }
 }
 
 void set_gemv_tuning(const GemvTuning& tuning) {

@@ -41,6 +41,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_ops.h"
 
 namespace qs::cuda {
@@ -305,6 +306,7 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 2)
     gemv_q4_tiled_kernel(const float* __restrict__ x, int m, int64_t K,
                          const uint4* __restrict__ codes, const uint2* __restrict__ meta, int64_t N,
                          int64_t tiles, int64_t groups, DeviceBias bias, float* __restrict__ y) {
+  pdl_begin();
   extern __shared__ uint4 q4_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -415,6 +417,7 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 1)
     gemv_q4_wide_kernel(const float* __restrict__ x, int m, int64_t K,
                         const uint4* __restrict__ codes, const uint2* __restrict__ meta, int64_t N,
                         int64_t tiles, int64_t groups, DeviceBias bias, float* __restrict__ y) {
+  pdl_begin();
   static_assert(kWideBatch % RT == 0, "a batch holds whole groups of the warp's tiles");
   constexpr int U = kWideBatch / RT;
   extern __shared__ float wide_partial[];
@@ -586,16 +589,35 @@ __device__ __forceinline__ void cc_group(const float* __restrict__ x, int64_t K,
 // of x. x: [M, K] f32; codes/meta: the tiled layout; y: [M, N] f32. BATCH groups are loaded per
 // step. Tiles past the matrix re-read the block's first tile (a valid address) and are not
 // stored.
+// The matrices of one launch (launch_gemv_q4_group; one for launch_gemv_q4), all with the same
+// cols: blocks [block_end[i - 1], block_end[i]) compute matrix i.
+struct CcSegments {
+  const uint4* codes[kMaxGemvSegments];
+  const uint2* meta[kMaxGemvSegments];
+  int64_t N[kMaxGemvSegments];
+  int64_t tiles[kMaxGemvSegments];
+  DeviceBias bias[kMaxGemvSegments];
+  float* y[kMaxGemvSegments];
+  int64_t block_end[kMaxGemvSegments];
+  int count;
+};
+
 template <int M, int RT, int BATCH, bool VEC_X>
 __global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
-    gemv_q4_cc_kernel(const float* __restrict__ x, int64_t K, const uint4* __restrict__ codes,
-                      const uint2* __restrict__ meta, int64_t N, int64_t tiles, int64_t groups,
-                      DeviceBias bias, float* __restrict__ y) {
+    gemv_q4_cc_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
+                      const CcSegments segs) {
   __shared__ float partial[kCcMaxWarps][16 * RT][M];  // per warp: the tiles' row sums
+  int64_t block;
+  const int si = find_segment(segs, block);
+  const uint4* __restrict__ codes = pick(segs.codes, si);
+  const uint2* __restrict__ meta = pick(segs.meta, si);
+  const int64_t N = pick(segs.N, si), tiles = pick(segs.tiles, si);
+  const DeviceBias bias = pick(segs.bias, si);
+  float* __restrict__ y = pick(segs.y, si);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
   const int g = lane >> 2, c = lane & 3;
-  const int64_t tile0 = blockIdx.x * int64_t{RT};
+  const int64_t tile0 = block * RT;
   const int64_t grp_begin = groups * warp / num_warps;
   const int64_t grp_end = groups * (warp + 1) / num_warps;
   const uint4* tcodes[RT];
@@ -605,7 +627,14 @@ __global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
     const int64_t tile = tile0 + r < tiles ? tile0 + r : tile0;
     tcodes[r] = codes + tile * groups * kPiecesPerTileGroup + lane;
     tmeta[r] = meta + tile * groups * kMetaPerTileGroup + g;
+    // The weights do not depend on the previous kernel: the first batches' codes go to L2
+    // while it finishes (launch.cuh).
+    if (lane == 0 && tile0 + r < tiles) {
+      const int64_t n = min(grp_end - grp_begin, int64_t{2 * BATCH}) * kPiecesPerTileGroup;
+      if (n > 0) prefetch_l2(tcodes[r] + grp_begin * kPiecesPerTileGroup, uint32_t(n * 16));
+    }
   }
+  pdl_begin();
 
   float acc[RT][2][M];
 #pragma unroll
@@ -674,6 +703,7 @@ __global__ void gemv_q4_simt_kernel(const float* __restrict__ x, int m, int64_t 
                                     const uint16_t* __restrict__ mins, int64_t groups,
                                     int group_size, int64_t N, DeviceBias bias,
                                     float* __restrict__ y) {
+  pdl_begin();
   const int lane = threadIdx.x % 32;
   const int64_t n = static_cast<int64_t>(blockIdx.x) * kSimtWarps + threadIdx.x / 32;
   if (n >= N) return;  // whole warp
@@ -710,6 +740,7 @@ __global__ void repack_q4_kernel(const uint8_t* __restrict__ raw, int64_t row_by
                                  const uint16_t* __restrict__ mins, int64_t rows, int64_t cols,
                                  int64_t groups, int64_t tiles, uint4* __restrict__ out_codes,
                                  uint2* __restrict__ out_meta) {
+  pdl_begin();
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (idx >= tiles * groups * kPiecesPerTileGroup) return;
   const int lane = static_cast<int>(idx % 32);
@@ -787,9 +818,9 @@ void launch_tiled(const TiledLaunch& l) {
     }();
     (void)opted_in;
   }
-  kernel<<<static_cast<unsigned>(blocks), l.warps * 32, smem, l.stream>>>(
-      l.x, l.m, l.w->cols, reinterpret_cast<const uint4*>(l.w->codes),
-      reinterpret_cast<const uint2*>(l.w->meta), l.w->rows, tiles, l.w->groups, l.bias, l.y);
+  launch(kernel, static_cast<unsigned>(blocks), l.warps * 32, smem, l.stream, l.x, l.m, l.w->cols,
+         reinterpret_cast<const uint4*>(l.w->codes), reinterpret_cast<const uint2*>(l.w->meta),
+         l.w->rows, tiles, l.w->groups, l.bias, l.y);
   CUDA_CHECK_LAUNCH(l.stream);
 }
 
@@ -848,10 +879,9 @@ void launch_wide(const TiledLaunch& l, int num_sms) {
     }
   }
   QS_CHECK(blocks <= 0x7fffffff && warps >= 1 && warps <= kQ4MaxWarps);
-  kernel<<<static_cast<unsigned>(blocks), warps * 32, q4_wide_smem_bytes<RT, NT>(warps),
-           l.stream>>>(l.x, l.m, l.w->cols, reinterpret_cast<const uint4*>(l.w->codes),
-                     reinterpret_cast<const uint2*>(l.w->meta), l.w->rows, tiles, l.w->groups,
-                     l.bias, l.y);
+  launch(kernel, static_cast<unsigned>(blocks), warps * 32, q4_wide_smem_bytes<RT, NT>(warps),
+         l.stream, l.x, l.m, l.w->cols, reinterpret_cast<const uint4*>(l.w->codes),
+         reinterpret_cast<const uint2*>(l.w->meta), l.w->rows, tiles, l.w->groups, l.bias, l.y);
   CUDA_CHECK_LAUNCH(l.stream);
 }
 
@@ -867,35 +897,59 @@ void launch_wide_rt(int rt, const TiledLaunch& l, int num_sms) {
   }
 }
 
+// One CUDA-core launch over 1..kMaxGemvSegments matrices of the same cols and groups.
+struct CcLaunch {
+  const float* x;
+  int m;
+  const DeviceWeight4* w[kMaxGemvSegments];
+  DeviceBias bias[kMaxGemvSegments];
+  float* y[kMaxGemvSegments];
+  int count;
+  int warps;
+  cudaStream_t stream;
+};
+
 // The CUDA-core kernel for exactly M rows of x, RT tiles per block.
 template <int M, int RT, bool VEC_X>
-void launch_cc(const TiledLaunch& l, int64_t tiles) {
+void launch_cc(const CcLaunch& l) {
   // Groups loaded per step (8 registers per tile each): about 4 KiB of codes in flight per warp
   // within the register budget (128 per thread for RT <= 2, 255 for RT = 4).
   constexpr int kBatch = RT >= 4 ? (M == 1 ? 2 : 1) : RT == 2 ? (M <= 2 ? 2 : 1)
                                                             : (M <= 2 ? 4 : (M <= 4 ? 2 : 1));
-  const int64_t blocks = (tiles + RT - 1) / RT;
+  CcSegments segs{};
+  segs.count = l.count;
+  int64_t blocks = 0;
+  for (int i = 0; i < kMaxGemvSegments; ++i) {
+    const int j = std::min(i, l.count - 1);  // unused slots repeat the last
+    const DeviceWeight4& w = *l.w[j];
+    const int64_t tiles = (w.rows + 15) / 16;
+    if (i < l.count) blocks += (tiles + RT - 1) / RT;
+    segs.codes[i] = reinterpret_cast<const uint4*>(w.codes);
+    segs.meta[i] = reinterpret_cast<const uint2*>(w.meta);
+    segs.N[i] = w.rows;
+    segs.tiles[i] = tiles;
+    segs.bias[i] = l.bias[j];
+    segs.y[i] = l.y[j];
+    segs.block_end[i] = blocks;
+  }
   QS_CHECK(blocks <= 0x7fffffff && l.warps >= 1 && l.warps <= kCcMaxWarps);
-  gemv_q4_cc_kernel<M, RT, kBatch, VEC_X>
-      <<<static_cast<unsigned>(blocks), l.warps * 32, 0, l.stream>>>(
-          l.x, l.w->cols, reinterpret_cast<const uint4*>(l.w->codes),
-          reinterpret_cast<const uint2*>(l.w->meta), l.w->rows, tiles, l.w->groups, l.bias, l.y);
+  launch(gemv_q4_cc_kernel<M, RT, kBatch, VEC_X>, static_cast<unsigned>(blocks), l.warps * 32, 0,
+         l.stream, l.x, l.w[0]->cols, l.w[0]->groups, segs);
   CUDA_CHECK_LAUNCH(l.stream);
 }
 
 // rt: 1, 2 or 4 (4 only for m <= 2: registers; it runs as 2 above).
 template <int M, bool VEC_X>
-void launch_cc_rt(int rt, const TiledLaunch& l) {
-  const int64_t tiles = (l.w->rows + 15) / 16;
+void launch_cc_rt(int rt, const CcLaunch& l) {
   if constexpr (M <= 2) {
-    if (rt == 4) return launch_cc<M, 4, VEC_X>(l, tiles);
+    if (rt == 4) return launch_cc<M, 4, VEC_X>(l);
   }
-  if (rt >= 2) return launch_cc<M, 2, VEC_X>(l, tiles);
-  launch_cc<M, 1, VEC_X>(l, tiles);
+  if (rt >= 2) return launch_cc<M, 2, VEC_X>(l);
+  launch_cc<M, 1, VEC_X>(l);
 }
 
 template <bool VEC_X>
-void launch_cc_rows(int rt, const TiledLaunch& l) {
+void launch_cc_rows(int rt, const CcLaunch& l) {
   static_assert(kCcMaxRows == 8, "one instantiation per row count");
   switch (l.m) {
     case 1: return launch_cc_rt<1, VEC_X>(rt, l);
@@ -922,6 +976,29 @@ int cc_row_tiles(int64_t tiles, int num_sms) {
 // Warps of the CUDA-core kernel splitting K: about 4 groups (4 KiB of codes) each, at most 8.
 int auto_cc_warps(int64_t groups) {
   return static_cast<int>(std::clamp<int64_t>(groups / 4, 1, kCcMaxWarps));
+}
+
+// The CUDA-core kernel over the launch's matrices, tiles per block and warps chosen from the
+// first matrix's groups and all matrices' tiles.
+void run_cc(CcLaunch l, int num_sms) {
+  int64_t tiles = 0;
+  for (int i = 0; i < l.count; ++i) tiles += (l.w[i]->rows + 15) / 16;
+  const int64_t groups = l.w[0]->groups;
+  l.warps = g_q4_tuning.warps > 0 ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, groups))
+                                  : auto_cc_warps(groups);
+  const int rt = g_q4_tuning.row_tiles > 0 ? g_q4_tuning.row_tiles : cc_row_tiles(tiles, num_sms);
+  const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
+  if (vec_x) {
+    launch_cc_rows<true>(rt, l);
+  } else {
+    launch_cc_rows<false>(rt, l);
+  }
+}
+
+// Whether launch_gemv_q4 runs the CUDA-core kernel for m rows.
+bool uses_cc(int m) {
+  const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
+  return m <= kCcMaxRows && (kernel == 2 || (kernel == 4 && m <= kQ4CudaCoreAutoRows));
 }
 
 // Tiles of 16 rows per warp: wide tiles share each activation fragment between more weight
@@ -1033,11 +1110,11 @@ const DeviceWeight4& Weight4Cache::resolve(const QuantizedWeight4& w, cudaStream
     constexpr int kThreads = 256;
     const int64_t blocks = (pieces + kThreads - 1) / kThreads;
     QS_CHECK(blocks <= 0x7fffffff);
-    repack_q4_kernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(
-        reinterpret_cast<const uint8_t*>(st), row_bytes,
-        reinterpret_cast<const uint16_t*>(st + scale_at),
-        reinterpret_cast<const uint16_t*>(st + min_at), w.rows, w.cols, groups, tiles,
-        static_cast<uint4*>(codes), static_cast<uint2*>(meta));
+    launch(repack_q4_kernel, static_cast<unsigned>(blocks), kThreads, 0, stream,
+           reinterpret_cast<const uint8_t*>(st), row_bytes,
+           reinterpret_cast<const uint16_t*>(st + scale_at),
+           reinterpret_cast<const uint16_t*>(st + min_at), w.rows, w.cols, groups, tiles,
+           static_cast<uint4*>(codes), static_cast<uint2*>(meta));
     CUDA_CHECK_LAUNCH(stream);
     CUDA_CHECK(cudaStreamSynchronize(stream));  // the staging buffer is read by the repack
     CUDA_CHECK(cudaFree(staging));
@@ -1074,6 +1151,31 @@ Q4GemvTuning q4_gemv_tuning() {
   return g_q4_tuning;
 }
 
+bool gemv_q4_group_supported(int m, const DeviceWeight4* const* ws, int count) {
+  if (count < 1 || count > kMaxGemvSegments || m < 1 || !uses_cc(m)) return false;
+  for (int i = 0; i < count; ++i) {
+    const DeviceWeight4& w = *ws[i];
+    if (!w.tiled || w.cols != ws[0]->cols || w.groups != ws[0]->groups ||
+        w.group_size != ws[0]->group_size) {
+      return false;
+    }
+  }
+  return true;
+}
+
+void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
+                          const DeviceBias* biases, float* const* ys, int count, int num_sms,
+                          cudaStream_t stream) {
+  QS_CHECK(gemv_q4_group_supported(m, ws, count));
+  CcLaunch l{x, m, {}, {}, {}, count, 0, stream};
+  for (int i = 0; i < count; ++i) {
+    l.w[i] = ws[i];
+    l.bias[i] = biases[i];
+    l.y[i] = ys[i];
+  }
+  run_cc(l, num_sms);
+}
+
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,
                     int num_sms, cudaStream_t stream) {
   QS_CHECK(m >= 1 && m <= kMaxRows && w.rows >= 1 && w.cols >= 1 && w.codes && w.meta);
@@ -1082,8 +1184,8 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
     QS_CHECK(blocks <= 0x7fffffff);
     const uint16_t* scale = w.meta;
     const uint16_t* mins = w.meta + w.rows * w.groups;
-    gemv_q4_simt_kernel<<<static_cast<unsigned>(blocks), kSimtWarps * 32, 0, stream>>>(
-        x, m, w.cols, w.codes, w.row_bytes, scale, mins, w.groups, w.group_size, w.rows, bias, y);
+    launch(gemv_q4_simt_kernel, static_cast<unsigned>(blocks), kSimtWarps * 32, 0, stream, x, m,
+           w.cols, w.codes, w.row_bytes, scale, mins, w.groups, w.group_size, w.rows, bias, y);
     CUDA_CHECK_LAUNCH(stream);
     return;
   }
@@ -1102,18 +1204,8 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
     }
     return;
   }
-  if (m <= kCcMaxRows && (kernel == 2 || (kernel == 4 && m <= kQ4CudaCoreAutoRows))) {
-    const int warps = g_q4_tuning.warps > 0
-                          ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, w.groups))
-                          : auto_cc_warps(w.groups);
-    const TiledLaunch l{x, m, &w, bias, y, warps, stream};
-    const int rt = g_q4_tuning.row_tiles > 0 ? g_q4_tuning.row_tiles
-                                             : cc_row_tiles(tiles, num_sms);
-    if (vec_x) {
-      launch_cc_rows<true>(rt, l);
-    } else {
-      launch_cc_rows<false>(rt, l);
-    }
+  if (uses_cc(m)) {
+    run_cc(CcLaunch{x, m, {&w}, {bias}, {y}, 1, 0, stream}, num_sms);
     return;
   }
   int rt = g_q4_tuning.row_tiles > 0 ? g_q4_tuning.row_tiles : auto_row_tiles(tiles, num_sms);

@@ -29,6 +29,7 @@
 #include <cmath>
 
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_ops.h"
 
 namespace qs::cuda {
@@ -183,6 +184,7 @@ __device__ __forceinline__ float4 load4(const __half* p) {
 // T: the row type (float or __half).
 template <int TPT, int CPL, typename T>
 __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const QuantizeKvArgs a) {
+  pdl_begin();
   extern __shared__ float2 slice_range[];  // [G / TPT][head_dim]: (lo, hi) per slice, channel
   const int hd = a.head_dim, G = a.group_size;
   const int h = blockIdx.y;
@@ -360,9 +362,9 @@ void launch_tpt_cpl(const QuantizeKvArgs& a, bool f16, int num_kv_heads, int n_g
   const dim3 grid(static_cast<unsigned>(n_groups), static_cast<unsigned>(num_kv_heads),
                   static_cast<unsigned>(parts));
   if (f16) {
-    quantize_kv_kernel<TPT, CPL, __half><<<grid, threads, smem, stream>>>(a);
+    launch(quantize_kv_kernel<TPT, CPL, __half>, grid, threads, smem, stream, a);
   } else {
-    quantize_kv_kernel<TPT, CPL, float><<<grid, threads, smem, stream>>>(a);
+    launch(quantize_kv_kernel<TPT, CPL, float>, grid, threads, smem, stream, a);
   }
   CUDA_CHECK_LAUNCH(stream);
 }

@@ -84,6 +84,13 @@ class Weight4Cache {
 // kernel.
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,
                     int num_sms, cudaStream_t stream);
+// Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
+// launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
+// when launch_gemv_q4 itself would run that kernel for m rows; otherwise one call per matrix.
+bool gemv_q4_group_supported(int m, const DeviceWeight4* const* ws, int count);
+void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
+                          const DeviceBias* biases, float* const* ys, int count, int num_sms,
+                          cudaStream_t stream);
 
 // Process-wide tuning of launch_gemv_q4's tiled kernel (benchmarks compare the variants; every
 // variant computes the same function and is tested). 0 = automatic.

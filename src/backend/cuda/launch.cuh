@@ -1,0 +1,55 @@
+// Kernel launches with programmatic dependent launch (PDL, sm_90): a decode step is ~500 short
+// kernels in a row, and without PDL each one starts only after the previous one has drained
+// (its tail and the next one's ramp leave the memory system idle for microseconds per launch).
+// With the attribute set, the next kernel's blocks may start as soon as every block of the
+// running kernel has passed pdl_begin(); they wait there (griddepcontrol.wait) until the previous
+// grid has completed and its writes are visible. Work that does not depend on the previous
+// kernel (prefetching weights into L2) goes before pdl_begin().
+//
+// Contract: every kernel launched through launch() calls pdl_begin() before it reads anything a
+// previous kernel wrote or writes anything at all. Without the attribute (QS_CUDA_PDL=0, or
+// set_pdl_enabled(false)) pdl_begin() is a no-op and launches are ordinary stream launches.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <utility>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_ops.h"  // pdl_enabled
+
+namespace qs::cuda {
+
+template <typename... KernelArgs, typename... Args>
+void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+            Args&&... args) {
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = grid;
+  cfg.blockDim = block;
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 1 : 0;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// Waits for the previous kernel of the stream (its completion and memory), then lets the next
+// kernel's blocks be scheduled.
+__device__ __forceinline__ void pdl_begin() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Asks L2 to fetch [p, p + bytes) (p and bytes multiples of 16); no effect on correctness.
+__device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(p), "r"(bytes) : "memory");
+#endif
+}
+
+}  // namespace qs::cuda
