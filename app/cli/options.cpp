@@ -34,6 +34,15 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                     "twice as fast, like HF transformers in bf16); the CPU always computes in "
                     "f32 [default: exact]",
                     "QS_PREFILL_MATMUL");
+  const std::map<std::string, PrefillKv> prefill_kvs{{"exact", PrefillKv::kExact},
+                                                     {"quantized", PrefillKv::kQuantized}};
+  add_choice_option(app, "--prefill-kv", opts.engine.prefill_kv, prefill_kvs,
+                    "Prompt attention with a quantized KV cache (--kv int8|int4, --mode "
+                    "quantspec): exact (every prompt row in full precision, all held at once) or "
+                    "quantized (each prefill chunk is quantized before the next one reads it: "
+                    "the full-precision buffer stays at a chunk: Llama-2-7B at 128K holds 33.5 "
+                    "instead of 97 GiB of KV) [default: exact]",
+                    "QS_PREFILL_KV");
   app.add_option("--threads", opts.engine.num_threads, "CPU threads (0: all cores)")
       ->envname("QS_THREADS")
       ->check(CLI::Range(0, 1024));

@@ -71,8 +71,9 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   }
   fmt::print(stderr,
              "  backend {}, context {} tokens, {} {:.3f} GiB, "
-             "prefill chunk {}\n",
-             backend, engine.max_context(), kv_label, kv_gib, opts.engine.prefill_chunk);
+             "prefill chunk {}, prefill kv {}\n",
+             backend, engine.max_context(), kv_label, kv_gib, opts.engine.prefill_chunk,
+             prefill_kv_name(eo.prefill_kv));
   const EngineOptions& e = eo;
   const int gv = e.value_group_size > 0 ? e.value_group_size : c.head_dim;
   if (e.mode == DecodeMode::kQuantSpec) {
@@ -124,6 +125,7 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
       // Prefill matmul arithmetic: the GPU's choice, f32 on the CPU.
       {"prefill_matmul",
        options.device == Device::kCuda ? prefill_matmul_name(options.prefill_matmul) : "f32"},
+      {"prefill_kv", prefill_kv_name(options.prefill_kv)},
       {"kv_cache_bytes", engine.kv_cache_bytes()},
       {"group_size", options.group_size},
       {"backend", device_name(options.device)},

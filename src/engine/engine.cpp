@@ -49,6 +49,10 @@ const char* prefill_matmul_name(PrefillMatmul p) {
   return p == PrefillMatmul::kBf16 ? "bf16" : "exact";
 }
 
+const char* prefill_kv_name(PrefillKv p) {
+  return p == PrefillKv::kQuantized ? "quantized" : "exact";
+}
+
 KvDType resolve_kv_dtype(const EngineOptions& options) {
   if (options.kv_dtype != KvDType::kAuto) return options.kv_dtype;
   return options.device == Device::kCuda ? KvDType::kF16 : KvDType::kF32;

@@ -34,6 +34,13 @@ enum class KvDType : uint8_t { kAuto, kF32, kF16 };
 // GEMM, twice as fast; what HF transformers computes with bf16 weights). The CPU always computes
 // in f32.
 enum class PrefillMatmul : uint8_t { kExact, kBf16 };
+// The prompt's attention in the quantized KV modes (int8, int4, quantspec): kExact attends to
+// every prompt row in full precision and quantizes the prompt after it (the prompt's rows are all
+// held at once: 64 GiB of f16 rows for Llama-2-7B at 128K, next to the planes); kQuantized
+// commits (quantizes) each prefill chunk before the next, so later chunks read the history
+// through the mode's view, as decoding does, and the full-precision buffer never holds more than
+// a chunk plus the steady rows. The fp modes always prefill exactly.
+enum class PrefillKv : uint8_t { kExact, kQuantized };
 // Draft weights: 4-bit group-128 for every linear layer incl. lm_head, for the MLP only, or the
 // original weights (a KV-only draft).
 enum class DraftWeights : uint8_t { kInt4, kInt4Mlp, kNative };
@@ -55,6 +62,7 @@ struct EngineOptions {
   int max_context = 0;      // KV cache capacity in tokens; 0: min(model max, 8192) [TODO: grows]
   int prefill_chunk = 512;  // prompt tokens per prefill forward (bounds activation memory)
   PrefillMatmul prefill_matmul = PrefillMatmul::kExact;  // GPU only
+  PrefillKv prefill_kv = PrefillKv::kExact;              // quantized KV modes only
   DecodeMode mode = DecodeMode::kAr;
   KvType kv = KvType::kFp16;  // AR modes only; an error with kQuantSpec unless kFp16
   bool kv_explicit = false;   // kv was chosen by the user (so kQuantSpec can reject it)
@@ -80,6 +88,7 @@ const char* kv_type_name(KvType kv);
 // "auto", "f32", "f16".
 const char* kv_dtype_name(KvDType t);
 const char* prefill_matmul_name(PrefillMatmul p);
+const char* prefill_kv_name(PrefillKv p);
 // The row type `options` runs with: kF32 or kF16, never kAuto (kAuto: kF16 on cuda, else kF32).
 KvDType resolve_kv_dtype(const EngineOptions& options);
 const char* draft_weights_name(DraftWeights w);

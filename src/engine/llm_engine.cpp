@@ -300,13 +300,22 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
   clear_all();
   sparse_ = SparseDraftIndex{};
   const int n = static_cast<int>(ids.size());
-  // The prompt's rows in one allocation (a chain of growths holds two buffers at once).
-  QS_TRY(each_cache([n](KvCache& c) { return c.prepare_write(0, n); }));
+  // kQuantized (quantized modes): every chunk is committed before the next and read back through
+  // the mode's view, so the buffer holds a chunk plus the steady rows. Otherwise the prompt's
+  // rows in one allocation (a chain of growths holds two buffers at once).
+  const bool streamed = options_.prefill_kv == PrefillKv::kQuantized && cache_.quantized();
+  const int chunk = options_.prefill_chunk;
+  if (streamed) {
+    QS_TRY(each_cache([chunk](KvCache& c) { return c.hold_rows(chunk); }));
+  } else {
+    QS_TRY(each_cache([n](KvCache& c) { return c.prepare_write(0, n); }));
+  }
   const ModelConfig& cfg = config();
   const bool snap = options_.mode == DecodeMode::kSnapKv;
   const int window = std::min(options_.snap_window, n);
   const int64_t q_dim = cfg.q_dim();
   ForwardPath path;
+  if (streamed) path = target_path(cache_.mode());
   int chunk_start = 0;
   if (snap) {
     snap_q_.resize(static_cast<size_t>(cfg.num_layers) * window * q_dim);
@@ -327,8 +336,10 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
     chunk_start = start;
     QS_TRY(forward_all(std::span<const int32_t>(ids.data() + start, m), start, path,
                        last ? LogitRows::kLast : LogitRows::kNone, last_logits_.data()));
+    if (streamed) commit_all(start + m);
     if (progress) progress(start + m, n);
   }
+  if (streamed) QS_TRY(each_cache([](KvCache& c) { return c.hold_rows(0); }));
   commit_all(n);
   if (sparse()) {
     const int keep = sparse_keep_count(options_.draft_budget, n);

@@ -211,10 +211,16 @@ void KvCache::commit(int n) {
   const int base = quant_boundary(n, G);
   if (base > fp_base_) shift_rows(base);
   const int steady = steady_rows();
-  if (buffer_rows_ > 2 * steady && fp_end_ - fp_base_ <= steady) {
+  if (buffer_rows_ > std::max(2 * steady, held_rows_) && fp_end_ - fp_base_ <= steady) {
     // Give back what a long prefill grew (a failed allocation just keeps the large buffer).
-    (void)resize_rows(steady);
+    (void)resize_rows(std::max(steady, held_rows_));
   }
+}
+
+Status KvCache::hold_rows(int chunk) {
+  QS_CHECK(chunk >= 0);
+  held_rows_ = chunk > 0 ? std::min(chunk + steady_rows(), cfg_.capacity) : 0;
+  return reserve_rows(held_rows_);
 }
 
 void KvCache::clear() {

@@ -81,6 +81,10 @@ class KvCache {
   // A caller that knows how many rows are coming (a prompt) asks for them at once: one allocation
   // instead of a chain of growths.
   Status prepare_write(int pos, int m);
+  // Keeps the buffer at >= chunk + the steady rows until released (hold_rows(0)): a prefill that
+  // commits every chunk (EngineOptions::prefill_kv = kQuantized) then needs no more, and commit()
+  // does not give the rows back between chunks. hold_rows(0) lets the next commit shrink it.
+  Status hold_rows(int chunk);
   // Stores m rows of K and V ([m, kv_dim] f32 each, backend memory) as row_dtype at positions
   // [pos, pos + m) of `layer`'s buffer (every layer gets the same rows), after
   // prepare_write(pos, m). Rows past pos + m are dropped: written_end() becomes pos + m.
@@ -125,6 +129,7 @@ class KvCache {
   int flushes_ = 0;
   std::unique_ptr<int[]> layer_quantized_;  // [num_layers] positions quantized per layer
   int buffer_rows_ = 0;                     // allocated rows per layer
+  int held_rows_ = 0;                       // commit() keeps at least this many (hold_rows)
   // [num_layers, buffer_rows, kv_dim] of row_dtype (Buffer sizes count floats: rounded up).
   std::unique_ptr<Buffer> k_buf_;  // post-RoPE
   std::unique_ptr<Buffer> v_buf_;

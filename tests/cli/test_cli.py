@@ -132,6 +132,23 @@ def test_prefill_matmul(qs, tmp_path):
     assert "--prefill-matmul" in bad.stderr and "'fp8' is not one of bf16|exact" in bad.stderr
 
 
+def test_prefill_kv(qs, tmp_path):
+    """--prefill-kv: quantized prefill in a quantized mode runs, is reported and shows up in the
+    configuration line; a bad value is a usage error."""
+    args = ["generate", "-m", model_dir("llama3-tiny"), "-p", "Once upon a time " * 20, "-n", "12",
+            "--ignore-eos", "--mode", "quantspec", "--prefill-chunk", "16"]
+    for choice in ("exact", "quantized"):
+        stats = tmp_path / f"{choice}.json"
+        run = qs(*args, "--prefill-kv", choice, "--stats-json", stats)
+        j = json.loads(stats.read_text())
+        assert j["prefill_kv"] == choice
+        assert len(j["tokens"]) == 12
+        assert f"prefill kv {choice}" in run.stderr
+    bad = qs(*args, "--prefill-kv", "int8", check=False)
+    assert bad.returncode == 2
+    assert "--prefill-kv" in bad.stderr and "'int8' is not one of exact|quantized" in bad.stderr
+
+
 def test_tokenize_detokenize_roundtrip_on_tokenizer_only_dir(qs):
     tok_dir = f"{REPO}/models/tokenizers/bytelevel"
     texts = ["Hello, world!", "  spaces\tand\ttabs\n", "naïve café 日本語 🙂"]

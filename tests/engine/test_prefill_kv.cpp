@@ -1,0 +1,151 @@
+// EngineOptions::prefill_kv (--prefill-kv): with kQuantized the quantized modes commit every
+// prefill chunk before the next, so the full-precision buffer never holds more than a chunk plus
+// the steady rows (instead of the whole prompt), later chunks read the history through the mode's
+// view (the same computation as sequence_logits, which commits chunk by chunk), and the
+// speculative invariant still holds (greedy QuantSpec = greedy AR INT8, both prefilled so).
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+#include <vector>
+
+#include "engine/llm_engine.h"
+#include "tiny_model.h"
+
+namespace qs {
+namespace {
+
+using testing::greedy_params;
+using testing::random_prompt;
+using testing::TinyModel;
+
+constexpr int kVocab = 97;
+constexpr int kGroup = 32;
+constexpr int kChunk = 64;
+constexpr int kGamma = 5;
+
+ModelConfig config() {
+  ModelConfig cfg = testing::tiny_config();
+  cfg.vocab_size = kVocab;
+  cfg.max_position_embeddings = 4096;
+  return cfg;
+}
+
+EngineOptions options(DecodeMode mode, KvType kv, PrefillKv prefill) {
+  EngineOptions o;
+  o.mode = mode;
+  o.kv = kv;
+  o.kv_explicit = kv != KvType::kFp16;
+  o.group_size = kGroup;
+  o.gamma = kGamma;
+  o.prefill_chunk = kChunk;
+  o.prefill_kv = prefill;
+  return o;
+}
+
+// The largest full-precision buffer (bytes) seen after any prefill chunk of a greedy run, and
+// that run's tokens.
+struct PrefillRun {
+  size_t max_buffer = 0;
+  std::vector<int32_t> tokens;
+};
+
+PrefillRun run(LlmEngine& e, const std::vector<int32_t>& prompt, int n) {
+  const QuantizedPlanes* planes = e.cache().planes();
+  const size_t plane_bytes = planes ? static_cast<size_t>(planes->shape().total_bytes()) : 0;
+  PrefillRun r;
+  GenerationParams p = greedy_params(n);
+  p.on_prefill_progress = [&](int, int) {
+    r.max_buffer = std::max(r.max_buffer, e.kv_cache_bytes() - plane_bytes);
+  };
+  auto got = e.generate(prompt, p, nullptr);
+  EXPECT_TRUE(got.ok()) << got.error().message;
+  if (got.ok()) r.tokens = got->tokens;
+  return r;
+}
+
+TEST(PrefillKv, QuantizedPrefillHoldsAChunkNotThePrompt) {
+  const ModelConfig cfg = config();
+  const TinyModel tiny = testing::make_tiny_model(cfg, DType::BF16, 51);
+  const std::vector<int32_t> prompt = random_prompt(700, kVocab, 5);
+  // Bytes of one full-precision row (K and V, every layer, f32 rows on the CPU).
+  const size_t row_bytes = size_t{2} * cfg.num_layers * cfg.kv_dim() * sizeof(float);
+  const size_t steady_rows = 2 * kGroup + kGamma + 1;
+  for (const auto& [mode, kv] :
+       {std::pair{DecodeMode::kAr, KvType::kInt8}, std::pair{DecodeMode::kAr, KvType::kInt4},
+        std::pair{DecodeMode::kQuantSpec, KvType::kFp16}}) {
+    SCOPED_TRACE(std::string(decode_mode_name(mode)) + " " + kv_type_name(kv));
+    auto exact = testing::make_tiny_engine(tiny, options(mode, kv, PrefillKv::kExact));
+    auto quant = testing::make_tiny_engine(tiny, options(mode, kv, PrefillKv::kQuantized));
+    ASSERT_TRUE(exact && quant);
+    const PrefillRun a = run(*exact, prompt, 20), b = run(*quant, prompt, 20);
+    EXPECT_GE(a.max_buffer, prompt.size() * row_bytes);  // every prompt row at once
+    EXPECT_LE(b.max_buffer, (kChunk + steady_rows) * row_bytes);
+    EXPECT_EQ(b.tokens.size(), 20u);
+  }
+}
+
+// The streamed prefill is the chunk-by-chunk computation of sequence_logits (same chunks, same
+// commits, the mode's view), and it differs from the exact prefill by the quantization only.
+TEST(PrefillKv, QuantizedPrefillReadsTheHistoryThroughTheView) {
+  const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 52);
+  const std::vector<int32_t> prompt = random_prompt(333, kVocab, 6);
+  for (KvType kv : {KvType::kInt8, KvType::kInt4}) {
+    SCOPED_TRACE(kv_type_name(kv));
+    auto quant =
+        testing::make_tiny_engine(tiny, options(DecodeMode::kAr, kv, PrefillKv::kQuantized));
+    auto exact = testing::make_tiny_engine(tiny, options(DecodeMode::kAr, kv, PrefillKv::kExact));
+    auto seq = testing::make_tiny_engine(tiny, options(DecodeMode::kAr, kv, PrefillKv::kExact));
+    ASSERT_TRUE(quant && exact && seq);
+    auto got = quant->start(prompt);
+    auto ref = exact->start(prompt);
+    auto all = seq->sequence_logits(prompt);
+    ASSERT_TRUE(got.ok() && ref.ok() && all.ok());
+    const std::vector<float> want(all->end() - kVocab, all->end());  // the last position's row
+    double max_abs = 0, vs_seq = 0, vs_exact = 0;
+    for (int i = 0; i < kVocab; ++i) {
+      max_abs = std::max(max_abs, double(std::fabs(want[i])));
+      vs_seq = std::max(vs_seq, double(std::fabs((*got)[i] - want[i])));
+      vs_exact = std::max(vs_exact, double(std::fabs((*got)[i] - (*ref)[i])));
+    }
+    EXPECT_LT(vs_seq, 1e-5 * max_abs);    // the same computation (up to the last GEMM's rows)
+    EXPECT_GT(vs_exact, 10 * vs_seq);     // the history really is read quantized
+    EXPECT_LT(vs_exact, 5e-2 * max_abs);  // and only quantized
+  }
+}
+
+TEST(PrefillKv, GreedyQuantSpecEqualsGreedyArInt8WithQuantizedPrefill) {
+  const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 53);
+  auto ar = testing::make_tiny_engine(
+      tiny, options(DecodeMode::kAr, KvType::kInt8, PrefillKv::kQuantized));
+  auto spec = testing::make_tiny_engine(
+      tiny, options(DecodeMode::kQuantSpec, KvType::kFp16, PrefillKv::kQuantized));
+  ASSERT_TRUE(ar && spec);
+  for (int len : {1, 63, 64, 65, 300}) {
+    const std::vector<int32_t> prompt = random_prompt(len, kVocab, 400 + len);
+    auto want = ar->generate(prompt, greedy_params(100), nullptr);
+    auto got = spec->generate(prompt, greedy_params(100), nullptr);
+    ASSERT_TRUE(want.ok() && got.ok());
+    EXPECT_EQ(got->tokens, want->tokens) << "prompt length " << len;
+  }
+}
+
+TEST(PrefillKv, FullPrecisionModesIgnoreIt) {
+  const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 54);
+  const std::vector<int32_t> prompt = random_prompt(200, kVocab, 7);
+  auto a = testing::make_tiny_engine(
+      tiny, options(DecodeMode::kAr, KvType::kFp16, PrefillKv::kQuantized));
+  auto b =
+      testing::make_tiny_engine(tiny, options(DecodeMode::kAr, KvType::kFp16, PrefillKv::kExact));
+  ASSERT_TRUE(a && b);
+  auto x = a->start(prompt);
+  auto y = b->start(prompt);
+  ASSERT_TRUE(x.ok() && y.ok());
+  EXPECT_EQ(*x, *y);
+  EXPECT_STREQ(prefill_kv_name(PrefillKv::kQuantized), "quantized");
+  EXPECT_STREQ(prefill_kv_name(PrefillKv::kExact), "exact");
+}
+
+}  // namespace
+}  // namespace qs
