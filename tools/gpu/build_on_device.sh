@@ -7,7 +7,8 @@
 # The bundle of Debian package contents is unpacked into a private prefix (never into /), and
 # CMake is pointed at it. Afterwards `source build-gpu/env.sh` sets LD_LIBRARY_PATH for the binaries.
 # Environment: QS_GPU_PREFIX (default /tmp/qs-deps), QS_GPU_BUILD (default build-gpu),
-# QS_CUDA_ARCH (default 90a), QS_JOBS (default: all cores).
+# QS_CUDA_ARCH (default 90a), QS_JOBS (default: all cores), QS_CMAKE_EXTRA (more -D arguments,
+# e.g. where NCCL is: tools/gpu/multi_gpu.sh).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -72,7 +73,7 @@ cmake -S "$repo" -B "$build" "${generator[@]}" \
   -DCMAKE_LIBRARY_PATH="$blasdir;$libdir" \
   -DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include" \
   -DCMAKE_EXE_LINKER_FLAGS="-Wl,-rpath-link,$libdir -Wl,-rpath-link,$blasdir" \
-  -DPKG_CONFIG_EXECUTABLE="$prefix/bin/pkg-config"
+  -DPKG_CONFIG_EXECUTABLE="$prefix/bin/pkg-config" ${QS_CMAKE_EXTRA:-}
 
 cmake --build "$build" -j "$jobs" --target "${targets[@]}"
 

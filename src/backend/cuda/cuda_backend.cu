@@ -119,13 +119,17 @@ int attention_num_splits(int64_t kv_len, int64_t base_blocks, int num_sms, int m
   return static_cast<int>(std::max<int64_t>(splits, 1));
 }
 
-bool cuda_device_available() {
+int cuda_device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
     cudaGetLastError();  // clear the sticky-free error so later calls start clean
-    return false;
+    return 0;
   }
-  return count > 0;
+  return count;
+}
+
+bool cuda_device_available() {
+  return cuda_device_count() > 0;
 }
 
 struct CudaBackend::Impl {

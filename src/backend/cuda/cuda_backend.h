@@ -28,6 +28,8 @@ struct CudaBackendOptions {
 
 // Whether a CUDA device is present and usable (GPU tests skip without one).
 bool cuda_device_available();
+// CUDA devices present (0 without a driver or device).
+int cuda_device_count();
 
 class CudaBackend final : public Backend {
  public:
