@@ -29,10 +29,11 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
   const std::map<std::string, PrefillMatmul> prefill_matmuls{{"exact", PrefillMatmul::kExact},
                                                               {"bf16", PrefillMatmul::kBf16}};
   add_choice_option(app, "--prefill-matmul", opts.engine.prefill_matmul, prefill_matmuls,
-                    "Prefill matmuls on cuda: exact (f32 activations as bf16 hi + lo, two GEMMs: "
-                    "f32-level logits) or bf16 (activations rounded to bf16, one GEMM, about "
-                    "twice as fast, like HF transformers in bf16); the CPU always computes in "
-                    "f32 [default: exact]",
+                    "Prefill arithmetic on cuda: exact (f32 activations as bf16 hi + lo, two "
+                    "GEMMs, and attention on f16 hi/lo operands, three MMAs per product: "
+                    "f32-level logits) or bf16 (activations rounded to bf16, one GEMM, like HF "
+                    "transformers in bf16, and one MMA per attention product on f16 operands); "
+                    "the CPU always computes in f32 [default: exact]",
                     "QS_PREFILL_MATMUL");
   const std::map<std::string, PrefillKv> prefill_kvs{{"exact", PrefillKv::kExact},
                                                      {"quantized", PrefillKv::kQuantized}};

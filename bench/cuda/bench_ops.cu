@@ -951,7 +951,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   CudaBackendOptions fast_opt;
-  fast_opt.exact_prefill_matmul = false;
+  fast_opt.exact_prefill = false;
   auto fast = CudaBackend::create(fast_opt);
   cudaDeviceProp prop{};
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));

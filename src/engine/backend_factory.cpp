@@ -33,7 +33,7 @@ Result<std::unique_ptr<Backend>> create_backend(const EngineOptions& options,
   QS_TRY(CudaBackend::check_supported(cfg));
   CudaBackendOptions cuda;
   cuda.device = options.device_index;
-  cuda.exact_prefill_matmul = options.prefill_matmul == PrefillMatmul::kExact;
+  cuda.exact_prefill = options.prefill_matmul == PrefillMatmul::kExact;
   QS_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::create(cuda));
   return std::unique_ptr<Backend>(std::move(backend));
 #else
@@ -61,7 +61,7 @@ Result<std::vector<std::unique_ptr<Backend>>> create_rank_backends(const EngineO
   for (int r = 0; r < world; ++r) {
     CudaBackendOptions cuda;
     cuda.device = options.device_index + r;
-    cuda.exact_prefill_matmul = options.prefill_matmul == PrefillMatmul::kExact;
+    cuda.exact_prefill = options.prefill_matmul == PrefillMatmul::kExact;
     Result<std::unique_ptr<CudaBackend>> made = CudaBackend::create(cuda);
     if (!made.ok()) {
       return make_error("--tp " + std::to_string(world) + " on --device cuda needs CUDA devices " +

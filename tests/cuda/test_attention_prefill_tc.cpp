@@ -195,5 +195,56 @@ TEST_F(CudaOpsTest, AttentionPrefillTcMagnitudes) {
   report("prefill tc magnitudes", worst);
 }
 
+// CudaBackendOptions::exact_prefill = false (--prefill-matmul bf16): one MMA per product on the
+// f16 hi parts. Held to f16-operand accuracy (2^-11 per operand, power-of-two scaled) against
+// the CPU, and it must really differ from the exact path (the lo terms are gone).
+TEST_F(CudaOpsTest, AttentionPrefillTcFastIsF16Accurate) {
+  CudaBackendOptions opt;
+  opt.exact_prefill = false;
+  auto fast = CudaBackend::create(opt);
+  ASSERT_TRUE(fast.ok()) << fast.error().message;
+  double worst = 0, least_diff = 1;
+  for (int hd : {64, 128}) {
+    for (int pos : {0, 1000}) {
+      for (int m : {129, 600}) {
+        Kv kv(pos + m, kKvHeads, hd, 0, 7 * hd + pos + m);
+        for (int ratio : {1, 8}) {
+          for (int splits : {0, 3}) {
+            const Case c{kKvHeads * ratio, m, splits};
+            const AttentionShape shape{c.num_heads, kKvHeads, hd,
+                                       static_cast<float>(1.0 / std::sqrt(double(hd)))};
+            const std::vector<float> q =
+                random_normal(size_t(m) * c.num_heads * hd, 77 + pos + m + ratio);
+            std::vector<float> want(q.size());
+            cpu().attention(q.data(), m, pos, shape,
+                            KvView{kv.k.data(), kv.v.data(), kv.stride, kv.kv_len}, want.data());
+            std::vector<float> got[2];
+            for (int e = 0; e < 2; ++e) {
+              CudaBackend& be = e == 0 ? **fast : gpu();
+              const DeviceArray k_dev(be, kv.k), v_dev(be, kv.v), qd(be, q);
+              DeviceArray out(be, q.size());
+              out.poison();
+              be.attention_prefill(qd.data(), m, pos, shape,
+                                   KvView{k_dev.data(), v_dev.data(), kv.stride, kv.kv_len},
+                                   out.data(), splits);
+              got[e] = out.to_host();
+            }
+            const double err = rel_error(got[0], want);
+            EXPECT_LT(err, 3e-3) << "fast " << describe(kv, c);
+            EXPECT_LT(rel_error(got[1], want), tolerance(kv.kv_len)) << "exact " << describe(kv, c);
+            worst = std::max(worst, err);
+            least_diff = std::min(least_diff, rel_error(got[0], got[1]));
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(least_diff, 1e-6);  // the fast path ran
+  std::printf(
+      "[ max rel error ] prefill tc fast (f16 operands): %.3g (least difference from "
+      "exact %.3g)\n",
+      worst, least_diff);
+}
+
 }  // namespace
 }  // namespace qs

@@ -191,7 +191,7 @@ TEST_F(CudaOpsTest, GemmPrefillRows) {
 
 TEST_F(CudaOpsTest, FastPrefillMatmulIsBf16Accurate) {
   CudaBackendOptions opt;
-  opt.exact_prefill_matmul = false;
+  opt.exact_prefill = false;
   auto fast = CudaBackend::create(opt);
   ASSERT_TRUE(fast.ok()) << fast.error().message;
   const MatmulCase c{100, 256, 2048, DType::BF16, true};

@@ -221,7 +221,7 @@ struct TcLayout {
 // [16 w, 16 w + 16); lane (g = lane / 4, t = lane % 4) holds rows 16 w + g and + 8 of every
 // fragment (m16n8k16 layouts: A a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..);
 // B b0 (k 2t.., n g), b1 (k 2t+8.., n g); C c0 c1 (g, 2t..), c2 c3 (g+8, 2t..)).
-template <int HD>
+template <int HD, bool EXACT>
 __global__ void __launch_bounds__(kTcThreads, 1)
     attention_prefill_tc_kernel(AttentionArgs a, const __half* __restrict__ planes,
                                 const int2* __restrict__ exps, int num_tiles) {
@@ -306,6 +306,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
     for (int i = tid; i < kPieces; i += kTcThreads) {
       const int row = i / kRowPieces, c = i % kRowPieces;  // row over the 4 stacked planes
+      if (!EXACT && (row / kTcKeys) % 2 == 1) continue;    // a lo plane: not read
       cp_async_16(dst + row * LDS + 8 * c, chunk + row * HD + 8 * c);
     }
     cp_async_commit();
@@ -338,14 +339,17 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
       for (int np = 0; np < kKeyTiles / 2; ++np) {
         const int off = 16 * np * LDS + 16 * ks + k_lane_off;
-        uint32_t bh[4], bl[4];
+        uint32_t bh[4];
         ldmatrix_x4(bh, kh_s + off);
-        ldmatrix_x4(bl, kl_s + off);
-        mma(s[2 * np], qlo[ks], bh[0], bh[1]);
-        mma(s[2 * np], qhi[ks], bl[0], bl[1]);
+        if constexpr (EXACT) {
+          uint32_t bl[4];
+          ldmatrix_x4(bl, kl_s + off);
+          mma(s[2 * np], qlo[ks], bh[0], bh[1]);
+          mma(s[2 * np], qhi[ks], bl[0], bl[1]);
+          mma(s[2 * np + 1], qlo[ks], bh[2], bh[3]);
+          mma(s[2 * np + 1], qhi[ks], bl[2], bl[3]);
+        }
         mma(s[2 * np], qhi[ks], bh[0], bh[1]);
-        mma(s[2 * np + 1], qlo[ks], bh[2], bh[3]);
-        mma(s[2 * np + 1], qhi[ks], bl[2], bl[3]);
         mma(s[2 * np + 1], qhi[ks], bh[2], bh[3]);
       }
     }
@@ -419,14 +423,17 @@ __global__ void __launch_bounds__(kTcThreads, 1)
 #pragma unroll
       for (int dp = 0; dp < DT / 2; ++dp) {
         const int off = 16 * kk * LDS + 16 * dp + v_lane_off;
-        uint32_t bh[4], bl[4];
+        uint32_t bh[4];
         ldmatrix_x4_trans(bh, vh_s + off);
-        ldmatrix_x4_trans(bl, vl_s + off);
-        mma(o[2 * dp], pl, bh[0], bh[1]);
-        mma(o[2 * dp], ph, bl[0], bl[1]);
+        if constexpr (EXACT) {
+          uint32_t bl[4];
+          ldmatrix_x4_trans(bl, vl_s + off);
+          mma(o[2 * dp], pl, bh[0], bh[1]);
+          mma(o[2 * dp], ph, bl[0], bl[1]);
+          mma(o[2 * dp + 1], pl, bh[2], bh[3]);
+          mma(o[2 * dp + 1], ph, bl[2], bl[3]);
+        }
         mma(o[2 * dp], ph, bh[0], bh[1]);
-        mma(o[2 * dp + 1], pl, bh[2], bh[3]);
-        mma(o[2 * dp + 1], ph, bl[2], bl[3]);
         mma(o[2 * dp + 1], ph, bh[2], bh[3]);
       }
     }
@@ -502,7 +509,7 @@ void check_tc_args(const AttentionArgs& a, const void* scratch) {
   QS_CHECK(a.pos + static_cast<int64_t>(a.m) + kTcKeys < (int64_t{1} << 31));
 }
 
-template <int HD>
+template <int HD, bool EXACT>
 void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t stream) {
   const int num_tiles = num_key_tiles(a);
   auto* planes = static_cast<__half*>(scratch);
@@ -521,14 +528,14 @@ void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t str
 
   constexpr size_t smem = TcLayout<HD>::kSmemBytes;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_tc_kernel<HD>,
+    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_tc_kernel<HD, EXACT>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid(attention_prefill_tc_query_tiles(a), a.num_heads, a.num_splits);
-  launch(attention_prefill_tc_kernel<HD>, grid, kTcThreads, smem, stream, a, planes, exps,
+  launch(attention_prefill_tc_kernel<HD, EXACT>, grid, kTcThreads, smem, stream, a, planes, exps,
          num_tiles);
   CUDA_CHECK_LAUNCH(stream);
 }
@@ -557,14 +564,17 @@ size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a) {
   return planes_bytes(a) + static_cast<size_t>(a.num_kv_heads) * num_key_tiles(a) * sizeof(int2);
 }
 
-void launch_attention_prefill_tc(const AttentionArgs& a, void* scratch, cudaStream_t stream) {
+void launch_attention_prefill_tc(const AttentionArgs& a, void* scratch, cudaStream_t stream,
+                                 bool exact) {
   check_tc_args(a, scratch);
   switch (a.head_dim) {
     case 64:
-      launch_for_head_dim<64>(a, scratch, stream);
+      exact ? launch_for_head_dim<64, true>(a, scratch, stream)
+            : launch_for_head_dim<64, false>(a, scratch, stream);
       break;
     case 128:
-      launch_for_head_dim<128>(a, scratch, stream);
+      exact ? launch_for_head_dim<128, true>(a, scratch, stream)
+            : launch_for_head_dim<128, false>(a, scratch, stream);
       break;
     default:
       QS_CHECK_MSG(false, "attention_prefill_tc: unsupported head_dim");

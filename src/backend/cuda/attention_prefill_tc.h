@@ -34,6 +34,9 @@ int attention_prefill_tc_query_tiles(const AttentionArgs& a);
 size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a);
 // Causal GQA prefill attention; a.num_splits / a.split_len / partials as planned by the caller
 // (the combine is launched here when num_splits > 1). scratch: >= the bytes above, 16-aligned.
-void launch_attention_prefill_tc(const AttentionArgs& a, void* scratch, cudaStream_t stream);
+// exact = false: one MMA per product on the f16 hi parts only (the lo planes are neither loaded
+// nor multiplied): ~3x fewer MMAs, f16-operand accuracy (CudaBackendOptions::exact_prefill).
+void launch_attention_prefill_tc(const AttentionArgs& a, void* scratch, cudaStream_t stream,
+                                 bool exact = true);
 
 }  // namespace qs::cuda

@@ -440,7 +440,7 @@ void CudaBackend::matmul_gemm(const float* x, int m, const WeightView& w, const 
   } else {
     QS_CHECK(w.dtype == DType::BF16 || w.dtype == DType::F16);
     const cudaDataType_t type = w.dtype == DType::BF16 ? CUDA_R_16BF : CUDA_R_16F;
-    const bool exact = impl_->options.exact_prefill_matmul;
+    const bool exact = impl_->options.exact_prefill;
     const size_t count = static_cast<size_t>(m) * k;
     auto* hi = static_cast<char*>(impl_->act_split.ensure(2 * count * (exact ? 2 : 1)));
     char* lo = exact ? hi + 2 * count : nullptr;
@@ -553,7 +553,7 @@ void CudaBackend::attention_prefill(const float* q, int m, int pos, const Attent
   impl_->plan_splits(a, static_cast<int64_t>(tiles) * shape.num_heads, num_splits);
   if (tc) {
     void* scratch = impl_->attn_tc.ensure(cuda::attention_prefill_tc_scratch_bytes(a));
-    cuda::launch_attention_prefill_tc(a, scratch, impl_->stream);
+    cuda::launch_attention_prefill_tc(a, scratch, impl_->stream, impl_->options.exact_prefill);
   } else {
     cuda::launch_attention_prefill(a, impl_->stream);
   }

@@ -20,10 +20,12 @@ namespace qs {
 
 struct CudaBackendOptions {
   int device = 0;  // CUDA device ordinal
-  // Prefill matmul (m > kGemvMaxRows rows) on tensor cores: true splits each f32 activation into
-  // a high and a low bf16/f16 part and runs two GEMMs (about f32 accuracy, the CPU reference's);
-  // false rounds activations to the weight dtype and runs one (HF's bf16 arithmetic, 2x faster).
-  bool exact_prefill_matmul = true;
+  // Prefill arithmetic (m > kGemvMaxRows rows) on tensor cores. true: each f32 activation is
+  // split into a high and a low bf16/f16 part, two GEMMs, and the tensor-core attention runs
+  // three MMAs per product on f16 hi/lo operands (about f32 accuracy, the CPU reference's).
+  // false: activations rounded to the weight dtype, one GEMM (HF's bf16 arithmetic), and one
+  // MMA per attention product on f16 operands (2^-11 relative per operand, power-of-two scaled).
+  bool exact_prefill = true;
 };
 
 // Whether a CUDA device is present and usable (GPU tests skip without one).
