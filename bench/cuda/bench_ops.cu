@@ -871,13 +871,16 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           int chunk = 0;
           int stages = 0;
           int direct_regs = cuda::kQuantAttentionDirectRegs;
+          bool int_mma = false;
         };
         for (const Variant& var :
-             {Variant{true, 1, ""}, Variant{false, 1, " cuda-cores"},
-              Variant{true, 2, " x2 waves"}, Variant{true, 4, " x4 waves"},
-              Variant{true, 1, " ring", false}, Variant{true, 1, " ring c2 s2", false, 2, 2},
+             {Variant{true, 1, ""}, Variant{false, 1, " cuda-cores"}, Variant{true, 2, " x2 waves"},
+              Variant{true, 4, " x4 waves"}, Variant{true, 1, " ring", false},
+              Variant{true, 1, " ring c2 s2", false, 2, 2},
               Variant{true, 1, " regs 192", true, 0, 0, 192},
-              Variant{true, 1, " regs 168", true, 0, 0, 168}}) {
+              Variant{true, 1, " regs 168", true, 0, 0, 168},
+              Variant{true, 1, " int-mma", true, 0, 0, cuda::kQuantAttentionDirectRegs, true}}) {
+          if (var.int_mma && r.int8) continue;  // the draft view only
           const bool tensor_cores = var.tensor_cores;
           const bool is_default = tensor_cores && var.split_factor == 1 && var.chunk == 0 &&
                                   var.direct == cuda::kQuantAttentionDirect &&
@@ -890,6 +893,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           tuning.stages = var.stages;
           tuning.direct = var.direct;
           tuning.direct_regs = var.direct_regs;
+          tuning.int_mma = var.int_mma;
           cuda::set_quant_attention_tuning(tuning);
           std::vector<QuantizedKvSegment> segs;
           for (const auto& l : layers) {

@@ -52,6 +52,7 @@ struct QuantAttentionPlan {
   bool direct = false;  // tensor cores, fragments loaded straight into registers (head_dim 128, Gv
                         // = head_dim): attention_quant_direct.cuh
   int direct_regs = 192;  // its register cap: 168 or 192
+  bool int_mma = false;   // the direct path on integer tensor cores (draft view; tuning int_mma)
   int queries_per_warp = 8;   // query vectors per warp tile
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -106,6 +107,11 @@ struct QuantAttentionTuning {
   // Its register cap per thread: 168 (6 two-warp blocks per SM, a few spilled words) or 192 (4
   // blocks); 0: 192 for a single query tile per block, 168 for more (plan_attention_quant).
   int direct_regs = kQuantAttentionDirectRegs;
+  // The direct path's draft (INT4) view on integer tensor cores: codes as u8, queries rounded to
+  // s8 per key group, value weights to u8 per sub-chunk (attention_quant_direct.cuh,
+  // DirectPathInt). Off: written in session 4 without a GPU; to be measured, then decided.
+  // QS_DRAFT_INT_MMA=1 turns it on for the whole process.
+  bool int_mma = false;
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();
