@@ -371,8 +371,8 @@ void bench_prefill(CudaBackend& be, CudaBackend& fast) {
 // Llama-3.1-8B (32/8) shapes; FLOP = 4 m n_kv_avg head_dim heads with n_kv_avg = (m + 1) / 2,
 // and the whole prefill's attention estimated as 32 such layers. 128K runs on tensor cores
 // only (the f32 kernel needs seconds per layer there), and only for Llama-3.1-8B.
-void bench_prefill_attention(CudaBackend& be, bool quick) {
-  auto s = static_cast<cudaStream_t>(be.stream());
+// `fast`: a backend with exact_prefill = false (one f16 MMA per product on tensor cores).
+void bench_prefill_attention(CudaBackend& be, CudaBackend& fast, bool quick) {
   const cuda::PrefillAttentionTuning saved = cuda::prefill_attention_tuning();
   for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
     for (int m : {4096, 32768, 131072}) {
@@ -387,20 +387,28 @@ void bench_prefill_attention(CudaBackend& be, bool quick) {
       const AttentionShape shape{sh->heads, sh->kv_heads, sh->head_dim,
                                  static_cast<float>(1.0 / std::sqrt(double(sh->head_dim)))};
       const double flops = 4.0 * sh->heads * sh->head_dim * double(m) * (double(m) + 1) / 2;
-      for (bool tc : {false, true}) {
-        if (!tc && m > 32768) continue;
-        cuda::set_prefill_attention_tuning({tc});
+      struct Path {
+        const char* name;
+        bool tc;
+        CudaBackend* backend;
+      };
+      for (const Path& path :
+           {Path{"f32", false, &be}, Path{"tc", true, &be}, Path{"tc-fast", true, &fast}}) {
+        if (!path.tc && m > 32768) continue;
+        cuda::set_prefill_attention_tuning({path.tc});
+        CudaBackend& b = *path.backend;
         const int reps = m <= 4096 ? 5 : 1;
         const double ms = time_ms(
-            s,
+            static_cast<cudaStream_t>(b.stream()),
             [&](int) {
-              be.attention_prefill(q->f32(), m, 0, shape,
-                                   KvView{kk->f32(), vv->f32(), kv_dim, m}, out.f32());
+              b.attention_prefill(q->f32(), m, 0, shape, KvView{kk->f32(), vv->f32(), kv_dim, m},
+                                  out.f32());
             },
             reps, m <= 32768 ? 3 : 1);
-        summary("| attn prefill %-11s %-3s m=%-6d | %9.2f ms | %6.1f TFLOP/s | x%d layers %7.2f s |",
-                sh->model, tc ? "tc" : "f32", m, ms, flops / (ms * 1e-3) / 1e12, sh->layers,
-                ms * sh->layers * 1e-3);
+        summary(
+            "| attn prefill %-11s %-7s m=%-6d | %9.2f ms | %6.1f TFLOP/s | x%d layers %7.2f s |",
+            sh->model, path.name, m, ms, flops / (ms * 1e-3) / 1e12, sh->layers,
+            ms * sh->layers * 1e-3);
       }
     }
   }
@@ -969,7 +977,7 @@ int main(int argc, char** argv) {
   (*be)->release_weights();
   if (has("attn")) bench_attention(**be, quick);
   if (has("prefill")) bench_prefill(**be, **fast);
-  if (has("prefattn")) bench_prefill_attention(**be, quick);
+  if (has("prefattn")) bench_prefill_attention(**be, **fast, quick);
   (*be)->release_weights();
   (*fast)->release_weights();
   if (has("step")) bench_step(**be, quick);
