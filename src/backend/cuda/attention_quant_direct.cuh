@@ -81,22 +81,16 @@ __device__ __forceinline__ uint32_t word_at(const uint2& v, int i) {
   return i == 0 ? v.x : v.y;
 }
 
-template <bool INT8>
-struct DirectPath {
-  static constexpr int HD = kHD;
-  static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
-  static constexpr float kCenter = INT8 ? 120.0f : 8.0f;  // as MmaPath: centred codes
-  static constexpr uint32_t kBias = INT8 ? 0x64806480u : 0x64086408u;
-  static constexpr int kQStride = HD + kQPad;
-
-  uint32_t bq_hi[4][2][2], bq_lo[4][2][2];  // folded query r's B fragments, k-step (w, h)
-  float inv_f[2], qm[2];              // 2^-F and q.mid of queries 2c, 2c+1
-  float o[8][4];                      // O^T m-tiles, scaled by 2^E
-  float m_run[2], l_part[2], acc_min[2];
-  int e_run;
+// The online-softmax state of a warp's tile (8 query vectors x head_dim 128) in the O^T
+// fragment layout: o[u][i] is channel ch(u) + (i >> 1) of query 2c + (i & 1), with ch(u) =
+// 16r + 8 (u / 4) + 2 (u % 4) (the f16 path) or 16r + 2u (the integer path), both covering
+// channels 16r .. 16r + 15.
+struct DirectTile {
+  float o[8][4];
+  float m_run[2], l_part[2], acc_min[2];  // of queries 2c, 2c+1 (l and min: this lane's share)
   int bq[2];  // quantized positions [0, bq) visible to queries 2c, 2c+1
 
-  __device__ void init(int b0, int b1) {
+  __device__ void init_tile(int b0, int b1) {
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
 #pragma unroll
@@ -108,9 +102,56 @@ struct DirectPath {
       l_part[k] = 0.0f;
       acc_min[k] = 0.0f;
     }
-    e_run = 64;
     bq[0] = b0;
     bq[1] = b1;
+  }
+
+  // o_s: [8][HD], ml_s: [8][2] of this warp's tile; O^T = o * scale + the min term.
+  template <bool kPairedChannels>
+  __device__ void store_tile(float* o_s, float* ml_s, float scale) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+#pragma unroll
+    for (int k = 0; k < 2; ++k) {
+#pragma unroll
+      for (int off = 4; off < 32; off *= 2) {
+        l_part[k] += __shfl_xor_sync(kFullMask, l_part[k], off);
+        acc_min[k] += __shfl_xor_sync(kFullMask, acc_min[k], off);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 8; ++u) {
+      const int ch = kPairedChannels ? 16 * r + 2 * u : 16 * r + 8 * (u >> 2) + 2 * (u & 3);
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int q = 2 * c + (i & 1);
+        o_s[q * kHD + ch + (i >> 1)] = o[u][i] * scale + acc_min[i & 1];
+      }
+    }
+    if (r == 0) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        ml_s[2 * (2 * c + k)] = m_run[k];
+        ml_s[2 * (2 * c + k) + 1] = l_part[k];
+      }
+    }
+  }
+};
+
+template <bool INT8>
+struct DirectPath : DirectTile {
+  static constexpr int HD = kHD;
+  static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
+  static constexpr float kCenter = INT8 ? 120.0f : 8.0f;  // as MmaPath: centred codes
+  static constexpr uint32_t kBias = INT8 ? 0x64806480u : 0x64086408u;
+  static constexpr int kQStride = HD + kQPad;
+
+  uint32_t bq_hi[4][2][2], bq_lo[4][2][2];  // folded query r's B fragments, k-step (w, h)
+  float inv_f[2], qm[2];                    // 2^-F and q.mid of queries 2c, 2c+1
+  int e_run;                                // o is scaled by 2^e_run
+
+  __device__ void init(int b0, int b1) {
+    init_tile(b0, b1);
+    e_run = 64;
   }
 
   // Query r (q_row: its pre-scaled [HD] row) folded with the key group's scale/min (global):
@@ -233,34 +274,8 @@ struct DirectPath {
     }
   }
 
-  // o_s: [8][HD], ml_s: [8][2] of this warp's tile.
   __device__ void store(float* o_s, float* ml_s) {
-    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-#pragma unroll
-      for (int off = 4; off < 32; off *= 2) {
-        l_part[k] += __shfl_xor_sync(kFullMask, l_part[k], off);
-        acc_min[k] += __shfl_xor_sync(kFullMask, acc_min[k], off);
-      }
-    }
-    const float ie = exp2i(-e_run);
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      const int ch = 16 * r + 8 * (u >> 2) + 2 * (u & 3);
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int q = 2 * c + (i & 1);
-        o_s[q * HD + ch + (i >> 1)] = o[u][i] * ie + acc_min[i & 1];
-      }
-    }
-    if (r == 0) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        ml_s[2 * (2 * c + k)] = m_run[k];
-        ml_s[2 * (2 * c + k) + 1] = l_part[k];
-      }
-    }
+    store_tile<false>(o_s, ml_s, exp2i(-e_run));
   }
 };
 
@@ -323,32 +338,15 @@ __device__ __forceinline__ uint32_t pack_bytes(int v0, int v1, int v2, int v3) {
          ((static_cast<uint32_t>(v2) & 0xffu) << 16) | (static_cast<uint32_t>(v3) << 24);
 }
 
-struct DirectPathInt {
+struct DirectPathInt : DirectTile {
   static constexpr int HD = kHD;
   static constexpr int kQStride = HD + kQPad;
   static constexpr float kCodeMean = 7.5f;  // of INT4 codes spread over 0..15
 
   uint32_t bq8[4][2];   // query r's s8 B fragments of key MMA w: even / odd channels
   float qsc[2], qm[2];  // the s8 step and q . min of queries 2c, 2c+1
-  float o[8][4];        // O^T m-tile u: i < 2 channel 16r + 2u, else + 1; query 2c + (i & 1)
-  float m_run[2], l_part[2], acc_min[2];
-  int bq[2];  // quantized positions [0, bq) visible to queries 2c, 2c+1
 
-  __device__ void init(int b0, int b1) {
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) o[u][i] = 0.0f;
-    }
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      m_run[k] = kNegInf;
-      l_part[k] = 0.0f;
-      acc_min[k] = 0.0f;
-    }
-    bq[0] = b0;
-    bq[1] = b1;
-  }
+  __device__ void init(int b0, int b1) { init_tile(b0, b1); }
 
   // Query r (q_row: its pre-scaled [HD] row) times the key group's scale (global), channels
   // 32c .. 32c + 31, rounded to s8 with one step per query; q . min in f32.
@@ -512,32 +510,8 @@ struct DirectPathInt {
     }
   }
 
-  // o_s: [8][HD], ml_s: [8][2] of this warp's tile.
   __device__ void store(float* o_s, float* ml_s) {
-    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-#pragma unroll
-      for (int off = 4; off < 32; off *= 2) {
-        l_part[k] += __shfl_xor_sync(kFullMask, l_part[k], off);
-        acc_min[k] += __shfl_xor_sync(kFullMask, acc_min[k], off);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < 8; ++u) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int q = 2 * c + (i & 1);
-        o_s[q * HD + 16 * r + 2 * u + (i >> 1)] = o[u][i] + acc_min[i & 1];
-      }
-    }
-    if (r == 0) {
-#pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        ml_s[2 * (2 * c + k)] = m_run[k];
-        ml_s[2 * (2 * c + k) + 1] = l_part[k];
-      }
-    }
+    store_tile<true>(o_s, ml_s, 1.0f);
   }
 };
 
