@@ -226,6 +226,30 @@ __device__ __forceinline__ void codes_even_odd(uint32_t up, uint32_t lo, uint32_
   }
 }
 
+// One 8-channel block of S^T = K Q'^T on tensor cores (the ring and register-direct paths): the
+// code words of token rows r and r + 8 (upper plane; INT8: and lower), as even / odd channel
+// codes centred by `bias`, against the query block's f16 hi and lo B fragments (k-steps h = 0, 1
+// of the block); products accumulate into acc_hi / acc_lo.
+template <bool INT8>
+__device__ __forceinline__ void score_block(const uint32_t (&up)[2], const uint32_t (&lo)[2],
+                                            const uint32_t (&b_hi)[2][2],
+                                            const uint32_t (&b_lo)[2][2], uint32_t bias,
+                                            float (&acc_hi)[4], float (&acc_lo)[4]) {
+  uint32_t ev[2], od[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) codes_even_odd<INT8>(up[j], lo[j], ev[j], od[j]);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t sel = h ? 0x4342u : 0x4140u;
+    const uint32_t a0 = codes_to_f16x2(ev[0], sel, bias);
+    const uint32_t a1 = codes_to_f16x2(ev[1], sel, bias);
+    const uint32_t a2 = codes_to_f16x2(od[0], sel, bias);
+    const uint32_t a3 = codes_to_f16x2(od[1], sel, bias);
+    mma_f16(acc_hi, a0, a1, a2, a3, b_hi[h][0], b_hi[h][1]);
+    mma_f16(acc_lo, a0, a1, a2, a3, b_lo[h][0], b_lo[h][1]);
+  }
+}
+
 // Full sum over the warp of v[j] for the query j = lane / (32 / N) of this lane: a butterfly that
 // halves the values a lane carries at each of its first log2(N) steps (N = 4 or 8).
 template <int N>
@@ -713,20 +737,9 @@ struct MmaPath {
       float acc_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int u = 0; u < R; ++u) {
-        uint32_t ev[2], od[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j)
-          codes_even_odd<INT8>(wu[j][u], INT8 ? wl[j][u] : 0u, ev[j], od[j]);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t sel = h ? 0x4342u : 0x4140u;
-          const uint32_t a0 = codes_to_f16x2(ev[0], sel, kBias);
-          const uint32_t a1 = codes_to_f16x2(ev[1], sel, kBias);
-          const uint32_t a2 = codes_to_f16x2(od[0], sel, kBias);
-          const uint32_t a3 = codes_to_f16x2(od[1], sel, kBias);
-          mma_f16(acc_hi, a0, a1, a2, a3, bq_hi[u][h][0], bq_hi[u][h][1]);
-          mma_f16(acc_lo, a0, a1, a2, a3, bq_lo[u][h][0], bq_lo[u][h][1]);
-        }
+        const uint32_t up[2] = {wu[0][u], wu[1][u]};
+        const uint32_t lo[2] = {INT8 ? wl[0][u] : 0u, INT8 ? wl[1][u] : 0u};
+        score_block<INT8>(up, lo, bq_hi[u], bq_lo[u], kBias, acc_hi, acc_lo);
       }
       finish_scores(acc_hi, acc_lo, t_sub + 16 * st + r, bq, inv_f, qm, s[st]);
     }

@@ -179,22 +179,10 @@ struct DirectPath : DirectTile {
       float acc_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
-        uint32_t ev[2], od[2];
-#pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          codes_even_odd<INT8>(word_at(ch.ku[st][j], w),
-                               INT8 ? word_at(ch.kl[INT8 ? st : 0][j], w) : 0u, ev[j], od[j]);
-        }
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const uint32_t sel = h ? 0x4342u : 0x4140u;
-          const uint32_t a0 = codes_to_f16x2(ev[0], sel, kBias);
-          const uint32_t a1 = codes_to_f16x2(ev[1], sel, kBias);
-          const uint32_t a2 = codes_to_f16x2(od[0], sel, kBias);
-          const uint32_t a3 = codes_to_f16x2(od[1], sel, kBias);
-          mma_f16(acc_hi, a0, a1, a2, a3, bq_hi[w][h][0], bq_hi[w][h][1]);
-          mma_f16(acc_lo, a0, a1, a2, a3, bq_lo[w][h][0], bq_lo[w][h][1]);
-        }
+        const uint32_t up[2] = {word_at(ch.ku[st][0], w), word_at(ch.ku[st][1], w)};
+        const uint32_t lo[2] = {INT8 ? word_at(ch.kl[INT8 ? st : 0][0], w) : 0u,
+                                INT8 ? word_at(ch.kl[INT8 ? st : 0][1], w) : 0u};
+        score_block<INT8>(up, lo, bq_hi[w], bq_lo[w], kBias, acc_hi, acc_lo);
       }
       finish_scores(acc_hi, acc_lo, t_sub + 16 * st + r, bq, inv_f, qm, s[st]);
     }
