@@ -872,36 +872,30 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // ("ring", the previous default) with its pipeline shapes (cN = 32-token sub-chunks per
         // warp per stage, sN = stages; 0 = the default of attention_quant.h).
         struct Variant {
-          bool tensor_cores;
-          int split_factor;
-          const char* label;
-          bool direct = cuda::kQuantAttentionDirect;
-          int chunk = 0;
-          int stages = 0;
-          int direct_regs = cuda::kQuantAttentionDirectRegs;
-          bool int_mma = false;
-        };
-        for (const Variant& var :
-             {Variant{true, 1, ""}, Variant{false, 1, " cuda-cores"}, Variant{true, 2, " x2 waves"},
-              Variant{true, 4, " x4 waves"}, Variant{true, 1, " ring", false},
-              Variant{true, 1, " ring c2 s2", false, 2, 2},
-              Variant{true, 1, " regs 192", true, 0, 0, 192},
-              Variant{true, 1, " regs 168", true, 0, 0, 168},
-              Variant{true, 1, " int-mma", true, 0, 0, cuda::kQuantAttentionDirectRegs, true}}) {
-          if (var.int_mma && r.int8) continue;  // the draft view only
-          const bool tensor_cores = var.tensor_cores;
-          const bool is_default = tensor_cores && var.split_factor == 1 && var.chunk == 0 &&
-                                  var.direct == cuda::kQuantAttentionDirect &&
-                                  var.direct_regs == cuda::kQuantAttentionDirectRegs;
-          if (!is_default && (ctx != 32768 || g_profile)) continue;
+          const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
-          tuning.tensor_cores = tensor_cores;
-          tuning.split_factor = var.split_factor;
-          tuning.chunk_subs = var.chunk;
-          tuning.stages = var.stages;
-          tuning.direct = var.direct;
-          tuning.direct_regs = var.direct_regs;
-          tuning.int_mma = var.int_mma;
+        };
+        auto variant = [](const char* label, auto set) {
+          Variant v{label, {}};
+          set(v.tuning);
+          return v;
+        };
+        using T = cuda::QuantAttentionTuning;
+        const Variant variants[] = {
+            variant("", [](T&) {}),
+            variant(" cuda-cores", [](T& t) { t.tensor_cores = false; }),
+            variant(" x2 waves", [](T& t) { t.split_factor = 2; }),
+            variant(" x4 waves", [](T& t) { t.split_factor = 4; }),
+            variant(" ring", [](T& t) { t.direct = false; }),
+            variant(" ring c2 s2", [](T& t) { t.direct = false, t.chunk_subs = 2, t.stages = 2; }),
+            variant(" regs 192", [](T& t) { t.direct_regs = 192; }),
+            variant(" regs 168", [](T& t) { t.direct_regs = 168; }),
+            variant(" int-mma", [](T& t) { t.int_mma = true; })};
+        for (const Variant& var : variants) {
+          if (var.tuning.int_mma && r.int8) continue;  // the draft view only
+          const bool is_default = var.label[0] == '\0';
+          if (!is_default && (ctx != 32768 || g_profile)) continue;
+          const cuda::QuantAttentionTuning& tuning = var.tuning;
           cuda::set_quant_attention_tuning(tuning);
           std::vector<QuantizedKvSegment> segs;
           for (const auto& l : layers) {
