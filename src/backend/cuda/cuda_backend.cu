@@ -567,6 +567,15 @@ void CudaBackend::add(float* y, const float* x, int64_t n) {
   cuda::launch_add(y, x, n, impl_->stream);
 }
 
+namespace {
+// A 4-bit weight's bias (nullptr or empty for none) has one entry per output row.
+void check_q4_bias(const QuantizedWeight4& w, const WeightView* bias) {
+  if (bias != nullptr && !bias->empty()) {
+    QS_CHECK_MSG(bias->numel() == w.rows, "bias " + bias->name + " does not match " + w.name);
+  }
+}
+}  // namespace
+
 void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int count) {
   const int n = count;
   bool dense = true, q4 = true;
@@ -574,10 +583,7 @@ void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int c
     const LinearOp& op = ops[i];
     dense = dense && op.w4 == nullptr;
     q4 = q4 && op.w4 != nullptr;
-    if (op.w4 != nullptr && op.bias != nullptr && !op.bias->empty()) {
-      QS_CHECK_MSG(op.bias->numel() == op.w4->rows,
-                   "bias " + op.bias->name + " does not match " + op.w4->name);
-    }
+    if (op.w4 != nullptr) check_q4_bias(*op.w4, op.bias);
   }
   if (n >= 2 && n <= cuda::kMaxGemvSegments && m >= 1 && m <= kGemvMaxRows) {
     if (dense) {
@@ -610,9 +616,7 @@ void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int c
 void CudaBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w,
                             const WeightView* bias, float* y) {
   QS_CHECK(m >= 1);
-  if (bias != nullptr && !bias->empty()) {
-    QS_CHECK_MSG(bias->numel() == w.rows, "bias " + bias->name + " does not match " + w.name);
-  }
+  check_q4_bias(w, bias);
   const cuda::DeviceWeight4& dw = impl_->weights4.resolve(w, impl_->stream);
   const cuda::DeviceBias b = impl_->bias(bias);
   for (int m0 = 0; m0 < m; m0 += kGemvMaxRows) {  // m > 16 (rare): the weights once per slice
