@@ -36,11 +36,7 @@ using testing::DeviceBytes;
 using testing::random_normal;
 using testing::rel_error;
 
-// Set by DraftTolerance: the integer tensor-core draft path is held to an 8-bit-operand bound.
-double g_draft_tolerance = 0.0;
-
 double tolerance(int len) {
-  if (g_draft_tolerance > 0) return g_draft_tolerance;
   return len <= 4099 ? 2e-5 : 5e-5;
 }
 
@@ -371,45 +367,6 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirect192) {
 }
 
 // The same sweep on the CUDA-core path (the fallback, and the path of head_dim 32/256).
-// The draft (INT4) view on integer tensor cores (QuantAttentionTuning::int_mma): codes as u8,
-// queries rounded to s8 per (query, key group), value weights to u8 per (query, 32-token
-// sub-chunk). Against the exact INT4 view it carries 8-bit operand rounding only (about 2^-8 of
-// each operand's maximum, the codes' mean folded out): 1e-2 relative, where a wrong fragment map,
-// fold or weight is O(1). The INT8 view is untouched by the switch (exact tolerance).
-struct DraftTolerance {
-  explicit DraftTolerance(double t) { g_draft_tolerance = t; }
-  ~DraftTolerance() { g_draft_tolerance = 0.0; }
-};
-
-TEST_F(CudaOpsTest, QuantAttentionDraftIntegerTensorCores) {
-  cuda::QuantAttentionTuning t;
-  t.int_mma = true;
-  TuningScope scope(t);
-  double worst = 0, worst_int8 = 0;
-  for (int G : {32, 64, 128}) {
-    for (int len : {1, 2 * G - 1, 2 * G, 2 * G + 1, 1000, 4099}) {
-      for (Values values : {Values::kNormal, Values::kWild}) {
-        QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, values, uint64_t(len + 3 * G)});
-        {
-          DraftTolerance tol(1e-2);
-          check_cases(gpu(), cpu(), kv, ratio_cases({1, 5, 16}, false, kFpBaseMax), worst);
-        }
-        check_cases(gpu(), cpu(), kv, ratio_cases({1, 5}, true, kFpBaseMax), worst_int8);
-      }
-    }
-  }
-  for (int splits : {1, 3, 64}) {  // split boundaries inside groups, the combine
-    cuda::QuantAttentionTuning ts = t;
-    ts.splits = splits;
-    TuningScope inner(ts);
-    QuantKv kv(gpu(), cpu(), {3000, kKvHeads, 128, 64, 128, 0, Values::kNormal, 99});
-    DraftTolerance tol(1e-2);
-    check_cases(gpu(), cpu(), kv, ratio_cases({1, 7}, false, kFpBaseMax), worst);
-  }
-  report("quantized draft view on integer tensor cores", worst);
-  report("quantized INT8 view with int_mma set (f16 path)", worst_int8);
-}
-
 TEST_F(CudaOpsTest, QuantAttentionSweepCudaCores) {
   TuningScope scope({false, 0});
   double worst = 0;

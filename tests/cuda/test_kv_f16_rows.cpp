@@ -582,5 +582,74 @@ TEST_F(CudaOpsTest, F16RowsStoreKvRowsMatchesTheCpuBits) {
   EXPECT_EQ(std::memcmp(got32.data(), src.data(), src.size() * sizeof(float)), 0);
 }
 
+// ---- L2 look-ahead ------------------------------------------------------------------------------
+
+// The decode kernel's and the register-direct quantized path's L2 requests ahead of use
+// (AttentionDecodeTuning / QuantAttentionTuning::l2_ahead) are hints: every distance, none
+// included, gives the same bits, on aligned (wide) and padded (narrow) f16 rows, f32 rows, both
+// quantized views, and splits whose look-ahead runs past their end.
+TEST_F(CudaOpsTest, L2LookAheadIsBitIdentical) {
+  TuningGuard guard;
+  const cuda::AttentionDecodeTuning decode_default = cuda::attention_decode_tuning();
+  const int hd = 128, len = 3001;
+  auto run = [&](const KvView& view, int num_heads, int m, int splits, bool quantized) {
+    const AttentionShape shape{num_heads, kKvHeads, hd, 0.088f};
+    const std::vector<float> q = random_normal(size_t(m) * num_heads * hd, 4242);
+    DeviceArray qd(gpu(), q), out(gpu(), q.size());
+    out.poison();
+    if (quantized) {
+      gpu().attention(qd.data(), m, len - m, shape, view, out.data());
+    } else {
+      gpu().attention_decode(qd.data(), m, len - m, shape, view, out.data(), splits);
+    }
+    return out.to_host();
+  };
+  auto same_bits = [](const std::vector<float>& a, const std::vector<float>& b) {
+    return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  };
+  for (int pad : {0, 4}) {
+    const F16Kv kv(gpu(), len, kKvHeads, hd, pad, 31 + pad);
+    for (const KvView& view : {kv.gpu_view(), kv.gpu_view_f32()}) {
+      for (int num_heads : {kKvHeads, 8 * kKvHeads}) {
+        for (int splits : {0, 7}) {
+          cuda::set_attention_decode_tuning({0});
+          const std::vector<float> want = run(view, num_heads, 1, splits, false);
+          for (int ahead : {1, 4, 64}) {
+            cuda::set_attention_decode_tuning({ahead});
+            EXPECT_TRUE(same_bits(run(view, num_heads, 1, splits, false), want))
+                << "decode l2_ahead=" << ahead << " pad=" << pad << " heads=" << num_heads
+                << " splits=" << splits << (view.row_dtype == DType::F16 ? " f16" : " f32");
+          }
+        }
+      }
+    }
+  }
+  cuda::set_attention_decode_tuning(decode_default);
+
+  const QuantF16Kv kv(gpu(), cpu(), len, hd, 64, hd, 91);
+  for (bool int8 : {true, false}) {
+    const QuantizedKvSegment seg = kv.segment(int8, true);
+    const int fp_base = quant_boundary(len - 5, kv.G);
+    KvView view = kv.rows.gpu_view(fp_base);
+    view.quantized = &seg;
+    for (int m : {1, 5}) {
+      for (int splits : {0, 3}) {
+        cuda::QuantAttentionTuning t = guard.quant;
+        t.splits = splits;
+        t.l2_ahead = 0;
+        cuda::set_quant_attention_tuning(t);
+        const std::vector<float> want = run(view, 2 * kKvHeads, m, 0, true);
+        for (int ahead : {1, 4, cuda::kQuantAttentionMaxL2Ahead}) {
+          t.l2_ahead = ahead;
+          cuda::set_quant_attention_tuning(t);
+          EXPECT_TRUE(same_bits(run(view, 2 * kKvHeads, m, 0, true), want))
+              << "quantized l2_ahead=" << ahead << (int8 ? " int8" : " int4") << " m=" << m
+              << " splits=" << splits;
+        }
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qs

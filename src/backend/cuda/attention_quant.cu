@@ -102,6 +102,7 @@ struct Params {
   int stage_bytes;    // slices * chunk * mma_sub_bytes (tensor-core path), else 0
   int chunk;          // sub-chunks per slice per pipeline stage (tensor-core path)
   int stages;         // pipeline stages, 2..kQuantAttentionMaxStages (tensor-core path)
+  int l2_ahead;       // sub-chunks asked of L2 ahead of use (direct path); 0: none
   float* partial_o;   // [splits, m * num_heads, head_dim]
   float* partial_ml;  // [splits, m * num_heads, 2]
 };
@@ -984,7 +985,7 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
 // state per kind, merged at the end with the other slices' states.
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores).
-template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kInt = false>
+template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1061,7 +1062,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   float *o_q, *ml_q;
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
-    direct_path::quant_split_direct<INT8, kInt>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q,
+    direct_path::quant_split_direct<INT8>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q,
                                                 ml_q, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q, ml_q,
@@ -1121,11 +1122,10 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
   attention_quant_body<HD, INT8, NG, kMma, QW, false>(p);
 }
 
-// kInt: the draft view on integer tensor cores (direct_path::DirectPathInt).
-template <bool INT8, int kRegs, bool kInt = false>
+template <bool INT8, int kRegs>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   pdl_begin();
-  attention_quant_body<direct_path::kHD, INT8, 1, true, 8, true, kInt>(p);
+  attention_quant_body<direct_path::kHD, INT8, 1, true, 8, true>(p);
 }
 
 // ---- split combine --------------------------------------------------------------------------
@@ -1194,20 +1194,12 @@ __global__ void __launch_bounds__(kCombineThreads)
 // ---- host side ------------------------------------------------------------------------------
 
 std::mutex g_tuning_mu;
-// QS_DRAFT_INT_MMA=1 in the environment starts the process with int_mma on (end-to-end runs of
-// the integer draft path before it becomes a default).
-QuantAttentionTuning g_tuning = [] {
-  QuantAttentionTuning t;
-  const char* v = std::getenv("QS_DRAFT_INT_MMA");
-  t.int_mma = v != nullptr && std::strcmp(v, "1") == 0;
-  return t;
-}();
+QuantAttentionTuning g_tuning;
 
 struct KernelChoice {
   const void* fn = nullptr;
   bool mma = false;
   bool direct = false;  // tensor cores, register-direct (no shared-memory stages)
-  bool int_mma = false;  // the direct path's integer variant (draft view)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
 };
@@ -1243,8 +1235,7 @@ KernelChoice row_kernel() {
 // groups of whole sub-chunks; everything else runs on CUDA cores (e.g. G = 8 in the model tests).
 // The register-direct variant covers head_dim 128 with one value group per token (the default).
 template <bool INT8>
-KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
-                        bool int_mma) {
+KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
@@ -1252,14 +1243,6 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     k.ng = 1;
     k.fn = regs == 192 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 192>)
                        : reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 168>);
-    if constexpr (!INT8) {
-      if (int_mma) {
-        k.int_mma = true;
-        k.fn = regs == 192
-                   ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true>)
-                   : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true>);
-      }
-    }
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
@@ -1280,13 +1263,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
   return {};
 }
 
-KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool int_mma) {
+KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, int_mma)
+                                   direct, regs)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, int_mma);
+                                    direct, regs);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1462,11 +1444,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const QuantAttentionTuning tune = quant_attention_tuning();
   // The query tiling does not depend on the register cap (8 query vectors per warp on every
   // tensor-core path), so the kernel is chosen again once the tiles are known.
-  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, tune.int_mma);
+  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
-  pl.int_mma = kc.int_mma;
   pl.queries_per_warp = kc.qw;
   const int hd = a.head_dim, G = a.seg.group_size;
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
@@ -1479,7 +1460,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // draft 93 vs 101 us), several tiles at 168 (more blocks per SM; Llama-3.1-8B m = 5 / 9: 110 /
   // 165 us vs 119 / 207).
   pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs : pl.query_tiles == 1 ? 192 : 168;
-  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, tune.int_mma);
+  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1528,6 +1509,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.q_split_len = b_max > 0 ? static_cast<int>(ceil_div(ceil_div(b_max, splits), unit) * unit) : 0;
   pl.partial_floats = splits * a.m * a.num_heads * (hd + 2);
   pl.parallel_combine = tune.parallel_combine;
+  pl.l2_ahead = std::clamp(tune.l2_ahead, 0, kQuantAttentionMaxL2Ahead);
   return pl;
 }
 
@@ -1535,8 +1517,8 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
                             float* partials, cudaStream_t stream) {
   check_args(a);
   const KernelChoice kc =
-      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.int_mma);
-  QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct && kc.int_mma == plan.int_mma &&
+      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs);
+  QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
            kc.qw == plan.queries_per_warp);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   const int G = a.seg.group_size;
@@ -1558,6 +1540,7 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.q_smem_bytes = static_cast<int>((block_qv * (hd + kQPad) * sizeof(float) + 127) / 128 * 128);
   p.chunk = plan.chunk;
   p.stages = plan.stages;
+  p.l2_ahead = plan.direct ? plan.l2_ahead : 0;
   QS_CHECK(p.chunk >= 1 && p.chunk <= kQuantAttentionMaxChunk && p.stages >= 2 &&
            p.stages <= kQuantAttentionMaxStages);
   p.stage_bytes = kc.mma && !kc.direct

@@ -52,7 +52,6 @@ struct QuantAttentionPlan {
   bool direct = false;  // tensor cores, fragments loaded straight into registers (head_dim 128, Gv
                         // = head_dim): attention_quant_direct.cuh
   int direct_regs = 192;  // its register cap: 168 or 192
-  bool int_mma = false;   // the direct path on integer tensor cores (draft view; tuning int_mma)
   int queries_per_warp = 8;   // query vectors per warp tile
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -66,6 +65,7 @@ struct QuantAttentionPlan {
   bool parallel_combine = true;  // the splits merged by attention_quant.cu's own combine kernel
   int chunk = 1;   // 32-token sub-chunks per warp per pipeline stage (tensor-core path)
   int stages = 3;  // cp.async pipeline stages (tensor-core path)
+  int l2_ahead = 0;  // direct path: 32-token sub-chunks per warp asked of L2 ahead of use
 };
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms);
@@ -88,6 +88,9 @@ constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
 constexpr int kQuantAttentionMaxChunk = 4;
+// Sub-chunks the register-direct path asks L2 for ahead of use (cp.async.bulk.prefetch.L2).
+constexpr int kQuantAttentionL2Ahead = 4;
+constexpr int kQuantAttentionMaxL2Ahead = 16;
 
 // Process-wide switches for tests and benchmarks (every variant computes the same function).
 struct QuantAttentionTuning {
@@ -107,11 +110,8 @@ struct QuantAttentionTuning {
   // Its register cap per thread: 168 (6 two-warp blocks per SM, a few spilled words) or 192 (4
   // blocks); 0: 192 for a single query tile per block, 168 for more (plan_attention_quant).
   int direct_regs = kQuantAttentionDirectRegs;
-  // The direct path's draft (INT4) view on integer tensor cores: codes as u8, queries rounded to
-  // s8 per key group, value weights to u8 per sub-chunk (attention_quant_direct.cuh,
-  // DirectPathInt). Off: written in session 4 without a GPU; to be measured, then decided.
-  // QS_DRAFT_INT_MMA=1 turns it on for the whole process.
-  bool int_mma = false;
+  // Sub-chunks per warp the direct path asks L2 for ahead of use (0: none).
+  int l2_ahead = kQuantAttentionL2Ahead;
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();

@@ -74,6 +74,25 @@ __device__ __forceinline__ void load_chunk(const Head& hd, int t_sub, Chunk<INT8
   }
 }
 
+// Asks L2 for sub-chunk t_sub's codes and value metadata, lanes 0..5 one array each. A warp holds
+// at most one sub-chunk in registers (4 KiB of INT4 codes): with 4 two-warp blocks per SM that is
+// too few bytes in flight to cover DRAM latency, so the warps ask for their next sub-chunks
+// ahead (QuantAttentionTuning::l2_ahead), at no register cost.
+template <bool INT8>
+__device__ __forceinline__ void prefetch_chunk_l2(const Head& hd, int t_sub) {
+  const int lane = threadIdx.x & 31;
+  const int64_t off = static_cast<int64_t>(t_sub) * (kHD / 2);
+  constexpr uint32_t kCodeBytes = kTok * kHD / 2, kMetaBytes = kTok * sizeof(uint16_t);
+  if (lane == 0) prefetch_l2(hd.ku + off, kCodeBytes);
+  if (lane == 1) prefetch_l2(hd.vu + off, kCodeBytes);
+  if (lane == 2) prefetch_l2(hd.vs + t_sub, kMetaBytes);
+  if (lane == 3) prefetch_l2(hd.vm + t_sub, kMetaBytes);
+  if constexpr (INT8) {
+    if (lane == 4) prefetch_l2(hd.kl + off, kCodeBytes);
+    if (lane == 5) prefetch_l2(hd.vl + off, kCodeBytes);
+  }
+}
+
 __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -83,8 +102,7 @@ __device__ __forceinline__ uint32_t word_at(const uint2& v, int i) {
 
 // The online-softmax state of a warp's tile (8 query vectors x head_dim 128) in the O^T
 // fragment layout: o[u][i] is channel ch(u) + (i >> 1) of query 2c + (i & 1), with ch(u) =
-// 16r + 8 (u / 4) + 2 (u % 4) (the f16 path) or 16r + 2u (the integer path), both covering
-// channels 16r .. 16r + 15.
+// 16r + 8 (u / 4) + 2 (u % 4), covering channels 16r .. 16r + 15.
 struct DirectTile {
   float o[8][4];
   float m_run[2], l_part[2], acc_min[2];  // of queries 2c, 2c+1 (l and min: this lane's share)
@@ -107,7 +125,6 @@ struct DirectTile {
   }
 
   // o_s: [8][HD], ml_s: [8][2] of this warp's tile; O^T = o * scale + the min term.
-  template <bool kPairedChannels>
   __device__ void store_tile(float* o_s, float* ml_s, float scale) {
     const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
 #pragma unroll
@@ -120,7 +137,7 @@ struct DirectTile {
     }
 #pragma unroll
     for (int u = 0; u < 8; ++u) {
-      const int ch = kPairedChannels ? 16 * r + 2 * u : 16 * r + 8 * (u >> 2) + 2 * (u & 3);
+      const int ch = 16 * r + 8 * (u >> 2) + 2 * (u & 3);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int q = 2 * c + (i & 1);
@@ -263,250 +280,14 @@ struct DirectPath : DirectTile {
   }
 
   __device__ void store(float* o_s, float* ml_s) {
-    store_tile<false>(o_s, ml_s, exp2i(-e_run));
-  }
-};
-
-// ---- integer tensor cores for the draft (INT4) view ----------------------------------------
-//
-// QuantAttentionTuning::int_mma (off by default until measured on the GPU): the INT4 view's codes
-// go to mma.m16n8k32 as unsigned bytes with no conversion to f16 (an even / odd nibble mask is a
-// byte vector already), 32 channels (keys) or 32 tokens (values) per MMA. The other operand is
-// rounded to 8 bits: the query folded with the key group's scale, per (query, key group), to
-// s8 in [-127, 127]; the value weights p * value step, per (query, sub-chunk), to u8 in [0, 255].
-// Scores and O are exact integer sums of those; q . min and p . min stay f32, so do the running
-// max, the sum l (from the f32 p) and O across sub-chunks. The rounding (2^-8 relative to each
-// operand's maximum) is far below the INT4 view's own error (s/2 per element), so this path is
-// for the draft view only, tested against the exact INT4 view at a draft tolerance.
-//
-// Fragment maps, lane = (r, c):
-//  - keys, S^T = K Q8^T, MMA w < 4 per 16-token step: A rows = tokens r, r + 8; k-slots 4c..4c+3
-//    = channels 32c + 8w + {0, 2, 4, 6} (even nibbles of word w of the lane's 16 bytes), 16 + 4c..
-//    = channels 32c + 8w + {1, 3, 5, 7}; B = query r's s8 values of the same channels.
-//  - values, O^T += V^T W^T, one MMA per m-tile u < 8 per 32-token sub-chunk: A rows = channels
-//    16r + 2u (row r) and 16r + 2u + 1 (row r + 8), k-slots 4c..4c+3 = tokens 2c + {0, 8, 16, 24},
-//    16 + 4c.. = tokens 2c + 1 + {0, 8, 16, 24} (the 8-byte value loads of load_chunk, transposed
-//    4 x 4 bytes at a time); B = query r's u8 weights of those tokens, fetched from the lanes that
-//    hold them in the score layout (lanes (2c, r / 2) and (2c + 1, r / 2)).
-
-// d += A B, m16n8k32, A u8 (row-major), B s8 or u8 (column-major), s32 accumulators.
-__device__ __forceinline__ void imma_u8s8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.s8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-__device__ __forceinline__ void imma_u8u8(int (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                          uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+r"(d[0]), "+r"(d[1]), "+r"(d[2]), "+r"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
-// Byte b of x0..x3 as the bytes of y[b]: a 4 x 4 byte transpose.
-__device__ __forceinline__ void transpose_bytes(uint32_t x0, uint32_t x1, uint32_t x2, uint32_t x3,
-                                                uint32_t (&y)[4]) {
-  const uint32_t t01_lo = __byte_perm(x0, x1, 0x5140u);  // x0.b0 x1.b0 x0.b1 x1.b1
-  const uint32_t t01_hi = __byte_perm(x0, x1, 0x7362u);  // x0.b2 x1.b2 x0.b3 x1.b3
-  const uint32_t t23_lo = __byte_perm(x2, x3, 0x5140u);
-  const uint32_t t23_hi = __byte_perm(x2, x3, 0x7362u);
-  y[0] = __byte_perm(t01_lo, t23_lo, 0x5410u);
-  y[1] = __byte_perm(t01_lo, t23_lo, 0x7632u);
-  y[2] = __byte_perm(t01_hi, t23_hi, 0x5410u);
-  y[3] = __byte_perm(t01_hi, t23_hi, 0x7632u);
-}
-
-// Four values in [lo, hi] (already rounded integers) as the bytes of a word, v[0] lowest.
-__device__ __forceinline__ uint32_t pack_bytes(int v0, int v1, int v2, int v3) {
-  return (static_cast<uint32_t>(v0) & 0xffu) | ((static_cast<uint32_t>(v1) & 0xffu) << 8) |
-         ((static_cast<uint32_t>(v2) & 0xffu) << 16) | (static_cast<uint32_t>(v3) << 24);
-}
-
-struct DirectPathInt : DirectTile {
-  static constexpr int HD = kHD;
-  static constexpr int kQStride = HD + kQPad;
-  static constexpr float kCodeMean = 7.5f;  // of INT4 codes spread over 0..15
-
-  uint32_t bq8[4][2];   // query r's s8 B fragments of key MMA w: even / odd channels
-  float qsc[2], qm[2];  // the s8 step and q . min of queries 2c, 2c+1
-
-  __device__ void init(int b0, int b1) { init_tile(b0, b1); }
-
-  // Query r (q_row: its pre-scaled [HD] row) times the key group's scale (global), channels
-  // 32c .. 32c + 31, rounded to s8 with one step per query; q . min in f32.
-  __device__ void fold_queries(const float* q_row, const uint16_t* k_scale, const uint16_t* k_min) {
-    const int c = threadIdx.x & 3;
-    float x[4][8];
-    float amax = 0.0f, qmp = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-      const int d0 = 32 * c + 8 * w;
-      const uint4 sr = __ldg(reinterpret_cast<const uint4*>(k_scale + d0));
-      const uint4 mr = __ldg(reinterpret_cast<const uint4*>(k_min + d0));
-      const float4 q0 = *reinterpret_cast<const float4*>(q_row + d0);
-      const float4 q1 = *reinterpret_cast<const float4*>(q_row + d0 + 4);
-      const float qv[8] = {q0.x, q0.y, q0.z, q0.w, q1.x, q1.y, q1.z, q1.w};
-      const uint32_t sw[4] = {sr.x, sr.y, sr.z, sr.w};
-      const uint32_t mw[4] = {mr.x, mr.y, mr.z, mr.w};
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const float2 s2 = __half22float2(*reinterpret_cast<const __half2*>(&sw[i]));
-        const float2 m2 = __half22float2(*reinterpret_cast<const __half2*>(&mw[i]));
-        x[w][2 * i] = qv[2 * i] * s2.x;
-        x[w][2 * i + 1] = qv[2 * i + 1] * s2.y;
-        qmp = fmaf(qv[2 * i], m2.x, qmp);
-        qmp = fmaf(qv[2 * i + 1], m2.y, qmp);
-        amax = fmaxf(amax, fmaxf(fabsf(x[w][2 * i]), fabsf(x[w][2 * i + 1])));
-      }
-    }
-    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
-    amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
-    const float step = amax > 0.0f ? amax / 127.0f : 1.0f;
-    const float inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-    // The rounding residuals d = x - step * q8 enter the score as sum(d * U): its part
-    // kCodeMean * sum(d) is a constant of the (query, key group) and goes into q . min exactly,
-    // leaving sum(d * (U - kCodeMean)) (about half the error for codes spread over 0..15).
-    float resid = 0.0f;
-#pragma unroll
-    for (int w = 0; w < 4; ++w) {
-#pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        int v[4];
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          v[e] = min(127, max(-127, __float2int_rn(x[w][2 * e + h] * inv)));
-          resid += x[w][2 * e + h] - step * static_cast<float>(v[e]);
-        }
-        bq8[w][h] = pack_bytes(v[0], v[1], v[2], v[3]);
-      }
-    }
-    qmp = fmaf(kCodeMean, resid, qmp);
-    qmp += __shfl_xor_sync(kFullMask, qmp, 1);
-    qmp += __shfl_xor_sync(kFullMask, qmp, 2);
-    qsc[0] = __shfl_sync(kFullMask, step, 8 * c);
-    qsc[1] = __shfl_sync(kFullMask, step, 8 * c + 4);
-    qm[0] = __shfl_sync(kFullMask, qmp, 8 * c);
-    qm[1] = __shfl_sync(kFullMask, qmp, 8 * c + 4);
-  }
-
-  __device__ void process(const Chunk<false>& ch, int t_sub) {
-    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
-
-    // Scores: s[st][i], i = (token r | r + 8) x (query 2c | 2c + 1).
-    float s[2][4];
-#pragma unroll
-    for (int st = 0; st < 2; ++st) {
-      int acc[4] = {0, 0, 0, 0};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const uint32_t u0 = word_at(ch.ku[st][0], w), u1 = word_at(ch.ku[st][1], w);
-        imma_u8s8(acc, u0 & 0x0F0F0F0Fu, u1 & 0x0F0F0F0Fu, (u0 >> 4) & 0x0F0F0F0Fu,
-                  (u1 >> 4) & 0x0F0F0F0Fu, bq8[w][0], bq8[w][1]);
-      }
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const int k = i & 1;
-        const int tok = t_sub + 16 * st + r + 8 * (i >> 1);
-        s[st][i] = tok < bq[k] ? fmaf(static_cast<float>(acc[i]), qsc[k], qm[k]) : kNegInf;
-      }
-    }
-
-    float corr[2], p[2][4];
-    online_softmax_sub(s, m_run, l_part, corr, p);
-
-    // Value weights w = p * step of this lane's tokens 16 st + 8 jb + r; the min terms in f32.
-    float wv[2][4], wmax[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int k = 0; k < 2; ++k) acc_min[k] *= corr[k];
-#pragma unroll
-    for (int st = 0; st < 2; ++st) {
-#pragma unroll
-      for (int jb = 0; jb < 2; ++jb) {
-        const float step = __half2float(__ushort_as_half(ch.vs[st][jb]));
-        const float vmin = __half2float(__ushort_as_half(ch.vm[st][jb]));
-#pragma unroll
-        for (int k = 0; k < 2; ++k) {
-          const float pk = p[st][2 * jb + k];
-          wv[st][2 * jb + k] = pk * step;
-          wmax[k] = fmaxf(wmax[k], pk * step);
-          acc_min[k] = fmaf(pk, vmin, acc_min[k]);
-        }
-      }
-    }
-    // Per query (the 8 lanes of a query column): the sub-chunk's largest weight sets the u8 step.
-    uint32_t pk8[2];
-    float wsc[2];
-#pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      wmax[k] = fmaxf(wmax[k], __shfl_xor_sync(kFullMask, wmax[k], 4));
-      wmax[k] = fmaxf(wmax[k], __shfl_xor_sync(kFullMask, wmax[k], 8));
-      wmax[k] = fmaxf(wmax[k], __shfl_xor_sync(kFullMask, wmax[k], 16));
-      const float inv = wmax[k] > 0.0f ? 255.0f / wmax[k] : 0.0f;
-      wsc[k] = wmax[k] / 255.0f;
-      int v[4];            // tokens r, r + 8, 16 + r, 24 + r
-      float resid = 0.0f;  // as in fold_queries: kCodeMean * sum of the rounding residuals
-#pragma unroll
-      for (int t = 0; t < 4; ++t) {
-        const float wt = wv[t >> 1][2 * (t & 1) + k];
-        v[t] = min(255, __float2int_rn(wt * inv));
-        resid += wt - wsc[k] * static_cast<float>(v[t]);
-      }
-      acc_min[k] = fmaf(kCodeMean, resid, acc_min[k]);
-      pk8[k] = pack_bytes(v[0], v[1], v[2], v[3]);
-    }
-    // B fragment of query r: tokens 2c + {0, 8, 16, 24} from lane (2c, r / 2), 2c + 1 + ... from
-    // lane (2c + 1, r / 2), each that lane's weights of query r (its 2 (r / 2) + (r & 1)).
-    const int src0 = 4 * (2 * c) + (r >> 1), src1 = src0 + 4;
-    const uint32_t e0 = __shfl_sync(kFullMask, pk8[0], src0);
-    const uint32_t o0 = __shfl_sync(kFullMask, pk8[1], src0);
-    const uint32_t e1 = __shfl_sync(kFullMask, pk8[0], src1);
-    const uint32_t o1 = __shfl_sync(kFullMask, pk8[1], src1);
-    const uint32_t b0 = (r & 1) ? o0 : e0, b1 = (r & 1) ? o1 : e1;
-
-    // Earlier contributions follow a new running max; once the max settles (corr == 1 exactly
-    // for every query of the warp) the rescale is skipped.
-    if (__any_sync(kFullMask, corr[0] != 1.0f || corr[1] != 1.0f)) {
-#pragma unroll
-      for (int u = 0; u < 8; ++u) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[u][i] *= corr[i & 1];
-      }
-    }
-
-    // A fragments: the value code bytes of tokens T0 = 2c + {0, 8, 16, 24} (vu[st][0], vu[st][2])
-    // and T1 = 2c + 1 + {0, 8, 16, 24} (vu[st][1], vu[st][3]), transposed per 4-byte word.
-#pragma unroll
-    for (int wd = 0; wd < 2; ++wd) {
-      uint32_t y0[4], y1[4];
-      transpose_bytes(word_at(ch.vu[0][0], wd), word_at(ch.vu[0][2], wd), word_at(ch.vu[1][0], wd),
-                      word_at(ch.vu[1][2], wd), y0);
-      transpose_bytes(word_at(ch.vu[0][1], wd), word_at(ch.vu[0][3], wd), word_at(ch.vu[1][1], wd),
-                      word_at(ch.vu[1][3], wd), y1);
-#pragma unroll
-      for (int bb = 0; bb < 4; ++bb) {
-        const int u = 4 * wd + bb;  // channels 16r + 2u (low nibbles), + 1 (high nibbles)
-        int acc[4] = {0, 0, 0, 0};
-        imma_u8u8(acc, y0[bb] & 0x0F0F0F0Fu, (y0[bb] >> 4) & 0x0F0F0F0Fu, y1[bb] & 0x0F0F0F0Fu,
-                  (y1[bb] >> 4) & 0x0F0F0F0Fu, b0, b1);
-#pragma unroll
-        for (int i = 0; i < 4; ++i) o[u][i] = fmaf(static_cast<float>(acc[i]), wsc[i & 1], o[u][i]);
-      }
-    }
-  }
-
-  __device__ void store(float* o_s, float* ml_s) {
-    store_tile<true>(o_s, ml_s, 1.0f);
+    store_tile(o_s, ml_s, exp2i(-e_run));
   }
 };
 
 // A quantized split [begin, end) of kv head kvh: slice `ts` of the block's warps takes the
 // contiguous positions [begin + ts * len, +len), len = q_split_len / slices, one sub-chunk ahead
 // in registers. No shared memory and no barrier: `overlap()` (the full-precision rows) runs first.
-template <bool INT8, bool kInt, class Overlap>
+template <bool INT8, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -531,13 +312,15 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   // INT4: the next sub-chunk is loaded while this one is computed (2 x 40 registers); INT8 (twice
   // the codes) loads each sub-chunk just before use and relies on the other warps.
   constexpr bool kPrefetch = !INT8;
+  // L2 requests for the first sub-chunks go out before the full-precision rows are read.
+  const int ahead = p.l2_ahead;
+  for (int j = 0; j < min(ahead, n_subs); ++j) prefetch_chunk_l2<INT8>(head, b + j * kTok);
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
   overlap();
   Chunk<INT8> cur;
   if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, b, cur);
 
-  static_assert(!(kInt && INT8), "integer tensor cores: the draft (INT4) view only");
-  using Path = std::conditional_t<kInt, DirectPathInt, DirectPath<INT8>>;
+  using Path = DirectPath<INT8>;
   Path w;
   {
     int bnd[2];
@@ -551,6 +334,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   const float* q_row = q_warp + (lane >> 2) * Path::kQStride;
   for (int j = 0; j < n_subs; ++j) {
     const int t_sub = b + j * kTok;
+    if (ahead > 0 && j + ahead < n_subs) prefetch_chunk_l2<INT8>(head, t_sub + ahead * kTok);
     Chunk<INT8> nxt;
     if (kPrefetch) {
       if (j + 1 < n_subs) load_chunk<INT8>(head, t_sub + kTok, nxt);
