@@ -310,30 +310,18 @@ void bench_attention(CudaBackend& be, bool quick) {
           auto q = random_f32(size_t(m) * sh->heads * sh->head_dim, 5);
           DeviceMem out(size_t(m) * sh->heads * sh->head_dim * 4);
           const int pos = ctx - m;
-          // The default, then (m = 1) the L2 look-ahead of the decode kernel in steps.
-          const cuda::AttentionDecodeTuning dflt = cuda::attention_decode_tuning();
-          for (int ahead : {-1, 0, 2, 8, 16}) {
-            if (ahead >= 0 && (m != 1 || ahead == dflt.l2_ahead)) continue;
-            cuda::AttentionDecodeTuning t = dflt;
-            if (ahead >= 0) t.l2_ahead = ahead;
-            cuda::set_attention_decode_tuning(t);
-            const double ms = time_ms(
-                s,
-                [&](int i) {
-                  const int c = i % copies;
-                  KvView view{ks[c]->ptr, vs[c]->ptr, stride, ctx};
-                  view.row_dtype = r.dtype;
-                  be.attention(q->f32(), m, pos, shape, view, out.f32());
-                },
-                std::max(10, 4 * copies));
-            char label[32] = "";
-            if (ahead >= 0) std::snprintf(label, sizeof label, " l2 %d", ahead);
-            summary(
-                "| attn decode %-11s %-11s ctx=%-6d m=%-2d%-6s | %8.1f us | %6.0f GB/s | %5.1f%% |",
-                r.name, sh->model, ctx, m, label, ms * 1e3, gbps(double(kv_bytes), ms),
-                pct(double(kv_bytes), ms));
-          }
-          cuda::set_attention_decode_tuning(dflt);
+          const double ms = time_ms(
+              s,
+              [&](int i) {
+                const int c = i % copies;
+                KvView view{ks[c]->ptr, vs[c]->ptr, stride, ctx};
+                view.row_dtype = r.dtype;
+                be.attention(q->f32(), m, pos, shape, view, out.f32());
+              },
+              std::max(10, 4 * copies));
+          summary("| attn decode %-11s %-11s ctx=%-6d m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |",
+                  r.name, sh->model, ctx, m, ms * 1e3, gbps(double(kv_bytes), ms),
+                  pct(double(kv_bytes), ms));
         }
       }
     }
@@ -901,11 +889,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" ring", [](T& t) { t.direct = false; }),
             variant(" ring c2 s2", [](T& t) { t.direct = false, t.chunk_subs = 2, t.stages = 2; }),
             variant(" regs 192", [](T& t) { t.direct_regs = 192; }),
-            variant(" regs 168", [](T& t) { t.direct_regs = 168; }),
-            variant(" l2 0", [](T& t) { t.l2_ahead = 0; }),
-            variant(" l2 2", [](T& t) { t.l2_ahead = 2; }),
-            variant(" l2 8", [](T& t) { t.l2_ahead = 8; }),
-            variant(" l2 16", [](T& t) { t.l2_ahead = 16; })};
+            variant(" regs 168", [](T& t) { t.direct_regs = 168; })};
         for (const Variant& var : variants) {
           const bool is_default = var.label[0] == '\0';
           if (!is_default && (ctx != 32768 || g_profile)) continue;

@@ -10,7 +10,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cmath>
 #include <type_traits>
@@ -25,8 +24,6 @@ namespace qs::cuda {
 namespace {
 
 constexpr float kNegInf = -INFINITY;
-
-std::atomic<int> g_decode_l2_ahead{kDecodeL2AheadDefault};  // AttentionDecodeTuning::l2_ahead
 
 // The weight 2^(m_part - m_total) of a partial state, 0 for a state with no visible position.
 __device__ __forceinline__ float merge_weight(float m_part, float m_total) {
@@ -142,16 +139,6 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(Attent
   const T* v_base = static_cast<const T*>(a.v) + static_cast<int64_t>(kvh) * HD + gl * kVec;
   // The step loop is uniform across the block (shuffles below need whole warps).
   for (int t_step = t_begin; t_step < t_end; t_step += kGroups * kDecodeUnroll) {
-    // The rows of the step a.l2_ahead steps ahead are asked of L2 (one K or V row per lane of
-    // the group's first 2 * kDecodeUnroll lanes): the registers hold only this step's rows, too
-    // few bytes in flight per SM to cover DRAM latency. Not for selections (indirect positions).
-    if (a.l2_ahead > 0 && !a.selected && gl < 2 * kDecodeUnroll) {
-      const int i = t_step + (a.l2_ahead * kDecodeUnroll + (gl >> 1)) * kGroups + gid;
-      if (i < t_end) {
-        const T* row = (gl & 1 ? v_base : k_base) + static_cast<int64_t>(i) * a.row_stride;
-        prefetch_l2_span(row, HD * sizeof(T));
-      }
-    }
     float kr[kDecodeUnroll][kVec], vr[kDecodeUnroll][kVec];
     int tpos[kDecodeUnroll];  // the position of each row (masking)
 #pragma unroll
@@ -623,22 +610,10 @@ int attention_prefill_query_tiles(const AttentionArgs& a) {
   return (a.m + tile_rows - 1) / tile_rows;
 }
 
-void set_attention_decode_tuning(const AttentionDecodeTuning& tuning) {
-  QS_CHECK_MSG(tuning.l2_ahead >= 0 && tuning.l2_ahead <= 64,
-               "attention: l2_ahead must be in [0, 64] steps");
-  g_decode_l2_ahead.store(tuning.l2_ahead);
-}
-
-AttentionDecodeTuning attention_decode_tuning() {
-  return {g_decode_l2_ahead.load()};
-}
-
-void launch_attention_decode(const AttentionArgs& args, cudaStream_t stream) {
-  check_args(args);
-  QS_CHECK(args.m <= 16);
-  QS_CHECK(args.num_kv_heads <= 65535);
-  AttentionArgs a = args;
-  a.l2_ahead = g_decode_l2_ahead.load();
+void launch_attention_decode(const AttentionArgs& a, cudaStream_t stream) {
+  check_args(a);
+  QS_CHECK(a.m <= 16);
+  QS_CHECK(a.num_kv_heads <= 65535);
   switch (a.head_dim) {
     case 32:
       decode_for_head_dim<32>(a, stream);

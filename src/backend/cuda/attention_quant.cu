@@ -102,7 +102,6 @@ struct Params {
   int stage_bytes;    // slices * chunk * mma_sub_bytes (tensor-core path), else 0
   int chunk;          // sub-chunks per slice per pipeline stage (tensor-core path)
   int stages;         // pipeline stages, 2..kQuantAttentionMaxStages (tensor-core path)
-  int l2_ahead;       // sub-chunks asked of L2 ahead of use (direct path); 0: none
   float* partial_o;   // [splits, m * num_heads, head_dim]
   float* partial_ml;  // [splits, m * num_heads, 2]
 };
@@ -1509,7 +1508,6 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.q_split_len = b_max > 0 ? static_cast<int>(ceil_div(ceil_div(b_max, splits), unit) * unit) : 0;
   pl.partial_floats = splits * a.m * a.num_heads * (hd + 2);
   pl.parallel_combine = tune.parallel_combine;
-  pl.l2_ahead = std::clamp(tune.l2_ahead, 0, kQuantAttentionMaxL2Ahead);
   return pl;
 }
 
@@ -1540,7 +1538,6 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.q_smem_bytes = static_cast<int>((block_qv * (hd + kQPad) * sizeof(float) + 127) / 128 * 128);
   p.chunk = plan.chunk;
   p.stages = plan.stages;
-  p.l2_ahead = plan.direct ? plan.l2_ahead : 0;
   QS_CHECK(p.chunk >= 1 && p.chunk <= kQuantAttentionMaxChunk && p.stages >= 2 &&
            p.stages <= kQuantAttentionMaxStages);
   p.stage_bytes = kc.mma && !kc.direct

@@ -65,7 +65,6 @@ struct QuantAttentionPlan {
   bool parallel_combine = true;  // the splits merged by attention_quant.cu's own combine kernel
   int chunk = 1;   // 32-token sub-chunks per warp per pipeline stage (tensor-core path)
   int stages = 3;  // cp.async pipeline stages (tensor-core path)
-  int l2_ahead = 0;  // direct path: 32-token sub-chunks per warp asked of L2 ahead of use
 };
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms);
@@ -88,9 +87,6 @@ constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
 constexpr int kQuantAttentionMaxChunk = 4;
-// Sub-chunks the register-direct path asks L2 for ahead of use (cp.async.bulk.prefetch.L2).
-constexpr int kQuantAttentionL2Ahead = 4;
-constexpr int kQuantAttentionMaxL2Ahead = 16;
 
 // Process-wide switches for tests and benchmarks (every variant computes the same function).
 struct QuantAttentionTuning {
@@ -110,8 +106,6 @@ struct QuantAttentionTuning {
   // Its register cap per thread: 168 (6 two-warp blocks per SM, a few spilled words) or 192 (4
   // blocks); 0: 192 for a single query tile per block, 168 for more (plan_attention_quant).
   int direct_regs = kQuantAttentionDirectRegs;
-  // Sub-chunks per warp the direct path asks L2 for ahead of use (0: none).
-  int l2_ahead = kQuantAttentionL2Ahead;
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();

@@ -74,25 +74,6 @@ __device__ __forceinline__ void load_chunk(const Head& hd, int t_sub, Chunk<INT8
   }
 }
 
-// Asks L2 for sub-chunk t_sub's codes and value metadata, lanes 0..5 one array each. A warp holds
-// at most one sub-chunk in registers (4 KiB of INT4 codes): with 4 two-warp blocks per SM that is
-// too few bytes in flight to cover DRAM latency, so the warps ask for their next sub-chunks
-// ahead (QuantAttentionTuning::l2_ahead), at no register cost.
-template <bool INT8>
-__device__ __forceinline__ void prefetch_chunk_l2(const Head& hd, int t_sub) {
-  const int lane = threadIdx.x & 31;
-  const int64_t off = static_cast<int64_t>(t_sub) * (kHD / 2);
-  constexpr uint32_t kCodeBytes = kTok * kHD / 2, kMetaBytes = kTok * sizeof(uint16_t);
-  if (lane == 0) prefetch_l2(hd.ku + off, kCodeBytes);
-  if (lane == 1) prefetch_l2(hd.vu + off, kCodeBytes);
-  if (lane == 2) prefetch_l2(hd.vs + t_sub, kMetaBytes);
-  if (lane == 3) prefetch_l2(hd.vm + t_sub, kMetaBytes);
-  if constexpr (INT8) {
-    if (lane == 4) prefetch_l2(hd.kl + off, kCodeBytes);
-    if (lane == 5) prefetch_l2(hd.vl + off, kCodeBytes);
-  }
-}
-
 __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -312,9 +293,6 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   // INT4: the next sub-chunk is loaded while this one is computed (2 x 40 registers); INT8 (twice
   // the codes) loads each sub-chunk just before use and relies on the other warps.
   constexpr bool kPrefetch = !INT8;
-  // L2 requests for the first sub-chunks go out before the full-precision rows are read.
-  const int ahead = p.l2_ahead;
-  for (int j = 0; j < min(ahead, n_subs); ++j) prefetch_chunk_l2<INT8>(head, b + j * kTok);
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
   overlap();
   Chunk<INT8> cur;
@@ -334,7 +312,6 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   const float* q_row = q_warp + (lane >> 2) * Path::kQStride;
   for (int j = 0; j < n_subs; ++j) {
     const int t_sub = b + j * kTok;
-    if (ahead > 0 && j + ahead < n_subs) prefetch_chunk_l2<INT8>(head, t_sub + ahead * kTok);
     Chunk<INT8> nxt;
     if (kPrefetch) {
       if (j + 1 < n_subs) load_chunk<INT8>(head, t_sub + kTok, nxt);

@@ -144,7 +144,6 @@ struct AttentionArgs {
   const int32_t* sel_positions = nullptr;  // device memory, [num_kv_heads, sel_count]
   int sel_count = 0;
   int sel_dense_from = 0;
-  int l2_ahead = 0;  // decode kernel: steps whose rows each lane group asks L2 for ahead of use
   // Positions a query row's kv head sequence holds (the split range).
   __host__ __device__ int seq_len() const {
     return selected ? sel_count + (pos + m - sel_dense_from) : pos + m;
@@ -152,15 +151,6 @@ struct AttentionArgs {
 };
 
 bool attention_head_dim_supported(int head_dim);
-
-// Tuning of the decode kernel, process-wide (benchmarks compare the variants; every variant
-// computes the same function).
-constexpr int kDecodeL2AheadDefault = 4;
-struct AttentionDecodeTuning {
-  int l2_ahead = kDecodeL2AheadDefault;  // steps of rows asked of L2 ahead of use; 0: none
-};
-void set_attention_decode_tuning(const AttentionDecodeTuning& tuning);
-AttentionDecodeTuning attention_decode_tuning();
 
 // Flash-decoding for m <= 16 query rows: a block per (query tile, KV split, kv head) holds all
 // query heads of one kv head, so each K/V row is read once per tile.

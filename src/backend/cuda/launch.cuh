@@ -52,11 +52,4 @@ __device__ __forceinline__ void prefetch_l2(const void* p, uint32_t bytes) {
 #endif
 }
 
-// prefetch_l2 of the 16-byte-aligned span around [p, p + bytes) (any p).
-__device__ __forceinline__ void prefetch_l2_span(const void* p, uint32_t bytes) {
-  const uintptr_t a = reinterpret_cast<uintptr_t>(p);
-  const uintptr_t lo = a & ~uintptr_t{15}, hi = (a + bytes + 15) & ~uintptr_t{15};
-  prefetch_l2(reinterpret_cast<const void*>(lo), static_cast<uint32_t>(hi - lo));
-}
-
 }  // namespace qs::cuda
