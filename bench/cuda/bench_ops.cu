@@ -870,7 +870,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // Variants (label suffix): the default plan (the register-direct path where it applies),
         // the CUDA-core path, 2 and 4 waves of blocks; the cp.async-ring tensor-core path
         // ("ring", the previous default) with its pipeline shapes (cN = 32-token sub-chunks per
-        // warp per stage, sN = stages; 0 = the default of attention_quant.h).
+        // warp per stage, sN = stages; 0 = the default of attention_quant.h); "exact N": the
+        // draft view with f16 hi + lo operands (draft_f16 off) at register cap N.
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -889,8 +890,17 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" ring", [](T& t) { t.direct = false; }),
             variant(" ring c2 s2", [](T& t) { t.direct = false, t.chunk_subs = 2, t.stages = 2; }),
             variant(" regs 192", [](T& t) { t.direct_regs = 192; }),
-            variant(" regs 168", [](T& t) { t.direct_regs = 168; })};
+            variant(" regs 168", [](T& t) { t.direct_regs = 168; }),
+            variant(" regs 144", [](T& t) { t.direct_regs = 144; }),
+            variant(" regs 128", [](T& t) { t.direct_regs = 128; }),
+            variant(" exact 192", [](T& t) { t.draft_f16 = false, t.direct_regs = 192; }),
+            variant(" exact 168", [](T& t) { t.draft_f16 = false, t.direct_regs = 168; })};
         for (const Variant& var : variants) {
+          // The draft view's switches: its exact operands, its lower register caps.
+          if (r.int8 && (!var.tuning.draft_f16 ||
+                         (var.tuning.direct_regs > 0 && var.tuning.direct_regs < 168))) {
+            continue;
+          }
           const bool is_default = var.label[0] == '\0';
           if (!is_default && (ctx != 32768 || g_profile)) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;

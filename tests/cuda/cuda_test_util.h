@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/attention_quant.h"
 #include "backend/cuda/cuda_backend.h"
 #include "core/dtype.h"
 
@@ -185,6 +186,21 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
 
 inline const char* dtype_label(DType t) {
   return dtype_name(t);
+}
+
+// The draft (INT4) view on the register-direct quantized attention runs with f16 operands alone
+// by default (QuantAttentionTuning::draft_f16): the folded query and the value weights are
+// rounded to f16 (~2^-12 relative), far below the INT4 view's own quantization error (up to s/2
+// per element). Such calls are held to kDraftF16Tol against the exact INT4 view; a wrong fragment
+// map, fold or weight is O(1).
+constexpr double kDraftF16Tol = 5e-3;
+
+// Whether gpu.attention(q, m, pos, shape, view, out) takes that path under the current tuning.
+inline bool draft_f16_attention(const float* q, int m, int pos, const AttentionShape& shape,
+                                const KvView& view, float* out) {
+  if (view.quantized == nullptr || view.quantized->int8) return false;
+  return cuda::plan_attention_quant(cuda::make_quant_attention_args(q, m, pos, shape, view, out), 1)
+      .draft_f16;
 }
 
 }  // namespace qs::testing

@@ -36,6 +36,8 @@ using testing::DeviceBytes;
 using testing::random_normal;
 using testing::rel_error;
 
+double g_draft_worst = 0.0;  // largest error of the f16-operand draft calls (kDraftF16Tol)
+
 double tolerance(int len) {
   return len <= 4099 ? 2e-5 : 5e-5;
 }
@@ -288,6 +290,11 @@ double run_case(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv, const Case
   const std::vector<float> exact = exact_attention(kv, q, c.m, pos, shape, c.int8);
   g_cpu_worst = std::max(g_cpu_worst, rel_error(want, exact));
   const double err = rel_error(got, exact);
+  if (testing::draft_f16_attention(qd.data(), c.m, pos, shape, view_gpu, out.data())) {
+    EXPECT_LT(err, testing::kDraftF16Tol) << what << " (draft view, f16 operands)";
+    g_draft_worst = std::isnan(err) ? err : std::max(g_draft_worst, err);
+    return 0.0;  // reported apart from the exact paths
+  }
   EXPECT_LT(err, tolerance(k.len)) << what;
   return err;
 }
@@ -302,8 +309,10 @@ void check_cases(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv,
 }
 
 void report(const char* test, double worst) {
-  std::printf("[ max rel error ] %s: %.3g (CPU vs exact: %.3g)\n", test, worst, g_cpu_worst);
+  std::printf("[ max rel error ] %s: %.3g (CPU vs exact: %.3g; draft view with f16 operands: %.3g)\n",
+              test, worst, g_cpu_worst, g_draft_worst);
   g_cpu_worst = 0.0;
+  g_draft_worst = 0.0;
 }
 
 // Restores the default tuning when a test ends (also on a failed assertion).
@@ -364,6 +373,18 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirect192) {
   double worst = 0;
   sweep(gpu(), cpu(), worst);
   report("quantized sweep, direct path at 192 registers", worst);
+}
+
+// The register-direct path with the draft view as exact as the INT8 one (draft_f16 off): the
+// f16 hi + lo operands, f32-level accuracy.
+TEST_F(CudaOpsTest, QuantAttentionSweepExactDraft) {
+  cuda::QuantAttentionTuning t;
+  t.draft_f16 = false;
+  TuningScope scope(t);
+  double worst = 0;
+  sweep(gpu(), cpu(), worst);
+  EXPECT_EQ(g_draft_worst, 0.0);  // no call took the f16-operand path
+  report("quantized sweep, exact draft view", worst);
 }
 
 // The same sweep on the CUDA-core path (the fallback, and the path of head_dim 32/256).

@@ -201,6 +201,12 @@ __device__ __forceinline__ void split_f16x2(float a, float b, uint32_t& hi, uint
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
+// {a, b} (a in the low half) rounded to f16x2.
+__device__ __forceinline__ uint32_t to_f16x2(float a, float b) {
+  const __half2 h = __floats2half2_rn(a, b);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
 // Two code bytes of `bytes` (picked by a prmt selector that interleaves them with 0x64) as the
 // f16x2 {byte, byte} - bias: exact small integers.
 __device__ __forceinline__ uint32_t codes_to_f16x2(uint32_t bytes, uint32_t sel, uint32_t bias) {
@@ -229,8 +235,8 @@ __device__ __forceinline__ void codes_even_odd(uint32_t up, uint32_t lo, uint32_
 // One 8-channel block of S^T = K Q'^T on tensor cores (the ring and register-direct paths): the
 // code words of token rows r and r + 8 (upper plane; INT8: and lower), as even / odd channel
 // codes centred by `bias`, against the query block's f16 hi and lo B fragments (k-steps h = 0, 1
-// of the block); products accumulate into acc_hi / acc_lo.
-template <bool INT8>
+// of the block); products accumulate into acc_hi / acc_lo (kLo false: hi only, acc_lo untouched).
+template <bool INT8, bool kLo = true>
 __device__ __forceinline__ void score_block(const uint32_t (&up)[2], const uint32_t (&lo)[2],
                                             const uint32_t (&b_hi)[2][2],
                                             const uint32_t (&b_lo)[2][2], uint32_t bias,
@@ -246,7 +252,7 @@ __device__ __forceinline__ void score_block(const uint32_t (&up)[2], const uint3
     const uint32_t a2 = codes_to_f16x2(od[0], sel, bias);
     const uint32_t a3 = codes_to_f16x2(od[1], sel, bias);
     mma_f16(acc_hi, a0, a1, a2, a3, b_hi[h][0], b_hi[h][1]);
-    mma_f16(acc_lo, a0, a1, a2, a3, b_lo[h][0], b_lo[h][1]);
+    if constexpr (kLo) mma_f16(acc_lo, a0, a1, a2, a3, b_lo[h][0], b_lo[h][1]);
   }
 }
 
@@ -550,8 +556,9 @@ __device__ __forceinline__ void online_softmax_sub(const float (&s)[2][4], float
 // largest |Q'| in [2^13, 2^14), split into f16 hi + lo; block j, half h feeds k-step (j, h) with
 // channels 4h + {0, 2} (b0) and 4h + {1, 3} (b1). q . (center * step + min) is summed in f32. The
 // four lanes of a query (lanes 4r..4r+3) hold all of its channels; inv_f / qm receive 2^-F and
-// that sum of queries 2c and 2c+1 (folded by lanes 8c and 8c + 4).
-template <int NB>
+// that sum of queries 2c and 2c+1 (folded by lanes 8c and 8c + 4). kLo false: hi only (f16
+// rounding of Q', the draft view's single-MMA path), bq_lo is not written.
+template <int NB, bool kLo = true>
 __device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[NB],
                                            const uint4 (&sr)[NB], const uint4 (&mr)[NB],
                                            float step_mul, float center,
@@ -588,8 +595,13 @@ __device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[N
   for (int j = 0; j < NB; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      split_f16x2(x[j][4 * h] * sf, x[j][4 * h + 2] * sf, bq_hi[j][h][0], bq_lo[j][h][0]);
-      split_f16x2(x[j][4 * h + 1] * sf, x[j][4 * h + 3] * sf, bq_hi[j][h][1], bq_lo[j][h][1]);
+      if constexpr (kLo) {
+        split_f16x2(x[j][4 * h] * sf, x[j][4 * h + 2] * sf, bq_hi[j][h][0], bq_lo[j][h][0]);
+        split_f16x2(x[j][4 * h + 1] * sf, x[j][4 * h + 3] * sf, bq_hi[j][h][1], bq_lo[j][h][1]);
+      } else {
+        bq_hi[j][h][0] = to_f16x2(x[j][4 * h] * sf, x[j][4 * h + 2] * sf);
+        bq_hi[j][h][1] = to_f16x2(x[j][4 * h + 1] * sf, x[j][4 * h + 3] * sf);
+      }
     }
   }
   const float isf = exp2i(-f);
@@ -601,13 +613,16 @@ __device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[N
 
 // The scores of one 16-token step from the two MMA accumulators: s[i], i = (token r | r + 8) x
 // (query 2c | 2c + 1), token = tok0 + 8 (i >> 1), -inf past each query's quantized boundary bq.
+// kLo false: the hi accumulator alone.
+template <bool kLo = true>
 __device__ __forceinline__ void finish_scores(const float (&hi)[4], const float (&lo)[4], int tok0,
                                               const int (&bq)[2], const float (&inv_f)[2],
                                               const float (&qm)[2], float (&s)[4]) {
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
     const int k = i & 1;
-    s[i] = tok0 + 8 * (i >> 1) < bq[k] ? (hi[i] + lo[i]) * inv_f[k] + qm[k] : kNegInf;
+    const float acc = kLo ? hi[i] + lo[i] : hi[i];
+    s[i] = tok0 + 8 * (i >> 1) < bq[k] ? acc * inv_f[k] + qm[k] : kNegInf;
   }
 }
 
@@ -984,7 +999,7 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
 // state per kind, merged at the end with the other slices' states.
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores).
-template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect>
+template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1061,7 +1076,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   float *o_q, *ml_q;
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
-    direct_path::quant_split_direct<INT8>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q,
+    direct_path::quant_split_direct<INT8, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q,
                                                 ml_q, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q, ml_q,
@@ -1121,10 +1136,11 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
   attention_quant_body<HD, INT8, NG, kMma, QW, false>(p);
 }
 
-template <bool INT8, int kRegs>
+// kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16).
+template <bool INT8, int kRegs, bool kDraftF16>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   pdl_begin();
-  attention_quant_body<direct_path::kHD, INT8, 1, true, 8, true>(p);
+  attention_quant_body<direct_path::kHD, INT8, 1, true, 8, true, kDraftF16>(p);
 }
 
 // ---- split combine --------------------------------------------------------------------------
@@ -1199,6 +1215,7 @@ struct KernelChoice {
   const void* fn = nullptr;
   bool mma = false;
   bool direct = false;  // tensor cores, register-direct (no shared-memory stages)
+  bool draft_f16 = false;  // the direct path's INT4 view with f16 operands alone
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
 };
@@ -1234,14 +1251,25 @@ KernelChoice row_kernel() {
 // groups of whole sub-chunks; everything else runs on CUDA cores (e.g. G = 8 in the model tests).
 // The register-direct variant covers head_dim 128 with one value group per token (the default).
 template <bool INT8>
-KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs) {
+KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
+                        bool draft_f16) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
     k.qw = 8;
     k.ng = 1;
-    k.fn = regs == 192 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 192>)
-                       : reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 168>);
+    k.draft_f16 = !INT8 && draft_f16;
+    if (k.draft_f16) {
+      // Fewer live operands: also caps of 144 (7 two-warp blocks per SM) and 128 (8).
+      k.fn = regs == 192   ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true>)
+             : regs == 168 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true>)
+             : regs == 144 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 144, true>)
+                           : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 128, true>);
+    } else {
+      k.fn = regs == 192
+                 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 192, false>)
+                 : reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 168, false>);
+    }
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
@@ -1262,12 +1290,13 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
   return {};
 }
 
-KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs) {
+KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
+                           bool draft_f16) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs)
+                                   direct, regs, draft_f16)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs);
+                                    direct, regs, draft_f16);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1401,8 +1430,9 @@ void launch_quant_combine(const float* partial_o, const float* partial_ml, int s
 // ---- API ------------------------------------------------------------------------------------
 
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
-  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 168 || tuning.direct_regs == 192,
-               "quantized attention: direct_regs must be 0 (automatic), 168 or 192");
+  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 128 || tuning.direct_regs == 144 ||
+                   tuning.direct_regs == 168 || tuning.direct_regs == 192,
+               "quantized attention: direct_regs must be 0 (automatic), 128, 144, 168 or 192");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
   g_tuning = tuning;
 }
@@ -1443,10 +1473,11 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const QuantAttentionTuning tune = quant_attention_tuning();
   // The query tiling does not depend on the register cap (8 query vectors per warp on every
   // tensor-core path), so the kernel is chosen again once the tiles are known.
-  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192);
+  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, tune.draft_f16);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
+  pl.draft_f16 = kc.draft_f16;
   pl.queries_per_warp = kc.qw;
   const int hd = a.head_dim, G = a.seg.group_size;
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
@@ -1459,7 +1490,9 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // draft 93 vs 101 us), several tiles at 168 (more blocks per SM; Llama-3.1-8B m = 5 / 9: 110 /
   // 165 us vs 119 / 207).
   pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs : pl.query_tiles == 1 ? 192 : 168;
-  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs);
+  // Caps below 168 exist for the f16-operand draft view only.
+  if (!(kc.direct && kc.draft_f16)) pl.direct_regs = std::max(pl.direct_regs, 168);
+  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, tune.draft_f16);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1515,8 +1548,9 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
                             float* partials, cudaStream_t stream) {
   check_args(a);
   const KernelChoice kc =
-      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs);
+      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.draft_f16);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
+           kc.draft_f16 == plan.draft_f16 &&
            kc.qw == plan.queries_per_warp);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   const int G = a.seg.group_size;

@@ -135,7 +135,9 @@ struct DirectTile {
   }
 };
 
-template <bool INT8>
+// kLo: the f16 hi + lo operand pair (f32-level accuracy); false (the draft view's single-MMA
+// variant, QuantAttentionTuning::draft_f16): hi alone, bq_lo unused.
+template <bool INT8, bool kLo = true>
 struct DirectPath : DirectTile {
   static constexpr int HD = kHD;
   static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
@@ -164,7 +166,7 @@ struct DirectPath : DirectTile {
       sr[w] = __ldg(reinterpret_cast<const uint4*>(k_scale + d0[w]));
       mr[w] = __ldg(reinterpret_cast<const uint4*>(k_min + d0[w]));
     }
-    fold_query<4>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f, qm);
+    fold_query<4, kLo>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f, qm);
   }
 
   __device__ void process(const Chunk<INT8>& ch, int t_sub) {
@@ -180,9 +182,9 @@ struct DirectPath : DirectTile {
         const uint32_t up[2] = {word_at(ch.ku[st][0], w), word_at(ch.ku[st][1], w)};
         const uint32_t lo[2] = {INT8 ? word_at(ch.kl[INT8 ? st : 0][0], w) : 0u,
                                 INT8 ? word_at(ch.kl[INT8 ? st : 0][1], w) : 0u};
-        score_block<INT8>(up, lo, bq_hi[w], bq_lo[w], kBias, acc_hi, acc_lo);
+        score_block<INT8, kLo>(up, lo, bq_hi[w], bq_lo[w], kBias, acc_hi, acc_lo);
       }
-      finish_scores(acc_hi, acc_lo, t_sub + 16 * st + r, bq, inv_f, qm, s[st]);
+      finish_scores<kLo>(acc_hi, acc_lo, t_sub + 16 * st + r, bq, inv_f, qm, s[st]);
     }
 
     float corr[2], p[2][4];
@@ -218,14 +220,19 @@ struct DirectPath : DirectTile {
     // O^T += V^T P^T, 16 tokens per k-step.
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
-      uint32_t bh[2], bl[2];
+      uint32_t bh[2];
+      [[maybe_unused]] uint32_t bl[2];
 #pragma unroll
       for (int jb = 0; jb < 2; ++jb) {
         const float w = vstep[st][jb] * se;
-        uint32_t h, l;
-        split_f16x2(p[st][2 * jb] * w, p[st][2 * jb + 1] * w, h, l);
-        bh[jb] = movmatrix_trans(h);
-        bl[jb] = movmatrix_trans(l);
+        if constexpr (kLo) {
+          uint32_t h, l;
+          split_f16x2(p[st][2 * jb] * w, p[st][2 * jb + 1] * w, h, l);
+          bh[jb] = movmatrix_trans(h);
+          bl[jb] = movmatrix_trans(l);
+        } else {
+          bh[jb] = movmatrix_trans(to_f16x2(p[st][2 * jb] * w, p[st][2 * jb + 1] * w));
+        }
       }
 #pragma unroll
       for (int wi = 0; wi < 2; ++wi) {
@@ -253,7 +260,7 @@ struct DirectPath : DirectTile {
             const uint32_t a2 = codes_to_f16x2(e89, sel, kBias);
             const uint32_t a3 = codes_to_f16x2(o89, sel, kBias);
             mma_f16(o[u], a0, a1, a2, a3, bh[0], bh[1]);
-            mma_f16(o[u], a0, a1, a2, a3, bl[0], bl[1]);
+            if constexpr (kLo) mma_f16(o[u], a0, a1, a2, a3, bl[0], bl[1]);
           }
         }
       }
@@ -268,7 +275,7 @@ struct DirectPath : DirectTile {
 // A quantized split [begin, end) of kv head kvh: slice `ts` of the block's warps takes the
 // contiguous positions [begin + ts * len, +len), len = q_split_len / slices, one sub-chunk ahead
 // in registers. No shared memory and no barrier: `overlap()` (the full-precision rows) runs first.
-template <bool INT8, class Overlap>
+template <bool INT8, bool kDraftF16, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -298,7 +305,8 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   Chunk<INT8> cur;
   if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, b, cur);
 
-  using Path = DirectPath<INT8>;
+  static_assert(!(kDraftF16 && INT8), "f16-only operands: the draft (INT4) view only");
+  using Path = DirectPath<INT8, !kDraftF16>;
   Path w;
   {
     int bnd[2];
