@@ -891,16 +891,11 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" ring c2 s2", [](T& t) { t.direct = false, t.chunk_subs = 2, t.stages = 2; }),
             variant(" regs 192", [](T& t) { t.direct_regs = 192; }),
             variant(" regs 168", [](T& t) { t.direct_regs = 168; }),
-            variant(" regs 144", [](T& t) { t.direct_regs = 144; }),
-            variant(" regs 128", [](T& t) { t.direct_regs = 128; }),
             variant(" exact 192", [](T& t) { t.draft_f16 = false, t.direct_regs = 192; }),
-            variant(" exact 168", [](T& t) { t.draft_f16 = false, t.direct_regs = 168; })};
+            variant(" exact 168", [](T& t) { t.draft_f16 = false, t.direct_regs = 168; }),
+            variant(" ring exact", [](T& t) { t.direct = false, t.draft_f16 = false; })};
         for (const Variant& var : variants) {
-          // The draft view's switches: its exact operands, its lower register caps.
-          if (r.int8 && (!var.tuning.draft_f16 ||
-                         (var.tuning.direct_regs > 0 && var.tuning.direct_regs < 168))) {
-            continue;
-          }
+          if (!var.tuning.draft_f16 && r.int8) continue;  // the draft view's switch
           const bool is_default = var.label[0] == '\0';
           if (!is_default && (ctx != 32768 || g_profile)) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;

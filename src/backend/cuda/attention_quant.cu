@@ -646,7 +646,9 @@ __device__ __forceinline__ float value_scale_step(float vmax, int& e_run, float&
 //  - key k-step (u, h): k-slots 2c, 2c+1, 2c+8, 2c+9 are channels 32u + 8c + 4h + {0, 2, 1, 3};
 //  - value m-tile (u, p): rows r, r+8 are channels 32u + 4r + 2p and 32u + 4r + 2p + 1;
 //  - tokens are in natural order in both products.
-template <int HD, bool INT8, int NG>
+// kLo: the f16 hi + lo operand pair (f32-level accuracy); false: hi alone (the draft view's
+// f16-operand variant, QuantAttentionTuning::draft_f16).
+template <int HD, bool INT8, int NG, bool kLo = true>
 struct MmaPath {
   static constexpr int R = HD / 32;               // 16-byte units per code row per plane
   static constexpr int RB = HD / 2;               // bytes per code row per plane
@@ -713,7 +715,7 @@ struct MmaPath {
       sr[u] = *reinterpret_cast<const uint4*>(k_scale + d0[u]);
       mr[u] = *reinterpret_cast<const uint4*>(k_min + d0[u]);
     }
-    fold_query<R>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f, qm);
+    fold_query<R, kLo>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f, qm);
   }
 
   // Code words of one plane tile for tokens [16 step, +16): w[j][u] = this lane's 32 bits of
@@ -754,9 +756,9 @@ struct MmaPath {
       for (int u = 0; u < R; ++u) {
         const uint32_t up[2] = {wu[0][u], wu[1][u]};
         const uint32_t lo[2] = {INT8 ? wl[0][u] : 0u, INT8 ? wl[1][u] : 0u};
-        score_block<INT8>(up, lo, bq_hi[u], bq_lo[u], kBias, acc_hi, acc_lo);
+        score_block<INT8, kLo>(up, lo, bq_hi[u], bq_lo[u], kBias, acc_hi, acc_lo);
       }
-      finish_scores(acc_hi, acc_lo, t_sub + 16 * st + r, bq, inv_f, qm, s[st]);
+      finish_scores<kLo>(acc_hi, acc_lo, t_sub + 16 * st + r, bq, inv_f, qm, s[st]);
     }
 
     float corr[2], p[2][4];
@@ -804,16 +806,21 @@ struct MmaPath {
     // O^T += V^T P^T, 16 tokens per k-step.
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
-      uint32_t bh[NG][2], bl[NG][2];
+      uint32_t bh[NG][2];
+      [[maybe_unused]] uint32_t bl[NG][2];
 #pragma unroll
       for (int g = 0; g < NG; ++g) {
 #pragma unroll
         for (int jb = 0; jb < 2; ++jb) {
           const float w = vstep[st][jb][g];
-          uint32_t h, l;
-          split_f16x2(p[st][2 * jb] * w * se, p[st][2 * jb + 1] * w * se, h, l);
-          bh[g][jb] = movmatrix_trans(h);
-          bl[g][jb] = movmatrix_trans(l);
+          if constexpr (kLo) {
+            uint32_t h, l;
+            split_f16x2(p[st][2 * jb] * w * se, p[st][2 * jb + 1] * w * se, h, l);
+            bh[g][jb] = movmatrix_trans(h);
+            bl[g][jb] = movmatrix_trans(l);
+          } else {
+            bh[g][jb] = movmatrix_trans(to_f16x2(p[st][2 * jb] * w * se, p[st][2 * jb + 1] * w * se));
+          }
         }
       }
       uint32_t wu[2][R], wl[2][R];
@@ -834,7 +841,7 @@ struct MmaPath {
           const uint32_t a2 = codes_to_f16x2(ev[1], sel, kBias);
           const uint32_t a3 = codes_to_f16x2(od[1], sel, kBias);
           mma_f16(o[u][pp], a0, a1, a2, a3, bh[g][0], bh[g][1]);
-          mma_f16(o[u][pp], a0, a1, a2, a3, bl[g][0], bl[g][1]);
+          if constexpr (kLo) mma_f16(o[u][pp], a0, a1, a2, a3, bl[g][0], bl[g][1]);
         }
       }
     }
@@ -892,12 +899,13 @@ __device__ __forceinline__ const uint8_t* plane_ptr(const QuantizedKvSegment& s,
 // all). A stage holds p.chunk consecutive sub-chunks of every slice (sub-chunk j of slice sl at
 // (sl * chunk + j % chunk) * kBytes), so a larger chunk puts more bytes in flight per barrier.
 // `overlap()` runs once the first stages are in flight (the block's full-precision rows).
-template <int HD, bool INT8, int NG, class Overlap>
+template <int HD, bool INT8, int NG, bool kDraftF16, class Overlap>
 __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int end, int kvh,
                                                 int ts, int qv_warp, const float* q_warp,
                                                 unsigned char* stages, float* o_mine,
                                                 float* ml_mine, const Overlap& overlap) {
-  using M = MmaPath<HD, INT8, NG>;
+  static_assert(!(kDraftF16 && INT8), "f16-only operands: the draft (INT4) view only");
+  using M = MmaPath<HD, INT8, NG, !kDraftF16>;
   const QuantAttentionArgs& a = p.a;
   const int lane = threadIdx.x & 31, c = lane & 3;
   const int G = a.seg.group_size;
@@ -1079,7 +1087,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     direct_path::quant_split_direct<INT8, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q,
                                                 ml_q, fp_rows);
   } else if constexpr (kMma) {
-    quant_split_mma<HD, INT8, NG>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q, ml_q,
+    quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q, ml_q,
                                   fp_rows);
   } else {
     fp_rows();
@@ -1130,10 +1138,10 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   }
 }
 
-template <int HD, bool INT8, int NG, bool kMma, int QW>
+template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDraftF16 = false>
 __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p) {
   pdl_begin();
-  attention_quant_body<HD, INT8, NG, kMma, QW, false>(p);
+  attention_quant_body<HD, INT8, NG, kMma, QW, false, kDraftF16>(p);
 }
 
 // kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16).
@@ -1209,7 +1217,14 @@ __global__ void __launch_bounds__(kCombineThreads)
 // ---- host side ------------------------------------------------------------------------------
 
 std::mutex g_tuning_mu;
-QuantAttentionTuning g_tuning;
+// QS_DRAFT_F16=0 in the environment starts the process with the exact draft view (draft_f16
+// off): end-to-end A/B runs of its acceptance.
+QuantAttentionTuning g_tuning = [] {
+  QuantAttentionTuning t;
+  const char* v = std::getenv("QS_DRAFT_F16");
+  if (v != nullptr && std::strcmp(v, "0") == 0) t.draft_f16 = false;
+  return t;
+}();
 
 struct KernelChoice {
   const void* fn = nullptr;
@@ -1220,20 +1235,25 @@ struct KernelChoice {
   int ng = 0;  // value groups (tensor-core kernels)
 };
 
+template <int HD, bool INT8, bool kDraftF16>
+const void* mma_kernel_fn(int ng) {
+  if (ng == 1) return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 1, true, 8, kDraftF16>);
+  if (ng == 2) return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 2, true, 8, kDraftF16>);
+  if constexpr (HD == 128) {
+    QS_CHECK(ng == 4);
+    return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 4, true, 8, kDraftF16>);
+  }
+  return nullptr;
+}
+
 template <int HD, bool INT8>
-KernelChoice mma_kernel(int ng) {
+KernelChoice mma_kernel(int ng, bool draft_f16) {
   KernelChoice k;
   k.mma = true;
   k.qw = 8;
   k.ng = ng;
-  if (ng == 1) {
-    k.fn = reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 1, true, 8>);
-  } else if (ng == 2) {
-    k.fn = reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 2, true, 8>);
-  } else if constexpr (HD == 128) {
-    QS_CHECK(ng == 4);
-    k.fn = reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 4, true, 8>);
-  }
+  k.draft_f16 = !INT8 && draft_f16;
+  k.fn = k.draft_f16 ? mma_kernel_fn<HD, false, true>(ng) : mma_kernel_fn<HD, INT8, false>(ng);
   QS_CHECK(k.fn != nullptr);
   return k;
 }
@@ -1260,11 +1280,8 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     k.ng = 1;
     k.draft_f16 = !INT8 && draft_f16;
     if (k.draft_f16) {
-      // Fewer live operands: also caps of 144 (7 two-warp blocks per SM) and 128 (8).
-      k.fn = regs == 192   ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true>)
-             : regs == 168 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true>)
-             : regs == 144 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 144, true>)
-                           : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 128, true>);
+      k.fn = regs == 192 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true>)
+                         : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true>);
     } else {
       k.fn = regs == 192
                  ? reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 192, false>)
@@ -1273,7 +1290,8 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
-    return hd == 64 ? mma_kernel<64, INT8>(hd / gv) : mma_kernel<128, INT8>(hd / gv);
+    return hd == 64 ? mma_kernel<64, INT8>(hd / gv, draft_f16)
+                    : mma_kernel<128, INT8>(hd / gv, draft_f16);
   }
   switch (hd) {
     case 32:
@@ -1430,9 +1448,8 @@ void launch_quant_combine(const float* partial_o, const float* partial_ml, int s
 // ---- API ------------------------------------------------------------------------------------
 
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
-  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 128 || tuning.direct_regs == 144 ||
-                   tuning.direct_regs == 168 || tuning.direct_regs == 192,
-               "quantized attention: direct_regs must be 0 (automatic), 128, 144, 168 or 192");
+  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 168 || tuning.direct_regs == 192,
+               "quantized attention: direct_regs must be 0 (automatic), 168 or 192");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
   g_tuning = tuning;
 }
@@ -1490,8 +1507,6 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // draft 93 vs 101 us), several tiles at 168 (more blocks per SM; Llama-3.1-8B m = 5 / 9: 110 /
   // 165 us vs 119 / 207).
   pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs : pl.query_tiles == 1 ? 192 : 168;
-  // Caps below 168 exist for the f16-operand draft view only.
-  if (!(kc.direct && kc.draft_f16)) pl.direct_regs = std::max(pl.direct_regs, 168);
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, tune.draft_f16);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;

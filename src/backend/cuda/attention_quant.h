@@ -51,8 +51,8 @@ struct QuantAttentionPlan {
   bool tensor_cores = false;  // quantized part on mma.sync (head_dim 64/128, Gv % 32 == 0)
   bool direct = false;  // tensor cores, fragments loaded straight into registers (head_dim 128, Gv
                         // = head_dim): attention_quant_direct.cuh
-  int direct_regs = 192;  // its register cap: 168 or 192 (f16-operand draft: also 128, 144)
-  bool draft_f16 = false;  // the direct path's INT4 view with f16 operands alone (tuning)
+  int direct_regs = 192;  // its register cap: 168 or 192
+  bool draft_f16 = false;  // the tensor-core paths' INT4 view with f16 operands alone (tuning)
   int queries_per_warp = 8;   // query vectors per warp tile
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -106,13 +106,13 @@ struct QuantAttentionTuning {
   // The register-direct path for head_dim 128 / Gv = head_dim (kQuantAttentionDirect).
   bool direct = kQuantAttentionDirect;
   // Its register cap per thread: 168 (6 two-warp blocks per SM, a few spilled words) or 192 (4
-  // blocks); 0: 192 for a single query tile per block, 168 for more (plan_attention_quant). The
-  // f16-operand draft view also has 144 and 128 (7 and 8 blocks; others round up to 168).
+  // blocks); 0: 192 for a single query tile per block, 168 for more (plan_attention_quant).
   int direct_regs = kQuantAttentionDirectRegs;
-  // The draft (INT4) view on the direct path with its operands in f16 alone: one MMA per product
-  // instead of the f16 hi + lo pair that gives f32-level accuracy (the folded query and the value
-  // weights rounded to f16, ~2^-12 relative, far below the INT4 view's own error of up to s/2
-  // per element). false: the draft view as exact as the INT8 one (kQuantAttentionDraftF16).
+  // The draft (INT4) view on the tensor-core paths (register-direct and ring) with its operands
+  // in f16 alone: one MMA per product instead of the f16 hi + lo pair that gives f32-level
+  // accuracy (the folded query and the value weights rounded to f16, ~2^-12 relative, far below
+  // the INT4 view's own error of up to s/2 per element). false: the draft view as exact as the
+  // INT8 one. Default kQuantAttentionDraftF16.
   bool draft_f16 = kQuantAttentionDraftF16;
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
