@@ -893,9 +893,14 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" regs 168", [](T& t) { t.direct_regs = 168; }),
             variant(" exact 192", [](T& t) { t.draft_f16 = false, t.direct_regs = 192; }),
             variant(" exact 168", [](T& t) { t.draft_f16 = false, t.direct_regs = 168; }),
-            variant(" ring exact", [](T& t) { t.direct = false, t.draft_f16 = false; })};
+            variant(" ring exact", [](T& t) { t.direct = false, t.draft_f16 = false; }),
+            variant(" no-pf 192", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 192; }),
+            variant(" no-pf 168", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 168; }),
+            variant(" no-pf 144", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 144; }),
+            variant(" no-pf 128", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 128; })};
         for (const Variant& var : variants) {
-          if (!var.tuning.draft_f16 && r.int8) continue;  // the draft view's switch
+          // The draft view's switches.
+          if (r.int8 && (!var.tuning.draft_f16 || !var.tuning.draft_reg_prefetch)) continue;
           const bool is_default = var.label[0] == '\0';
           if (!is_default && (ctx != 32768 || g_profile)) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;

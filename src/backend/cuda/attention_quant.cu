@@ -1007,7 +1007,8 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
 // state per kind, merged at the end with the other slices' states.
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores).
-template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false>
+template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false,
+          bool kRegPrefetch = true>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1084,7 +1085,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   float *o_q, *ml_q;
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
-    direct_path::quant_split_direct<INT8, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q,
+    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q,
                                                 ml_q, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q, ml_q,
@@ -1145,10 +1146,10 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 }
 
 // kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16).
-template <bool INT8, int kRegs, bool kDraftF16>
+template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   pdl_begin();
-  attention_quant_body<direct_path::kHD, INT8, 1, true, 8, true, kDraftF16>(p);
+  attention_quant_body<direct_path::kHD, INT8, 1, true, 8, true, kDraftF16, kRegPrefetch>(p);
 }
 
 // ---- split combine --------------------------------------------------------------------------
@@ -1272,14 +1273,19 @@ KernelChoice row_kernel() {
 // The register-direct variant covers head_dim 128 with one value group per token (the default).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
-                        bool draft_f16) {
+                        bool draft_f16, bool reg_prefetch) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
     k.qw = 8;
     k.ng = 1;
     k.draft_f16 = !INT8 && draft_f16;
-    if (k.draft_f16) {
+    if (k.draft_f16 && !reg_prefetch) {  // experiment (bench variants "no-pf N")
+      k.fn = regs == 192   ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true, false>)
+             : regs == 168 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true, false>)
+             : regs == 144 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 144, true, false>)
+                           : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 128, true, false>);
+    } else if (k.draft_f16) {
       k.fn = regs == 192 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true>)
                          : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true>);
     } else {
@@ -1309,12 +1315,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 }
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool draft_f16) {
+                           bool draft_f16, bool reg_prefetch) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, draft_f16)
+                                   direct, regs, draft_f16, reg_prefetch)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, draft_f16);
+                                    direct, regs, draft_f16, reg_prefetch);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1448,7 +1454,8 @@ void launch_quant_combine(const float* partial_o, const float* partial_ml, int s
 // ---- API ------------------------------------------------------------------------------------
 
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
-  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 168 || tuning.direct_regs == 192,
+  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 168 || tuning.direct_regs == 192 ||
+                   (!tuning.draft_reg_prefetch && (tuning.direct_regs == 128 || tuning.direct_regs == 144)),
                "quantized attention: direct_regs must be 0 (automatic), 168 or 192");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
   g_tuning = tuning;
@@ -1490,11 +1497,13 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const QuantAttentionTuning tune = quant_attention_tuning();
   // The query tiling does not depend on the register cap (8 query vectors per warp on every
   // tensor-core path), so the kernel is chosen again once the tiles are known.
-  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, tune.draft_f16);
+  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, tune.draft_f16,
+                                 tune.draft_reg_prefetch);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
   pl.draft_f16 = kc.draft_f16;
+  pl.draft_reg_prefetch = tune.draft_reg_prefetch;
   pl.queries_per_warp = kc.qw;
   const int hd = a.head_dim, G = a.seg.group_size;
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
@@ -1507,7 +1516,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // draft 93 vs 101 us), several tiles at 168 (more blocks per SM; Llama-3.1-8B m = 5 / 9: 110 /
   // 165 us vs 119 / 207).
   pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs : pl.query_tiles == 1 ? 192 : 168;
-  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, tune.draft_f16);
+  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, tune.draft_f16,
+                     tune.draft_reg_prefetch);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1563,7 +1573,8 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
                             float* partials, cudaStream_t stream) {
   check_args(a);
   const KernelChoice kc =
-      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.draft_f16);
+      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.draft_f16,
+                    plan.draft_reg_prefetch);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
            kc.draft_f16 == plan.draft_f16 &&
            kc.qw == plan.queries_per_warp);

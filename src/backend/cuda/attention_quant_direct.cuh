@@ -275,7 +275,7 @@ struct DirectPath : DirectTile {
 // A quantized split [begin, end) of kv head kvh: slice `ts` of the block's warps takes the
 // contiguous positions [begin + ts * len, +len), len = q_split_len / slices, one sub-chunk ahead
 // in registers. No shared memory and no barrier: `overlap()` (the full-precision rows) runs first.
-template <bool INT8, bool kDraftF16, class Overlap>
+template <bool INT8, bool kDraftF16, bool kRegPrefetch, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -299,7 +299,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
 
   // INT4: the next sub-chunk is loaded while this one is computed (2 x 40 registers); INT8 (twice
   // the codes) loads each sub-chunk just before use and relies on the other warps.
-  constexpr bool kPrefetch = !INT8;
+  constexpr bool kPrefetch = !INT8 && kRegPrefetch;
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
   overlap();
   Chunk<INT8> cur;
