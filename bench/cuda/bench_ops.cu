@@ -871,8 +871,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // the CUDA-core path, 2 and 4 waves of blocks; the cp.async-ring tensor-core path
         // ("ring", the previous default) with its pipeline shapes (cN = 32-token sub-chunks per
         // warp per stage, sN = stages; 0 = the default of attention_quant.h); "exact N": the
-        // draft view with f16 hi + lo operands (draft_f16 off) at register cap N; "reg-pf N": the
-        // f16-operand draft with its register prefetch of the next sub-chunk.
+        // draft view with f16 hi + lo operands (draft_f16 off) at register cap N; "no-pf [N]":
+        // the f16-operand draft without its register prefetch of the next sub-chunk.
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -895,11 +895,12 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" exact 192", [](T& t) { t.draft_f16 = false, t.direct_regs = 192; }),
             variant(" exact 168", [](T& t) { t.draft_f16 = false, t.direct_regs = 168; }),
             variant(" ring exact", [](T& t) { t.direct = false, t.draft_f16 = false; }),
-            variant(" reg-pf 192", [](T& t) { t.draft_reg_prefetch = true, t.direct_regs = 192; }),
-            variant(" reg-pf 168", [](T& t) { t.draft_reg_prefetch = true, t.direct_regs = 168; })};
+            variant(" no-pf", [](T& t) { t.draft_reg_prefetch = false; }),
+            variant(" no-pf 192", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 192; }),
+            variant(" no-pf 168", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 168; })};
         for (const Variant& var : variants) {
           // The draft view's switches.
-          if (r.int8 && (!var.tuning.draft_f16 || var.tuning.draft_reg_prefetch)) continue;
+          if (r.int8 && (!var.tuning.draft_f16 || !var.tuning.draft_reg_prefetch)) continue;
           const bool is_default = var.label[0] == '\0';
           if (!is_default && (ctx != 32768 || g_profile)) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;

@@ -387,6 +387,22 @@ TEST_F(CudaOpsTest, QuantAttentionSweepExactDraft) {
   report("quantized sweep, exact draft view", worst);
 }
 
+// The f16-operand draft view without its register prefetch (each sub-chunk loaded just before
+// use, as the INT8 view does), at both register caps.
+TEST_F(CudaOpsTest, QuantAttentionSweepDraftWithoutRegisterPrefetch) {
+  for (int regs : {168, 192}) {
+    cuda::QuantAttentionTuning t;
+    t.draft_reg_prefetch = false;
+    t.direct_regs = regs;
+    TuningScope scope(t);
+    double worst = 0;
+    sweep(gpu(), cpu(), worst);
+    report(regs == 168 ? "quantized sweep, draft without register prefetch, 168 registers"
+                       : "quantized sweep, draft without register prefetch, 192 registers",
+           worst);
+  }
+}
+
 // The same sweep on the CUDA-core path (the fallback, and the path of head_dim 32/256).
 TEST_F(CudaOpsTest, QuantAttentionSweepCudaCores) {
   TuningScope scope({false, 0});

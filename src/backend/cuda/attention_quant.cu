@@ -1218,12 +1218,16 @@ __global__ void __launch_bounds__(kCombineThreads)
 // ---- host side ------------------------------------------------------------------------------
 
 std::mutex g_tuning_mu;
-// QS_DRAFT_F16=0 in the environment starts the process with the exact draft view (draft_f16
-// off): end-to-end A/B runs of its acceptance.
+// QS_DRAFT_F16=0 / QS_DRAFT_REG_PREFETCH=0 in the environment start the process with the exact
+// draft view (draft_f16 off) / without the draft's register prefetch: end-to-end A/B runs.
 QuantAttentionTuning g_tuning = [] {
+  auto off = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr && std::strcmp(v, "0") == 0;
+  };
   QuantAttentionTuning t;
-  const char* v = std::getenv("QS_DRAFT_F16");
-  if (v != nullptr && std::strcmp(v, "0") == 0) t.draft_f16 = false;
+  if (off("QS_DRAFT_F16")) t.draft_f16 = false;
+  if (off("QS_DRAFT_REG_PREFETCH")) t.draft_reg_prefetch = false;
   return t;
 }();
 
@@ -1513,8 +1517,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // tile (2-warp blocks: MHA m <= 8, GQA 4 at m = 1) runs faster at 192 (no spill; Llama-2-7B
   // draft 93 vs 101 us), several tiles at 168 (more blocks per SM; Llama-3.1-8B m = 5 / 9: 110 /
   // 165 us vs 119 / 207).
-  // The f16-operand draft without the register prefetch (the default draft) has no spill at 168
-  // either: measured (32K) MHA 77.5 us at 168 vs 80.6 at 192, GQA-8 36.9 at 192 vs 40.7 at 168.
+  // The f16-operand draft without the register prefetch has no spill at 168 either: measured
+  // (32K) MHA 77.5 us at 168 vs 80.6 at 192, GQA-8 36.9 at 192 vs 40.7 at 168.
   const bool light_draft = kc.direct && kc.draft_f16 && !tune.draft_reg_prefetch;
   const int one_tile_regs = light_draft && a.num_heads == a.num_kv_heads ? 168 : 192;
   pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs

@@ -53,7 +53,7 @@ struct QuantAttentionPlan {
                         // = head_dim): attention_quant_direct.cuh
   int direct_regs = 192;  // its register cap: 168 or 192
   bool draft_f16 = false;  // the tensor-core paths' INT4 view with f16 operands alone (tuning)
-  bool draft_reg_prefetch = false;  // its register prefetch of the next sub-chunk (tuning)
+  bool draft_reg_prefetch = true;  // its register prefetch of the next sub-chunk (tuning)
   int queries_per_warp = 8;   // query vectors per warp tile
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -86,7 +86,7 @@ constexpr bool kQuantAttentionParallelCombine = true;
 constexpr bool kQuantAttentionDirect = true;
 constexpr int kQuantAttentionDirectRegs = 0;
 constexpr bool kQuantAttentionDraftF16 = true;
-constexpr bool kQuantAttentionDraftRegPrefetch = false;
+constexpr bool kQuantAttentionDraftRegPrefetch = true;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
@@ -117,8 +117,10 @@ struct QuantAttentionTuning {
   // INT8 one. Default kQuantAttentionDraftF16.
   bool draft_f16 = kQuantAttentionDraftF16;
   // The f16-operand draft view on the direct path loads its next sub-chunk into registers while
-  // the current one is computed (true), or each sub-chunk just before use like the INT8 view
-  // (false, the default: 36 fewer live registers; Llama-2-7B shape 32K 77.5 vs 85.6 us).
+  // the current one is computed (true, the default), or each sub-chunk just before use like the
+  // INT8 view (false: 36 fewer live registers, no spill at 168; measured faster, Llama-2-7B shape
+  // 32K 77.5 vs 85.6 us, but its conformance sweep has not run on a GPU yet: session 5 ended
+  // without device time). QS_DRAFT_REG_PREFETCH=0 turns it off for the whole process.
   bool draft_reg_prefetch = kQuantAttentionDraftRegPrefetch;
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
