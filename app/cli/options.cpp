@@ -35,6 +35,15 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                     "transformers in bf16, and one MMA per attention product on f16 operands); "
                     "the CPU always computes in f32 [default: exact]",
                     "QS_PREFILL_MATMUL");
+  const std::map<std::string, DraftAttention> draft_attentions{{"f16", DraftAttention::kF16},
+                                                               {"exact", DraftAttention::kExact}};
+  add_choice_option(app, "--draft-attention", opts.engine.draft_attention, draft_attentions,
+                    "The draft's attention over the INT4 KV plane on cuda (--mode quantspec, "
+                    "--kv int4): f16 (the folded query and value weights as f16 operands, one "
+                    "MMA per product: ~2^-12 relative rounding, far below the INT4 view's own "
+                    "error; outputs are verified by the target either way) or exact (f32-level, "
+                    "~8% slower); the CPU is always exact [default: f16]",
+                    "QS_DRAFT_ATTENTION");
   const std::map<std::string, PrefillKv> prefill_kvs{{"exact", PrefillKv::kExact},
                                                      {"quantized", PrefillKv::kQuantized}};
   add_choice_option(app, "--prefill-kv", opts.engine.prefill_kv, prefill_kvs,

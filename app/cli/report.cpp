@@ -67,7 +67,9 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   backend += fmt::format(", tensor parallel {}, kv dtype {}{}", tp, rows_name,
                          eo.kv_dtype == KvDType::kAuto ? " (auto)" : "");
   if (eo.device == Device::kCuda) {
-    backend += fmt::format(", prefill matmul {}", prefill_matmul_name(eo.prefill_matmul));
+    backend += fmt::format(", prefill matmul {}, draft attention {}",
+                           prefill_matmul_name(eo.prefill_matmul),
+                           draft_attention_name(eo.draft_attention));
   }
   fmt::print(stderr,
              "  backend {}, context {} tokens, {} {:.3f} GiB, "
@@ -126,6 +128,9 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
       {"prefill_matmul",
        options.device == Device::kCuda ? prefill_matmul_name(options.prefill_matmul) : "f32"},
       {"prefill_kv", prefill_kv_name(options.prefill_kv)},
+      // The draft's INT4-view attention arithmetic: the GPU's choice, exact on the CPU.
+      {"draft_attention",
+       options.device == Device::kCuda ? draft_attention_name(options.draft_attention) : "exact"},
       {"kv_cache_bytes", engine.kv_cache_bytes()},
       {"group_size", options.group_size},
       {"backend", device_name(options.device)},

@@ -34,6 +34,7 @@ Result<std::unique_ptr<Backend>> create_backend(const EngineOptions& options,
   CudaBackendOptions cuda;
   cuda.device = options.device_index;
   cuda.exact_prefill = options.prefill_matmul == PrefillMatmul::kExact;
+  cuda.exact_draft_attention = options.draft_attention == DraftAttention::kExact;
   QS_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::create(cuda));
   return std::unique_ptr<Backend>(std::move(backend));
 #else
@@ -62,6 +63,7 @@ Result<std::vector<std::unique_ptr<Backend>>> create_rank_backends(const EngineO
     CudaBackendOptions cuda;
     cuda.device = options.device_index + r;
     cuda.exact_prefill = options.prefill_matmul == PrefillMatmul::kExact;
+    cuda.exact_draft_attention = options.draft_attention == DraftAttention::kExact;
     Result<std::unique_ptr<CudaBackend>> made = CudaBackend::create(cuda);
     if (!made.ok()) {
       return make_error("--tp " + std::to_string(world) + " on --device cuda needs CUDA devices " +

@@ -49,6 +49,10 @@ const char* prefill_matmul_name(PrefillMatmul p) {
   return p == PrefillMatmul::kBf16 ? "bf16" : "exact";
 }
 
+const char* draft_attention_name(DraftAttention d) {
+  return d == DraftAttention::kExact ? "exact" : "f16";
+}
+
 const char* prefill_kv_name(PrefillKv p) {
   return p == PrefillKv::kQuantized ? "quantized" : "exact";
 }

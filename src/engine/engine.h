@@ -41,6 +41,12 @@ enum class PrefillMatmul : uint8_t { kExact, kBf16 };
 // through the mode's view, as decoding does, and the full-precision buffer never holds more than
 // a chunk plus the steady rows. The fp modes always prefill exactly.
 enum class PrefillKv : uint8_t { kExact, kQuantized };
+// The draft's attention over the upper (INT4) KV plane on the GPU: kF16 multiplies the folded
+// query and the value weights as f16 operands once (their rounding, ~2^-12 relative, is ~1000x
+// below the INT4 view's own error; the target verifies every token, so outputs are unaffected),
+// kExact as an f16 hi + lo pair (f32-level, the CPU reference's arithmetic, ~8% slower). The CPU
+// is always exact.
+enum class DraftAttention : uint8_t { kF16, kExact };
 // Draft weights: 4-bit group-128 for every linear layer incl. lm_head, for the MLP only, or the
 // original weights (a KV-only draft).
 enum class DraftWeights : uint8_t { kInt4, kInt4Mlp, kNative };
@@ -63,6 +69,7 @@ struct EngineOptions {
   int prefill_chunk = 512;  // prompt tokens per prefill forward (bounds activation memory)
   PrefillMatmul prefill_matmul = PrefillMatmul::kExact;  // GPU only
   PrefillKv prefill_kv = PrefillKv::kExact;              // quantized KV modes only
+  DraftAttention draft_attention = DraftAttention::kF16;  // GPU only
   DecodeMode mode = DecodeMode::kAr;
   KvType kv = KvType::kFp16;  // AR modes only; an error with kQuantSpec unless kFp16
   bool kv_explicit = false;   // kv was chosen by the user (so kQuantSpec can reject it)
@@ -89,6 +96,7 @@ const char* kv_type_name(KvType kv);
 const char* kv_dtype_name(KvDType t);
 const char* prefill_matmul_name(PrefillMatmul p);
 const char* prefill_kv_name(PrefillKv p);
+const char* draft_attention_name(DraftAttention d);
 // The row type `options` runs with: kF32 or kF16, never kAuto (kAuto: kF16 on cuda, else kF32).
 KvDType resolve_kv_dtype(const EngineOptions& options);
 const char* draft_weights_name(DraftWeights w);

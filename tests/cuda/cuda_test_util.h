@@ -196,14 +196,16 @@ inline const char* dtype_label(DType t) {
 // map, fold or weight is O(1).
 constexpr double kDraftF16Tol = 1e-2;
 
-// Whether gpu.attention(q, m, pos, shape, view, out) takes that path under the current tuning.
-inline bool draft_f16_attention(const float* q, int m, int pos, const AttentionShape& shape,
-                                const KvView& view, float* out) {
+// Whether gpu.attention(q, m, pos, shape, view, out) takes that path under the current tuning
+// and gpu's options (CudaBackendOptions::exact_draft_attention).
+inline bool draft_f16_attention(const CudaBackend& gpu, const float* q, int m, int pos,
+                                const AttentionShape& shape, const KvView& view, float* out) {
   if (view.quantized == nullptr || view.quantized->int8) return false;
   // Longer blocks run as slices of kQuantAttentionMaxRows queries, all on the same path.
   const int m0 = std::min(m, cuda::kQuantAttentionMaxRows);
-  return cuda::plan_attention_quant(cuda::make_quant_attention_args(q, m0, pos, shape, view, out), 1)
-      .draft_f16;
+  cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(q, m0, pos, shape, view, out);
+  a.exact_draft = gpu.options().exact_draft_attention;
+  return cuda::plan_attention_quant(a, 1).draft_f16;
 }
 
 }  // namespace qs::testing

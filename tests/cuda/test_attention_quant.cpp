@@ -290,7 +290,7 @@ double run_case(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv, const Case
   const std::vector<float> exact = exact_attention(kv, q, c.m, pos, shape, c.int8);
   g_cpu_worst = std::max(g_cpu_worst, rel_error(want, exact));
   const double err = rel_error(got, exact);
-  if (testing::draft_f16_attention(qd.data(), c.m, pos, shape, view_gpu, out.data())) {
+  if (testing::draft_f16_attention(gpu, qd.data(), c.m, pos, shape, view_gpu, out.data())) {
     EXPECT_LT(err, testing::kDraftF16Tol) << what << " (draft view, f16 operands)";
     g_draft_worst = std::isnan(err) ? err : std::max(g_draft_worst, err);
     return 0.0;  // reported apart from the exact paths
@@ -401,6 +401,19 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDraftWithoutRegisterPrefetch) {
                        : "quantized sweep, draft without register prefetch, 192 registers",
            worst);
   }
+}
+
+// A backend made with exact_draft_attention (--draft-attention exact) runs the exact draft view
+// whatever the process-wide tuning says.
+TEST_F(CudaOpsTest, QuantAttentionExactDraftBackendOption) {
+  CudaBackendOptions opt;
+  opt.exact_draft_attention = true;
+  auto exact = CudaBackend::create(opt);
+  ASSERT_TRUE(exact.ok()) << exact.error().message;
+  double worst = 0;
+  sweep(**exact, cpu(), worst);
+  EXPECT_EQ(g_draft_worst, 0.0);  // no call took the f16-operand path
+  report("quantized sweep, backend with exact_draft_attention", worst);
 }
 
 // The same sweep on the CUDA-core path (the fallback, and the path of head_dim 32/256).

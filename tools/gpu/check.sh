@@ -3,7 +3,8 @@
 # build, conformance tests, compute-sanitizer on a small subset, benchmarks. Full logs go to
 # $OUT (the device tool brings them back); a short table is printed last.
 #
-#   device run: bash tools/gpu/check.sh            carry: [".deb/bundle"]
+#   device run: QS_COMMIT=<git rev-parse --short HEAD here> bash tools/gpu/check.sh
+#               carry: [".deb/bundle"]   (the device copy's .git may lag the tree: name the commit)
 #   bash tools/gpu/check.sh build test       # only some stages (build sass test sanitize bench)
 #
 # Environment: QS_BENCH_ARGS (extra bench_ops arguments, e.g. "--quick"), QS_TEST_FILTER
@@ -33,7 +34,8 @@ run_stage() {  # name, timeout seconds, command...
 
 {
   echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-  echo "commit: $(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')"
+  # The device copy's .git can lag the tree it carries: QS_COMMIT (set in the run command) wins.
+  echo "commit: ${QS_COMMIT:-$(git rev-parse --short HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (+ uncommitted changes)')}"
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
   (command -v nvcc >/dev/null && nvcc --version | tail -2) || /usr/local/cuda/bin/nvcc --version | tail -2
   cmake --version | head -1

@@ -1218,16 +1218,12 @@ __global__ void __launch_bounds__(kCombineThreads)
 // ---- host side ------------------------------------------------------------------------------
 
 std::mutex g_tuning_mu;
-// QS_DRAFT_F16=0 / QS_DRAFT_REG_PREFETCH=0 in the environment start the process with the exact
-// draft view (draft_f16 off) / without the draft's register prefetch: end-to-end A/B runs.
+// QS_DRAFT_REG_PREFETCH=0 in the environment starts the process without the f16 draft's
+// register prefetch (end-to-end A/B runs before it becomes the default).
 QuantAttentionTuning g_tuning = [] {
-  auto off = [](const char* name) {
-    const char* v = std::getenv(name);
-    return v != nullptr && std::strcmp(v, "0") == 0;
-  };
   QuantAttentionTuning t;
-  if (off("QS_DRAFT_F16")) t.draft_f16 = false;
-  if (off("QS_DRAFT_REG_PREFETCH")) t.draft_reg_prefetch = false;
+  const char* v = std::getenv("QS_DRAFT_REG_PREFETCH");
+  if (v != nullptr && std::strcmp(v, "0") == 0) t.draft_reg_prefetch = false;
   return t;
 }();
 
@@ -1499,7 +1495,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const QuantAttentionTuning tune = quant_attention_tuning();
   // The query tiling does not depend on the register cap (8 query vectors per warp on every
   // tensor-core path), so the kernel is chosen again once the tiles are known.
-  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, tune.draft_f16,
+  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, tune.draft_f16 && !a.exact_draft,
                                  tune.draft_reg_prefetch);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
@@ -1524,7 +1520,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs
                    : pl.query_tiles == 1 ? one_tile_regs
                                          : 168;
-  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, tune.draft_f16,
+  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, tune.draft_f16 && !a.exact_draft,
                      tune.draft_reg_prefetch);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;

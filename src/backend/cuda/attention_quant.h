@@ -34,6 +34,7 @@ struct QuantAttentionArgs {
   int num_kv_heads = 0;
   int head_dim = 0;
   float scale_log2 = 0.0f;  // softmax scale * log2(e)
+  bool exact_draft = false;  // the INT4 view with f16 hi + lo operands even when draft_f16 is on
 };
 
 constexpr int kQuantAttentionMaxRows = 16;

@@ -26,6 +26,9 @@ struct CudaBackendOptions {
   // false: activations rounded to the weight dtype, one GEMM (HF's bf16 arithmetic), and one
   // MMA per attention product on f16 operands (2^-11 relative per operand, power-of-two scaled).
   bool exact_prefill = true;
+  // The draft (INT4) view of the quantized attention: false: f16 operands alone (one MMA per
+  // product); true: f16 hi + lo (f32-level, as the INT8 view). QuantAttentionArgs::exact_draft.
+  bool exact_draft_attention = false;
 };
 
 // Whether a CUDA device is present and usable (GPU tests skip without one).
@@ -45,6 +48,7 @@ class CudaBackend final : public Backend {
   static Status check_supported(const ModelConfig& cfg);
 
   const char* name() const override { return "cuda"; }
+  const CudaBackendOptions& options() const;
   std::string description() const override;
   int64_t memory_in_use() const override;
 
