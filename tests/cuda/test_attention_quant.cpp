@@ -309,8 +309,9 @@ void check_cases(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv,
 }
 
 void report(const char* test, double worst) {
-  std::printf("[ max rel error ] %s: %.3g (CPU vs exact: %.3g; draft view with f16 operands: %.3g)\n",
-              test, worst, g_cpu_worst, g_draft_worst);
+  std::printf(
+      "[ max rel error ] %s: %.3g (CPU vs exact: %.3g; draft view with f16 operands: %.3g)\n", test,
+      worst, g_cpu_worst, g_draft_worst);
   g_cpu_worst = 0.0;
   g_draft_worst = 0.0;
 }

@@ -640,7 +640,6 @@ __device__ __forceinline__ float value_scale_step(float vmax, int& e_run, float&
   return exp2i(e_new);
 }
 
-
 // One warp: 8 query vectors (tile columns), lane = (r, c) = (lane / 4, lane % 4) in mma terms.
 // Fragment maps (channel offsets within a 16-byte unit u = 32 channels of a code row):
 //  - key k-step (u, h): k-slots 2c, 2c+1, 2c+8, 2c+9 are channels 32u + 8c + 4h + {0, 2, 1, 3};
@@ -819,7 +818,8 @@ struct MmaPath {
             bh[g][jb] = movmatrix_trans(h);
             bl[g][jb] = movmatrix_trans(l);
           } else {
-            bh[g][jb] = movmatrix_trans(to_f16x2(p[st][2 * jb] * w * se, p[st][2 * jb + 1] * w * se));
+            bh[g][jb] =
+                movmatrix_trans(to_f16x2(p[st][2 * jb] * w * se, p[st][2 * jb + 1] * w * se));
           }
         }
       }
@@ -1085,11 +1085,11 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   float *o_q, *ml_q;
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
-    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q,
-                                                ml_q, fp_rows);
+    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch>(
+        p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, fp_rows);
   } else if constexpr (kMma) {
-    quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q, ml_q,
-                                  fp_rows);
+    quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages,
+                                             o_q, ml_q, fp_rows);
   } else {
     fp_rows();
     // Quantized part of a query at t: [0, b(t)).
@@ -1238,8 +1238,10 @@ struct KernelChoice {
 
 template <int HD, bool INT8, bool kDraftF16>
 const void* mma_kernel_fn(int ng) {
-  if (ng == 1) return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 1, true, 8, kDraftF16>);
-  if (ng == 2) return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 2, true, 8, kDraftF16>);
+  if (ng == 1)
+    return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 1, true, 8, kDraftF16>);
+  if (ng == 2)
+    return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 2, true, 8, kDraftF16>);
   if constexpr (HD == 128) {
     QS_CHECK(ng == 4);
     return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 4, true, 8, kDraftF16>);
@@ -1281,12 +1283,14 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     k.ng = 1;
     k.draft_f16 = !INT8 && draft_f16;
     if (k.draft_f16 && !reg_prefetch) {
-      k.fn = regs == 192
-                 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true, false>)
-                 : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true, false>);
+      k.fn = regs == 192 ? reinterpret_cast<const void*>(
+                               attention_quant_direct_kernel<false, 192, true, false>)
+                         : reinterpret_cast<const void*>(
+                               attention_quant_direct_kernel<false, 168, true, false>);
     } else if (k.draft_f16) {
-      k.fn = regs == 192 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true>)
-                         : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true>);
+      k.fn = regs == 192
+                 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true>)
+                 : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true>);
     } else {
       k.fn = regs == 192
                  ? reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 192, false>)
@@ -1495,8 +1499,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const QuantAttentionTuning tune = quant_attention_tuning();
   // The query tiling does not depend on the register cap (8 query vectors per warp on every
   // tensor-core path), so the kernel is chosen again once the tiles are known.
-  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, tune.draft_f16 && !a.exact_draft,
-                                 tune.draft_reg_prefetch);
+  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192,
+                                  tune.draft_f16 && !a.exact_draft, tune.draft_reg_prefetch);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
@@ -1520,8 +1524,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs
                    : pl.query_tiles == 1 ? one_tile_regs
                                          : 168;
-  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, tune.draft_f16 && !a.exact_draft,
-                     tune.draft_reg_prefetch);
+  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs,
+                     tune.draft_f16 && !a.exact_draft, tune.draft_reg_prefetch);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1576,12 +1580,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
                             float* partials, cudaStream_t stream) {
   check_args(a);
-  const KernelChoice kc =
-      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.draft_f16,
-                    plan.draft_reg_prefetch);
+  const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
+                                        plan.draft_f16, plan.draft_reg_prefetch);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
-           kc.draft_f16 == plan.draft_f16 &&
-           kc.qw == plan.queries_per_warp);
+           kc.draft_f16 == plan.draft_f16 && kc.qw == plan.queries_per_warp);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   const int G = a.seg.group_size;
   const int hd = a.head_dim;

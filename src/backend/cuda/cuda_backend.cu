@@ -515,8 +515,8 @@ void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape
     const int64_t q_row = static_cast<int64_t>(shape.num_heads) * shape.head_dim;
     for (int i0 = 0; i0 < m; i0 += cuda::kQuantAttentionMaxRows) {
       const int mi = std::min(cuda::kQuantAttentionMaxRows, m - i0);
-      cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(
-          q + i0 * q_row, mi, pos + i0, shape, kv, out + i0 * q_row);
+      cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(q + i0 * q_row, mi, pos + i0,
+                                                                   shape, kv, out + i0 * q_row);
       a.exact_draft = impl_->options.exact_draft_attention;
       const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
       auto* partials = static_cast<float*>(
