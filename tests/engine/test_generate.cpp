@@ -276,9 +276,11 @@ void write_safetensors(const fs::path& file, const ModelWeights& w, bool tied) {
   size_t offset = 0;
   for (const WeightView* t : tensors) {
     const size_t bytes = t->numel() * dtype_size(t->dtype);
-    const std::string shape =
-        t->rows == 1 ? "[" + std::to_string(t->cols) + "]"
-                     : "[" + std::to_string(t->rows) + "," + std::to_string(t->cols) + "]";
+    // Appended piece by piece: GCC 12's -Wrestrict misfires on "literal" + std::string&&.
+    std::string shape = "[";
+    if (t->rows != 1) shape += std::to_string(t->rows) + ",";
+    shape += std::to_string(t->cols);
+    shape += "]";
     if (header.size() > 1) header += ",";
     header += "\"" + t->name + "\":{\"dtype\":\"" + dtype_name(t->dtype) + "\",\"shape\":" + shape +
               ",\"data_offsets\":[" + std::to_string(offset) + "," +
