@@ -201,10 +201,16 @@ __device__ __forceinline__ void split_f16x2(float a, float b, uint32_t& hi, uint
   lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
-// {a, b} (a in the low half) rounded to f16x2.
-__device__ __forceinline__ uint32_t to_f16x2(float a, float b) {
-  const __half2 h = __floats2half2_rn(a, b);
-  return *reinterpret_cast<const uint32_t*>(&h);
+// {a, b} as an f16x2 MMA operand: kLo, split into hi + lo (split_f16x2); else hi = f16(a, b)
+// alone (the draft view's f16-operand path), lo left untouched.
+template <bool kLo>
+__device__ __forceinline__ void f16x2_operand(float a, float b, uint32_t& hi, uint32_t& lo) {
+  if constexpr (kLo) {
+    split_f16x2(a, b, hi, lo);
+  } else {
+    const __half2 h = __floats2half2_rn(a, b);
+    hi = *reinterpret_cast<const uint32_t*>(&h);
+  }
 }
 
 // Two code bytes of `bytes` (picked by a prmt selector that interleaves them with 0x64) as the
@@ -595,13 +601,9 @@ __device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[N
   for (int j = 0; j < NB; ++j) {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      if constexpr (kLo) {
-        split_f16x2(x[j][4 * h] * sf, x[j][4 * h + 2] * sf, bq_hi[j][h][0], bq_lo[j][h][0]);
-        split_f16x2(x[j][4 * h + 1] * sf, x[j][4 * h + 3] * sf, bq_hi[j][h][1], bq_lo[j][h][1]);
-      } else {
-        bq_hi[j][h][0] = to_f16x2(x[j][4 * h] * sf, x[j][4 * h + 2] * sf);
-        bq_hi[j][h][1] = to_f16x2(x[j][4 * h + 1] * sf, x[j][4 * h + 3] * sf);
-      }
+      f16x2_operand<kLo>(x[j][4 * h] * sf, x[j][4 * h + 2] * sf, bq_hi[j][h][0], bq_lo[j][h][0]);
+      f16x2_operand<kLo>(x[j][4 * h + 1] * sf, x[j][4 * h + 3] * sf, bq_hi[j][h][1],
+                         bq_lo[j][h][1]);
     }
   }
   const float isf = exp2i(-f);
@@ -812,15 +814,10 @@ struct MmaPath {
 #pragma unroll
         for (int jb = 0; jb < 2; ++jb) {
           const float w = vstep[st][jb][g];
-          if constexpr (kLo) {
-            uint32_t h, l;
-            split_f16x2(p[st][2 * jb] * w * se, p[st][2 * jb + 1] * w * se, h, l);
-            bh[g][jb] = movmatrix_trans(h);
-            bl[g][jb] = movmatrix_trans(l);
-          } else {
-            bh[g][jb] =
-                movmatrix_trans(to_f16x2(p[st][2 * jb] * w * se, p[st][2 * jb + 1] * w * se));
-          }
+          uint32_t h, l;
+          f16x2_operand<kLo>(p[st][2 * jb] * w * se, p[st][2 * jb + 1] * w * se, h, l);
+          bh[g][jb] = movmatrix_trans(h);
+          if constexpr (kLo) bl[g][jb] = movmatrix_trans(l);
         }
       }
       uint32_t wu[2][R], wl[2][R];
@@ -1236,6 +1233,14 @@ struct KernelChoice {
   int ng = 0;  // value groups (tensor-core kernels)
 };
 
+template <bool INT8, bool kDraftF16, bool kRegPrefetch>
+const void* direct_kernel_fn(int regs) {
+  return regs == 192 ? reinterpret_cast<const void*>(
+                           attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch>)
+                     : reinterpret_cast<const void*>(
+                           attention_quant_direct_kernel<INT8, 168, kDraftF16, kRegPrefetch>);
+}
+
 template <int HD, bool INT8, bool kDraftF16>
 const void* mma_kernel_fn(int ng) {
   if (ng == 1)
@@ -1282,20 +1287,9 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     k.qw = 8;
     k.ng = 1;
     k.draft_f16 = !INT8 && draft_f16;
-    if (k.draft_f16 && !reg_prefetch) {
-      k.fn = regs == 192 ? reinterpret_cast<const void*>(
-                               attention_quant_direct_kernel<false, 192, true, false>)
-                         : reinterpret_cast<const void*>(
-                               attention_quant_direct_kernel<false, 168, true, false>);
-    } else if (k.draft_f16) {
-      k.fn = regs == 192
-                 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 192, true>)
-                 : reinterpret_cast<const void*>(attention_quant_direct_kernel<false, 168, true>);
-    } else {
-      k.fn = regs == 192
-                 ? reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 192, false>)
-                 : reinterpret_cast<const void*>(attention_quant_direct_kernel<INT8, 168, false>);
-    }
+    k.fn = !k.draft_f16     ? direct_kernel_fn<INT8, false, true>(regs)
+           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs)
+                           : direct_kernel_fn<false, true, true>(regs);
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
@@ -1499,8 +1493,9 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const QuantAttentionTuning tune = quant_attention_tuning();
   // The query tiling does not depend on the register cap (8 query vectors per warp on every
   // tensor-core path), so the kernel is chosen again once the tiles are known.
-  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192,
-                                  tune.draft_f16 && !a.exact_draft, tune.draft_reg_prefetch);
+  const bool draft_f16 = tune.draft_f16 && !a.exact_draft;
+  KernelChoice kc =
+      choose_kernel(a, tune.tensor_cores, tune.direct, 192, draft_f16, tune.draft_reg_prefetch);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
@@ -1524,8 +1519,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs
                    : pl.query_tiles == 1 ? one_tile_regs
                                          : 168;
-  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs,
-                     tune.draft_f16 && !a.exact_draft, tune.draft_reg_prefetch);
+  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
+                     tune.draft_reg_prefetch);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;

@@ -225,14 +225,10 @@ struct DirectPath : DirectTile {
 #pragma unroll
       for (int jb = 0; jb < 2; ++jb) {
         const float w = vstep[st][jb] * se;
-        if constexpr (kLo) {
-          uint32_t h, l;
-          split_f16x2(p[st][2 * jb] * w, p[st][2 * jb + 1] * w, h, l);
-          bh[jb] = movmatrix_trans(h);
-          bl[jb] = movmatrix_trans(l);
-        } else {
-          bh[jb] = movmatrix_trans(to_f16x2(p[st][2 * jb] * w, p[st][2 * jb + 1] * w));
-        }
+        uint32_t h, l;
+        f16x2_operand<kLo>(p[st][2 * jb] * w, p[st][2 * jb + 1] * w, h, l);
+        bh[jb] = movmatrix_trans(h);
+        if constexpr (kLo) bl[jb] = movmatrix_trans(l);
       }
 #pragma unroll
       for (int wi = 0; wi < 2; ++wi) {
