@@ -872,7 +872,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // ("ring", the previous default) with its pipeline shapes (cN = 32-token sub-chunks per
         // warp per stage, sN = stages; 0 = the default of attention_quant.h); "exact N": the
         // draft view with f16 hi + lo operands (draft_f16 off) at register cap N; "no-pf [N]":
-        // the f16-operand draft without its register prefetch of the next sub-chunk.
+        // the f16-operand draft without its register prefetch of the next sub-chunk ("pf": with
+        // it); "N tile(s)/warp": the INT8 view's 8-query tiles per warp on the direct path.
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -897,10 +898,19 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" ring exact", [](T& t) { t.direct = false, t.draft_f16 = false; }),
             variant(" no-pf", [](T& t) { t.draft_reg_prefetch = false; }),
             variant(" no-pf 192", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 192; }),
-            variant(" no-pf 168", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 168; })};
+            variant(" no-pf 168", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 168; }),
+            variant(" pf", [](T& t) { t.draft_reg_prefetch = true; }),
+            variant(" 1 tile/warp", [](T& t) { t.direct_tiles = 1; }),
+            variant(" 2 tiles/warp", [](T& t) { t.direct_tiles = 2; }),
+            variant(" 3 tiles/warp", [](T& t) { t.direct_tiles = 3; })};
         for (const Variant& var : variants) {
           // The draft view's switches.
-          if (r.int8 && (!var.tuning.draft_f16 || !var.tuning.draft_reg_prefetch)) continue;
+          if (r.int8 && (!var.tuning.draft_f16 ||
+                         var.tuning.draft_reg_prefetch != cuda::kQuantAttentionDraftRegPrefetch)) {
+            continue;
+          }
+          // The INT8 view's switch.
+          if (!r.int8 && var.tuning.direct_tiles != cuda::kQuantAttentionDirectTiles) continue;
           const bool is_default = var.label[0] == '\0';
           if (!is_default && (ctx != 32768 || g_profile)) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;

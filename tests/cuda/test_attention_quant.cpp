@@ -404,6 +404,28 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDraftWithoutRegisterPrefetch) {
   }
 }
 
+// The direct path's INT8 view with 1, 2 and 3 8-query tiles per warp (sharing one unpacking of
+// the codes; the default picks by query vectors per kv head): GQA blocks of up to 128 query
+// vectors per kv head, query tiles past the last query vector, boundaries inside a block.
+TEST_F(CudaOpsTest, QuantAttentionSweepDirectTiles) {
+  for (int tiles : {1, 2, 3}) {
+    cuda::QuantAttentionTuning t;
+    t.direct_tiles = tiles;
+    TuningScope scope(t);
+    double worst = 0;
+    sweep(gpu(), cpu(), worst);
+    for (int m : {2, 5, 9, 16}) {
+      const int G = 64;
+      const int len = 10 * G + (m + 1) / 2;  // queries [len - m, len) cross 10 G
+      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kWild, uint64_t(m + 40)});
+      check_cases(gpu(), cpu(), kv, ratio_cases({m}, true, kFpBaseMax), worst);
+    }
+    const std::string what =
+        "quantized sweep, direct INT8 view with " + std::to_string(tiles) + " tile(s) per warp";
+    report(what.c_str(), worst);
+  }
+}
+
 // A backend made with exact_draft_attention (--draft-attention exact) runs the exact draft view
 // whatever the process-wide tuning says.
 TEST_F(CudaOpsTest, QuantAttentionExactDraftBackendOption) {
@@ -601,6 +623,20 @@ TEST_F(CudaOpsTest, QuantAttentionSanitizerSubset) {
                 {{4 * kKvHeads, 1, false, kFpBaseMax},
                  {4 * kKvHeads, 16, true, 0},
                  {kKvHeads, 3, true, kFpBaseMax}},
+                worst);
+  }
+  // The register-direct path (head_dim 128, Gv = head_dim): its automatic tiling (2 tiles per
+  // warp at 9..16 query vectors per kv head, their folded queries in shared memory) and 3 tiles.
+  for (int tiles : {0, 3}) {
+    cuda::QuantAttentionTuning t;
+    t.direct_tiles = tiles;
+    TuningScope scope(t);
+    QuantKv kv(gpu(), cpu(), {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, 62});
+    check_cases(gpu(), cpu(), kv,
+                {{kKvHeads, 9, true, kFpBaseMax},
+                 {4 * kKvHeads, 4, true, 0},
+                 {4 * kKvHeads, 5, true, kFpBaseMax},
+                 {kKvHeads, 1, false, kFpBaseMax}},
                 worst);
   }
   report("quantized sanitizer subset", worst);

@@ -238,28 +238,55 @@ __device__ __forceinline__ void codes_even_odd(uint32_t up, uint32_t lo, uint32_
   }
 }
 
-// One 8-channel block of S^T = K Q'^T on tensor cores (the ring and register-direct paths): the
-// code words of token rows r and r + 8 (upper plane; INT8: and lower), as even / odd channel
-// codes centred by `bias`, against the query block's f16 hi and lo B fragments (k-steps h = 0, 1
-// of the block); products accumulate into acc_hi / acc_lo (kLo false: hi only, acc_lo untouched).
-template <bool INT8, bool kLo = true>
-__device__ __forceinline__ void score_block(const uint32_t (&up)[2], const uint32_t (&lo)[2],
-                                            const uint32_t (&b_hi)[2][2],
-                                            const uint32_t (&b_lo)[2][2], uint32_t bias,
-                                            float (&acc_hi)[4], float (&acc_lo)[4]) {
+// The A fragment of k-step h (0, 1) of an 8-channel key block: the even / odd channel codes
+// (codes_even_odd) of token rows r and r + 8, centred by `bias`.
+__device__ __forceinline__ void key_frags(const uint32_t (&ev)[2], const uint32_t (&od)[2], int h,
+                                          uint32_t bias, uint32_t (&a)[4]) {
+  const uint32_t sel = h ? 0x4342u : 0x4140u;
+  a[0] = codes_to_f16x2(ev[0], sel, bias);
+  a[1] = codes_to_f16x2(ev[1], sel, bias);
+  a[2] = codes_to_f16x2(od[0], sel, bias);
+  a[3] = codes_to_f16x2(od[1], sel, bias);
+}
+
+// One 8-channel block of S^T = K Q'^T on tensor cores for NT query tiles (the ring and
+// register-direct paths): the code words of token rows r and r + 8 (upper plane; INT8: and
+// lower), as even / odd channel codes centred by `bias` and unpacked once, against each tile's
+// f16 hi and lo B fragments of k-steps h = 0, 1 of the block (frags(t, h, hi, lo)); tile t's
+// products accumulate into acc_hi[t] / acc_lo[t] (kLo false: hi only, acc_lo untouched).
+template <bool INT8, bool kLo, int NT, class Frags>
+__device__ __forceinline__ void score_block_tiles(const uint32_t (&up)[2], const uint32_t (&lo)[2],
+                                                  const Frags& frags, uint32_t bias,
+                                                  float (&acc_hi)[NT][4], float (&acc_lo)[NT][4]) {
   uint32_t ev[2], od[2];
 #pragma unroll
   for (int j = 0; j < 2; ++j) codes_even_odd<INT8>(up[j], lo[j], ev[j], od[j]);
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const uint32_t sel = h ? 0x4342u : 0x4140u;
-    const uint32_t a0 = codes_to_f16x2(ev[0], sel, bias);
-    const uint32_t a1 = codes_to_f16x2(ev[1], sel, bias);
-    const uint32_t a2 = codes_to_f16x2(od[0], sel, bias);
-    const uint32_t a3 = codes_to_f16x2(od[1], sel, bias);
-    mma_f16(acc_hi, a0, a1, a2, a3, b_hi[h][0], b_hi[h][1]);
-    if constexpr (kLo) mma_f16(acc_lo, a0, a1, a2, a3, b_lo[h][0], b_lo[h][1]);
+    uint32_t a[4];
+    key_frags(ev, od, h, bias, a);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      uint32_t b_hi[2], b_lo[2];
+      frags(t, h, b_hi, b_lo);
+      mma_f16(acc_hi[t], a[0], a[1], a[2], a[3], b_hi[0], b_hi[1]);
+      if constexpr (kLo) mma_f16(acc_lo[t], a[0], a[1], a[2], a[3], b_lo[0], b_lo[1]);
+    }
   }
+}
+
+// The same for one tile whose fragments are in registers (b_hi[h], b_lo[h]).
+template <bool INT8, bool kLo = true>
+__device__ __forceinline__ void score_block(const uint32_t (&up)[2], const uint32_t (&lo)[2],
+                                            const uint32_t (&b_hi)[2][2],
+                                            const uint32_t (&b_lo)[2][2], uint32_t bias,
+                                            float (&acc_hi)[4], float (&acc_lo)[4]) {
+  auto frags = [&](int, int h, uint32_t(&hi)[2], uint32_t(&lo_)[2]) {
+    hi[0] = b_hi[h][0], hi[1] = b_hi[h][1];
+    if constexpr (kLo) lo_[0] = b_lo[h][0], lo_[1] = b_lo[h][1];
+  };
+  score_block_tiles<INT8, kLo, 1>(up, lo, frags, bias, reinterpret_cast<float(&)[1][4]>(acc_hi),
+                                  reinterpret_cast<float(&)[1][4]>(acc_lo));
 }
 
 // Full sum over the warp of v[j] for the query j = lane / (32 / N) of this lane: a butterfly that
@@ -556,22 +583,32 @@ __device__ __forceinline__ void online_softmax_sub(const float (&s)[2][4], float
   }
 }
 
-// Folds one query (this lane's share: NB blocks of 8 channels, block j at q_row + d0[j], with the
-// key group's fp16 scale/min words sr[j]/mr[j] of the same channels) into the B fragments of
+// Folding one query (this lane's share: NB blocks of 8 channels, block j at q_row + d0[j], with
+// the key group's fp16 scale/min words sr[j]/mr[j] of the same channels) into the B fragments of
 // S^T = K Q'^T: Q' = q * scale * step_mul, scaled by a power of two 2^F that puts the query's
 // largest |Q'| in [2^13, 2^14), split into f16 hi + lo; block j, half h feeds k-step (j, h) with
 // channels 4h + {0, 2} (b0) and 4h + {1, 3} (b1). q . (center * step + min) is summed in f32. The
 // four lanes of a query (lanes 4r..4r+3) hold all of its channels; inv_f / qm receive 2^-F and
 // that sum of queries 2c and 2c+1 (folded by lanes 8c and 8c + 4). kLo false: hi only (f16
-// rounding of Q', the draft view's single-MMA path), bq_lo is not written.
-template <int NB, bool kLo = true>
-__device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[NB],
-                                           const uint4 (&sr)[NB], const uint4 (&mr)[NB],
-                                           float step_mul, float center,
-                                           uint32_t (&bq_hi)[NB][2][2], uint32_t (&bq_lo)[NB][2][2],
-                                           float (&inv_f)[2], float (&qm)[2]) {
+// rounding of Q', the draft view's single-MMA path), the lo fragments are not written.
+//
+// In two passes, so that a caller short of registers holds one block's values at a time: the
+// scale (fold_query_scale: returns 2^F), then each block's fragments (fold_query_block).
+__device__ __forceinline__ float4 q_times_scale(const float* q, const uint32_t (&sw)[4], int half,
+                                                float step_mul) {
+  const float4 qv = *reinterpret_cast<const float4*>(q + 4 * half);
+  const float2 s0 = __half22float2(*reinterpret_cast<const __half2*>(&sw[2 * half]));
+  const float2 s1 = __half22float2(*reinterpret_cast<const __half2*>(&sw[2 * half + 1]));
+  return make_float4(qv.x * (s0.x * step_mul), qv.y * (s0.y * step_mul), qv.z * (s1.x * step_mul),
+                     qv.w * (s1.y * step_mul));
+}
+
+template <int NB>
+__device__ __forceinline__ float fold_query_scale(const float* q_row, const int (&d0)[NB],
+                                                  const uint4 (&sr)[NB], const uint4 (&mr)[NB],
+                                                  float step_mul, float center, float (&inv_f)[2],
+                                                  float (&qm)[2]) {
   const int c = threadIdx.x & 3;
-  float x[NB][8];
   float amax = 0.0f, qmp = 0.0f;
 #pragma unroll
   for (int j = 0; j < NB; ++j) {
@@ -584,11 +621,10 @@ __device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[N
     for (int i = 0; i < 4; ++i) {
       const float2 s2 = __half22float2(*reinterpret_cast<const __half2*>(&sw[i]));
       const float2 m2 = __half22float2(*reinterpret_cast<const __half2*>(&mw[i]));
-      x[j][2 * i] = qv[2 * i] * (s2.x * step_mul);
-      x[j][2 * i + 1] = qv[2 * i + 1] * (s2.y * step_mul);
+      const float x0 = qv[2 * i] * (s2.x * step_mul), x1 = qv[2 * i + 1] * (s2.y * step_mul);
       qmp = fmaf(qv[2 * i], fmaf(center, s2.x * step_mul, m2.x), qmp);
       qmp = fmaf(qv[2 * i + 1], fmaf(center, s2.y * step_mul, m2.y), qmp);
-      amax = fmaxf(amax, fmaxf(fabsf(x[j][2 * i]), fabsf(x[j][2 * i + 1])));
+      amax = fmaxf(amax, fmaxf(fabsf(x0), fabsf(x1)));
     }
   }
   amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
@@ -596,21 +632,39 @@ __device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[N
   qmp += __shfl_xor_sync(kFullMask, qmp, 1);
   qmp += __shfl_xor_sync(kFullMask, qmp, 2);
   const int f = amax > 0.0f ? max(-100, min(100, 13 - ilogbf(amax))) : 0;
-  const float sf = exp2i(f);
-#pragma unroll
-  for (int j = 0; j < NB; ++j) {
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      f16x2_operand<kLo>(x[j][4 * h] * sf, x[j][4 * h + 2] * sf, bq_hi[j][h][0], bq_lo[j][h][0]);
-      f16x2_operand<kLo>(x[j][4 * h + 1] * sf, x[j][4 * h + 3] * sf, bq_hi[j][h][1],
-                         bq_lo[j][h][1]);
-    }
-  }
   const float isf = exp2i(-f);
   inv_f[0] = __shfl_sync(kFullMask, isf, 8 * c);
   inv_f[1] = __shfl_sync(kFullMask, isf, 8 * c + 4);
   qm[0] = __shfl_sync(kFullMask, qmp, 8 * c);
   qm[1] = __shfl_sync(kFullMask, qmp, 8 * c + 4);
+  return exp2i(f);
+}
+
+// Block j's fragments (q: its 8 channels, sr_j: their scale words, sf: fold_query_scale's 2^F).
+template <bool kLo>
+__device__ __forceinline__ void fold_query_block(const float* q, const uint4& sr_j, float step_mul,
+                                                 float sf, uint32_t (&hi)[2][2],
+                                                 uint32_t (&lo)[2][2]) {
+  const uint32_t sw[4] = {sr_j.x, sr_j.y, sr_j.z, sr_j.w};
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const float4 x = q_times_scale(q, sw, h, step_mul);
+    f16x2_operand<kLo>(x.x * sf, x.z * sf, hi[h][0], lo[h][0]);
+    f16x2_operand<kLo>(x.y * sf, x.w * sf, hi[h][1], lo[h][1]);
+  }
+}
+
+template <int NB, bool kLo = true>
+__device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[NB],
+                                           const uint4 (&sr)[NB], const uint4 (&mr)[NB],
+                                           float step_mul, float center,
+                                           uint32_t (&bq_hi)[NB][2][2], uint32_t (&bq_lo)[NB][2][2],
+                                           float (&inv_f)[2], float (&qm)[2]) {
+  const float sf = fold_query_scale<NB>(q_row, d0, sr, mr, step_mul, center, inv_f, qm);
+#pragma unroll
+  for (int j = 0; j < NB; ++j) {
+    fold_query_block<kLo>(q_row + d0[j], sr[j], step_mul, sf, bq_hi[j], bq_lo[j]);
+  }
 }
 
 // The scores of one 16-token step from the two MMA accumulators: s[i], i = (token r | r + 8) x
@@ -1003,7 +1057,7 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
 // empty). Block: tiles * slices warps; warp (ts, qt) = (warp / tiles, warp % tiles) keeps one
 // state per kind, merged at the end with the other slices' states.
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
-// 128, NG 1, tensor cores).
+// 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false,
           bool kRegPrefetch = true>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
@@ -1054,27 +1108,45 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     o_w = state_o(kind * p.slices + ts) + qt * QW * HD;
     ml_w = state_ml(kind * p.slices + ts) + qt * QW * 2;
   };
-  // This lane's query in the CUDA-core path.
-  const int qv_lane = qv_warp + lane / RowPath<HD, QW>::kLanesPerQuery;
-  const bool lane_valid = qv_lane < p.nq;
-  const int t_lane = a.pos + (lane_valid ? qv_lane / p.group : 0);
-  const int b_lane = lane_valid ? quant_boundary_dev(t_lane, G) : 0;
+  // The CUDA-core path (RowPath) takes the warp's query vectors RQW at a time: its registers hold
+  // RQW * HD / 32 floats each of queries and outputs.
+  constexpr int RQW = QW < 8 ? QW : 8;
+  static_assert(QW % RQW == 0);
+  // This lane's query in RowPath pass `sub`: valid, its position t and quantized boundary b(t).
+  struct LaneQuery {
+    bool valid;
+    int t;
+    int b;
+  };
+  auto lane_query = [&](int sub) {
+    const int qv = qv_warp + sub * RQW + lane / RowPath<HD, RQW>::kLanesPerQuery;
+    LaneQuery lq{qv < p.nq, a.pos, 0};
+    if (lq.valid) {
+      lq.t = a.pos + qv / p.group;
+      lq.b = quant_boundary_dev(lq.t, G);
+    }
+    return lq;
+  };
 
   // Full-precision part of a query at t: [b(t), t].
   auto fp_rows = [&]() {
     const int begin = p.fp_begin + blockIdx.x * p.fp_split_len;
     const int end = min(p.fp_end, begin + p.fp_split_len);
-    RowPath<HD, QW> w;
-    w.init(q_warp, lane_valid ? b_lane : 1, lane_valid ? t_lane : 0);
     const int64_t off = static_cast<int64_t>(kvh) * HD + lane * (HD / 32);  // elements
     const bool f16 = a.kv_dtype == DType::F16;
     const int64_t off_bytes = off * (f16 ? 2 : 4);
     const FpRows<HD> rows{static_cast<const char*>(a.k) + off_bytes,
                           static_cast<const char*>(a.v) + off_bytes, a.row_stride, a.fp_base, f16};
-    w.template run<fp_row_unroll<HD>()>(rows, begin, end, ts, p.slices);
     float *o_w, *ml_w;
     state(0, o_w, ml_w);
-    w.store(o_w, ml_w);
+#pragma unroll 1
+    for (int sub = 0; sub < QW / RQW; ++sub) {
+      const LaneQuery lq = lane_query(sub);
+      RowPath<HD, RQW> w;
+      w.init(q_warp + sub * RQW * kQStride, lq.valid ? lq.b : 1, lq.valid ? lq.t : 0);
+      w.template run<fp_row_unroll<HD>()>(rows, begin, end, ts, p.slices);
+      w.store(o_w + sub * RQW * HD, ml_w + sub * RQW * 2);
+    }
   };
 
   const int q_begin = blockIdx.x * p.q_split_len;
@@ -1082,7 +1154,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   float *o_q, *ml_q;
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
-    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch>(
+    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8>(
         p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages,
@@ -1090,8 +1162,10 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   } else {
     fp_rows();
     // Quantized part of a query at t: [0, b(t)).
+    static_assert(QW == RQW, "the CUDA-core path: one RowPath pass per warp");
+    const LaneQuery lq = lane_query(0);
     RowPath<HD, QW> w;
-    w.init(q_warp, lane_valid ? 0 : 1, lane_valid ? b_lane - 1 : 0);
+    w.init(q_warp, lq.valid ? 0 : 1, lq.valid ? lq.b - 1 : 0);
     const int64_t C = a.seg.capacity;
     const int64_t codes = static_cast<int64_t>(kvh) * C * (HD / 2);
     const int gv = a.seg.value_group_size, ng = HD / gv;
@@ -1142,11 +1216,12 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
   attention_quant_body<HD, INT8, NG, kMma, QW, false, kDraftF16>(p);
 }
 
-// kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16).
-template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true>
+// kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16); NT: 8-query
+// tiles per warp.
+template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT = 1>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   pdl_begin();
-  attention_quant_body<direct_path::kHD, INT8, 1, true, 8, true, kDraftF16, kRegPrefetch>(p);
+  attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch>(p);
 }
 
 // ---- split combine --------------------------------------------------------------------------
@@ -1215,12 +1290,18 @@ __global__ void __launch_bounds__(kCombineThreads)
 // ---- host side ------------------------------------------------------------------------------
 
 std::mutex g_tuning_mu;
-// QS_DRAFT_REG_PREFETCH=0 in the environment starts the process without the f16 draft's
-// register prefetch (end-to-end A/B runs before it becomes the default).
+// End-to-end A/B runs without a rebuild: QS_DRAFT_REG_PREFETCH=0|1 starts the process without /
+// with the f16 draft's register prefetch, QS_DIRECT_TILES=1|2|3 with that many 8-query tiles per
+// warp on the direct INT8 path (0: automatic).
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   const char* v = std::getenv("QS_DRAFT_REG_PREFETCH");
   if (v != nullptr && std::strcmp(v, "0") == 0) t.draft_reg_prefetch = false;
+  if (v != nullptr && std::strcmp(v, "1") == 0) t.draft_reg_prefetch = true;
+  const char* nt = std::getenv("QS_DIRECT_TILES");
+  if (nt != nullptr && nt[0] >= '0' && nt[0] <= '0' + kQuantAttentionMaxDirectTiles && nt[1] == 0) {
+    t.direct_tiles = nt[0] - '0';
+  }
   return t;
 }();
 
@@ -1229,12 +1310,30 @@ struct KernelChoice {
   bool mma = false;
   bool direct = false;  // tensor cores, register-direct (no shared-memory stages)
   bool draft_f16 = false;  // the direct path's INT4 view with f16 operands alone
+  int direct_tiles = 1;    // the direct path's 8-query tiles per warp
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
 };
 
+// Register caps of the direct kernels with several tiles per warp (the INT8 view only): NT O^T
+// tiles of 32 floats each, the folded queries in shared memory. 2 tiles: 12 bytes spilled.
+constexpr int kDirectRegs2 = 255;
+constexpr int kDirectRegs3 = 255;
+
 template <bool INT8, bool kDraftF16, bool kRegPrefetch>
-const void* direct_kernel_fn(int regs) {
+const void* direct_kernel_fn(int regs, int tiles) {
+  if constexpr (INT8) {
+    if (tiles == 2) {
+      return reinterpret_cast<const void*>(
+          attention_quant_direct_kernel<true, kDirectRegs2, false, true, 2>);
+    }
+    if (tiles == 3) {
+      return reinterpret_cast<const void*>(
+          attention_quant_direct_kernel<true, kDirectRegs3, false, true, 3>);
+    }
+  }
+  QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
+  QS_CHECK(regs == 168 || regs == 192);
   return regs == 192 ? reinterpret_cast<const void*>(
                            attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch>)
                      : reinterpret_cast<const void*>(
@@ -1278,18 +1377,20 @@ KernelChoice row_kernel() {
 // The tensor-core kernels need head_dim 64/128, value groups of whole 16-byte code units and key
 // groups of whole sub-chunks; everything else runs on CUDA cores (e.g. G = 8 in the model tests).
 // The register-direct variant covers head_dim 128 with one value group per token (the default).
+// tiles: the direct path's 8-query tiles per warp (1 for the INT4 view).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
-                        bool draft_f16, bool reg_prefetch) {
+                        bool draft_f16, bool reg_prefetch, int tiles) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
-    k.qw = 8;
+    k.direct_tiles = INT8 ? tiles : 1;
+    k.qw = 8 * k.direct_tiles;
     k.ng = 1;
     k.draft_f16 = !INT8 && draft_f16;
-    k.fn = !k.draft_f16     ? direct_kernel_fn<INT8, false, true>(regs)
-           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs)
-                           : direct_kernel_fn<false, true, true>(regs);
+    k.fn = !k.draft_f16    ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles)
+           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1)
+                           : direct_kernel_fn<false, true, true>(regs, 1);
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
@@ -1312,12 +1413,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 }
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool draft_f16, bool reg_prefetch) {
+                           bool draft_f16, bool reg_prefetch, int tiles) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, draft_f16, reg_prefetch)
+                                   direct, regs, draft_f16, reg_prefetch, tiles)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, draft_f16, reg_prefetch);
+                                    direct, regs, draft_f16, reg_prefetch, tiles);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1401,6 +1502,17 @@ int64_t ceil_div(int64_t a, int64_t b) {
   return (a + b - 1) / b;
 }
 
+// 8-query tiles per warp of the direct INT8 view for nq query vectors per kv head. Two when they
+// hold all of them (9..16: MHA gamma 8..15, GQA-8 m = 2), else one. Measured (bench_ops quantkv,
+// H200, 32K): MHA m = 9 168 us with 2 tiles vs 210 with 1 (one warp per token slice instead of
+// two, 255 registers, no spill); GQA-4 m = 5 / 7 / 9 slower with 2 (128 / 147 / 187 vs 110 / 133
+// / 165 us): the blocks per SM are register-bound either way (3 warps x 168 or 2 x 255 per kv
+// head's codes) and fewer warps hide less latency. 3 tiles spill (~240 bytes at 255 registers):
+// available to force, not chosen.
+int auto_direct_tiles(int64_t nq) {
+  return nq > 8 && nq <= 16 ? 2 : 1;
+}
+
 // The current device's opt-in shared memory per block (cached per device).
 size_t max_smem_per_block() {
   static std::mutex mu;
@@ -1453,6 +1565,8 @@ void launch_quant_combine(const float* partial_o, const float* partial_ml, int s
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
   QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 168 || tuning.direct_regs == 192,
                "quantized attention: direct_regs must be 0 (automatic), 168 or 192");
+  QS_CHECK_MSG(tuning.direct_tiles >= 0 && tuning.direct_tiles <= kQuantAttentionMaxDirectTiles,
+               "quantized attention: direct_tiles must be 0 (automatic), 1, 2 or 3");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
   g_tuning = tuning;
 }
@@ -1494,16 +1608,18 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // The query tiling does not depend on the register cap (8 query vectors per warp on every
   // tensor-core path), so the kernel is chosen again once the tiles are known.
   const bool draft_f16 = tune.draft_f16 && !a.exact_draft;
-  KernelChoice kc =
-      choose_kernel(a, tune.tensor_cores, tune.direct, 192, draft_f16, tune.draft_reg_prefetch);
+  const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
+  const int want_tiles = tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq);
+  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, draft_f16,
+                                  tune.draft_reg_prefetch, want_tiles);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
   pl.draft_f16 = kc.draft_f16;
   pl.draft_reg_prefetch = tune.draft_reg_prefetch;
+  pl.direct_tiles = kc.direct_tiles;
   pl.queries_per_warp = kc.qw;
   const int hd = a.head_dim, G = a.seg.group_size;
-  const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
   const int64_t tiles = ceil_div(nq, kc.qw);
   pl.query_groups = static_cast<int>(ceil_div(tiles, kMaxTiles));
   QS_CHECK(pl.query_groups <= 65535);
@@ -1516,11 +1632,13 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // (32K) MHA 77.5 us at 168 vs 80.6 at 192, GQA-8 36.9 at 192 vs 40.7 at 168.
   const bool light_draft = kc.direct && kc.draft_f16 && !tune.draft_reg_prefetch;
   const int one_tile_regs = light_draft && a.num_heads == a.num_kv_heads ? 168 : 192;
-  pl.direct_regs = tune.direct_regs != 0 ? tune.direct_regs
-                   : pl.query_tiles == 1 ? one_tile_regs
-                                         : 168;
+  pl.direct_regs = pl.direct_tiles == 2    ? kDirectRegs2
+                   : pl.direct_tiles == 3  ? kDirectRegs3
+                   : tune.direct_regs != 0 ? tune.direct_regs
+                   : pl.query_tiles == 1   ? one_tile_regs
+                                           : 168;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
-                     tune.draft_reg_prefetch);
+                     tune.draft_reg_prefetch, pl.direct_tiles);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1576,7 +1694,7 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
                             float* partials, cudaStream_t stream) {
   check_args(a);
   const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
-                                        plan.draft_f16, plan.draft_reg_prefetch);
+                                        plan.draft_f16, plan.draft_reg_prefetch, plan.direct_tiles);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
            kc.draft_f16 == plan.draft_f16 && kc.qw == plan.queries_per_warp);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);

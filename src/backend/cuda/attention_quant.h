@@ -52,10 +52,11 @@ struct QuantAttentionPlan {
   bool tensor_cores = false;  // quantized part on mma.sync (head_dim 64/128, Gv % 32 == 0)
   bool direct = false;  // tensor cores, fragments loaded straight into registers (head_dim 128, Gv
                         // = head_dim): attention_quant_direct.cuh
-  int direct_regs = 192;  // its register cap: 168 or 192
+  int direct_regs = 192;   // its register cap: 168 or 192 (one tile per warp)
+  int direct_tiles = 1;    // its 8-query MMA tiles per warp (several: the INT8 view, GQA)
   bool draft_f16 = false;  // the tensor-core paths' INT4 view with f16 operands alone (tuning)
   bool draft_reg_prefetch = true;  // its register prefetch of the next sub-chunk (tuning)
-  int queries_per_warp = 8;   // query vectors per warp tile
+  int queries_per_warp = 8;   // query vectors per warp tile (8 * direct_tiles on the direct path)
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
   int query_groups = 1;       // blocks along grid z (query tiles beyond one block)
@@ -87,7 +88,11 @@ constexpr bool kQuantAttentionParallelCombine = true;
 constexpr bool kQuantAttentionDirect = true;
 constexpr int kQuantAttentionDirectRegs = 0;
 constexpr bool kQuantAttentionDraftF16 = true;
-constexpr bool kQuantAttentionDraftRegPrefetch = true;
+constexpr bool kQuantAttentionDraftRegPrefetch = false;
+// 8-query MMA tiles per warp on the direct path's INT8 view (0: automatic, by query vectors per kv
+// head; 1: one warp per 8 query vectors, the session-5 kernel).
+constexpr int kQuantAttentionDirectTiles = 0;
+constexpr int kQuantAttentionMaxDirectTiles = 3;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
@@ -109,7 +114,8 @@ struct QuantAttentionTuning {
   // The register-direct path for head_dim 128 / Gv = head_dim (kQuantAttentionDirect).
   bool direct = kQuantAttentionDirect;
   // Its register cap per thread: 168 (6 two-warp blocks per SM, a few spilled words) or 192 (4
-  // blocks); 0: 192 for a single query tile per block, 168 for more (plan_attention_quant).
+  // blocks); 0: 192 for a single query tile per block, 168 for more (plan_attention_quant). For
+  // one 8-query tile per warp only: several (direct_tiles) always run at 255.
   int direct_regs = kQuantAttentionDirectRegs;
   // The draft (INT4) view on the tensor-core paths (register-direct and ring) with its operands
   // in f16 alone: one MMA per product instead of the f16 hi + lo pair that gives f32-level
@@ -117,12 +123,17 @@ struct QuantAttentionTuning {
   // the INT4 view's own error of up to s/2 per element). false: the draft view as exact as the
   // INT8 one. Default kQuantAttentionDraftF16.
   bool draft_f16 = kQuantAttentionDraftF16;
-  // The f16-operand draft view on the direct path loads its next sub-chunk into registers while
-  // the current one is computed (true, the default), or each sub-chunk just before use like the
-  // INT8 view (false: 36 fewer live registers, no spill at 168; measured faster, Llama-2-7B shape
-  // 32K 77.5 vs 85.6 us, but its conformance sweep has not run on a GPU yet: session 5 ended
-  // without device time). QS_DRAFT_REG_PREFETCH=0 turns it off for the whole process.
+  // The f16-operand draft view on the direct path loads each sub-chunk just before use like the
+  // INT8 view (false, the default since session 6: 36 fewer live registers, no spill at 168;
+  // Llama-2-7B shape 32K 77.6 vs 85.6 us, Llama-3.1-8B 37.1 vs 38.1), or the next sub-chunk into
+  // registers while the current one is computed (true). QS_DRAFT_REG_PREFETCH=0|1 sets it for the
+  // whole process.
   bool draft_reg_prefetch = kQuantAttentionDraftRegPrefetch;
+  // The direct path's INT8 view: 8-query MMA tiles per warp that share one unpacking of the codes
+  // (1..kQuantAttentionMaxDirectTiles; 0: automatic). A GQA verification block has 4-8 query
+  // heads x (gamma + 1) rows per kv head: with one tile per warp, every warp unpacks the same
+  // codes. QS_DIRECT_TILES=0..3 sets it for the whole process.
+  int direct_tiles = kQuantAttentionDirectTiles;
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();

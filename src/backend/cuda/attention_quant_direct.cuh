@@ -46,31 +46,46 @@ struct Head {
   const uint16_t* vm;
 };
 
+// The key codes of 16-token step st of a sub-chunk.
 template <bool INT8>
-__device__ __forceinline__ void load_chunk(const Head& hd, int t_sub, Chunk<INT8>& ch) {
+__device__ __forceinline__ void load_keys(const Head& hd, int t_sub, int st, Chunk<INT8>& ch) {
   const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
   constexpr int RB = kHD / 2;
 #pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const int64_t off = static_cast<int64_t>(t_sub + 16 * st + 8 * j + r) * RB + 16 * c;
+    ch.ku[st][j] = load_stream_16(reinterpret_cast<const uint4*>(hd.ku + off));
+    if constexpr (INT8) ch.kl[st][j] = load_stream_16(reinterpret_cast<const uint4*>(hd.kl + off));
+  }
+}
+
+// The value codes and value scale / min of 16-token step st of a sub-chunk.
+template <bool INT8>
+__device__ __forceinline__ void load_values(const Head& hd, int t_sub, int st, Chunk<INT8>& ch) {
+  const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+  constexpr int RB = kHD / 2;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int tok = t_sub + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
+    const int64_t off = static_cast<int64_t>(tok) * RB + 8 * r;
+    ch.vu[st][i] = __ldg(reinterpret_cast<const uint2*>(hd.vu + off));
+    if constexpr (INT8) ch.vl[st][i] = __ldg(reinterpret_cast<const uint2*>(hd.vl + off));
+  }
+#pragma unroll
+  for (int jb = 0; jb < 2; ++jb) {
+    const int tok = t_sub + 16 * st + 8 * jb + r;
+    ch.vs[st][jb] = __ldg(hd.vs + tok);
+    ch.vm[st][jb] = __ldg(hd.vm + tok);
+  }
+}
+
+// A whole sub-chunk (both steps, keys then values of each).
+template <bool INT8>
+__device__ __forceinline__ void load_chunk(const Head& hd, int t_sub, Chunk<INT8>& ch) {
+#pragma unroll
   for (int st = 0; st < 2; ++st) {
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int64_t off = static_cast<int64_t>(t_sub + 16 * st + 8 * j + r) * RB + 16 * c;
-      ch.ku[st][j] = load_stream_16(reinterpret_cast<const uint4*>(hd.ku + off));
-      if constexpr (INT8) ch.kl[st][j] = load_stream_16(reinterpret_cast<const uint4*>(hd.kl + off));
-    }
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int tok = t_sub + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
-      const int64_t off = static_cast<int64_t>(tok) * RB + 8 * r;
-      ch.vu[st][i] = __ldg(reinterpret_cast<const uint2*>(hd.vu + off));
-      if constexpr (INT8) ch.vl[st][i] = __ldg(reinterpret_cast<const uint2*>(hd.vl + off));
-    }
-#pragma unroll
-    for (int jb = 0; jb < 2; ++jb) {
-      const int tok = t_sub + 16 * st + 8 * jb + r;
-      ch.vs[st][jb] = __ldg(hd.vs + tok);
-      ch.vm[st][jb] = __ldg(hd.vm + tok);
-    }
+    load_keys<INT8>(hd, t_sub, st, ch);
+    load_values<INT8>(hd, t_sub, st, ch);
   }
 }
 
@@ -137,27 +152,43 @@ struct DirectTile {
 
 // kLo: the f16 hi + lo operand pair (f32-level accuracy); false (the draft view's single-MMA
 // variant, QuantAttentionTuning::draft_f16): hi alone, bq_lo unused.
-template <bool INT8, bool kLo = true>
-struct DirectPath : DirectTile {
+// NT: 8-query tiles per warp sharing one unpacking of every code (a verification block of more
+// than 8 query vectors per kv head). Their folded queries' B fragments (32 words per lane per
+// tile) then live in the warp's own shared-memory slice `frag_s` instead of registers, next to NT
+// O^T tiles; each lane reads back only what it wrote. Fewer instructions than NT warps, but more
+// registers per warp: which is faster depends on the warps per SM (auto_direct_tiles).
+template <bool INT8, bool kLo = true, int NT = 1>
+struct DirectPath {
   static constexpr int HD = kHD;
   static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
   static constexpr float kCenter = INT8 ? 120.0f : 8.0f;  // as MmaPath: centred codes
   static constexpr uint32_t kBias = INT8 ? 0x64806480u : 0x64086408u;
   static constexpr int kQStride = HD + kQPad;
+  static constexpr bool kSharedFrags = NT > 1;
+  // uint2s of frag_s: [tile][block w][k-step h][hi | lo][lane].
+  static constexpr int kFragUint2s = NT * 4 * 2 * 2 * 32;
 
-  uint32_t bq_hi[4][2][2], bq_lo[4][2][2];  // folded query r's B fragments, k-step (w, h)
-  float inv_f[2], qm[2];                    // 2^-F and q.mid of queries 2c, 2c+1
-  int e_run;                                // o is scaled by 2^e_run
+  DirectTile tile[NT];
+  // One tile: folded query r's B fragments in registers, k-step (w, h).
+  uint32_t bq_hi[kSharedFrags ? 1 : 4][2][2], bq_lo[kSharedFrags ? 1 : 4][2][2];
+  uint2* frag_s;                  // NT > 1: kFragUint2s, this warp's alone
+  float inv_f[NT][2], qm[NT][2];  // 2^-F and q.mid of queries 2c, 2c+1 of each tile
+  int e_run;                      // o is scaled by 2^e_run (the value steps: shared by the tiles)
 
-  __device__ void init(int b0, int b1) {
-    init_tile(b0, b1);
+  // bnd[t][k]: the quantized boundary of query 2c + k of tile t.
+  // frags: NT > 1, kFragUint2s of shared memory.
+  __device__ void init(const int (&bnd)[NT][2], uint2* frags) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) tile[t].init_tile(bnd[t][0], bnd[t][1]);
     e_run = 64;
+    frag_s = frags;
   }
 
-  // Query r (q_row: its pre-scaled [HD] row) folded with the key group's scale/min (global):
-  // block w holds channels 32c + 8w .. +7 (k-steps 2w, 2w + 1).
-  __device__ void fold_queries(const float* q_row, const uint16_t* k_scale, const uint16_t* k_min) {
-    const int c = threadIdx.x & 3;
+  // Query r of every tile (q_warp: the warp's pre-scaled [8 NT][kQStride] rows) folded with the
+  // key group's scale/min (global): block w holds channels 32c + 8w .. +7 (k-steps 2w, 2w + 1).
+  __device__ void fold_queries(const float* q_warp, const uint16_t* k_scale,
+                               const uint16_t* k_min) {
+    const int lane = threadIdx.x & 31, c = lane & 3;
     int d0[4];
     uint4 sr[4], mr[4];
 #pragma unroll
@@ -166,31 +197,89 @@ struct DirectPath : DirectTile {
       sr[w] = __ldg(reinterpret_cast<const uint4*>(k_scale + d0[w]));
       mr[w] = __ldg(reinterpret_cast<const uint4*>(k_min + d0[w]));
     }
-    fold_query<4, kLo>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f, qm);
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      const float* q_row = q_warp + (8 * t + (lane >> 2)) * kQStride;
+      if constexpr (kSharedFrags) {  // one block's fragments at a time
+        const float sf = fold_query_scale<4>(q_row, d0, sr, mr, kStepMul, kCenter, inv_f[t], qm[t]);
+#pragma unroll
+        for (int w = 0; w < 4; ++w) {
+          uint32_t hi[2][2], lo[2][2];
+          fold_query_block<kLo>(q_row + d0[w], sr[w], kStepMul, sf, hi, lo);
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            uint2* f = frag_s + ((t * 4 + w) * 2 + h) * 64 + lane;
+            f[0] = make_uint2(hi[h][0], hi[h][1]);
+            if constexpr (kLo) f[32] = make_uint2(lo[h][0], lo[h][1]);
+          }
+        }
+      } else {
+        fold_query<4, kLo>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f[t], qm[t]);
+      }
+    }
   }
 
-  __device__ void process(const Chunk<INT8>& ch, int t_sub) {
+  // Tile t's B fragments of k-step (w, h).
+  __device__ __forceinline__ void query_frags(int t, int w, int h, uint32_t (&hi)[2],
+                                              uint32_t (&lo)[2]) const {
+    if constexpr (kSharedFrags) {
+      const uint2* f = frag_s + ((t * 4 + w) * 2 + h) * 64 + (threadIdx.x & 31);
+      const uint2 x = f[0];
+      hi[0] = x.x, hi[1] = x.y;
+      if constexpr (kLo) {
+        const uint2 y = f[32];
+        lo[0] = y.x, lo[1] = y.y;
+      }
+    } else {
+#pragma unroll
+      for (int i = 0; i < 2; ++i) {
+        hi[i] = bq_hi[w][h][i];
+        lo[i] = bq_lo[w][h][i];
+      }
+    }
+  }
+
+  // load_values(): loads ch's value part (a no-op if it is already there), called once the
+  // scores are computed: with several tiles, the values then take the keys' registers.
+  template <class LoadValues>
+  __device__ void process(const Chunk<INT8>& ch, int t_sub, const LoadValues& load_values) {
     const int lane = threadIdx.x & 31, r = lane >> 2;
 
-    // Scores: s[st][i], i = (token r | 8 + r) x (query 2c | 2c + 1).
-    float s[2][4];
+    // Scores: s[t][st][i], i = (token r | 8 + r) x (query 2c | 2c + 1) of tile t.
+    float s[NT][2][4];
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
-      float acc_hi[4] = {0.0f, 0.0f, 0.0f, 0.0f}, acc_lo[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float acc_hi[NT][4], acc_lo[NT][4];
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int i = 0; i < 4; ++i) acc_hi[t][i] = acc_lo[t][i] = 0.0f;
+      }
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         const uint32_t up[2] = {word_at(ch.ku[st][0], w), word_at(ch.ku[st][1], w)};
         const uint32_t lo[2] = {INT8 ? word_at(ch.kl[INT8 ? st : 0][0], w) : 0u,
                                 INT8 ? word_at(ch.kl[INT8 ? st : 0][1], w) : 0u};
-        score_block<INT8, kLo>(up, lo, bq_hi[w], bq_lo[w], kBias, acc_hi, acc_lo);
+        auto frags = [&](int t, int h, uint32_t(&hi)[2], uint32_t(&lo_)[2]) {
+          query_frags(t, w, h, hi, lo_);
+        };
+        score_block_tiles<INT8, kLo, NT>(up, lo, frags, kBias, acc_hi, acc_lo);
       }
-      finish_scores<kLo>(acc_hi, acc_lo, t_sub + 16 * st + r, bq, inv_f, qm, s[st]);
+#pragma unroll
+      for (int t = 0; t < NT; ++t) {
+        finish_scores<kLo>(acc_hi[t], acc_lo[t], t_sub + 16 * st + r, tile[t].bq, inv_f[t], qm[t],
+                           s[t][st]);
+      }
     }
 
-    float corr[2], p[2][4];
-    online_softmax_sub(s, m_run, l_part, corr, p);
-    acc_min[0] *= corr[0];
-    acc_min[1] *= corr[1];
+    load_values();
+    float corr[NT][2], p[NT][2][4];
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      online_softmax_sub(s[t], tile[t].m_run, tile[t].l_part, corr[t], p[t]);
+      tile[t].acc_min[0] *= corr[t][0];
+      tile[t].acc_min[1] *= corr[t][1];
+    }
 
     // Value steps of this lane's tokens 16 st + 8 jb + r; the min terms in f32.
     float vstep[2][2];
@@ -203,32 +292,43 @@ struct DirectPath : DirectTile {
         vmax = fmaxf(vmax, vstep[st][jb]);
         const float vmid = fmaf(kCenter, vstep[st][jb], __half2float(__ushort_as_half(ch.vm[st][jb])));
 #pragma unroll
-        for (int k = 0; k < 2; ++k) acc_min[k] = fmaf(p[st][2 * jb + k], vmid, acc_min[k]);
+        for (int t = 0; t < NT; ++t) {
+#pragma unroll
+          for (int k = 0; k < 2; ++k) {
+            tile[t].acc_min[k] = fmaf(p[t][st][2 * jb + k], vmid, tile[t].acc_min[k]);
+          }
+        }
       }
     }
     float fe;
     const float se = value_scale_step(vmax, e_run, fe);
-    const float c0 = corr[0] * fe, c1 = corr[1] * fe;
 #pragma unroll
-    for (int u = 0; u < 8; ++u) {
-      o[u][0] *= c0;
-      o[u][1] *= c1;
-      o[u][2] *= c0;
-      o[u][3] *= c1;
+    for (int t = 0; t < NT; ++t) {
+      const float c0 = corr[t][0] * fe, c1 = corr[t][1] * fe;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        tile[t].o[u][0] *= c0;
+        tile[t].o[u][1] *= c1;
+        tile[t].o[u][2] *= c0;
+        tile[t].o[u][3] *= c1;
+      }
     }
 
     // O^T += V^T P^T, 16 tokens per k-step.
 #pragma unroll
     for (int st = 0; st < 2; ++st) {
-      uint32_t bh[2];
-      [[maybe_unused]] uint32_t bl[2];
+      uint32_t bh[NT][2];
+      [[maybe_unused]] uint32_t bl[NT][2];
 #pragma unroll
-      for (int jb = 0; jb < 2; ++jb) {
-        const float w = vstep[st][jb] * se;
-        uint32_t h, l;
-        f16x2_operand<kLo>(p[st][2 * jb] * w, p[st][2 * jb + 1] * w, h, l);
-        bh[jb] = movmatrix_trans(h);
-        if constexpr (kLo) bl[jb] = movmatrix_trans(l);
+      for (int t = 0; t < NT; ++t) {
+#pragma unroll
+        for (int jb = 0; jb < 2; ++jb) {
+          const float w = vstep[st][jb] * se;
+          uint32_t h, l;
+          f16x2_operand<kLo>(p[t][st][2 * jb] * w, p[t][st][2 * jb + 1] * w, h, l);
+          bh[t][jb] = movmatrix_trans(h);
+          if constexpr (kLo) bl[t][jb] = movmatrix_trans(l);
+        }
       }
 #pragma unroll
       for (int wi = 0; wi < 2; ++wi) {
@@ -255,23 +355,33 @@ struct DirectPath : DirectTile {
             const uint32_t a1 = codes_to_f16x2(o01, sel, kBias);  // row r + 8: channel + 1
             const uint32_t a2 = codes_to_f16x2(e89, sel, kBias);
             const uint32_t a3 = codes_to_f16x2(o89, sel, kBias);
-            mma_f16(o[u], a0, a1, a2, a3, bh[0], bh[1]);
-            if constexpr (kLo) mma_f16(o[u], a0, a1, a2, a3, bl[0], bl[1]);
+#pragma unroll
+            for (int t = 0; t < NT; ++t) {
+              mma_f16(tile[t].o[u], a0, a1, a2, a3, bh[t][0], bh[t][1]);
+              if constexpr (kLo) mma_f16(tile[t].o[u], a0, a1, a2, a3, bl[t][0], bl[t][1]);
+            }
           }
         }
       }
     }
   }
 
+  // o_s: [8 NT][HD], ml_s: [8 NT][2] of this warp. With shared fragments o_s is frag_s's memory:
+  // every lane is done reading them first.
   __device__ void store(float* o_s, float* ml_s) {
-    store_tile(o_s, ml_s, exp2i(-e_run));
+    if constexpr (kSharedFrags) __syncwarp();
+#pragma unroll
+    for (int t = 0; t < NT; ++t)
+      tile[t].store_tile(o_s + t * 8 * kHD, ml_s + t * 16, exp2i(-e_run));
   }
 };
 
-// A quantized split [begin, end) of kv head kvh: slice `ts` of the block's warps takes the
-// contiguous positions [begin + ts * len, +len), len = q_split_len / slices, one sub-chunk ahead
-// in registers. No shared memory and no barrier: `overlap()` (the full-precision rows) runs first.
-template <bool INT8, bool kDraftF16, bool kRegPrefetch, class Overlap>
+// A quantized split [begin, end) of kv head kvh for the warp's 8 NT query vectors: slice `ts` of
+// the block's warps takes the contiguous positions [begin + ts * len, +len), len = q_split_len /
+// slices (INT4 with kRegPrefetch: one sub-chunk ahead in registers). No barrier, no shared memory
+// but the warp's own (NT > 1: the folded queries in o_mine until the state is stored there):
+// `overlap()` (the full-precision rows) runs first.
+template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -302,31 +412,49 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, b, cur);
 
   static_assert(!(kDraftF16 && INT8), "f16-only operands: the draft (INT4) view only");
-  using Path = DirectPath<INT8, !kDraftF16>;
+  using Path = DirectPath<INT8, !kDraftF16, NT>;
+  static_assert(Path::kFragUint2s * 2 <= 8 * NT * kHD, "the fragments fit in the warp's state");
   Path w;
   {
-    int bnd[2];
+    int bnd[NT][2];
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
-      const int qv = qv_warp + 2 * c + k;
-      bnd[k] = qv < p.nq ? quant_boundary_dev(a.pos + qv / p.group, G) : 0;
+    for (int t = 0; t < NT; ++t) {
+#pragma unroll
+      for (int k = 0; k < 2; ++k) {
+        const int qv = qv_warp + 8 * t + 2 * c + k;
+        bnd[t][k] = qv < p.nq ? quant_boundary_dev(a.pos + qv / p.group, G) : 0;
+      }
     }
-    w.init(bnd[0], bnd[1]);
+    w.init(bnd, reinterpret_cast<uint2*>(o_mine));
   }
-  const float* q_row = q_warp + (lane >> 2) * Path::kQStride;
   for (int j = 0; j < n_subs; ++j) {
     const int t_sub = b + j * kTok;
+    auto fold = [&] {
+      if (j == 0 || t_sub % G == 0) {
+        const int64_t grp = t_sub / G;
+        w.fold_queries(q_warp, k_scale + grp * kHD, k_min + grp * kHD);
+      }
+    };
+    // Several tiles: folded before the loads, so that its temporaries and the chunk's registers
+    // are not live together; one tile: while the loads are in flight.
+    // Several tiles also load the values only once the scores are done (registers).
+    if constexpr (Path::kSharedFrags) fold();
     Chunk<INT8> nxt;
     if (kPrefetch) {
       if (j + 1 < n_subs) load_chunk<INT8>(head, t_sub + kTok, nxt);
+    } else if constexpr (Path::kSharedFrags) {
+      load_keys<INT8>(head, t_sub, 0, cur);
+      load_keys<INT8>(head, t_sub, 1, cur);
     } else {
       load_chunk<INT8>(head, t_sub, cur);
     }
-    if (j == 0 || t_sub % G == 0) {
-      const int64_t grp = t_sub / G;
-      w.fold_queries(q_row, k_scale + grp * kHD, k_min + grp * kHD);
-    }
-    w.process(cur, t_sub);
+    if constexpr (!Path::kSharedFrags) fold();
+    w.process(cur, t_sub, [&] {
+      if constexpr (Path::kSharedFrags) {
+        load_values<INT8>(head, t_sub, 0, cur);
+        load_values<INT8>(head, t_sub, 1, cur);
+      }
+    });
     if (kPrefetch) cur = nxt;
   }
   w.store(o_mine, ml_mine);
