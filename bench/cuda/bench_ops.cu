@@ -836,10 +836,10 @@ struct QuantLayer {
 };
 
 // One layer's attention over the hierarchical KV (G = Gv = 128): the draft (INT4 view, m = 1) and
-// the target (INT8, m = 5, 7, 9) at 4K, 32K and 128K positions, as a captured step runs it (graph)
-// and eagerly. Bytes: what the call needs (kv.read_bytes: codes, metadata, f32 rows). At 32K the
-// CUDA-core path (the fallback) is timed too, and the tensor-core path planned for 2 and 4 waves of
-// blocks (QuantAttentionTuning::split_factor; also with --quick).
+// the target (INT8, m = 4, 5, 7, 9) at 4K, 32K and 128K positions, as a captured step runs it
+// (graph) and eagerly. Bytes: what the call needs (kv.read_bytes: codes, metadata, f32 rows). At
+// 32K the CUDA-core path (the fallback) is timed too, and the tensor-core path planned for 2 and 4
+// waves of blocks (QuantAttentionTuning::split_factor; also with --quick).
 void bench_quant_attention(CudaBackend& be, bool quick) {
   auto s = static_cast<cudaStream_t>(be.stream());
   const int G = 128, m_max = 9;
@@ -865,8 +865,9 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         bool int8;
         int m;
       };
-      for (const Run& r : {Run{"draft int4", false, 1}, Run{"target int8", true, 5},
-                           Run{"target int8", true, 7}, Run{"target int8", true, 9}}) {
+      for (const Run& r :
+           {Run{"draft int4", false, 1}, Run{"target int8", true, 4}, Run{"target int8", true, 5},
+            Run{"target int8", true, 7}, Run{"target int8", true, 9}}) {
         // Variants (label suffix): the default plan (the register-direct path where it applies),
         // the CUDA-core path, 2 and 4 waves of blocks; the cp.async-ring tensor-core path
         // ("ring", the previous default) with its pipeline shapes (cN = 32-token sub-chunks per
