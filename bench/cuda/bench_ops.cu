@@ -879,8 +879,10 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
         };
-        auto variant = [](const char* label, auto set) {
-          Variant v{label, {}};
+        // Each variant changes the process-wide tuning (QS_DRAFT_REG_PREFETCH, QS_DIRECT_TILES:
+        // what --profile, which runs the default rows only, then profiles).
+        auto variant = [&saved](const char* label, auto set) {
+          Variant v{label, saved};
           set(v.tuning);
           return v;
         };
@@ -906,12 +908,12 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" 3 tiles/warp", [](T& t) { t.direct_tiles = 3; })};
         for (const Variant& var : variants) {
           // The draft view's switches.
-          if (r.int8 && (!var.tuning.draft_f16 ||
-                         var.tuning.draft_reg_prefetch != cuda::kQuantAttentionDraftRegPrefetch)) {
+          if (r.int8 && (var.tuning.draft_f16 != saved.draft_f16 ||
+                         var.tuning.draft_reg_prefetch != saved.draft_reg_prefetch)) {
             continue;
           }
           // The INT8 view's switch.
-          if (!r.int8 && var.tuning.direct_tiles != cuda::kQuantAttentionDirectTiles) continue;
+          if (!r.int8 && var.tuning.direct_tiles != saved.direct_tiles) continue;
           const bool is_default = var.label[0] == '\0';
           if (!is_default && (ctx != 32768 || g_profile)) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;
