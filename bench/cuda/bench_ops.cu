@@ -904,8 +904,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" no-pf 168", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 168; }),
             variant(" pf", [](T& t) { t.draft_reg_prefetch = true; }),
             variant(" 1 tile/warp", [](T& t) { t.direct_tiles = 1; }),
-            variant(" 2 tiles/warp", [](T& t) { t.direct_tiles = 2; }),
-            variant(" 3 tiles/warp", [](T& t) { t.direct_tiles = 3; })};
+            variant(" 2 tiles/warp", [](T& t) { t.direct_tiles = 2; })};
         for (const Variant& var : variants) {
           // The draft view's switches.
           if (r.int8 && (var.tuning.draft_f16 != saved.draft_f16 ||

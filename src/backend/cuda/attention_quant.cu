@@ -35,8 +35,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <mutex>
 #include <type_traits>
 #include <vector>
@@ -1290,18 +1290,26 @@ __global__ void __launch_bounds__(kCombineThreads)
 // ---- host side ------------------------------------------------------------------------------
 
 std::mutex g_tuning_mu;
+// A switch from the environment: unset -> fallback; a value in [lo, hi] -> it; anything else -> a
+// warning on stderr naming the variable, and the fallback.
+int env_switch(const char* name, int lo, int hi, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return fallback;
+  char* end = nullptr;
+  const long x = std::strtol(v, &end, 10);
+  if (end != v && *end == '\0' && x >= lo && x <= hi) return static_cast<int>(x);
+  std::fprintf(stderr, "quantspec: ignoring %s=%s (expected an integer in [%d, %d])\n", name, v, lo,
+               hi);
+  return fallback;
+}
+
 // End-to-end A/B runs without a rebuild: QS_DRAFT_REG_PREFETCH=0|1 starts the process without /
-// with the f16 draft's register prefetch, QS_DIRECT_TILES=1|2|3 with that many 8-query tiles per
+// with the f16 draft's register prefetch, QS_DIRECT_TILES=0|1|2 with that many 8-query tiles per
 // warp on the direct INT8 path (0: automatic).
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
-  const char* v = std::getenv("QS_DRAFT_REG_PREFETCH");
-  if (v != nullptr && std::strcmp(v, "0") == 0) t.draft_reg_prefetch = false;
-  if (v != nullptr && std::strcmp(v, "1") == 0) t.draft_reg_prefetch = true;
-  const char* nt = std::getenv("QS_DIRECT_TILES");
-  if (nt != nullptr && nt[0] >= '0' && nt[0] <= '0' + kQuantAttentionMaxDirectTiles && nt[1] == 0) {
-    t.direct_tiles = nt[0] - '0';
-  }
+  t.draft_reg_prefetch = env_switch("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
+  t.direct_tiles = env_switch("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
   return t;
 }();
 
@@ -1315,21 +1323,16 @@ struct KernelChoice {
   int ng = 0;  // value groups (tensor-core kernels)
 };
 
-// Register caps of the direct kernels with several tiles per warp (the INT8 view only): NT O^T
-// tiles of 32 floats each, the folded queries in shared memory. 2 tiles: 12 bytes spilled.
-constexpr int kDirectRegs2 = 255;
-constexpr int kDirectRegs3 = 255;
+// Register cap of the direct kernels with two tiles per warp (the INT8 view only): two O^T tiles
+// of 32 floats each, the folded queries in shared memory; no spill.
+constexpr int kDirectRegsTwoTiles = 255;
 
 template <bool INT8, bool kDraftF16, bool kRegPrefetch>
 const void* direct_kernel_fn(int regs, int tiles) {
   if constexpr (INT8) {
     if (tiles == 2) {
       return reinterpret_cast<const void*>(
-          attention_quant_direct_kernel<true, kDirectRegs2, false, true, 2>);
-    }
-    if (tiles == 3) {
-      return reinterpret_cast<const void*>(
-          attention_quant_direct_kernel<true, kDirectRegs3, false, true, 3>);
+          attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2>);
     }
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
@@ -1507,8 +1510,8 @@ int64_t ceil_div(int64_t a, int64_t b) {
 // H200, 32K): MHA m = 9 168 us with 2 tiles vs 210 with 1 (one warp per token slice instead of
 // two, 255 registers, no spill); GQA-4 m = 5 / 7 / 9 slower with 2 (128 / 147 / 187 vs 110 / 133
 // / 165 us): the blocks per SM are register-bound either way (3 warps x 168 or 2 x 255 per kv
-// head's codes) and fewer warps hide less latency. 3 tiles spill (~240 bytes at 255 registers):
-// available to force, not chosen.
+// head's codes) and fewer warps hide less latency. A 3-tile kernel (session 6) spilled ~240 bytes
+// at 255 registers and was slower at every m: removed.
 int auto_direct_tiles(int64_t nq) {
   return nq > 8 && nq <= 16 ? 2 : 1;
 }
@@ -1566,7 +1569,7 @@ void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
   QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 168 || tuning.direct_regs == 192,
                "quantized attention: direct_regs must be 0 (automatic), 168 or 192");
   QS_CHECK_MSG(tuning.direct_tiles >= 0 && tuning.direct_tiles <= kQuantAttentionMaxDirectTiles,
-               "quantized attention: direct_tiles must be 0 (automatic), 1, 2 or 3");
+               "quantized attention: direct_tiles must be 0 (automatic), 1 or 2");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
   g_tuning = tuning;
 }
@@ -1632,8 +1635,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // (32K) MHA 77.5 us at 168 vs 80.6 at 192, GQA-8 36.9 at 192 vs 40.7 at 168.
   const bool light_draft = kc.direct && kc.draft_f16 && !tune.draft_reg_prefetch;
   const int one_tile_regs = light_draft && a.num_heads == a.num_kv_heads ? 168 : 192;
-  pl.direct_regs = pl.direct_tiles == 2    ? kDirectRegs2
-                   : pl.direct_tiles == 3  ? kDirectRegs3
+  pl.direct_regs = pl.direct_tiles == 2    ? kDirectRegsTwoTiles
                    : tune.direct_regs != 0 ? tune.direct_regs
                    : pl.query_tiles == 1   ? one_tile_regs
                                            : 168;

@@ -92,7 +92,7 @@ constexpr bool kQuantAttentionDraftRegPrefetch = false;
 // 8-query MMA tiles per warp on the direct path's INT8 view (0: automatic, by query vectors per kv
 // head; 1: one warp per 8 query vectors, the session-5 kernel).
 constexpr int kQuantAttentionDirectTiles = 0;
-constexpr int kQuantAttentionMaxDirectTiles = 3;
+constexpr int kQuantAttentionMaxDirectTiles = 2;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
@@ -132,7 +132,7 @@ struct QuantAttentionTuning {
   // The direct path's INT8 view: 8-query MMA tiles per warp that share one unpacking of the codes
   // (1..kQuantAttentionMaxDirectTiles; 0: automatic). A GQA verification block has 4-8 query
   // heads x (gamma + 1) rows per kv head: with one tile per warp, every warp unpacks the same
-  // codes. QS_DIRECT_TILES=0..3 sets it for the whole process.
+  // codes. QS_DIRECT_TILES=0..2 sets it for the whole process.
   int direct_tiles = kQuantAttentionDirectTiles;
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
