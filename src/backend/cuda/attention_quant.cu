@@ -117,6 +117,14 @@ __device__ __forceinline__ float exp2i(int e) {
   return __int_as_float((e + 127) << 23);
 }
 
+// 2^x on the SFU without exp2f's rescaling of results below 2^-126 (flushed to 0: a softmax
+// weight that small is below every sum's rounding); 2^-inf = 0.
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
 __device__ __forceinline__ float merge_weight(float m_part, float m_total) {
   return m_part == kNegInf ? 0.0f : exp2f(m_part - m_total);
 }
@@ -213,10 +221,16 @@ __device__ __forceinline__ void f16x2_operand(float a, float b, uint32_t& hi, ui
   }
 }
 
+// The high bytes of the f16 1024 (0x64) four times, in constant memory: ptxas cannot fold it, so
+// a byte permute takes its selector as the immediate and this word from the constant bank (with
+// both as literals it kept selectors in registers and, short of registers, re-created them
+// before most uses: ~25 moves per sub-chunk in the draft kernel).
+__constant__ uint32_t kF16OneKiBytes = 0x64646464u;
+
 // Two code bytes of `bytes` (picked by a prmt selector that interleaves them with 0x64) as the
 // f16x2 {byte, byte} - bias: exact small integers.
 __device__ __forceinline__ uint32_t codes_to_f16x2(uint32_t bytes, uint32_t sel, uint32_t bias) {
-  const uint32_t h = __byte_perm(bytes, 0x64646464u, sel);
+  const uint32_t h = __byte_perm(bytes, kF16OneKiBytes, sel);
   uint32_t r;
   asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(bias));
   return r;
@@ -571,11 +585,11 @@ __device__ __forceinline__ void online_softmax_sub(const float (&s)[2][4], float
       corr[k] = 1.0f;
       p[0][k] = p[0][k + 2] = p[1][k] = p[1][k + 2] = 0.0f;
     } else {
-      corr[k] = exp2f(m_run[k] - m_new);
+      corr[k] = exp2_ftz(m_run[k] - m_new);
 #pragma unroll
       for (int st = 0; st < 2; ++st) {
-        p[st][k] = exp2f(s[st][k] - m_new);
-        p[st][k + 2] = exp2f(s[st][k + 2] - m_new);
+        p[st][k] = exp2_ftz(s[st][k] - m_new);
+        p[st][k + 2] = exp2_ftz(s[st][k + 2] - m_new);
       }
     }
     m_run[k] = m_new;

@@ -36,7 +36,7 @@ struct Chunk {
   uint16_t vm[2][2];
 };
 
-// Pointers of one kv head (token 0) for Chunk loads.
+// Pointers of one kv head (token 0).
 struct Head {
   const uint8_t* ku;
   const uint8_t* kl;
@@ -46,46 +46,75 @@ struct Head {
   const uint16_t* vm;
 };
 
-// The key codes of 16-token step st of a sub-chunk.
+// This lane's byte offsets from the kv head's planes in the current sub-chunk (Chunk's fragment
+// maps): keys at token row r, byte 16c; values at token 2c, byte 8r; value scale / min at token
+// r. 32-bit offsets from warp-uniform bases keep the addresses in few registers, every load of a
+// sub-chunk is offset + immediate, and the next sub-chunk is three adds away.
+struct LanePtrs {
+  uint32_t k;  // bytes into ku / kl
+  uint32_t v;  // bytes into vu / vl
+  uint32_t m;  // elements into vs / vm
+
+  __device__ static LanePtrs at(int t_sub) {
+    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+    constexpr int RB = kHD / 2;
+    return {static_cast<uint32_t>((t_sub + r) * RB + 16 * c),
+            static_cast<uint32_t>((t_sub + 2 * c) * RB + 8 * r), static_cast<uint32_t>(t_sub + r)};
+  }
+
+  // The same lane's offsets one sub-chunk further on.
+  __device__ void advance() {
+    k += kTok * (kHD / 2);
+    v += kTok * (kHD / 2);
+    m += kTok;
+  }
+};
+
+// The key codes of 16-token step st of the sub-chunk at lp.
 template <bool INT8>
-__device__ __forceinline__ void load_keys(const Head& hd, int t_sub, int st, Chunk<INT8>& ch) {
-  const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+__device__ __forceinline__ void load_keys(const Head& hd, const LanePtrs& lp, int st,
+                                          Chunk<INT8>& ch) {
   constexpr int RB = kHD / 2;
+  // Pointer first, then the immediate (a 32-bit sum could wrap: no folding into the load).
+  const uint8_t* ku = hd.ku + lp.k;
+  [[maybe_unused]] const uint8_t* kl = INT8 ? hd.kl + lp.k : nullptr;
 #pragma unroll
   for (int j = 0; j < 2; ++j) {
-    const int64_t off = static_cast<int64_t>(t_sub + 16 * st + 8 * j + r) * RB + 16 * c;
-    ch.ku[st][j] = load_stream_16(reinterpret_cast<const uint4*>(hd.ku + off));
-    if constexpr (INT8) ch.kl[st][j] = load_stream_16(reinterpret_cast<const uint4*>(hd.kl + off));
+    const int off = (16 * st + 8 * j) * RB;
+    ch.ku[st][j] = load_stream_16(reinterpret_cast<const uint4*>(ku + off));
+    if constexpr (INT8) ch.kl[st][j] = load_stream_16(reinterpret_cast<const uint4*>(kl + off));
   }
 }
 
-// The value codes and value scale / min of 16-token step st of a sub-chunk.
+// The value codes and value scale / min of 16-token step st of the sub-chunk at lp.
 template <bool INT8>
-__device__ __forceinline__ void load_values(const Head& hd, int t_sub, int st, Chunk<INT8>& ch) {
-  const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+__device__ __forceinline__ void load_values(const Head& hd, const LanePtrs& lp, int st,
+                                            Chunk<INT8>& ch) {
   constexpr int RB = kHD / 2;
+  const uint8_t* vu = hd.vu + lp.v;
+  [[maybe_unused]] const uint8_t* vl = INT8 ? hd.vl + lp.v : nullptr;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    const int tok = t_sub + 16 * st + 2 * c + (i & 1) + 8 * (i >> 1);
-    const int64_t off = static_cast<int64_t>(tok) * RB + 8 * r;
-    ch.vu[st][i] = __ldg(reinterpret_cast<const uint2*>(hd.vu + off));
-    if constexpr (INT8) ch.vl[st][i] = __ldg(reinterpret_cast<const uint2*>(hd.vl + off));
+    const int off = (16 * st + (i & 1) + 8 * (i >> 1)) * RB;
+    ch.vu[st][i] = __ldg(reinterpret_cast<const uint2*>(vu + off));
+    if constexpr (INT8) ch.vl[st][i] = __ldg(reinterpret_cast<const uint2*>(vl + off));
   }
+  const uint16_t* vs = hd.vs + lp.m;
+  const uint16_t* vm = hd.vm + lp.m;
 #pragma unroll
   for (int jb = 0; jb < 2; ++jb) {
-    const int tok = t_sub + 16 * st + 8 * jb + r;
-    ch.vs[st][jb] = __ldg(hd.vs + tok);
-    ch.vm[st][jb] = __ldg(hd.vm + tok);
+    ch.vs[st][jb] = __ldg(vs + 16 * st + 8 * jb);
+    ch.vm[st][jb] = __ldg(vm + 16 * st + 8 * jb);
   }
 }
 
 // A whole sub-chunk (both steps, keys then values of each).
 template <bool INT8>
-__device__ __forceinline__ void load_chunk(const Head& hd, int t_sub, Chunk<INT8>& ch) {
+__device__ __forceinline__ void load_chunk(const Head& hd, const LanePtrs& lp, Chunk<INT8>& ch) {
 #pragma unroll
   for (int st = 0; st < 2; ++st) {
-    load_keys<INT8>(hd, t_sub, st, ch);
-    load_values<INT8>(hd, t_sub, st, ch);
+    load_keys<INT8>(hd, lp, st, ch);
+    load_values<INT8>(hd, lp, st, ch);
   }
 }
 
@@ -305,12 +334,15 @@ struct DirectPath {
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       const float c0 = corr[t][0] * fe, c1 = corr[t][1] * fe;
+      // Once the running maxima settle, most sub-chunks change no scale: skip the 32 products.
+      if (__any_sync(kFullMask, c0 != 1.0f || c1 != 1.0f)) {
 #pragma unroll
-      for (int u = 0; u < 8; ++u) {
-        tile[t].o[u][0] *= c0;
-        tile[t].o[u][1] *= c1;
-        tile[t].o[u][2] *= c0;
-        tile[t].o[u][3] *= c1;
+        for (int u = 0; u < 8; ++u) {
+          tile[t].o[u][0] *= c0;
+          tile[t].o[u][1] *= c1;
+          tile[t].o[u][2] *= c0;
+          tile[t].o[u][3] *= c1;
+        }
       }
     }
 
@@ -408,8 +440,9 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   constexpr bool kPrefetch = !INT8 && kRegPrefetch;
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
   overlap();
+  LanePtrs lp = LanePtrs::at(b);
   Chunk<INT8> cur;
-  if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, b, cur);
+  if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, lp, cur);
 
   static_assert(!(kDraftF16 && INT8), "f16-only operands: the draft (INT4) view only");
   using Path = DirectPath<INT8, !kDraftF16, NT>;
@@ -427,12 +460,20 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     }
     w.init(bnd, reinterpret_cast<uint2*>(o_mine));
   }
+  // The queries are folded with each key group's scale / min where the group starts (and at the
+  // first sub-chunk): sub-chunk next_fold, then every G / 32.
+  const uint16_t* ks = k_scale + static_cast<int64_t>(b / G) * kHD;
+  const uint16_t* km = k_min + static_cast<int64_t>(b / G) * kHD;
+  int next_fold = 0;
+  const int first_gap = (G - b % G) / kTok;  // sub-chunks from b to the next group
   for (int j = 0; j < n_subs; ++j) {
     const int t_sub = b + j * kTok;
     auto fold = [&] {
-      if (j == 0 || t_sub % G == 0) {
-        const int64_t grp = t_sub / G;
-        w.fold_queries(q_warp, k_scale + grp * kHD, k_min + grp * kHD);
+      if (j == next_fold) {
+        w.fold_queries(q_warp, ks, km);
+        ks += kHD;
+        km += kHD;
+        next_fold = j == 0 ? first_gap : j + G / kTok;
       }
     };
     // Several tiles: folded before the loads, so that its temporaries and the chunk's registers
@@ -441,21 +482,26 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     if constexpr (Path::kSharedFrags) fold();
     Chunk<INT8> nxt;
     if (kPrefetch) {
-      if (j + 1 < n_subs) load_chunk<INT8>(head, t_sub + kTok, nxt);
+      if (j + 1 < n_subs) {
+        LanePtrs ln = lp;
+        ln.advance();
+        load_chunk<INT8>(head, ln, nxt);
+      }
     } else if constexpr (Path::kSharedFrags) {
-      load_keys<INT8>(head, t_sub, 0, cur);
-      load_keys<INT8>(head, t_sub, 1, cur);
+      load_keys<INT8>(head, lp, 0, cur);
+      load_keys<INT8>(head, lp, 1, cur);
     } else {
-      load_chunk<INT8>(head, t_sub, cur);
+      load_chunk<INT8>(head, lp, cur);
     }
     if constexpr (!Path::kSharedFrags) fold();
     w.process(cur, t_sub, [&] {
       if constexpr (Path::kSharedFrags) {
-        load_values<INT8>(head, t_sub, 0, cur);
-        load_values<INT8>(head, t_sub, 1, cur);
+        load_values<INT8>(head, lp, 0, cur);
+        load_values<INT8>(head, lp, 1, cur);
       }
     });
     if (kPrefetch) cur = nxt;
+    lp.advance();
   }
   w.store(o_mine, ml_mine);
 }
