@@ -236,6 +236,26 @@ __device__ __forceinline__ uint32_t codes_to_f16x2(uint32_t bytes, uint32_t sel,
   return r;
 }
 
+// 1024 in both f16 halves, from the constant bank (as kF16OneKiBytes: no register, no literal).
+__constant__ uint32_t kF16OneKiHalves = 0x64006400u;
+
+// INT4 codes straight from packed nibbles (no byte unpacking): the nibbles at bits 0 and 16 of x
+// (low) or at bits 4 and 20 (high) as the f16x2 {code - 8, code' - 8}. The nibble goes into the
+// mantissa of 1024 (1024 + n, or 1024 + 16 n for a high nibble, exact), then one f16x2 subtract
+// (- 1032) or fused multiply-add (/ 16 - 72) centres it: 2 instructions per 2 codes.
+__device__ __forceinline__ uint32_t int4_low_nibbles_f16x2(uint32_t x) {
+  const uint32_t h = (x & 0x000F000Fu) | kF16OneKiHalves;
+  uint32_t r;
+  asm("sub.rn.f16x2 %0, %1, %2;\n" : "=r"(r) : "r"(h), "r"(0x64086408u));
+  return r;
+}
+__device__ __forceinline__ uint32_t int4_high_nibbles_f16x2(uint32_t x) {
+  const uint32_t h = (x & 0x00F000F0u) | kF16OneKiHalves;
+  uint32_t r;  // 0x2C00 = 1/16, 0xD480 = -72
+  asm("fma.rn.f16x2 %0, %1, %2, %3;\n" : "=r"(r) : "r"(h), "r"(0x2C002C00u), "r"(0xD480D480u));
+  return r;
+}
+
 // Four bytes of packed codes (byte i: channel 2i in the low nibble, 2i+1 in the high nibble; for
 // INT8 the same bytes of both planes) as the full codes of the even channels (byte i = channel 2i)
 // and of the odd channels: U (INT4) or 16U + (L + 8) (INT8).
@@ -263,22 +283,40 @@ __device__ __forceinline__ void key_frags(const uint32_t (&ev)[2], const uint32_
   a[3] = codes_to_f16x2(od[1], sel, bias);
 }
 
+// The A fragment of k-step h of an 8-channel INT4 key block, straight from the code words of
+// token rows r and r + 8: k-slots 2c, 2c+1, 2c+8, 2c+9 are the block's channels 2h, 2h + 4,
+// 2h + 1, 2h + 5 (the queries are folded in the same order: fold_query_block<.., true>).
+__device__ __forceinline__ void int4_key_frags(const uint32_t (&up)[2], int h, uint32_t (&a)[4]) {
+  const uint32_t x0 = h ? up[0] >> 8 : up[0], x1 = h ? up[1] >> 8 : up[1];
+  a[0] = int4_low_nibbles_f16x2(x0);
+  a[1] = int4_low_nibbles_f16x2(x1);
+  a[2] = int4_high_nibbles_f16x2(x0);
+  a[3] = int4_high_nibbles_f16x2(x1);
+}
+
 // One 8-channel block of S^T = K Q'^T on tensor cores for NT query tiles (the ring and
 // register-direct paths): the code words of token rows r and r + 8 (upper plane; INT8: and
-// lower), as even / odd channel codes centred by `bias` and unpacked once, against each tile's
-// f16 hi and lo B fragments of k-steps h = 0, 1 of the block (frags(t, h, hi, lo)); tile t's
-// products accumulate into acc_hi[t] / acc_lo[t] (kLo false: hi only, acc_lo untouched).
+// lower), unpacked once (INT8: as even / odd channel codes centred by `bias`; INT4:
+// int4_key_frags), against each tile's f16 hi and lo B fragments of k-steps h = 0, 1 of the
+// block (frags(t, h, hi, lo)); tile t's products accumulate into acc_hi[t] / acc_lo[t] (kLo
+// false: hi only, acc_lo untouched).
 template <bool INT8, bool kLo, int NT, class Frags>
 __device__ __forceinline__ void score_block_tiles(const uint32_t (&up)[2], const uint32_t (&lo)[2],
                                                   const Frags& frags, uint32_t bias,
                                                   float (&acc_hi)[NT][4], float (&acc_lo)[NT][4]) {
   uint32_t ev[2], od[2];
+  if constexpr (INT8) {
 #pragma unroll
-  for (int j = 0; j < 2; ++j) codes_even_odd<INT8>(up[j], lo[j], ev[j], od[j]);
+    for (int j = 0; j < 2; ++j) codes_even_odd<INT8>(up[j], lo[j], ev[j], od[j]);
+  }
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     uint32_t a[4];
-    key_frags(ev, od, h, bias, a);
+    if constexpr (INT8) {
+      key_frags(ev, od, h, bias, a);
+    } else {
+      int4_key_frags(up, h, a);
+    }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
       uint32_t b_hi[2], b_lo[2];
@@ -655,20 +693,30 @@ __device__ __forceinline__ float fold_query_scale(const float* q_row, const int 
 }
 
 // Block j's fragments (q: its 8 channels, sr_j: their scale words, sf: fold_query_scale's 2^F).
-template <bool kLo>
+// kInt4Map: the channel order of int4_key_frags (half h: b0 = channels 2h, 2h + 4, b1 = 2h + 1,
+// 2h + 5) instead of key_frags' (b0 = 4h, 4h + 2, b1 = 4h + 1, 4h + 3).
+template <bool kLo, bool kInt4Map>
 __device__ __forceinline__ void fold_query_block(const float* q, const uint4& sr_j, float step_mul,
                                                  float sf, uint32_t (&hi)[2][2],
                                                  uint32_t (&lo)[2][2]) {
   const uint32_t sw[4] = {sr_j.x, sr_j.y, sr_j.z, sr_j.w};
+  if constexpr (kInt4Map) {
+    const float4 x0 = q_times_scale(q, sw, 0, step_mul), x1 = q_times_scale(q, sw, 1, step_mul);
+    f16x2_operand<kLo>(x0.x * sf, x1.x * sf, hi[0][0], lo[0][0]);
+    f16x2_operand<kLo>(x0.y * sf, x1.y * sf, hi[0][1], lo[0][1]);
+    f16x2_operand<kLo>(x0.z * sf, x1.z * sf, hi[1][0], lo[1][0]);
+    f16x2_operand<kLo>(x0.w * sf, x1.w * sf, hi[1][1], lo[1][1]);
+  } else {
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const float4 x = q_times_scale(q, sw, h, step_mul);
-    f16x2_operand<kLo>(x.x * sf, x.z * sf, hi[h][0], lo[h][0]);
-    f16x2_operand<kLo>(x.y * sf, x.w * sf, hi[h][1], lo[h][1]);
+    for (int h = 0; h < 2; ++h) {
+      const float4 x = q_times_scale(q, sw, h, step_mul);
+      f16x2_operand<kLo>(x.x * sf, x.z * sf, hi[h][0], lo[h][0]);
+      f16x2_operand<kLo>(x.y * sf, x.w * sf, hi[h][1], lo[h][1]);
+    }
   }
 }
 
-template <int NB, bool kLo = true>
+template <int NB, bool kLo, bool kInt4Map>
 __device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[NB],
                                            const uint4 (&sr)[NB], const uint4 (&mr)[NB],
                                            float step_mul, float center,
@@ -677,7 +725,7 @@ __device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[N
   const float sf = fold_query_scale<NB>(q_row, d0, sr, mr, step_mul, center, inv_f, qm);
 #pragma unroll
   for (int j = 0; j < NB; ++j) {
-    fold_query_block<kLo>(q_row + d0[j], sr[j], step_mul, sf, bq_hi[j], bq_lo[j]);
+    fold_query_block<kLo, kInt4Map>(q_row + d0[j], sr[j], step_mul, sf, bq_hi[j], bq_lo[j]);
   }
 }
 
@@ -784,7 +832,7 @@ struct MmaPath {
       sr[u] = *reinterpret_cast<const uint4*>(k_scale + d0[u]);
       mr[u] = *reinterpret_cast<const uint4*>(k_min + d0[u]);
     }
-    fold_query<R, kLo>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f, qm);
+    fold_query<R, kLo, !INT8>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f, qm);
   }
 
   // Code words of one plane tile for tokens [16 step, +16): w[j][u] = this lane's 32 bits of
@@ -1549,8 +1597,8 @@ size_t max_smem_per_block() {
 void launch_quant_combine(const float* partial_o, const float* partial_ml, int splits,
                           int64_t num_qv, int hd, float* out, cudaStream_t stream) {
   QS_CHECK(num_qv >= 1 && num_qv <= 0x7fffffff && splits >= 1);
-  QS_CHECK((reinterpret_cast<uintptr_t>(partial_o) | reinterpret_cast<uintptr_t>(partial_ml)) %
-               16 == 0);
+  QS_CHECK(
+      (reinterpret_cast<uintptr_t>(partial_o) | reinterpret_cast<uintptr_t>(partial_ml)) % 16 == 0);
   const dim3 grid(static_cast<unsigned>(num_qv));
   switch (hd) {
     case 32:

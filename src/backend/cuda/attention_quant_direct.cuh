@@ -234,7 +234,7 @@ struct DirectPath {
 #pragma unroll
         for (int w = 0; w < 4; ++w) {
           uint32_t hi[2][2], lo[2][2];
-          fold_query_block<kLo>(q_row + d0[w], sr[w], kStepMul, sf, hi, lo);
+          fold_query_block<kLo, !INT8>(q_row + d0[w], sr[w], kStepMul, sf, hi, lo);
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             uint2* f = frag_s + ((t * 4 + w) * 2 + h) * 64 + lane;
@@ -243,7 +243,8 @@ struct DirectPath {
           }
         }
       } else {
-        fold_query<4, kLo>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f[t], qm[t]);
+        fold_query<4, kLo, !INT8>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f[t],
+                                  qm[t]);
       }
     }
   }
@@ -362,35 +363,65 @@ struct DirectPath {
           if constexpr (kLo) bl[t][jb] = movmatrix_trans(l);
         }
       }
+      auto mma_tiles = [&](int u, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3) {
 #pragma unroll
-      for (int wi = 0; wi < 2; ++wi) {
-        // Even / odd channel codes of tokens 2c, 2c+1, 2c+8, 2c+9 (word wi: channels 16r + 8wi..).
-        uint32_t ev[4], od[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          codes_even_odd<INT8>(word_at(ch.vu[st][i], wi),
-                               INT8 ? word_at(ch.vl[INT8 ? st : 0][i], wi) : 0u, ev[i], od[i]);
+        for (int t = 0; t < NT; ++t) {
+          mma_f16(tile[t].o[u], a0, a1, a2, a3, bh[t][0], bh[t][1]);
+          if constexpr (kLo) mma_f16(tile[t].o[u], a0, a1, a2, a3, bl[t][0], bl[t][1]);
         }
+      };
+      if constexpr (!INT8) {
+        // INT4 straight from the nibbles: bytes 2 half, 2 half + 1 of word wi of tokens (2c,
+        // 2c+1) and (2c+8, 2c+9) side by side (x: [t0.b, t0.b+1, t1.b, t1.b+1]), so that the
+        // low / high nibbles at bits 0 / 16 (4 / 20) of x and of x >> 8 are one channel of the
+        // two tokens.
 #pragma unroll
-        for (int half = 0; half < 2; ++half) {  // bytes {0, 1} or {2, 3} of each word
-          const uint32_t pair_sel = half ? 0x7362u : 0x5140u;
-          // [t0.b, t1.b, t0.b+1, t1.b+1] for tokens (2c, 2c+1) and (2c+8, 2c+9).
-          const uint32_t e01 = __byte_perm(ev[0], ev[1], pair_sel);
-          const uint32_t e89 = __byte_perm(ev[2], ev[3], pair_sel);
-          const uint32_t o01 = __byte_perm(od[0], od[1], pair_sel);
-          const uint32_t o89 = __byte_perm(od[2], od[3], pair_sel);
+        for (int wi = 0; wi < 2; ++wi) {
 #pragma unroll
-          for (int bb = 0; bb < 2; ++bb) {
-            const int u = 4 * wi + 2 * half + bb;
-            const uint32_t sel = bb ? 0x4342u : 0x4140u;
-            const uint32_t a0 = codes_to_f16x2(e01, sel, kBias);  // row r: channel, tokens 2c, 2c+1
-            const uint32_t a1 = codes_to_f16x2(o01, sel, kBias);  // row r + 8: channel + 1
-            const uint32_t a2 = codes_to_f16x2(e89, sel, kBias);
-            const uint32_t a3 = codes_to_f16x2(o89, sel, kBias);
+          for (int half = 0; half < 2; ++half) {
+            const uint32_t sel = half ? 0x7632u : 0x5410u;
+            const uint32_t x01 =
+                __byte_perm(word_at(ch.vu[st][0], wi), word_at(ch.vu[st][1], wi), sel);
+            const uint32_t x89 =
+                __byte_perm(word_at(ch.vu[st][2], wi), word_at(ch.vu[st][3], wi), sel);
 #pragma unroll
-            for (int t = 0; t < NT; ++t) {
-              mma_f16(tile[t].o[u], a0, a1, a2, a3, bh[t][0], bh[t][1]);
-              if constexpr (kLo) mma_f16(tile[t].o[u], a0, a1, a2, a3, bl[t][0], bl[t][1]);
+            for (int bb = 0; bb < 2; ++bb) {
+              const uint32_t y01 = bb ? x01 >> 8 : x01, y89 = bb ? x89 >> 8 : x89;
+              mma_tiles(4 * wi + 2 * half + bb, int4_low_nibbles_f16x2(y01),
+                        int4_high_nibbles_f16x2(y01), int4_low_nibbles_f16x2(y89),
+                        int4_high_nibbles_f16x2(y89));
+            }
+          }
+        }
+      } else {
+#pragma unroll
+        for (int wi = 0; wi < 2; ++wi) {
+          // Even / odd channel codes of tokens 2c, 2c+1, 2c+8, 2c+9 (word wi: channels 16r +
+          // 8wi..).
+          uint32_t ev[4], od[4];
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            codes_even_odd<INT8>(word_at(ch.vu[st][i], wi),
+                                 INT8 ? word_at(ch.vl[INT8 ? st : 0][i], wi) : 0u, ev[i], od[i]);
+          }
+#pragma unroll
+          for (int half = 0; half < 2; ++half) {  // bytes {0, 1} or {2, 3} of each word
+            const uint32_t pair_sel = half ? 0x7362u : 0x5140u;
+            // [t0.b, t1.b, t0.b+1, t1.b+1] for tokens (2c, 2c+1) and (2c+8, 2c+9).
+            const uint32_t e01 = __byte_perm(ev[0], ev[1], pair_sel);
+            const uint32_t e89 = __byte_perm(ev[2], ev[3], pair_sel);
+            const uint32_t o01 = __byte_perm(od[0], od[1], pair_sel);
+            const uint32_t o89 = __byte_perm(od[2], od[3], pair_sel);
+#pragma unroll
+            for (int bb = 0; bb < 2; ++bb) {
+              const int u = 4 * wi + 2 * half + bb;
+              const uint32_t sel = bb ? 0x4342u : 0x4140u;
+              const uint32_t a0 =
+                  codes_to_f16x2(e01, sel, kBias);  // row r: channel, tokens 2c, 2c+1
+              const uint32_t a1 = codes_to_f16x2(o01, sel, kBias);  // row r + 8: channel + 1
+              const uint32_t a2 = codes_to_f16x2(e89, sel, kBias);
+              const uint32_t a3 = codes_to_f16x2(o89, sel, kBias);
+              mma_tiles(u, a0, a1, a2, a3);
             }
           }
         }
