@@ -25,7 +25,9 @@
 //    1024 (0x6400 | b is exactly 1024 + b) and one f16x2 subtraction removes 1024 + 8 (INT4) or
 //    1024 + 128 (INT8, where the byte is 16U + (L + 8)): the codes are centred on the middle of
 //    their grid and the min replaced by the grid's midpoint (min + 8 s, min + 7.5 s), so the
-//    product and the min terms do not cancel (MmaPath::kCenter).
+//    product and the min terms do not cancel (MmaPath::kCenter). INT4 keys (and values on the
+//    direct path) skip the byte unpacking: lop3 puts a nibble straight into that mantissa
+//    (int4_low_nibbles_f16x2 / int4_high_nibbles_f16x2).
 // CUDA-core path (the full-precision rows always; the quantized history for head_dim 32/256,
 // G or Gv not a multiple of 32, or with the tensor cores switched off): a warp owns 8 query
 // vectors (4 for head_dim 256), a lane head_dim/32 channels, 8 rows per step (4 quantized); the 8
@@ -760,7 +762,8 @@ __device__ __forceinline__ float value_scale_step(float vmax, int& e_run, float&
 
 // One warp: 8 query vectors (tile columns), lane = (r, c) = (lane / 4, lane % 4) in mma terms.
 // Fragment maps (channel offsets within a 16-byte unit u = 32 channels of a code row):
-//  - key k-step (u, h): k-slots 2c, 2c+1, 2c+8, 2c+9 are channels 32u + 8c + 4h + {0, 2, 1, 3};
+//  - key k-step (u, h): k-slots 2c, 2c+1, 2c+8, 2c+9 are channels 32u + 8c + 4h + {0, 2, 1, 3}
+//    (INT8) or 32u + 8c + 2h + {0, 4, 1, 5} (INT4: int4_key_frags);
 //  - value m-tile (u, p): rows r, r+8 are channels 32u + 4r + 2p and 32u + 4r + 2p + 1;
 //  - tokens are in natural order in both products.
 // kLo: the f16 hi + lo operand pair (f32-level accuracy); false: hi alone (the draft view's

@@ -2,19 +2,22 @@
 // helpers): head_dim 128, one value group per token (Gv = head_dim), key groups of whole 32-token
 // sub-chunks. Same arithmetic as MmaPath (centred codes, queries folded with the key group's step
 // and split into f16 hi + lo, p * value step split likewise, q . min and p . min in f32), but the
-// code fragments come straight from global memory into registers, one sub-chunk ahead, instead of
-// through a cp.async ring in shared memory and ldmatrix. ncu on the ring version (2026-11-29,
-// Llama-2-7B shape, 32K, draft): 47 warp instructions per (token, kv head), issue-latency-bound
-// with 41-66 KB of shared memory per 2-warp block (6-10 warps per SM). Here every warp runs on its
-// own (no block barrier in the loop), the block needs shared memory only for the queries and the
-// states, and the same draft call executes 36 instructions per (token, kv head) (37.5 M instead
-// of 49.1 M; 93 vs 118 us, docs/perf.md).
+// code fragments come straight from global memory into registers, each sub-chunk just before
+// use, instead of through a cp.async ring in shared memory and ldmatrix. ncu on the ring version
+// (2026-11-29, Llama-2-7B shape, 32K, draft): 47 warp instructions per (token, kv head),
+// issue-latency-bound with 41-66 KB of shared memory per 2-warp block (6-10 warps per SM). Here
+// every warp runs on its own (no block barrier in the loop), the block needs shared memory only for
+// the queries and the states, and the same draft call executes 36 instructions per (token, kv head)
+// (37.5 M instead of 49.1 M; 93 vs 118 us, docs/perf.md). Session 7 cut the loop to 903 SASS
+// instructions per 32-token sub-chunk (INT4 view; 1195 before: docs/cuda.md, "Instructions per
+// sub-chunk").
 //
 // Fragment maps (lane = (r, c) = (lane / 4, lane % 4)); the order of channels inside a dot product
 // is free as long as both operands agree:
 //  - keys, S^T = K Q'^T, m-tile = 16 tokens (rows r, r + 8), k-step ks = 2w + h (w, h < 4, 2):
 //    the lane loads 16 bytes of each of its two token rows at byte 16c (channels [32c, 32c + 32)),
-//    k-slots 2c, 2c+1, 2c+8, 2c+9 are channels 32c + 8w + 4h + {0, 2, 1, 3};
+//    k-slots 2c, 2c+1, 2c+8, 2c+9 are channels 32c + 8w + 4h + {0, 2, 1, 3} (INT8) or
+//    32c + 8w + 2h + {0, 4, 1, 5} (INT4, int4_key_frags: the nibbles of word w as they lie);
 //  - values, O^T += V^T P^T, m-tile u < 8 (rows r, r + 8 are channels 16r + 8(u / 4) + 2(u % 4)
 //    and that + 1), k-step = 16 tokens (k-slots 2c, 2c+1, 2c+8, 2c+9 in natural order): the lane
 //    loads 8 bytes (channels [16r, 16r + 16)) of each of its four tokens.
