@@ -91,6 +91,23 @@ Result<std::vector<int32_t>> prompt_pool(const BenchArgs& a, int need, int vocab
   return ids;
 }
 
+// Writes the report to `path` through a temporary file renamed over it, so that the file is always
+// a whole report: bench rewrites it after every run, and a bench that is killed (a device call's
+// time limit) keeps the runs it finished. Returns an error message, empty on success.
+std::string write_report(const std::string& path, const nlohmann::json& report) {
+  const std::string tmp = path + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return "cannot write --json file '" + path + "' (cannot create '" + tmp + "')";
+    out << report.dump(2) << "\n";
+    if (!out.flush()) return "cannot write --json file '" + path + "'";
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return "cannot write --json file '" + path + "': " + ec.message();
+  return "";
+}
+
 double gib(double bytes) {
   return bytes / double(1 << 30);
 }
@@ -109,6 +126,11 @@ int run_bench(const BenchArgs& a) {
                            // reports name no machine's paths.
                            {"model", std::filesystem::proximate(dir).string()},
                            {"runs", nlohmann::json::array()}};
+  // An unwritable --json fails now, not after the benchmark.
+  auto save = [&]() {
+    return a.json_out.empty() ? std::string() : write_report(a.json_out, report);
+  };
+  if (std::string bad = save(); !bad.empty()) return report_error(bad);
   std::vector<int32_t> pool;
   bool header = false;
   for (const std::string& mode_name : a.modes) {
@@ -190,6 +212,7 @@ int run_bench(const BenchArgs& a) {
           row["verify_ms_per_step"] = verify_ms;
           row["peak_device_memory_bytes"] = peak;
           report["runs"].push_back(row);
+          if (std::string bad = save(); !bad.empty()) return report_error(bad);
           fmt::print("{:<13} {:>7} {:>5} {:>3} {:>9.3f} {:>9.2f} {:>8.3f} {:>7.3f} {:>8.3f} "
                      "{:>9.3f} {:>8.2f} {:>8}\n",
                      mode_name, ctx, spec ? row.value("gamma", 0) : 0, rep, s.prefill_s,
@@ -200,11 +223,7 @@ int run_bench(const BenchArgs& a) {
       }
     }
   }
-  if (!a.json_out.empty()) {
-    std::ofstream out(a.json_out);
-    if (!out) return report_error("cannot write --json file '" + a.json_out + "'");
-    out << report.dump(2) << "\n";
-  }
+  if (std::string bad = save(); !bad.empty()) return report_error(bad);
   return 0;
 }
 
@@ -247,7 +266,8 @@ CommandRun add_bench_command(CLI::App& root) {
                   "default: seeded random ids");
   cmd->add_option("--token-dtype", args->token_dtype, "--prompt-tokens element type: u16 or i32")
       ->check(CLI::IsMember({"u16", "i32"}));
-  cmd->add_option("-o,--json", args->json_out, "Write every run and the environment as JSON");
+  cmd->add_option("-o,--json", args->json_out,
+                  "Write every run and the environment as JSON (rewritten after each run)");
   return [args] { return run_bench(*args); };
 }
 

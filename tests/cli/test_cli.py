@@ -3,6 +3,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import numpy as np
 import pytest
@@ -458,6 +459,35 @@ def test_bench_matrix_table_and_json(qs, tmp_path):
     qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--modes", "ar-fp16,quantspec",
        "--gammas", "2", "-n", "6", "--group-size", "32", "--kv-dtype", "f16", "-o", out)
     assert all(r["kv_buffer"] == "f16" for r in json.loads(out.read_text())["runs"])
+
+
+def test_bench_json_survives_a_killed_run(qs, request, tmp_path):
+    """The --json report is rewritten (whole, via a rename) after every run: a bench stopped by a
+    time limit keeps what it measured. An unwritable path fails before any benchmark runs."""
+    p = qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "-o",
+           tmp_path / "no-such-dir" / "b.json", check=False)
+    assert p.returncode == 1 and "cannot write --json file" in p.stderr
+    assert "quantspec bench: model" not in p.stderr  # nothing was loaded or run
+    out = tmp_path / "b.json"
+    proc = subprocess.Popen([request.config.getoption("--quantspec"), "bench", "-m",
+                             model_dir("llama3-tiny"), "--contexts", "40", "--modes", "ar-fp16",
+                             "-n", "16", "--repeats", "1000", "-o", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 120
+        runs = []
+        while time.time() < deadline and len(runs) < 3:
+            time.sleep(0.05)
+            if out.exists():
+                runs = json.loads(out.read_text())["runs"]  # always a whole report
+        assert len(runs) >= 3, "no runs reached the report"
+        assert proc.poll() is None, "the bench finished: it should still be running"
+    finally:
+        proc.kill()
+        proc.wait()
+    report = json.loads(out.read_text())
+    assert report["command"] == "bench" and report["device"] and len(report["runs"]) >= 3
+    assert all(r["generated_tokens"] == 16 for r in report["runs"])
 
 
 def test_bench_report_tables_and_plots(qs, tmp_path):
