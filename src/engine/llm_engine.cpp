@@ -5,6 +5,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
+#include <thread>
 #include <unordered_set>
 
 #include "engine/backend_factory.h"
@@ -124,7 +125,9 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
     QS_ASSIGN_OR_RETURN(engine->cache_, KvCache::create(kv, *engine->backend_));
     engine->model_ = std::make_unique<Model>(cfg, std::move(weights), *engine->backend_);
     engine->backend_->prepare_weights(engine->model_->weights());
-    if (qspec || sparse) QS_TRY(engine->model_->make_draft_weights(options.draft_weights));
+    if (qspec || sparse) {
+      QS_TRY(engine->model_->make_draft_weights(options.draft_weights, options.num_threads));
+    }
   } else {
     // Shards (shape errors name the field), then per rank a backend, a model over its shard
     // and a cache over its kv heads, built on the rank's own thread (its device current).
@@ -151,6 +154,12 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
           std::move(backends[static_cast<size_t>(r)]);
     }
     engine->rank_threads_ = std::make_unique<RankThreads>(world);
+    // The ranks quantize their draft weights at the same time: a share of the threads each.
+    const int all_threads =
+        options.num_threads > 0
+            ? options.num_threads
+            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+    const int draft_threads = std::max(1, all_threads / world);
     LlmEngine& e = *engine;
     QS_TRY(e.rank_threads_->run([&](int r) -> Status {
       Backend& backend = r == 0 ? *e.backend_ : *e.peers_[static_cast<size_t>(r - 1)].backend;
@@ -162,7 +171,7 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
       auto model = std::make_unique<Model>(shard.cfg, std::move(shard.weights), backend);
       model->set_communicator(&e.comms_->rank(r));
       backend.prepare_weights(model->weights());
-      if (qspec) QS_TRY(model->make_draft_weights(options.draft_weights));
+      if (qspec) QS_TRY(model->make_draft_weights(options.draft_weights, draft_threads));
       if (r == 0) {
         e.cache_ = std::move(cache);
         e.model_ = std::move(model);

@@ -4,6 +4,7 @@
 #include <string>
 
 #include "backend/rope_freq.h"
+#include "core/thread_pool.h"
 
 namespace qs {
 
@@ -240,14 +241,15 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
   return Status::ok_status();
 }
 
-Status Model::make_draft_weights(DraftWeights kind) {
+Status Model::make_draft_weights(DraftWeights kind, int threads) {
   draft_layers_.clear();
   draft_layers_.resize(weights_.layers.size());
   draft_lm_head_.reset();
   if (kind == DraftWeights::kNative) return Status::ok_status();
-  auto quantize = [](const WeightView& w) -> Result<std::unique_ptr<QuantizedWeight4>> {
+  ThreadPool pool(threads);
+  auto quantize = [&pool](const WeightView& w) -> Result<std::unique_ptr<QuantizedWeight4>> {
     QS_ASSIGN_OR_RETURN(QuantizedWeight4 q, quantize_weight4(w.data, w.dtype, w.rows, w.cols,
-                                                             kWeightQuantGroup, w.name));
+                                                             kWeightQuantGroup, w.name, &pool));
     return std::make_unique<QuantizedWeight4>(std::move(q));
   };
   for (size_t l = 0; l < weights_.layers.size(); ++l) {

@@ -77,7 +77,9 @@ class Model {
 
   // Builds the draft weights from the original ones (DESIGN §1): kInt4 quantizes every linear
   // layer and lm_head to 4-bit group 128, kInt4Mlp the MLP only, kNative keeps the originals.
-  Status make_draft_weights(DraftWeights kind);
+  // `threads` quantize rows in parallel (0: one per hardware thread; the result does not depend
+  // on it): a 7B model's 6.6 G weights take ~17 ns each on one core.
+  Status make_draft_weights(DraftWeights kind, int threads = 0);
   // Bytes of weights one draft step reads (the 4-bit tensors at their packed size).
   size_t draft_weight_bytes_per_token() const;
 
