@@ -41,7 +41,7 @@ inline KvCodes kv_encode(float x, float scale, float min) {
   uint8_t u = quant4_encode(x, scale, min);
   float r = x - quant4_decode(u, scale, min);
   // s/16 is exact (a power-of-two scaling of an fp16 value stays a normal f32).
-  float l = std::fmin(std::fmax(r / (scale * 0.0625f), -8.0f), 7.0f);
+  float l = clamp_nan_to_lo(r / (scale * 0.0625f), -8.0f, 7.0f);
   return {u, static_cast<uint8_t>(static_cast<int>(quant_round(l)) + kKvLowerBias)};
 }
 

@@ -11,7 +11,7 @@ namespace {
 constexpr uint16_t kF16SignBit = 0x8000u;
 
 float clamp_to_f16_range(float x) {
-  return std::fmin(std::fmax(x, -kF16MaxFinite), kF16MaxFinite);
+  return clamp_nan_to_lo(x, -kF16MaxFinite, kF16MaxFinite);
 }
 
 // The next fp16 value toward -inf / +inf of a finite fp16 `h` that is not -65504 / +65504.

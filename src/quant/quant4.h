@@ -47,11 +47,19 @@ inline float quant_round(float v) {
   return std::nearbyint(v);
 }
 
+// fminf(fmaxf(v, lo), hi), NaN -> lo, as two compare-selects: GCC emits std::fmin / std::fmax as
+// library calls (no -ffinite-math-only), which were half of quant4_encode's time. Equal to them
+// for every v but a zero equal to lo of the other sign (a zero either way).
+inline float clamp_nan_to_lo(float v, float lo, float hi) {
+  v = v > lo ? v : lo;
+  return v < hi ? v : hi;
+}
+
 // U = round(clamp((x - min)/scale, 0, 15)); scale == 0 gives 0 without dividing.
 // `scale` and `min` are the decoded stored values.
 inline uint8_t quant4_encode(float x, float scale, float min) {
   if (scale == 0.0f) return 0;
-  float t = std::fmin(std::fmax((x - min) / scale, 0.0f), static_cast<float>(kQuant4MaxCode));
+  float t = clamp_nan_to_lo((x - min) / scale, 0.0f, static_cast<float>(kQuant4MaxCode));
   return static_cast<uint8_t>(quant_round(t));
 }
 
