@@ -6,7 +6,8 @@
 //  - rounding to an integer code is round-half-to-even (std::nearbyint in the default rounding
 //    mode; CUDA rintf / __float2int_rn), never round-half-away;
 //  - every division is an IEEE f32 division (CUDA: no --use_fast_math, or __fdiv_rn);
-//  - clamping is fminf(fmaxf(v, lo), hi), which also maps NaN to `lo`.
+//  - clamping is fminf(fmaxf(v, lo), hi), which also maps NaN to `lo` (clamp_nan_to_lo: the same
+//    codes, as compare-selects).
 #pragma once
 
 #include <cmath>
