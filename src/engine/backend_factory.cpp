@@ -45,15 +45,19 @@ Result<std::unique_ptr<Backend>> create_backend(const EngineOptions& options,
 #endif
 }
 
+int threads_per_rank(const EngineOptions& options, int world) {
+  const int all = options.num_threads > 0
+                      ? options.num_threads
+                      : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  return std::max(1, all / world);
+}
+
 Result<std::vector<std::unique_ptr<Backend>>> create_rank_backends(const EngineOptions& options,
                                                                    const ModelConfig& shard_cfg,
                                                                    int world) {
   std::vector<std::unique_ptr<Backend>> backends;
   if (options.device == Device::kCpu) {
-    const int all = options.num_threads > 0
-                        ? options.num_threads
-                        : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const int per_rank = std::max(1, all / world);
+    const int per_rank = threads_per_rank(options, world);
     for (int r = 0; r < world; ++r) backends.push_back(std::make_unique<CpuBackend>(per_rank));
     return backends;
   }

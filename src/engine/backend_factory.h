@@ -17,8 +17,12 @@ namespace qs {
 Result<std::unique_ptr<Backend>> create_backend(const EngineOptions& options,
                                                 const ModelConfig& cfg);
 
+// Host threads of one of `world` ranks: max(1, threads / world), threads = options.num_threads
+// (0: all cores).
+int threads_per_rank(const EngineOptions& options, int world);
+
 // Tensor parallelism (docs/multi-gpu.md): the backends of `world` ranks. CPU: a CpuBackend per
-// rank with max(1, threads / world) threads (threads: options.num_threads, 0 = all cores). CUDA:
+// rank with threads_per_rank threads. CUDA:
 // rank r on device options.device_index + r; an error when there are fewer devices.
 // `shard_cfg` is one rank's configuration (the CUDA kernels' shape check).
 Result<std::vector<std::unique_ptr<Backend>>> create_rank_backends(const EngineOptions& options,

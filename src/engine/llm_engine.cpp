@@ -5,7 +5,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <string>
-#include <thread>
 #include <unordered_set>
 
 #include "engine/backend_factory.h"
@@ -155,11 +154,7 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
     }
     engine->rank_threads_ = std::make_unique<RankThreads>(world);
     // The ranks quantize their draft weights at the same time: a share of the threads each.
-    const int all_threads =
-        options.num_threads > 0
-            ? options.num_threads
-            : static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-    const int draft_threads = std::max(1, all_threads / world);
+    const int draft_threads = threads_per_rank(options, world);
     LlmEngine& e = *engine;
     QS_TRY(e.rank_threads_->run([&](int r) -> Status {
       Backend& backend = r == 0 ? *e.backend_ : *e.peers_[static_cast<size_t>(r - 1)].backend;

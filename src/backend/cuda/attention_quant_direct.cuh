@@ -404,8 +404,8 @@ struct DirectPath {
           uint32_t ev[4], od[4];
 #pragma unroll
           for (int i = 0; i < 4; ++i) {
-            codes_even_odd<INT8>(word_at(ch.vu[st][i], wi),
-                                 INT8 ? word_at(ch.vl[INT8 ? st : 0][i], wi) : 0u, ev[i], od[i]);
+            codes_even_odd<true>(word_at(ch.vu[st][i], wi), word_at(ch.vl[st][i], wi), ev[i],
+                                 od[i]);
           }
 #pragma unroll
           for (int half = 0; half < 2; ++half) {  // bytes {0, 1} or {2, 3} of each word
@@ -419,9 +419,10 @@ struct DirectPath {
             for (int bb = 0; bb < 2; ++bb) {
               const int u = 4 * wi + 2 * half + bb;
               const uint32_t sel = bb ? 0x4342u : 0x4140u;
-              const uint32_t a0 =
-                  codes_to_f16x2(e01, sel, kBias);  // row r: channel, tokens 2c, 2c+1
-              const uint32_t a1 = codes_to_f16x2(o01, sel, kBias);  // row r + 8: channel + 1
+              // a0: row r (the channel), tokens 2c, 2c+1; a1: row r + 8 (channel + 1); a2, a3:
+              // tokens 2c+8, 2c+9.
+              const uint32_t a0 = codes_to_f16x2(e01, sel, kBias);
+              const uint32_t a1 = codes_to_f16x2(o01, sel, kBias);
               const uint32_t a2 = codes_to_f16x2(e89, sel, kBias);
               const uint32_t a3 = codes_to_f16x2(o89, sel, kBias);
               mma_tiles(u, a0, a1, a2, a3);
