@@ -78,7 +78,7 @@ class Model {
   // Builds the draft weights from the original ones (DESIGN §1): kInt4 quantizes every linear
   // layer and lm_head to 4-bit group 128, kInt4Mlp the MLP only, kNative keeps the originals.
   // `threads` quantize rows in parallel (0: one per hardware thread; the result does not depend
-  // on it): a 7B model's 6.6 G weights take ~17 ns each on one core.
+  // on it): ~5 ns per weight on one core of the development machine, so 30+ s for a 7B model.
   Status make_draft_weights(DraftWeights kind, int threads = 0);
   // Bytes of weights one draft step reads (the 4-bit tensors at their packed size).
   size_t draft_weight_bytes_per_token() const;
