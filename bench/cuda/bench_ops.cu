@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention_decode_tc.h"
 #include "backend/cuda/attention_prefill_tc.h"
 #include "backend/cuda/attention_quant.h"
 #include "backend/cuda/cuda_backend.h"
@@ -269,17 +270,22 @@ void bench_gemv_tuning(CudaBackend& be) {
   be.release_weights();
 }
 
-// Decode attention over full-precision rows: f32, f16 (16-byte-aligned rows: the wide kernel) and
-// f16 with rows padded by 4 elements (8-byte aligned: the narrow kernel), bytes = K + V read.
+// Decode attention over full-precision rows: f32, f16 (16-byte-aligned rows: the tensor-core
+// kernel, and the CUDA-core wide kernel with tensor cores tuned off) and f16 with rows padded by 4
+// elements (8-byte aligned: the CUDA-core narrow kernel), bytes = K + V read.
 void bench_attention(CudaBackend& be, bool quick) {
   auto s = static_cast<cudaStream_t>(be.stream());
   struct Rows {
     const char* name;
     DType dtype;
     int pad;
+    bool tc;
   };
-  const Rows kRows[] = {
-      {"f32-KV", DType::F32, 0}, {"f16-KV", DType::F16, 0}, {"f16-KV pad4", DType::F16, 4}};
+  const Rows kRows[] = {{"f32-KV", DType::F32, 0, true},
+                        {"f16-KV", DType::F16, 0, true},
+                        {"f16-KV cc", DType::F16, 0, false},
+                        {"f16-KV pad4", DType::F16, 4, true}};
+  const cuda::DecodeAttentionTuning saved = cuda::decode_attention_tuning();
   for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
     const int64_t kv_dim = int64_t(sh->kv_heads) * sh->head_dim;
     for (int ctx : {4096, 32768, 131072}) {
@@ -310,6 +316,7 @@ void bench_attention(CudaBackend& be, bool quick) {
           auto q = random_f32(size_t(m) * sh->heads * sh->head_dim, 5);
           DeviceMem out(size_t(m) * sh->heads * sh->head_dim * 4);
           const int pos = ctx - m;
+          cuda::set_decode_attention_tuning({r.tc});
           const double ms = time_ms(
               s,
               [&](int i) {
@@ -326,6 +333,7 @@ void bench_attention(CudaBackend& be, bool quick) {
       }
     }
   }
+  cuda::set_decode_attention_tuning(saved);
 }
 
 void bench_prefill(CudaBackend& be, CudaBackend& fast) {

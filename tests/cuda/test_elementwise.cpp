@@ -132,5 +132,16 @@ TEST(CudaSplitHeuristic, SplitsOnlyWhenBlocksAreFew) {
   EXPECT_GE(attention_num_splits(1, 1, 1, 1), 1);
 }
 
+TEST(CudaSplitHeuristic, OneWaveRoundsDown) {
+  // 264 slots (132 SMs x 2), 32 kv heads: 8 splits (256 blocks), not 9 (a second wave of 24).
+  EXPECT_EQ(attention_num_splits_one_wave(32768, 32, 264, 256), 8);
+  EXPECT_EQ(attention_num_splits_one_wave(32768, 8, 264, 256), 33);
+  // More base blocks than slots, short contexts, the cap: at least 1, at most the cap.
+  EXPECT_EQ(attention_num_splits_one_wave(32768, 1000, 264, 256), 1);
+  EXPECT_EQ(attention_num_splits_one_wave(1000, 8, 264, 256), 4);
+  EXPECT_EQ(attention_num_splits_one_wave(1 << 22, 1, 264, 7), 7);
+  EXPECT_EQ(attention_num_splits_one_wave(1, 1, 1, 1), 1);
+}
+
 }  // namespace
 }  // namespace qs

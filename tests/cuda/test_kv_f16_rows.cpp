@@ -1,7 +1,8 @@
 // f16 full-precision KV rows (KvView::row_dtype = F16, the default KV cache on CUDA) on every CUDA
 // reader and writer, against the CPU backend given the same f16 rows:
-//  - decode attention (split-KV flash-decoding): m = 1..16, odd lengths, GQA, forced splits,
-//    padded rows (8-byte aligned f16 rows), head_dim 32..256;
+//  - decode attention (split-KV flash-decoding), both kernels (tensor cores, the default for
+//    aligned rows of head_dim 64/128, and the f32 CUDA-core kernel): m = 1..16, odd lengths, GQA,
+//    forced splits, padded rows (8-byte aligned f16 rows), head_dim 32..256;
 //  - prefill attention, both kernels (tensor cores and the f32 CUDA-core kernel): chunks at
 //    pos > 0, forced splits, rows over many decades incl. f16 subnormals and the f16 maximum;
 //  - the hierarchical view's full-precision rows (attention_quant.cu, both paths, INT8/INT4,
@@ -10,8 +11,9 @@
 //    (and of the f16 rows), special values included;
 //  - store_kv_rows: the same f16 bits as core/dtype.h f32_to_f16_sat (NaN: a NaN).
 // Each attention case also runs the GPU over f32 rows holding the same (rounded) values: the f16
-// path converts on load and computes in f32, so the two agree to ~1e-7 (in practice bit for bit);
-// the test holds them to 1e-6 and prints the largest difference.
+// CUDA-core path converts on load and computes in f32, so the two agree to ~1e-7 (in practice bit
+// for bit); the test holds them to 1e-6 and prints the largest difference. (The tensor-core decode
+// kernel against the CUDA-core kernel over f32 rows is held to the CPU tolerance.)
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -24,6 +26,7 @@
 #include <tuple>
 #include <vector>
 
+#include "backend/cuda/attention_decode_tc.h"
 #include "backend/cuda/attention_prefill_tc.h"
 #include "backend/cuda/attention_quant.h"
 #include "core/dtype.h"
@@ -112,13 +115,15 @@ struct Worst {
   void add(double& w, double err) { w = std::isnan(err) || std::isnan(w) ? NAN : std::max(w, err); }
 };
 
-enum class Path { kDecode, kPrefillTc, kPrefillF32 };
+enum class Path { kDecodeTc, kDecode, kPrefillTc, kPrefillF32 };
 
 // Restores the process-wide tunings when a test ends (also on a failed assertion).
 struct TuningGuard {
   cuda::PrefillAttentionTuning prefill = cuda::prefill_attention_tuning();
   cuda::QuantAttentionTuning quant = cuda::quant_attention_tuning();
+  cuda::DecodeAttentionTuning decode = cuda::decode_attention_tuning();
   ~TuningGuard() {
+    cuda::set_decode_attention_tuning(decode);
     cuda::set_prefill_attention_tuning(prefill);
     cuda::set_quant_attention_tuning(quant);
   }
@@ -143,10 +148,15 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
   KvView gv = kv.gpu_view();
   gv.read_bytes = &rb_gpu;
   const KvView gv32 = kv.gpu_view_f32();
-  if (path != Path::kDecode) cuda::set_prefill_attention_tuning({path == Path::kPrefillTc});
+  const bool decode = path == Path::kDecode || path == Path::kDecodeTc;
+  if (decode) {
+    cuda::set_decode_attention_tuning({path == Path::kDecodeTc});
+  } else {
+    cuda::set_prefill_attention_tuning({path == Path::kPrefillTc});
+  }
   out.poison();
   out32.poison();
-  if (path == Path::kDecode) {
+  if (decode) {
     gpu.attention_decode(qd.data(), m, pos, shape, gv, out.data(), splits);
     gpu.attention_decode(qd.data(), m, pos, shape, gv32, out32.data(), splits);
   } else {
@@ -154,14 +164,18 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
     gpu.attention_prefill(qd.data(), m, pos, shape, gv32, out32.data(), splits);
   }
   const std::vector<float> got = out.to_host();
-  const std::string what = std::string(path == Path::kDecode      ? "decode "
+  const std::string what = std::string(path == Path::kDecodeTc    ? "decode tensor cores "
+                                       : path == Path::kDecode    ? "decode f32 kernel "
                                        : path == Path::kPrefillTc ? "prefill tensor cores "
                                                                   : "prefill f32 kernel ") +
                            describe(kv, num_heads, m, splits);
   const double err = rel_error(got, want);
   EXPECT_LT(err, tolerance(kv.len)) << what;
   const double same = rel_error(got, out32.to_host());
-  EXPECT_LT(same, kSameValuesTol) << what << " (vs f32 rows of the same values)";
+  // f32 rows always take the CUDA-core decode kernel: against the tensor cores that is a
+  // kernel-vs-kernel difference.
+  EXPECT_LT(same, path == Path::kDecodeTc ? tolerance(kv.len) : kSameValuesTol)
+      << what << " (vs f32 rows of the same values)";
   EXPECT_EQ(rb_gpu.fp, rb_cpu.fp) << what;
   EXPECT_EQ(rb_gpu.fp, int64_t{kv.kv_heads} * 2 * kv.len * hd * 2) << what;  // 2-byte rows
   worst.add(worst.vs_cpu, err);
@@ -176,48 +190,77 @@ void report(const char* test, const Worst& w) {
 constexpr int kKvHeads = 2;
 constexpr int kRatios[] = {1, 4, 8};
 
-TEST_F(CudaOpsTest, F16RowsDecodeAttention) {
-  Worst worst;
-  uint64_t seed = 1;
-  for (int hd : {64, 128}) {
-    F16Kv kv(gpu(), 1001, kKvHeads, hd, 0, hd);
-    for (int ratio : kRatios) {
-      for (int m = 1; m <= 16; ++m) {
-        run_plain(gpu(), cpu(), kv, kKvHeads * ratio, m, Path::kDecode, 0, ++seed, worst);
-      }
-    }
-  }
-  for (int len : {1, 7, 129, 4099, 33001}) {
+TEST_F(CudaOpsTest, F16RowsDecodeAttentionBothKernels) {
+  TuningGuard guard;
+  for (Path path : {Path::kDecodeTc, Path::kDecode}) {
+    Worst worst;
+    uint64_t seed = 1;
     for (int hd : {64, 128}) {
-      F16Kv kv(gpu(), len, kKvHeads, hd, 0, len + hd);
+      F16Kv kv(gpu(), 1001, kKvHeads, hd, 0, hd);
       for (int ratio : kRatios) {
-        for (int m : {1, 5, 16}) {
-          run_plain(gpu(), cpu(), kv, kKvHeads * ratio, m, Path::kDecode, 0, ++seed, worst);
+        for (int m = 1; m <= 16; ++m) {
+          run_plain(gpu(), cpu(), kv, kKvHeads * ratio, m, path, 0, ++seed, worst);
         }
       }
     }
-  }
-  // Padded rows (f16 rows then only 8-byte aligned: the narrow kernel), aligned rows (the wide
-  // kernel up to 8 queries per kv head), forced splits, head_dim 32 and 256.
-  for (int pad : {4, 0}) {
-    F16Kv rows(gpu(), 777, kKvHeads, 128, pad, 3);
-    for (int splits : {1, 3, 64}) {
-      for (int m : {1, 9, 16}) {
-        run_plain(gpu(), cpu(), rows, 8, m, Path::kDecode, splits, ++seed, worst);
-        run_plain(gpu(), cpu(), rows, 2, m, Path::kDecode, splits, ++seed, worst);
+    for (int len : {1, 7, 129, 4099, 33001}) {
+      for (int hd : {64, 128}) {
+        F16Kv kv(gpu(), len, kKvHeads, hd, 0, len + hd);
+        for (int ratio : kRatios) {
+          for (int m : {1, 5, 16}) {
+            run_plain(gpu(), cpu(), kv, kKvHeads * ratio, m, path, 0, ++seed, worst);
+          }
+        }
       }
     }
-  }
-  for (int hd : {32, 256}) {
+    // Queries far from unit scale (the tensor-core kernel's per-row power-of-two scaling).
+    for (float q_scale : {1e-3f, 10.0f}) {
+      F16Kv kv(gpu(), 4099, kKvHeads, 128, 0, 11);
+      run_plain(gpu(), cpu(), kv, kKvHeads * 4, 5, path, 0, ++seed, worst, q_scale);
+    }
+    // Padded rows (f16 rows then only 8-byte aligned: the CUDA-core narrow kernel, also with
+    // tensor cores asked for), aligned rows, forced splits (64 splits of 777 rows: warps without
+    // a stage), head_dim 32 and 256 (the CUDA-core kernel only).
     for (int pad : {4, 0}) {
-      F16Kv kv(gpu(), 333, kKvHeads, hd, pad, hd + 1);
-      for (int m : {1, 7, 16}) {
-        run_plain(gpu(), cpu(), kv, 8, m, Path::kDecode, 0, ++seed, worst);
-        run_plain(gpu(), cpu(), kv, 2, m, Path::kDecode, 0, ++seed, worst);
+      F16Kv rows(gpu(), 777, kKvHeads, 128, pad, 3);
+      for (int splits : {1, 3, 64}) {
+        for (int m : {1, 9, 16}) {
+          run_plain(gpu(), cpu(), rows, 8, m, path, splits, ++seed, worst);
+          run_plain(gpu(), cpu(), rows, 2, m, path, splits, ++seed, worst);
+        }
       }
     }
+    for (int hd : {32, 256}) {
+      for (int pad : {4, 0}) {
+        F16Kv kv(gpu(), 333, kKvHeads, hd, pad, hd + 1);
+        for (int m : {1, 7, 16}) {
+          run_plain(gpu(), cpu(), kv, 8, m, path, 0, ++seed, worst);
+          run_plain(gpu(), cpu(), kv, 2, m, path, 0, ++seed, worst);
+        }
+      }
+    }
+    report(path == Path::kDecodeTc ? "f16 rows: decode, tensor cores"
+                                   : "f16 rows: decode, f32 kernel",
+           worst);
   }
-  report("f16 rows: decode", worst);
+}
+
+// Small cases of the tensor-core decode kernel for compute-sanitizer (tools/gpu/check.sh):
+// both head dims, GQA, a tile of 16 query vectors and several, forced splits down to warps with
+// no stage, a split count that leaves a short tail.
+TEST_F(CudaOpsTest, F16RowsDecodeTcSanitizerSubset) {
+  TuningGuard guard;
+  Worst worst;
+  uint64_t seed = 500;
+  for (int hd : {64, 128}) {
+    F16Kv kv(gpu(), 300, kKvHeads, hd, 0, 600 + hd);
+    for (int splits : {0, 3, 64}) {
+      run_plain(gpu(), cpu(), kv, kKvHeads, 1, Path::kDecodeTc, splits, ++seed, worst);
+      run_plain(gpu(), cpu(), kv, kKvHeads * 4, 5, Path::kDecodeTc, splits, ++seed, worst);
+      run_plain(gpu(), cpu(), kv, kKvHeads * 8, 16, Path::kDecodeTc, splits, ++seed, worst);
+    }
+  }
+  report("f16 rows: decode tensor cores, sanitizer subset", worst);
 }
 
 // Rows over many decades: key magnitudes 10^[-2, 0.5] (scores stay within ~10, so that the f32
@@ -272,9 +315,10 @@ TEST_F(CudaOpsTest, F16RowsPrefillAttentionBothKernels) {
       run_plain(gpu(), cpu(), kv, 8, 300, Path::kPrefillTc, 0, ++seed, tc, q_scale);
       run_plain(gpu(), cpu(), kv, 8, 300, Path::kPrefillF32, 0, ++seed, f32, q_scale);
       run_plain(gpu(), cpu(), kv, 8, 16, Path::kDecode, 0, ++seed, f32, q_scale);
+      run_plain(gpu(), cpu(), kv, 8, 16, Path::kDecodeTc, 0, ++seed, tc, q_scale);
     }
   }
-  report("f16 rows: prefill, tensor cores", tc);
+  report("f16 rows: prefill, tensor cores (+ wild decode)", tc);
   report("f16 rows: prefill, f32 kernel (+ wild decode)", f32);
 }
 

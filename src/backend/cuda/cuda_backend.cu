@@ -10,6 +10,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "backend/cuda/attention_decode_tc.h"
 #include "backend/cuda/attention_prefill_tc.h"
 #include "backend/cuda/attention_quant.h"
 #include "backend/cuda/cuda_backend.h"
@@ -119,6 +120,15 @@ int attention_num_splits(int64_t kv_len, int64_t base_blocks, int num_sms, int m
   return static_cast<int>(std::max<int64_t>(splits, 1));
 }
 
+int attention_num_splits_one_wave(int64_t kv_len, int64_t base_blocks, int64_t slots,
+                                  int max_splits) {
+  QS_CHECK(kv_len >= 1 && base_blocks >= 1 && slots >= 1 && max_splits >= 1);
+  int64_t splits = std::max<int64_t>(slots / base_blocks, 1);
+  splits = std::min<int64_t>(splits, (kv_len + kMinSplitLen - 1) / kMinSplitLen);
+  splits = std::min<int64_t>(splits, max_splits);
+  return static_cast<int>(std::max<int64_t>(splits, 1));
+}
+
 int cuda_device_count() {
   int count = 0;
   if (cudaGetDeviceCount(&count) != cudaSuccess) {
@@ -216,14 +226,20 @@ struct CudaBackend::Impl {
     return cuda::DeviceBias{resolve(*b), b->dtype};
   }
 
-  // Fills the split fields of `a` and points the partials at scratch memory.
-  void plan_splits(cuda::AttentionArgs& a, int64_t base_blocks, int forced_splits) {
+  // Fills the split fields of `a` and points the partials at scratch memory. one_wave_per_sm > 0:
+  // the kernel keeps that many blocks resident per SM and the splits fill one wave of them.
+  void plan_splits(cuda::AttentionArgs& a, int64_t base_blocks, int forced_splits,
+                   int one_wave_per_sm = 0) {
     const int64_t kv_len = a.seq_len();
     const int64_t per_split = static_cast<int64_t>(a.m) * a.num_heads * (a.head_dim + 2);
     const int max_splits =
         static_cast<int>(std::clamp<int64_t>(kMaxPartialFloats / per_split, 1, kMaxSplits));
     int splits = forced_splits > 0 ? forced_splits
-                                   : attention_num_splits(kv_len, base_blocks, num_sms, max_splits);
+                 : one_wave_per_sm > 0
+                     ? attention_num_splits_one_wave(
+                           kv_len, base_blocks, static_cast<int64_t>(num_sms) * one_wave_per_sm,
+                           max_splits)
+                     : attention_num_splits(kv_len, base_blocks, num_sms, max_splits);
     splits = static_cast<int>(std::min<int64_t>(splits, kv_len));
     const int64_t split_len = (kv_len + splits - 1) / splits;
     splits = static_cast<int>((kv_len + split_len - 1) / split_len);  // no empty trailing split
@@ -540,6 +556,14 @@ void CudaBackend::attention_decode(const float* q, int m, int pos, const Attenti
   QS_CHECK(m >= 1 && m <= kGemvMaxRows);
   cuda::AttentionArgs a = make_args(q, m, pos, shape, kv, out);
   QS_CHECK(shape.num_kv_heads >= 1 && shape.num_heads % shape.num_kv_heads == 0);
+  // Tensor cores (attention_decode_tc.cu) for aligned f16 rows of head_dim 64/128 unless tuned off.
+  if (cuda::decode_attention_tuning().tensor_cores && cuda::attention_decode_tc_supported(a)) {
+    const int64_t base_blocks =
+        static_cast<int64_t>(cuda::attention_decode_tc_query_tiles(a)) * shape.num_kv_heads;
+    impl_->plan_splits(a, base_blocks, num_splits, cuda::kDecodeTcBlocksPerSm);
+    cuda::launch_attention_decode_tc(a, impl_->stream);
+    return;
+  }
   const int64_t base_blocks =
       static_cast<int64_t>(cuda::attention_decode_query_tiles(a)) * shape.num_kv_heads;
   impl_->plan_splits(a, base_blocks, num_splits);

@@ -121,5 +121,10 @@ class CudaBackend final : public Backend {
 // kTargetWavesBlocks per SM, each split at least kMinSplitLen positions, at most max_splits.
 // `base_blocks` = blocks of the launch without splitting. Pure, so it is unit-tested.
 int attention_num_splits(int64_t kv_len, int64_t base_blocks, int num_sms, int max_splits);
+// For a kernel that keeps a fixed number of blocks resident per SM (`slots` = SMs x that number):
+// as many splits as fit one wave of slots (rounded down: a second, nearly empty wave would cost a
+// whole pass), each at least kMinSplitLen positions, at most max_splits, at least 1.
+int attention_num_splits_one_wave(int64_t kv_len, int64_t base_blocks, int64_t slots,
+                                  int max_splits);
 
 }  // namespace qs

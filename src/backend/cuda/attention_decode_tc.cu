@@ -1,0 +1,462 @@
+// Tensor-core split-KV flash-decoding over f16 KV rows, at about f32 accuracy.
+//
+// Why. The CUDA-core decode kernel (attention.cu) spends ~2 instructions per K/V element per
+// query vector: enough for one query (MHA decode) but a GQA group of 4-8 query heads per kv head
+// makes it instruction-bound at 25-32% of the H200's bandwidth. Here a warp multiplies 16 query
+// vectors by 16 keys per mma.sync m16n8k16, so the instruction count no longer grows with the
+// group, and cp.async keeps two stages of each warp's rows in flight.
+//
+// Operands (as in attention_prefill_tc.cu, whose scaling argument this follows). K and V are f16
+// already: exact MMA operands. Q (f32) is split into hi = f16(x) and lo = f16(x - hi), each row
+// scaled first by the power of two 2^fq that puts its largest |q * scale_log2| in [2^13, 2^14)
+// (hi cannot overflow, lo stays normal for the large elements); the scores are multiplied by
+// 2^-fq after the MMAs (exact). P = exp2(s - max) is formed as 2^12 P (the exponent's offset),
+// so that its lo part stays a normal f16 down to P ~ 2^-15; O and the sum l carry the same 2^12,
+// which cancels in O / l (and in the combine, whose partials all come from this kernel). Every
+// product is two MMAs (lo, then hi) into an f32 accumulator.
+//
+// Layout. A block of 4 warps owns one tile of 16 query vectors (the MMA rows: row j is query
+// vector q0 + j of the kv head, as in attention.cu) and one KV split; warp w takes the split's
+// 16-token stages w, w + 4, ... and keeps its own online-softmax state; the block merges the 4
+// states at the end. Lane (r = lane / 4, c = lane % 4):
+//  - S = Q K^T (A = Q: rows = query vectors; B = K^T: k = channels, n = tokens). The MMA's k index
+//    may map to any channel as long as Q and K agree: k-step s = 2e + h takes channels
+//    32e + 8c + 4h + [0, 4) for the lane's k slots, so a lane loads channels [32e + 8c, +8) of its
+//    key (token r of each 8-token n-tile) as one 16-byte piece, a quad 64 contiguous bytes.
+//  - O = P V (A = P: the S accumulators of the stage's two n-tiles are exactly P's A fragment; B =
+//    V: k = tokens, n = channels). The lane needs the pairs of tokens 2c, 2c + 1 (and + 8) at one
+//    channel: it loads those 4 tokens' channels [64e + 8r, +8) (16 bytes each) and pairs the
+//    halves with one byte permute per 2 elements; n-tile 8e + x is channel 64e + 8n + x.
+//  - Each lane cp.asyncs its own 16-byte pieces into its own shared-memory slots and reads back
+//    only those (after its own wait_group), so the pipeline needs no barrier; consecutive lanes
+//    use consecutive 16-byte slots (conflict-free).
+// Masking only in the stages that reach past the split's end or into the candidate rows.
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+
+#include "backend/cuda/attention_decode_tc.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/device_util.cuh"
+#include "backend/cuda/launch.cuh"
+
+namespace qs::cuda {
+
+namespace {
+
+constexpr float kNegInf = -INFINITY;
+constexpr int kWarps = 4;
+constexpr int kThreads = 32 * kWarps;
+constexpr int kTok = 16;    // tokens per warp per stage (one P V k-step)
+constexpr int kStages = 3;  // per-warp cp.async pipeline depth
+constexpr int kRows = 16;   // query vectors per block (MMA rows)
+constexpr int kTargetExp = 13;
+constexpr int kExpClamp = 30;
+constexpr float kPExp = 12.0f;  // P is formed as 2^12 P
+
+// QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel (end-to-end A/B runs).
+DecodeAttentionTuning g_tuning = [] {
+  DecodeAttentionTuning t;
+  const char* v = std::getenv("QS_DECODE_TC");
+  t.tensor_cores = v == nullptr || std::strcmp(v, "0") != 0;
+  return t;
+}();
+
+template <int HD>
+struct TcLayout {
+  static constexpr int kKLoads = HD / 32;  // 16-byte K pieces per key per lane
+  static constexpr int kKSteps = HD / 16;  // S k-steps
+  static constexpr int kVLoads = HD / 64;  // 16-byte V pieces per token per lane
+  static constexpr int kNTiles = HD / 8;   // O n-tiles
+  static constexpr int kChunks = 2 * kKLoads + 4 * kVLoads;  // pieces per lane per stage
+  static constexpr int kStageBytes = kChunks * 32 * 16;      // per warp
+  static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
+  static constexpr int kQFragBytes = kKSteps * 2 * 32 * 16;  // hi + lo fragments
+  static constexpr int kMergeBytes = kWarps * kRows * (HD + 2) * 4;
+  static_assert(kMergeBytes <= kPipeBytes, "the merge reuses the pipeline buffers");
+  static constexpr size_t kSmem = size_t{kPipeBytes} + kQFragBytes + 2 * kRows * sizeof(float);
+};
+
+__device__ __forceinline__ float exp2i(int e) {
+  return __int_as_float((e + 127) << 23);
+}
+
+__device__ __forceinline__ float exp2_ftz(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+__device__ __forceinline__ float merge_weight(float m_part, float m_total) {
+  return m_part == kNegInf ? 0.0f : exp2f(m_part - m_total);
+}
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16 bytes global -> shared; src_bytes = 0 writes zeros (src is not read).
+__device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, int src_bytes) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
+               "r"(src_bytes)
+               : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() {
+  asm volatile("cp.async.commit_group;\n" ::: "memory");
+}
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+__device__ __forceinline__ uint4 lds16(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.u32 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "r"(addr)
+               : "memory");
+  return v;
+}
+
+// d += A B, m16n8k16, f16 inputs, f32 accumulators.
+__device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
+                                        uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
+      "{%8, %9}, {%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// {a, b} (a in the low half) as f16 hi + lo.
+__device__ __forceinline__ void split_f16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
+  const __half2 h = __floats2half2_rn(a, b);
+  const float2 hf = __half22float2(h);
+  const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
+  hi = *reinterpret_cast<const uint32_t*>(&h);
+  lo = *reinterpret_cast<const uint32_t*>(&l);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// The power of two that puts amax (>= 0) in [2^13, 2^14), as an exponent; 0 for 0 or non-finite.
+__device__ __forceinline__ int row_exponent(float amax) {
+  if (!(amax > 0.0f) || !(amax < INFINITY)) return 0;
+  int ex = 0;
+  frexpf(amax, &ex);  // amax in [2^(ex-1), 2^ex)
+  return max(-kExpClamp, min(kExpClamp, kTargetExp + 1 - ex));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
+    attention_decode_tc_kernel(AttentionArgs a) {
+  pdl_begin();
+  using L = TcLayout<HD>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  unsigned char* pipe = smem;
+  uint4* qf_s = reinterpret_cast<uint4*>(smem + L::kPipeBytes);  // [kKSteps][hi, lo][32 lanes]
+  float* qmul_s = reinterpret_cast<float*>(smem + L::kPipeBytes + L::kQFragBytes);  // 2^fq
+  float* qinv_s = qmul_s + kRows;                                                    // 2^-fq
+
+  const int group = a.num_heads / a.num_kv_heads;
+  const int kvh = blockIdx.z;
+  const int split = blockIdx.y;
+  const int q0 = blockIdx.x * kRows;
+  const int nq = min(kRows, group * a.m - q0);
+  const int64_t q_row_len = static_cast<int64_t>(a.num_heads) * HD;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = lane / 4, c = lane % 4;
+
+  auto q_at = [&](int row, int d) -> float {  // scale_log2 * q of the tile's row (0 past nq)
+    if (row >= nq) return 0.0f;
+    const int qv = q0 + row;
+    const int head = kvh * group + qv % group;
+    return a.q[(qv / group) * q_row_len + static_cast<int64_t>(head) * HD + d] * a.scale_log2;
+  };
+
+  // Per-row exponents: warp w scans rows 4w .. 4w + 3.
+  for (int row = warp * (kRows / kWarps); row < (warp + 1) * (kRows / kWarps); ++row) {
+    float amax = 0.0f;
+    for (int d = lane; d < HD; d += 32) amax = fmaxf(amax, fabsf(q_at(row, d)));
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+    if (lane == 0) {
+      const int fq = row_exponent(amax);
+      qmul_s[row] = exp2i(fq);
+      qinv_s[row] = exp2i(-fq);
+    }
+  }
+  __syncthreads();
+  // Q fragments of every k-step, hi and lo, in lane order (all warps use the same ones).
+  for (int idx = threadIdx.x; idx < L::kKSteps * 32; idx += kThreads) {
+    const int ks = idx / 32, fl = idx % 32, fr = fl / 4, fc = fl % 4;
+    const int ch_base = 32 * (ks / 2) + 8 * fc + 4 * (ks % 2);
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // a0a1: row fr, a2a3: row fr + 8; a4..a7: channels + 2
+      const int row = fr + 8 * (i & 1), ch = ch_base + 2 * (i >> 1);
+      const float mul = qmul_s[row];
+      split_f16x2(q_at(row, ch) * mul, q_at(row, ch + 1) * mul, hi[i], lo[i]);
+    }
+    qf_s[(ks * 2) * 32 + fl] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    qf_s[(ks * 2 + 1) * 32 + fl] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+  __syncthreads();
+  uint32_t qhi[L::kKSteps][4], qlo[L::kKSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < L::kKSteps; ++ks) {
+    const uint4 h = qf_s[(ks * 2) * 32 + lane], l = qf_s[(ks * 2 + 1) * 32 + lane];
+    qhi[ks][0] = h.x, qhi[ks][1] = h.y, qhi[ks][2] = h.z, qhi[ks][3] = h.w;
+    qlo[ks][0] = l.x, qlo[ks][1] = l.y, qlo[ks][2] = l.z, qlo[ks][3] = l.w;
+  }
+  const float inv_lo = qinv_s[r], inv_hi = qinv_s[r + 8];  // rows r and r + 8
+  const int last_lo = a.pos + (q0 + r) / group, last_hi = a.pos + (q0 + r + 8) / group;
+
+  const int seq = a.seq_len();
+  const int t_begin = split * a.split_len;
+  const int t_end = min(seq, t_begin + a.split_len);
+  const int all_visible_end = seq - a.m + 1;  // indices below are visible to every query row
+  const __half* k_base = static_cast<const __half*>(a.k) + static_cast<int64_t>(kvh) * HD;
+  const __half* v_base = static_cast<const __half*>(a.v) + static_cast<int64_t>(kvh) * HD;
+  const uint32_t warp_pipe = smem_u32(pipe) + warp * kStages * L::kStageBytes + lane * 16;
+
+  // Stage i0 into pipeline slot `slot`: K pieces first (key j * 8 + r, piece e), then V (token
+  // 2c + d + 8h, piece e).
+  auto issue = [&](int i0, int slot) {
+    const uint32_t dst = warp_pipe + slot * L::kStageBytes;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int t = i0 + 8 * j + r;
+      const bool ok = t < t_end;
+      const __half* src = k_base + static_cast<int64_t>(ok ? t : t_begin) * a.row_stride + 8 * c;
+#pragma unroll
+      for (int e = 0; e < L::kKLoads; ++e) {
+        cp_async16_zfill(dst + (j * L::kKLoads + e) * 512, src + 32 * e, ok ? 16 : 0);
+      }
+    }
+#pragma unroll
+    for (int tv = 0; tv < 4; ++tv) {  // tv = 2h + d
+      const int t = i0 + 2 * c + (tv & 1) + 8 * (tv >> 1);
+      const bool ok = t < t_end;
+      const __half* src = v_base + static_cast<int64_t>(ok ? t : t_begin) * a.row_stride + 8 * r;
+#pragma unroll
+      for (int e = 0; e < L::kVLoads; ++e) {
+        cp_async16_zfill(dst + (2 * L::kKLoads + tv * L::kVLoads + e) * 512, src + 64 * e,
+                         ok ? 16 : 0);
+      }
+    }
+  };
+
+  float o[L::kNTiles][4];
+#pragma unroll
+  for (int i = 0; i < L::kNTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.0f, l_hi = 0.0f;
+
+  const int step = kWarps * kTok;
+  const int first = t_begin + warp * kTok;
+  const int n = first < t_end ? (t_end - first + step - 1) / step : 0;
+#pragma unroll
+  for (int p = 0; p < kStages - 1; ++p) {
+    if (p < n) issue(first + p * step, p);
+    cp_async_commit();
+  }
+  int slot = 0, next_slot = kStages - 1;
+  for (int k = 0; k < n; ++k) {
+    if (k + kStages - 1 < n) issue(first + (k + kStages - 1) * step, next_slot);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    const int i0 = first + k * step;
+    const uint32_t src = warp_pipe + slot * L::kStageBytes;
+
+    float s[2][4];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < L::kKLoads; ++e) {
+      const uint4 k0 = lds16(src + e * 512), k1 = lds16(src + (L::kKLoads + e) * 512);
+      mma_f16(s[0], qlo[2 * e], k0.x, k0.y);
+      mma_f16(s[1], qlo[2 * e], k1.x, k1.y);
+      mma_f16(s[0], qhi[2 * e], k0.x, k0.y);
+      mma_f16(s[1], qhi[2 * e], k1.x, k1.y);
+      mma_f16(s[0], qlo[2 * e + 1], k0.z, k0.w);
+      mma_f16(s[1], qlo[2 * e + 1], k1.z, k1.w);
+      mma_f16(s[0], qhi[2 * e + 1], k0.z, k0.w);
+      mma_f16(s[1], qhi[2 * e + 1], k1.z, k1.w);
+    }
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[j][0] *= inv_lo, s[j][1] *= inv_lo, s[j][2] *= inv_hi, s[j][3] *= inv_hi;
+    }
+    if (i0 + kTok > t_end || i0 + kTok > all_visible_end) {  // warp-uniform
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+#pragma unroll
+        for (int x = 0; x < 4; ++x) {
+          const int t = i0 + 8 * j + 2 * c + (x & 1);
+          if (t >= t_end || t > (x < 2 ? last_lo : last_hi)) s[j][x] = kNegInf;
+        }
+      }
+    }
+    // Online softmax (rows r and r + 8; a quad holds a row's 16 scores).
+    float mx_lo = fmaxf(fmaxf(s[0][0], s[0][1]), fmaxf(s[1][0], s[1][1]));
+    float mx_hi = fmaxf(fmaxf(s[0][2], s[0][3]), fmaxf(s[1][2], s[1][3]));
+#pragma unroll
+    for (int off = 1; off <= 2; off <<= 1) {
+      mx_lo = fmaxf(mx_lo, __shfl_xor_sync(kFullMask, mx_lo, off));
+      mx_hi = fmaxf(mx_hi, __shfl_xor_sync(kFullMask, mx_hi, off));
+    }
+    const float mn_lo = fmaxf(m_lo, mx_lo), mn_hi = fmaxf(m_hi, mx_hi);
+    if (__any_sync(kFullMask, mn_lo != m_lo || mn_hi != m_hi)) {
+      // (-inf - -inf would be NaN: a row whose max did not change keeps its scale.)
+      const float corr_lo = mn_lo == m_lo ? 1.0f : exp2_ftz(m_lo - mn_lo);
+      const float corr_hi = mn_hi == m_hi ? 1.0f : exp2_ftz(m_hi - mn_hi);
+      l_lo *= corr_lo, l_hi *= corr_hi;
+#pragma unroll
+      for (int i = 0; i < L::kNTiles; ++i) {
+        o[i][0] *= corr_lo, o[i][1] *= corr_lo, o[i][2] *= corr_hi, o[i][3] *= corr_hi;
+      }
+      m_lo = mn_lo, m_hi = mn_hi;
+    }
+    // 2^12 P; a row that has seen only masked scores keeps m = -inf and P = 0.
+    const float sub_lo = (m_lo == kNegInf ? 0.0f : m_lo) - kPExp;
+    const float sub_hi = (m_hi == kNegInf ? 0.0f : m_hi) - kPExp;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      s[j][0] = exp2_ftz(s[j][0] - sub_lo), s[j][1] = exp2_ftz(s[j][1] - sub_lo);
+      s[j][2] = exp2_ftz(s[j][2] - sub_hi), s[j][3] = exp2_ftz(s[j][3] - sub_hi);
+      l_lo += s[j][0] + s[j][1];
+      l_hi += s[j][2] + s[j][3];
+    }
+    uint32_t p_hi[4], p_lo[4];  // A fragment: (row r, keys 2c..), (r + 8, ..), then keys + 8
+    split_f16x2(s[0][0], s[0][1], p_hi[0], p_lo[0]);
+    split_f16x2(s[0][2], s[0][3], p_hi[1], p_lo[1]);
+    split_f16x2(s[1][0], s[1][1], p_hi[2], p_lo[2]);
+    split_f16x2(s[1][2], s[1][3], p_hi[3], p_lo[3]);
+#pragma unroll
+    for (int e = 0; e < L::kVLoads; ++e) {
+      uint4 v[4];  // tokens 2c, 2c + 1, 2c + 8, 2c + 9
+#pragma unroll
+      for (int tv = 0; tv < 4; ++tv) v[tv] = lds16(src + (2 * L::kKLoads + tv * L::kVLoads + e) * 512);
+#pragma unroll
+      for (int x = 0; x < 8; ++x) {
+        const uint32_t sel = (x & 1) ? 0x7632u : 0x5410u;
+        const uint32_t b0 = __byte_perm(word(v[0], x / 2), word(v[1], x / 2), sel);
+        const uint32_t b1 = __byte_perm(word(v[2], x / 2), word(v[3], x / 2), sel);
+        mma_f16(o[8 * e + x], p_lo, b0, b1);
+        mma_f16(o[8 * e + x], p_hi, b0, b1);
+      }
+    }
+    slot = slot + 1 == kStages ? 0 : slot + 1;
+    next_slot = next_slot + 1 == kStages ? 0 : next_slot + 1;
+  }
+  cp_async_wait<0>();
+
+  // Each warp's state to shared memory (over the pipeline buffers), then the block's merge.
+#pragma unroll
+  for (int off = 1; off <= 2; off <<= 1) {
+    l_lo += __shfl_xor_sync(kFullMask, l_lo, off);
+    l_hi += __shfl_xor_sync(kFullMask, l_hi, off);
+  }
+  __syncthreads();
+  float* o_s = reinterpret_cast<float*>(pipe);  // [kWarps][kRows][HD]
+  float* ml_s = o_s + kWarps * kRows * HD;      // [kWarps][kRows][2]
+#pragma unroll
+  for (int i = 0; i < L::kNTiles; ++i) {
+    const int ch = 64 * (i / 8) + 16 * c + i % 8;  // n = 2c -> 64e + 8n + x; n = 2c + 1: + 8
+    float* lo_row = o_s + (warp * kRows + r) * HD;
+    float* hi_row = o_s + (warp * kRows + r + 8) * HD;
+    lo_row[ch] = o[i][0], lo_row[ch + 8] = o[i][1];
+    hi_row[ch] = o[i][2], hi_row[ch + 8] = o[i][3];
+  }
+  if (c == 0) {
+    ml_s[(warp * kRows + r) * 2] = m_lo, ml_s[(warp * kRows + r) * 2 + 1] = l_lo;
+    ml_s[(warp * kRows + r + 8) * 2] = m_hi, ml_s[(warp * kRows + r + 8) * 2 + 1] = l_hi;
+  }
+  __syncthreads();
+  const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
+  for (int idx = threadIdx.x; idx < nq * HD; idx += kThreads) {
+    const int j = idx / HD, d = idx % HD;
+    float m_tot = kNegInf;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) m_tot = fmaxf(m_tot, ml_s[(w * kRows + j) * 2]);
+    float l_tot = 0.0f, o_tot = 0.0f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) {
+      const float wgt = merge_weight(ml_s[(w * kRows + j) * 2], m_tot);
+      l_tot += wgt * ml_s[(w * kRows + j) * 2 + 1];
+      o_tot += wgt * o_s[(w * kRows + j) * HD + d];
+    }
+    const int qv = q0 + j;
+    const int64_t qi = static_cast<int64_t>(qv / group) * a.num_heads + kvh * group + qv % group;
+    if (a.num_splits == 1) {
+      a.out[qi * HD + d] = o_tot / l_tot;
+    } else {
+      const int64_t slot_i = static_cast<int64_t>(split) * num_qv + qi;
+      a.partial_o[slot_i * HD + d] = o_tot;
+      if (d == 0) {
+        a.partial_ml[slot_i * 2] = m_tot;
+        a.partial_ml[slot_i * 2 + 1] = l_tot;
+      }
+    }
+  }
+}
+
+template <int HD>
+void launch_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
+  constexpr size_t smem = TcLayout<HD>::kSmem;
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tc_kernel<HD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    return true;
+  }();
+  (void)configured;
+  const dim3 grid(attention_decode_tc_query_tiles(a), a.num_splits, a.num_kv_heads);
+  launch(attention_decode_tc_kernel<HD>, grid, kThreads, smem, stream, a);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+}  // namespace
+
+void set_decode_attention_tuning(const DecodeAttentionTuning& tuning) {
+  g_tuning = tuning;
+}
+
+DecodeAttentionTuning decode_attention_tuning() {
+  return g_tuning;
+}
+
+bool attention_decode_tc_supported(const AttentionArgs& a) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v);
+  return a.kv_dtype == DType::F16 && (a.head_dim == 64 || a.head_dim == 128) && !a.selected &&
+         a.m >= 1 && a.m <= 16 && a.row_stride % 8 == 0 && bits % 16 == 0;
+}
+
+int attention_decode_tc_query_tiles(const AttentionArgs& a) {
+  const int q_per_kv_head = (a.num_heads / a.num_kv_heads) * a.m;
+  return (q_per_kv_head + kRows - 1) / kRows;
+}
+
+void launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
+  QS_CHECK_MSG(attention_decode_tc_supported(a), "attention_decode_tc: unsupported call");
+  QS_CHECK(a.num_kv_heads >= 1 && a.num_heads % a.num_kv_heads == 0 && a.num_kv_heads <= 65535);
+  QS_CHECK(a.num_splits >= 1 && a.num_splits <= 65535 && a.split_len >= 1);
+  QS_CHECK(static_cast<int64_t>(a.num_splits) * a.split_len >= a.seq_len());
+  QS_CHECK(a.num_splits == 1 || (a.partial_o != nullptr && a.partial_ml != nullptr));
+  const uintptr_t qo = reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.out);
+  QS_CHECK_MSG(qo % 16 == 0, "attention: q and out must be 16-byte aligned");
+  if (a.head_dim == 64) {
+    launch_for_head_dim<64>(a, stream);
+  } else {
+    launch_for_head_dim<128>(a, stream);
+  }
+  if (a.num_splits > 1) launch_attention_combine(a, stream);
+}
+
+}  // namespace qs::cuda

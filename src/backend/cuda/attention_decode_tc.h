@@ -1,0 +1,29 @@
+// Tensor-core flash-decoding over f16 KV rows (attention_decode_tc.cu): the default decode
+// kernel for f16 rows of head_dim 64/128 (every Llama-family model), at about f32 accuracy.
+#pragma once
+
+#include "backend/cuda/cuda_ops.h"
+
+namespace qs::cuda {
+
+// Process-wide choice between this kernel and the CUDA-core decode kernel (attention.cu) for the
+// calls both handle (tests and benchmarks compare both; both compute the same function).
+struct DecodeAttentionTuning {
+  bool tensor_cores = true;  // false: attention_decode_kernel for every call
+};
+void set_decode_attention_tuning(const DecodeAttentionTuning& tuning);
+DecodeAttentionTuning decode_attention_tuning();
+
+// Whether launch_attention_decode_tc handles this call: f16 rows with every row 16-byte aligned
+// (row stride a multiple of 8 elements, k and v 16-byte aligned), head_dim 64 or 128, m <= 16, no
+// KV selection.
+bool attention_decode_tc_supported(const AttentionArgs& a);
+// Query tiles (the grid's x): 16 query vectors of one kv head each.
+int attention_decode_tc_query_tiles(const AttentionArgs& a);
+// Blocks of the kernel resident per SM (shared memory bound): the split planner fills one wave.
+constexpr int kDecodeTcBlocksPerSm = 2;
+// Split-KV flash-decoding; a.num_splits / a.split_len / partials as planned by the caller (the
+// combine is launched here when num_splits > 1).
+void launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream);
+
+}  // namespace qs::cuda
