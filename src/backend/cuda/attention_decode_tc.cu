@@ -180,44 +180,6 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     return a.q[(qv / group) * q_row_len + static_cast<int64_t>(head) * HD + d] * a.scale_log2;
   };
 
-  // Per-row exponents: warp w scans rows 4w .. 4w + 3.
-  for (int row = warp * (kRows / kWarps); row < (warp + 1) * (kRows / kWarps); ++row) {
-    float amax = 0.0f;
-    for (int d = lane; d < HD; d += 32) amax = fmaxf(amax, fabsf(q_at(row, d)));
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
-    if (lane == 0) {
-      const int fq = row_exponent(amax);
-      qmul_s[row] = exp2i(fq);
-      qinv_s[row] = exp2i(-fq);
-    }
-  }
-  __syncthreads();
-  // Q fragments of every k-step, hi and lo, in lane order (all warps use the same ones).
-  for (int idx = threadIdx.x; idx < L::kKSteps * 32; idx += kThreads) {
-    const int ks = idx / 32, fl = idx % 32, fr = fl / 4, fc = fl % 4;
-    const int ch_base = 32 * (ks / 2) + 8 * fc + 4 * (ks % 2);
-    uint32_t hi[4], lo[4];
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {  // a0a1: row fr, a2a3: row fr + 8; a4..a7: channels + 2
-      const int row = fr + 8 * (i & 1), ch = ch_base + 2 * (i >> 1);
-      const float mul = qmul_s[row];
-      split_f16x2(q_at(row, ch) * mul, q_at(row, ch + 1) * mul, hi[i], lo[i]);
-    }
-    qf_s[(ks * 2) * 32 + fl] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
-    qf_s[(ks * 2 + 1) * 32 + fl] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
-  }
-  __syncthreads();
-  uint32_t qhi[L::kKSteps][4], qlo[L::kKSteps][4];
-#pragma unroll
-  for (int ks = 0; ks < L::kKSteps; ++ks) {
-    const uint4 h = qf_s[(ks * 2) * 32 + lane], l = qf_s[(ks * 2 + 1) * 32 + lane];
-    qhi[ks][0] = h.x, qhi[ks][1] = h.y, qhi[ks][2] = h.z, qhi[ks][3] = h.w;
-    qlo[ks][0] = l.x, qlo[ks][1] = l.y, qlo[ks][2] = l.z, qlo[ks][3] = l.w;
-  }
-  const float inv_lo = qinv_s[r], inv_hi = qinv_s[r + 8];  // rows r and r + 8
-  const int last_lo = a.pos + (q0 + r) / group, last_hi = a.pos + (q0 + r + 8) / group;
-
   const int seq = a.seq_len();
   const int t_begin = split * a.split_len;
   const int t_end = min(seq, t_begin + a.split_len);
@@ -253,11 +215,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     }
   };
 
-  float o[L::kNTiles][4];
-#pragma unroll
-  for (int i = 0; i < L::kNTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.0f, l_hi = 0.0f;
-
+  // The first stages go out before the queries are prepared (they do not depend on them).
   const int step = kWarps * kTok;
   const int first = t_begin + warp * kTok;
   const int n = first < t_end ? (t_end - first + step - 1) / step : 0;
@@ -266,6 +224,58 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     if (p < n) issue(first + p * step, p);
     cp_async_commit();
   }
+  // Per-row exponents: warp w scans rows 4w .. 4w + 3.
+  constexpr int kScanRows = kRows / kWarps;
+  float amax[kScanRows];
+#pragma unroll
+  for (int i = 0; i < kScanRows; ++i) {  // all loads first, then the reductions
+    amax[i] = 0.0f;
+#pragma unroll
+    for (int d = lane; d < HD; d += 32) amax[i] = fmaxf(amax[i], fabsf(q_at(warp * kScanRows + i, d)));
+  }
+#pragma unroll
+  for (int i = 0; i < kScanRows; ++i) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      amax[i] = fmaxf(amax[i], __shfl_xor_sync(kFullMask, amax[i], off));
+    }
+    if (lane == 0) {
+      const int fq = row_exponent(amax[i]);
+      qmul_s[warp * kScanRows + i] = exp2i(fq);
+      qinv_s[warp * kScanRows + i] = exp2i(-fq);
+    }
+  }
+  __syncthreads();
+  // Q fragments of every k-step, hi and lo, in lane order (all warps use the same ones).
+  for (int idx = threadIdx.x; idx < L::kKSteps * 32; idx += kThreads) {
+    const int ks = idx / 32, fl = idx % 32, fr = fl / 4, fc = fl % 4;
+    const int ch_base = 32 * (ks / 2) + 8 * fc + 4 * (ks % 2);
+    uint32_t hi[4], lo[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {  // a0a1: row fr, a2a3: row fr + 8; a4..a7: channels + 2
+      const int row = fr + 8 * (i & 1), ch = ch_base + 2 * (i >> 1);
+      const float mul = qmul_s[row];
+      split_f16x2(q_at(row, ch) * mul, q_at(row, ch + 1) * mul, hi[i], lo[i]);
+    }
+    qf_s[(ks * 2) * 32 + fl] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+    qf_s[(ks * 2 + 1) * 32 + fl] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+  }
+  __syncthreads();
+  uint32_t qhi[L::kKSteps][4], qlo[L::kKSteps][4];
+#pragma unroll
+  for (int ks = 0; ks < L::kKSteps; ++ks) {
+    const uint4 h = qf_s[(ks * 2) * 32 + lane], l = qf_s[(ks * 2 + 1) * 32 + lane];
+    qhi[ks][0] = h.x, qhi[ks][1] = h.y, qhi[ks][2] = h.z, qhi[ks][3] = h.w;
+    qlo[ks][0] = l.x, qlo[ks][1] = l.y, qlo[ks][2] = l.z, qlo[ks][3] = l.w;
+  }
+  const float inv_lo = qinv_s[r], inv_hi = qinv_s[r + 8];  // rows r and r + 8
+  const int last_lo = a.pos + (q0 + r) / group, last_hi = a.pos + (q0 + r + 8) / group;
+
+  float o[L::kNTiles][4];
+#pragma unroll
+  for (int i = 0; i < L::kNTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+  float m_lo = kNegInf, m_hi = kNegInf, l_lo = 0.0f, l_hi = 0.0f;
+
   int slot = 0, next_slot = kStages - 1;
   for (int k = 0; k < n; ++k) {
     if (k + kStages - 1 < n) issue(first + (k + kStages - 1) * step, next_slot);
@@ -274,24 +284,29 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     const int i0 = first + k * step;
     const uint32_t src = warp_pipe + slot * L::kStageBytes;
 
-    float s[2][4];
+    // Four independent accumulator chains (n-tile x lo/hi), summed at the end.
+    float s[2][4], s_lo[2][4];
 #pragma unroll
-    for (int j = 0; j < 2; ++j) s[j][0] = s[j][1] = s[j][2] = s[j][3] = 0.0f;
+    for (int j = 0; j < 2; ++j) {
+#pragma unroll
+      for (int x = 0; x < 4; ++x) s[j][x] = s_lo[j][x] = 0.0f;
+    }
 #pragma unroll
     for (int e = 0; e < L::kKLoads; ++e) {
       const uint4 k0 = lds16(src + e * 512), k1 = lds16(src + (L::kKLoads + e) * 512);
-      mma_f16(s[0], qlo[2 * e], k0.x, k0.y);
-      mma_f16(s[1], qlo[2 * e], k1.x, k1.y);
+      mma_f16(s_lo[0], qlo[2 * e], k0.x, k0.y);
+      mma_f16(s_lo[1], qlo[2 * e], k1.x, k1.y);
       mma_f16(s[0], qhi[2 * e], k0.x, k0.y);
       mma_f16(s[1], qhi[2 * e], k1.x, k1.y);
-      mma_f16(s[0], qlo[2 * e + 1], k0.z, k0.w);
-      mma_f16(s[1], qlo[2 * e + 1], k1.z, k1.w);
+      mma_f16(s_lo[0], qlo[2 * e + 1], k0.z, k0.w);
+      mma_f16(s_lo[1], qlo[2 * e + 1], k1.z, k1.w);
       mma_f16(s[0], qhi[2 * e + 1], k0.z, k0.w);
       mma_f16(s[1], qhi[2 * e + 1], k1.z, k1.w);
     }
 #pragma unroll
     for (int j = 0; j < 2; ++j) {
-      s[j][0] *= inv_lo, s[j][1] *= inv_lo, s[j][2] *= inv_hi, s[j][3] *= inv_hi;
+      s[j][0] = (s[j][0] + s_lo[j][0]) * inv_lo, s[j][1] = (s[j][1] + s_lo[j][1]) * inv_lo;
+      s[j][2] = (s[j][2] + s_lo[j][2]) * inv_hi, s[j][3] = (s[j][3] + s_lo[j][3]) * inv_hi;
     }
     if (i0 + kTok > t_end || i0 + kTok > all_visible_end) {  // warp-uniform
 #pragma unroll
