@@ -270,11 +270,54 @@ void bench_gemv_tuning(CudaBackend& be) {
   be.release_weights();
 }
 
+// K/V rows for decode-attention timing: enough random copies to rotate over kRotateBytes (cold
+// L2), f32 or f16.
+struct AttnRows {
+  int64_t stride;
+  DType dtype;
+  int ctx, copies;
+  std::vector<std::unique_ptr<DeviceMem>> ks, vs;
+
+  AttnRows(CudaBackend& be, int ctx_, int64_t kv_dim, int64_t stride_, DType dtype_)
+      : stride(stride_), dtype(dtype_), ctx(ctx_) {
+    const size_t kv_bytes = size_t(ctx) * kv_dim * dtype_size(dtype) * 2;
+    const size_t alloc = size_t(ctx) * stride;
+    copies = static_cast<int>(std::max<size_t>(1, (kRotateBytes + kv_bytes - 1) / kv_bytes));
+    for (int c = 0; c < copies; ++c) {
+      for (auto* list : {&ks, &vs}) {
+        auto f = random_f32(alloc, 100 + c + (list == &vs ? 100 : 0));
+        if (dtype == DType::F16) {
+          auto h = std::make_unique<DeviceMem>(alloc * 2);
+          be.store_kv_rows(h->ptr, DType::F16, f->f32(), alloc);
+          f = std::move(h);
+        }
+        list->push_back(std::move(f));
+      }
+    }
+  }
+
+  // ms per decode-attention call with m query rows (the last m positions).
+  double time(CudaBackend& be, const AttentionShape& shape, int m) {
+    auto q = random_f32(size_t(m) * shape.num_heads * shape.head_dim, 5);
+    DeviceMem out(size_t(m) * shape.num_heads * shape.head_dim * 4);
+    return time_ms(
+        static_cast<cudaStream_t>(be.stream()),
+        [&](int i) {
+          const int c = i % copies;
+          KvView view{ks[c]->ptr, vs[c]->ptr, stride, ctx};
+          view.row_dtype = dtype;
+          be.attention(q->f32(), m, ctx - m, shape, view, out.f32());
+        },
+        std::max(10, 4 * copies));
+  }
+};
+
 // Decode attention over full-precision rows: f32, f16 (16-byte-aligned rows: the tensor-core
 // kernel, and the CUDA-core wide kernel with tensor cores tuned off) and f16 with rows padded by 4
-// elements (8-byte aligned: the CUDA-core narrow kernel), bytes = K + V read.
+// elements (8-byte aligned: the CUDA-core narrow kernel), bytes = K + V read. Then the same bytes
+// as Llama-2-7B at 32K (f16, m = 1) in rows of fewer kv heads: is a token's 256-byte piece per
+// kv head (the fp cache is token-major) what limits the bandwidth?
 void bench_attention(CudaBackend& be, bool quick) {
-  auto s = static_cast<cudaStream_t>(be.stream());
   struct Rows {
     const char* name;
     DType dtype;
@@ -291,49 +334,31 @@ void bench_attention(CudaBackend& be, bool quick) {
     for (int ctx : {4096, 32768, 131072}) {
       if (quick && ctx == 4096) continue;
       for (const Rows& r : kRows) {
-        const int64_t stride = kv_dim + r.pad;
-        const size_t esize = dtype_size(r.dtype);
-        const size_t kv_bytes = size_t(ctx) * kv_dim * esize * 2;  // K + V read
-        const size_t alloc = size_t(ctx) * stride;
-        const int copies =
-            static_cast<int>(std::max<size_t>(1, (kRotateBytes + kv_bytes - 1) / kv_bytes));
-        std::vector<std::unique_ptr<DeviceMem>> ks, vs;
-        for (int c = 0; c < copies; ++c) {
-          for (auto* list : {&ks, &vs}) {
-            auto f = random_f32(alloc, 100 + c + (list == &vs ? 100 : 0));
-            if (r.dtype == DType::F16) {
-              auto h = std::make_unique<DeviceMem>(alloc * 2);
-              be.store_kv_rows(h->ptr, DType::F16, f->f32(), alloc);
-              f = std::move(h);
-            }
-            list->push_back(std::move(f));
-          }
-        }
+        AttnRows rows(be, ctx, kv_dim, kv_dim + r.pad, r.dtype);
+        const double kv_bytes = double(ctx) * double(kv_dim) * double(dtype_size(r.dtype)) * 2;
         const AttentionShape shape{sh->heads, sh->kv_heads, sh->head_dim,
                                    static_cast<float>(1.0 / std::sqrt(double(sh->head_dim)))};
         for (int m : {1, 8, 16}) {
           if (quick && m == 16) continue;
-          auto q = random_f32(size_t(m) * sh->heads * sh->head_dim, 5);
-          DeviceMem out(size_t(m) * sh->heads * sh->head_dim * 4);
-          const int pos = ctx - m;
           cuda::set_decode_attention_tuning({r.tc});
-          const double ms = time_ms(
-              s,
-              [&](int i) {
-                const int c = i % copies;
-                KvView view{ks[c]->ptr, vs[c]->ptr, stride, ctx};
-                view.row_dtype = r.dtype;
-                be.attention(q->f32(), m, pos, shape, view, out.f32());
-              },
-              std::max(10, 4 * copies));
+          const double ms = rows.time(be, shape, m);
           summary("| attn decode %-11s %-11s ctx=%-6d m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |",
-                  r.name, sh->model, ctx, m, ms * 1e3, gbps(double(kv_bytes), ms),
-                  pct(double(kv_bytes), ms));
+                  r.name, sh->model, ctx, m, ms * 1e3, gbps(kv_bytes, ms), pct(kv_bytes, ms));
         }
       }
     }
   }
   cuda::set_decode_attention_tuning(saved);
+  for (int heads : {32, 8, 4, 1}) {
+    const int ctx = 32 * 32768 / heads, hd = 128;
+    AttnRows rows(be, ctx, int64_t{heads} * hd, int64_t{heads} * hd, DType::F16);
+    const double kv_bytes = double(ctx) * heads * hd * 2 * 2;
+    const AttentionShape shape{heads, heads, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};
+    const double ms = rows.time(be, shape, 1);
+    summary("| attn decode f16-KV layout %2d kv heads x %7d tokens m=1 | %8.1f us | %6.0f GB/s | "
+            "%5.1f%% |",
+            heads, ctx, ms * 1e3, gbps(kv_bytes, ms), pct(kv_bytes, ms));
+  }
 }
 
 void bench_prefill(CudaBackend& be, CudaBackend& fast) {
