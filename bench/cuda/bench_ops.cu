@@ -322,14 +322,12 @@ void bench_attention(CudaBackend& be, bool quick) {
     const char* name;
     DType dtype;
     int pad;
-    cuda::DecodeAttentionTuning tuning;
+    bool tc;
   };
-  const Rows kRows[] = {{"f32-KV", DType::F32, 0, {}},
-                        {"f16-KV", DType::F16, 0, {}},
-                        {"f16-KV norot", DType::F16, 0, {true, false, 1}},
-                        {"f16-KV 2 wave", DType::F16, 0, {true, true, 2}},
-                        {"f16-KV cc", DType::F16, 0, {false, true, 1}},
-                        {"f16-KV pad4", DType::F16, 4, {}}};
+  const Rows kRows[] = {{"f32-KV", DType::F32, 0, true},
+                        {"f16-KV", DType::F16, 0, true},
+                        {"f16-KV cc", DType::F16, 0, false},
+                        {"f16-KV pad4", DType::F16, 4, true}};
   const cuda::DecodeAttentionTuning saved = cuda::decode_attention_tuning();
   for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
     const int64_t kv_dim = int64_t(sh->kv_heads) * sh->head_dim;
@@ -342,28 +340,25 @@ void bench_attention(CudaBackend& be, bool quick) {
                                    static_cast<float>(1.0 / std::sqrt(double(sh->head_dim)))};
         for (int m : {1, 8, 16}) {
           if (quick && m == 16) continue;
-          cuda::set_decode_attention_tuning(r.tuning);
+          cuda::set_decode_attention_tuning({r.tc});
           const double ms = rows.time(be, shape, m);
-          summary("| attn decode %-13s %-11s ctx=%-6d m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |",
+          summary("| attn decode %-11s %-11s ctx=%-6d m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |",
                   r.name, sh->model, ctx, m, ms * 1e3, gbps(kv_bytes, ms), pct(kv_bytes, ms));
         }
       }
     }
   }
+  cuda::set_decode_attention_tuning(saved);
   for (int heads : {32, 8, 4, 1}) {
     const int ctx = 32 * 32768 / heads, hd = 128;
     AttnRows rows(be, ctx, int64_t{heads} * hd, int64_t{heads} * hd, DType::F16);
     const double kv_bytes = double(ctx) * heads * hd * 2 * 2;
     const AttentionShape shape{heads, heads, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};
-    for (bool rotate : {true, false}) {
-      cuda::set_decode_attention_tuning({true, rotate, 1});
-      const double ms = rows.time(be, shape, 1);
-      summary("| attn decode f16-KV layout %2d kv heads x %7d tokens m=1%s | %8.1f us | %6.0f GB/s "
-              "| %5.1f%% |",
-              heads, ctx, rotate ? "" : " norot", ms * 1e3, gbps(kv_bytes, ms), pct(kv_bytes, ms));
-    }
+    const double ms = rows.time(be, shape, 1);
+    summary("| attn decode f16-KV layout %2d kv heads x %7d tokens m=1 | %8.1f us | %6.0f GB/s | "
+            "%5.1f%% |",
+            heads, ctx, ms * 1e3, gbps(kv_bytes, ms), pct(kv_bytes, ms));
   }
-  cuda::set_decode_attention_tuning(saved);
 }
 
 void bench_prefill(CudaBackend& be, CudaBackend& fast) {

@@ -63,8 +63,6 @@ DecodeAttentionTuning g_tuning = [] {
   DecodeAttentionTuning t;
   const char* v = std::getenv("QS_DECODE_TC");
   t.tensor_cores = v == nullptr || std::strcmp(v, "0") != 0;
-  const char* rot = std::getenv("QS_DECODE_TC_ROTATE");
-  t.rotate = rot == nullptr || std::strcmp(rot, "0") != 0;
   return t;
 }();
 
@@ -157,7 +155,7 @@ __device__ __forceinline__ int row_exponent(float amax) {
 
 template <int HD>
 __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
-    attention_decode_tc_kernel(AttentionArgs a, bool rotate) {
+    attention_decode_tc_kernel(AttentionArgs a) {
   pdl_begin();
   using L = TcLayout<HD>;
   extern __shared__ __align__(16) unsigned char smem[];
@@ -221,15 +219,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
   const int step = kWarps * kTok;
   const int first = t_begin + warp * kTok;
   const int n = first < t_end ? (t_end - first + step - 1) / step : 0;
-  // Stage k of this warp is its stage (k + rot) mod n: the blocks of a wave start at different
-  // offsets of their splits (the softmax state does not depend on the order).
-  const int rot = rotate && n > 0 ? static_cast<int>((blockIdx.y * 7u + blockIdx.z * 3u +
-                                                      blockIdx.x * 5u) % static_cast<unsigned>(n))
-                                  : 0;
-  auto stage_start = [&](int k) { return first + (k + rot < n ? k + rot : k + rot - n) * step; };
 #pragma unroll
   for (int p = 0; p < kStages - 1; ++p) {
-    if (p < n) issue(stage_start(p), p);
+    if (p < n) issue(first + p * step, p);
     cp_async_commit();
   }
   // Per-row exponents: warp w scans rows 4w .. 4w + 3.
@@ -286,10 +278,10 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
 
   int slot = 0, next_slot = kStages - 1;
   for (int k = 0; k < n; ++k) {
-    if (k + kStages - 1 < n) issue(stage_start(k + kStages - 1), next_slot);
+    if (k + kStages - 1 < n) issue(first + (k + kStages - 1) * step, next_slot);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
-    const int i0 = stage_start(k);
+    const int i0 = first + k * step;
     const uint32_t src = warp_pipe + slot * L::kStageBytes;
 
     // Four independent accumulator chains (n-tile x lo/hi), summed at the end.
@@ -441,7 +433,7 @@ void launch_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
   }();
   (void)configured;
   const dim3 grid(attention_decode_tc_query_tiles(a), a.num_splits, a.num_kv_heads);
-  launch(attention_decode_tc_kernel<HD>, grid, kThreads, smem, stream, a, g_tuning.rotate);
+  launch(attention_decode_tc_kernel<HD>, grid, kThreads, smem, stream, a);
   CUDA_CHECK_LAUNCH(stream);
 }
 

@@ -10,11 +10,6 @@ namespace qs::cuda {
 // calls both handle (tests and benchmarks compare both; both compute the same function).
 struct DecodeAttentionTuning {
   bool tensor_cores = true;  // false: attention_decode_kernel for every call
-  // Tensor-core kernel only. rotate: each block starts its split at a different stage (so that
-  // the blocks of one wave do not all read the same offsets of their splits at the same time);
-  // waves: the splits fill this many waves of resident blocks.
-  bool rotate = true;
-  int waves = 1;
 };
 void set_decode_attention_tuning(const DecodeAttentionTuning& tuning);
 DecodeAttentionTuning decode_attention_tuning();
