@@ -517,7 +517,7 @@ TEST_F(CudaOpsTest, QuantAttentionForcedSplits) {
 
 // Pipeline shapes of the tensor-core path (sub-chunks per stage x stages, clamped to the shared
 // memory), with forced splits whose slices end inside a stage (partial stages, key groups that
-// start in the middle of a stage), and both combines (attention.cu's and the parallel one).
+// start in the middle of a stage).
 TEST_F(CudaOpsTest, QuantAttentionPipelineShapes) {
   double worst = 0;
   struct Pipe {
@@ -527,36 +527,31 @@ TEST_F(CudaOpsTest, QuantAttentionPipelineShapes) {
   QuantKv kv64(gpu(), cpu(), {1500, kKvHeads, 64, 32, 64, 0, Values::kNormal, 52});
   for (const Pipe& pp : {Pipe{1, 2}, Pipe{2, 2}, Pipe{2, 3}, Pipe{3, 4}, Pipe{4, 3}, Pipe{4, 6}}) {
     for (int splits : {0, 1, 3}) {
-      for (bool parallel_combine : {true, false}) {
-        if (!parallel_combine && splits != 3) continue;
-        TuningScope scope({true, splits, 1, parallel_combine, pp.chunk, pp.stages});
-        check_cases(gpu(), cpu(), kv128,
-                    {{kKvHeads, 1, false, kFpBaseMax},
-                     {4 * kKvHeads, 9, true, kFpBaseMax},
-                     {8 * kKvHeads, 16, true, 0}},
-                    worst);
-        check_cases(gpu(), cpu(), kv64,
-                    {{4 * kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 5, true, kFpBaseMax}},
-                    worst);
-      }
+      TuningScope scope({true, splits, 1, pp.chunk, pp.stages});
+      check_cases(gpu(), cpu(), kv128,
+                  {{kKvHeads, 1, false, kFpBaseMax},
+                   {4 * kKvHeads, 9, true, kFpBaseMax},
+                   {8 * kKvHeads, 16, true, 0}},
+                  worst);
+      check_cases(gpu(), cpu(), kv64,
+                  {{4 * kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 5, true, kFpBaseMax}},
+                  worst);
     }
   }
   report("quantized pipeline shapes", worst);
 }
 
-// The parallel combine against attention.cu's at many splits (one split per 32 positions) and
-// for every head_dim (the CUDA-core path for 32/256).
+// The split combine (attention.cu's, warps over the splits) at many splits (one split per 32
+// positions) and for every head_dim (the CUDA-core path for 32/256).
 TEST_F(CudaOpsTest, QuantAttentionCombines) {
   double worst = 0;
   for (int hd : {32, 64, 128, 256}) {
     QuantKv kv(gpu(), cpu(), {3000, kKvHeads, hd, 64, hd, 0, Values::kNormal, uint64_t(60 + hd)});
-    for (bool parallel_combine : {true, false}) {
-      for (int splits : {0, 2, 1000}) {
-        TuningScope scope({true, splits, 1, parallel_combine});
-        check_cases(gpu(), cpu(), kv,
-                    {{4 * kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 7, true, kFpBaseMax}},
-                    worst);
-      }
+    for (int splits : {0, 2, 1000}) {
+      TuningScope scope({true, splits, 1});
+      check_cases(gpu(), cpu(), kv,
+                  {{4 * kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 7, true, kFpBaseMax}},
+                  worst);
     }
   }
   report("quantized combines", worst);

@@ -1289,68 +1289,6 @@ __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(cons
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch>(p);
 }
 
-// ---- split combine --------------------------------------------------------------------------
-
-constexpr int kCombineThreads = 256;  // 8 warps per query vector
-
-// One block per query vector qi (row * num_heads + head): out[qi] = sum_s w_s o_s / sum_s w_s l_s,
-// w_s = 2^(m_s - max m). Unlike attention.cu's combine (one thread per channel, every split in
-// sequence: a chain of dependent L2 round trips that grows with the splits, ~0.3 us per split on
-// the H200), the warps take the splits round-robin, so the loads of 8+ splits are in flight at
-// once, and the warps' sums meet in shared memory. A split that saw nothing has m = -inf, weight 0.
-template <int HD>
-__global__ void __launch_bounds__(kCombineThreads)
-    quant_combine_kernel(const float* __restrict__ partial_o, const float* __restrict__ partial_ml,
-                         int splits, int64_t num_qv, float* __restrict__ out) {
-  pdl_begin();
-  constexpr int kWarps = kCombineThreads / 32;
-  constexpr int kC = HD / 32;  // channels per lane
-  __shared__ float red_m[kWarps];
-  __shared__ float red_l[kWarps];
-  __shared__ __align__(16) float red_o[kWarps][HD];
-  const int64_t qi = blockIdx.x;
-  const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-
-  float mx = kNegInf;
-  for (int s = threadIdx.x; s < splits; s += kCombineThreads) {
-    mx = fmaxf(mx, __ldg(partial_ml + (s * num_qv + qi) * 2));
-  }
-#pragma unroll
-  for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, off));
-  if (lane == 0) red_m[warp] = mx;
-  __syncthreads();
-  float m_tot = red_m[0];
-#pragma unroll
-  for (int w = 1; w < kWarps; ++w) m_tot = fmaxf(m_tot, red_m[w]);
-
-  float acc[kC], l_sum = 0.0f;
-#pragma unroll
-  for (int c = 0; c < kC; ++c) acc[c] = 0.0f;
-#pragma unroll 4
-  for (int s = warp; s < splits; s += kWarps) {
-    const int64_t slot = s * num_qv + qi;
-    const float2 ml = __ldg(reinterpret_cast<const float2*>(partial_ml + slot * 2));
-    float x[kC];
-    load_f32<kC>(partial_o + slot * HD + lane * kC, x);
-    const float wgt = merge_weight(ml.x, m_tot);
-    l_sum = fmaf(wgt, ml.y, l_sum);
-#pragma unroll
-    for (int c = 0; c < kC; ++c) acc[c] = fmaf(wgt, x[c], acc[c]);
-  }
-#pragma unroll
-  for (int c = 0; c < kC; ++c) red_o[warp][lane * kC + c] = acc[c];
-  if (lane == 0) red_l[warp] = l_sum;  // the same in every lane
-  __syncthreads();
-  for (int d = threadIdx.x; d < HD; d += kCombineThreads) {
-    float o = 0.0f, l = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      o += red_o[w][d];
-      l += red_l[w];
-    }
-    out[qi * HD + d] = o / l;
-  }
-}
 
 // ---- host side ------------------------------------------------------------------------------
 
@@ -1597,34 +1535,6 @@ size_t max_smem_per_block() {
   return static_cast<size_t>(bytes);
 }
 
-void launch_quant_combine(const float* partial_o, const float* partial_ml, int splits,
-                          int64_t num_qv, int hd, float* out, cudaStream_t stream) {
-  QS_CHECK(num_qv >= 1 && num_qv <= 0x7fffffff && splits >= 1);
-  QS_CHECK(
-      (reinterpret_cast<uintptr_t>(partial_o) | reinterpret_cast<uintptr_t>(partial_ml)) % 16 == 0);
-  const dim3 grid(static_cast<unsigned>(num_qv));
-  switch (hd) {
-    case 32:
-      launch(quant_combine_kernel<32>, grid, kCombineThreads, 0, stream, partial_o, partial_ml,
-             splits, num_qv, out);
-      break;
-    case 64:
-      launch(quant_combine_kernel<64>, grid, kCombineThreads, 0, stream, partial_o, partial_ml,
-             splits, num_qv, out);
-      break;
-    case 128:
-      launch(quant_combine_kernel<128>, grid, kCombineThreads, 0, stream, partial_o, partial_ml,
-             splits, num_qv, out);
-      break;
-    case 256:
-      launch(quant_combine_kernel<256>, grid, kCombineThreads, 0, stream, partial_o, partial_ml,
-             splits, num_qv, out);
-      break;
-    default:
-      QS_CHECK_MSG(false, "quantized attention: unsupported head_dim");
-  }
-  CUDA_CHECK_LAUNCH(stream);
-}
 
 }  // namespace
 
@@ -1753,7 +1663,6 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.fp_split_len = static_cast<int>(ceil_div(n_fp, splits));
   pl.q_split_len = b_max > 0 ? static_cast<int>(ceil_div(ceil_div(b_max, splits), unit) * unit) : 0;
   pl.partial_floats = splits * a.m * a.num_heads * (hd + 2);
-  pl.parallel_combine = tune.parallel_combine;
   return pl;
 }
 
@@ -1810,10 +1719,6 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
          stream, p);
   CUDA_CHECK_LAUNCH(stream);
 
-  if (plan.parallel_combine) {
-    launch_quant_combine(p.partial_o, p.partial_ml, plan.splits, num_qv, hd, a.out, stream);
-    return;
-  }
   AttentionArgs c;
   c.out = a.out;
   c.partial_o = p.partial_o;

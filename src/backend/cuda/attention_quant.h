@@ -66,7 +66,6 @@ struct QuantAttentionPlan {
   int threads = 32;
   size_t smem_bytes = 0;
   int64_t partial_floats = 0;  // scratch for the split partials (o, then (max, sum))
-  bool parallel_combine = true;  // the splits merged by attention_quant.cu's own combine kernel
   int chunk = 1;   // 32-token sub-chunks per warp per pipeline stage (tensor-core path)
   int stages = 3;  // cp.async pipeline stages (tensor-core path)
 };
@@ -82,8 +81,7 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
 void add_quant_attention_read_bytes(int m, int pos, const AttentionShape& shape, const KvView& kv);
 
 // Defaults of the tuning below (one constant each to switch back to the previous kernel:
-// parallel combine false, chunk 1, stages 3).
-constexpr bool kQuantAttentionParallelCombine = true;
+// chunk 1, stages 3).
 // The register-direct tensor-core path where it applies (false: the cp.async ring everywhere).
 constexpr bool kQuantAttentionDirect = true;
 constexpr int kQuantAttentionDirectRegs = 0;
@@ -103,10 +101,6 @@ struct QuantAttentionTuning {
   bool tensor_cores = true;  // false: the CUDA-core path for every head_dim
   int splits = 0;            // > 0: force the number of splits (clamped to the positions)
   int split_factor = 1;      // >= 1: the heuristic aims at this many waves of blocks (benchmarks)
-  // true: the splits are merged by a combine whose warps read the splits in parallel; false:
-  // attention.cu's combine (one thread per channel loops over the splits: ~0.3 us per split).
-  // THE default switch for the combine (kQuantAttentionParallelCombine).
-  bool parallel_combine = kQuantAttentionParallelCombine;
   // > 0: 32-token sub-chunks per warp per pipeline stage (0: kQuantAttentionDefaultChunk).
   int chunk_subs = 0;
   // > 0: cp.async pipeline stages, 2..kQuantAttentionMaxStages (0: kQuantAttentionDefaultStages).
