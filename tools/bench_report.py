@@ -7,7 +7,9 @@ Per model and context: every mode at its best gamma (highest decode tokens/s, re
 averaged) with tokens/s, ms/token, speedup vs AR fp16 and vs AR INT8 (when those ran),
 acceptance, KV cache and peak device memory; then the gamma sweep of the speculative modes, and
 the ms/token projected from each speculative cell's measured phase times for acceptance rates
-0.85 / 0.90 / 0.95 (the phases do not depend on acceptance, so random-weight runs give them too).
+0.85 / 0.90 / 0.95 (the phases do not depend on acceptance, so random-weight runs give them too),
+including the round's host-side sampling and flush time measured in the same run (the AR
+baselines' ms/token include their sampling too).
 Plots (matplotlib): speedup vs context, acceptance vs gamma, memory vs context.
 """
 import argparse
@@ -21,12 +23,21 @@ BASELINES = ("ar-fp16", "ar-int8")
 ALPHAS = (0.85, 0.90, 0.95)
 
 
-def projected_ms(draft_ms, verify_ms, gamma, alpha):
-    """ms/token of rounds of `gamma` draft steps and one verification when each draft token is
-    accepted with probability alpha: E[tokens per round] = (1 - alpha^(gamma+1)) / (1 - alpha)
-    (the accepted prefix plus the target's own token)."""
+def projected_ms(draft_ms, verify_ms, gamma, alpha, round_ms=0.0):
+    """ms/token of rounds of `gamma` draft steps, one verification and `round_ms` of host work
+    (sampling, flush) when each draft token is accepted with probability alpha:
+    E[tokens per round] = (1 - alpha^(gamma+1)) / (1 - alpha) (the accepted prefix plus the
+    target's own token)."""
     tokens = (1 - alpha ** (gamma + 1)) / (1 - alpha)
-    return (gamma * draft_ms + verify_ms) / tokens
+    return (gamma * draft_ms + verify_ms + round_ms) / tokens
+
+
+def round_overhead_ms(cell):
+    """Host-side sampling + flush time per round of a speculative cell (0 when not recorded)."""
+    rounds = cell.get("rounds", 0)
+    if not rounds:
+        return 0.0
+    return 1e3 * (cell.get("sample_s", 0.0) + cell.get("flush_s", 0.0)) / rounds
 
 
 def load(paths):
@@ -57,7 +68,8 @@ def cells(report):
     for key, runs in groups.items():
         avg = dict(runs[0])
         for field in ("decode_tok_s", "ms_per_token", "acceptance_rate", "mean_accepted_length",
-                      "draft_ms_per_step", "verify_ms_per_step", "prefill_s"):
+                      "draft_ms_per_step", "verify_ms_per_step", "prefill_s", "sample_s",
+                      "flush_s", "rounds"):
             avg[field] = statistics.fmean(r.get(field, 0.0) for r in runs)
         avg["peak_device_memory_bytes"] = max(r.get("peak_device_memory_bytes", -1) for r in runs)
         avg["repeats"] = len(runs)
@@ -134,19 +146,21 @@ def projection_lines(cs, best):
     if not spec:
         return []
     head = " | ".join(f"α={a:.2f}: ms/token (vs AR fp16, vs AR INT8)" for a in ALPHAS)
-    lines = ["", "Projected from the measured phases (ms/token = (γ·draft + verify) / E[tokens per "
-             "round]):", "", f"| mode | context | γ | draft ms/step | verify ms/round | {head} |",
-             "|---|---:|---:|---:|---:|" + "---:|" * len(ALPHAS)]
+    lines = ["", "Projected from the measured phases (ms/token = (γ·draft + verify + host) / "
+             "E[tokens per round]; host = sampling + flush per round):", "",
+             f"| mode | context | γ | draft ms/step | verify ms/round | host ms/round | {head} |",
+             "|---|---:|---:|---:|---:|---:|" + "---:|" * len(ALPHAS)]
     for mode, ctx, g in spec:
         c = cs[(mode, ctx, g)]
+        host = round_overhead_ms(c)
         parts = []
         for a in ALPHAS:
-            ms = projected_ms(c["draft_ms_per_step"], c["verify_ms_per_step"], g, a)
+            ms = projected_ms(c["draft_ms_per_step"], c["verify_ms_per_step"], g, a, host)
             vs = [f"{best[(b, ctx)]['ms_per_token'] / ms:.2f}x" if (b, ctx) in best else "-"
                   for b in BASELINES]
             parts.append(f"{ms:.2f} ({vs[0]}, {vs[1]})")
         lines.append(f"| {mode} | {ctx} | {g} | {c['draft_ms_per_step']:.3f} | "
-                     f"{c['verify_ms_per_step']:.3f} | " + " | ".join(parts) + " |")
+                     f"{c['verify_ms_per_step']:.3f} | {host:.3f} | " + " | ".join(parts) + " |")
     return lines
 
 

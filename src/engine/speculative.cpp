@@ -52,8 +52,12 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
     ++counters.draft_steps;
     stats.draft_s += seconds_since(t0);
     t0 = std::chrono::steady_clock::now();
-    token_probabilities(logits_.data(), vocab, sampling, q_[i]);
-    ids.push_back(greedy ? argmax(logits_.data(), vocab) : sample_from(q_[i], rng));
+    if (greedy) {  // verification compares argmaxes: q is not needed
+      ids.push_back(argmax(logits_.data(), vocab));
+    } else {
+      token_probabilities(logits_.data(), vocab, sampling, q_[i]);
+      ids.push_back(sample_from(q_[i], rng));
+    }
     stats.sample_s += seconds_since(t0);
   }
 

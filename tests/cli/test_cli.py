@@ -510,7 +510,8 @@ def test_bench_report_tables_and_plots(qs, tmp_path):
 
 
 def test_bench_report_projection(tmp_path):
-    """The projected ms/token from phase times: (γ·draft + verify) / ((1 - α^(γ+1)) / (1 - α))."""
+    """The projected ms/token from phase times: (γ·draft + verify + host) / ((1 - α^(γ+1)) / (1 - α)),
+    host = the round's sampling + flush time when the run recorded it."""
     def run(mode, ms, gamma=0, draft=0.0, verify=0.0):
         return {"bench_mode": mode, "context": 1000, "gamma": gamma, "ms_per_token": ms,
                 "decode_tok_s": 1000.0 / ms, "acceptance_rate": 0.0, "mean_accepted_length": 1.0,
@@ -527,6 +528,14 @@ def test_bench_report_projection(tmp_path):
     assert "8.30 (1.45x, 1.08x)" in row, row
     # α = 0.85: E = 3.7086 -> 9.17 ms; α = 0.95: E = 4.5244 -> 7.51 ms.
     assert "9.17 (1.31x, 0.98x)" in row and "7.51 (1.60x, 1.20x)" in row, row
+    # With the host's sampling + flush recorded (0.03 s + 0.01 s over 20 rounds = 2 ms per round):
+    # α = 0.9: (4·6 + 10 + 2) / 4.0951 = 8.79 ms, 1.37x / 1.02x.
+    report["runs"][2].update(sample_s=0.03, flush_s=0.01, rounds=20)
+    path.write_text(json.dumps(report))
+    md = subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_report.py"), str(path)],
+                        check=True, capture_output=True, text=True).stdout
+    row = next(line for line in md.splitlines() if line.startswith("| quantspec | 1000 | 4 |"))
+    assert "| 2.000 |" in row and "8.79 (1.37x, 1.02x)" in row, row
 
 
 def test_bench_bad_input(qs, tmp_path):

@@ -18,17 +18,13 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace qs::cuda {
 
 namespace {
 
 constexpr float kNegInf = -INFINITY;
-
-// The weight 2^(m_part - m_total) of a partial state, 0 for a state with no visible position.
-__device__ __forceinline__ float merge_weight(float m_part, float m_total) {
-  return m_part == kNegInf ? 0.0f : exp2f(m_part - m_total);
-}
 
 // ---- decode kernel --------------------------------------------------------------------------
 
@@ -473,20 +469,8 @@ __global__ void __launch_bounds__(kCombineThreads)
   for (int s = warp; s < splits; s += kWarps) {
     const int64_t slot = s * num_qv + qi;
     const float2 ml = __ldg(reinterpret_cast<const float2*>(partial_ml + slot * 2));
-    const float* po = partial_o + slot * HD + lane * kC;
     float x[kC];
-    if constexpr (kC % 4 == 0) {
-#pragma unroll
-      for (int i = 0; i < kC / 4; ++i) {
-        const float4 f = __ldg(reinterpret_cast<const float4*>(po) + i);
-        x[4 * i] = f.x, x[4 * i + 1] = f.y, x[4 * i + 2] = f.z, x[4 * i + 3] = f.w;
-      }
-    } else if constexpr (kC == 2) {
-      const float2 f = __ldg(reinterpret_cast<const float2*>(po));
-      x[0] = f.x, x[1] = f.y;
-    } else {
-      x[0] = __ldg(po);
-    }
+    load_f32<kC>(partial_o + slot * HD + lane * kC, x);
     const float wgt = merge_weight(ml.x, m_tot);
     l_sum = fmaf(wgt, ml.y, l_sum);
 #pragma unroll

@@ -48,6 +48,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
 #include "core/error.h"
 
 namespace qs::cuda {
@@ -114,37 +115,6 @@ __device__ __forceinline__ int quant_boundary_dev(int t, int G) {
   return t >= 2 * G ? G * (t / G - 1) : 0;
 }
 
-// 2^e as a float, e in [-126, 127].
-__device__ __forceinline__ float exp2i(int e) {
-  return __int_as_float((e + 127) << 23);
-}
-
-// 2^x on the SFU without exp2f's rescaling of results below 2^-126 (flushed to 0: a softmax
-// weight that small is below every sum's rounding); 2^-inf = 0.
-__device__ __forceinline__ float exp2_ftz(float x) {
-  float y;
-  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
-  return y;
-}
-
-__device__ __forceinline__ float merge_weight(float m_part, float m_total) {
-  return m_part == kNegInf ? 0.0f : exp2f(m_part - m_total);
-}
-
-__device__ __forceinline__ uint32_t smem_u32(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
-__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::: "memory");
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
 // cp_async_wait<n> for a runtime n in [0, kQuantAttentionMaxStages - 2] (the pipeline depth is a
 // plan parameter; wait_group takes an immediate).
 __device__ __forceinline__ void cp_async_wait_n(int n) {
@@ -184,31 +154,11 @@ __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t (&d)[4]) {
   }
 }
 
-// d += A B, m16n8k16, f16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
-                                        uint32_t a3, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-}
-
 // The 8x8 b16 matrix whose row lane/4, columns 2(lane%4) and +1 this lane holds, transposed.
 __device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
   uint32_t y;
   asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;\n" : "=r"(y) : "r"(x));
   return y;
-}
-
-// {a, b} (a in the low half) as f16 hi + lo: hi = f16(a), lo = f16(a - hi). For |a| < 2^14 and
-// a not tiny, hi + lo has ~22 significant bits.
-__device__ __forceinline__ void split_f16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(a, b);
-  const float2 hf = __half22float2(h);
-  const __half2 l = __floats2half2_rn(a - hf.x, b - hf.y);
-  hi = *reinterpret_cast<const uint32_t*>(&h);
-  lo = *reinterpret_cast<const uint32_t*>(&l);
 }
 
 // {a, b} as an f16x2 MMA operand: kLo, split into hi + lo (split_f16x2); else hi = f16(a, b)
@@ -362,22 +312,6 @@ __device__ __forceinline__ float transpose_reduce(float (&v)[N]) {
 #pragma unroll
   for (; off > 0; off /= 2) v[0] += __shfl_xor_sync(kFullMask, v[0], off);
   return v[0];
-}
-
-template <int N>
-__device__ __forceinline__ void load_f32(const float* p, float (&x)[N]) {
-  if constexpr (N % 4 == 0) {
-#pragma unroll
-    for (int i = 0; i < N / 4; ++i) {
-      const float4 f = __ldg(reinterpret_cast<const float4*>(p) + i);
-      x[4 * i] = f.x, x[4 * i + 1] = f.y, x[4 * i + 2] = f.z, x[4 * i + 3] = f.w;
-    }
-  } else if constexpr (N == 2) {
-    const float2 f = __ldg(reinterpret_cast<const float2*>(p));
-    x[0] = f.x, x[1] = f.y;
-  } else {
-    x[0] = __ldg(p);
-  }
 }
 
 // The 4-bit codes of this lane's C channels [lane*C, +C) in a packed row, code c in bits 4c.

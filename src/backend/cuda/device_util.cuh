@@ -52,6 +52,24 @@ __device__ __forceinline__ float4 load4_kv(const __half* p) {
   return make_float4(a.x, a.y, b.x, b.y);
 }
 
+// N consecutive read-only floats (p aligned to min(N, 4) floats): float4 loads for N % 4 == 0, a
+// float2 for N = 2, else one float.
+template <int N>
+__device__ __forceinline__ void load_f32(const float* p, float (&x)[N]) {
+  if constexpr (N % 4 == 0) {
+#pragma unroll
+    for (int i = 0; i < N / 4; ++i) {
+      const float4 f = __ldg(reinterpret_cast<const float4*>(p) + i);
+      x[4 * i] = f.x, x[4 * i + 1] = f.y, x[4 * i + 2] = f.z, x[4 * i + 3] = f.w;
+    }
+  } else if constexpr (N == 2) {
+    const float2 f = __ldg(reinterpret_cast<const float2*>(p));
+    x[0] = f.x, x[1] = f.y;
+  } else {
+    x[0] = __ldg(p);
+  }
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
