@@ -355,9 +355,10 @@ void bench_attention(CudaBackend& be, bool quick) {
     const double kv_bytes = double(ctx) * heads * hd * 2 * 2;
     const AttentionShape shape{heads, heads, hd, static_cast<float>(1.0 / std::sqrt(double(hd)))};
     const double ms = rows.time(be, shape, 1);
-    summary("| attn decode f16-KV layout %2d kv heads x %7d tokens m=1 | %8.1f us | %6.0f GB/s | "
-            "%5.1f%% |",
-            heads, ctx, ms * 1e3, gbps(kv_bytes, ms), pct(kv_bytes, ms));
+    summary(
+        "| attn decode f16-KV layout %2d kv heads x %7d tokens m=1 | %8.1f us | %6.0f GB/s | "
+        "%5.1f%% |",
+        heads, ctx, ms * 1e3, gbps(kv_bytes, ms), pct(kv_bytes, ms));
   }
 }
 

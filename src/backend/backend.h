@@ -14,6 +14,7 @@
 #include <new>
 #include <string>
 
+#include "core/argmax.h"
 #include "core/dtype.h"
 #include "core/error.h"
 #include "model/weights.h"
@@ -280,6 +281,13 @@ class Backend {
   // `ncu --profile-from-start off`; the engine brackets decoding when QS_PROFILE_DECODE is set).
   // No-op where there is nothing to profile.
   virtual void profile_region(bool begin) { (void)begin; }
+
+  // The argmax of each of `rows` rows of n floats at x (backend memory; core/argmax.h: the lowest
+  // index among ties, NaN never wins) into out_host[0, rows) (host memory), complete on return:
+  // the greedy decoders' tokens, so that only the ids need to leave the backend.
+  virtual void argmax_rows(const float* x, int rows, int n, int32_t* out_host) {
+    for (int r = 0; r < rows; ++r) out_host[r] = argmax(x + static_cast<size_t>(r) * n, n);
+  }
 
   // Copies n floats from host memory into backend memory (dst from alloc()).
   virtual void from_host(const float* src_host, float* dst, size_t n) {

@@ -242,8 +242,12 @@ int64_t LlmEngine::device_memory_in_use() const {
 }
 
 Status LlmEngine::forward_all(std::span<const int32_t> ids, int pos, const ForwardPath& path,
-                              LogitRows rows, float* logits) {
-  if (peers_.empty()) return model_->forward(ids, pos, cache_, path, rows, logits);
+                              LogitRows rows, float* logits, int32_t* argmax) {
+  auto rank0 = [&] {
+    return argmax ? model_->forward_argmax(ids, pos, cache_, path, rows, argmax)
+                  : model_->forward(ids, pos, cache_, path, rows, logits);
+  };
+  if (peers_.empty()) return rank0();
   // Sparse drafts (selection, query tap) are rejected with more than one rank by create().
   QS_CHECK(path.selection == nullptr && !path.query_tap);
   ForwardPath peer_path = path;
@@ -255,7 +259,7 @@ Status LlmEngine::forward_all(std::span<const int32_t> ids, int pos, const Forwa
   return rank_threads_->run([&](int r) -> Status {
     if (r == 0) {
       backend_->bind_thread();
-      return model_->forward(ids, pos, cache_, path, rows, logits);
+      return rank0();
     }
     Peer& p = peers_[static_cast<size_t>(r - 1)];
     p.backend->bind_thread();
@@ -295,6 +299,10 @@ DecoderDispatch LlmEngine::dispatch() {
   d.forward = [this](std::span<const int32_t> ids, int pos, const ForwardPath& path,
                      LogitRows rows, float* logits) {
     return forward_all(ids, pos, path, rows, logits);
+  };
+  d.forward_argmax = [this](std::span<const int32_t> ids, int pos, const ForwardPath& path,
+                            LogitRows rows, int32_t* tokens) {
+    return forward_all(ids, pos, path, rows, nullptr, tokens);
   };
   d.commit = [this](int length) { commit_all(length); };
   return d;
@@ -540,14 +548,20 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
       return p;
     }();
     int pos = prompt_len;
+    // Greedy: after the prompt's logits, each forward hands back only its argmax
+    // (Backend::argmax_rows, computed where the logits are).
+    const bool greedy = params.sampling.temperature <= 0.0f;
+    int32_t greedy_next = -1;
     for (;;) {
       auto t0 = std::chrono::steady_clock::now();
-      const int32_t next = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
+      const int32_t next =
+          greedy_next >= 0 ? greedy_next
+                           : sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
       st.sample_s += seconds_since(t0);
       if (push(next)) break;
       t0 = std::chrono::steady_clock::now();
       QS_TRY(forward_all(std::span<const int32_t>(&next, 1), pos, path, LogitRows::kLast,
-                         last_logits_.data()));
+                         last_logits_.data(), greedy ? &greedy_next : nullptr));
       ++counters_.target_steps;
       st.verify_s += seconds_since(t0);
       t0 = std::chrono::steady_clock::now();

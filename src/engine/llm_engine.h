@@ -93,10 +93,11 @@ class LlmEngine final : public Engine {
   Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {});
 
   // Tensor parallelism: the same forward on every rank (rank 0: model_ on cache_, logits into
-  // `logits`; the others into their own scratch), and a cache operation on every rank's cache.
-  // With one rank these are the plain calls on model_ and cache_.
-  Status forward_all(std::span<const int32_t> ids, int pos, const ForwardPath& path,
-                     LogitRows rows, float* logits);
+  // `logits`, or with `argmax` only each row's argmax there (Model::forward_argmax); the others
+  // into their own scratch), and a cache operation on every rank's cache. With one rank these
+  // are the plain calls on model_ and cache_.
+  Status forward_all(std::span<const int32_t> ids, int pos, const ForwardPath& path, LogitRows rows,
+                     float* logits, int32_t* argmax = nullptr);
   // Runs fn on every rank's cache (on that rank's thread); the first error.
   Status each_cache(const std::function<Status(KvCache&)>& fn);
   void commit_all(int length);

@@ -148,13 +148,24 @@ void Model::linear(const float* x, int m, const WeightView& w, const QuantizedWe
 
 Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
                       const ForwardPath& path, LogitRows rows, float* logits) {
+  return forward_to(ids, pos, cache, path, rows, logits, nullptr);
+}
+
+Status Model::forward_argmax(std::span<const int32_t> ids, int pos, KvCache& cache,
+                             const ForwardPath& path, LogitRows rows, int32_t* tokens) {
+  QS_CHECK(rows != LogitRows::kNone && tokens != nullptr);
+  return forward_to(ids, pos, cache, path, rows, nullptr, tokens);
+}
+
+Status Model::forward_to(std::span<const int32_t> ids, int pos, KvCache& cache,
+                         const ForwardPath& path, LogitRows rows, float* logits, int32_t* argmax) {
   const int m = static_cast<int>(ids.size());
   QS_CHECK(m >= 1 && pos >= 0);
   QS_CHECK(cache.config().num_layers == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());
   QS_CHECK_MSG(!path.draft_weights || !draft_layers_.empty(),
                "draft path without draft weights (make_draft_weights)");
   QS_TRY(cache.prepare_write(pos, m));
-  return run(ids, pos, cache, path, rows, logits);
+  return run(ids, pos, cache, path, rows, logits, argmax);
 }
 
 KvView Model::store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,
@@ -172,10 +183,10 @@ KvView Model::store_and_view(KvCache& cache, const ForwardPath& path, int layer,
 }
 
 Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
-                  LogitRows rows, float* logits) {
+                  LogitRows rows, float* logits, int32_t* argmax) {
   const int m = static_cast<int>(ids.size());
   const bool draft = path.draft_weights;
-  QS_CHECK(rows == LogitRows::kNone || logits != nullptr);
+  QS_CHECK(rows == LogitRows::kNone || logits != nullptr || argmax != nullptr);
   for (int32_t id : ids) {
     if (id < 0 || id >= cfg_.vocab_size) {
       return make_error("token id " + std::to_string(id) + " is out of range [0, " +
@@ -237,7 +248,11 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
   backend_.rmsnorm(h + first * d, weights_.final_norm, count, eps, x);
   linear(x, count, weights_.lm_head, draft ? draft_lm_head_.get() : nullptr, nullptr,
          logits_->data());
-  backend_.to_host(logits_->data(), logits, static_cast<size_t>(count) * cfg_.vocab_size);
+  if (argmax != nullptr) {
+    backend_.argmax_rows(logits_->data(), count, cfg_.vocab_size, argmax);
+  } else {
+    backend_.to_host(logits_->data(), logits, static_cast<size_t>(count) * cfg_.vocab_size);
+  }
   return Status::ok_status();
 }
 

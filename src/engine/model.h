@@ -74,6 +74,11 @@ class Model {
   // already). Without it, attention is full precision over the buffer (the cache must start at 0).
   Status forward(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
                  LogitRows rows, float* logits);
+  // The same forward, handing back only each logit row's argmax (tokens, host: kLast -> [1],
+  // kAll -> [m]; Backend::argmax_rows): what greedy decoding needs, without the logits leaving
+  // the backend.
+  Status forward_argmax(std::span<const int32_t> ids, int pos, KvCache& cache,
+                        const ForwardPath& path, LogitRows rows, int32_t* tokens);
 
   // Builds the draft weights from the original ones (DESIGN §1): kInt4 quantizes every linear
   // layer and lm_head to 4-bit group 128, kInt4Mlp the MLP only, kNative keeps the originals.
@@ -89,9 +94,12 @@ class Model {
 
  private:
   void ensure_scratch(int m);
+  // forward / forward_argmax: logits or argmax (one of them) receives the rows.
+  Status forward_to(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
+                    LogitRows rows, float* logits, int32_t* argmax);
   // The layer stack and head over ids at [pos, pos + m) (forward's checks done).
   Status run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
-             LogitRows rows, float* logits);
+             LogitRows rows, float* logits, int32_t* argmax);
   // Stores `layer`'s new K/V rows (k_, v_) in the cache, quantizes the groups the last query's
   // boundary needs, and returns the view attention reads (segment: its storage).
   KvView store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,

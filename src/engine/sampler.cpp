@@ -67,15 +67,6 @@ Status check_sampling_params(const SamplingParams& p) {
   return Status::ok_status();
 }
 
-int32_t argmax(const float* logits, int vocab) {
-  QS_CHECK(vocab > 0);
-  int32_t best = 0;
-  for (int32_t i = 1; i < vocab; ++i) {
-    if (logits[i] > logits[best]) best = i;
-  }
-  return best;
-}
-
 void token_probabilities(const float* logits, int vocab, const SamplingParams& params,
                          std::vector<float>& probs) {
   QS_CHECK(vocab > 0);

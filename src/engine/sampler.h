@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <vector>
 
+#include "core/argmax.h"  // argmax: index of the largest logit, the lowest among ties
 #include "core/error.h"
 #include "engine/engine.h"
 
@@ -24,9 +25,6 @@ class Rng {
 
 // Rejects values no sampler can honor (negative temperature, top_p outside (0, 1], ...).
 Status check_sampling_params(const SamplingParams& params);
-
-// Index of the largest logit; the lowest index among ties.
-int32_t argmax(const float* logits, int vocab);
 
 // The processed next-token distribution, written to probs[0, vocab) (resized to vocab), summing
 // to 1: softmax(logits / temperature), restricted to the top_k largest logits (ties at the k-th

@@ -42,39 +42,57 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   dpath.draft_weights = &draft_ == &target_;
   dpath.kv_read = &counters.draft_kv;
   dpath.selection = draft_selection_;
+  // Greedy needs only each row's argmax, which the backend computes where the logits are
+  // (Backend::argmax_rows); sampling needs the logits on the host.
+  auto forward = [&](Model& model, std::span<const int32_t> in, int pos, const ForwardPath& path,
+                     LogitRows rows, float* logits, int32_t* tokens) {
+    if (tokens != nullptr) {
+      return dispatch_.forward_argmax ? dispatch_.forward_argmax(in, pos, path, rows, tokens)
+                                      : model.forward_argmax(in, pos, cache_, path, rows, tokens);
+    }
+    return dispatch_.forward ? dispatch_.forward(in, pos, path, rows, logits)
+                             : model.forward(in, pos, cache_, path, rows, logits);
+  };
   std::vector<int32_t> ids{x};  // [x, g1, ..., g_gamma]
   for (int i = 0; i < gamma; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     const std::span<const int32_t> step(&ids.back(), 1);
-    QS_TRY(dispatch_.forward
-               ? dispatch_.forward(step, n + i, dpath, LogitRows::kLast, logits_.data())
-               : draft_.forward(step, n + i, cache_, dpath, LogitRows::kLast, logits_.data()));
+    int32_t g = -1;
+    QS_TRY(forward(draft_, step, n + i, dpath, LogitRows::kLast, logits_.data(),
+                   greedy ? &g : nullptr));
     ++counters.draft_steps;
     stats.draft_s += seconds_since(t0);
-    t0 = std::chrono::steady_clock::now();
-    if (greedy) {  // verification compares argmaxes: q is not needed
-      ids.push_back(argmax(logits_.data(), vocab));
-    } else {
+    if (!greedy) {
+      t0 = std::chrono::steady_clock::now();
       token_probabilities(logits_.data(), vocab, sampling, q_[i]);
-      ids.push_back(sample_from(q_[i], rng));
+      g = sample_from(q_[i], rng);
+      stats.sample_s += seconds_since(t0);
     }
-    stats.sample_s += seconds_since(t0);
+    ids.push_back(g);
   }
 
   // Verify: one target forward over [x, g1..g_gamma] overwrites those rows with target K/V.
   auto t0 = std::chrono::steady_clock::now();
   ForwardPath tpath = target_path(cache_.mode());
   tpath.kv_read = &counters.target_kv;
-  verify_logits_.resize(static_cast<size_t>(gamma + 1) * vocab);
-  QS_TRY(dispatch_.forward
-             ? dispatch_.forward(ids, n, tpath, LogitRows::kAll, verify_logits_.data())
-             : target_.forward(ids, n, cache_, tpath, LogitRows::kAll, verify_logits_.data()));
+  if (greedy) {
+    verify_argmax_.resize(static_cast<size_t>(gamma + 1));
+  } else {
+    verify_logits_.resize(static_cast<size_t>(gamma + 1) * vocab);
+  }
+  QS_TRY(forward(target_, ids, n, tpath, LogitRows::kAll, verify_logits_.data(),
+                 greedy ? verify_argmax_.data() : nullptr));
   ++counters.target_steps;
   stats.verify_s += seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();
   RoundResult result;
   int32_t y = -1;
+  // The target's greedy token after i accepted candidates.
+  auto target_argmax = [&](int i) {
+    return greedy ? verify_argmax_[static_cast<size_t>(i)]
+                  : argmax(verify_logits_.data() + static_cast<size_t>(i) * vocab, vocab);
+  };
   for (int i = 0; i < gamma && y < 0; ++i) {
     const float* row = verify_logits_.data() + static_cast<size_t>(i) * vocab;
     const int32_t g = ids[i + 1];
@@ -82,7 +100,7 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
     if (control.force_accepted >= 0) {
       accept = i < control.force_accepted;
     } else if (greedy) {
-      accept = g == argmax(row, vocab);
+      accept = g == target_argmax(i);
     } else {
       token_probabilities(row, vocab, sampling, p_);
       const double pg = p_[g], qg = q_[i][g];  // qg > 0: g was drawn from q
@@ -94,7 +112,7 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
       continue;
     }
     if (greedy || control.force_accepted >= 0) {
-      y = argmax(row, vocab);
+      y = target_argmax(i);
     } else if (control.broken_no_residual) {
       y = sample_from(p_, rng);
     } else {
@@ -110,8 +128,9 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
     }
   }
   if (y < 0) {  // every candidate accepted: the bonus from p_(gamma+1)
-    const float* row = verify_logits_.data() + static_cast<size_t>(gamma) * vocab;
-    y = sample_token(row, vocab, sampling, rng, p_);
+    y = greedy ? target_argmax(gamma)
+               : sample_token(verify_logits_.data() + static_cast<size_t>(gamma) * vocab, vocab,
+                              sampling, rng, p_);
   }
   result.tokens.push_back(y);
   stats.sample_s += seconds_since(t0);

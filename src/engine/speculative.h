@@ -46,6 +46,9 @@ struct DecoderDispatch {
   std::function<Status(std::span<const int32_t> ids, int pos, const ForwardPath& path,
                        LogitRows rows, float* logits)>
       forward;
+  std::function<Status(std::span<const int32_t> ids, int pos, const ForwardPath& path,
+                       LogitRows rows, int32_t* tokens)>
+      forward_argmax;  // set with forward: Model::forward_argmax on every rank
   std::function<void(int length)> commit;
 };
 
@@ -74,6 +77,7 @@ class SpeculativeDecoder {
   DecoderDispatch dispatch_;
   std::vector<float> logits_;          // [vocab] one draft step
   std::vector<float> verify_logits_;   // [gamma + 1, vocab]
+  std::vector<int32_t> verify_argmax_;  // [gamma + 1] greedy: the target's argmax per row
   std::vector<std::vector<float>> q_;  // [gamma][vocab] processed draft distributions
   std::vector<float> p_;               // [vocab] processed target distribution
 };

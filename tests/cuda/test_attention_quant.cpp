@@ -534,8 +534,7 @@ TEST_F(CudaOpsTest, QuantAttentionPipelineShapes) {
                    {8 * kKvHeads, 16, true, 0}},
                   worst);
       check_cases(gpu(), cpu(), kv64,
-                  {{4 * kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 5, true, kFpBaseMax}},
-                  worst);
+                  {{4 * kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 5, true, kFpBaseMax}}, worst);
     }
   }
   report("quantized pipeline shapes", worst);
@@ -550,8 +549,7 @@ TEST_F(CudaOpsTest, QuantAttentionCombines) {
     for (int splits : {0, 2, 1000}) {
       TuningScope scope({true, splits, 1});
       check_cases(gpu(), cpu(), kv,
-                  {{4 * kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 7, true, kFpBaseMax}},
-                  worst);
+                  {{4 * kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 7, true, kFpBaseMax}}, worst);
     }
   }
   report("quantized combines", worst);

@@ -1,9 +1,14 @@
 // Embedding, RMSNorm, RoPE, SwiGLU and add on CUDA against the CPU backend.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
 #include <vector>
 
+#include "backend/cuda/cuda_ops.h"
 #include "backend/rope_freq.h"
+#include "core/argmax.h"
 #include "cuda_test_util.h"
 
 namespace qs {
@@ -109,6 +114,59 @@ TEST_F(CudaOpsTest, SwigluAndAddMatchCpu) {
   gpu().add(ad.data() + 1, bd.data() + 1, n);
   const std::vector<float> got = ad.to_host();
   EXPECT_EQ(std::vector<float>(got.begin() + 1, got.end()), want);
+}
+
+// The GPU argmax (cuda::launch_argmax_rows, Backend::argmax_rows with QS_CUDA_ARGMAX=1) against
+// the host's definition: lengths around the block's 1024 threads and the Llama-3 vocabulary, 1..16
+// rows, ties (small integers), NaN (also at index 0), +-inf, all -inf, all NaN; and
+// CudaBackend::argmax_rows itself (whichever path the process runs).
+TEST_F(CudaOpsTest, ArgmaxRowsMatchesTheHost) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  uint64_t seed = 90;
+  for (int n : {1, 5, 1023, 1024, 1025, 32000, 128256}) {
+    for (int rows : {1, 4, 16}) {
+      std::vector<float> x = random_normal(size_t(rows) * n, ++seed);
+      for (int r = 0; r < rows; ++r) {
+        float* row = x.data() + size_t(r) * n;
+        switch (r % 6) {
+          case 1:  // ties: small integers, the maximum several times
+            for (int i = 0; i < n; ++i) row[i] = std::round(row[i] * 2.0f);
+            break;
+          case 2:
+            row[0] = nan;
+            break;
+          case 3:
+            row[n / 2] = nan, row[n - 1] = inf, row[0] = -inf;
+            break;
+          case 4:
+            for (int i = 0; i < n; ++i) row[i] = -inf;
+            break;
+          case 5:
+            for (int i = 0; i < n; ++i) row[i] = i % 3 ? nan : row[i];
+            break;
+          default:
+            break;
+        }
+      }
+      if (rows == 16) {  // one row of NaN only
+        for (int i = 0; i < n; ++i) x[size_t(15) * n + i] = nan;
+      }
+      DeviceArray xd(gpu(), x);
+      testing::DeviceBytes out(gpu(), std::vector<uint16_t>(size_t(rows) * 2, 0));
+      cuda::launch_argmax_rows(xd.data(), rows, n, out.as<int32_t>(),
+                               static_cast<cudaStream_t>(gpu().stream()));
+      std::vector<int32_t> got(rows, -1), via_backend(rows, -1);
+      const std::vector<uint8_t> bytes = out.to_host();
+      std::memcpy(got.data(), bytes.data(), sizeof(int32_t) * rows);
+      gpu().argmax_rows(xd.data(), rows, n, via_backend.data());
+      for (int r = 0; r < rows; ++r) {
+        const int32_t want = argmax(x.data() + size_t(r) * n, n);
+        EXPECT_EQ(got[r], want) << "n=" << n << " row " << r;
+        EXPECT_EQ(via_backend[r], want) << "n=" << n << " row " << r << " (backend)";
+      }
+    }
+  }
 }
 
 TEST_F(CudaOpsTest, CopyAndHostTransfersRoundTrip) {

@@ -239,9 +239,9 @@ TEST_F(CudaOpsTest, F16RowsDecodeAttentionBothKernels) {
         }
       }
     }
-    report(path == Path::kDecodeTc ? "f16 rows: decode, tensor cores"
-                                   : "f16 rows: decode, f32 kernel",
-           worst);
+    report(
+        path == Path::kDecodeTc ? "f16 rows: decode, tensor cores" : "f16 rows: decode, f32 kernel",
+        worst);
   }
 }
 

@@ -7,6 +7,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/model.h"
+#include "engine/sampler.h"
 #include "tiny_model.h"
 
 namespace qs {
@@ -138,6 +139,38 @@ TEST(Forward, RollbackThenRewriteMatchesFreshRun) {
   const std::vector<float> fresh = run_chunked(model, b, 64);
   const std::vector<float> fresh_tail(fresh.begin() + 8 * vocab, fresh.end());
   EXPECT_LT(rel_diff(cont, widen(fresh_tail)), 1e-5);
+}
+
+// forward_argmax hands back exactly the argmax of each row forward would return (kLast, kAll;
+// the draft path with 4-bit weights too), and leaves the cache as forward does.
+TEST(Forward, ArgmaxRowsAreTheLogitsArgmax) {
+  ModelConfig cfg = testing::tiny_config();
+  TinyModel tiny = testing::make_tiny_model(cfg, DType::F32, 6);
+  CpuBackend cpu(2);
+  Model model(cfg, tiny.weights, cpu);
+  ASSERT_TRUE(model.make_draft_weights(DraftWeights::kInt4, 1).ok());
+  const int vocab = cfg.vocab_size;
+  const std::vector<int32_t> ids = test_ids(9, vocab);
+  for (bool draft : {false, true}) {
+    ForwardPath path;
+    path.draft_weights = draft;
+    KvCache a = testing::model_cache(cfg, KvMode::kFp, 32, cpu);
+    KvCache b = testing::model_cache(cfg, KvMode::kFp, 32, cpu);
+    std::vector<float> logits(ids.size() * vocab);
+    std::vector<int32_t> tokens(ids.size(), -1);
+    ASSERT_TRUE(model.forward(ids, 0, a, path, LogitRows::kAll, logits.data()).ok());
+    ASSERT_TRUE(model.forward_argmax(ids, 0, b, path, LogitRows::kAll, tokens.data()).ok());
+    for (size_t r = 0; r < ids.size(); ++r) {
+      EXPECT_EQ(tokens[r], argmax(logits.data() + r * vocab, vocab)) << "row " << r;
+    }
+    a.commit(9);
+    b.commit(9);
+    const std::vector<int32_t> next = {3};
+    int32_t last = -1;
+    ASSERT_TRUE(model.forward(next, 9, a, path, LogitRows::kLast, logits.data()).ok());
+    ASSERT_TRUE(model.forward_argmax(next, 9, b, path, LogitRows::kLast, &last).ok());
+    EXPECT_EQ(last, argmax(logits.data(), vocab)) << (draft ? "draft" : "target");
+  }
 }
 
 TEST(Forward, UserErrors) {

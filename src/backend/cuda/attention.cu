@@ -704,9 +704,9 @@ void launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
 void launch_attention_combine(const AttentionArgs& a, cudaStream_t stream) {
   const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
   QS_CHECK(num_qv >= 1 && num_qv <= 0x7fffffff && a.num_splits >= 1);
-  QS_CHECK_MSG((reinterpret_cast<uintptr_t>(a.partial_o) |
-                reinterpret_cast<uintptr_t>(a.partial_ml)) % 16 == 0,
-               "attention combine: partials must be 16-byte aligned");
+  const uintptr_t bits =
+      reinterpret_cast<uintptr_t>(a.partial_o) | reinterpret_cast<uintptr_t>(a.partial_ml);
+  QS_CHECK_MSG(bits % 16 == 0, "attention combine: partials must be 16-byte aligned");
   switch (a.head_dim) {
     case 32:
       combine_for_head_dim<32>(a, num_qv, stream);

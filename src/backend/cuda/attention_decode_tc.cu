@@ -69,10 +69,10 @@ DecodeAttentionTuning g_tuning = [] {
 
 template <int HD>
 struct TcLayout {
-  static constexpr int kKLoads = HD / 32;  // 16-byte K pieces per key per lane
-  static constexpr int kKSteps = HD / 16;  // S k-steps
-  static constexpr int kVLoads = HD / 64;  // 16-byte V pieces per token per lane
-  static constexpr int kNTiles = HD / 8;   // O n-tiles
+  static constexpr int kKLoads = HD / 32;                    // 16-byte K pieces per key per lane
+  static constexpr int kKSteps = HD / 16;                    // S k-steps
+  static constexpr int kVLoads = HD / 64;                    // 16-byte V pieces per token per lane
+  static constexpr int kNTiles = HD / 8;                     // O n-tiles
   static constexpr int kChunks = 2 * kKLoads + 4 * kVLoads;  // pieces per lane per stage
   static constexpr int kStageBytes = kChunks * 32 * 16;      // per warp
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
@@ -112,7 +112,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
   unsigned char* pipe = smem;
   uint4* qf_s = reinterpret_cast<uint4*>(smem + L::kPipeBytes);  // [kKSteps][hi, lo][32 lanes]
   float* qmul_s = reinterpret_cast<float*>(smem + L::kPipeBytes + L::kQFragBytes);  // 2^fq
-  float* qinv_s = qmul_s + kRows;                                                    // 2^-fq
+  float* qinv_s = qmul_s + kRows;                                                   // 2^-fq
 
   const int group = a.num_heads / a.num_kv_heads;
   const int kvh = blockIdx.z;
@@ -181,7 +181,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
   for (int i = 0; i < kScanRows; ++i) {  // all loads first, then the reductions
     amax[i] = 0.0f;
 #pragma unroll
-    for (int d = lane; d < HD; d += 32) amax[i] = fmaxf(amax[i], fabsf(q_at(warp * kScanRows + i, d)));
+    for (int d = lane; d < HD; d += 32)
+      amax[i] = fmaxf(amax[i], fabsf(q_at(warp * kScanRows + i, d)));
   }
 #pragma unroll
   for (int i = 0; i < kScanRows; ++i) {
@@ -307,7 +308,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     for (int e = 0; e < L::kVLoads; ++e) {
       uint4 v[4];  // tokens 2c, 2c + 1, 2c + 8, 2c + 9
 #pragma unroll
-      for (int tv = 0; tv < 4; ++tv) v[tv] = lds16(src + (2 * L::kKLoads + tv * L::kVLoads + e) * 512);
+      for (int tv = 0; tv < 4; ++tv)
+        v[tv] = lds16(src + (2 * L::kKLoads + tv * L::kVLoads + e) * 512);
 #pragma unroll
       for (int x = 0; x < 8; ++x) {
         const uint32_t sel = (x & 1) ? 0x7632u : 0x5410u;

@@ -1223,7 +1223,6 @@ __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(cons
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch>(p);
 }
 
-
 // ---- host side ------------------------------------------------------------------------------
 
 std::mutex g_tuning_mu;
@@ -1468,7 +1467,6 @@ size_t max_smem_per_block() {
   cache.emplace_back(dev, static_cast<size_t>(bytes));
   return static_cast<size_t>(bytes);
 }
-
 
 }  // namespace
 

@@ -9,6 +9,7 @@
 #include <cstring>
 #include <string>
 #include <unordered_map>
+#include <vector>
 
 #include "backend/cuda/attention_decode_tc.h"
 #include "backend/cuda/attention_prefill_tc.h"
@@ -163,6 +164,8 @@ struct CudaBackend::Impl {
   Scratch act_split;     // prefill matmul: activations split into hi/lo halves
   Scratch attn_tc;       // tensor-core prefill attention: K/V hi/lo planes
   Scratch ids;           // token ids of large embedding calls
+  Scratch argmax;        // argmax_rows' results
+  std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
 
   ~Impl() {
     if (stream) cudaStreamSynchronize(stream);
@@ -173,6 +176,7 @@ struct CudaBackend::Impl {
     act_split.release();
     attn_tc.release();
     ids.release();
+    argmax.release();
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
@@ -234,12 +238,12 @@ struct CudaBackend::Impl {
     const int64_t per_split = static_cast<int64_t>(a.m) * a.num_heads * (a.head_dim + 2);
     const int max_splits =
         static_cast<int>(std::clamp<int64_t>(kMaxPartialFloats / per_split, 1, kMaxSplits));
-    int splits = forced_splits > 0 ? forced_splits
-                 : one_wave_per_sm > 0
-                     ? attention_num_splits_one_wave(
-                           kv_len, base_blocks, static_cast<int64_t>(num_sms) * one_wave_per_sm,
-                           max_splits)
-                     : attention_num_splits(kv_len, base_blocks, num_sms, max_splits);
+    int splits =
+        forced_splits > 0 ? forced_splits
+        : one_wave_per_sm > 0
+            ? attention_num_splits_one_wave(
+                  kv_len, base_blocks, static_cast<int64_t>(num_sms) * one_wave_per_sm, max_splits)
+            : attention_num_splits(kv_len, base_blocks, num_sms, max_splits);
     splits = static_cast<int>(std::min<int64_t>(splits, kv_len));
     const int64_t split_len = (kv_len + splits - 1) / splits;
     splits = static_cast<int>((kv_len + split_len - 1) / split_len);  // no empty trailing split
@@ -356,6 +360,35 @@ void CudaBackend::to_host(const float* src, float* dst_host, size_t n) {
   CUDA_CHECK(
       cudaMemcpyAsync(dst_host, src, n * sizeof(float), cudaMemcpyDeviceToHost, impl_->stream));
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+namespace {
+// QS_CUDA_ARGMAX=1: Backend::argmax_rows on the GPU (cuda::launch_argmax_rows). Off by default
+// until its conformance test (CudaOpsTest.ArgmaxRowsMatchesTheHost) has run on a GPU.
+bool gpu_argmax() {
+  static const bool on = [] {
+    const char* v = std::getenv("QS_CUDA_ARGMAX");
+    return v != nullptr && std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+}  // namespace
+
+void CudaBackend::argmax_rows(const float* x, int rows, int n, int32_t* out_host) {
+  QS_CHECK(rows >= 1 && n >= 1);
+  const size_t count = static_cast<size_t>(rows) * n;
+  if (gpu_argmax()) {
+    auto* dev = static_cast<int32_t*>(impl_->argmax.ensure(sizeof(int32_t) * rows));
+    cuda::launch_argmax_rows(x, rows, n, dev, impl_->stream);
+    CUDA_CHECK(cudaMemcpyAsync(out_host, dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
+                               impl_->stream));
+    CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+    return;
+  }
+  std::vector<float>& host = impl_->argmax_rows_host;
+  if (host.size() < count) host.resize(count);
+  to_host(x, host.data(), count);
+  for (int r = 0; r < rows; ++r) out_host[r] = argmax(host.data() + static_cast<size_t>(r) * n, n);
 }
 
 void CudaBackend::from_host(const float* src_host, float* dst, size_t n) {

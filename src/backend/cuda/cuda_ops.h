@@ -70,6 +70,10 @@ void launch_split_activations(const float* x, int64_t count, DType dtype, void* 
 // NaN stay inf and NaN. src must not overlap dst.
 void launch_store_f16(const float* src, int64_t n, void* dst, cudaStream_t stream);
 
+// out[r] = the argmax of row r of x ([rows, n] f32; Backend::argmax_rows' order: the lowest
+// index among ties, NaN never wins, 0 for a NaN at index 0). out: device memory, rows ints.
+void launch_argmax_rows(const float* x, int rows, int n, int32_t* out, cudaStream_t stream);
+
 // ---- gemv.cu --------------------------------------------------------------------------------
 
 // Programmatic dependent launch of every kernel (launch.cuh): on by default, QS_CUDA_PDL=0 in the

@@ -4,6 +4,8 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <climits>
+#include <cmath>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
@@ -184,9 +186,54 @@ __global__ void store_f16x4_kernel(const float4* __restrict__ src, int64_t n4,
   }
 }
 
+// Each row's argmax (core/argmax.h: the lowest index among ties, NaN never wins; a NaN at index 0
+// gives 0): one block per row, every thread the best (value, index) of a strided part, then a
+// shuffle and shared-memory reduction with the same order.
+constexpr int kArgmaxThreads = 1024;
+
+__device__ __forceinline__ bool better(float v, int i, float bv, int bi) {
+  return v > bv || (v == bv && i < bi);  // NaN v: false
+}
+
+__global__ void __launch_bounds__(kArgmaxThreads)
+    argmax_rows_kernel(const float* __restrict__ x, int n, int32_t* __restrict__ out) {
+  pdl_begin();
+  const float* row = x + static_cast<int64_t>(blockIdx.x) * n;
+  float bv = -INFINITY;
+  int bi = INT_MAX;
+  for (int i = threadIdx.x; i < n; i += kArgmaxThreads) {
+    const float v = row[i];
+    if (better(v, i, bv, bi)) bv = v, bi = i;
+  }
+#pragma unroll
+  for (int off = 16; off > 0; off >>= 1) {
+    const float ov = __shfl_xor_sync(kFullMask, bv, off);
+    const int oi = __shfl_xor_sync(kFullMask, bi, off);
+    if (better(ov, oi, bv, bi)) bv = ov, bi = oi;
+  }
+  __shared__ float wv[kArgmaxThreads / 32];
+  __shared__ int wi[kArgmaxThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) wv[warp] = bv, wi[warp] = bi;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < kArgmaxThreads / 32; ++w) {
+      if (better(wv[w], wi[w], bv, bi)) bv = wv[w], bi = wi[w];
+    }
+    // Every value NaN (bi unset), or a NaN at index 0 (nothing beats it on the host): 0.
+    out[blockIdx.x] = bi == INT_MAX || isnan(row[0]) ? 0 : bi;
+  }
+}
+
 }  // namespace
 
 // ---- launchers ------------------------------------------------------------------------------
+
+void launch_argmax_rows(const float* x, int rows, int n, int32_t* out, cudaStream_t stream) {
+  QS_CHECK(rows >= 1 && n >= 1);
+  launch(argmax_rows_kernel, static_cast<unsigned>(rows), kArgmaxThreads, 0, stream, x, n, out);
+  CUDA_CHECK_LAUNCH(stream);
+}
 
 void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device,
                       const InlineIds& inline_ids, int m, float* out, cudaStream_t stream) {
