@@ -103,7 +103,9 @@ __device__ __forceinline__ int row_exponent(float amax) {
   return max(-kExpClamp, min(kExpClamp, kTargetExp + 1 - ex));
 }
 
-template <int HD>
+// SEL: a sparse draft's KV selection (AttentionArgs::selected): index i of the kv head's sequence
+// is position sel_positions[i] below sel_count, then the dense tail.
+template <int HD, bool SEL>
 __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     attention_decode_tc_kernel(AttentionArgs a) {
   pdl_begin();
@@ -136,6 +138,14 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
   const int all_visible_end = seq - a.m + 1;  // indices below are visible to every query row
   const __half* k_base = static_cast<const __half*>(a.k) + static_cast<int64_t>(kvh) * HD;
   const __half* v_base = static_cast<const __half*>(a.v) + static_cast<int64_t>(kvh) * HD;
+  const int32_t* sel = a.sel_positions + static_cast<int64_t>(kvh) * a.sel_count;
+  auto position = [&](int i) -> int {  // the position of sequence index i
+    if constexpr (SEL) {
+      return i < a.sel_count ? __ldg(sel + i) : a.sel_dense_from + (i - a.sel_count);
+    } else {
+      return i;
+    }
+  };
   const uint32_t warp_pipe = smem_u32(pipe) + warp * kStages * L::kStageBytes + lane * 16;
 
   // Stage i0 into pipeline slot `slot`: K pieces first (key j * 8 + r, piece e), then V (token
@@ -146,7 +156,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     for (int j = 0; j < 2; ++j) {
       const int t = i0 + 8 * j + r;
       const bool ok = t < t_end;
-      const __half* src = k_base + static_cast<int64_t>(ok ? t : t_begin) * a.row_stride + 8 * c;
+      const __half* src =
+          k_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * c;
 #pragma unroll
       for (int e = 0; e < L::kKLoads; ++e) {
         cp_async16_zfill(dst + (j * L::kKLoads + e) * 512, src + 32 * e, ok ? 16 : 0);
@@ -156,7 +167,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     for (int tv = 0; tv < 4; ++tv) {  // tv = 2h + d
       const int t = i0 + 2 * c + (tv & 1) + 8 * (tv >> 1);
       const bool ok = t < t_end;
-      const __half* src = v_base + static_cast<int64_t>(ok ? t : t_begin) * a.row_stride + 8 * r;
+      const __half* src =
+          v_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * r;
 #pragma unroll
       for (int e = 0; e < L::kVLoads; ++e) {
         cp_async16_zfill(dst + (2 * L::kKLoads + tv * L::kVLoads + e) * 512, src + 64 * e,
@@ -265,7 +277,9 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
 #pragma unroll
         for (int x = 0; x < 4; ++x) {
           const int t = i0 + 8 * j + 2 * c + (x & 1);
-          if (t >= t_end || t > (x < 2 ? last_lo : last_hi)) s[j][x] = kNegInf;
+          int p = t;
+          if constexpr (SEL) p = t < t_end ? position(t) : 0;
+          if (t >= t_end || p > (x < 2 ? last_lo : last_hi)) s[j][x] = kNegInf;
         }
       }
     }
@@ -374,19 +388,28 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
   }
 }
 
-template <int HD>
+template <int HD, bool SEL>
 void launch_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = TcLayout<HD>::kSmem;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tc_kernel<HD>,
+    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tc_kernel<HD, SEL>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid(attention_decode_tc_query_tiles(a), a.num_splits, a.num_kv_heads);
-  launch(attention_decode_tc_kernel<HD>, grid, kThreads, smem, stream, a);
+  launch(attention_decode_tc_kernel<HD, SEL>, grid, kThreads, smem, stream, a);
   CUDA_CHECK_LAUNCH(stream);
+}
+
+template <int HD>
+void launch_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
+  if (a.selected) {
+    launch_for_head_dim<HD, true>(a, stream);
+  } else {
+    launch_for_head_dim<HD, false>(a, stream);
+  }
 }
 
 }  // namespace
@@ -401,8 +424,9 @@ DecodeAttentionTuning decode_attention_tuning() {
 
 bool attention_decode_tc_supported(const AttentionArgs& a) {
   const uintptr_t bits = reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v);
-  return a.kv_dtype == DType::F16 && (a.head_dim == 64 || a.head_dim == 128) && !a.selected &&
-         a.m >= 1 && a.m <= 16 && a.row_stride % 8 == 0 && bits % 16 == 0;
+  return a.kv_dtype == DType::F16 && (a.head_dim == 64 || a.head_dim == 128) &&
+         (!a.selected || g_tuning.selection) && a.m >= 1 && a.m <= 16 && a.row_stride % 8 == 0 &&
+         bits % 16 == 0;
 }
 
 int attention_decode_tc_query_tiles(const AttentionArgs& a) {
@@ -416,6 +440,8 @@ void launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
   QS_CHECK(a.num_splits >= 1 && a.num_splits <= 65535 && a.split_len >= 1);
   QS_CHECK(static_cast<int64_t>(a.num_splits) * a.split_len >= a.seq_len());
   QS_CHECK(a.num_splits == 1 || (a.partial_o != nullptr && a.partial_ml != nullptr));
+  QS_CHECK(!a.selected || (a.sel_count >= 0 && a.sel_dense_from >= 0 && a.sel_dense_from <= a.pos &&
+                           (a.sel_count == 0 || a.sel_positions)));
   const uintptr_t qo = reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.out);
   QS_CHECK_MSG(qo % 16 == 0, "attention: q and out must be 16-byte aligned");
   if (a.head_dim == 64) {

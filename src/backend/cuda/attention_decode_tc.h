@@ -10,13 +10,16 @@ namespace qs::cuda {
 // calls both handle (tests and benchmarks compare both; both compute the same function).
 struct DecodeAttentionTuning {
   bool tensor_cores = true;  // false: attention_decode_kernel for every call
+  // A sparse draft's KV selection on tensor cores too (written in session 8 without a GPU: off
+  // until CudaOpsTest.SparseSelectionAttentionF16Rows has passed on one).
+  bool selection = false;
 };
 void set_decode_attention_tuning(const DecodeAttentionTuning& tuning);
 DecodeAttentionTuning decode_attention_tuning();
 
 // Whether launch_attention_decode_tc handles this call: f16 rows with every row 16-byte aligned
 // (row stride a multiple of 8 elements, k and v 16-byte aligned), head_dim 64 or 128, m <= 16, no
-// KV selection.
+// KV selection unless DecodeAttentionTuning::selection.
 bool attention_decode_tc_supported(const AttentionArgs& a);
 // Query tiles (the grid's x): 16 query vectors of one kv head each.
 int attention_decode_tc_query_tiles(const AttentionArgs& a);
