@@ -243,11 +243,7 @@ int64_t LlmEngine::device_memory_in_use() const {
 
 Status LlmEngine::forward_all(std::span<const int32_t> ids, int pos, const ForwardPath& path,
                               LogitRows rows, float* logits, int32_t* argmax) {
-  auto rank0 = [&] {
-    return argmax ? model_->forward_argmax(ids, pos, cache_, path, rows, argmax)
-                  : model_->forward(ids, pos, cache_, path, rows, logits);
-  };
-  if (peers_.empty()) return rank0();
+  if (peers_.empty()) return model_->forward(ids, pos, cache_, path, rows, logits, argmax);
   // Sparse drafts (selection, query tap) are rejected with more than one rank by create().
   QS_CHECK(path.selection == nullptr && !path.query_tap);
   ForwardPath peer_path = path;
@@ -259,7 +255,7 @@ Status LlmEngine::forward_all(std::span<const int32_t> ids, int pos, const Forwa
   return rank_threads_->run([&](int r) -> Status {
     if (r == 0) {
       backend_->bind_thread();
-      return rank0();
+      return model_->forward(ids, pos, cache_, path, rows, logits, argmax);
     }
     Peer& p = peers_[static_cast<size_t>(r - 1)];
     p.backend->bind_thread();
@@ -296,14 +292,9 @@ void LlmEngine::clear_all() {
 DecoderDispatch LlmEngine::dispatch() {
   DecoderDispatch d;
   if (peers_.empty()) return d;
-  d.forward = [this](std::span<const int32_t> ids, int pos, const ForwardPath& path,
-                     LogitRows rows, float* logits) {
-    return forward_all(ids, pos, path, rows, logits);
-  };
-  d.forward_argmax = [this](std::span<const int32_t> ids, int pos, const ForwardPath& path,
-                            LogitRows rows, int32_t* tokens) {
-    return forward_all(ids, pos, path, rows, nullptr, tokens);
-  };
+  d.forward = [this](std::span<const int32_t> ids, int pos, const ForwardPath& path, LogitRows rows,
+                     float* logits,
+                     int32_t* argmax) { return forward_all(ids, pos, path, rows, logits, argmax); };
   d.commit = [this](int length) { commit_all(length); };
   return d;
 }

@@ -93,7 +93,7 @@ class LlmEngine final : public Engine {
   Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {});
 
   // Tensor parallelism: the same forward on every rank (rank 0: model_ on cache_, logits into
-  // `logits`, or with `argmax` only each row's argmax there (Model::forward_argmax); the others
+  // `logits`, or with `argmax` only each row's argmax there (Model::forward); the others
   // into their own scratch), and a cache operation on every rank's cache. With one rank these
   // are the plain calls on model_ and cache_.
   Status forward_all(std::span<const int32_t> ids, int pos, const ForwardPath& path, LogitRows rows,

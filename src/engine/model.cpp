@@ -147,18 +147,7 @@ void Model::linear(const float* x, int m, const WeightView& w, const QuantizedWe
 }
 
 Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
-                      const ForwardPath& path, LogitRows rows, float* logits) {
-  return forward_to(ids, pos, cache, path, rows, logits, nullptr);
-}
-
-Status Model::forward_argmax(std::span<const int32_t> ids, int pos, KvCache& cache,
-                             const ForwardPath& path, LogitRows rows, int32_t* tokens) {
-  QS_CHECK(rows != LogitRows::kNone && tokens != nullptr);
-  return forward_to(ids, pos, cache, path, rows, nullptr, tokens);
-}
-
-Status Model::forward_to(std::span<const int32_t> ids, int pos, KvCache& cache,
-                         const ForwardPath& path, LogitRows rows, float* logits, int32_t* argmax) {
+                      const ForwardPath& path, LogitRows rows, float* logits, int32_t* argmax) {
   const int m = static_cast<int>(ids.size());
   QS_CHECK(m >= 1 && pos >= 0);
   QS_CHECK(cache.config().num_layers == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());

@@ -66,19 +66,17 @@ class Model {
 
   // Runs `ids` at positions [pos, pos + m), m = ids.size() >= 1, pos in [cache.length(),
   // cache.written_end()]: writes their K/V rows (the caller commits) and attends through `path`.
-  // logits (host): kLast -> [vocab]; kAll -> [m, vocab]; kNone -> unused (may be null).
+  // logits (host): kLast -> [vocab]; kAll -> [m, vocab]; kNone -> unused (may be null). With
+  // `argmax` set, only each row's argmax comes back there instead (kLast -> [1], kAll -> [m];
+  // Backend::argmax_rows: what greedy decoding needs, the logits never leave the backend) and
+  // logits is unused.
   // Errors: a token id outside [0, vocab), or the cache is full.
   // With path.kv_view set on a quantized cache, query t reads [0, b(t)) through that view and
   // groups below the last query's boundary that are not quantized yet are quantized first
   // (evaluation over rows that are committed by construction; in decoding they always are
   // already). Without it, attention is full precision over the buffer (the cache must start at 0).
   Status forward(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
-                 LogitRows rows, float* logits);
-  // The same forward, handing back only each logit row's argmax (tokens, host: kLast -> [1],
-  // kAll -> [m]; Backend::argmax_rows): what greedy decoding needs, without the logits leaving
-  // the backend.
-  Status forward_argmax(std::span<const int32_t> ids, int pos, KvCache& cache,
-                        const ForwardPath& path, LogitRows rows, int32_t* tokens);
+                 LogitRows rows, float* logits, int32_t* argmax = nullptr);
 
   // Builds the draft weights from the original ones (DESIGN §1): kInt4 quantizes every linear
   // layer and lm_head to 4-bit group 128, kInt4Mlp the MLP only, kNative keeps the originals.
@@ -94,9 +92,6 @@ class Model {
 
  private:
   void ensure_scratch(int m);
-  // forward / forward_argmax: logits or argmax (one of them) receives the rows.
-  Status forward_to(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
-                    LogitRows rows, float* logits, int32_t* argmax);
   // The layer stack and head over ids at [pos, pos + m) (forward's checks done).
   Status run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
              LogitRows rows, float* logits, int32_t* argmax);

@@ -46,12 +46,8 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   // (Backend::argmax_rows); sampling needs the logits on the host.
   auto forward = [&](Model& model, std::span<const int32_t> in, int pos, const ForwardPath& path,
                      LogitRows rows, float* logits, int32_t* tokens) {
-    if (tokens != nullptr) {
-      return dispatch_.forward_argmax ? dispatch_.forward_argmax(in, pos, path, rows, tokens)
-                                      : model.forward_argmax(in, pos, cache_, path, rows, tokens);
-    }
-    return dispatch_.forward ? dispatch_.forward(in, pos, path, rows, logits)
-                             : model.forward(in, pos, cache_, path, rows, logits);
+    return dispatch_.forward ? dispatch_.forward(in, pos, path, rows, logits, tokens)
+                             : model.forward(in, pos, cache_, path, rows, logits, tokens);
   };
   std::vector<int32_t> ids{x};  // [x, g1, ..., g_gamma]
   for (int i = 0; i < gamma; ++i) {
@@ -94,7 +90,6 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
                   : argmax(verify_logits_.data() + static_cast<size_t>(i) * vocab, vocab);
   };
   for (int i = 0; i < gamma && y < 0; ++i) {
-    const float* row = verify_logits_.data() + static_cast<size_t>(i) * vocab;
     const int32_t g = ids[i + 1];
     bool accept;
     if (control.force_accepted >= 0) {
@@ -102,7 +97,8 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
     } else if (greedy) {
       accept = g == target_argmax(i);
     } else {
-      token_probabilities(row, vocab, sampling, p_);
+      token_probabilities(verify_logits_.data() + static_cast<size_t>(i) * vocab, vocab, sampling,
+                          p_);
       const double pg = p_[g], qg = q_[i][g];  // qg > 0: g was drawn from q
       accept = rng.uniform() < std::min(1.0, pg / qg);
     }

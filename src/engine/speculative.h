@@ -44,11 +44,8 @@ struct SpecCounters {
 // which weights), so it needs draft == target.
 struct DecoderDispatch {
   std::function<Status(std::span<const int32_t> ids, int pos, const ForwardPath& path,
-                       LogitRows rows, float* logits)>
-      forward;
-  std::function<Status(std::span<const int32_t> ids, int pos, const ForwardPath& path,
-                       LogitRows rows, int32_t* tokens)>
-      forward_argmax;  // set with forward: Model::forward_argmax on every rank
+                       LogitRows rows, float* logits, int32_t* argmax)>
+      forward;  // Model::forward's rows / logits / argmax
   std::function<void(int length)> commit;
 };
 

@@ -141,8 +141,8 @@ TEST(Forward, RollbackThenRewriteMatchesFreshRun) {
   EXPECT_LT(rel_diff(cont, widen(fresh_tail)), 1e-5);
 }
 
-// forward_argmax hands back exactly the argmax of each row forward would return (kLast, kAll;
-// the draft path with 4-bit weights too), and leaves the cache as forward does.
+// forward with `argmax` hands back exactly the argmax of each row forward would return (kLast,
+// kAll; the draft path with 4-bit weights too), and leaves the cache as forward does.
 TEST(Forward, ArgmaxRowsAreTheLogitsArgmax) {
   ModelConfig cfg = testing::tiny_config();
   TinyModel tiny = testing::make_tiny_model(cfg, DType::F32, 6);
@@ -159,7 +159,7 @@ TEST(Forward, ArgmaxRowsAreTheLogitsArgmax) {
     std::vector<float> logits(ids.size() * vocab);
     std::vector<int32_t> tokens(ids.size(), -1);
     ASSERT_TRUE(model.forward(ids, 0, a, path, LogitRows::kAll, logits.data()).ok());
-    ASSERT_TRUE(model.forward_argmax(ids, 0, b, path, LogitRows::kAll, tokens.data()).ok());
+    ASSERT_TRUE(model.forward(ids, 0, b, path, LogitRows::kAll, nullptr, tokens.data()).ok());
     for (size_t r = 0; r < ids.size(); ++r) {
       EXPECT_EQ(tokens[r], argmax(logits.data() + r * vocab, vocab)) << "row " << r;
     }
@@ -168,7 +168,7 @@ TEST(Forward, ArgmaxRowsAreTheLogitsArgmax) {
     const std::vector<int32_t> next = {3};
     int32_t last = -1;
     ASSERT_TRUE(model.forward(next, 9, a, path, LogitRows::kLast, logits.data()).ok());
-    ASSERT_TRUE(model.forward_argmax(next, 9, b, path, LogitRows::kLast, &last).ok());
+    ASSERT_TRUE(model.forward(next, 9, b, path, LogitRows::kLast, nullptr, &last).ok());
     EXPECT_EQ(last, argmax(logits.data(), vocab)) << (draft ? "draft" : "target");
   }
 }

@@ -388,7 +388,7 @@ void CudaBackend::argmax_rows(const float* x, int rows, int n, int32_t* out_host
   std::vector<float>& host = impl_->argmax_rows_host;
   if (host.size() < count) host.resize(count);
   to_host(x, host.data(), count);
-  for (int r = 0; r < rows; ++r) out_host[r] = argmax(host.data() + static_cast<size_t>(r) * n, n);
+  Backend::argmax_rows(host.data(), rows, n, out_host);  // host rows: the reference argmax
 }
 
 void CudaBackend::from_host(const float* src_host, float* dst, size_t n) {
