@@ -14,6 +14,7 @@
 #include <cmath>
 #include <type_traits>
 
+#include "backend/cuda/attention_state.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
@@ -211,31 +212,7 @@ __global__ void __launch_bounds__(kDecodeThreads) attention_decode_kernel(Attent
     }
   }
   __syncthreads();
-  const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
-  for (int e = threadIdx.x; e < nq * HD; e += kDecodeThreads) {
-    const int j = e / HD, d = e % HD;
-    float m_tot = kNegInf;
-    for (int gi = 0; gi < kGroups; ++gi) m_tot = fmaxf(m_tot, ml_s[(gi * QMAX + j) * 2]);
-    float l_tot = 0.0f, o_tot = 0.0f;
-    for (int gi = 0; gi < kGroups; ++gi) {
-      const float wgt = merge_weight(ml_s[(gi * QMAX + j) * 2], m_tot);
-      l_tot += wgt * ml_s[(gi * QMAX + j) * 2 + 1];
-      o_tot += wgt * o_s[(gi * QMAX + j) * HD + d];
-    }
-    const int qv = q0 + j;
-    const int row = qv / group, head = kvh * group + qv % group;
-    const int64_t qi = static_cast<int64_t>(row) * a.num_heads + head;
-    if (a.num_splits == 1) {
-      a.out[qi * HD + d] = o_tot / l_tot;
-    } else {
-      const int64_t slot = static_cast<int64_t>(split) * num_qv + qi;
-      a.partial_o[slot * HD + d] = o_tot;
-      if (d == 0) {
-        a.partial_ml[slot * 2] = m_tot;
-        a.partial_ml[slot * 2 + 1] = l_tot;
-      }
-    }
-  }
+  write_merged_states<HD, kGroups>(a, o_s, ml_s, QMAX, nq, q0, kvh, split, kDecodeThreads);
 }
 
 // ---- prefill kernel -------------------------------------------------------------------------

@@ -40,6 +40,7 @@
 #include <cstring>
 
 #include "backend/cuda/attention_decode_tc.h"
+#include "backend/cuda/attention_state.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/launch.cuh"
@@ -360,32 +361,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     ml_s[(warp * kRows + r + 8) * 2] = m_hi, ml_s[(warp * kRows + r + 8) * 2 + 1] = l_hi;
   }
   __syncthreads();
-  const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
-  for (int idx = threadIdx.x; idx < nq * HD; idx += kThreads) {
-    const int j = idx / HD, d = idx % HD;
-    float m_tot = kNegInf;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) m_tot = fmaxf(m_tot, ml_s[(w * kRows + j) * 2]);
-    float l_tot = 0.0f, o_tot = 0.0f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) {
-      const float wgt = merge_weight(ml_s[(w * kRows + j) * 2], m_tot);
-      l_tot += wgt * ml_s[(w * kRows + j) * 2 + 1];
-      o_tot += wgt * o_s[(w * kRows + j) * HD + d];
-    }
-    const int qv = q0 + j;
-    const int64_t qi = static_cast<int64_t>(qv / group) * a.num_heads + kvh * group + qv % group;
-    if (a.num_splits == 1) {
-      a.out[qi * HD + d] = o_tot / l_tot;
-    } else {
-      const int64_t slot_i = static_cast<int64_t>(split) * num_qv + qi;
-      a.partial_o[slot_i * HD + d] = o_tot;
-      if (d == 0) {
-        a.partial_ml[slot_i * 2] = m_tot;
-        a.partial_ml[slot_i * 2 + 1] = l_tot;
-      }
-    }
-  }
+  write_merged_states<HD, kWarps>(a, o_s, ml_s, kRows, nq, q0, kvh, split, kThreads);
 }
 
 template <int HD, bool SEL>
