@@ -125,7 +125,7 @@ TEST_F(CudaOpsTest, SparseSelectionAttentionMatchesCpu) {
 }
 
 // The same selections over f16 rows on both decode kernels: the CUDA-core one and the tensor-core
-// one (DecodeAttentionTuning::selection, off by default until this test has passed on a GPU).
+// one (DecodeAttentionTuning::selection).
 TEST_F(CudaOpsTest, SparseSelectionAttentionF16Rows) {
   const cuda::DecodeAttentionTuning saved = cuda::decode_attention_tuning();
   for (bool tc : {false, true}) {

@@ -116,7 +116,7 @@ TEST_F(CudaOpsTest, SwigluAndAddMatchCpu) {
   EXPECT_EQ(std::vector<float>(got.begin() + 1, got.end()), want);
 }
 
-// The GPU argmax (cuda::launch_argmax_rows, Backend::argmax_rows with QS_CUDA_ARGMAX=1) against
+// The GPU argmax (cuda::launch_argmax_rows, Backend::argmax_rows unless QS_CUDA_ARGMAX=0) against
 // the host's definition: lengths around the block's 1024 threads and the Llama-3 vocabulary, 1..16
 // rows, ties (small integers), NaN (also at index 0), +-inf, all -inf, all NaN; and
 // CudaBackend::argmax_rows itself (whichever path the process runs).

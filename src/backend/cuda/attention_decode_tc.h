@@ -10,9 +10,8 @@ namespace qs::cuda {
 // calls both handle (tests and benchmarks compare both; both compute the same function).
 struct DecodeAttentionTuning {
   bool tensor_cores = true;  // false: attention_decode_kernel for every call
-  // A sparse draft's KV selection on tensor cores too (written in session 8 without a GPU: off
-  // until CudaOpsTest.SparseSelectionAttentionF16Rows has passed on one).
-  bool selection = false;
+  // A sparse draft's KV selection on tensor cores too (false: selections on the CUDA-core kernel).
+  bool selection = true;
 };
 void set_decode_attention_tuning(const DecodeAttentionTuning& tuning);
 DecodeAttentionTuning decode_attention_tuning();

@@ -363,12 +363,12 @@ void CudaBackend::to_host(const float* src, float* dst_host, size_t n) {
 }
 
 namespace {
-// QS_CUDA_ARGMAX=1: Backend::argmax_rows on the GPU (cuda::launch_argmax_rows). Off by default
-// until its conformance test (CudaOpsTest.ArgmaxRowsMatchesTheHost) has run on a GPU.
+// Backend::argmax_rows on the GPU (cuda::launch_argmax_rows), only the ids copied back;
+// QS_CUDA_ARGMAX=0: the rows copied back and argmax'ed on the host.
 bool gpu_argmax() {
   static const bool on = [] {
     const char* v = std::getenv("QS_CUDA_ARGMAX");
-    return v != nullptr && std::strcmp(v, "0") != 0;
+    return v == nullptr || std::strcmp(v, "0") != 0;
   }();
   return on;
 }

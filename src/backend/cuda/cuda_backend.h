@@ -55,8 +55,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<Buffer> alloc(size_t n) override;
   std::unique_ptr<Buffer> try_alloc(size_t n) override;
   void to_host(const float* src, float* dst_host, size_t n) override;
-  // On the GPU (only the ids come back) when gpu_argmax() is on; else the rows are copied back
-  // and argmax'ed on the host (the default until the kernel has run on a GPU: QS_CUDA_ARGMAX=1).
+  // On the GPU (only the ids come back); with QS_CUDA_ARGMAX=0 the rows are copied back and
+  // argmax'ed on the host.
   void argmax_rows(const float* x, int rows, int n, int32_t* out_host) override;
   void from_host(const float* src_host, float* dst, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;
