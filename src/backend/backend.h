@@ -241,6 +241,28 @@ class Backend {
     }
   }
 
+  // Fused ops (add_rmsnorm, rope_qk, and store_kv_row_pair below): each default is the sequence
+  // of ops it names, so a backend that does not override one gives exactly the results of the
+  // separate calls; an override must give them too (bit-identical), in fewer launches.
+
+  // The residual add and the next norm: h += x over [m, d], d = weight.numel() (the norm weight
+  // is a vector), then out = rmsnorm(h) over the m rows: add(h, x, m * d) followed by
+  // rmsnorm(h, weight, m, eps, out). out must alias neither h nor x.
+  virtual void add_rmsnorm(float* h, const float* x, const WeightView& weight, int m, float eps,
+                           float* out) {
+    add(h, x, static_cast<int64_t>(m) * weight.numel());
+    rmsnorm(h, weight, m, eps, out);
+  }
+
+  // RoPE of a layer's queries and keys: rope(q, m, num_heads, ...) then rope(k, m, num_kv_heads,
+  // ...) with the same positions and frequencies. q: [m, num_heads * head_dim], k: [m,
+  // num_kv_heads * head_dim], distinct buffers.
+  virtual void rope_qk(float* q, float* k, int m, int num_heads, int num_kv_heads, int head_dim,
+                       int pos, const float* inv_freq) {
+    rope(q, m, num_heads, head_dim, pos, inv_freq);
+    rope(k, m, num_kv_heads, head_dim, pos, inv_freq);
+  }
+
   // The flush of DESIGN §3 (docs/kv-format.md): quantizes key groups [first_group,
   // first_group + n_groups) of one layer, every kv head, into `dst`. k_rows, v_rows:
   // [n_groups * G, row_stride] backend memory of `row_dtype` (F32 or F16; row_stride in
@@ -319,6 +341,14 @@ class Backend {
     }
     auto* d = static_cast<uint16_t*>(dst);
     for (size_t i = 0; i < n; ++i) d[i] = f32_to_f16_sat(src[i]);
+  }
+
+  // A layer's new key and value rows: store_kv_rows(k_dst, dst_dtype, k, n) then
+  // store_kv_rows(v_dst, dst_dtype, v, n). No two of the four ranges may overlap.
+  virtual void store_kv_row_pair(void* k_dst, void* v_dst, DType dst_dtype, const float* k,
+                                 const float* v, size_t n) {
+    store_kv_rows(k_dst, dst_dtype, k, n);
+    store_kv_rows(v_dst, dst_dtype, v, n);
   }
 };
 

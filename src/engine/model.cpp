@@ -193,19 +193,22 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
   const AttentionShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
                              static_cast<float>(1.0 / std::sqrt(double(cfg_.head_dim)))};
 
+  // Each residual add is fused with the norm that reads its sum (Backend::add_rmsnorm): o_proj's
+  // with the MLP norm, down_proj's with the next layer's attention norm (the last layer's with
+  // the final norm, below). Only the first attention norm stands alone.
   backend_.embedding(weights_.tok_embeddings, ids.data(), m, h);
+  backend_.rmsnorm(h, weights_.layers[0].attn_norm, m, eps, x);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const LayerWeights& L = weights_.layers[l];
     static const DraftLayer kNoDraft;
     const DraftLayer& D = draft ? draft_layers_[l] : kNoDraft;
-    // Attention block.
-    backend_.rmsnorm(h, L.attn_norm, m, eps, x);
+    // Attention block (x = attn_norm(h)).
     const LinearOp qkv[] = {{&L.wq, D.wq.get(), &L.bq, q_->data()},
                             {&L.wk, D.wk.get(), &L.bk, k_->data()},
                             {&L.wv, D.wv.get(), &L.bv, v_->data()}};
     backend_.matmul_group(x, m, qkv, 3);
-    backend_.rope(q_->data(), m, cfg_.num_heads, cfg_.head_dim, pos, inv_freq_.data());
-    backend_.rope(k_->data(), m, cfg_.num_kv_heads, cfg_.head_dim, pos, inv_freq_.data());
+    backend_.rope_qk(q_->data(), k_->data(), m, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
+                     pos, inv_freq_.data());
     if (path.query_tap) path.query_tap(l, q_->data(), m);
     QuantizedKvSegment segment;
     const KvView view = store_and_view(cache, path, l, pos, m, &segment);
@@ -215,26 +218,34 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
     const bool bias_here = comm_ == nullptr || comm_->rank() == 0;
     linear(attn_->data(), m, L.wo, D.wo.get(), bias_here ? &L.bo : nullptr, proj_->data());
     if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
-    backend_.add(h, proj_->data(), m * d);
     // MLP block.
-    backend_.rmsnorm(h, L.mlp_norm, m, eps, x);
+    backend_.add_rmsnorm(h, proj_->data(), L.mlp_norm, m, eps, x);
     const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
                                 {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
     backend_.matmul_group(x, m, gate_up, 2);
     backend_.swiglu(gate_->data(), up_->data(), m * inter, gate_->data());
     linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
     if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
-    backend_.add(h, proj_->data(), m * d);
+    if (l + 1 < cfg_.num_layers) {
+      backend_.add_rmsnorm(h, proj_->data(), weights_.layers[l + 1].attn_norm, m, eps, x);
+    }
   }
 
-  if (rows == LogitRows::kNone) return Status::ok_status();
+  // The last residual add covers every row (the whole residual stream, as in every layer); the
+  // final norm only the rows that produce logits, [first, m): fused over those rows.
+  const float* last = proj_->data();
+  if (rows == LogitRows::kNone) {
+    backend_.add(h, last, m * d);
+    return Status::ok_status();
+  }
   const int first = rows == LogitRows::kLast ? m - 1 : 0;
   const int count = m - first;
   if (count > logits_rows_) {  // sized apart: prefill chunks mostly need one row of logits
     logits_ = backend_.alloc(static_cast<size_t>(count) * cfg_.vocab_size);
     logits_rows_ = count;
   }
-  backend_.rmsnorm(h + first * d, weights_.final_norm, count, eps, x);
+  if (first > 0) backend_.add(h, last, first * d);
+  backend_.add_rmsnorm(h + first * d, last + first * d, weights_.final_norm, count, eps, x);
   linear(x, count, weights_.lm_head, draft ? draft_lm_head_.get() : nullptr, nullptr,
          logits_->data());
   if (argmax != nullptr) {

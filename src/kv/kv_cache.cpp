@@ -162,8 +162,7 @@ void KvCache::write(int layer, int pos, int m, const float* k, const float* v) {
   QS_CHECK(pos >= std::max(n_, fp_base_) && pos <= fp_end_ && pos + m <= cfg_.capacity);
   QS_CHECK_MSG(pos + m - fp_base_ <= buffer_rows_, "KV cache: write without prepare_write");
   const size_t n = static_cast<size_t>(m) * kv_dim();
-  backend_->store_kv_rows(k_row(layer, pos), cfg_.row_dtype, k, n);
-  backend_->store_kv_rows(v_row(layer, pos), cfg_.row_dtype, v, n);
+  backend_->store_kv_row_pair(k_row(layer, pos), v_row(layer, pos), cfg_.row_dtype, k, v, n);
   fp_end_ = pos + m;
 }
 

@@ -13,8 +13,8 @@
 // exist in both forms. Rejection is only a length change: the planes are never touched by it.
 //
 // The full-precision rows (the whole fp cache, the quantized modes' buffer) are f32 or f16
-// (KvCacheConfig::row_dtype): new rows are stored through Backend::store_kv_rows (f16: rounded to
-// nearest even, saturating at +-65504) and every reader converts them back to f32.
+// (KvCacheConfig::row_dtype): new rows are stored through Backend::store_kv_row_pair (f16: rounded
+// to nearest even, saturating at +-65504) and every reader converts them back to f32.
 #pragma once
 
 #include <cstdint>
@@ -49,8 +49,8 @@ struct KvCacheConfig {
 };
 
 // Memory: the buffer and the planes live in the backend's memory (device memory for a GPU
-// backend) and are written only through the backend (store_kv_rows, copy_bytes, quantize_kv), so
-// one cache serves every backend.
+// backend) and are written only through the backend (store_kv_row_pair, copy_bytes, quantize_kv),
+// so one cache serves every backend.
 class KvCache {
  public:
   KvCache() = default;

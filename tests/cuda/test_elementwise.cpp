@@ -1,9 +1,12 @@
-// Embedding, RMSNorm, RoPE, SwiGLU and add on CUDA against the CPU backend.
+// Embedding, RMSNorm, RoPE, SwiGLU, add and the fused ops on CUDA against the CPU backend.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <string>
+#include <tuple>
 #include <vector>
 
 #include "backend/cuda/cuda_ops.h"
@@ -114,6 +117,150 @@ TEST_F(CudaOpsTest, SwigluAndAddMatchCpu) {
   gpu().add(ad.data() + 1, bd.data() + 1, n);
   const std::vector<float> got = ad.to_host();
   EXPECT_EQ(std::vector<float>(got.begin() + 1, got.end()), want);
+}
+
+// ---- fused ops (Backend::add_rmsnorm, rope_qk, store_kv_row_pair) ----------------------------
+// Each fused launch against the same backend's separate ops (bit-identical: the override must
+// give exactly what the default composition gives on the GPU) and against the CPU backend's
+// default composition: bit-identical where the arithmetic is the same by construction (the
+// residual sums, the f16 stores), else the separate ops' bounds above (RoPE's products may be
+// contracted to FMAs differently by nvcc and the host compiler).
+
+TEST_F(CudaOpsTest, AddRmsNormMatchesAddThenRmsNorm) {
+  int differing_from_cpu = 0;
+  for (DType dt : kDtypes) {
+    for (int64_t d : {1000, 4096, 5003}) {
+      for (int m : {1, 3, 16}) {
+        HostWeight w(random_normal(d, 50 + d, 0.3f, 1.0f), dt, 1, d, "norm");
+        const std::vector<float> h0 = random_normal(m * d, 60 + d + m, 2.0f);
+        const std::vector<float> x = random_normal(m * d, 70 + d + m, 0.5f);
+        std::vector<float> h_cpu = h0, out_cpu(m * d);
+        cpu().add_rmsnorm(h_cpu.data(), x.data(), w.view, m, 1e-5f, out_cpu.data());
+
+        const DeviceArray xd(gpu(), x);
+        DeviceArray h_sep(gpu(), h0), out_sep(gpu(), m * d);
+        gpu().add(h_sep.data(), xd.data(), m * d);
+        gpu().rmsnorm(h_sep.data(), w.view, m, 1e-5f, out_sep.data());
+        DeviceArray hd(gpu(), h0), out(gpu(), m * d);
+        out.poison();
+        gpu().add_rmsnorm(hd.data(), xd.data(), w.view, m, 1e-5f, out.data());
+
+        const std::string tag =
+            std::string(dtype_name(dt)) + " d=" + std::to_string(d) + " m=" + std::to_string(m);
+        const std::vector<float> got_h = hd.to_host(), got = out.to_host();
+        EXPECT_EQ(got_h, h_sep.to_host()) << tag;
+        EXPECT_EQ(got, out_sep.to_host()) << tag;
+        EXPECT_EQ(got_h, h_cpu) << tag;
+        EXPECT_LT(rel_error(got, out_cpu), 1e-6) << tag;
+        for (size_t i = 0; i < got.size(); ++i) differing_from_cpu += got[i] != out_cpu[i];
+        gpu().release_weights();
+      }
+    }
+  }
+  std::printf("[ add_rmsnorm ] outputs differing from the CPU's bits: %d\n", differing_from_cpu);
+}
+
+TEST_F(CudaOpsTest, RopeQkMatchesTwoRopes) {
+  ModelConfig cfg;
+  cfg.rope_theta = 500000.0f;
+  cfg.rope_scaling.type = RopeScalingType::Llama3;
+  cfg.rope_scaling.factor = 8.0f;
+  cfg.rope_scaling.low_freq_factor = 1.0f;
+  cfg.rope_scaling.high_freq_factor = 4.0f;
+  cfg.rope_scaling.original_max_position_embeddings = 8192;
+  for (int head_dim : {64, 128}) {
+    cfg.head_dim = head_dim;
+    const std::vector<float> inv_freq = rope_inv_freq(cfg);
+    for (int group : {1, 4}) {
+      const int heads = 32, kv_heads = heads / group;
+      for (int m : {1, 3, 16}) {
+        for (int pos : {0, 1000, 131000}) {
+          const size_t nq = size_t(m) * heads * head_dim, nk = size_t(m) * kv_heads * head_dim;
+          const std::vector<float> q0 = random_normal(nq, 80 + pos + m + group);
+          const std::vector<float> k0 = random_normal(nk, 90 + pos + m + group);
+          std::vector<float> q_cpu = q0, k_cpu = k0;
+          cpu().rope_qk(q_cpu.data(), k_cpu.data(), m, heads, kv_heads, head_dim, pos,
+                        inv_freq.data());
+
+          DeviceArray q_sep(gpu(), q0), k_sep(gpu(), k0), qd(gpu(), q0), kd(gpu(), k0);
+          gpu().rope(q_sep.data(), m, heads, head_dim, pos, inv_freq.data());
+          gpu().rope(k_sep.data(), m, kv_heads, head_dim, pos, inv_freq.data());
+          gpu().rope_qk(qd.data(), kd.data(), m, heads, kv_heads, head_dim, pos, inv_freq.data());
+
+          const std::string tag = "head_dim=" + std::to_string(head_dim) +
+                                  " group=" + std::to_string(group) + " m=" + std::to_string(m) +
+                                  " pos=" + std::to_string(pos);
+          const std::vector<float> got_q = qd.to_host(), got_k = kd.to_host();
+          EXPECT_EQ(got_q, q_sep.to_host()) << tag;
+          EXPECT_EQ(got_k, k_sep.to_host()) << tag;
+          EXPECT_LT(rel_error(got_q, q_cpu), 1e-6) << tag;
+          EXPECT_LT(rel_error(got_k, k_cpu), 1e-6) << tag;
+        }
+      }
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, StoreKvRowPairMatchesTwoStores) {
+  // Wide magnitudes, ties, subnormals, beyond-range values, signed zeros and inf (NaN payloads
+  // may differ from the host's: F16RowsStoreKvRowsMatchesTheCpuBits covers NaN).
+  std::vector<float> src = random_normal(2 * 5003 + 16, 100);
+  for (size_t i = 0; i < src.size(); ++i) {
+    const int kind = static_cast<int>(i % 11);
+    if (kind == 1) src[i] *= 1e5f;
+    if (kind == 2) src[i] *= 1e-6f;
+    if (kind == 3) src[i] = 1.0f + float(i % 7) * 0x1p-11f;
+    if (kind == 4) src[i] = (i % 2 ? -1.0f : 1.0f) * (65504.0f + float(i % 40));
+    if (kind == 5) src[i] = i % 2 ? -0.0f : 0.0f;
+    if (kind == 6 && i % 3 == 0) src[i] = (i % 2 ? -1.0f : 1.0f) * INFINITY;
+  }
+  const DeviceArray src_dev(gpu(), src);
+  const size_t v_base = 5008;  // the value rows' source: 16-byte aligned
+  constexpr uint16_t kPoison = 0x7e01;
+  // {n, key source offset, value source offset, key dst offset, value dst offset}: aligned with
+  // n % 4 == 0 (the vector kernel, also at aligned offsets), odd n, one misaligned pointer of the
+  // four (scalar kernel for both).
+  const std::tuple<int, int, int, int, int> cases[] = {
+      {4096, 0, 0, 0, 0}, {1024, 4, 8, 4, 12}, {5003, 0, 0, 0, 0}, {1, 0, 0, 0, 0},
+      {1000, 1, 0, 0, 0}, {1000, 0, 3, 0, 0},  {1000, 0, 0, 1, 0}, {1000, 0, 0, 0, 2}};
+  for (auto [n, ks, vs, kdo, vdo] : cases) {
+    const std::string tag = "n=" + std::to_string(n) + " offsets " + std::to_string(ks) + "," +
+                            std::to_string(vs) + "," + std::to_string(kdo) + "," +
+                            std::to_string(vdo);
+    const float* k_host = src.data() + ks;
+    const float* v_host = src.data() + v_base + vs;
+    const size_t len = size_t(n) + 16;
+    std::vector<uint16_t> k_cpu(len, kPoison), v_cpu(len, kPoison);
+    cpu().store_kv_row_pair(k_cpu.data() + kdo, v_cpu.data() + vdo, DType::F16, k_host, v_host,
+                            size_t(n));
+    const std::vector<uint16_t> poison(len, kPoison);
+    testing::DeviceBytes k_sep(gpu(), poison), v_sep(gpu(), poison);
+    testing::DeviceBytes kd(gpu(), poison), vd(gpu(), poison);
+    const float* k_src = src_dev.data() + ks;
+    const float* v_src = src_dev.data() + v_base + vs;
+    gpu().store_kv_rows(k_sep.as<uint16_t>() + kdo, DType::F16, k_src, size_t(n));
+    gpu().store_kv_rows(v_sep.as<uint16_t>() + vdo, DType::F16, v_src, size_t(n));
+    gpu().store_kv_row_pair(kd.as<uint16_t>() + kdo, vd.as<uint16_t>() + vdo, DType::F16, k_src,
+                            v_src, size_t(n));
+    auto bits = [](const testing::DeviceBytes& b) {
+      const std::vector<uint8_t> bytes = b.to_host();
+      std::vector<uint16_t> out(bytes.size() / 2);
+      std::memcpy(out.data(), bytes.data(), out.size() * 2);
+      return out;
+    };
+    const std::vector<uint16_t> got_k = bits(kd), got_v = bits(vd);
+    EXPECT_EQ(got_k, bits(k_sep)) << tag;
+    EXPECT_EQ(got_v, bits(v_sep)) << tag;
+    EXPECT_EQ(got_k, k_cpu) << tag;  // the poison around the rows included: untouched
+    EXPECT_EQ(got_v, v_cpu) << tag;
+  }
+  // F32 rows: copies.
+  const size_t n = 1001;
+  DeviceArray k32(gpu(), n), v32(gpu(), n);
+  gpu().store_kv_row_pair(k32.data(), v32.data(), DType::F32, src_dev.data() + 1,
+                          src_dev.data() + v_base, n);
+  EXPECT_EQ(k32.to_host(), std::vector<float>(src.begin() + 1, src.begin() + 1 + n));
+  EXPECT_EQ(v32.to_host(), std::vector<float>(src.begin() + v_base, src.begin() + v_base + n));
 }
 
 // The GPU argmax (cuda::launch_argmax_rows, Backend::argmax_rows unless QS_CUDA_ARGMAX=0) against

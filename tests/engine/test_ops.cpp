@@ -1,4 +1,4 @@
-// Every CPU op against a plain double-precision reference.
+// Every CPU op against a plain double-precision reference; the fused ops against the separate ops.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -268,6 +268,66 @@ TEST(Rope, RotatesLikeDirectFormula) {
   cpu.rope(a.data(), 1, 1, 16, 20, rope_inv_freq(lin).data());
   cpu.rope(b.data(), 1, 1, 16, 5, rope_inv_freq(none).data());
   for (int i = 0; i < 16; ++i) EXPECT_NEAR(a[i], b[i], 1e-5);
+}
+
+// The fused ops' defaults (Backend::add_rmsnorm, rope_qk, store_kv_row_pair, which the CPU
+// backend does not override) give exactly the results of the separate calls they stand for.
+TEST(Ops, FusedDefaultsEqualSeparateCalls) {
+  CpuBackend cpu(2);
+  std::mt19937 rng(7);
+  for (DType dtype : {DType::F32, DType::BF16}) {
+    for (int d : {7, 1000, 4096}) {
+      for (int m : {1, 3, 16}) {
+        TinyModel store;
+        WeightView g = store.make("g", 1, d, dtype, rng, 0.3f, 1.0f);
+        const std::vector<float> h0 = random_vec(static_cast<size_t>(m) * d, rng, 2.0f);
+        const std::vector<float> x = random_vec(h0.size(), rng, 0.5f);
+        std::vector<float> h_want = h0, out_want(h0.size(), NAN);
+        cpu.add(h_want.data(), x.data(), static_cast<int64_t>(m) * d);
+        cpu.rmsnorm(h_want.data(), g, m, 1e-5f, out_want.data());
+        std::vector<float> h = h0, out(h0.size(), NAN);
+        cpu.add_rmsnorm(h.data(), x.data(), g, m, 1e-5f, out.data());
+        const std::string tag =
+            std::string(dtype_name(dtype)) + " d=" + std::to_string(d) + " m=" + std::to_string(m);
+        EXPECT_EQ(h, h_want) << tag;
+        EXPECT_EQ(out, out_want) << tag;
+      }
+    }
+  }
+  for (int hd : {64, 128}) {
+    const std::vector<float> inv = rope_inv_freq(rope_config(RopeScalingType::Llama3, hd));
+    for (int group : {1, 4}) {
+      const int heads = 8, kv_heads = heads / group;
+      for (int m : {1, 3, 16}) {
+        for (int pos : {0, 1000}) {
+          const std::vector<float> q0 = random_vec(static_cast<size_t>(m) * heads * hd, rng);
+          const std::vector<float> k0 = random_vec(static_cast<size_t>(m) * kv_heads * hd, rng);
+          std::vector<float> q_want = q0, k_want = k0, q = q0, k = k0;
+          cpu.rope(q_want.data(), m, heads, hd, pos, inv.data());
+          cpu.rope(k_want.data(), m, kv_heads, hd, pos, inv.data());
+          cpu.rope_qk(q.data(), k.data(), m, heads, kv_heads, hd, pos, inv.data());
+          const std::string tag = "rope_qk hd=" + std::to_string(hd) +
+                                  " group=" + std::to_string(group) + " m=" + std::to_string(m);
+          EXPECT_EQ(q, q_want) << tag;
+          EXPECT_EQ(k, k_want) << tag;
+        }
+      }
+    }
+  }
+  for (size_t n : {size_t{1}, size_t{1001}, size_t{4096}}) {
+    std::vector<float> k = random_vec(n, rng, 1e4f), v = random_vec(n, rng, 3.0f);
+    k[0] = 1e6f;  // saturates in f16
+    std::vector<uint16_t> k16_want(n), v16_want(n), k16(n, 0x7e01), v16(n, 0x7e01);
+    cpu.store_kv_rows(k16_want.data(), DType::F16, k.data(), n);
+    cpu.store_kv_rows(v16_want.data(), DType::F16, v.data(), n);
+    cpu.store_kv_row_pair(k16.data(), v16.data(), DType::F16, k.data(), v.data(), n);
+    EXPECT_EQ(k16, k16_want) << "f16 n=" << n;
+    EXPECT_EQ(v16, v16_want) << "f16 n=" << n;
+    std::vector<float> k32(n, NAN), v32(n, NAN);
+    cpu.store_kv_row_pair(k32.data(), v32.data(), DType::F32, k.data(), v.data(), n);
+    EXPECT_EQ(k32, k) << "f32 n=" << n;
+    EXPECT_EQ(v32, v) << "f32 n=" << n;
+  }
 }
 
 // softmax(q k^T * scale) v over positions [0, pos + i] for query row i.

@@ -418,6 +418,17 @@ void CudaBackend::store_kv_rows(void* dst, DType dst_dtype, const float* src, si
   cuda::launch_store_f16(src, static_cast<int64_t>(n), dst, impl_->stream);
 }
 
+void CudaBackend::store_kv_row_pair(void* k_dst, void* v_dst, DType dst_dtype, const float* k,
+                                    const float* v, size_t n) {
+  QS_CHECK_MSG(kv_row_dtype_supported(dst_dtype), "store_kv_row_pair: rows are F32 or F16");
+  if (dst_dtype == DType::F32) {
+    copy(static_cast<float*>(k_dst), k, n);
+    copy(static_cast<float*>(v_dst), v, n);
+    return;
+  }
+  cuda::launch_store_f16_pair(k, v, static_cast<int64_t>(n), k_dst, v_dst, impl_->stream);
+}
+
 void CudaBackend::prepare_weights(const ModelWeights& weights) {
   impl_->resolve(weights.tok_embeddings);
   impl_->resolve(weights.final_norm);
@@ -452,6 +463,12 @@ void CudaBackend::embedding(const WeightView& table, const int32_t* ids, int m, 
 void CudaBackend::rmsnorm(const float* x, const WeightView& weight, int m, float eps, float* out) {
   const void* w = impl_->resolve(weight);
   cuda::launch_rmsnorm(x, w, weight.dtype, weight.numel(), m, eps, out, impl_->stream);
+}
+
+void CudaBackend::add_rmsnorm(float* h, const float* x, const WeightView& weight, int m, float eps,
+                              float* out) {
+  const void* w = impl_->resolve(weight);
+  cuda::launch_add_rmsnorm(h, x, w, weight.dtype, weight.numel(), m, eps, out, impl_->stream);
 }
 
 void CudaBackend::matmul(const float* x, int m, const WeightView& w, const WeightView* bias,
@@ -516,6 +533,14 @@ void CudaBackend::rope(float* x, int m, int num_heads, int head_dim, int pos,
   cuda::RopeFreqs freqs{};
   std::memcpy(freqs.inv_freq, inv_freq, sizeof(float) * (head_dim / 2));
   cuda::launch_rope(x, m, num_heads, head_dim, pos, freqs, impl_->stream);
+}
+
+void CudaBackend::rope_qk(float* q, float* k, int m, int num_heads, int num_kv_heads, int head_dim,
+                          int pos, const float* inv_freq) {
+  QS_CHECK(head_dim % 2 == 0 && head_dim / 2 <= cuda::kMaxRopePairs);
+  cuda::RopeFreqs freqs{};
+  std::memcpy(freqs.inv_freq, inv_freq, sizeof(float) * (head_dim / 2));
+  cuda::launch_rope_qk(q, k, m, num_heads, num_kv_heads, head_dim, pos, freqs, impl_->stream);
 }
 
 namespace {

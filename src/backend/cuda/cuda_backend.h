@@ -63,6 +63,9 @@ class CudaBackend final : public Backend {
   void copy_bytes(void* dst, const void* src, size_t bytes) override;
   // F16: a conversion kernel (cuda_ops.h launch_store_f16), bit-identical to the CPU's.
   void store_kv_rows(void* dst, DType dst_dtype, const float* src, size_t n) override;
+  // F16: both row ranges in one kernel (launch_store_f16_pair); F32: two copies.
+  void store_kv_row_pair(void* k_dst, void* v_dst, DType dst_dtype, const float* k, const float* v,
+                         size_t n) override;
   void prepare_weights(const ModelWeights& weights) override;
   void bind_thread() override;
   void profile_region(bool begin) override;
@@ -76,6 +79,11 @@ class CudaBackend final : public Backend {
                  float* out) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
   void add(float* y, const float* x, int64_t n) override;
+  // One launch each (launch_add_rmsnorm, launch_rope_qk), bit-identical to the separate ops.
+  void add_rmsnorm(float* h, const float* x, const WeightView& weight, int m, float eps,
+                   float* out) override;
+  void rope_qk(float* q, float* k, int m, int num_heads, int num_kv_heads, int head_dim, int pos,
+               const float* inv_freq) override;
   // 4-bit draft weights: uploaded (repacked for the kernel) on first use, found again by the
   // address of their host codes; m <= kGemvMaxRows per launch (larger m in slices of 16 rows).
   void matmul_group(const float* x, int m, const LinearOp* ops, int count) override;

@@ -41,6 +41,11 @@ void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device,
 // out[i, :] = x[i, :] / sqrt(mean(x[i, :]^2) + eps) * weight; x, out: [m, d]; out may alias x.
 void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t d, int m,
                     float eps, float* out, cudaStream_t stream);
+// h += x over [m, d], then out = rmsnorm(h) as launch_rmsnorm computes it (Backend::add_rmsnorm),
+// one block per row: the same bits as launch_add followed by launch_rmsnorm. out aliases neither
+// h nor x.
+void launch_add_rmsnorm(float* h, const float* x, const void* weight, DType weight_dtype, int64_t d,
+                        int m, float eps, float* out, cudaStream_t stream);
 
 // RoPE inverse frequencies by value (head_dim <= 2 * kMaxRopePairs).
 constexpr int kMaxRopePairs = 128;
@@ -50,6 +55,10 @@ struct RopeFreqs {
 // x: [m, num_heads * head_dim] rotated in place for positions [pos, pos + m), HF rotate_half.
 void launch_rope(float* x, int m, int num_heads, int head_dim, int pos, const RopeFreqs& freqs,
                  cudaStream_t stream);
+// launch_rope of q ([m, num_heads * head_dim]) and of k ([m, num_kv_heads * head_dim]) as one
+// grid (Backend::rope_qk): the same bits as the two launches.
+void launch_rope_qk(float* q, float* k, int m, int num_heads, int num_kv_heads, int head_dim,
+                    int pos, const RopeFreqs& freqs, cudaStream_t stream);
 
 // out = silu(gate) * up over n floats; out may alias gate or up.
 void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);
@@ -69,6 +78,11 @@ void launch_split_activations(const float* x, int64_t count, DType dtype, void* 
 // even, finite values beyond +-65504 saturate to +-65504 (core/dtype.h f32_to_f16_sat); inf and
 // NaN stay inf and NaN. src must not overlap dst.
 void launch_store_f16(const float* src, int64_t n, void* dst, cudaStream_t stream);
+// launch_store_f16(k, n, k_dst) and launch_store_f16(v, n, v_dst) as one launch
+// (Backend::store_kv_row_pair with F16 rows): four values per thread when both pairs are aligned
+// (16-byte sources, 8-byte destinations, n % 4 == 0), else one. No two ranges may overlap.
+void launch_store_f16_pair(const float* k, const float* v, int64_t n, void* k_dst, void* v_dst,
+                           cudaStream_t stream);
 
 // out[r] = the argmax of row r of x ([rows, n] f32; Backend::argmax_rows' order: the lowest
 // index among ties, NaN never wins, 0 for a NaN at index 0). out: device memory, rows ints.

@@ -1,5 +1,6 @@
-// Embedding, RMSNorm, RoPE, SwiGLU, add, bias rows and activation splitting: one thread per
-// element (or a block per row), memory-bound.
+// Embedding, RMSNorm, RoPE, SwiGLU, add, bias rows, activation splitting, f16 KV row stores and
+// the fused ops (add + RMSNorm, RoPE of q and k, a K/V row pair's stores): one thread per element
+// (or a block per row), memory-bound.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
@@ -40,6 +41,29 @@ __global__ void embedding_kernel(const T* table, int64_t cols, const int32_t* id
   }
 }
 
+// The sum of every thread's `sum` (blockDim.x a multiple of 32, at most 1024), in the same order
+// for every kernel that calls it with the same block size. warp_sums: shared, 32 doubles.
+__device__ __forceinline__ double block_sum(double sum, double* warp_sums) {
+  sum = warp_sum(sum);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (lane == 0) warp_sums[warp] = sum;
+  __syncthreads();
+  if (warp == 0) {
+    const int num_warps = blockDim.x / 32;
+    double s = lane < num_warps ? warp_sums[lane] : 0.0;
+    s = warp_sum(s);
+    if (lane == 0) warp_sums[0] = s;
+  }
+  __syncthreads();
+  return warp_sums[0];
+}
+
+// 1 / sqrt(mean + eps) of a row of d values whose squares sum to sum_sq (the CPU's arithmetic).
+__device__ __forceinline__ float inv_rms_of(double sum_sq, int64_t d, float eps) {
+  const float variance = static_cast<float>(sum_sq / static_cast<double>(d));
+  return 1.0f / sqrtf(variance + eps);
+}
+
 // A block per row. The sum of squares is accumulated in double, as the CPU reference does, so
 // the reduction order does not matter.
 __global__ void rmsnorm_kernel(const float* x, const void* weight, DType weight_dtype, int64_t d,
@@ -54,33 +78,41 @@ __global__ void rmsnorm_kernel(const float* x, const void* weight, DType weight_
     const float v = xr[j];
     sum += static_cast<double>(v * v);
   }
-  sum = warp_sum(sum);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (lane == 0) warp_sums[warp] = sum;
-  __syncthreads();
-  if (warp == 0) {
-    const int num_warps = blockDim.x / 32;
-    double s = lane < num_warps ? warp_sums[lane] : 0.0;
-    s = warp_sum(s);
-    if (lane == 0) warp_sums[0] = s;
-  }
-  __syncthreads();
-  const float variance = static_cast<float>(warp_sums[0] / static_cast<double>(d));
-  const float inv_rms = 1.0f / sqrtf(variance + eps);
+  const float inv_rms = inv_rms_of(block_sum(sum, warp_sums), d, eps);
   for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
     yr[j] = load_as_float(weight, weight_dtype, j) * (xr[j] * inv_rms);
   }
 }
 
-// A thread per (row, head, pair). The angle is the f32 product (HF), cos/sin are evaluated in
-// double and rounded, matching the CPU reference's correctly rounded f32 values.
-__global__ void rope_kernel(float* x, int m, int num_heads, int head_dim, int pos,
-                            RopeFreqs freqs) {
+// add then rmsnorm_kernel in one pass over h: each thread stores its sums h[j] + x[j] and squares
+// them as rmsnorm_kernel squares its inputs (same block size, same reduction order), then reads
+// its own stores back for the output. out aliases neither h nor x.
+__global__ void add_rmsnorm_kernel(float* h, const float* x, const void* weight, DType weight_dtype,
+                                   int64_t d, float eps, float* out) {
   pdl_begin();
+  __shared__ double warp_sums[32];
+  const int64_t row = blockIdx.x;
+  float* hr = h + row * d;
+  const float* xr = x + row * d;
+  float* yr = out + row * d;
+  double sum = 0.0;
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    const float v = hr[j] + xr[j];
+    hr[j] = v;
+    sum += static_cast<double>(v * v);
+  }
+  const float inv_rms = inv_rms_of(block_sum(sum, warp_sums), d, eps);
+  for (int64_t j = threadIdx.x; j < d; j += blockDim.x) {
+    yr[j] = load_as_float(weight, weight_dtype, j) * (hr[j] * inv_rms);
+  }
+}
+
+// Rotates pair idx (of [m, num_heads, head_dim / 2]) of x. The angle is the f32 product (HF),
+// cos/sin are evaluated in double and rounded, matching the CPU reference's correctly rounded f32
+// values.
+__device__ __forceinline__ void rope_pair(float* x, int64_t idx, int num_heads, int head_dim,
+                                          int pos, const RopeFreqs& freqs) {
   const int half = head_dim / 2;
-  const int64_t total = static_cast<int64_t>(m) * num_heads * half;
-  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-  if (idx >= total) return;
   const int j = static_cast<int>(idx % half);
   const int64_t row_head = idx / half;  // row * num_heads + head
   const int i = static_cast<int>(row_head / num_heads);
@@ -93,6 +125,32 @@ __global__ void rope_kernel(float* x, int m, int num_heads, int head_dim, int po
   const float x0 = xh[j], x1 = xh[j + half];
   xh[j] = x0 * cos_v - x1 * sin_v;
   xh[j + half] = x1 * cos_v + x0 * sin_v;
+}
+
+// A thread per (row, head, pair).
+__global__ void rope_kernel(float* x, int m, int num_heads, int head_dim, int pos,
+                            RopeFreqs freqs) {
+  pdl_begin();
+  const int64_t total = static_cast<int64_t>(m) * num_heads * (head_dim / 2);
+  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx >= total) return;
+  rope_pair(x, idx, num_heads, head_dim, pos, freqs);
+}
+
+// rope_kernel over q's pairs, then k's, in one grid (a thread per pair of either).
+__global__ void rope_qk_kernel(float* q, float* k, int m, int num_heads, int num_kv_heads,
+                               int head_dim, int pos, RopeFreqs freqs) {
+  pdl_begin();
+  const int half = head_dim / 2;
+  const int64_t q_total = static_cast<int64_t>(m) * num_heads * half;
+  const int64_t total = q_total + static_cast<int64_t>(m) * num_kv_heads * half;
+  const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx >= total) return;
+  if (idx < q_total) {
+    rope_pair(q, idx, num_heads, head_dim, pos, freqs);
+  } else {
+    rope_pair(k, idx - q_total, num_kv_heads, head_dim, pos, freqs);
+  }
 }
 
 __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, float* out) {
@@ -165,9 +223,8 @@ __device__ __forceinline__ __half to_f16_sat(float v) {
   return __float2half_rn(v);
 }
 
-__global__ void store_f16_kernel(const float* __restrict__ src, int64_t n,
-                                 __half* __restrict__ dst) {
-  pdl_begin();
+__device__ __forceinline__ void store_f16_range(const float* __restrict__ src, int64_t n,
+                                                __half* __restrict__ dst) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     dst[i] = to_f16_sat(src[i]);
@@ -175,14 +232,48 @@ __global__ void store_f16_kernel(const float* __restrict__ src, int64_t n,
 }
 
 // Four values per thread: a 16-byte load, an 8-byte store.
-__global__ void store_f16x4_kernel(const float4* __restrict__ src, int64_t n4,
-                                   __half2* __restrict__ dst) {
-  pdl_begin();
+__device__ __forceinline__ void store_f16x4_range(const float4* __restrict__ src, int64_t n4,
+                                                  __half2* __restrict__ dst) {
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = src[i];
     dst[2 * i] = __halves2half2(to_f16_sat(v.x), to_f16_sat(v.y));
     dst[2 * i + 1] = __halves2half2(to_f16_sat(v.z), to_f16_sat(v.w));
+  }
+}
+
+__global__ void store_f16_kernel(const float* __restrict__ src, int64_t n,
+                                 __half* __restrict__ dst) {
+  pdl_begin();
+  store_f16_range(src, n, dst);
+}
+
+__global__ void store_f16x4_kernel(const float4* __restrict__ src, int64_t n4,
+                                   __half2* __restrict__ dst) {
+  pdl_begin();
+  store_f16x4_range(src, n4, dst);
+}
+
+// A key row range and a value row range in one grid: blockIdx.y 0 stores k, 1 stores v.
+__global__ void store_f16_pair_kernel(const float* __restrict__ k, const float* __restrict__ v,
+                                      int64_t n, __half* __restrict__ k_dst,
+                                      __half* __restrict__ v_dst) {
+  pdl_begin();
+  if (blockIdx.y == 0) {
+    store_f16_range(k, n, k_dst);
+  } else {
+    store_f16_range(v, n, v_dst);
+  }
+}
+
+__global__ void store_f16x4_pair_kernel(const float4* __restrict__ k, const float4* __restrict__ v,
+                                        int64_t n4, __half2* __restrict__ k_dst,
+                                        __half2* __restrict__ v_dst) {
+  pdl_begin();
+  if (blockIdx.y == 0) {
+    store_f16x4_range(k, n4, k_dst);
+  } else {
+    store_f16x4_range(v, n4, v_dst);
   }
 }
 
@@ -262,11 +353,26 @@ void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device,
   CUDA_CHECK_LAUNCH(stream);
 }
 
+namespace {
+// Threads of a row's block in rmsnorm_kernel and add_rmsnorm_kernel (the same for both: the block
+// size fixes the reduction order).
+int rmsnorm_threads(int64_t d) {
+  return d >= 4096 ? 1024 : (d >= 1024 ? 512 : 128);
+}
+}  // namespace
+
 void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t d, int m,
                     float eps, float* out, cudaStream_t stream) {
   QS_CHECK(m >= 1 && d >= 1);
-  const int threads = d >= 4096 ? 1024 : (d >= 1024 ? 512 : 128);
-  launch(rmsnorm_kernel, m, threads, 0, stream, x, weight, weight_dtype, d, eps, out);
+  launch(rmsnorm_kernel, m, rmsnorm_threads(d), 0, stream, x, weight, weight_dtype, d, eps, out);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_add_rmsnorm(float* h, const float* x, const void* weight, DType weight_dtype, int64_t d,
+                        int m, float eps, float* out, cudaStream_t stream) {
+  QS_CHECK(m >= 1 && d >= 1);
+  launch(add_rmsnorm_kernel, m, rmsnorm_threads(d), 0, stream, h, x, weight, weight_dtype, d, eps,
+         out);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -277,6 +383,16 @@ void launch_rope(float* x, int m, int num_heads, int head_dim, int pos, const Ro
   const int64_t total = static_cast<int64_t>(m) * num_heads * (head_dim / 2);
   launch(rope_kernel, blocks_for(total), kThreads, 0, stream, x, m, num_heads, head_dim, pos,
          freqs);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_rope_qk(float* q, float* k, int m, int num_heads, int num_kv_heads, int head_dim,
+                    int pos, const RopeFreqs& freqs, cudaStream_t stream) {
+  QS_CHECK(head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs);
+  QS_CHECK(m >= 1 && num_heads >= 1 && num_kv_heads >= 1 && pos >= 0);
+  const int64_t total = static_cast<int64_t>(m) * (num_heads + num_kv_heads) * (head_dim / 2);
+  launch(rope_qk_kernel, blocks_for(total), kThreads, 0, stream, q, k, m, num_heads, num_kv_heads,
+         head_dim, pos, freqs);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -320,15 +436,38 @@ void launch_split_activations(const float* x, int64_t count, DType dtype, void* 
   CUDA_CHECK_LAUNCH(stream);
 }
 
+namespace {
+// The vector store kernels' condition: 16-byte aligned f32 source, 8-byte aligned f16
+// destination, whole float4s.
+bool store_f16x4_ok(const float* src, int64_t n, const void* dst) {
+  return reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0 &&
+         n % 4 == 0;
+}
+}  // namespace
+
 void launch_store_f16(const float* src, int64_t n, void* dst, cudaStream_t stream) {
   if (n <= 0) return;
-  const bool aligned =
-      reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0;
-  if (aligned && n % 4 == 0) {
+  if (store_f16x4_ok(src, n, dst)) {
     launch(store_f16x4_kernel, blocks_for(n / 4), kThreads, 0, stream,
            reinterpret_cast<const float4*>(src), n / 4, static_cast<__half2*>(dst));
   } else {
     launch(store_f16_kernel, blocks_for(n), kThreads, 0, stream, src, n, static_cast<__half*>(dst));
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_store_f16_pair(const float* k, const float* v, int64_t n, void* k_dst, void* v_dst,
+                           cudaStream_t stream) {
+  if (n <= 0) return;
+  if (store_f16x4_ok(k, n, k_dst) && store_f16x4_ok(v, n, v_dst)) {
+    const dim3 grid(static_cast<unsigned>(blocks_for(n / 4)), 2);
+    launch(store_f16x4_pair_kernel, grid, kThreads, 0, stream, reinterpret_cast<const float4*>(k),
+           reinterpret_cast<const float4*>(v), n / 4, static_cast<__half2*>(k_dst),
+           static_cast<__half2*>(v_dst));
+  } else {
+    const dim3 grid(static_cast<unsigned>(blocks_for(n)), 2);
+    launch(store_f16_pair_kernel, grid, kThreads, 0, stream, k, v, n, static_cast<__half*>(k_dst),
+           static_cast<__half*>(v_dst));
   }
   CUDA_CHECK_LAUNCH(stream);
 }
