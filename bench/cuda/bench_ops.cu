@@ -1,12 +1,14 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
-//   bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,kvflush,quantkv]
+//   bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,kvflush,
+//                         quantkv]
 //             [--quick] [--profile]
 //
 // prefattn: one layer's causal prefill attention, f32 kernel vs tensor cores, 4K/32K/128K.
 //
 // quantkv: attention over the hierarchical quantized KV cache (draft INT4 and target INT8 views).
-// w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; kvflush: quantize_kv.
+// w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; w4layer: one draft
+// layer's 4-bit launches (grouped as the model runs them) per code path; kvflush: quantize_kv.
 // Their small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured
 // decode step runs them; w4mm also states the eager time.
 //
@@ -710,13 +712,15 @@ void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
       {0, 0, 0, 1}, {1, 0, 4, 1}, {2, 0, 4, 1}, {4, 0, 4, 1}, {0, 8, 4, 1}, {0, 0, 4, 1},
       {0, 0, 0, 2}, {0, 2, 0, 2}, {0, 4, 0, 2}, {0, 8, 0, 2}, {1, 0, 0, 3}, {2, 0, 0, 3},
       {4, 0, 0, 3}, {0, 1, 0, 3}, {0, 2, 0, 3}, {0, 4, 0, 3}, {0, 8, 0, 3}, {0, 0, 0, 3},
-      {1, 0, 0, 2}, {2, 0, 0, 2}, {4, 0, 0, 2}, {0, 0, 0, 4}, {0, 0, 0, 0}};
+      {1, 0, 0, 2}, {2, 0, 0, 2}, {4, 0, 0, 2}, {0, 0, 4, 2}, {0, 2, 4, 2}, {0, 4, 4, 2},
+      {0, 8, 4, 2}, {1, 0, 4, 2}, {0, 0, 0, 4}, {0, 0, 0, 0}};
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   summary(
       "| gemv-q4 variants (us, %% of 4.24 TB/s) | mma rt1 | mma rt2 | mma rt4 | mma w2 | mma w4 | "
       "mma w8 | mma auto | ring rt1 | ring rt2 | ring rt4 | ring w8 | ring auto | cc auto | "
       "cc w2 | cc w4 | cc w8 | wide rt1 | wide rt2 | wide rt4 | wide w1 | wide w2 | wide w4 | "
-      "wide w8 | wide auto | cc rt1 | cc rt2 | cc rt4 | old auto | default (kernel %d) |",
+      "wide w8 | wide auto | cc rt1 | cc rt2 | cc rt4 | cc ring | cc ring w2 | cc ring w4 | "
+      "cc ring w8 | cc ring rt1 | old auto | default (kernel %d) |",
       cuda::kQ4AutoKernel);
   for_each_q4_shape(be, quick, [&](const Q4Mat& mat, std::vector<QuantizedWeight4>& ws, float* x,
                                    float* y) {
@@ -735,6 +739,68 @@ void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
     }
   });
   cuda::set_q4_gemv_tuning(saved);
+}
+
+// One draft layer's 4-bit launches as Model::forward issues them (q/k/v and gate/up as one
+// matmul_group each, o and down alone), then the lm_head, for both shapes, m = 1: per launch and
+// per layer, the codes reaching the registers through registers (stages 1) or the cp.async
+// ring (4), and the default. Layers rotate over >= kRotateBytes of weights.
+void bench_gemv_q4_layer(CudaBackend& be) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  struct Shape {
+    const char* name;
+    int64_t hidden, q_rows, kv_rows, inter, vocab;
+  };
+  const Shape shapes[] = {{"7b", 4096, 4096, 4096, 11008, 32000},
+                          {"8b", 4096, 4096, 1024, 14336, 128256}};
+  for (const Shape& sh : shapes) {
+    struct Mat {
+      const char* name;
+      std::vector<std::pair<int64_t, int64_t>> parts;  // (rows, cols) of one launch
+    };
+    const Mat mats[] = {
+        {"qkv", {{sh.q_rows, sh.hidden}, {sh.kv_rows, sh.hidden}, {sh.kv_rows, sh.hidden}}},
+        {"o", {{sh.hidden, sh.q_rows}}},
+        {"gate/up", {{sh.inter, sh.hidden}, {sh.inter, sh.hidden}}},
+        {"down", {{sh.hidden, sh.inter}}},
+        {"lm_head", {{sh.vocab, sh.hidden}}}};
+    for (const Mat& mat : mats) {
+      double bytes = 0;
+      for (auto [rows, cols] : mat.parts) bytes += q4_bytes(Q4Mat{mat.name, rows, cols}, 1);
+      const int copies = static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)));
+      std::vector<std::vector<QuantizedWeight4>> ws;  // [part][copy]
+      for (auto [rows, cols] : mat.parts) ws.push_back(random_q4_copies(rows, cols, copies));
+      int64_t max_rows = 0;
+      for (auto [rows, cols] : mat.parts) max_rows = std::max(max_rows, rows);
+      auto x = random_f32(mat.parts[0].second, 3);
+      std::vector<std::unique_ptr<DeviceMem>> ys;
+      for (size_t p = 0; p < mat.parts.size(); ++p) {
+        ys.push_back(std::make_unique<DeviceMem>(max_rows * 4));
+      }
+      auto body = [&](int i) {
+        LinearOp ops[3];
+        for (size_t p = 0; p < mat.parts.size(); ++p) {
+          ops[p] = {nullptr, &ws[p][i % copies], nullptr, ys[p]->f32()};
+        }
+        be.matmul_group(x->f32(), 1, ops, static_cast<int>(mat.parts.size()));
+      };
+      for (int i = 0; i < copies; ++i) body(i);  // uploads
+      std::string line;
+      char buf[96];
+      const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+      for (int stages : {1, 4, 0}) {
+        cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, 0});
+        const double ms = time_graph_ms(s, body, 20 * copies);
+        std::snprintf(buf, sizeof buf, " %6.1f us %4.1f%% |", ms * 1e3, pct(bytes, ms));
+        line += buf;
+      }
+      cuda::set_q4_gemv_tuning(saved);
+      summary("| w4 layer %s %-8s %6.1f MB | regs:%s ring / default:%s", sh.name, mat.name,
+              bytes / 1e6, line.substr(0, line.find('|') + 1).c_str(),
+              line.substr(line.find('|') + 1).c_str());
+      be.release_weights();
+    }
+  }
 }
 
 // quantize_kv at Llama-2-7B's shape (32 kv heads x 128, G = Gv = 128): the flush of one group in
@@ -988,7 +1054,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
 
 int main(int argc, char** argv) {
   using namespace qs;
-  std::string sections = "copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,kvflush,quantkv";
+  std::string sections =
+      "copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,kvflush,quantkv";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sections") && i + 1 < argc) {
@@ -1000,8 +1067,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,"
-                   "w4var,"
-                   "kvflush,quantkv] [--quick] [--profile]\n");
+                   "w4var,w4layer,kvflush,quantkv] [--quick] [--profile]\n");
       return 2;
     }
   }
@@ -1031,6 +1097,7 @@ int main(int argc, char** argv) {
   if (has("step")) bench_step(**be, quick);
   if (has("w4mm")) bench_gemv_q4(**be, quick);
   if (has("w4var")) bench_gemv_q4_variants(**be, quick);
+  if (has("w4layer")) bench_gemv_q4_layer(**be);
   if (has("kvflush")) bench_quantize_kv(**be);
   if (has("quantkv")) bench_quant_attention(**be, quick);
   std::printf("\n== summary (%s) ==\n", prop.name);

@@ -416,34 +416,39 @@ TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
   HostWeight b16(random_normal(17, 45), DType::BF16, 1, 17, "b");
   const WeightView* biases[3] = {&b32.view, nullptr, &b16.view};
   const QuantizedWeight4 big[2] = {make_q4(4490, 512, 46), make_q4(4500, 512, 47)};
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   double worst = 0;
-  for (int m : {1, 2, 3, 4, 5, 8, 9, 16}) {
-    for (int count : {2, 3}) {
-      for (bool wide : {false, true}) {  // wide: 281 + 282 tiles, 2 tiles per block
-        const QuantizedWeight4* w = wide ? big : ws;
-        const int64_t k = w[0].cols;
-        const std::vector<float> x = random_normal(size_t(m) * k, 50 + m);
-        DeviceArray xd(gpu(), x);
-        std::vector<std::unique_ptr<DeviceArray>> ys;
-        LinearOp ops[3];
-        const int n = wide ? 2 : count;
-        for (int i = 0; i < n; ++i) {
-          ys.push_back(std::make_unique<DeviceArray>(gpu(), size_t(m) * w[i].rows));
-          ys.back()->poison();
-          ops[i] = {nullptr, &w[i], wide ? nullptr : biases[i], ys.back()->data()};
-        }
-        gpu().matmul_group(xd.data(), m, ops, n);
-        for (int i = 0; i < n; ++i) {
-          std::vector<float> want(size_t(m) * w[i].rows);
-          cpu().matmul_q4(x.data(), m, w[i], ops[i].bias, want.data());
-          const double err = rel_error(ys[i]->to_host(), want);
-          EXPECT_LT(err, kQ4Tolerance)
-              << describe(w[i], m, ops[i].bias != nullptr) << " op " << i << " of " << n;
-          worst = std::max(worst, err);
+  for (int stages : {1, 4}) {  // the CUDA-core kernel's codes in registers / the cp.async ring
+    cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, 0});
+    for (int m : {1, 2, 3, 4, 5, 8, 9, 16}) {
+      for (int count : {2, 3}) {
+        for (bool wide : {false, true}) {  // wide: 281 + 282 tiles, 2 tiles per block
+          const QuantizedWeight4* w = wide ? big : ws;
+          const int64_t k = w[0].cols;
+          const std::vector<float> x = random_normal(size_t(m) * k, 50 + m);
+          DeviceArray xd(gpu(), x);
+          std::vector<std::unique_ptr<DeviceArray>> ys;
+          LinearOp ops[3];
+          const int n = wide ? 2 : count;
+          for (int i = 0; i < n; ++i) {
+            ys.push_back(std::make_unique<DeviceArray>(gpu(), size_t(m) * w[i].rows));
+            ys.back()->poison();
+            ops[i] = {nullptr, &w[i], wide ? nullptr : biases[i], ys.back()->data()};
+          }
+          gpu().matmul_group(xd.data(), m, ops, n);
+          for (int i = 0; i < n; ++i) {
+            std::vector<float> want(size_t(m) * w[i].rows);
+            cpu().matmul_q4(x.data(), m, w[i], ops[i].bias, want.data());
+            const double err = rel_error(ys[i]->to_host(), want);
+            EXPECT_LT(err, kQ4Tolerance) << describe(w[i], m, ops[i].bias != nullptr) << " op " << i
+                                         << " of " << n << " stages=" << stages;
+            worst = std::max(worst, err);
+          }
         }
       }
     }
   }
+  cuda::set_q4_gemv_tuning(saved);
   gpu().release_weights();
   std::printf("[ max rel error ] matmul_q4 groups: %.3g\n", worst);
 }
@@ -486,9 +491,9 @@ TEST_F(CudaOpsTest, MatmulQ4EveryTuning) {
 }
 
 // The CUDA-core kernel (m <= 8) on every row count, tiles per block (1, 2, 4; 4 runs as 2 above
-// m = 2), warp split, odd shape (short last group, partial last tile and block, odd K: scalar
-// activation loads), bias dtype and misaligned x; m > 8 falls back to the tensor cores under the
-// same tuning.
+// m = 2 and with the ring), warp split, both ways the codes arrive (registers, the cp.async ring),
+// odd shape (short last group, partial last tile and block, odd K: scalar activation loads), bias
+// dtype and misaligned x; m > 8 falls back to the tensor cores under the same tuning.
 TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   const QuantizedWeight4 a = make_q4(300, 1000, 800), b = make_q4(130, 4096, 801),
@@ -496,18 +501,23 @@ TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
   HostWeight b32(random_normal(300, 804), DType::F32, 1, 300, "b");
   HostWeight b16(random_normal(300, 805), DType::BF16, 1, 300, "b");
   double worst = 0;
-  for (int rt : {0, 1, 2, 4}) {
-    for (int warps : {0, 1, 3, 8}) {
-      cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{rt, warps, 0, /*kernel=*/2});
-      for (const QuantizedWeight4* w : {&a, &b, &c, &d}) {
-        for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
-          const WeightView* bv =
-              w != &a ? nullptr : m % 3 == 0 ? &b32.view : m % 3 == 1 ? &b16.view : nullptr;
-          for (int x_offset : {0, 1}) {
-            const double err = run_q4(gpu(), cpu(), *w, m, bv, 810 + m, x_offset);
-            EXPECT_LT(err, kQ4Tolerance) << describe(*w, m, bv != nullptr) << " row_tiles=" << rt
-                                         << " warps=" << warps << " x_offset=" << x_offset;
-            worst = std::max(worst, err);
+  for (int stages : {1, 4}) {
+    for (int rt : {0, 1, 2, 4}) {
+      for (int warps : {0, 1, 3, 8}) {
+        cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{rt, warps, stages, /*kernel=*/2});
+        for (const QuantizedWeight4* w : {&a, &b, &c, &d}) {
+          for (int m : {1, 2, 3, 4, 5, 6, 7, 8, 9}) {
+            const WeightView* bv = w != &a      ? nullptr
+                                   : m % 3 == 0 ? &b32.view
+                                   : m % 3 == 1 ? &b16.view
+                                                : nullptr;
+            for (int x_offset : {0, 1}) {
+              const double err = run_q4(gpu(), cpu(), *w, m, bv, 810 + m, x_offset);
+              EXPECT_LT(err, kQ4Tolerance)
+                  << describe(*w, m, bv != nullptr) << " row_tiles=" << rt << " warps=" << warps
+                  << " stages=" << stages << " x_offset=" << x_offset;
+              worst = std::max(worst, err);
+            }
           }
         }
       }
@@ -521,14 +531,16 @@ TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
 // Large K and N for the CUDA-core kernel: several load batches per warp, many blocks.
 TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernelModelShapes) {
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
-  cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, /*kernel=*/2});
   double worst = 0;
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 4096}, {1024, 11008}}) {
     const QuantizedWeight4 w = make_q4(rows, cols, 900 + rows + cols);
-    for (int m : {1, 2, 4, 5, 8}) {
-      const double err = run_q4(gpu(), cpu(), w, m, nullptr, 910 + m);
-      EXPECT_LT(err, kQ4Tolerance) << describe(w, m, false);
-      worst = std::max(worst, err);
+    for (int stages : {1, 4}) {
+      cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, /*kernel=*/2});
+      for (int m : {1, 2, 4, 5, 8}) {
+        const double err = run_q4(gpu(), cpu(), w, m, nullptr, 910 + m);
+        EXPECT_LT(err, kQ4Tolerance) << describe(w, m, false) << " stages=" << stages;
+        worst = std::max(worst, err);
+      }
     }
     gpu().release_weights();
   }

@@ -38,6 +38,9 @@
 
 #include <algorithm>
 #include <array>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
@@ -55,7 +58,20 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-Q4GemvTuning g_q4_tuning;
+// QS_Q4_STAGES=1|4 starts the process with that Q4GemvTuning::stages (end-to-end A/B runs of
+// the CUDA-core kernel's code paths without a rebuild); anything else is ignored with a warning.
+Q4GemvTuning g_q4_tuning = [] {
+  Q4GemvTuning t;
+  const char* v = std::getenv("QS_Q4_STAGES");
+  if (v != nullptr) {
+    if (std::strcmp(v, "1") == 0 || std::strcmp(v, "4") == 0) {
+      t.stages = v[0] - '0';
+    } else {
+      std::fprintf(stderr, "quantspec: ignoring QS_Q4_STAGES=%s (expected 1 or 4)\n", v);
+    }
+  }
+  return t;
+}();
 
 // ---- device helpers ---------------------------------------------------------------------------
 
@@ -596,11 +612,18 @@ struct CcSegments {
   int count;
 };
 
-template <int M, int RT, int BATCH, bool VEC_X>
+//
+// STAGES == 0: the codes of BATCH groups go into registers, all issued before any is used.
+// STAGES > 0: a ring of STAGES groups per warp in dynamic shared memory (cc_ring_bytes), filled
+// by cp.async with STAGES - 1 groups in flight while one is computed, as the tensor-core
+// kernel's ring; its first groups are issued before pdl_begin() (the weights do not depend on
+// the previous kernel), so they stream in while that kernel finishes.
+template <int M, int RT, int BATCH, bool VEC_X, int STAGES>
 __global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
     gemv_q4_cc_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                       const CcSegments segs) {
   __shared__ float partial[kCcMaxWarps][16 * RT][M];  // per warp: the tiles' row sums
+  extern __shared__ uint4 cc_ring[];
   int64_t block;
   const int si = find_segment(segs, block);
   const uint4* __restrict__ codes = pick(segs.codes, si);
@@ -614,8 +637,57 @@ __global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
   const int64_t tile0 = block * RT;
   const int64_t grp_begin = groups * warp / num_warps;
   const int64_t grp_end = groups * (warp + 1) / num_warps;
-  const uint4* tcodes[RT];
-  const uint2* tmeta[RT];
+  float acc[RT][2][M];
+#pragma unroll
+  for (int r = 0; r < RT; ++r) {
+#pragma unroll
+    for (int t = 0; t < M; ++t) acc[r][0][t] = acc[r][1][t] = 0.0f;
+  }
+
+  if constexpr (STAGES > 0) {
+    // [warps][STAGES][RT][64] code pieces, then [warps][STAGES][RT][32] meta entries.
+    uint4* ring_codes = cc_ring + warp * (STAGES * RT * kPiecesPerTileGroup);
+    uint2* ring_meta =
+        reinterpret_cast<uint2*>(cc_ring + num_warps * STAGES * RT * kPiecesPerTileGroup) +
+        warp * (STAGES * RT * 32);
+    // One commit group per prologue stage and per iteration (possibly empty): "all but the
+    // newest STAGES - 1 complete" means the current group has landed.
+#pragma unroll
+    for (int st = 0; st < STAGES - 1; ++st) {
+      if (grp_begin + st < grp_end) {
+        issue_group<RT>(ring_codes, ring_meta, st, codes, meta, tile0, tiles, groups,
+                        grp_begin + st, lane);
+      }
+      cp_async_commit();
+    }
+    pdl_begin();
+    int stage = 0;
+    for (int64_t grp = grp_begin; grp < grp_end; ++grp) {
+      // The slot refilled here was read (into registers) in the previous iteration.
+      const int64_t ahead = grp + STAGES - 1;
+      if (ahead < grp_end) {
+        const int fill = stage == 0 ? STAGES - 1 : stage - 1;
+        issue_group<RT>(ring_codes, ring_meta, fill, codes, meta, tile0, tiles, groups, ahead,
+                        lane);
+      }
+      cp_async_commit();
+      cp_async_wait<STAGES - 1>();
+      uint4 p[RT][2];
+      uint2 mm[RT];
+#pragma unroll
+      for (int r = 0; r < RT; ++r) {
+        const uint4* src = ring_codes + (stage * RT + r) * kPiecesPerTileGroup + lane;
+        p[r][0] = src[0];
+        p[r][1] = src[32];
+        mm[r] = ring_meta[(stage * RT + r) * 32 + lane];
+      }
+      cc_group<M, RT, VEC_X>(x, K, grp, c, p, mm, acc);
+      stage = stage + 1 == STAGES ? 0 : stage + 1;
+    }
+    cp_async_wait<0>();  // nothing may be left in flight into shared memory at exit
+  } else {
+    const uint4* tcodes[RT];
+    const uint2* tmeta[RT];
 #pragma unroll
   for (int r = 0; r < RT; ++r) {
     const int64_t tile = tile0 + r < tiles ? tile0 + r : tile0;
@@ -629,13 +701,6 @@ __global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
     }
   }
   pdl_begin();
-
-  float acc[RT][2][M];
-#pragma unroll
-  for (int r = 0; r < RT; ++r) {
-#pragma unroll
-    for (int t = 0; t < M; ++t) acc[r][0][t] = acc[r][1][t] = 0.0f;
-  }
 
   for (int64_t grp0 = grp_begin; grp0 < grp_end; grp0 += BATCH) {
     uint4 p[BATCH][RT][2];
@@ -658,6 +723,7 @@ __global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
         cc_group<M, RT, VEC_X>(x, K, grp0 + u, c, p[u], mm[u], acc);
       }
     }
+  }
   }
 
   // Rows g and g + 8 of each tile: the 4 lanes of a row hold disjoint columns.
@@ -903,8 +969,13 @@ struct CcLaunch {
   cudaStream_t stream;
 };
 
-// The CUDA-core kernel for exactly M rows of x, RT tiles per block.
-template <int M, int RT, bool VEC_X>
+// Dynamic shared memory of the CUDA-core kernel: its cp.async ring (none with registers).
+constexpr size_t cc_ring_bytes(int warps, int rt, int stages) {
+  return static_cast<size_t>(warps) * stages * rt * kRingBytesPerTile;
+}
+
+// The CUDA-core kernel for exactly M rows of x, RT tiles per block, STAGES as the kernel's.
+template <int M, int RT, bool VEC_X, int STAGES>
 void launch_cc(const CcLaunch& l) {
   // Groups loaded per step (8 registers per tile each): about 4 KiB of codes in flight per warp
   // within the register budget (128 per thread for RT <= 2, 255 for RT = 4).
@@ -927,33 +998,53 @@ void launch_cc(const CcLaunch& l) {
     segs.block_end[i] = blocks;
   }
   QS_CHECK(blocks <= 0x7fffffff && l.warps >= 1 && l.warps <= kCcMaxWarps);
-  launch(gemv_q4_cc_kernel<M, RT, kBatch, VEC_X>, static_cast<unsigned>(blocks), l.warps * 32, 0,
-         l.stream, l.x, l.w[0]->cols, l.w[0]->groups, segs);
+  auto* kernel = gemv_q4_cc_kernel<M, RT, kBatch, VEC_X, STAGES>;
+  const size_t smem = cc_ring_bytes(l.warps, RT, STAGES);
+  if constexpr (STAGES > 0) {
+    // Above 48 KiB of dynamic shared memory a kernel must opt in (once per instantiation, for
+    // its largest block).
+    static const bool opted_in = [kernel] {
+      const int most = static_cast<int>(cc_ring_bytes(kCcMaxWarps, RT, STAGES));
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most));
+      return true;
+    }();
+    (void)opted_in;
+  }
+  launch(kernel, static_cast<unsigned>(blocks), l.warps * 32, smem, l.stream, l.x, l.w[0]->cols,
+         l.w[0]->groups, segs);
   CUDA_CHECK_LAUNCH(l.stream);
 }
 
-// rt: 1, 2 or 4 (4 only for m <= 2: registers; it runs as 2 above).
-template <int M, bool VEC_X>
+// rt: 1, 2 or 4 (4 only for m <= 2 with registers; it runs as 2 otherwise).
+template <int M, bool VEC_X, int STAGES>
 void launch_cc_rt(int rt, const CcLaunch& l) {
-  if constexpr (M <= 2) {
-    if (rt == 4) return launch_cc<M, 4, VEC_X>(l);
+  if constexpr (M <= 2 && STAGES == 0) {
+    if (rt == 4) return launch_cc<M, 4, VEC_X, STAGES>(l);
   }
-  if (rt >= 2) return launch_cc<M, 2, VEC_X>(l);
-  launch_cc<M, 1, VEC_X>(l);
+  if (rt >= 2) return launch_cc<M, 2, VEC_X, STAGES>(l);
+  launch_cc<M, 1, VEC_X, STAGES>(l);
 }
 
-template <bool VEC_X>
+template <bool VEC_X, int STAGES>
 void launch_cc_rows(int rt, const CcLaunch& l) {
   static_assert(kCcMaxRows == 8, "one instantiation per row count");
   switch (l.m) {
-    case 1: return launch_cc_rt<1, VEC_X>(rt, l);
-    case 2: return launch_cc_rt<2, VEC_X>(rt, l);
-    case 3: return launch_cc_rt<3, VEC_X>(rt, l);
-    case 4: return launch_cc_rt<4, VEC_X>(rt, l);
-    case 5: return launch_cc_rt<5, VEC_X>(rt, l);
-    case 6: return launch_cc_rt<6, VEC_X>(rt, l);
-    case 7: return launch_cc_rt<7, VEC_X>(rt, l);
-    case 8: return launch_cc_rt<8, VEC_X>(rt, l);
+    case 1:
+      return launch_cc_rt<1, VEC_X, STAGES>(rt, l);
+    case 2:
+      return launch_cc_rt<2, VEC_X, STAGES>(rt, l);
+    case 3:
+      return launch_cc_rt<3, VEC_X, STAGES>(rt, l);
+    case 4:
+      return launch_cc_rt<4, VEC_X, STAGES>(rt, l);
+    case 5:
+      return launch_cc_rt<5, VEC_X, STAGES>(rt, l);
+    case 6:
+      return launch_cc_rt<6, VEC_X, STAGES>(rt, l);
+    case 7:
+      return launch_cc_rt<7, VEC_X, STAGES>(rt, l);
+    case 8:
+      return launch_cc_rt<8, VEC_X, STAGES>(rt, l);
     default: QS_CHECK_MSG(false, "gemv_q4: the CUDA-core kernel takes m <= 8");
   }
 }
@@ -967,9 +1058,10 @@ int cc_row_tiles(int64_t tiles, int num_sms) {
   return (tiles + 1) / 2 >= num_sms ? 2 : 1;
 }
 
-// Warps of the CUDA-core kernel splitting K: about 4 groups (4 KiB of codes) each, at most 8.
-int auto_cc_warps(int64_t groups) {
-  return static_cast<int>(std::clamp<int64_t>(groups / 4, 1, kCcMaxWarps));
+// Warps of the CUDA-core kernel splitting K, at most 8: with registers about 4 groups (4 KiB of
+// codes) each; with the ring about 8, so that its pipeline has a stretch to stream.
+int auto_cc_warps(int64_t groups, bool ring) {
+  return static_cast<int>(std::clamp<int64_t>(groups / (ring ? 8 : 4), 1, kCcMaxWarps));
 }
 
 // The CUDA-core kernel over the launch's matrices, tiles per block and warps chosen from the
@@ -978,14 +1070,16 @@ void run_cc(CcLaunch l, int num_sms) {
   int64_t tiles = 0;
   for (int i = 0; i < l.count; ++i) tiles += (l.w[i]->rows + 15) / 16;
   const int64_t groups = l.w[0]->groups;
+  const int stages = g_q4_tuning.stages != 0 ? g_q4_tuning.stages : kQ4CudaCoreAutoStages;
+  const bool ring = stages == kRingStages;
   l.warps = g_q4_tuning.warps > 0 ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, groups))
-                                  : auto_cc_warps(groups);
+                                  : auto_cc_warps(groups, ring);
   const int rt = g_q4_tuning.row_tiles > 0 ? g_q4_tuning.row_tiles : cc_row_tiles(tiles, num_sms);
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
-  if (vec_x) {
-    launch_cc_rows<true>(rt, l);
+  if (ring) {
+    vec_x ? launch_cc_rows<true, kRingStages>(rt, l) : launch_cc_rows<false, kRingStages>(rt, l);
   } else {
-    launch_cc_rows<false>(rt, l);
+    vec_x ? launch_cc_rows<true, 0>(rt, l) : launch_cc_rows<false, 0>(rt, l);
   }
 }
 
@@ -1136,7 +1230,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
   QS_CHECK(tuning.row_tiles == 0 || tuning.row_tiles == 1 || tuning.row_tiles == 2 ||
            tuning.row_tiles == 4);
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
-  QS_CHECK(tuning.stages == 0 || tuning.stages == kRingStages);
+  QS_CHECK(tuning.stages == 0 || tuning.stages == 1 || tuning.stages == kRingStages);
   QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 4);
   g_q4_tuning = tuning;
 }
@@ -1209,7 +1303,7 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
                         ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, w.groups))
                         : auto_warps(blocks, w.groups, num_sms);
   const TiledLaunch l{x, m, &w, bias, y, warps, stream};
-  const int stages = g_q4_tuning.stages;
+  const int stages = g_q4_tuning.stages == kRingStages ? kRingStages : 0;
   if (nt == 1) {
     if (vec_x) {
       launch_tiled_stages<1, true>(rt, stages, l);

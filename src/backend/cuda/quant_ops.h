@@ -99,9 +99,11 @@ struct Q4GemvTuning {
   // for m <= 2): 1, 2 or 4.
   int row_tiles = 0;
   int warps = 0;      // warps per block splitting K: 1..8
-  // How the codes reach the registers: 0 = loaded into registers, the next group while the
-  // current one is computed (1 group ahead); 4 = a 4-group cp.async ring per warp in shared
-  // memory (3 groups ahead, no registers held).
+  // How the codes reach the registers: 0 = automatic (registers for the tensor-core kernels,
+  // kQ4CudaCoreAutoStages for the CUDA-core kernel); 1 = loaded into registers (tensor cores:
+  // the next group while the current one is computed; CUDA cores: a batch of groups at a time);
+  // 4 = a 4-group cp.async ring per warp in shared memory (3 groups ahead, no registers held; the
+  // wide kernel ignores it).
   int stages = 0;
   // Which kernel: 0 = automatic (kQ4AutoKernel), 1 = tensor cores (the fields above), 2 = CUDA
   // cores for m <= 8 (tensor cores above; `warps` and row_tiles apply, stages does not),
@@ -116,6 +118,8 @@ struct Q4GemvTuning {
 constexpr int kQ4AutoKernel = 4;
 // Rows of x up to which kernel 4 is the CUDA-core kernel.
 constexpr int kQ4CudaCoreAutoRows = 4;
+// Q4GemvTuning::stages of the CUDA-core kernel when it is 0 (1 = registers, 4 = the ring).
+constexpr int kQ4CudaCoreAutoStages = 1;
 void set_q4_gemv_tuning(const Q4GemvTuning& tuning);
 Q4GemvTuning q4_gemv_tuning();
 
