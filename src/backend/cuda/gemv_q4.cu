@@ -1070,7 +1070,10 @@ void run_cc(CcLaunch l, int num_sms) {
   int64_t tiles = 0;
   for (int i = 0; i < l.count; ++i) tiles += (l.w[i]->rows + 15) / 16;
   const int64_t groups = l.w[0]->groups;
-  const int stages = g_q4_tuning.stages != 0 ? g_q4_tuning.stages : kQ4CudaCoreAutoStages;
+  int64_t rows = 0;
+  for (int i = 0; i < l.count; ++i) rows += l.w[i]->rows;
+  const int auto_stages = groups >= kQ4RingMinGroups || rows >= kQ4RingMinRows ? kRingStages : 1;
+  const int stages = g_q4_tuning.stages != 0 ? g_q4_tuning.stages : auto_stages;
   const bool ring = stages == kRingStages;
   l.warps = g_q4_tuning.warps > 0 ? static_cast<int>(std::min<int64_t>(g_q4_tuning.warps, groups))
                                   : auto_cc_warps(groups, ring);

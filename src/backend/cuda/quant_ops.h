@@ -99,8 +99,8 @@ struct Q4GemvTuning {
   // for m <= 2): 1, 2 or 4.
   int row_tiles = 0;
   int warps = 0;      // warps per block splitting K: 1..8
-  // How the codes reach the registers: 0 = automatic (registers for the tensor-core kernels,
-  // kQ4CudaCoreAutoStages for the CUDA-core kernel); 1 = loaded into registers (tensor cores:
+  // How the codes reach the registers: 0 = automatic (registers for the tensor-core kernels;
+  // for the CUDA-core kernel see kQ4RingMinGroups); 1 = loaded into registers (tensor cores:
   // the next group while the current one is computed; CUDA cores: a batch of groups at a time);
   // 4 = a 4-group cp.async ring per warp in shared memory (3 groups ahead, no registers held; the
   // wide kernel ignores it).
@@ -118,8 +118,13 @@ struct Q4GemvTuning {
 constexpr int kQ4AutoKernel = 4;
 // Rows of x up to which kernel 4 is the CUDA-core kernel.
 constexpr int kQ4CudaCoreAutoRows = 4;
-// Q4GemvTuning::stages of the CUDA-core kernel when it is 0 (1 = registers, 4 = the ring).
-constexpr int kQ4CudaCoreAutoStages = 1;
+// Q4GemvTuning::stages of the CUDA-core kernel when it is 0: the ring (4) for long rows (at least
+// kQ4RingMinGroups groups) or many rows in one launch (at least kQ4RingMinRows), registers (1)
+// otherwise. H200, one draft layer's launches (bench_ops w4layer, m = 1, us registers / ring):
+// 7B down 16.7 / 14.3, lm_head 38.2 / 35.9, gate/up 29.1 / 28.6, q/k/v 16.4 / 22.5, o 6.8 / 7.5;
+// 8B gate/up 34.1 / 32.1, down 20.7 / 17.8, lm_head 137.9 / 130.7, q/k/v 10.1 / 11.7.
+constexpr int kQ4RingMinGroups = 64;
+constexpr int64_t kQ4RingMinRows = 24576;
 void set_q4_gemv_tuning(const Q4GemvTuning& tuning);
 Q4GemvTuning q4_gemv_tuning();
 
