@@ -1,10 +1,12 @@
 // quantspec bench: decode speed over a declared matrix (decoding modes x prompt lengths x gamma x
 // repeats) on one model; a table on stdout, every run (with the environment) as JSON.
-#include <cstdint>
 #include <fmt/core.h>
+#include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
@@ -146,7 +148,16 @@ int run_bench(const BenchArgs& a) {
     auto loaded = Engine::load(dir, mo.engine);
     if (!loaded) return report_error(mode_name + ": " + loaded.error().message);
     Engine& eng = *loaded.value();
-    print_resolved_config("bench", dir, eng, mo, &a.gen);
+    // The mode line names the largest γ of the sweep (the cache is sized for it); the sweep
+    // itself on a line of its own.
+    GenerationParams shown = a.gen;
+    if (!a.gammas.empty()) shown.gamma = max_gamma;
+    print_resolved_config("bench", dir, eng, mo, &shown);
+    const std::string swept = bm.mode == DecodeMode::kAr ? "-"
+                              : a.gammas.empty()         ? "(the mode's)"
+                                                 : fmt::format("{}", fmt::join(a.gammas, ","));
+    fmt::print(stderr, "  bench: contexts {} gammas {} repeats {}\n", fmt::join(a.contexts, ","),
+               swept, a.repeats);
     if (!header) {
       const ModelConfig& c = eng.config();
       report["device"] = eng.device_description();

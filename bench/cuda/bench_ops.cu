@@ -1,14 +1,15 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
-//   bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,kvflush,
-//                         quantkv]
+//   bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,w4sweep,
+//                         kvflush,quantkv]
 //             [--quick] [--profile]
 //
 // prefattn: one layer's causal prefill attention, f32 kernel vs tensor cores, 4K/32K/128K.
 //
 // quantkv: attention over the hierarchical quantized KV cache (draft INT4 and target INT8 views).
 // w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; w4layer: one draft
-// layer's 4-bit launches (grouped as the model runs them) per code path; kvflush: quantize_kv.
+// layer's 4-bit launches (grouped as the model runs them) per code path, w4sweep the same with
+// every tiles-per-block x warps x path choice; kvflush: quantize_kv.
 // Their small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured
 // decode step runs them; w4mm also states the eager time.
 //
@@ -744,8 +745,9 @@ void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
 // One draft layer's 4-bit launches as Model::forward issues them (q/k/v and gate/up as one
 // matmul_group each, o and down alone), then the lm_head, for both shapes, m = 1: per launch and
 // per layer, the codes reaching the registers through registers (stages 1) or the cp.async
-// ring (4), and the default. Layers rotate over >= kRotateBytes of weights.
-void bench_gemv_q4_layer(CudaBackend& be) {
+// ring (4), and the default; with `sweep` also every tiles-per-block x warps x path choice. Layers
+// rotate over >= kRotateBytes of weights.
+void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
   auto s = static_cast<cudaStream_t>(be.stream());
   struct Shape {
     const char* name;
@@ -794,10 +796,25 @@ void bench_gemv_q4_layer(CudaBackend& be) {
         std::snprintf(buf, sizeof buf, " %6.1f us %4.1f%% |", ms * 1e3, pct(bytes, ms));
         line += buf;
       }
-      cuda::set_q4_gemv_tuning(saved);
       summary("| w4 layer %s %-8s %6.1f MB | regs:%s ring / default:%s", sh.name, mat.name,
               bytes / 1e6, line.substr(0, line.find('|') + 1).c_str(),
               line.substr(line.find('|') + 1).c_str());
+      if (sweep) {  // tiles per block x warps per block x code path of the CUDA-core kernel
+        line.clear();
+        for (int stages : {1, 4}) {
+          for (int rt : {1, 2}) {
+            for (int warps : {2, 4, 8}) {
+              cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{rt, warps, stages, 0});
+              const double ms = time_graph_ms(s, body, 20 * copies);
+              std::snprintf(buf, sizeof buf, " %s rt%d w%d %5.1f |", stages == 4 ? "ring" : "regs",
+                            rt, warps, ms * 1e3);
+              line += buf;
+            }
+          }
+        }
+        summary("| w4 sweep %s %-8s (us) |%s", sh.name, mat.name, line.c_str());
+      }
+      cuda::set_q4_gemv_tuning(saved);
       be.release_weights();
     }
   }
@@ -1067,7 +1084,7 @@ int main(int argc, char** argv) {
     } else {
       std::fprintf(stderr,
                    "usage: bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,"
-                   "w4var,w4layer,kvflush,quantkv] [--quick] [--profile]\n");
+                   "w4var,w4layer,w4sweep,kvflush,quantkv] [--quick] [--profile]\n");
       return 2;
     }
   }
@@ -1097,7 +1114,7 @@ int main(int argc, char** argv) {
   if (has("step")) bench_step(**be, quick);
   if (has("w4mm")) bench_gemv_q4(**be, quick);
   if (has("w4var")) bench_gemv_q4_variants(**be, quick);
-  if (has("w4layer")) bench_gemv_q4_layer(**be);
+  if (has("w4layer") || has("w4sweep")) bench_gemv_q4_layer(**be, has("w4sweep"));
   if (has("kvflush")) bench_quantize_kv(**be);
   if (has("quantkv")) bench_quant_attention(**be, quick);
   std::printf("\n== summary (%s) ==\n", prop.name);
