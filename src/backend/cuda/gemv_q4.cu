@@ -192,6 +192,58 @@ __device__ __forceinline__ void issue_group(uint4* ring_codes, uint2* ring_meta,
   }
 }
 
+// A warp streams groups [grp_begin, grp_end) of its RT tiles through its slots of a STAGES-deep
+// cp.async ring in shared memory (`smem`: [warps][STAGES][RT][64] code pieces, then
+// [warps][STAGES][RT][32] meta entries), STAGES - 1 groups in flight while one is used:
+// use(grp, cw, cm) gets each group's codes and metadata in registers. The first STAGES - 1 groups
+// are issued before started() runs (the CUDA-core kernel's pdl_begin(): the weights do not
+// depend on the previous kernel). Commit groups are counted per lane: one per prologue stage and
+// per iteration (possibly empty), so "all but the newest STAGES - 1 complete" means the current
+// group has landed. Nothing is left in flight into shared memory at return.
+template <int RT, int STAGES, class Started, class Use>
+__device__ __forceinline__ void stream_groups(uint4* smem, int warp, int num_warps,
+                                              const uint4* __restrict__ codes,
+                                              const uint2* __restrict__ meta, int64_t tile0,
+                                              int64_t tiles, int64_t groups, int64_t grp_begin,
+                                              int64_t grp_end, int lane, Started started, Use use) {
+  uint4* ring_codes = smem + warp * (STAGES * RT * kPiecesPerTileGroup);
+  uint2* ring_meta =
+      reinterpret_cast<uint2*>(smem + num_warps * STAGES * RT * kPiecesPerTileGroup) +
+      warp * (STAGES * RT * 32);
+#pragma unroll
+  for (int st = 0; st < STAGES - 1; ++st) {
+    if (grp_begin + st < grp_end) {
+      issue_group<RT>(ring_codes, ring_meta, st, codes, meta, tile0, tiles, groups, grp_begin + st,
+                      lane);
+    }
+    cp_async_commit();
+  }
+  started();
+  int stage = 0;
+  for (int64_t grp = grp_begin; grp < grp_end; ++grp) {
+    // The slot refilled here was read (into registers) in the previous iteration.
+    const int64_t ahead = grp + STAGES - 1;
+    if (ahead < grp_end) {
+      const int fill = stage == 0 ? STAGES - 1 : stage - 1;
+      issue_group<RT>(ring_codes, ring_meta, fill, codes, meta, tile0, tiles, groups, ahead, lane);
+    }
+    cp_async_commit();
+    cp_async_wait<STAGES - 1>();
+    uint4 cw[RT][2];
+    uint2 cm[RT];
+#pragma unroll
+    for (int rt = 0; rt < RT; ++rt) {
+      const uint4* src = ring_codes + (stage * RT + rt) * kPiecesPerTileGroup + lane;
+      cw[rt][0] = src[0];
+      cw[rt][1] = src[32];
+      cm[rt] = ring_meta[(stage * RT + rt) * 32 + lane];
+    }
+    use(grp, cw, cm);
+    stage = stage + 1 == STAGES ? 0 : stage + 1;
+  }
+  cp_async_wait<0>();
+}
+
 // acc += this lane's share of the (RT tiles x NT token tiles) products with group `grp`, from
 // the group's codes cw (pieces for rows g, g + 8) and metadata cm.
 template <int RT, int NT, bool VEC_X>
@@ -333,9 +385,9 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 2)
     }
   }
 
-  uint4 cw[RT][2];
-  uint2 cm[RT];
   if constexpr (STAGES == 0) {
+    uint4 cw[RT][2];
+    uint2 cm[RT];
     constexpr bool kPrefetch = RT <= 2;
     if (kPrefetch && grp_begin < grp_end) {
       load_group<RT>(codes, meta, tile0, tiles, groups, grp_begin, lane, cw, cm);
@@ -362,43 +414,12 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 2)
       }
     }
   } else {
-    // [warps][STAGES][RT][64] code pieces, then [warps][STAGES][RT][32] meta entries.
-    uint4* ring_codes = q4_smem + warp * (STAGES * RT * kPiecesPerTileGroup);
-    uint2* ring_meta =
-        reinterpret_cast<uint2*>(q4_smem + num_warps * STAGES * RT * kPiecesPerTileGroup) +
-        warp * (STAGES * RT * 32);
-    // Commit groups are counted per lane: one per prologue stage and per iteration (possibly
-    // empty), so "all but the newest STAGES - 1 complete" means group i has landed.
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-      if (grp_begin + st < grp_end) {
-        issue_group<RT>(ring_codes, ring_meta, st, codes, meta, tile0, tiles, groups,
-                        grp_begin + st, lane);
-      }
-      cp_async_commit();
-    }
-    int stage = 0;
-    for (int64_t grp = grp_begin; grp < grp_end; ++grp) {
-      // The slot refilled here was read (into registers) in the previous iteration.
-      const int64_t ahead = grp + STAGES - 1;
-      if (ahead < grp_end) {
-        const int fill = stage == 0 ? STAGES - 1 : stage - 1;
-        issue_group<RT>(ring_codes, ring_meta, fill, codes, meta, tile0, tiles, groups, ahead,
-                        lane);
-      }
-      cp_async_commit();
-      cp_async_wait<STAGES - 1>();
-#pragma unroll
-      for (int rt = 0; rt < RT; ++rt) {
-        const uint4* src = ring_codes + (stage * RT + rt) * kPiecesPerTileGroup + lane;
-        cw[rt][0] = src[0];
-        cw[rt][1] = src[32];
-        cm[rt] = ring_meta[(stage * RT + rt) * 32 + lane];
-      }
-      accumulate_group<RT, NT, VEC_X>(x, m, K, grp, lane, cw, cm, acc);
-      stage = stage + 1 == STAGES ? 0 : stage + 1;
-    }
-    cp_async_wait<0>();  // nothing may be left in flight into shared memory at exit
+    stream_groups<RT, STAGES>(
+        q4_smem, warp, num_warps, codes, meta, tile0, tiles, groups, grp_begin, grp_end, lane,
+        [] {},
+        [&](int64_t grp, const uint4(&ring_cw)[RT][2], const uint2(&ring_cm)[RT]) {
+          accumulate_group<RT, NT, VEC_X>(x, m, K, grp, lane, ring_cw, ring_cm, acc);
+        });
   }
 
   // Cross-warp sum: per warp its C fragments, [warps][RT][NT][32 lanes][4] floats (over the
@@ -645,46 +666,12 @@ __global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
   }
 
   if constexpr (STAGES > 0) {
-    // [warps][STAGES][RT][64] code pieces, then [warps][STAGES][RT][32] meta entries.
-    uint4* ring_codes = cc_ring + warp * (STAGES * RT * kPiecesPerTileGroup);
-    uint2* ring_meta =
-        reinterpret_cast<uint2*>(cc_ring + num_warps * STAGES * RT * kPiecesPerTileGroup) +
-        warp * (STAGES * RT * 32);
-    // One commit group per prologue stage and per iteration (possibly empty): "all but the
-    // newest STAGES - 1 complete" means the current group has landed.
-#pragma unroll
-    for (int st = 0; st < STAGES - 1; ++st) {
-      if (grp_begin + st < grp_end) {
-        issue_group<RT>(ring_codes, ring_meta, st, codes, meta, tile0, tiles, groups,
-                        grp_begin + st, lane);
-      }
-      cp_async_commit();
-    }
-    pdl_begin();
-    int stage = 0;
-    for (int64_t grp = grp_begin; grp < grp_end; ++grp) {
-      // The slot refilled here was read (into registers) in the previous iteration.
-      const int64_t ahead = grp + STAGES - 1;
-      if (ahead < grp_end) {
-        const int fill = stage == 0 ? STAGES - 1 : stage - 1;
-        issue_group<RT>(ring_codes, ring_meta, fill, codes, meta, tile0, tiles, groups, ahead,
-                        lane);
-      }
-      cp_async_commit();
-      cp_async_wait<STAGES - 1>();
-      uint4 p[RT][2];
-      uint2 mm[RT];
-#pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        const uint4* src = ring_codes + (stage * RT + r) * kPiecesPerTileGroup + lane;
-        p[r][0] = src[0];
-        p[r][1] = src[32];
-        mm[r] = ring_meta[(stage * RT + r) * 32 + lane];
-      }
-      cc_group<M, RT, VEC_X>(x, K, grp, c, p, mm, acc);
-      stage = stage + 1 == STAGES ? 0 : stage + 1;
-    }
-    cp_async_wait<0>();  // nothing may be left in flight into shared memory at exit
+    stream_groups<RT, STAGES>(
+        cc_ring, warp, num_warps, codes, meta, tile0, tiles, groups, grp_begin, grp_end, lane,
+        [] { pdl_begin(); },
+        [&](int64_t grp, const uint4(&p)[RT][2], const uint2(&mm)[RT]) {
+          cc_group<M, RT, VEC_X>(x, K, grp, c, p, mm, acc);
+        });
   } else {
     const uint4* tcodes[RT];
     const uint2* tmeta[RT];
