@@ -64,7 +64,8 @@ TEST_F(CudaOpsTest, RmsNormMatchesCpu) {
   }
 }
 
-TEST_F(CudaOpsTest, RopeMatchesCpu) {
+// A config with Llama-3's rope scaling (the rope tests set head_dim).
+ModelConfig llama3_rope_config() {
   ModelConfig cfg;
   cfg.rope_theta = 500000.0f;
   cfg.rope_scaling.type = RopeScalingType::Llama3;
@@ -72,6 +73,11 @@ TEST_F(CudaOpsTest, RopeMatchesCpu) {
   cfg.rope_scaling.low_freq_factor = 1.0f;
   cfg.rope_scaling.high_freq_factor = 4.0f;
   cfg.rope_scaling.original_max_position_embeddings = 8192;
+  return cfg;
+}
+
+TEST_F(CudaOpsTest, RopeMatchesCpu) {
+  ModelConfig cfg = llama3_rope_config();
   for (int head_dim : {32, 64, 128, 256}) {
     cfg.head_dim = head_dim;
     const std::vector<float> inv_freq = rope_inv_freq(cfg);
@@ -161,13 +167,7 @@ TEST_F(CudaOpsTest, AddRmsNormMatchesAddThenRmsNorm) {
 }
 
 TEST_F(CudaOpsTest, RopeQkMatchesTwoRopes) {
-  ModelConfig cfg;
-  cfg.rope_theta = 500000.0f;
-  cfg.rope_scaling.type = RopeScalingType::Llama3;
-  cfg.rope_scaling.factor = 8.0f;
-  cfg.rope_scaling.low_freq_factor = 1.0f;
-  cfg.rope_scaling.high_freq_factor = 4.0f;
-  cfg.rope_scaling.original_max_position_embeddings = 8192;
+  ModelConfig cfg = llama3_rope_config();
   for (int head_dim : {64, 128}) {
     cfg.head_dim = head_dim;
     const std::vector<float> inv_freq = rope_inv_freq(cfg);
