@@ -492,8 +492,16 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   const auto t_start = std::chrono::steady_clock::now();
   QS_TRY(prefill(prompt, params.on_prefill_progress));
   result.stats.prefill_s = seconds_since(t_start);
-  // QS_PROFILE_DECODE: an external profiler (ncu --profile-from-start off) records decoding only.
-  const bool profile = std::getenv("QS_PROFILE_DECODE") != nullptr;
+  // QS_PROFILE_DECODE=N: an external profiler (ncu --profile-from-start off) records decoding
+  // only, of prompts of at least N tokens (so a benchmark's short warm-up stays out; any other
+  // value: every prompt).
+  const bool profile = [&] {
+    const char* v = std::getenv("QS_PROFILE_DECODE");
+    if (v == nullptr) return false;
+    char* end = nullptr;
+    const long min_prompt = std::strtol(v, &end, 10);
+    return end == v || *end != '\0' || static_cast<long>(prompt.size()) >= min_prompt;
+  }();
   if (profile) backend_->profile_region(true);
   const auto t_decode = std::chrono::steady_clock::now();
 

@@ -4,8 +4,9 @@
 #             cold L2, clocks left alone) on a few calls of each
 #             QuantSpec kernel at 32K (bench_ops --profile: the quantized attention draft/target
 #             kernels, the 4-bit GEMV): throughput, occupancy, warp stall reasons.
-#   decode    every kernel of a few decoding steps of `quantspec bench` (QS_PROFILE_DECODE: the
-#             engine brackets decoding for `ncu --profile-from-start off`), timed by ncu with warm
+#   decode    every kernel of a few decoding steps of `quantspec bench` (QS_PROFILE_DECODE=<ctx>:
+#             the engine brackets decoding of prompts of >= ctx tokens, not the bench's warm-up,
+#             for `ncu --profile-from-start off`), timed by ncu with warm
 #             caches; tools/gpu/ncu_summary.py sums them per kernel and per step, to set against
 #             the step's wall time (the rest is host time: launches, syncs, sampling).
 #
@@ -45,7 +46,7 @@ for stage in ${QS_PROFILE:-kernels decode}; do
         # Wall time of the same steps without the profiler, then the profiled run.
         "$qs" bench -m "/tmp/qs-$model" --device cuda --contexts "$ctx" --modes "$mode" \
           --gammas 4 -n 16 --repeats 1 -o "$out/wall-$mode.json" >"$out/wall-$mode.txt" 2>&1
-        QS_PROFILE_DECODE=1 timeout 300 "$ncu_bin" "${ncu_common[@]}" --cache-control none \
+        QS_PROFILE_DECODE=$ctx timeout 300 "$ncu_bin" "${ncu_common[@]}" --cache-control none \
           --profile-from-start off --metrics gpu__time_duration.sum --csv \
           --log-file "$out/ncu-decode-$mode.csv" \
           "$qs" bench -m "/tmp/qs-$model" --device cuda --contexts "$ctx" --modes "$mode" \
