@@ -223,57 +223,31 @@ __device__ __forceinline__ __half to_f16_sat(float v) {
   return __float2half_rn(v);
 }
 
-__device__ __forceinline__ void store_f16_range(const float* __restrict__ src, int64_t n,
-                                                __half* __restrict__ dst) {
+// One or two row ranges of the same length n (blockIdx.y 0: src0 -> dst0, 1: src1 -> dst1; a
+// single store launches one row of blocks), so that a K/V row pair is one launch.
+__global__ void store_f16_kernel(const float* __restrict__ src0, const float* __restrict__ src1,
+                                 int64_t n, __half* __restrict__ dst0, __half* __restrict__ dst1) {
+  pdl_begin();
+  const float* __restrict__ src = blockIdx.y == 0 ? src0 : src1;
+  __half* __restrict__ dst = blockIdx.y == 0 ? dst0 : dst1;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
     dst[i] = to_f16_sat(src[i]);
   }
 }
 
-// Four values per thread: a 16-byte load, an 8-byte store.
-__device__ __forceinline__ void store_f16x4_range(const float4* __restrict__ src, int64_t n4,
-                                                  __half2* __restrict__ dst) {
+// The same, four values per thread: a 16-byte load, an 8-byte store.
+__global__ void store_f16x4_kernel(const float4* __restrict__ src0, const float4* __restrict__ src1,
+                                   int64_t n4, __half2* __restrict__ dst0,
+                                   __half2* __restrict__ dst1) {
+  pdl_begin();
+  const float4* __restrict__ src = blockIdx.y == 0 ? src0 : src1;
+  __half2* __restrict__ dst = blockIdx.y == 0 ? dst0 : dst1;
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n4;
        i += int64_t(gridDim.x) * blockDim.x) {
     const float4 v = src[i];
     dst[2 * i] = __halves2half2(to_f16_sat(v.x), to_f16_sat(v.y));
     dst[2 * i + 1] = __halves2half2(to_f16_sat(v.z), to_f16_sat(v.w));
-  }
-}
-
-__global__ void store_f16_kernel(const float* __restrict__ src, int64_t n,
-                                 __half* __restrict__ dst) {
-  pdl_begin();
-  store_f16_range(src, n, dst);
-}
-
-__global__ void store_f16x4_kernel(const float4* __restrict__ src, int64_t n4,
-                                   __half2* __restrict__ dst) {
-  pdl_begin();
-  store_f16x4_range(src, n4, dst);
-}
-
-// A key row range and a value row range in one grid: blockIdx.y 0 stores k, 1 stores v.
-__global__ void store_f16_pair_kernel(const float* __restrict__ k, const float* __restrict__ v,
-                                      int64_t n, __half* __restrict__ k_dst,
-                                      __half* __restrict__ v_dst) {
-  pdl_begin();
-  if (blockIdx.y == 0) {
-    store_f16_range(k, n, k_dst);
-  } else {
-    store_f16_range(v, n, v_dst);
-  }
-}
-
-__global__ void store_f16x4_pair_kernel(const float4* __restrict__ k, const float4* __restrict__ v,
-                                        int64_t n4, __half2* __restrict__ k_dst,
-                                        __half2* __restrict__ v_dst) {
-  pdl_begin();
-  if (blockIdx.y == 0) {
-    store_f16x4_range(k, n4, k_dst);
-  } else {
-    store_f16x4_range(v, n4, v_dst);
   }
 }
 
@@ -443,33 +417,34 @@ bool store_f16x4_ok(const float* src, int64_t n, const void* dst) {
   return reinterpret_cast<uintptr_t>(src) % 16 == 0 && reinterpret_cast<uintptr_t>(dst) % 8 == 0 &&
          n % 4 == 0;
 }
+
+// `pairs` (1 or 2) ranges in one launch: the vector kernel when every range allows it.
+void store_f16_rows(const float* const (&src)[2], void* const (&dst)[2], int pairs, int64_t n,
+                    cudaStream_t stream) {
+  if (n <= 0) return;
+  bool vec = true;
+  for (int i = 0; i < pairs; ++i) vec = vec && store_f16x4_ok(src[i], n, dst[i]);
+  if (vec) {
+    const dim3 grid(static_cast<unsigned>(blocks_for(n / 4)), pairs);
+    launch(store_f16x4_kernel, grid, kThreads, 0, stream, reinterpret_cast<const float4*>(src[0]),
+           reinterpret_cast<const float4*>(src[1]), n / 4, static_cast<__half2*>(dst[0]),
+           static_cast<__half2*>(dst[1]));
+  } else {
+    const dim3 grid(static_cast<unsigned>(blocks_for(n)), pairs);
+    launch(store_f16_kernel, grid, kThreads, 0, stream, src[0], src[1], n,
+           static_cast<__half*>(dst[0]), static_cast<__half*>(dst[1]));
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
 }  // namespace
 
 void launch_store_f16(const float* src, int64_t n, void* dst, cudaStream_t stream) {
-  if (n <= 0) return;
-  if (store_f16x4_ok(src, n, dst)) {
-    launch(store_f16x4_kernel, blocks_for(n / 4), kThreads, 0, stream,
-           reinterpret_cast<const float4*>(src), n / 4, static_cast<__half2*>(dst));
-  } else {
-    launch(store_f16_kernel, blocks_for(n), kThreads, 0, stream, src, n, static_cast<__half*>(dst));
-  }
-  CUDA_CHECK_LAUNCH(stream);
+  store_f16_rows({src, src}, {dst, dst}, 1, n, stream);
 }
 
 void launch_store_f16_pair(const float* k, const float* v, int64_t n, void* k_dst, void* v_dst,
                            cudaStream_t stream) {
-  if (n <= 0) return;
-  if (store_f16x4_ok(k, n, k_dst) && store_f16x4_ok(v, n, v_dst)) {
-    const dim3 grid(static_cast<unsigned>(blocks_for(n / 4)), 2);
-    launch(store_f16x4_pair_kernel, grid, kThreads, 0, stream, reinterpret_cast<const float4*>(k),
-           reinterpret_cast<const float4*>(v), n / 4, static_cast<__half2*>(k_dst),
-           static_cast<__half2*>(v_dst));
-  } else {
-    const dim3 grid(static_cast<unsigned>(blocks_for(n)), 2);
-    launch(store_f16_pair_kernel, grid, kThreads, 0, stream, k, v, n, static_cast<__half*>(k_dst),
-           static_cast<__half*>(v_dst));
-  }
-  CUDA_CHECK_LAUNCH(stream);
+  store_f16_rows({k, v}, {k_dst, v_dst}, 2, n, stream);
 }
 
 }  // namespace qs::cuda
