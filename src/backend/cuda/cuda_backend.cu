@@ -527,20 +527,25 @@ void CudaBackend::matmul_gemm(const float* x, int m, const WeightView& w, const 
   cuda::launch_add_bias_rows(y, m, w.rows, b, impl_->stream);
 }
 
-void CudaBackend::rope(float* x, int m, int num_heads, int head_dim, int pos,
-                       const float* inv_freq) {
+namespace {
+// The host's inverse frequencies as a kernel argument (head_dim / 2 of them).
+cuda::RopeFreqs rope_freqs(int head_dim, const float* inv_freq) {
   QS_CHECK(head_dim % 2 == 0 && head_dim / 2 <= cuda::kMaxRopePairs);
   cuda::RopeFreqs freqs{};
   std::memcpy(freqs.inv_freq, inv_freq, sizeof(float) * (head_dim / 2));
-  cuda::launch_rope(x, m, num_heads, head_dim, pos, freqs, impl_->stream);
+  return freqs;
+}
+}  // namespace
+
+void CudaBackend::rope(float* x, int m, int num_heads, int head_dim, int pos,
+                       const float* inv_freq) {
+  cuda::launch_rope(x, m, num_heads, head_dim, pos, rope_freqs(head_dim, inv_freq), impl_->stream);
 }
 
 void CudaBackend::rope_qk(float* q, float* k, int m, int num_heads, int num_kv_heads, int head_dim,
                           int pos, const float* inv_freq) {
-  QS_CHECK(head_dim % 2 == 0 && head_dim / 2 <= cuda::kMaxRopePairs);
-  cuda::RopeFreqs freqs{};
-  std::memcpy(freqs.inv_freq, inv_freq, sizeof(float) * (head_dim / 2));
-  cuda::launch_rope_qk(q, k, m, num_heads, num_kv_heads, head_dim, pos, freqs, impl_->stream);
+  cuda::launch_rope_qk(q, k, m, num_heads, num_kv_heads, head_dim, pos,
+                       rope_freqs(head_dim, inv_freq), impl_->stream);
 }
 
 namespace {
