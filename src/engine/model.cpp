@@ -231,21 +231,18 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
     }
   }
 
-  // The last residual add covers every row (the whole residual stream, as in every layer); the
-  // final norm only the rows that produce logits, [first, m): fused over those rows.
-  const float* last = proj_->data();
-  if (rows == LogitRows::kNone) {
-    backend_.add(h, last, m * d);
-    return Status::ok_status();
-  }
+  // The last residual add, fused with the final norm, only over the rows that produce logits,
+  // [first, m): the residual stream is not read after this (the next call starts from the
+  // embedding), so the other rows' sums would be dead work.
+  if (rows == LogitRows::kNone) return Status::ok_status();
   const int first = rows == LogitRows::kLast ? m - 1 : 0;
   const int count = m - first;
   if (count > logits_rows_) {  // sized apart: prefill chunks mostly need one row of logits
     logits_ = backend_.alloc(static_cast<size_t>(count) * cfg_.vocab_size);
     logits_rows_ = count;
   }
-  if (first > 0) backend_.add(h, last, first * d);
-  backend_.add_rmsnorm(h + first * d, last + first * d, weights_.final_norm, count, eps, x);
+  backend_.add_rmsnorm(h + first * d, proj_->data() + first * d, weights_.final_norm, count, eps,
+                       x);
   linear(x, count, weights_.lm_head, draft ? draft_lm_head_.get() : nullptr, nullptr,
          logits_->data());
   if (argmax != nullptr) {
