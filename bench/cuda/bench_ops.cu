@@ -1,6 +1,7 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
-//   bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,w4sweep,
+//   bench_ops [--sections
+//   copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,w4sweep,
 //                         kvflush,quantkv]
 //             [--quick] [--profile]
 //
@@ -40,6 +41,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_ops.h"
+#include "read_ceiling.h"
 
 namespace qs {
 namespace {
@@ -326,9 +328,11 @@ void bench_attention(CudaBackend& be, bool quick) {
     DType dtype;
     int pad;
     bool tc;
+    bool l2 = false;
   };
   const Rows kRows[] = {{"f32-KV", DType::F32, 0, true},
                         {"f16-KV", DType::F16, 0, true},
+                        {"f16-KV L2", DType::F16, 0, true, true},
                         {"f16-KV cc", DType::F16, 0, false},
                         {"f16-KV pad4", DType::F16, 4, true}};
   const cuda::DecodeAttentionTuning saved = cuda::decode_attention_tuning();
@@ -343,7 +347,10 @@ void bench_attention(CudaBackend& be, bool quick) {
                                    static_cast<float>(1.0 / std::sqrt(double(sh->head_dim)))};
         for (int m : {1, 8, 16}) {
           if (quick && m == 16) continue;
-          cuda::set_decode_attention_tuning({r.tc});
+          cuda::DecodeAttentionTuning t = saved;
+          t.tensor_cores = r.tc;
+          t.l2_prefetch = r.l2;
+          cuda::set_decode_attention_tuning(t);
           const double ms = rows.time(be, shape, m);
           summary("| attn decode %-11s %-11s ctx=%-6d m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |",
                   r.name, sh->model, ctx, m, ms * 1e3, gbps(kv_bytes, ms), pct(kv_bytes, ms));
@@ -1072,7 +1079,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
 int main(int argc, char** argv) {
   using namespace qs;
   std::string sections =
-      "copy,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,kvflush,quantkv";
+      "copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,kvflush,quantkv";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sections") && i + 1 < argc) {
@@ -1082,9 +1089,10 @@ int main(int argc, char** argv) {
     } else if (!std::strcmp(argv[i], "--profile")) {
       g_profile = true;
     } else {
-      std::fprintf(stderr,
-                   "usage: bench_ops [--sections copy,gemv,tune,attn,prefill,prefattn,step,w4mm,"
-                   "w4var,w4layer,w4sweep,kvflush,quantkv] [--quick] [--profile]\n");
+      std::fprintf(
+          stderr,
+          "usage: bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,"
+          "w4var,w4layer,w4sweep,kvflush,quantkv] [--quick] [--profile]\n");
       return 2;
     }
   }
@@ -1103,6 +1111,13 @@ int main(int argc, char** argv) {
   auto has = [&](const char* s) { return sections.find(s) != std::string::npos; };
   // Each section frees its device weights; release_weights() drops their cache entries.
   if (has("copy")) bench_copy(**be);
+  if (has("read")) {
+    bench::bench_read_ceiling(static_cast<cudaStream_t>((*be)->stream()),
+                              [](const char* section, const char* what, double ms, double bytes) {
+                                summary("| %s %-44s | %8.3f ms | %6.0f GB/s | %5.1f%% |", section,
+                                        what, ms, gbps(bytes, ms), pct(bytes, ms));
+                              });
+  }
   if (has("gemv")) bench_gemv(**be, quick);
   if (has("tune")) bench_gemv_tuning(**be);
   (*be)->release_weights();
