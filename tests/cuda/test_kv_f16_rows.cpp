@@ -115,8 +115,7 @@ struct Worst {
   void add(double& w, double err) { w = std::isnan(err) || std::isnan(w) ? NAN : std::max(w, err); }
 };
 
-// kDecodeTcL2: the tensor-core decode kernel with DecodeAttentionTuning::l2_prefetch.
-enum class Path { kDecodeTc, kDecodeTcL2, kDecode, kPrefillTc, kPrefillF32 };
+enum class Path { kDecodeTc, kDecode, kPrefillTc, kPrefillF32 };
 
 // Restores the process-wide tunings when a test ends (also on a failed assertion).
 struct TuningGuard {
@@ -149,13 +148,9 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
   KvView gv = kv.gpu_view();
   gv.read_bytes = &rb_gpu;
   const KvView gv32 = kv.gpu_view_f32();
-  const bool tc = path == Path::kDecodeTc || path == Path::kDecodeTcL2;
-  const bool decode = path == Path::kDecode || tc;
+  const bool decode = path == Path::kDecode || path == Path::kDecodeTc;
   if (decode) {
-    cuda::DecodeAttentionTuning t;
-    t.tensor_cores = tc;
-    t.l2_prefetch = path == Path::kDecodeTcL2;
-    cuda::set_decode_attention_tuning(t);
+    cuda::set_decode_attention_tuning({path == Path::kDecodeTc});
   } else {
     cuda::set_prefill_attention_tuning({path == Path::kPrefillTc});
   }
@@ -169,18 +164,17 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
     gpu.attention_prefill(qd.data(), m, pos, shape, gv32, out32.data(), splits);
   }
   const std::vector<float> got = out.to_host();
-  const std::string what = std::string(path == Path::kDecodeTc     ? "decode tensor cores "
-                                       : path == Path::kDecodeTcL2 ? "decode tensor cores L2 "
-                                       : path == Path::kDecode     ? "decode f32 kernel "
-                                       : path == Path::kPrefillTc  ? "prefill tensor cores "
-                                                                   : "prefill f32 kernel ") +
+  const std::string what = std::string(path == Path::kDecodeTc    ? "decode tensor cores "
+                                       : path == Path::kDecode    ? "decode f32 kernel "
+                                       : path == Path::kPrefillTc ? "prefill tensor cores "
+                                                                  : "prefill f32 kernel ") +
                            describe(kv, num_heads, m, splits);
   const double err = rel_error(got, want);
   EXPECT_LT(err, tolerance(kv.len)) << what;
   const double same = rel_error(got, out32.to_host());
   // f32 rows always take the CUDA-core decode kernel: against the tensor cores that is a
   // kernel-vs-kernel difference.
-  EXPECT_LT(same, tc ? tolerance(kv.len) : kSameValuesTol)
+  EXPECT_LT(same, path == Path::kDecodeTc ? tolerance(kv.len) : kSameValuesTol)
       << what << " (vs f32 rows of the same values)";
   EXPECT_EQ(rb_gpu.fp, rb_cpu.fp) << what;
   EXPECT_EQ(rb_gpu.fp, int64_t{kv.kv_heads} * 2 * kv.len * hd * 2) << what;  // 2-byte rows
@@ -198,7 +192,7 @@ constexpr int kRatios[] = {1, 4, 8};
 
 TEST_F(CudaOpsTest, F16RowsDecodeAttentionBothKernels) {
   TuningGuard guard;
-  for (Path path : {Path::kDecodeTc, Path::kDecodeTcL2, Path::kDecode}) {
+  for (Path path : {Path::kDecodeTc, Path::kDecode}) {
     Worst worst;
     uint64_t seed = 1;
     for (int hd : {64, 128}) {
@@ -245,10 +239,9 @@ TEST_F(CudaOpsTest, F16RowsDecodeAttentionBothKernels) {
         }
       }
     }
-    report(path == Path::kDecodeTc     ? "f16 rows: decode, tensor cores"
-           : path == Path::kDecodeTcL2 ? "f16 rows: decode, tensor cores, L2::256B loads"
-                                       : "f16 rows: decode, f32 kernel",
-           worst);
+    report(
+        path == Path::kDecodeTc ? "f16 rows: decode, tensor cores" : "f16 rows: decode, f32 kernel",
+        worst);
   }
 }
 
@@ -265,7 +258,6 @@ TEST_F(CudaOpsTest, F16RowsDecodeTcSanitizerSubset) {
       run_plain(gpu(), cpu(), kv, kKvHeads, 1, Path::kDecodeTc, splits, ++seed, worst);
       run_plain(gpu(), cpu(), kv, kKvHeads * 4, 5, Path::kDecodeTc, splits, ++seed, worst);
       run_plain(gpu(), cpu(), kv, kKvHeads * 8, 16, Path::kDecodeTc, splits, ++seed, worst);
-      run_plain(gpu(), cpu(), kv, kKvHeads * 4, 5, Path::kDecodeTcL2, splits, ++seed, worst);
     }
   }
   report("f16 rows: decode tensor cores, sanitizer subset", worst);

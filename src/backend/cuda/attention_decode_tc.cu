@@ -60,14 +60,11 @@ constexpr int kTargetExp = 13;
 constexpr int kExpClamp = 30;
 constexpr float kPExp = 12.0f;  // P is formed as 2^12 P
 
-// QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel, QS_DECODE_TC_L2=0|1 with
-// that DecodeAttentionTuning::l2_prefetch (end-to-end A/B runs).
+// QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel (end-to-end A/B runs).
 DecodeAttentionTuning g_tuning = [] {
   DecodeAttentionTuning t;
   const char* v = std::getenv("QS_DECODE_TC");
   t.tensor_cores = v == nullptr || std::strcmp(v, "0") != 0;
-  const char* l2 = std::getenv("QS_DECODE_TC_L2");
-  if (l2 != nullptr) t.l2_prefetch = std::strcmp(l2, "0") != 0;
   return t;
 }();
 
@@ -108,9 +105,8 @@ __device__ __forceinline__ int row_exponent(float amax) {
 }
 
 // SEL: a sparse draft's KV selection (AttentionArgs::selected): index i of the kv head's sequence
-// is position sel_positions[i] below sel_count, then the dense tail. L2: the loads carry the
-// L2::256B prefetch hint (DecodeAttentionTuning::l2_prefetch).
-template <int HD, bool SEL, bool L2>
+// is position sel_positions[i] below sel_count, then the dense tail.
+template <int HD, bool SEL>
 __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     attention_decode_tc_kernel(AttentionArgs a) {
   pdl_begin();
@@ -165,7 +161,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
           k_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * c;
 #pragma unroll
       for (int e = 0; e < L::kKLoads; ++e) {
-        cp_async16_zfill_hint<L2>(dst + (j * L::kKLoads + e) * 512, src + 32 * e, ok ? 16 : 0);
+        cp_async16_zfill(dst + (j * L::kKLoads + e) * 512, src + 32 * e, ok ? 16 : 0);
       }
     }
 #pragma unroll
@@ -176,8 +172,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
           v_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * r;
 #pragma unroll
       for (int e = 0; e < L::kVLoads; ++e) {
-        cp_async16_zfill_hint<L2>(dst + (2 * L::kKLoads + tv * L::kVLoads + e) * 512, src + 64 * e,
-                                  ok ? 16 : 0);
+        cp_async16_zfill(dst + (2 * L::kKLoads + tv * L::kVLoads + e) * 512, src + 64 * e,
+                         ok ? 16 : 0);
       }
     }
   };
@@ -368,28 +364,19 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
   write_merged_states<HD, kWarps>(a, o_s, ml_s, kRows, nq, q0, kvh, split, kThreads);
 }
 
-template <int HD, bool SEL, bool L2>
+template <int HD, bool SEL>
 void launch_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = TcLayout<HD>::kSmem;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tc_kernel<HD, SEL, L2>,
+    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tc_kernel<HD, SEL>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid(attention_decode_tc_query_tiles(a), a.num_splits, a.num_kv_heads);
-  launch(attention_decode_tc_kernel<HD, SEL, L2>, grid, kThreads, smem, stream, a);
+  launch(attention_decode_tc_kernel<HD, SEL>, grid, kThreads, smem, stream, a);
   CUDA_CHECK_LAUNCH(stream);
-}
-
-template <int HD, bool SEL>
-void launch_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
-  if (g_tuning.l2_prefetch) {
-    launch_for_head_dim<HD, SEL, true>(a, stream);
-  } else {
-    launch_for_head_dim<HD, SEL, false>(a, stream);
-  }
 }
 
 template <int HD>

@@ -12,8 +12,6 @@ struct DecodeAttentionTuning {
   bool tensor_cores = true;  // false: attention_decode_kernel for every call
   // A sparse draft's KV selection on tensor cores too (false: selections on the CUDA-core kernel).
   bool selection = true;
-  // The K/V loads ask L2 for whole 256-byte segments (cp.async ... L2::256B); QS_DECODE_TC_L2=1.
-  bool l2_prefetch = false;
 };
 void set_decode_attention_tuning(const DecodeAttentionTuning& tuning);
 DecodeAttentionTuning decode_attention_tuning();

@@ -43,19 +43,6 @@ __device__ __forceinline__ void cp_async16_zfill(uint32_t dst, const void* src, 
                "r"(src_bytes)
                : "memory");
 }
-// The same, asking L2 to fetch the whole 256-byte segment around src (one DRAM burst for the
-// pieces that other lanes or stages read next), when L2 is true.
-template <bool L2>
-__device__ __forceinline__ void cp_async16_zfill_hint(uint32_t dst, const void* src,
-                                                      int src_bytes) {
-  if constexpr (L2) {
-    asm volatile("cp.async.cg.shared.global.L2::256B [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src),
-                 "r"(src_bytes)
-                 : "memory");
-  } else {
-    cp_async16_zfill(dst, src, src_bytes);
-  }
-}
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::: "memory");
 }
