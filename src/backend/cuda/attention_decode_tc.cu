@@ -27,9 +27,15 @@
 //    V: k = tokens, n = channels). The lane needs the pairs of tokens 2c, 2c + 1 (and + 8) at one
 //    channel: it loads those 4 tokens' channels [64e + 8r, +8) (16 bytes each) and pairs the
 //    halves with one byte permute per 2 elements; n-tile 8e + x is channel 64e + 8n + x.
-//  - Each lane cp.asyncs its own 16-byte pieces into its own shared-memory slots and reads back
-//    only those (after its own wait_group), so the pipeline needs no barrier; consecutive lanes
-//    use consecutive 16-byte slots (conflict-free).
+//  - The pipeline is per warp (no block barrier). Shared memory holds, per stage, 16-byte pieces
+//    in the order the lanes' fragments read them (piece p of lane l at slot [p][l]; K's slots are
+//    permuted, kslot below). V's loads fetch exactly those pieces (a quad's 4 tokens x 128 bytes:
+//    whole 128-byte lines). K's would not (8 keys x 64 bytes per instruction: half lines, twice
+//    the L2 requests per byte; ncu measured the kernel bound by L2 throughput, 87%, with DRAM at
+//    62%): instead an instruction fetches whole key rows (HD / 8 lanes per key) and each piece
+//    lands in the slot of the lane that needs it. Lanes thus read pieces other lanes copied: a
+//    __syncwarp after the wait makes them visible, and one before a stage is refilled keeps a
+//    lane from overwriting pieces another lane has not read yet.
 // Masking only in the stages that reach past the split's end or into the candidate rows.
 #include <cuda_fp16.h>
 
@@ -71,6 +77,8 @@ DecodeAttentionTuning g_tuning = [] {
 template <int HD>
 struct TcLayout {
   static constexpr int kKLoads = HD / 32;                    // 16-byte K pieces per key per lane
+  static constexpr int kLanesPerKey = HD / 8;                // K fetch: 16 bytes per lane
+  static constexpr int kKeysPerLoad = 32 / kLanesPerKey;     // whole key rows per instruction
   static constexpr int kKSteps = HD / 16;                    // S k-steps
   static constexpr int kVLoads = HD / 64;                    // 16-byte V pieces per token per lane
   static constexpr int kNTiles = HD / 8;                     // O n-tiles
@@ -78,10 +86,21 @@ struct TcLayout {
   static constexpr int kStageBytes = kChunks * 32 * 16;      // per warp
   static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
   static constexpr int kQFragBytes = kKSteps * 2 * 32 * 16;  // hi + lo fragments
-  static constexpr int kMergeBytes = kWarps * kRows * (HD + 2) * 4;
+  // The merge's rows of O are padded by 2 floats: a warp's fragment stores (rows r at a stride,
+  // channels 16c + x) then hit 16 banks instead of 2.
+  static constexpr int kOPitch = HD + 2;
+  static constexpr int kMergeBytes = kWarps * kRows * kOPitch * 4 + kWarps * kRows * 2 * 4;
   static_assert(kMergeBytes <= kPipeBytes, "the merge reuses the pipeline buffers");
   static constexpr size_t kSmem = size_t{kPipeBytes} + kQFragBytes + 2 * kRows * sizeof(float);
 };
+
+// The 16-byte slot (0..31) of K piece e of lane (r, c): lane order with r's low bit flipped for
+// odd e, so that both the fragment reads (a quarter warp: r in {2p, 2p + 1}, c in 0..3, one e)
+// and the copies' writes (a quarter warp: one key, c in 0..3, e in {2p', 2p' + 1}) hit 8
+// distinct 16-byte bank groups.
+__device__ __forceinline__ int kslot(int r, int c, int e) {
+  return 4 * (r ^ (e & 1)) + c;
+}
 
 __device__ __forceinline__ uint4 lds16(uint32_t addr) {
   uint4 v;
@@ -147,21 +166,42 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
       return i;
     }
   };
-  const uint32_t warp_pipe = smem_u32(pipe) + warp * kStages * L::kStageBytes + lane * 16;
+  const uint32_t warp_pipe = smem_u32(pipe) + warp * kStages * L::kStageBytes;
+  // This lane's K fetch: chunk kq (16 bytes) of key kq_key (+ kKeysPerLoad per instruction),
+  // which is piece (key / 8) * kKLoads + kq / 4 of lane (key % 8, kq % 4).
+  const int kq = lane % L::kLanesPerKey, kq_key = lane / L::kLanesPerKey;
+  // This lane's K fragment slots (16 bytes each) for even and odd e.
+  const uint32_t kslot_even = kslot(r, c, 0) * 16, kslot_odd = kslot(r, c, 1) * 16;
+  const int64_t key_step = static_cast<int64_t>(L::kKeysPerLoad) * a.row_stride;
+  // Where fetch u lands: key u * kKeysPerLoad + kq_key (an even multiple plus a lane offset below
+  // kKeysPerLoad, so kslot's flip of r's low bit touches only the lane part) is key % 8 = r' of
+  // piece (key / 8) * kKLoads + kq / 4, at slot kslot(r', kq % 4, kq / 4): a lane byte offset
+  // plus a compile-time one.
+  const uint32_t kdst_lane = (kq / 4) * 512 + kslot(kq_key, kq % 4, kq / 4) * 16;
+  auto kdst_step = [](int u) -> uint32_t {
+    const int key0 = u * L::kKeysPerLoad;
+    return (key0 / 8) * L::kKLoads * 512 + 4 * (key0 % 8) * 16;
+  };
 
-  // Stage i0 into pipeline slot `slot`: K pieces first (key j * 8 + r, piece e), then V (token
-  // 2c + d + 8h, piece e).
+  // Stage i0 into pipeline slot `slot`: K pieces first (key j * 8 + r, piece j * kKLoads + e),
+  // then V (token 2c + d + 8h, piece 2 kKLoads + (2h + d) kVLoads + e).
   auto issue = [&](int i0, int slot) {
     const uint32_t dst = warp_pipe + slot * L::kStageBytes;
+    if (!SEL && i0 + kTok <= t_end) {  // (warp-uniform) rows at a fixed stride, all present
+      const __half* src = k_base + static_cast<int64_t>(i0 + kq_key) * a.row_stride + 8 * kq;
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int t = i0 + 8 * j + r;
-      const bool ok = t < t_end;
-      const __half* src =
-          k_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * c;
+      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u, src += key_step) {
+        cp_async16(dst + kdst_lane + kdst_step(u), src);
+      }
+    } else {
 #pragma unroll
-      for (int e = 0; e < L::kKLoads; ++e) {
-        cp_async16_zfill(dst + (j * L::kKLoads + e) * 512, src + 32 * e, ok ? 16 : 0);
+      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u) {
+        const int key = u * L::kKeysPerLoad + kq_key;
+        const int t = i0 + key;
+        const bool ok = t < t_end;
+        const __half* src =
+            k_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * kq;
+        cp_async16_zfill(dst + kdst_lane + kdst_step(u), src, ok ? 16 : 0);
       }
     }
 #pragma unroll
@@ -172,8 +212,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
           v_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * r;
 #pragma unroll
       for (int e = 0; e < L::kVLoads; ++e) {
-        cp_async16_zfill(dst + (2 * L::kKLoads + tv * L::kVLoads + e) * 512, src + 64 * e,
-                         ok ? 16 : 0);
+        cp_async16_zfill(dst + (2 * L::kKLoads + tv * L::kVLoads + e) * 512 + lane * 16,
+                         src + 64 * e, ok ? 16 : 0);
       }
     }
   };
@@ -242,9 +282,11 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
 
   int slot = 0, next_slot = kStages - 1;
   for (int k = 0; k < n; ++k) {
+    __syncwarp();  // every lane has read the stage that next_slot held
     if (k + kStages - 1 < n) issue(first + (k + kStages - 1) * step, next_slot);
     cp_async_commit();
     cp_async_wait<kStages - 1>();
+    __syncwarp();  // every lane's pieces of this stage have landed
     const int i0 = first + k * step;
     const uint32_t src = warp_pipe + slot * L::kStageBytes;
 
@@ -257,7 +299,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     }
 #pragma unroll
     for (int e = 0; e < L::kKLoads; ++e) {
-      const uint4 k0 = lds16(src + e * 512), k1 = lds16(src + (L::kKLoads + e) * 512);
+      const uint32_t ks = (e & 1) ? kslot_odd : kslot_even;
+      const uint4 k0 = lds16(src + e * 512 + ks), k1 = lds16(src + (L::kKLoads + e) * 512 + ks);
       mma_f16(s_lo[0], qlo[2 * e], k0.x, k0.y);
       mma_f16(s_lo[1], qlo[2 * e], k1.x, k1.y);
       mma_f16(s[0], qhi[2 * e], k0.x, k0.y);
@@ -324,7 +367,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
       uint4 v[4];  // tokens 2c, 2c + 1, 2c + 8, 2c + 9
 #pragma unroll
       for (int tv = 0; tv < 4; ++tv)
-        v[tv] = lds16(src + (2 * L::kKLoads + tv * L::kVLoads + e) * 512);
+        v[tv] = lds16(src + (2 * L::kKLoads + tv * L::kVLoads + e) * 512 + lane * 16);
 #pragma unroll
       for (int x = 0; x < 8; ++x) {
         const uint32_t sel = (x & 1) ? 0x7632u : 0x5410u;
@@ -346,13 +389,13 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     l_hi += __shfl_xor_sync(kFullMask, l_hi, off);
   }
   __syncthreads();
-  float* o_s = reinterpret_cast<float*>(pipe);  // [kWarps][kRows][HD]
-  float* ml_s = o_s + kWarps * kRows * HD;      // [kWarps][kRows][2]
+  float* o_s = reinterpret_cast<float*>(pipe);      // [kWarps][kRows][kOPitch]
+  float* ml_s = o_s + kWarps * kRows * L::kOPitch;  // [kWarps][kRows][2]
 #pragma unroll
   for (int i = 0; i < L::kNTiles; ++i) {
     const int ch = 64 * (i / 8) + 16 * c + i % 8;  // n = 2c -> 64e + 8n + x; n = 2c + 1: + 8
-    float* lo_row = o_s + (warp * kRows + r) * HD;
-    float* hi_row = o_s + (warp * kRows + r + 8) * HD;
+    float* lo_row = o_s + (warp * kRows + r) * L::kOPitch;
+    float* hi_row = o_s + (warp * kRows + r + 8) * L::kOPitch;
     lo_row[ch] = o[i][0], lo_row[ch + 8] = o[i][1];
     hi_row[ch] = o[i][2], hi_row[ch + 8] = o[i][3];
   }
@@ -361,7 +404,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     ml_s[(warp * kRows + r + 8) * 2] = m_hi, ml_s[(warp * kRows + r + 8) * 2 + 1] = l_hi;
   }
   __syncthreads();
-  write_merged_states<HD, kWarps>(a, o_s, ml_s, kRows, nq, q0, kvh, split, kThreads);
+  write_merged_states<HD, kWarps, L::kOPitch>(a, o_s, ml_s, kRows, nq, q0, kvh, split, kThreads);
 }
 
 template <int HD, bool SEL>

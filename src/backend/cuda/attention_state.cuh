@@ -11,11 +11,11 @@
 
 namespace qs::cuda {
 
-// o_s [PARTS][rows][HD] (unnormalized o), ml_s [PARTS][rows][2] (max score, sum), in shared
-// memory; row j < nq is query vector q0 + j of kv head kvh (query head kvh * group + (q0 + j) %
-// group of query row (q0 + j) / group). Writes out (a.num_splits == 1) or split `split`'s
+// o_s [PARTS][rows][PITCH >= HD] (unnormalized o), ml_s [PARTS][rows][2] (max score, sum), in
+// shared memory; row j < nq is query vector q0 + j of kv head kvh (query head kvh * group + (q0 +
+// j) % group of query row (q0 + j) / group). Writes out (a.num_splits == 1) or split `split`'s
 // partials; the block's `threads` threads share the work.
-template <int HD, int PARTS>
+template <int HD, int PARTS, int PITCH = HD>
 __device__ __forceinline__ void write_merged_states(const AttentionArgs& a, const float* o_s,
                                                     const float* ml_s, int rows, int nq, int q0,
                                                     int kvh, int split, int threads) {
@@ -29,7 +29,7 @@ __device__ __forceinline__ void write_merged_states(const AttentionArgs& a, cons
     for (int p = 0; p < PARTS; ++p) {
       const float wgt = merge_weight(ml_s[(p * rows + j) * 2], m_tot);
       l_tot += wgt * ml_s[(p * rows + j) * 2 + 1];
-      o_tot += wgt * o_s[(p * rows + j) * HD + d];
+      o_tot += wgt * o_s[(p * rows + j) * PITCH + d];
     }
     const int qv = q0 + j;
     const int64_t qi = static_cast<int64_t>(qv / group) * a.num_heads + kvh * group + qv % group;
