@@ -115,8 +115,7 @@ struct Worst {
   void add(double& w, double err) { w = std::isnan(err) || std::isnan(w) ? NAN : std::max(w, err); }
 };
 
-// kDecodeTc3: the tensor-core decode kernel at 3 blocks per SM (DecodeAttentionTuning).
-enum class Path { kDecodeTc, kDecodeTc3, kDecode, kPrefillTc, kPrefillF32 };
+enum class Path { kDecodeTc, kDecode, kPrefillTc, kPrefillF32 };
 
 // Restores the process-wide tunings when a test ends (also on a failed assertion).
 struct TuningGuard {
@@ -149,13 +148,9 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
   KvView gv = kv.gpu_view();
   gv.read_bytes = &rb_gpu;
   const KvView gv32 = kv.gpu_view_f32();
-  const bool tc = path == Path::kDecodeTc || path == Path::kDecodeTc3;
-  const bool decode = path == Path::kDecode || tc;
+  const bool decode = path == Path::kDecode || path == Path::kDecodeTc;
   if (decode) {
-    cuda::DecodeAttentionTuning t;
-    t.tensor_cores = tc;
-    t.blocks_per_sm = path == Path::kDecodeTc3 ? 3 : 2;
-    cuda::set_decode_attention_tuning(t);
+    cuda::set_decode_attention_tuning({path == Path::kDecodeTc});
   } else {
     cuda::set_prefill_attention_tuning({path == Path::kPrefillTc});
   }
@@ -170,7 +165,6 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
   }
   const std::vector<float> got = out.to_host();
   const std::string what = std::string(path == Path::kDecodeTc    ? "decode tensor cores "
-                                       : path == Path::kDecodeTc3 ? "decode tensor cores x3 "
                                        : path == Path::kDecode    ? "decode f32 kernel "
                                        : path == Path::kPrefillTc ? "prefill tensor cores "
                                                                   : "prefill f32 kernel ") +
@@ -180,7 +174,7 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
   const double same = rel_error(got, out32.to_host());
   // f32 rows always take the CUDA-core decode kernel: against the tensor cores that is a
   // kernel-vs-kernel difference.
-  EXPECT_LT(same, tc ? tolerance(kv.len) : kSameValuesTol)
+  EXPECT_LT(same, path == Path::kDecodeTc ? tolerance(kv.len) : kSameValuesTol)
       << what << " (vs f32 rows of the same values)";
   EXPECT_EQ(rb_gpu.fp, rb_cpu.fp) << what;
   EXPECT_EQ(rb_gpu.fp, int64_t{kv.kv_heads} * 2 * kv.len * hd * 2) << what;  // 2-byte rows
@@ -198,7 +192,7 @@ constexpr int kRatios[] = {1, 4, 8};
 
 TEST_F(CudaOpsTest, F16RowsDecodeAttentionBothKernels) {
   TuningGuard guard;
-  for (Path path : {Path::kDecodeTc, Path::kDecodeTc3, Path::kDecode}) {
+  for (Path path : {Path::kDecodeTc, Path::kDecode}) {
     Worst worst;
     uint64_t seed = 1;
     for (int hd : {64, 128}) {
@@ -245,10 +239,9 @@ TEST_F(CudaOpsTest, F16RowsDecodeAttentionBothKernels) {
         }
       }
     }
-    report(path == Path::kDecodeTc    ? "f16 rows: decode, tensor cores"
-           : path == Path::kDecodeTc3 ? "f16 rows: decode, tensor cores, 3 blocks per SM"
-                                      : "f16 rows: decode, f32 kernel",
-           worst);
+    report(
+        path == Path::kDecodeTc ? "f16 rows: decode, tensor cores" : "f16 rows: decode, f32 kernel",
+        worst);
   }
 }
 
@@ -265,7 +258,6 @@ TEST_F(CudaOpsTest, F16RowsDecodeTcSanitizerSubset) {
       run_plain(gpu(), cpu(), kv, kKvHeads, 1, Path::kDecodeTc, splits, ++seed, worst);
       run_plain(gpu(), cpu(), kv, kKvHeads * 4, 5, Path::kDecodeTc, splits, ++seed, worst);
       run_plain(gpu(), cpu(), kv, kKvHeads * 8, 16, Path::kDecodeTc, splits, ++seed, worst);
-      run_plain(gpu(), cpu(), kv, kKvHeads * 4, 5, Path::kDecodeTc3, splits, ++seed, worst);
     }
   }
   report("f16 rows: decode tensor cores, sanitizer subset", worst);
@@ -356,10 +348,8 @@ struct QuantF16Kv {
       cpu.quantize_kv(rows.k16.data(), rows.v16.data(), DType::F16, rows.stride, kKvHeads, hd, 0,
                       groups, out);
     }
-    for (const auto* a : {&ku, &kl, &vu, &vl})
-      dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
-    for (const auto* a : {&ks, &km, &vs, &vm})
-      dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
+    for (const auto* a : {&ku, &kl, &vu, &vl}) dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
+    for (const auto* a : {&ks, &km, &vs, &vm}) dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
   }
 
   QuantizedKvSegment segment(bool int8, bool device) const {
@@ -608,8 +598,8 @@ TEST_F(CudaOpsTest, F16RowsStoreKvRowsMatchesTheCpuBits) {
        {std::tuple{4000, 0, 0}, {5001, 0, 0}, {1, 0, 0}, {1000, 1, 0}, {1000, 0, 1}}) {
     const std::vector<uint16_t> poison(size_t(n) + 8, 0x7e01);
     DeviceBytes dst(gpu(), poison);
-    gpu().store_kv_rows(dst.as<uint16_t>() + dst_off, DType::F16, src_dev.data() + src_off,
-                        size_t(n));
+    gpu().store_kv_rows(dst.as<uint16_t>() + dst_off, DType::F16,
+                        src_dev.data() + src_off, size_t(n));
     const std::vector<uint8_t> bytes = dst.to_host();
     std::vector<uint16_t> got(poison.size());
     std::memcpy(got.data(), bytes.data(), got.size() * 2);

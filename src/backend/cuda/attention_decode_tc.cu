@@ -59,32 +59,23 @@ namespace {
 constexpr float kNegInf = -INFINITY;
 constexpr int kWarps = 4;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTok = 16;   // tokens per warp per stage (one P V k-step)
-constexpr int kRows = 16;  // query vectors per block (MMA rows)
+constexpr int kTok = 16;    // tokens per warp per stage (one P V k-step)
+constexpr int kStages = 3;  // per-warp cp.async pipeline depth
+constexpr int kRows = 16;   // query vectors per block (MMA rows)
 constexpr int kTargetExp = 13;
 constexpr int kExpClamp = 30;
 constexpr float kPExp = 12.0f;  // P is formed as 2^12 P
 
-// QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel, QS_DECODE_TC_OCC=2|3 with
-// that DecodeAttentionTuning::blocks_per_sm (end-to-end A/B runs).
+// QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel (end-to-end A/B runs).
 DecodeAttentionTuning g_tuning = [] {
   DecodeAttentionTuning t;
   const char* v = std::getenv("QS_DECODE_TC");
   t.tensor_cores = v == nullptr || std::strcmp(v, "0") != 0;
-  const char* occ = std::getenv("QS_DECODE_TC_OCC");
-  if (occ != nullptr) t.blocks_per_sm = std::strcmp(occ, "3") == 0 ? 3 : 2;
   return t;
 }();
 
-// Resident blocks per SM (DecodeAttentionTuning::blocks_per_sm) -> the per-warp cp.async
-// pipeline depth that fits their shared memory (2 blocks: 3 stages, 3 blocks: 2).
-constexpr int stages_for(int blocks_per_sm) {
-  return blocks_per_sm >= 3 ? 2 : 3;
-}
-
-template <int HD, int STAGES>
+template <int HD>
 struct TcLayout {
-  static constexpr int kStages = STAGES;                     // per-warp cp.async pipeline depth
   static constexpr int kKLoads = HD / 32;                    // 16-byte K pieces per key per lane
   static constexpr int kLanesPerKey = HD / 8;                // K fetch: 16 bytes per lane
   static constexpr int kKeysPerLoad = 32 / kLanesPerKey;     // whole key rows per instruction
@@ -93,7 +84,7 @@ struct TcLayout {
   static constexpr int kNTiles = HD / 8;                     // O n-tiles
   static constexpr int kChunks = 2 * kKLoads + 4 * kVLoads;  // pieces per lane per stage
   static constexpr int kStageBytes = kChunks * 32 * 16;      // per warp
-  static constexpr int kPipeBytes = kWarps * STAGES * kStageBytes;
+  static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
   static constexpr int kQFragBytes = kKSteps * 2 * 32 * 16;  // hi + lo fragments
   // The merge's rows of O are padded by 2 floats: a warp's fragment stores (rows r at a stride,
   // channels 16c + x) then hit 16 banks instead of 2.
@@ -134,12 +125,11 @@ __device__ __forceinline__ int row_exponent(float amax) {
 
 // SEL: a sparse draft's KV selection (AttentionArgs::selected): index i of the kv head's sequence
 // is position sel_positions[i] below sel_count, then the dense tail.
-// OCC: resident blocks per SM (the register cap and the pipeline depth, stages_for).
-template <int HD, bool SEL, int OCC>
-__global__ void __launch_bounds__(kThreads, OCC) attention_decode_tc_kernel(AttentionArgs a) {
+template <int HD, bool SEL>
+__global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
+    attention_decode_tc_kernel(AttentionArgs a) {
   pdl_begin();
-  using L = TcLayout<HD, stages_for(OCC)>;
-  constexpr int kStages = L::kStages;
+  using L = TcLayout<HD>;
   extern __shared__ __align__(16) unsigned char smem[];
   unsigned char* pipe = smem;
   uint4* qf_s = reinterpret_cast<uint4*>(smem + L::kPipeBytes);  // [kKSteps][hi, lo][32 lanes]
@@ -417,28 +407,19 @@ __global__ void __launch_bounds__(kThreads, OCC) attention_decode_tc_kernel(Atte
   write_merged_states<HD, kWarps, L::kOPitch>(a, o_s, ml_s, kRows, nq, q0, kvh, split, kThreads);
 }
 
-template <int HD, bool SEL, int OCC>
+template <int HD, bool SEL>
 void launch_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = TcLayout<HD, stages_for(OCC)>::kSmem;
+  constexpr size_t smem = TcLayout<HD>::kSmem;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tc_kernel<HD, SEL, OCC>,
+    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tc_kernel<HD, SEL>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid(attention_decode_tc_query_tiles(a), a.num_splits, a.num_kv_heads);
-  launch(attention_decode_tc_kernel<HD, SEL, OCC>, grid, kThreads, smem, stream, a);
+  launch(attention_decode_tc_kernel<HD, SEL>, grid, kThreads, smem, stream, a);
   CUDA_CHECK_LAUNCH(stream);
-}
-
-template <int HD, bool SEL>
-void launch_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
-  if (attention_decode_tc_blocks_per_sm() == 3) {
-    launch_for_head_dim<HD, SEL, 3>(a, stream);
-  } else {
-    launch_for_head_dim<HD, SEL, 2>(a, stream);
-  }
 }
 
 template <int HD>
@@ -458,10 +439,6 @@ void set_decode_attention_tuning(const DecodeAttentionTuning& tuning) {
 
 DecodeAttentionTuning decode_attention_tuning() {
   return g_tuning;
-}
-
-int attention_decode_tc_blocks_per_sm() {
-  return g_tuning.blocks_per_sm == 3 ? 3 : 2;
 }
 
 bool attention_decode_tc_supported(const AttentionArgs& a) {

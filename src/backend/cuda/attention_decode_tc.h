@@ -12,10 +12,6 @@ struct DecodeAttentionTuning {
   bool tensor_cores = true;  // false: attention_decode_kernel for every call
   // A sparse draft's KV selection on tensor cores too (false: selections on the CUDA-core kernel).
   bool selection = true;
-  // Resident blocks per SM: 2 (three 8 KB stages per warp, up to 255 registers) or 3 (two stages,
-  // registers capped at 168: 50% more warps to hide the loop's latency, ncu: 1.95 active warps
-  // per scheduler, 0.18 instructions issued per cycle).
-  int blocks_per_sm = 2;
 };
 void set_decode_attention_tuning(const DecodeAttentionTuning& tuning);
 DecodeAttentionTuning decode_attention_tuning();
@@ -26,9 +22,8 @@ DecodeAttentionTuning decode_attention_tuning();
 bool attention_decode_tc_supported(const AttentionArgs& a);
 // Query tiles (the grid's x): 16 query vectors of one kv head each.
 int attention_decode_tc_query_tiles(const AttentionArgs& a);
-// Blocks of the kernel resident per SM (DecodeAttentionTuning::blocks_per_sm): the split planner
-// fills one wave.
-int attention_decode_tc_blocks_per_sm();
+// Blocks of the kernel resident per SM (shared memory bound): the split planner fills one wave.
+constexpr int kDecodeTcBlocksPerSm = 2;
 // Split-KV flash-decoding; a.num_splits / a.split_len / partials as planned by the caller (the
 // combine is launched here when num_splits > 1).
 void launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream);

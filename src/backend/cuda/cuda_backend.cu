@@ -623,7 +623,7 @@ void CudaBackend::attention_decode(const float* q, int m, int pos, const Attenti
   if (cuda::decode_attention_tuning().tensor_cores && cuda::attention_decode_tc_supported(a)) {
     const int64_t base_blocks =
         static_cast<int64_t>(cuda::attention_decode_tc_query_tiles(a)) * shape.num_kv_heads;
-    impl_->plan_splits(a, base_blocks, num_splits, cuda::attention_decode_tc_blocks_per_sm());
+    impl_->plan_splits(a, base_blocks, num_splits, cuda::kDecodeTcBlocksPerSm);
     cuda::launch_attention_decode_tc(a, impl_->stream);
     return;
   }
