@@ -159,6 +159,64 @@ __global__ void __launch_bounds__(kThreads)
   if (acc == 0x9e3779b9u) out[0] = acc;
 }
 
+// ---- the f16 decode kernel's loads alone (attention_decode_tc.cu, head_dim 128) --------------
+// Grid (1, splits, kv heads) of 4-warp blocks, 2 per SM; warp w streams the split's 16-token
+// stages w, w + 4, ... through its own 3-stage ring of 8 KB: K as whole 256-byte key rows (two
+// per instruction), V as the kernel's quads (4 tokens x 128 bytes per instruction); the
+// "arithmetic" is one xor per 16 bytes. Rows of kv_heads * 128 f16 (row_stride16 16-byte units).
+constexpr int kKvStages = 3;
+__global__ void __launch_bounds__(128, 2)
+    read_kv_rows_kernel(const uint4* __restrict__ k, const uint4* __restrict__ v,
+                        int64_t row_stride16, int split_len, uint32_t* out) {
+  extern __shared__ uint4 kv_ring[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
+  uint4* mine = kv_ring + size_t(warp) * kKvStages * 512;
+  const int64_t head16 = int64_t(blockIdx.z) * 16;
+  const int t_begin = blockIdx.y * split_len, t_end = t_begin + split_len;
+  auto issue = [&](int i0, int slot) {
+    if (i0 < t_end) {
+      uint4* dst = mine + slot * 512;
+#pragma unroll
+      for (int u = 0; u < 8; ++u) {
+        const int64_t t = i0 + 2 * u + lane / 16;
+        const uint32_t d = static_cast<uint32_t>(__cvta_generic_to_shared(dst + u * 32 + lane));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d),
+                     "l"(k + t * row_stride16 + head16 + lane % 16)
+                     : "memory");
+      }
+#pragma unroll
+      for (int tv = 0; tv < 4; ++tv) {
+        const int64_t t = i0 + 2 * c + (tv & 1) + 8 * (tv >> 1);
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const uint32_t d =
+              static_cast<uint32_t>(__cvta_generic_to_shared(dst + (8 + tv * 2 + e) * 32 + lane));
+          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d),
+                       "l"(v + t * row_stride16 + head16 + 8 * e + r)
+                       : "memory");
+        }
+      }
+    }
+    asm volatile("cp.async.commit_group;\n" ::: "memory");
+  };
+  const int step = 4 * 16;
+  int i0 = t_begin + warp * 16;
+  for (int st = 0; st < kKvStages - 1; ++st) issue(i0 + st * step, st);
+  uint32_t acc = 0;
+  int slot = 0;
+  for (; i0 < t_end; i0 += step) {
+    __syncwarp();
+    issue(i0 + (kKvStages - 1) * step, (slot + kKvStages - 1) % kKvStages);
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(kKvStages - 1) : "memory");
+    __syncwarp();
+#pragma unroll
+    for (int pc = 0; pc < 16; ++pc) acc ^= fold(mine[(slot * 16 + pc) * 32 + lane]);
+    slot = slot + 1 == kKvStages ? 0 : slot + 1;
+  }
+  asm volatile("cp.async.wait_group 0;\n" ::: "memory");
+  if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
 double median_ms(cudaStream_t s, const std::function<void()>& launch) {
   for (int i = 0; i < 2; ++i) launch();
   cudaEvent_t a, b;
@@ -231,6 +289,25 @@ void bench_read_ceiling(cudaStream_t s, const SummaryFn& summary) {
                   b.chunk / 1024, b.stages, b.blocks_per_sm);
     report(label, median_ms(s, [&] { kernel<<<grid, kThreads, smem, s>>>(p, n16, b.chunk, out); }));
     CUDA_CHECK(cudaGetLastError());
+  }
+  {
+    // Llama-2-7B's f16 rows at 128K (32 kv heads of 128: 1 GiB of K and of V), split as the
+    // decode kernel splits them (one wave of 2 blocks per SM).
+    const int heads = 32, ctx = 131072, splits = std::max(1, 2 * sms / heads);
+    const int64_t row_stride16 = heads * 128 * 2 / 16;
+    const auto* kp = p;
+    const auto* vp = p + size_t(ctx) * row_stride16;
+    const size_t smem = size_t(4) * kKvStages * 512 * 16;
+    CUDA_CHECK(cudaFuncSetAttribute(
+        read_kv_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+    const int split_len = (ctx + splits - 1) / splits / 64 * 64;
+    const dim3 grid(1, ctx / split_len, heads);
+    const double ms = median_ms(s, [&] {
+      read_kv_rows_kernel<<<grid, 128, smem, s>>>(kp, vp, row_stride16, split_len, out);
+    });
+    CUDA_CHECK(cudaGetLastError());
+    summary("read", "decode-kernel loads only, llama2-7b f16 rows 128K", ms,
+            double(grid.y) * split_len * heads * 256.0 * 2);
   }
   CUDA_CHECK(cudaFree(buf));
   CUDA_CHECK(cudaFree(out));
