@@ -161,15 +161,15 @@ __global__ void __launch_bounds__(kThreads)
 
 // ---- the f16 decode kernel's loads alone (attention_decode_tc.cu, head_dim 128) --------------
 // Grid (1, splits, kv heads) of 4-warp blocks, 2 per SM; warp w streams the split's 16-token
-// stages w, w + 4, ... through its own 3-stage ring of 8 KB: K as whole 256-byte key rows (two
-// per instruction), V as the kernel's quads (4 tokens x 128 bytes per instruction); the
+// stages w, w + 4, ... through its own 3-stage ring of 8 KB: K and V as whole 256-byte rows (two
+// per instruction, a quarter warp per 128-byte line); the
 // "arithmetic" is one xor per 16 bytes. Rows of kv_heads * 128 f16 (row_stride16 16-byte units).
 constexpr int kKvStages = 3;
 __global__ void __launch_bounds__(128, 2)
     read_kv_rows_kernel(const uint4* __restrict__ k, const uint4* __restrict__ v,
                         int64_t row_stride16, int split_len, uint32_t* out) {
   extern __shared__ uint4 kv_ring[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, r = lane / 4, c = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   uint4* mine = kv_ring + size_t(warp) * kKvStages * 512;
   const int64_t head16 = int64_t(blockIdx.z) * 16;
   const int t_begin = blockIdx.y * split_len, t_end = t_begin + split_len;
@@ -185,16 +185,13 @@ __global__ void __launch_bounds__(128, 2)
                      : "memory");
       }
 #pragma unroll
-      for (int tv = 0; tv < 4; ++tv) {
-        const int64_t t = i0 + 2 * c + (tv & 1) + 8 * (tv >> 1);
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          const uint32_t d =
-              static_cast<uint32_t>(__cvta_generic_to_shared(dst + (8 + tv * 2 + e) * 32 + lane));
-          asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d),
-                       "l"(v + t * row_stride16 + head16 + 8 * e + r)
-                       : "memory");
-        }
+      for (int u = 0; u < 8; ++u) {
+        const int64_t t = i0 + 2 * u + lane / 16;
+        const uint32_t d =
+            static_cast<uint32_t>(__cvta_generic_to_shared(dst + (8 + u) * 32 + lane));
+        asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d),
+                     "l"(v + t * row_stride16 + head16 + lane % 16)
+                     : "memory");
       }
     }
     asm volatile("cp.async.commit_group;\n" ::: "memory");

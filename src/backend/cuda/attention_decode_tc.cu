@@ -28,14 +28,16 @@
 //    channel: it loads those 4 tokens' channels [64e + 8r, +8) (16 bytes each) and pairs the
 //    halves with one byte permute per 2 elements; n-tile 8e + x is channel 64e + 8n + x.
 //  - The pipeline is per warp (no block barrier). Shared memory holds, per stage, 16-byte pieces
-//    in the order the lanes' fragments read them (piece p of lane l at slot [p][l]; K's slots are
-//    permuted, kslot below). V's loads fetch exactly those pieces (a quad's 4 tokens x 128 bytes:
-//    whole 128-byte lines). K's would not (8 keys x 64 bytes per instruction: half lines, twice
-//    the L2 requests per byte; ncu measured the kernel bound by L2 throughput, 87%, with DRAM at
-//    62%): instead an instruction fetches whole key rows (HD / 8 lanes per key) and each piece
-//    lands in the slot of the lane that needs it. Lanes thus read pieces other lanes copied: a
-//    __syncwarp after the wait makes them visible, and one before a stage is refilled keeps a
-//    lane from overwriting pieces another lane has not read yet.
+//    in the order the lanes' fragments read them (piece p of lane l at slot [p][kslot / vslot]).
+//    The loads do not fetch the pieces a lane needs: 16-byte accesses are served a quarter warp
+//    at a time, and L2 sees one request per 128-byte line a quarter warp touches. Fetching the
+//    fragments' own pieces (K: 2 keys x 64 bytes per quarter warp, V: 4 tokens x 32 bytes) made
+//    4.5 requests per line (ncu: the kernel bound by L2 throughput at 88% with DRAM at 62%, and
+//    its loads alone, bench_ops read, at 3.5 TB/s where plain streaming reaches 4.5). Instead an
+//    instruction fetches whole K and V rows (HD / 8 lanes per row, a quarter warp = one line)
+//    and each piece lands in the slot of the lane that needs it. Lanes thus read pieces other
+//    lanes copied: a __syncwarp after the wait makes them visible, and one before a stage is
+//    refilled keeps a lane from overwriting pieces another lane has not read yet.
 // Masking only in the stages that reach past the split's end or into the candidate rows.
 #include <cuda_fp16.h>
 
@@ -100,6 +102,13 @@ struct TcLayout {
 // distinct 16-byte bank groups.
 __device__ __forceinline__ int kslot(int r, int c, int e) {
   return 4 * (r ^ (e & 1)) + c;
+}
+
+// The 16-byte slot (0..31) of a V piece of lane (r, c): the reads (a quarter warp: r in
+// {2p, 2p + 1}, c in 0..3) and the copies' writes (a quarter warp: one token, so one c, and
+// r in 0..7) both hit 8 distinct 16-byte bank groups, (r + 2c) % 8.
+__device__ __forceinline__ int vslot(int r, int c) {
+  return 8 * c + ((r + 2 * c) & 7);
 }
 
 __device__ __forceinline__ uint4 lds16(uint32_t addr) {
@@ -182,6 +191,14 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     const int key0 = u * L::kKeysPerLoad;
     return (key0 / 8) * L::kKLoads * 512 + 4 * (key0 % 8) * 16;
   };
+  // Where this lane's fetch of V token t (of the stage) lands: chunk kq holds channels
+  // [8 kq, +8) = [64e + 8r', +8) that lane (r', c') = (kq % 8, (t % 8) / 2) reads as piece
+  // 2 kKLoads + (2 (t / 8) + t % 2) kVLoads + e, at slot vslot(r', c').
+  auto vdst = [kq](int t) -> uint32_t {
+    const int piece = 2 * L::kKLoads + (2 * (t / 8) + t % 2) * L::kVLoads + kq / 8;
+    return piece * 512 + vslot(kq % 8, (t % 8) / 2) * 16;
+  };
+  const uint32_t vslot_lane = vslot(r, c) * 16;  // this lane's V fragment slot
 
   // Stage i0 into pipeline slot `slot`: K pieces first (key j * 8 + r, piece j * kKLoads + e),
   // then V (token 2c + d + 8h, piece 2 kKLoads + (2h + d) kVLoads + e).
@@ -204,16 +221,22 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
         cp_async16_zfill(dst + kdst_lane + kdst_step(u), src, ok ? 16 : 0);
       }
     }
+    // V: the same whole-row fetches; token `key` of the stage, chunk kq.
+    if (!SEL && i0 + kTok <= t_end) {
+      const __half* src = v_base + static_cast<int64_t>(i0 + kq_key) * a.row_stride + 8 * kq;
 #pragma unroll
-    for (int tv = 0; tv < 4; ++tv) {  // tv = 2h + d
-      const int t = i0 + 2 * c + (tv & 1) + 8 * (tv >> 1);
-      const bool ok = t < t_end;
-      const __half* src =
-          v_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * r;
+      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u, src += key_step) {
+        cp_async16(dst + vdst(u * L::kKeysPerLoad + kq_key), src);
+      }
+    } else {
 #pragma unroll
-      for (int e = 0; e < L::kVLoads; ++e) {
-        cp_async16_zfill(dst + (2 * L::kKLoads + tv * L::kVLoads + e) * 512 + lane * 16,
-                         src + 64 * e, ok ? 16 : 0);
+      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u) {
+        const int key = u * L::kKeysPerLoad + kq_key;
+        const int t = i0 + key;
+        const bool ok = t < t_end;
+        const __half* src =
+            v_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * kq;
+        cp_async16_zfill(dst + vdst(key), src, ok ? 16 : 0);
       }
     }
   };
@@ -367,7 +390,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
       uint4 v[4];  // tokens 2c, 2c + 1, 2c + 8, 2c + 9
 #pragma unroll
       for (int tv = 0; tv < 4; ++tv)
-        v[tv] = lds16(src + (2 * L::kKLoads + tv * L::kVLoads + e) * 512 + lane * 16);
+        v[tv] = lds16(src + (2 * L::kKLoads + tv * L::kVLoads + e) * 512 + vslot_lane);
 #pragma unroll
       for (int x = 0; x < 8; ++x) {
         const uint32_t sel = (x & 1) ? 0x7632u : 0x5410u;
