@@ -202,43 +202,32 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
 
   // Stage i0 into pipeline slot `slot`: K pieces first (key j * 8 + r, piece j * kKLoads + e),
   // then V (token 2c + d + 8h, piece 2 kKLoads + (2h + d) kVLoads + e).
+  // Whole rows of one matrix (K or V): fetch u is row u * kKeysPerLoad + kq_key of the stage,
+  // chunk kq, to byte offset dst_of(u) of the stage.
+  auto fetch_rows = [&](const __half* base, int i0, uint32_t dst, auto dst_of) {
+    if (!SEL && i0 + kTok <= t_end) {  // (warp-uniform) rows at a fixed stride, all present
+      const __half* src = base + static_cast<int64_t>(i0 + kq_key) * a.row_stride + 8 * kq;
+#pragma unroll
+      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u, src += key_step) {
+        cp_async16(dst + dst_of(u), src);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u) {
+        const int t = i0 + u * L::kKeysPerLoad + kq_key;
+        const bool ok = t < t_end;
+        const __half* src =
+            base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * kq;
+        cp_async16_zfill(dst + dst_of(u), src, ok ? 16 : 0);
+      }
+    }
+  };
+  // Stage i0 into pipeline slot `slot`: K pieces first (key j * 8 + r, piece j * kKLoads + e),
+  // then V (token 2c + d + 8h, piece 2 kKLoads + (2h + d) kVLoads + e).
   auto issue = [&](int i0, int slot) {
     const uint32_t dst = warp_pipe + slot * L::kStageBytes;
-    if (!SEL && i0 + kTok <= t_end) {  // (warp-uniform) rows at a fixed stride, all present
-      const __half* src = k_base + static_cast<int64_t>(i0 + kq_key) * a.row_stride + 8 * kq;
-#pragma unroll
-      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u, src += key_step) {
-        cp_async16(dst + kdst_lane + kdst_step(u), src);
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u) {
-        const int key = u * L::kKeysPerLoad + kq_key;
-        const int t = i0 + key;
-        const bool ok = t < t_end;
-        const __half* src =
-            k_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * kq;
-        cp_async16_zfill(dst + kdst_lane + kdst_step(u), src, ok ? 16 : 0);
-      }
-    }
-    // V: the same whole-row fetches; token `key` of the stage, chunk kq.
-    if (!SEL && i0 + kTok <= t_end) {
-      const __half* src = v_base + static_cast<int64_t>(i0 + kq_key) * a.row_stride + 8 * kq;
-#pragma unroll
-      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u, src += key_step) {
-        cp_async16(dst + vdst(u * L::kKeysPerLoad + kq_key), src);
-      }
-    } else {
-#pragma unroll
-      for (int u = 0; u < kTok / L::kKeysPerLoad; ++u) {
-        const int key = u * L::kKeysPerLoad + kq_key;
-        const int t = i0 + key;
-        const bool ok = t < t_end;
-        const __half* src =
-            v_base + static_cast<int64_t>(position(ok ? t : t_begin)) * a.row_stride + 8 * kq;
-        cp_async16_zfill(dst + vdst(key), src, ok ? 16 : 0);
-      }
-    }
+    fetch_rows(k_base, i0, dst, [&](int u) { return kdst_lane + kdst_step(u); });
+    fetch_rows(v_base, i0, dst, [&](int u) { return vdst(u * L::kKeysPerLoad + kq_key); });
   };
 
   // The first stages go out before the queries are prepared (they do not depend on them).
