@@ -214,28 +214,9 @@ __global__ void __launch_bounds__(128, 2)
   if (acc == 0x9e3779b9u) out[0] = acc;
 }
 
-double median_ms(cudaStream_t s, const std::function<void()>& launch) {
-  for (int i = 0; i < 2; ++i) launch();
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  float t[7];
-  for (float& x : t) {
-    CUDA_CHECK(cudaEventRecord(a, s));
-    launch();
-    CUDA_CHECK(cudaEventRecord(b, s));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    CUDA_CHECK(cudaEventElapsedTime(&x, a, b));
-  }
-  CUDA_CHECK(cudaEventDestroy(a));
-  CUDA_CHECK(cudaEventDestroy(b));
-  std::sort(t, t + 7);
-  return t[3];
-}
-
 }  // namespace
 
-void bench_read_ceiling(cudaStream_t s, const SummaryFn& summary) {
+void bench_read_ceiling(cudaStream_t s, const TimeFn& time, const SummaryFn& summary) {
   const size_t bytes = size_t{4} << 30;
   const size_t n16 = bytes / 16;
   void* buf = nullptr;
@@ -246,15 +227,15 @@ void bench_read_ceiling(cudaStream_t s, const SummaryFn& summary) {
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const auto* p = static_cast<const uint4*>(buf);
-  auto report = [&](const char* what, double ms) { summary("read", what, ms, double(bytes)); };
+  auto report = [&](const char* what, double ms) { summary(what, ms, double(bytes)); };
 
   for (int blocks_per_sm : {4, 8}) {
     const int grid = sms * blocks_per_sm;
     char label[96];
     std::snprintf(label, sizeof label, "ld.global 16B x4 in flight, %d blocks/SM", blocks_per_sm);
-    report(label, median_ms(s, [&] { read_ldg_kernel<4><<<grid, kThreads, 0, s>>>(p, n16, out); }));
+    report(label, time([&] { read_ldg_kernel<4><<<grid, kThreads, 0, s>>>(p, n16, out); }));
     std::snprintf(label, sizeof label, "ld.global 16B x8 in flight, %d blocks/SM", blocks_per_sm);
-    report(label, median_ms(s, [&] { read_ldg_kernel<8><<<grid, kThreads, 0, s>>>(p, n16, out); }));
+    report(label, time([&] { read_ldg_kernel<8><<<grid, kThreads, 0, s>>>(p, n16, out); }));
     CUDA_CHECK(cudaGetLastError());
   }
   for (int stages : {3, 6}) {
@@ -265,7 +246,7 @@ void bench_read_ceiling(cudaStream_t s, const SummaryFn& summary) {
     const int grid = sms * (stages == 3 ? 4 : 2);
     char label[96];
     std::snprintf(label, sizeof label, "cp.async 16B, %d stages x 2 KB per warp", stages);
-    report(label, median_ms(s, [&] { kernel<<<grid, kThreads, smem, s>>>(p, n16, out); }));
+    report(label, time([&] { kernel<<<grid, kThreads, smem, s>>>(p, n16, out); }));
     CUDA_CHECK(cudaGetLastError());
   }
   struct Bulk {
@@ -284,7 +265,7 @@ void bench_read_ceiling(cudaStream_t s, const SummaryFn& summary) {
     char label[96];
     std::snprintf(label, sizeof label, "cp.async.bulk %u KB x %d stages, %d blocks/SM",
                   b.chunk / 1024, b.stages, b.blocks_per_sm);
-    report(label, median_ms(s, [&] { kernel<<<grid, kThreads, smem, s>>>(p, n16, b.chunk, out); }));
+    report(label, time([&] { kernel<<<grid, kThreads, smem, s>>>(p, n16, b.chunk, out); }));
     CUDA_CHECK(cudaGetLastError());
   }
   {
@@ -299,11 +280,10 @@ void bench_read_ceiling(cudaStream_t s, const SummaryFn& summary) {
         read_kv_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
     const int split_len = (ctx + splits - 1) / splits / 64 * 64;
     const dim3 grid(1, ctx / split_len, heads);
-    const double ms = median_ms(s, [&] {
-      read_kv_rows_kernel<<<grid, 128, smem, s>>>(kp, vp, row_stride16, split_len, out);
-    });
+    const double ms = time(
+        [&] { read_kv_rows_kernel<<<grid, 128, smem, s>>>(kp, vp, row_stride16, split_len, out); });
     CUDA_CHECK(cudaGetLastError());
-    summary("read", "decode-kernel loads only, llama2-7b f16 rows 128K", ms,
+    summary("decode-kernel loads only, llama2-7b f16 rows 128K", ms,
             double(grid.y) * split_len * heads * 256.0 * 2);
   }
   CUDA_CHECK(cudaFree(buf));

@@ -5,6 +5,7 @@
 #                         (seeded random bf16 weights drawn on the GPU) or padded-SHAPE (the
 #                         bundled model padded by pad_model.py); log in $out/make-NAME.log.
 #                         Prints the time taken; returns 1 (after the log's tail) on failure.
+#   qs_find_ncu           sets ncu_bin to Nsight Compute's ncu; returns 1 (with a message) if none
 
 qs_gpu_setup() {
   repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
@@ -14,6 +15,11 @@ qs_gpu_setup() {
   mkdir -p "$out"
   if [[ -f $build/env.sh ]]; then source "$build/env.sh"; fi
   qs=$build/quantspec
+}
+
+qs_find_ncu() {
+  ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
+  [[ -x $ncu_bin ]] || { echo "ncu not found" >&2; return 1; }
 }
 
 qs_make_model() {

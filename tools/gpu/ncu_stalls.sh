@@ -11,8 +11,7 @@ set -uo pipefail
 source "$(dirname "$0")/lib.sh"
 qs_gpu_setup
 regex=$1 sections=$2 count=${3:-1}
-ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-[[ -x $ncu_bin ]] || { echo "ncu_stalls: ncu not found" >&2; exit 1; }
+qs_find_ncu || exit 1
 
 stalls=(long_scoreboard short_scoreboard mio_throttle math_pipe_throttle wait barrier
   not_selected selected dispatch_stall lg_throttle no_instruction branch_resolving drain membar

@@ -20,8 +20,7 @@ set -uo pipefail
 
 source "$(dirname "$0")/lib.sh"
 qs_gpu_setup
-ncu_bin=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu /usr/local/cuda/bin/ncu 2>/dev/null | head -1)
-[[ -x $ncu_bin ]] || { echo "profile: ncu not found" >&2; exit 1; }
+qs_find_ncu || exit 1
 ncu_common=(--clock-control none --target-processes all)
 
 for stage in ${QS_PROFILE:-kernels decode}; do

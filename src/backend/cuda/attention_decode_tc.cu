@@ -79,8 +79,8 @@ DecodeAttentionTuning g_tuning = [] {
 template <int HD>
 struct TcLayout {
   static constexpr int kKLoads = HD / 32;                    // 16-byte K pieces per key per lane
-  static constexpr int kLanesPerKey = HD / 8;                // K fetch: 16 bytes per lane
-  static constexpr int kKeysPerLoad = 32 / kLanesPerKey;     // whole key rows per instruction
+  static constexpr int kLanesPerKey = HD / 8;                // K/V row fetch: 16 bytes per lane
+  static constexpr int kKeysPerLoad = 32 / kLanesPerKey;     // whole rows per instruction
   static constexpr int kKSteps = HD / 16;                    // S k-steps
   static constexpr int kVLoads = HD / 64;                    // 16-byte V pieces per token per lane
   static constexpr int kNTiles = HD / 8;                     // O n-tiles
@@ -176,8 +176,8 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     }
   };
   const uint32_t warp_pipe = smem_u32(pipe) + warp * kStages * L::kStageBytes;
-  // This lane's K fetch: chunk kq (16 bytes) of key kq_key (+ kKeysPerLoad per instruction),
-  // which is piece (key / 8) * kKLoads + kq / 4 of lane (key % 8, kq % 4).
+  // This lane's K/V row fetches: chunk kq (16 bytes) of row kq_key (+ kKeysPerLoad per
+  // instruction); for K that is piece (key / 8) * kKLoads + kq / 4 of lane (key % 8, kq % 4).
   const int kq = lane % L::kLanesPerKey, kq_key = lane / L::kLanesPerKey;
   // This lane's K fragment slots (16 bytes each) for even and odd e.
   const uint32_t kslot_even = kslot(r, c, 0) * 16, kslot_odd = kslot(r, c, 1) * 16;
@@ -200,8 +200,6 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
   };
   const uint32_t vslot_lane = vslot(r, c) * 16;  // this lane's V fragment slot
 
-  // Stage i0 into pipeline slot `slot`: K pieces first (key j * 8 + r, piece j * kKLoads + e),
-  // then V (token 2c + d + 8h, piece 2 kKLoads + (2h + d) kVLoads + e).
   // Whole rows of one matrix (K or V): fetch u is row u * kKeysPerLoad + kq_key of the stage,
   // chunk kq, to byte offset dst_of(u) of the stage.
   auto fetch_rows = [&](const __half* base, int i0, uint32_t dst, auto dst_of) {
