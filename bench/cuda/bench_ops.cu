@@ -225,8 +225,9 @@ void bench_gemv(CudaBackend& be, bool quick) {
 }
 
 // The skinny-GEMM variants side by side (cuda::GemvTuning): time per call and % of 4.24 TB/s.
-constexpr cuda::GemvTuning kTunings[] = {{4, false, 0}, {4, true, 0}, {8, false, 0},
-                                         {8, true, 0},  {4, true, 4}, {0, true, 0}};
+constexpr cuda::GemvTuning kTunings[] = {{4, false, 0, -1}, {4, true, 0, -1}, {8, false, 0, -1},
+                                         {8, true, 0, -1},  {4, true, 4, -1}, {0, true, 0, -1},
+                                         {0, true, 0, 4},   {0, true, 0, 6},  {0, true, 0, 0}};
 
 void bench_gemv_tuning(CudaBackend& be) {
   auto s = static_cast<cudaStream_t>(be.stream());
@@ -241,7 +242,8 @@ void bench_gemv_tuning(CudaBackend& be) {
                       {"8b lm_head", 128256, 4096}};
   const cuda::GemvTuning saved = cuda::gemv_tuning();
   summary(
-      "| gemv-tune (us, %% of 4.24 TB/s) | u4 | u4+L2 | u8 | u8+L2 | coal+L2 (m<=4) | default |");
+      "| gemv-tune (us, %% of 4.24 TB/s) | u4 | u4+L2 | u8 | u8+L2 | coal+L2 (m<=4) | u-auto+L2 |"
+      " ring 4 | ring 6 | default |");
   for (const Mat& mat : mats) {
     const size_t wbytes = size_t(mat.n) * mat.k * 2;
     const int copies = static_cast<int>(std::max<size_t>(2, (kRotateBytes + wbytes - 1) / wbytes));

@@ -110,8 +110,9 @@ TEST_F(CudaOpsTest, GemvRealShapes) {
 // Every kernel variant the benchmark compares computes the same function.
 TEST_F(CudaOpsTest, GemvEveryTuning) {
   const cuda::GemvTuning saved = cuda::gemv_tuning();
-  const cuda::GemvTuning tunings[] = {{4, false, 0}, {4, true, 0}, {8, false, 0}, {8, true, 0},
-                                      {4, false, 4}, {8, true, 2}, {0, true, 0}};
+  const cuda::GemvTuning tunings[] = {{4, false, 0, -1}, {4, true, 0, -1},  {8, false, 0, -1},
+                                      {8, true, 0, -1},  {4, false, 4, -1}, {8, true, 2, -1},
+                                      {0, true, 0, -1},  {0, true, 0, 4},   {0, true, 0, 6}};
   for (const cuda::GemvTuning& t : tunings) {
     cuda::set_gemv_tuning(t);
     for (DType dt : {DType::F16, DType::BF16}) {
@@ -121,7 +122,7 @@ TEST_F(CudaOpsTest, GemvEveryTuning) {
           const MatmulCase c{m, n, k, dt, m % 2 == 1};
           EXPECT_LT(run_with(gpu(), cpu(), c, w, 950 + m), tolerance(dt))
               << describe(c) << " unroll=" << t.mma_unroll << " l2=" << t.l2_prefetch
-              << " coalesced<=" << t.coalesced_max_rows;
+              << " coalesced<=" << t.coalesced_max_rows << " ring=" << t.ring_stages;
         }
       }
     }

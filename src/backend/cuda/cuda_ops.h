@@ -123,6 +123,10 @@ struct GemvTuning {
   int mma_unroll = 0;
   bool l2_prefetch = true;     // W loads ask L2 for the whole 256-byte segment
   int coalesced_max_rows = 0;  // m <= this (<= 4) runs the coalesced FMA kernel; 0 = never
+  // The persistent ring kernel (a block per SM, each warp streaming whole W lines through a
+  // cp.async ring of 4 or 6 stages; 0 = automatic, kRingDeepTilesPerSm in gemv.cu) or, for -1,
+  // gemv_mma_kernel (a block per 16 rows; mma_unroll applies to it only).
+  int ring_stages = 0;
 };
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();

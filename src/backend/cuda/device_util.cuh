@@ -122,19 +122,25 @@ __device__ __forceinline__ V pick(const V (&a)[N], int i) {
   return r;
 }
 
-// Grouped launches (several matrices in one grid): the segment whose blocks hold blockIdx.x
-// (segs.block_end: cumulative block counts; segs.count segments) and the block's index in it.
+// Grouped launches (several matrices in one grid): the segment holding work item `index`
+// (segs.block_end: cumulative item counts; segs.count segments) and the item's index in it.
 template <class Segs>
-__device__ __forceinline__ int find_segment(const Segs& segs, int64_t& block) {
+__device__ __forceinline__ int find_segment_at(const Segs& segs, int64_t index, int64_t& local) {
   constexpr int kN = sizeof(segs.block_end) / sizeof(segs.block_end[0]);
-  block = blockIdx.x;
+  local = index;
   int si = 0;
 #pragma unroll
   for (int i = 0; i + 1 < kN; ++i) {
-    if (i + 1 < segs.count && blockIdx.x >= segs.block_end[i]) si = i + 1;
+    if (i + 1 < segs.count && index >= segs.block_end[i]) si = i + 1;
   }
-  if (si > 0) block -= pick(segs.block_end, si - 1);
+  if (si > 0) local -= pick(segs.block_end, si - 1);
   return si;
+}
+
+// The same for grids of one block per item: the segment holding blockIdx.x.
+template <class Segs>
+__device__ __forceinline__ int find_segment(const Segs& segs, int64_t& block) {
+  return find_segment_at(segs, blockIdx.x, block);
 }
 
 }  // namespace qs::cuda

@@ -8,8 +8,13 @@
 // shuffle or shared-memory staging is needed. Activations are f32; each is split into
 // hi = round(x) and lo = round(x - hi) in W's dtype, and both halves are multiplied (two MMAs),
 // so the result has the f32 reference's accuracy (products of 16-bit values are exact in the f32
-// accumulator). The warps of a block split K and are summed through shared memory. The W loads
-// ask L2 for whole 256-byte segments (GemvTuning::l2_prefetch; up to 1.7x on large matrices).
+// accumulator). The warps of a block split K and are summed through shared memory.
+//
+// Two kernels read W that way. The default, gemv_ring_kernel, is persistent (a block per SM
+// walking 16-row tiles) and streams W through a per-warp cp.async ring of whole 128-byte lines
+// (GemvTuning::ring_stages); gemv_mma_kernel (a block per tile, loads straight into registers,
+// asking L2 for whole 256-byte segments: GemvTuning::l2_prefetch) is the tested alternative.
+// End to end the ring made an AR fp16 decode step 4-7% faster (docs/perf.md, session 11).
 //
 // Coalesced FMA path (optional, GemvTuning::coalesced_max_rows): m <= 4, two W rows per warp
 // read as 512-byte runs. Measured slower than the tensor-core path except on LM heads; kept as a
@@ -20,11 +25,15 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace qs::cuda {
 
@@ -81,6 +90,58 @@ __device__ __forceinline__ void mma_16816<__half>(float (&d)[4], const uint32_t 
       "{%8, %9}, {%0, %1, %2, %3};"
       : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One 32-wide K chunk of a warp's 16 W rows into its C fragments: wa / wb are the lane's 16 bytes
+// of rows g and g + 8 at k .. k + 7 (zeros where invalid), times x[token][k .. k + 7] for the
+// tokens t * 8 + g of each tile (ok: k is inside K).
+template <typename T, int NT>
+__device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, const uint4& wb,
+                                          const float* __restrict__ x, int m, int64_t K, int64_t k,
+                                          bool ok, int g) {
+  const uint32_t a_lo[4] = {wa.x, wb.x, wa.y, wb.y};  // k .. k+3
+  const uint32_t a_hi[4] = {wa.z, wb.z, wa.w, wb.w};  // k+4 .. k+7
+#pragma unroll
+  for (int t = 0; t < NT; ++t) {
+    const int token = t * 8 + g;
+    float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
+    if (ok && token < m) {
+      const float4* xp = reinterpret_cast<const float4*>(x + token * K + k);
+      x0 = __ldg(xp);
+      x1 = __ldg(xp + 1);
+    }
+    const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+    float hi[8], lo[8];
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      hi[e] = round_trip<T>(xs[e]);
+      lo[e] = xs[e] - hi[e];
+    }
+    mma_16816<T>(acc[t], a_lo, pack2<T>(hi[0], hi[1]), pack2<T>(hi[2], hi[3]));
+    mma_16816<T>(acc[t], a_lo, pack2<T>(lo[0], lo[1]), pack2<T>(lo[2], lo[3]));
+    mma_16816<T>(acc[t], a_hi, pack2<T>(hi[4], hi[5]), pack2<T>(hi[6], hi[7]));
+    mma_16816<T>(acc[t], a_hi, pack2<T>(lo[4], lo[5]), pack2<T>(lo[6], lo[7]));
+  }
+}
+
+// The block's sum of its warps' C fragments (partial: [warps][NT][32 lanes][4] floats) for the
+// 16 W rows from n0, plus the bias, into y. C fragment element r of lane l: W row l / 4 +
+// 8 (r / 2), token 2 (l % 4) + r % 2 of the tile of 8 tokens.
+template <int NT>
+__device__ __forceinline__ void store_tile_sums(const float* partial, int num_warps, int64_t n0,
+                                                int64_t N, int m, const DeviceBias& bias,
+                                                float* y) {
+  for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
+    const int t = e / 128, l = (e / 4) % 32, r = e % 4;
+    float sum = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi * NT * 128 + e];
+    const int64_t row = n0 + (l >> 2) + 8 * (r >> 1);
+    const int token = t * 8 + 2 * (l & 3) + (r & 1);
+    if (row < N && token < m) {
+      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      y[token * N + row] = sum;
+    }
+  }
 }
 
 // The matrices of one launch (launch_gemv_group; one segment for launch_gemv): blocks
@@ -150,30 +211,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, UNROLL >= 8 ? 1 : 2)
 #pragma unroll
     for (int u = 0; u < UNROLL; ++u) {
       const int64_t k = (ch + u) * kChunkK + 8 * c;
-      const bool ok = ch + u < chunk_end && k < K;
-      const uint32_t a_lo[4] = {wa[u].x, wb[u].x, wa[u].y, wb[u].y};  // k .. k+3
-      const uint32_t a_hi[4] = {wa[u].z, wb[u].z, wa[u].w, wb[u].w};  // k+4 .. k+7
-#pragma unroll
-      for (int t = 0; t < NT; ++t) {
-        const int token = t * 8 + g;
-        float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
-        if (ok && token < m) {
-          const float4* xp = reinterpret_cast<const float4*>(x + token * K + k);
-          x0 = __ldg(xp);
-          x1 = __ldg(xp + 1);
-        }
-        const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-        float hi[8], lo[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          hi[e] = round_trip<T>(xs[e]);
-          lo[e] = xs[e] - hi[e];
-        }
-        mma_16816<T>(acc[t], a_lo, pack2<T>(hi[0], hi[1]), pack2<T>(hi[2], hi[3]));
-        mma_16816<T>(acc[t], a_lo, pack2<T>(lo[0], lo[1]), pack2<T>(lo[2], lo[3]));
-        mma_16816<T>(acc[t], a_hi, pack2<T>(hi[4], hi[5]), pack2<T>(hi[6], hi[7]));
-        mma_16816<T>(acc[t], a_hi, pack2<T>(lo[4], lo[5]), pack2<T>(lo[6], lo[7]));
-      }
+      mma_chunk<T, NT>(acc, wa[u], wb[u], x, m, K, k, ch + u < chunk_end && k < K, g);
     }
   }
 
@@ -183,18 +221,133 @@ __global__ void __launch_bounds__(kMaxWarps * 32, UNROLL >= 8 ? 1 : 2)
     for (int r = 0; r < 4; ++r) partial[warp][t][lane][r] = acc[t][r];
   }
   __syncthreads();
-  // C fragment element r of lane: W row g + 8 * (r / 2), token 2c + (r % 2) of the tile.
-  for (int e = threadIdx.x; e < NT * 32 * 4; e += blockDim.x) {
-    const int t = e / 128, l = (e / 4) % 32, r = e % 4;
-    float sum = 0.0f;
-    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi][t][l][r];
-    const int64_t row = n0 + (l >> 2) + 8 * (r >> 1);
-    const int token = t * 8 + 2 * (l & 3) + (r & 1);
-    if (row < N && token < m) {
-      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-      y[token * N + row] = sum;
+  store_tile_sums<NT>(&partial[0][0][0][0], num_warps, n0, N, m, bias, y);
+}
+
+// Persistent ring kernel: one block of up to kRingMaxWarps warps per SM walks the 16-row tiles
+// blockIdx.x, + gridDim.x, ... (balanced to within one tile per SM), its warps splitting each
+// tile's K as in gemv_mma_kernel. Each warp streams its (tile, 64-wide K chunk) stages through a
+// STAGES-deep cp.async ring in shared memory that runs on across tiles, so a warp's loads never
+// drain between tiles or wait for a block to be scheduled. Every cp.async instruction of a
+// quarter warp copies one whole 128-byte line (16 rows x 64 k per stage = 4 instructions), and
+// each 16-byte piece lands in the slot of the lane whose A fragment holds it, so the reads are
+// one conflict-free 16-byte ld.shared per fragment half (the order of k inside a dot product
+// is free, as above). After each tile the warps' C fragments meet in a double-buffered
+// shared-memory partial (one __syncthreads per tile).
+constexpr int kRingMaxWarps = 16;
+constexpr int kRingChunkK = 64;                        // K per stage: one line per W row
+constexpr int kRingStageBytes = 16 * kRingChunkK * 2;  // 16 rows x 128 bytes
+
+// GemvTuning::ring_stages = 0 runs 6 stages for grids of at least this many tiles per SM (LM
+// heads), 4 otherwise. H200, m = 1 (bench_ops tune, us): 8B lm_head 314.5 (4) / 262.0 (6);
+// 8B gate/up 32.6 / 32.0; 7B q/o 12.5 / 13.6; 7B down 26.1 / 28.4.
+constexpr int kRingDeepTilesPerSm = 16;
+
+size_t ring_smem_bytes(int warps, int stages, int nt) {
+  return size_t(warps) * stages * kRingStageBytes + 2 * size_t(warps) * nt * 128 * sizeof(float);
+}
+
+// Byte offset inside a stage of piece p (k = 8p .. 8p + 7 of the chunk) of tile row r: slot
+// idx = (32-wide half p / 4) * 2 + (r >= 8) of reader lane (r % 8) * 4 + p % 4, the lane index
+// XORed with 4 in the second half so that a quarter warp's eight pieces of one row (written
+// together) and a quarter warp's eight reads (of one slot) both cover every bank once.
+__device__ __forceinline__ uint32_t ring_offset(int r, int p) {
+  const int lane = (r & 7) * 4 + (p & 3);
+  return (((p >> 2) * 2 + (r >> 3)) * 32 + (lane ^ ((p >> 2) * 4))) * 16;
+}
+
+template <typename T, int NT, int STAGES>
+__global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
+    gemv_ring_kernel(const float* __restrict__ x, int m, int64_t K, const MmaSegments<T> segs,
+                     int64_t tiles) {
+  extern __shared__ __align__(16) unsigned char ring_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int g = lane >> 2, c = lane & 3;  // as in gemv_mma_kernel
+  unsigned char* ring = ring_smem + size_t(warp) * STAGES * kRingStageBytes;
+  float* partial =
+      reinterpret_cast<float*>(ring_smem + size_t(num_warps) * STAGES * kRingStageBytes);
+
+  const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
+  const int64_t chunk_begin = chunks * warp / num_warps;
+  const int64_t my_chunks = chunks * (warp + 1) / num_warps - chunk_begin;
+  const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+
+  // The fetch cursor. The writer's view: instruction j copies row 4j + lane / 8 of the tile,
+  // piece lane % 8 of the chunk, from f_src + j * 4K.
+  const int wq = lane >> 3, wp = lane & 7;
+  uint32_t woff[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) woff[j] = ring_offset(4 * j + wq, wp);
+  const uint32_t ring_base = smem_u32(ring);
+  const T* const w_any = segs.w[0];
+  int64_t f_remaining = my_tiles * my_chunks;  // stages still to fetch
+  int64_t f_tile = blockIdx.x, f_left = 0, f_k = 0;
+  const T* f_src = w_any;
+  int f_rows = 0, f_slot = 0;
+  auto fetch = [&] {
+    if (f_remaining > 0) {
+      if (f_left == 0) {  // the cursor enters its next tile
+        int64_t local;
+        const int si = find_segment_at(segs, f_tile, local);
+        f_k = chunk_begin * kRingChunkK + 8 * wp;
+        f_src = pick(segs.w, si) + (local * 16 + wq) * K + f_k;
+        f_rows = static_cast<int>(min(int64_t{16}, pick(segs.N, si) - local * 16));
+        f_left = my_chunks;
+        f_tile += gridDim.x;
+      }
+      const uint32_t dst = ring_base + f_slot * kRingStageBytes;
+      const bool k_ok = f_k < K;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const bool ok = k_ok && 4 * j + wq < f_rows;
+        cp_async16_zfill(dst + woff[j], ok ? f_src + j * 4 * K : w_any, ok ? 16 : 0);
+      }
+      f_src += kRingChunkK, f_k += kRingChunkK, --f_left, --f_remaining;
+      f_slot = f_slot + 1 == STAGES ? 0 : f_slot + 1;
     }
+    cp_async_commit();  // an empty group past the end keeps the wait count uniform
+  };
+  // The weights do not depend on the previous kernel: the first stages are in flight while it
+  // finishes (launch.cuh).
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) fetch();
+  pdl_begin();
+
+  float acc[NT][4];
+  int slot = 0;
+  for (int64_t tj = 0; tj < my_tiles; ++tj) {
+#pragma unroll
+    for (int t = 0; t < NT; ++t) acc[t][0] = acc[t][1] = acc[t][2] = acc[t][3] = 0.0f;
+    int64_t k = chunk_begin * kRingChunkK + 8 * c;
+    for (int64_t ci = 0; ci < my_chunks; ++ci, k += kRingChunkK) {
+      __syncwarp();  // every lane has read the slot that this fetch refills
+      fetch();
+      cp_async_wait<STAGES - 1>();
+      __syncwarp();  // every lane's pieces of this stage have landed
+      const unsigned char* stage = ring + slot * kRingStageBytes;
+      slot = slot + 1 == STAGES ? 0 : slot + 1;
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int pos = (lane ^ (half * 4)) * 16;
+        const uint4 wa = *reinterpret_cast<const uint4*>(stage + (half * 2) * 512 + pos);
+        const uint4 wb = *reinterpret_cast<const uint4*>(stage + (half * 2 + 1) * 512 + pos);
+        mma_chunk<T, NT>(acc, wa, wb, x, m, K, k + half * 32, k + half * 32 < K, g);
+      }
+    }
+    float* part = partial + size_t((tj & 1) * num_warps + warp) * NT * 128;
+#pragma unroll
+    for (int t = 0; t < NT; ++t) {
+      *reinterpret_cast<float4*>(part + t * 128 + lane * 4) =
+          make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
+    }
+    __syncthreads();
+    int64_t local;
+    const int si = find_segment_at(segs, blockIdx.x + tj * gridDim.x, local);
+    store_tile_sums<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps, local * 16,
+                        pick(segs.N, si), m, pick(segs.bias, si), pick(segs.y, si));
   }
+  cp_async_wait<0>();
 }
 
 // Coalesced FMA kernel for a few rows (m <= M <= 4): a warp owns kCoalRows W rows and reads
@@ -330,7 +483,23 @@ __global__ void gemv_simt_kernel(const float* __restrict__ x, int m, int64_t K,
   }
 }
 
-GemvTuning g_tuning;
+// QS_GEMV_RING=off|4|6 starts the process with GemvTuning::ring_stages -1 (gemv_mma_kernel), 4
+// or 6 (end-to-end A/B runs of the two tensor-core kernels without a rebuild); anything else is
+// ignored with a warning.
+GemvTuning g_tuning = [] {
+  GemvTuning t;
+  const char* v = std::getenv("QS_GEMV_RING");
+  if (v != nullptr) {
+    if (std::strcmp(v, "off") == 0) {
+      t.ring_stages = -1;
+    } else if (std::strcmp(v, "4") == 0 || std::strcmp(v, "6") == 0) {
+      t.ring_stages = v[0] - '0';
+    } else {
+      std::fprintf(stderr, "quantspec: ignoring QS_GEMV_RING=%s (expected off, 4 or 6)\n", v);
+    }
+  }
+  return t;
+}();
 
 template <typename T>
 MmaSegments<T> mma_segments(const GemvSegment* segs, int count) {
@@ -367,11 +536,39 @@ void launch_mma(const float* x, int m, const GemvSegment* segs, int count, int n
   CUDA_CHECK_LAUNCH(stream);
 }
 
+template <typename T, int NT, int STAGES>
+void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
+                 cudaStream_t stream) {
+  const MmaSegments<T> ms = mma_segments<T>(segs, count);
+  const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
+  const int64_t K = segs[0].w.cols;
+  const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
+  const int warps = static_cast<int>(std::min<int64_t>(kRingMaxWarps, chunks));
+  auto* kernel = gemv_ring_kernel<T, NT, STAGES>;
+  static const bool opted_in = [kernel] {  // above 48 KiB, once per instantiation
+    const size_t most = ring_smem_bytes(kRingMaxWarps, STAGES, NT);
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(most)));
+    return true;
+  }();
+  (void)opted_in;
+  const int64_t grid = std::min<int64_t>(tiles, num_sms);
+  launch(kernel, static_cast<unsigned>(grid), warps * 32, ring_smem_bytes(warps, STAGES, NT),
+         stream, x, m, K, ms, tiles);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
 template <typename T, int NT>
 void launch_mma_tuned(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
                       cudaStream_t stream) {
   int64_t rows = 0;
   for (int i = 0; i < count; ++i) rows += segs[i].w.rows;
+  if (g_tuning.ring_stages >= 0) {
+    int stages = g_tuning.ring_stages;
+    if (stages == 0) stages = (rows + 15) / 16 >= int64_t{kRingDeepTilesPerSm} * num_sms ? 6 : 4;
+    if (stages == 6) return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream);
+    return launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream);
+  }
   int unroll = g_tuning.mma_unroll;
   if (unroll == 0) unroll = (rows + 15) / 16 >= int64_t{num_sms} * 32 ? 8 : 4;
   if (unroll >= 8) {
@@ -499,6 +696,8 @@ void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count
 void set_gemv_tuning(const GemvTuning& tuning) {
   QS_CHECK(tuning.mma_unroll == 0 || tuning.mma_unroll == 4 || tuning.mma_unroll == 8);
   QS_CHECK(tuning.coalesced_max_rows >= 0 && tuning.coalesced_max_rows <= 4);
+  QS_CHECK(tuning.ring_stages == -1 || tuning.ring_stages == 0 || tuning.ring_stages == 4 ||
+           tuning.ring_stages == 6);
   g_tuning = tuning;
 }
 
