@@ -67,9 +67,10 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                  "Context capacity in tokens (0: min(model max, 8192))")
       ->envname("QS_CTX")
       ->check(CLI::Range(0, 1 << 24));
-  app.add_option("--prefill-chunk", opts.engine.prefill_chunk, "Prompt tokens per prefill step")
+  app.add_option("--prefill-chunk", opts.engine.prefill_chunk,
+                 "Prompt tokens per prefill step (0: 2048 on cuda, 512 on cpu) [default: 0]")
       ->envname("QS_PREFILL_CHUNK")
-      ->check(CLI::Range(1, 1 << 20));
+      ->check(CLI::Range(0, 1 << 20));
 }
 
 static void add_sparse_draft_options(CLI::App& app, EngineOptions& e);

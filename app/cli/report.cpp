@@ -74,7 +74,7 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   fmt::print(stderr,
              "  backend {}, context {} tokens, {} {:.3f} GiB, "
              "prefill chunk {}, prefill kv {}\n",
-             backend, engine.max_context(), kv_label, kv_gib, opts.engine.prefill_chunk,
+             backend, engine.max_context(), kv_label, kv_gib, effective_prefill_chunk(opts.engine),
              prefill_kv_name(eo.prefill_kv));
   const EngineOptions& e = eo;
   const int gv = e.value_group_size > 0 ? e.value_group_size : c.head_dim;

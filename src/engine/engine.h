@@ -66,7 +66,8 @@ struct EngineOptions {
   // (the CPU stand-in). 1: one unsharded model.
   int tensor_parallel = 1;
   int max_context = 0;      // KV cache capacity in tokens; 0: min(model max, 8192) [TODO: grows]
-  int prefill_chunk = 512;  // prompt tokens per prefill forward (bounds activation memory)
+  // Prompt tokens per prefill forward (bounds activation memory); 0: effective_prefill_chunk.
+  int prefill_chunk = 0;
   PrefillMatmul prefill_matmul = PrefillMatmul::kExact;  // GPU only
   PrefillKv prefill_kv = PrefillKv::kExact;              // quantized KV modes only
   DraftAttention draft_attention = DraftAttention::kF16;  // GPU only
@@ -86,6 +87,14 @@ struct EngineOptions {
   int snap_window = 32;
   int snap_kernel = 7;
 };
+
+// The prefill chunk an engine with these options runs: prefill_chunk, or for 0 the default of
+// its device: 2048 on cuda (larger GEMMs and attention launches: H200, Llama-2-7B, 32K prompt,
+// 3.14 s with 512, 2.56 s with 2048; docs/perf.md session 11), 512 on cpu.
+inline int effective_prefill_chunk(const EngineOptions& o) {
+  if (o.prefill_chunk > 0) return o.prefill_chunk;
+  return o.device == Device::kCuda ? 2048 : 512;
+}
 
 const char* device_name(Device device);
 // Whether this build has the CUDA backend (QS_CUDA=ON).

@@ -52,8 +52,9 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
     return make_error("num_threads must be >= 0 (0: all), got " +
                       std::to_string(options.num_threads));
   }
-  if (options.prefill_chunk < 1) {
-    return make_error("prefill_chunk must be >= 1, got " + std::to_string(options.prefill_chunk));
+  if (options.prefill_chunk < 0) {
+    return make_error("prefill_chunk must be >= 0 (0: the device's default), got " +
+                      std::to_string(options.prefill_chunk));
   }
   if (options.tensor_parallel < 1) {
     return make_error("tensor parallel size (--tp) must be >= 1, got " +
@@ -115,6 +116,7 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
 
   std::unique_ptr<LlmEngine> engine(new LlmEngine());
   engine->options_ = options;
+  engine->options_.prefill_chunk = effective_prefill_chunk(options);
   engine->options_.max_context = ctx;
   engine->cfg_ = cfg;
   engine->gamma_ = gamma;
