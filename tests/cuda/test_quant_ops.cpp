@@ -418,8 +418,10 @@ TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
   const QuantizedWeight4 big[2] = {make_q4(4490, 512, 46), make_q4(4500, 512, 47)};
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   double worst = 0;
-  for (int stages : {1, 4}) {  // the CUDA-core kernel's codes in registers / the cp.async ring
-    cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, 0});
+  // The CUDA-core kernel's codes in registers / the cp.async ring; kernel 5: m = 1 on the
+  // persistent kernel (one grid over the group's tiles).
+  for (auto [stages, kernel] : {std::pair{1, 0}, {4, 0}, {0, 5}}) {
+    cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, kernel});
     for (int m : {1, 2, 3, 4, 5, 8, 9, 16}) {
       for (int count : {2, 3}) {
         for (bool wide : {false, true}) {  // wide: 281 + 282 tiles, 2 tiles per block
@@ -440,8 +442,9 @@ TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
             std::vector<float> want(size_t(m) * w[i].rows);
             cpu().matmul_q4(x.data(), m, w[i], ops[i].bias, want.data());
             const double err = rel_error(ys[i]->to_host(), want);
-            EXPECT_LT(err, kQ4Tolerance) << describe(w[i], m, ops[i].bias != nullptr) << " op " << i
-                                         << " of " << n << " stages=" << stages;
+            EXPECT_LT(err, kQ4Tolerance)
+                << describe(w[i], m, ops[i].bias != nullptr) << " op " << i << " of " << n
+                << " stages=" << stages << " kernel=" << kernel;
             worst = std::max(worst, err);
           }
         }
@@ -526,6 +529,36 @@ TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
   cuda::set_q4_gemv_tuning(saved);
   gpu().release_weights();
   std::printf("[ max rel error ] matmul_q4 CUDA-core kernel, m = 1..9: %.3g\n", worst);
+}
+
+// The persistent kernel (kernel 5, m = 1): fewer groups than warps (129 and 301 columns: 2 and 3
+// groups), a short last group, partial last tiles, fewer tiles than SMs and many tiles per block
+// (4500 rows: 282 tiles), Llama shapes (32, 86 and 112 groups: uneven group splits), both bias
+// dtypes, misaligned x (scalar activation loads); m > 1 falls back to kernel 4's choice.
+TEST_F(CudaOpsTest, MatmulQ4PersistentKernel) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, /*kernel=*/5});
+  const std::pair<int64_t, int64_t> shapes[] = {{300, 1000},   {130, 4096}, {37, 301},
+                                                {17, 129},     {4500, 512}, {4096, 4096},
+                                                {1024, 11008}, {512, 14336}};
+  double worst = 0;
+  int i = 0;
+  for (auto [rows, cols] : shapes) {
+    const QuantizedWeight4 w = make_q4(rows, cols, 1200 + rows + cols);
+    HostWeight b(random_normal(rows, 1206 + i), i % 2 ? DType::BF16 : DType::F32, 1, rows, "b");
+    for (int m : {1, 2, 5}) {
+      for (int x_offset : {0, 1}) {
+        const WeightView* bv = (i + m + x_offset) % 3 == 0 ? nullptr : &b.view;
+        const double err = run_q4(gpu(), cpu(), w, m, bv, 1210 + m, x_offset);
+        EXPECT_LT(err, kQ4Tolerance) << describe(w, m, bv != nullptr) << " x_offset=" << x_offset;
+        if (m == 1) worst = std::max(worst, err);
+      }
+    }
+    gpu().release_weights();
+    ++i;
+  }
+  cuda::set_q4_gemv_tuning(saved);
+  std::printf("[ max rel error ] matmul_q4 persistent kernel, m = 1: %.3g\n", worst);
 }
 
 // Large K and N for the CUDA-core kernel: several load batches per warp, many blocks.

@@ -29,7 +29,10 @@
 // gemv_q4_wide_kernel: the same arithmetic with the bf16 GEMV's memory access pattern (16 loads
 // of 16 bytes in flight per lane); measured slower than expected, not the default. A CUDA-core
 // kernel reads the same layout and dequantizes with integer/float bit tricks instead
-// (gemv_q4_cc_kernel): the default for m <= 4 (kQ4AutoKernel, quant_ops.h).
+// (gemv_q4_cc_kernel): the default for 2 <= m <= 4 (kQ4AutoKernel, quant_ops.h).
+//
+// gemv_q4_persist_kernel (the default for m = 1, the draft step): the tensor-core arithmetic in a
+// persistent grid with the activation's B fragments staged once per block in shared memory.
 //
 // Weights whose group size is not 128 keep the reference layout and run a plain FMA kernel
 // (correctness only; the draft weights use 128).
@@ -58,8 +61,9 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4 starts the process with that Q4GemvTuning::stages (end-to-end A/B runs of
-// the CUDA-core kernel's code paths without a rebuild); anything else is ignored with a warning.
+// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..5 start the process with that Q4GemvTuning::stages /
+// kernel (end-to-end A/B runs of the code paths without a rebuild); anything else is ignored
+// with a warning.
 Q4GemvTuning g_q4_tuning = [] {
   Q4GemvTuning t;
   const char* v = std::getenv("QS_Q4_STAGES");
@@ -70,6 +74,14 @@ Q4GemvTuning g_q4_tuning = [] {
       std::fprintf(stderr, "quantspec: ignoring QS_Q4_STAGES=%s (expected 1 or 4)\n", v);
     }
   }
+  v = std::getenv("QS_Q4_KERNEL");
+  if (v != nullptr) {
+    if (v[0] >= '1' && v[0] <= '5' && v[1] == 0) {
+      t.kernel = v[0] - '0';
+    } else {
+      std::fprintf(stderr, "quantspec: ignoring QS_Q4_KERNEL=%s (expected 1..5)\n", v);
+    }
+  }
   return t;
 }();
 
@@ -77,8 +89,11 @@ Q4GemvTuning g_q4_tuning = [] {
 
 // bf16x2 of n - 8 for the nibbles n at bits [0, 4) and [16, 20) of v: 128 + n by bit pattern
 // (bf16 0x4300 = 128, whose ulp is 1), then 136 subtracted (bf16 0xc308 = -136; exact).
+// The mask-and-or is one lop3 (ptxas splits the C expression into two LOP3s, each taking one
+// immediate; here it keeps one constant in a register).
 __device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t v) {
-  const uint32_t biased = (v & 0x000f000fu) | 0x43004300u;
+  uint32_t biased;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(biased) : "r"(v), "n"(0x000f000f), "n"(0x43004300));
   uint32_t r;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(biased), "r"(0x3f803f80u), "r"(0xc308c308u));
   return r;
@@ -740,6 +755,141 @@ __global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
   }
 }
 
+// ---- persistent tensor-core kernel for one row of x (Q4GemvTuning::kernel 5) ------------------
+//
+// The draft step's GEMV (m = 1) as a persistent grid, like gemv.cu's ring kernel: a block of up
+// to kPMaxWarps warps per SM walks the 16-row tiles blockIdx.x, + gridDim.x, ... of every matrix
+// of the launch; its warps split each tile's groups, and each warp streams its (tile, group)
+// stages (1024 code bytes + 64 metadata bytes, whole lines per quarter warp) through a
+// kPStages-deep cp.async ring that runs on across tiles, so its loads never drain between tiles
+// and the first stages stream in before pdl_begin(). The activation is split into bf16 hi/lo B
+// fragments once per block, into shared memory, with its group sums: a k16 step then costs its
+// lane one 16-byte ld.shared for x besides the codes' conversion and two MMAs (the per-step
+// load, split and packing of accumulate_group are paid once per column per block, not per warp
+// and tile). Only token 0's fragments exist: lanes of other token columns multiply zeros.
+constexpr int kPMaxWarps = 16;
+constexpr int kPStages = 6;
+constexpr int kPStageVecs = kPiecesPerTileGroup + 16;  // uint4s per stage: codes, then 32 meta
+
+size_t persist_smem_bytes(int warps, int64_t groups) {
+  return sizeof(uint4) * (size_t(warps) * kPStages * kPStageVecs + size_t(groups) * 32 + 4) +
+         sizeof(float) * (2 * size_t(warps) * 64 + ((size_t(groups) + 3) & ~size_t{3}));
+}
+
+template <bool VEC_X>
+__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
+    gemv_q4_persist_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
+                           const CcSegments segs, int64_t tiles) {
+  extern __shared__ uint4 p_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int g = lane >> 2, c = lane & 3;
+  uint4* ring = p_smem + size_t(warp) * kPStages * kPStageVecs;
+  uint4* xfrag = p_smem + size_t(num_warps) * kPStages * kPStageVecs;  // [groups * 8 steps][4]
+  float* partial = reinterpret_cast<float*>(xfrag + groups * 32);      // [2][warps][32][2]
+  float* xsum = partial + 2 * num_warps * 64;                          // [groups]
+  uint4* zeros = reinterpret_cast<uint4*>(xsum + ((groups + 3) & ~int64_t{3}));  // [4]
+
+  const int64_t grp_begin = groups * warp / num_warps;
+  const int64_t my_groups = groups * (warp + 1) / num_warps - grp_begin;
+  const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+
+  // The fetch cursor: the next stage's (tile, group) in this warp's sequence.
+  int64_t f_remaining = my_tiles * my_groups, f_tile = blockIdx.x, f_left = 0;
+  const uint4* f_codes = nullptr;
+  const uint2* f_meta = nullptr;
+  int f_slot = 0;
+  auto fetch = [&] {
+    if (f_remaining > 0) {
+      if (f_left == 0) {  // the cursor enters its next tile
+        int64_t local;
+        const int si = find_segment_at(segs, f_tile, local);
+        const int64_t tg = local * groups + grp_begin;
+        f_codes = pick(segs.codes, si) + tg * kPiecesPerTileGroup + lane;
+        f_meta = pick(segs.meta, si) + tg * kMetaPerTileGroup + (lane >> 2);
+        f_left = my_groups;
+        f_tile += gridDim.x;
+      }
+      uint4* dst = ring + f_slot * kPStageVecs;
+      cp_async_16(dst + lane, f_codes, true);
+      cp_async_16(dst + 32 + lane, f_codes + 32, true);
+      cp_async_8(reinterpret_cast<uint2*>(dst + kPiecesPerTileGroup) + lane, f_meta, true);
+      f_codes += kPiecesPerTileGroup, f_meta += kMetaPerTileGroup, --f_left, --f_remaining;
+      f_slot = f_slot + 1 == kPStages ? 0 : f_slot + 1;
+    }
+    cp_async_commit();  // an empty group past the end keeps the wait count uniform
+  };
+#pragma unroll
+  for (int st = 0; st < kPStages - 1; ++st) fetch();
+  pdl_begin();
+
+  // x as B fragments: lane l of a warp holds columns 128 grp + 4l .. + 3 = k16 step 8 grp + l / 4
+  // of thread-in-group l % 4 (accumulate_group's column order), as {hi0, hi1, lo0, lo1}.
+  for (int64_t grp = warp; grp < groups; grp += num_warps) {
+    const float4 v = load_x4<VEC_X>(x, 0, 1, K, grp * kQ4TiledGroup + 4 * lane);
+    uint4 f;
+    split_pair(v.x, v.y, f.x, f.z);
+    split_pair(v.z, v.w, f.y, f.w);
+    xfrag[grp * 32 + lane] = f;
+    const float sum = warp_sum((v.x + v.y) + (v.z + v.w));
+    if (lane == 0) xsum[grp] = sum;
+  }
+  if (threadIdx.x < 4) zeros[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+
+  int slot = 0;
+  for (int64_t tj = 0; tj < my_tiles; ++tj) {
+    float acc0 = 0.0f, acc2 = 0.0f;  // token 0 of rows g and g + 8 (C elements 0 and 2)
+    for (int64_t gi = 0; gi < my_groups; ++gi) {
+      __syncwarp();  // every lane has read the slot that this fetch refills
+      fetch();
+      cp_async_wait<kPStages - 1>();
+      __syncwarp();  // every lane's pieces of this stage have landed
+      const uint4* st = ring + slot * kPStageVecs;
+      slot = slot + 1 == kPStages ? 0 : slot + 1;
+      const uint4 w0 = st[lane], w1 = st[32 + lane];  // rows g and g + 8
+      const uint2 mm = reinterpret_cast<const uint2*>(st + kPiecesPerTileGroup)[lane];
+      const int64_t grp = grp_begin + gi;
+      // Lanes of other token columns read zeros (a broadcast), so that no load is predicated.
+      const uint4* xf = g == 0 ? xfrag + grp * 32 + c : zeros + c;
+      const int xstep = g == 0 ? 4 : 0;
+      float gacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+      for (int k = 0; k < kStepsPerGroup; ++k) {
+        const int shift = (k & 1) * 8;
+        const uint32_t u0 = word_of(w0, k / 2) >> shift, u1 = word_of(w1, k / 2) >> shift;
+        const uint32_t a0 = nibbles_to_bf16x2(u0), a1 = nibbles_to_bf16x2(u1);
+        const uint32_t a2 = nibbles_to_bf16x2(u0 >> 4), a3 = nibbles_to_bf16x2(u1 >> 4);
+        const uint4 b = xf[k * xstep];
+        mma_bf16_16816(gacc, a0, a1, a2, a3, b.x, b.y);
+        mma_bf16_16816(gacc, a0, a1, a2, a3, b.z, b.w);
+      }
+      // W4 = (U - 8) s + (mn + 8 s), as accumulate_group.
+      const float xs = xsum[grp];
+      const float2 p0 = half2_bits_to_float2(mm.x), p1 = half2_bits_to_float2(mm.y);
+      acc0 = fmaf(fmaf(8.0f, p0.x, p0.y), xs, fmaf(p0.x, gacc[0], acc0));
+      acc2 = fmaf(fmaf(8.0f, p1.x, p1.y), xs, fmaf(p1.x, gacc[2], acc2));
+    }
+    float* part = partial + size_t(tj & 1) * num_warps * 64;
+    reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
+    __syncthreads();
+    if (threadIdx.x < 16) {  // row r of the tile: lane 4 (r % 8), element r / 8
+      const int r = threadIdx.x;
+      float sum = 0.0f;
+      for (int wi = 0; wi < num_warps; ++wi) sum += part[(wi * 32 + (r & 7) * 4) * 2 + (r >> 3)];
+      int64_t local;
+      const int si = find_segment_at(segs, blockIdx.x + tj * gridDim.x, local);
+      const int64_t row = local * 16 + r;
+      if (row < pick(segs.N, si)) {
+        const DeviceBias bias = pick(segs.bias, si);
+        if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+        pick(segs.y, si)[row] = sum;
+      }
+    }
+  }
+  cp_async_wait<0>();
+}
+
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
 // dequantized as the CPU does (w = U*s + mn, the product exact) and dotted in f32.
 constexpr int kSimtWarps = 8;
@@ -1073,10 +1223,59 @@ void run_cc(CcLaunch l, int num_sms) {
   }
 }
 
+// The persistent kernel (m = 1) over the launch's matrices: a block per SM (or per tile, for
+// fewer tiles), a warp per group up to kPMaxWarps. Falls back to the CUDA-core kernel when the
+// activation's fragments and the rings do not fit in shared memory (groups > ~230).
+void run_persist(const CcLaunch& l, int num_sms) {
+  const int64_t groups = l.w[0]->groups;
+  const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
+  const size_t smem = persist_smem_bytes(warps, groups);
+  static const int smem_max = [] {
+    int device = 0, bytes = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return bytes;
+  }();
+  if (smem > size_t(smem_max)) return run_cc(l, num_sms);
+  CcSegments segs{};
+  segs.count = l.count;
+  int64_t tiles = 0;
+  for (int i = 0; i < kMaxGemvSegments; ++i) {
+    const int j = std::min(i, l.count - 1);  // unused slots repeat the last
+    const DeviceWeight4& w = *l.w[j];
+    if (i < l.count) tiles += (w.rows + 15) / 16;
+    segs.codes[i] = reinterpret_cast<const uint4*>(w.codes);
+    segs.meta[i] = reinterpret_cast<const uint2*>(w.meta);
+    segs.N[i] = w.rows;
+    segs.tiles[i] = (w.rows + 15) / 16;
+    segs.bias[i] = l.bias[j];
+    segs.y[i] = l.y[j];
+    segs.block_end[i] = tiles;
+  }
+  const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
+  auto* kernel = vec_x ? gemv_q4_persist_kernel<true> : gemv_q4_persist_kernel<false>;
+  static bool opted_in[2] = {false, false};  // above 48 KiB: once per instantiation
+  if (!opted_in[vec_x]) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max));
+    opted_in[vec_x] = true;
+  }
+  const int64_t grid = std::min<int64_t>(tiles, num_sms);
+  launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
+         segs, tiles);
+  CUDA_CHECK_LAUNCH(l.stream);
+}
+
+// Whether launch_gemv_q4 runs the persistent kernel for m rows.
+bool uses_persist(int m) {
+  const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
+  return kernel == 5 && m == 1;
+}
+
 // Whether launch_gemv_q4 runs the CUDA-core kernel for m rows.
 bool uses_cc(int m) {
   const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  return m <= kCcMaxRows && (kernel == 2 || (kernel == 4 && m <= kQ4CudaCoreAutoRows));
+  return m <= kCcMaxRows &&
+         (kernel == 2 || ((kernel == 4 || kernel == 5) && m <= kQ4CudaCoreAutoRows));
 }
 
 // Tiles of 16 rows per warp: wide tiles share each activation fragment between more weight
@@ -1221,7 +1420,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
            tuning.row_tiles == 4);
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == 1 || tuning.stages == kRingStages);
-  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 4);
+  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 5);
   g_q4_tuning = tuning;
 }
 
@@ -1230,7 +1429,9 @@ Q4GemvTuning q4_gemv_tuning() {
 }
 
 bool gemv_q4_group_supported(int m, const DeviceWeight4* const* ws, int count) {
-  if (count < 1 || count > kMaxGemvSegments || m < 1 || !uses_cc(m)) return false;
+  if (count < 1 || count > kMaxGemvSegments || m < 1 || !(uses_persist(m) || uses_cc(m))) {
+    return false;
+  }
   for (int i = 0; i < count; ++i) {
     const DeviceWeight4& w = *ws[i];
     if (!w.tiled || w.cols != ws[0]->cols || w.groups != ws[0]->groups ||
@@ -1251,7 +1452,7 @@ void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
     l.bias[i] = biases[i];
     l.y[i] = ys[i];
   }
-  run_cc(l, num_sms);
+  uses_persist(m) ? run_persist(l, num_sms) : run_cc(l, num_sms);
 }
 
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,
@@ -1280,6 +1481,10 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
     } else {
       vec_x ? launch_wide_rt<2, true>(rt, l, num_sms) : launch_wide_rt<2, false>(rt, l, num_sms);
     }
+    return;
+  }
+  if (uses_persist(m)) {
+    run_persist(CcLaunch{x, m, {&w}, {bias}, {y}, 1, 0, stream}, num_sms);
     return;
   }
   if (uses_cc(m)) {
