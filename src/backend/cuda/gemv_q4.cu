@@ -1111,13 +1111,8 @@ constexpr size_t cc_ring_bytes(int warps, int rt, int stages) {
   return static_cast<size_t>(warps) * stages * rt * kRingBytesPerTile;
 }
 
-// The CUDA-core kernel for exactly M rows of x, RT tiles per block, STAGES as the kernel's.
-template <int M, int RT, bool VEC_X, int STAGES>
-void launch_cc(const CcLaunch& l) {
-  // Groups loaded per step (8 registers per tile each): about 4 KiB of codes in flight per warp
-  // within the register budget (128 per thread for RT <= 2, 255 for RT = 4).
-  constexpr int kBatch = RT >= 4 ? (M == 1 ? 2 : 1) : RT == 2 ? (M <= 2 ? 2 : 1)
-                                                            : (M <= 2 ? 4 : (M <= 4 ? 2 : 1));
+// The launch's matrices as kernel parameters, block_end counting blocks of rt tiles.
+CcSegments cc_segments(const CcLaunch& l, int rt) {
   CcSegments segs{};
   segs.count = l.count;
   int64_t blocks = 0;
@@ -1125,7 +1120,7 @@ void launch_cc(const CcLaunch& l) {
     const int j = std::min(i, l.count - 1);  // unused slots repeat the last
     const DeviceWeight4& w = *l.w[j];
     const int64_t tiles = (w.rows + 15) / 16;
-    if (i < l.count) blocks += (tiles + RT - 1) / RT;
+    if (i < l.count) blocks += (tiles + rt - 1) / rt;
     segs.codes[i] = reinterpret_cast<const uint4*>(w.codes);
     segs.meta[i] = reinterpret_cast<const uint2*>(w.meta);
     segs.N[i] = w.rows;
@@ -1134,6 +1129,19 @@ void launch_cc(const CcLaunch& l) {
     segs.y[i] = l.y[j];
     segs.block_end[i] = blocks;
   }
+  return segs;
+}
+
+// The CUDA-core kernel for exactly M rows of x, RT tiles per block, STAGES as the kernel's.
+template <int M, int RT, bool VEC_X, int STAGES>
+void launch_cc(const CcLaunch& l) {
+  // Groups loaded per step (8 registers per tile each): about 4 KiB of codes in flight per warp
+  // within the register budget (128 per thread for RT <= 2, 255 for RT = 4).
+  constexpr int kBatch = RT >= 4   ? (M == 1 ? 2 : 1)
+                         : RT == 2 ? (M <= 2 ? 2 : 1)
+                                   : (M <= 2 ? 4 : (M <= 4 ? 2 : 1));
+  const CcSegments segs = cc_segments(l, RT);
+  const int64_t blocks = segs.block_end[kMaxGemvSegments - 1];
   QS_CHECK(blocks <= 0x7fffffff && l.warps >= 1 && l.warps <= kCcMaxWarps);
   auto* kernel = gemv_q4_cc_kernel<M, RT, kBatch, VEC_X, STAGES>;
   const size_t smem = cc_ring_bytes(l.warps, RT, STAGES);
@@ -1237,21 +1245,8 @@ void run_persist(const CcLaunch& l, int num_sms) {
     return bytes;
   }();
   if (smem > size_t(smem_max)) return run_cc(l, num_sms);
-  CcSegments segs{};
-  segs.count = l.count;
-  int64_t tiles = 0;
-  for (int i = 0; i < kMaxGemvSegments; ++i) {
-    const int j = std::min(i, l.count - 1);  // unused slots repeat the last
-    const DeviceWeight4& w = *l.w[j];
-    if (i < l.count) tiles += (w.rows + 15) / 16;
-    segs.codes[i] = reinterpret_cast<const uint4*>(w.codes);
-    segs.meta[i] = reinterpret_cast<const uint2*>(w.meta);
-    segs.N[i] = w.rows;
-    segs.tiles[i] = (w.rows + 15) / 16;
-    segs.bias[i] = l.bias[j];
-    segs.y[i] = l.y[j];
-    segs.block_end[i] = tiles;
-  }
+  const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
+  const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
   auto* kernel = vec_x ? gemv_q4_persist_kernel<true> : gemv_q4_persist_kernel<false>;
   static bool opted_in[2] = {false, false};  // above 48 KiB: once per instantiation
