@@ -420,7 +420,7 @@ TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
   double worst = 0;
   // The CUDA-core kernel's codes in registers / the cp.async ring; kernel 5: m = 1 on the
   // persistent kernel (one grid over the group's tiles).
-  for (auto [stages, kernel] : {std::pair{1, 0}, {4, 0}, {0, 5}}) {
+  for (auto [stages, kernel] : {std::pair{1, 0}, {4, 0}, {0, 5}, {0, 6}}) {
     cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, kernel});
     for (int m : {1, 2, 3, 4, 5, 8, 9, 16}) {
       for (int count : {2, 3}) {
@@ -537,25 +537,28 @@ TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
 // dtypes, misaligned x (scalar activation loads); m > 1 falls back to kernel 4's choice.
 TEST_F(CudaOpsTest, MatmulQ4PersistentKernel) {
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
-  cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, /*kernel=*/5});
   const std::pair<int64_t, int64_t> shapes[] = {{300, 1000},   {130, 4096}, {37, 301},
                                                 {17, 129},     {4500, 512}, {4096, 4096},
                                                 {1024, 11008}, {512, 14336}};
   double worst = 0;
-  int i = 0;
-  for (auto [rows, cols] : shapes) {
-    const QuantizedWeight4 w = make_q4(rows, cols, 1200 + rows + cols);
-    HostWeight b(random_normal(rows, 1206 + i), i % 2 ? DType::BF16 : DType::F32, 1, rows, "b");
-    for (int m : {1, 2, 5}) {
-      for (int x_offset : {0, 1}) {
-        const WeightView* bv = (i + m + x_offset) % 3 == 0 ? nullptr : &b.view;
-        const double err = run_q4(gpu(), cpu(), w, m, bv, 1210 + m, x_offset);
-        EXPECT_LT(err, kQ4Tolerance) << describe(w, m, bv != nullptr) << " x_offset=" << x_offset;
-        if (m == 1) worst = std::max(worst, err);
+  for (int kernel : {5, 6}) {  // one or two MMA accumulator chains
+    cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, kernel});
+    int i = 0;
+    for (auto [rows, cols] : shapes) {
+      const QuantizedWeight4 w = make_q4(rows, cols, 1200 + rows + cols);
+      HostWeight b(random_normal(rows, 1206 + i), i % 2 ? DType::BF16 : DType::F32, 1, rows, "b");
+      for (int m : {1, 2, 5}) {
+        for (int x_offset : {0, 1}) {
+          const WeightView* bv = (i + m + x_offset) % 3 == 0 ? nullptr : &b.view;
+          const double err = run_q4(gpu(), cpu(), w, m, bv, 1210 + m, x_offset);
+          EXPECT_LT(err, kQ4Tolerance)
+              << describe(w, m, bv != nullptr) << " x_offset=" << x_offset << " kernel=" << kernel;
+          if (m == 1) worst = std::max(worst, err);
+        }
       }
+      gpu().release_weights();
+      ++i;
     }
-    gpu().release_weights();
-    ++i;
   }
   cuda::set_q4_gemv_tuning(saved);
   std::printf("[ max rel error ] matmul_q4 persistent kernel, m = 1: %.3g\n", worst);

@@ -61,7 +61,7 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..5 start the process with that Q4GemvTuning::stages /
+// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..6 start the process with that Q4GemvTuning::stages /
 // kernel (end-to-end A/B runs of the code paths without a rebuild); anything else is ignored
 // with a warning.
 Q4GemvTuning g_q4_tuning = [] {
@@ -76,10 +76,10 @@ Q4GemvTuning g_q4_tuning = [] {
   }
   v = std::getenv("QS_Q4_KERNEL");
   if (v != nullptr) {
-    if (v[0] >= '1' && v[0] <= '5' && v[1] == 0) {
+    if (v[0] >= '1' && v[0] <= '6' && v[1] == 0) {
       t.kernel = v[0] - '0';
     } else {
-      std::fprintf(stderr, "quantspec: ignoring QS_Q4_KERNEL=%s (expected 1..5)\n", v);
+      std::fprintf(stderr, "quantspec: ignoring QS_Q4_KERNEL=%s (expected 1..6)\n", v);
     }
   }
   return t;
@@ -776,7 +776,9 @@ size_t persist_smem_bytes(int warps, int64_t groups) {
          sizeof(float) * (2 * size_t(warps) * 64 + ((size_t(groups) + 3) & ~size_t{3}));
 }
 
-template <bool VEC_X>
+// CHAINS = 2 (Q4GemvTuning::kernel 6, not yet measured): even and odd k16 steps accumulate into
+// separate C fragments, halving the chain of 16 dependent MMAs per group.
+template <bool VEC_X, int CHAINS>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                            const CcSegments segs, int64_t tiles) {
@@ -853,7 +855,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       // Lanes of other token columns read zeros (a broadcast), so that no load is predicated.
       const uint4* xf = g == 0 ? xfrag + grp * 32 + c : zeros + c;
       const int xstep = g == 0 ? 4 : 0;
-      float gacc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+      float chain[CHAINS][4] = {};
 #pragma unroll
       for (int k = 0; k < kStepsPerGroup; ++k) {
         const int shift = (k & 1) * 8;
@@ -861,8 +863,14 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
         const uint32_t a0 = nibbles_to_bf16x2(u0), a1 = nibbles_to_bf16x2(u1);
         const uint32_t a2 = nibbles_to_bf16x2(u0 >> 4), a3 = nibbles_to_bf16x2(u1 >> 4);
         const uint4 b = xf[k * xstep];
-        mma_bf16_16816(gacc, a0, a1, a2, a3, b.x, b.y);
-        mma_bf16_16816(gacc, a0, a1, a2, a3, b.z, b.w);
+        float(&d)[4] = chain[k % CHAINS];
+        mma_bf16_16816(d, a0, a1, a2, a3, b.x, b.y);
+        mma_bf16_16816(d, a0, a1, a2, a3, b.z, b.w);
+      }
+      float gacc[4] = {chain[0][0], chain[0][1], chain[0][2], chain[0][3]};
+      if constexpr (CHAINS == 2) {
+#pragma unroll
+        for (int r = 0; r < 4; ++r) gacc[r] += chain[1][r];
       }
       // W4 = (U - 8) s + (mn + 8 s), as accumulate_group.
       const float xs = xsum[grp];
@@ -1248,11 +1256,14 @@ void run_persist(const CcLaunch& l, int num_sms) {
   const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
-  auto* kernel = vec_x ? gemv_q4_persist_kernel<true> : gemv_q4_persist_kernel<false>;
-  static bool opted_in[2] = {false, false};  // above 48 KiB: once per instantiation
-  if (!opted_in[vec_x]) {
+  const bool two_chains = g_q4_tuning.kernel == 6;
+  auto* kernel =
+      vec_x ? (two_chains ? gemv_q4_persist_kernel<true, 2> : gemv_q4_persist_kernel<true, 1>)
+            : (two_chains ? gemv_q4_persist_kernel<false, 2> : gemv_q4_persist_kernel<false, 1>);
+  static bool opted_in[2][2] = {};  // above 48 KiB: once per instantiation
+  if (!opted_in[vec_x][two_chains]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max));
-    opted_in[vec_x] = true;
+    opted_in[vec_x][two_chains] = true;
   }
   const int64_t grid = std::min<int64_t>(tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
@@ -1263,14 +1274,13 @@ void run_persist(const CcLaunch& l, int num_sms) {
 // Whether launch_gemv_q4 runs the persistent kernel for m rows.
 bool uses_persist(int m) {
   const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  return kernel == 5 && m == 1;
+  return (kernel == 5 || kernel == 6) && m == 1;
 }
 
 // Whether launch_gemv_q4 runs the CUDA-core kernel for m rows.
 bool uses_cc(int m) {
   const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  return m <= kCcMaxRows &&
-         (kernel == 2 || ((kernel == 4 || kernel == 5) && m <= kQ4CudaCoreAutoRows));
+  return m <= kCcMaxRows && (kernel == 2 || (kernel >= 4 && m <= kQ4CudaCoreAutoRows));
 }
 
 // Tiles of 16 rows per warp: wide tiles share each activation fragment between more weight
@@ -1415,7 +1425,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
            tuning.row_tiles == 4);
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == 1 || tuning.stages == kRingStages);
-  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 5);
+  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 6);
   g_q4_tuning = tuning;
 }
 

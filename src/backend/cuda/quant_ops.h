@@ -110,7 +110,8 @@ struct Q4GemvTuning {
   // 3 = the wide tensor-core kernel (16 loads in flight per lane; row_tiles and warps apply,
   // stages does not), 4 = CUDA cores for m <= kQ4CudaCoreAutoRows, tensor cores (1) above,
   // 5 = as 4 but m = 1 on the persistent tensor-core kernel (a block per SM, the activation's
-  // fragments in shared memory, a cp.async ring per warp across tiles; no field applies).
+  // fragments in shared memory, a cp.async ring per warp across tiles; no field applies),
+  // 6 = as 5 with two MMA accumulator chains per warp (not yet measured).
   int kernel = 0;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..5 above), chosen from the H200 bench
