@@ -1452,22 +1452,6 @@ int auto_direct_tiles(int64_t nq) {
   return nq > 8 && nq <= 16 ? 2 : 1;
 }
 
-// The current device's opt-in shared memory per block (cached per device).
-size_t max_smem_per_block() {
-  static std::mutex mu;
-  static std::vector<std::pair<int, size_t>> cache;
-  int dev = 0;
-  CUDA_CHECK(cudaGetDevice(&dev));
-  std::lock_guard<std::mutex> lock(mu);
-  for (const auto& e : cache) {
-    if (e.first == dev) return e.second;
-  }
-  int bytes = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  cache.emplace_back(dev, static_cast<size_t>(bytes));
-  return static_cast<size_t>(bytes);
-}
-
 }  // namespace
 
 // ---- API ------------------------------------------------------------------------------------

@@ -243,6 +243,11 @@ constexpr int kRingStageBytes = 16 * kRingChunkK * 2;  // 16 rows x 128 bytes
 // 8B gate/up 32.6 / 32.0; 7B q/o 12.5 / 13.6; 7B down 26.1 / 28.4.
 constexpr int kRingDeepTilesPerSm = 16;
 
+// Warps of a ring block: one per 64-wide chunk of K, at most kRingMaxWarps.
+int ring_warps(int64_t K) {
+  return static_cast<int>(std::min<int64_t>(kRingMaxWarps, (K + kRingChunkK - 1) / kRingChunkK));
+}
+
 size_t ring_smem_bytes(int warps, int stages, int nt) {
   return size_t(warps) * stages * kRingStageBytes + 2 * size_t(warps) * nt * 128 * sizeof(float);
 }
@@ -542,11 +547,10 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
   const MmaSegments<T> ms = mma_segments<T>(segs, count);
   const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
-  const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
-  const int warps = static_cast<int>(std::min<int64_t>(kRingMaxWarps, chunks));
+  const int warps = ring_warps(K);
   auto* kernel = gemv_ring_kernel<T, NT, STAGES>;
   static const bool opted_in = [kernel] {  // above 48 KiB, once per instantiation
-    const size_t most = ring_smem_bytes(kRingMaxWarps, STAGES, NT);
+    const size_t most = std::min(ring_smem_bytes(kRingMaxWarps, STAGES, NT), max_smem_per_block());
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(most)));
     return true;
@@ -566,8 +570,15 @@ void launch_mma_tuned(const float* x, int m, const GemvSegment* segs, int count,
   if (g_tuning.ring_stages >= 0) {
     int stages = g_tuning.ring_stages;
     if (stages == 0) stages = (rows + 15) / 16 >= int64_t{kRingDeepTilesPerSm} * num_sms ? 6 : 4;
-    if (stages == 6) return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream);
-    return launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream);
+    // GPUs with less shared memory per block than the H200's 227 KiB (sm_80: 163 KiB) take
+    // fewer stages, or the per-tile kernel.
+    const int warps = ring_warps(segs[0].w.cols);
+    const size_t smem_max = max_smem_per_block();
+    if (stages == 6 && ring_smem_bytes(warps, 6, NT) > smem_max) stages = 4;
+    if (ring_smem_bytes(warps, stages, NT) <= smem_max) {
+      if (stages == 6) return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream);
+      return launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream);
+    }
   }
   int unroll = g_tuning.mma_unroll;
   if (unroll == 0) unroll = (rows + 15) / 16 >= int64_t{num_sms} * 32 ? 8 : 4;

@@ -1246,13 +1246,8 @@ void run_persist(const CcLaunch& l, int num_sms) {
   const int64_t groups = l.w[0]->groups;
   const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
   const size_t smem = persist_smem_bytes(warps, groups);
-  static const int smem_max = [] {
-    int device = 0, bytes = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    return bytes;
-  }();
-  if (smem > size_t(smem_max)) return run_cc(l, num_sms);
+  const size_t smem_max = max_smem_per_block();
+  if (smem > smem_max) return run_cc(l, num_sms);
   const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
@@ -1262,7 +1257,8 @@ void run_persist(const CcLaunch& l, int num_sms) {
             : (two_chains ? gemv_q4_persist_kernel<false, 2> : gemv_q4_persist_kernel<false, 1>);
   static bool opted_in[2][2] = {};  // above 48 KiB: once per instantiation
   if (!opted_in[vec_x][two_chains]) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem_max));
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_max)));
     opted_in[vec_x][two_chains] = true;
   }
   const int64_t grid = std::min<int64_t>(tiles, num_sms);

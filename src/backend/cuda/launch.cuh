@@ -13,7 +13,9 @@
 
 #include <cuda_runtime.h>
 
+#include <mutex>
 #include <utility>
+#include <vector>
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"  // pdl_enabled
@@ -34,6 +36,23 @@ void launch(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, c
   cfg.attrs = attr;
   cfg.numAttrs = pdl_enabled() ? 1 : 0;
   CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
+}
+
+// The current device's opt-in shared memory per block (cached per device): kernels whose
+// dynamic shared memory grows with the launch check it and fall back to a smaller variant.
+inline size_t max_smem_per_block() {
+  static std::mutex mu;
+  static std::vector<std::pair<int, size_t>> cache;
+  int dev = 0;
+  CUDA_CHECK(cudaGetDevice(&dev));
+  std::lock_guard<std::mutex> lock(mu);
+  for (const auto& e : cache) {
+    if (e.first == dev) return e.second;
+  }
+  int bytes = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  cache.emplace_back(dev, static_cast<size_t>(bytes));
+  return static_cast<size_t>(bytes);
 }
 
 // Waits for the previous kernel of the stream (its completion and memory), then lets the next
