@@ -13,10 +13,11 @@
 #   QS_E2E="padded-llama2-7b padded-llama3.1-8b" bash tools/gpu/bench_e2e.sh
 #
 # Environment: QS_E2E (models to run: default llama2-7b llama3.1-8b padded-llama2-7b
-# padded-llama3.1-8b; default: the first three), QS_E2E_TOKENS (generated
-# tokens per run, default 128), QS_E2E_GAMMAS (default 2,4,6), QS_E2E_MODES, QS_E2E_CONTEXTS
-# (one list for every model instead of the defaults below), QS_E2E_HF (set: also time HF
-# transformers on the same model and contexts, tools/hf_decode_bench.py), OUT.
+# padded-llama3.1-8b; default: the first three), QS_E2E_TOKENS (generated tokens per run,
+# default 128; a list such as "256,2048" runs each into e2e-<model>-n<N>.*), QS_E2E_GAMMAS
+# (default 2,4,6), QS_E2E_MODES, QS_E2E_CONTEXTS (one list for every model instead of the
+# defaults below), QS_E2E_HF (set: also time HF transformers on the same model and contexts,
+# tools/hf_decode_bench.py), OUT.
 set -uo pipefail
 
 source "$(dirname "$0")/lib.sh"
@@ -50,15 +51,21 @@ for name in ${QS_E2E:-default llama2-7b llama3.1-8b}; do
     [[ $name == padded-* ]] && extra=(--prompt-tokens models/default/heldout.u16)
   fi
   ctx=${QS_E2E_CONTEXTS:-${contexts[$name]}}
-  echo "== $name: contexts $ctx, modes $modes, gammas $gammas, $tokens tokens =="
-  "$qs" bench -m "$dir" --device cuda --contexts "$ctx" --modes "$modes" \
-    --gammas "$gammas" -n "$tokens" "${extra[@]}" -o "$out/e2e-$name.json" \
-    2>"$out/e2e-$name.err" | tee "$out/e2e-$name.txt"
-  grep -E "error" "$out/e2e-$name.err" | head -3
-  if [[ -n ${QS_E2E_HF:-} && $name != default ]]; then
-    # The "what people use today" row: HF transformers, bf16, static cache + compiled decode.
-    python3 tools/hf_decode_bench.py --model "$dir" --contexts "$ctx" --tokens "$tokens" \
-      --device cuda --dtype bfloat16 --static -o "$out/hf-$name.json" 2>"$out/hf-$name.err" |
-      tee "$out/hf-$name.txt"
-  fi
+  lengths=(${tokens//,/ })
+  for n in "${lengths[@]}"; do
+    # One report per generation length; the file names carry it when there are several.
+    tag=$name
+    ((${#lengths[@]} > 1)) && tag=$name-n$n
+    echo "== $name: contexts $ctx, modes $modes, gammas $gammas, $n tokens =="
+    "$qs" bench -m "$dir" --device cuda --contexts "$ctx" --modes "$modes" \
+      --gammas "$gammas" -n "$n" "${extra[@]}" -o "$out/e2e-$tag.json" \
+      2>"$out/e2e-$tag.err" | tee "$out/e2e-$tag.txt"
+    grep -E "error" "$out/e2e-$tag.err" | head -3
+    if [[ -n ${QS_E2E_HF:-} && $name != default ]]; then
+      # The "what people use today" row: HF transformers, bf16, static cache + compiled decode.
+      python3 tools/hf_decode_bench.py --model "$dir" --contexts "$ctx" --tokens "$n" \
+        --device cuda --dtype bfloat16 --static -o "$out/hf-$tag.json" 2>"$out/hf-$tag.err" |
+        tee "$out/hf-$tag.txt"
+    fi
+  done
 done
