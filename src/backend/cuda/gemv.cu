@@ -286,33 +286,28 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
   for (int j = 0; j < 4; ++j) woff[j] = ring_offset(4 * j + wq, wp);
   const uint32_t ring_base = smem_u32(ring);
   const T* const w_any = segs.w[0];
-  int64_t f_remaining = my_tiles * my_chunks;  // stages still to fetch
-  int64_t f_tile = blockIdx.x, f_left = 0, f_k = 0;
+  RingCursor<STAGES> cursor(my_tiles, my_chunks);
+  int64_t f_k = 0;
   const T* f_src = w_any;
-  int f_rows = 0, f_slot = 0;
-  auto fetch = [&] {
-    if (f_remaining > 0) {
-      if (f_left == 0) {  // the cursor enters its next tile
-        int64_t local;
-        const int si = find_segment_at(segs, f_tile, local);
-        f_k = chunk_begin * kRingChunkK + 8 * wp;
-        f_src = pick(segs.w, si) + (local * 16 + wq) * K + f_k;
-        f_rows = static_cast<int>(min(int64_t{16}, pick(segs.N, si) - local * 16));
-        f_left = my_chunks;
-        f_tile += gridDim.x;
-      }
-      const uint32_t dst = ring_base + f_slot * kRingStageBytes;
-      const bool k_ok = f_k < K;
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const bool ok = k_ok && 4 * j + wq < f_rows;
-        cp_async16_zfill(dst + woff[j], ok ? f_src + j * 4 * K : w_any, ok ? 16 : 0);
-      }
-      f_src += kRingChunkK, f_k += kRingChunkK, --f_left, --f_remaining;
-      f_slot = f_slot + 1 == STAGES ? 0 : f_slot + 1;
-    }
-    cp_async_commit();  // an empty group past the end keeps the wait count uniform
+  int f_rows = 0;
+  auto enter = [&](int64_t tile) {
+    int64_t local;
+    const int si = find_segment_at(segs, tile, local);
+    f_k = chunk_begin * kRingChunkK + 8 * wp;
+    f_src = pick(segs.w, si) + (local * 16 + wq) * K + f_k;
+    f_rows = static_cast<int>(min(int64_t{16}, pick(segs.N, si) - local * 16));
   };
+  auto copy = [&](int slot) {
+    const uint32_t dst = ring_base + slot * kRingStageBytes;
+    const bool k_ok = f_k < K;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const bool ok = k_ok && 4 * j + wq < f_rows;
+      cp_async16_zfill(dst + woff[j], ok ? f_src + j * 4 * K : w_any, ok ? 16 : 0);
+    }
+    f_src += kRingChunkK, f_k += kRingChunkK;
+  };
+  auto fetch = [&] { cursor.next(enter, copy); };
   // The weights do not depend on the previous kernel: the first stages are in flight while it
   // finishes (launch.cuh).
 #pragma unroll

@@ -797,30 +797,24 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
 
   // The fetch cursor: the next stage's (tile, group) in this warp's sequence.
-  int64_t f_remaining = my_tiles * my_groups, f_tile = blockIdx.x, f_left = 0;
+  RingCursor<kPStages> cursor(my_tiles, my_groups);
   const uint4* f_codes = nullptr;
   const uint2* f_meta = nullptr;
-  int f_slot = 0;
-  auto fetch = [&] {
-    if (f_remaining > 0) {
-      if (f_left == 0) {  // the cursor enters its next tile
-        int64_t local;
-        const int si = find_segment_at(segs, f_tile, local);
-        const int64_t tg = local * groups + grp_begin;
-        f_codes = pick(segs.codes, si) + tg * kPiecesPerTileGroup + lane;
-        f_meta = pick(segs.meta, si) + tg * kMetaPerTileGroup + (lane >> 2);
-        f_left = my_groups;
-        f_tile += gridDim.x;
-      }
-      uint4* dst = ring + f_slot * kPStageVecs;
-      cp_async_16(dst + lane, f_codes, true);
-      cp_async_16(dst + 32 + lane, f_codes + 32, true);
-      cp_async_8(reinterpret_cast<uint2*>(dst + kPiecesPerTileGroup) + lane, f_meta, true);
-      f_codes += kPiecesPerTileGroup, f_meta += kMetaPerTileGroup, --f_left, --f_remaining;
-      f_slot = f_slot + 1 == kPStages ? 0 : f_slot + 1;
-    }
-    cp_async_commit();  // an empty group past the end keeps the wait count uniform
+  auto enter = [&](int64_t tile) {
+    int64_t local;
+    const int si = find_segment_at(segs, tile, local);
+    const int64_t tg = local * groups + grp_begin;
+    f_codes = pick(segs.codes, si) + tg * kPiecesPerTileGroup + lane;
+    f_meta = pick(segs.meta, si) + tg * kMetaPerTileGroup + (lane >> 2);
   };
+  auto copy = [&](int slot) {
+    uint4* dst = ring + slot * kPStageVecs;
+    cp_async_16(dst + lane, f_codes, true);
+    cp_async_16(dst + 32 + lane, f_codes + 32, true);
+    cp_async_8(reinterpret_cast<uint2*>(dst + kPiecesPerTileGroup) + lane, f_meta, true);
+    f_codes += kPiecesPerTileGroup, f_meta += kMetaPerTileGroup;
+  };
+  auto fetch = [&] { cursor.next(enter, copy); };
 #pragma unroll
   for (int st = 0; st < kPStages - 1; ++st) fetch();
   pdl_begin();

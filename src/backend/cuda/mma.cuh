@@ -51,6 +51,35 @@ __device__ __forceinline__ void cp_async_wait() {
   asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
 }
 
+// A warp's position in the stages it streams through a STAGES-deep cp.async ring in a persistent
+// kernel: `per_item` stages for each of its items (the tiles blockIdx.x, + gridDim.x, ...),
+// `remaining` in all. next(enter, copy) calls enter(item) when the next stage starts an item,
+// then copy(slot) to issue the stage's cp.asyncs into ring slot `slot`, and commits a group (an
+// empty one past the end, so that the consumer's wait count stays uniform).
+template <int STAGES>
+struct RingCursor {
+  int64_t remaining, per_item, item, left = 0;
+  int slot = 0;
+
+  __device__ RingCursor(int64_t items, int64_t per_item_)
+      : remaining(items * per_item_), per_item(per_item_), item(blockIdx.x) {}
+
+  template <class Enter, class Copy>
+  __device__ __forceinline__ void next(Enter enter, Copy copy) {
+    if (remaining > 0) {
+      if (left == 0) {
+        enter(item);
+        left = per_item;
+        item += gridDim.x;
+      }
+      copy(slot);
+      --left, --remaining;
+      slot = slot + 1 == STAGES ? 0 : slot + 1;
+    }
+    cp_async_commit();
+  }
+};
+
 // d += A B, m16n8k16, f16 inputs, f32 accumulators.
 __device__ __forceinline__ void mma_f16(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2,
                                         uint32_t a3, uint32_t b0, uint32_t b1) {
