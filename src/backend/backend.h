@@ -286,6 +286,25 @@ class Backend {
                 n_groups, dst);
   }
 
+  // SnapKV's observation scores of one layer: the expensive half of the sparse draft's selection,
+  // run where the KV lives (the host pools and ranks them: SparseDraftIndex). The `window` = w
+  // queries of positions [q0, prompt_len), q0 = prompt_len - w, attend causally to the layer's
+  // keys: for kv head h, query vector j = (group member g, window row i) of query head
+  // h * group + g is softmaxed over the keys it sees, [0, q0 + i], and
+  //   scores[h * past + t] = sum over the j that see t of softmax_j(t), for t in [0, past).
+  // q: [w, num_heads * head_dim] f32, post-RoPE; k_rows: [prompt_len, row_stride] of row_dtype
+  // (F32 or F16; row_stride in elements), row r = position r, kv head h at columns
+  // [h * head_dim, (h + 1) * head_dim), post-RoPE; scores: [num_kv_heads, past] f32.
+  // 1 <= w <= prompt_len, 0 <= past <= prompt_len. kv/sparse_select.h's
+  // snapkv_scores_reference defines the results (f32 arithmetic: backends agree to rounding).
+  virtual void snapkv_scores(const float* q, int window, const void* k_rows, DType row_dtype,
+                             int64_t row_stride, const AttentionShape& shape, int prompt_len,
+                             int past, float* scores) {
+    (void)q, (void)window, (void)k_rows, (void)row_dtype, (void)row_stride, (void)shape;
+    (void)prompt_len, (void)past, (void)scores;
+    QS_CHECK_MSG(false, "snapkv_scores: not implemented by this backend");
+  }
+
   // --- Additions for device backends. The defaults are right for a backend whose memory is
   // host memory (the CPU backend), so it need not override them.
 

@@ -322,17 +322,18 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
   ForwardPath path;
   if (streamed) path = target_path(cache_.mode());
   int chunk_start = 0;
+  std::unique_ptr<Buffer> snap_q;  // [num_layers, window, q_dim] SnapKV observation queries
   if (snap) {
-    snap_q_.resize(static_cast<size_t>(cfg.num_layers) * window * q_dim);
+    snap_q = backend_->alloc(static_cast<size_t>(cfg.num_layers) * window * q_dim);
     path.query_tap = [&](int layer, const float* q, int m) {
-      // Keeps the rows of this chunk that fall in the observation window [n - window, n)
-      // (q is backend memory).
+      // Keeps the rows of this chunk that fall in the observation window [n - window, n), in
+      // backend memory, where snapkv_scores reads them.
       const int first = std::max(0, n - window - chunk_start);
       if (first >= m) return;
-      backend_->to_host(q + static_cast<size_t>(first) * q_dim,
-                        snap_q_.data() + (static_cast<size_t>(layer) * window +
-                                          (chunk_start + first - (n - window))) * q_dim,
-                        static_cast<size_t>(m - first) * q_dim);
+      backend_->copy(
+          snap_q->data() +
+              (static_cast<size_t>(layer) * window + (chunk_start + first - (n - window))) * q_dim,
+          q + static_cast<size_t>(first) * q_dim, static_cast<size_t>(m - first) * q_dim);
     };
   }
   for (int start = 0; start < n; start += options_.prefill_chunk) {
@@ -352,32 +353,30 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
       sparse_.build_streaming(cfg.num_layers, cfg.num_kv_heads, n, keep, options_.sink_tokens);
     } else {
       sparse_.begin_snapkv(cfg.num_layers, cfg.num_kv_heads, n, keep, window);
-      const AttentionShape shape{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                                 static_cast<float>(1.0 / std::sqrt(double(cfg.head_dim)))};
-      std::vector<float> keys;       // one layer's prompt keys, copied from backend memory, as f32
-      std::vector<uint16_t> keys16;  // the same as stored, when the rows are f16
-      for (int l = 0; l < cfg.num_layers; ++l) {
-        const KvView kv = cache_.view(l, std::nullopt, nullptr);
-        QS_CHECK(kv.fp_base == 0);
-        const size_t count = static_cast<size_t>(n) * kv.row_stride;
-        keys.resize(count);
-        if (kv.row_dtype == DType::F32) {
-          backend_->to_host(kv.k_f32(), keys.data(), count);
-        } else {  // f16 rows: copied as they are (to_host counts floats), converted here
-          const size_t floats = (count + 1) / 2;
-          keys16.resize(2 * floats);
-          backend_->to_host(static_cast<const float*>(kv.k),
-                            reinterpret_cast<float*>(keys16.data()), floats);
-          to_f32(DType::F16, keys16.data(), keys.data(), count);
-        }
-        sparse_.select_snapkv_layer(l, snap_q_.data() + static_cast<size_t>(l) * window * q_dim,
-                                    keys.data(), kv.row_stride, shape, options_.snap_kernel,
-                                    &host_pool());
-      }
+      select_snapkv(snap_q->data(), n, window);
     }
     sparse_.place(*backend_);  // the draft's attention reads the index where it runs
   }
   return Status::ok_status();
+}
+
+void LlmEngine::select_snapkv(const float* snap_q, int prompt_len, int window) {
+  const int past = sparse_.snapkv_candidates();
+  if (past == 0) return;  // the draft keeps every position
+  const ModelConfig& cfg = config();
+  const AttentionShape shape{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                             static_cast<float>(1.0 / std::sqrt(double(cfg.head_dim)))};
+  const size_t count = static_cast<size_t>(cfg.num_kv_heads) * past;
+  std::unique_ptr<Buffer> scores = backend_->alloc(count);  // [num_kv_heads, past]
+  std::vector<float> host_scores(count);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const KvView kv = cache_.view(l, std::nullopt, nullptr);
+    QS_CHECK(kv.fp_base == 0);
+    backend_->snapkv_scores(snap_q + static_cast<size_t>(l) * window * cfg.q_dim(), window, kv.k,
+                            kv.row_dtype, kv.row_stride, shape, prompt_len, past, scores->data());
+    backend_->to_host(scores->data(), host_scores.data(), count);
+    sparse_.select_snapkv_from_scores(l, host_scores.data(), options_.snap_kernel, &host_pool());
+  }
 }
 
 ThreadPool& LlmEngine::host_pool() {

@@ -105,7 +105,11 @@ class LlmEngine final : public Engine {
   // How a SpeculativeDecoder over model_ runs on all ranks (empty with one rank).
   DecoderDispatch dispatch();
 
-  // Threads for host-side work that is not a backend op (SnapKV's selection), made on first use.
+  // SnapKV's index from the prefill's observation queries `snap_q` (backend memory, [num_layers,
+  // window, q_dim]) and the committed prompt: each layer's scores where the KV lives
+  // (Backend::snapkv_scores), their pooling and ranking on the host.
+  void select_snapkv(const float* snap_q, int prompt_len, int window);
+  // Threads for host-side work that is not a backend op (SnapKV's ranking), made on first use.
   ThreadPool& host_pool();
 
   EngineOptions options_;
@@ -133,7 +137,6 @@ class LlmEngine final : public Engine {
   std::vector<float> last_logits_;  // [vocab]
   std::vector<float> probs_;        // [vocab] sampler scratch
   SparseDraftIndex sparse_;
-  std::vector<float> snap_q_;  // [num_layers, window, q_dim] SnapKV observation queries
 };
 
 }  // namespace qs

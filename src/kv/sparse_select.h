@@ -19,6 +19,14 @@ class ThreadPool;
 // at least 1, at most prompt_len.
 int sparse_keep_count(double budget, int prompt_len);
 
+// Backend::snapkv_scores over host memory, the reference of every backend's (the CPU backend runs
+// it): per kv head, the window's query vectors' causal softmax over the prompt's keys, summed per
+// candidate. `pool` (optional) spreads the kv heads over threads; the result does not depend on
+// it.
+void snapkv_scores_reference(const float* q, int window, const void* k_rows, DType row_dtype,
+                             int64_t row_stride, const AttentionShape& shape, int prompt_len,
+                             int past, float* scores, ThreadPool* pool = nullptr);
+
 class SparseDraftIndex {
  public:
   // StreamingLLM: the first min(sinks, keep) positions and the last keep - sinks of the prompt.
@@ -30,9 +38,21 @@ class SparseDraftIndex {
   // positions) and the keep - w earlier positions of highest pooled score: the window's softmax
   // attention to them, summed over queries and the head's query group, max-pooled (kernel).
   void begin_snapkv(int num_layers, int num_kv_heads, int prompt_len, int keep, int window);
-  // `pool` (optional) spreads the kv heads over threads; the result does not depend on it.
+  // The whole selection on the host, f32 keys in host memory: snapkv_scores_reference, then
+  // select_snapkv_from_scores. `pool` (optional) spreads the kv heads over threads; the result
+  // does not depend on it.
   void select_snapkv_layer(int layer, const float* q, const float* k, int64_t k_stride,
                            const AttentionShape& shape, int kernel, ThreadPool* pool = nullptr);
+  // The ranking half: `scores` (host memory, [num_kv_heads, snapkv_candidates()]) are one layer's
+  // Backend::snapkv_scores; each kv head keeps its `count` candidates of highest max-pooled
+  // score (ties to the earlier position), ascending.
+  void select_snapkv_from_scores(int layer, const float* scores, int kernel,
+                                 ThreadPool* pool = nullptr);
+  // SnapKV: the candidates [0, past) every kv head ranks (the prompt before the recent window);
+  // 0 when the draft keeps every position, so that there is nothing to select.
+  int snapkv_candidates() const {
+    return layers_.empty() || layers_[0].count == 0 ? 0 : layers_[0].dense_from;
+  }
 
   // Copies the positions into `backend`'s memory and points layers() there (attention reads them
   // where it runs). Call once, after the index is built.
@@ -40,13 +60,12 @@ class SparseDraftIndex {
 
   bool empty() const { return layers_.empty(); }
   const KvSelection* layers() const { return layers_.data(); }  // [num_layers]
+  // The positions in host memory, also after place(): [num_layers, num_kv_heads, count].
+  const std::vector<int32_t>& host_positions() const { return positions_; }
   size_t bytes() const { return positions_.size() * sizeof(int32_t); }
 
  private:
   void reset(int num_layers, int num_kv_heads, int count, int dense_from);
-  void select_snapkv_head(int kvh, const float* q, const float* k, int64_t k_stride,
-                          const AttentionShape& shape, int kernel, const KvSelection& sel,
-                          int32_t* out) const;
 
   int num_kv_heads_ = 0;
   int prompt_len_ = 0;

@@ -8,6 +8,7 @@
 
 #include "backend/cpu/simd.h"
 #include "core/error.h"
+#include "kv/sparse_select.h"
 #include "quant/kv_quant.h"
 
 namespace qs {
@@ -115,6 +116,13 @@ void CpuBackend::add(float* y, const float* x, int64_t n) {
 }  // namespace qs
 
 namespace qs {
+
+void CpuBackend::snapkv_scores(const float* q, int window, const void* k_rows, DType row_dtype,
+                               int64_t row_stride, const AttentionShape& shape, int prompt_len,
+                               int past, float* scores) {
+  snapkv_scores_reference(q, window, k_rows, row_dtype, row_stride, shape, prompt_len, past, scores,
+                          &pool_);
+}
 
 void CpuBackend::quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,
                              int64_t row_stride, int num_kv_heads, int head_dim,

@@ -34,6 +34,10 @@ class CpuBackend final : public Backend {
   void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                    int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                    const QuantizedKvPlanesOut& dst) override;
+  // snapkv_scores_reference (kv/sparse_select.h) with the kv heads spread over the pool.
+  void snapkv_scores(const float* q, int window, const void* k_rows, DType row_dtype,
+                     int64_t row_stride, const AttentionShape& shape, int prompt_len, int past,
+                     float* scores) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
   void add(float* y, const float* x, int64_t n) override;
 

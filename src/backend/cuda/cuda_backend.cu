@@ -165,6 +165,7 @@ struct CudaBackend::Impl {
   Scratch attn_tc;       // tensor-core prefill attention: K/V hi/lo planes
   Scratch ids;           // token ids of large embedding calls
   Scratch argmax;        // argmax_rows' results
+  Scratch snapkv;        // snapkv_scores' softmax partials
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
 
   ~Impl() {
@@ -177,6 +178,7 @@ struct CudaBackend::Impl {
     attn_tc.release();
     ids.release();
     argmax.release();
+    snapkv.release();
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
@@ -723,6 +725,26 @@ void CudaBackend::quantize_kv(const void* k_rows, const void* v_rows, DType row_
                               int64_t first_group, int n_groups, const QuantizedKvPlanesOut& dst) {
   cuda::launch_quantize_kv(k_rows, v_rows, row_dtype, row_stride, num_kv_heads, head_dim,
                            first_group, n_groups, dst, impl_->stream);
+}
+
+void CudaBackend::snapkv_scores(const float* q, int window, const void* k_rows, DType row_dtype,
+                                int64_t row_stride, const AttentionShape& shape, int prompt_len,
+                                int past, float* scores) {
+  cuda::SnapKvScoresArgs a;
+  a.q = q;
+  a.k = k_rows;
+  a.k_dtype = row_dtype;
+  a.row_stride = row_stride;
+  a.scores = scores;
+  a.window = window;
+  a.prompt_len = prompt_len;
+  a.past = past;
+  a.num_heads = shape.num_heads;
+  a.num_kv_heads = shape.num_kv_heads;
+  a.head_dim = shape.head_dim;
+  a.scale = shape.scale;
+  void* scratch = impl_->snapkv.ensure(cuda::snapkv_scores_scratch_bytes(a));
+  cuda::launch_snapkv_scores(a, scratch, impl_->stream);
 }
 
 void CudaBackend::fill_zero(void* dst, size_t bytes) {

@@ -94,6 +94,10 @@ class CudaBackend final : public Backend {
                    int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                    const QuantizedKvPlanesOut& dst) override;
   void fill_zero(void* dst, size_t bytes) override;
+  // cuda::launch_snapkv_scores (snapkv.cu): f32 arithmetic, equal to the reference to rounding.
+  void snapkv_scores(const float* q, int window, const void* k_rows, DType row_dtype,
+                     int64_t row_stride, const AttentionShape& shape, int prompt_len, int past,
+                     float* scores) override;
 
   // At or below this many rows matmul runs the bandwidth-bound skinny GEMM that reads the
   // weights once for all rows, and attention runs split-KV flash-decoding; above it, cuBLAS and

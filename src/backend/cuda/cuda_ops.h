@@ -187,4 +187,30 @@ int attention_prefill_query_tiles(const AttentionArgs& a);
 // Merges the num_splits partial states of every query vector into out.
 void launch_attention_combine(const AttentionArgs& a, cudaStream_t stream);
 
+// ---- snapkv.cu ------------------------------------------------------------------------------
+
+// One Backend::snapkv_scores call (backend.h semantics) as the kernels see it.
+struct SnapKvScoresArgs {
+  const float* q = nullptr;    // [window, num_heads * head_dim] f32, post-RoPE; 16-byte aligned
+  const void* k = nullptr;     // [prompt_len, row_stride] of k_dtype, post-RoPE; kv head h at
+                               // h * head_dim; aligned to 4 elements
+  DType k_dtype = DType::F32;  // F32 or F16
+  int64_t row_stride = 0;      // elements between consecutive positions (a multiple of 4)
+  float* scores = nullptr;     // [num_kv_heads, past] f32
+  int window = 0;              // observation queries: positions [prompt_len - window, prompt_len)
+  int prompt_len = 0;
+  int past = 0;  // candidates [0, past)
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;  // 32, 64, 128 or 256
+  float scale = 0.0f;
+};
+
+// Device scratch launch_snapkv_scores needs for `a` (the softmax partials of every query vector).
+size_t snapkv_scores_scratch_bytes(const SnapKvScoresArgs& a);
+// Three kernels (snapkv.cu): per-chunk softmax partials, their merge per query vector, the
+// scores. f32 arithmetic (expf); the sums in a fixed order, so the results are deterministic.
+// past == 0 launches nothing.
+void launch_snapkv_scores(const SnapKvScoresArgs& a, void* scratch, cudaStream_t stream);
+
 }  // namespace qs::cuda
