@@ -997,7 +997,9 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // warp per stage, sN = stages; 0 = the default of attention_quant.h); "exact N": the
         // draft view with f16 hi + lo operands (draft_f16 off) at register cap N; "no-pf [N]":
         // the f16-operand draft without its register prefetch of the next sub-chunk ("pf": with
-        // it); "N tile(s)/warp": the INT8 view's 8-query tiles per warp on the direct path.
+        // it); "N tile(s)/warp": the INT8 view's 8-query tiles per warp on the direct path;
+        // "dring [N]": the direct path's per-warp cp.async ring forced on ("no-ring": off; both
+        // also at 4K and 128K).
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -1027,7 +1029,13 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" no-pf 168", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 168; }),
             variant(" pf", [](T& t) { t.draft_reg_prefetch = true; }),
             variant(" 1 tile/warp", [](T& t) { t.direct_tiles = 1; }),
-            variant(" 2 tiles/warp", [](T& t) { t.direct_tiles = 2; })};
+            variant(" 2 tiles/warp", [](T& t) { t.direct_tiles = 2; }),
+            variant(" no-ring", [](T& t) { t.direct_ring = 0; }),
+            variant(" dring", [](T& t) { t.direct_ring = 1, t.direct_tiles = 1; }),
+            variant(" dring 192",
+                    [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 192; }),
+            variant(" dring 168",
+                    [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 168; })};
         for (const Variant& var : variants) {
           // The draft view's switches.
           if (r.int8 && (var.tuning.draft_f16 != saved.draft_f16 ||
@@ -1035,9 +1043,10 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             continue;
           }
           // The INT8 view's switch.
-          if (!r.int8 && var.tuning.direct_tiles != saved.direct_tiles) continue;
+          const bool ring = var.tuning.direct_ring != saved.direct_ring;
+          if (!r.int8 && !ring && var.tuning.direct_tiles != saved.direct_tiles) continue;
           const bool is_default = var.label[0] == '\0';
-          if (!is_default && (ctx != 32768 || g_profile)) continue;
+          if (!is_default && (g_profile || (ctx != 32768 && !ring))) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;
           cuda::set_quant_attention_tuning(tuning);
           std::vector<QuantizedKvSegment> segs;

@@ -404,6 +404,34 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDraftWithoutRegisterPrefetch) {
   }
 }
 
+// The direct path's per-warp cp.async ring (one tile per warp: the INT8 view and the f16-operand
+// draft) forced on, at both register caps, with the automatic splits and with one or two splits
+// (each warp then streams many sub-chunks through its two slots, every slot reused); and off
+// (the automatic choice takes it for the INT8 view and GQA drafts).
+TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
+  {
+    cuda::QuantAttentionTuning t;
+    t.direct_ring = 0;
+    TuningScope scope(t);
+    double worst = 0;
+    sweep(gpu(), cpu(), worst);
+    report("quantized sweep, direct path without its ring", worst);
+  }
+  for (int regs : {168, 192}) {
+    for (int splits : {0, 1, 2}) {
+      cuda::QuantAttentionTuning t;
+      t.direct_ring = 1;
+      t.direct_tiles = 1;
+      t.direct_regs = regs;
+      t.splits = splits;
+      TuningScope scope(t);
+      double worst = 0;
+      sweep(gpu(), cpu(), worst);
+      report("quantized sweep, direct path with its ring", worst);
+    }
+  }
+}
+
 // The direct path's INT8 view with 1 and 2 8-query tiles per warp (sharing one unpacking of
 // the codes; the default picks by query vectors per kv head): GQA blocks of up to 128 query
 // vectors per kv head, query tiles past the last query vector, boundaries inside a block.
@@ -632,6 +660,19 @@ TEST_F(CudaOpsTest, QuantAttentionSanitizerSubset) {
                  {4 * kKvHeads, 5, true, kFpBaseMax},
                  {kKvHeads, 1, false, kFpBaseMax}},
                 worst);
+  }
+  // The direct path's per-warp ring, one split (every slot reused).
+  {
+    cuda::QuantAttentionTuning t;
+    t.direct_ring = 1;
+    t.direct_tiles = 1;
+    t.splits = 1;
+    TuningScope scope(t);
+    QuantKv kv(gpu(), cpu(), {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, 63});
+    check_cases(
+        gpu(), cpu(), kv,
+        {{4 * kKvHeads, 4, true, 0}, {kKvHeads, 1, false, kFpBaseMax}, {4 * kKvHeads, 1, false, 0}},
+        worst);
   }
   report("quantized sanitizer subset", worst);
 }

@@ -105,6 +105,7 @@ struct Params {
   int stage_bytes;    // slices * chunk * mma_sub_bytes (tensor-core path), else 0
   int chunk;          // sub-chunks per slice per pipeline stage (tensor-core path)
   int stages;         // pipeline stages, 2..kQuantAttentionMaxStages (tensor-core path)
+  int ring_offset;    // direct path with its per-warp ring: where the warps' rings start
   float* partial_o;   // [splits, m * num_heads, head_dim]
   float* partial_ml;  // [splits, m * num_heads, 2]
 };
@@ -1058,7 +1059,7 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false,
-          bool kRegPrefetch = true>
+          bool kRegPrefetch = true, bool kRing = false>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1153,8 +1154,10 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   float *o_q, *ml_q;
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
-    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8>(
-        p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, fp_rows);
+    unsigned char* ring =
+        kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8>() : nullptr;
+    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing>(
+        p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages,
                                              o_q, ml_q, fp_rows);
@@ -1216,11 +1219,13 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 }
 
 // kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16); NT: 8-query
-// tiles per warp.
-template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT = 1>
+// tiles per warp; kRing: the per-warp cp.async ring (QuantAttentionTuning::direct_ring).
+template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT = 1,
+          bool kRing = false>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   pdl_begin();
-  attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch>(p);
+  attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch,
+                       kRing>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -1241,11 +1246,13 @@ int env_switch(const char* name, int lo, int hi, int fallback) {
 
 // End-to-end A/B runs without a rebuild: QS_DRAFT_REG_PREFETCH=0|1 starts the process without /
 // with the f16 draft's register prefetch, QS_DIRECT_TILES=0|1|2 with that many 8-query tiles per
-// warp on the direct INT8 path (0: automatic).
+// warp on the direct INT8 path (0: automatic), QS_DIRECT_RING=0|1 without / with the direct
+// path's per-warp cp.async ring.
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_switch("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
   t.direct_tiles = env_switch("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
+  t.direct_ring = env_switch("QS_DIRECT_RING", 0, 1, t.direct_ring);
   return t;
 }();
 
@@ -1255,6 +1262,8 @@ struct KernelChoice {
   bool direct = false;  // tensor cores, register-direct (no shared-memory stages)
   bool draft_f16 = false;  // the direct path's INT4 view with f16 operands alone
   int direct_tiles = 1;    // the direct path's 8-query tiles per warp
+  bool ring = false;       // the direct path's per-warp cp.async ring
+  bool int8 = false;       // the view (the ring's slot size)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
 };
@@ -1264,7 +1273,7 @@ struct KernelChoice {
 constexpr int kDirectRegsTwoTiles = 255;
 
 template <bool INT8, bool kDraftF16, bool kRegPrefetch>
-const void* direct_kernel_fn(int regs, int tiles) {
+const void* direct_kernel_fn(int regs, int tiles, bool ring) {
   if constexpr (INT8) {
     if (tiles == 2) {
       return reinterpret_cast<const void*>(
@@ -1273,6 +1282,15 @@ const void* direct_kernel_fn(int regs, int tiles) {
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
   QS_CHECK(regs == 168 || regs == 192);
+  if constexpr (INT8 || (kDraftF16 && !kRegPrefetch)) {
+    if (ring) {
+      return regs == 192 ? reinterpret_cast<const void*>(
+                               attention_quant_direct_kernel<INT8, 192, kDraftF16, false, 1, true>)
+                         : reinterpret_cast<const void*>(
+                               attention_quant_direct_kernel<INT8, 168, kDraftF16, false, 1, true>);
+    }
+  }
+  QS_CHECK(!ring);
   return regs == 192 ? reinterpret_cast<const void*>(
                            attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch>)
                      : reinterpret_cast<const void*>(
@@ -1319,7 +1337,7 @@ KernelChoice row_kernel() {
 // tiles: the direct path's 8-query tiles per warp (1 for the INT4 view).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
-                        bool draft_f16, bool reg_prefetch, int tiles) {
+                        bool draft_f16, bool reg_prefetch, int tiles, bool ring) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
@@ -1327,9 +1345,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     k.qw = 8 * k.direct_tiles;
     k.ng = 1;
     k.draft_f16 = !INT8 && draft_f16;
-    k.fn = !k.draft_f16    ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles)
-           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1)
-                           : direct_kernel_fn<false, true, true>(regs, 1);
+    // The ring: one tile, the INT8 view or the f16 draft without register prefetch.
+    k.ring = ring && k.direct_tiles == 1 && (INT8 || (k.draft_f16 && !reg_prefetch));
+    k.int8 = INT8;
+    k.fn = !k.draft_f16    ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring)
+           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring)
+                           : direct_kernel_fn<false, true, true>(regs, 1, false);
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
@@ -1352,12 +1373,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 }
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool draft_f16, bool reg_prefetch, int tiles) {
+                           bool draft_f16, bool reg_prefetch, int tiles, bool ring) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, draft_f16, reg_prefetch, tiles)
+                                   direct, regs, draft_f16, reg_prefetch, tiles, ring)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, draft_f16, reg_prefetch, tiles);
+                                    direct, regs, draft_f16, reg_prefetch, tiles, ring);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1495,6 +1516,14 @@ QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
   return a;
 }
 
+// The direct path's per-warp rings (after the states), or 0.
+size_t ring_bytes(const KernelChoice& kc, int threads) {
+  if (!kc.ring) return 0;
+  const int per_warp = kc.int8 ? direct_path::ring_bytes_per_warp<true>()
+                               : direct_path::ring_bytes_per_warp<false>();
+  return static_cast<size_t>(threads / 32) * per_warp;
+}
+
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms) {
   check_args(a);
   QS_CHECK(num_sms >= 1);
@@ -1505,7 +1534,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
   const int want_tiles = tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq);
   KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, draft_f16,
-                                  tune.draft_reg_prefetch, want_tiles);
+                                  tune.draft_reg_prefetch, want_tiles, false);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
@@ -1530,8 +1559,13 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                    : tune.direct_regs != 0 ? tune.direct_regs
                    : pl.query_tiles == 1   ? one_tile_regs
                                            : 168;
+  // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
+  // (several make blocks of 3-8 warps, each with its ring) except for the MHA draft.
+  const bool want_ring = tune.direct_ring < 0
+                             ? pl.query_tiles == 1 && (a.seg.int8 || a.num_heads != a.num_kv_heads)
+                             : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
-                     tune.draft_reg_prefetch, pl.direct_tiles);
+                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1548,7 +1582,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                                    ? static_cast<size_t>(pl.token_slices) * chunk *
                                          mma_sub_bytes(hd, a.seg.int8, kc.ng)
                                    : 0;
-    return q_bytes + std::max(stages * stage_bytes, state_bytes) + state_bytes;
+    const size_t before = q_bytes + std::max(stages * stage_bytes, state_bytes) + state_bytes;
+    return kc.ring ? (before + 127) / 128 * 128 + ring_bytes(kc, pl.threads) : before;
   };
   const size_t smem_cap = max_smem_per_block();
   while (smem_for(pl.chunk, pl.stages) > smem_cap && (pl.chunk > 1 || pl.stages > 2)) {
@@ -1558,6 +1593,11 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
       --pl.stages;
     }
   }
+  if (kc.ring && smem_for(pl.chunk, pl.stages) > smem_cap) {  // the rings do not fit: without
+    kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
+                       tune.draft_reg_prefetch, pl.direct_tiles, false);
+  }
+  pl.direct_ring = kc.ring;
   pl.smem_bytes = smem_for(pl.chunk, pl.stages);
 
   // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
@@ -1585,8 +1625,9 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
                             float* partials, cudaStream_t stream) {
   check_args(a);
-  const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
-                                        plan.draft_f16, plan.draft_reg_prefetch, plan.direct_tiles);
+  const KernelChoice kc =
+      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.draft_f16,
+                    plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
            kc.draft_f16 == plan.draft_f16 && kc.qw == plan.queries_per_warp);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
@@ -1624,9 +1665,12 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   QS_CHECK(!kc.mma || (p.q_end % kSubTokens == 0 && G % kSubTokens == 0));
   QS_CHECK(plan.partial_floats >= plan.splits * num_qv * (hd + 2));
   const size_t state_bytes = p.slices * block_qv * (hd + 2) * sizeof(float);
+  const size_t before_ring = p.q_smem_bytes +
+                             std::max(p.stages * static_cast<size_t>(p.stage_bytes), state_bytes) +
+                             state_bytes;
+  p.ring_offset = static_cast<int>((before_ring + 127) / 128 * 128);
   QS_CHECK(plan.smem_bytes >=
-           p.q_smem_bytes + std::max(p.stages * static_cast<size_t>(p.stage_bytes), state_bytes) +
-               state_bytes);
+           (kc.ring ? p.ring_offset : before_ring) + ring_bytes(kc, plan.threads));
 
   blocks_per_sm(kc.fn, plan.threads, plan.smem_bytes);  // sets the shared memory limit
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(a.num_kv_heads),

@@ -56,6 +56,7 @@ struct QuantAttentionPlan {
   int direct_tiles = 1;    // its 8-query MMA tiles per warp (several: the INT8 view, GQA)
   bool draft_f16 = false;  // the tensor-core paths' INT4 view with f16 operands alone (tuning)
   bool draft_reg_prefetch = true;  // its register prefetch of the next sub-chunk (tuning)
+  bool direct_ring = false;   // its sub-chunks through a per-warp cp.async ring (one tile; tuning)
   int queries_per_warp = 8;   // query vectors per warp tile (8 * direct_tiles on the direct path)
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -91,6 +92,15 @@ constexpr bool kQuantAttentionDraftRegPrefetch = false;
 // head; 1: one warp per 8 query vectors, the session-5 kernel).
 constexpr int kQuantAttentionDirectTiles = 0;
 constexpr int kQuantAttentionMaxDirectTiles = 2;
+// The direct path's sub-chunks through a per-warp cp.async ring in shared memory (one tile per
+// warp: the INT8 view and the f16-operand draft without register prefetch) instead of each
+// sub-chunk's loads straight into registers just before use: 1 on, 0 off, -1 automatic = on
+// where a block has one query tile (two warps), except for the MHA draft (bench_ops quantkv on
+// the H200, session 12: Llama-2-7B verify m = 4 at 32K / 128K 107 -> 95 / 352 -> 314 us,
+// Llama-3.1-8B draft at 128K 76.8 -> 69.3; the Llama-2-7B draft at 128K 195.0 without it, 198.7
+// with; Llama-3.1-8B verify m = 5, three tiles per block, 104 -> 113 with). Where the block's
+// shared memory cannot hold the rings the launch goes without.
+constexpr int kQuantAttentionDirectRing = -1;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
@@ -128,6 +138,9 @@ struct QuantAttentionTuning {
   // heads x (gamma + 1) rows per kv head: with one tile per warp, every warp unpacks the same
   // codes. QS_DIRECT_TILES=0..2 sets it for the whole process.
   int direct_tiles = kQuantAttentionDirectTiles;
+  // The direct path's per-warp cp.async ring (kQuantAttentionDirectRing: -1 automatic, 0 off, 1
+  // on). QS_DIRECT_RING=0|1 sets it for the whole process.
+  int direct_ring = kQuantAttentionDirectRing;
 };
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();

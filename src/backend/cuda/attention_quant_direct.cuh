@@ -121,6 +121,110 @@ __device__ __forceinline__ void load_chunk(const Head& hd, const LanePtrs& lp, C
   }
 }
 
+// ---- the per-warp cp.async ring (kRing) ----
+// Without it every sub-chunk's loads are issued just before use and each warp waits a DRAM round
+// trip per sub-chunk (ncu: long-scoreboard stalls, 0.47 instructions issued per scheduler per
+// cycle). With it a warp copies its sub-chunks into its own two shared-memory slots, two ahead:
+// once a slot's fragments are in registers the slot takes the sub-chunk after next. No block
+// barrier (each warp's slots are its own). A slot: the planes' code rows (ku, vu[, kl, vl]; 64 B
+// per token), the 32 value scales and the 32 value mins (fp16), and where the sub-chunk starts a
+// key group (or the warp's range) that group's key scales and mins, read by the fold: no load in
+// the loop waits on global memory.
+template <bool INT8>
+struct RingSlot {
+  static constexpr int kRowBytes = kHD / 2;
+  static constexpr int kPlaneBytes = kTok * kRowBytes;
+  static constexpr int kPlanes = INT8 ? 4 : 2;
+  static constexpr int kMetaBytes = kTok * 2;
+  static constexpr int kKeyMeta = kPlanes * kPlaneBytes + 2 * kMetaBytes;  // scales, then mins
+  static constexpr int kBytes = kKeyMeta + 2 * kHD * 2;
+};
+constexpr int kRingSlots = 2;
+
+template <bool INT8>
+constexpr int ring_bytes_per_warp() {
+  return kRingSlots * RingSlot<INT8>::kBytes;
+}
+
+// Where byte b of token row t (t < 32) of a plane lies in a slot: rows 4..7 of every 8 swap their
+// pairs and the 16-byte pieces of rows 2, 3 (mod 4) swap their halves, so that the value reads (a
+// half warp: 4 tokens two rows apart x 32 bytes) hit 32 distinct banks; the key reads (a quarter
+// warp: two adjacent rows, 128 bytes) stay within one 128-byte line.
+__device__ __forceinline__ int ring_swizzle(int t, int b) {
+  const int row = t ^ ((t >> 2) & 1);
+  const int piece = (b >> 4) ^ (((t >> 1) & 1) << 1);
+  return row * RingSlot<false>::kRowBytes + piece * 16 + (b & 15);
+}
+
+// This lane's constant byte offsets in a slot (Chunk's fragment maps; the sub-chunk's step and
+// row block add immediates): keys at row r, byte 16c; values at token 2c (+1 for the odd tokens),
+// byte 8r; value scale / min at token r; and its cp.async pieces (row lane / 4, piece lane % 4).
+struct RingLane {
+  int k, v_even, v_odd, m, copy;
+
+  __device__ static RingLane make() {
+    const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
+    return {ring_swizzle(r, 16 * c), ring_swizzle(2 * c, 8 * r), ring_swizzle(2 * c + 1, 8 * r),
+            2 * r, ring_swizzle(lane >> 2, 16 * (lane & 3))};
+  }
+};
+
+// Issues the copy of the sub-chunk at token t_sub into `slot` (the caller commits the group), with
+// the key group's scales and mins at ks / km unless they are null.
+template <bool INT8>
+__device__ __forceinline__ void ring_copy(const Head& hd, int t_sub, unsigned char* slot,
+                                          const RingLane& rl, const uint16_t* ks,
+                                          const uint16_t* km) {
+  using S = RingSlot<INT8>;
+  const int lane = threadIdx.x & 31;
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
+  const int64_t src = static_cast<int64_t>(t_sub) * S::kRowBytes + 16 * lane;
+  const uint8_t* planes[4] = {hd.ku, hd.vu, hd.kl, hd.vl};
+#pragma unroll
+  for (int pl = 0; pl < S::kPlanes; ++pl) {
+#pragma unroll
+    for (int i = 0; i < S::kPlaneBytes / 512; ++i) {  // 8 rows = 512 bytes per warp instruction
+      cp_async16(dst + pl * S::kPlaneBytes + i * 512 + rl.copy, planes[pl] + src + i * 512);
+    }
+  }
+  if (lane < 8) {  // 4 x 16 bytes of scales, then of mins
+    const uint16_t* meta = (lane < 4 ? hd.vs : hd.vm) + t_sub + 8 * (lane & 3);
+    cp_async16(dst + S::kPlanes * S::kPlaneBytes + 16 * lane, meta);
+  }
+  if (ks != nullptr) {  // 16 x 16 bytes of scales, then of mins
+    cp_async16(dst + S::kKeyMeta + 16 * lane, lane < 16 ? ks + 8 * lane : km + 8 * (lane - 16));
+  }
+}
+
+// The sub-chunk in `slot` as this lane's fragments (what load_chunk reads from global memory).
+template <bool INT8>
+__device__ __forceinline__ void ring_read(const unsigned char* slot, const RingLane& rl,
+                                          Chunk<INT8>& ch) {
+  using S = RingSlot<INT8>;
+  constexpr int RB = S::kRowBytes, PB = S::kPlaneBytes;
+#pragma unroll
+  for (int st = 0; st < 2; ++st) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) {
+      const int off = rl.k + (16 * st + 8 * j) * RB;
+      ch.ku[st][j] = *reinterpret_cast<const uint4*>(slot + off);
+      if constexpr (INT8) ch.kl[st][j] = *reinterpret_cast<const uint4*>(slot + 2 * PB + off);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int off = (i & 1 ? rl.v_odd : rl.v_even) + (16 * st + 8 * (i >> 1)) * RB;
+      ch.vu[st][i] = *reinterpret_cast<const uint2*>(slot + PB + off);
+      if constexpr (INT8) ch.vl[st][i] = *reinterpret_cast<const uint2*>(slot + 3 * PB + off);
+    }
+    const uint16_t* meta = reinterpret_cast<const uint16_t*>(slot + S::kPlanes * PB + rl.m);
+#pragma unroll
+    for (int jb = 0; jb < 2; ++jb) {
+      ch.vs[st][jb] = meta[16 * st + 8 * jb];
+      ch.vm[st][jb] = meta[kTok + 16 * st + 8 * jb];
+    }
+  }
+}
+
 __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -218,6 +322,8 @@ struct DirectPath {
 
   // Query r of every tile (q_warp: the warp's pre-scaled [8 NT][kQStride] rows) folded with the
   // key group's scale/min (global): block w holds channels 32c + 8w .. +7 (k-steps 2w, 2w + 1).
+  // kShared: k_scale / k_min in shared memory (the ring's slot), else global.
+  template <bool kShared = false>
   __device__ void fold_queries(const float* q_warp, const uint16_t* k_scale,
                                const uint16_t* k_min) {
     const int lane = threadIdx.x & 31, c = lane & 3;
@@ -226,8 +332,10 @@ struct DirectPath {
 #pragma unroll
     for (int w = 0; w < 4; ++w) {
       d0[w] = 32 * c + 8 * w;
-      sr[w] = __ldg(reinterpret_cast<const uint4*>(k_scale + d0[w]));
-      mr[w] = __ldg(reinterpret_cast<const uint4*>(k_min + d0[w]));
+      const uint4* s4 = reinterpret_cast<const uint4*>(k_scale + d0[w]);
+      const uint4* m4 = reinterpret_cast<const uint4*>(k_min + d0[w]);
+      sr[w] = kShared ? *s4 : __ldg(s4);
+      mr[w] = kShared ? *m4 : __ldg(m4);
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -448,11 +556,13 @@ struct DirectPath {
 // slices (INT4 with kRegPrefetch: one sub-chunk ahead in registers). No barrier, no shared memory
 // but the warp's own (NT > 1: the folded queries in o_mine until the state is stored there):
 // `overlap()` (the full-precision rows) runs first.
-template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, class Overlap>
+// kRing: the sub-chunks stream through this warp's cp.async ring at `ring` (ring_bytes_per_warp)
+// instead (one tile; no register prefetch).
+template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
-                                                   const Overlap& overlap) {
+                                                   unsigned char* ring, const Overlap& overlap) {
   const QuantAttentionArgs& a = p.a;
   const int lane = threadIdx.x & 31, c = lane & 3;
   const int G = a.seg.group_size;
@@ -472,7 +582,32 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
 
   // INT4: the next sub-chunk is loaded while this one is computed (2 x 40 registers); INT8 (twice
   // the codes) loads each sub-chunk just before use and relies on the other warps.
-  constexpr bool kPrefetch = !INT8 && kRegPrefetch;
+  constexpr bool kPrefetch = !INT8 && kRegPrefetch && !kRing;
+  static_assert(!kRing || NT == 1, "the ring: one tile per warp");
+  const RingLane rl = kRing ? RingLane::make() : RingLane{};
+  auto slot = [&](int j) { return ring + (j % kRingSlots) * RingSlot<INT8>::kBytes; };
+  // The ring's copies carry the key metadata of the sub-chunks that fold (the first, then each
+  // that starts a group): `copy_fold` is the next of them, `copy_ks` its group's scales.
+  const int first_gap = (G - b % G) / kTok;  // sub-chunks from b to the next group
+  int copy_fold = 0;
+  const uint16_t* copy_ks = k_scale + static_cast<int64_t>(b / G) * kHD;
+  auto copy_sub =
+      [&](int j) {  // sub-chunk j into slot(j), then commit (an empty group past the end)
+        if (j < n_subs) {
+          const bool fold = j == copy_fold;
+          ring_copy<INT8>(head, b + j * kTok, slot(j), rl, fold ? copy_ks : nullptr,
+                          fold ? k_min + (copy_ks - k_scale) : nullptr);
+          if (fold) {
+            copy_ks += kHD;
+            copy_fold = j == 0 ? first_gap : j + G / kTok;
+          }
+        }
+        cp_async_commit();
+      };
+  if constexpr (kRing) {  // the first sub-chunks stream in while the full-precision rows run
+#pragma unroll
+    for (int j = 0; j < kRingSlots; ++j) copy_sub(j);
+  }
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
   overlap();
   LanePtrs lp = LanePtrs::at(b);
@@ -500,12 +635,16 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   const uint16_t* ks = k_scale + static_cast<int64_t>(b / G) * kHD;
   const uint16_t* km = k_min + static_cast<int64_t>(b / G) * kHD;
   int next_fold = 0;
-  const int first_gap = (G - b % G) / kTok;  // sub-chunks from b to the next group
   for (int j = 0; j < n_subs; ++j) {
     const int t_sub = b + j * kTok;
     auto fold = [&] {
       if (j == next_fold) {
-        w.fold_queries(q_warp, ks, km);
+        if constexpr (kRing) {
+          const auto* meta = reinterpret_cast<const uint16_t*>(slot(j) + RingSlot<INT8>::kKeyMeta);
+          w.template fold_queries<true>(q_warp, meta, meta + kHD);
+        } else {
+          w.fold_queries(q_warp, ks, km);
+        }
         ks += kHD;
         km += kHD;
         next_fold = j == 0 ? first_gap : j + G / kTok;
@@ -516,7 +655,14 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     // Several tiles also load the values only once the scores are done (registers).
     if constexpr (Path::kSharedFrags) fold();
     Chunk<INT8> nxt;
-    if (kPrefetch) {
+    if constexpr (kRing) {
+      cp_async_wait<kRingSlots - 1>();  // sub-chunk j has landed (j + 1 may be in flight)
+      __syncwarp();
+      ring_read<INT8>(slot(j), rl, cur);
+      fold();        // reads the key metadata from the slot
+      __syncwarp();  // every lane is done with the slot: it takes sub-chunk j + kRingSlots
+      copy_sub(j + kRingSlots);
+    } else if (kPrefetch) {
       if (j + 1 < n_subs) {
         LanePtrs ln = lp;
         ln.advance();
@@ -528,14 +674,14 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     } else {
       load_chunk<INT8>(head, lp, cur);
     }
-    if constexpr (!Path::kSharedFrags) fold();
+    if constexpr (!Path::kSharedFrags && !kRing) fold();
     w.process(cur, t_sub, [&] {
       if constexpr (Path::kSharedFrags) {
         load_values<INT8>(head, lp, 0, cur);
         load_values<INT8>(head, lp, 1, cur);
       }
     });
-    if (kPrefetch) cur = nxt;
+    if constexpr (kPrefetch) cur = nxt;
     lp.advance();
   }
   w.store(o_mine, ml_mine);
