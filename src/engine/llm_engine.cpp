@@ -364,8 +364,7 @@ void LlmEngine::select_snapkv(const float* snap_q, int prompt_len, int window) {
   const int past = sparse_.snapkv_candidates();
   if (past == 0) return;  // the draft keeps every position
   const ModelConfig& cfg = config();
-  const AttentionShape shape{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
-                             static_cast<float>(1.0 / std::sqrt(double(cfg.head_dim)))};
+  const AttentionShape shape{cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.attention_scale()};
   const size_t count = static_cast<size_t>(cfg.num_kv_heads) * past;
   std::unique_ptr<Buffer> scores = backend_->alloc(count);  // [num_kv_heads, past]
   std::vector<float> host_scores(count);

@@ -57,6 +57,14 @@ Status check_model(const ModelConfig& cfg, const ModelWeights& weights) {
   if (cfg.rope_scaling.type != RopeScalingType::None && !(cfg.rope_scaling.factor > 0.0f)) {
     return make_error("model config: rope_scaling.factor must be > 0");
   }
+  if (cfg.rope_scaling.type == RopeScalingType::Yarn &&
+      (cfg.rope_scaling.original_max_position_embeddings <= 0 ||
+       !(cfg.rope_scaling.beta_fast > cfg.rope_scaling.beta_slow) ||
+       !(cfg.rope_scaling.attention_factor > 0.0))) {
+    return make_error(
+        "model config: yarn rope_scaling needs original_max_position_embeddings > 0, beta_fast > "
+        "beta_slow and attention_factor > 0");
+  }
   if (cfg.rope_scaling.type == RopeScalingType::Llama3 &&
       (cfg.rope_scaling.original_max_position_embeddings <= 0 ||
        !(cfg.rope_scaling.high_freq_factor > cfg.rope_scaling.low_freq_factor) ||
@@ -191,7 +199,7 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
   float* x = normed_->data();
   // HF: scaling = head_dim ** -0.5 in double, applied in f32.
   const AttentionShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
-                             static_cast<float>(1.0 / std::sqrt(double(cfg_.head_dim)))};
+                             cfg_.attention_scale()};
 
   // Each residual add is fused with the norm that reads its sum (Backend::add_rmsnorm): o_proj's
   // with the MLP norm, down_proj's with the next layer's attention norm (the last layer's with

@@ -74,9 +74,16 @@ class FieldReader {
     return static_cast<int>(x);
   }
 
-  // A finite number > 0 (or >= 0 when allow_zero); `fallback` when absent.
+  // A finite number > 0 (or >= 0 when allow_zero) that fits a float; `fallback` when absent.
   Result<float> get_positive(const char* key, std::optional<float> fallback,
                              bool allow_zero = false) const {
+    QS_ASSIGN_OR_RETURN(double x, get_number(key, fallback, allow_zero));
+    return static_cast<float>(x);
+  }
+
+  // The same, kept in double.
+  Result<double> get_number(const char* key, std::optional<double> fallback,
+                            bool allow_zero = false) const {
     const json* v = get(key);
     if (v == nullptr) {
       if (fallback) return *fallback;
@@ -88,7 +95,7 @@ class FieldReader {
         x > std::numeric_limits<float>::max()) {
       return error(key, fmt::format("must be a positive number, got {}", dump(*v)));
     }
-    return static_cast<float>(x);
+    return x;
   }
 
   Result<bool> get_bool(const char* key, bool fallback) const {
@@ -170,6 +177,40 @@ Result<Architecture> parse_architecture(const FieldReader& r) {
                   printable(model_type)));
 }
 
+// YaRN's keys as transformers reads them (_compute_yarn_parameters and its config
+// standardization): original_max_position_embeddings defaults to max_position_embeddings, a
+// missing factor to max_position_embeddings / original_max_position_embeddings, beta_fast /
+// beta_slow (0 or absent: 32 / 1), attention_factor from mscale / mscale_all_dim or the factor.
+Status parse_yarn(const FieldReader& r, ModelConfig& cfg) {
+  RopeScaling& s = cfg.rope_scaling;
+  s = RopeScaling{};
+  s.type = RopeScalingType::Yarn;
+  QS_ASSIGN_OR_RETURN(s.original_max_position_embeddings,
+                      r.get_int("original_max_position_embeddings", cfg.max_position_embeddings));
+  QS_ASSIGN_OR_RETURN(double factor,
+                      r.get_number("factor", static_cast<double>(cfg.max_position_embeddings) /
+                                                 s.original_max_position_embeddings));
+  s.factor = static_cast<float>(factor);
+  QS_ASSIGN_OR_RETURN(double beta_fast, r.get_number("beta_fast", 0.0, /*allow_zero=*/true));
+  QS_ASSIGN_OR_RETURN(double beta_slow, r.get_number("beta_slow", 0.0, /*allow_zero=*/true));
+  s.beta_fast = beta_fast > 0 ? beta_fast : 32.0;  // transformers: `or 32`, `or 1`
+  s.beta_slow = beta_slow > 0 ? beta_slow : 1.0;
+  if (!(s.beta_fast > s.beta_slow)) {
+    return make_error(fmt::format("{}: beta_fast ({}) must exceed beta_slow ({})", r.source(),
+                                  s.beta_fast, s.beta_slow));
+  }
+  QS_ASSIGN_OR_RETURN(s.truncate, r.get_bool("truncate", true));
+  auto mscale_of = [&](double m) { return factor <= 1.0 ? 1.0 : 0.1 * m * std::log(factor) + 1.0; };
+  if (r.has("attention_factor")) {
+    QS_ASSIGN_OR_RETURN(s.attention_factor, r.get_number("attention_factor", std::nullopt));
+  } else {
+    QS_ASSIGN_OR_RETURN(double m, r.get_number("mscale", 0.0, /*allow_zero=*/true));
+    QS_ASSIGN_OR_RETURN(double m_all, r.get_number("mscale_all_dim", 0.0, /*allow_zero=*/true));
+    s.attention_factor = m > 0 && m_all > 0 ? mscale_of(m) / mscale_of(m_all) : mscale_of(1.0);
+  }
+  return {};
+}
+
 // rope_scaling (transformers v4) or rope_parameters (v5): the same keys, one object.
 Status parse_rope(const FieldReader& top, ModelConfig& cfg) {
   const char* key = top.has("rope_parameters") ? "rope_parameters" : "rope_scaling";
@@ -201,10 +242,12 @@ Status parse_rope(const FieldReader& top, ModelConfig& cfg) {
       return make_error(fmt::format("{}: high_freq_factor ({}) must exceed low_freq_factor ({})",
                                     r.source(), s.high_freq_factor, s.low_freq_factor));
     }
+  } else if (type == "yarn") {
+    QS_TRY(parse_yarn(r, cfg));
   } else {
     return make_error(
         fmt::format("{}: unsupported rope type '{}' (supported: default, linear, "
-                    "llama3)",
+                    "llama3, yarn)",
                     r.source(), printable(type)));
   }
   return {};
@@ -372,6 +415,14 @@ Result<ModelConfig> load_model_config(const std::filesystem::path& dir) {
     QS_TRY(parse_special_tokens(FieldReader(gen, "generation_config.json"), cfg));
   }
   return cfg;
+}
+
+float ModelConfig::attention_scale() const {
+  double scale = 1.0 / std::sqrt(static_cast<double>(head_dim));
+  if (rope_scaling.type == RopeScalingType::Yarn) {
+    scale *= rope_scaling.attention_factor * rope_scaling.attention_factor;
+  }
+  return static_cast<float>(scale);
 }
 
 }  // namespace qs

@@ -12,14 +12,23 @@ namespace qs {
 enum class Architecture { Llama, Mistral, Qwen2 };
 const char* architecture_name(Architecture a);  // "LlamaForCausalLM", ...
 
-enum class RopeScalingType { None, Linear, Llama3 };
+enum class RopeScalingType { None, Linear, Llama3, Yarn };
 
 struct RopeScaling {
   RopeScalingType type = RopeScalingType::None;
-  float factor = 1.0f;                        // linear and llama3
+  float factor = 1.0f;                        // linear, llama3 and yarn
   float low_freq_factor = 1.0f;               // llama3
   float high_freq_factor = 4.0f;              // llama3
-  int original_max_position_embeddings = 0;   // llama3
+  int original_max_position_embeddings = 0;   // llama3 and yarn
+  // yarn (transformers' _compute_yarn_parameters): the ramp between interpolated and
+  // extrapolated frequencies spans the dimensions that turn beta_fast .. beta_slow times over
+  // original_max_position_embeddings (floor / ceil of the bounds when truncate); attention_factor
+  // (resolved at parse time from the config's attention_factor, or mscale / mscale_all_dim, or
+  // 0.1 ln(factor) + 1) multiplies cos and sin, i.e. the attention scores by its square.
+  double beta_fast = 32.0;
+  double beta_slow = 1.0;
+  bool truncate = true;
+  double attention_factor = 1.0;
 };
 
 struct ModelConfig {
@@ -46,6 +55,9 @@ struct ModelConfig {
 
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
+  // The softmax scale of q . k: 1 / sqrt(head_dim), times yarn's attention_factor squared (HF
+  // scales cos and sin, so both q and k, by it; folding it here leaves the KV cache unscaled).
+  float attention_scale() const;
 };
 
 // Parse `dir/config.json` and, when present, `dir/generation_config.json`.

@@ -81,6 +81,11 @@ TEST_P(ForwardTest, PrefillDecodeAndChunksAgreeWithReference) {
     cfg.rope_scaling.factor = 8.0f;
     cfg.rope_scaling.original_max_position_embeddings = 32;
   }
+  if (var.rope == RopeScalingType::Yarn) {  // a ramp across the pairs; scores x 1.3^2
+    cfg.rope_scaling.factor = 4.0f;
+    cfg.rope_scaling.original_max_position_embeddings = 64;
+    cfg.rope_scaling.attention_factor = 1.3;
+  }
   TinyModel tiny = testing::make_tiny_model(cfg, var.dtype, 17);
   ASSERT_TRUE(check_model(cfg, tiny.weights).ok())
       << check_model(cfg, tiny.weights).error().message;
@@ -112,7 +117,8 @@ INSTANTIATE_TEST_SUITE_P(
         Variant{"f32_gqa2", DType::F32, 2, false, false, RopeScalingType::None},
         Variant{"f32_mha_bias", DType::F32, 4, true, false, RopeScalingType::None},
         Variant{"bf16_mqa_tied", DType::BF16, 1, false, true, RopeScalingType::Llama3},
-        Variant{"f16_linear_rope", DType::F16, 2, true, false, RopeScalingType::Linear}),
+        Variant{"f16_linear_rope", DType::F16, 2, true, false, RopeScalingType::Linear},
+        Variant{"f32_yarn_rope", DType::F32, 2, false, false, RopeScalingType::Yarn}),
     [](const auto& info) { return std::string(info.param.name); });
 
 TEST(Forward, RollbackThenRewriteMatchesFreshRun) {

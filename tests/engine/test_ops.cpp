@@ -202,11 +202,17 @@ ModelConfig rope_config(RopeScalingType type, int head_dim) {
     c.rope_scaling.high_freq_factor = 4.0f;
     c.rope_scaling.original_max_position_embeddings = 64;
   }
+  if (type == RopeScalingType::Yarn) {  // Qwen2.5-like: factor 4; 64 old positions put the ramp
+    c.rope_theta = 1000000.0f;          // inside every head_dim below
+    c.rope_scaling.factor = 4.0f;
+    c.rope_scaling.original_max_position_embeddings = 64;
+  }
   return c;
 }
 
 TEST(Rope, InverseFrequenciesMatchFormula) {
-  for (auto type : {RopeScalingType::None, RopeScalingType::Linear, RopeScalingType::Llama3}) {
+  for (auto type : {RopeScalingType::None, RopeScalingType::Linear, RopeScalingType::Llama3,
+                    RopeScalingType::Yarn}) {
     for (int hd : {16, 64, 128}) {
       const ModelConfig c = rope_config(type, hd);
       const std::vector<float> got = rope_inv_freq(c);
@@ -217,24 +223,27 @@ TEST(Rope, InverseFrequenciesMatchFormula) {
       }
     }
   }
-  // The llama3 case really has low, medium and high frequencies at head_dim 128.
-  const ModelConfig c = rope_config(RopeScalingType::Llama3, 128);
-  ModelConfig unscaled = c;
-  unscaled.rope_scaling.type = RopeScalingType::None;
-  const std::vector<double> plain = testing::reference_inv_freq(unscaled);
-  const std::vector<double> scaled = testing::reference_inv_freq(c);
-  int same = 0, divided = 0, blended = 0;
-  for (size_t j = 0; j < plain.size(); ++j) {
-    if (scaled[j] == plain[j])
-      ++same;
-    else if (std::abs(scaled[j] - plain[j] / 8) < 1e-12 * plain[j])
-      ++divided;
-    else
-      ++blended;
+  // The llama3 and yarn cases really have unscaled, divided and blended frequencies at head_dim
+  // 128.
+  for (auto type : {RopeScalingType::Llama3, RopeScalingType::Yarn}) {
+    const ModelConfig c = rope_config(type, 128);
+    ModelConfig unscaled = c;
+    unscaled.rope_scaling.type = RopeScalingType::None;
+    const std::vector<double> plain = testing::reference_inv_freq(unscaled);
+    const std::vector<double> scaled = testing::reference_inv_freq(c);
+    int same = 0, divided = 0, blended = 0;
+    for (size_t j = 0; j < plain.size(); ++j) {
+      if (scaled[j] == plain[j])
+        ++same;
+      else if (std::abs(scaled[j] - plain[j] / c.rope_scaling.factor) < 1e-12 * plain[j])
+        ++divided;
+      else
+        ++blended;
+    }
+    EXPECT_GT(same, 0) << int(type);
+    EXPECT_GT(divided, 0) << int(type);
+    EXPECT_GT(blended, 0) << int(type);
   }
-  EXPECT_GT(same, 0);
-  EXPECT_GT(divided, 0);
-  EXPECT_GT(blended, 0);
 }
 
 TEST(Rope, RotatesLikeDirectFormula) {

@@ -139,8 +139,28 @@ inline std::vector<double> reference_inv_freq(const ModelConfig& cfg) {
         f = (1 - smooth) * f / rs.factor + smooth * f;
       }
     }
+  } else if (rs.type == RopeScalingType::Yarn) {
+    // transformers' _compute_yarn_parameters, in double.
+    const double dim = cfg.head_dim, base = cfg.rope_theta;
+    auto corr = [&](double rot) {
+      return dim * std::log(rs.original_max_position_embeddings / (rot * 2 * M_PI)) /
+             (2 * std::log(base));
+    };
+    double low = corr(rs.beta_fast), high = corr(rs.beta_slow);
+    if (rs.truncate) low = std::floor(low), high = std::ceil(high);
+    low = std::max(low, 0.0), high = std::min(high, dim - 1);
+    if (low == high) high += 0.001;
+    for (size_t j = 0; j < inv.size(); ++j) {
+      const double extrapolation = 1 - std::clamp((j - low) / (high - low), 0.0, 1.0);
+      inv[j] = inv[j] / rs.factor * (1 - extrapolation) + inv[j] * extrapolation;
+    }
   }
   return inv;
+}
+
+// What HF multiplies cos and sin by (yarn's attention_factor; 1 otherwise).
+inline double reference_rope_gain(const ModelConfig& cfg) {
+  return cfg.rope_scaling.type == RopeScalingType::Yarn ? cfg.rope_scaling.attention_factor : 1.0;
 }
 
 // Logits [ids.size(), vocab] of one causal pass over ids starting at position 0.
@@ -150,6 +170,7 @@ inline std::vector<double> reference_forward(const ModelConfig& cfg, const Model
   const int d = cfg.hidden_size, hd = cfg.head_dim, nh = cfg.num_heads, nkv = cfg.num_kv_heads;
   const int qd = cfg.q_dim(), kvd = cfg.kv_dim();
   const std::vector<double> inv = reference_inv_freq(cfg);
+  const double gain = reference_rope_gain(cfg);  // HF: cos and sin times attention_factor
 
   auto linear = [](const std::vector<double>& x, int rows, const WeightView& wv,
                    const WeightView& bias) {
@@ -181,7 +202,7 @@ inline std::vector<double> reference_forward(const ModelConfig& cfg, const Model
       for (int h = 0; h < heads; ++h) {
         double* v = &x[(static_cast<size_t>(i) * heads + h) * hd];
         for (int j = 0; j < hd / 2; ++j) {
-          const double a = i * inv[j], c = std::cos(a), s = std::sin(a);
+          const double a = i * inv[j], c = gain * std::cos(a), s = gain * std::sin(a);
           const double x0 = v[j], x1 = v[j + hd / 2];
           v[j] = x0 * c - x1 * s;
           v[j + hd / 2] = x1 * c + x0 * s;

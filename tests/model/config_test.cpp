@@ -136,10 +136,64 @@ TEST(Config, TransformersV5RopeParameters) {
   EXPECT_EQ(c->rope_scaling.type, RopeScalingType::None);
   EXPECT_FLOAT_EQ(c->rope_theta, 1e6f);
 
-  j["rope_parameters"] = {{"rope_type", "yarn"}, {"rope_theta", 1e6}, {"factor", 4.0}};
+  j["rope_parameters"] = {{"rope_type", "longrope"}, {"rope_theta", 1e6}, {"factor", 4.0}};
   EXPECT_EQ(error_of(j),
-            "config.json: rope_parameters: unsupported rope type 'yarn' (supported: "
-            "default, linear, llama3)");
+            "config.json: rope_parameters: unsupported rope type 'longrope' (supported: "
+            "default, linear, llama3, yarn)");
+}
+
+// YaRN as Qwen2.5's 128K configs spell it (legacy rope_scaling, "type"), and the v5 layout with
+// the keys transformers reads: explicit attention_factor, mscale / mscale_all_dim, betas, truncate,
+// and the defaults (original_max_position_embeddings = max_position_embeddings, factor = their
+// ratio, attention_factor = 0.1 ln(factor) + 1).
+TEST(Config, YarnRope) {
+  json j = llama31_config();
+  j.erase("rope_scaling");
+  j["max_position_embeddings"] = 32768;
+  j["rope_scaling"] = {
+      {"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+  auto c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  const RopeScaling& s = c->rope_scaling;
+  EXPECT_EQ(s.type, RopeScalingType::Yarn);
+  EXPECT_FLOAT_EQ(s.factor, 4.0f);
+  EXPECT_EQ(s.original_max_position_embeddings, 32768);
+  EXPECT_EQ(s.beta_fast, 32.0);
+  EXPECT_EQ(s.beta_slow, 1.0);
+  EXPECT_TRUE(s.truncate);
+  EXPECT_DOUBLE_EQ(s.attention_factor, 0.1 * std::log(4.0) + 1.0);
+  EXPECT_FLOAT_EQ(c->attention_scale(),
+                  static_cast<float>(s.attention_factor * s.attention_factor / std::sqrt(128.0)));
+
+  j.erase("rope_scaling");
+  j["max_position_embeddings"] = 131072;
+  j["rope_parameters"] = {
+      {"rope_type", "yarn"},      {"rope_theta", 1e6}, {"original_max_position_embeddings", 8192},
+      {"attention_factor", 1.25}, {"beta_fast", 16},   {"beta_slow", 2},
+      {"truncate", false}};
+  c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_FLOAT_EQ(c->rope_scaling.factor, 16.0f);  // 131072 / 8192
+  EXPECT_EQ(c->rope_scaling.beta_fast, 16.0);
+  EXPECT_EQ(c->rope_scaling.beta_slow, 2.0);
+  EXPECT_FALSE(c->rope_scaling.truncate);
+  EXPECT_EQ(c->rope_scaling.attention_factor, 1.25);
+
+  j["rope_parameters"] = {
+      {"rope_type", "yarn"}, {"factor", 40.0}, {"mscale", 1.0}, {"mscale_all_dim", 0.707}};
+  c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rope_scaling.original_max_position_embeddings, 131072);
+  EXPECT_DOUBLE_EQ(c->rope_scaling.attention_factor,
+                   (0.1 * std::log(40.0) + 1.0) / (0.1 * 0.707 * std::log(40.0) + 1.0));
+
+  j["rope_parameters"] = {
+      {"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", 1}, {"beta_slow", 2}};
+  EXPECT_EQ(error_of(j), "config.json: rope_parameters: beta_fast (1) must exceed beta_slow (2)");
+  j["rope_parameters"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", 0}};
+  EXPECT_EQ(error_of(j),
+            "config.json: rope_parameters: field 'attention_factor' must be a positive number, "
+            "got 0");
 }
 
 TEST(Config, MistralSlidingWindow) {
@@ -297,10 +351,10 @@ TEST(Config, Errors) {
 
   EXPECT_EQ(with("rope_scaling", {{"type", "dynamic"}, {"factor", 2.0}}),
             "config.json: rope_scaling: unsupported rope type 'dynamic' (supported: default, "
-            "linear, llama3)");
+            "linear, llama3, yarn)");
   EXPECT_EQ(with("rope_scaling", {{"rope_type", "longrope"}}),
             "config.json: rope_scaling: unsupported rope type 'longrope' (supported: default, "
-            "linear, llama3)");
+            "linear, llama3, yarn)");
   EXPECT_EQ(with("rope_scaling", {{"rope_type", "linear"}}),
             "config.json: rope_scaling: missing field 'factor'");
   EXPECT_EQ(with("rope_scaling", {{"rope_type", "linear"}, {"factor", 0}}),
