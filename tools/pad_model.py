@@ -10,11 +10,14 @@ model accepts.
   python3 tools/pad_model.py --shape custom --hidden 512 --layers 8 --heads 16 --kv-heads 4 \\
       --inter 2048 --vocab 9000 --out /tmp/m          [--src models/default]
 
-Shapes (head_dim stays the small model's 64, so RoPE and the softmax scale 1/sqrt(64) are exact):
+Shapes (head_dim the small model's 64, so RoPE and the softmax scale 1/sqrt(64) are exact; the
+-hd128 ones have the real models' head_dim 128, see "Doubled heads" below):
   llama2-7b    hidden 4096, 32 layers, 64 q / 64 kv heads, inter 11008, vocab 32000
                (weight bytes and KV bytes per token = Llama-2-7B's)
   llama3.1-8b  hidden 4096, 32 layers, 64 q / 16 kv heads, inter 14336, vocab 128256
                (= Llama-3.1-8B's)
+  llama2-7b-hd128, llama3.1-8b-hd128: the same with 32 q / 32 kv and 32 q / 8 kv heads of 128,
+               exactly Llama-2-7B's and Llama-3.1-8B's attention shapes
 
 Construction (small: hidden h, vocab v, ...; large: H, V, ...; r = h / H):
 - Residual stream: the small dims are dims [0, h) of the large stream. Every weight that writes
@@ -55,6 +58,14 @@ Construction (small: hidden h, vocab v, ...; large: H, V, ...; r = h / H):
 What differs from the real 7B/8B models: head_dim 64 instead of 128 (twice the heads at the same
 bytes), so attention kernels run another head shape and the INT8/INT4 KV metadata (per head and
 group) is a little larger; the per-token weight and KV-code bytes are the real models'.
+Doubled heads (--head-dim 128 from a head_dim-64 model, the -hd128 shapes): small head dims
+[0, 32) and [32, 64) (the halves RoPE pairs) go to dims [0, 32) and [64, 96) of a 128-dim head,
+the rest 0. rope_theta becomes theta^2, so pair d of 128 turns at theta^(-2d/64) as pair d of the
+small head did, and rope_parameters are yarn with factor 1 (frequencies unchanged) and
+attention_factor 2^(1/4): transformers scales cos and sin by it, so the scores by sqrt(2), and
+1/sqrt(128) becomes the small model's 1/sqrt(64). The logits match the small model's to f32
+rounding (the frequencies are computed from another theta; tests/cli/test_pad_model.py); the
+4-bit draft's o_proj groups then mix real and zero columns, so its acceptance can differ slightly.
 All-zero 128-column groups quantize to exactly 0 in the 4-bit draft (scale 0, min 0) and all-zero
 KV heads to exactly 0 in the INT8/INT4 cache, so the padding adds bytes, not errors.
 
@@ -79,9 +90,11 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 SHAPES = {
-    # name: hidden, layers, heads, kv_heads, inter, vocab
-    "llama2-7b": (4096, 32, 64, 64, 11008, 32000),
-    "llama3.1-8b": (4096, 32, 64, 16, 14336, 128256),
+    # name: hidden, layers, heads, kv_heads, inter, vocab, head_dim (None: the small model's)
+    "llama2-7b": (4096, 32, 64, 64, 11008, 32000, None),
+    "llama3.1-8b": (4096, 32, 64, 16, 14336, 128256, None),
+    "llama2-7b-hd128": (4096, 32, 32, 32, 11008, 32000, 128),
+    "llama3.1-8b-hd128": (4096, 32, 32, 8, 14336, 128256, 128),
 }
 MIN_MAX_POSITION = 131072
 CHUNK_BYTES = 64 << 20
@@ -258,6 +271,8 @@ def main():
     ap.add_argument("--shape", required=True, choices=sorted(SHAPES) + ["custom"])
     for k in ("hidden", "layers", "heads", "kv-heads", "inter", "vocab"):
         ap.add_argument(f"--{k}", type=int, help="--shape custom")
+    ap.add_argument("--head-dim", type=int,
+                    help="--shape custom: the small model's head_dim (default) or twice it")
     ap.add_argument("--force", action="store_true", help="overwrite a non-empty --out")
     args = ap.parse_args()
 
@@ -266,8 +281,9 @@ def main():
         if any(v is None or v <= 0 for v in vals):
             fail("--shape custom needs --hidden --layers --heads --kv-heads --inter --vocab > 0")
         H, L, NH, NKV, I, V = vals
+        HD = args.head_dim
     else:
-        H, L, NH, NKV, I, V = SHAPES[args.shape]
+        H, L, NH, NKV, I, V, HD = SHAPES[args.shape]
 
     with open(os.path.join(args.src, "config.json")) as f:
         scfg = json.load(f)
@@ -279,6 +295,13 @@ def main():
     h, l, nh = scfg["hidden_size"], scfg["num_hidden_layers"], scfg["num_attention_heads"]
     nkv = scfg.get("num_key_value_heads", nh)
     hd = scfg.get("head_dim") or h // nh
+    HD = HD or hd
+    if HD not in (hd, 2 * hd):
+        fail(f"--head-dim {HD}: the small model's head_dim ({hd}) or twice it")
+    doubled = HD == 2 * hd
+    small_rope = scfg.get("rope_parameters") or scfg.get("rope_scaling") or {}
+    if doubled and small_rope.get("rope_type", small_rope.get("type", "default")) != "default":
+        fail("--head-dim twice the small model's needs its rope without scaling")
     i_s, v = scfg["intermediate_size"], scfg["vocab_size"]
     tied = bool(scfg.get("tie_word_embeddings", False))
     eps = float(scfg.get("rms_norm_eps", 1e-6))
@@ -290,6 +313,9 @@ def main():
     if NH % NKV != 0:
         fail(f"--heads {NH} must be a multiple of --kv-heads {NKV}")
     P, kv_src, contiguous = place_heads(nh, nkv, NH, NKV)
+    # o_proj's 128-column groups hold the small model's columns exactly only with contiguous
+    # heads of the small head_dim (a doubled head interleaves them with zero columns).
+    same_draft = contiguous and not doubled
     r = h / H
     norm_scale = math.sqrt(r)
 
@@ -299,7 +325,18 @@ def main():
 
     src = Source(args.src)
     zeros = ZeroChunks()
-    q_dim, kv_dim = NH * hd, NKV * hd
+    q_dim, kv_dim = NH * HD, NKV * HD
+    # Small head dims [0, hd/2) and [hd/2, hd) (the two halves RoPE pairs) go to the first
+    # quarter and the third quarter of a doubled head: pairs (d, d + hd/2) -> (d, d + HD/2).
+    halves = [(0, 0, hd // 2), (hd // 2, HD // 2, hd // 2)] if doubled else [(0, 0, hd)]
+
+    def head_rows(src, dst_head, src_head, cols):
+        return [(src, dst_head * HD + dd, 0, src_head * hd + sd, 0, n, cols)
+                for sd, dd, n in halves]
+
+    def head_cols(src, dst_head, src_head, rows):
+        return [(src, 0, dst_head * HD + dd, 0, src_head * hd + sd, rows, n)
+                for sd, dd, n in halves]
 
     def dtype_of(name):
         return src.tensors[name][1] if src.has(name) else "BF16"
@@ -329,14 +366,14 @@ def main():
                     (p + "mlp.up_proj.weight", z(I, H)),
                     (p + "mlp.down_proj.weight", z(H, I))]
         dq, wq = src.raw(p + "self_attn.q_proj.weight", (nh * hd, h))
-        q = Placed(dq, (q_dim, H), [(wq, P[k] * hd, 0, k * hd, 0, hd, h) for k in range(nh)])
+        q = Placed(dq, (q_dim, H), [b for k in range(nh) for b in head_rows(wq, P[k], k, h)])
         kv = []
         for proj in ("k_proj", "v_proj"):
             dk, wk = src.raw(p + f"self_attn.{proj}.weight", (nkv * hd, h))
-            kv.append(Placed(dk, (kv_dim, H), [(wk, j * hd, 0, s * hd, 0, hd, h)
-                                               for j, s in enumerate(kv_src) if s is not None]))
+            kv.append(Placed(dk, (kv_dim, H), [b for j, s in enumerate(kv_src) if s is not None
+                                               for b in head_rows(wk, j, s, h)]))
         do, wo = src.raw(p + "self_attn.o_proj.weight", (h, nh * hd))
-        o = Placed(do, (H, q_dim), [(wo, 0, P[k] * hd, 0, k * hd, h, hd) for k in range(nh)])
+        o = Placed(do, (H, q_dim), [b for k in range(nh) for b in head_cols(wo, P[k], k, h)])
         mlp = {"gate_proj": ((i_s, h), (I, H)), "up_proj": ((i_s, h), (I, H)),
                "down_proj": ((h, i_s), (H, I))}
         return ([(p + "input_layernorm.weight", norm(p + "input_layernorm.weight")),
@@ -381,7 +418,7 @@ def main():
     cfg.update({
         "architectures": ["LlamaForCausalLM"], "model_type": "llama", "hidden_size": H,
         "num_hidden_layers": L, "num_attention_heads": NH, "num_key_value_heads": NKV,
-        "head_dim": hd, "intermediate_size": I, "vocab_size": V, "rms_norm_eps": eps * r,
+        "head_dim": HD, "intermediate_size": I, "vocab_size": V, "rms_norm_eps": eps * r,
         "max_position_embeddings": max(int(scfg.get("max_position_embeddings", 0)),
                                        MIN_MAX_POSITION),
         "torch_dtype": "bfloat16", "tie_word_embeddings": tied,
@@ -391,6 +428,18 @@ def main():
     rp = scfg.get("rope_parameters")
     if isinstance(rp, dict) and "rope_theta" in rp and "rope_theta" not in cfg:
         cfg["rope_theta"] = rp["rope_theta"]  # for transformers v4, which reads it at the top
+    if doubled:
+        # Pair d of HD dims turns at theta'^(-2d/HD) = theta^(-2d/hd) with theta' = theta^2; the
+        # softmax scale 1/sqrt(HD) becomes the small model's 1/sqrt(hd) through yarn's
+        # attention_factor (cos and sin times 2^(1/4): scores times sqrt(2)); factor 1 leaves
+        # the frequencies alone.
+        theta = float(cfg.get("rope_theta") or 10000.0)
+        cfg["rope_theta"] = theta * theta
+        cfg["rope_parameters"] = {
+            "rope_type": "yarn", "rope_theta": theta * theta, "factor": 1.0,
+            "original_max_position_embeddings": cfg["max_position_embeddings"],
+            "attention_factor": math.sqrt(math.sqrt(HD / hd))}
+        cfg.pop("rope_scaling", None)
     for fn in COPY_FILES:
         if os.path.exists(os.path.join(args.src, fn)):
             shutil.copy(os.path.join(args.src, fn), os.path.join(args.out, fn))
@@ -399,18 +448,21 @@ def main():
         "large": {"hidden": H, "layers": L, "heads": NH, "kv_heads": NKV, "inter": I, "vocab": V},
         "small": {"hidden": h, "layers": l, "heads": nh, "kv_heads": nkv, "inter": i_s,
                   "vocab": v},
-        "head_dim": hd, "r": r, "norm_weight_scale": norm_scale, "rms_norm_eps": eps * r,
+        "head_dim": HD, "small_head_dim": hd, "r": r, "norm_weight_scale": norm_scale,
+        "rms_norm_eps": eps * r,
         "q_head_of_small_q_head": P, "small_kv_head_of_kv_head": kv_src,
-        "contiguous_heads": contiguous, "bytes": written,
+        "contiguous_heads": contiguous, "same_draft_quantization": same_draft, "bytes": written,
     }
     with open(os.path.join(args.out, "padding.json"), "w") as f:
         json.dump(info, f, indent=1)
     # config.json last: its presence marks a complete model (tools/gpu/bench_e2e.sh).
     with open(os.path.join(args.out, "config.json"), "w") as f:
         json.dump(cfg, f, indent=2)
-    print(f"wrote {args.out}: {args.shape} (hidden {H}, {L} layers, {NH}/{NKV} heads, inter {I}, "
+    print(f"wrote {args.out}: {args.shape} (hidden {H}, {L} layers, {NH}/{NKV} heads of {HD}, "
+          f"inter {I}, "
           f"vocab {V}) from {args.src}; {written / 2**30:.2f} GiB; q heads {P} "
-          f"({'contiguous' if contiguous else 'not contiguous: int4 o_proj groups differ'})")
+          f"({'contiguous' if contiguous else 'not contiguous'}; 4-bit o_proj groups "
+          f"{'as in the small model' if same_draft else 'differ from the small model'})")
 
 
 if __name__ == "__main__":

@@ -19,17 +19,21 @@ from conftest import REPO
 TOOL = os.path.join(REPO, "tools", "pad_model.py")
 SMALL = os.path.join(REPO, "models", "default")
 HELDOUT = os.path.join(SMALL, "heldout.u16")
-SHAPES = {  # name: --heads, --kv-heads (hidden 512, 8 layers, inter 2048, vocab 9000)
-    "mha": (16, 16),
-    "gqa": (16, 4),
+SHAPES = {  # name: --heads, --kv-heads, --head-dim (hidden 512, 8 layers, inter 2048, vocab 9000)
+    "mha": (16, 16, None),
+    "gqa": (16, 4, None),
+    "mha128": (8, 8, 128),  # doubled heads: theta^2, yarn attention_factor 2^(1/4)
+    "gqa128": (8, 2, 128),
 }
 
 
-def pad(out, heads, kv_heads, hidden=512, layers=8, inter=2048, vocab=9000, check=True):
+def pad(out, heads, kv_heads, head_dim=None, hidden=512, layers=8, inter=2048, vocab=9000,
+        check=True):
+    extra = ["--head-dim", str(head_dim)] if head_dim else []
     p = subprocess.run([sys.executable, TOOL, "--src", SMALL, "--out", str(out),
                         "--shape", "custom", "--hidden", str(hidden), "--layers", str(layers),
                         "--heads", str(heads), "--kv-heads", str(kv_heads), "--inter", str(inter),
-                        "--vocab", str(vocab)],
+                        "--vocab", str(vocab)] + extra,
                        capture_output=True, text=True, timeout=300)
     if check:
         assert p.returncode == 0, p.stderr
@@ -40,9 +44,9 @@ def pad(out, heads, kv_heads, hidden=512, layers=8, inter=2048, vocab=9000, chec
 def padded(tmp_path_factory):
     base = tmp_path_factory.mktemp("padded")
     dirs = {}
-    for name, (heads, kv_heads) in SHAPES.items():
+    for name, (heads, kv_heads, head_dim) in SHAPES.items():
         dirs[name] = base / name
-        pad(dirs[name], heads, kv_heads)
+        pad(dirs[name], heads, kv_heads, head_dim)
     return dirs
 
 
@@ -132,3 +136,18 @@ def test_errors(tmp_path):
     p = pad(tmp_path / "c", 16, 16, hidden=256, check=False)
     assert p.returncode != 0 and "hidden" in p.stderr
     assert not os.path.exists(tmp_path / "c" / "config.json")
+    p = pad(tmp_path / "d", 16, 16, head_dim=96, check=False)  # neither 64 nor 128
+    assert p.returncode != 0 and "--head-dim" in p.stderr
+
+
+def test_doubled_heads_layout(padded):
+    cfg = json.loads((padded["gqa128"] / "config.json").read_text())
+    small = json.loads(open(os.path.join(SMALL, "config.json")).read())
+    theta = small["rope_parameters"]["rope_theta"]
+    assert cfg["head_dim"] == 128 and cfg["rope_theta"] == theta * theta
+    rp = cfg["rope_parameters"]
+    assert rp["rope_type"] == "yarn" and rp["factor"] == 1.0
+    assert rp["attention_factor"] == pytest.approx(2 ** 0.25)
+    info = json.loads((padded["gqa128"] / "padding.json").read_text())
+    assert info["small_head_dim"] == 64 and not info["same_draft_quantization"]
+    assert json.loads((padded["mha"] / "padding.json").read_text())["same_draft_quantization"]

@@ -6,14 +6,16 @@
 # padded-llama2-7b / padded-llama3.1-8b (not in the default list; name them in QS_E2E): the
 # bundled model padded to those shapes by tools/pad_model.py (the same function, so its real
 # acceptance, at 7B/8B weight and KV bytes), made in /tmp/qs-padded-<shape> unless present
-# (~1 min, 13.5 / 16 GB of disk each) and benched on held-out text.
+# (~1 min, 13.5 / 16 GB of disk each) and benched on held-out text. padded-llama2-7b-hd128 /
+# padded-llama3.1-8b-hd128: the same with the real models' head_dim 128 (pad_model.py's doubled
+# heads), so attention runs the kernels the 7B/8B shapes use.
 #
 #   bash tools/gpu/bench_e2e.sh                 # default llama2-7b llama3.1-8b
 #   QS_E2E="default llama3.1-8b" bash tools/gpu/bench_e2e.sh
 #   QS_E2E="padded-llama2-7b padded-llama3.1-8b" bash tools/gpu/bench_e2e.sh
 #
 # Environment: QS_E2E (models to run: default llama2-7b llama3.1-8b padded-llama2-7b
-# padded-llama3.1-8b; default: the first three), QS_E2E_TOKENS (generated tokens per run,
+# padded-llama3.1-8b padded-llama2-7b-hd128 padded-llama3.1-8b-hd128; default: the first three), QS_E2E_TOKENS (generated tokens per run,
 # default 128; a list such as "256,2048" runs each into e2e-<model>-n<N>.*), QS_E2E_GAMMAS
 # (default 2,4,6), QS_E2E_MODES, QS_E2E_CONTEXTS (one list for every model instead of the
 # defaults below), QS_E2E_HF (set: also time HF transformers on the same model and contexts,
@@ -37,6 +39,8 @@ declare -A contexts=(
   # The padded models are the bundled one, trained at 16K context.
   [padded-llama2-7b]=4096,16000
   [padded-llama3.1-8b]=4096,16000
+  [padded-llama2-7b-hd128]=4096,16000
+  [padded-llama3.1-8b-hd128]=4096,16000
 )
 
 for name in ${QS_E2E:-default llama2-7b llama3.1-8b}; do
