@@ -19,6 +19,22 @@ double parameter_count(const ModelConfig& c) {
   return c.num_layers * layer + emb * (c.tie_word_embeddings ? 1 : 2);
 }
 
+// " (<type> x<factor>...)" for a scaled RoPE, "" otherwise.
+std::string rope_scaling_label(const RopeScaling& s) {
+  switch (s.type) {
+    case RopeScalingType::None:
+      return "";
+    case RopeScalingType::Linear:
+      return fmt::format(" (linear x{:g})", s.factor);
+    case RopeScalingType::Llama3:
+      return fmt::format(" (llama3 x{:g} from {})", s.factor, s.original_max_position_embeddings);
+    case RopeScalingType::Yarn:
+      return fmt::format(" (yarn x{:g} from {}, attention factor {:.4g})", s.factor,
+                         s.original_max_position_embeddings, s.attention_factor);
+  }
+  return "";
+}
+
 }  // namespace
 
 bool stderr_is_tty() {
@@ -53,9 +69,9 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
              model_dir.string(), architecture_name(c.arch), parameter_count(c) / 1e6,
              c.torch_dtype.empty() ? "?" : c.torch_dtype);
   fmt::print(stderr,
-             "  layers {} hidden {} heads {}/{} (kv) head_dim {} vocab {} rope_theta {:g}\n",
+             "  layers {} hidden {} heads {}/{} (kv) head_dim {} vocab {} rope_theta {:g}{}\n",
              c.num_layers, c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size,
-             c.rope_theta);
+             c.rope_theta, rope_scaling_label(c.rope_scaling));
   const int tp = eo.tensor_parallel;
   std::string backend =
       eo.device == Device::kCuda
