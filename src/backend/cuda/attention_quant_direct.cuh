@@ -225,6 +225,31 @@ __device__ __forceinline__ void ring_read(const unsigned char* slot, const RingL
   }
 }
 
+// The sub-chunks of a warp's range [b, e) that fold the queries with a new key group (the first,
+// then each that starts a group) and that group's key scales / mins: the loop and the ring's
+// copies (which carry the metadata along) walk the same schedule.
+struct KeyGroups {
+  int next = 0;   // the next sub-chunk that folds
+  int first_gap;  // sub-chunks from b to the next group
+  int step;       // sub-chunks per group
+  const uint16_t* ks;
+  const uint16_t* km;
+
+  __device__ KeyGroups(const uint16_t* k_scale, const uint16_t* k_min, int b, int G)
+      : first_gap((G - b % G) / kTok),
+        step(G / kTok),
+        ks(k_scale + static_cast<int64_t>(b / G) * kHD),
+        km(k_min + static_cast<int64_t>(b / G) * kHD) {}
+
+  __device__ bool folds(int j) const { return j == next; }
+  // After sub-chunk j (which folded): the next group.
+  __device__ void advance(int j) {
+    ks += kHD;
+    km += kHD;
+    next = j == 0 ? first_gap : j + step;
+  }
+};
+
 __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -586,24 +611,17 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   static_assert(!kRing || NT == 1, "the ring: one tile per warp");
   const RingLane rl = kRing ? RingLane::make() : RingLane{};
   auto slot = [&](int j) { return ring + (j % kRingSlots) * RingSlot<INT8>::kBytes; };
-  // The ring's copies carry the key metadata of the sub-chunks that fold (the first, then each
-  // that starts a group): `copy_fold` is the next of them, `copy_ks` its group's scales.
-  const int first_gap = (G - b % G) / kTok;  // sub-chunks from b to the next group
-  int copy_fold = 0;
-  const uint16_t* copy_ks = k_scale + static_cast<int64_t>(b / G) * kHD;
-  auto copy_sub =
-      [&](int j) {  // sub-chunk j into slot(j), then commit (an empty group past the end)
-        if (j < n_subs) {
-          const bool fold = j == copy_fold;
-          ring_copy<INT8>(head, b + j * kTok, slot(j), rl, fold ? copy_ks : nullptr,
-                          fold ? k_min + (copy_ks - k_scale) : nullptr);
-          if (fold) {
-            copy_ks += kHD;
-            copy_fold = j == 0 ? first_gap : j + G / kTok;
-          }
-        }
-        cp_async_commit();
-      };
+  // The ring's copies carry the key metadata of the sub-chunks that fold.
+  KeyGroups copy_groups(k_scale, k_min, b, G);
+  auto copy_sub = [&](int j) {  // sub-chunk j into slot(j), then commit (empty past the end)
+    if (j < n_subs) {
+      const bool fold = copy_groups.folds(j);
+      ring_copy<INT8>(head, b + j * kTok, slot(j), rl, fold ? copy_groups.ks : nullptr,
+                      fold ? copy_groups.km : nullptr);
+      if (fold) copy_groups.advance(j);
+    }
+    cp_async_commit();
+  };
   if constexpr (kRing) {  // the first sub-chunks stream in while the full-precision rows run
 #pragma unroll
     for (int j = 0; j < kRingSlots; ++j) copy_sub(j);
@@ -631,23 +649,19 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     w.init(bnd, reinterpret_cast<uint2*>(o_mine));
   }
   // The queries are folded with each key group's scale / min where the group starts (and at the
-  // first sub-chunk): sub-chunk next_fold, then every G / 32.
-  const uint16_t* ks = k_scale + static_cast<int64_t>(b / G) * kHD;
-  const uint16_t* km = k_min + static_cast<int64_t>(b / G) * kHD;
-  int next_fold = 0;
+  // first sub-chunk); with the ring the slot holds them.
+  KeyGroups groups(k_scale, k_min, b, G);
   for (int j = 0; j < n_subs; ++j) {
     const int t_sub = b + j * kTok;
     auto fold = [&] {
-      if (j == next_fold) {
+      if (groups.folds(j)) {
         if constexpr (kRing) {
           const auto* meta = reinterpret_cast<const uint16_t*>(slot(j) + RingSlot<INT8>::kKeyMeta);
           w.template fold_queries<true>(q_warp, meta, meta + kHD);
         } else {
-          w.fold_queries(q_warp, ks, km);
+          w.fold_queries(q_warp, groups.ks, groups.km);
         }
-        ks += kHD;
-        km += kHD;
-        next_fold = j == 0 ? first_gap : j + G / kTok;
+        groups.advance(j);
       }
     };
     // Several tiles: folded before the loads, so that its temporaries and the chunk's registers

@@ -116,6 +116,32 @@ __device__ __forceinline__ void tile_scores(const float* k_s, const float* q_s, 
   }
 }
 
+// Keys [first, first + kKeys) of kv head h (rows at or past k_end zero) in k_s against every
+// query vector of the head, a tile of them in q_s at a time: fn(j, s0, s1, last) for each of this
+// warp's query vectors j (warp-uniform), with s0 / s1 the scaled scores of the lane's keys
+// first + lane and first + lane + 32 and `last` the last key j sees. Passes 1 and 3 run it on the
+// same data, so pass 3 recomputes exactly the scores pass 1 normalized.
+template <int HD, typename T, class Fn>
+__device__ __forceinline__ void for_each_query_scores(const SnapKvScoresArgs& a, int h, int first,
+                                                      int k_end, float* k_s, float* q_s,
+                                                      const Fn& fn) {
+  const int warp = threadIdx.x / 32;
+  const int nq = group_size(a) * a.window;
+  load_keys<HD, T>(a, h, first, k_end, k_s);
+  for (int j0 = 0; j0 < nq; j0 += kQueryTile) {
+    __syncthreads();  // the previous tile's reads of q_s are done
+    load_queries<HD>(a, h, j0, q_s);
+    __syncthreads();
+    float s[kQueriesPerWarp][2];
+    tile_scores<HD>(k_s, q_s, a.scale, s);
+#pragma unroll
+    for (int qq = 0; qq < kQueriesPerWarp; ++qq) {
+      const int j = j0 + warp * kQueriesPerWarp + qq;  // warp-uniform
+      if (j < nq) fn(j, s[qq][0], s[qq][1], last_visible(a, j));
+    }
+  }
+}
+
 // Pass 1. Block (chunk blockIdx.x of the prompt's keys, kv head blockIdx.y). partial: [kv heads,
 // group * window, chunks] (max, sum of exp(s - max)) over the chunk's keys the query vector
 // sees; (-inf, 0) for none.
@@ -128,30 +154,19 @@ __global__ void __launch_bounds__(kThreads)
   float* q_s = k_s + kKeys * kKeyPitch<HD>;
   const int h = blockIdx.y, chunk = blockIdx.x, chunks = gridDim.x;
   const int first = chunk * kKeys;
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int lane = threadIdx.x % 32;
   const int nq = group_size(a) * a.window;
-  load_keys<HD, T>(a, h, first, a.prompt_len, k_s);
-  for (int j0 = 0; j0 < nq; j0 += kQueryTile) {
-    __syncthreads();  // the previous tile's reads of q_s are done
-    load_queries<HD>(a, h, j0, q_s);
-    __syncthreads();
-    float s[kQueriesPerWarp][2];
-    tile_scores<HD>(k_s, q_s, a.scale, s);
-#pragma unroll
-    for (int qq = 0; qq < kQueriesPerWarp; ++qq) {
-      const int j = j0 + warp * kQueriesPerWarp + qq;  // warp-uniform
-      if (j >= nq) continue;
-      const int last = last_visible(a, j);
-      const float s0 = first + lane <= last ? s[qq][0] : -INFINITY;
-      const float s1 = first + lane + 32 <= last ? s[qq][1] : -INFINITY;
-      const float m = warp_max(fmaxf(s0, s1));
-      // m is warp-uniform; -inf: the query sees no key of this chunk.
-      const float l = m == -INFINITY ? 0.0f : warp_sum(expf(s0 - m) + expf(s1 - m));
-      if (lane == 0) {
-        partial[(static_cast<int64_t>(h) * nq + j) * chunks + chunk] = make_float2(m, l);
-      }
-    }
-  }
+  for_each_query_scores<HD, T>(
+      a, h, first, a.prompt_len, k_s, q_s, [&](int j, float s0, float s1, int last) {
+        s0 = first + lane <= last ? s0 : -INFINITY;
+        s1 = first + lane + 32 <= last ? s1 : -INFINITY;
+        const float m = warp_max(fmaxf(s0, s1));
+        // m is warp-uniform; -inf: the query sees no key of this chunk.
+        const float l = m == -INFINITY ? 0.0f : warp_sum(expf(s0 - m) + expf(s1 - m));
+        if (lane == 0) {
+          partial[(static_cast<int64_t>(h) * nq + j) * chunks + chunk] = make_float2(m, l);
+        }
+      });
 }
 
 // Pass 2. A warp per query vector (rows = kv heads * group * window): ml[row] = (max, 1 / sum)
@@ -188,24 +203,13 @@ __global__ void __launch_bounds__(kThreads)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int nq = group_size(a) * a.window;
   const float2* head_ml = ml + static_cast<int64_t>(h) * nq;
-  load_keys<HD, T>(a, h, first, a.past, k_s);
   float acc0 = 0.0f, acc1 = 0.0f;  // the lane's keys, over the warp's query vectors
-  for (int j0 = 0; j0 < nq; j0 += kQueryTile) {
-    __syncthreads();
-    load_queries<HD>(a, h, j0, q_s);
-    __syncthreads();
-    float s[kQueriesPerWarp][2];
-    tile_scores<HD>(k_s, q_s, a.scale, s);
-#pragma unroll
-    for (int qq = 0; qq < kQueriesPerWarp; ++qq) {
-      const int j = j0 + warp * kQueriesPerWarp + qq;
-      if (j >= nq) continue;
-      const float2 st = head_ml[j];
-      const int last = last_visible(a, j);
-      if (first + lane <= last) acc0 += expf(s[qq][0] - st.x) * st.y;
-      if (first + lane + 32 <= last) acc1 += expf(s[qq][1] - st.x) * st.y;
-    }
-  }
+  for_each_query_scores<HD, T>(a, h, first, a.past, k_s, q_s,
+                               [&](int j, float s0, float s1, int last) {
+                                 const float2 st = head_ml[j];
+                                 if (first + lane <= last) acc0 += expf(s0 - st.x) * st.y;
+                                 if (first + lane + 32 <= last) acc1 += expf(s1 - st.x) * st.y;
+                               });
   // The warps' sums per key, added in warp order (q_s is free again: kWarps * kKeys floats fit
   // in kQueryTile * HD for HD >= 32).
   static_assert(kWarps * kKeys <= kQueryTile * 32);
