@@ -1,7 +1,7 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
 //   bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,
-//                         w4sweep,kvflush,quantkv]
+//                         w4sweep,kvflush,quantkv,qtime]
 //             [--quick] [--profile]
 //
 // prefattn: one layer's causal prefill attention, f32 kernel vs tensor cores, 4K/32K/128K.
@@ -9,7 +9,8 @@
 // quantkv: attention over the hierarchical quantized KV cache (draft INT4 and target INT8 views).
 // w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; w4layer: one draft
 // layer's 4-bit launches (grouped as the model runs them) per code path, w4sweep the same with
-// every tiles-per-block x warps x path choice; kvflush: quantize_kv.
+// every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
+// list): per-block phase stamps of one quantized-attention call (bench_quant_timeline).
 // Their small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured
 // decode step runs them; w4mm also states the eager time.
 //
@@ -1081,6 +1082,111 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
   cuda::set_quant_attention_tuning(saved);
 }
 
+// Where one quantized-attention call's time goes, block by block (QuantAttentionTuning::timeline;
+// attention_quant.h names the phases): the default plan of the quantkv section's draft (m = 1)
+// and target (m = 4) calls at 4K / 32K / 128K, timed as a graph of calls without and with the
+// stamps, then the last call's stamps: its span (first block in to last block out), the blocks'
+// entry skew, and each phase's median / max over the blocks (clock64 cycles at the SM clock the
+// blocks ran at, from %globaltimer over the same blocks). What the call costs beyond its span is
+// the combine kernel and the launch gaps.
+void bench_quant_timeline(CudaBackend& be) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  const int G = 128, m_max = 9;
+  const cuda::QuantAttentionTuning saved = cuda::quant_attention_tuning();
+  int num_sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0));
+  constexpr int W = cuda::kQuantTimelineSlots;
+  for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
+    const int hd = sh->head_dim, kv_heads = sh->kv_heads;
+    const AttentionShape shape{sh->heads, kv_heads, hd,
+                               static_cast<float>(1.0 / std::sqrt(double(hd)))};
+    for (int ctx : {4096, 32768, 131072}) {
+      const int fp_base = quant_boundary(ctx - m_max, G);
+      const double layer_bytes = double(kv_heads) * ctx * (2.0 * hd + 4.0 + 4.0 * hd / G);
+      const int copies = std::max(1, static_cast<int>(std::ceil(kRotateBytes / layer_bytes)));
+      std::vector<std::unique_ptr<QuantLayer>> layers;
+      for (int c = 0; c < copies; ++c) {
+        layers.push_back(
+            std::make_unique<QuantLayer>(kv_heads, hd, G, ctx, ctx - fp_base, 900 + 16 * c));
+      }
+      auto q = random_f32(size_t(m_max) * sh->heads * hd, 7);
+      DeviceMem out(size_t(m_max) * sh->heads * hd * 4);
+      for (const int m : {1, 4}) {
+        const bool int8 = m > 1;
+        std::vector<QuantizedKvSegment> segs;
+        for (const auto& l : layers) {
+          segs.push_back(l->seg);
+          segs.back().int8 = int8;
+          if (!int8) segs.back().key_lower = segs.back().value_lower = nullptr;
+        }
+        auto view = [&](int c) {
+          KvView kv{layers[c]->k, layers[c]->v, int64_t{kv_heads} * hd, ctx};
+          kv.fp_base = fp_base;
+          kv.quantized = &segs[c];
+          return kv;
+        };
+        auto call = [&](int i) {
+          be.attention(q->f32(), m, ctx - m, shape, view(i % copies), out.f32());
+        };
+        const KvView kv0 = view(0);
+        const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(
+            cuda::make_quant_attention_args(q->f32(), m, ctx - m, shape, kv0, out.f32()), num_sms);
+        const int64_t blocks = int64_t{plan.splits} * kv_heads * plan.query_groups;
+        for (int i = 0; i < copies; ++i) call(i);
+        const int reps = std::max(10, 2 * copies);
+        const double plain = time_graph_ms(s, call, reps);
+        DeviceMem stamps(size_t(blocks) * W * 8);
+        CUDA_CHECK(cudaMemset(stamps.ptr, 0, stamps.bytes));
+        cuda::QuantAttentionTuning t = saved;
+        t.timeline = static_cast<unsigned long long*>(stamps.ptr);
+        cuda::set_quant_attention_tuning(t);
+        const double stamped = time_graph_ms(s, call, reps);
+        cuda::set_quant_attention_tuning(saved);
+        std::vector<unsigned long long> h(size_t(blocks) * W);
+        CUDA_CHECK(cudaMemcpy(h.data(), stamps.ptr, stamps.bytes, cudaMemcpyDeviceToHost));
+        unsigned long long first_in = ~0ull, last_out = 0;
+        double ns_sum = 0, cyc_sum = 0;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const unsigned long long* w = &h[b * W];
+          first_in = std::min(first_in, w[0]);
+          last_out = std::max(last_out, w[1]);
+          ns_sum += double(w[1] - w[0]);
+          cyc_sum += double(w[2 + 6] - w[2]);
+        }
+        const double ns_per_cycle = cyc_sum > 0 ? ns_sum / cyc_sum : 0.0;
+        // Median and max over the blocks, us.
+        auto stat = [&](const std::function<double(const unsigned long long*)>& f) {
+          std::vector<double> v;
+          for (int64_t b = 0; b < blocks; ++b) v.push_back(f(&h[b * W]) * 1e-3);
+          std::sort(v.begin(), v.end());
+          char buf[48];
+          std::snprintf(buf, sizeof buf, "%5.1f/%5.1f", v[v.size() / 2], v.back());
+          return std::string(buf);
+        };
+        // Phase i ends at slot 2 + i; a phase a path does not stamp (3, 4 off the direct path)
+        // reads 0 and is folded into the next one.
+        auto phase = [&](int i) {
+          return stat([&, i](const unsigned long long* w) {
+            if (w[2 + i] == 0) return 0.0;
+            int j = i - 1;
+            while (j > 0 && w[2 + j] == 0) --j;
+            return double(w[2 + i] - w[2 + j]) * ns_per_cycle;
+          });
+        };
+        summary(
+            "| qtime %-11s ctx=%-6d m=%d | call %6.1f us (stamped %6.1f) | %5lld blocks | span "
+            "%6.1f | entry %s | wait %s | q %s | fp %s | quant %s | barrier %s | merge %s | "
+            "%.2f GHz |",
+            sh->model, ctx, m, plain * 1e3, stamped * 1e3, static_cast<long long>(blocks),
+            double(last_out - first_in) * 1e-3,
+            stat([&](const unsigned long long* w) { return double(w[0] - first_in); }).c_str(),
+            phase(1).c_str(), phase(2).c_str(), phase(3).c_str(), phase(4).c_str(),
+            phase(5).c_str(), phase(6).c_str(), ns_per_cycle > 0 ? 1.0 / ns_per_cycle : 0.0);
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qs
 
@@ -1100,7 +1206,7 @@ int main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,"
-          "w4var,w4layer,w4sweep,kvflush,quantkv] [--quick] [--profile]\n");
+          "w4var,w4layer,w4sweep,kvflush,quantkv,qtime] [--quick] [--profile]\n");
       return 2;
     }
   }
@@ -1146,6 +1252,7 @@ int main(int argc, char** argv) {
   if (has("w4layer") || has("w4sweep")) bench_gemv_q4_layer(**be, has("w4sweep"));
   if (has("kvflush")) bench_quantize_kv(**be);
   if (has("quantkv")) bench_quant_attention(**be, quick);
+  if (has("qtime")) bench_quant_timeline(**be);
   std::printf("\n== summary (%s) ==\n", prop.name);
   for (const std::string& line : g_summary) std::printf("%s\n", line.c_str());
   return 0;

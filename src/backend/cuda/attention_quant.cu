@@ -108,7 +108,22 @@ struct Params {
   int ring_offset;    // direct path with its per-warp ring: where the warps' rings start
   float* partial_o;   // [splits, m * num_heads, head_dim]
   float* partial_ml;  // [splits, m * num_heads, 2]
+  unsigned long long* timeline;  // QuantAttentionTuning::timeline, or null
 };
+
+// Diagnostics: the end of phase `i` of this block (kQuantTimelineSlots), by thread 0.
+__device__ __forceinline__ void timeline_stamp(const Params& p, int i) {
+  if (p.timeline == nullptr || threadIdx.x != 0) return;
+  const int64_t block =
+      (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y) * gridDim.x + blockIdx.x;
+  unsigned long long* slots = p.timeline + block * kQuantTimelineSlots;
+  slots[2 + i] = clock64();
+  if (i == 0 || i == 6) {
+    unsigned long long ns;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
+    slots[i == 0 ? 0 : 1] = ns;
+  }
+}
 
 // ---- device helpers -------------------------------------------------------------------------
 
@@ -1101,6 +1116,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     q_s[j * kQStride + d] = val;
   }
   __syncthreads();
+  timeline_stamp(p, 2);
 
   const int qv_warp = qv_block + qt * QW;
   const float* q_warp = q_s + qt * QW * kQStride;
@@ -1186,6 +1202,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     w.store(o_q, ml_q);
   }
   __syncthreads();
+  timeline_stamp(p, 5);
 
   // Merge the states and write this split's partial state of every valid query vector.
   const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
@@ -1210,11 +1227,14 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
       p.partial_ml[slot * 2 + 1] = l_tot;
     }
   }
+  timeline_stamp(p, 6);
 }
 
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDraftF16 = false>
 __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p) {
+  timeline_stamp(p, 0);
   pdl_begin();
+  timeline_stamp(p, 1);
   attention_quant_body<HD, INT8, NG, kMma, QW, false, kDraftF16>(p);
 }
 
@@ -1223,7 +1243,9 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT = 1,
           bool kRing = false>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
+  timeline_stamp(p, 0);
   pdl_begin();
+  timeline_stamp(p, 1);
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch,
                        kRing>(p);
 }
@@ -1540,6 +1562,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.direct = kc.direct;
   pl.draft_f16 = kc.draft_f16;
   pl.draft_reg_prefetch = tune.draft_reg_prefetch;
+  pl.timeline = tune.timeline;
   pl.direct_tiles = kc.direct_tiles;
   pl.queries_per_warp = kc.qw;
   const int hd = a.head_dim, G = a.seg.group_size;
@@ -1657,6 +1680,7 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
                       : 0;
   p.partial_o = partials;
   p.partial_ml = partials + plan.splits * num_qv * hd;
+  p.timeline = plan.timeline;
   QS_CHECK(p.tiles * kc.qw * static_cast<int64_t>(plan.query_groups) >= p.nq);
   QS_CHECK(p.fp_split_len >= 1 &&
            static_cast<int64_t>(plan.splits) * p.fp_split_len >= p.fp_end - p.fp_begin);

@@ -69,6 +69,7 @@ struct QuantAttentionPlan {
   int64_t partial_floats = 0;  // scratch for the split partials (o, then (max, sum))
   int chunk = 1;   // 32-token sub-chunks per warp per pipeline stage (tensor-core path)
   int stages = 3;  // cp.async pipeline stages (tensor-core path)
+  unsigned long long* timeline = nullptr;  // QuantAttentionTuning::timeline
 };
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms);
@@ -141,7 +142,16 @@ struct QuantAttentionTuning {
   // The direct path's per-warp cp.async ring (kQuantAttentionDirectRing: -1 automatic, 0 off, 1
   // on). QS_DIRECT_RING=0|1 sets it for the whole process.
   int direct_ring = kQuantAttentionDirectRing;
+  // Diagnostics (bench_ops --sections qtime): non-null, a device buffer of kQuantTimelineSlots
+  // words per block of the largest grid launched, into which every block of every launch writes
+  // when its phases end (the last launch's stamps remain). Null: no stamp is taken.
+  unsigned long long* timeline = nullptr;
 };
+// Per block: [0] %globaltimer (ns) at entry, [1] at exit, [2 + i] clock64 at the end of phase i:
+// 0 entry, 1 the previous kernel awaited (PDL), 2 the queries in shared memory, 3 the
+// full-precision rows (direct path), 4 the quantized positions (direct path), 5 the block's
+// barrier before the merge, 6 the partials written. Blocks in grid order (x fastest).
+constexpr int kQuantTimelineSlots = 10;
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();
 

@@ -628,6 +628,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   }
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
   overlap();
+  timeline_stamp(p, 3);
   LanePtrs lp = LanePtrs::at(b);
   Chunk<INT8> cur;
   if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, lp, cur);
@@ -698,6 +699,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     if constexpr (kPrefetch) cur = nxt;
     lp.advance();
   }
+  timeline_stamp(p, 4);
   w.store(o_mine, ml_mine);
 }
 
