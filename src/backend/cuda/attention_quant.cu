@@ -1066,6 +1066,48 @@ __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int 
 
 #include "backend/cuda/attention_quant_direct.cuh"
 
+// The merge's per-vector scratch: one weight per state (kind x slice, slices <= 2), max, sum.
+constexpr int kMaxStates = 4;
+constexpr int kMergeSlots = kMaxStates + 2;
+static_assert(kMergeSlots <= 32 + kQPad, "the merge scratch fits in a query row (head_dim >= 32)");
+
+// q_s[j][HD + kQPad] = query vector qv_block + j of kv head kvh, times scale_log2 (zeros past the
+// last vector): 16-byte loads (element loads where q is not 16-byte aligned), four per thread in
+// flight before their stores.
+template <int HD>
+__device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv_block,
+                                                int block_qv, float* q_s) {
+  constexpr int kQStride = HD + kQPad, kV4 = HD / 4, kU = 4;
+  const QuantAttentionArgs& a = p.a;
+  const int64_t q_row_len = static_cast<int64_t>(a.num_heads) * HD;
+  const bool vec = (reinterpret_cast<uintptr_t>(a.q) & 15) == 0;
+  const int n = block_qv * kV4;
+  for (int e0 = threadIdx.x; e0 < n; e0 += kU * blockDim.x) {
+    float4 x[kU];
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int e = e0 + u * blockDim.x;
+      const int qv = qv_block + e / kV4;
+      x[u] = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+      if (e < n && qv < p.nq) {
+        const int row = qv / p.group, head = kvh * p.group + qv % p.group;
+        const float* src = a.q + row * q_row_len + static_cast<int64_t>(head) * HD + (e % kV4) * 4;
+        x[u] = vec ? *reinterpret_cast<const float4*>(src)
+                   : make_float4(src[0], src[1], src[2], src[3]);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kU; ++u) {
+      const int e = e0 + u * blockDim.x;
+      if (e < n) {
+        const float sc = a.scale_log2;
+        *reinterpret_cast<float4*>(q_s + (e / kV4) * kQStride + (e % kV4) * 4) =
+            make_float4(x[u].x * sc, x[u].y * sc, x[u].z * sc, x[u].w * sc);
+      }
+    }
+  }
+}
+
 // Grid: x = split, y = kv head, z = query group (tiles * QW query vectors of the kv head).
 // Split x reads the quantized positions [x * q_split_len, +q_split_len) below q_end and the
 // full-precision rows [fp_begin + x * fp_split_len, +fp_split_len) below fp_end (either may be
@@ -1103,18 +1145,10 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     return base + p.slices * block_qv * HD + (st % p.slices) * block_qv * 2;
   };
 
-  // The block's query vectors, pre-scaled to base-2 units; zeros past the last one.
-  const int64_t q_row_len = static_cast<int64_t>(a.num_heads) * HD;
-  for (int e = threadIdx.x; e < block_qv * HD; e += blockDim.x) {
-    const int j = e / HD, d = e % HD;
-    const int qv = qv_block + j;
-    float val = 0.0f;
-    if (qv < p.nq) {
-      const int row = qv / p.group, head = kvh * p.group + qv % p.group;
-      val = a.q[row * q_row_len + static_cast<int64_t>(head) * HD + d] * a.scale_log2;
-    }
-    q_s[j * kQStride + d] = val;
-  }
+  // The block's query vectors, pre-scaled to base-2 units; zeros past the last one. Four
+  // 16-byte loads per thread in flight before their stores (one element per thread and
+  // iteration was a chain of dependent L2 round trips: ~10 us for 24 query vectors).
+  load_query_tile<HD>(p, kvh, qv_block, block_qv, q_s);
   __syncthreads();
   timeline_stamp(p, 2);
 
@@ -1204,27 +1238,45 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   __syncthreads();
   timeline_stamp(p, 5);
 
-  // Merge the states and write this split's partial state of every valid query vector.
-  const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
-  for (int e = threadIdx.x; e < block_qv * HD; e += blockDim.x) {
-    const int j = e / HD, d = e % HD;
-    const int qv = qv_block + j;
-    if (qv >= p.nq) continue;
+  // Merge the states and write this split's partial state of every valid query vector: each
+  // vector's weights once (thread per vector, over the consumed queries' memory), then 16 bytes
+  // of o per thread (per element, the weights' exponentials and the states' maxima were
+  // recomputed HD times: ~1 us per element and thread).
+  float* w_s = q_s;  // [block_qv][kMergeSlots]: the states' weights, then the max and the sum
+  for (int j = threadIdx.x; j < block_qv; j += blockDim.x) {
+    if (qv_block + j >= p.nq) continue;
     float m_tot = kNegInf;
     for (int st = 0; st < n_states; ++st) m_tot = fmaxf(m_tot, state_ml(st)[2 * j]);
-    float l_tot = 0.0f, o_tot = 0.0f;
+    float l_tot = 0.0f;
     for (int st = 0; st < n_states; ++st) {
       const float wgt = merge_weight(state_ml(st)[2 * j], m_tot);
+      w_s[j * kMergeSlots + st] = wgt;
       l_tot += wgt * state_ml(st)[2 * j + 1];
-      o_tot += wgt * state_o(st)[j * HD + d];
+    }
+    w_s[j * kMergeSlots + kMaxStates] = m_tot;
+    w_s[j * kMergeSlots + kMaxStates + 1] = l_tot;
+  }
+  __syncthreads();
+  const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
+  constexpr int kV4 = HD / 4;
+  for (int e = threadIdx.x; e < block_qv * kV4; e += blockDim.x) {
+    const int j = e / kV4, d = (e % kV4) * 4;
+    const int qv = qv_block + j;
+    if (qv >= p.nq) continue;
+    float4 o = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+    for (int st = 0; st < n_states; ++st) {
+      const float wgt = w_s[j * kMergeSlots + st];
+      const float4 x = *reinterpret_cast<const float4*>(state_o(st) + j * HD + d);
+      o.x = fmaf(wgt, x.x, o.x), o.y = fmaf(wgt, x.y, o.y);
+      o.z = fmaf(wgt, x.z, o.z), o.w = fmaf(wgt, x.w, o.w);
     }
     const int row = qv / p.group, head = kvh * p.group + qv % p.group;
     const int64_t slot =
         static_cast<int64_t>(blockIdx.x) * num_qv + static_cast<int64_t>(row) * a.num_heads + head;
-    p.partial_o[slot * HD + d] = o_tot;
+    *reinterpret_cast<float4*>(p.partial_o + slot * HD + d) = o;
     if (d == 0) {
-      p.partial_ml[slot * 2] = m_tot;
-      p.partial_ml[slot * 2 + 1] = l_tot;
+      p.partial_ml[slot * 2] = w_s[j * kMergeSlots + kMaxStates];
+      p.partial_ml[slot * 2 + 1] = w_s[j * kMergeSlots + kMaxStates + 1];
     }
   }
   timeline_stamp(p, 6);
@@ -1244,6 +1296,7 @@ template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT
           bool kRing = false>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
+  direct_path::prefetch_block_start<INT8>(p);
   pdl_begin();
   timeline_stamp(p, 1);
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch,
@@ -1654,6 +1707,7 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
            kc.draft_f16 == plan.draft_f16 && kc.qw == plan.queries_per_warp);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
+  QS_CHECK(2 * plan.token_slices <= kMaxStates);
   const int G = a.seg.group_size;
   const int hd = a.head_dim;
   const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;

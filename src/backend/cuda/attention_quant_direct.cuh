@@ -576,6 +576,69 @@ struct DirectPath {
   }
 };
 
+// Before the previous kernel is awaited (PDL): asks L2 for what the block reads first, its
+// full-precision rows and each slice's first sub-chunk (the view's code planes, value scales and
+// mins, the key group's scales and mins), so that those DRAM round trips overlap the wait. No
+// effect on the results: L2 is coherent, and the rows the previous kernel writes are read after
+// the wait.
+template <bool INT8>
+__device__ __forceinline__ void prefetch_block_start(const Params& p) {
+  const QuantAttentionArgs& a = p.a;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  if (warp % p.tiles != 0) return;  // one warp per slice
+  const int ts = warp / p.tiles, kvh = blockIdx.y;
+  auto fetch = [](const void* ptr, uint32_t bytes) {
+    if ((reinterpret_cast<uintptr_t>(ptr) & 15) == 0) prefetch_l2(ptr, bytes);
+  };
+  if (ts == 0) {
+    const int begin = p.fp_begin + blockIdx.x * p.fp_split_len;
+    const int end = min(p.fp_end, begin + p.fp_split_len);
+    const int elem = a.kv_dtype == DType::F16 ? 2 : 4;
+    for (int t = begin + lane; t < end; t += 32) {
+      const int64_t off = (static_cast<int64_t>(t - a.fp_base) * a.row_stride + kvh * kHD) * elem;
+      fetch(static_cast<const char*>(a.k) + off, kHD * elem);
+      fetch(static_cast<const char*>(a.v) + off, kHD * elem);
+    }
+  }
+  const int begin = blockIdx.x * p.q_split_len, end = min(p.q_end, begin + p.q_split_len);
+  const int b = begin + ts * (p.q_split_len / p.slices);
+  if (b + kTok > end) return;
+  const int G = a.seg.group_size;
+  const int64_t C = a.seg.capacity;
+  const int64_t codes = (static_cast<int64_t>(kvh) * C + b) * (kHD / 2);
+  const int64_t vmeta = static_cast<int64_t>(kvh) * C + b;
+  const int64_t kmeta = (static_cast<int64_t>(kvh) * (C / G) + b / G) * kHD;
+  constexpr uint32_t kCodes = kTok * (kHD / 2), kMeta = kTok * 2, kKeyMeta = kHD * 2;
+  switch (lane) {
+    case 0:
+      fetch(a.seg.key_upper + codes, kCodes);
+      break;
+    case 1:
+      fetch(a.seg.value_upper + codes, kCodes);
+      break;
+    case 2:
+      if (INT8) fetch(a.seg.key_lower + codes, kCodes);
+      break;
+    case 3:
+      if (INT8) fetch(a.seg.value_lower + codes, kCodes);
+      break;
+    case 4:
+      fetch(a.seg.value_scale + vmeta, kMeta);
+      break;
+    case 5:
+      fetch(a.seg.value_min + vmeta, kMeta);
+      break;
+    case 6:
+      fetch(a.seg.key_scale + kmeta, kKeyMeta);
+      break;
+    case 7:
+      fetch(a.seg.key_min + kmeta, kKeyMeta);
+      break;
+    default:
+      break;
+  }
+}
+
 // A quantized split [begin, end) of kv head kvh for the warp's 8 NT query vectors: slice `ts` of
 // the block's warps takes the contiguous positions [begin + ts * len, +len), len = q_split_len /
 // slices (INT4 with kRegPrefetch: one sub-chunk ahead in registers). No barrier, no shared memory
