@@ -238,7 +238,6 @@ struct Case {
   int m;
   bool int8 = true;
   int fp_base = 0;  // or kFpBaseMax
-  bool q_unaligned = false;  // the queries 4 bytes past a 16-byte boundary
 };
 
 std::string describe(const QuantKv& kv, const Case& c, int fp_base) {
@@ -247,8 +246,8 @@ std::string describe(const QuantKv& kv, const Case& c, int fp_base) {
          " G=" + std::to_string(k.G) + " Gv=" + std::to_string(k.gv) +
          " heads=" + std::to_string(c.num_heads) + "/" + std::to_string(k.kv_heads) +
          " m=" + std::to_string(c.m) + (c.int8 ? " int8" : " int4") +
-         (c.q_unaligned ? " unaligned q" : "") + " fp_base=" + std::to_string(fp_base) +
-         " stride=" + std::to_string(kv.stride) + (k.values == Values::kWild ? " wild" : "") +
+         " fp_base=" + std::to_string(fp_base) + " stride=" + std::to_string(kv.stride) +
+         (k.values == Values::kWild ? " wild" : "") +
          (cuda::quant_attention_tuning().tensor_cores ? "" : " cuda-cores");
 }
 
@@ -272,10 +271,7 @@ double run_case(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv, const Case
   view_cpu.read_bytes = &rb_cpu;
   cpu.attention(q.data(), c.m, pos, shape, view_cpu, want.data());
 
-  std::vector<float> q_padded(q.size() + 1);
-  std::copy(q.begin(), q.end(), q_padded.begin() + (c.q_unaligned ? 1 : 0));
-  DeviceArray q_mem(gpu, q_padded), out(gpu, q.size());
-  const float* q_dev = q_mem.data() + (c.q_unaligned ? 1 : 0);
+  DeviceArray qd(gpu, q), out(gpu, q.size());
   out.poison();
   const QuantizedKvSegment seg_gpu = kv.segment(c.int8, true);
   KvView view_gpu{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
@@ -283,7 +279,7 @@ double run_case(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv, const Case
   view_gpu.fp_base = fp_base;
   view_gpu.quantized = &seg_gpu;
   view_gpu.read_bytes = &rb_gpu;
-  gpu.attention(q_dev, c.m, pos, shape, view_gpu, out.data());
+  gpu.attention(qd.data(), c.m, pos, shape, view_gpu, out.data());
   const std::vector<float> got = out.to_host();
 
   const std::string what = describe(kv, c, fp_base);
@@ -294,7 +290,7 @@ double run_case(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv, const Case
   const std::vector<float> exact = exact_attention(kv, q, c.m, pos, shape, c.int8);
   g_cpu_worst = std::max(g_cpu_worst, rel_error(want, exact));
   const double err = rel_error(got, exact);
-  if (testing::draft_f16_attention(gpu, q_dev, c.m, pos, shape, view_gpu, out.data())) {
+  if (testing::draft_f16_attention(gpu, qd.data(), c.m, pos, shape, view_gpu, out.data())) {
     EXPECT_LT(err, testing::kDraftF16Tol) << what << " (draft view, f16 operands)";
     g_draft_worst = std::isnan(err) ? err : std::max(g_draft_worst, err);
     return 0.0;  // reported apart from the exact paths
@@ -621,30 +617,6 @@ TEST_F(CudaOpsTest, QuantAttentionLongBlocksAndPadding) {
     }
   }
   report("quantized long blocks, padded rows", worst);
-}
-
-// Queries that are not 16-byte aligned (the kernels load them 16 bytes at a time where they are),
-// on every path: the CUDA cores, the cp.async ring, the register-direct path with 1 and 2 tiles.
-TEST_F(CudaOpsTest, QuantAttentionUnalignedQueries) {
-  double worst = 0;
-  for (int variant = 0; variant < 4; ++variant) {
-    cuda::QuantAttentionTuning t;
-    t.tensor_cores = variant != 0;
-    t.direct = variant != 1;
-    t.direct_tiles = variant == 3 ? 2 : 0;
-    TuningScope scope(t);
-    for (int hd : {64, 128}) {
-      QuantKv kv(gpu(), cpu(), {700, kKvHeads, hd, 64, hd, 0, Values::kNormal, 71});
-      for (bool int8 : {true, false}) {
-        check_cases(gpu(), cpu(), kv,
-                    {{kKvHeads, 1, int8, kFpBaseMax, true},
-                     {4 * kKvHeads, 5, int8, kFpBaseMax, true},
-                     {8 * kKvHeads, 16, int8, 0, true}},
-                    worst);
-      }
-    }
-  }
-  report("quantized unaligned queries", worst);
 }
 
 // Magnitudes over six decades, constant key channels and constant value rows.

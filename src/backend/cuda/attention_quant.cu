@@ -1072,15 +1072,14 @@ constexpr int kMergeSlots = kMaxStates + 2;
 static_assert(kMergeSlots <= 32 + kQPad, "the merge scratch fits in a query row (head_dim >= 32)");
 
 // q_s[j][HD + kQPad] = query vector qv_block + j of kv head kvh, times scale_log2 (zeros past the
-// last vector): 16-byte loads (element loads where q is not 16-byte aligned), four per thread in
-// flight before their stores.
+// last vector): 16-byte loads (check_args: q is 16-byte aligned), four per thread in flight
+// before their stores.
 template <int HD>
 __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv_block,
                                                 int block_qv, float* q_s) {
   constexpr int kQStride = HD + kQPad, kV4 = HD / 4, kU = 4;
   const QuantAttentionArgs& a = p.a;
   const int64_t q_row_len = static_cast<int64_t>(a.num_heads) * HD;
-  const bool vec = (reinterpret_cast<uintptr_t>(a.q) & 15) == 0;
   const int n = block_qv * kV4;
   for (int e0 = threadIdx.x; e0 < n; e0 += kU * blockDim.x) {
     float4 x[kU];
@@ -1092,8 +1091,7 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
       if (e < n && qv < p.nq) {
         const int row = qv / p.group, head = kvh * p.group + qv % p.group;
         const float* src = a.q + row * q_row_len + static_cast<int64_t>(head) * HD + (e % kV4) * 4;
-        x[u] = vec ? *reinterpret_cast<const float4*>(src)
-                   : make_float4(src[0], src[1], src[2], src[3]);
+        x[u] = *reinterpret_cast<const float4*>(src);
       }
     }
 #pragma unroll
@@ -1168,8 +1166,9 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     int t;
     int b;
   };
-  auto lane_query = [&](int sub) {
-    const int qv = qv_warp + sub * RQW + lane / RowPath<HD, RQW>::kLanesPerQuery;
+  // (R query vectors per pass: 32 / R lanes per vector.)
+  auto lane_query = [&](int sub, int R) {
+    const int qv = qv_warp + sub * R + lane / (32 / R);
     LaneQuery lq{qv < p.nq, a.pos, 0};
     if (lq.valid) {
       lq.t = a.pos + qv / p.group;
@@ -1189,13 +1188,24 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
                           static_cast<const char*>(a.v) + off_bytes, a.row_stride, a.fp_base, f16};
     float *o_w, *ml_w;
     state(0, o_w, ml_w);
+    // Passes of R vectors while any of the warp's vectors is valid (the merge reads no other).
+    auto passes = [&](auto r_tag) {
+      constexpr int R = decltype(r_tag)::value;
 #pragma unroll 1
-    for (int sub = 0; sub < QW / RQW; ++sub) {
-      const LaneQuery lq = lane_query(sub);
-      RowPath<HD, RQW> w;
-      w.init(q_warp + sub * RQW * kQStride, lq.valid ? lq.b : 1, lq.valid ? lq.t : 0);
-      w.template run<fp_row_unroll<HD>()>(rows, begin, end, ts, p.slices);
-      w.store(o_w + sub * RQW * HD, ml_w + sub * RQW * 2);
+      for (int sub = 0; sub < QW / R && qv_warp + sub * R < p.nq; ++sub) {
+        const LaneQuery lq = lane_query(sub, R);
+        RowPath<HD, R> w;
+        w.init(q_warp + sub * R * kQStride, lq.valid ? lq.b : 1, lq.valid ? lq.t : 0);
+        w.template run<fp_row_unroll<HD>()>(rows, begin, end, ts, p.slices);
+        w.store(o_w + sub * R * HD, ml_w + sub * R * 2);
+      }
+    };
+    // One vector per kv head (an MHA draft step): the whole warp on it, ~8x fewer instructions
+    // than a pass of 8 mostly empty vectors.
+    if (RQW > 1 && p.nq - qv_warp == 1) {
+      passes(std::integral_constant<int, 1>{});
+    } else {
+      passes(std::integral_constant<int, RQW>{});
     }
   };
 
@@ -1215,7 +1225,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     fp_rows();
     // Quantized part of a query at t: [0, b(t)).
     static_assert(QW == RQW, "the CUDA-core path: one RowPath pass per warp");
-    const LaneQuery lq = lane_query(0);
+    const LaneQuery lq = lane_query(0, RQW);
     RowPath<HD, QW> w;
     w.init(q_warp, lq.valid ? 0 : 1, lq.valid ? lq.b - 1 : 0);
     const int64_t C = a.seg.capacity;
