@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Build the tiny random-weight test models and their Hugging Face transformers goldens.
 
-Run on a machine with torch + transformers (the GPU machine: tools/gpu/make_goldens.sh). Seeded and
+Run on a machine with torch + transformers, GPU or CPU (each golden's summary.json names the versions and the device). Seeded and
 deterministic. For each model in MODELS it:
   1. writes config.json the way real Hub models spell it (legacy `rope_scaling` for some, the
      transformers-v5 layout for others, so the loader is tested on both),
@@ -88,12 +88,25 @@ def qwen2_config(vocab, bos, eos):
     }
 
 
+def qwen2_yarn_config(vocab, bos, eos):
+    # Qwen2.5's long-context spelling: legacy `rope_scaling` with type yarn (factor 4 over an
+    # original 1024 positions; max_position_embeddings / original = factor, so every reading of
+    # the factor agrees). YaRN changes every frequency and the attention scale, so short goldens
+    # test it.
+    cfg = qwen2_config(vocab, bos, eos)
+    cfg.update({"rope_theta": 10000.0,  # wavelengths on both sides of YaRN's ramp
+                "rope_scaling": {"type": "yarn", "factor": 4.0,
+                                 "original_max_position_embeddings": 1024}})
+    return cfg
+
+
 # name, config builder, tokenizer kind, save dtype, shard size, keep the hand-written config.json
 MODELS = [
     ("llama3-tiny", llama3_config, "bytelevel", torch.bfloat16, None, True),
     ("llama2-tiny", llama2_config, "spm", torch.float16, None, True),
     ("mistral-tiny", mistral_config, "spm", torch.float32, None, False),
     ("qwen2-tiny", qwen2_config, "bytelevel", torch.float32, "300KB", False),
+    ("qwen2-yarn-tiny", qwen2_yarn_config, "bytelevel", torch.float32, None, True),
 ]
 
 

@@ -158,7 +158,7 @@ TEST_P(CudaModelTest, ProgrammaticLaunchGivesIdenticalLogits) {
 
 INSTANTIATE_TEST_SUITE_P(TinyModels, CudaModelTest,
                          ::testing::Values("llama2-tiny", "llama3-tiny", "mistral-tiny",
-                                           "qwen2-tiny"),
+                                           "qwen2-tiny", "qwen2-yarn-tiny"),
                          [](const ::testing::TestParamInfo<const char*>& info) {
                            std::string name = info.param;
                            for (char& c : name) {

@@ -96,7 +96,7 @@ TEST_P(HfGolden, GreedyContinuationMatchesTransformers) {
 
 INSTANTIATE_TEST_SUITE_P(Models, HfGolden,
                          ::testing::Values("llama3-tiny", "llama2-tiny", "mistral-tiny",
-                                           "qwen2-tiny"),
+                                           "qwen2-tiny", "qwen2-yarn-tiny"),
                          [](const auto& info) {
                            std::string s = info.param;
                            for (char& c : s)

@@ -14,7 +14,7 @@ from transformers import AutoModelForCausalLM
 torch.backends.cuda.matmul.allow_tf32 = False
 torch.backends.cudnn.allow_tf32 = False
 dev = "cuda" if torch.cuda.is_available() else "cpu"
-for name in ("llama3-tiny", "llama2-tiny", "mistral-tiny", "qwen2-tiny"):
+for name in ("llama3-tiny", "llama2-tiny", "mistral-tiny", "qwen2-tiny", "qwen2-yarn-tiny"):
     g = f"tests/data/golden/{name}"
     m = AutoModelForCausalLM.from_pretrained(f"models/test/{name}", dtype=torch.float32).to(dev).eval()
     rel = []
