@@ -29,6 +29,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -1182,6 +1183,27 @@ void bench_quant_timeline(CudaBackend& be) {
             stat([&](const unsigned long long* w) { return double(w[0] - first_in); }).c_str(),
             phase(1).c_str(), phase(2).c_str(), phase(3).c_str(), phase(4).c_str(),
             phase(5).c_str(), phase(6).c_str(), ns_per_cycle > 0 ? 1.0 / ns_per_cycle : 0.0);
+        // The quantized phase (4, else 2..5) by how many of the call's blocks shared the block's
+        // SM: is the tail the SMs with more blocks?
+        std::map<unsigned long long, int> per_sm;
+        for (int64_t b = 0; b < blocks; ++b) ++per_sm[h[b * W + 9]];
+        std::map<int, std::vector<double>> by_load;
+        for (int64_t b = 0; b < blocks; ++b) {
+          const unsigned long long* w = &h[b * W];
+          const double cyc =
+              w[2 + 4] != 0 ? double(w[2 + 4] - w[2 + 3]) : double(w[2 + 5] - w[2 + 2]);
+          by_load[per_sm[w[9]]].push_back(cyc * ns_per_cycle * 1e-3);
+        }
+        std::string loads;
+        for (auto& [k, v] : by_load) {
+          std::sort(v.begin(), v.end());
+          char buf[96];
+          std::snprintf(buf, sizeof buf, " %d/SM: %zu blocks %.1f/%.1f |", k, v.size(),
+                        v[v.size() / 2], v.back());
+          loads += buf;
+        }
+        summary("| qtime %-11s ctx=%-6d m=%d | %zu SMs | quantized us by blocks per SM:%s",
+                sh->model, ctx, m, per_sm.size(), loads.c_str());
       }
     }
   }

@@ -123,6 +123,11 @@ __device__ __forceinline__ void timeline_stamp(const Params& p, int i) {
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(ns));
     slots[i == 0 ? 0 : 1] = ns;
   }
+  if (i == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    slots[9] = sm;
+  }
 }
 
 // ---- device helpers -------------------------------------------------------------------------

@@ -150,7 +150,8 @@ struct QuantAttentionTuning {
 // Per block: [0] %globaltimer (ns) at entry, [1] at exit, [2 + i] clock64 at the end of phase i:
 // 0 entry, 1 the previous kernel awaited (PDL), 2 the queries in shared memory, 3 the
 // full-precision rows (direct path), 4 the quantized positions (direct path), 5 the block's
-// barrier before the merge, 6 the partials written. Blocks in grid order (x fastest).
+// barrier before the merge, 6 the partials written; [9] the SM the block ran on. Blocks in grid
+// order (x fastest).
 constexpr int kQuantTimelineSlots = 10;
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();
