@@ -609,33 +609,19 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
   const int64_t vmeta = static_cast<int64_t>(kvh) * C + b;
   const int64_t kmeta = (static_cast<int64_t>(kvh) * (C / G) + b / G) * kHD;
   constexpr uint32_t kCodes = kTok * (kHD / 2), kMeta = kTok * 2, kKeyMeta = kHD * 2;
-  switch (lane) {
-    case 0:
-      fetch(a.seg.key_upper + codes, kCodes);
-      break;
-    case 1:
-      fetch(a.seg.value_upper + codes, kCodes);
-      break;
-    case 2:
-      if (INT8) fetch(a.seg.key_lower + codes, kCodes);
-      break;
-    case 3:
-      if (INT8) fetch(a.seg.value_lower + codes, kCodes);
-      break;
-    case 4:
-      fetch(a.seg.value_scale + vmeta, kMeta);
-      break;
-    case 5:
-      fetch(a.seg.value_min + vmeta, kMeta);
-      break;
-    case 6:
-      fetch(a.seg.key_scale + kmeta, kKeyMeta);
-      break;
-    case 7:
-      fetch(a.seg.key_min + kmeta, kKeyMeta);
-      break;
-    default:
-      break;
+  // Lanes 0-3: the code planes (the lower ones for INT8 only); 4-7: value, then key metadata.
+  if (lane < 4) {
+    const uint8_t* plane = lane == 0   ? a.seg.key_upper
+                           : lane == 1 ? a.seg.value_upper
+                           : lane == 2 ? a.seg.key_lower
+                                       : a.seg.value_lower;
+    if (INT8 || lane < 2) fetch(plane + codes, kCodes);
+  } else if (lane < 8) {
+    const uint16_t* meta = lane == 4   ? a.seg.value_scale + vmeta
+                           : lane == 5 ? a.seg.value_min + vmeta
+                           : lane == 6 ? a.seg.key_scale + kmeta
+                                       : a.seg.key_min + kmeta;
+    fetch(meta, lane < 6 ? kMeta : kKeyMeta);
   }
 }
 
