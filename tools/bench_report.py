@@ -10,7 +10,10 @@ the ms/token projected from each speculative cell's measured phase times for acc
 0.85 / 0.90 / 0.95 (the phases do not depend on acceptance, so random-weight runs give them too),
 including the round's host-side sampling and flush time measured in the same run (the AR
 baselines' ms/token include their sampling too).
-Plots (matplotlib): speedup vs context, acceptance vs gamma, memory vs context.
+Plots (matplotlib): speedup vs context, acceptance vs gamma, memory vs context, and (with
+speculative cells) the speedup projected at acceptance 0.9 vs context.
+`--merge NAME` first joins files of one model (e.g. one device call per context) into one report
+named NAME.
 """
 import argparse
 import collections
@@ -50,6 +53,34 @@ def load(paths):
         r["_path"] = p
         reports.append(r)
     return reports
+
+
+def merge(reports, name):
+    """One report of every run in `reports` (all of one model: the same config), named `name`."""
+    first = reports[0]
+    for r in reports[1:]:
+        if r.get("config") != first.get("config"):
+            sys.exit(f"bench_report: --merge: {r['_path']} is another model than {first['_path']}")
+    merged = dict(first)
+    merged["runs"] = [run for r in reports for run in r["runs"]]
+    merged["_path"] = name
+    merged["_sources"] = [os.path.basename(r["_path"]) for r in reports]
+    for key in ("commit", "date", "generated_tokens"):
+        values = sorted({str(r.get(key, "?")) for r in reports})
+        merged[key] = values[0] if len(values) == 1 else ", ".join(values)
+    return merged
+
+
+def best_projected(cs, alpha):
+    """{(mode, context): the lowest ms/token projected at `alpha` over the mode's gammas}."""
+    best = {}
+    for (mode, ctx, g), c in cs.items():
+        if not g or c.get("draft_ms_per_step", 0) <= 0 or c.get("verify_ms_per_step", 0) <= 0:
+            continue
+        ms = projected_ms(c["draft_ms_per_step"], c["verify_ms_per_step"], g, alpha,
+                          round_overhead_ms(c))
+        best[(mode, ctx)] = min(ms, best.get((mode, ctx), ms))
+    return best
 
 
 def model_label(r):
@@ -101,7 +132,9 @@ def markdown(reports):
         lines += [f"### {model_label(r)}", "",
                   f"Device: {r.get('device', '?')}; commit {r.get('commit', '?')}, {r.get('date', '?')}; "
                   f"{r.get('generated_tokens')} generated tokens per run, temperature "
-                  f"{r.get('temperature', 0)}; source `{os.path.basename(r['_path'])}`.", "",
+                  f"{r.get('temperature', 0)}; source "
+                  f"{', '.join(f'`{x}`' for x in r.get('_sources', [os.path.basename(r['_path'])]))}.",
+                  "",
                   "| context | mode | best γ | tok/s | ms/token | vs AR fp16 | vs AR INT8 | acceptance | "
                   "KV GiB | peak GiB |",
                   "|---:|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
@@ -193,7 +226,7 @@ def plots(reports, folder):
     for r in reports:
         cs = cells(r)
         best = best_per_mode(cs)
-        tag = os.path.splitext(os.path.basename(r["_path"]))[0]
+        tag = r["_path"] if "_sources" in r else os.path.splitext(os.path.basename(r["_path"]))[0]
         contexts = sorted({c for _, c in best})
         modes = sorted({m for m, _ in best})
         # Speedup vs context over AR fp16.
@@ -220,6 +253,21 @@ def plots(reports, folder):
             memory.append((mode, xs, [best[(mode, c)].get("kv_cache_bytes", 0) / 2**30
                                       for c in xs]))
         figure(r, tag, "memory", memory, "context (tokens)", "KV cache (GiB)", True)
+        # Speedup over AR fp16 projected at acceptance 0.9 (each mode's best γ), with AR INT8's
+        # measured one: what the phases give where the run's own acceptance means nothing.
+        proj = best_projected(cs, 0.9)
+        if proj:
+            series = []
+            for mode in sorted({m for m, _ in proj}):
+                xs = [c for c in contexts if (mode, c) in proj and ("ar-fp16", c) in best]
+                series.append((f"{mode} (α = 0.9)", xs,
+                               [best[("ar-fp16", c)]["ms_per_token"] / proj[(mode, c)] for c in xs]))
+            xs = [c for c in contexts if ("ar-int8", c) in best and ("ar-fp16", c) in best]
+            series.append(("ar-int8 (measured)", xs,
+                           [best[("ar-fp16", c)]["ms_per_token"] / best[("ar-int8", c)]["ms_per_token"]
+                            for c in xs]))
+            figure(r, tag, "projected-speedup", series, "context (tokens)",
+                   "speedup vs AR fp16", True)
     return written
 
 
@@ -228,8 +276,12 @@ def main():
     ap.add_argument("json", nargs="+", help="quantspec bench -o files")
     ap.add_argument("--markdown", help="write the tables here (default: stdout)")
     ap.add_argument("--plots", help="write PNG plots into this folder")
+    ap.add_argument("--merge", metavar="NAME",
+                    help="join the files (one model) into one report named NAME first")
     args = ap.parse_args()
     reports = load(args.json)
+    if args.merge:
+        reports = [merge(reports, args.merge)]
     text = markdown(reports)
     if args.markdown:
         with open(args.markdown, "w") as f:

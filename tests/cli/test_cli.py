@@ -538,6 +538,40 @@ def test_bench_report_projection(tmp_path):
     assert "| 2.000 |" in row and "8.79 (1.37x, 1.02x)" in row, row
 
 
+def test_bench_report_merge_and_projected_plot(tmp_path):
+    """--merge joins files of one model (one device call per context) into one report; its
+    projected-speedup plot uses each mode's best γ at α = 0.9; files of another model are refused."""
+    pytest.importorskip("matplotlib")
+
+    def run(mode, ctx, ms, gamma=0, draft=0.0, verify=0.0):
+        return {"bench_mode": mode, "context": ctx, "gamma": gamma, "ms_per_token": ms,
+                "decode_tok_s": 1000.0 / ms, "acceptance_rate": 0.0, "mean_accepted_length": 1.0,
+                "draft_ms_per_step": draft, "verify_ms_per_step": verify, "prefill_s": 0.1,
+                "drafted": 8 if gamma else 0}
+    cfg = {"layers": 2, "hidden": 64}
+    a = {"command": "bench", "model": "m", "config": cfg, "commit": "c1", "runs": [
+        run("ar-fp16", 1000, 12.0), run("quantspec", 1000, 30.0, 4, 6.0, 10.0),
+        run("quantspec", 1000, 30.0, 2, 6.0, 9.0)]}
+    b = {"command": "bench", "model": "m", "config": cfg, "commit": "c2", "runs": [
+        run("ar-fp16", 4000, 20.0), run("quantspec", 4000, 40.0, 4, 8.0, 12.0)]}
+    pa, pb = tmp_path / "a.json", tmp_path / "b.json"
+    pa.write_text(json.dumps(a))
+    pb.write_text(json.dumps(b))
+    tool = os.path.join(REPO, "tools", "bench_report.py")
+    md = subprocess.run([sys.executable, tool, str(pa), str(pb), "--merge", "both", "--plots",
+                         str(tmp_path / "img")], check=True, capture_output=True, text=True).stdout
+    assert md.count("### ") == 1 and "`a.json`, `b.json`" in md and "c1, c2" in md
+    assert "| quantspec | 1000 | 4 |" in md and "| quantspec | 4000 | 4 |" in md
+    # Best γ at 1000: γ = 4 gives (4·6 + 10) / 4.0951 = 8.30 ms, γ = 2 (2·6 + 9) / 2.71 = 7.75.
+    assert "7.75 (1.55x, -)" in md
+    assert (tmp_path / "img" / "both-projected-speedup.png").stat().st_size > 1000
+    b["config"] = {"layers": 3, "hidden": 64}
+    pb.write_text(json.dumps(b))
+    p = subprocess.run([sys.executable, tool, str(pa), str(pb), "--merge", "both"],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "another model" in p.stderr
+
+
 def test_bench_bad_input(qs, tmp_path):
     p = qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--modes", "fast",
            check=False)
