@@ -167,6 +167,8 @@ int run_bench(const BenchArgs& a) {
                           {"head_dim", c.head_dim}, {"vocab", c.vocab_size},
                           {"intermediate", c.intermediate_size}};
       report["generated_tokens"] = a.gen.max_new_tokens;
+      report["kernel_switches"] = nlohmann::json::object();
+      for (const auto& [name, value] : kernel_switches()) report["kernel_switches"][name] = value;
       report["temperature"] = a.gen.sampling.temperature;
       fmt::print("device: {}\n", eng.device_description());
       fmt::print("{:<13} {:>7} {:>5} {:>3} {:>9} {:>9} {:>8} {:>7} {:>8} {:>9} {:>8} {:>8}\n",

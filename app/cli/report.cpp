@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <thread>
 
 namespace qs::cli {
@@ -116,6 +117,11 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   } else {
     fmt::print(stderr, "  mode ar: KV full precision ({} rows)\n", rows_name);
   }
+  if (const auto switches = kernel_switches(); !switches.empty()) {
+    std::string line;
+    for (const auto& [name, value] : switches) line += fmt::format(" {}={}", name, value);
+    fmt::print(stderr, "  kernel switches from the environment:{}\n", line);
+  }
   if (gen) {
     const SamplingParams& s = gen->sampling;
     fmt::print(stderr,
@@ -124,6 +130,20 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
                gen->max_new_tokens, s.temperature, s.top_k, s.top_p, s.min_p, s.seed,
                gen->stop_at_eos, gen->stop.size());
   }
+}
+
+std::vector<std::pair<std::string, std::string>> kernel_switches() {
+  // Read by src/backend/cuda (attention_quant.cu, gemv.cu, gemv_q4.cu, attention_decode_tc.cu,
+  // cuda_backend.cu) and src/engine/llm_engine.cpp.
+  static const char* const kNames[] = {
+      "QS_CUDA_PDL",     "QS_CUDA_SYNC",          "QS_CUDA_ARGMAX",   "QS_DECODE_TC",
+      "QS_GEMV_RING",    "QS_Q4_KERNEL",          "QS_Q4_STAGES",     "QS_DIRECT_RING",
+      "QS_DIRECT_TILES", "QS_DRAFT_REG_PREFETCH", "QS_PROFILE_DECODE"};
+  std::vector<std::pair<std::string, std::string>> set;
+  for (const char* name : kNames) {
+    if (const char* v = std::getenv(name)) set.emplace_back(name, v);
+  }
+  return set;
 }
 
 nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,

@@ -3,6 +3,9 @@
 
 #include <filesystem>
 #include <nlohmann/json.hpp>
+#include <string>
+#include <utility>
+#include <vector>
 
 #include "engine/engine.h"
 #include "options.h"
@@ -17,6 +20,11 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
 // counters and per-step KV bytes, the mode and cache, the backend.
 nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
                           const EngineOptions& options, const GenerationParams& gen);
+
+// The environment switches of the CUDA kernels and engine internals that no flag sets (A/B runs:
+// QS_DIRECT_RING, QS_Q4_KERNEL, ...) that are set in this process, name -> value, in a fixed
+// order. print_resolved_config prints them; bench records them in its JSON.
+std::vector<std::pair<std::string, std::string>> kernel_switches();
 
 // Whether stderr is a terminal (progress output only then).
 bool stderr_is_tty();

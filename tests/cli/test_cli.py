@@ -490,6 +490,25 @@ def test_bench_json_survives_a_killed_run(qs, request, tmp_path):
     assert all(r["generated_tokens"] == 16 for r in report["runs"])
 
 
+def test_bench_records_kernel_switches(qs, tmp_path, monkeypatch):
+    """The environment's kernel switches (A/B runs) are printed with the configuration and kept
+    in the bench JSON; none set: an empty object and no line."""
+    out = tmp_path / "b.json"
+    args = ("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--modes", "ar-fp16",
+            "-n", "2", "-o", out)
+    for name in ("QS_DIRECT_RING", "QS_Q4_KERNEL", "QS_CUDA_PDL"):
+        monkeypatch.delenv(name, raising=False)
+    p = qs(*args)
+    assert "kernel switches" not in p.stderr
+    assert json.loads(out.read_text())["kernel_switches"] == {}
+    monkeypatch.setenv("QS_DIRECT_RING", "0")
+    monkeypatch.setenv("QS_Q4_KERNEL", "6")
+    p = qs(*args)
+    assert "kernel switches from the environment: QS_Q4_KERNEL=6 QS_DIRECT_RING=0" in p.stderr
+    assert json.loads(out.read_text())["kernel_switches"] == {"QS_Q4_KERNEL": "6",
+                                                              "QS_DIRECT_RING": "0"}
+
+
 def test_bench_report_tables_and_plots(qs, tmp_path):
     out = tmp_path / "bench.json"
     qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40,90", "--modes",
