@@ -111,6 +111,27 @@ struct Params {
   unsigned long long* timeline;  // QuantAttentionTuning::timeline, or null
 };
 
+// Positions [begin, end) (empty when end <= begin).
+struct PosRange {
+  int begin;
+  int end;
+};
+// This block's split (blockIdx.x): its full-precision rows and its quantized positions.
+__device__ __forceinline__ PosRange split_fp_rows(const Params& p) {
+  const int begin = p.fp_begin + blockIdx.x * p.fp_split_len;
+  return {begin, min(p.fp_end, begin + p.fp_split_len)};
+}
+__device__ __forceinline__ PosRange split_quantized(const Params& p) {
+  const int begin = blockIdx.x * p.q_split_len;
+  return {begin, min(p.q_end, begin + p.q_split_len)};
+}
+// Token slice ts's contiguous part of the split's quantized positions (direct path).
+__device__ __forceinline__ PosRange slice_quantized(const Params& p, PosRange split, int ts) {
+  const int len = p.q_split_len / p.slices;
+  const int b = split.begin + ts * len;
+  return {b, min(split.end, b + len)};
+}
+
 // Diagnostics: the end of phase `i` of this block (kQuantTimelineSlots), by thread 0.
 __device__ __forceinline__ void timeline_stamp(const Params& p, int i) {
   if (p.timeline == nullptr || threadIdx.x != 0) return;
@@ -1184,8 +1205,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
 
   // Full-precision part of a query at t: [b(t), t].
   auto fp_rows = [&]() {
-    const int begin = p.fp_begin + blockIdx.x * p.fp_split_len;
-    const int end = min(p.fp_end, begin + p.fp_split_len);
+    const auto [begin, end] = split_fp_rows(p);
     const int64_t off = static_cast<int64_t>(kvh) * HD + lane * (HD / 32);  // elements
     const bool f16 = a.kv_dtype == DType::F16;
     const int64_t off_bytes = off * (f16 ? 2 : 4);
@@ -1214,8 +1234,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     }
   };
 
-  const int q_begin = blockIdx.x * p.q_split_len;
-  const int q_end = min(p.q_end, q_begin + p.q_split_len);
+  const auto [q_begin, q_end] = split_quantized(p);
   float *o_q, *ml_q;
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {

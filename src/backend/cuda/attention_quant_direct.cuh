@@ -591,8 +591,7 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
     if ((reinterpret_cast<uintptr_t>(ptr) & 15) == 0) prefetch_l2(ptr, bytes);
   };
   if (ts == 0) {
-    const int begin = p.fp_begin + blockIdx.x * p.fp_split_len;
-    const int end = min(p.fp_end, begin + p.fp_split_len);
+    const auto [begin, end] = split_fp_rows(p);
     const int elem = a.kv_dtype == DType::F16 ? 2 : 4;
     for (int t = begin + lane; t < end; t += 32) {
       const int64_t off = (static_cast<int64_t>(t - a.fp_base) * a.row_stride + kvh * kHD) * elem;
@@ -600,9 +599,8 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
       fetch(static_cast<const char*>(a.v) + off, kHD * elem);
     }
   }
-  const int begin = blockIdx.x * p.q_split_len, end = min(p.q_end, begin + p.q_split_len);
-  const int b = begin + ts * (p.q_split_len / p.slices);
-  if (b + kTok > end) return;
+  const auto [b, e] = slice_quantized(p, split_quantized(p), ts);
+  if (b + kTok > e) return;
   const int G = a.seg.group_size;
   const int64_t C = a.seg.capacity;
   const int64_t codes = (static_cast<int64_t>(kvh) * C + b) * (kHD / 2);
@@ -641,8 +639,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   const int lane = threadIdx.x & 31, c = lane & 3;
   const int G = a.seg.group_size;
   const int64_t C = a.seg.capacity;
-  const int slice_len = p.q_split_len / p.slices;
-  const int b = begin + ts * slice_len, e = min(end, b + slice_len);
+  const auto [b, e] = slice_quantized(p, {begin, end}, ts);
   const int n_subs = e > b ? (e - b) / kTok : 0;
   const int64_t codes = static_cast<int64_t>(kvh) * C * (kHD / 2);
   const Head head{a.seg.key_upper + codes,
