@@ -71,15 +71,25 @@ def merge(reports, name):
     return merged
 
 
+def projectable(key, cell):
+    """A speculative cell with both phases measured."""
+    return bool(key[2]) and cell.get("draft_ms_per_step", 0) > 0 and \
+        cell.get("verify_ms_per_step", 0) > 0
+
+
+def cell_projected_ms(cell, gamma, alpha):
+    """A projectable cell's ms/token at acceptance `alpha` (its host time per round included)."""
+    return projected_ms(cell["draft_ms_per_step"], cell["verify_ms_per_step"], gamma, alpha,
+                        round_overhead_ms(cell))
+
+
 def best_projected(cs, alpha):
     """{(mode, context): the lowest ms/token projected at `alpha` over the mode's gammas}."""
     best = {}
     for (mode, ctx, g), c in cs.items():
-        if not g or c.get("draft_ms_per_step", 0) <= 0 or c.get("verify_ms_per_step", 0) <= 0:
-            continue
-        ms = projected_ms(c["draft_ms_per_step"], c["verify_ms_per_step"], g, alpha,
-                          round_overhead_ms(c))
-        best[(mode, ctx)] = min(ms, best.get((mode, ctx), ms))
+        if projectable((mode, ctx, g), c):
+            ms = cell_projected_ms(c, g, alpha)
+            best[(mode, ctx)] = min(ms, best.get((mode, ctx), ms))
     return best
 
 
@@ -173,8 +183,7 @@ def markdown(reports):
 
 def projection_lines(cs, best):
     """The projected table (mode first in each row, so rows never start with a context)."""
-    spec = sorted((k for k, c in cs.items()
-                   if k[2] and c.get("draft_ms_per_step", 0) > 0 and c.get("verify_ms_per_step", 0) > 0),
+    spec = sorted((k for k, c in cs.items() if projectable(k, c)),
                   key=lambda k: (k[1], k[0], k[2]))
     if not spec:
         return []
@@ -188,7 +197,7 @@ def projection_lines(cs, best):
         host = round_overhead_ms(c)
         parts = []
         for a in ALPHAS:
-            ms = projected_ms(c["draft_ms_per_step"], c["verify_ms_per_step"], g, a, host)
+            ms = cell_projected_ms(c, g, a)
             vs = [f"{best[(b, ctx)]['ms_per_token'] / ms:.2f}x" if (b, ctx) in best else "-"
                   for b in BASELINES]
             parts.append(f"{ms:.2f} ({vs[0]}, {vs[1]})")
