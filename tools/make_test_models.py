@@ -12,6 +12,7 @@ deterministic. For each model in MODELS it:
      reading of exactly the files we ship) and stores, under tests/data/golden/<name>/:
        ids_40.npy / ids_300.npy        int32 token ids (seeded random)
        logits_40.npy / logits_300.npy  float32 [n, vocab] logits at every position of one forward
+                                       (logits_300: the first GOLDEN_300_VOCAB columns)
        greedy.json                     64-token greedy continuation of ids_40 (no EOS stop)
 Usage: python3 tools/make_test_models.py --out-models models/test --out-goldens tests/data/golden
 """
@@ -28,6 +29,7 @@ from transformers import AutoModelForCausalLM
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SEED = 1234
 GREEDY_TOKENS = 64
+GOLDEN_300_VOCAB = 512  # columns kept of the 300-token logits golden
 
 
 def llama3_config(vocab, bos, eos):
@@ -183,7 +185,10 @@ def build(name, make_cfg, tok_kind, dtype, shard, keep_cfg, out_models, out_gold
         with torch.no_grad():
             logits = ref(torch.tensor(ids[None, :], dtype=torch.long, device=dev)).logits[0]
         np.save(os.path.join(gdir, f"ids_{n}.npy"), ids)
-        np.save(os.path.join(gdir, f"logits_{n}.npy"), logits.float().cpu().numpy())
+        # The 300-token logits keep the first GOLDEN_300_VOCAB columns (every logit depends on the
+        # whole hidden state; the full [300, vocab] arrays made the device copy too large).
+        cols = GOLDEN_300_VOCAB if n == 300 else logits.shape[1]
+        np.save(os.path.join(gdir, f"logits_{n}.npy"), logits[:, :cols].float().cpu().numpy())
         summary[f"max_abs_logit_{n}"] = float(logits.abs().max())
         if n == 40:
             seq = torch.tensor(ids[None, :], dtype=torch.long, device=dev)

@@ -68,11 +68,15 @@ TEST_P(HfGolden, LogitsMatchTransformers) {
     ASSERT_EQ(shape[0], static_cast<size_t>(n));
     auto logits = (*engine)->prefill_logits(ids);
     ASSERT_TRUE(logits.ok()) << logits.error().message;
-    ASSERT_EQ(logits->size(), ref.size());
+    // A golden may keep only the first columns of the vocabulary (the 300-token one does).
+    const size_t vocab = logits->size() / static_cast<size_t>(n), cols = shape[1];
+    ASSERT_EQ(logits->size(), vocab * static_cast<size_t>(n));
+    ASSERT_LE(cols, vocab);
     float max_ref = 0, max_err = 0;
     for (size_t i = 0; i < ref.size(); ++i) {
+      const float got = (*logits)[(i / cols) * vocab + i % cols];
       max_ref = std::max(max_ref, std::fabs(ref[i]));
-      max_err = std::max(max_err, std::fabs((*logits)[i] - ref[i]));
+      max_err = std::max(max_err, std::fabs(got - ref[i]));
     }
     EXPECT_LE(max_err, 1e-4f * max_ref) << GetParam() << " n=" << n << " max|err| " << max_err
                                         << " max|ref| " << max_ref;

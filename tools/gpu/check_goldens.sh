@@ -23,6 +23,7 @@ for name in ("llama3-tiny", "llama2-tiny", "mistral-tiny", "qwen2-tiny", "qwen2-
         with torch.no_grad():
             got = m(ids).logits[0].float().cpu().numpy()
         ref = np.load(f"{g}/logits_{n}.npy")
+        got = got[:, :ref.shape[1]]  # the 300-token golden keeps the first columns
         rel.append(float(np.abs(got - ref).max() / np.abs(ref).max()))
     gj = json.load(open(f"{g}/greedy.json"))
     seq = torch.tensor([gj["prompt_ids"]], dtype=torch.long, device=dev)
