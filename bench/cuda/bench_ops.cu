@@ -1029,6 +1029,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" no-pf", [](T& t) { t.draft_reg_prefetch = false; }),
             variant(" no-pf 192", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 192; }),
             variant(" no-pf 168", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 168; }),
+            variant(" no-pf 128", [](T& t) { t.draft_reg_prefetch = false, t.direct_regs = 128; }),
             variant(" pf", [](T& t) { t.draft_reg_prefetch = true; }),
             variant(" 1 tile/warp", [](T& t) { t.direct_tiles = 1; }),
             variant(" 2 tiles/warp", [](T& t) { t.direct_tiles = 2; }),
@@ -1037,7 +1038,9 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" dring 192",
                     [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 192; }),
             variant(" dring 168",
-                    [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 168; })};
+                    [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 168; }),
+            variant(" dring 128",
+                    [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 128; })};
         for (const Variant& var : variants) {
           // The draft view's switches.
           if (r.int8 && (var.tuning.draft_f16 != saved.draft_f16 ||
@@ -1048,7 +1051,11 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           const bool ring = var.tuning.direct_ring != saved.direct_ring;
           if (!r.int8 && !ring && var.tuning.direct_tiles != saved.direct_tiles) continue;
           const bool is_default = var.label[0] == '\0';
-          if (!is_default && (g_profile || (ctx != 32768 && !ring))) continue;
+          // The ring, the light draft's 128-register cap and the extra waves of blocks also run
+          // at 4K and 128K.
+          const bool every_ctx =
+              ring || var.tuning.direct_regs == 128 || var.tuning.split_factor > 1;
+          if (!is_default && (g_profile || (ctx != 32768 && !every_ctx))) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;
           cuda::set_quant_attention_tuning(tuning);
           std::vector<QuantizedKvSegment> segs;

@@ -389,17 +389,19 @@ TEST_F(CudaOpsTest, QuantAttentionSweepExactDraft) {
 }
 
 // The f16-operand draft view without its register prefetch (each sub-chunk loaded just before
-// use, as the INT8 view does), at both register caps.
+// use, as the INT8 view does), at every register cap (128: that draft's alone; the INT8 calls of
+// the sweep take their automatic cap).
 TEST_F(CudaOpsTest, QuantAttentionSweepDraftWithoutRegisterPrefetch) {
-  for (int regs : {168, 192}) {
+  for (int regs : {128, 168, 192}) {
     cuda::QuantAttentionTuning t;
     t.draft_reg_prefetch = false;
     t.direct_regs = regs;
     TuningScope scope(t);
     double worst = 0;
     sweep(gpu(), cpu(), worst);
-    report(regs == 168 ? "quantized sweep, draft without register prefetch, 168 registers"
-                       : "quantized sweep, draft without register prefetch, 192 registers",
+    report(regs == 128   ? "quantized sweep, draft without register prefetch, 128 registers"
+           : regs == 168 ? "quantized sweep, draft without register prefetch, 168 registers"
+                         : "quantized sweep, draft without register prefetch, 192 registers",
            worst);
   }
 }
@@ -417,7 +419,7 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
     sweep(gpu(), cpu(), worst);
     report("quantized sweep, direct path without its ring", worst);
   }
-  for (int regs : {168, 192}) {
+  for (int regs : {128, 168, 192}) {
     for (int splits : {0, 1, 2}) {
       cuda::QuantAttentionTuning t;
       t.direct_ring = 1;

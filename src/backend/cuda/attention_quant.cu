@@ -1356,12 +1356,20 @@ int env_switch(const char* name, int lo, int hi, int fallback) {
 // End-to-end A/B runs without a rebuild: QS_DRAFT_REG_PREFETCH=0|1 starts the process without /
 // with the f16 draft's register prefetch, QS_DIRECT_TILES=0|1|2 with that many 8-query tiles per
 // warp on the direct INT8 path (0: automatic), QS_DIRECT_RING=0|1 without / with the direct
-// path's per-warp cp.async ring.
+// path's per-warp cp.async ring, QS_DIRECT_REGS=0|128|168|192 with that register cap (0:
+// automatic; 128: the f16-operand draft without register prefetch only).
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_switch("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
   t.direct_tiles = env_switch("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
   t.direct_ring = env_switch("QS_DIRECT_RING", 0, 1, t.direct_ring);
+  const int regs = env_switch("QS_DIRECT_REGS", 0, 192, t.direct_regs);
+  if (regs == 0 || regs == 128 || regs == 168 || regs == 192) {
+    t.direct_regs = regs;
+  } else {
+    std::fprintf(stderr, "quantspec: ignoring QS_DIRECT_REGS=%d (expected 0, 128, 168 or 192)\n",
+                 regs);
+  }
   return t;
 }();
 
@@ -1380,6 +1388,28 @@ struct KernelChoice {
 // Register cap of the direct kernels with two tiles per warp (the INT8 view only): two O^T tiles
 // of 32 floats each, the folded queries in shared memory; no spill.
 constexpr int kDirectRegsTwoTiles = 255;
+// The f16-operand draft without register prefetch also at this cap: 8 two-warp blocks per SM
+// instead of 6 at 168 (QuantAttentionTuning::direct_regs).
+constexpr int kLightDraftRegs = 128;
+
+// The one-tile direct kernel at register cap `regs`: 168 or 192, and for the f16-operand draft
+// without register prefetch also kLightDraftRegs (more two-warp blocks per SM).
+template <bool INT8, bool kDraftF16, bool kRegPrefetch, bool kRing>
+const void* direct_kernel_at(int regs) {
+  constexpr bool kLight = !INT8 && kDraftF16 && !kRegPrefetch;
+  if constexpr (kLight) {
+    if (regs == kLightDraftRegs) {
+      return reinterpret_cast<const void*>(
+          attention_quant_direct_kernel<INT8, kLightDraftRegs, kDraftF16, kRegPrefetch, 1, kRing>);
+    }
+  }
+  QS_CHECK_MSG(regs == 168 || regs == 192,
+               "quantized attention: this direct kernel has register caps 168 and 192 only");
+  return regs == 192 ? reinterpret_cast<const void*>(
+                           attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch, 1, kRing>)
+                     : reinterpret_cast<const void*>(
+                           attention_quant_direct_kernel<INT8, 168, kDraftF16, kRegPrefetch, 1, kRing>);
+}
 
 template <bool INT8, bool kDraftF16, bool kRegPrefetch>
 const void* direct_kernel_fn(int regs, int tiles, bool ring) {
@@ -1390,20 +1420,11 @@ const void* direct_kernel_fn(int regs, int tiles, bool ring) {
     }
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
-  QS_CHECK(regs == 168 || regs == 192);
   if constexpr (INT8 || (kDraftF16 && !kRegPrefetch)) {
-    if (ring) {
-      return regs == 192 ? reinterpret_cast<const void*>(
-                               attention_quant_direct_kernel<INT8, 192, kDraftF16, false, 1, true>)
-                         : reinterpret_cast<const void*>(
-                               attention_quant_direct_kernel<INT8, 168, kDraftF16, false, 1, true>);
-    }
+    if (ring) return direct_kernel_at<INT8, kDraftF16, false, true>(regs);
   }
   QS_CHECK(!ring);
-  return regs == 192 ? reinterpret_cast<const void*>(
-                           attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch>)
-                     : reinterpret_cast<const void*>(
-                           attention_quant_direct_kernel<INT8, 168, kDraftF16, kRegPrefetch>);
+  return direct_kernel_at<INT8, kDraftF16, kRegPrefetch, false>(regs);
 }
 
 template <int HD, bool INT8, bool kDraftF16>
@@ -1587,8 +1608,10 @@ int auto_direct_tiles(int64_t nq) {
 // ---- API ------------------------------------------------------------------------------------
 
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
-  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == 168 || tuning.direct_regs == 192,
-               "quantized attention: direct_regs must be 0 (automatic), 168 or 192");
+  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == kLightDraftRegs ||
+                   tuning.direct_regs == 168 || tuning.direct_regs == 192,
+               "quantized attention: direct_regs must be 0 (automatic), 128 (the f16-operand "
+               "draft without register prefetch), 168 or 192");
   QS_CHECK_MSG(tuning.direct_tiles >= 0 && tuning.direct_tiles <= kQuantAttentionMaxDirectTiles,
                "quantized attention: direct_tiles must be 0 (automatic), 1 or 2");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
@@ -1665,8 +1688,11 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // (32K) MHA 77.5 us at 168 vs 80.6 at 192, GQA-8 36.9 at 192 vs 40.7 at 168.
   const bool light_draft = kc.direct && kc.draft_f16 && !tune.draft_reg_prefetch;
   const int one_tile_regs = light_draft && a.num_heads == a.num_kv_heads ? 168 : 192;
+  // kLightDraftRegs exists for the light draft alone: elsewhere it means the automatic cap.
+  const bool forced_regs =
+      tune.direct_regs != 0 && (tune.direct_regs != kLightDraftRegs || light_draft);
   pl.direct_regs = pl.direct_tiles == 2    ? kDirectRegsTwoTiles
-                   : tune.direct_regs != 0 ? tune.direct_regs
+                   : forced_regs           ? tune.direct_regs
                    : pl.query_tiles == 1   ? one_tile_regs
                                            : 168;
   // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
