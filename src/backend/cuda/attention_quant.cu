@@ -1684,22 +1684,20 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // tile (2-warp blocks: MHA m <= 8, GQA 4 at m = 1) runs faster at 192 (no spill; Llama-2-7B
   // draft 93 vs 101 us), several tiles at 168 (more blocks per SM; Llama-3.1-8B m = 5 / 9: 110 /
   // 165 us vs 119 / 207).
-  // The f16-operand draft without the register prefetch has no spill at 168 either: measured
-  // (32K) MHA 77.5 us at 168 vs 80.6 at 192, GQA-8 36.9 at 192 vs 40.7 at 168.
+  // The f16-operand draft without the register prefetch (no spill at 168 either) ran faster at
+  // 168 without the ring on the MHA shape until session 13's changes to the block's start and
+  // merge; since then the ring at 192 is faster there too (session 14: the ring below).
   const bool light_draft = kc.direct && kc.draft_f16 && !tune.draft_reg_prefetch;
-  const int one_tile_regs = light_draft && a.num_heads == a.num_kv_heads ? 168 : 192;
   // kLightDraftRegs exists for the light draft alone: elsewhere it means the automatic cap.
   const bool forced_regs =
       tune.direct_regs != 0 && (tune.direct_regs != kLightDraftRegs || light_draft);
   pl.direct_regs = pl.direct_tiles == 2    ? kDirectRegsTwoTiles
                    : forced_regs           ? tune.direct_regs
-                   : pl.query_tiles == 1   ? one_tile_regs
+                   : pl.query_tiles == 1   ? 192
                                            : 168;
   // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
-  // (several make blocks of 3-8 warps, each with its ring) except for the MHA draft.
-  const bool want_ring = tune.direct_ring < 0
-                             ? pl.query_tiles == 1 && (a.seg.int8 || a.num_heads != a.num_kv_heads)
-                             : tune.direct_ring == 1;
+  // (several make blocks of 3-8 warps, each with its ring).
+  const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
                      tune.draft_reg_prefetch, pl.direct_tiles, want_ring);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;

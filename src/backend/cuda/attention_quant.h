@@ -96,11 +96,12 @@ constexpr int kQuantAttentionMaxDirectTiles = 2;
 // The direct path's sub-chunks through a per-warp cp.async ring in shared memory (one tile per
 // warp: the INT8 view and the f16-operand draft without register prefetch) instead of each
 // sub-chunk's loads straight into registers just before use: 1 on, 0 off, -1 automatic = on
-// where a block has one query tile (two warps), except for the MHA draft (bench_ops quantkv on
-// the H200, session 12: Llama-2-7B verify m = 4 at 32K / 128K 107 -> 95 / 352 -> 314 us,
-// Llama-3.1-8B draft at 128K 76.8 -> 69.3; the Llama-2-7B draft at 128K 195.0 without it, 198.7
-// with; Llama-3.1-8B verify m = 5, three tiles per block, 104 -> 113 with). Where the block's
-// shared memory cannot hold the rings the launch goes without.
+// where a block has one query tile (two warps) (bench_ops quantkv on the H200, session 12:
+// Llama-2-7B verify m = 4 at 32K / 128K 107 -> 95 / 352 -> 314 us, Llama-3.1-8B draft at 128K
+// 76.8 -> 69.3; Llama-3.1-8B verify m = 5, three tiles per block, 104 -> 113 with). The MHA draft
+// joined in session 14 (at 192 registers, 4 blocks per SM: Llama-2-7B draft 4K / 32K / 128K 19.5
+// / 59.6 / 191.2 us vs 21.2 / 63.4 / 193.1 without the ring at 168). Where the block's shared
+// memory cannot hold the rings the launch goes without.
 constexpr int kQuantAttentionDirectRing = -1;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
