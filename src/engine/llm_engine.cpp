@@ -301,19 +301,24 @@ DecoderDispatch LlmEngine::dispatch() {
   return d;
 }
 
-Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress) {
+Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress,
+                          int decode_rows) {
   clear_all();
   sparse_ = SparseDraftIndex{};
   const int n = static_cast<int>(ids.size());
   // kQuantized (quantized modes): every chunk is committed before the next and read back through
   // the mode's view, so the buffer holds a chunk plus the steady rows. Otherwise the prompt's
-  // rows in one allocation (a chain of growths holds two buffers at once).
+  // rows and those decoding will write in one allocation: a growth while decoding holds two
+  // buffers at once (Llama-2-7B, 128K: 64 GiB of rows twice).
   const bool streamed = options_.prefill_kv == PrefillKv::kQuantized && cache_.quantized();
   const int chunk = options_.prefill_chunk;
   if (streamed) {
     QS_TRY(each_cache([chunk](KvCache& c) { return c.hold_rows(chunk); }));
   } else {
-    QS_TRY(each_cache([n](KvCache& c) { return c.prepare_write(0, n); }));
+    QS_TRY(each_cache([&](KvCache& c) {
+      const int64_t rows = std::min<int64_t>(int64_t{n} + std::max(decode_rows, 0), c.capacity());
+      return c.prepare_write(0, static_cast<int>(rows));
+    }));
   }
   const ModelConfig& cfg = config();
   const bool snap = options_.mode == DecodeMode::kSnapKv;
@@ -490,7 +495,8 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   }
 
   const auto t_start = std::chrono::steady_clock::now();
-  QS_TRY(prefill(prompt, params.on_prefill_progress));
+  // Decoding writes up to max_new - 1 committed rows plus a round's candidates past them.
+  QS_TRY(prefill(prompt, params.on_prefill_progress, max_new + cache_.config().max_gamma + 1));
   result.stats.prefill_s = seconds_since(t_start);
   // QS_PROFILE_DECODE=N: an external profiler (ncu --profile-from-start off) records decoding
   // only, of prompts of at least N tokens (so a benchmark's short warm-up stays out; any other

@@ -90,7 +90,10 @@ class LlmEngine final : public Engine {
   // Runs `ids` on an empty cache in chunks of options_.prefill_chunk; logits of the last
   // position into last_logits_.
   using PrefillProgress = std::function<void(int done, int total)>;
-  Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {});
+  // decode_rows: the rows decoding will write after the prompt, reserved with the prompt's (the
+  // full-precision modes; capped at the capacity).
+  Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {},
+                 int decode_rows = 0);
 
   // Tensor parallelism: the same forward on every rank (rank 0: model_ on cache_, logits into
   // `logits`, or with `argmax` only each row's argmax there (Model::forward); the others

@@ -104,6 +104,16 @@ Status KvCache::resize_rows(int rows) {
   const size_t floats = (total + sizeof(float) - 1) / sizeof(float);  // Buffer counts floats
   std::unique_ptr<Buffer> k = backend_->try_alloc(floats);
   std::unique_ptr<Buffer> v = k ? backend_->try_alloc(floats) : nullptr;
+  if (!v && fp_end_ == fp_base_ && k_buf_) {
+    // Nothing to keep: without the old buffer the new one may fit (a 128K prompt after a 64K one
+    // on Llama-2-7B needs 64 GiB of rows, and the old 32 GiB are in the way).
+    k.reset();
+    k_buf_.reset();
+    v_buf_.reset();
+    buffer_rows_ = 0;
+    k = backend_->try_alloc(floats);
+    v = k ? backend_->try_alloc(floats) : nullptr;
+  }
   if (!v) {
     return make_error("KV cache: cannot allocate " + std::to_string(2.0 * total / (1 << 30)) +
                       " GiB on " + backend_->name() + " for " + str(rows) + " full-precision " +
@@ -124,12 +134,14 @@ Status KvCache::resize_rows(int rows) {
 }
 
 void* KvCache::k_row(int layer, int pos) const {
+  if (!k_buf_) return nullptr;  // released by a failed growth: no rows
   return reinterpret_cast<char*>(k_buf_->data()) +
          (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim() *
              static_cast<int64_t>(elem_bytes());
 }
 
 void* KvCache::v_row(int layer, int pos) const {
+  if (!v_buf_) return nullptr;  // released by a failed growth: no rows
   return reinterpret_cast<char*>(v_buf_->data()) +
          (static_cast<int64_t>(layer) * buffer_rows_ + (pos - fp_base_)) * kv_dim() *
              static_cast<int64_t>(elem_bytes());

@@ -109,7 +109,8 @@ class KvCache {
   // Buffer capacity in rows, preserving [fp_base, fp_end). Error when the memory cannot be had.
   Status reserve_rows(int rows);
   // Buffer of exactly `rows` rows (>= the rows held), preserving [fp_base, fp_end); on an
-  // allocation failure the buffer is unchanged and the error returned.
+  // allocation failure the error is returned and the buffer is unchanged, unless it held no rows
+  // (then it was released before the allocation, and is empty).
   Status resize_rows(int rows);
   int steady_rows() const;  // buffer rows of steady decoding
   // Moves rows [from, fp_end) of every layer to the start of the buffer.

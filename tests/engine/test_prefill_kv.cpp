@@ -131,6 +131,34 @@ TEST(PrefillKv, GreedyQuantSpecEqualsGreedyArInt8WithQuantizedPrefill) {
   }
 }
 
+// The full-precision modes reserve the prompt's rows and those decoding will write in one
+// allocation: decoding never grows the buffer (a growth holds the old and the new buffer at once:
+// Llama-2-7B at 128K, 64 GiB of rows twice), also after a shorter generation left a smaller one.
+TEST(PrefillKv, FullPrecisionPrefillReservesTheDecodingRows) {
+  const ModelConfig cfg = config();
+  const TinyModel tiny = testing::make_tiny_model(cfg, DType::BF16, 55);
+  const size_t row_bytes = size_t{2} * cfg.num_layers * cfg.kv_dim() * sizeof(float);
+  for (DecodeMode mode : {DecodeMode::kAr, DecodeMode::kStreamingLlm}) {
+    SCOPED_TRACE(decode_mode_name(mode));
+    auto e = testing::make_tiny_engine(tiny,
+                                       options(mode, KvType::kFp16, PrefillKv::kExact));
+    ASSERT_TRUE(e);
+    for (int len : {200, 700, 90}) {
+      const int n = 50;
+      size_t after_prefill = 0;
+      GenerationParams p = greedy_params(n);
+      p.on_prefill_progress = [&](int done, int total) {
+        if (done == total) after_prefill = e->kv_cache_bytes();
+      };
+      auto got = e->generate(random_prompt(len, kVocab, 9 + len), p, nullptr);
+      ASSERT_TRUE(got.ok()) << got.error().message;
+      EXPECT_EQ(got->tokens.size(), size_t(n));
+      EXPECT_GE(after_prefill, (len + n) * row_bytes) << "prompt " << len;
+      EXPECT_EQ(e->kv_cache_bytes(), after_prefill) << "prompt " << len << ": grew while decoding";
+    }
+  }
+}
+
 TEST(PrefillKv, FullPrecisionModesIgnoreIt) {
   const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 54);
   const std::vector<int32_t> prompt = random_prompt(200, kVocab, 7);
