@@ -140,8 +140,7 @@ TEST(PrefillKv, FullPrecisionPrefillReservesTheDecodingRows) {
   const size_t row_bytes = size_t{2} * cfg.num_layers * cfg.kv_dim() * sizeof(float);
   for (DecodeMode mode : {DecodeMode::kAr, DecodeMode::kStreamingLlm}) {
     SCOPED_TRACE(decode_mode_name(mode));
-    auto e = testing::make_tiny_engine(tiny,
-                                       options(mode, KvType::kFp16, PrefillKv::kExact));
+    auto e = testing::make_tiny_engine(tiny, options(mode, KvType::kFp16, PrefillKv::kExact));
     ASSERT_TRUE(e);
     for (int len : {200, 700, 90}) {
       const int n = 50;

@@ -1405,10 +1405,11 @@ const void* direct_kernel_at(int regs) {
   }
   QS_CHECK_MSG(regs == 168 || regs == 192,
                "quantized attention: this direct kernel has register caps 168 and 192 only");
-  return regs == 192 ? reinterpret_cast<const void*>(
-                           attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch, 1, kRing>)
-                     : reinterpret_cast<const void*>(
-                           attention_quant_direct_kernel<INT8, 168, kDraftF16, kRegPrefetch, 1, kRing>);
+  return regs == 192
+             ? reinterpret_cast<const void*>(
+                   attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch, 1, kRing>)
+             : reinterpret_cast<const void*>(
+                   attention_quant_direct_kernel<INT8, 168, kDraftF16, kRegPrefetch, 1, kRing>);
 }
 
 template <bool INT8, bool kDraftF16, bool kRegPrefetch>
@@ -1691,10 +1692,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // kLightDraftRegs exists for the light draft alone: elsewhere it means the automatic cap.
   const bool forced_regs =
       tune.direct_regs != 0 && (tune.direct_regs != kLightDraftRegs || light_draft);
-  pl.direct_regs = pl.direct_tiles == 2    ? kDirectRegsTwoTiles
-                   : forced_regs           ? tune.direct_regs
-                   : pl.query_tiles == 1   ? 192
-                                           : 168;
+  pl.direct_regs = pl.direct_tiles == 2  ? kDirectRegsTwoTiles
+                   : forced_regs         ? tune.direct_regs
+                   : pl.query_tiles == 1 ? 192
+                                         : 168;
   // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
   // (several make blocks of 3-8 warps, each with its ring).
   const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;

@@ -52,7 +52,7 @@ struct QuantAttentionPlan {
   bool tensor_cores = false;  // quantized part on mma.sync (head_dim 64/128, Gv % 32 == 0)
   bool direct = false;  // tensor cores, fragments loaded straight into registers (head_dim 128, Gv
                         // = head_dim): attention_quant_direct.cuh
-  int direct_regs = 192;   // its register cap: 168 or 192 (one tile per warp)
+  int direct_regs = 192;   // its register cap: 128, 168 or 192 (one tile per warp)
   int direct_tiles = 1;    // its 8-query MMA tiles per warp (several: the INT8 view, GQA)
   bool draft_f16 = false;  // the tensor-core paths' INT4 view with f16 operands alone (tuning)
   bool draft_reg_prefetch = true;  // its register prefetch of the next sub-chunk (tuning)
@@ -120,8 +120,10 @@ struct QuantAttentionTuning {
   // The register-direct path for head_dim 128 / Gv = head_dim (kQuantAttentionDirect).
   bool direct = kQuantAttentionDirect;
   // Its register cap per thread: 168 (6 two-warp blocks per SM, a few spilled words) or 192 (4
-  // blocks); 0: 192 for a single query tile per block, 168 for more (plan_attention_quant). For
-  // one 8-query tile per warp only: several (direct_tiles) always run at 255.
+  // blocks), and 128 for the f16-operand draft without register prefetch (8 blocks, spills; other
+  // views then take the automatic cap); 0: 192 for a single query tile per block, 168 for more
+  // (plan_attention_quant). For one 8-query tile per warp only: several (direct_tiles) always run
+  // at 255. QS_DIRECT_REGS sets it for the whole process.
   int direct_regs = kQuantAttentionDirectRegs;
   // The draft (INT4) view on the tensor-core paths (register-direct and ring) with its operands
   // in f16 alone: one MMA per product instead of the f16 hi + lo pair that gives f32-level
