@@ -676,7 +676,48 @@ TEST_F(CudaOpsTest, QuantAttentionSanitizerSubset) {
         {{4 * kKvHeads, 4, true, 0}, {kKvHeads, 1, false, kFpBaseMax}, {4 * kKvHeads, 1, false, 0}},
         worst);
   }
+  // The dynamic hand-out, one split: 9 chunks of 128 positions for its 2 warps.
+  {
+    cuda::QuantAttentionTuning t;
+    t.dynamic = true;
+    t.splits = 1;
+    TuningScope scope(t);
+    QuantKv kv(gpu(), cpu(), {1100, kKvHeads, 128, 32, 128, 4, Values::kNormal, 64});
+    const int64_t before = cuda::quant_attention_dyn_launches();
+    check_cases(gpu(), cpu(), kv, {{kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 4, true, 0}},
+                worst);
+    EXPECT_GT(cuda::quant_attention_dyn_launches(), before);
+  }
   report("quantized sanitizer subset", worst);
+}
+
+// The dynamic hand-out of quantized positions (QuantAttentionTuning::dynamic): the warps of a
+// (query group, kv head) take 128-position chunks from a shared counter (max(128, G) for larger
+// groups) instead of fixed slices: the same results as the CPU at every key group size, with 1,
+// 3 or 8 splits (the automatic ones at these sizes leave fewer than 4 chunks per warp: static
+// slices), a short last chunk (1000, 4099), launch after launch (the last warp must leave the
+// counters zeroed for the next one).
+TEST_F(CudaOpsTest, QuantAttentionDynamicHandOut) {
+  double worst = 0;
+  const int64_t before = cuda::quant_attention_dyn_launches();
+  for (int splits : {1, 3, 8}) {
+    cuda::QuantAttentionTuning t;
+    t.dynamic = true;
+    t.splits = splits;
+    TuningScope scope(t);
+    for (int G : {32, 64, 128}) {
+      for (int len : {1000, 4099, 33000}) {
+        if (splits == 8 && len < 33000) continue;  // fewer than 4 chunks per warp
+        QuantKv kv(gpu(), cpu(),
+                   {len, kKvHeads, 128, G, 128, 0, Values::kNormal, uint64_t(len + G + splits)});
+        for (bool int8 : {true, false}) {
+          check_cases(gpu(), cpu(), kv, ratio_cases({1, 5}, int8, kFpBaseMax), worst);
+        }
+      }
+    }
+  }
+  EXPECT_GT(cuda::quant_attention_dyn_launches(), before);
+  report("quantized, dynamic hand-out", worst);
 }
 
 }  // namespace

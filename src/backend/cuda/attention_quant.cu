@@ -36,6 +36,7 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -109,6 +110,11 @@ struct Params {
   float* partial_o;   // [splits, m * num_heads, head_dim]
   float* partial_ml;  // [splits, m * num_heads, 2]
   unsigned long long* timeline;  // QuantAttentionTuning::timeline, or null
+  // The dynamic hand-out of quantized positions (direct path with its ring; DynChunks): zeroed
+  // counters [query group][kv head][2] and the chunk length, or null / 0.
+  unsigned* dyn;
+  int dyn_chunk;
+  int dyn_g_log2;  // log2 of the key group size (a power of two with the dynamic hand-out)
 };
 
 // Positions [begin, end) (empty when end <= begin).
@@ -1140,7 +1146,7 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false,
-          bool kRegPrefetch = true, bool kRing = false>
+          bool kRegPrefetch = true, bool kRing = false, bool kDyn = false>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1240,7 +1246,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
     unsigned char* ring =
         kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8>() : nullptr;
-    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing>(
+    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing, kDyn>(
         p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages,
@@ -1325,21 +1331,23 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 }
 
 // kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16); NT: 8-query
-// tiles per warp; kRing: the per-warp cp.async ring (QuantAttentionTuning::direct_ring).
+// tiles per warp; kRing: the per-warp cp.async ring (QuantAttentionTuning::direct_ring); kDyn:
+// the dynamic hand-out of quantized positions (QuantAttentionTuning::dynamic, with the ring).
 template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT = 1,
-          bool kRing = false>
+          bool kRing = false, bool kDyn = false>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
   direct_path::prefetch_block_start<INT8>(p);
   pdl_begin();
   timeline_stamp(p, 1);
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch,
-                       kRing>(p);
+                       kRing, kDyn>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
 
 std::mutex g_tuning_mu;
+std::atomic<int64_t> g_dyn_launches{0};  // launches with the dynamic hand-out (tests)
 // A switch from the environment: unset -> fallback; a value in [lo, hi] -> it; anything else -> a
 // warning on stderr naming the variable, and the fallback.
 int env_switch(const char* name, int lo, int hi, int fallback) {
@@ -1363,6 +1371,7 @@ QuantAttentionTuning g_tuning = [] {
   t.draft_reg_prefetch = env_switch("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
   t.direct_tiles = env_switch("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
   t.direct_ring = env_switch("QS_DIRECT_RING", 0, 1, t.direct_ring);
+  t.dynamic = env_switch("QS_QUANT_DYN", 0, 1, t.dynamic) != 0;
   const int regs = env_switch("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (regs == 0 || regs == 128 || regs == 168 || regs == 192) {
     t.direct_regs = regs;
@@ -1380,6 +1389,7 @@ struct KernelChoice {
   bool draft_f16 = false;  // the direct path's INT4 view with f16 operands alone
   int direct_tiles = 1;    // the direct path's 8-query tiles per warp
   bool ring = false;       // the direct path's per-warp cp.async ring
+  bool dyn = false;        // with the ring: the dynamic hand-out of quantized positions
   bool int8 = false;       // the view (the ring's slot size)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
@@ -1391,6 +1401,8 @@ constexpr int kDirectRegsTwoTiles = 255;
 // The f16-operand draft without register prefetch also at this cap: 8 two-warp blocks per SM
 // instead of 6 at 168 (QuantAttentionTuning::direct_regs).
 constexpr int kLightDraftRegs = 128;
+// The dynamic hand-out only where every warp has at least this many chunks to take.
+constexpr int kDynMinChunksPerWarp = 4;
 
 // The one-tile direct kernel at register cap `regs`: 168 or 192, and for the f16-operand draft
 // without register prefetch also kLightDraftRegs (more two-warp blocks per SM).
@@ -1413,7 +1425,15 @@ const void* direct_kernel_at(int regs) {
 }
 
 template <bool INT8, bool kDraftF16, bool kRegPrefetch>
-const void* direct_kernel_fn(int regs, int tiles, bool ring) {
+const void* direct_kernel_fn(int regs, int tiles, bool ring, bool dyn) {
+  if constexpr (INT8 || (kDraftF16 && !kRegPrefetch)) {
+    if (ring && dyn) {  // the dynamic hand-out: at 192 registers only
+      QS_CHECK_MSG(regs == 192, "quantized attention: the dynamic hand-out runs at 192 registers");
+      return reinterpret_cast<const void*>(
+          attention_quant_direct_kernel<INT8, 192, kDraftF16, false, 1, true, true>);
+    }
+  }
+  QS_CHECK(!dyn);
   if constexpr (INT8) {
     if (tiles == 2) {
       return reinterpret_cast<const void*>(
@@ -1468,7 +1488,7 @@ KernelChoice row_kernel() {
 // tiles: the direct path's 8-query tiles per warp (1 for the INT4 view).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
-                        bool draft_f16, bool reg_prefetch, int tiles, bool ring) {
+                        bool draft_f16, bool reg_prefetch, int tiles, bool ring, bool dyn) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
@@ -1478,10 +1498,11 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     k.draft_f16 = !INT8 && draft_f16;
     // The ring: one tile, the INT8 view or the f16 draft without register prefetch.
     k.ring = ring && k.direct_tiles == 1 && (INT8 || (k.draft_f16 && !reg_prefetch));
+    k.dyn = dyn && k.ring;
     k.int8 = INT8;
-    k.fn = !k.draft_f16    ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring)
-           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring)
-                           : direct_kernel_fn<false, true, true>(regs, 1, false);
+    k.fn = !k.draft_f16 ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring, k.dyn)
+           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.dyn)
+                           : direct_kernel_fn<false, true, true>(regs, 1, false, false);
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
@@ -1504,12 +1525,13 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 }
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool draft_f16, bool reg_prefetch, int tiles, bool ring) {
+                           bool draft_f16, bool reg_prefetch, int tiles, bool ring,
+                           bool dyn = false) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, draft_f16, reg_prefetch, tiles, ring)
+                                   direct, regs, draft_f16, reg_prefetch, tiles, ring, dyn)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, draft_f16, reg_prefetch, tiles, ring);
+                                    direct, regs, draft_f16, reg_prefetch, tiles, ring, dyn);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1622,6 +1644,10 @@ void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
 QuantAttentionTuning quant_attention_tuning() {
   std::lock_guard<std::mutex> lock(g_tuning_mu);
   return g_tuning;
+}
+
+int64_t quant_attention_dyn_launches() {
+  return g_dyn_launches.load(std::memory_order_relaxed);
 }
 
 QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
@@ -1754,15 +1780,30 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.fp_split_len = static_cast<int>(ceil_div(n_fp, splits));
   pl.q_split_len = b_max > 0 ? static_cast<int>(ceil_div(ceil_div(b_max, splits), unit) * unit) : 0;
   pl.partial_floats = splits * a.m * a.num_heads * (hd + 2);
+  // The dynamic hand-out (QuantAttentionTuning::dynamic): with the ring at 192 registers and a
+  // power-of-two G, chunks of U = max(128, G) positions (every chunk starts a key group), where
+  // every warp has at least kDynMinChunksPerWarp of them to take (fewer: the static slices' tail
+  // is short anyway).
+  const int U = std::max(128, G);
+  const int64_t warps = splits * (pl.threads / 32);
+  const bool pow2_groups = (G & (G - 1)) == 0;  // the kernel folds at t & (G - 1) == 0
+  if (tune.dynamic && kc.ring && pl.direct_regs == 192 && b_max > 0 && pow2_groups && U % G == 0 &&
+      ceil_div(b_max, U) >= kDynMinChunksPerWarp * warps) {
+    pl.dyn_chunk = U;
+    pl.dyn_counters = 2 * static_cast<int64_t>(pl.query_groups) * a.num_kv_heads;
+  }
   return pl;
 }
 
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
-                            float* partials, cudaStream_t stream) {
+                            float* partials, cudaStream_t stream, unsigned* dyn_counters) {
   check_args(a);
-  const KernelChoice kc =
-      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.draft_f16,
-                    plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring);
+  const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
+                                        plan.draft_f16, plan.draft_reg_prefetch, plan.direct_tiles,
+                                        plan.direct_ring, plan.dyn_chunk > 0);
+  QS_CHECK(kc.dyn == (plan.dyn_chunk > 0));
+  QS_CHECK_MSG(!kc.dyn || dyn_counters != nullptr,
+               "quantized attention: the dynamic hand-out needs its zeroed counters");
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
            kc.draft_f16 == plan.draft_f16 && kc.qw == plan.queries_per_warp);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
@@ -1794,6 +1835,13 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.partial_o = partials;
   p.partial_ml = partials + plan.splits * num_qv * hd;
   p.timeline = plan.timeline;
+  p.dyn = kc.dyn ? dyn_counters : nullptr;
+  if (kc.dyn) g_dyn_launches.fetch_add(1, std::memory_order_relaxed);
+  p.dyn_chunk = kc.dyn ? plan.dyn_chunk : 0;
+  p.dyn_g_log2 = 0;
+  while ((1 << p.dyn_g_log2) < G) ++p.dyn_g_log2;
+  QS_CHECK(!kc.dyn ||
+           (p.dyn_chunk % G == 0 && p.dyn_chunk % kSubTokens == 0 && (1 << p.dyn_g_log2) == G));
   QS_CHECK(p.tiles * kc.qw * static_cast<int64_t>(plan.query_groups) >= p.nq);
   QS_CHECK(p.fp_split_len >= 1 &&
            static_cast<int64_t>(plan.splits) * p.fp_split_len >= p.fp_end - p.fp_begin);

@@ -250,6 +250,58 @@ struct KeyGroups {
   }
 };
 
+// The dynamic hand-out of quantized positions (QuantAttentionTuning::dynamic, with the ring): the
+// warps of every block of one (query group, kv head) take chunks of p.dyn_chunk positions (a
+// multiple of the key group G, so every chunk starts a group) from a shared counter as they run
+// dry, instead of a fixed slice each, so that a block on a slow SM takes fewer. position(j) gives
+// the warp's j-th sub-chunk (j = 0, 1, 2, ... in order: the ring's copies ask ahead of the loop),
+// -1 past the end; finish() counts the warp out, and the last one zeroes the counters for the
+// next launch (kernel completion orders it before that launch's grabs).
+struct DynChunks {
+  unsigned* ctr;  // [0]: the next chunk, [1]: warps done
+  int chunk_len, n_chunks, q_end;
+  int base = 0, left = 0;  // the current chunk's first position, its sub-chunks not handed yet
+  bool ended = false;
+
+  __device__ static DynChunks make(const Params& p) {
+    unsigned* ctr = p.dyn + 2 * (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y);
+    return {ctr, p.dyn_chunk, (p.q_end + p.dyn_chunk - 1) / p.dyn_chunk, p.q_end};
+  }
+
+  __device__ int position() {
+    if (ended) return -1;
+    if (left == 0) {
+      unsigned c = 0;
+      if ((threadIdx.x & 31) == 0) c = atomicAdd(ctr, 1u);
+      c = __shfl_sync(kFullMask, c, 0);
+      if (c >= static_cast<unsigned>(n_chunks)) {
+        ended = true;
+        return -1;
+      }
+      base = static_cast<int>(c) * chunk_len;
+      left = chunk_len / kTok;
+    }
+    const int t = base + (chunk_len / kTok - left) * kTok;
+    --left;
+    if (t >= q_end) {  // the last chunk is short: nothing is left anywhere
+      ended = true;
+      return -1;
+    }
+    return t;
+  }
+
+  // After the warp's last position; warps: every warp of the (query group, kv head).
+  __device__ void finish(unsigned warps) {
+    if ((threadIdx.x & 31) != 0) return;
+    __threadfence();  // this warp's grabs before its count
+    if (atomicAdd(ctr + 1, 1u) == warps - 1) {
+      __threadfence();
+      ctr[0] = 0;
+      ctr[1] = 0;
+    }
+  }
+};
+
 __device__ __forceinline__ uint32_t word_at(const uint4& v, int i) {
   return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
 }
@@ -599,6 +651,7 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
       fetch(static_cast<const char*>(a.v) + off, kHD * elem);
     }
   }
+  if (p.dyn != nullptr) return;  // the dynamic hand-out: positions known only once taken
   const auto [b, e] = slice_quantized(p, split_quantized(p), ts);
   if (b + kTok > e) return;
   const int G = a.seg.group_size;
@@ -630,7 +683,9 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // `overlap()` (the full-precision rows) runs first.
 // kRing: the sub-chunks stream through this warp's cp.async ring at `ring` (ring_bytes_per_warp)
 // instead (one tile; no register prefetch).
-template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, class Overlap>
+// kDyn (with kRing): the positions come from DynChunks instead of the slice.
+template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, bool kDyn,
+          class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -639,7 +694,8 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   const int lane = threadIdx.x & 31, c = lane & 3;
   const int G = a.seg.group_size;
   const int64_t C = a.seg.capacity;
-  const auto [b, e] = slice_quantized(p, {begin, end}, ts);
+  static_assert(!kDyn || kRing, "the dynamic hand-out streams through the ring");
+  const auto [b, e] = kDyn ? PosRange{0, 0} : slice_quantized(p, {begin, end}, ts);
   const int n_subs = e > b ? (e - b) / kTok : 0;
   const int64_t codes = static_cast<int64_t>(kvh) * C * (kHD / 2);
   const Head head{a.seg.key_upper + codes,
@@ -659,8 +715,22 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   auto slot = [&](int j) { return ring + (j % kRingSlots) * RingSlot<INT8>::kBytes; };
   // The ring's copies carry the key metadata of the sub-chunks that fold.
   KeyGroups copy_groups(k_scale, k_min, b, G);
+  // kDyn: each slot's position (-1: past the end), set by its copy.
+  static_assert(kRingSlots == 2, "one position per slot: pos_even, pos_odd");
+  DynChunks dyn{};
+  if constexpr (kDyn) dyn = DynChunks::make(p);
+  int pos_even = -1, pos_odd = -1;
   auto copy_sub = [&](int j) {  // sub-chunk j into slot(j), then commit (empty past the end)
-    if (j < n_subs) {
+    if constexpr (kDyn) {
+      const int t = dyn.position();
+      (j & 1 ? pos_odd : pos_even) = t;
+      if (t >= 0) {  // a chunk starts a key group: a sub-chunk folds where a group starts
+        const int64_t grp = static_cast<int64_t>(t >> p.dyn_g_log2) * kHD;
+        const bool fold = (t & (G - 1)) == 0;
+        ring_copy<INT8>(head, t, slot(j), rl, fold ? k_scale + grp : nullptr,
+                        fold ? k_min + grp : nullptr);
+      }
+    } else if (j < n_subs) {
       const bool fold = copy_groups.folds(j);
       ring_copy<INT8>(head, b + j * kTok, slot(j), rl, fold ? copy_groups.ks : nullptr,
                       fold ? copy_groups.km : nullptr);
@@ -698,17 +768,18 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   // The queries are folded with each key group's scale / min where the group starts (and at the
   // first sub-chunk); with the ring the slot holds them.
   KeyGroups groups(k_scale, k_min, b, G);
-  for (int j = 0; j < n_subs; ++j) {
-    const int t_sub = b + j * kTok;
+  for (int j = 0; kDyn || j < n_subs; ++j) {
+    const int t_sub = kDyn ? (j & 1 ? pos_odd : pos_even) : b + j * kTok;
+    if (kDyn && t_sub < 0) break;
     auto fold = [&] {
-      if (groups.folds(j)) {
+      if (kDyn ? (t_sub & (G - 1)) == 0 : groups.folds(j)) {
         if constexpr (kRing) {
           const auto* meta = reinterpret_cast<const uint16_t*>(slot(j) + RingSlot<INT8>::kKeyMeta);
           w.template fold_queries<true>(q_warp, meta, meta + kHD);
         } else {
           w.fold_queries(q_warp, groups.ks, groups.km);
         }
-        groups.advance(j);
+        if constexpr (!kDyn) groups.advance(j);
       }
     };
     // Several tiles: folded before the loads, so that its temporaries and the chunk's registers
@@ -745,6 +816,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     if constexpr (kPrefetch) cur = nxt;
     lp.advance();
   }
+  if constexpr (kDyn) dyn.finish(gridDim.x * (blockDim.x >> 5));
   timeline_stamp(p, 4);
   w.store(o_mine, ml_mine);
 }
