@@ -141,6 +141,10 @@ int run_bench(const BenchArgs& a) {
     mo.engine.mode = bm.mode;
     mo.engine.kv = bm.kv;
     mo.engine.kv_explicit = bm.kv != KvType::kFp16;
+    // Without --ctx every context runs on a cache of its own size (set_max_context below), so
+    // that the memory figures are that context's: the quantized planes are allocated for the
+    // whole capacity. Tensor parallelism keeps one cache, sized for the largest.
+    const bool ctx_per_run = mo.engine.max_context == 0 && mo.engine.tensor_parallel == 1;
     if (mo.engine.max_context == 0) {
       mo.engine.max_context = max_ctx + a.gen.max_new_tokens + max_gamma + 1;
     }
@@ -193,6 +197,13 @@ int run_bench(const BenchArgs& a) {
     const std::vector<int> gammas = spec && !a.gammas.empty() ? a.gammas : std::vector<int>{0};
     for (int ctx : a.contexts) {
       const std::vector<int32_t> prompt(pool.begin(), pool.begin() + ctx);
+      if (ctx_per_run) {
+        const Status sized = eng.set_max_context(ctx + a.gen.max_new_tokens + max_gamma + 1);
+        if (!sized.ok()) {
+          return report_error(mode_name + " context " + std::to_string(ctx) + ": " +
+                              sized.error().message);
+        }
+      }
       for (int g : gammas) {
         for (int rep = 0; rep < a.repeats; ++rep) {
           GenerationParams p = a.gen;

@@ -169,6 +169,7 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
       {"draft_attention",
        options.device == Device::kCuda ? draft_attention_name(options.draft_attention) : "exact"},
       {"kv_cache_bytes", engine.kv_cache_bytes()},
+      {"max_context", engine.max_context()},  // the cache's capacity (positions)
       {"group_size", options.group_size},
       {"backend", device_name(options.device)},
       {"tensor_parallel", options.tensor_parallel},

@@ -185,6 +185,13 @@ class Engine {
   virtual int64_t device_memory_in_use() const = 0;
   // Bytes the KV cache holds now (planes for the whole capacity + the full-precision buffer).
   virtual size_t kv_cache_bytes() const = 0;
+  // A new KV cache of `tokens` positions (0: the model's default, as max_context at load) in
+  // place of the current one, whose contents are dropped and whose memory goes first; the weights
+  // stay. An engine benchmarked (or serving) at one context length then holds only that length's
+  // quantized planes, which are allocated for the whole capacity. Errors: the limits of
+  // max_context at load, tensor parallelism (not supported), no memory for the new cache (then
+  // the engine has none: a prompt is refused until a call that succeeds).
+  virtual Status set_max_context(int tokens) = 0;
 
   // Logits at every position of one prefill of `ids` on an empty cache:
   // row-major [ids.size(), vocab_size]; with last_rows > 0 only the last min(last_rows, n)

@@ -219,6 +219,29 @@ Status LlmEngine::check_prompt(const std::vector<int32_t>& ids) const {
   return Status::ok_status();
 }
 
+Status LlmEngine::set_max_context(int tokens) {
+  if (!peers_.empty()) {
+    return make_error("set_max_context: not supported with tensor parallelism (--tp " +
+                      std::to_string(tensor_parallel()) + ")");
+  }
+  EngineOptions o = options_;
+  o.max_context = tokens;
+  QS_ASSIGN_OR_RETURN(const int ctx, resolve_max_context(cfg_, o));
+  if (ctx == cache_.capacity()) return Status::ok_status();
+  KvCacheConfig kv = cache_.config();
+  kv.capacity = ctx;
+  cache_ = KvCache{};  // its memory first: the old and the new cache need not fit together
+  sparse_ = SparseDraftIndex{};
+  auto created = KvCache::create(kv, *backend_);
+  if (!created) {
+    return make_error("KV cache for " + std::to_string(ctx) +
+                      " positions: " + created.error().message);
+  }
+  cache_ = std::move(created.value());
+  options_.max_context = ctx;
+  return Status::ok_status();
+}
+
 size_t LlmEngine::kv_cache_bytes() const {
   size_t bytes = cache_.bytes();
   for (const Peer& p : peers_) bytes += p.cache.bytes();

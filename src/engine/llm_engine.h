@@ -40,6 +40,7 @@ class LlmEngine final : public Engine {
   const ModelConfig& config() const override { return cfg_; }
   const Tokenizer* tokenizer() const override { return tokenizer_ ? &*tokenizer_ : nullptr; }
   int max_context() const override { return cache_.capacity(); }
+  Status set_max_context(int tokens) override;
 
   Result<std::vector<float>> prefill_logits(const std::vector<int32_t>& ids,
                                             int last_rows = 0) override;

@@ -459,6 +459,17 @@ def test_bench_matrix_table_and_json(qs, tmp_path):
     qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--modes", "ar-fp16,quantspec",
        "--gammas", "2", "-n", "6", "--group-size", "32", "--kv-dtype", "f16", "-o", out)
     assert all(r["kv_buffer"] == "f16" for r in json.loads(out.read_text())["runs"])
+    # Without --ctx each context runs on a cache of its own size: the quantized planes (allocated
+    # for the capacity) of the 40-token runs are smaller than those of the 90-token runs; with
+    # --ctx 256 the same 40-token run holds planes for 256 positions.
+    # (12 tokens, the sweep's largest γ 3 and the bonus token past the prompt.)
+    assert all(r["max_context"] == r["context"] + 12 + 3 + 1 for r in runs)
+    kv = {(r["context"], r["gamma"]): r["kv_cache_bytes"] for r in spec}
+    assert kv[(40, 1)] < kv[(90, 1)] and kv[(40, 3)] < kv[(90, 3)]
+    qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--modes", "quantspec",
+       "--gammas", "1", "-n", "12", "--group-size", "32", "--ctx", "256", "-o", out)
+    fixed = json.loads(out.read_text())["runs"]
+    assert fixed[0]["max_context"] == 256 and fixed[0]["kv_cache_bytes"] > kv[(40, 1)]
 
 
 def test_bench_json_survives_a_killed_run(qs, request, tmp_path):

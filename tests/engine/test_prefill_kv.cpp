@@ -158,6 +158,42 @@ TEST(PrefillKv, FullPrecisionPrefillReservesTheDecodingRows) {
   }
 }
 
+// set_max_context: a new cache of that many positions in place of the old (what `quantspec bench`
+// does per context): the quantized planes shrink with it, the outputs are those of an engine
+// loaded with that context, a prompt beyond it is refused, and 0 / bad values behave as at load.
+TEST(EngineCapacity, SetMaxContextResizesTheCacheAndKeepsTheOutputs) {
+  const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 56);
+  EngineOptions o = options(DecodeMode::kQuantSpec, KvType::kFp16, PrefillKv::kExact);
+  o.max_context = 2048;
+  auto e = testing::make_tiny_engine(tiny, o);
+  o.max_context = 400;
+  auto fresh = testing::make_tiny_engine(tiny, o);
+  ASSERT_TRUE(e && fresh);
+  const std::vector<int32_t> prompt = random_prompt(300, kVocab, 11);
+  auto before = e->generate(prompt, greedy_params(40), nullptr);
+  ASSERT_TRUE(before.ok()) << before.error().message;
+  const size_t big = e->kv_cache_bytes();
+
+  ASSERT_TRUE(e->set_max_context(400).ok());
+  EXPECT_EQ(e->max_context(), 400);
+  EXPECT_LT(e->kv_cache_bytes(), big);  // the planes are sized for the capacity
+  EXPECT_EQ(e->kv_cache_bytes(), fresh->kv_cache_bytes());
+  auto after = e->generate(prompt, greedy_params(40), nullptr);
+  auto want = fresh->generate(prompt, greedy_params(40), nullptr);
+  ASSERT_TRUE(after.ok() && want.ok());
+  EXPECT_EQ(after->tokens, before->tokens);
+  EXPECT_EQ(after->tokens, want->tokens);
+
+  auto too_long = e->generate(random_prompt(450, kVocab, 12), greedy_params(4), nullptr);
+  ASSERT_FALSE(too_long.ok());
+  EXPECT_NE(too_long.error().message.find("400"), std::string::npos) << too_long.error().message;
+
+  EXPECT_FALSE(e->set_max_context(-1).ok());
+  EXPECT_EQ(e->max_context(), 400);  // a refused value leaves the cache alone
+  ASSERT_TRUE(e->set_max_context(0).ok());
+  EXPECT_EQ(e->max_context(), 4096);  // the model's max_position_embeddings (config())
+}
+
 TEST(PrefillKv, FullPrecisionModesIgnoreIt) {
   const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 54);
   const std::vector<int32_t> prompt = random_prompt(200, kVocab, 7);
