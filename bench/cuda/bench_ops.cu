@@ -1042,6 +1042,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
                     [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 168; }),
             variant(" dring 128",
                     [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 128; }),
+            variant(" dring 2 tiles", [](T& t) { t.direct_ring = 1, t.direct_tiles = 2; }),
             variant(" dyn", [](T& t) { t.dynamic = true; }),
             variant(" dyn x2 waves", [](T& t) { t.dynamic = true, t.split_factor = 2; })};
         for (const Variant& var : variants) {

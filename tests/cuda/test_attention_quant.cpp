@@ -438,9 +438,12 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
 // the codes; the default picks by query vectors per kv head): GQA blocks of up to 128 query
 // vectors per kv head, query tiles past the last query vector, boundaries inside a block.
 TEST_F(CudaOpsTest, QuantAttentionSweepDirectTiles) {
-  for (int tiles : {1, 2}) {
+  // (tiles, ring): two tiles per warp also with the per-warp ring forced on (its keys read from
+  // the slot before the scores, its values after, the slot handed on after both).
+  for (const auto [tiles, ring] : {std::pair{1, -1}, std::pair{2, -1}, std::pair{2, 1}}) {
     cuda::QuantAttentionTuning t;
     t.direct_tiles = tiles;
+    t.direct_ring = ring;
     TuningScope scope(t);
     double worst = 0;
     sweep(gpu(), cpu(), worst);
@@ -450,8 +453,8 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectTiles) {
       QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kWild, uint64_t(m + 40)});
       check_cases(gpu(), cpu(), kv, ratio_cases({m}, true, kFpBaseMax), worst);
     }
-    const std::string what =
-        "quantized sweep, direct INT8 view with " + std::to_string(tiles) + " tile(s) per warp";
+    const std::string what = "quantized sweep, direct INT8 view with " + std::to_string(tiles) +
+                             " tile(s) per warp" + (ring == 1 ? ", ring forced" : "");
     report(what.c_str(), worst);
   }
 }
@@ -675,6 +678,16 @@ TEST_F(CudaOpsTest, QuantAttentionSanitizerSubset) {
         gpu(), cpu(), kv,
         {{4 * kKvHeads, 4, true, 0}, {kKvHeads, 1, false, kFpBaseMax}, {4 * kKvHeads, 1, false, 0}},
         worst);
+  }
+  // Two tiles per warp with the ring forced on, one split (every slot reused).
+  {
+    cuda::QuantAttentionTuning t;
+    t.direct_ring = 1;
+    t.direct_tiles = 2;
+    t.splits = 1;
+    TuningScope scope(t);
+    QuantKv kv(gpu(), cpu(), {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, 65});
+    check_cases(gpu(), cpu(), kv, {{4 * kKvHeads, 4, true, 0}, {8 * kKvHeads, 2, true, 0}}, worst);
   }
   // The dynamic hand-out, one split: 9 chunks of 128 positions for its 2 warps.
   {

@@ -1436,8 +1436,11 @@ const void* direct_kernel_fn(int regs, int tiles, bool ring, bool dyn) {
   QS_CHECK(!dyn);
   if constexpr (INT8) {
     if (tiles == 2) {
-      return reinterpret_cast<const void*>(
-          attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2>);
+      return ring ? reinterpret_cast<const void*>(
+                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, false, 2,
+                                                      true>)
+                  : reinterpret_cast<const void*>(
+                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2>);
     }
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
@@ -1496,8 +1499,8 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     k.qw = 8 * k.direct_tiles;
     k.ng = 1;
     k.draft_f16 = !INT8 && draft_f16;
-    // The ring: one tile, the INT8 view or the f16 draft without register prefetch.
-    k.ring = ring && k.direct_tiles == 1 && (INT8 || (k.draft_f16 && !reg_prefetch));
+    // The ring: the INT8 view (one or two tiles) or the f16 draft without register prefetch.
+    k.ring = ring && (INT8 || (k.direct_tiles == 1 && k.draft_f16 && !reg_prefetch));
     k.dyn = dyn && k.ring;
     k.int8 = INT8;
     k.fn = !k.draft_f16 ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring, k.dyn)
@@ -1723,8 +1726,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                    : pl.query_tiles == 1 ? 192
                                          : 168;
   // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
-  // (several make blocks of 3-8 warps, each with its ring).
-  const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;
+  // (several make blocks of 3-8 warps, each with its ring) of one 8-query tile per warp; two
+  // tiles per warp (the INT8 view) take it only when forced (direct_ring 1: not yet measured).
+  const bool want_ring =
+      tune.direct_ring < 0 ? pl.query_tiles == 1 && pl.direct_tiles == 1 : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
                      tune.draft_reg_prefetch, pl.direct_tiles, want_ring);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;

@@ -196,12 +196,13 @@ __device__ __forceinline__ void ring_copy(const Head& hd, int t_sub, unsigned ch
   }
 }
 
-// The sub-chunk in `slot` as this lane's fragments (what load_chunk reads from global memory).
+// The sub-chunk in `slot` as this lane's fragments (what load_chunk reads from global memory):
+// the key codes, then the value codes and metadata (two tiles per warp read the values only once
+// the scores are done: registers).
 template <bool INT8>
-__device__ __forceinline__ void ring_read(const unsigned char* slot, const RingLane& rl,
-                                          Chunk<INT8>& ch) {
-  using S = RingSlot<INT8>;
-  constexpr int RB = S::kRowBytes, PB = S::kPlaneBytes;
+__device__ __forceinline__ void ring_read_keys(const unsigned char* slot, const RingLane& rl,
+                                               Chunk<INT8>& ch) {
+  constexpr int RB = RingSlot<INT8>::kRowBytes, PB = RingSlot<INT8>::kPlaneBytes;
 #pragma unroll
   for (int st = 0; st < 2; ++st) {
 #pragma unroll
@@ -210,6 +211,16 @@ __device__ __forceinline__ void ring_read(const unsigned char* slot, const RingL
       ch.ku[st][j] = *reinterpret_cast<const uint4*>(slot + off);
       if constexpr (INT8) ch.kl[st][j] = *reinterpret_cast<const uint4*>(slot + 2 * PB + off);
     }
+  }
+}
+
+template <bool INT8>
+__device__ __forceinline__ void ring_read_values(const unsigned char* slot, const RingLane& rl,
+                                                 Chunk<INT8>& ch) {
+  using S = RingSlot<INT8>;
+  constexpr int RB = S::kRowBytes, PB = S::kPlaneBytes;
+#pragma unroll
+  for (int st = 0; st < 2; ++st) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int off = (i & 1 ? rl.v_odd : rl.v_even) + (16 * st + 8 * (i >> 1)) * RB;
@@ -223,6 +234,13 @@ __device__ __forceinline__ void ring_read(const unsigned char* slot, const RingL
       ch.vm[st][jb] = meta[kTok + 16 * st + 8 * jb];
     }
   }
+}
+
+template <bool INT8>
+__device__ __forceinline__ void ring_read(const unsigned char* slot, const RingLane& rl,
+                                          Chunk<INT8>& ch) {
+  ring_read_keys<INT8>(slot, rl, ch);
+  ring_read_values<INT8>(slot, rl, ch);
 }
 
 // The sub-chunks of a warp's range [b, e) that fold the queries with a new key group (the first,
@@ -710,7 +728,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   // INT4: the next sub-chunk is loaded while this one is computed (2 x 40 registers); INT8 (twice
   // the codes) loads each sub-chunk just before use and relies on the other warps.
   constexpr bool kPrefetch = !INT8 && kRegPrefetch && !kRing;
-  static_assert(!kRing || NT == 1, "the ring: one tile per warp");
+  static_assert(!kRing || NT == 1 || INT8, "the ring with several tiles: the INT8 view");
   const RingLane rl = kRing ? RingLane::make() : RingLane{};
   auto slot = [&](int j) { return ring + (j % kRingSlots) * RingSlot<INT8>::kBytes; };
   // The ring's copies carry the key metadata of the sub-chunks that fold.
@@ -785,15 +803,20 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     // Several tiles: folded before the loads, so that its temporaries and the chunk's registers
     // are not live together; one tile: while the loads are in flight.
     // Several tiles also load the values only once the scores are done (registers).
-    if constexpr (Path::kSharedFrags) fold();
+    if constexpr (Path::kSharedFrags && !kRing) fold();
     Chunk<INT8> nxt;
     if constexpr (kRing) {
       cp_async_wait<kRingSlots - 1>();  // sub-chunk j has landed (j + 1 may be in flight)
       __syncwarp();
-      ring_read<INT8>(slot(j), rl, cur);
-      fold();        // reads the key metadata from the slot
-      __syncwarp();  // every lane is done with the slot: it takes sub-chunk j + kRingSlots
-      copy_sub(j + kRingSlots);
+      if constexpr (Path::kSharedFrags) {  // several tiles: the values once the scores are done,
+        fold();                            // so the slot is handed on after process()
+        ring_read_keys<INT8>(slot(j), rl, cur);
+      } else {
+        ring_read<INT8>(slot(j), rl, cur);
+        fold();        // reads the key metadata from the slot
+        __syncwarp();  // every lane is done with the slot: it takes sub-chunk j + kRingSlots
+        copy_sub(j + kRingSlots);
+      }
     } else if (kPrefetch) {
       if (j + 1 < n_subs) {
         LanePtrs ln = lp;
@@ -808,11 +831,17 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     }
     if constexpr (!Path::kSharedFrags && !kRing) fold();
     w.process(cur, t_sub, [&] {
-      if constexpr (Path::kSharedFrags) {
+      if constexpr (Path::kSharedFrags && kRing) {
+        ring_read_values<INT8>(slot(j), rl, cur);
+      } else if constexpr (Path::kSharedFrags) {
         load_values<INT8>(head, lp, 0, cur);
         load_values<INT8>(head, lp, 1, cur);
       }
     });
+    if constexpr (Path::kSharedFrags && kRing) {
+      __syncwarp();  // every lane has read the slot's values
+      copy_sub(j + kRingSlots);
+    }
     if constexpr (kPrefetch) cur = nxt;
     lp.advance();
   }
