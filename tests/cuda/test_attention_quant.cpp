@@ -419,17 +419,22 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
     sweep(gpu(), cpu(), worst);
     report("quantized sweep, direct path without its ring", worst);
   }
-  for (int regs : {128, 168, 192}) {
+  // (regs, ring slots): 3 slots at 192 registers only.
+  for (const auto [regs, slots] :
+       {std::pair{128, 2}, std::pair{168, 2}, std::pair{192, 2}, std::pair{192, 3}}) {
     for (int splits : {0, 1, 2}) {
       cuda::QuantAttentionTuning t;
       t.direct_ring = 1;
       t.direct_tiles = 1;
       t.direct_regs = regs;
+      t.ring_slots = slots;
       t.splits = splits;
       TuningScope scope(t);
       double worst = 0;
       sweep(gpu(), cpu(), worst);
-      report("quantized sweep, direct path with its ring", worst);
+      report(slots == 3 ? "quantized sweep, direct path with its 3-slot ring"
+                        : "quantized sweep, direct path with its ring",
+             worst);
     }
   }
 }

@@ -1146,7 +1146,8 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false,
-          bool kRegPrefetch = true, bool kRing = false, bool kDyn = false>
+          bool kRegPrefetch = true, bool kRing = false, bool kDyn = false,
+          int RS = direct_path::kRingSlots>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1245,8 +1246,9 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
     unsigned char* ring =
-        kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8>() : nullptr;
-    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing, kDyn>(
+        kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8, RS>()
+              : nullptr;
+    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing, kDyn, RS>(
         p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages,
@@ -1334,14 +1336,14 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 // tiles per warp; kRing: the per-warp cp.async ring (QuantAttentionTuning::direct_ring); kDyn:
 // the dynamic hand-out of quantized positions (QuantAttentionTuning::dynamic, with the ring).
 template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT = 1,
-          bool kRing = false, bool kDyn = false>
+          bool kRing = false, bool kDyn = false, int RS = direct_path::kRingSlots>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
   direct_path::prefetch_block_start<INT8>(p);
   pdl_begin();
   timeline_stamp(p, 1);
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch,
-                       kRing, kDyn>(p);
+                       kRing, kDyn, RS>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -1372,6 +1374,7 @@ QuantAttentionTuning g_tuning = [] {
   t.direct_tiles = env_switch("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
   t.direct_ring = env_switch("QS_DIRECT_RING", 0, 1, t.direct_ring);
   t.dynamic = env_switch("QS_QUANT_DYN", 0, 1, t.dynamic) != 0;
+  t.ring_slots = env_switch("QS_RING_SLOTS", 2, 3, t.ring_slots);
   const int regs = env_switch("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (regs == 0 || regs == 128 || regs == 168 || regs == 192) {
     t.direct_regs = regs;
@@ -1390,6 +1393,7 @@ struct KernelChoice {
   int direct_tiles = 1;    // the direct path's 8-query tiles per warp
   bool ring = false;       // the direct path's per-warp cp.async ring
   bool dyn = false;        // with the ring: the dynamic hand-out of quantized positions
+  int ring_slots = direct_path::kRingSlots;  // with the ring: sub-chunks copied ahead
   bool int8 = false;       // the view (the ring's slot size)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
@@ -1425,15 +1429,21 @@ const void* direct_kernel_at(int regs) {
 }
 
 template <bool INT8, bool kDraftF16, bool kRegPrefetch>
-const void* direct_kernel_fn(int regs, int tiles, bool ring, bool dyn) {
+const void* direct_kernel_fn(int regs, int tiles, bool ring, bool dyn, int slots) {
   if constexpr (INT8 || (kDraftF16 && !kRegPrefetch)) {
+    if (ring && slots == 3) {  // a deeper ring: one tile, 192 registers, static slices
+      QS_CHECK_MSG(regs == 192 && tiles == 1 && !dyn,
+                   "quantized attention: the 3-slot ring runs one tile at 192 registers");
+      return reinterpret_cast<const void*>(
+          attention_quant_direct_kernel<INT8, 192, kDraftF16, false, 1, true, false, 3>);
+    }
     if (ring && dyn) {  // the dynamic hand-out: at 192 registers only
       QS_CHECK_MSG(regs == 192, "quantized attention: the dynamic hand-out runs at 192 registers");
       return reinterpret_cast<const void*>(
           attention_quant_direct_kernel<INT8, 192, kDraftF16, false, 1, true, true>);
     }
   }
-  QS_CHECK(!dyn);
+  QS_CHECK(!dyn && slots == direct_path::kRingSlots);
   if constexpr (INT8) {
     if (tiles == 2) {
       return ring ? reinterpret_cast<const void*>(
@@ -1491,7 +1501,8 @@ KernelChoice row_kernel() {
 // tiles: the direct path's 8-query tiles per warp (1 for the INT4 view).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
-                        bool draft_f16, bool reg_prefetch, int tiles, bool ring, bool dyn) {
+                        bool draft_f16, bool reg_prefetch, int tiles, bool ring, bool dyn,
+                        int slots) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
@@ -1502,10 +1513,15 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     // The ring: the INT8 view (one or two tiles) or the f16 draft without register prefetch.
     k.ring = ring && (INT8 || (k.direct_tiles == 1 && k.draft_f16 && !reg_prefetch));
     k.dyn = dyn && k.ring;
+    k.ring_slots = k.ring && slots == 3 && k.direct_tiles == 1 && regs == 192 && !k.dyn
+                       ? 3
+                       : direct_path::kRingSlots;
     k.int8 = INT8;
-    k.fn = !k.draft_f16 ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring, k.dyn)
-           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.dyn)
-                           : direct_kernel_fn<false, true, true>(regs, 1, false, false);
+    k.fn =
+        !k.draft_f16
+            ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring, k.dyn, k.ring_slots)
+        : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.dyn, k.ring_slots)
+                        : direct_kernel_fn<false, true, true>(regs, 1, false, false, k.ring_slots);
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
@@ -1529,12 +1545,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
                            bool draft_f16, bool reg_prefetch, int tiles, bool ring,
-                           bool dyn = false) {
+                           bool dyn = false, int slots = direct_path::kRingSlots) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, draft_f16, reg_prefetch, tiles, ring, dyn)
+                                   direct, regs, draft_f16, reg_prefetch, tiles, ring, dyn, slots)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, draft_f16, reg_prefetch, tiles, ring, dyn);
+                                    direct, regs, draft_f16, reg_prefetch, tiles, ring, dyn, slots);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1638,6 +1654,8 @@ void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
                    tuning.direct_regs == 168 || tuning.direct_regs == 192,
                "quantized attention: direct_regs must be 0 (automatic), 128 (the f16-operand "
                "draft without register prefetch), 168 or 192");
+  QS_CHECK_MSG(tuning.ring_slots == 2 || tuning.ring_slots == 3,
+               "quantized attention: ring_slots must be 2 or 3");
   QS_CHECK_MSG(tuning.direct_tiles >= 0 && tuning.direct_tiles <= kQuantAttentionMaxDirectTiles,
                "quantized attention: direct_tiles must be 0 (automatic), 1 or 2");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
@@ -1681,9 +1699,9 @@ QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
 // The direct path's per-warp rings (after the states), or 0.
 size_t ring_bytes(const KernelChoice& kc, int threads) {
   if (!kc.ring) return 0;
-  const int per_warp = kc.int8 ? direct_path::ring_bytes_per_warp<true>()
-                               : direct_path::ring_bytes_per_warp<false>();
-  return static_cast<size_t>(threads / 32) * per_warp;
+  const int per_slot =
+      kc.int8 ? direct_path::RingSlot<true>::kBytes : direct_path::RingSlot<false>::kBytes;
+  return static_cast<size_t>(threads / 32) * kc.ring_slots * per_slot;
 }
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms) {
@@ -1731,7 +1749,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const bool want_ring =
       tune.direct_ring < 0 ? pl.query_tiles == 1 && pl.direct_tiles == 1 : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
-                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring);
+                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring, false, tune.ring_slots);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1764,6 +1782,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                        tune.draft_reg_prefetch, pl.direct_tiles, false);
   }
   pl.direct_ring = kc.ring;
+  pl.ring_slots = kc.ring_slots;
   pl.smem_bytes = smem_for(pl.chunk, pl.stages);
 
   // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
@@ -1792,7 +1811,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const int U = std::max(128, G);
   const int64_t warps = splits * (pl.threads / 32);
   const bool pow2_groups = (G & (G - 1)) == 0;  // the kernel folds at t & (G - 1) == 0
-  if (tune.dynamic && kc.ring && pl.direct_regs == 192 && b_max > 0 && pow2_groups && U % G == 0 &&
+  if (tune.dynamic && kc.ring && kc.ring_slots == direct_path::kRingSlots &&
+      pl.direct_regs == 192 && b_max > 0 && pow2_groups && U % G == 0 &&
       ceil_div(b_max, U) >= kDynMinChunksPerWarp * warps) {
     pl.dyn_chunk = U;
     pl.dyn_counters = 2 * static_cast<int64_t>(pl.query_groups) * a.num_kv_heads;
@@ -1805,8 +1825,8 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   check_args(a);
   const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
                                         plan.draft_f16, plan.draft_reg_prefetch, plan.direct_tiles,
-                                        plan.direct_ring, plan.dyn_chunk > 0);
-  QS_CHECK(kc.dyn == (plan.dyn_chunk > 0));
+                                        plan.direct_ring, plan.dyn_chunk > 0, plan.ring_slots);
+  QS_CHECK(kc.dyn == (plan.dyn_chunk > 0) && kc.ring_slots == plan.ring_slots);
   QS_CHECK_MSG(!kc.dyn || dyn_counters != nullptr,
                "quantized attention: the dynamic hand-out needs its zeroed counters");
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&

@@ -74,6 +74,7 @@ struct QuantAttentionPlan {
   // 0 when off, and the zeroed counters launch_attention_quant needs (unsigned ints).
   int dyn_chunk = 0;
   int64_t dyn_counters = 0;
+  int ring_slots = 2;  // the ring's sub-chunks copied ahead (QuantAttentionTuning::ring_slots)
 };
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms);
@@ -156,6 +157,11 @@ struct QuantAttentionTuning {
   // fixed slice (the slowest block was 7-13% behind the median at 128K: perf.md sessions 13-14).
   // QS_QUANT_DYN=0|1 sets it for the whole process. Off by default: not yet measured.
   bool dynamic = false;
+  // The ring's slots per warp (sub-chunks copied ahead): 2, or 3 for one tile per warp at 192
+  // registers without the dynamic hand-out (more bytes in flight per warp for the latency-bound
+  // MHA draft: perf.md session 14). QS_RING_SLOTS=2|3 sets it for the whole process. Default 2:
+  // 3 not yet measured.
+  int ring_slots = 2;
   // Diagnostics (bench_ops --sections qtime): non-null, a device buffer of kQuantTimelineSlots
   // words per block of the largest grid launched, into which every block of every launch writes
   // when its phases end (the last launch's stamps remain). Null: no stamp is taken.

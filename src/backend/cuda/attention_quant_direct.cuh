@@ -139,11 +139,11 @@ struct RingSlot {
   static constexpr int kKeyMeta = kPlanes * kPlaneBytes + 2 * kMetaBytes;  // scales, then mins
   static constexpr int kBytes = kKeyMeta + 2 * kHD * 2;
 };
-constexpr int kRingSlots = 2;
+constexpr int kRingSlots = 2;  // the default; 3 with QuantAttentionTuning::ring_slots
 
-template <bool INT8>
+template <bool INT8, int RS = kRingSlots>
 constexpr int ring_bytes_per_warp() {
-  return kRingSlots * RingSlot<INT8>::kBytes;
+  return RS * RingSlot<INT8>::kBytes;
 }
 
 // Where byte b of token row t (t < 32) of a plane lies in a slot: rows 4..7 of every 8 swap their
@@ -701,8 +701,9 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // `overlap()` (the full-precision rows) runs first.
 // kRing: the sub-chunks stream through this warp's cp.async ring at `ring` (ring_bytes_per_warp)
 // instead (one tile; no register prefetch).
-// kDyn (with kRing): the positions come from DynChunks instead of the slice.
-template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, bool kDyn,
+// kDyn (with kRing): the positions come from DynChunks instead of the slice. RS: the ring's slots
+// (sub-chunks copied ahead).
+template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, bool kDyn, int RS,
           class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
@@ -730,11 +731,11 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   constexpr bool kPrefetch = !INT8 && kRegPrefetch && !kRing;
   static_assert(!kRing || NT == 1 || INT8, "the ring with several tiles: the INT8 view");
   const RingLane rl = kRing ? RingLane::make() : RingLane{};
-  auto slot = [&](int j) { return ring + (j % kRingSlots) * RingSlot<INT8>::kBytes; };
+  auto slot = [&](int j) { return ring + (j % RS) * RingSlot<INT8>::kBytes; };
   // The ring's copies carry the key metadata of the sub-chunks that fold.
   KeyGroups copy_groups(k_scale, k_min, b, G);
   // kDyn: each slot's position (-1: past the end), set by its copy.
-  static_assert(kRingSlots == 2, "one position per slot: pos_even, pos_odd");
+  static_assert(!kDyn || RS == 2, "one position per slot: pos_even, pos_odd");
   DynChunks dyn{};
   if constexpr (kDyn) dyn = DynChunks::make(p);
   int pos_even = -1, pos_odd = -1;
@@ -758,7 +759,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   };
   if constexpr (kRing) {  // the first sub-chunks stream in while the full-precision rows run
 #pragma unroll
-    for (int j = 0; j < kRingSlots; ++j) copy_sub(j);
+    for (int j = 0; j < RS; ++j) copy_sub(j);
   }
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
   overlap();
@@ -806,7 +807,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     if constexpr (Path::kSharedFrags && !kRing) fold();
     Chunk<INT8> nxt;
     if constexpr (kRing) {
-      cp_async_wait<kRingSlots - 1>();  // sub-chunk j has landed (j + 1 may be in flight)
+      cp_async_wait<RS - 1>();  // sub-chunk j has landed (j + 1 .. j + RS - 1 may be in flight)
       __syncwarp();
       if constexpr (Path::kSharedFrags) {  // several tiles: the values once the scores are done,
         fold();                            // so the slot is handed on after process()
@@ -814,8 +815,8 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
       } else {
         ring_read<INT8>(slot(j), rl, cur);
         fold();        // reads the key metadata from the slot
-        __syncwarp();  // every lane is done with the slot: it takes sub-chunk j + kRingSlots
-        copy_sub(j + kRingSlots);
+        __syncwarp();  // every lane is done with the slot: it takes sub-chunk j + RS
+        copy_sub(j + RS);
       }
     } else if (kPrefetch) {
       if (j + 1 < n_subs) {
@@ -840,7 +841,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     });
     if constexpr (Path::kSharedFrags && kRing) {
       __syncwarp();  // every lane has read the slot's values
-      copy_sub(j + kRingSlots);
+      copy_sub(j + RS);
     }
     if constexpr (kPrefetch) cur = nxt;
     lp.advance();
