@@ -671,28 +671,20 @@ TEST_F(CudaOpsTest, QuantAttentionSanitizerSubset) {
                  {kKvHeads, 1, false, kFpBaseMax}},
                 worst);
   }
-  // The direct path's per-warp ring, one split (every slot reused).
-  {
+  // The direct path's per-warp ring, one split (every slot reused), with one and two tiles per
+  // warp.
+  for (int tiles : {1, 2}) {
     cuda::QuantAttentionTuning t;
     t.direct_ring = 1;
-    t.direct_tiles = 1;
+    t.direct_tiles = tiles;
     t.splits = 1;
     TuningScope scope(t);
-    QuantKv kv(gpu(), cpu(), {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, 63});
-    check_cases(
-        gpu(), cpu(), kv,
-        {{4 * kKvHeads, 4, true, 0}, {kKvHeads, 1, false, kFpBaseMax}, {4 * kKvHeads, 1, false, 0}},
-        worst);
-  }
-  // Two tiles per warp with the ring forced on, one split (every slot reused).
-  {
-    cuda::QuantAttentionTuning t;
-    t.direct_ring = 1;
-    t.direct_tiles = 2;
-    t.splits = 1;
-    TuningScope scope(t);
-    QuantKv kv(gpu(), cpu(), {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, 65});
-    check_cases(gpu(), cpu(), kv, {{4 * kKvHeads, 4, true, 0}, {8 * kKvHeads, 2, true, 0}}, worst);
+    QuantKv kv(gpu(), cpu(),
+               {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, uint64_t(62 + tiles)});
+    const std::vector<Case> one = {
+        {4 * kKvHeads, 4, true, 0}, {kKvHeads, 1, false, kFpBaseMax}, {4 * kKvHeads, 1, false, 0}};
+    const std::vector<Case> two = {{4 * kKvHeads, 4, true, 0}, {8 * kKvHeads, 2, true, 0}};
+    check_cases(gpu(), cpu(), kv, tiles == 1 ? one : two, worst);
   }
   // The dynamic hand-out, one split: 9 chunks of 128 positions for its 2 warps.
   {
