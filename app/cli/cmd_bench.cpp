@@ -145,9 +145,9 @@ int run_bench(const BenchArgs& a) {
     // that the memory figures are that context's: the quantized planes are allocated for the
     // whole capacity. Tensor parallelism keeps one cache, sized for the largest.
     const bool ctx_per_run = mo.engine.max_context == 0 && mo.engine.tensor_parallel == 1;
-    if (mo.engine.max_context == 0) {
-      mo.engine.max_context = max_ctx + a.gen.max_new_tokens + max_gamma + 1;
-    }
+    // The positions a run of `ctx` prompt tokens needs: its tokens and a round's candidates.
+    auto capacity_for = [&](int ctx) { return ctx + a.gen.max_new_tokens + max_gamma + 1; };
+    if (mo.engine.max_context == 0) mo.engine.max_context = capacity_for(max_ctx);
     if (std::string bad = validate_decode_options(mo); !bad.empty()) return report_error(bad);
     auto loaded = Engine::load(dir, mo.engine);
     if (!loaded) return report_error(mode_name + ": " + loaded.error().message);
@@ -198,7 +198,7 @@ int run_bench(const BenchArgs& a) {
     for (int ctx : a.contexts) {
       const std::vector<int32_t> prompt(pool.begin(), pool.begin() + ctx);
       if (ctx_per_run) {
-        const Status sized = eng.set_max_context(ctx + a.gen.max_new_tokens + max_gamma + 1);
+        const Status sized = eng.set_max_context(capacity_for(ctx));
         if (!sized.ok()) {
           return report_error(mode_name + " context " + std::to_string(ctx) + ": " +
                               sized.error().message);

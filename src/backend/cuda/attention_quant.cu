@@ -1348,6 +1348,15 @@ __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(cons
 
 // ---- host side ------------------------------------------------------------------------------
 
+bool is_pow2(int x) {
+  return x > 0 && (x & (x - 1)) == 0;
+}
+
+// QuantAttentionTuning::direct_regs values (0: automatic; kLightDraftRegs: the light draft).
+bool valid_direct_regs(int regs) {
+  return regs == 0 || regs == 128 || regs == 168 || regs == 192;
+}
+
 std::mutex g_tuning_mu;
 std::atomic<int64_t> g_dyn_launches{0};  // launches with the dynamic hand-out (tests)
 // A switch from the environment: unset -> fallback; a value in [lo, hi] -> it; anything else -> a
@@ -1376,7 +1385,7 @@ QuantAttentionTuning g_tuning = [] {
   t.dynamic = env_switch("QS_QUANT_DYN", 0, 1, t.dynamic) != 0;
   t.ring_slots = env_switch("QS_RING_SLOTS", 2, 3, t.ring_slots);
   const int regs = env_switch("QS_DIRECT_REGS", 0, 192, t.direct_regs);
-  if (regs == 0 || regs == 128 || regs == 168 || regs == 192) {
+  if (valid_direct_regs(regs)) {
     t.direct_regs = regs;
   } else {
     std::fprintf(stderr, "quantspec: ignoring QS_DIRECT_REGS=%d (expected 0, 128, 168 or 192)\n",
@@ -1404,7 +1413,7 @@ struct KernelChoice {
 constexpr int kDirectRegsTwoTiles = 255;
 // The f16-operand draft without register prefetch also at this cap: 8 two-warp blocks per SM
 // instead of 6 at 168 (QuantAttentionTuning::direct_regs).
-constexpr int kLightDraftRegs = 128;
+constexpr int kLightDraftRegs = 128;  // (valid_direct_regs lists it)
 // The dynamic hand-out only where every warp has at least this many chunks to take.
 constexpr int kDynMinChunksPerWarp = 4;
 
@@ -1650,8 +1659,7 @@ int auto_direct_tiles(int64_t nq) {
 // ---- API ------------------------------------------------------------------------------------
 
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
-  QS_CHECK_MSG(tuning.direct_regs == 0 || tuning.direct_regs == kLightDraftRegs ||
-                   tuning.direct_regs == 168 || tuning.direct_regs == 192,
+  QS_CHECK_MSG(valid_direct_regs(tuning.direct_regs),
                "quantized attention: direct_regs must be 0 (automatic), 128 (the f16-operand "
                "draft without register prefetch), 168 or 192");
   QS_CHECK_MSG(tuning.ring_slots == 2 || tuning.ring_slots == 3,
@@ -1810,7 +1818,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // is short anyway).
   const int U = std::max(128, G);
   const int64_t warps = splits * (pl.threads / 32);
-  const bool pow2_groups = (G & (G - 1)) == 0;  // the kernel folds at t & (G - 1) == 0
+  // The kernel folds where t & (G - 1) == 0.
+  const bool pow2_groups = is_pow2(G);
   if (tune.dynamic && kc.ring && kc.ring_slots == direct_path::kRingSlots &&
       pl.direct_regs == 192 && b_max > 0 && pow2_groups && U % G == 0 &&
       ceil_div(b_max, U) >= kDynMinChunksPerWarp * warps) {
@@ -1861,12 +1870,10 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.partial_ml = partials + plan.splits * num_qv * hd;
   p.timeline = plan.timeline;
   p.dyn = kc.dyn ? dyn_counters : nullptr;
-  if (kc.dyn) g_dyn_launches.fetch_add(1, std::memory_order_relaxed);
   p.dyn_chunk = kc.dyn ? plan.dyn_chunk : 0;
-  p.dyn_g_log2 = 0;
-  while ((1 << p.dyn_g_log2) < G) ++p.dyn_g_log2;
-  QS_CHECK(!kc.dyn ||
-           (p.dyn_chunk % G == 0 && p.dyn_chunk % kSubTokens == 0 && (1 << p.dyn_g_log2) == G));
+  p.dyn_g_log2 = __builtin_ctz(static_cast<unsigned>(G));  // used when G is a power of two
+  QS_CHECK(!kc.dyn || (p.dyn_chunk % G == 0 && p.dyn_chunk % kSubTokens == 0 && is_pow2(G)));
+  if (kc.dyn) g_dyn_launches.fetch_add(1, std::memory_order_relaxed);
   QS_CHECK(p.tiles * kc.qw * static_cast<int64_t>(plan.query_groups) >= p.nq);
   QS_CHECK(p.fp_split_len >= 1 &&
            static_cast<int64_t>(plan.splits) * p.fp_split_len >= p.fp_end - p.fp_begin);

@@ -271,10 +271,10 @@ struct KeyGroups {
 // The dynamic hand-out of quantized positions (QuantAttentionTuning::dynamic, with the ring): the
 // warps of every block of one (query group, kv head) take chunks of p.dyn_chunk positions (a
 // multiple of the key group G, so every chunk starts a group) from a shared counter as they run
-// dry, instead of a fixed slice each, so that a block on a slow SM takes fewer. position(j) gives
-// the warp's j-th sub-chunk (j = 0, 1, 2, ... in order: the ring's copies ask ahead of the loop),
-// -1 past the end; finish() counts the warp out, and the last one zeroes the counters for the
-// next launch (kernel completion orders it before that launch's grabs).
+// dry, instead of a fixed slice each, so that a block on a slow SM takes fewer. Each call of
+// position() gives the warp's next sub-chunk (the ring's copies ask ahead of the loop), -1 past
+// the end; finish() counts the warp out, and the last one zeroes the counters for the next launch
+// (kernel completion orders it before that launch's grabs).
 struct DynChunks {
   unsigned* ctr;  // [0]: the next chunk, [1]: warps done
   int chunk_len, n_chunks, q_end;
