@@ -1001,9 +1001,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // the f16-operand draft without its register prefetch of the next sub-chunk ("pf": with
         // it); "N tile(s)/warp": the INT8 view's 8-query tiles per warp on the direct path;
         // "dring [N]": the direct path's per-warp cp.async ring forced on ("no-ring": off; both
-        // also at 4K and 128K); "dring3": the ring with 3 slots (one tile per warp at 192
-        // registers); "dyn [x2 waves]": the dynamic hand-out of quantized positions (where the
-        // plan takes it; also at 4K and 128K).
+        // also at 4K and 128K).
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -1042,11 +1040,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" dring 168",
                     [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 168; }),
             variant(" dring 128",
-                    [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 128; }),
-            variant(" dring 2 tiles", [](T& t) { t.direct_ring = 1, t.direct_tiles = 2; }),
-            variant(" dring3", [](T& t) { t.direct_ring = 1, t.ring_slots = 3; }),
-            variant(" dyn", [](T& t) { t.dynamic = true; }),
-            variant(" dyn x2 waves", [](T& t) { t.dynamic = true, t.split_factor = 2; })};
+                    [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 128; })};
         for (const Variant& var : variants) {
           // The draft view's switches.
           if (r.int8 && (var.tuning.draft_f16 != saved.draft_f16 ||
@@ -1059,8 +1053,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           const bool is_default = var.label[0] == '\0';
           // The ring, the light draft's 128-register cap and the extra waves of blocks also run
           // at 4K and 128K.
-          const bool every_ctx = ring || var.tuning.direct_regs == 128 ||
-                                 var.tuning.split_factor > 1 || var.tuning.dynamic;
+          const bool every_ctx =
+              ring || var.tuning.direct_regs == 128 || var.tuning.split_factor > 1;
           if (!is_default && (g_profile || (ctx != 32768 && !every_ctx))) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;
           cuda::set_quant_attention_tuning(tuning);

@@ -419,22 +419,17 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
     sweep(gpu(), cpu(), worst);
     report("quantized sweep, direct path without its ring", worst);
   }
-  // (regs, ring slots): 3 slots at 192 registers only.
-  for (const auto [regs, slots] :
-       {std::pair{128, 2}, std::pair{168, 2}, std::pair{192, 2}, std::pair{192, 3}}) {
+  for (int regs : {128, 168, 192}) {
     for (int splits : {0, 1, 2}) {
       cuda::QuantAttentionTuning t;
       t.direct_ring = 1;
       t.direct_tiles = 1;
       t.direct_regs = regs;
-      t.ring_slots = slots;
       t.splits = splits;
       TuningScope scope(t);
       double worst = 0;
       sweep(gpu(), cpu(), worst);
-      report(slots == 3 ? "quantized sweep, direct path with its 3-slot ring"
-                        : "quantized sweep, direct path with its ring",
-             worst);
+      report("quantized sweep, direct path with its ring", worst);
     }
   }
 }
@@ -443,12 +438,9 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
 // the codes; the default picks by query vectors per kv head): GQA blocks of up to 128 query
 // vectors per kv head, query tiles past the last query vector, boundaries inside a block.
 TEST_F(CudaOpsTest, QuantAttentionSweepDirectTiles) {
-  // (tiles, ring): two tiles per warp also with the per-warp ring forced on (its keys read from
-  // the slot before the scores, its values after, the slot handed on after both).
-  for (const auto [tiles, ring] : {std::pair{1, -1}, std::pair{2, -1}, std::pair{2, 1}}) {
+  for (int tiles : {1, 2}) {
     cuda::QuantAttentionTuning t;
     t.direct_tiles = tiles;
-    t.direct_ring = ring;
     TuningScope scope(t);
     double worst = 0;
     sweep(gpu(), cpu(), worst);
@@ -458,8 +450,8 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectTiles) {
       QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kWild, uint64_t(m + 40)});
       check_cases(gpu(), cpu(), kv, ratio_cases({m}, true, kFpBaseMax), worst);
     }
-    const std::string what = "quantized sweep, direct INT8 view with " + std::to_string(tiles) +
-                             " tile(s) per warp" + (ring == 1 ? ", ring forced" : "");
+    const std::string what =
+        "quantized sweep, direct INT8 view with " + std::to_string(tiles) + " tile(s) per warp";
     report(what.c_str(), worst);
   }
 }
@@ -671,63 +663,20 @@ TEST_F(CudaOpsTest, QuantAttentionSanitizerSubset) {
                  {kKvHeads, 1, false, kFpBaseMax}},
                 worst);
   }
-  // The direct path's per-warp ring, one split (every slot reused), with one and two tiles per
-  // warp.
-  for (int tiles : {1, 2}) {
-    cuda::QuantAttentionTuning t;
-    t.direct_ring = 1;
-    t.direct_tiles = tiles;
-    t.splits = 1;
-    TuningScope scope(t);
-    QuantKv kv(gpu(), cpu(),
-               {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, uint64_t(62 + tiles)});
-    const std::vector<Case> one = {
-        {4 * kKvHeads, 4, true, 0}, {kKvHeads, 1, false, kFpBaseMax}, {4 * kKvHeads, 1, false, 0}};
-    const std::vector<Case> two = {{4 * kKvHeads, 4, true, 0}, {8 * kKvHeads, 2, true, 0}};
-    check_cases(gpu(), cpu(), kv, tiles == 1 ? one : two, worst);
-  }
-  // The dynamic hand-out, one split: 9 chunks of 128 positions for its 2 warps.
+  // The direct path's per-warp ring, one split (every slot reused).
   {
     cuda::QuantAttentionTuning t;
-    t.dynamic = true;
+    t.direct_ring = 1;
+    t.direct_tiles = 1;
     t.splits = 1;
     TuningScope scope(t);
-    QuantKv kv(gpu(), cpu(), {1100, kKvHeads, 128, 32, 128, 4, Values::kNormal, 64});
-    const int64_t before = cuda::quant_attention_dyn_launches();
-    check_cases(gpu(), cpu(), kv, {{kKvHeads, 1, false, kFpBaseMax}, {kKvHeads, 4, true, 0}},
-                worst);
-    EXPECT_GT(cuda::quant_attention_dyn_launches(), before);
+    QuantKv kv(gpu(), cpu(), {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, 63});
+    check_cases(
+        gpu(), cpu(), kv,
+        {{4 * kKvHeads, 4, true, 0}, {kKvHeads, 1, false, kFpBaseMax}, {4 * kKvHeads, 1, false, 0}},
+        worst);
   }
   report("quantized sanitizer subset", worst);
-}
-
-// The dynamic hand-out of quantized positions (QuantAttentionTuning::dynamic): the warps of a
-// (query group, kv head) take 128-position chunks from a shared counter (max(128, G) for larger
-// groups) instead of fixed slices: the same results as the CPU at every key group size, with 1,
-// 3 or 8 splits (the automatic ones at these sizes leave fewer than 4 chunks per warp: static
-// slices), a short last chunk (1000, 4099), launch after launch (the last warp must leave the
-// counters zeroed for the next one).
-TEST_F(CudaOpsTest, QuantAttentionDynamicHandOut) {
-  double worst = 0;
-  const int64_t before = cuda::quant_attention_dyn_launches();
-  for (int splits : {1, 3, 8}) {
-    cuda::QuantAttentionTuning t;
-    t.dynamic = true;
-    t.splits = splits;
-    TuningScope scope(t);
-    for (int G : {32, 64, 128}) {
-      for (int len : {1000, 4099, 33000}) {
-        if (splits == 8 && len < 33000) continue;  // fewer than 4 chunks per warp
-        QuantKv kv(gpu(), cpu(),
-                   {len, kKvHeads, 128, G, 128, 0, Values::kNormal, uint64_t(len + G + splits)});
-        for (bool int8 : {true, false}) {
-          check_cases(gpu(), cpu(), kv, ratio_cases({1, 5}, int8, kFpBaseMax), worst);
-        }
-      }
-    }
-  }
-  EXPECT_GT(cuda::quant_attention_dyn_launches(), before);
-  report("quantized, dynamic hand-out", worst);
 }
 
 }  // namespace

@@ -36,7 +36,6 @@
 #include <cuda_fp16.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -110,11 +109,6 @@ struct Params {
   float* partial_o;   // [splits, m * num_heads, head_dim]
   float* partial_ml;  // [splits, m * num_heads, 2]
   unsigned long long* timeline;  // QuantAttentionTuning::timeline, or null
-  // The dynamic hand-out of quantized positions (direct path with its ring; DynChunks): zeroed
-  // counters [query group][kv head][2] and the chunk length, or null / 0.
-  unsigned* dyn;
-  int dyn_chunk;
-  int dyn_g_log2;  // log2 of the key group size (a power of two with the dynamic hand-out)
 };
 
 // Positions [begin, end) (empty when end <= begin).
@@ -1146,8 +1140,7 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false,
-          bool kRegPrefetch = true, bool kRing = false, bool kDyn = false,
-          int RS = direct_path::kRingSlots>
+          bool kRegPrefetch = true, bool kRing = false>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1246,9 +1239,8 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
     unsigned char* ring =
-        kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8, RS>()
-              : nullptr;
-    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing, kDyn, RS>(
+        kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8>() : nullptr;
+    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing>(
         p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages,
@@ -1333,24 +1325,19 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 }
 
 // kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16); NT: 8-query
-// tiles per warp; kRing: the per-warp cp.async ring (QuantAttentionTuning::direct_ring); kDyn:
-// the dynamic hand-out of quantized positions (QuantAttentionTuning::dynamic, with the ring).
+// tiles per warp; kRing: the per-warp cp.async ring (QuantAttentionTuning::direct_ring).
 template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT = 1,
-          bool kRing = false, bool kDyn = false, int RS = direct_path::kRingSlots>
+          bool kRing = false>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
   direct_path::prefetch_block_start<INT8>(p);
   pdl_begin();
   timeline_stamp(p, 1);
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch,
-                       kRing, kDyn, RS>(p);
+                       kRing>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
-
-bool is_pow2(int x) {
-  return x > 0 && (x & (x - 1)) == 0;
-}
 
 // QuantAttentionTuning::direct_regs values (0: automatic; kLightDraftRegs: the light draft).
 bool valid_direct_regs(int regs) {
@@ -1358,7 +1345,6 @@ bool valid_direct_regs(int regs) {
 }
 
 std::mutex g_tuning_mu;
-std::atomic<int64_t> g_dyn_launches{0};  // launches with the dynamic hand-out (tests)
 // A switch from the environment: unset -> fallback; a value in [lo, hi] -> it; anything else -> a
 // warning on stderr naming the variable, and the fallback.
 int env_switch(const char* name, int lo, int hi, int fallback) {
@@ -1382,8 +1368,6 @@ QuantAttentionTuning g_tuning = [] {
   t.draft_reg_prefetch = env_switch("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
   t.direct_tiles = env_switch("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
   t.direct_ring = env_switch("QS_DIRECT_RING", 0, 1, t.direct_ring);
-  t.dynamic = env_switch("QS_QUANT_DYN", 0, 1, t.dynamic) != 0;
-  t.ring_slots = env_switch("QS_RING_SLOTS", 2, 3, t.ring_slots);
   const int regs = env_switch("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (valid_direct_regs(regs)) {
     t.direct_regs = regs;
@@ -1401,8 +1385,6 @@ struct KernelChoice {
   bool draft_f16 = false;  // the direct path's INT4 view with f16 operands alone
   int direct_tiles = 1;    // the direct path's 8-query tiles per warp
   bool ring = false;       // the direct path's per-warp cp.async ring
-  bool dyn = false;        // with the ring: the dynamic hand-out of quantized positions
-  int ring_slots = direct_path::kRingSlots;  // with the ring: sub-chunks copied ahead
   bool int8 = false;       // the view (the ring's slot size)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
@@ -1414,8 +1396,6 @@ constexpr int kDirectRegsTwoTiles = 255;
 // The f16-operand draft without register prefetch also at this cap: 8 two-warp blocks per SM
 // instead of 6 at 168 (QuantAttentionTuning::direct_regs).
 constexpr int kLightDraftRegs = 128;  // (valid_direct_regs lists it)
-// The dynamic hand-out only where every warp has at least this many chunks to take.
-constexpr int kDynMinChunksPerWarp = 4;
 
 // The one-tile direct kernel at register cap `regs`: 168 or 192, and for the f16-operand draft
 // without register prefetch also kLightDraftRegs (more two-warp blocks per SM).
@@ -1438,28 +1418,11 @@ const void* direct_kernel_at(int regs) {
 }
 
 template <bool INT8, bool kDraftF16, bool kRegPrefetch>
-const void* direct_kernel_fn(int regs, int tiles, bool ring, bool dyn, int slots) {
-  if constexpr (INT8 || (kDraftF16 && !kRegPrefetch)) {
-    if (ring && slots == 3) {  // a deeper ring: one tile, 192 registers, static slices
-      QS_CHECK_MSG(regs == 192 && tiles == 1 && !dyn,
-                   "quantized attention: the 3-slot ring runs one tile at 192 registers");
-      return reinterpret_cast<const void*>(
-          attention_quant_direct_kernel<INT8, 192, kDraftF16, false, 1, true, false, 3>);
-    }
-    if (ring && dyn) {  // the dynamic hand-out: at 192 registers only
-      QS_CHECK_MSG(regs == 192, "quantized attention: the dynamic hand-out runs at 192 registers");
-      return reinterpret_cast<const void*>(
-          attention_quant_direct_kernel<INT8, 192, kDraftF16, false, 1, true, true>);
-    }
-  }
-  QS_CHECK(!dyn && slots == direct_path::kRingSlots);
+const void* direct_kernel_fn(int regs, int tiles, bool ring) {
   if constexpr (INT8) {
     if (tiles == 2) {
-      return ring ? reinterpret_cast<const void*>(
-                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, false, 2,
-                                                      true>)
-                  : reinterpret_cast<const void*>(
-                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2>);
+      return reinterpret_cast<const void*>(
+          attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2>);
     }
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
@@ -1510,8 +1473,7 @@ KernelChoice row_kernel() {
 // tiles: the direct path's 8-query tiles per warp (1 for the INT4 view).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
-                        bool draft_f16, bool reg_prefetch, int tiles, bool ring, bool dyn,
-                        int slots) {
+                        bool draft_f16, bool reg_prefetch, int tiles, bool ring) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
@@ -1519,18 +1481,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     k.qw = 8 * k.direct_tiles;
     k.ng = 1;
     k.draft_f16 = !INT8 && draft_f16;
-    // The ring: the INT8 view (one or two tiles) or the f16 draft without register prefetch.
-    k.ring = ring && (INT8 || (k.direct_tiles == 1 && k.draft_f16 && !reg_prefetch));
-    k.dyn = dyn && k.ring;
-    k.ring_slots = k.ring && slots == 3 && k.direct_tiles == 1 && regs == 192 && !k.dyn
-                       ? 3
-                       : direct_path::kRingSlots;
+    // The ring: one tile, the INT8 view or the f16 draft without register prefetch.
+    k.ring = ring && k.direct_tiles == 1 && (INT8 || (k.draft_f16 && !reg_prefetch));
     k.int8 = INT8;
-    k.fn =
-        !k.draft_f16
-            ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring, k.dyn, k.ring_slots)
-        : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.dyn, k.ring_slots)
-                        : direct_kernel_fn<false, true, true>(regs, 1, false, false, k.ring_slots);
+    k.fn = !k.draft_f16    ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring)
+           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring)
+                           : direct_kernel_fn<false, true, true>(regs, 1, false);
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
@@ -1553,13 +1509,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 }
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool draft_f16, bool reg_prefetch, int tiles, bool ring,
-                           bool dyn = false, int slots = direct_path::kRingSlots) {
+                           bool draft_f16, bool reg_prefetch, int tiles, bool ring) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, draft_f16, reg_prefetch, tiles, ring, dyn, slots)
+                                   direct, regs, draft_f16, reg_prefetch, tiles, ring)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, draft_f16, reg_prefetch, tiles, ring, dyn, slots);
+                                    direct, regs, draft_f16, reg_prefetch, tiles, ring);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1662,8 +1617,6 @@ void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
   QS_CHECK_MSG(valid_direct_regs(tuning.direct_regs),
                "quantized attention: direct_regs must be 0 (automatic), 128 (the f16-operand "
                "draft without register prefetch), 168 or 192");
-  QS_CHECK_MSG(tuning.ring_slots == 2 || tuning.ring_slots == 3,
-               "quantized attention: ring_slots must be 2 or 3");
   QS_CHECK_MSG(tuning.direct_tiles >= 0 && tuning.direct_tiles <= kQuantAttentionMaxDirectTiles,
                "quantized attention: direct_tiles must be 0 (automatic), 1 or 2");
   std::lock_guard<std::mutex> lock(g_tuning_mu);
@@ -1673,10 +1626,6 @@ void set_quant_attention_tuning(const QuantAttentionTuning& tuning) {
 QuantAttentionTuning quant_attention_tuning() {
   std::lock_guard<std::mutex> lock(g_tuning_mu);
   return g_tuning;
-}
-
-int64_t quant_attention_dyn_launches() {
-  return g_dyn_launches.load(std::memory_order_relaxed);
 }
 
 QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
@@ -1707,9 +1656,9 @@ QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
 // The direct path's per-warp rings (after the states), or 0.
 size_t ring_bytes(const KernelChoice& kc, int threads) {
   if (!kc.ring) return 0;
-  const int per_slot =
-      kc.int8 ? direct_path::RingSlot<true>::kBytes : direct_path::RingSlot<false>::kBytes;
-  return static_cast<size_t>(threads / 32) * kc.ring_slots * per_slot;
+  const int per_warp = kc.int8 ? direct_path::ring_bytes_per_warp<true>()
+                               : direct_path::ring_bytes_per_warp<false>();
+  return static_cast<size_t>(threads / 32) * per_warp;
 }
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms) {
@@ -1752,12 +1701,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                    : pl.query_tiles == 1 ? 192
                                          : 168;
   // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
-  // (several make blocks of 3-8 warps, each with its ring) of one 8-query tile per warp; two
-  // tiles per warp (the INT8 view) take it only when forced (direct_ring 1: not yet measured).
-  const bool want_ring =
-      tune.direct_ring < 0 ? pl.query_tiles == 1 && pl.direct_tiles == 1 : tune.direct_ring == 1;
+  // (several make blocks of 3-8 warps, each with its ring).
+  const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
-                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring, false, tune.ring_slots);
+                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1790,7 +1737,6 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                        tune.draft_reg_prefetch, pl.direct_tiles, false);
   }
   pl.direct_ring = kc.ring;
-  pl.ring_slots = kc.ring_slots;
   pl.smem_bytes = smem_for(pl.chunk, pl.stages);
 
   // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
@@ -1812,32 +1758,15 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.fp_split_len = static_cast<int>(ceil_div(n_fp, splits));
   pl.q_split_len = b_max > 0 ? static_cast<int>(ceil_div(ceil_div(b_max, splits), unit) * unit) : 0;
   pl.partial_floats = splits * a.m * a.num_heads * (hd + 2);
-  // The dynamic hand-out (QuantAttentionTuning::dynamic): with the ring at 192 registers and a
-  // power-of-two G, chunks of U = max(128, G) positions (every chunk starts a key group), where
-  // every warp has at least kDynMinChunksPerWarp of them to take (fewer: the static slices' tail
-  // is short anyway).
-  const int U = std::max(128, G);
-  const int64_t warps = splits * (pl.threads / 32);
-  // The kernel folds where t & (G - 1) == 0.
-  const bool pow2_groups = is_pow2(G);
-  if (tune.dynamic && kc.ring && kc.ring_slots == direct_path::kRingSlots &&
-      pl.direct_regs == 192 && b_max > 0 && pow2_groups && U % G == 0 &&
-      ceil_div(b_max, U) >= kDynMinChunksPerWarp * warps) {
-    pl.dyn_chunk = U;
-    pl.dyn_counters = 2 * static_cast<int64_t>(pl.query_groups) * a.num_kv_heads;
-  }
   return pl;
 }
 
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
-                            float* partials, cudaStream_t stream, unsigned* dyn_counters) {
+                            float* partials, cudaStream_t stream) {
   check_args(a);
-  const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
-                                        plan.draft_f16, plan.draft_reg_prefetch, plan.direct_tiles,
-                                        plan.direct_ring, plan.dyn_chunk > 0, plan.ring_slots);
-  QS_CHECK(kc.dyn == (plan.dyn_chunk > 0) && kc.ring_slots == plan.ring_slots);
-  QS_CHECK_MSG(!kc.dyn || dyn_counters != nullptr,
-               "quantized attention: the dynamic hand-out needs its zeroed counters");
+  const KernelChoice kc =
+      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.draft_f16,
+                    plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
            kc.draft_f16 == plan.draft_f16 && kc.qw == plan.queries_per_warp);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
@@ -1869,11 +1798,6 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.partial_o = partials;
   p.partial_ml = partials + plan.splits * num_qv * hd;
   p.timeline = plan.timeline;
-  p.dyn = kc.dyn ? dyn_counters : nullptr;
-  p.dyn_chunk = kc.dyn ? plan.dyn_chunk : 0;
-  p.dyn_g_log2 = __builtin_ctz(static_cast<unsigned>(G));  // used when G is a power of two
-  QS_CHECK(!kc.dyn || (p.dyn_chunk % G == 0 && p.dyn_chunk % kSubTokens == 0 && is_pow2(G)));
-  if (kc.dyn) g_dyn_launches.fetch_add(1, std::memory_order_relaxed);
   QS_CHECK(p.tiles * kc.qw * static_cast<int64_t>(plan.query_groups) >= p.nq);
   QS_CHECK(p.fp_split_len >= 1 &&
            static_cast<int64_t>(plan.splits) * p.fp_split_len >= p.fp_end - p.fp_begin);

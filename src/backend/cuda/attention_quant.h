@@ -70,20 +70,13 @@ struct QuantAttentionPlan {
   int chunk = 1;   // 32-token sub-chunks per warp per pipeline stage (tensor-core path)
   int stages = 3;  // cp.async pipeline stages (tensor-core path)
   unsigned long long* timeline = nullptr;  // QuantAttentionTuning::timeline
-  // The dynamic hand-out of quantized positions (QuantAttentionTuning::dynamic): chunk length,
-  // 0 when off, and the zeroed counters launch_attention_quant needs (unsigned ints).
-  int dyn_chunk = 0;
-  int64_t dyn_counters = 0;
-  int ring_slots = 2;  // the ring's sub-chunks copied ahead (QuantAttentionTuning::ring_slots)
 };
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms);
 
-// Runs the plan: the split kernel, then attention.cu's combine. partials: plan.partial_floats;
-// dyn_counters: plan.dyn_counters zeroed unsigned ints when plan.dyn_chunk > 0 (the kernel leaves
-// them zeroed), else unused.
+// Runs the plan: the split kernel, then attention.cu's combine. partials: plan.partial_floats.
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
-                            float* partials, cudaStream_t stream, unsigned* dyn_counters = nullptr);
+                            float* partials, cudaStream_t stream);
 
 // Adds what an attention call over `kv` reads to kv.read_bytes exactly as the CPU backend
 // counts it (the last query of the call, all kv heads). No-op without read_bytes.
@@ -152,16 +145,6 @@ struct QuantAttentionTuning {
   // The direct path's per-warp cp.async ring (kQuantAttentionDirectRing: -1 automatic, 0 off, 1
   // on). QS_DIRECT_RING=0|1 sets it for the whole process.
   int direct_ring = kQuantAttentionDirectRing;
-  // The direct path with its ring takes its quantized positions from a counter shared by the
-  // blocks of a (query group, kv head), 128-position chunks as each warp runs dry, instead of a
-  // fixed slice (the slowest block was 7-13% behind the median at 128K: perf.md sessions 13-14).
-  // QS_QUANT_DYN=0|1 sets it for the whole process. Off by default: not yet measured.
-  bool dynamic = false;
-  // The ring's slots per warp (sub-chunks copied ahead): 2, or 3 for one tile per warp at 192
-  // registers without the dynamic hand-out (more bytes in flight per warp for the latency-bound
-  // MHA draft: perf.md session 14). QS_RING_SLOTS=2|3 sets it for the whole process. Default 2:
-  // 3 not yet measured.
-  int ring_slots = 2;
   // Diagnostics (bench_ops --sections qtime): non-null, a device buffer of kQuantTimelineSlots
   // words per block of the largest grid launched, into which every block of every launch writes
   // when its phases end (the last launch's stamps remain). Null: no stamp is taken.
@@ -175,7 +158,5 @@ struct QuantAttentionTuning {
 constexpr int kQuantTimelineSlots = 10;
 void set_quant_attention_tuning(const QuantAttentionTuning& tuning);
 QuantAttentionTuning quant_attention_tuning();
-// Launches that took the dynamic hand-out so far in this process (tests: that it engaged).
-int64_t quant_attention_dyn_launches();
 
 }  // namespace qs::cuda

@@ -139,11 +139,11 @@ struct RingSlot {
   static constexpr int kKeyMeta = kPlanes * kPlaneBytes + 2 * kMetaBytes;  // scales, then mins
   static constexpr int kBytes = kKeyMeta + 2 * kHD * 2;
 };
-constexpr int kRingSlots = 2;  // the default; 3 with QuantAttentionTuning::ring_slots
+constexpr int kRingSlots = 2;
 
-template <bool INT8, int RS = kRingSlots>
+template <bool INT8>
 constexpr int ring_bytes_per_warp() {
-  return RS * RingSlot<INT8>::kBytes;
+  return kRingSlots * RingSlot<INT8>::kBytes;
 }
 
 // Where byte b of token row t (t < 32) of a plane lies in a slot: rows 4..7 of every 8 swap their
@@ -196,13 +196,12 @@ __device__ __forceinline__ void ring_copy(const Head& hd, int t_sub, unsigned ch
   }
 }
 
-// The sub-chunk in `slot` as this lane's fragments (what load_chunk reads from global memory):
-// the key codes, then the value codes and metadata (two tiles per warp read the values only once
-// the scores are done: registers).
+// The sub-chunk in `slot` as this lane's fragments (what load_chunk reads from global memory).
 template <bool INT8>
-__device__ __forceinline__ void ring_read_keys(const unsigned char* slot, const RingLane& rl,
-                                               Chunk<INT8>& ch) {
-  constexpr int RB = RingSlot<INT8>::kRowBytes, PB = RingSlot<INT8>::kPlaneBytes;
+__device__ __forceinline__ void ring_read(const unsigned char* slot, const RingLane& rl,
+                                          Chunk<INT8>& ch) {
+  using S = RingSlot<INT8>;
+  constexpr int RB = S::kRowBytes, PB = S::kPlaneBytes;
 #pragma unroll
   for (int st = 0; st < 2; ++st) {
 #pragma unroll
@@ -211,16 +210,6 @@ __device__ __forceinline__ void ring_read_keys(const unsigned char* slot, const 
       ch.ku[st][j] = *reinterpret_cast<const uint4*>(slot + off);
       if constexpr (INT8) ch.kl[st][j] = *reinterpret_cast<const uint4*>(slot + 2 * PB + off);
     }
-  }
-}
-
-template <bool INT8>
-__device__ __forceinline__ void ring_read_values(const unsigned char* slot, const RingLane& rl,
-                                                 Chunk<INT8>& ch) {
-  using S = RingSlot<INT8>;
-  constexpr int RB = S::kRowBytes, PB = S::kPlaneBytes;
-#pragma unroll
-  for (int st = 0; st < 2; ++st) {
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
       const int off = (i & 1 ? rl.v_odd : rl.v_even) + (16 * st + 8 * (i >> 1)) * RB;
@@ -234,13 +223,6 @@ __device__ __forceinline__ void ring_read_values(const unsigned char* slot, cons
       ch.vm[st][jb] = meta[kTok + 16 * st + 8 * jb];
     }
   }
-}
-
-template <bool INT8>
-__device__ __forceinline__ void ring_read(const unsigned char* slot, const RingLane& rl,
-                                          Chunk<INT8>& ch) {
-  ring_read_keys<INT8>(slot, rl, ch);
-  ring_read_values<INT8>(slot, rl, ch);
 }
 
 // The sub-chunks of a warp's range [b, e) that fold the queries with a new key group (the first,
@@ -265,58 +247,6 @@ struct KeyGroups {
     ks += kHD;
     km += kHD;
     next = j == 0 ? first_gap : j + step;
-  }
-};
-
-// The dynamic hand-out of quantized positions (QuantAttentionTuning::dynamic, with the ring): the
-// warps of every block of one (query group, kv head) take chunks of p.dyn_chunk positions (a
-// multiple of the key group G, so every chunk starts a group) from a shared counter as they run
-// dry, instead of a fixed slice each, so that a block on a slow SM takes fewer. Each call of
-// position() gives the warp's next sub-chunk (the ring's copies ask ahead of the loop), -1 past
-// the end; finish() counts the warp out, and the last one zeroes the counters for the next launch
-// (kernel completion orders it before that launch's grabs).
-struct DynChunks {
-  unsigned* ctr;  // [0]: the next chunk, [1]: warps done
-  int chunk_len, n_chunks, q_end;
-  int base = 0, left = 0;  // the current chunk's first position, its sub-chunks not handed yet
-  bool ended = false;
-
-  __device__ static DynChunks make(const Params& p) {
-    unsigned* ctr = p.dyn + 2 * (static_cast<int64_t>(blockIdx.z) * gridDim.y + blockIdx.y);
-    return {ctr, p.dyn_chunk, (p.q_end + p.dyn_chunk - 1) / p.dyn_chunk, p.q_end};
-  }
-
-  __device__ int position() {
-    if (ended) return -1;
-    if (left == 0) {
-      unsigned c = 0;
-      if ((threadIdx.x & 31) == 0) c = atomicAdd(ctr, 1u);
-      c = __shfl_sync(kFullMask, c, 0);
-      if (c >= static_cast<unsigned>(n_chunks)) {
-        ended = true;
-        return -1;
-      }
-      base = static_cast<int>(c) * chunk_len;
-      left = chunk_len / kTok;
-    }
-    const int t = base + (chunk_len / kTok - left) * kTok;
-    --left;
-    if (t >= q_end) {  // the last chunk is short: nothing is left anywhere
-      ended = true;
-      return -1;
-    }
-    return t;
-  }
-
-  // After the warp's last position; warps: every warp of the (query group, kv head).
-  __device__ void finish(unsigned warps) {
-    if ((threadIdx.x & 31) != 0) return;
-    __threadfence();  // this warp's grabs before its count
-    if (atomicAdd(ctr + 1, 1u) == warps - 1) {
-      __threadfence();
-      ctr[0] = 0;
-      ctr[1] = 0;
-    }
   }
 };
 
@@ -669,7 +599,6 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
       fetch(static_cast<const char*>(a.v) + off, kHD * elem);
     }
   }
-  if (p.dyn != nullptr) return;  // the dynamic hand-out: positions known only once taken
   const auto [b, e] = slice_quantized(p, split_quantized(p), ts);
   if (b + kTok > e) return;
   const int G = a.seg.group_size;
@@ -701,10 +630,7 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // `overlap()` (the full-precision rows) runs first.
 // kRing: the sub-chunks stream through this warp's cp.async ring at `ring` (ring_bytes_per_warp)
 // instead (one tile; no register prefetch).
-// kDyn (with kRing): the positions come from DynChunks instead of the slice. RS: the ring's slots
-// (sub-chunks copied ahead).
-template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, bool kDyn, int RS,
-          class Overlap>
+template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -713,8 +639,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   const int lane = threadIdx.x & 31, c = lane & 3;
   const int G = a.seg.group_size;
   const int64_t C = a.seg.capacity;
-  static_assert(!kDyn || kRing, "the dynamic hand-out streams through the ring");
-  const auto [b, e] = kDyn ? PosRange{0, 0} : slice_quantized(p, {begin, end}, ts);
+  const auto [b, e] = slice_quantized(p, {begin, end}, ts);
   const int n_subs = e > b ? (e - b) / kTok : 0;
   const int64_t codes = static_cast<int64_t>(kvh) * C * (kHD / 2);
   const Head head{a.seg.key_upper + codes,
@@ -729,27 +654,13 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   // INT4: the next sub-chunk is loaded while this one is computed (2 x 40 registers); INT8 (twice
   // the codes) loads each sub-chunk just before use and relies on the other warps.
   constexpr bool kPrefetch = !INT8 && kRegPrefetch && !kRing;
-  static_assert(!kRing || NT == 1 || INT8, "the ring with several tiles: the INT8 view");
+  static_assert(!kRing || NT == 1, "the ring: one tile per warp");
   const RingLane rl = kRing ? RingLane::make() : RingLane{};
-  auto slot = [&](int j) { return ring + (j % RS) * RingSlot<INT8>::kBytes; };
+  auto slot = [&](int j) { return ring + (j % kRingSlots) * RingSlot<INT8>::kBytes; };
   // The ring's copies carry the key metadata of the sub-chunks that fold.
   KeyGroups copy_groups(k_scale, k_min, b, G);
-  // kDyn: each slot's position (-1: past the end), set by its copy.
-  static_assert(!kDyn || RS == 2, "one position per slot: pos_even, pos_odd");
-  DynChunks dyn{};
-  if constexpr (kDyn) dyn = DynChunks::make(p);
-  int pos_even = -1, pos_odd = -1;
   auto copy_sub = [&](int j) {  // sub-chunk j into slot(j), then commit (empty past the end)
-    if constexpr (kDyn) {
-      const int t = dyn.position();
-      (j & 1 ? pos_odd : pos_even) = t;
-      if (t >= 0) {  // a chunk starts a key group: a sub-chunk folds where a group starts
-        const int64_t grp = static_cast<int64_t>(t >> p.dyn_g_log2) * kHD;
-        const bool fold = (t & (G - 1)) == 0;
-        ring_copy<INT8>(head, t, slot(j), rl, fold ? k_scale + grp : nullptr,
-                        fold ? k_min + grp : nullptr);
-      }
-    } else if (j < n_subs) {
+    if (j < n_subs) {
       const bool fold = copy_groups.folds(j);
       ring_copy<INT8>(head, b + j * kTok, slot(j), rl, fold ? copy_groups.ks : nullptr,
                       fold ? copy_groups.km : nullptr);
@@ -759,7 +670,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   };
   if constexpr (kRing) {  // the first sub-chunks stream in while the full-precision rows run
 #pragma unroll
-    for (int j = 0; j < RS; ++j) copy_sub(j);
+    for (int j = 0; j < kRingSlots; ++j) copy_sub(j);
   }
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
   overlap();
@@ -787,37 +698,31 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   // The queries are folded with each key group's scale / min where the group starts (and at the
   // first sub-chunk); with the ring the slot holds them.
   KeyGroups groups(k_scale, k_min, b, G);
-  for (int j = 0; kDyn || j < n_subs; ++j) {
-    const int t_sub = kDyn ? (j & 1 ? pos_odd : pos_even) : b + j * kTok;
-    if (kDyn && t_sub < 0) break;
+  for (int j = 0; j < n_subs; ++j) {
+    const int t_sub = b + j * kTok;
     auto fold = [&] {
-      if (kDyn ? (t_sub & (G - 1)) == 0 : groups.folds(j)) {
+      if (groups.folds(j)) {
         if constexpr (kRing) {
           const auto* meta = reinterpret_cast<const uint16_t*>(slot(j) + RingSlot<INT8>::kKeyMeta);
           w.template fold_queries<true>(q_warp, meta, meta + kHD);
         } else {
           w.fold_queries(q_warp, groups.ks, groups.km);
         }
-        if constexpr (!kDyn) groups.advance(j);
+        groups.advance(j);
       }
     };
     // Several tiles: folded before the loads, so that its temporaries and the chunk's registers
     // are not live together; one tile: while the loads are in flight.
     // Several tiles also load the values only once the scores are done (registers).
-    if constexpr (Path::kSharedFrags && !kRing) fold();
+    if constexpr (Path::kSharedFrags) fold();
     Chunk<INT8> nxt;
     if constexpr (kRing) {
-      cp_async_wait<RS - 1>();  // sub-chunk j has landed (j + 1 .. j + RS - 1 may be in flight)
+      cp_async_wait<kRingSlots - 1>();  // sub-chunk j has landed (j + 1 may be in flight)
       __syncwarp();
-      if constexpr (Path::kSharedFrags) {  // several tiles: the values once the scores are done,
-        fold();                            // so the slot is handed on after process()
-        ring_read_keys<INT8>(slot(j), rl, cur);
-      } else {
-        ring_read<INT8>(slot(j), rl, cur);
-        fold();        // reads the key metadata from the slot
-        __syncwarp();  // every lane is done with the slot: it takes sub-chunk j + RS
-        copy_sub(j + RS);
-      }
+      ring_read<INT8>(slot(j), rl, cur);
+      fold();        // reads the key metadata from the slot
+      __syncwarp();  // every lane is done with the slot: it takes sub-chunk j + kRingSlots
+      copy_sub(j + kRingSlots);
     } else if (kPrefetch) {
       if (j + 1 < n_subs) {
         LanePtrs ln = lp;
@@ -832,21 +737,14 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     }
     if constexpr (!Path::kSharedFrags && !kRing) fold();
     w.process(cur, t_sub, [&] {
-      if constexpr (Path::kSharedFrags && kRing) {
-        ring_read_values<INT8>(slot(j), rl, cur);
-      } else if constexpr (Path::kSharedFrags) {
+      if constexpr (Path::kSharedFrags) {
         load_values<INT8>(head, lp, 0, cur);
         load_values<INT8>(head, lp, 1, cur);
       }
     });
-    if constexpr (Path::kSharedFrags && kRing) {
-      __syncwarp();  // every lane has read the slot's values
-      copy_sub(j + RS);
-    }
     if constexpr (kPrefetch) cur = nxt;
     lp.advance();
   }
-  if constexpr (kDyn) dyn.finish(gridDim.x * (blockDim.x >> 5));
   timeline_stamp(p, 4);
   w.store(o_mine, ml_mine);
 }

@@ -161,17 +161,6 @@ struct CudaBackend::Impl {
   cuda::Weight4Cache weights4;  // 4-bit draft weights, by their host codes (gemv_q4.cu)
 
   Scratch attn_partial;  // attention split partials: o then (m, l)
-  Scratch attn_counters;  // the quantized attention's dynamic hand-out: zeroed between launches
-
-  // n zeroed counters for launch_attention_quant (the kernels leave them zeroed).
-  unsigned* dyn_counters(int64_t n) {
-    const size_t before = attn_counters.bytes;
-    void* p =
-        attn_counters.ensure(sizeof(unsigned) * static_cast<size_t>(std::max<int64_t>(n, 4096)));
-    if (attn_counters.bytes != before)
-      CUDA_CHECK(cudaMemsetAsync(p, 0, attn_counters.bytes, stream));
-    return static_cast<unsigned*>(p);
-  }
   Scratch act_split;     // prefill matmul: activations split into hi/lo halves
   Scratch attn_tc;       // tensor-core prefill attention: K/V hi/lo planes
   Scratch ids;           // token ids of large embedding calls
@@ -185,7 +174,6 @@ struct CudaBackend::Impl {
       if (w.owned) cudaFree(const_cast<void*>(w.ptr));
     }
     attn_partial.release();
-    attn_counters.release();
     act_split.release();
     attn_tc.release();
     ids.release();
@@ -614,9 +602,7 @@ void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape
       const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
       auto* partials = static_cast<float*>(
           impl_->attn_partial.ensure(sizeof(float) * static_cast<size_t>(plan.partial_floats)));
-      cuda::launch_attention_quant(
-          a, plan, partials, impl_->stream,
-          plan.dyn_chunk > 0 ? impl_->dyn_counters(plan.dyn_counters) : nullptr);
+      cuda::launch_attention_quant(a, plan, partials, impl_->stream);
     }
     cuda::add_quant_attention_read_bytes(m, pos, shape, kv);
     return;
