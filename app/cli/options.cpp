@@ -48,10 +48,11 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                                                      {"quantized", PrefillKv::kQuantized}};
   add_choice_option(app, "--prefill-kv", opts.engine.prefill_kv, prefill_kvs,
                     "Prompt attention with a quantized KV cache (--kv int8|int4, --mode "
-                    "quantspec): exact (every prompt row in full precision, all held at once) or "
-                    "quantized (each prefill chunk is quantized before the next one reads it: "
-                    "the full-precision buffer stays at a chunk: Llama-2-7B at 128K holds 33.5 "
-                    "instead of 97 GiB of KV) [default: exact]",
+                    "quantspec): exact (every prompt row in full precision, the prompt run layer "
+                    "by layer so that one layer's rows are held at a time: Llama-2-7B at 128K "
+                    "holds 2 GiB of them next to the planes) or quantized (each prefill chunk is "
+                    "quantized before the next one reads it, so later chunks read the history "
+                    "through the INT8 (INT4) view, as decoding does) [default: exact]",
                     "QS_PREFILL_KV");
   app.add_option("--threads", opts.engine.num_threads, "CPU threads (0: all cores)")
       ->envname("QS_THREADS")

@@ -35,11 +35,12 @@ enum class KvDType : uint8_t { kAuto, kF32, kF16 };
 // in f32.
 enum class PrefillMatmul : uint8_t { kExact, kBf16 };
 // The prompt's attention in the quantized KV modes (int8, int4, quantspec): kExact attends to
-// every prompt row in full precision and quantizes the prompt after it (the prompt's rows are all
-// held at once: 64 GiB of f16 rows for Llama-2-7B at 128K, next to the planes); kQuantized
-// commits (quantizes) each prefill chunk before the next, so later chunks read the history
-// through the mode's view, as decoding does, and the full-precision buffer never holds more than
-// a chunk plus the steady rows. The fp modes always prefill exactly.
+// every prompt row in full precision and quantizes the prompt after it, layer by layer
+// (EngineOptions::prefill_by_layer: one layer's rows at a time, 2 GiB of f16 rows for Llama-2-7B
+// at 128K next to the planes; chunk by chunk, every layer's rows are held at once: 64 GiB);
+// kQuantized commits (quantizes) each prefill chunk before the next, so later chunks read the
+// history through the mode's view, as decoding does, and the full-precision buffer never holds
+// more than a chunk plus the steady rows. The fp modes always prefill exactly.
 enum class PrefillKv : uint8_t { kExact, kQuantized };
 // The draft's attention over the upper (INT4) KV plane on the GPU: kF16 multiplies the folded
 // query and the value weights as f16 operands once (their rounding, ~2^-12 relative, is ~1000x
@@ -70,6 +71,10 @@ struct EngineOptions {
   int prefill_chunk = 0;
   PrefillMatmul prefill_matmul = PrefillMatmul::kExact;  // GPU only
   PrefillKv prefill_kv = PrefillKv::kExact;              // quantized KV modes only
+  // kExact on a quantized cache: the prompt layer by layer (one layer's full-precision rows at a
+  // time; Model::prefill_by_layer) instead of chunk by chunk through every layer; the same
+  // results. QS_PREFILL_BY_CHUNK=1 in the environment sets it false (A/B of memory and time).
+  bool prefill_by_layer = true;
   DraftAttention draft_attention = DraftAttention::kF16;  // GPU only
   DecodeMode mode = DecodeMode::kAr;
   KvType kv = KvType::kFp16;  // AR modes only; an error with kQuantSpec unless kFp16

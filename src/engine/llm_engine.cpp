@@ -117,6 +117,9 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
   std::unique_ptr<LlmEngine> engine(new LlmEngine());
   engine->options_ = options;
   engine->options_.prefill_chunk = effective_prefill_chunk(options);
+  if (const char* v = std::getenv("QS_PREFILL_BY_CHUNK"); v != nullptr && std::string(v) == "1") {
+    engine->options_.prefill_by_layer = false;
+  }
   engine->options_.max_context = ctx;
   engine->cfg_ = cfg;
   engine->gamma_ = gamma;
@@ -329,6 +332,60 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
   clear_all();
   sparse_ = SparseDraftIndex{};
   const int n = static_cast<int>(ids.size());
+  const ModelConfig& cfg = config();
+  const bool snap = options_.mode == DecodeMode::kSnapKv;
+  const int window = std::min(options_.snap_window, n);
+  std::unique_ptr<Buffer> snap_q;  // [num_layers, window, q_dim] SnapKV observation queries
+  // Exact prompt attention on a quantized cache: layer by layer (one layer's full-precision rows
+  // at a time, the same results as chunk by chunk; Model::prefill_by_layer) unless SnapKV (whose
+  // observation queries are taken chunk by chunk).
+  if (cache_.quantized() && options_.prefill_kv == PrefillKv::kExact && !snap &&
+      options_.prefill_by_layer) {
+    QS_TRY(prefill_by_layer_all(ids, progress));
+  } else {
+    if (snap) snap_q = backend_->alloc(static_cast<size_t>(cfg.num_layers) * window * cfg.q_dim());
+    QS_TRY(prefill_by_chunk(ids, progress, decode_rows, snap_q.get(), window));
+  }
+  if (sparse()) {
+    const int keep = sparse_keep_count(options_.draft_budget, n);
+    if (!snap) {
+      sparse_.build_streaming(cfg.num_layers, cfg.num_kv_heads, n, keep, options_.sink_tokens);
+    } else {
+      sparse_.begin_snapkv(cfg.num_layers, cfg.num_kv_heads, n, keep, window);
+      select_snapkv(snap_q->data(), n, window);
+    }
+    sparse_.place(*backend_);  // the draft's attention reads the index where it runs
+  }
+  return Status::ok_status();
+}
+
+Status LlmEngine::prefill_by_layer_all(const std::vector<int32_t>& ids,
+                                       const PrefillProgress& progress) {
+  const int n = static_cast<int>(ids.size());
+  const int64_t steps = int64_t{n} * cfg_.num_layers;
+  const int chunk = options_.prefill_chunk;
+  auto on_step = [&](int64_t done) {
+    if (progress) progress(static_cast<int>(done * n / steps), n);
+  };
+  if (peers_.empty())
+    return model_->prefill_by_layer(ids, chunk, cache_, last_logits_.data(), on_step);
+  // Every rank runs the same layers and chunks (the all-reduces inside are collectives); rank 0
+  // reports progress and keeps the logits.
+  return rank_threads_->run([&](int r) -> Status {
+    if (r == 0) {
+      backend_->bind_thread();
+      return model_->prefill_by_layer(ids, chunk, cache_, last_logits_.data(), on_step);
+    }
+    Peer& p = peers_[static_cast<size_t>(r - 1)];
+    p.backend->bind_thread();
+    p.logits.resize(static_cast<size_t>(cfg_.vocab_size));
+    return p.model->prefill_by_layer(ids, chunk, p.cache, p.logits.data());
+  });
+}
+
+Status LlmEngine::prefill_by_chunk(const std::vector<int32_t>& ids, const PrefillProgress& progress,
+                                   int decode_rows, Buffer* snap_q, int window) {
+  const int n = static_cast<int>(ids.size());
   // kQuantized (quantized modes): every chunk is committed before the next and read back through
   // the mode's view, so the buffer holds a chunk plus the steady rows. Otherwise the prompt's
   // rows and those decoding will write in one allocation: a growth while decoding holds two
@@ -343,16 +400,11 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
       return c.prepare_write(0, static_cast<int>(rows));
     }));
   }
-  const ModelConfig& cfg = config();
-  const bool snap = options_.mode == DecodeMode::kSnapKv;
-  const int window = std::min(options_.snap_window, n);
-  const int64_t q_dim = cfg.q_dim();
+  const int64_t q_dim = config().q_dim();
   ForwardPath path;
   if (streamed) path = target_path(cache_.mode());
   int chunk_start = 0;
-  std::unique_ptr<Buffer> snap_q;  // [num_layers, window, q_dim] SnapKV observation queries
-  if (snap) {
-    snap_q = backend_->alloc(static_cast<size_t>(cfg.num_layers) * window * q_dim);
+  if (snap_q != nullptr) {
     path.query_tap = [&](int layer, const float* q, int m) {
       // Keeps the rows of this chunk that fall in the observation window [n - window, n), in
       // backend memory, where snapkv_scores reads them.
@@ -364,8 +416,8 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
           q + static_cast<size_t>(first) * q_dim, static_cast<size_t>(m - first) * q_dim);
     };
   }
-  for (int start = 0; start < n; start += options_.prefill_chunk) {
-    const int m = std::min(options_.prefill_chunk, n - start);
+  for (int start = 0; start < n; start += chunk) {
+    const int m = std::min(chunk, n - start);
     const bool last = start + m == n;
     chunk_start = start;
     QS_TRY(forward_all(std::span<const int32_t>(ids.data() + start, m), start, path,
@@ -375,16 +427,6 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
   }
   if (streamed) QS_TRY(each_cache([](KvCache& c) { return c.hold_rows(0); }));
   commit_all(n);
-  if (sparse()) {
-    const int keep = sparse_keep_count(options_.draft_budget, n);
-    if (!snap) {
-      sparse_.build_streaming(cfg.num_layers, cfg.num_kv_heads, n, keep, options_.sink_tokens);
-    } else {
-      sparse_.begin_snapkv(cfg.num_layers, cfg.num_kv_heads, n, keep, window);
-      select_snapkv(snap_q->data(), n, window);
-    }
-    sparse_.place(*backend_);  // the draft's attention reads the index where it runs
-  }
   return Status::ok_status();
 }
 

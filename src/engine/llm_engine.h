@@ -95,6 +95,12 @@ class LlmEngine final : public Engine {
   // full-precision modes; capped at the capacity).
   Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {},
                  int decode_rows = 0);
+  // prefill's layer-major order (quantized caches, exact attention) on every rank.
+  Status prefill_by_layer_all(const std::vector<int32_t>& ids, const PrefillProgress& progress);
+  // prefill's chunk-major order: each chunk through every layer (every rank), then the next;
+  // snap_q (SnapKV, else null): [num_layers, window, q_dim] gets the last `window` queries.
+  Status prefill_by_chunk(const std::vector<int32_t>& ids, const PrefillProgress& progress,
+                          int decode_rows, Buffer* snap_q, int window);
 
   // Tensor parallelism: the same forward on every rank (rank 0: model_ on cache_, logits into
   // `logits`, or with `argmax` only each row's argmax there (Model::forward); the others

@@ -1,5 +1,6 @@
 #include "engine/model.h"
 
+#include <algorithm>
 #include <cmath>
 #include <string>
 
@@ -179,61 +180,73 @@ KvView Model::store_and_view(KvCache& cache, const ForwardPath& path, int layer,
   return view;
 }
 
-Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
-                  LogitRows rows, float* logits, int32_t* argmax) {
-  const int m = static_cast<int>(ids.size());
-  const bool draft = path.draft_weights;
-  QS_CHECK(rows == LogitRows::kNone || logits != nullptr || argmax != nullptr);
+Status Model::check_ids(std::span<const int32_t> ids) const {
   for (int32_t id : ids) {
     if (id < 0 || id >= cfg_.vocab_size) {
       return make_error("token id " + std::to_string(id) + " is out of range [0, " +
                         std::to_string(cfg_.vocab_size) + ")");
     }
   }
-  ensure_scratch(m);
+  return Status::ok_status();
+}
 
+// Layer l over m rows at [pos, pos + m): h is the residual stream, x = attn_norm_l(h) on entry.
+// Leaves the MLP's output in proj_, not yet added to h (the caller fuses that add with the norm
+// that reads the sum), and x overwritten.
+void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
+                  const ForwardPath& path) {
+  const LayerWeights& L = weights_.layers[l];
+  static const DraftLayer kNoDraft;
+  const DraftLayer& D = path.draft_weights ? draft_layers_[l] : kNoDraft;
   const int64_t d = cfg_.hidden_size;
-  const int64_t inter = cfg_.intermediate_size;
   const float eps = cfg_.rms_norm_eps;
-  float* h = hidden_->data();
-  float* x = normed_->data();
   // HF: scaling = head_dim ** -0.5 in double, applied in f32.
   const AttentionShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
                              cfg_.attention_scale()};
+  // Attention block.
+  const LinearOp qkv[] = {{&L.wq, D.wq.get(), &L.bq, q_->data()},
+                          {&L.wk, D.wk.get(), &L.bk, k_->data()},
+                          {&L.wv, D.wv.get(), &L.bv, v_->data()}};
+  backend_.matmul_group(x, m, qkv, 3);
+  backend_.rope_qk(q_->data(), k_->data(), m, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, pos,
+                   inv_freq_.data());
+  if (path.query_tap) path.query_tap(l, q_->data(), m);
+  QuantizedKvSegment segment;
+  const KvView view = store_and_view(cache, path, l, pos, m, &segment);
+  backend_.attention(q_->data(), m, pos, shape, view, attn_->data());
+  // Tensor parallel: each rank's o_proj covers its heads (a partial sum); the bias goes into the
+  // sum once.
+  const bool bias_here = comm_ == nullptr || comm_->rank() == 0;
+  linear(attn_->data(), m, L.wo, D.wo.get(), bias_here ? &L.bo : nullptr, proj_->data());
+  if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
+  // MLP block.
+  backend_.add_rmsnorm(h, proj_->data(), L.mlp_norm, m, eps, x);
+  const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
+                              {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
+  backend_.matmul_group(x, m, gate_up, 2);
+  backend_.swiglu(gate_->data(), up_->data(), m * cfg_.intermediate_size, gate_->data());
+  linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
+  if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
+}
 
+Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
+                  LogitRows rows, float* logits, int32_t* argmax) {
+  const int m = static_cast<int>(ids.size());
+  QS_CHECK(rows == LogitRows::kNone || logits != nullptr || argmax != nullptr);
+  QS_TRY(check_ids(ids));
+  ensure_scratch(m);
+
+  const int64_t d = cfg_.hidden_size;
+  const float eps = cfg_.rms_norm_eps;
+  float* h = hidden_->data();
+  float* x = normed_->data();
   // Each residual add is fused with the norm that reads its sum (Backend::add_rmsnorm): o_proj's
   // with the MLP norm, down_proj's with the next layer's attention norm (the last layer's with
   // the final norm, below). Only the first attention norm stands alone.
   backend_.embedding(weights_.tok_embeddings, ids.data(), m, h);
   backend_.rmsnorm(h, weights_.layers[0].attn_norm, m, eps, x);
   for (int l = 0; l < cfg_.num_layers; ++l) {
-    const LayerWeights& L = weights_.layers[l];
-    static const DraftLayer kNoDraft;
-    const DraftLayer& D = draft ? draft_layers_[l] : kNoDraft;
-    // Attention block (x = attn_norm(h)).
-    const LinearOp qkv[] = {{&L.wq, D.wq.get(), &L.bq, q_->data()},
-                            {&L.wk, D.wk.get(), &L.bk, k_->data()},
-                            {&L.wv, D.wv.get(), &L.bv, v_->data()}};
-    backend_.matmul_group(x, m, qkv, 3);
-    backend_.rope_qk(q_->data(), k_->data(), m, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
-                     pos, inv_freq_.data());
-    if (path.query_tap) path.query_tap(l, q_->data(), m);
-    QuantizedKvSegment segment;
-    const KvView view = store_and_view(cache, path, l, pos, m, &segment);
-    backend_.attention(q_->data(), m, pos, shape, view, attn_->data());
-    // Tensor parallel: each rank's o_proj covers its heads (a partial sum); the bias goes into
-    // the sum once.
-    const bool bias_here = comm_ == nullptr || comm_->rank() == 0;
-    linear(attn_->data(), m, L.wo, D.wo.get(), bias_here ? &L.bo : nullptr, proj_->data());
-    if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
-    // MLP block.
-    backend_.add_rmsnorm(h, proj_->data(), L.mlp_norm, m, eps, x);
-    const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
-                                {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
-    backend_.matmul_group(x, m, gate_up, 2);
-    backend_.swiglu(gate_->data(), up_->data(), m * inter, gate_->data());
-    linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
-    if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
+    layer(l, h, x, m, pos, cache, path);
     if (l + 1 < cfg_.num_layers) {
       backend_.add_rmsnorm(h, proj_->data(), weights_.layers[l + 1].attn_norm, m, eps, x);
     }
@@ -245,12 +258,17 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
   if (rows == LogitRows::kNone) return Status::ok_status();
   const int first = rows == LogitRows::kLast ? m - 1 : 0;
   const int count = m - first;
+  backend_.add_rmsnorm(h + first * d, proj_->data() + first * d, weights_.final_norm, count, eps,
+                       x);
+  head(x, count, path.draft_weights, logits, argmax);
+  return Status::ok_status();
+}
+
+void Model::head(const float* x, int count, bool draft, float* logits, int32_t* argmax) {
   if (count > logits_rows_) {  // sized apart: prefill chunks mostly need one row of logits
     logits_ = backend_.alloc(static_cast<size_t>(count) * cfg_.vocab_size);
     logits_rows_ = count;
   }
-  backend_.add_rmsnorm(h + first * d, proj_->data() + first * d, weights_.final_norm, count, eps,
-                       x);
   linear(x, count, weights_.lm_head, draft ? draft_lm_head_.get() : nullptr, nullptr,
          logits_->data());
   if (argmax != nullptr) {
@@ -258,6 +276,46 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
   } else {
     backend_.to_host(logits_->data(), logits, static_cast<size_t>(count) * cfg_.vocab_size);
   }
+}
+
+Status Model::prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache& cache,
+                               float* logits, const std::function<void(int64_t)>& progress) {
+  const int n = static_cast<int>(ids.size());
+  QS_CHECK(n >= 1 && chunk >= 1 && logits != nullptr);
+  QS_CHECK(cache.config().num_layers == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());
+  QS_TRY(check_ids(ids));
+  chunk = std::min(chunk, n);
+  const int64_t d = cfg_.hidden_size;
+  const float eps = cfg_.rms_norm_eps;
+  std::unique_ptr<Buffer> stream = backend_.try_alloc(static_cast<size_t>(n) * d);
+  if (!stream) {
+    return make_error("prefill: cannot allocate the residual stream of " + std::to_string(n) +
+                      " tokens (" + std::to_string(4.0 * n * d / (1 << 30)) + " GiB) on " +
+                      backend_.name());
+  }
+  QS_TRY(cache.begin_layer_prefill(n));
+  ensure_scratch(chunk);
+  float* x = normed_->data();
+  for (int start = 0; start < n; start += chunk) {
+    const int m = std::min(chunk, n - start);
+    backend_.embedding(weights_.tok_embeddings, ids.data() + start, m, stream->data() + start * d);
+  }
+  // Per chunk the same calls as run()'s: its fused add + norm is the add, then (at the next
+  // layer, or the head) the norm, which Backend::add_rmsnorm's contract makes bit-identical.
+  const ForwardPath path;  // the original weights, full-precision attention
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    for (int start = 0; start < n; start += chunk) {
+      const int m = std::min(chunk, n - start);
+      float* h = stream->data() + start * d;
+      backend_.rmsnorm(h, weights_.layers[l].attn_norm, m, eps, x);
+      layer(l, h, x, m, start, cache, path);
+      backend_.add(h, proj_->data(), m * d);
+      if (progress) progress(static_cast<int64_t>(l) * n + start + m);
+    }
+    cache.end_layer_prefill(l);
+  }
+  backend_.rmsnorm(stream->data() + (n - 1) * d, weights_.final_norm, 1, eps, x);
+  head(x, 1, false, logits, nullptr);
   return Status::ok_status();
 }
 

@@ -78,6 +78,18 @@ class Model {
   Status forward(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
                  LogitRows rows, float* logits, int32_t* argmax = nullptr);
 
+  // The prompt `ids` (positions [0, n)) on an empty quantized cache, layer by layer: every chunk
+  // of `chunk` tokens through layer 0, then through layer 1, ..., with KvCache's layer-major
+  // prefill, so only one layer's full-precision rows exist at a time (plus the residual stream of
+  // the whole prompt, n x hidden floats). The same calls per chunk as forward() over the chunks
+  // in order with full-precision attention followed by cache.commit(n): the same logits of the
+  // last position (into `logits`, host, [vocab]) and the same cache, bit for bit. progress gets
+  // the (layer, token) steps done, layers x n in all. With a communicator every rank calls it
+  // with the same ids and chunk (a collective, as forward).
+  // Errors: a token id outside [0, vocab), the cache is too small, memory cannot be had.
+  Status prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache& cache, float* logits,
+                          const std::function<void(int64_t)>& progress = {});
+
   // Builds the draft weights from the original ones (DESIGN §1): kInt4 quantizes every linear
   // layer and lm_head to 4-bit group 128, kInt4Mlp the MLP only, kNative keeps the originals.
   // `threads` quantize rows in parallel (0: one per hardware thread; the result does not depend
@@ -92,6 +104,11 @@ class Model {
 
  private:
   void ensure_scratch(int m);
+  Status check_ids(std::span<const int32_t> ids) const;
+  // One decoder layer over m rows (run()'s loop body; see model.cpp).
+  void layer(int l, float* h, float* x, int m, int pos, KvCache& cache, const ForwardPath& path);
+  // The LM head over `count` normed rows x: logits to the host or each row's argmax.
+  void head(const float* x, int count, bool draft, float* logits, int32_t* argmax);
   // The layer stack and head over ids at [pos, pos + m) (forward's checks done).
   Status run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
              LogitRows rows, float* logits, int32_t* argmax);

@@ -88,6 +88,7 @@ int KvCache::steady_rows() const {
 
 size_t KvCache::bytes() const {
   size_t b = 2 * static_cast<size_t>(cfg_.num_layers) * buffer_rows_ * kv_dim() * elem_bytes();
+  b += 2 * static_cast<size_t>(lp_rows_) * kv_dim() * elem_bytes();
   if (planes_) b += static_cast<size_t>(planes_->shape().total_bytes());
   return b;
 }
@@ -171,6 +172,15 @@ Status KvCache::prepare_write(int pos, int m) {
 
 void KvCache::write(int layer, int pos, int m, const float* k, const float* v) {
   QS_CHECK(layer >= 0 && layer < cfg_.num_layers);
+  if (in_layer_prefill()) {
+    QS_CHECK_MSG(layer == lp_layer_ && pos >= 0 && pos <= lp_end_ && pos + m <= lp_rows_,
+                 "KV cache: layer-major prefill writes layer " + str(lp_layer_) + " rows [0, " +
+                     str(lp_rows_) + ") in order");
+    backend_->store_kv_row_pair(lp_row(lp_k_, pos), lp_row(lp_v_, pos), cfg_.row_dtype, k, v,
+                                static_cast<size_t>(m) * kv_dim());
+    lp_end_ = pos + m;
+    return;
+  }
   QS_CHECK(pos >= std::max(n_, fp_base_) && pos <= fp_end_ && pos + m <= cfg_.capacity);
   QS_CHECK_MSG(pos + m - fp_base_ <= buffer_rows_, "KV cache: write without prepare_write");
   const size_t n = static_cast<size_t>(m) * kv_dim();
@@ -237,11 +247,81 @@ Status KvCache::hold_rows(int chunk) {
 void KvCache::clear() {
   n_ = n_planes_ = fp_base_ = fp_end_ = flushes_ = 0;
   for (int l = 0; l < cfg_.num_layers; ++l) layer_quantized_[l] = 0;
+  lp_rows_ = lp_layer_ = lp_end_ = 0;
+  lp_k_.reset();
+  lp_v_.reset();
+}
+
+void* KvCache::lp_row(const std::unique_ptr<Buffer>& b, int pos) const {
+  return reinterpret_cast<char*>(b->data()) +
+         static_cast<int64_t>(pos) * kv_dim() * static_cast<int64_t>(elem_bytes());
+}
+
+Status KvCache::begin_layer_prefill(int n) {
+  QS_CHECK_MSG(quantized() && n_ == 0 && fp_end_ == 0 && !in_layer_prefill(),
+               "KV cache: a layer-major prefill starts on an empty quantized cache");
+  QS_CHECK(n >= 1);
+  if (n > cfg_.capacity) {
+    return make_error("context is full: " + str(n) + " positions needed but the KV cache holds " +
+                      str(cfg_.capacity));
+  }
+  // The rows every layer keeps after the prompt: [b(n), n), fewer than 2G.
+  QS_TRY(reserve_rows(n - quant_boundary(n, cfg_.group_size)));
+  const size_t bytes = static_cast<size_t>(n) * kv_dim() * elem_bytes();
+  const size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);  // Buffer counts floats
+  lp_k_ = backend_->try_alloc(floats);
+  lp_v_ = lp_k_ ? backend_->try_alloc(floats) : nullptr;
+  if (!lp_v_) {
+    lp_k_.reset();
+    return make_error("KV cache: cannot allocate " + std::to_string(2.0 * bytes / (1 << 30)) +
+                      " GiB on " + backend_->name() + " for one layer's " + str(n) +
+                      " full-precision prompt rows");
+  }
+  lp_rows_ = n;
+  lp_layer_ = lp_end_ = 0;
+  return Status::ok_status();
+}
+
+void KvCache::end_layer_prefill(int layer) {
+  QS_CHECK_MSG(in_layer_prefill() && layer == lp_layer_ && lp_end_ == lp_rows_,
+               "KV cache: end_layer_prefill(" + str(layer) + ") before its rows are written");
+  const int n = lp_rows_;
+  const int G = cfg_.group_size;
+  const int complete = G * (n / G);
+  const int base = quant_boundary(n, G);
+  if (complete > 0) {
+    backend_->quantize_kv(lp_row(lp_k_, 0), lp_row(lp_v_, 0), cfg_.row_dtype, kv_dim(),
+                          cfg_.num_kv_heads, cfg_.head_dim, 0, complete / G,
+                          planes_->output(layer));
+  }
+  layer_quantized_[layer] = complete;
+  // Row `base` lands at the start of the layer's buffer: fp_base_ becomes `base` below.
+  const size_t keep = static_cast<size_t>(n - base) * kv_dim() * elem_bytes();
+  const size_t at = static_cast<size_t>(layer) * buffer_rows_ * kv_dim() * elem_bytes();
+  backend_->copy_bytes(reinterpret_cast<char*>(k_buf_->data()) + at, lp_row(lp_k_, base), keep);
+  backend_->copy_bytes(reinterpret_cast<char*>(v_buf_->data()) + at, lp_row(lp_v_, base), keep);
+  lp_end_ = 0;
+  if (++lp_layer_ < cfg_.num_layers) return;
+  // Every layer done: the state commit(n) leaves after a chunk-major prefill.
+  n_ = fp_end_ = n;
+  fp_base_ = base;
+  n_planes_ = complete;
+  flushes_ += complete / G;
+  lp_rows_ = lp_layer_ = 0;
+  lp_k_.reset();
+  lp_v_.reset();
 }
 
 KvView KvCache::view(int layer, std::optional<KvQuantView> quant_view,
                      QuantizedKvSegment* segment) const {
   QS_CHECK(layer >= 0 && layer < cfg_.num_layers);
+  if (in_layer_prefill()) {
+    QS_CHECK_MSG(layer == lp_layer_ && !quant_view,
+                 "KV cache: a layer-major prefill reads its layer's rows in full precision");
+    KvView v{lp_row(lp_k_, 0), lp_row(lp_v_, 0), kv_dim(), lp_end_};
+    v.row_dtype = cfg_.row_dtype;
+    return v;
+  }
   KvView v{k_row(layer, fp_base_), v_row(layer, fp_base_), kv_dim(), fp_end_};
   v.fp_base = fp_base_;
   v.row_dtype = cfg_.row_dtype;

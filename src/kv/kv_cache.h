@@ -101,6 +101,19 @@ class KvCache {
   // Empty cache (planes keep their memory; nothing of them is read until rewritten).
   void clear();
 
+  // Layer-major prefill of an empty quantized cache: the prompt's full-precision attention with
+  // one layer's rows at a time instead of every layer's (Llama-2-7B at 128K: 2 instead of 64 GiB
+  // of f16 rows next to the planes). begin_layer_prefill(n) gives layer 0 a scratch of n rows;
+  // write() and view(layer) then act on the scratch of the layer in progress (rows [0, written),
+  // full precision; the other layers are not touched). end_layer_prefill(layer), once its n rows
+  // are written, quantizes its complete groups from the scratch, keeps its rows [b(n), n) in the
+  // buffer and hands the scratch to the next layer. After the last layer the cache holds exactly
+  // what commit(n) leaves after a chunk-major prefill of the same rows (planes, rows, counters)
+  // and the scratch is freed; clear() abandons a layer-major prefill.
+  Status begin_layer_prefill(int n);
+  void end_layer_prefill(int layer);
+  bool in_layer_prefill() const { return lp_rows_ > 0; }
+
   // What attention reads for `layer`: buffer rows and, in the quantized modes with `view` set,
   // the quantized segment for that view. `segment` is the caller's storage for it.
   KvView view(int layer, std::optional<KvQuantView> quant_view, QuantizedKvSegment* segment) const;
@@ -134,6 +147,14 @@ class KvCache {
   // [num_layers, buffer_rows, kv_dim] of row_dtype (Buffer sizes count floats: rounded up).
   std::unique_ptr<Buffer> k_buf_;  // post-RoPE
   std::unique_ptr<Buffer> v_buf_;
+  // Layer-major prefill (begin_layer_prefill): [lp_rows_, kv_dim] of row_dtype for the layer in
+  // progress, rows [0, lp_end_) written.
+  int lp_rows_ = 0;
+  int lp_layer_ = 0;
+  int lp_end_ = 0;
+  std::unique_ptr<Buffer> lp_k_;
+  std::unique_ptr<Buffer> lp_v_;
+  void* lp_row(const std::unique_ptr<Buffer>& b, int pos) const;
 };
 
 }  // namespace qs

@@ -33,8 +33,9 @@ void PrintTo(const ModeCase& c, std::ostream* os) {
   *os << c.name;
 }
 
-std::unique_ptr<Engine> load(const ModeCase& c, Device device) {
+std::unique_ptr<Engine> load(const ModeCase& c, Device device, bool prefill_by_layer = true) {
   EngineOptions o;
+  o.prefill_by_layer = prefill_by_layer;
   o.device = device;
   o.mode = c.mode;
   o.kv = c.kv;
@@ -115,6 +116,31 @@ TEST_P(CudaEngineTest, SequenceLogitsMatchTheCpuEngine) {
                                                : 3e-2;
   EXPECT_LT(err, bound) << c.name;
   std::printf("[ max rel error ] %s sequence logits (700 tokens): %.3g\n", c.name, err);
+}
+
+// The quantized caches' exact prefill layer by layer (the default) and chunk by chunk on the GPU:
+// the same cache bit for bit (the CPU test PrefillKv.LayerByLayerPrefillEqualsChunkByChunk), so
+// the same tokens and the same acceptance.
+TEST_P(CudaEngineTest, LayerByLayerPrefillGivesTheChunkByChunkTokens) {
+  const ModeCase& c = GetParam();
+  if (c.mode != DecodeMode::kQuantSpec && c.kv == KvType::kFp16) {
+    GTEST_SKIP() << "full-precision caches prefill chunk by chunk";
+  }
+  std::unique_ptr<Engine> by_layer = load(c, Device::kCuda, true);
+  std::unique_ptr<Engine> by_chunk = load(c, Device::kCuda, false);
+  ASSERT_TRUE(by_layer && by_chunk);
+  GenerationParams params;
+  params.max_new_tokens = 48;
+  params.stop_at_eos = false;
+  for (int prompt_len : {5, 300, 700}) {
+    const std::vector<int32_t> prompt = prompt_ids(*by_layer, prompt_len);
+    auto want = by_chunk->generate(prompt, params, {});
+    auto got = by_layer->generate(prompt, params, {});
+    ASSERT_TRUE(want.ok()) << want.error().message;
+    ASSERT_TRUE(got.ok()) << got.error().message;
+    EXPECT_EQ(got->tokens, want->tokens) << c.name << " prompt " << prompt_len;
+    EXPECT_EQ(got->stats.accepted, want->stats.accepted) << c.name << " prompt " << prompt_len;
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(

@@ -3,6 +3,8 @@
 // the steady rows (instead of the whole prompt), later chunks read the history through the mode's
 // view (the same computation as sequence_logits, which commits chunk by chunk), and the
 // speculative invariant still holds (greedy QuantSpec = greedy AR INT8, both prefilled so).
+// With kExact a quantized cache is prefilled layer by layer (EngineOptions::prefill_by_layer): one
+// layer's full-precision rows at a time, and bit for bit what chunk by chunk gives.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -76,13 +78,96 @@ TEST(PrefillKv, QuantizedPrefillHoldsAChunkNotThePrompt) {
        {std::pair{DecodeMode::kAr, KvType::kInt8}, std::pair{DecodeMode::kAr, KvType::kInt4},
         std::pair{DecodeMode::kQuantSpec, KvType::kFp16}}) {
     SCOPED_TRACE(std::string(decode_mode_name(mode)) + " " + kv_type_name(kv));
-    auto exact = testing::make_tiny_engine(tiny, options(mode, kv, PrefillKv::kExact));
+    EngineOptions by_chunk = options(mode, kv, PrefillKv::kExact);
+    by_chunk.prefill_by_layer = false;
+    auto exact = testing::make_tiny_engine(tiny, by_chunk);
+    auto by_layer = testing::make_tiny_engine(tiny, options(mode, kv, PrefillKv::kExact));
     auto quant = testing::make_tiny_engine(tiny, options(mode, kv, PrefillKv::kQuantized));
-    ASSERT_TRUE(exact && quant);
+    ASSERT_TRUE(exact && by_layer && quant);
     const PrefillRun a = run(*exact, prompt, 20), b = run(*quant, prompt, 20);
+    const PrefillRun c = run(*by_layer, prompt, 20);
     EXPECT_GE(a.max_buffer, prompt.size() * row_bytes);  // every prompt row at once
     EXPECT_LE(b.max_buffer, (kChunk + steady_rows) * row_bytes);
     EXPECT_EQ(b.tokens.size(), 20u);
+    // Layer by layer: one layer's prompt rows (and the steady rows of every layer).
+    const size_t layer_rows = prompt.size() * row_bytes / cfg.num_layers;
+    EXPECT_GE(c.max_buffer, layer_rows);
+    EXPECT_LE(c.max_buffer, layer_rows + steady_rows * row_bytes);
+    EXPECT_EQ(c.tokens, a.tokens);
+  }
+}
+
+// Everything a prefill leaves in a quantized cache, as host bytes (CPU backend): the counters,
+// each layer's full-precision rows [fp_base, n), and the planes' codes and metadata of the
+// complete groups.
+std::vector<uint8_t> cache_state(const KvCache& c) {
+  std::vector<uint8_t> out;
+  auto put = [&out](const void* p, size_t bytes) {
+    const auto* b = static_cast<const uint8_t*>(p);
+    out.insert(out.end(), b, b + bytes);
+  };
+  const int counters[] = {c.length(), c.written_end(), c.fp_base(), c.planes_length(), c.flushes()};
+  put(counters, sizeof(counters));
+  const KvCacheConfig& cfg = c.config();
+  const size_t row = static_cast<size_t>(c.kv_dim()) * dtype_size(cfg.row_dtype);
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    const KvView v = c.view(l, std::nullopt, nullptr);
+    put(v.k, (v.length - v.fp_base) * row);
+    put(v.v, (v.length - v.fp_base) * row);
+  }
+  const QuantizedPlanes& planes = *c.planes();
+  const KvPlanesShape& sh = planes.shape();
+  const int n = c.planes_length();
+  for (int l = 0; l < cfg.num_layers; ++l) {
+    for (int h = 0; h < sh.n_kv_heads; ++h) {
+      for (KvCodePlane p : {KvCodePlane::kKeyUpper, KvCodePlane::kKeyLower,
+                            KvCodePlane::kValueUpper, KvCodePlane::kValueLower}) {
+        put(planes.code_plane(p).data() + sh.code_offset(l, h, 0), n * sh.code_row_bytes());
+      }
+      for (KvMetaArray a : {KvMetaArray::kKeyScale, KvMetaArray::kKeyMin}) {
+        put(planes.meta(a).data() + sh.key_meta_offset(l, h, 0),
+            n / sh.group_size * sh.head_dim * sizeof(uint16_t));
+      }
+      for (KvMetaArray a : {KvMetaArray::kValueScale, KvMetaArray::kValueMin}) {
+        put(planes.meta(a).data() + sh.value_meta_offset(l, h, 0),
+            n * sh.value_groups() * sizeof(uint16_t));
+      }
+    }
+  }
+  return out;
+}
+
+// Layer by layer is the same computation as chunk by chunk: the last position's logits, the cache
+// (rows, planes, counters) and the tokens generated after it are equal bit for bit, for prompts
+// shorter than a group, straddling the double buffer's boundary and spanning many chunks.
+TEST(PrefillKv, LayerByLayerPrefillEqualsChunkByChunk) {
+  const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 57);
+  for (const auto& [mode, kv] :
+       {std::pair{DecodeMode::kAr, KvType::kInt8}, std::pair{DecodeMode::kAr, KvType::kInt4},
+        std::pair{DecodeMode::kQuantSpec, KvType::kFp16}}) {
+    for (int chunk : {5, kChunk, 1000}) {
+      EngineOptions o = options(mode, kv, PrefillKv::kExact);
+      o.prefill_chunk = chunk;
+      auto by_layer = testing::make_tiny_engine(tiny, o);
+      o.prefill_by_layer = false;
+      auto by_chunk = testing::make_tiny_engine(tiny, o);
+      ASSERT_TRUE(by_layer && by_chunk);
+      for (int len : {1, 7, kGroup - 1, kGroup, 2 * kGroup, 2 * kGroup + 3, 5 * kGroup + 7, 700}) {
+        SCOPED_TRACE(std::string(decode_mode_name(mode)) + " " + kv_type_name(kv) + ", chunk " +
+                     std::to_string(chunk) + ", prompt " + std::to_string(len));
+        const std::vector<int32_t> prompt = random_prompt(len, kVocab, 600 + len);
+        auto got = by_layer->start(prompt);
+        auto want = by_chunk->start(prompt);
+        ASSERT_TRUE(got.ok() && want.ok());
+        EXPECT_EQ(*got, *want);
+        EXPECT_EQ(cache_state(by_layer->cache()), cache_state(by_chunk->cache()));
+        EXPECT_EQ(by_layer->cache().length(), len);
+        auto a = by_layer->generate(prompt, greedy_params(12), nullptr);
+        auto b = by_chunk->generate(prompt, greedy_params(12), nullptr);
+        ASSERT_TRUE(a.ok() && b.ok());
+        EXPECT_EQ(a->tokens, b->tokens);
+      }
+    }
   }
 }
 
