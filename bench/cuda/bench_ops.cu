@@ -95,6 +95,15 @@ __global__ void fill_f32(float* p, size_t n, uint64_t seed, float half_width) {
   }
 }
 
+// fp16 values uniform in [lo, hi].
+__global__ void fill_f16(uint16_t* p, size_t n, uint64_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
+       i += size_t(gridDim.x) * blockDim.x) {
+    const float u = hash32(seed * 0x9E3779B97F4A7C15ull + i) * (1.0f / 4294967296.0f);
+    p[i] = __half_as_ushort(__float2half(lo + (hi - lo) * u));
+  }
+}
+
 // Device memory owned by the benchmark (freed at scope end).
 struct DeviceMem {
   void* ptr = nullptr;
@@ -117,6 +126,13 @@ std::unique_ptr<DeviceMem> random_bf16(size_t n, uint64_t seed, float center = 0
 std::unique_ptr<DeviceMem> random_f32(size_t n, uint64_t seed, float half_width = 1.0f) {
   auto m = std::make_unique<DeviceMem>(n * 4);
   fill_f32<<<1024, 256>>>(m->f32(), n, seed, half_width);
+  CUDA_CHECK(cudaGetLastError());
+  return m;
+}
+
+std::unique_ptr<DeviceMem> random_f16(size_t n, uint64_t seed, float half_width = 1.0f) {
+  auto m = std::make_unique<DeviceMem>(n * 2);
+  fill_f16<<<1024, 256>>>(static_cast<uint16_t*>(m->ptr), n, seed, -half_width, half_width);
   CUDA_CHECK(cudaGetLastError());
   return m;
 }
@@ -416,6 +432,9 @@ void bench_prefill(CudaBackend& be, CudaBackend& fast) {
 // and the whole prefill's attention estimated as 32 such layers. 128K runs on tensor cores
 // only (the f32 kernel needs seconds per layer there), and only for Llama-3.1-8B.
 // `fast`: a backend with exact_prefill = false (one f16 MMA per product on tensor cores).
+// "f16 rows" runs the fast path over f16 rows (the engine's GPU default) as a prefill does it, in
+// chunks of 2048 queries (the conversion pass reconverts the whole history per chunk), with the
+// planes ("conv") and reading the rows directly ("direct", PrefillAttentionTuning::direct_f16).
 void bench_prefill_attention(CudaBackend& be, CudaBackend& fast, bool quick) {
   const cuda::PrefillAttentionTuning saved = cuda::prefill_attention_tuning();
   for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
@@ -453,6 +472,31 @@ void bench_prefill_attention(CudaBackend& be, CudaBackend& fast, bool quick) {
             "| attn prefill %-11s %-7s m=%-6d | %9.2f ms | %6.1f TFLOP/s | x%d layers %7.2f s |",
             sh->model, path.name, m, ms, flops / (ms * 1e-3) / 1e12, sh->layers,
             ms * sh->layers * 1e-3);
+      }
+      auto k16 = random_f16(size_t(m) * kv_dim, 24);
+      auto v16 = random_f16(size_t(m) * kv_dim, 25);
+      KvView rows16{k16->ptr, v16->ptr, kv_dim, m};
+      rows16.row_dtype = DType::F16;
+      constexpr int kChunk = 2048;
+      for (bool direct : {false, true}) {
+        cuda::PrefillAttentionTuning t;
+        t.direct_f16 = direct;
+        cuda::set_prefill_attention_tuning(t);
+        const double ms = time_ms(
+            static_cast<cudaStream_t>(fast.stream()),
+            [&](int) {
+              for (int start = 0; start < m; start += kChunk) {
+                const int n = std::min(kChunk, m - start);
+                fast.attention_prefill(q->f32() + start * q_dim, n, start, shape, rows16,
+                                       out.f32() + start * q_dim);
+              }
+            },
+            1, m <= 32768 ? 3 : 1);
+        summary(
+            "| attn prefill %-11s f16 rows %-6s chunks of %d m=%-6d | %9.2f ms | %6.1f TFLOP/s | "
+            "x%d layers %7.2f s |",
+            sh->model, direct ? "direct" : "conv", kChunk, m, ms, flops / (ms * 1e-3) / 1e12,
+            sh->layers, ms * sh->layers * 1e-3);
       }
     }
   }
@@ -908,15 +952,6 @@ __global__ void fill_bytes(uint8_t* p, size_t n, uint64_t seed) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
        i += size_t(gridDim.x) * blockDim.x) {
     p[i] = static_cast<uint8_t>(hash32(seed * 0x9E3779B97F4A7C15ull + i));
-  }
-}
-
-// fp16 values uniform in [lo, hi].
-__global__ void fill_f16(uint16_t* p, size_t n, uint64_t seed, float lo, float hi) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n;
-       i += size_t(gridDim.x) * blockDim.x) {
-    const float u = hash32(seed * 0x9E3779B97F4A7C15ull + i) * (1.0f / 4294967296.0f);
-    p[i] = __half_as_ushort(__float2half(lo + (hi - lo) * u));
   }
 }
 

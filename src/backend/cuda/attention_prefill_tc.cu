@@ -33,6 +33,9 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
 
 #include "backend/cuda/attention_prefill_tc.h"
 #include "backend/cuda/cuda_check.h"
@@ -56,7 +59,19 @@ constexpr int kExpClamp = 30;
 constexpr int kPExp = 12;  // P is split as p * 2^12
 constexpr float kPScale = 4096.0f;
 
-PrefillAttentionTuning g_tuning;
+// QS_PREFILL_DIRECT=1 starts the process with PrefillAttentionTuning::direct_f16 (end-to-end A/B
+// runs without a rebuild); anything else is ignored with a warning.
+PrefillAttentionTuning g_tuning = [] {
+  PrefillAttentionTuning t;
+  if (const char* v = std::getenv("QS_PREFILL_DIRECT")) {
+    if (std::strcmp(v, "1") == 0) {
+      t.direct_f16 = true;
+    } else if (std::strcmp(v, "0") != 0) {
+      std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_DIRECT=%s (expected 0 or 1)\n", v);
+    }
+  }
+  return t;
+}();
 
 // floor(log2(x)) for a normal positive x; -127 for 0 and subnormals, 128 for inf/NaN.
 __device__ __forceinline__ int floor_log2(float x) {
@@ -113,6 +128,11 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half
 
 __device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
+}
+// The same, or 16 zero bytes when !valid (nothing is read from gmem then).
+__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
+               "r"(valid ? 16 : 0));
 }
 __device__ __forceinline__ void cp_async_commit() {
   asm volatile("cp.async.commit_group;\n" ::);
@@ -221,10 +241,16 @@ struct TcLayout {
 // [16 w, 16 w + 16); lane (g = lane / 4, t = lane % 4) holds rows 16 w + g and + 8 of every
 // fragment (m16n8k16 layouts: A a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..);
 // B b0 (k 2t.., n g), b1 (k 2t+8.., n g); C c0 c1 (g, 2t..), c2 c3 (g+8, 2t..)).
-template <int HD, bool EXACT>
+// DIRECT (the fast path over f16 rows, PrefillAttentionTuning::direct_f16): the K/V tiles come
+// straight from the rows (keys past pos + m as zeros) with ek = ev = 0 instead of from the
+// conversion pass's planes. An f16 row is its own hi part, and the planes' power-of-two tile
+// scale (which only keeps lo normal) changes neither the products nor, once undone, the
+// scores, so the result equals the converted path's (test AttentionPrefillTcDirectF16).
+template <int HD, bool EXACT, bool DIRECT>
 __global__ void __launch_bounds__(kTcThreads, 1)
     attention_prefill_tc_kernel(AttentionArgs a, const __half* __restrict__ planes,
                                 const int2* __restrict__ exps, int num_tiles) {
+  static_assert(!(EXACT && DIRECT), "the direct path is the fast (hi-only) path");
   pdl_begin();
   using L = TcLayout<HD>;
   constexpr int KS = L::kKSteps, DT = L::kDimTiles, LDS = L::kLds;
@@ -298,16 +324,32 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   int ev_prev = 0;                // O is kept in units of 2^(kPExp + ev_prev)
 
   auto load_tile = [&](int kt, int stage) {
-    const __half* chunk = planes + chunk_offset<HD>(kvh, kt, num_tiles);
     __half* dst = smem + stage * L::kStageHalves;
     constexpr int kRowPieces = HD / 8;  // 16-byte pieces per row
     constexpr int kPieces = kPlanes * kTcKeys * kRowPieces;
     static_assert(kPieces % kTcThreads == 0, "pieces must split evenly over threads");
+    if constexpr (DIRECT) {
+      const int kv_end = a.pos + a.m;
+      const __half* k_rows = static_cast<const __half*>(a.k) + static_cast<int64_t>(kvh) * HD;
+      const __half* v_rows = static_cast<const __half*>(a.v) + static_cast<int64_t>(kvh) * HD;
 #pragma unroll
-    for (int i = tid; i < kPieces; i += kTcThreads) {
-      const int row = i / kRowPieces, c = i % kRowPieces;  // row over the 4 stacked planes
-      if (!EXACT && (row / kTcKeys) % 2 == 1) continue;    // a lo plane: not read
-      cp_async_16(dst + row * LDS + 8 * c, chunk + row * HD + 8 * c);
+      for (int i = tid; i < kPieces / 2; i += kTcThreads) {  // K hi, then V hi
+        const int row = i / kRowPieces, c = i % kRowPieces;  // row over the 2 planes
+        const int key = kt * kTcKeys + row % kTcKeys;
+        const bool valid = key < kv_end;
+        const int64_t off = static_cast<int64_t>(valid ? key : 0) * a.row_stride + 8 * c;
+        const int plane = row / kTcKeys == 0 ? 0 : 2;  // the hi planes' slots
+        cp_async_16_zfill(dst + (plane * kTcKeys + row % kTcKeys) * LDS + 8 * c,
+                          (plane == 0 ? k_rows : v_rows) + off, valid);
+      }
+    } else {
+      const __half* chunk = planes + chunk_offset<HD>(kvh, kt, num_tiles);
+#pragma unroll
+      for (int i = tid; i < kPieces; i += kTcThreads) {
+        const int row = i / kRowPieces, c = i % kRowPieces;  // row over the 4 stacked planes
+        if (!EXACT && (row / kTcKeys) % 2 == 1) continue;    // a lo plane: not read
+        cp_async_16(dst + row * LDS + 8 * c, chunk + row * HD + 8 * c);
+      }
     }
     cp_async_commit();
   };
@@ -326,7 +368,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     const __half* kl_s = kh_s + L::kPlaneHalves;
     const __half* vh_s = kh_s + 2 * L::kPlaneHalves;
     const __half* vl_s = kh_s + 3 * L::kPlaneHalves;
-    const int2 ex = __ldg(exps + static_cast<int64_t>(kvh) * num_tiles + kt);
+    const int2 ex =
+        DIRECT ? make_int2(0, 0) : __ldg(exps + static_cast<int64_t>(kvh) * num_tiles + kt);
 
     // S = Q K^T for 16 rows x 64 keys. ldmatrix x4 matrices: (keys +0..7, dims +0..7),
     // (+0..7, +8..15), (+8..15, +0..7), (+8..15, +8..15) = b0, b1 of n-tile 2np, then 2np + 1.
@@ -481,6 +524,13 @@ int num_key_tiles(const AttentionArgs& a) {
   return (a.pos + a.m + kTcKeys - 1) / kTcKeys;
 }
 
+// Whether a call takes the kernel's DIRECT path: fast, f16 rows, 16-byte aligned rows.
+bool direct_path(const AttentionArgs& a, bool exact) {
+  const uintptr_t bits = reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v);
+  return g_tuning.direct_f16 && !exact && a.kv_dtype == DType::F16 && a.row_stride % 8 == 0 &&
+         bits % 16 == 0;
+}
+
 size_t planes_bytes(const AttentionArgs& a) {
   return static_cast<size_t>(a.num_kv_heads) * num_key_tiles(a) * kPlanes * kTcKeys * a.head_dim *
          sizeof(__half);
@@ -509,13 +559,16 @@ void check_tc_args(const AttentionArgs& a, const void* scratch) {
   QS_CHECK(a.pos + static_cast<int64_t>(a.m) + kTcKeys < (int64_t{1} << 31));
 }
 
-template <int HD, bool EXACT>
+template <int HD, bool EXACT, bool DIRECT>
 void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t stream) {
   const int num_tiles = num_key_tiles(a);
   auto* planes = static_cast<__half*>(scratch);
-  auto* exps = reinterpret_cast<int2*>(static_cast<char*>(scratch) + planes_bytes(a));
+  auto* exps =
+      DIRECT ? nullptr : reinterpret_cast<int2*>(static_cast<char*>(scratch) + planes_bytes(a));
   const dim3 conv_grid(num_tiles, a.num_kv_heads);
-  if (a.kv_dtype == DType::F16) {
+  if (DIRECT) {
+    // no conversion: the kernel reads the f16 rows
+  } else if (a.kv_dtype == DType::F16) {
     launch(prefill_tc_convert_kernel<HD, __half>, conv_grid, kConvThreads, 0, stream,
            static_cast<const __half*>(a.k), static_cast<const __half*>(a.v), a.row_stride,
            a.pos + a.m, num_tiles, planes, exps);
@@ -524,20 +577,27 @@ void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t str
            static_cast<const float*>(a.k), static_cast<const float*>(a.v), a.row_stride,
            a.pos + a.m, num_tiles, planes, exps);
   }
-  CUDA_CHECK_LAUNCH(stream);
+  if (!DIRECT) CUDA_CHECK_LAUNCH(stream);
 
   constexpr size_t smem = TcLayout<HD>::kSmemBytes;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_tc_kernel<HD, EXACT>,
+    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_tc_kernel<HD, EXACT, DIRECT>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid(attention_prefill_tc_query_tiles(a), a.num_heads, a.num_splits);
-  launch(attention_prefill_tc_kernel<HD, EXACT>, grid, kTcThreads, smem, stream, a, planes, exps,
-         num_tiles);
+  launch(attention_prefill_tc_kernel<HD, EXACT, DIRECT>, grid, kTcThreads, smem, stream, a, planes,
+         exps, num_tiles);
   CUDA_CHECK_LAUNCH(stream);
+}
+
+template <int HD>
+void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t stream, bool exact) {
+  if (exact) return launch_for_head_dim<HD, true, false>(a, scratch, stream);
+  if (direct_path(a, exact)) return launch_for_head_dim<HD, false, true>(a, scratch, stream);
+  launch_for_head_dim<HD, false, false>(a, scratch, stream);
 }
 
 }  // namespace
@@ -560,7 +620,8 @@ int attention_prefill_tc_query_tiles(const AttentionArgs& a) {
   return (a.m + kTcRows - 1) / kTcRows;
 }
 
-size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a) {
+size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a, bool exact) {
+  if (direct_path(a, exact)) return 0;
   return planes_bytes(a) + static_cast<size_t>(a.num_kv_heads) * num_key_tiles(a) * sizeof(int2);
 }
 
@@ -569,12 +630,10 @@ void launch_attention_prefill_tc(const AttentionArgs& a, void* scratch, cudaStre
   check_tc_args(a, scratch);
   switch (a.head_dim) {
     case 64:
-      exact ? launch_for_head_dim<64, true>(a, scratch, stream)
-            : launch_for_head_dim<64, false>(a, scratch, stream);
+      launch_for_head_dim<64>(a, scratch, stream, exact);
       break;
     case 128:
-      exact ? launch_for_head_dim<128, true>(a, scratch, stream)
-            : launch_for_head_dim<128, false>(a, scratch, stream);
+      launch_for_head_dim<128>(a, scratch, stream, exact);
       break;
     default:
       QS_CHECK_MSG(false, "attention_prefill_tc: unsupported head_dim");
