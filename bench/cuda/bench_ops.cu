@@ -432,7 +432,7 @@ void bench_prefill(CudaBackend& be, CudaBackend& fast) {
 // and the whole prefill's attention estimated as 32 such layers. 128K runs on tensor cores
 // only (the f32 kernel needs seconds per layer there), and only for Llama-3.1-8B.
 // `fast`: a backend with exact_prefill = false (one f16 MMA per product on tensor cores).
-// "f16 rows" runs the fast path over f16 rows (the engine's GPU default) as a prefill does it, in
+// "f16 rows" runs both paths over f16 rows (the engine's GPU default) as a prefill does it, in
 // chunks of 2048 queries (the conversion pass reconverts the whole history per chunk), with the
 // planes ("conv") and reading the rows directly ("direct", PrefillAttentionTuning::direct_f16).
 void bench_prefill_attention(CudaBackend& be, CudaBackend& fast, bool quick) {
@@ -478,25 +478,27 @@ void bench_prefill_attention(CudaBackend& be, CudaBackend& fast, bool quick) {
       KvView rows16{k16->ptr, v16->ptr, kv_dim, m};
       rows16.row_dtype = DType::F16;
       constexpr int kChunk = 2048;
-      for (bool direct : {false, true}) {
-        cuda::PrefillAttentionTuning t;
-        t.direct_f16 = direct;
-        cuda::set_prefill_attention_tuning(t);
-        const double ms = time_ms(
-            static_cast<cudaStream_t>(fast.stream()),
-            [&](int) {
-              for (int start = 0; start < m; start += kChunk) {
-                const int n = std::min(kChunk, m - start);
-                fast.attention_prefill(q->f32() + start * q_dim, n, start, shape, rows16,
+      for (CudaBackend* b : {&be, &fast}) {
+        for (bool direct : {false, true}) {
+          cuda::PrefillAttentionTuning t;
+          t.direct_f16 = direct;
+          cuda::set_prefill_attention_tuning(t);
+          const double ms = time_ms(
+              static_cast<cudaStream_t>(b->stream()),
+              [&](int) {
+                for (int start = 0; start < m; start += kChunk) {
+                  const int n = std::min(kChunk, m - start);
+                  b->attention_prefill(q->f32() + start * q_dim, n, start, shape, rows16,
                                        out.f32() + start * q_dim);
-              }
-            },
-            1, m <= 32768 ? 3 : 1);
-        summary(
-            "| attn prefill %-11s f16 rows %-6s chunks of %d m=%-6d | %9.2f ms | %6.1f TFLOP/s | "
-            "x%d layers %7.2f s |",
-            sh->model, direct ? "direct" : "conv", kChunk, m, ms, flops / (ms * 1e-3) / 1e12,
-            sh->layers, ms * sh->layers * 1e-3);
+                }
+              },
+              1, m <= 32768 ? 3 : 1);
+          summary(
+              "| attn prefill %-11s f16 rows %-5s %-6s chunks of %d m=%-6d | %9.2f ms | %6.1f "
+              "TFLOP/s | x%d layers %7.2f s |",
+              sh->model, b == &be ? "exact" : "fast", direct ? "direct" : "conv", kChunk, m, ms,
+              flops / (ms * 1e-3) / 1e12, sh->layers, ms * sh->layers * 1e-3);
+        }
       }
     }
   }

@@ -322,58 +322,62 @@ TEST_F(CudaOpsTest, F16RowsPrefillAttentionBothKernels) {
   report("f16 rows: prefill, f32 kernel (+ wild decode)", f32);
 }
 
-// PrefillAttentionTuning::direct_f16: the fast (--prefill-matmul bf16) tensor-core prefill reads
-// f16 rows directly instead of the conversion pass's planes. An f16 row is its own hi half and the
-// planes' per-tile power-of-two scales are undone exactly, so the outputs must equal the converted
-// path's bit for bit (random rows; the wild rows, whose tile scales push small elements towards
-// f16's subnormal range, to kSameValuesTol); no scratch is asked for where it runs, and rows that
-// are not 16-byte aligned (a 4-element pad) fall back to the planes.
+// PrefillAttentionTuning::direct_f16: the tensor-core prefill reads f16 rows directly instead of
+// the conversion pass's planes, on both paths (exact: two MMAs per product, the rows' lo halves
+// being zero; fast, --prefill-matmul bf16: one). An f16 row is its own hi half and the planes'
+// per-tile power-of-two scales are undone exactly, so the outputs must equal the converted path's
+// bit for bit (random rows; the wild rows, whose tile scales push small elements towards f16's
+// subnormal range, to kSameValuesTol); no scratch is asked for where it runs, and rows that are
+// not 16-byte aligned (a 4-element pad) fall back to the planes.
 TEST_F(CudaOpsTest, F16RowsPrefillDirectEqualsConverted) {
   TuningGuard guard;
   CudaBackendOptions opt;
   opt.exact_prefill = false;
   auto made = CudaBackend::create(opt);
   ASSERT_TRUE(made.ok()) << made.error().message;
-  CudaBackend& fast = **made;
-  auto both = [&](const F16Kv& kv, int num_heads, int m, int splits, bool bitwise) {
-    const int hd = kv.head_dim, pos = kv.len - m;
-    const AttentionShape shape{num_heads, kv.kv_heads, hd,
-                               static_cast<float>(1.0 / std::sqrt(double(hd)))};
-    const std::vector<float> q = random_normal(size_t(m) * num_heads * hd, 31 * m + num_heads);
-    DeviceArray qd(fast, q), out(fast, q.size());
-    std::vector<float> got[2];
-    for (int direct = 0; direct < 2; ++direct) {
-      cuda::PrefillAttentionTuning t;
-      t.direct_f16 = direct == 1;
-      cuda::set_prefill_attention_tuning(t);
-      out.poison();
-      fast.attention_prefill(qd.data(), m, pos, shape, kv.gpu_view(), out.data(), splits);
-      got[direct] = out.to_host();
-    }
-    const std::string what = describe(kv, num_heads, m, splits);
-    if (bitwise) {
-      EXPECT_EQ(got[1], got[0]) << what;
-    } else {
-      EXPECT_LT(rel_error(got[1], got[0]), kSameValuesTol) << what;
-    }
-  };
-  for (int hd : {64, 128}) {
-    for (int pos : {0, 37, 1000}) {
-      for (int m : {17, 100, 257}) {
-        F16Kv kv(fast, pos + m, kKvHeads, hd, 0, 3 * hd + pos + m);
-        for (int ratio : kRatios) both(kv, kKvHeads * ratio, m, 0, true);
+  for (CudaBackend* path : {&gpu(), made->get()}) {
+    CudaBackend& be = *path;
+    const std::string name = path == &gpu() ? "exact " : "fast ";
+    auto both = [&](const F16Kv& kv, int num_heads, int m, int splits, bool bitwise) {
+      const int hd = kv.head_dim, pos = kv.len - m;
+      const AttentionShape shape{num_heads, kv.kv_heads, hd,
+                                 static_cast<float>(1.0 / std::sqrt(double(hd)))};
+      const std::vector<float> q = random_normal(size_t(m) * num_heads * hd, 31 * m + num_heads);
+      DeviceArray qd(be, q), out(be, q.size());
+      std::vector<float> got[2];
+      for (int direct = 0; direct < 2; ++direct) {
+        cuda::PrefillAttentionTuning t;
+        t.direct_f16 = direct == 1;
+        cuda::set_prefill_attention_tuning(t);
+        out.poison();
+        be.attention_prefill(qd.data(), m, pos, shape, kv.gpu_view(), out.data(), splits);
+        got[direct] = out.to_host();
+      }
+      const std::string what = name + describe(kv, num_heads, m, splits);
+      if (bitwise) {
+        EXPECT_EQ(got[1], got[0]) << what;
+      } else {
+        EXPECT_LT(rel_error(got[1], got[0]), kSameValuesTol) << what;
+      }
+    };
+    for (int hd : {64, 128}) {
+      for (int pos : {0, 37, 1000}) {
+        for (int m : {17, 100, 257}) {
+          F16Kv kv(be, pos + m, kKvHeads, hd, 0, 3 * hd + pos + m);
+          for (int ratio : kRatios) both(kv, kKvHeads * ratio, m, 0, true);
+        }
       }
     }
-  }
-  for (int64_t pad : {8, 4}) {  // aligned padded rows take the direct path; a pad of 4 does not
-    F16Kv kv(fast, 1000, kKvHeads, 128, pad, 7 + pad);
-    for (int splits : {1, 3, 7, 64}) both(kv, 8, 100, splits, true);
-  }
-  for (int hd : {64, 128}) {
-    const int len = 700;
-    const int64_t stride = int64_t{kKvHeads} * hd;
-    F16Kv kv(fast, len, kKvHeads, hd, 0, wild(len, stride, 8, true), wild(len, stride, 9, false));
-    both(kv, 8, 300, 0, false);
+    for (int64_t pad : {8, 4}) {  // aligned padded rows take the direct path; a pad of 4 does not
+      F16Kv kv(be, 1000, kKvHeads, 128, pad, 7 + pad);
+      for (int splits : {1, 3, 7, 64}) both(kv, 8, 100, splits, true);
+    }
+    for (int hd : {64, 128}) {
+      const int len = 700;
+      const int64_t stride = int64_t{kKvHeads} * hd;
+      F16Kv kv(be, len, kKvHeads, hd, 0, wild(len, stride, 8, true), wild(len, stride, 9, false));
+      both(kv, 8, 300, 0, false);
+    }
   }
   // Where it runs, no scratch is asked for.
   cuda::AttentionArgs a;
@@ -383,11 +387,13 @@ TEST_F(CudaOpsTest, F16RowsPrefillDirectEqualsConverted) {
   cuda::PrefillAttentionTuning t;
   t.direct_f16 = true;
   cuda::set_prefill_attention_tuning(t);
-  EXPECT_EQ(cuda::attention_prefill_tc_scratch_bytes(a, false), 0u);
-  EXPECT_GT(cuda::attention_prefill_tc_scratch_bytes(a, true), 0u);  // the exact path converts
+  EXPECT_EQ(cuda::attention_prefill_tc_scratch_bytes(a), 0u);
+  a.row_stride += 4;  // rows no longer 16-byte aligned: the planes
+  EXPECT_GT(cuda::attention_prefill_tc_scratch_bytes(a), 0u);
+  a.row_stride -= 4;
   t.direct_f16 = false;
   cuda::set_prefill_attention_tuning(t);
-  EXPECT_GT(cuda::attention_prefill_tc_scratch_bytes(a, false), 0u);
+  EXPECT_GT(cuda::attention_prefill_tc_scratch_bytes(a), 0u);
 }
 
 // ---- the hierarchical view's full-precision rows ----------------------------------------------

@@ -241,16 +241,16 @@ struct TcLayout {
 // [16 w, 16 w + 16); lane (g = lane / 4, t = lane % 4) holds rows 16 w + g and + 8 of every
 // fragment (m16n8k16 layouts: A a0 (g, 2t..), a1 (g+8, 2t..), a2 (g, 2t+8..), a3 (g+8, 2t+8..);
 // B b0 (k 2t.., n g), b1 (k 2t+8.., n g); C c0 c1 (g, 2t..), c2 c3 (g+8, 2t..)).
-// DIRECT (the fast path over f16 rows, PrefillAttentionTuning::direct_f16): the K/V tiles come
-// straight from the rows (keys past pos + m as zeros) with ek = ev = 0 instead of from the
-// conversion pass's planes. An f16 row is its own hi part, and the planes' power-of-two tile
-// scale (which only keeps lo normal) changes neither the products nor, once undone, the
-// scores, so the result equals the converted path's (test AttentionPrefillTcDirectF16).
+// DIRECT (f16 rows, PrefillAttentionTuning::direct_f16): the K/V tiles come straight from the
+// rows (keys past pos + m as zeros) with ek = ev = 0 instead of from the conversion pass's
+// planes. An f16 row is its own hi half with a zero lo half, and the planes' power-of-two tile
+// scale changes neither the products nor, once undone, the scores and O; so the exact path drops
+// its K lo and V lo products (zeros) and both paths give the converted results (test
+// F16RowsPrefillDirectEqualsConverted).
 template <int HD, bool EXACT, bool DIRECT>
 __global__ void __launch_bounds__(kTcThreads, 1)
     attention_prefill_tc_kernel(AttentionArgs a, const __half* __restrict__ planes,
                                 const int2* __restrict__ exps, int num_tiles) {
-  static_assert(!(EXACT && DIRECT), "the direct path is the fast (hi-only) path");
   pdl_begin();
   using L = TcLayout<HD>;
   constexpr int KS = L::kKSteps, DT = L::kDimTiles, LDS = L::kLds;
@@ -386,11 +386,11 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         ldmatrix_x4(bh, kh_s + off);
         if constexpr (EXACT) {
           uint32_t bl[4];
-          ldmatrix_x4(bl, kl_s + off);
+          if constexpr (!DIRECT) ldmatrix_x4(bl, kl_s + off);
           mma(s[2 * np], qlo[ks], bh[0], bh[1]);
-          mma(s[2 * np], qhi[ks], bl[0], bl[1]);
+          if constexpr (!DIRECT) mma(s[2 * np], qhi[ks], bl[0], bl[1]);
           mma(s[2 * np + 1], qlo[ks], bh[2], bh[3]);
-          mma(s[2 * np + 1], qhi[ks], bl[2], bl[3]);
+          if constexpr (!DIRECT) mma(s[2 * np + 1], qhi[ks], bl[2], bl[3]);
         }
         mma(s[2 * np], qhi[ks], bh[0], bh[1]);
         mma(s[2 * np + 1], qhi[ks], bh[2], bh[3]);
@@ -470,11 +470,11 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         ldmatrix_x4_trans(bh, vh_s + off);
         if constexpr (EXACT) {
           uint32_t bl[4];
-          ldmatrix_x4_trans(bl, vl_s + off);
+          if constexpr (!DIRECT) ldmatrix_x4_trans(bl, vl_s + off);
           mma(o[2 * dp], pl, bh[0], bh[1]);
-          mma(o[2 * dp], ph, bl[0], bl[1]);
+          if constexpr (!DIRECT) mma(o[2 * dp], ph, bl[0], bl[1]);
           mma(o[2 * dp + 1], pl, bh[2], bh[3]);
-          mma(o[2 * dp + 1], ph, bl[2], bl[3]);
+          if constexpr (!DIRECT) mma(o[2 * dp + 1], ph, bl[2], bl[3]);
         }
         mma(o[2 * dp], ph, bh[0], bh[1]);
         mma(o[2 * dp + 1], ph, bh[2], bh[3]);
@@ -524,11 +524,10 @@ int num_key_tiles(const AttentionArgs& a) {
   return (a.pos + a.m + kTcKeys - 1) / kTcKeys;
 }
 
-// Whether a call takes the kernel's DIRECT path: fast, f16 rows, 16-byte aligned rows.
-bool direct_path(const AttentionArgs& a, bool exact) {
+// Whether a call takes the kernel's DIRECT path: f16 rows, 16-byte aligned rows.
+bool direct_path(const AttentionArgs& a) {
   const uintptr_t bits = reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v);
-  return g_tuning.direct_f16 && !exact && a.kv_dtype == DType::F16 && a.row_stride % 8 == 0 &&
-         bits % 16 == 0;
+  return g_tuning.direct_f16 && a.kv_dtype == DType::F16 && a.row_stride % 8 == 0 && bits % 16 == 0;
 }
 
 size_t planes_bytes(const AttentionArgs& a) {
@@ -595,9 +594,13 @@ void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t str
 
 template <int HD>
 void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t stream, bool exact) {
-  if (exact) return launch_for_head_dim<HD, true, false>(a, scratch, stream);
-  if (direct_path(a, exact)) return launch_for_head_dim<HD, false, true>(a, scratch, stream);
-  launch_for_head_dim<HD, false, false>(a, scratch, stream);
+  if (direct_path(a)) {
+    exact ? launch_for_head_dim<HD, true, true>(a, scratch, stream)
+          : launch_for_head_dim<HD, false, true>(a, scratch, stream);
+  } else {
+    exact ? launch_for_head_dim<HD, true, false>(a, scratch, stream)
+          : launch_for_head_dim<HD, false, false>(a, scratch, stream);
+  }
 }
 
 }  // namespace
@@ -620,8 +623,8 @@ int attention_prefill_tc_query_tiles(const AttentionArgs& a) {
   return (a.m + kTcRows - 1) / kTcRows;
 }
 
-size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a, bool exact) {
-  if (direct_path(a, exact)) return 0;
+size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a) {
+  if (direct_path(a)) return 0;
   return planes_bytes(a) + static_cast<size_t>(a.num_kv_heads) * num_key_tiles(a) * sizeof(int2);
 }
 

@@ -21,9 +21,10 @@ namespace qs::cuda {
 // benchmarks compare both; both compute the same function and are tested).
 struct PrefillAttentionTuning {
   bool tensor_cores = true;  // false: attention_prefill_kernel (attention.cu) for every shape
-  // The fast (exact = false) path over f16 rows reads the rows themselves instead of converted
-  // planes: no conversion pass (whose traffic grows with context^2 / chunk over a prompt) and no
-  // scratch (4 GiB for Llama-2-7B at 128K), the same results. QS_PREFILL_DIRECT=1.
+  // Over f16 rows, read the rows themselves instead of converted planes: no conversion pass
+  // (whose traffic grows with context^2 / chunk over a prompt), no scratch (4 GiB for Llama-2-7B
+  // at 128K), and the exact path drops the products with the rows' lo halves (zeros): two MMAs
+  // per product instead of three. The same results. QS_PREFILL_DIRECT=1.
   bool direct_f16 = false;
 };
 void set_prefill_attention_tuning(const PrefillAttentionTuning& tuning);
@@ -33,10 +34,10 @@ PrefillAttentionTuning prefill_attention_tuning();
 bool attention_prefill_tc_supported(const AttentionArgs& a);
 // Query tiles of the tensor-core kernel (the grid's x): 128 query rows each.
 int attention_prefill_tc_query_tiles(const AttentionArgs& a);
-// Device scratch launch_attention_prefill_tc(a, ..., exact) needs: K/V hi/lo planes of keys
-// [0, pos + m) (as many bytes as f32 K and V rows, whatever the row type) plus one exponent pair
-// per tile; 0 where the direct path runs (direct_f16, exact = false, f16 rows).
-size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a, bool exact = true);
+// Device scratch launch_attention_prefill_tc needs: K/V hi/lo planes of keys [0, pos + m) (as
+// many bytes as f32 K and V rows, whatever the row type) plus one exponent pair per tile; 0 where
+// the direct path runs (direct_f16 with f16 rows).
+size_t attention_prefill_tc_scratch_bytes(const AttentionArgs& a);
 // Causal GQA prefill attention; a.num_splits / a.split_len / partials as planned by the caller
 // (the combine is launched here when num_splits > 1). scratch: >= the bytes above, 16-aligned.
 // exact = false: one MMA per product on the f16 hi parts only (the lo planes are neither loaded

@@ -646,8 +646,7 @@ void CudaBackend::attention_prefill(const float* q, int m, int pos, const Attent
                        : cuda::attention_prefill_query_tiles(a);
   impl_->plan_splits(a, static_cast<int64_t>(tiles) * shape.num_heads, num_splits);
   if (tc) {
-    void* scratch = impl_->attn_tc.ensure(
-        cuda::attention_prefill_tc_scratch_bytes(a, impl_->options.exact_prefill));
+    void* scratch = impl_->attn_tc.ensure(cuda::attention_prefill_tc_scratch_bytes(a));
     cuda::launch_attention_prefill_tc(a, scratch, impl_->stream, impl_->options.exact_prefill);
   } else {
     cuda::launch_attention_prefill(a, impl_->stream);
