@@ -296,10 +296,7 @@ Status Model::prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache&
   QS_TRY(cache.begin_layer_prefill(n));
   ensure_scratch(chunk);
   float* x = normed_->data();
-  for (int start = 0; start < n; start += chunk) {
-    const int m = std::min(chunk, n - start);
-    backend_.embedding(weights_.tok_embeddings, ids.data() + start, m, stream->data() + start * d);
-  }
+  backend_.embedding(weights_.tok_embeddings, ids.data(), n, stream->data());
   // Per chunk the same calls as run()'s: its fused add + norm is the add, then (at the next
   // layer, or the head) the norm, which Backend::add_rmsnorm's contract makes bit-identical.
   const ForwardPath path;  // the original weights, full-precision attention

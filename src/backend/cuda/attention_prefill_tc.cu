@@ -41,6 +41,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/launch.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace qs::cuda {
 
@@ -83,63 +84,16 @@ __device__ __forceinline__ int scale_exponent(float max_abs) {
   return min(max(kTargetExp - floor_log2(max_abs), -kExpClamp), kExpClamp);
 }
 
-// 2^e, exact, for e in [-126, 127].
-__device__ __forceinline__ float pow2(int e) {
-  return __int_as_float((e + 127) << 23);
-}
-
-__device__ __forceinline__ uint32_t as_u32(__half2 h) {
-  return *reinterpret_cast<const uint32_t*>(&h);
-}
-
-// {a, b} (a in the low half) as f16 hi + lo halves.
-__device__ __forceinline__ void split_f16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
-  const __half2 h = __floats2half2_rn(a, b);
-  const float2 hf = __half22float2(h);
-  hi = as_u32(h);
-  lo = as_u32(__floats2half2_rn(a - hf.x, b - hf.y));
-}
-
-// d += A B, m16n8k16, f16 inputs, f32 accumulators.
-__device__ __forceinline__ void mma(float (&d)[4], const uint32_t (&a)[4], uint32_t b0,
-                                    uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, "
-      "{%8, %9}, {%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-__device__ __forceinline__ uint32_t smem_addr(const void* p) {
-  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
-}
-
 // Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
+               : "r"(smem_u32(p)));
 }
 __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* p) {
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_addr(p)));
-}
-
-__device__ __forceinline__ void cp_async_16(void* smem, const void* gmem) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_addr(smem)), "l"(gmem));
-}
-// The same, or 16 zero bytes when !valid (nothing is read from gmem then).
-__device__ __forceinline__ void cp_async_16_zfill(void* smem, const void* gmem, bool valid) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(smem_addr(smem)), "l"(gmem),
-               "r"(valid ? 16 : 0));
-}
-__device__ __forceinline__ void cp_async_commit() {
-  asm volatile("cp.async.commit_group;\n" ::);
-}
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+               : "r"(smem_u32(p)));
 }
 
 __device__ __forceinline__ float max_abs4(float4 v) {
@@ -204,7 +158,7 @@ __global__ void __launch_bounds__(kConvThreads)
     vmax = fmaxf(vmax, red[1][w]);
   }
   const int ek = scale_exponent(kmax), ev = scale_exponent(vmax);
-  const float fk = pow2(ek), fv = pow2(ev);
+  const float fk = exp2i(ek), fv = exp2i(ev);
 
   __half* chunk = planes + chunk_offset<HD>(kvh, tile, num_tiles);
   constexpr int kPlane = kTcKeys * HD;
@@ -297,7 +251,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 2));
       q_exp[h] = scale_exponent(mx[h]);
     }
-    const float fq[2] = {pow2(q_exp[0]), pow2(q_exp[1])};
+    const float fq[2] = {exp2i(q_exp[0]), exp2i(q_exp[1])};
 #pragma unroll
     for (int ks = 0; ks < KS; ++ks) {
 #pragma unroll
@@ -339,8 +293,8 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         const bool valid = key < kv_end;
         const int64_t off = static_cast<int64_t>(valid ? key : 0) * a.row_stride + 8 * c;
         const int plane = row / kTcKeys == 0 ? 0 : 2;  // the hi planes' slots
-        cp_async_16_zfill(dst + (plane * kTcKeys + row % kTcKeys) * LDS + 8 * c,
-                          (plane == 0 ? k_rows : v_rows) + off, valid);
+        cp_async16_zfill(smem_u32(dst + (plane * kTcKeys + row % kTcKeys) * LDS + 8 * c),
+                         (plane == 0 ? k_rows : v_rows) + off, valid ? 16 : 0);
       }
     } else {
       const __half* chunk = planes + chunk_offset<HD>(kvh, kt, num_tiles);
@@ -348,7 +302,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
       for (int i = tid; i < kPieces; i += kTcThreads) {
         const int row = i / kRowPieces, c = i % kRowPieces;  // row over the 4 stacked planes
         if (!EXACT && (row / kTcKeys) % 2 == 1) continue;    // a lo plane: not read
-        cp_async_16(dst + row * LDS + 8 * c, chunk + row * HD + 8 * c);
+        cp_async16(smem_u32(dst + row * LDS + 8 * c), chunk + row * HD + 8 * c);
       }
     }
     cp_async_commit();
@@ -387,18 +341,18 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         if constexpr (EXACT) {
           uint32_t bl[4];
           if constexpr (!DIRECT) ldmatrix_x4(bl, kl_s + off);
-          mma(s[2 * np], qlo[ks], bh[0], bh[1]);
-          if constexpr (!DIRECT) mma(s[2 * np], qhi[ks], bl[0], bl[1]);
-          mma(s[2 * np + 1], qlo[ks], bh[2], bh[3]);
-          if constexpr (!DIRECT) mma(s[2 * np + 1], qhi[ks], bl[2], bl[3]);
+          mma_f16(s[2 * np], qlo[ks], bh[0], bh[1]);
+          if constexpr (!DIRECT) mma_f16(s[2 * np], qhi[ks], bl[0], bl[1]);
+          mma_f16(s[2 * np + 1], qlo[ks], bh[2], bh[3]);
+          if constexpr (!DIRECT) mma_f16(s[2 * np + 1], qhi[ks], bl[2], bl[3]);
         }
-        mma(s[2 * np], qhi[ks], bh[0], bh[1]);
-        mma(s[2 * np + 1], qhi[ks], bh[2], bh[3]);
+        mma_f16(s[2 * np], qhi[ks], bh[0], bh[1]);
+        mma_f16(s[2 * np + 1], qhi[ks], bh[2], bh[3]);
       }
     }
 
     // Online softmax on rows a (c0, c1) and b (c2, c3); a row's 64 keys live in its quad.
-    const float f_a = pow2(-(q_exp[0] + ex.x)), f_b = pow2(-(q_exp[1] + ex.x));
+    const float f_a = exp2i(-(q_exp[0] + ex.x)), f_b = exp2i(-(q_exp[1] + ex.x));
     const int key0 = kt * kTcKeys;
     const bool need_mask =
         key0 < t_begin || key0 + kTcKeys > t_end || key0 + kTcKeys - 1 > qpos_min;
@@ -443,7 +397,7 @@ __global__ void __launch_bounds__(kTcThreads, 1)
     }
     l_run[0] = l_run[0] * corr_a + sum_a;
     l_run[1] = l_run[1] * corr_b + sum_b;
-    const float unit = pow2(ex.y - ev_prev);  // O changes units to this tile's V scale
+    const float unit = exp2i(ex.y - ev_prev);  // O changes units to this tile's V scale
     ev_prev = ex.y;
     const float oc_a = corr_a * unit, oc_b = corr_b * unit;
 #pragma unroll
@@ -471,20 +425,20 @@ __global__ void __launch_bounds__(kTcThreads, 1)
         if constexpr (EXACT) {
           uint32_t bl[4];
           if constexpr (!DIRECT) ldmatrix_x4_trans(bl, vl_s + off);
-          mma(o[2 * dp], pl, bh[0], bh[1]);
-          if constexpr (!DIRECT) mma(o[2 * dp], ph, bl[0], bl[1]);
-          mma(o[2 * dp + 1], pl, bh[2], bh[3]);
-          if constexpr (!DIRECT) mma(o[2 * dp + 1], ph, bl[2], bl[3]);
+          mma_f16(o[2 * dp], pl, bh[0], bh[1]);
+          if constexpr (!DIRECT) mma_f16(o[2 * dp], ph, bl[0], bl[1]);
+          mma_f16(o[2 * dp + 1], pl, bh[2], bh[3]);
+          if constexpr (!DIRECT) mma_f16(o[2 * dp + 1], ph, bl[2], bl[3]);
         }
-        mma(o[2 * dp], ph, bh[0], bh[1]);
-        mma(o[2 * dp + 1], ph, bh[2], bh[3]);
+        mma_f16(o[2 * dp], ph, bh[0], bh[1]);
+        mma_f16(o[2 * dp + 1], ph, bh[2], bh[3]);
       }
     }
     __syncthreads();  // every warp is done with this stage before it is refilled
   }
 
   // Row sums over the quad; O back to true units.
-  const float to_true = pow2(-(kPExp + ev_prev));
+  const float to_true = exp2i(-(kPExp + ev_prev));
   const int64_t num_qv = static_cast<int64_t>(a.m) * a.num_heads;
 #pragma unroll
   for (int h = 0; h < 2; ++h) {

@@ -1339,9 +1339,13 @@ __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(cons
 
 // ---- host side ------------------------------------------------------------------------------
 
+// The f16-operand draft without register prefetch also at this cap: 8 two-warp blocks per SM
+// instead of 6 at 168 (QuantAttentionTuning::direct_regs).
+constexpr int kLightDraftRegs = 128;
+
 // QuantAttentionTuning::direct_regs values (0: automatic; kLightDraftRegs: the light draft).
 bool valid_direct_regs(int regs) {
-  return regs == 0 || regs == 128 || regs == 168 || regs == 192;
+  return regs == 0 || regs == kLightDraftRegs || regs == 168 || regs == 192;
 }
 
 std::mutex g_tuning_mu;
@@ -1393,9 +1397,6 @@ struct KernelChoice {
 // Register cap of the direct kernels with two tiles per warp (the INT8 view only): two O^T tiles
 // of 32 floats each, the folded queries in shared memory; no spill.
 constexpr int kDirectRegsTwoTiles = 255;
-// The f16-operand draft without register prefetch also at this cap: 8 two-warp blocks per SM
-// instead of 6 at 168 (QuantAttentionTuning::direct_regs).
-constexpr int kLightDraftRegs = 128;  // (valid_direct_regs lists it)
 
 // The one-tile direct kernel at register cap `regs`: 168 or 192, and for the f16-operand draft
 // without register prefetch also kLightDraftRegs (more two-warp blocks per SM).
