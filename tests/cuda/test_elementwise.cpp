@@ -29,7 +29,7 @@ TEST_F(CudaOpsTest, EmbeddingMatchesCpuExactly) {
   for (DType dt : kDtypes) {
     const int64_t vocab = 1000, d = 136;
     HostWeight table(random_normal(vocab * d, 1), dt, vocab, d, "embed");
-    for (int m : {1, 7, 64, 65, 300}) {  // 64: largest inline-id launch; beyond: ids uploaded
+    for (int m : {1, 7, 64, 65, 300, 70001}) {  // 64: the most inline ids; 70001: > 65535 blocks
       std::vector<int32_t> ids(m);
       for (int i = 0; i < m; ++i) ids[i] = static_cast<int32_t>((i * 7919 + 13) % vocab);
       ids[0] = static_cast<int32_t>(vocab - 1);

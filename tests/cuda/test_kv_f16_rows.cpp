@@ -394,6 +394,7 @@ TEST_F(CudaOpsTest, F16RowsPrefillDirectEqualsConverted) {
   t.direct_f16 = false;
   cuda::set_prefill_attention_tuning(t);
   EXPECT_GT(cuda::attention_prefill_tc_scratch_bytes(a), 0u);
+  cuda::set_prefill_attention_tuning({});  // the default (direct) for the tests that follow
 }
 
 // ---- the hierarchical view's full-precision rows ----------------------------------------------

@@ -60,14 +60,14 @@ constexpr int kExpClamp = 30;
 constexpr int kPExp = 12;  // P is split as p * 2^12
 constexpr float kPScale = 4096.0f;
 
-// QS_PREFILL_DIRECT=1 starts the process with PrefillAttentionTuning::direct_f16 (end-to-end A/B
-// runs without a rebuild); anything else is ignored with a warning.
+// QS_PREFILL_DIRECT=0 starts the process without PrefillAttentionTuning::direct_f16 (end-to-end
+// A/B runs without a rebuild), 1 with it (the default); anything else is ignored with a warning.
 PrefillAttentionTuning g_tuning = [] {
   PrefillAttentionTuning t;
   if (const char* v = std::getenv("QS_PREFILL_DIRECT")) {
-    if (std::strcmp(v, "1") == 0) {
-      t.direct_f16 = true;
-    } else if (std::strcmp(v, "0") != 0) {
+    if (std::strcmp(v, "0") == 0) {
+      t.direct_f16 = false;
+    } else if (std::strcmp(v, "1") != 0) {
       std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_DIRECT=%s (expected 0 or 1)\n", v);
     }
   }

@@ -30,14 +30,15 @@ template <typename T>
 __global__ void embedding_kernel(const T* table, int64_t cols, const int32_t* ids_device,
                                  InlineIds inline_ids, int m, float* out) {
   pdl_begin();
-  const int i = blockIdx.y;  // token row
-  if (i >= m) return;
-  const int64_t id = ids_device ? ids_device[i] : inline_ids.ids[i];
-  const T* src = table + id * cols;
-  float* dst = out + static_cast<int64_t>(i) * cols;
-  for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
-       j += int64_t(gridDim.x) * blockDim.x) {
-    dst[j] = to_float(src[j]);
+  // Token rows strided over grid.y (at most 65535 blocks): a whole prompt in one launch.
+  for (int i = blockIdx.y; i < m; i += gridDim.y) {
+    const int64_t id = ids_device ? ids_device[i] : inline_ids.ids[i];
+    const T* src = table + id * cols;
+    float* dst = out + static_cast<int64_t>(i) * cols;
+    for (int64_t j = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; j < cols;
+         j += int64_t(gridDim.x) * blockDim.x) {
+      dst[j] = to_float(src[j]);
+    }
   }
 }
 
@@ -302,11 +303,11 @@ void launch_argmax_rows(const float* x, int rows, int n, int32_t* out, cudaStrea
 
 void launch_embedding(const DeviceMatrix& table, const int32_t* ids_device,
                       const InlineIds& inline_ids, int m, float* out, cudaStream_t stream) {
-  QS_CHECK(m >= 1 && m <= 65535);
+  QS_CHECK(m >= 1);
   QS_CHECK(ids_device != nullptr || m <= kMaxInlineIds);
   const dim3 grid(
       static_cast<unsigned>(std::min<int64_t>((table.cols + kThreads - 1) / kThreads, 64)),
-      static_cast<unsigned>(m));
+      static_cast<unsigned>(std::min(m, 65535)));
   switch (table.dtype) {
     case DType::F32:
       launch(embedding_kernel<float>, grid, kThreads, 0, stream,
