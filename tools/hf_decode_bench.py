@@ -8,8 +8,8 @@ row of docs/RESULTS.md. Writes the same JSON as `quantspec bench -o` (bench_mode
 
 Per context: a seeded random prompt (or the start of --prompt-tokens), greedy generation of
 --tokens new tokens (EOS ignored). Decode time = time(generate N+1 tokens) - time(generate 1
-token) (the latter is the prefill plus one step), divided by N; each the median of 3 runs after
-a warm-up run.
+token) (the latter is the prefill plus one step), divided by N; each the median of --repeats
+runs (default 3) after a warm-up run.
 --static uses transformers' static KV cache (on CUDA generate then compiles the decoding step
 with torch.compile, "reduce-overhead": the issue's "compiled HF" peer).
 """
@@ -32,6 +32,8 @@ def main():
     ap.add_argument("--static", action="store_true", help="static KV cache (+ compiled decode)")
     ap.add_argument("--prompt-tokens", help="raw little-endian u16 token file for the prompts")
     ap.add_argument("--attn", default="sdpa", help="attn_implementation (sdpa, eager, ...)")
+    ap.add_argument("--repeats", type=int, default=3,
+                    help="timed runs per length (median); 1 for large models at long context")
     ap.add_argument("-o", "--out", required=True)
     args = ap.parse_args()
 
@@ -40,8 +42,8 @@ def main():
     from transformers import AutoModelForCausalLM
 
     contexts = [int(c) for c in args.contexts.split(",")]
-    if min(contexts) < 1 or args.tokens < 1:
-        sys.exit("hf_decode_bench: contexts and --tokens must be >= 1")
+    if min(contexts) < 1 or args.tokens < 1 or args.repeats < 1:
+        sys.exit("hf_decode_bench: contexts, --tokens and --repeats must be >= 1")
     dtype = getattr(torch, args.dtype)
     model = AutoModelForCausalLM.from_pretrained(args.model, dtype=dtype,
                                                  attn_implementation=args.attn)
@@ -79,7 +81,7 @@ def main():
               "commit": os.environ.get("QS_COMMIT", "unknown"),
               "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "transformers": transformers.__version__, "torch": torch.__version__,
-              "dtype": args.dtype, "static_cache": args.static,
+              "dtype": args.dtype, "static_cache": args.static, "repeats": args.repeats,
               "generated_tokens": args.tokens, "temperature": 0.0,
               "config": {"layers": model.config.num_hidden_layers,
                          "hidden": model.config.hidden_size,
@@ -96,9 +98,9 @@ def main():
         generate(ids, 2)  # warm-up (compilation with --static)
         if cuda:
             torch.cuda.reset_peak_memory_stats()
-        # Medians of 3: the difference of two timings is noisy for small models.
-        t_one = float(np.median([generate(ids, 1) for _ in range(3)]))
-        t_all = float(np.median([generate(ids, args.tokens + 1) for _ in range(3)]))
+        # Medians: the difference of two timings is noisy for small models.
+        t_one = float(np.median([generate(ids, 1) for _ in range(args.repeats)]))
+        t_all = float(np.median([generate(ids, args.tokens + 1) for _ in range(args.repeats)]))
         decode_s = max(t_all - t_one, 1e-9)
         peak = torch.cuda.max_memory_allocated() if cuda else -1
         row = {"bench_mode": "hf-transformers", "mode": "hf", "context": ctx, "repeat": 0,

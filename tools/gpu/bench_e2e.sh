@@ -19,7 +19,7 @@
 # default 128; a list such as "256,2048" runs each into e2e-<model>-n<N>.*), QS_E2E_GAMMAS
 # (default 2,4,6), QS_E2E_MODES, QS_E2E_CONTEXTS (one list for every model instead of the
 # defaults below), QS_E2E_HF (set: also time HF transformers on the same model and contexts,
-# tools/hf_decode_bench.py), OUT.
+# tools/hf_decode_bench.py; QS_E2E_HF_REPEATS timed runs per length, default 3), OUT.
 set -uo pipefail
 
 source "$(dirname "$0")/lib.sh"
@@ -68,7 +68,7 @@ for name in ${QS_E2E:-default llama2-7b llama3.1-8b}; do
     if [[ -n ${QS_E2E_HF:-} && $name != default ]]; then
       # The "what people use today" row: HF transformers, bf16, static cache + compiled decode.
       python3 tools/hf_decode_bench.py --model "$dir" --contexts "$ctx" --tokens "$n" \
-        --device cuda --dtype bfloat16 --static -o "$out/hf-$tag.json" 2>"$out/hf-$tag.err" |
+        --device cuda --dtype bfloat16 --static --repeats "${QS_E2E_HF_REPEATS:-3}" -o "$out/hf-$tag.json" 2>"$out/hf-$tag.err" |
         tee "$out/hf-$tag.txt"
     fi
   done
