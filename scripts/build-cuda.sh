@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Compile the CUDA backend, its conformance tests and the quantspec CLI with --device cuda (sm_90)
+# Compile the CUDA backend, its conformance tests and the quantspec CLI with --device cuda (sm_90a unless CMAKE_CUDA_ARCHITECTURES says otherwise)
 # into build-cuda/.
 # Needs nvcc, not a GPU: CI runs this to keep the CUDA code compiling; the GPU machine runs the
 # results through tools/gpu/check.sh.

@@ -136,10 +136,10 @@ std::vector<std::pair<std::string, std::string>> kernel_switches() {
   // Read by src/backend/cuda (attention_quant.cu, gemv.cu, gemv_q4.cu, attention_decode_tc.cu,
   // cuda_backend.cu) and src/engine/llm_engine.cpp.
   static const char* const kNames[] = {
-      "QS_CUDA_PDL",         "QS_CUDA_SYNC",     "QS_CUDA_ARGMAX",        "QS_DECODE_TC",
-      "QS_GEMV_RING",        "QS_Q4_KERNEL",     "QS_Q4_STAGES",          "QS_DIRECT_RING",
-      "QS_DIRECT_TILES",     "QS_DIRECT_REGS",   "QS_DRAFT_REG_PREFETCH", "QS_PROFILE_DECODE",
-      "QS_PREFILL_BY_CHUNK", "QS_PREFILL_DIRECT"};
+      "QS_CUDA_PDL",         "QS_CUDA_SYNC",      "QS_CUDA_ARGMAX",        "QS_DECODE_TC",
+      "QS_GEMV_RING",        "QS_Q4_KERNEL",      "QS_Q4_STAGES",          "QS_DIRECT_RING",
+      "QS_DIRECT_TILES",     "QS_DIRECT_REGS",    "QS_DRAFT_REG_PREFETCH", "QS_PROFILE_DECODE",
+      "QS_PREFILL_BY_CHUNK", "QS_PREFILL_DIRECT", "QS_PREFILL_WGMMA"};
   std::vector<std::pair<std::string, std::string>> set;
   for (const char* name : kNames) {
     if (const char* v = std::getenv(name)) set.emplace_back(name, v);

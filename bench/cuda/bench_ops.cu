@@ -36,6 +36,7 @@
 
 #include "backend/cuda/attention_decode_tc.h"
 #include "backend/cuda/attention_prefill_tc.h"
+#include "backend/cuda/attention_prefill_wgmma.h"
 #include "backend/cuda/attention_quant.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -434,7 +435,9 @@ void bench_prefill(CudaBackend& be, CudaBackend& fast) {
 // `fast`: a backend with exact_prefill = false (one f16 MMA per product on tensor cores).
 // "f16 rows" runs both paths over f16 rows (the engine's GPU default) as a prefill does it, in
 // chunks of 2048 queries (the conversion pass reconverts the whole history per chunk), with the
-// planes ("conv") and reading the rows directly ("direct", PrefillAttentionTuning::direct_f16).
+// planes ("conv") and reading the rows directly ("direct", PrefillAttentionTuning::direct_f16),
+// and where available the Hopper wgmma kernel on the direct path ("wgmma",
+// PrefillAttentionTuning::wgmma).
 void bench_prefill_attention(CudaBackend& be, CudaBackend& fast, bool quick) {
   const cuda::PrefillAttentionTuning saved = cuda::prefill_attention_tuning();
   for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
@@ -478,10 +481,15 @@ void bench_prefill_attention(CudaBackend& be, CudaBackend& fast, bool quick) {
       KvView rows16{k16->ptr, v16->ptr, kv_dim, m};
       rows16.row_dtype = DType::F16;
       constexpr int kChunk = 2048;
+      const bool wgmma = cuda::attention_prefill_wgmma_available();
       for (CudaBackend* b : {&be, &fast}) {
-        for (bool direct : {false, true}) {
+        constexpr const char* kModeNames[] = {"conv", "direct", "wgmma"};
+        for (int mode : {0, 1, 2}) {
+          if (mode == 2 && !wgmma) continue;
+          const bool direct = mode > 0;
           cuda::PrefillAttentionTuning t;
           t.direct_f16 = direct;
+          t.wgmma = mode == 2;
           cuda::set_prefill_attention_tuning(t);
           const double ms = time_ms(
               static_cast<cudaStream_t>(b->stream()),
@@ -496,7 +504,7 @@ void bench_prefill_attention(CudaBackend& be, CudaBackend& fast, bool quick) {
           summary(
               "| attn prefill %-11s f16 rows %-5s %-6s chunks of %d m=%-6d | %9.2f ms | %6.1f "
               "TFLOP/s | x%d layers %7.2f s |",
-              sh->model, b == &be ? "exact" : "fast", direct ? "direct" : "conv", kChunk, m, ms,
+              sh->model, b == &be ? "exact" : "fast", kModeNames[mode], kChunk, m, ms,
               flops / (ms * 1e-3) / 1e12, sh->layers, ms * sh->layers * 1e-3);
         }
       }

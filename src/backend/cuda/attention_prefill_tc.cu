@@ -38,6 +38,7 @@
 #include <cstring>
 
 #include "backend/cuda/attention_prefill_tc.h"
+#include "backend/cuda/attention_prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/launch.cuh"
@@ -61,7 +62,8 @@ constexpr int kPExp = 12;  // P is split as p * 2^12
 constexpr float kPScale = 4096.0f;
 
 // QS_PREFILL_DIRECT=0 starts the process without PrefillAttentionTuning::direct_f16 (end-to-end
-// A/B runs without a rebuild), 1 with it (the default); anything else is ignored with a warning.
+// A/B runs without a rebuild), 1 with it (the default); QS_PREFILL_WGMMA=1 with
+// PrefillAttentionTuning::wgmma, 0 without (the default); anything else is ignored with a warning.
 PrefillAttentionTuning g_tuning = [] {
   PrefillAttentionTuning t;
   if (const char* v = std::getenv("QS_PREFILL_DIRECT")) {
@@ -69,6 +71,13 @@ PrefillAttentionTuning g_tuning = [] {
       t.direct_f16 = false;
     } else if (std::strcmp(v, "1") != 0) {
       std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_DIRECT=%s (expected 0 or 1)\n", v);
+    }
+  }
+  if (const char* v = std::getenv("QS_PREFILL_WGMMA")) {
+    if (std::strcmp(v, "1") == 0) {
+      t.wgmma = true;
+    } else if (std::strcmp(v, "0") != 0) {
+      std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_WGMMA=%s (expected 0 or 1)\n", v);
     }
   }
   return t;
@@ -548,7 +557,9 @@ void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t str
 
 template <int HD>
 void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t stream, bool exact) {
-  if (direct_path(a)) {
+  if (direct_path(a) && g_tuning.wgmma && attention_prefill_wgmma_supported(a, exact)) {
+    launch_attention_prefill_wgmma(a, stream, exact);
+  } else if (direct_path(a)) {
     exact ? launch_for_head_dim<HD, true, true>(a, scratch, stream)
           : launch_for_head_dim<HD, false, true>(a, scratch, stream);
   } else {

@@ -27,6 +27,10 @@ struct PrefillAttentionTuning {
   // per product instead of three. The same results; measured faster (session 16: exact 1.43x,
   // fast 1.17x at 128K). Default; QS_PREFILL_DIRECT=0 turns it off (A/B runs).
   bool direct_f16 = true;
+  // On the direct path, the Hopper wgmma kernel (attention_prefill_wgmma.h) where it is available
+  // (an sm_90a build on an sm_90 device) and supports the call (head_dim 64/128); elsewhere the
+  // mma.sync kernel. Opt-in while unmeasured; QS_PREFILL_WGMMA=1.
+  bool wgmma = false;
 };
 void set_prefill_attention_tuning(const PrefillAttentionTuning& tuning);
 PrefillAttentionTuning prefill_attention_tuning();
