@@ -23,6 +23,7 @@ import statistics
 import sys
 
 BASELINES = ("ar-fp16", "ar-int8")
+HF_MODE = "hf-transformers"  # bench_mode of tools/hf_decode_bench.py's rows
 ALPHAS = (0.85, 0.90, 0.95)
 
 
@@ -58,8 +59,12 @@ def load(paths):
 def merge(reports, name):
     """One report of every run in `reports` (all of one model: the same config), named `name`."""
     first = reports[0]
+    def same_model(a, b):  # the keys both files record agree (older files record fewer)
+        a, b = a.get("config") or {}, b.get("config") or {}
+        return all(a[k] == b[k] for k in a.keys() & b.keys())
+
     for r in reports[1:]:
-        if r.get("config") != first.get("config"):
+        if not same_model(r, first):
             sys.exit(f"bench_report: --merge: {r['_path']} is another model than {first['_path']}")
     merged = dict(first)
     merged["runs"] = [run for r in reports for run in r["runs"]]
@@ -187,7 +192,10 @@ def projection_lines(cs, best):
                   key=lambda k: (k[1], k[0], k[2]))
     if not spec:
         return []
-    head = " | ".join(f"α={a:.2f}: ms/token (vs AR fp16, vs AR INT8)" for a in ALPHAS)
+    # HF transformers' decode (tools/hf_decode_bench.py) is a third reference where it ran.
+    refs = BASELINES + ((HF_MODE,) if any(m == HF_MODE for m, _ in best) else ())
+    names = "vs AR fp16, vs AR INT8" + (", vs HF" if len(refs) > 2 else "")
+    head = " | ".join(f"α={a:.2f}: ms/token ({names})" for a in ALPHAS)
     lines = ["", "Projected from the measured phases (ms/token = (γ·draft + verify + host) / "
              "E[tokens per round]; host = sampling + flush per round):", "",
              f"| mode | context | γ | draft ms/step | verify ms/round | host ms/round | {head} |",
@@ -199,8 +207,8 @@ def projection_lines(cs, best):
         for a in ALPHAS:
             ms = cell_projected_ms(c, g, a)
             vs = [f"{best[(b, ctx)]['ms_per_token'] / ms:.2f}x" if (b, ctx) in best else "-"
-                  for b in BASELINES]
-            parts.append(f"{ms:.2f} ({vs[0]}, {vs[1]})")
+                  for b in refs]
+            parts.append(f"{ms:.2f} ({', '.join(vs)})")
         lines.append(f"| {mode} | {ctx} | {g} | {c['draft_ms_per_step']:.3f} | "
                      f"{c['verify_ms_per_step']:.3f} | {host:.3f} | " + " | ".join(parts) + " |")
     return lines

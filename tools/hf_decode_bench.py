@@ -128,6 +128,8 @@ def main():
               "prefill_chunk": args.prefill_chunk if args.static else None,
               "generated_tokens": args.tokens, "temperature": 0.0,
               "config": {"layers": model.config.num_hidden_layers,
+                         "head_dim": getattr(model.config, "head_dim", None) or
+                         model.config.hidden_size // model.config.num_attention_heads,
                          "hidden": model.config.hidden_size,
                          "heads": model.config.num_attention_heads,
                          "kv_heads": model.config.num_key_value_heads,

@@ -602,6 +602,36 @@ def test_bench_report_merge_and_projected_plot(tmp_path):
     assert p.returncode != 0 and "another model" in p.stderr
 
 
+def test_bench_report_hf_reference(tmp_path):
+    """tools/hf_decode_bench.py's rows merge with `quantspec bench` files of the same model (the
+    config keys both record must agree) and add a "vs HF" speedup to the projection."""
+    def run(mode, ms, gamma=0, draft=0.0, verify=0.0):
+        return {"bench_mode": mode, "context": 1000, "gamma": gamma, "ms_per_token": ms,
+                "decode_tok_s": 1000.0 / ms, "acceptance_rate": 0.0, "mean_accepted_length": 1.0,
+                "draft_ms_per_step": draft, "verify_ms_per_step": verify, "prefill_s": 0.1,
+                "drafted": 8 if gamma else 0}
+    ours = {"command": "bench", "model": "m", "config": {"layers": 2, "hidden": 64, "vocab": 9},
+            "runs": [run("ar-fp16", 12.0), run("ar-int8", 9.0),
+                     run("quantspec", 30.0, 4, 6.0, 10.0)]}
+    hf = {"command": "bench", "tool": "hf_decode_bench", "model": "m",
+          "config": {"layers": 2, "hidden": 64}, "runs": [run("hf-transformers", 16.6)]}
+    pa, pb = tmp_path / "ours.json", tmp_path / "hf.json"
+    pa.write_text(json.dumps(ours))
+    pb.write_text(json.dumps(hf))
+    tool = os.path.join(REPO, "tools", "bench_report.py")
+    md = subprocess.run([sys.executable, tool, str(pa), str(pb), "--merge", "m"], check=True,
+                        capture_output=True, text=True).stdout
+    assert "| 1000 | hf-transformers |" in md
+    row = next(line for line in md.splitlines() if line.startswith("| quantspec | 1000 | 4 |"))
+    # α = 0.9: 8.30 ms/token (see test_bench_report_projection); 16.6 / 8.30 = 2.00x.
+    assert "8.30 (1.45x, 1.08x, 2.00x)" in row, row
+    hf["config"]["hidden"] = 128
+    pb.write_text(json.dumps(hf))
+    p = subprocess.run([sys.executable, tool, str(pa), str(pb), "--merge", "m"],
+                       capture_output=True, text=True)
+    assert p.returncode != 0 and "another model" in p.stderr
+
+
 def test_bench_bad_input(qs, tmp_path):
     p = qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "40", "--modes", "fast",
            check=False)
