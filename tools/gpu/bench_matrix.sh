@@ -11,8 +11,10 @@
 # Environment: QS_MATRIX_CONTEXTS (default 4096,8192,16384,32768,65536,131072), QS_MATRIX_MODES
 # (default ar-fp16,ar-int8,quantspec,streamingllm,snapkv), QS_MATRIX_TOKENS (default 256; a list
 # such as 256,2048 as in bench_e2e.sh), QS_MATRIX_GAMMAS (default 3), QS_MATRIX_DEADLINE
-# (seconds; default none), OUT. Writes OUT/n<N>/<shape>-<mode>/e2e-<shape>.json per generation
-# length N, the tables of every mode in OUT/tables-<shape>-n<N>.txt and the merged report
+# (seconds; default none), QS_MATRIX_HF (set: also HF transformers' compiled decode over the same
+# contexts, tools/hf_decode_bench.py --static --repeats 1, into OUT/n<N>/<shape>-hf/ and the
+# report), OUT. Writes OUT/n<N>/<shape>-<mode>/e2e-<shape>.json per generation length N, the
+# tables of every mode in OUT/tables-<shape>-n<N>.txt and the merged report
 # OUT/report-<shape>-n<N>.md.
 set -uo pipefail
 
@@ -40,8 +42,23 @@ for n in ${tokens//,/ }; do
     # when it cannot run at all.
     echo "bench_matrix: $shape $mode, $n tokens: $( ((rc == 0)) && echo ran || echo "FAILED (rc $rc)") at $SECONDS s"
   done
+  if [[ -n ${QS_MATRIX_HF:-} ]]; then
+    if [[ -n $deadline ]] && ((SECONDS > deadline)); then
+      echo "bench_matrix: skipped $shape hf, $n tokens (deadline: $SECONDS s > $deadline s)"
+    else
+      dir=$out/n$n/$shape-hf
+      mkdir -p "$dir"
+      (cd "$(dirname "$0")/../.." && source tools/gpu/lib.sh && qs_make_model "$shape")
+      python3 "$(dirname "$0")/../hf_decode_bench.py" --model "/tmp/qs-$shape" --contexts "$contexts" \
+        --tokens "$n" --device cuda --dtype bfloat16 --static --repeats 1 \
+        -o "$dir/hf-$shape.json" >"$dir/hf-$shape.txt" 2>"$dir/hf-$shape.err"
+      rc=$?
+      cat "$dir/hf-$shape.txt" >>"$out/tables-$shape-n$n.txt"
+      echo "bench_matrix: $shape hf, $n tokens: $( ((rc == 0)) && echo ran || echo "FAILED (rc $rc)") at $SECONDS s"
+    fi
+  fi
   shopt -s nullglob
-  files=("$out/n$n/$shape"-*/e2e-*.json)
+  files=("$out/n$n/$shape"-*/e2e-*.json "$out/n$n/$shape"-hf/hf-*.json)
   if ((${#files[@]})); then
     python3 "$(dirname "$0")/../bench_report.py" "${files[@]}" --merge "$shape" \
       --markdown "$out/report-$shape-n$n.md" || echo "bench_matrix: no report for $n tokens"
