@@ -73,6 +73,24 @@ inline std::vector<float> random_normal(size_t n, uint64_t seed, float stddev = 
   return v;
 }
 
+// K or V rows over many decades, for f16 rows: key magnitudes 10^[-2, 0.5] (scores stay within
+// ~10, so that the f32 reference is well conditioned), value magnitudes 10^[-6, 4.8] (f16
+// subnormals up to the f16 maximum), zero rows, a constant key channel (kv head 0, channel 1).
+inline std::vector<float> wild_f16_rows(int len, int64_t stride, uint64_t seed, bool key) {
+  std::vector<float> x = random_normal(size_t(len) * stride, seed);
+  for (int t = 0; t < len; ++t) {
+    const float mag = key ? std::pow(10.0f, -0.75f + 1.25f * std::sin(0.31f * float(t)))
+                          : std::pow(10.0f, 0.6f - 5.4f * std::cos(0.17f * float(t)));
+    for (int64_t i = 0; i < stride; ++i) {
+      float& e = x[size_t(t * stride + i)];
+      e = t % 97 == 50 ? 0.0f : std::clamp(e * mag, -65504.0f, 65504.0f);
+    }
+    if (!key && t % 61 == 3) x[size_t(t * stride)] = 65504.0f;
+    if (key) x[size_t(t * stride + 1)] = 3.0f;
+  }
+  return x;
+}
+
 // Device memory holding a copy of host data (or n uninitialized floats).
 class DeviceArray {
  public:
@@ -207,5 +225,61 @@ inline bool draft_f16_attention(const CudaBackend& gpu, const float* q, int m, i
   a.exact_draft = gpu.options().exact_draft_attention;
   return cuda::plan_attention_quant(a, 1).draft_f16;
 }
+
+// Rows as f16 bits and as the f32 values those bits hold (host), and device copies of both.
+struct F16Kv {
+  int len, kv_heads, head_dim;
+  int64_t stride;
+  std::vector<uint16_t> k16, v16;
+  std::vector<float> k32, v32;
+  std::unique_ptr<DeviceBytes> k16_dev, v16_dev;
+  std::unique_ptr<DeviceArray> k32_dev, v32_dev;
+
+  // kf, vf: the values before rounding (stride-padded rows).
+  F16Kv(Backend& gpu, int len_, int kvh, int hd, int64_t pad, const std::vector<float>& kf,
+        const std::vector<float>& vf)
+      : len(len_), kv_heads(kvh), head_dim(hd), stride(int64_t{kvh} * hd + pad) {
+    round(kf, k16, k32);
+    round(vf, v16, v32);
+    k16_dev = std::make_unique<DeviceBytes>(gpu, k16);
+    v16_dev = std::make_unique<DeviceBytes>(gpu, v16);
+    k32_dev = std::make_unique<DeviceArray>(gpu, k32);
+    v32_dev = std::make_unique<DeviceArray>(gpu, v32);
+  }
+  F16Kv(Backend& gpu, int len_, int kvh, int hd, int64_t pad, uint64_t seed)
+      : F16Kv(gpu, len_, kvh, hd, pad,
+              random_normal(size_t(len_) * (int64_t{kvh} * hd + pad), seed),
+              random_normal(size_t(len_) * (int64_t{kvh} * hd + pad), seed + 1)) {}
+
+  static void round(const std::vector<float>& x, std::vector<uint16_t>& h, std::vector<float>& f) {
+    h.resize(x.size());
+    f.resize(x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      h[i] = f32_to_f16_sat(x[i]);
+      f[i] = f16_to_f32(h[i]);
+    }
+  }
+
+  // Views of rows [fp_base, len) (row 0 = position fp_base): host f16 (CPU), device f16, device
+  // f32 of the same values.
+  KvView cpu_view(int fp_base = 0) const {
+    KvView v{k16.data() + fp_base * stride, v16.data() + fp_base * stride, stride, len};
+    v.row_dtype = DType::F16;
+    v.fp_base = fp_base;
+    return v;
+  }
+  KvView gpu_view(int fp_base = 0) const {
+    KvView v{k16_dev->as<const uint16_t>() + fp_base * stride,
+             v16_dev->as<const uint16_t>() + fp_base * stride, stride, len};
+    v.row_dtype = DType::F16;
+    v.fp_base = fp_base;
+    return v;
+  }
+  KvView gpu_view_f32(int fp_base = 0) const {
+    KvView v{k32_dev->data() + fp_base * stride, v32_dev->data() + fp_base * stride, stride, len};
+    v.fp_base = fp_base;
+    return v;
+  }
+};
 
 }  // namespace qs::testing

@@ -38,70 +38,16 @@ namespace {
 using testing::CudaOpsTest;
 using testing::DeviceArray;
 using testing::DeviceBytes;
+using testing::F16Kv;
 using testing::random_normal;
 using testing::rel_error;
+using testing::wild_f16_rows;
 
 constexpr double kSameValuesTol = 1e-6;  // GPU over f16 rows vs GPU over the same values as f32
 
 double tolerance(int kv_len) {
   return kv_len <= 4099 ? 2e-5 : 5e-5;
 }
-
-// Rows as f16 bits and as the f32 values those bits hold (host), and device copies of both.
-struct F16Kv {
-  int len, kv_heads, head_dim;
-  int64_t stride;
-  std::vector<uint16_t> k16, v16;
-  std::vector<float> k32, v32;
-  std::unique_ptr<DeviceBytes> k16_dev, v16_dev;
-  std::unique_ptr<DeviceArray> k32_dev, v32_dev;
-
-  // kf, vf: the values before rounding (stride-padded rows).
-  F16Kv(CudaBackend& gpu, int len_, int kvh, int hd, int64_t pad, const std::vector<float>& kf,
-        const std::vector<float>& vf)
-      : len(len_), kv_heads(kvh), head_dim(hd), stride(int64_t{kvh} * hd + pad) {
-    round(kf, k16, k32);
-    round(vf, v16, v32);
-    k16_dev = std::make_unique<DeviceBytes>(gpu, k16);
-    v16_dev = std::make_unique<DeviceBytes>(gpu, v16);
-    k32_dev = std::make_unique<DeviceArray>(gpu, k32);
-    v32_dev = std::make_unique<DeviceArray>(gpu, v32);
-  }
-  F16Kv(CudaBackend& gpu, int len_, int kvh, int hd, int64_t pad, uint64_t seed)
-      : F16Kv(gpu, len_, kvh, hd, pad,
-              random_normal(size_t(len_) * (int64_t{kvh} * hd + pad), seed),
-              random_normal(size_t(len_) * (int64_t{kvh} * hd + pad), seed + 1)) {}
-
-  static void round(const std::vector<float>& x, std::vector<uint16_t>& h, std::vector<float>& f) {
-    h.resize(x.size());
-    f.resize(x.size());
-    for (size_t i = 0; i < x.size(); ++i) {
-      h[i] = f32_to_f16_sat(x[i]);
-      f[i] = f16_to_f32(h[i]);
-    }
-  }
-
-  // Views of rows [fp_base, len) (row 0 = position fp_base): host f16 (CPU), device f16, device
-  // f32 of the same values.
-  KvView cpu_view(int fp_base = 0) const {
-    KvView v{k16.data() + fp_base * stride, v16.data() + fp_base * stride, stride, len};
-    v.row_dtype = DType::F16;
-    v.fp_base = fp_base;
-    return v;
-  }
-  KvView gpu_view(int fp_base = 0) const {
-    KvView v{k16_dev->as<const uint16_t>() + fp_base * stride,
-             v16_dev->as<const uint16_t>() + fp_base * stride, stride, len};
-    v.row_dtype = DType::F16;
-    v.fp_base = fp_base;
-    return v;
-  }
-  KvView gpu_view_f32(int fp_base = 0) const {
-    KvView v{k32_dev->data() + fp_base * stride, v32_dev->data() + fp_base * stride, stride, len};
-    v.fp_base = fp_base;
-    return v;
-  }
-};
 
 std::string describe(const F16Kv& kv, int num_heads, int m, int splits) {
   return "f16 rows kv_len=" + std::to_string(kv.len) + " head_dim=" + std::to_string(kv.head_dim) +
@@ -263,24 +209,6 @@ TEST_F(CudaOpsTest, F16RowsDecodeTcSanitizerSubset) {
   report("f16 rows: decode tensor cores, sanitizer subset", worst);
 }
 
-// Rows over many decades: key magnitudes 10^[-2, 0.5] (scores stay within ~10, so that the f32
-// reference is well conditioned, as in test_attention_prefill_tc.cpp), value magnitudes
-// 10^[-6, 4.8] (f16 subnormals up to the f16 maximum), a constant key channel, zero rows.
-std::vector<float> wild(int len, int64_t stride, uint64_t seed, bool key) {
-  std::vector<float> x = random_normal(size_t(len) * stride, seed);
-  for (int t = 0; t < len; ++t) {
-    const float mag = key ? std::pow(10.0f, -0.75f + 1.25f * std::sin(0.31f * float(t)))
-                          : std::pow(10.0f, 0.6f - 5.4f * std::cos(0.17f * float(t)));
-    for (int64_t i = 0; i < stride; ++i) {
-      float& e = x[size_t(t * stride + i)];
-      e = t % 97 == 50 ? 0.0f : std::clamp(e * mag, -65504.0f, 65504.0f);
-    }
-    if (!key && t % 61 == 3) x[size_t(t * stride)] = 65504.0f;
-    if (key) x[size_t(t * stride + 1)] = 3.0f;  // kv head 0, channel 1: constant
-  }
-  return x;
-}
-
 TEST_F(CudaOpsTest, F16RowsPrefillAttentionBothKernels) {
   TuningGuard guard;
   Worst tc, f32;
@@ -310,7 +238,8 @@ TEST_F(CudaOpsTest, F16RowsPrefillAttentionBothKernels) {
   for (int hd : {64, 128}) {
     const int len = 700;
     const int64_t stride = int64_t{kKvHeads} * hd;
-    F16Kv kv(gpu(), len, kKvHeads, hd, 0, wild(len, stride, 8, true), wild(len, stride, 9, false));
+    F16Kv kv(gpu(), len, kKvHeads, hd, 0, wild_f16_rows(len, stride, 8, true),
+             wild_f16_rows(len, stride, 9, false));
     for (float q_scale : {0.1f, 1.0f}) {
       run_plain(gpu(), cpu(), kv, 8, 300, Path::kPrefillTc, 0, ++seed, tc, q_scale);
       run_plain(gpu(), cpu(), kv, 8, 300, Path::kPrefillF32, 0, ++seed, f32, q_scale);
@@ -375,7 +304,8 @@ TEST_F(CudaOpsTest, F16RowsPrefillDirectEqualsConverted) {
     for (int hd : {64, 128}) {
       const int len = 700;
       const int64_t stride = int64_t{kKvHeads} * hd;
-      F16Kv kv(be, len, kKvHeads, hd, 0, wild(len, stride, 8, true), wild(len, stride, 9, false));
+      F16Kv kv(be, len, kKvHeads, hd, 0, wild_f16_rows(len, stride, 8, true),
+               wild_f16_rows(len, stride, 9, false));
       both(kv, 8, 300, 0, false);
     }
   }
@@ -423,8 +353,10 @@ struct QuantF16Kv {
       cpu.quantize_kv(rows.k16.data(), rows.v16.data(), DType::F16, rows.stride, kKvHeads, hd, 0,
                       groups, out);
     }
-    for (const auto* a : {&ku, &kl, &vu, &vl}) dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
-    for (const auto* a : {&ks, &km, &vs, &vm}) dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
+    for (const auto* a : {&ku, &kl, &vu, &vl})
+      dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
+    for (const auto* a : {&ks, &km, &vs, &vm})
+      dev.push_back(std::make_unique<DeviceBytes>(gpu, *a));
   }
 
   QuantizedKvSegment segment(bool int8, bool device) const {
@@ -673,8 +605,8 @@ TEST_F(CudaOpsTest, F16RowsStoreKvRowsMatchesTheCpuBits) {
        {std::tuple{4000, 0, 0}, {5001, 0, 0}, {1, 0, 0}, {1000, 1, 0}, {1000, 0, 1}}) {
     const std::vector<uint16_t> poison(size_t(n) + 8, 0x7e01);
     DeviceBytes dst(gpu(), poison);
-    gpu().store_kv_rows(dst.as<uint16_t>() + dst_off, DType::F16,
-                        src_dev.data() + src_off, size_t(n));
+    gpu().store_kv_rows(dst.as<uint16_t>() + dst_off, DType::F16, src_dev.data() + src_off,
+                        size_t(n));
     const std::vector<uint8_t> bytes = dst.to_host();
     std::vector<uint16_t> got(poison.size());
     std::memcpy(got.data(), bytes.data(), got.size() * 2);

@@ -643,10 +643,17 @@ bool attention_prefill_wgmma_available() {
 bool attention_prefill_wgmma_supported(const AttentionArgs& a, bool exact) {
   (void)exact;  // both paths
   const uintptr_t kv_bits = reinterpret_cast<uintptr_t>(a.k) | reinterpret_cast<uintptr_t>(a.v);
-  return (a.head_dim == 64 || a.head_dim == 128) && a.kv_dtype == DType::F16 && !a.selected &&
-         a.row_stride % 8 == 0 && kv_bits % 16 == 0 &&
-         a.pos + static_cast<int64_t>(a.m) + kKeys < (int64_t{1} << 31) &&
-         attention_prefill_wgmma_available();
+  if (!((a.head_dim == 64 || a.head_dim == 128) && a.kv_dtype == DType::F16 && !a.selected &&
+        a.row_stride % 8 == 0 && kv_bits % 16 == 0 &&
+        a.pos + static_cast<int64_t>(a.m) + kKeys < (int64_t{1} << 31) &&
+        attention_prefill_wgmma_available())) {
+    return false;
+  }
+  // The head_dim 128 variant takes 225 KB of shared memory (7 slots of 32 KB + the alignment
+  // slack): a device (or a partition of one) that cannot opt in to that much falls back instead
+  // of failing cudaFuncSetAttribute at the launch.
+  const size_t smem = a.head_dim == 128 ? WgLayout<128>::kSmemBytes : WgLayout<64>::kSmemBytes;
+  return smem <= max_smem_per_block();
 }
 
 int64_t attention_prefill_wgmma_launches() {

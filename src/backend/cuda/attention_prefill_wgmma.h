@@ -19,7 +19,8 @@ namespace qs::cuda {
 // capability 9.0). Probed once per device (a one-thread kernel; synchronizes once).
 bool attention_prefill_wgmma_available();
 // Whether launch_attention_prefill_wgmma handles this call: available, head_dim 64 or 128, f16
-// rows with a row stride of a multiple of 8 elements and 16-byte aligned k and v, no selection.
+// rows with a row stride of a multiple of 8 elements and 16-byte aligned k and v, no selection,
+// and a device that grants the kernel's shared memory (225 KB at head_dim 128).
 bool attention_prefill_wgmma_supported(const AttentionArgs& a, bool exact);
 // Causal GQA prefill attention over f16 rows; a.num_splits / a.split_len / partials as planned by
 // the caller, who also launches the combine when num_splits > 1. exact as in
