@@ -43,6 +43,7 @@
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/prefill_q.cuh"
 
 namespace qs::cuda {
 
@@ -56,9 +57,7 @@ constexpr int kTcRows = kTcWarps * 16;     // query rows per block
 constexpr int kKeyTiles = kTcKeys / 8;     // S n-tiles per warp
 constexpr int kPlanes = 4;                 // K hi, K lo, V hi, V lo
 constexpr int kConvThreads = 256;          // conversion kernel
-constexpr int kTargetExp = 13;             // scaled maxima land in [2^13, 2^14)
-constexpr int kExpClamp = 30;
-constexpr int kPExp = 12;  // P is split as p * 2^12
+constexpr int kPExp = 12;                  // P is split as p * 2^12
 constexpr float kPScale = 4096.0f;
 
 // QS_PREFILL_DIRECT=0 starts the process without PrefillAttentionTuning::direct_f16 (end-to-end
@@ -82,16 +81,6 @@ PrefillAttentionTuning g_tuning = [] {
   }
   return t;
 }();
-
-// floor(log2(x)) for a normal positive x; -127 for 0 and subnormals, 128 for inf/NaN.
-__device__ __forceinline__ int floor_log2(float x) {
-  return static_cast<int>((__float_as_uint(x) >> 23) & 0xffu) - 127;
-}
-
-// The exponent e that puts max_abs * 2^e into [2^13, 2^14), clamped to [-30, 30].
-__device__ __forceinline__ int scale_exponent(float max_abs) {
-  return min(max(kTargetExp - floor_log2(max_abs), -kExpClamp), kExpClamp);
-}
 
 // Four 8x8 b16 matrices; lane l gives the address of row l % 8 of matrix l / 8.
 __device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) {
@@ -228,48 +217,10 @@ __global__ void __launch_bounds__(kTcThreads, 1)
   const int split = blockIdx.z;
   const int row_a = 16 * warp + g, row_b = row_a + 8;  // block rows of this lane
 
-  // Q fragments: q * scale_log2 * 2^fq (fq per row), split into hi/lo. Two passes over the
-  // (cached) q rows: the row maxima first, then the split, so no f32 copy stays live.
+  // Q fragments: q * scale_log2 * 2^fq (fq per row), split into hi/lo (prefill_q.cuh).
   uint32_t qhi[KS][4], qlo[KS][4];
   int q_exp[2];
-  {
-    const int64_t q_row_len = static_cast<int64_t>(a.num_heads) * HD;
-    auto q_pair = [&](int ks, int j) {
-      const int row = (j & 1) ? row_b : row_a;
-      const int dim = 16 * ks + 2 * t4 + ((j & 2) ? 8 : 0);
-      float2 val = make_float2(0.f, 0.f);
-      if (row < rows) {
-        val = *reinterpret_cast<const float2*>(a.q + (r0 + row) * q_row_len +
-                                               static_cast<int64_t>(head) * HD + dim);
-        val.x *= a.scale_log2, val.y *= a.scale_log2;
-      }
-      return val;
-    };
-    float mx[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 val = q_pair(ks, j);
-        mx[j & 1] = fmaxf(mx[j & 1], fmaxf(fabsf(val.x), fabsf(val.y)));
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 2));
-      q_exp[h] = scale_exponent(mx[h]);
-    }
-    const float fq[2] = {exp2i(q_exp[0]), exp2i(q_exp[1])};
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 val = q_pair(ks, j);
-        split_f16x2(val.x * fq[j & 1], val.y * fq[j & 1], qhi[ks][j], qlo[ks][j]);
-      }
-    }
-  }
+  load_q_fragments<HD, true>(a, r0, rows, head, row_a, t4, qhi, qlo, q_exp);
 
   // Keys of this block: [t_begin, t_end), the causal end of its last row cut to the split.
   const int t_begin = split * a.split_len;

@@ -45,6 +45,7 @@
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/prefill_q.cuh"
 
 namespace qs::cuda {
 
@@ -90,17 +91,6 @@ constexpr float kNegInf = -INFINITY;
 constexpr int kPExp = 12;  // P is rounded as p * 2^12
 // The fast path's warpgroups in ping-pong (below); false: both run the leader's loop (A/B runs).
 constexpr bool kPingPong = true;
-
-// floor(log2(x)) for a normal positive x; -127 for 0 and subnormals, 128 for inf/NaN.
-__device__ __forceinline__ int floor_log2(float x) {
-  return static_cast<int>((__float_as_uint(x) >> 23) & 0xffu) - 127;
-}
-
-// The exponent e that puts max_abs * 2^e into [2^13, 2^14), clamped to [-30, 30] (the mma.sync
-// kernel's choice for Q).
-__device__ __forceinline__ int scale_exponent(float max_abs) {
-  return min(max(13 - floor_log2(max_abs), -30), 30);
-}
 
 // Byte offset of 16-byte chunk c (dims 8 c..8 c + 7) of key row t in a K or V tile (the layout
 // in the header comment).
@@ -262,52 +252,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   const int split = blockIdx.z;
   const int row_a = 64 * wg + 16 * warp + g, row_b = row_a + 8;  // block rows of this lane
 
-  // Q fragments (A layout of k-step ks: j = 0 (row a, dims 16 ks + 2 t4..), 1 (row b), 2 (row a,
-  // + 8), 3 (row b, + 8)): q * scale_log2 * 2^fq, fq per row; EXACT also keeps the remainders.
+  // Q fragments (A layout of k-step ks, prefill_q.cuh): q * scale_log2 * 2^fq, fq per row; EXACT
+  // also keeps the remainders.
   uint32_t qhi[KS][4], qlo[EXACT ? KS : 1][4];
   int q_exp[2];
-  {
-    const int64_t q_row_len = static_cast<int64_t>(a.num_heads) * HD;
-    auto q_pair = [&](int ks, int j) {
-      const int row = (j & 1) ? row_b : row_a;
-      const int dim = 16 * ks + 2 * t4 + ((j & 2) ? 8 : 0);
-      float2 val = make_float2(0.f, 0.f);
-      if (row < rows) {
-        val = *reinterpret_cast<const float2*>(a.q + (r0 + row) * q_row_len +
-                                               static_cast<int64_t>(head) * HD + dim);
-        val.x *= a.scale_log2, val.y *= a.scale_log2;
-      }
-      return val;
-    };
-    float mx[2] = {0.0f, 0.0f};
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 val = q_pair(ks, j);
-        mx[j & 1] = fmaxf(mx[j & 1], fmaxf(fabsf(val.x), fabsf(val.y)));
-      }
-    }
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(kFullMask, mx[h], 2));
-      q_exp[h] = scale_exponent(mx[h]);
-    }
-    const float fq[2] = {exp2i(q_exp[0]), exp2i(q_exp[1])};
-#pragma unroll
-    for (int ks = 0; ks < KS; ++ks) {
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const float2 val = q_pair(ks, j);
-        uint32_t lo;
-        split_f16x2(val.x * fq[j & 1], val.y * fq[j & 1], qhi[ks][j], lo);
-        if constexpr (EXACT) qlo[ks][j] = lo;
-      }
-    }
-    fence_registers(qhi);
-    if constexpr (EXACT) fence_registers(qlo);
-  }
+  load_q_fragments<HD, EXACT>(a, r0, rows, head, row_a, t4, qhi, qlo, q_exp);
+  fence_registers(qhi);
+  if constexpr (EXACT) fence_registers(qlo);
 
   // Keys of this block: [t_begin, t_end), the causal end of its last row cut to the split.
   const int t_begin = split * a.split_len;
