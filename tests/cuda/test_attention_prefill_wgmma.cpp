@@ -322,10 +322,10 @@ TEST_F(AttentionPrefillWgmmaTest, OneHotValuesShowTheWeights) {
   }
 }
 
-// Off by default; with it off the mma.sync kernel runs, with it on this one (the counter).
-TEST_F(AttentionPrefillWgmmaTest, OptIn) {
+// On by default; with it off the mma.sync kernel runs, with it on this one (the counter).
+TEST_F(AttentionPrefillWgmmaTest, OnByDefault) {
   TuningGuard guard;
-  EXPECT_FALSE(cuda::PrefillAttentionTuning{}.wgmma);
+  EXPECT_TRUE(cuda::PrefillAttentionTuning{}.wgmma);
   F16Kv kv(gpu(), 300, kKvHeads, 128, 0, 12);
   const AttentionShape shape{8, kKvHeads, 128, static_cast<float>(1.0 / std::sqrt(128.0))};
   const std::vector<float> q = random_normal(size_t(100) * 8 * 128, 13);

@@ -277,6 +277,7 @@ TEST_F(CudaOpsTest, F16RowsPrefillDirectEqualsConverted) {
       for (int direct = 0; direct < 2; ++direct) {
         cuda::PrefillAttentionTuning t;
         t.direct_f16 = direct == 1;
+        t.wgmma = false;  // the mma.sync kernel's two paths (the wgmma kernel has its own tests)
         cuda::set_prefill_attention_tuning(t);
         out.poison();
         be.attention_prefill(qd.data(), m, pos, shape, kv.gpu_view(), out.data(), splits);

@@ -3,8 +3,8 @@
 // (wgmma.mma_async, sm_90a) instead of mma.sync. The same function, arithmetic and grid as
 // attention_prefill_tc_kernel's DIRECT path (fast: one f16 MMA per product; exact: two, with the
 // f16 remainders of Q and P), the same split partials (launch_attention_combine merges them).
-// Opt-in: PrefillAttentionTuning::wgmma (QS_PREFILL_WGMMA=1); launch_attention_prefill_tc routes
-// supported calls here.
+// The default where available: PrefillAttentionTuning::wgmma (QS_PREFILL_WGMMA=0 turns it off);
+// launch_attention_prefill_tc routes supported calls here.
 #pragma once
 
 #include <cuda_runtime.h>
