@@ -369,20 +369,26 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   // folded into the maxima (max(s) f = max(s f)) and into the exponent's FMA (s f - m rounds
   // once, as s f is exact). exp2 without denormal results: a weight below 2^-126 is 0 after its
   // f16 rounding (p 2^12) and below the rounding of every row sum (>= 1).
+  auto mask_key = [&](int key0, int n, int e) {
+    const int key = key0 + 8 * n + 2 * t4 + (e & 1);
+    if (key < t_begin || key >= t_end || key > (e < 2 ? qpos_a : qpos_b)) s[4 * n + e] = kNegInf;
+  };
   auto softmax = [&](int key0) {
-    // The mask in its own loop behind a (warp-uniform) branch: within the maxima's loop ptxas
-    // predicated it, and its ~300 instructions ran on every tile (960 per warp and tile, ~590
-    // without; ncu: issue slots 50% busy, tensor pipe 52%).
-    if (key0 < t_begin || key0 + kKeys > t_end || key0 + kKeys - 1 > qpos_wg_first) {
+    const bool need_mask =
+        key0 < t_begin || key0 + kKeys > t_end || key0 + kKeys - 1 > qpos_wg_first;
+    // Fast path: the mask in its own loop behind a (warp-uniform) branch; inside the maxima's
+    // loop ptxas predicated it, and its ~300 instructions ran on every tile (960 per warp and
+    // tile, ~660 without; ncu: issue slots 50% busy, tensor pipe 52%). EXACT keeps it inside:
+    // with any branch between its S and P V (this one, or the fast path's conditional rescale
+    // below), ptxas (CUDA 13.0) gave P hi / lo the registers of Q hi / lo, which the next tile's
+    // S still reads (session 17: ExactSweep 0.85 off on the H200; the PTX keeps them apart, so a
+    // register allocation bug). The SASS check: the exact loop's S and P V wgmmas must not share
+    // A registers (P lives in the S accumulators).
+    if (!EXACT && need_mask) {
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n) {
 #pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          const int key = key0 + 8 * n + 2 * t4 + (e & 1);
-          if (key < t_begin || key >= t_end || key > (e < 2 ? qpos_a : qpos_b)) {
-            s[4 * n + e] = kNegInf;
-          }
-        }
+        for (int e = 0; e < 4; ++e) mask_key(key0, n, e);
       }
     }
     float mx_a = kNegInf, mx_b = kNegInf;
@@ -390,6 +396,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     for (int n = 0; n < kKeys / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
+        if (EXACT && need_mask) mask_key(key0, n, e);
         if (e < 2) {
           mx_a = fmaxf(mx_a, s[4 * n + e]);
         } else {
@@ -422,9 +429,10 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     }
     l_run[0] = l_run[0] * corr_a + sum_a;
     l_run[1] = l_run[1] * corr_b + sum_b;
-    // Rescale O only where a maximum of the warp's rows moved (corr = 1 otherwise, and x * 1 is
-    // x): past the first tiles of a long prompt most tiles leave every maximum in place.
-    if (__any_sync(kFullMask, corr_a != 1.0f || corr_b != 1.0f)) {
+    // Fast path: rescale O only where a maximum of the warp's rows moved (corr = 1 otherwise,
+    // and x * 1 is x): past the first tiles of a long prompt most tiles leave every maximum in
+    // place. EXACT always rescales (no branch between its S and P V: see the mask above).
+    if (EXACT || __any_sync(kFullMask, corr_a != 1.0f || corr_b != 1.0f)) {
 #pragma unroll
       for (int d = 0; d < HD / 8; ++d) {
         o[4 * d] *= corr_a, o[4 * d + 1] *= corr_a;
