@@ -37,6 +37,7 @@
 #include <cmath>
 #include <cstdint>
 #include <mutex>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -62,6 +63,11 @@ constexpr int kAhead = 2;
 constexpr int kKSlots = kAhead + 1;
 constexpr int kVSlots = kAhead + 2;
 constexpr int kRowBytes = 128;    // one swizzled row: 64 f16
+// How the softmax of a tile masks keys (outside the split, after a row's position).
+constexpr int kMaskNone = 0, kMaskAll = 1, kMaskByTile = 2;
+using MaskNone = std::integral_constant<int, kMaskNone>;
+using MaskAll = std::integral_constant<int, kMaskAll>;
+using MaskByTile = std::integral_constant<int, kMaskByTile>;
 constexpr int kAtomBytes = 1024;  // 8 rows: one swizzle pattern
 
 template <int HD>
@@ -373,18 +379,23 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     const int key = key0 + 8 * n + 2 * t4 + (e & 1);
     if (key < t_begin || key >= t_end || key > (e < 2 ? qpos_a : qpos_b)) s[4 * n + e] = kNegInf;
   };
-  auto softmax = [&](int key0) {
-    const bool need_mask =
-        key0 < t_begin || key0 + kKeys > t_end || key0 + kKeys - 1 > qpos_wg_first;
+  // MASK (a std::integral_constant): kMaskByTile decides per tile (fast path), kMaskNone /
+  // kMaskAll for tiles known to need none / some (EXACT, whose loop is split by it).
+  auto softmax = [&](int key0, auto mask_mode) {
+    constexpr int kMask = decltype(mask_mode)::value;
     // Fast path: the mask in its own loop behind a (warp-uniform) branch; inside the maxima's
     // loop ptxas predicated it, and its ~300 instructions ran on every tile (960 per warp and
-    // tile, ~660 without; ncu: issue slots 50% busy, tensor pipe 52%). EXACT keeps it inside:
-    // with any branch between its S and P V (this one, or the fast path's conditional rescale
-    // below), ptxas (CUDA 13.0) gave P hi / lo the registers of Q hi / lo, which the next tile's
-    // S still reads (session 17: ExactSweep 0.85 off on the H200; the PTX keeps them apart, so a
-    // register allocation bug). The SASS check: the exact loop's S and P V wgmmas must not share
-    // A registers (P lives in the S accumulators).
-    if (!EXACT && need_mask) {
+    // tile, ~660 without; ncu: issue slots 50% busy, tensor pipe 52%). EXACT may not branch
+    // between its S and P V (this branch, or the fast path's conditional rescale below): ptxas
+    // (CUDA 13.0) then gave P hi / lo the registers of Q hi / lo, which the next tile's S still
+    // reads (session 17: ExactSweep 0.85 off on the H200; the PTX keeps them apart, so a
+    // register allocation bug; in SASS the exact loop's S and P V wgmmas must not share A
+    // registers: P lives in the S accumulators). Its leader loop runs in three ranges instead
+    // (masked first tile, unmasked tiles, masked last tiles), each without a branch.
+    const bool mask_tile =
+        kMask == kMaskAll || (kMask == kMaskByTile && (key0 < t_begin || key0 + kKeys > t_end ||
+                                                       key0 + kKeys - 1 > qpos_wg_first));
+    if (mask_tile) {
 #pragma unroll
       for (int n = 0; n < kKeys / 8; ++n) {
 #pragma unroll
@@ -396,7 +407,6 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     for (int n = 0; n < kKeys / 8; ++n) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) {
-        if (EXACT && need_mask) mask_key(key0, n, e);
         if (e < 2) {
           mx_a = fmaxf(mx_a, s[4 * n + e]);
         } else {
@@ -477,13 +487,13 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   };
   // EXACT: both warpgroups lead (the follower's extra live registers would serialize it).
   if (wg == 0 || EXACT || !kPingPong) {  // the leader
-    for (int it = 0; it < n_tiles; ++it) {
+    auto lead = [&](int it, auto mask_mode) {
       begin_tile(it);
       const int key0 = (kt_first + it) * kKeys;
       if (!wg_rows || key0 > qpos_wg_last) {  // no row of this warpgroup sees the tile
         wgmma_wait<0>();                      // the last O += P V, for the slot's refill
         fence_registers(o);
-        continue;
+        return;
       }
       wgmma_fence();
       issue_s(it);
@@ -491,7 +501,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
       wgmma_wait<0>();  // S, and the previous tile's O += P V
       fence_registers(s);
       fence_registers(o);
-      softmax(key0);
+      softmax(key0, mask_mode);
       issue_pv(it);
       wgmma_commit();
       if constexpr (EXACT) {
@@ -500,13 +510,26 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
         wgmma_wait<0>();
         fence_registers(o);
       }
+    };
+    if constexpr (EXACT) {
+      // Tiles that need the mask: the first if the split starts inside it, and from the first
+      // tile that reaches past the split's end or the warpgroup's first row on (monotone).
+      const int first = kt_first * kKeys < t_begin ? 1 : 0;
+      const int lim = min(t_end, qpos_wg_first + 1);  // keys below it are visible to every row
+      const int plain_end = max(first, min(n_tiles, lim / kKeys - kt_first));
+      int it = 0;
+      for (; it < first; ++it) lead(it, MaskAll{});
+      for (; it < plain_end; ++it) lead(it, MaskNone{});
+      for (; it < n_tiles; ++it) lead(it, MaskAll{});
+    } else {
+      for (int it = 0; it < n_tiles; ++it) lead(it, MaskByTile{});
     }
   } else {  // the follower: s holds S of tile it - 1 while s_pending
     bool s_pending = false;
     for (int it = 0; it < n_tiles; ++it) {
       begin_tile(it);
       if (s_pending) {
-        softmax((kt_first + it - 1) * kKeys);
+        softmax((kt_first + it - 1) * kKeys, MaskByTile{});
         issue_pv(it - 1);
       }
       const int key0 = (kt_first + it) * kKeys;
@@ -521,7 +544,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
       fence_registers(o);
     }
     if (s_pending) {  // the last tile
-      softmax((kt_first + n_tiles - 1) * kKeys);
+      softmax((kt_first + n_tiles - 1) * kKeys, MaskByTile{});
       issue_pv(n_tiles - 1);
       wgmma_commit();
     }
