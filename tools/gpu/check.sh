@@ -56,7 +56,15 @@ if want sass && [[ -x $cuobjdump_bin ]]; then
     "$cuobjdump_bin" -sass "$obj" | grep -E 'Function :|LDG|HMMA|BRA|LDL|STL|SHFL' |
       sed -E 's@^\s+/\*[0-9a-f]+\*/\s+@@; s@\s*/\*.*@@; s@ +@ @g'
   done >"$out/sass.txt" 2>&1
-  result[sass]=ok
+  # The wgmma prefill kernels' loops must not overwrite Q (a ptxas register allocation bug did,
+  # session 17): a failure here explains a failing AttentionPrefillWgmmaTest before it runs.
+  if python3 tools/gpu/wgmma_q_registers.py \
+    "$build/src/backend/cuda/CMakeFiles/qs_backend_cuda.dir/attention_prefill_wgmma.cu.o" \
+    --cuobjdump "$cuobjdump_bin" >>"$out/sass.txt" 2>&1; then
+    result[sass]=ok
+  else
+    result[sass]="FAILED (wgmma Q registers, sass.txt)"
+  fi
   seconds[sass]=0
 fi
 

@@ -390,8 +390,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     // (CUDA 13.0) then gave P hi / lo the registers of Q hi / lo, which the next tile's S still
     // reads (session 17: ExactSweep 0.85 off on the H200; the PTX keeps them apart, so a
     // register allocation bug; in SASS the exact loop's S and P V wgmmas must not share A
-    // registers: P lives in the S accumulators). Its leader loop runs in three ranges instead
-    // (masked first tile, unmasked tiles, masked last tiles), each without a branch.
+    // registers: P lives in the S accumulators; tools/gpu/wgmma_q_registers.py checks the
+    // object). Its leader loop runs in three ranges instead (masked first tile, unmasked tiles,
+    // masked last tiles), each without a branch.
     const bool mask_tile =
         kMask == kMaskAll || (kMask == kMaskByTile && (key0 < t_begin || key0 + kKeys > t_end ||
                                                        key0 + kKeys - 1 > qpos_wg_first));
