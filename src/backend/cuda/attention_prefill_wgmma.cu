@@ -63,12 +63,12 @@ constexpr int kAhead = 2;
 constexpr int kKSlots = kAhead + 1;
 constexpr int kVSlots = kAhead + 2;
 constexpr int kRowBytes = 128;    // one swizzled row: 64 f16
+constexpr int kAtomBytes = 1024;  // 8 rows: one swizzle pattern
 // How the softmax of a tile masks keys (outside the split, after a row's position).
 constexpr int kMaskNone = 0, kMaskAll = 1, kMaskByTile = 2;
 using MaskNone = std::integral_constant<int, kMaskNone>;
 using MaskAll = std::integral_constant<int, kMaskAll>;
 using MaskByTile = std::integral_constant<int, kMaskByTile>;
-constexpr int kAtomBytes = 1024;  // 8 rows: one swizzle pattern
 
 template <int HD>
 struct WgLayout {
@@ -299,7 +299,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   const int c_own = tid % kRowChunks, t_own = tid / kRowChunks;
   const uint32_t own_offset = tile_offset(t_own, c_own);
   const int64_t step = static_cast<int64_t>(kRowStep) * a.row_stride;
-  // A tile inside [0, pos + m) (all but the last) copies without the per-row checks: ~48
+  // A tile inside [0, pos + m) (all but the last) copies without the per-row checks: ~56
   // instructions per thread instead of ~140.
   auto load_tile = [&](int i) {  // tile kt_first + i
     const uint32_t k_dst = smem0 + (i % kKSlots) * L::kMatBytes + own_offset;
@@ -379,8 +379,8 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
     const int key = key0 + 8 * n + 2 * t4 + (e & 1);
     if (key < t_begin || key >= t_end || key > (e < 2 ? qpos_a : qpos_b)) s[4 * n + e] = kNegInf;
   };
-  // MASK (a std::integral_constant): kMaskByTile decides per tile (fast path), kMaskNone /
-  // kMaskAll for tiles known to need none / some (EXACT, whose loop is split by it).
+  // mask_mode (MaskNone / MaskAll / MaskByTile): MaskByTile decides per tile (the fast path);
+  // the other two are for tiles known to need no mask / some (EXACT, whose loop is split by it).
   auto softmax = [&](int key0, auto mask_mode) {
     constexpr int kMask = decltype(mask_mode)::value;
     // Fast path: the mask in its own loop behind a (warp-uniform) branch; inside the maxima's
