@@ -420,7 +420,7 @@ TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
   double worst = 0;
   // The CUDA-core kernel's codes in registers / the cp.async ring; kernel 5: m = 1 on the
   // persistent kernel (one grid over the group's tiles).
-  for (auto [stages, kernel] : {std::pair{1, 0}, {4, 0}, {0, 5}, {0, 6}}) {
+  for (auto [stages, kernel] : {std::pair{1, 0}, {4, 0}, {0, 5}, {0, 6}, {0, 7}}) {
     cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, kernel});
     for (int m : {1, 2, 3, 4, 5, 8, 9, 16}) {
       for (int count : {2, 3}) {
@@ -531,7 +531,8 @@ TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
   std::printf("[ max rel error ] matmul_q4 CUDA-core kernel, m = 1..9: %.3g\n", worst);
 }
 
-// The persistent kernel (kernel 5, m = 1): fewer groups than warps (129 and 301 columns: 2 and 3
+// The persistent kernel (kernels 5-7, m = 1: one or two MMA accumulator chains, biased codes):
+// fewer groups than warps (129 and 301 columns: 2 and 3
 // groups), a short last group, partial last tiles, fewer tiles than SMs and many tiles per block
 // (4500 rows: 282 tiles), Llama shapes (32, 86 and 112 groups: uneven group splits), both bias
 // dtypes, misaligned x (scalar activation loads); m > 1 falls back to kernel 4's choice.
@@ -541,7 +542,7 @@ TEST_F(CudaOpsTest, MatmulQ4PersistentKernel) {
                                                 {17, 129},     {4500, 512}, {4096, 4096},
                                                 {1024, 11008}, {512, 14336}};
   double worst = 0;
-  for (int kernel : {5, 6}) {  // one or two MMA accumulator chains
+  for (int kernel : {5, 6, 7}) {  // one or two MMA accumulator chains; biased codes
     cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, kernel});
     int i = 0;
     for (auto [rows, cols] : shapes) {

@@ -61,7 +61,7 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..6 start the process with that Q4GemvTuning::stages /
+// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..7 start the process with that Q4GemvTuning::stages /
 // kernel (end-to-end A/B runs of the code paths without a rebuild); anything else is ignored
 // with a warning.
 Q4GemvTuning g_q4_tuning = [] {
@@ -76,10 +76,10 @@ Q4GemvTuning g_q4_tuning = [] {
   }
   v = std::getenv("QS_Q4_KERNEL");
   if (v != nullptr) {
-    if (v[0] >= '1' && v[0] <= '6' && v[1] == 0) {
+    if (v[0] >= '1' && v[0] <= '7' && v[1] == 0) {
       t.kernel = v[0] - '0';
     } else {
-      std::fprintf(stderr, "quantspec: ignoring QS_Q4_KERNEL=%s (expected 1..6)\n", v);
+      std::fprintf(stderr, "quantspec: ignoring QS_Q4_KERNEL=%s (expected 1..7)\n", v);
     }
   }
   return t;
@@ -97,6 +97,15 @@ __device__ __forceinline__ uint32_t nibbles_to_bf16x2(uint32_t v) {
   uint32_t r;
   asm("fma.rn.bf16x2 %0, %1, %2, %3;" : "=r"(r) : "r"(biased), "r"(0x3f803f80u), "r"(0xc308c308u));
   return r;
+}
+
+// bf16x2 of 128 + n for the nibbles n at bits [0, 4) and [16, 20) of v: the first half of
+// nibbles_to_bf16x2 alone (one lop3). The bias of 136 against the centred codes is taken out of the
+// group's sum afterwards (gemv_q4_persist_kernel with BIASED).
+__device__ __forceinline__ uint32_t nibbles_to_biased_bf16x2(uint32_t v) {
+  uint32_t biased;
+  asm("lop3.b32 %0, %1, %2, %3, 0xea;" : "=r"(biased) : "r"(v), "n"(0x000f000f), "n"(0x43004300));
+  return biased;
 }
 
 __device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) {
@@ -168,6 +177,10 @@ __device__ __forceinline__ void load_group(const uint4* __restrict__ codes,
 
 __device__ __forceinline__ float2 half2_bits_to_float2(uint32_t v) {
   return __half22float2(*reinterpret_cast<const __half2*>(&v));
+}
+// The two bf16 of a pair (low half first) as floats (exact).
+__device__ __forceinline__ float2 bf16x2_pair_to_float2(uint32_t v) {
+  return make_float2(__uint_as_float(v << 16), __uint_as_float(v & 0xffff0000u));
 }
 
 // The codes of one (tile, group) with the kernel's register prefetch, or copied into this lane's
@@ -771,15 +784,26 @@ constexpr int kPMaxWarps = 16;
 constexpr int kPStages = 6;
 constexpr int kPStageVecs = kPiecesPerTileGroup + 16;  // uint4s per stage: codes, then 32 meta
 
-size_t persist_smem_bytes(int warps, int64_t groups) {
+// BIASED: a second per-group sum (of the activation's bf16 hi + lo pairs).
+size_t persist_smem_bytes(int warps, int64_t groups, bool biased) {
+  const size_t sums = (biased ? 2 : 1) * ((size_t(groups) + 3) & ~size_t{3});
   return sizeof(uint4) * (size_t(warps) * kPStages * kPStageVecs + size_t(groups) * 32 + 4) +
-         sizeof(float) * (2 * size_t(warps) * 64 + ((size_t(groups) + 3) & ~size_t{3}));
+         sizeof(float) * (2 * size_t(warps) * 64 + sums);
 }
 
 // CHAINS = 2 (Q4GemvTuning::kernel 6, the default): even and odd k16 steps accumulate into
 // separate C fragments, halving the chain of 16 dependent MMAs per group (bench_ops w4layer,
 // 2026-12-02: 2-4% faster than one chain on every draft launch, e.g. 8B lm_head 117.8 -> 113.7 us).
-template <bool VEC_X, int CHAINS>
+//
+// BIASED (kernel 7, opt-in, not yet measured): the codes enter the MMAs as 128 + U (one lop3 per
+// pair instead of lop3 + fma: 32 fewer instructions per group and lane, of ~200), so the group sum
+// is G' = sum (128 + U) x~ over the activation's hi + lo pairs x~, and
+//   y += s G' + mn sum x - 128 s sum x~   (= s sum U x~ + mn sum x, as the centred form).
+// The 128 s term takes the sum of the pairs x~ (kept per group next to sum x), not of x, so the
+// pairs' representation error (2^-17 of x) still multiplies U only; what is new is the f32
+// rounding of G' (about 136 / 4.6 = 30x the centred sum's magnitude: ~2e-6 relative on random
+// codes, below that representation error).
+template <bool VEC_X, int CHAINS, bool BIASED>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                            const CcSegments segs, int64_t tiles) {
@@ -791,7 +815,9 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   uint4* xfrag = p_smem + size_t(num_warps) * kPStages * kPStageVecs;  // [groups * 8 steps][4]
   float* partial = reinterpret_cast<float*>(xfrag + groups * 32);      // [2][warps][32][2]
   float* xsum = partial + 2 * num_warps * 64;                          // [groups]
-  uint4* zeros = reinterpret_cast<uint4*>(xsum + ((groups + 3) & ~int64_t{3}));  // [4]
+  float* xsum_pairs = xsum + ((groups + 3) & ~int64_t{3});             // [groups] if BIASED
+  uint4* zeros = reinterpret_cast<uint4*>(BIASED ? xsum_pairs + ((groups + 3) & ~int64_t{3})
+                                                 : xsum_pairs);  // [4]
 
   const int64_t grp_begin = groups * warp / num_warps;
   const int64_t my_groups = groups * (warp + 1) / num_warps - grp_begin;
@@ -830,6 +856,13 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     xfrag[grp * 32 + lane] = f;
     const float sum = warp_sum((v.x + v.y) + (v.z + v.w));
     if (lane == 0) xsum[grp] = sum;
+    if constexpr (BIASED) {  // the pairs hi + lo as the MMAs see them (exact in f32)
+      const float2 h = bf16x2_pair_to_float2(f.x), hl = bf16x2_pair_to_float2(f.z);
+      const float2 h2 = bf16x2_pair_to_float2(f.y), hl2 = bf16x2_pair_to_float2(f.w);
+      const float pairs =
+          warp_sum(((h.x + hl.x) + (h.y + hl.y)) + ((h2.x + hl2.x) + (h2.y + hl2.y)));
+      if (lane == 0) xsum_pairs[grp] = pairs;
+    }
   }
   if (threadIdx.x < 4) zeros[threadIdx.x] = make_uint4(0, 0, 0, 0);
   __syncthreads();
@@ -855,8 +888,14 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       for (int k = 0; k < kStepsPerGroup; ++k) {
         const int shift = (k & 1) * 8;
         const uint32_t u0 = word_of(w0, k / 2) >> shift, u1 = word_of(w1, k / 2) >> shift;
-        const uint32_t a0 = nibbles_to_bf16x2(u0), a1 = nibbles_to_bf16x2(u1);
-        const uint32_t a2 = nibbles_to_bf16x2(u0 >> 4), a3 = nibbles_to_bf16x2(u1 >> 4);
+        uint32_t a0, a1, a2, a3;
+        if constexpr (BIASED) {
+          a0 = nibbles_to_biased_bf16x2(u0), a1 = nibbles_to_biased_bf16x2(u1);
+          a2 = nibbles_to_biased_bf16x2(u0 >> 4), a3 = nibbles_to_biased_bf16x2(u1 >> 4);
+        } else {
+          a0 = nibbles_to_bf16x2(u0), a1 = nibbles_to_bf16x2(u1);
+          a2 = nibbles_to_bf16x2(u0 >> 4), a3 = nibbles_to_bf16x2(u1 >> 4);
+        }
         const uint4 b = xf[k * xstep];
         float(&d)[4] = chain[k % CHAINS];
         mma_bf16_16816(d, a0, a1, a2, a3, b.x, b.y);
@@ -867,11 +906,16 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 #pragma unroll
         for (int r = 0; r < 4; ++r) gacc[r] += chain[1][r];
       }
-      // W4 = (U - 8) s + (mn + 8 s), as accumulate_group.
       const float xs = xsum[grp];
       const float2 p0 = half2_bits_to_float2(mm.x), p1 = half2_bits_to_float2(mm.y);
-      acc0 = fmaf(fmaf(8.0f, p0.x, p0.y), xs, fmaf(p0.x, gacc[0], acc0));
-      acc2 = fmaf(fmaf(8.0f, p1.x, p1.y), xs, fmaf(p1.x, gacc[2], acc2));
+      if constexpr (BIASED) {  // W4 = (128 + U) s + mn - 128 s (the 128 s on the pairs' sum)
+        const float xp = xsum_pairs[grp];
+        acc0 = fmaf(-128.0f * p0.x, xp, fmaf(p0.y, xs, fmaf(p0.x, gacc[0], acc0)));
+        acc2 = fmaf(-128.0f * p1.x, xp, fmaf(p1.y, xs, fmaf(p1.x, gacc[2], acc2)));
+      } else {  // W4 = (U - 8) s + (mn + 8 s), as accumulate_group
+        acc0 = fmaf(fmaf(8.0f, p0.x, p0.y), xs, fmaf(p0.x, gacc[0], acc0));
+        acc2 = fmaf(fmaf(8.0f, p1.x, p1.y), xs, fmaf(p1.x, gacc[2], acc2));
+      }
     }
     float* part = partial + size_t(tj & 1) * num_warps * 64;
     reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
@@ -1240,22 +1284,27 @@ void run_cc(CcLaunch l, int num_sms) {
 void run_persist(const CcLaunch& l, int num_sms) {
   const int64_t groups = l.w[0]->groups;
   const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
-  const size_t smem = persist_smem_bytes(warps, groups);
+  const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
+  const bool biased = kernel_choice == 7;
+  const size_t smem = persist_smem_bytes(warps, groups, biased);
   const size_t smem_max = max_smem_per_block();
   if (smem > smem_max) return run_cc(l, num_sms);
   const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
-  const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  const bool two_chains = kernel_choice == 6;
-  auto* kernel =
-      vec_x ? (two_chains ? gemv_q4_persist_kernel<true, 2> : gemv_q4_persist_kernel<true, 1>)
-            : (two_chains ? gemv_q4_persist_kernel<false, 2> : gemv_q4_persist_kernel<false, 1>);
-  static bool opted_in[2][2] = {};  // above 48 KiB: once per instantiation
-  if (!opted_in[vec_x][two_chains]) {
+  const int variant = kernel_choice == 5 ? 0 : kernel_choice == 6 ? 1 : 2;
+  using Kernel = void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t);
+  constexpr Kernel kKernels[2][3] = {
+      {gemv_q4_persist_kernel<false, 1, false>, gemv_q4_persist_kernel<false, 2, false>,
+       gemv_q4_persist_kernel<false, 2, true>},
+      {gemv_q4_persist_kernel<true, 1, false>, gemv_q4_persist_kernel<true, 2, false>,
+       gemv_q4_persist_kernel<true, 2, true>}};
+  const Kernel kernel = kKernels[vec_x][variant];
+  static bool opted_in[2][3] = {};  // above 48 KiB: once per instantiation
+  if (!opted_in[vec_x][variant]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)));
-    opted_in[vec_x][two_chains] = true;
+    opted_in[vec_x][variant] = true;
   }
   const int64_t grid = std::min<int64_t>(tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
@@ -1266,7 +1315,7 @@ void run_persist(const CcLaunch& l, int num_sms) {
 // Whether launch_gemv_q4 runs the persistent kernel for m rows.
 bool uses_persist(int m) {
   const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  return (kernel == 5 || kernel == 6) && m == 1;
+  return (kernel == 5 || kernel == 6 || kernel == 7) && m == 1;
 }
 
 // Whether launch_gemv_q4 runs the CUDA-core kernel for m rows.
@@ -1417,7 +1466,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
            tuning.row_tiles == 4);
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == 1 || tuning.stages == kRingStages);
-  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 6);
+  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 7);
   g_q4_tuning = tuning;
 }
 

@@ -111,17 +111,19 @@ struct Q4GemvTuning {
   // stages does not), 4 = CUDA cores for m <= kQ4CudaCoreAutoRows, tensor cores (1) above,
   // 5 = as 4 but m = 1 on the persistent tensor-core kernel (a block per SM, the activation's
   // fragments in shared memory, a cp.async ring per warp across tiles; no field applies),
-  // 6 = as 5 with two MMA accumulator chains per warp (the automatic choice).
+  // 6 = as 5 with two MMA accumulator chains per warp (the automatic choice), 7 = as 6 with the
+  // codes converted by one instruction per pair (biased by 128, corrected per group; opt-in,
+  // not yet measured: QS_Q4_KERNEL=7).
   int kernel = 0;
 };
-// The kernel that Q4GemvTuning::kernel = 0 runs (1..6 above), chosen from the H200 bench
+// The kernel that Q4GemvTuning::kernel = 0 runs (1..7 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
 // bench_ops w4layer (m = 1, us, CUDA-core default -> persistent): 7B q/k/v 16.4 -> 14.7, o 6.8
 // -> 6.9, gate/up 29.1 -> 23.3, down 14.1 -> 13.5, lm_head 36.2 -> 32.6; 8B lm_head 131.5 ->
 // 117.1; Llama-2-7B draft step at 32K 5.05 -> 4.59 ms. Two accumulator chains (6) then took
-// 2-4% more off every launch (7B gate/up 23.3 -> 22.4, 8B lm_head 117.8 -> 113.7). The wide kernel (3) measured slower (7B
-// gate/up m=1 22.9 us vs 18.0; 8B lm_head 150 vs 125-166 us) and made the draft step of the
-// padded 7B shape 9.1 ms instead of 6.1 ms.
+// 2-4% more off every launch (7B gate/up 23.3 -> 22.4, 8B lm_head 117.8 -> 113.7). The wide kernel
+// (3) measured slower (7B gate/up m=1 22.9 us vs 18.0; 8B lm_head 150 vs 125-166 us) and made the
+// draft step of the padded 7B shape 9.1 ms instead of 6.1 ms.
 constexpr int kQ4AutoKernel = 6;
 // Rows of x up to which kernel 4 is the CUDA-core kernel.
 constexpr int kQ4CudaCoreAutoRows = 4;
