@@ -796,7 +796,7 @@ size_t persist_smem_bytes(int warps, int64_t groups, bool biased) {
 // 2026-12-02: 2-4% faster than one chain on every draft launch, e.g. 8B lm_head 117.8 -> 113.7 us).
 //
 // BIASED (kernel 7, opt-in, not yet measured): the codes enter the MMAs as 128 + U (one lop3 per
-// pair instead of lop3 + fma: 32 fewer instructions per group and lane, of ~200), so the group sum
+// pair instead of lop3 + fma: the loop's 262 SASS instructions per group become 235), so the sum
 // is G' = sum (128 + U) x~ over the activation's hi + lo pairs x~, and
 //   y += s G' + mn sum x - 128 s sum x~   (= s sum U x~ + mn sum x, as the centred form).
 // The 128 s term takes the sum of the pairs x~ (kept per group next to sum x), not of x, so the
