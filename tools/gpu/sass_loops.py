@@ -85,17 +85,19 @@ def kernels(text):
         yield name.strip(), ins
 
 
-def hot_loop(ins, min_mma):
+def backward_loops(ins):
+    """(start, end) indices of every loop: a branch back to an address inside the function."""
     index = {a: i for i, (a, _) in enumerate(ins)}
-    best = None
     for i, (a, t) in enumerate(ins):
         m = BRANCH.search(t)
-        if not m:
-            continue
-        target = int(m.group(1), 16)
-        if target >= a or target not in index:
-            continue
-        body = ins[index[target]: i + 1]
+        if m and int(m.group(1), 16) < a and int(m.group(1), 16) in index:
+            yield index[int(m.group(1), 16)], i
+
+
+def hot_loop(ins, min_mma):
+    best = None
+    for start, end in backward_loops(ins):
+        body = ins[start: end + 1]
         mma = sum(opcode(x) in ("HMMA", "IMMA", "HGMMA") for x in (b for _, b in body))
         if min_mma > 0:
             if mma >= min_mma and (best is None or len(body) < len(best)):

@@ -23,7 +23,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from sass_loops import BRANCH, demangle, kernels, opcode, sass_text, strip_params  # noqa: E402
+from sass_loops import backward_loops, demangle, kernels, opcode, sass_text, strip_params  # noqa: E402
 
 HGMMA_A = re.compile(r"HGMMA\.\S+\s+R\d+,\s+R(\d+),\s+gdesc")
 # Instructions whose first operand is not a register they write.
@@ -50,19 +50,10 @@ def written_registers(text):
     return set(range(first, first + width))
 
 
-def loops(ins):
-    """(start, end) index ranges of backward branches."""
-    index = {addr: i for i, (addr, _) in enumerate(ins)}
-    for i, (addr, text) in enumerate(ins):
-        m = BRANCH.search(text)
-        if m and int(m.group(1), 16) < addr and int(m.group(1), 16) in index:
-            yield index[int(m.group(1), 16)], i
-
-
 def check_kernel(ins):
     """(loops with S wgmmas, [problems])."""
     found, problems = 0, []
-    for start, end in loops(ins):
+    for start, end in backward_loops(ins):
         body = ins[start : end + 1]
         q = set()
         for _, text in body:

@@ -158,84 +158,57 @@ __device__ __forceinline__ void fence_registers(uint32_t (&r)[N][4]) {
 // d (this warpgroup's 64 x N f32 accumulator fragment) = A B (+ d with ACCUMULATE), m64nNk16:
 // A = a (registers, f16 pairs), B = the f16 matrix at desc_b (K-major, or MN-major with TRANS_B).
 // Without ACCUMULATE d is an output only (scale-d = 0), so its old values are dead before.
+// Operand lists: QS_WG_D<n>(C) is C(d[0]), .., C(d[n - 1]) for the accumulator constraint C
+// ("+f" accumulating, "=f" not), QS_WG_STR<n> the matching "%0, .., %<n-1>".
+#define QS_WG_ACC(x) "+f"(x)
+#define QS_WG_OUT(x) "=f"(x)
+#define QS_WG_D8(C, i) \
+  C(d[i]), C(d[i + 1]), C(d[i + 2]), C(d[i + 3]), C(d[i + 4]), C(d[i + 5]), C(d[i + 6]), C(d[i + 7])
+#define QS_WG_D32(C) QS_WG_D8(C, 0), QS_WG_D8(C, 8), QS_WG_D8(C, 16), QS_WG_D8(C, 24)
+#define QS_WG_D64(C) \
+  QS_WG_D32(C), QS_WG_D8(C, 32), QS_WG_D8(C, 40), QS_WG_D8(C, 48), QS_WG_D8(C, 56)
+#define QS_WG_STR32                                                                            \
+  "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, " \
+  "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31"
+#define QS_WG_STR64                                                               \
+  QS_WG_STR32                                                                     \
+  ", %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, " \
+  "%47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63"
+// After the accumulators: A (4 registers), desc_b, scale-d (as a predicate), the transpose bit.
+#define QS_WG_IN(scale_d) \
+  "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(scale_d), "n"(TRANS_B ? 1 : 0)
+#define QS_WG_N128                                                    \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"                        \
+  "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 {" QS_WG_STR64 \
+  "}, {%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
+#define QS_WG_N64                                                    \
+  "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"                       \
+  "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 {" QS_WG_STR32 \
+  "}, {%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
 template <int N, bool TRANS_B, bool ACCUMULATE>
 __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[4],
                                          uint64_t desc_b) {
   static_assert(N == 128 || N == 64, "wgmma_rs: N is 64 or 128");
-  if constexpr (N == 128) {
-    if constexpr (ACCUMULATE) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-          "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-          "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-            "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-            "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-            "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-            "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]),
-            "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]),
-            "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]),
-            "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]),
-            "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
-            "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]),
-            "+f"(d[62]), "+f"(d[63])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1u), "n"(TRANS_B ? 1 : 0));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %69, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, "
-          "%32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, "
-          "%48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, "
-          "{%64, %65, %66, %67}, %68, p, 1, 1, %70;\n}\n"
-          : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-            "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-            "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]),
-            "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]),
-            "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31]),
-            "=f"(d[32]), "=f"(d[33]), "=f"(d[34]), "=f"(d[35]), "=f"(d[36]), "=f"(d[37]),
-            "=f"(d[38]), "=f"(d[39]), "=f"(d[40]), "=f"(d[41]), "=f"(d[42]), "=f"(d[43]),
-            "=f"(d[44]), "=f"(d[45]), "=f"(d[46]), "=f"(d[47]), "=f"(d[48]), "=f"(d[49]),
-            "=f"(d[50]), "=f"(d[51]), "=f"(d[52]), "=f"(d[53]), "=f"(d[54]), "=f"(d[55]),
-            "=f"(d[56]), "=f"(d[57]), "=f"(d[58]), "=f"(d[59]), "=f"(d[60]), "=f"(d[61]),
-            "=f"(d[62]), "=f"(d[63])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0u), "n"(TRANS_B ? 1 : 0));
-    }
+  if constexpr (N == 128 && ACCUMULATE) {
+    asm volatile(QS_WG_N128 : QS_WG_D64(QS_WG_ACC) : QS_WG_IN(1u));
+  } else if constexpr (N == 128) {
+    asm volatile(QS_WG_N128 : QS_WG_D64(QS_WG_OUT) : QS_WG_IN(0u));
+  } else if constexpr (ACCUMULATE) {
+    asm volatile(QS_WG_N64 : QS_WG_D32(QS_WG_ACC) : QS_WG_IN(1u));
   } else {
-    if constexpr (ACCUMULATE) {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-          "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-          : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
-            "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
-            "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]),
-            "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]),
-            "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1u), "n"(TRANS_B ? 1 : 0));
-    } else {
-      asm volatile(
-          "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
-          "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
-          "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, "
-          "%16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
-          "{%32, %33, %34, %35}, %36, p, 1, 1, %38;\n}\n"
-          : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3]), "=f"(d[4]), "=f"(d[5]), "=f"(d[6]),
-            "=f"(d[7]), "=f"(d[8]), "=f"(d[9]), "=f"(d[10]), "=f"(d[11]), "=f"(d[12]), "=f"(d[13]),
-            "=f"(d[14]), "=f"(d[15]), "=f"(d[16]), "=f"(d[17]), "=f"(d[18]), "=f"(d[19]),
-            "=f"(d[20]), "=f"(d[21]), "=f"(d[22]), "=f"(d[23]), "=f"(d[24]), "=f"(d[25]),
-            "=f"(d[26]), "=f"(d[27]), "=f"(d[28]), "=f"(d[29]), "=f"(d[30]), "=f"(d[31])
-          : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(0u), "n"(TRANS_B ? 1 : 0));
-    }
+    asm volatile(QS_WG_N64 : QS_WG_D32(QS_WG_OUT) : QS_WG_IN(0u));
   }
 }
+#undef QS_WG_ACC
+#undef QS_WG_OUT
+#undef QS_WG_D8
+#undef QS_WG_D32
+#undef QS_WG_D64
+#undef QS_WG_STR32
+#undef QS_WG_STR64
+#undef QS_WG_IN
+#undef QS_WG_N128
+#undef QS_WG_N64
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
