@@ -791,13 +791,13 @@ size_t persist_smem_bytes(int warps, int64_t groups, bool biased) {
          sizeof(float) * (2 * size_t(warps) * 64 + sums);
 }
 
-// CHAINS = 2 (Q4GemvTuning::kernel 6, the default): even and odd k16 steps accumulate into
+// CHAINS = 2 (Q4GemvTuning::kernel 6): even and odd k16 steps accumulate into
 // separate C fragments, halving the chain of 16 dependent MMAs per group (bench_ops w4layer,
 // 2026-12-02: 2-4% faster than one chain on every draft launch, e.g. 8B lm_head 117.8 -> 113.7 us).
 //
-// BIASED (kernel 7, opt-in, not yet measured): the codes enter the MMAs as 128 + U (one lop3 per
-// pair instead of lop3 + fma: the loop's 262 SASS instructions per group become 235), so the sum
-// is G' = sum (128 + U) x~ over the activation's hi + lo pairs x~, and
+// BIASED (kernel 7, the default since session 18: 1-3% faster per launch): the codes enter the MMAs
+// as 128 + U (one lop3 per pair instead of lop3 + fma: the loop's 262 SASS instructions per group
+// become 235), so the sum is G' = sum (128 + U) x~ over the activation's hi + lo pairs x~, and
 //   y += s G' + mn sum x - 128 s sum x~   (= s sum U x~ + mn sum x, as the centred form).
 // The 128 s term takes the sum of the pairs x~ (kept per group next to sum x), not of x, so the
 // pairs' representation error (2^-17 of x) still multiplies U only; what is new is the f32

@@ -111,9 +111,8 @@ struct Q4GemvTuning {
   // stages does not), 4 = CUDA cores for m <= kQ4CudaCoreAutoRows, tensor cores (1) above,
   // 5 = as 4 but m = 1 on the persistent tensor-core kernel (a block per SM, the activation's
   // fragments in shared memory, a cp.async ring per warp across tiles; no field applies),
-  // 6 = as 5 with two MMA accumulator chains per warp (the automatic choice), 7 = as 6 with the
-  // codes converted by one instruction per pair (biased by 128, corrected per group; opt-in,
-  // not yet measured: QS_Q4_KERNEL=7).
+  // 6 = as 5 with two MMA accumulator chains per warp, 7 = as 6 with the codes converted by one
+  // instruction per pair (biased by 128, corrected per group; the automatic choice).
   int kernel = 0;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..7 above), chosen from the H200 bench
@@ -123,8 +122,11 @@ struct Q4GemvTuning {
 // 117.1; Llama-2-7B draft step at 32K 5.05 -> 4.59 ms. Two accumulator chains (6) then took
 // 2-4% more off every launch (7B gate/up 23.3 -> 22.4, 8B lm_head 117.8 -> 113.7). The wide kernel
 // (3) measured slower (7B gate/up m=1 22.9 us vs 18.0; 8B lm_head 150 vs 125-166 us) and made the
-// draft step of the padded 7B shape 9.1 ms instead of 6.1 ms.
-constexpr int kQ4AutoKernel = 6;
+// draft step of the padded 7B shape 9.1 ms instead of 6.1 ms. Kernel 7 (one lop3 per code pair)
+// took 1-3% more off every launch (session 18: 7B gate/up 22.3 -> 21.8, lm_head 31.4 -> 30.4; 8B
+// lm_head 111.9 -> 108.7; Llama-2-7B 128K draft step 8.75 -> 8.69 ms) at a larger but bounded
+// rounding error (persistent-kernel test 1.3e-5 against 2.9e-6, bound 2e-5).
+constexpr int kQ4AutoKernel = 7;
 // Rows of x up to which kernel 4 is the CUDA-core kernel.
 constexpr int kQ4CudaCoreAutoRows = 4;
 // Q4GemvTuning::stages of the CUDA-core kernel when it is 0: the ring (4) for long rows (at least
