@@ -1,8 +1,11 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
 //   bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,
-//                         w4sweep,kvflush,quantkv,qtime]
+//                         w4sweep,kvflush,quantkv,qtime,sample]
 //             [--quick] [--profile]
+//
+// sample: sampling on the GPU (one row, five rows, the backend call, a gamma = 4 verdict) at
+// vocabularies 32000 / 128256.
 //
 // prefattn: one layer's causal prefill attention, f32 kernel vs tensor cores, 4K/32K/128K.
 //
@@ -1262,13 +1265,85 @@ void bench_quant_timeline(CudaBackend& be) {
   }
 }
 
+// Sampling where the logits are (sampling.cu): one row (a decode step) and a gamma = 4 verdict,
+// kernel time (events) and the backend call with its copy back and synchronization.
+void bench_sampling(CudaBackend& be) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  struct Setting {
+    const char* name;
+    SamplingParams p;
+  };
+  std::vector<Setting> settings(3);
+  settings[0].name = "T 1";
+  settings[0].p.temperature = 1.0f;
+  settings[1].name = "T 0.8 top-p 0.95";
+  settings[1].p.temperature = 0.8f;
+  settings[1].p.top_p = 0.95f;
+  settings[2].name = "T 0.8 k 40 p 0.95 min-p .05";
+  settings[2].p = settings[1].p;
+  settings[2].p.top_k = 40;
+  settings[2].p.min_p = 0.05f;
+  for (int n : {32000, 128256}) {
+    const int rows = 5;
+    std::vector<float> host(static_cast<size_t>(rows) * n);
+    uint64_t state = 12345;
+    for (float& v : host) {  // roughly normal logits, scale 3 (a sum of uniforms)
+      double acc = 0.0;
+      for (int k = 0; k < 4; ++k) {
+        state = state * 6364136223846793005ull + 1442695040888963407ull;
+        acc += static_cast<double>(state >> 11) * 0x1.0p-53;
+      }
+      v = static_cast<float>((acc - 2.0) * 3.0 * 1.7320508);
+    }
+    auto logits = be.alloc(host.size());
+    auto probs = be.alloc(host.size());
+    be.from_host(host.data(), logits->data(), host.size());
+    DeviceMem out(64);
+    for (const Setting& st : settings) {
+      cuda::SampleSpec spec{st.p.temperature, st.p.top_p, st.p.min_p, st.p.top_k};
+      cuda::SampleDraws draws{};
+      for (int r = 0; r < rows; ++r) draws.u[r] = 0.3 + 0.1 * r;
+      const double k1 = time_ms(
+          s,
+          [&](int) {
+            cuda::launch_sample_rows(logits->data(), 1, n, spec, draws, probs->data(),
+                                     static_cast<int32_t*>(out.ptr), s);
+          },
+          50);
+      const double k5 = time_ms(
+          s,
+          [&](int) {
+            cuda::launch_sample_rows(logits->data(), rows, n, spec, draws, probs->data(), nullptr,
+                                     s);
+          },
+          50);
+      int32_t token = 0;
+      const double call = time_ms(
+          s, [&](int) { be.sample_rows(logits->data(), 1, n, st.p, draws.u, nullptr, &token); },
+          50);
+      std::vector<int32_t> g(rows - 1, 1);
+      const double verdict = time_ms(
+          s,
+          [&](int) {
+            be.speculative_verdict(logits->data(), probs->data(), rows - 1, n, st.p, g.data(),
+                                   draws.u, true);
+          },
+          50);
+      summary(
+          "| sample vocab %6d %-27s | 1 row %7.1f us | 5 rows %7.1f us | call %7.1f us | "
+          "verdict g=4 %7.1f us |",
+          n, st.name, 1e3 * k1, 1e3 * k5, 1e3 * call, 1e3 * verdict);
+    }
+  }
+}
+
 }  // namespace
 }  // namespace qs
 
 int main(int argc, char** argv) {
   using namespace qs;
   std::string sections =
-      "copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,kvflush,quantkv";
+      "copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,kvflush,quantkv,sample";
   bool quick = false;
   for (int i = 1; i < argc; ++i) {
     if (!std::strcmp(argv[i], "--sections") && i + 1 < argc) {
@@ -1281,7 +1356,7 @@ int main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,"
-          "w4var,w4layer,w4sweep,kvflush,quantkv,qtime] [--quick] [--profile]\n");
+          "w4var,w4layer,w4sweep,kvflush,quantkv,qtime,sample] [--quick] [--profile]\n");
       return 2;
     }
   }
@@ -1328,6 +1403,7 @@ int main(int argc, char** argv) {
   if (has("kvflush")) bench_quantize_kv(**be);
   if (has("quantkv")) bench_quant_attention(**be, quick);
   if (has("qtime")) bench_quant_timeline(**be);
+  if (has("sample")) bench_sampling(**be);
   std::printf("\n== summary (%s) ==\n", prop.name);
   for (const std::string& line : g_summary) std::printf("%s\n", line.c_str());
   return 0;

@@ -13,10 +13,12 @@
 #include <memory>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "core/argmax.h"
 #include "core/dtype.h"
 #include "core/error.h"
+#include "core/sampling.h"
 #include "model/weights.h"
 #include "quant/weight_quant.h"
 
@@ -328,6 +330,40 @@ class Backend {
   // the greedy decoders' tokens, so that only the ids need to leave the backend.
   virtual void argmax_rows(const float* x, int rows, int n, int32_t* out_host) {
     for (int r = 0; r < rows; ++r) out_host[r] = argmax(x + static_cast<size_t>(r) * n, n);
+  }
+
+  // Sampling where the logits are (core/sampling.h's rule, which these defaults run on the host
+  // memory of the CPU backend): row r of `logits` ([rows, n], backend memory) becomes
+  // token_probabilities(row, params), written to probs[r, :] when probs (backend memory,
+  // [rows, n]) is non-null, and its token, sample_at(that distribution, u_host[r]), goes to
+  // out_host[r] (host memory), complete on return. u_host: [rows] uniforms in [0, 1). A backend
+  // may round differently from the host (summation order): its distributions agree to float
+  // rounding and its tokens wherever u is not within rounding of a cumulative boundary.
+  virtual void sample_rows(const float* logits, int rows, int n, const SamplingParams& params,
+                           const double* u_host, float* probs, int32_t* out_host) {
+    std::vector<float> row;
+    for (int r = 0; r < rows; ++r) {
+      token_probabilities(logits + static_cast<size_t>(r) * n, n, params, row);
+      out_host[r] = sample_at(row.data(), n, u_host[r]);
+      if (probs != nullptr)
+        std::memcpy(probs + static_cast<size_t>(r) * n, row.data(), n * sizeof(float));
+    }
+  }
+
+  // One speculative round's verdict where the logits are (core/sampling.h speculative_verdict):
+  // p = token_probabilities of each of the gamma + 1 rows of target_logits ([gamma + 1, n],
+  // backend memory), q = draft_probs ([gamma, n], backend memory, from sample_rows; row k may be
+  // overwritten by the residual), candidates_host / u_host ([gamma] / [gamma + 1], host).
+  virtual SpecVerdict speculative_verdict(const float* target_logits, float* draft_probs, int gamma,
+                                          int n, const SamplingParams& params,
+                                          const int32_t* candidates_host, const double* u_host,
+                                          bool residual) {
+    std::vector<float> row;
+    auto p = [&](int r) {
+      token_probabilities(target_logits + static_cast<size_t>(r) * n, n, params, row);
+      return row.data();
+    };
+    return qs::speculative_verdict(p, draft_probs, gamma, n, candidates_host, u_host, residual);
   }
 
   // Copies n floats from host memory into backend memory (dst from alloc()).

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "core/sampling.h"  // SamplingParams
 #include "model/config.h"
 #include "model/tokenizer/tokenizer.h"
 
@@ -114,14 +115,6 @@ const char* draft_attention_name(DraftAttention d);
 // The row type `options` runs with: kF32 or kF16, never kAuto (kAuto: kF16 on cuda, else kF32).
 KvDType resolve_kv_dtype(const EngineOptions& options);
 const char* draft_weights_name(DraftWeights w);
-
-struct SamplingParams {
-  float temperature = 0.0f;  // 0: greedy
-  int top_k = 0;             // 0: off
-  float top_p = 1.0f;        // 1: off
-  float min_p = 0.0f;        // 0: off
-  uint64_t seed = 0;         // same seed, same output
-};
 
 struct GenerationParams {
   int max_new_tokens = 128;

@@ -618,22 +618,28 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
       return p;
     }();
     int pos = prompt_len;
-    // Greedy: after the prompt's logits, each forward hands back only its argmax
-    // (Backend::argmax_rows, computed where the logits are).
+    // After the prompt's logits (on the host), each forward hands back only its token: greedy
+    // its argmax (Backend::argmax_rows), sampling its draw (Backend::sample_rows), both computed
+    // where the logits are.
     const bool greedy = params.sampling.temperature <= 0.0f;
-    int32_t greedy_next = -1;
+    auto t_first = std::chrono::steady_clock::now();
+    int32_t next = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
+    st.sample_s += seconds_since(t_first);
     for (;;) {
-      auto t0 = std::chrono::steady_clock::now();
-      const int32_t next =
-          greedy_next >= 0 ? greedy_next
-                           : sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
-      st.sample_s += seconds_since(t0);
       if (push(next)) break;
-      t0 = std::chrono::steady_clock::now();
-      QS_TRY(forward_all(std::span<const int32_t>(&next, 1), pos, path, LogitRows::kLast,
-                         last_logits_.data(), greedy ? &greedy_next : nullptr));
+      auto t0 = std::chrono::steady_clock::now();
+      const int32_t input = next;
+      QS_TRY(forward_all(std::span<const int32_t>(&input, 1), pos, path, LogitRows::kLast, nullptr,
+                         greedy ? &next : nullptr));
       ++counters_.target_steps;
       st.verify_s += seconds_since(t0);
+      if (!greedy) {
+        t0 = std::chrono::steady_clock::now();
+        const double u = rng.uniform();
+        backend_->sample_rows(model_->logits_buffer(), 1, vocab, params.sampling, &u, nullptr,
+                              &next);
+        st.sample_s += seconds_since(t0);
+      }
       t0 = std::chrono::steady_clock::now();
       const int flushes_before = cache_.flushes();
       commit_all(++pos);

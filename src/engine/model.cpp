@@ -232,7 +232,6 @@ void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
 Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
                   LogitRows rows, float* logits, int32_t* argmax) {
   const int m = static_cast<int>(ids.size());
-  QS_CHECK(rows == LogitRows::kNone || logits != nullptr || argmax != nullptr);
   QS_TRY(check_ids(ids));
   ensure_scratch(m);
 
@@ -273,7 +272,7 @@ void Model::head(const float* x, int count, bool draft, float* logits, int32_t* 
          logits_->data());
   if (argmax != nullptr) {
     backend_.argmax_rows(logits_->data(), count, cfg_.vocab_size, argmax);
-  } else {
+  } else if (logits != nullptr) {
     backend_.to_host(logits_->data(), logits, static_cast<size_t>(count) * cfg_.vocab_size);
   }
 }

@@ -53,6 +53,8 @@ class Model {
   Model(const ModelConfig& cfg, ModelWeights weights, Backend& backend);
 
   const ModelConfig& config() const { return cfg_; }
+  // The last forward's logit rows in backend memory ([rows, vocab]; valid until the next call).
+  const float* logits_buffer() const { return logits_ ? logits_->data() : nullptr; }
   const ModelWeights& weights() const { return weights_; }
   Backend& backend() { return backend_; }
 
@@ -69,7 +71,8 @@ class Model {
   // logits (host): kLast -> [vocab]; kAll -> [m, vocab]; kNone -> unused (may be null). With
   // `argmax` set, only each row's argmax comes back there instead (kLast -> [1], kAll -> [m];
   // Backend::argmax_rows: what greedy decoding needs, the logits never leave the backend) and
-  // logits is unused.
+  // logits is unused. With neither, the rows stay in backend memory: logits_buffer() (sampling
+  // where the logits are, Backend::sample_rows).
   // Errors: a token id outside [0, vocab), or the cache is full.
   // With path.kv_view set on a quantized cache, query t reads [0, b(t)) through that view and
   // groups below the last query's boundary that are not quantized yet are quantized first

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -72,11 +73,9 @@ class SpeculativeDecoder {
   KvCache& cache_;
   const KvSelection* draft_selection_;  // [num_layers] or nullptr
   DecoderDispatch dispatch_;
-  std::vector<float> logits_;          // [vocab] one draft step
-  std::vector<float> verify_logits_;   // [gamma + 1, vocab]
-  std::vector<int32_t> verify_argmax_;  // [gamma + 1] greedy: the target's argmax per row
-  std::vector<std::vector<float>> q_;  // [gamma][vocab] processed draft distributions
-  std::vector<float> p_;               // [vocab] processed target distribution
+  std::vector<int32_t> verify_argmax_;  // [gamma + 1] the target's argmax per row
+  std::unique_ptr<Buffer> q_;           // [gamma, vocab] the draft's distributions (backend)
+  std::vector<double> uniforms_;        // [gamma + 1] the verdict's draws
 };
 
 }  // namespace qs

@@ -96,6 +96,37 @@ TEST_P(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
   }
 }
 
+// Sampling where the logits are (Backend::sample_rows / speculative_verdict on the GPU, the
+// host's rule on the CPU) with the same seed: the same uniforms, so the same tokens unless a
+// draw or an acceptance test lands within rounding of a boundary (logits agree to ~1e-6 here).
+TEST_P(CudaEngineTest, SampledTokensEqualTheCpuEngine) {
+  const ModeCase& c = GetParam();
+  if (c.kv != KvType::kFp16 || c.rows != KvDType::kF32) {
+    GTEST_SKIP() << "f32 full-precision rows: logits that agree to rounding";
+  }
+  std::unique_ptr<Engine> cpu = load(c, Device::kCpu);
+  std::unique_ptr<Engine> gpu = load(c, Device::kCuda);
+  ASSERT_TRUE(cpu && gpu);
+  GenerationParams params;
+  params.max_new_tokens = 48;
+  params.stop_at_eos = false;
+  params.sampling.temperature = 0.8f;
+  params.sampling.top_k = 40;
+  params.sampling.top_p = 0.95f;
+  params.sampling.seed = 11;
+  const std::vector<int32_t> prompt = prompt_ids(*cpu, 40);
+  auto want = cpu->generate(prompt, params, {});
+  auto got = gpu->generate(prompt, params, {});
+  ASSERT_TRUE(want.ok()) << want.error().message;
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(got->tokens, want->tokens) << c.name;
+  if (c.mode != DecodeMode::kAr) {
+    EXPECT_EQ(got->stats.accepted, want->stats.accepted) << c.name;
+    std::printf("[ speculative ] %s sampled: acceptance cpu %.3f gpu %.3f\n", c.name,
+                want->stats.acceptance_rate(), got->stats.acceptance_rate());
+  }
+}
+
 TEST_P(CudaEngineTest, SequenceLogitsMatchTheCpuEngine) {
   const ModeCase& c = GetParam();
   if (c.mode != DecodeMode::kAr) GTEST_SKIP() << "AR modes define sequence_logits";

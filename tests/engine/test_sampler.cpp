@@ -218,5 +218,58 @@ TEST(Sampler, EmpiricalFrequenciesMatchProbabilities) {
   EXPECT_LT(chi2, 22.46);
 }
 
+TEST(Sampler, SampleAtWalksTheCumulativeSumOverNonZeroTokens) {
+  const std::vector<float> p = {0.0f, 0.25f, 0.0f, 0.5f, 0.25f, 0.0f};
+  EXPECT_EQ(sample_at(p.data(), 6, 0.0), 1);
+  EXPECT_EQ(sample_at(p.data(), 6, 0.2499), 1);
+  EXPECT_EQ(sample_at(p.data(), 6, 0.25), 3);
+  EXPECT_EQ(sample_at(p.data(), 6, 0.7499), 3);
+  EXPECT_EQ(sample_at(p.data(), 6, 0.75), 4);
+  EXPECT_EQ(sample_at(p.data(), 6, 0.9999999999), 4);  // never the zero at the end
+  const std::vector<float> unnormalized = {2.0f, 0.0f, 6.0f};
+  EXPECT_EQ(sample_at(unnormalized.data(), 3, 0.24), 0);
+  EXPECT_EQ(sample_at(unnormalized.data(), 3, 0.26), 2);
+}
+
+// The round's verdict (DESIGN §4) on hand-made rows: p >= q accepts whatever u; p = 0 rejects and
+// the token comes from normalize(max(p - q, 0)); with every candidate accepted, from p[gamma].
+TEST(Sampler, SpeculativeVerdictFollowsTheRule) {
+  const std::vector<float> p = {0.5f, 0.5f, 0.0f,   // row 0
+                                0.2f, 0.3f, 0.5f,   // row 1
+                                0.0f, 0.0f, 1.0f};  // row 2 (the bonus row for gamma = 2)
+  auto rows = [&](int r) { return p.data() + 3 * r; };
+  {  // candidate 0 = token 1: p 0.5 >= q 0.4, accepted even at u = 0.999; candidate 1 = token 0:
+     // p 0.2 / q 0.8 = 0.25, rejected at u = 0.3; residual max(p1 - q1, 0) = {0, 0.1, 0.5}.
+    std::vector<float> q = {0.3f, 0.4f, 0.3f, 0.8f, 0.2f, 0.0f};
+    const int32_t g[] = {1, 0};
+    const double u[] = {0.999, 0.3, 0.1};
+    const SpecVerdict v = speculative_verdict(rows, q.data(), 2, 3, g, u);
+    EXPECT_EQ(v.accepted, 1);
+    EXPECT_EQ(v.token, 1);  // 0.1 of the residual's 0.6: token 1 (mass 0.1) starts at 0
+    EXPECT_FLOAT_EQ(q[3], 0.0f);
+    EXPECT_FLOAT_EQ(q[4], 0.1f);
+    EXPECT_FLOAT_EQ(q[5], 0.5f);
+    const double u_late[] = {0.999, 0.3, 0.5};
+    std::vector<float> q2 = {0.3f, 0.4f, 0.3f, 0.8f, 0.2f, 0.0f};
+    EXPECT_EQ(speculative_verdict(rows, q2.data(), 2, 3, g, u_late).token, 2);
+    // The deliberately wrong rule draws from p1 itself: 0.5 of {0.2, 0.3, 0.5} is token 2, 0.1
+    // token 0.
+    std::vector<float> q3 = {0.3f, 0.4f, 0.3f, 0.8f, 0.2f, 0.0f};
+    EXPECT_EQ(speculative_verdict(rows, q3.data(), 2, 3, g, u, false).token, 0);
+  }
+  {  // Both accepted (p / q >= 1): the bonus from row 2.
+    std::vector<float> q = {0.4f, 0.4f, 0.2f, 0.1f, 0.1f, 0.8f};
+    const int32_t g[] = {0, 1};
+    const double u[] = {0.999, 0.999, 0.5};
+    const SpecVerdict v = speculative_verdict(rows, q.data(), 2, 3, g, u);
+    EXPECT_EQ(v.accepted, 2);
+    EXPECT_EQ(v.token, 2);
+  }
+  {  // gamma = 0: a draw from row 0.
+    const double u[] = {0.75};
+    EXPECT_EQ(speculative_verdict(rows, nullptr, 0, 3, nullptr, u).token, 1);
+  }
+}
+
 }  // namespace
 }  // namespace qs

@@ -165,6 +165,8 @@ struct CudaBackend::Impl {
   Scratch attn_tc;       // tensor-core prefill attention: K/V hi/lo planes
   Scratch ids;           // token ids of large embedding calls
   Scratch argmax;        // argmax_rows' results
+  Scratch sample_probs;  // sample_rows without a probs buffer; speculative_verdict's p rows
+  Scratch sample_out;    // sampled tokens / the verdict
   Scratch snapkv;        // snapkv_scores' softmax partials
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
 
@@ -391,6 +393,83 @@ void CudaBackend::argmax_rows(const float* x, int rows, int n, int32_t* out_host
   if (host.size() < count) host.resize(count);
   to_host(x, host.data(), count);
   Backend::argmax_rows(host.data(), rows, n, out_host);  // host rows: the reference argmax
+}
+
+namespace {
+cuda::SampleSpec sample_spec(const SamplingParams& p) {
+  return {p.temperature, p.top_p, p.min_p, p.top_k};
+}
+// Sampling on the GPU (sampling.cu); QS_CUDA_SAMPLE=0: the logits copied back and sampled on the
+// host by the reference (the A/B of the end-to-end bench).
+bool gpu_sampling() {
+  static const bool on = [] {
+    const char* v = std::getenv("QS_CUDA_SAMPLE");
+    return v == nullptr || std::strcmp(v, "0") != 0;
+  }();
+  return on;
+}
+}  // namespace
+
+void CudaBackend::sample_rows(const float* logits, int rows, int n, const SamplingParams& params,
+                              const double* u_host, float* probs, int32_t* out_host) {
+  QS_CHECK(rows >= 1 && n >= 1);
+  if (!gpu_sampling()) {
+    const size_t count = static_cast<size_t>(rows) * n;
+    std::vector<float> host(count), host_probs(probs != nullptr ? count : 0);
+    to_host(logits, host.data(), count);
+    Backend::sample_rows(host.data(), rows, n, params, u_host,
+                         probs != nullptr ? host_probs.data() : nullptr, out_host);
+    if (probs != nullptr) from_host(host_probs.data(), probs, count);
+    return;
+  }
+  for (int r0 = 0; r0 < rows; r0 += cuda::kMaxSampleRows) {
+    const int count = std::min(rows - r0, cuda::kMaxSampleRows);
+    cuda::SampleDraws draws{};
+    for (int r = 0; r < count; ++r) draws.u[r] = u_host[r0 + r];
+    const size_t off = static_cast<size_t>(r0) * n;
+    float* dst = probs != nullptr ? probs + off
+                                  : static_cast<float*>(impl_->sample_probs.ensure(
+                                        sizeof(float) * static_cast<size_t>(count) * n));
+    auto* dev = static_cast<int32_t*>(impl_->sample_out.ensure(sizeof(int32_t) * count));
+    cuda::launch_sample_rows(logits + off, count, n, sample_spec(params), draws, dst, dev,
+                             impl_->stream);
+    CUDA_CHECK(cudaMemcpyAsync(out_host + r0, dev, sizeof(int32_t) * count, cudaMemcpyDeviceToHost,
+                               impl_->stream));
+  }
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+SpecVerdict CudaBackend::speculative_verdict(const float* target_logits, float* draft_probs,
+                                             int gamma, int n, const SamplingParams& params,
+                                             const int32_t* candidates_host, const double* u_host,
+                                             bool residual) {
+  QS_CHECK_MSG(gamma >= 0 && gamma < cuda::kMaxSampleRows,
+               "speculative_verdict: gamma must be in [0, 16) on cuda");
+  if (!gpu_sampling()) {
+    const size_t pn = static_cast<size_t>(gamma + 1) * n, qn = static_cast<size_t>(gamma) * n;
+    std::vector<float> p(pn), q(qn);
+    to_host(target_logits, p.data(), pn);
+    if (qn > 0) to_host(draft_probs, q.data(), qn);
+    const SpecVerdict v = Backend::speculative_verdict(p.data(), q.data(), gamma, n, params,
+                                                       candidates_host, u_host, residual);
+    if (qn > 0) from_host(q.data(), draft_probs, qn);
+    return v;
+  }
+  cuda::SampleDraws draws{};
+  cuda::SampleCandidates cand{};
+  for (int i = 0; i <= gamma; ++i) draws.u[i] = u_host[i];
+  for (int i = 0; i < gamma; ++i) cand.g[i] = candidates_host[i];
+  auto* p = static_cast<float*>(
+      impl_->sample_probs.ensure(sizeof(float) * static_cast<size_t>(gamma + 1) * n));
+  auto* dev = static_cast<int32_t*>(impl_->sample_out.ensure(sizeof(int32_t) * 2));
+  cuda::launch_sample_rows(target_logits, gamma + 1, n, sample_spec(params), draws, p, nullptr,
+                           impl_->stream);
+  cuda::launch_speculative_verdict(p, draft_probs, gamma, n, cand, draws, residual, dev,
+                                   impl_->stream);
+  int32_t out[2];
+  CUDA_CHECK(cudaMemcpyAsync(out, dev, sizeof(out), cudaMemcpyDeviceToHost, impl_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+  return SpecVerdict{out[0], out[1]};
 }
 
 void CudaBackend::from_host(const float* src_host, float* dst, size_t n) {

@@ -58,6 +58,11 @@ class CudaBackend final : public Backend {
   // On the GPU (only the ids come back); with QS_CUDA_ARGMAX=0 the rows are copied back and
   // argmax'ed on the host.
   void argmax_rows(const float* x, int rows, int n, int32_t* out_host) override;
+  void sample_rows(const float* logits, int rows, int n, const SamplingParams& params,
+                   const double* u_host, float* probs, int32_t* out_host) override;
+  SpecVerdict speculative_verdict(const float* target_logits, float* draft_probs, int gamma, int n,
+                                  const SamplingParams& params, const int32_t* candidates_host,
+                                  const double* u_host, bool residual) override;
   void from_host(const float* src_host, float* dst, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;
   void copy_bytes(void* dst, const void* src, size_t bytes) override;

@@ -88,6 +88,33 @@ void launch_store_f16_pair(const float* k, const float* v, int64_t n, void* k_ds
 // index among ties, NaN never wins, 0 for a NaN at index 0). out: device memory, rows ints.
 void launch_argmax_rows(const float* x, int rows, int n, int32_t* out, cudaStream_t stream);
 
+// ---- sampling.cu -----------------------------------------------------------------------------
+
+// Backend::sample_rows / speculative_verdict on the GPU (core/sampling.h's rule; by value in the
+// kernel parameters: the processing, up to kMaxSampleRows uniforms and candidates).
+constexpr int kMaxSampleRows = 16;
+struct SampleSpec {
+  float temperature, top_p, min_p;
+  int top_k;
+};
+struct SampleDraws {
+  double u[kMaxSampleRows + 1];
+};
+struct SampleCandidates {
+  int32_t g[kMaxSampleRows];
+};
+// probs[r, :] = token_probabilities(logits row r, n, spec) for r < rows <= kMaxSampleRows
+// (device memory, [rows, n]); tokens (device, [rows], may be null: no draws) = sample_at(probs
+// row r, draws.u[r]).
+void launch_sample_rows(const float* logits, int rows, int n, const SampleSpec& spec,
+                        const SampleDraws& draws, float* probs, int32_t* tokens,
+                        cudaStream_t stream);
+// speculative_verdict(p, q, gamma, n, candidates, draws.u, residual) with p [gamma + 1, n] from
+// launch_sample_rows and q [gamma, n]: out[0] = accepted, out[1] = token (device memory).
+void launch_speculative_verdict(const float* p, float* q, int gamma, int n,
+                                const SampleCandidates& candidates, const SampleDraws& draws,
+                                bool residual, int32_t* out, cudaStream_t stream);
+
 // ---- gemv.cu --------------------------------------------------------------------------------
 
 // Programmatic dependent launch of every kernel (launch.cuh): on by default, QS_CUDA_PDL=0 in the

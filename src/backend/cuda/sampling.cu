@@ -1,0 +1,460 @@
+// Sampling where the logits are (Backend::sample_rows / speculative_verdict): core/sampling.h's
+// rule with one 1024-thread block per row, so only tokens travel back to the host.
+//
+// token_probabilities without a sort: the k-th largest logit (top-k) and the top-p boundary are
+// found by a digit descent over the logits' order-preserving 32-bit keys, four bits per pass: a
+// pass counts (top-k) or sums the probability mass (top-p, in double) of the tokens in each of
+// the 16 sub-ranges of the current prefix and keeps the highest sub-range where the count / mass
+// from the top reaches k / top_p. After eight passes the prefix is the boundary key c: every
+// token above it is kept, and tokens whose logit equals c are kept in index order while the mass
+// before them is below top_p, as the host's stable order does. Sums run in a different order
+// than the host's (parallel, not sorted-sequential): the distributions agree to rounding.
+//
+// Draws (sample_at): each thread owns a contiguous slice; the slices' sums are scanned in order
+// (each prefix is the previous one plus a non-negative sum, so the intervals tile [0, total)
+// exactly), the thread whose interval holds u * total walks its slice.
+#include <cuda_runtime.h>
+
+#include <climits>
+#include <cstdint>
+
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/device_util.cuh"
+#include "backend/cuda/launch.cuh"
+
+namespace qs::cuda {
+
+namespace {
+
+constexpr int kThreads = 1024;
+constexpr int kWarps = kThreads / 32;
+constexpr int kBins = 16;  // digits of 4 bits: 8 passes over a 32-bit key
+constexpr size_t kHistBytes = sizeof(double) * kBins * kThreads;  // 128 KB of per-thread bins
+
+__device__ __forceinline__ int lane_id() {
+  return threadIdx.x & 31;
+}
+__device__ __forceinline__ int warp_id() {
+  return threadIdx.x >> 5;
+}
+
+// Larger float, larger key (sign-magnitude to unsigned order; NaN above +inf). -0 and +0 are
+// equal logits on the host, so -0 + 0 = +0 gives them one key.
+__device__ __forceinline__ uint32_t order_key(float v) {
+  const uint32_t b = __float_as_uint(v + 0.0f);
+  return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// Block-wide sum / max, the same value in every thread; the scratch is reused by the next call
+// only after the trailing barrier.
+__device__ double block_sum(double v) {
+  __shared__ double part[kWarps];
+  __shared__ double result;
+  v = warp_sum(v);
+  if (lane_id() == 0) part[warp_id()] = v;
+  __syncthreads();
+  if (warp_id() == 0) {
+    double w = warp_sum(part[lane_id()]);
+    if (lane_id() == 0) result = w;
+  }
+  __syncthreads();
+  const double r = result;
+  __syncthreads();
+  return r;
+}
+
+__device__ float block_max(float v) {
+  __shared__ float part[kWarps];
+  __shared__ float result;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  if (lane_id() == 0) part[warp_id()] = v;
+  __syncthreads();
+  if (warp_id() == 0) {
+    float w = part[lane_id()];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) w = fmaxf(w, __shfl_xor_sync(kFullMask, w, o));
+    if (lane_id() == 0) result = w;
+  }
+  __syncthreads();
+  const float r = result;
+  __syncthreads();
+  return r;
+}
+
+__device__ int block_max_int(int v) {
+  __shared__ int part[kWarps];
+  __shared__ int result;
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
+  if (lane_id() == 0) part[warp_id()] = v;
+  __syncthreads();
+  if (warp_id() == 0) {
+    int w = part[lane_id()];
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) w = max(w, __shfl_xor_sync(kFullMask, w, o));
+    if (lane_id() == 0) result = w;
+  }
+  __syncthreads();
+  const int r = result;
+  __syncthreads();
+  return r;
+}
+
+// The digit descent's per-thread bins: hist[b * kThreads + thread] in dynamic shared memory
+// (private, so no atomics; consecutive threads in consecutive words), summed over the block in
+// a fixed order into bins[].
+template <typename T>
+__device__ __forceinline__ T* thread_hist() {
+  extern __shared__ __align__(16) unsigned char sample_smem[];
+  return reinterpret_cast<T*>(sample_smem);
+}
+
+template <typename T>
+__device__ void sum_hist(const T* hist, T* bins) {
+  __shared__ T part[kWarps];
+  // Bin b = warp / 2: its 1024 entries, 16 per thread of two warps.
+  const int b = warp_id() / 2;
+  const int base = b * kThreads + (threadIdx.x % 64) * 16;
+  T s = 0;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) s += hist[base + j];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);
+  if (lane_id() == 0) part[warp_id()] = s;
+  __syncthreads();
+  if (threadIdx.x < kBins) bins[threadIdx.x] = part[2 * threadIdx.x] + part[2 * threadIdx.x + 1];
+  __syncthreads();
+}
+
+// The largest key c such that the weight of the tokens with key >= c reaches `target`, over the
+// tokens with key >= floor (weight: 1 each when probs is null, else probs[i]). *above gets the
+// weight of the tokens with key > c; returns false (c = floor) when even the whole weight falls
+// short of the target (rounding).
+template <typename T>
+__device__ bool descend(const float* row, const float* probs, int n, uint32_t floor, T target,
+                        uint32_t* c_out, T* above_out) {
+  __shared__ T bins[kBins];
+  T* hist = thread_hist<T>();
+  uint32_t prefix = 0;
+  T above = 0;
+  for (int shift = 28; shift >= 0; shift -= 4) {
+#pragma unroll
+    for (int b = 0; b < kBins; ++b) hist[b * kThreads + threadIdx.x] = 0;
+    const uint64_t want = static_cast<uint64_t>(prefix) >> (shift + 4);
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const uint32_t key = order_key(row[i]);
+      if (key < floor || (static_cast<uint64_t>(key) >> (shift + 4)) != want) continue;
+      const T w = probs ? static_cast<T>(probs[i]) : static_cast<T>(1);
+      hist[((key >> shift) & (kBins - 1)) * kThreads + threadIdx.x] += w;
+    }
+    __syncthreads();
+    sum_hist(hist, bins);
+    int digit = -1;
+    T run = above;
+    for (int b = kBins - 1; b >= 0; --b) {
+      if (run + bins[b] >= target) {
+        digit = b;
+        break;
+      }
+      run += bins[b];
+    }
+    if (digit < 0) {
+      if (shift == 28) {
+        *c_out = floor;
+        *above_out = 0;
+        __syncthreads();
+        return false;
+      }
+      // Rounding: this pass's sub-ranges sum to slightly less than the range did. Keep the whole
+      // range: its lowest non-empty sub-range.
+      run = above;
+      digit = 0;
+      for (int b = kBins - 1; b >= 0; --b) {
+        if (bins[b] > static_cast<T>(0)) digit = b;
+      }
+      for (int b = kBins - 1; b > digit; --b) run += bins[b];
+    }
+    above = run;
+    prefix |= static_cast<uint32_t>(digit) << shift;
+    __syncthreads();  // bins is rewritten by the next pass
+  }
+  *c_out = prefix;
+  *above_out = above;
+  return true;
+}
+
+// This thread's contiguous slice [begin, end) of n.
+struct Slice {
+  int begin, end;
+};
+__device__ __forceinline__ Slice my_slice(int n) {
+  const int per = (n + kThreads - 1) / kThreads;
+  const int begin = min(n, static_cast<int>(threadIdx.x) * per);
+  return {begin, min(n, begin + per)};
+}
+
+// Exclusive / inclusive prefix of the slices' sums in thread order: within a warp lane by lane,
+// then the warps' bases one after another; each inclusive prefix is the exclusive one plus the
+// slice's sum, and the next thread's exclusive prefix is that very value.
+__device__ void slice_scan(double s, double* excl, double* incl, double* total) {
+  __shared__ double warp_total[kWarps];
+  __shared__ double base[kWarps + 1];
+  double in = s;
+  for (int j = 1; j < 32; ++j) {
+    const double prev = __shfl_sync(kFullMask, in, j - 1);
+    if (lane_id() == j) in = prev + s;
+  }
+  double ex = __shfl_up_sync(kFullMask, in, 1);
+  if (lane_id() == 0) ex = 0.0;
+  if (lane_id() == 31) warp_total[warp_id()] = in;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    base[0] = 0.0;
+    for (int w = 0; w < kWarps; ++w) base[w + 1] = base[w] + warp_total[w];
+  }
+  __syncthreads();
+  const double b = base[warp_id()];
+  // lane 31's b + in is base[w + 1] (the same addition), so warps tile too.
+  *excl = lane_id() == 0 ? b : b + ex;
+  *incl = b + in;
+  *total = base[kWarps];
+  __syncthreads();
+}
+
+// sample_at(probs, n, u) by the whole block (the same result in every thread).
+__device__ int32_t block_sample_at(const float* probs, int n, double u) {
+  __shared__ int32_t found;
+  const Slice sl = my_slice(n);
+  double s = 0.0;
+  int last = -1;
+  for (int i = sl.begin; i < sl.end; ++i) {
+    const float p = probs[i];
+    s += p;
+    if (p > 0.0f) last = i;
+  }
+  double excl, incl, total;
+  slice_scan(s, &excl, &incl, &total);
+  const int last_all = block_max_int(last);
+  if (threadIdx.x == 0) found = last_all;  // u * total in the rounding slack at the top
+  __syncthreads();
+  const double target = u * total;
+  if (excl <= target && target < incl) {
+    const double local = target - excl;
+    double cum = 0.0;
+    int pick = last;
+    for (int i = sl.begin; i < sl.end; ++i) {
+      const float p = probs[i];
+      if (p <= 0.0f) continue;
+      cum += p;
+      if (local < cum) {
+        pick = i;
+        break;
+      }
+    }
+    found = pick;
+  }
+  __syncthreads();
+  const int32_t r = found;
+  __syncthreads();
+  return r;
+}
+
+// out = x / total for every element (zeros stay zero), then a barrier. By the reciprocal (a
+// double division per element would dominate the kernel): within a double ulp of the host's
+// quotient, so the float results agree but for double-rounding cases (one float ulp).
+__device__ void renormalize(float* out, int n, double total) {
+  const double inv = 1.0 / total;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    out[i] = static_cast<float>(static_cast<double>(out[i]) * inv);
+  }
+  __syncthreads();
+}
+
+// exp(x) for x <= 0 given in double, to float: 2^(x log2 e) split into 2^k 2^f, f in [0, 1)
+// exact to float rounding, 2^f by exp2f: within a few float ulps of the host's float(exp(x))
+// (double exp per element would dominate the kernel).
+__device__ __forceinline__ float exp_to_float(double x) {
+  const double y = x * 1.4426950408889634074;
+  const double k = floor(y);
+  if (k < -160.0) return 0.0f;
+  return ldexpf(exp2f(static_cast<float>(y - k)), static_cast<int>(k));
+}
+
+// token_probabilities(row, n, params) into out (global memory, [n]), by the whole block.
+__device__ void block_token_probabilities(const float* row, int n, const SampleSpec& sp,
+                                          float* out) {
+  if (sp.temperature <= 0.0f) {  // one-hot argmax: the lowest index of the largest value
+    float bv = -INFINITY;
+    int bi = INT_MAX;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const float v = row[i];
+      if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
+    }
+    const float mx = block_max(bv);
+    int cand = bv == mx ? bi : INT_MAX;
+    cand = -block_max_int(-cand);  // the lowest index holding the maximum
+    const int am = cand == INT_MAX || isnan(row[0]) ? 0 : cand;
+    for (int i = threadIdx.x; i < n; i += kThreads) out[i] = i == am ? 1.0f : 0.0f;
+    __syncthreads();
+    return;
+  }
+  // Top-k: the tokens whose logit is >= the k-th largest (key >= kth).
+  uint32_t kth = 0;
+  int kept = n;
+  if (sp.top_k > 0 && sp.top_k < n) {
+    int above = 0;
+    descend<int>(row, nullptr, n, 0u, sp.top_k, &kth, &above);
+    int c = 0;
+    for (int i = threadIdx.x; i < n; i += kThreads) c += order_key(row[i]) >= kth;
+    kept = static_cast<int>(block_sum(static_cast<double>(c)));
+  }
+  // Softmax of logits / temperature over the kept set: e as float (the host rounds a double exp
+  // to float), the total of those in double.
+  float mx = -INFINITY;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float v = row[i];
+    if (order_key(v) >= kth) mx = fmaxf(mx, v);
+  }
+  mx = block_max(mx);
+  const double inv_t = 1.0 / static_cast<double>(sp.temperature);
+  double t = 0.0;
+  for (int i = threadIdx.x; i < n; i += kThreads) {
+    const float v = row[i];
+    float e = 0.0f;
+    if (order_key(v) >= kth) {
+      e = exp_to_float((static_cast<double>(v) - mx) * inv_t);
+      t += e;
+    }
+    out[i] = e;
+  }
+  renormalize(out, n, block_sum(t));
+
+  // Top-p: the most likely tokens (by logit, then index) until their mass reaches top_p.
+  if (sp.top_p < 1.0f && kept > 1) {
+    uint32_t c = kth;
+    double above = 0.0;
+    const bool found = descend<double>(row, out, n, kth, static_cast<double>(sp.top_p), &c, &above);
+    if (found) {
+      // Ties at c in index order: kept while the mass before them is below top_p.
+      const Slice sl = my_slice(n);
+      double s = 0.0;
+      for (int i = sl.begin; i < sl.end; ++i) {
+        if (order_key(row[i]) == c) s += out[i];
+      }
+      double excl, incl, total;
+      slice_scan(s, &excl, &incl, &total);
+      double run = above + excl;
+      for (int i = sl.begin; i < sl.end; ++i) {
+        const uint32_t key = order_key(row[i]);
+        if (key < c) {
+          out[i] = 0.0f;
+        } else if (key == c) {
+          const float p = out[i];
+          if (!(run < static_cast<double>(sp.top_p))) out[i] = 0.0f;
+          run += p;
+        }
+      }
+      __syncthreads();
+    }
+    double m = 0.0;
+    for (int i = threadIdx.x; i < n; i += kThreads) m += out[i];
+    renormalize(out, n, block_sum(m));
+  }
+
+  // Min-p: drop tokens below min_p times the most likely token's probability.
+  if (sp.min_p > 0.0f) {
+    float pmax = 0.0f;
+    for (int i = threadIdx.x; i < n; i += kThreads) pmax = fmaxf(pmax, out[i]);
+    const float threshold = sp.min_p * block_max(pmax);
+    double m = 0.0;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const float p = out[i];
+      if (p < threshold) {
+        out[i] = 0.0f;
+      } else {
+        m += p;
+      }
+    }
+    renormalize(out, n, block_sum(m));
+  }
+}
+
+// Row blockIdx.x: its distribution into probs, and (tokens non-null) its draw at u[row].
+__global__ void __launch_bounds__(kThreads)
+    sample_rows_kernel(const float* __restrict__ logits, int n, SampleSpec sp, SampleDraws draws,
+                       float* __restrict__ probs, int32_t* __restrict__ tokens) {
+  pdl_begin();
+  const int64_t off = static_cast<int64_t>(blockIdx.x) * n;
+  block_token_probabilities(logits + off, n, sp, probs + off);
+  if (tokens == nullptr) return;
+  const int32_t t = block_sample_at(probs + off, n, draws.u[blockIdx.x]);
+  if (threadIdx.x == 0) tokens[blockIdx.x] = t;
+}
+
+// core/sampling.h speculative_verdict over p ([gamma + 1, n], sample_rows_kernel's), q
+// ([gamma, n]); out[0] = accepted, out[1] = token.
+__global__ void __launch_bounds__(kThreads)
+    verdict_kernel(const float* __restrict__ p, float* __restrict__ q, int gamma, int n,
+                   SampleCandidates cand, SampleDraws draws, bool residual,
+                   int32_t* __restrict__ out) {
+  pdl_begin();
+  __shared__ int accepted;
+  if (threadIdx.x == 0) {
+    int k = 0;
+    for (; k < gamma; ++k) {
+      const int64_t at = static_cast<int64_t>(k) * n + cand.g[k];
+      const double pg = p[at], qg = q[at];
+      if (!(draws.u[k] < fmin(1.0, pg / qg))) break;
+    }
+    accepted = k;
+  }
+  __syncthreads();
+  const int k = accepted;
+  const float* pk = p + static_cast<int64_t>(k) * n;
+  const float* src = pk;
+  if (k < gamma && residual) {
+    float* qk = q + static_cast<int64_t>(k) * n;
+    double m = 0.0;
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      const float r = fmaxf(pk[i] - qk[i], 0.0f);
+      qk[i] = r;
+      m += r;
+    }
+    if (block_sum(m) > 0.0) src = qk;  // its barrier also orders the writes before the draw
+  }
+  const int32_t t = block_sample_at(src, n, draws.u[gamma]);
+  if (threadIdx.x == 0) out[0] = k, out[1] = t;
+}
+
+}  // namespace
+
+void launch_sample_rows(const float* logits, int rows, int n, const SampleSpec& spec,
+                        const SampleDraws& draws, float* probs, int32_t* tokens,
+                        cudaStream_t stream) {
+  QS_CHECK(rows >= 1 && rows <= kMaxSampleRows && n >= 1 && probs != nullptr);
+  // The descent's per-thread bins (only top-k / top-p run it).
+  const bool descends =
+      spec.temperature > 0.0f && ((spec.top_k > 0 && spec.top_k < n) || spec.top_p < 1.0f);
+  const size_t smem = descends ? kHistBytes : 0;
+  static const bool attr_set = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(kHistBytes)));
+    return true;
+  }();
+  (void)attr_set;
+  launch(sample_rows_kernel, static_cast<unsigned>(rows), kThreads, smem, stream, logits, n, spec,
+         draws, probs, tokens);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_speculative_verdict(const float* p, float* q, int gamma, int n,
+                                const SampleCandidates& candidates, const SampleDraws& draws,
+                                bool residual, int32_t* out, cudaStream_t stream) {
+  QS_CHECK(gamma >= 0 && gamma < kMaxSampleRows && n >= 1);
+  launch(verdict_kernel, 1u, kThreads, 0, stream, p, q, gamma, n, candidates, draws, residual, out);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+}  // namespace qs::cuda
