@@ -143,12 +143,13 @@ __device__ bool descend(const float* row, const float* probs, int n, uint32_t fl
 #pragma unroll
     for (int b = 0; b < kBins; ++b) hist[b * kThreads + threadIdx.x] = 0;
     const uint64_t want = static_cast<uint64_t>(prefix) >> (shift + 4);
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const uint32_t key = order_key(row[i]);
-      if (key < floor || (static_cast<uint64_t>(key) >> (shift + 4)) != want) continue;
-      const T w = probs ? static_cast<T>(probs[i]) : static_cast<T>(1);
-      hist[((key >> shift) & (kBins - 1)) * kThreads + threadIdx.x] += w;
-    }
+    T* mine = hist + threadIdx.x;
+    sweep(row, probs, n, [&](int, float v, float p) {
+      const uint32_t key = order_key(v);
+      if (key < floor || (static_cast<uint64_t>(key) >> (shift + 4)) != want) return;
+      mine[((key >> shift) & (kBins - 1)) * kThreads] +=
+          probs ? static_cast<T>(p) : static_cast<T>(1);
+    });
     __syncthreads();
     sum_hist(hist, bins);
     int digit = -1;
@@ -185,14 +186,107 @@ __device__ bool descend(const float* row, const float* probs, int n, uint32_t fl
   return true;
 }
 
-// This thread's contiguous slice [begin, end) of n.
-struct Slice {
+// Rows are read four elements at a time (a float4 per lane, coalesced) when n % 4 == 0 and the
+// row is 16-byte aligned (every real vocabulary); otherwise element by element. Past n: 0.
+__device__ __forceinline__ bool vec4_ok(const float* p, int n) {
+  return (n & 3) == 0 && (reinterpret_cast<uintptr_t>(p) & 15) == 0;
+}
+__device__ __forceinline__ float4 load4(const float* p, int n, int i, bool vec) {
+  if (vec) return *reinterpret_cast<const float4*>(p + i);
+  float4 r;
+  r.x = i < n ? p[i] : 0.0f;
+  r.y = i + 1 < n ? p[i + 1] : 0.0f;
+  r.z = i + 2 < n ? p[i + 2] : 0.0f;
+  r.w = i + 3 < n ? p[i + 3] : 0.0f;
+  return r;
+}
+__device__ __forceinline__ float at4(const float4& v, int k) {
+  return k == 0 ? v.x : k == 1 ? v.y : k == 2 ? v.z : v.w;
+}
+
+// f(i, a[i], b[i]) for this thread's elements in block-strided groups of four (b may be null:
+// then 0). Coalesced; the loads of two groups are in flight at a time.
+template <typename F>
+__device__ __forceinline__ void sweep(const float* a, const float* b, int n, F f) {
+  const bool vec = vec4_ok(a, n) && (b == nullptr || vec4_ok(b, n));
+#pragma unroll 2
+  for (int i = 4 * threadIdx.x; i < n; i += 4 * kThreads) {
+    const float4 va = load4(a, n, i, vec);
+    const float4 vb = b ? load4(b, n, i, vec) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      if (i + k < n) f(i + k, at4(va, k), at4(vb, k));
+    }
+  }
+}
+
+// out[i] = f(i, a[i], out[i]) over the row, then a barrier (out may be written only here).
+template <typename F>
+__device__ __forceinline__ void transform(const float* a, float* out, int n, F f) {
+  const bool vec = vec4_ok(a, n) && vec4_ok(out, n);
+#pragma unroll 2
+  for (int i = 4 * threadIdx.x; i < n; i += 4 * kThreads) {
+    const float4 va = load4(a, n, i, vec);
+    const float4 vo = load4(out, n, i, vec);
+    float4 r;
+    r.x = f(i, va.x, vo.x);  // vec: i + 3 < n
+    r.y = i + 1 < n ? f(i + 1, va.y, vo.y) : 0.0f;
+    r.z = i + 2 < n ? f(i + 2, va.z, vo.z) : 0.0f;
+    r.w = i + 3 < n ? f(i + 3, va.w, vo.w) : 0.0f;
+    if (vec) {
+      *reinterpret_cast<float4*>(out + i) = r;
+    } else {
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (i + k < n) out[i + k] = at4(r, k);
+      }
+    }
+  }
+  __syncthreads();
+}
+
+// The row in index order as kThreads steps of L = 128 x ceil(n / (128 kThreads)) elements;
+// thread t owns step t: [t L, (t + 1) L) clipped to n.
+struct Step {
   int begin, end;
 };
-__device__ __forceinline__ Slice my_slice(int n) {
-  const int per = (n + kThreads - 1) / kThreads;
-  const int begin = min(n, static_cast<int>(threadIdx.x) * per);
-  return {begin, min(n, begin + per)};
+__device__ __forceinline__ int step_len(int n) {
+  return 128 * ((n + 128 * kThreads - 1) / (128 * kThreads));
+}
+__device__ __forceinline__ Step my_step(int n) {
+  const int len = step_len(n);
+  const int begin = min(n, static_cast<int>(threadIdx.x) * len);
+  return {begin, min(n, begin + len)};
+}
+
+// Every step's sum of val(i, a[i], b[i]) (double) and its last index with a non-zero value,
+// returned to the step's owner; warp w reads steps 32 w .. 32 w + 31 coalesced, a float4 per
+// lane, in order.
+template <typename F>
+__device__ void step_sums(const float* a, const float* b, int n, F val, double* sum, int* last) {
+  const bool vec = vec4_ok(a, n) && (b == nullptr || vec4_ok(b, n));
+  const int len = step_len(n);
+  for (int s = 0; s < 32; ++s) {
+    const int begin = (warp_id() * 32 + s) * len;
+    double part = 0.0;
+    int lst = -1;
+    for (int i = begin + 4 * lane_id(); i < min(n, begin + len); i += 128) {
+      const float4 va = load4(a, n, i, vec);
+      const float4 vb = b ? load4(b, n, i, vec) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        if (i + k < n) {
+          const double v = val(i + k, at4(va, k), at4(vb, k));
+          part += v;
+          if (v > 0.0) lst = i + k;
+        }
+      }
+    }
+    part = warp_sum(part);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) lst = max(lst, __shfl_xor_sync(kFullMask, lst, o));
+    if (lane_id() == s) *sum = part, *last = lst;
+  }
 }
 
 // Exclusive / inclusive prefix of the slices' sums in thread order: within a warp lane by lane,
@@ -223,17 +317,14 @@ __device__ void slice_scan(double s, double* excl, double* incl, double* total) 
   __syncthreads();
 }
 
-// sample_at(probs, n, u) by the whole block (the same result in every thread).
+// sample_at(probs, n, u) by the whole block (the same result in every thread): the steps' sums
+// scanned in order, then the step holding u * total walked by its owner.
 __device__ int32_t block_sample_at(const float* probs, int n, double u) {
   __shared__ int32_t found;
-  const Slice sl = my_slice(n);
-  double s = 0.0;
-  int last = -1;
-  for (int i = sl.begin; i < sl.end; ++i) {
-    const float p = probs[i];
-    s += p;
-    if (p > 0.0f) last = i;
-  }
+  double s;
+  int last;
+  step_sums(
+      probs, nullptr, n, [](int, float p, float) { return static_cast<double>(p); }, &s, &last);
   double excl, incl, total;
   slice_scan(s, &excl, &incl, &total);
   const int last_all = block_max_int(last);
@@ -241,10 +332,11 @@ __device__ int32_t block_sample_at(const float* probs, int n, double u) {
   __syncthreads();
   const double target = u * total;
   if (excl <= target && target < incl) {
+    const Step st = my_step(n);
     const double local = target - excl;
     double cum = 0.0;
     int pick = last;
-    for (int i = sl.begin; i < sl.end; ++i) {
+    for (int i = st.begin; i < st.end; ++i) {
       const float p = probs[i];
       if (p <= 0.0f) continue;
       cum += p;
@@ -266,10 +358,9 @@ __device__ int32_t block_sample_at(const float* probs, int n, double u) {
 // quotient, so the float results agree but for double-rounding cases (one float ulp).
 __device__ void renormalize(float* out, int n, double total) {
   const double inv = 1.0 / total;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    out[i] = static_cast<float>(static_cast<double>(out[i]) * inv);
-  }
-  __syncthreads();
+  transform(out, out, n, [inv](int, float x, float) {
+    return static_cast<float>(static_cast<double>(x) * inv);
+  });
 }
 
 // exp(x) for x <= 0 given in double, to float: 2^(x log2 e) split into 2^k 2^f, f in [0, 1)
@@ -307,76 +398,70 @@ __device__ void block_token_probabilities(const float* row, int n, const SampleS
     int above = 0;
     descend<int>(row, nullptr, n, 0u, sp.top_k, &kth, &above);
     int c = 0;
-    for (int i = threadIdx.x; i < n; i += kThreads) c += order_key(row[i]) >= kth;
+    sweep(row, nullptr, n, [&](int, float v, float) { c += order_key(v) >= kth; });
     kept = static_cast<int>(block_sum(static_cast<double>(c)));
   }
   // Softmax of logits / temperature over the kept set: e as float (the host rounds a double exp
   // to float), the total of those in double.
   float mx = -INFINITY;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float v = row[i];
+  sweep(row, nullptr, n, [&](int, float v, float) {
     if (order_key(v) >= kth) mx = fmaxf(mx, v);
-  }
+  });
   mx = block_max(mx);
   const double inv_t = 1.0 / static_cast<double>(sp.temperature);
   double t = 0.0;
-  for (int i = threadIdx.x; i < n; i += kThreads) {
-    const float v = row[i];
-    float e = 0.0f;
-    if (order_key(v) >= kth) {
-      e = exp_to_float((static_cast<double>(v) - mx) * inv_t);
-      t += e;
-    }
-    out[i] = e;
-  }
+  transform(row, out, n, [&](int, float v, float) {
+    if (order_key(v) < kth) return 0.0f;
+    const float e = exp_to_float((static_cast<double>(v) - mx) * inv_t);
+    t += e;
+    return e;
+  });
   renormalize(out, n, block_sum(t));
 
   // Top-p: the most likely tokens (by logit, then index) until their mass reaches top_p.
   if (sp.top_p < 1.0f && kept > 1) {
     uint32_t c = kth;
     double above = 0.0;
-    const bool found = descend<double>(row, out, n, kth, static_cast<double>(sp.top_p), &c, &above);
-    if (found) {
-      // Ties at c in index order: kept while the mass before them is below top_p.
-      const Slice sl = my_slice(n);
-      double s = 0.0;
-      for (int i = sl.begin; i < sl.end; ++i) {
-        if (order_key(row[i]) == c) s += out[i];
-      }
+    const double top_p = sp.top_p;
+    if (descend<double>(row, out, n, kth, top_p, &c, &above)) {
+      // Ties at c in index order: kept while the mass before them is below top_p. The steps'
+      // tie masses scanned in order; only steps holding ties are walked.
+      double s;
+      int last;
+      step_sums(
+          row, out, n, [c](int, float v, float p) { return order_key(v) == c ? double(p) : 0.0; },
+          &s, &last);
       double excl, incl, total;
       slice_scan(s, &excl, &incl, &total);
-      double run = above + excl;
-      for (int i = sl.begin; i < sl.end; ++i) {
-        const uint32_t key = order_key(row[i]);
-        if (key < c) {
-          out[i] = 0.0f;
-        } else if (key == c) {
+      if (s > 0.0) {
+        const Step st = my_step(n);
+        double run = above + excl;
+        for (int i = st.begin; i < st.end; ++i) {
+          if (order_key(row[i]) != c) continue;
           const float p = out[i];
-          if (!(run < static_cast<double>(sp.top_p))) out[i] = 0.0f;
+          if (!(run < top_p)) out[i] = 0.0f;
           run += p;
         }
       }
       __syncthreads();
+      transform(row, out, n, [c](int, float v, float p) { return order_key(v) < c ? 0.0f : p; });
     }
     double m = 0.0;
-    for (int i = threadIdx.x; i < n; i += kThreads) m += out[i];
+    sweep(out, nullptr, n, [&](int, float p, float) { m += p; });
     renormalize(out, n, block_sum(m));
   }
 
   // Min-p: drop tokens below min_p times the most likely token's probability.
   if (sp.min_p > 0.0f) {
     float pmax = 0.0f;
-    for (int i = threadIdx.x; i < n; i += kThreads) pmax = fmaxf(pmax, out[i]);
+    sweep(out, nullptr, n, [&](int, float p, float) { pmax = fmaxf(pmax, p); });
     const float threshold = sp.min_p * block_max(pmax);
     double m = 0.0;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const float p = out[i];
-      if (p < threshold) {
-        out[i] = 0.0f;
-      } else {
-        m += p;
-      }
-    }
+    transform(out, out, n, [&](int, float p, float) {
+      if (p < threshold) return 0.0f;
+      m += p;
+      return p;
+    });
     renormalize(out, n, block_sum(m));
   }
 }
@@ -417,12 +502,12 @@ __global__ void __launch_bounds__(kThreads)
   if (k < gamma && residual) {
     float* qk = q + static_cast<int64_t>(k) * n;
     double m = 0.0;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const float r = fmaxf(pk[i] - qk[i], 0.0f);
-      qk[i] = r;
+    transform(pk, qk, n, [&](int, float p, float q) {
+      const float r = fmaxf(p - q, 0.0f);
       m += r;
-    }
-    if (block_sum(m) > 0.0) src = qk;  // its barrier also orders the writes before the draw
+      return r;
+    });
+    if (block_sum(m) > 0.0) src = qk;
   }
   const int32_t t = block_sample_at(src, n, draws.u[gamma]);
   if (threadIdx.x == 0) out[0] = k, out[1] = t;
