@@ -1,5 +1,8 @@
 // Sampling where the logits are (Backend::sample_rows / speculative_verdict): core/sampling.h's
-// rule with one 1024-thread block per row, so only tokens travel back to the host.
+// rule on the GPU, so only tokens travel back to the host. A row is worked on by a cluster of
+// kCluster blocks of 1024 threads (one per SM), each owning a contiguous part of it; reductions
+// combine the blocks' values through distributed shared memory, in rank order, so every block
+// computes the same result.
 //
 // token_probabilities without a sort: the k-th largest logit (top-k) and the top-p boundary are
 // found by a digit descent over the logits' order-preserving 32-bit keys, four bits per pass: a
@@ -10,9 +13,11 @@
 // before them is below top_p, as the host's stable order does. Sums run in a different order
 // than the host's (parallel, not sorted-sequential): the distributions agree to rounding.
 //
-// Draws (sample_at): each thread owns a contiguous slice; the slices' sums are scanned in order
-// (each prefix is the previous one plus a non-negative sum, so the intervals tile [0, total)
-// exactly), the thread whose interval holds u * total walks its slice.
+// Draws (sample_at): the row in index order as steps (1024 per block part); the steps' sums are
+// scanned in order (each prefix is the previous one plus a non-negative sum, so the intervals
+// tile [0, total) exactly, also across the cluster's blocks), and the owner of the step holding
+// u * total walks it.
+#include <cooperative_groups.h>
 #include <cuda_runtime.h>
 
 #include <climits>
@@ -27,9 +32,12 @@ namespace qs::cuda {
 
 namespace {
 
+namespace cg = cooperative_groups;
+
 constexpr int kThreads = 1024;
 constexpr int kWarps = kThreads / 32;
-constexpr int kBins = 16;  // digits of 4 bits: 8 passes over a 32-bit key
+constexpr int kCluster = 8;  // blocks (SMs) per row
+constexpr int kBins = 16;    // digits of 4 bits: 8 passes over a 32-bit key
 constexpr size_t kHistBytes = sizeof(double) * kBins * kThreads;  // 128 KB of per-thread bins
 
 __device__ __forceinline__ int lane_id() {
@@ -102,88 +110,46 @@ __device__ int block_max_int(int v) {
   return r;
 }
 
-// The digit descent's per-thread bins: hist[b * kThreads + thread] in dynamic shared memory
-// (private, so no atomics; consecutive threads in consecutive words), summed over the block in
-// a fixed order into bins[].
-template <typename T>
-__device__ __forceinline__ T* thread_hist() {
-  extern __shared__ __align__(16) unsigned char sample_smem[];
-  return reinterpret_cast<T*>(sample_smem);
-}
+// ---- the cluster: every block's value combined in rank order, the same result in every thread
+// of every block. Two cluster barriers: after the slots are written, and after they are read
+// (so that the next call may overwrite them).
 
-template <typename T>
-__device__ void sum_hist(const T* hist, T* bins) {
-  __shared__ T part[kWarps];
-  // Bin b = warp / 2: its 1024 entries, 16 per thread of two warps.
-  const int b = warp_id() / 2;
-  const int base = b * kThreads + (threadIdx.x % 64) * 16;
-  T s = 0;
-#pragma unroll
-  for (int j = 0; j < 16; ++j) s += hist[base + j];
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);
-  if (lane_id() == 0) part[warp_id()] = s;
-  __syncthreads();
-  if (threadIdx.x < kBins) bins[threadIdx.x] = part[2 * threadIdx.x] + part[2 * threadIdx.x + 1];
-  __syncthreads();
-}
-
-// The largest key c such that the weight of the tokens with key >= c reaches `target`, over the
-// tokens with key >= floor (weight: 1 each when probs is null, else probs[i]). *above gets the
-// weight of the tokens with key > c; returns false (c = floor) when even the whole weight falls
-// short of the target (rounding).
-template <typename T>
-__device__ bool descend(const float* row, const float* probs, int n, uint32_t floor, T target,
-                        uint32_t* c_out, T* above_out) {
-  __shared__ T bins[kBins];
-  T* hist = thread_hist<T>();
-  uint32_t prefix = 0;
-  T above = 0;
-  for (int shift = 28; shift >= 0; shift -= 4) {
-#pragma unroll
-    for (int b = 0; b < kBins; ++b) hist[b * kThreads + threadIdx.x] = 0;
-    const uint64_t want = static_cast<uint64_t>(prefix) >> (shift + 4);
-    T* mine = hist + threadIdx.x;
-    sweep(row, probs, n, [&](int, float v, float p) {
-      const uint32_t key = order_key(v);
-      if (key < floor || (static_cast<uint64_t>(key) >> (shift + 4)) != want) return;
-      mine[((key >> shift) & (kBins - 1)) * kThreads] +=
-          probs ? static_cast<T>(p) : static_cast<T>(1);
-    });
-    __syncthreads();
-    sum_hist(hist, bins);
-    int digit = -1;
-    T run = above;
-    for (int b = kBins - 1; b >= 0; --b) {
-      if (run + bins[b] >= target) {
-        digit = b;
-        break;
-      }
-      run += bins[b];
-    }
-    if (digit < 0) {
-      if (shift == 28) {
-        *c_out = floor;
-        *above_out = 0;
-        __syncthreads();
-        return false;
-      }
-      // Rounding: this pass's sub-ranges sum to slightly less than the range did. Keep the whole
-      // range: its lowest non-empty sub-range.
-      run = above;
-      digit = 0;
-      for (int b = kBins - 1; b >= 0; --b) {
-        if (bins[b] > static_cast<T>(0)) digit = b;
-      }
-      for (int b = kBins - 1; b > digit; --b) run += bins[b];
-    }
-    above = run;
-    prefix |= static_cast<uint32_t>(digit) << shift;
-    __syncthreads();  // bins is rewritten by the next pass
+template <typename T, typename Op>
+__device__ T cluster_combine(T v, Op op) {
+  __shared__ T slot, result;
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) slot = v;
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    T r = *cluster.map_shared_rank(&slot, 0);
+    for (unsigned b = 1; b < cluster.num_blocks(); ++b)
+      r = op(r, *cluster.map_shared_rank(&slot, b));
+    result = r;
   }
-  *c_out = prefix;
-  *above_out = above;
-  return true;
+  cluster.sync();
+  return result;
+}
+
+__device__ double cluster_sum(double v) {
+  return cluster_combine(block_sum(v), [](double a, double b) { return a + b; });
+}
+__device__ float cluster_max(float v) {
+  return cluster_combine(block_max(v), [](float a, float b) { return fmaxf(a, b); });
+}
+__device__ int cluster_max_int(int v) {
+  return cluster_combine(block_max_int(v), [](int a, int b) { return max(a, b); });
+}
+
+// This block's part of a row of n: [lo, lo + n), lo a multiple of 4 (so a 16-byte aligned row
+// stays aligned), possibly empty.
+struct Part {
+  int lo, n;
+};
+__device__ __forceinline__ Part my_part(int n) {
+  const int size = cg::this_cluster().num_blocks();
+  const int chunk = ((n + size - 1) / size + 3) & ~3;
+  const int lo = min(n, static_cast<int>(cg::this_cluster().block_rank()) * chunk);
+  return {lo, min(n, lo + chunk) - lo};
 }
 
 // Rows are read four elements at a time (a float4 per lane, coalesced) when n % 4 == 0 and the
@@ -259,6 +225,104 @@ __device__ __forceinline__ Step my_step(int n) {
   return {begin, min(n, begin + len)};
 }
 
+// The digit descent's per-thread bins: hist[b * kThreads + thread] in dynamic shared memory
+// (private, so no atomics; consecutive threads in consecutive words), summed over the block in
+// a fixed order into bins[].
+template <typename T>
+__device__ __forceinline__ T* thread_hist() {
+  extern __shared__ __align__(16) unsigned char sample_smem[];
+  return reinterpret_cast<T*>(sample_smem);
+}
+
+template <typename T>
+__device__ void sum_hist(const T* hist, T* bins) {
+  __shared__ T part[kWarps];
+  // Bin b = warp / 2: its 1024 entries, 16 per thread of two warps.
+  const int b = warp_id() / 2;
+  const int base = b * kThreads + (threadIdx.x % 64) * 16;
+  T s = 0;
+#pragma unroll
+  for (int j = 0; j < 16; ++j) s += hist[base + j];
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) s += __shfl_xor_sync(kFullMask, s, o);
+  if (lane_id() == 0) part[warp_id()] = s;
+  __syncthreads();
+  if (threadIdx.x < kBins) bins[threadIdx.x] = part[2 * threadIdx.x] + part[2 * threadIdx.x + 1];
+  __syncthreads();
+}
+
+// bins[] (shared, this block's) summed over the cluster in rank order into out[] (shared).
+template <typename T>
+__device__ void cluster_bins(T* bins, T* out) {
+  cg::cluster_group cluster = cg::this_cluster();
+  cluster.sync();
+  if (threadIdx.x < kBins) {
+    T s = *cluster.map_shared_rank(bins + threadIdx.x, 0);
+    for (unsigned b = 1; b < cluster.num_blocks(); ++b) {
+      s += *cluster.map_shared_rank(bins + threadIdx.x, b);
+    }
+    out[threadIdx.x] = s;
+  }
+  cluster.sync();
+}
+
+// The largest key c such that the weight of the row's tokens with key >= c reaches `target`,
+// over the tokens with key >= floor (weight: 1 each when probs is null, else probs[i]); row and
+// probs are this block's part. *above gets the weight of the tokens with key > c; returns false
+// (c = floor) when even the whole weight falls short of the target (rounding).
+template <typename T>
+__device__ bool descend(const float* row, const float* probs, int n, uint32_t floor, T target,
+                        uint32_t* c_out, T* above_out) {
+  __shared__ T local[kBins], bins[kBins];
+  T* hist = thread_hist<T>();
+  uint32_t prefix = 0;
+  T above = 0;
+  for (int shift = 28; shift >= 0; shift -= 4) {
+#pragma unroll
+    for (int b = 0; b < kBins; ++b) hist[b * kThreads + threadIdx.x] = 0;
+    const uint64_t want = static_cast<uint64_t>(prefix) >> (shift + 4);
+    T* mine = hist + threadIdx.x;
+    sweep(row, probs, n, [&](int, float v, float p) {
+      const uint32_t key = order_key(v);
+      if (key < floor || (static_cast<uint64_t>(key) >> (shift + 4)) != want) return;
+      mine[((key >> shift) & (kBins - 1)) * kThreads] +=
+          probs ? static_cast<T>(p) : static_cast<T>(1);
+    });
+    __syncthreads();
+    sum_hist(hist, local);
+    cluster_bins(local, bins);
+    int digit = -1;
+    T run = above;
+    for (int b = kBins - 1; b >= 0; --b) {
+      if (run + bins[b] >= target) {
+        digit = b;
+        break;
+      }
+      run += bins[b];
+    }
+    if (digit < 0) {
+      if (shift == 28) {
+        *c_out = floor;
+        *above_out = 0;
+        return false;
+      }
+      // Rounding: this pass's sub-ranges sum to slightly less than the range did. Keep the whole
+      // range: its lowest non-empty sub-range.
+      run = above;
+      digit = 0;
+      for (int b = kBins - 1; b >= 0; --b) {
+        if (bins[b] > static_cast<T>(0)) digit = b;
+      }
+      for (int b = kBins - 1; b > digit; --b) run += bins[b];
+    }
+    above = run;
+    prefix |= static_cast<uint32_t>(digit) << shift;
+  }
+  *c_out = prefix;
+  *above_out = above;
+  return true;
+}
+
 // Every step's sum of val(i, a[i], b[i]) (double) and its last index with a non-zero value,
 // returned to the step's owner; warp w reads steps 32 w .. 32 w + 31 coalesced, a float4 per
 // lane, in order.
@@ -317,52 +381,6 @@ __device__ void slice_scan(double s, double* excl, double* incl, double* total) 
   __syncthreads();
 }
 
-// sample_at(probs, n, u) by the whole block (the same result in every thread): the steps' sums
-// scanned in order, then the step holding u * total walked by its owner.
-__device__ int32_t block_sample_at(const float* probs, int n, double u) {
-  __shared__ int32_t found;
-  double s;
-  int last;
-  step_sums(
-      probs, nullptr, n, [](int, float p, float) { return static_cast<double>(p); }, &s, &last);
-  double excl, incl, total;
-  slice_scan(s, &excl, &incl, &total);
-  const int last_all = block_max_int(last);
-  if (threadIdx.x == 0) found = last_all;  // u * total in the rounding slack at the top
-  __syncthreads();
-  const double target = u * total;
-  if (excl <= target && target < incl) {
-    const Step st = my_step(n);
-    const double local = target - excl;
-    double cum = 0.0;
-    int pick = last;
-    for (int i = st.begin; i < st.end; ++i) {
-      const float p = probs[i];
-      if (p <= 0.0f) continue;
-      cum += p;
-      if (local < cum) {
-        pick = i;
-        break;
-      }
-    }
-    found = pick;
-  }
-  __syncthreads();
-  const int32_t r = found;
-  __syncthreads();
-  return r;
-}
-
-// out = x / total for every element (zeros stay zero), then a barrier. By the reciprocal (a
-// double division per element would dominate the kernel): within a double ulp of the host's
-// quotient, so the float results agree but for double-rounding cases (one float ulp).
-__device__ void renormalize(float* out, int n, double total) {
-  const double inv = 1.0 / total;
-  transform(out, out, n, [inv](int, float x, float) {
-    return static_cast<float>(static_cast<double>(x) * inv);
-  });
-}
-
 // exp(x) for x <= 0 given in double, to float: 2^(x log2 e) split into 2^k 2^f, f in [0, 1)
 // exact to float rounding, 2^f by exp2f: within a few float ulps of the host's float(exp(x))
 // (double exp per element would dominate the kernel).
@@ -373,22 +391,97 @@ __device__ __forceinline__ float exp_to_float(double x) {
   return ldexpf(exp2f(static_cast<float>(y - k)), static_cast<int>(k));
 }
 
-// token_probabilities(row, n, params) into out (global memory, [n]), by the whole block.
-__device__ void block_token_probabilities(const float* row, int n, const SampleSpec& sp,
-                                          float* out) {
+// slice_scan over the cluster: this block's prefixes moved on by the totals of the blocks before
+// it, added in rank order (so block b + 1's base is block b's base plus block b's total, the very
+// value its last thread's inclusive prefix holds: the intervals tile across blocks too).
+__device__ void cluster_scan(double s, double* excl, double* incl, double* total) {
+  __shared__ double slot, base, all;
+  double ex, in, t;
+  slice_scan(s, &ex, &in, &t);
+  cg::cluster_group cluster = cg::this_cluster();
+  if (threadIdx.x == 0) slot = t;
+  cluster.sync();
+  if (threadIdx.x == 0) {
+    double run = 0.0;
+    for (unsigned b = 0; b < cluster.num_blocks(); ++b) {
+      if (b == cluster.block_rank()) base = run;
+      run = run + *cluster.map_shared_rank(&slot, b);
+    }
+    all = run;
+  }
+  cluster.sync();
+  *excl = base + ex;
+  *incl = base + in;
+  *total = all;
+}
+
+// sample_at(probs, n, u) by the cluster (the same result in every thread); probs is the whole
+// row, each block reads its part.
+__device__ int32_t cluster_sample_at(const float* probs, int n, double u) {
+  __shared__ int32_t found;
+  const Part pt = my_part(n);
+  const float* mine = probs + pt.lo;
+  double s;
+  int last;
+  step_sums(
+      mine, nullptr, pt.n, [](int, float p, float) { return static_cast<double>(p); }, &s, &last);
+  double excl, incl, total;
+  cluster_scan(s, &excl, &incl, &total);
+  if (last >= 0) last += pt.lo;
+  const int last_all = cluster_max_int(last);
+  if (threadIdx.x == 0) found = -1;
+  __syncthreads();
+  const double target = u * total;
+  if (excl <= target && target < incl) {
+    const Step st = my_step(pt.n);
+    const double local = target - excl;
+    double cum = 0.0;
+    int pick = last;
+    for (int i = st.begin; i < st.end; ++i) {
+      const float p = mine[i];
+      if (p <= 0.0f) continue;
+      cum += p;
+      if (local < cum) {
+        pick = pt.lo + i;
+        break;
+      }
+    }
+    found = pick;
+  }
+  __syncthreads();
+  const int32_t f = cluster_max_int(found);
+  return f >= 0 ? f : last_all;  // u * total in the rounding slack at the top: the last non-zero
+}
+
+// out = x / total over this block's part (zeros stay zero), then a barrier. By the reciprocal (a
+// double division per element would dominate the kernel): within a double ulp of the host's
+// quotient, so the float results agree but for double-rounding cases (one float ulp).
+__device__ void renormalize(float* out, int n, double total) {
+  const double inv = 1.0 / total;
+  transform(out, out, n, [inv](int, float x, float) {
+    return static_cast<float>(static_cast<double>(x) * inv);
+  });
+}
+
+// token_probabilities(row, n, params) into out (global memory, [n]), by the cluster: each block
+// reads and writes its part.
+__device__ void cluster_token_probabilities(const float* full_row, int n, const SampleSpec& sp,
+                                            float* full_out) {
+  const Part pt = my_part(n);
+  const float* row = full_row + pt.lo;
+  float* out = full_out + pt.lo;
+  const int m = pt.n;
   if (sp.temperature <= 0.0f) {  // one-hot argmax: the lowest index of the largest value
     float bv = -INFINITY;
     int bi = INT_MAX;
-    for (int i = threadIdx.x; i < n; i += kThreads) {
-      const float v = row[i];
-      if (v > bv || (v == bv && i < bi)) bv = v, bi = i;
-    }
-    const float mx = block_max(bv);
-    int cand = bv == mx ? bi : INT_MAX;
-    cand = -block_max_int(-cand);  // the lowest index holding the maximum
-    const int am = cand == INT_MAX || isnan(row[0]) ? 0 : cand;
-    for (int i = threadIdx.x; i < n; i += kThreads) out[i] = i == am ? 1.0f : 0.0f;
-    __syncthreads();
+    sweep(row, nullptr, m, [&](int i, float v, float) {
+      if (v > bv || (v == bv && pt.lo + i < bi)) bv = v, bi = pt.lo + i;
+    });
+    const float mx = cluster_max(bv);
+    const int cand = bv == mx ? bi : INT_MAX;
+    const int lowest = -cluster_max_int(-cand);
+    const int am = lowest == INT_MAX || isnan(full_row[0]) ? 0 : lowest;
+    transform(row, out, m, [&](int i, float, float) { return pt.lo + i == am ? 1.0f : 0.0f; });
     return;
   }
   // Top-k: the tokens whose logit is >= the k-th largest (key >= kth).
@@ -396,45 +489,45 @@ __device__ void block_token_probabilities(const float* row, int n, const SampleS
   int kept = n;
   if (sp.top_k > 0 && sp.top_k < n) {
     int above = 0;
-    descend<int>(row, nullptr, n, 0u, sp.top_k, &kth, &above);
+    descend<int>(row, nullptr, m, 0u, sp.top_k, &kth, &above);
     int c = 0;
-    sweep(row, nullptr, n, [&](int, float v, float) { c += order_key(v) >= kth; });
-    kept = static_cast<int>(block_sum(static_cast<double>(c)));
+    sweep(row, nullptr, m, [&](int, float v, float) { c += order_key(v) >= kth; });
+    kept = static_cast<int>(cluster_sum(static_cast<double>(c)));
   }
   // Softmax of logits / temperature over the kept set: e as float (the host rounds a double exp
   // to float), the total of those in double.
   float mx = -INFINITY;
-  sweep(row, nullptr, n, [&](int, float v, float) {
+  sweep(row, nullptr, m, [&](int, float v, float) {
     if (order_key(v) >= kth) mx = fmaxf(mx, v);
   });
-  mx = block_max(mx);
+  mx = cluster_max(mx);
   const double inv_t = 1.0 / static_cast<double>(sp.temperature);
   double t = 0.0;
-  transform(row, out, n, [&](int, float v, float) {
+  transform(row, out, m, [&](int, float v, float) {
     if (order_key(v) < kth) return 0.0f;
     const float e = exp_to_float((static_cast<double>(v) - mx) * inv_t);
     t += e;
     return e;
   });
-  renormalize(out, n, block_sum(t));
+  renormalize(out, m, cluster_sum(t));
 
   // Top-p: the most likely tokens (by logit, then index) until their mass reaches top_p.
   if (sp.top_p < 1.0f && kept > 1) {
     uint32_t c = kth;
     double above = 0.0;
     const double top_p = sp.top_p;
-    if (descend<double>(row, out, n, kth, top_p, &c, &above)) {
+    if (descend<double>(row, out, m, kth, top_p, &c, &above)) {
       // Ties at c in index order: kept while the mass before them is below top_p. The steps'
       // tie masses scanned in order; only steps holding ties are walked.
       double s;
       int last;
       step_sums(
-          row, out, n, [c](int, float v, float p) { return order_key(v) == c ? double(p) : 0.0; },
+          row, out, m, [c](int, float v, float p) { return order_key(v) == c ? double(p) : 0.0; },
           &s, &last);
       double excl, incl, total;
-      slice_scan(s, &excl, &incl, &total);
+      cluster_scan(s, &excl, &incl, &total);
       if (s > 0.0) {
-        const Step st = my_step(n);
+        const Step st = my_step(m);
         double run = above + excl;
         for (int i = st.begin; i < st.end; ++i) {
           if (order_key(row[i]) != c) continue;
@@ -444,49 +537,52 @@ __device__ void block_token_probabilities(const float* row, int n, const SampleS
         }
       }
       __syncthreads();
-      transform(row, out, n, [c](int, float v, float p) { return order_key(v) < c ? 0.0f : p; });
+      transform(row, out, m, [c](int, float v, float p) { return order_key(v) < c ? 0.0f : p; });
     }
-    double m = 0.0;
-    sweep(out, nullptr, n, [&](int, float p, float) { m += p; });
-    renormalize(out, n, block_sum(m));
+    double mass = 0.0;
+    sweep(out, nullptr, m, [&](int, float p, float) { mass += p; });
+    renormalize(out, m, cluster_sum(mass));
   }
 
   // Min-p: drop tokens below min_p times the most likely token's probability.
   if (sp.min_p > 0.0f) {
     float pmax = 0.0f;
-    sweep(out, nullptr, n, [&](int, float p, float) { pmax = fmaxf(pmax, p); });
-    const float threshold = sp.min_p * block_max(pmax);
-    double m = 0.0;
-    transform(out, out, n, [&](int, float p, float) {
+    sweep(out, nullptr, m, [&](int, float p, float) { pmax = fmaxf(pmax, p); });
+    const float threshold = sp.min_p * cluster_max(pmax);
+    double mass = 0.0;
+    transform(out, out, m, [&](int, float p, float) {
       if (p < threshold) return 0.0f;
-      m += p;
+      mass += p;
       return p;
     });
-    renormalize(out, n, block_sum(m));
+    renormalize(out, m, cluster_sum(mass));
   }
 }
 
-// Row blockIdx.x: its distribution into probs, and (tokens non-null) its draw at u[row].
+// Row blockIdx.x / kCluster (a cluster per row): its distribution into probs, and (tokens
+// non-null) its draw at u[row].
 __global__ void __launch_bounds__(kThreads)
     sample_rows_kernel(const float* __restrict__ logits, int n, SampleSpec sp, SampleDraws draws,
                        float* __restrict__ probs, int32_t* __restrict__ tokens) {
   pdl_begin();
-  const int64_t off = static_cast<int64_t>(blockIdx.x) * n;
-  block_token_probabilities(logits + off, n, sp, probs + off);
+  const int row = blockIdx.x / kCluster;
+  const int64_t off = static_cast<int64_t>(row) * n;
+  cluster_token_probabilities(logits + off, n, sp, probs + off);
   if (tokens == nullptr) return;
-  const int32_t t = block_sample_at(probs + off, n, draws.u[blockIdx.x]);
-  if (threadIdx.x == 0) tokens[blockIdx.x] = t;
+  cg::this_cluster().sync();  // every block's part of the distribution written
+  const int32_t t = cluster_sample_at(probs + off, n, draws.u[row]);
+  if (threadIdx.x == 0 && cg::this_cluster().block_rank() == 0) tokens[row] = t;
 }
 
 // core/sampling.h speculative_verdict over p ([gamma + 1, n], sample_rows_kernel's), q
-// ([gamma, n]); out[0] = accepted, out[1] = token.
+// ([gamma, n]); out[0] = accepted, out[1] = token. One cluster.
 __global__ void __launch_bounds__(kThreads)
     verdict_kernel(const float* __restrict__ p, float* __restrict__ q, int gamma, int n,
                    SampleCandidates cand, SampleDraws draws, bool residual,
                    int32_t* __restrict__ out) {
   pdl_begin();
   __shared__ int accepted;
-  if (threadIdx.x == 0) {
+  if (threadIdx.x == 0) {  // the same decisions in every block
     int k = 0;
     for (; k < gamma; ++k) {
       const int64_t at = static_cast<int64_t>(k) * n + cand.g[k];
@@ -500,17 +596,40 @@ __global__ void __launch_bounds__(kThreads)
   const float* pk = p + static_cast<int64_t>(k) * n;
   const float* src = pk;
   if (k < gamma && residual) {
+    const Part pt = my_part(n);
     float* qk = q + static_cast<int64_t>(k) * n;
     double m = 0.0;
-    transform(pk, qk, n, [&](int, float p, float q) {
-      const float r = fmaxf(p - q, 0.0f);
+    transform(pk + pt.lo, qk + pt.lo, pt.n, [&](int, float a, float b) {
+      const float r = fmaxf(a - b, 0.0f);
       m += r;
       return r;
     });
-    if (block_sum(m) > 0.0) src = qk;
+    if (cluster_sum(m) > 0.0) src = qk;  // its cluster barriers order the writes before the draw
   }
-  const int32_t t = block_sample_at(src, n, draws.u[gamma]);
-  if (threadIdx.x == 0) out[0] = k, out[1] = t;
+  const int32_t t = cluster_sample_at(src, n, draws.u[gamma]);
+  if (threadIdx.x == 0 && cg::this_cluster().block_rank() == 0) out[0] = k, out[1] = t;
+}
+
+// A launch of `kernel` over `rows` clusters of kCluster blocks, with programmatic dependent
+// launch as launch() sets it.
+template <typename... KernelArgs, typename... Args>
+void launch_clusters(void (*kernel)(KernelArgs...), int rows, size_t smem, cudaStream_t stream,
+                     Args&&... args) {
+  cudaLaunchAttribute attr[2];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = kCluster;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  attr[1].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[1].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(rows * kCluster));
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = smem;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = pdl_enabled() ? 2 : 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...));
 }
 
 }  // namespace
@@ -522,15 +641,14 @@ void launch_sample_rows(const float* logits, int rows, int n, const SampleSpec& 
   // The descent's per-thread bins (only top-k / top-p run it).
   const bool descends =
       spec.temperature > 0.0f && ((spec.top_k > 0 && spec.top_k < n) || spec.top_p < 1.0f);
-  const size_t smem = descends ? kHistBytes : 0;
   static const bool attr_set = [] {
     CUDA_CHECK(cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(kHistBytes)));
     return true;
   }();
   (void)attr_set;
-  launch(sample_rows_kernel, static_cast<unsigned>(rows), kThreads, smem, stream, logits, n, spec,
-         draws, probs, tokens);
+  launch_clusters(sample_rows_kernel, rows, descends ? kHistBytes : 0, stream, logits, n, spec,
+                  draws, probs, tokens);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -538,7 +656,7 @@ void launch_speculative_verdict(const float* p, float* q, int gamma, int n,
                                 const SampleCandidates& candidates, const SampleDraws& draws,
                                 bool residual, int32_t* out, cudaStream_t stream) {
   QS_CHECK(gamma >= 0 && gamma < kMaxSampleRows && n >= 1);
-  launch(verdict_kernel, 1u, kThreads, 0, stream, p, q, gamma, n, candidates, draws, residual, out);
+  launch_clusters(verdict_kernel, 1, 0, stream, p, q, gamma, n, candidates, draws, residual, out);
   CUDA_CHECK_LAUNCH(stream);
 }
 
