@@ -443,9 +443,10 @@ SpecVerdict CudaBackend::speculative_verdict(const float* target_logits, float* 
                                              int gamma, int n, const SamplingParams& params,
                                              const int32_t* candidates_host, const double* u_host,
                                              bool residual) {
-  QS_CHECK_MSG(gamma >= 0 && gamma < cuda::kMaxSampleRows,
-               "speculative_verdict: gamma must be in [0, 16) on cuda");
-  if (!gpu_sampling()) {
+  QS_CHECK(gamma >= 0);
+  // The kernels take up to 16 candidates by value; longer rounds (gamma up to G - 1) are decided
+  // on the host.
+  if (!gpu_sampling() || gamma >= cuda::kMaxSampleRows) {
     const size_t pn = static_cast<size_t>(gamma + 1) * n, qn = static_cast<size_t>(gamma) * n;
     std::vector<float> p(pn), q(qn);
     to_host(target_logits, p.data(), pn);
