@@ -23,6 +23,8 @@ SpeculativeDecoder::SpeculativeDecoder(Model& target, Model& draft, KvCache& cac
       draft_selection_(draft_selection),
       dispatch_(std::move(dispatch)) {
   QS_CHECK(draft.config().vocab_size == target.config().vocab_size);
+  // The draft's distributions are sampled and kept where the target's verdict reads them.
+  QS_CHECK(&draft.backend() == &target.backend());
   QS_CHECK(!dispatch_.forward || &draft == &target);
 }
 

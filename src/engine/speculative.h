@@ -54,7 +54,7 @@ class SpeculativeDecoder {
  public:
   // The cache holds the committed prefix; the draft forwards run `draft` with its draft weights
   // when it is `target` (QuantSpec: one model, two paths). A different draft model (tests) runs
-  // with its own original weights; it must have the target's shape.
+  // with its own original weights; it must have the target's shape and backend.
   // draft_selection ([num_layers], optional): the sparse-KV draft's view of the history.
   SpeculativeDecoder(Model& target, Model& draft, KvCache& cache,
                      const KvSelection* draft_selection = nullptr,
