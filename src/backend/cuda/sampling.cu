@@ -569,7 +569,9 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t off = static_cast<int64_t>(row) * n;
   cluster_token_probabilities(logits + off, n, sp, probs + off);
   if (tokens == nullptr) return;
-  cg::this_cluster().sync();  // every block's part of the distribution written
+  // Not needed (each block draws from its own part, and cluster_sample_at's scan synchronizes
+  // the cluster); kept because this is the binary tested on the H200 (session 18): drop it there.
+  cg::this_cluster().sync();
   const int32_t t = cluster_sample_at(probs + off, n, draws.u[row]);
   if (threadIdx.x == 0 && cg::this_cluster().block_rank() == 0) tokens[row] = t;
 }
