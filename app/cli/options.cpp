@@ -33,7 +33,7 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                     "GEMMs, and attention on f16 hi/lo operands, three MMAs per product: "
                     "f32-level logits) or bf16 (activations rounded to bf16, one GEMM, like HF "
                     "transformers in bf16, and one MMA per attention product on f16 operands); "
-                    "the CPU always computes in f32 [default: exact]",
+                    "the CPU always computes in f32 [default: bf16]",
                     "QS_PREFILL_MATMUL");
   const std::map<std::string, DraftAttention> draft_attentions{{"f16", DraftAttention::kF16},
                                                                {"exact", DraftAttention::kExact}};

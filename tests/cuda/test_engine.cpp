@@ -37,6 +37,7 @@ std::unique_ptr<Engine> load(const ModeCase& c, Device device, bool prefill_by_l
   EngineOptions o;
   o.prefill_by_layer = prefill_by_layer;
   o.device = device;
+  o.prefill_matmul = PrefillMatmul::kExact;  // f32-level, as the CPU engine it is compared with
   o.mode = c.mode;
   o.kv = c.kv;
   o.kv_explicit = c.kv != KvType::kFp16;

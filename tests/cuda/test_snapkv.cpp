@@ -139,6 +139,7 @@ std::unique_ptr<LlmEngine> snapkv_engine(Device device, KvDType rows) {
   if (!weights.ok()) return nullptr;
   EngineOptions o;
   o.device = device;
+  o.prefill_matmul = PrefillMatmul::kExact;  // f32-level, as the CPU engine it is compared with
   o.mode = DecodeMode::kSnapKv;
   o.kv_dtype = rows;
   o.max_context = 1024;

@@ -22,6 +22,7 @@ std::unique_ptr<Engine> load(DecodeMode mode, KvType kv, int tp, std::string* er
   EngineOptions o;
   o.device = Device::kCuda;
   o.tensor_parallel = tp;
+  o.prefill_matmul = PrefillMatmul::kExact;  // f32-level: the ranks' partial sums compared
   o.mode = mode;
   o.kv = kv;
   o.kv_explicit = kv != KvType::kFp16;

@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # On the GPU machine (after the build stage of tools/gpu/check.sh): our logits vs HF
 # transformers' on seeded random-weight models of the Llama-2-7B and Llama-3.1-8B shapes, at 4K
-# and 32K tokens of context. Ours: `quantspec logits --device cuda` (bf16 weights, f32
-# activations and KV). HF: LlamaForCausalLM (SDPA) in float32 (TF32 off: the same function, so
-# the difference is summation order) and in bfloat16 (what people run: bf16-level error).
+# and 32K tokens of context. Ours: `quantspec logits --device cuda --prefill-matmul exact` (bf16
+# weights, f32 activations and KV). HF: LlamaForCausalLM (SDPA) in float32 (TF32 off: the same
+# function, so the difference is summation order) and in bfloat16 (what people run: bf16-level
+# error).
 # One line per (shape, length): max |ours - HF| / max |HF| over the last 16 positions, and how
 # often the argmax agrees.
 #
@@ -29,7 +30,7 @@ np.random.default_rng(7).integers(0, min(vocab, 32000), $max_len).astype('<i4').
 import numpy as np
 np.fromfile('$out/oracle-ids.i32', dtype='<i4')[:$n].tofile('$out/oracle-ids-$n.i32')"
     t0=$SECONDS
-    "$qs" logits -m "$dir" --device cuda --ctx "$n" --prefill-chunk 4096 \
+    "$qs" logits -m "$dir" --device cuda --ctx "$n" --prefill-chunk 4096 --prefill-matmul exact \
       --tokens "$out/oracle-ids-$n.i32" --token-dtype i32 --last $last \
       --out "$out/ours-$shape-$n.npy" 2>"$out/ours-$shape-$n.log" ||
       { echo "hf_oracle: ours failed ($shape $n)"; tail -3 "$out/ours-$shape-$n.log"; }
