@@ -156,7 +156,7 @@ TEST_F(CudaOpsTest, SpeculativeVerdictMatchesTheHost) {
   uint64_t seed = 900;
   int verdicts = 0, rejections = 0;
   for (int n : {7, 1000, 32000}) {
-    for (int gamma : {0, 1, 3, 7, 15}) {
+    for (int gamma : {0, 1, 3, 7, 15, 16, 40, 255}) {  // 255: the longest round (G = 256)
       for (float noise : {0.0f, 0.3f, 3.0f}) {
         for (const Case& c :
              {Case{1.0f, 0, 1.0f, 0.0f}, Case{0.8f, 40, 0.95f, 0.05f}, Case{1.2f, 0, 0.9f, 0.0f}}) {

@@ -443,10 +443,8 @@ SpecVerdict CudaBackend::speculative_verdict(const float* target_logits, float* 
                                              int gamma, int n, const SamplingParams& params,
                                              const int32_t* candidates_host, const double* u_host,
                                              bool residual) {
-  QS_CHECK(gamma >= 0);
-  // The kernels take up to 16 candidates by value; longer rounds (gamma up to G - 1) are decided
-  // on the host.
-  if (!gpu_sampling() || gamma >= cuda::kMaxSampleRows) {
+  QS_CHECK(gamma >= 0 && gamma < cuda::kMaxSampleRows);  // gamma <= G - 1 <= 255
+  if (!gpu_sampling()) {
     const size_t pn = static_cast<size_t>(gamma + 1) * n, qn = static_cast<size_t>(gamma) * n;
     std::vector<float> p(pn), q(qn);
     to_host(target_logits, p.data(), pn);

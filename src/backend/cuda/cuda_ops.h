@@ -91,8 +91,10 @@ void launch_argmax_rows(const float* x, int rows, int n, int32_t* out, cudaStrea
 // ---- sampling.cu -----------------------------------------------------------------------------
 
 // Backend::sample_rows / speculative_verdict on the GPU (core/sampling.h's rule; by value in the
-// kernel parameters: the processing, up to kMaxSampleRows uniforms and candidates).
-constexpr int kMaxSampleRows = 16;
+// kernel parameters: the processing, up to kMaxSampleRows uniforms and candidates, ~3.1 KB of the
+// 4 KB a launch may pass). 256: the largest key group G (quantized_planes.cpp), so every round
+// (gamma <= G - 1) fits one launch.
+constexpr int kMaxSampleRows = 256;
 struct SampleSpec {
   float temperature, top_p, min_p;
   int top_k;

@@ -54,61 +54,43 @@ __device__ __forceinline__ uint32_t order_key(float v) {
   return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// Block-wide sum / max, the same value in every thread; the scratch is reused by the next call
-// only after the trailing barrier.
-__device__ double block_sum(double v) {
-  __shared__ double part[kWarps];
-  __shared__ double result;
-  v = warp_sum(v);
+// op over a warp (a butterfly: the same value in every lane, in the same order for every call).
+template <typename T, typename Op>
+__device__ __forceinline__ T warp_reduce(T v, Op op) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// op over the block (kThreads threads), the same value in every thread; the scratch is reused by
+// the next call only after the trailing barrier.
+template <typename T, typename Op>
+__device__ T block_reduce(T v, Op op) {
+  __shared__ T part[kWarps];
+  __shared__ T result;
+  v = warp_reduce(v, op);
   if (lane_id() == 0) part[warp_id()] = v;
   __syncthreads();
   if (warp_id() == 0) {
-    double w = warp_sum(part[lane_id()]);
+    const T w = warp_reduce(part[lane_id()], op);
     if (lane_id() == 0) result = w;
   }
   __syncthreads();
-  const double r = result;
+  const T r = result;
   __syncthreads();
   return r;
 }
 
-__device__ float block_max(float v) {
-  __shared__ float part[kWarps];
-  __shared__ float result;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  if (lane_id() == 0) part[warp_id()] = v;
-  __syncthreads();
-  if (warp_id() == 0) {
-    float w = part[lane_id()];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) w = fmaxf(w, __shfl_xor_sync(kFullMask, w, o));
-    if (lane_id() == 0) result = w;
+struct Add {
+  template <typename T>
+  __device__ T operator()(T a, T b) const {
+    return a + b;
   }
-  __syncthreads();
-  const float r = result;
-  __syncthreads();
-  return r;
-}
-
-__device__ int block_max_int(int v) {
-  __shared__ int part[kWarps];
-  __shared__ int result;
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = max(v, __shfl_xor_sync(kFullMask, v, o));
-  if (lane_id() == 0) part[warp_id()] = v;
-  __syncthreads();
-  if (warp_id() == 0) {
-    int w = part[lane_id()];
-#pragma unroll
-    for (int o = 16; o > 0; o >>= 1) w = max(w, __shfl_xor_sync(kFullMask, w, o));
-    if (lane_id() == 0) result = w;
-  }
-  __syncthreads();
-  const int r = result;
-  __syncthreads();
-  return r;
-}
+};
+struct Max {
+  __device__ float operator()(float a, float b) const { return fmaxf(a, b); }
+  __device__ int operator()(int a, int b) const { return max(a, b); }
+};
 
 // ---- the cluster: every block's value combined in rank order, the same result in every thread
 // of every block. Two cluster barriers: after the slots are written, and after they are read
@@ -131,13 +113,13 @@ __device__ T cluster_combine(T v, Op op) {
 }
 
 __device__ double cluster_sum(double v) {
-  return cluster_combine(block_sum(v), [](double a, double b) { return a + b; });
+  return cluster_combine(block_reduce(v, Add{}), Add{});
 }
 __device__ float cluster_max(float v) {
-  return cluster_combine(block_max(v), [](float a, float b) { return fmaxf(a, b); });
+  return cluster_combine(block_reduce(v, Max{}), Max{});
 }
 __device__ int cluster_max_int(int v) {
-  return cluster_combine(block_max_int(v), [](int a, int b) { return max(a, b); });
+  return cluster_combine(block_reduce(v, Max{}), Max{});
 }
 
 // This block's part of a row of n: [lo, lo + n), lo a multiple of 4 (so a 16-byte aligned row
@@ -325,31 +307,47 @@ __device__ bool descend(const float* row, const float* probs, int n, uint32_t fl
 
 // Every step's sum of val(i, a[i], b[i]) (double) and its last index with a non-zero value,
 // returned to the step's owner; warp w reads steps 32 w .. 32 w + 31 coalesced, a float4 per
-// lane, in order.
+// lane, in order, kStepBatch steps at a time: their loads in flight together and their warp
+// reductions interleaved (one step after another, each a load round trip, made the draw
+// latency-bound: 43 us for a 32000-token row at temperature 1, session 18).
+constexpr int kStepBatch = 4;
 template <typename F>
 __device__ void step_sums(const float* a, const float* b, int n, F val, double* sum, int* last) {
   const bool vec = vec4_ok(a, n) && (b == nullptr || vec4_ok(b, n));
   const int len = step_len(n);
-  for (int s = 0; s < 32; ++s) {
-    const int begin = (warp_id() * 32 + s) * len;
-    double part = 0.0;
-    int lst = -1;
-    for (int i = begin + 4 * lane_id(); i < min(n, begin + len); i += 128) {
-      const float4 va = load4(a, n, i, vec);
-      const float4 vb = b ? load4(b, n, i, vec) : make_float4(0.f, 0.f, 0.f, 0.f);
+  const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int s0 = 0; s0 < 32; s0 += kStepBatch) {
+    double part[kStepBatch];
+    int lst[kStepBatch];
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        if (i + k < n) {
-          const double v = val(i + k, at4(va, k), at4(vb, k));
-          part += v;
-          if (v > 0.0) lst = i + k;
+    for (int k = 0; k < kStepBatch; ++k) part[k] = 0.0, lst[k] = -1;
+    for (int j = 4 * lane_id(); j < len; j += 128) {  // len is a multiple of 128
+      float4 va[kStepBatch], vb[kStepBatch];
+#pragma unroll
+      for (int k = 0; k < kStepBatch; ++k) {
+        const int i = (warp_id() * 32 + s0 + k) * len + j;
+        va[k] = i < n ? load4(a, n, i, vec) : zero;
+        vb[k] = b != nullptr && i < n ? load4(b, n, i, vec) : zero;
+      }
+#pragma unroll
+      for (int k = 0; k < kStepBatch; ++k) {
+        const int i = (warp_id() * 32 + s0 + k) * len + j;
+#pragma unroll
+        for (int e = 0; e < 4; ++e) {
+          if (i + e < n) {
+            const double v = val(i + e, at4(va[k], e), at4(vb[k], e));
+            part[k] += v;
+            if (v > 0.0) lst[k] = i + e;
+          }
         }
       }
     }
-    part = warp_sum(part);
 #pragma unroll
-    for (int o = 16; o > 0; o >>= 1) lst = max(lst, __shfl_xor_sync(kFullMask, lst, o));
-    if (lane_id() == s) *sum = part, *last = lst;
+    for (int k = 0; k < kStepBatch; ++k) {
+      const double p = warp_reduce(part[k], Add{});
+      const int l = warp_reduce(lst[k], Max{});
+      if (lane_id() == s0 + k) *sum = p, *last = l;
+    }
   }
 }
 
@@ -569,9 +567,8 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t off = static_cast<int64_t>(row) * n;
   cluster_token_probabilities(logits + off, n, sp, probs + off);
   if (tokens == nullptr) return;
-  // Not needed (each block draws from its own part, and cluster_sample_at's scan synchronizes
-  // the cluster); kept because this is the binary tested on the H200 (session 18): drop it there.
-  cg::this_cluster().sync();
+  // No cluster barrier here: each block's draw reads only its own part of probs (written by it,
+  // before transform's barrier), and the draw's scan synchronizes the cluster.
   const int32_t t = cluster_sample_at(probs + off, n, draws.u[row]);
   if (threadIdx.x == 0 && cg::this_cluster().block_rank() == 0) tokens[row] = t;
 }
