@@ -62,17 +62,17 @@ TEST(KvDType, AutoIsF32OnTheCpuAndF16OnCuda) {
   EXPECT_EQ(e->cache().row_dtype(), DType::F32);
 }
 
-// Every AR cache and QuantSpec run with f16 rows; the caches hold f16 rows (half the buffer
-// bytes); the f16 logits are close to the f32 ones but not equal (the rounding is really there).
 // The GPU's defaults are what users of HF transformers / vLLM run: f16 rows (above) and bf16
 // prefill matmuls; decoding and the CPU reference keep f32-level arithmetic.
-TEST(KvDType, GpuPrefillDefaultsToBf16) {
+TEST(EngineDefaults, GpuPrefillIsBf16) {
   const EngineOptions o;
   EXPECT_EQ(o.prefill_matmul, PrefillMatmul::kBf16);
   EXPECT_STREQ(prefill_matmul_name(o.prefill_matmul), "bf16");
   EXPECT_EQ(o.draft_attention, DraftAttention::kF16);
 }
 
+// Every AR cache and QuantSpec run with f16 rows; the caches hold f16 rows (half the buffer
+// bytes); the f16 logits are close to the f32 ones but not equal (the rounding is really there).
 TEST(KvDType, F16RowsRunEveryCacheAndHalveTheBuffer) {
   const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 41);
   const std::vector<int32_t> prompt = random_prompt(150, 97, 1);
