@@ -22,15 +22,21 @@
 
 namespace qs {
 
+namespace {
+// A process-wide switch read from the environment: `otherwise` when `name` is unset, off for
+// "0", on for anything else.
+bool env_switch(const char* name, bool otherwise) {
+  const char* v = std::getenv(name);
+  return v == nullptr ? otherwise : std::strcmp(v, "0") != 0;
+}
+}  // namespace
+
 namespace cuda {
 
 void check_launch(const char* file, int line, cudaStream_t stream) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) cuda_failed(file, line, "kernel launch", e);
-  static const bool sync_each = [] {
-    const char* v = std::getenv("QS_CUDA_SYNC");
-    return v != nullptr && std::strcmp(v, "0") != 0;
-  }();
+  static const bool sync_each = env_switch("QS_CUDA_SYNC", false);
   if (!sync_each) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
@@ -40,10 +46,7 @@ void check_launch(const char* file, int line, cudaStream_t stream) {
 }
 
 namespace {
-bool g_pdl = [] {
-  const char* v = std::getenv("QS_CUDA_PDL");
-  return v == nullptr || std::strcmp(v, "0") != 0;
-}();
+bool g_pdl = env_switch("QS_CUDA_PDL", true);
 }  // namespace
 
 bool pdl_enabled() {
@@ -370,10 +373,7 @@ namespace {
 // Backend::argmax_rows on the GPU (cuda::launch_argmax_rows), only the ids copied back;
 // QS_CUDA_ARGMAX=0: the rows copied back and argmax'ed on the host.
 bool gpu_argmax() {
-  static const bool on = [] {
-    const char* v = std::getenv("QS_CUDA_ARGMAX");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = env_switch("QS_CUDA_ARGMAX", true);
   return on;
 }
 }  // namespace
@@ -402,10 +402,7 @@ cuda::SampleSpec sample_spec(const SamplingParams& p) {
 // Sampling on the GPU (sampling.cu); QS_CUDA_SAMPLE=0: the logits copied back and sampled on the
 // host by the reference (the A/B of the end-to-end bench).
 bool gpu_sampling() {
-  static const bool on = [] {
-    const char* v = std::getenv("QS_CUDA_SAMPLE");
-    return v == nullptr || std::strcmp(v, "0") != 0;
-  }();
+  static const bool on = env_switch("QS_CUDA_SAMPLE", true);
   return on;
 }
 }  // namespace
