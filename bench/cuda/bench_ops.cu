@@ -486,13 +486,15 @@ void bench_prefill_attention(CudaBackend& be, CudaBackend& fast, bool quick) {
       constexpr int kChunk = 2048;
       const bool wgmma = cuda::attention_prefill_wgmma_available();
       for (CudaBackend* b : {&be, &fast}) {
-        constexpr const char* kModeNames[] = {"conv", "direct", "wgmma"};
-        for (int mode : {0, 1, 2}) {
-          if (mode == 2 && !wgmma) continue;
+        constexpr const char* kModeNames[] = {"conv", "direct", "wgmma", "ws"};
+        for (int mode : {0, 1, 2, 3}) {
+          if (mode >= 2 && !wgmma) continue;
+          if (mode == 3 && b == &be) continue;  // the warp-specialized variant is fast-path only
           const bool direct = mode > 0;
           cuda::PrefillAttentionTuning t;
           t.direct_f16 = direct;
-          t.wgmma = mode == 2;
+          t.wgmma = mode >= 2;
+          t.wgmma_ws = mode == 3;
           cuda::set_prefill_attention_tuning(t);
           const double ms = time_ms(
               static_cast<cudaStream_t>(b->stream()),

@@ -8,8 +8,9 @@
 // (test_attention_prefill_tc.cpp's bound for the mma.sync fast path) and 1e-3 against the mma.sync
 // fast path (both round the same Q and, up to the running maximum's tile size, the same P to f16);
 // the exact path to the attention tolerance (2e-5 up to 4K positions, 5e-5 beyond) against both.
-// Every case also checks that the wgmma kernel really ran (its launch counter). Skipped where the
-// kernel is unavailable (a build without sm_90a, or a device other than sm_90).
+// Every case also checks that the wgmma kernel really ran (its launch counter), and on the fast
+// path that its warp-specialized variant (PrefillAttentionTuning::wgmma_ws) gives the same bits.
+// Skipped where the kernel is unavailable (a build without sm_90a, or a device other than sm_90).
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -98,6 +99,25 @@ void run_case(CudaBackend& be, CpuBackend& cpu, const F16Kv& kv, int num_heads, 
         << "wgmma launches " << describe(kv, num_heads, m, splits, exact);
   }
   const std::string what = describe(kv, num_heads, m, splits, exact);
+  if (expect_wgmma && !exact) {
+    // The warp-specialized variant (TMA producer, mbarriers): the same arithmetic in the same
+    // order, so the same bits as the wgmma kernel's.
+    cuda::PrefillAttentionTuning t = direct_tuning(true);
+    t.wgmma_ws = true;
+    cuda::set_prefill_attention_tuning(t);
+    const int64_t ws_launches = cuda::attention_prefill_wgmma_ws_launches();
+    out.poison();
+    be.attention_prefill(qd.data(), m, pos, shape, kv.gpu_view(), out.data(), splits);
+    const std::vector<float> ws = out.to_host();
+    EXPECT_EQ(cuda::attention_prefill_wgmma_ws_launches() - ws_launches, 1)
+        << "warp-specialized launches " << what;
+    size_t differ = 0;
+    for (size_t i = 0; i < ws.size(); ++i) {
+      if (std::memcmp(&ws[i], &got[1][i], sizeof(float)) != 0) ++differ;
+    }
+    EXPECT_EQ(differ, 0u) << "warp-specialized vs wgmma " << what;
+    cuda::set_prefill_attention_tuning(direct_tuning(true));
+  }
   if (expect_wgmma) {
     // Again, bit for bit: the kernel has no atomics and a fixed reduction order, so a difference
     // between two runs is a race (a K/V slot refilled while a wgmma still reads it, a missing

@@ -79,6 +79,13 @@ PrefillAttentionTuning g_tuning = [] {
       std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_WGMMA=%s (expected 0 or 1)\n", v);
     }
   }
+  if (const char* v = std::getenv("QS_PREFILL_WS")) {
+    if (std::strcmp(v, "1") == 0) {
+      t.wgmma_ws = true;
+    } else if (std::strcmp(v, "0") != 0) {
+      std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_WS=%s (expected 0 or 1)\n", v);
+    }
+  }
   return t;
 }();
 
@@ -509,7 +516,7 @@ void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t str
 template <int HD>
 void launch_for_head_dim(const AttentionArgs& a, void* scratch, cudaStream_t stream, bool exact) {
   if (direct_path(a) && g_tuning.wgmma && attention_prefill_wgmma_supported(a, exact)) {
-    launch_attention_prefill_wgmma(a, stream, exact);
+    launch_attention_prefill_wgmma(a, stream, exact, g_tuning.wgmma_ws);
   } else if (direct_path(a)) {
     exact ? launch_for_head_dim<HD, true, true>(a, scratch, stream)
           : launch_for_head_dim<HD, false, true>(a, scratch, stream);

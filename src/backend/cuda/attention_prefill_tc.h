@@ -32,6 +32,10 @@ struct PrefillAttentionTuning {
   // mma.sync kernel. Same results to f32 rounding (tests), measured 1.6-1.9x faster (session 17:
   // fast 452 vs 239 TFLOP/s at 128K). Default; QS_PREFILL_WGMMA=0 turns it off (A/B runs).
   bool wgmma = true;
+  // The wgmma kernel's warp-specialized variant on the fast path (a TMA producer warpgroup and
+  // mbarriers per slot instead of every thread's cp.async and a block barrier per tile; the same
+  // results bit for bit). Off by default until measured; QS_PREFILL_WS=1 turns it on.
+  bool wgmma_ws = false;
 };
 void set_prefill_attention_tuning(const PrefillAttentionTuning& tuning);
 PrefillAttentionTuning prefill_attention_tuning();

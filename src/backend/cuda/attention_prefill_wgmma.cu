@@ -31,6 +31,7 @@
 // offset unused (1), k-step ks starts at block ks / 4, byte 32 (ks % 4). V (MN-major): leading
 // offset = the next 64 dims (one block, 16 KB), stride offset 1024 (the next 8 keys), k-step kk
 // starts at key row 16 kk.
+#include <cuda.h>  // CUtensorMap and its encoder's signature (called through the runtime)
 #include <cuda_fp16.h>
 
 #include <atomic>
@@ -53,6 +54,12 @@ namespace qs::cuda {
 namespace {
 
 constexpr int kThreads = 256;  // 2 warpgroups
+// The warp-specialized variant (fast path only): a third warpgroup whose one thread streams the
+// K and V tiles with TMA, the consumers' per-tile copies and block barrier replaced by mbarriers
+// per slot (below, "Warp specialization").
+constexpr int kWsThreads = 384;
+constexpr int kWsProducerRegs = 24;  // setmaxnreg: 24 x 128 + 240 x 256 = 168 x 384
+constexpr int kWsConsumerRegs = 240;
 constexpr int kRows = 128;     // query rows per block (64 per warpgroup)
 constexpr int kKeys = 128;     // keys per K/V tile
 // Tiles loaded ahead of the one computed, and shared-memory slots for K and V tiles: tile i uses
@@ -77,8 +84,22 @@ struct WgLayout {
                                                              // follow the K slots)
   static constexpr size_t kSmemBytes =
       size_t{kKSlots + kVSlots} * kMatBytes + kAtomBytes;  // + alignment
-  static_assert(kSmemBytes <= 227 * 1024, "more shared memory than a block may have");
+  // The warp-specialized variant's mbarriers after the slots: full and empty per K slot, then
+  // per V slot (8 bytes each).
+  static constexpr size_t kBarrierOffset = size_t{kKSlots + kVSlots} * kMatBytes;
+  static constexpr size_t kWsSmemBytes = kSmemBytes + 2 * (kKSlots + kVSlots) * 8;
+  static_assert(kWsSmemBytes <= 227 * 1024, "more shared memory than a block may have");
 };
+
+// The K and V rows as TMA tensor maps (the warp-specialized variant; unused otherwise): 3-D,
+// {dim, kv head, key} with strides {2 HD, 2 row_stride} bytes and kv_end keys (the rest read as
+// zeros), a box of {64 dims, 1 head, 128 keys} stored with the 128-byte swizzle, i.e. one 64-dim
+// block of a tile in the layout of the header comment.
+struct TmaMaps {
+  CUtensorMap k, v;
+};
+
+std::atomic<int64_t> g_ws_launches{0};
 
 std::atomic<int64_t> g_launches{0};
 
@@ -138,6 +159,47 @@ __device__ __forceinline__ void block_barrier() {
 // cp.async wrote through the generic proxy; wgmma reads through the async proxy.
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+}
+// mbarriers (shared::cta, 8 bytes) and TMA for the warp-specialized variant.
+__device__ __forceinline__ void mbar_init(uint32_t bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
+}
+// The producer's arrival, announcing the bytes its copies will complete on the barrier.
+__device__ __forceinline__ void mbar_arrive_expect_tx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
+}
+// Until the phase of parity `parity` has completed.
+__device__ __forceinline__ void mbar_wait(uint32_t bar, uint32_t parity) {
+  uint32_t done;
+  do {
+    asm volatile(
+        "{\n.reg .pred p;\nmbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+        "selp.u32 %0, 1, 0, p;\n}\n"
+        : "=r"(done)
+        : "r"(bar), "r"(parity)
+        : "memory");
+  } while (done == 0);
+}
+// Box {c0, c1, c2} of the tensor map into shared memory at dst, completing on bar.
+__device__ __forceinline__ void tma_load_3d(uint32_t dst, const CUtensorMap* map, int c0, int c1,
+                                            int c2, uint32_t bar) {
+  asm volatile(
+      "cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, "
+      "%3, %4}], [%5];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(c0), "r"(c1), "r"(c2), "r"(bar)
+      : "memory");
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_dec() {
+  asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(N));
+}
+template <int N>
+__device__ __forceinline__ void setmaxnreg_inc() {
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(N));
 }
 // Keeps the compiler from moving accesses of registers that wgmma reads or writes
 // asynchronously (accumulators, register A fragments) across the wgmma fences and waits.
@@ -212,9 +274,25 @@ __device__ __forceinline__ void wgmma_rs(float (&d)[N / 2], const uint32_t (&a)[
 
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
-template <int HD, bool EXACT>
-__global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(AttentionArgs a) {
+// The keys of a block (query rows [r0, r0 + rows) of the chunk, split `split`): [t_begin, t_end),
+// the causal end of its last row cut to the split, in n_tiles tiles from tile kt_first.
+struct KeyRange {
+  int t_begin, t_end, kt_first, n_tiles;
+};
+__device__ __forceinline__ KeyRange key_range(const AttentionArgs& a, int r0, int rows, int split) {
+  KeyRange k;
+  k.t_begin = split * a.split_len;
+  k.t_end = min(a.pos + r0 + rows, k.t_begin + a.split_len);
+  k.kt_first = k.t_begin / kKeys;
+  k.n_tiles = k.t_end > k.t_begin ? (k.t_end - 1) / kKeys + 1 - k.kt_first : 0;
+  return k;
+}
+
+template <int HD, bool EXACT, bool WS>
+__global__ void __launch_bounds__(WS ? kWsThreads : kThreads, 1)
+    attention_prefill_wgmma_kernel(AttentionArgs a, const __grid_constant__ TmaMaps maps) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  static_assert(!(WS && EXACT), "the warp-specialized variant is the fast path's");
   pdl_begin();
   using L = WgLayout<HD>;
   constexpr int KS = HD / 16;                     // k-steps of Q K^T
@@ -238,6 +316,55 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   const int split = blockIdx.z;
   const int row_a = 64 * wg + 16 * warp + g, row_b = row_a + 8;  // block rows of this lane
 
+  // Warp specialization: the mbarriers of the K slots (full, empty) and of the V slots. Tile i
+  // fills K slot i % kKSlots and V slot i % kVSlots in their phase i / slots: "full" completes
+  // when the producer's TMA bytes have landed, "empty" when each of the 8 consumer warps has
+  // released the slot (its wgmmas reading it have completed). Warpgroup 2 is the producer: one
+  // thread issues every tile's copies in order, waiting for a slot's "empty" before refilling it.
+  const uint32_t bars = smem0 + static_cast<uint32_t>(L::kBarrierOffset);
+  const uint32_t full_k = bars, empty_k = bars + 8 * kKSlots;
+  const uint32_t full_v = bars + 16 * kKSlots, empty_v = full_v + 8 * kVSlots;
+  if constexpr (WS) {
+    if (tid == 0) {
+      for (int i = 0; i < kKSlots; ++i) {
+        mbar_init(full_k + 8 * i, 1);
+        mbar_init(empty_k + 8 * i, 8);
+      }
+      for (int i = 0; i < kVSlots; ++i) {
+        mbar_init(full_v + 8 * i, 1);
+        mbar_init(empty_v + 8 * i, 8);
+      }
+      asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+    }
+    __syncthreads();
+    if (wg == 2) {
+      setmaxnreg_dec<kWsProducerRegs>();
+      if (tid == 2 * 128) {
+        const KeyRange kr = key_range(a, r0, rows, split);
+        for (int i = 0; i < kr.n_tiles; ++i) {
+          const int key0 = (kr.kt_first + i) * kKeys;
+          const int ks = i % kKSlots, vs = i % kVSlots;
+          if (i >= kKSlots) mbar_wait(empty_k + 8 * ks, (i / kKSlots + 1) & 1);
+          mbar_arrive_expect_tx(full_k + 8 * ks, L::kMatBytes);
+#pragma unroll
+          for (int b = 0; b < HD / 64; ++b) {
+            tma_load_3d(smem0 + ks * L::kMatBytes + b * L::kBlockBytes, &maps.k, 64 * b, kvh, key0,
+                        full_k + 8 * ks);
+          }
+          if (i >= kVSlots) mbar_wait(empty_v + 8 * vs, (i / kVSlots + 1) & 1);
+          mbar_arrive_expect_tx(full_v + 8 * vs, L::kMatBytes);
+#pragma unroll
+          for (int b = 0; b < HD / 64; ++b) {
+            tma_load_3d(smem0 + kVBase + vs * L::kMatBytes + b * L::kBlockBytes, &maps.v, 64 * b,
+                        kvh, key0, full_v + 8 * vs);
+          }
+        }
+      }
+      return;
+    }
+    setmaxnreg_inc<kWsConsumerRegs>();
+  }
+
   // Q fragments (A layout of k-step ks, prefill_q.cuh): q * scale_log2 * 2^fq, fq per row; EXACT
   // also keeps the remainders.
   uint32_t qhi[KS][4], qlo[EXACT ? KS : 1][4];
@@ -246,11 +373,9 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   fence_registers(qhi);
   if constexpr (EXACT) fence_registers(qlo);
 
-  // Keys of this block: [t_begin, t_end), the causal end of its last row cut to the split.
-  const int t_begin = split * a.split_len;
-  const int t_end = min(a.pos + r0 + rows, t_begin + a.split_len);
-  const int kt_first = t_begin / kKeys;
-  const int n_tiles = t_end > t_begin ? (t_end - 1) / kKeys + 1 - kt_first : 0;
+  // Keys of this block: [t_begin, t_end), tiles kt_first .. kt_first + n_tiles - 1.
+  const KeyRange kr = key_range(a, r0, rows, split);
+  const int t_begin = kr.t_begin, t_end = kr.t_end, kt_first = kr.kt_first, n_tiles = kr.n_tiles;
   const int qpos_a = a.pos + r0 + row_a, qpos_b = qpos_a + 8;
   // This warpgroup's rows: [64 wg, min(64 wg + 64, rows)); none when m ends before them.
   const bool wg_rows = 64 * wg < rows;
@@ -444,6 +569,81 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   // (Two loops, one per role, with the same barriers: ptxas then tracks each one's wgmma
   // pipeline; one loop with a branch per iteration would look to it as if the follower could
   // rescale O while the leader's O += P V is in flight, and it would serialize every wgmma.)
+  if constexpr (WS) {
+    // The consumers of the warp-specialized variant: the same two roles, with each slot waited
+    // for on its "full" barrier and released (lane 0 of each warp, after the wgmma_wait that
+    // completed its last reader) on its "empty" one. Every warpgroup waits for and releases
+    // every tile's K and V slots in order, also the tiles it does not compute, so that the
+    // barriers' phases stay in step with the tiles.
+    auto wait_k = [&](int i) { mbar_wait(full_k + 8 * (i % kKSlots), (i / kKSlots) & 1); };
+    auto wait_v = [&](int i) { mbar_wait(full_v + 8 * (i % kVSlots), (i / kVSlots) & 1); };
+    auto release_k = [&](int i) {
+      if (lane == 0) mbar_arrive(empty_k + 8 * (i % kKSlots));
+    };
+    auto release_v = [&](int i) {
+      if (lane == 0) mbar_arrive(empty_v + 8 * (i % kVSlots));
+    };
+    if (wg == 0) {       // the leader
+      int pv_tile = -1;  // this warpgroup's O += P V in flight
+      for (int it = 0; it < n_tiles; ++it) {
+        wait_k(it);
+        const int key0 = (kt_first + it) * kKeys;
+        if (!wg_rows || key0 > qpos_wg_last) {  // no row of this warpgroup sees the tile
+          wgmma_wait<0>();
+          fence_registers(o);
+          if (pv_tile >= 0) release_v(pv_tile);
+          pv_tile = -1;
+          release_k(it);
+          wait_v(it);
+          release_v(it);
+          continue;
+        }
+        wgmma_fence();
+        issue_s(it);
+        wgmma_commit();
+        wgmma_wait<0>();  // S, and the previous tile's O += P V
+        fence_registers(s);
+        fence_registers(o);
+        release_k(it);
+        if (pv_tile >= 0) release_v(pv_tile);
+        softmax(key0, MaskByTile{});
+        wait_v(it);
+        issue_pv(it);
+        wgmma_commit();
+        pv_tile = it;
+      }
+    } else {  // the follower: s holds S of tile it - 1 while s_pending
+      bool s_pending = false;
+      for (int it = 0; it < n_tiles; ++it) {
+        wait_k(it);
+        if (s_pending) {
+          softmax((kt_first + it - 1) * kKeys, MaskByTile{});
+          wait_v(it - 1);
+          issue_pv(it - 1);
+        } else if (it > 0) {
+          wait_v(it - 1);
+        }
+        const int key0 = (kt_first + it) * kKeys;
+        s_pending = wg_rows && key0 <= qpos_wg_last;
+        wgmma_fence();
+        issue_s(it);
+        wgmma_commit();
+        wgmma_wait<0>();
+        fence_registers(s);
+        fence_registers(o);
+        release_k(it);
+        if (it > 0) release_v(it - 1);
+      }
+      if (s_pending) {
+        wait_v(n_tiles - 1);
+        softmax((kt_first + n_tiles - 1) * kKeys, MaskByTile{});
+        issue_pv(n_tiles - 1);
+        wgmma_commit();
+      }
+    }
+    wgmma_wait<0>();
+    fence_registers(o);
+  } else {
 #pragma unroll
   for (int st = 0; st < kAhead; ++st) {
     if (st < n_tiles) load_tile(st);
@@ -526,6 +726,7 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
   wgmma_wait<0>();
   fence_registers(o);
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
+  }
 
   // Row sums over the quad; O and the sums back to true units (partials only).
   const float to_true = exp2i(-kPExp);
@@ -565,18 +766,56 @@ __global__ void __launch_bounds__(kThreads, 1) attention_prefill_wgmma_kernel(At
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 }
 
-template <int HD, bool EXACT>
-void launch_kernel(const AttentionArgs& a, cudaStream_t stream) {
-  constexpr size_t smem = WgLayout<HD>::kSmemBytes;
-  static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attention_prefill_wgmma_kernel<HD, EXACT>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+// cuTensorMapEncodeTiled through the runtime's driver entry point (no link to libcuda); null
+// where the driver does not provide it.
+using EncodeTiledFn = CUresult (*)(CUtensorMap*, CUtensorMapDataType, cuuint32_t, void*,
+                                   const cuuint64_t*, const cuuint64_t*, const cuuint32_t*,
+                                   const cuuint32_t*, CUtensorMapInterleave, CUtensorMapSwizzle,
+                                   CUtensorMapL2promotion, CUtensorMapFloatOOBfill);
+EncodeTiledFn encode_tiled() {
+  static const EncodeTiledFn fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult found{};
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &found) != cudaSuccess ||
+        found != cudaDriverEntryPointSuccess) {
+      (void)cudaGetLastError();
+      return EncodeTiledFn{nullptr};
+    }
+    return reinterpret_cast<EncodeTiledFn>(p);
+  }();
+  return fn;
+}
+
+// The tensor map of K or V rows (TmaMaps); false if the driver refuses it.
+bool encode_rows(CUtensorMap& map, const void* rows, const AttentionArgs& a) {
+  const EncodeTiledFn encode = encode_tiled();
+  if (encode == nullptr) return false;
+  const cuuint64_t dims[3] = {static_cast<cuuint64_t>(a.head_dim),
+                              static_cast<cuuint64_t>(a.num_kv_heads),
+                              static_cast<cuuint64_t>(a.pos) + static_cast<cuuint64_t>(a.m)};
+  const cuuint64_t strides[2] = {static_cast<cuuint64_t>(a.head_dim) * 2,
+                                 static_cast<cuuint64_t>(a.row_stride) * 2};
+  const cuuint32_t box[3] = {64, 1, kKeys};
+  const cuuint32_t element_strides[3] = {1, 1, 1};
+  return encode(&map, CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 3, const_cast<void*>(rows), dims, strides,
+                box, element_strides, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+                CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE) == CUDA_SUCCESS;
+}
+
+template <int HD, bool EXACT, bool WS>
+void launch_kernel(const AttentionArgs& a, const TmaMaps& maps, cudaStream_t stream) {
+  constexpr size_t smem = WS ? WgLayout<HD>::kWsSmemBytes : WgLayout<HD>::kSmemBytes;
+  auto* kernel = attention_prefill_wgmma_kernel<HD, EXACT, WS>;
+  static const bool configured = [kernel] {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid((a.m + kRows - 1) / kRows, a.num_heads, a.num_splits);
-  launch(attention_prefill_wgmma_kernel<HD, EXACT>, grid, kThreads, smem, stream, a);
+  launch(kernel, grid, WS ? kWsThreads : kThreads, smem, stream, a, maps);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -646,17 +885,31 @@ int64_t attention_prefill_wgmma_launches() {
   return g_launches.load();
 }
 
-void launch_attention_prefill_wgmma(const AttentionArgs& a, cudaStream_t stream, bool exact) {
+int64_t attention_prefill_wgmma_ws_launches() {
+  return g_ws_launches.load();
+}
+
+void launch_attention_prefill_wgmma(const AttentionArgs& a, cudaStream_t stream, bool exact,
+                                    bool warp_specialized) {
   QS_CHECK_MSG(attention_prefill_wgmma_supported(a, exact),
                "attention_prefill_wgmma: unsupported call (see attention_prefill_wgmma_supported)");
   QS_CHECK(a.m >= 1 && a.pos >= 0 && a.num_kv_heads >= 1 && a.num_heads % a.num_kv_heads == 0);
   QS_CHECK(a.num_heads <= 65535 && a.num_splits >= 1 && a.num_splits <= 65535);
   QS_CHECK(static_cast<int64_t>(a.num_splits) * a.split_len >= a.pos + a.m);
   QS_CHECK(a.num_splits == 1 || (a.partial_o != nullptr && a.partial_ml != nullptr));
-  if (a.head_dim == 128) {
-    exact ? launch_kernel<128, true>(a, stream) : launch_kernel<128, false>(a, stream);
+  TmaMaps maps{};
+  const bool ws =
+      warp_specialized && !exact && encode_rows(maps.k, a.k, a) && encode_rows(maps.v, a.v, a);
+  if (ws) {
+    a.head_dim == 128 ? launch_kernel<128, false, true>(a, maps, stream)
+                      : launch_kernel<64, false, true>(a, maps, stream);
+    g_ws_launches.fetch_add(1);
+  } else if (a.head_dim == 128) {
+    exact ? launch_kernel<128, true, false>(a, maps, stream)
+          : launch_kernel<128, false, false>(a, maps, stream);
   } else {
-    exact ? launch_kernel<64, true>(a, stream) : launch_kernel<64, false>(a, stream);
+    exact ? launch_kernel<64, true, false>(a, maps, stream)
+          : launch_kernel<64, false, false>(a, maps, stream);
   }
   g_launches.fetch_add(1);
 }

@@ -24,9 +24,16 @@ bool attention_prefill_wgmma_available();
 bool attention_prefill_wgmma_supported(const AttentionArgs& a, bool exact);
 // Causal GQA prefill attention over f16 rows; a.num_splits / a.split_len / partials as planned by
 // the caller, who also launches the combine when num_splits > 1. exact as in
-// launch_attention_prefill_tc.
-void launch_attention_prefill_wgmma(const AttentionArgs& a, cudaStream_t stream, bool exact);
-// Launches of the wgmma kernel so far in this process (tests assert which path ran).
+// launch_attention_prefill_tc. warp_specialized (the fast path only; PrefillAttentionTuning::
+// wgmma_ws): the variant whose K/V tiles a producer warpgroup streams with TMA into slots
+// handed over through mbarriers, instead of every thread copying them with cp.async between
+// block barriers; the same arithmetic in the same order (bit-identical results). It falls back
+// to the other variant where the driver cannot encode the tensor maps.
+void launch_attention_prefill_wgmma(const AttentionArgs& a, cudaStream_t stream, bool exact,
+                                    bool warp_specialized = false);
+// Launches of the wgmma kernel so far in this process, and of its warp-specialized variant
+// (tests assert which path ran).
 int64_t attention_prefill_wgmma_launches();
+int64_t attention_prefill_wgmma_ws_launches();
 
 }  // namespace qs::cuda
