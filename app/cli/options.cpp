@@ -69,7 +69,7 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
       ->envname("QS_CTX")
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("--prefill-chunk", opts.engine.prefill_chunk,
-                 "Prompt tokens per prefill step (0: 2048 on cuda, 512 on cpu) [default: 0]")
+                 "Prompt tokens per prefill step (0: 8192 on cuda, 512 on cpu) [default: 0]")
       ->envname("QS_PREFILL_CHUNK")
       ->check(CLI::Range(0, 1 << 20));
 }

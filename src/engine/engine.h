@@ -98,11 +98,13 @@ struct EngineOptions {
 };
 
 // The prefill chunk an engine with these options runs: prefill_chunk, or for 0 the default of
-// its device: 2048 on cuda (larger GEMMs and attention launches: H200, Llama-2-7B, 32K prompt,
-// 3.14 s with 512, 2.56 s with 2048; docs/perf.md session 11), 512 on cpu.
+// its device: 8192 on cuda (larger GEMMs and attention launches: H200, Llama-2-7B, 32K prompt,
+// 3.14 s with 512, 2.56 s with 2048, 2.33 s with 8192; 128K: 11.92 s with 2048, 11.45 with 8192;
+// docs/perf.md sessions 11 and 20; the activations of 8192 rows take ~1.6 GiB for Llama-2-7B,
+// ~1.2 GiB more than 2048), 512 on cpu.
 inline int effective_prefill_chunk(const EngineOptions& o) {
   if (o.prefill_chunk > 0) return o.prefill_chunk;
-  return o.device == Device::kCuda ? 2048 : 512;
+  return o.device == Device::kCuda ? 8192 : 512;
 }
 
 const char* device_name(Device device);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <string>
 
 #include "backend/rope_freq.h"
@@ -117,19 +118,30 @@ Model::Model(const ModelConfig& cfg, ModelWeights weights, Backend& backend)
   QS_CHECK_MSG(check_model(cfg_, weights_).ok(), "Model built from unchecked weights");
 }
 
-void Model::ensure_scratch(int m) {
-  if (m <= scratch_rows_) return;
+Status Model::ensure_scratch(int m) {
+  if (m <= scratch_rows_) return Status::ok_status();
   const size_t rows = static_cast<size_t>(m);
-  hidden_ = backend_.alloc(rows * cfg_.hidden_size);
-  normed_ = backend_.alloc(rows * cfg_.hidden_size);
-  q_ = backend_.alloc(rows * cfg_.q_dim());
-  k_ = backend_.alloc(rows * cfg_.kv_dim());
-  v_ = backend_.alloc(rows * cfg_.kv_dim());
-  attn_ = backend_.alloc(rows * cfg_.q_dim());
-  proj_ = backend_.alloc(rows * cfg_.hidden_size);
-  gate_ = backend_.alloc(rows * cfg_.intermediate_size);
-  up_ = backend_.alloc(rows * cfg_.intermediate_size);
+  const size_t d = cfg_.hidden_size, qd = cfg_.q_dim(), kvd = cfg_.kv_dim();
+  const size_t inter = cfg_.intermediate_size;
+  std::unique_ptr<Buffer>* bufs[] = {&hidden_, &normed_, &q_,    &k_, &v_,
+                                     &attn_,   &proj_,   &gate_, &up_};
+  const size_t sizes[] = {d, d, qd, kvd, kvd, qd, d, inter, inter};
+  size_t total = 0;
+  for (size_t s : sizes) total += s * rows;
+  for (auto* b : bufs) b->reset();  // the old buffers first: the new ones replace them
+  scratch_rows_ = 0;
+  for (size_t i = 0; i < std::size(bufs); ++i) {
+    *bufs[i] = backend_.try_alloc(rows * sizes[i]);
+    if (!*bufs[i]) {
+      for (auto* b : bufs) b->reset();
+      return make_error("cannot allocate the activations of " + std::to_string(m) + " rows (" +
+                        std::to_string(4.0 * double(total) / (1 << 30)) + " GiB) on " +
+                        backend_.name() +
+                        ": a smaller --prefill-chunk (prompt tokens per forward) needs less");
+    }
+  }
   scratch_rows_ = m;
+  return Status::ok_status();
 }
 
 ForwardPath target_path(KvMode mode) {
@@ -233,7 +245,7 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
                   LogitRows rows, float* logits, int32_t* argmax) {
   const int m = static_cast<int>(ids.size());
   QS_TRY(check_ids(ids));
-  ensure_scratch(m);
+  QS_TRY(ensure_scratch(m));
 
   const int64_t d = cfg_.hidden_size;
   const float eps = cfg_.rms_norm_eps;
@@ -293,7 +305,7 @@ Status Model::prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache&
                       backend_.name());
   }
   QS_TRY(cache.begin_layer_prefill(n));
-  ensure_scratch(chunk);
+  QS_TRY(ensure_scratch(chunk));
   float* x = normed_->data();
   backend_.embedding(weights_.tok_embeddings, ids.data(), n, stream->data());
   // Per chunk the same calls as run()'s: its fused add + norm is the add, then (at the next

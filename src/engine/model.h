@@ -106,7 +106,8 @@ class Model {
   size_t weight_bytes_per_token() const;
 
  private:
-  void ensure_scratch(int m);
+  // Activations for m rows; an error naming the size when the backend cannot allocate them.
+  Status ensure_scratch(int m);
   Status check_ids(std::span<const int32_t> ids) const;
   // One decoder layer over m rows (run()'s loop body; see model.cpp).
   void layer(int l, float* h, float* x, int m, int pos, KvCache& cache, const ForwardPath& path);

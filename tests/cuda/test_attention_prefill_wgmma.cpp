@@ -58,11 +58,13 @@ struct TuningGuard {
   ~TuningGuard() { cuda::set_prefill_attention_tuning(saved); }
 };
 
-cuda::PrefillAttentionTuning direct_tuning(bool wgmma) {
+// ws: the wgmma kernel's warp-specialized variant (fast path), else the block-barrier one.
+cuda::PrefillAttentionTuning direct_tuning(bool wgmma, bool ws = false) {
   cuda::PrefillAttentionTuning t;
   t.tensor_cores = true;
   t.direct_f16 = true;
   t.wgmma = wgmma;
+  t.wgmma_ws = ws;
   return t;
 }
 
@@ -102,9 +104,7 @@ void run_case(CudaBackend& be, CpuBackend& cpu, const F16Kv& kv, int num_heads, 
   if (expect_wgmma && !exact) {
     // The warp-specialized variant (TMA producer, mbarriers): the same arithmetic in the same
     // order, so the same bits as the wgmma kernel's.
-    cuda::PrefillAttentionTuning t = direct_tuning(true);
-    t.wgmma_ws = true;
-    cuda::set_prefill_attention_tuning(t);
+    cuda::set_prefill_attention_tuning(direct_tuning(true, true));
     const int64_t ws_launches = cuda::attention_prefill_wgmma_ws_launches();
     out.poison();
     be.attention_prefill(qd.data(), m, pos, shape, kv.gpu_view(), out.data(), splits);
@@ -342,10 +342,12 @@ TEST_F(AttentionPrefillWgmmaTest, OneHotValuesShowTheWeights) {
   }
 }
 
-// On by default; with it off the mma.sync kernel runs, with it on this one (the counter).
+// On by default; with it off the mma.sync kernel runs, with it on this one (the counter). The
+// fast path's default is the warp-specialized variant.
 TEST_F(AttentionPrefillWgmmaTest, OnByDefault) {
   TuningGuard guard;
   EXPECT_TRUE(cuda::PrefillAttentionTuning{}.wgmma);
+  EXPECT_TRUE(cuda::PrefillAttentionTuning{}.wgmma_ws);
   F16Kv kv(gpu(), 300, kKvHeads, 128, 0, 12);
   const AttentionShape shape{8, kKvHeads, 128, static_cast<float>(1.0 / std::sqrt(128.0))};
   const std::vector<float> q = random_normal(size_t(100) * 8 * 128, 13);
@@ -355,6 +357,20 @@ TEST_F(AttentionPrefillWgmmaTest, OnByDefault) {
     const int64_t launches = cuda::attention_prefill_wgmma_launches();
     gpu().attention_prefill(qd.data(), 100, 200, shape, kv.gpu_view(), out.data());
     EXPECT_EQ(cuda::attention_prefill_wgmma_launches() - launches, on ? 1 : 0);
+  }
+  auto fast = fast_backend();
+  ASSERT_NE(fast, nullptr);
+  F16Kv kv_fast(*fast, 300, kKvHeads, 128, 0, 12);
+  DeviceArray qf(*fast, q), out_fast(*fast, q.size());
+  for (bool exact_backend : {true, false}) {
+    cuda::set_prefill_attention_tuning(cuda::PrefillAttentionTuning{});
+    const int64_t ws = cuda::attention_prefill_wgmma_ws_launches();
+    if (exact_backend) {
+      gpu().attention_prefill(qd.data(), 100, 200, shape, kv.gpu_view(), out.data());
+    } else {
+      fast->attention_prefill(qf.data(), 100, 200, shape, kv_fast.gpu_view(), out_fast.data());
+    }
+    EXPECT_EQ(cuda::attention_prefill_wgmma_ws_launches() - ws, exact_backend ? 0 : 1);
   }
 }
 

@@ -61,8 +61,9 @@ constexpr int kPExp = 12;                  // P is split as p * 2^12
 constexpr float kPScale = 4096.0f;
 
 // QS_PREFILL_DIRECT=0 starts the process without PrefillAttentionTuning::direct_f16 (end-to-end
-// A/B runs without a rebuild), 1 with it (the default); QS_PREFILL_WGMMA likewise for
-// PrefillAttentionTuning::wgmma (default on); anything else is ignored with a warning.
+// A/B runs without a rebuild), 1 with it (the default); QS_PREFILL_WGMMA and QS_PREFILL_WS likewise
+// for PrefillAttentionTuning::wgmma and wgmma_ws (default on); anything else is ignored with a
+// warning.
 PrefillAttentionTuning g_tuning = [] {
   PrefillAttentionTuning t;
   if (const char* v = std::getenv("QS_PREFILL_DIRECT")) {
@@ -80,9 +81,9 @@ PrefillAttentionTuning g_tuning = [] {
     }
   }
   if (const char* v = std::getenv("QS_PREFILL_WS")) {
-    if (std::strcmp(v, "1") == 0) {
-      t.wgmma_ws = true;
-    } else if (std::strcmp(v, "0") != 0) {
+    if (std::strcmp(v, "0") == 0) {
+      t.wgmma_ws = false;
+    } else if (std::strcmp(v, "1") != 0) {
       std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_WS=%s (expected 0 or 1)\n", v);
     }
   }
