@@ -569,85 +569,25 @@ __global__ void __launch_bounds__(WS ? kWsThreads : kThreads, 1)
   // (Two loops, one per role, with the same barriers: ptxas then tracks each one's wgmma
   // pipeline; one loop with a branch per iteration would look to it as if the follower could
   // rescale O while the leader's O += P V is in flight, and it would serialize every wgmma.)
-  if constexpr (WS) {
-    // The consumers of the warp-specialized variant: the same two roles, with each slot waited
-    // for on its "full" barrier and released (lane 0 of each warp, after the wgmma_wait that
-    // completed its last reader) on its "empty" one. Every warpgroup waits for and releases
-    // every tile's K and V slots in order, also the tiles it does not compute, so that the
-    // barriers' phases stay in step with the tiles.
-    auto wait_k = [&](int i) { mbar_wait(full_k + 8 * (i % kKSlots), (i / kKSlots) & 1); };
-    auto wait_v = [&](int i) { mbar_wait(full_v + 8 * (i % kVSlots), (i / kVSlots) & 1); };
-    auto release_k = [&](int i) {
-      if (lane == 0) mbar_arrive(empty_k + 8 * (i % kKSlots));
-    };
-    auto release_v = [&](int i) {
-      if (lane == 0) mbar_arrive(empty_v + 8 * (i % kVSlots));
-    };
-    if (wg == 0) {       // the leader
-      int pv_tile = -1;  // this warpgroup's O += P V in flight
-      for (int it = 0; it < n_tiles; ++it) {
-        wait_k(it);
-        const int key0 = (kt_first + it) * kKeys;
-        if (!wg_rows || key0 > qpos_wg_last) {  // no row of this warpgroup sees the tile
-          wgmma_wait<0>();
-          fence_registers(o);
-          if (pv_tile >= 0) release_v(pv_tile);
-          pv_tile = -1;
-          release_k(it);
-          wait_v(it);
-          release_v(it);
-          continue;
-        }
-        wgmma_fence();
-        issue_s(it);
-        wgmma_commit();
-        wgmma_wait<0>();  // S, and the previous tile's O += P V
-        fence_registers(s);
-        fence_registers(o);
-        release_k(it);
-        if (pv_tile >= 0) release_v(pv_tile);
-        softmax(key0, MaskByTile{});
-        wait_v(it);
-        issue_pv(it);
-        wgmma_commit();
-        pv_tile = it;
-      }
-    } else {  // the follower: s holds S of tile it - 1 while s_pending
-      bool s_pending = false;
-      for (int it = 0; it < n_tiles; ++it) {
-        wait_k(it);
-        if (s_pending) {
-          softmax((kt_first + it - 1) * kKeys, MaskByTile{});
-          wait_v(it - 1);
-          issue_pv(it - 1);
-        } else if (it > 0) {
-          wait_v(it - 1);
-        }
-        const int key0 = (kt_first + it) * kKeys;
-        s_pending = wg_rows && key0 <= qpos_wg_last;
-        wgmma_fence();
-        issue_s(it);
-        wgmma_commit();
-        wgmma_wait<0>();
-        fence_registers(s);
-        fence_registers(o);
-        release_k(it);
-        if (it > 0) release_v(it - 1);
-      }
-      if (s_pending) {
-        wait_v(n_tiles - 1);
-        softmax((kt_first + n_tiles - 1) * kKeys, MaskByTile{});
-        issue_pv(n_tiles - 1);
-        wgmma_commit();
-      }
-    }
-    wgmma_wait<0>();
-    fence_registers(o);
-  } else {
+  // The warp-specialized variant (WS) runs the same loops with each slot waited for on its "full"
+  // barrier instead of begin_tile, and released (lane 0 of each warp, after the wgmma_wait that
+  // completed its last reader) on its "empty" one. Every warpgroup waits for and releases every
+  // tile's K and V slots in order, also the tiles it does not compute, so that the barriers'
+  // phases stay in step with the tiles.
+  auto wait_k = [&](int i) { mbar_wait(full_k + 8 * (i % kKSlots), (i / kKSlots) & 1); };
+  auto wait_v = [&](int i) { mbar_wait(full_v + 8 * (i % kVSlots), (i / kVSlots) & 1); };
+  auto release_k = [&](int i) {
+    if (lane == 0) mbar_arrive(empty_k + 8 * (i % kKSlots));
+  };
+  auto release_v = [&](int i) {
+    if (lane == 0) mbar_arrive(empty_v + 8 * (i % kVSlots));
+  };
+  if constexpr (!WS) {
 #pragma unroll
-  for (int st = 0; st < kAhead; ++st) {
-    if (st < n_tiles) load_tile(st);
-    cp_async_commit();
+    for (int st = 0; st < kAhead; ++st) {
+      if (st < n_tiles) load_tile(st);
+      cp_async_commit();
+    }
   }
   // Waits for tile it and loads tile it + kAhead (into the slots of tiles it - 1 (K), it - 2 (V)).
   auto begin_tile = [&](int it) {
@@ -661,12 +601,24 @@ __global__ void __launch_bounds__(WS ? kWsThreads : kThreads, 1)
   };
   // EXACT: both warpgroups lead (the follower's extra live registers would serialize it).
   if (wg == 0 || EXACT || !kPingPong) {  // the leader
+    int pv_tile = -1;                    // WS: the tile of this warpgroup's O += P V in flight
     auto lead = [&](int it, auto mask_mode) {
-      begin_tile(it);
+      if constexpr (WS) {
+        wait_k(it);
+      } else {
+        begin_tile(it);
+      }
       const int key0 = (kt_first + it) * kKeys;
       if (!wg_rows || key0 > qpos_wg_last) {  // no row of this warpgroup sees the tile
         wgmma_wait<0>();                      // the last O += P V, for the slot's refill
         fence_registers(o);
+        if constexpr (WS) {
+          if (pv_tile >= 0) release_v(pv_tile);
+          pv_tile = -1;
+          release_k(it);
+          wait_v(it);
+          release_v(it);
+        }
         return;
       }
       wgmma_fence();
@@ -675,9 +627,15 @@ __global__ void __launch_bounds__(WS ? kWsThreads : kThreads, 1)
       wgmma_wait<0>();  // S, and the previous tile's O += P V
       fence_registers(s);
       fence_registers(o);
+      if constexpr (WS) {
+        release_k(it);
+        if (pv_tile >= 0) release_v(pv_tile);
+      }
       softmax(key0, mask_mode);
+      if constexpr (WS) wait_v(it);
       issue_pv(it);
       wgmma_commit();
+      if constexpr (WS) pv_tile = it;
       if constexpr (EXACT) {
         // Q and P hi + lo leave too few registers to keep P live across the next S (ptxas would
         // serialize every wgmma): wait now.
@@ -701,10 +659,17 @@ __global__ void __launch_bounds__(WS ? kWsThreads : kThreads, 1)
   } else {  // the follower: s holds S of tile it - 1 while s_pending
     bool s_pending = false;
     for (int it = 0; it < n_tiles; ++it) {
-      begin_tile(it);
+      if constexpr (WS) {
+        wait_k(it);
+      } else {
+        begin_tile(it);
+      }
       if (s_pending) {
         softmax((kt_first + it - 1) * kKeys, MaskByTile{});
+        if constexpr (WS) wait_v(it - 1);
         issue_pv(it - 1);
+      } else if (WS && it > 0) {
+        wait_v(it - 1);
       }
       const int key0 = (kt_first + it) * kKeys;
       s_pending = wg_rows && key0 <= qpos_wg_last;  // a row of this warpgroup sees the tile
@@ -716,8 +681,15 @@ __global__ void __launch_bounds__(WS ? kWsThreads : kThreads, 1)
       wgmma_wait<0>();
       fence_registers(s);
       fence_registers(o);
+      if constexpr (WS) {
+        release_k(it);
+        if (it > 0) release_v(it - 1);
+      }
     }
-    if (s_pending) {  // the last tile
+    // The last tile. WS: its V wait inside the branch (outside it ptxas serializes the wgmmas,
+    // C7515); the leader waits for every V tile, so all copies land before the block exits.
+    if (s_pending) {
+      if constexpr (WS) wait_v(n_tiles - 1);
       softmax((kt_first + n_tiles - 1) * kKeys, MaskByTile{});
       issue_pv(n_tiles - 1);
       wgmma_commit();
@@ -726,7 +698,6 @@ __global__ void __launch_bounds__(WS ? kWsThreads : kThreads, 1)
   wgmma_wait<0>();
   fence_registers(o);
   cp_async_wait<0>();  // no copy may still target shared memory when the block exits
-  }
 
   // Row sums over the quad; O and the sums back to true units (partials only).
   const float to_true = exp2i(-kPExp);
