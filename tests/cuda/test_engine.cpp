@@ -54,6 +54,14 @@ std::unique_ptr<Engine> load(const ModeCase& c, Device device, bool prefill_by_l
   return std::move(made).value();
 }
 
+// The same model and options on the CPU and on the GPU.
+struct EnginePair {
+  std::unique_ptr<Engine> cpu, gpu;
+};
+EnginePair load_both(const ModeCase& c) {
+  return {load(c, Device::kCpu), load(c, Device::kCuda)};
+}
+
 std::vector<int32_t> prompt_ids(const Engine& e, int n) {
   std::vector<int32_t> ids;
   const std::string text =
@@ -74,8 +82,7 @@ class CudaEngineTest : public ::testing::TestWithParam<ModeCase> {
 
 TEST_P(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
   const ModeCase& c = GetParam();
-  std::unique_ptr<Engine> cpu = load(c, Device::kCpu);
-  std::unique_ptr<Engine> gpu = load(c, Device::kCuda);
+  auto [cpu, gpu] = load_both(c);
   ASSERT_TRUE(cpu && gpu);
   GenerationParams params;
   params.max_new_tokens = 96;
@@ -105,8 +112,7 @@ TEST_P(CudaEngineTest, SampledTokensEqualTheCpuEngine) {
   if (c.kv != KvType::kFp16 || c.rows != KvDType::kF32) {
     GTEST_SKIP() << "f32 full-precision rows: logits that agree to rounding";
   }
-  std::unique_ptr<Engine> cpu = load(c, Device::kCpu);
-  std::unique_ptr<Engine> gpu = load(c, Device::kCuda);
+  auto [cpu, gpu] = load_both(c);
   ASSERT_TRUE(cpu && gpu);
   GenerationParams params;
   params.max_new_tokens = 48;
@@ -131,8 +137,7 @@ TEST_P(CudaEngineTest, SampledTokensEqualTheCpuEngine) {
 TEST_P(CudaEngineTest, SequenceLogitsMatchTheCpuEngine) {
   const ModeCase& c = GetParam();
   if (c.mode != DecodeMode::kAr) GTEST_SKIP() << "AR modes define sequence_logits";
-  std::unique_ptr<Engine> cpu = load(c, Device::kCpu);
-  std::unique_ptr<Engine> gpu = load(c, Device::kCuda);
+  auto [cpu, gpu] = load_both(c);
   ASSERT_TRUE(cpu && gpu);
   const std::vector<int32_t> ids = prompt_ids(*cpu, 700);
   auto want = cpu->sequence_logits(ids);

@@ -51,6 +51,7 @@
 #include "backend/cuda/attention_state.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 
@@ -71,8 +72,7 @@ constexpr float kPExp = 12.0f;  // P is formed as 2^12 P
 // QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel (end-to-end A/B runs).
 DecodeAttentionTuning g_tuning = [] {
   DecodeAttentionTuning t;
-  const char* v = std::getenv("QS_DECODE_TC");
-  t.tensor_cores = v == nullptr || std::strcmp(v, "0") != 0;
+  t.tensor_cores = env_flag("QS_DECODE_TC", t.tensor_cores);
   return t;
 }();
 

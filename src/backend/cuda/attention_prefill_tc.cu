@@ -41,6 +41,7 @@
 #include "backend/cuda/attention_prefill_wgmma.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/prefill_q.cuh"
@@ -60,33 +61,14 @@ constexpr int kConvThreads = 256;          // conversion kernel
 constexpr int kPExp = 12;                  // P is split as p * 2^12
 constexpr float kPScale = 4096.0f;
 
-// QS_PREFILL_DIRECT=0 starts the process without PrefillAttentionTuning::direct_f16 (end-to-end
-// A/B runs without a rebuild), 1 with it (the default); QS_PREFILL_WGMMA and QS_PREFILL_WS likewise
-// for PrefillAttentionTuning::wgmma and wgmma_ws (default on); anything else is ignored with a
-// warning.
+// QS_PREFILL_DIRECT=0|1 starts the process without / with PrefillAttentionTuning::direct_f16
+// (end-to-end A/B runs without a rebuild); QS_PREFILL_WGMMA and QS_PREFILL_WS likewise for
+// wgmma and wgmma_ws (all three on by default).
 PrefillAttentionTuning g_tuning = [] {
   PrefillAttentionTuning t;
-  if (const char* v = std::getenv("QS_PREFILL_DIRECT")) {
-    if (std::strcmp(v, "0") == 0) {
-      t.direct_f16 = false;
-    } else if (std::strcmp(v, "1") != 0) {
-      std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_DIRECT=%s (expected 0 or 1)\n", v);
-    }
-  }
-  if (const char* v = std::getenv("QS_PREFILL_WGMMA")) {
-    if (std::strcmp(v, "0") == 0) {
-      t.wgmma = false;
-    } else if (std::strcmp(v, "1") != 0) {
-      std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_WGMMA=%s (expected 0 or 1)\n", v);
-    }
-  }
-  if (const char* v = std::getenv("QS_PREFILL_WS")) {
-    if (std::strcmp(v, "0") == 0) {
-      t.wgmma_ws = false;
-    } else if (std::strcmp(v, "1") != 0) {
-      std::fprintf(stderr, "quantspec: ignoring QS_PREFILL_WS=%s (expected 0 or 1)\n", v);
-    }
-  }
+  t.direct_f16 = env_flag("QS_PREFILL_DIRECT", t.direct_f16);
+  t.wgmma = env_flag("QS_PREFILL_WGMMA", t.wgmma);
+  t.wgmma_ws = env_flag("QS_PREFILL_WS", t.wgmma_ws);
   return t;
 }();
 

@@ -47,6 +47,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "core/error.h"
@@ -1349,19 +1350,6 @@ bool valid_direct_regs(int regs) {
 }
 
 std::mutex g_tuning_mu;
-// A switch from the environment: unset -> fallback; a value in [lo, hi] -> it; anything else -> a
-// warning on stderr naming the variable, and the fallback.
-int env_switch(const char* name, int lo, int hi, int fallback) {
-  const char* v = std::getenv(name);
-  if (v == nullptr) return fallback;
-  char* end = nullptr;
-  const long x = std::strtol(v, &end, 10);
-  if (end != v && *end == '\0' && x >= lo && x <= hi) return static_cast<int>(x);
-  std::fprintf(stderr, "quantspec: ignoring %s=%s (expected an integer in [%d, %d])\n", name, v, lo,
-               hi);
-  return fallback;
-}
-
 // End-to-end A/B runs without a rebuild: QS_DRAFT_REG_PREFETCH=0|1 starts the process without /
 // with the f16 draft's register prefetch, QS_DIRECT_TILES=0|1|2 with that many 8-query tiles per
 // warp on the direct INT8 path (0: automatic), QS_DIRECT_RING=0|1 without / with the direct
@@ -1369,10 +1357,10 @@ int env_switch(const char* name, int lo, int hi, int fallback) {
 // automatic; 128: the f16-operand draft without register prefetch only).
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
-  t.draft_reg_prefetch = env_switch("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
-  t.direct_tiles = env_switch("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
-  t.direct_ring = env_switch("QS_DIRECT_RING", 0, 1, t.direct_ring);
-  const int regs = env_switch("QS_DIRECT_REGS", 0, 192, t.direct_regs);
+  t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
+  t.direct_tiles = env_int("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
+  t.direct_ring = env_int("QS_DIRECT_RING", 0, 1, t.direct_ring);
+  const int regs = env_int("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (valid_direct_regs(regs)) {
     t.direct_regs = regs;
   } else {

@@ -17,26 +17,18 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/quant_ops.h"
 
 namespace qs {
-
-namespace {
-// A process-wide switch read from the environment: `otherwise` when `name` is unset, off for
-// "0", on for anything else.
-bool env_switch(const char* name, bool otherwise) {
-  const char* v = std::getenv(name);
-  return v == nullptr ? otherwise : std::strcmp(v, "0") != 0;
-}
-}  // namespace
 
 namespace cuda {
 
 void check_launch(const char* file, int line, cudaStream_t stream) {
   cudaError_t e = cudaGetLastError();
   if (e != cudaSuccess) cuda_failed(file, line, "kernel launch", e);
-  static const bool sync_each = env_switch("QS_CUDA_SYNC", false);
+  static const bool sync_each = env_flag("QS_CUDA_SYNC", false);
   if (!sync_each) return;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
@@ -46,7 +38,7 @@ void check_launch(const char* file, int line, cudaStream_t stream) {
 }
 
 namespace {
-bool g_pdl = env_switch("QS_CUDA_PDL", true);
+bool g_pdl = env_flag("QS_CUDA_PDL", true);
 }  // namespace
 
 bool pdl_enabled() {
@@ -373,7 +365,7 @@ namespace {
 // Backend::argmax_rows on the GPU (cuda::launch_argmax_rows), only the ids copied back;
 // QS_CUDA_ARGMAX=0: the rows copied back and argmax'ed on the host.
 bool gpu_argmax() {
-  static const bool on = env_switch("QS_CUDA_ARGMAX", true);
+  static const bool on = cuda::env_flag("QS_CUDA_ARGMAX", true);
   return on;
 }
 }  // namespace
@@ -402,7 +394,7 @@ cuda::SampleSpec sample_spec(const SamplingParams& p) {
 // Sampling on the GPU (sampling.cu); QS_CUDA_SAMPLE=0: the logits copied back and sampled on the
 // host by the reference (the A/B of the end-to-end bench).
 bool gpu_sampling() {
-  static const bool on = env_switch("QS_CUDA_SAMPLE", true);
+  static const bool on = cuda::env_flag("QS_CUDA_SAMPLE", true);
   return on;
 }
 }  // namespace

@@ -47,6 +47,7 @@
 
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_ops.h"
@@ -74,14 +75,7 @@ Q4GemvTuning g_q4_tuning = [] {
       std::fprintf(stderr, "quantspec: ignoring QS_Q4_STAGES=%s (expected 1 or 4)\n", v);
     }
   }
-  v = std::getenv("QS_Q4_KERNEL");
-  if (v != nullptr) {
-    if (v[0] >= '1' && v[0] <= '7' && v[1] == 0) {
-      t.kernel = v[0] - '0';
-    } else {
-      std::fprintf(stderr, "quantspec: ignoring QS_Q4_KERNEL=%s (expected 1..7)\n", v);
-    }
-  }
+  t.kernel = env_int("QS_Q4_KERNEL", 1, 7, t.kernel);
   return t;
 }();
 
