@@ -251,6 +251,18 @@ __device__ __forceinline__ uint32_t int4_high_nibbles_f16x2(uint32_t x) {
   return r;
 }
 
+// The same nibbles as f16 subnormals, one lop3 per two codes (the draft view's f16-operand path on
+// the register-direct kernel, DirectPath::kSub): the low nibbles at bits 0 and 16 of x are
+// {n, n'} * 2^-24, the high nibbles at bits 4 and 20 {16 n, 16 n'} * 2^-24, exactly (the tensor
+// cores take subnormal f16 operands). Not centred: the caller undoes the 2^-24 (and the high
+// nibbles' 16) in f32 and adds the min in f32.
+__device__ __forceinline__ uint32_t int4_low_nibbles_sub(uint32_t x) {
+  return x & 0x000F000Fu;
+}
+__device__ __forceinline__ uint32_t int4_high_nibbles_sub(uint32_t x) {
+  return x & 0x00F000F0u;
+}
+
 // Four bytes of packed codes (byte i: channel 2i in the low nibble, 2i+1 in the high nibble; for
 // INT8 the same bytes of both planes) as the full codes of the even channels (byte i = channel 2i)
 // and of the odd channels: U (INT4) or 16U + (L + 8) (INT8).
@@ -281,12 +293,21 @@ __device__ __forceinline__ void key_frags(const uint32_t (&ev)[2], const uint32_
 // The A fragment of k-step h of an 8-channel INT4 key block, straight from the code words of
 // token rows r and r + 8: k-slots 2c, 2c+1, 2c+8, 2c+9 are the block's channels 2h, 2h + 4,
 // 2h + 1, 2h + 5 (the queries are folded in the same order: fold_query_block<.., true>).
+// kSub: as subnormals (int4_low_nibbles_sub), k-slots 2c+8, 2c+9 (the high nibbles) at 16x.
+template <bool kSub = false>
 __device__ __forceinline__ void int4_key_frags(const uint32_t (&up)[2], int h, uint32_t (&a)[4]) {
   const uint32_t x0 = h ? up[0] >> 8 : up[0], x1 = h ? up[1] >> 8 : up[1];
-  a[0] = int4_low_nibbles_f16x2(x0);
-  a[1] = int4_low_nibbles_f16x2(x1);
-  a[2] = int4_high_nibbles_f16x2(x0);
-  a[3] = int4_high_nibbles_f16x2(x1);
+  if constexpr (kSub) {
+    a[0] = int4_low_nibbles_sub(x0);
+    a[1] = int4_low_nibbles_sub(x1);
+    a[2] = int4_high_nibbles_sub(x0);
+    a[3] = int4_high_nibbles_sub(x1);
+  } else {
+    a[0] = int4_low_nibbles_f16x2(x0);
+    a[1] = int4_low_nibbles_f16x2(x1);
+    a[2] = int4_high_nibbles_f16x2(x0);
+    a[3] = int4_high_nibbles_f16x2(x1);
+  }
 }
 
 // One 8-channel block of S^T = K Q'^T on tensor cores for NT query tiles (the ring and
@@ -294,8 +315,9 @@ __device__ __forceinline__ void int4_key_frags(const uint32_t (&up)[2], int h, u
 // lower), unpacked once (INT8: as even / odd channel codes centred by `bias`; INT4:
 // int4_key_frags), against each tile's f16 hi and lo B fragments of k-steps h = 0, 1 of the
 // block (frags(t, h, hi, lo)); tile t's products accumulate into acc_hi[t] / acc_lo[t] (kLo
-// false: hi only, acc_lo untouched).
-template <bool INT8, bool kLo, int NT, class Frags>
+// false: hi only, acc_lo untouched). kSub (INT4, kLo false): the codes as subnormals
+// (int4_key_frags<true>).
+template <bool INT8, bool kLo, int NT, class Frags, bool kSub = false>
 __device__ __forceinline__ void score_block_tiles(const uint32_t (&up)[2], const uint32_t (&lo)[2],
                                                   const Frags& frags, uint32_t bias,
                                                   float (&acc_hi)[NT][4], float (&acc_lo)[NT][4]) {
@@ -310,7 +332,7 @@ __device__ __forceinline__ void score_block_tiles(const uint32_t (&up)[2], const
     if constexpr (INT8) {
       key_frags(ev, od, h, bias, a);
     } else {
-      int4_key_frags(up, h, a);
+      int4_key_frags<kSub>(up, h, a);
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
@@ -673,18 +695,20 @@ __device__ __forceinline__ float fold_query_scale(const float* q_row, const int 
 
 // Block j's fragments (q: its 8 channels, sr_j: their scale words, sf: fold_query_scale's 2^F).
 // kInt4Map: the channel order of int4_key_frags (half h: b0 = channels 2h, 2h + 4, b1 = 2h + 1,
-// 2h + 5) instead of key_frags' (b0 = 4h, 4h + 2, b1 = 4h + 1, 4h + 3).
-template <bool kLo, bool kInt4Map>
+// 2h + 5) instead of key_frags' (b0 = 4h, 4h + 2, b1 = 4h + 1, 4h + 3). kSub (with kInt4Map):
+// b1 at 1/16, against int4_key_frags<true>'s high nibbles at 16x.
+template <bool kLo, bool kInt4Map, bool kSub = false>
 __device__ __forceinline__ void fold_query_block(const float* q, const uint4& sr_j, float step_mul,
                                                  float sf, uint32_t (&hi)[2][2],
                                                  uint32_t (&lo)[2][2]) {
   const uint32_t sw[4] = {sr_j.x, sr_j.y, sr_j.z, sr_j.w};
   if constexpr (kInt4Map) {
     const float4 x0 = q_times_scale(q, sw, 0, step_mul), x1 = q_times_scale(q, sw, 1, step_mul);
+    const float sf1 = kSub ? sf * 0.0625f : sf;
     f16x2_operand<kLo>(x0.x * sf, x1.x * sf, hi[0][0], lo[0][0]);
-    f16x2_operand<kLo>(x0.y * sf, x1.y * sf, hi[0][1], lo[0][1]);
+    f16x2_operand<kLo>(x0.y * sf1, x1.y * sf1, hi[0][1], lo[0][1]);
     f16x2_operand<kLo>(x0.z * sf, x1.z * sf, hi[1][0], lo[1][0]);
-    f16x2_operand<kLo>(x0.w * sf, x1.w * sf, hi[1][1], lo[1][1]);
+    f16x2_operand<kLo>(x0.w * sf1, x1.w * sf1, hi[1][1], lo[1][1]);
   } else {
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
@@ -695,16 +719,21 @@ __device__ __forceinline__ void fold_query_block(const float* q, const uint4& sr
   }
 }
 
-template <int NB, bool kLo, bool kInt4Map>
+// kSub: for int4_key_frags<true> (pass center 0): b1 at 1/16 and inv_f times 2^24.
+template <int NB, bool kLo, bool kInt4Map, bool kSub = false>
 __device__ __forceinline__ void fold_query(const float* q_row, const int (&d0)[NB],
                                            const uint4 (&sr)[NB], const uint4 (&mr)[NB],
                                            float step_mul, float center,
                                            uint32_t (&bq_hi)[NB][2][2], uint32_t (&bq_lo)[NB][2][2],
                                            float (&inv_f)[2], float (&qm)[2]) {
   const float sf = fold_query_scale<NB>(q_row, d0, sr, mr, step_mul, center, inv_f, qm);
+  if constexpr (kSub) {
+    inv_f[0] *= 0x1p24f;
+    inv_f[1] *= 0x1p24f;
+  }
 #pragma unroll
   for (int j = 0; j < NB; ++j) {
-    fold_query_block<kLo, kInt4Map>(q_row + d0[j], sr[j], step_mul, sf, bq_hi[j], bq_lo[j]);
+    fold_query_block<kLo, kInt4Map, kSub>(q_row + d0[j], sr[j], step_mul, sf, bq_hi[j], bq_lo[j]);
   }
 }
 
@@ -730,7 +759,8 @@ __device__ __forceinline__ float value_scale_step(float vmax, int& e_run, float&
   vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 4));
   vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 8));
   vmax = fmaxf(vmax, __shfl_xor_sync(kFullMask, vmax, 16));
-  const int e_step = vmax > 0.0f ? 13 - ilogbf(vmax) : e_run;
+  // vmax > 0 is a normal float (an f16 step times 1 or 1/16): ilogb is its exponent field - 127.
+  const int e_step = vmax > 0.0f ? 140 - static_cast<int>(__float_as_uint(vmax) >> 23) : e_run;
   const int e_new = min(e_run, e_step);
   fe = exp2i(e_new - e_run);
   e_run = e_new;

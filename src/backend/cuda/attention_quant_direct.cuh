@@ -281,8 +281,9 @@ struct DirectTile {
     bq[1] = b1;
   }
 
-  // o_s: [8][HD], ml_s: [8][2] of this warp's tile; O^T = o * scale + the min term.
-  __device__ void store_tile(float* o_s, float* ml_s, float scale) {
+  // o_s: [8][HD], ml_s: [8][2] of this warp's tile; O^T = o * scale + the min term, rows r + 8
+  // (the odd channels) at scale_odd.
+  __device__ void store_tile(float* o_s, float* ml_s, float scale, float scale_odd) {
     const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
 #pragma unroll
     for (int k = 0; k < 2; ++k) {
@@ -298,7 +299,7 @@ struct DirectTile {
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
         const int q = 2 * c + (i & 1);
-        o_s[q * kHD + ch + (i >> 1)] = o[u][i] * scale + acc_min[i & 1];
+        o_s[q * kHD + ch + (i >> 1)] = o[u][i] * (i >> 1 ? scale_odd : scale) + acc_min[i & 1];
       }
     }
     if (r == 0) {
@@ -322,7 +323,12 @@ template <bool INT8, bool kLo = true, int NT = 1>
 struct DirectPath {
   static constexpr int HD = kHD;
   static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
-  static constexpr float kCenter = INT8 ? 120.0f : 8.0f;  // as MmaPath: centred codes
+  // The draft view's f16-operand path (INT4, hi alone) takes the codes as f16 subnormals, one lop3
+  // per two codes (int4_low_nibbles_sub): not centred (the f32 accumulators' cancellation, ~2e-8
+  // relative per position a warp reads, stays far below that view's f16 operands and its INT4
+  // error), 2^-24 and the high nibbles' 16 undone in f32 (inv_f, store).
+  static constexpr bool kSub = !INT8 && !kLo;
+  static constexpr float kCenter = kSub ? 0.0f : INT8 ? 120.0f : 8.0f;  // as MmaPath: centred
   static constexpr uint32_t kBias = INT8 ? 0x64806480u : 0x64086408u;
   static constexpr int kQStride = HD + kQPad;
   static constexpr bool kSharedFrags = NT > 1;
@@ -379,8 +385,8 @@ struct DirectPath {
           }
         }
       } else {
-        fold_query<4, kLo, !INT8>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo, inv_f[t],
-                                  qm[t]);
+        fold_query<4, kLo, !INT8, kSub>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo,
+                                        inv_f[t], qm[t]);
       }
     }
   }
@@ -429,7 +435,8 @@ struct DirectPath {
         auto frags = [&](int t, int h, uint32_t(&hi)[2], uint32_t(&lo_)[2]) {
           query_frags(t, w, h, hi, lo_);
         };
-        score_block_tiles<INT8, kLo, NT>(up, lo, frags, kBias, acc_hi, acc_lo);
+        score_block_tiles<INT8, kLo, NT, decltype(frags), kSub>(up, lo, frags, kBias, acc_hi,
+                                                                acc_lo);
       }
 #pragma unroll
       for (int t = 0; t < NT; ++t) {
@@ -456,7 +463,8 @@ struct DirectPath {
       for (int jb = 0; jb < 2; ++jb) {
         vstep[st][jb] = __half2float(__ushort_as_half(ch.vs[st][jb])) * kStepMul;
         vmax = fmaxf(vmax, vstep[st][jb]);
-        const float vmid = fmaf(kCenter, vstep[st][jb], __half2float(__ushort_as_half(ch.vm[st][jb])));
+        const float vmin = __half2float(__ushort_as_half(ch.vm[st][jb]));
+        const float vmid = kSub ? vmin : fmaf(kCenter, vstep[st][jb], vmin);
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
 #pragma unroll
@@ -523,9 +531,15 @@ struct DirectPath {
 #pragma unroll
             for (int bb = 0; bb < 2; ++bb) {
               const uint32_t y01 = bb ? x01 >> 8 : x01, y89 = bb ? x89 >> 8 : x89;
-              mma_tiles(4 * wi + 2 * half + bb, int4_low_nibbles_f16x2(y01),
-                        int4_high_nibbles_f16x2(y01), int4_low_nibbles_f16x2(y89),
-                        int4_high_nibbles_f16x2(y89));
+              if constexpr (kSub) {  // rows r + 8 (the high nibbles) at 16x
+                mma_tiles(4 * wi + 2 * half + bb, int4_low_nibbles_sub(y01),
+                          int4_high_nibbles_sub(y01), int4_low_nibbles_sub(y89),
+                          int4_high_nibbles_sub(y89));
+              } else {
+                mma_tiles(4 * wi + 2 * half + bb, int4_low_nibbles_f16x2(y01),
+                          int4_high_nibbles_f16x2(y01), int4_low_nibbles_f16x2(y89),
+                          int4_high_nibbles_f16x2(y89));
+              }
             }
           }
         }
@@ -570,9 +584,11 @@ struct DirectPath {
   // every lane is done reading them first.
   __device__ void store(float* o_s, float* ml_s) {
     if constexpr (kSharedFrags) __syncwarp();
+    const float scale = exp2i(kSub ? 24 - e_run : -e_run);
+    const float scale_odd = kSub ? scale * 0.0625f : scale;
 #pragma unroll
     for (int t = 0; t < NT; ++t)
-      tile[t].store_tile(o_s + t * 8 * kHD, ml_s + t * 16, exp2i(-e_run));
+      tile[t].store_tile(o_s + t * 8 * kHD, ml_s + t * 16, scale, scale_odd);
   }
 };
 
