@@ -495,6 +495,57 @@ TEST_F(CudaOpsTest, QuantAttentionEveryQueryCount) {
   report("quantized m=1..16", worst);
 }
 
+// The one-query kernel (QuantAttentionTuning::single_query: an MHA draft step, one query vector
+// per kv head) leaves the tile's other query columns out of its loop: its output must be
+// bit-identical to the 8-column kernel's, and the plan must take it where it applies.
+TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
+  int calls = 0;
+  for (const int len : {200, 1000, 4099, 33001}) {
+    for (const int G : {32, 64, 128}) {
+      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kNormal, 31});
+      const Case c{kKvHeads, 1, false, kFpBaseMax};
+      const int pos = len - 1;
+      const int fp_base = quant_boundary(pos, G);
+      const AttentionShape shape{kKvHeads, kKvHeads, 128,
+                                 static_cast<float>(1.0 / std::sqrt(128.0))};
+      const std::vector<float> q = random_normal(size_t(kKvHeads) * 128, 77 + len + G);
+      const QuantizedKvSegment seg = kv.segment(false, true);
+      KvView view{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
+                  kv.stride, len};
+      view.fp_base = fp_base;
+      view.quantized = &seg;
+      DeviceArray qd(gpu(), q);
+      for (const int splits : {0, 1, 3}) {
+        std::vector<float> got[2];
+        for (const bool single : {true, false}) {
+          cuda::QuantAttentionTuning t;
+          t.splits = splits;
+          t.single_query = single;
+          TuningScope scope(t);
+          const cuda::QuantAttentionArgs a =
+              cuda::make_quant_attention_args(qd.data(), 1, pos, shape, view, nullptr);
+          const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
+          EXPECT_EQ(plan.single_query, single) << describe(kv, c, fp_base);
+          DeviceArray out(gpu(), q.size());
+          out.poison();
+          gpu().attention(qd.data(), 1, pos, shape, view, out.data());
+          got[single ? 0 : 1] = out.to_host();
+        }
+        const size_t differ = [&] {
+          size_t n = 0;
+          for (size_t i = 0; i < got[0].size(); ++i) {
+            n += std::memcmp(&got[0][i], &got[1][i], sizeof(float)) != 0;
+          }
+          return n;
+        }();
+        EXPECT_EQ(differ, 0u) << describe(kv, c, fp_base) << " splits=" << splits;
+        ++calls;
+      }
+    }
+  }
+  EXPECT_EQ(calls, 36);
+}
+
 TEST_F(CudaOpsTest, QuantAttentionLongContext) {
   double worst = 0;
   for (int len : {4099, 33000}) {

@@ -609,12 +609,19 @@ struct RowPath {
 // Online softmax over a warp's 32-token sub-chunk in the S^T fragment layout: this lane's scores
 // s[st][i], i = (token r | r + 8) x (query 2c | 2c + 1); the 8 lanes of a query column share its
 // state. Updates the running max and sum, gives the weights p (2^(s - max)) and the factor corr
-// by which every earlier contribution of the query is scaled.
+// by which every earlier contribution of the query is scaled. kCols 1: query 2c alone (a tile
+// whose only query vector is its first, DirectPath::kOne); query 2c + 1 gets weights 0, factor 1
+// and keeps its state.
+template <int kCols = 2>
 __device__ __forceinline__ void online_softmax_sub(const float (&s)[2][4], float (&m_run)[2],
                                                    float (&l_part)[2], float (&corr)[2],
                                                    float (&p)[2][4]) {
+  if constexpr (kCols == 1) {
+    corr[1] = 1.0f;
+    p[0][1] = p[0][3] = p[1][1] = p[1][3] = 0.0f;
+  }
 #pragma unroll
-  for (int k = 0; k < 2; ++k) {
+  for (int k = 0; k < kCols; ++k) {
     float mx = fmaxf(fmaxf(s[0][k], s[0][k + 2]), fmaxf(s[1][k], s[1][k + 2]));
     mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 4));
     mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, 8));
@@ -1171,7 +1178,7 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false,
-          bool kRegPrefetch = true, bool kRing = false>
+          bool kRegPrefetch = true, bool kRing = false, bool kOne = false>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1271,7 +1278,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
     unsigned char* ring =
         kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8>() : nullptr;
-    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing>(
+    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing, kOne>(
         p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages,
@@ -1356,16 +1363,17 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 }
 
 // kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16); NT: 8-query
-// tiles per warp; kRing: the per-warp cp.async ring (QuantAttentionTuning::direct_ring).
+// tiles per warp; kRing: the per-warp cp.async ring (QuantAttentionTuning::direct_ring); kOne: one
+// query vector per kv head (QuantAttentionTuning::single_query).
 template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT = 1,
-          bool kRing = false>
+          bool kRing = false, bool kOne = false>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
   direct_path::prefetch_block_start<INT8>(p);
   pdl_begin();
   timeline_stamp(p, 1);
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch,
-                       kRing>(p);
+                       kRing, kOne>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -1407,6 +1415,7 @@ struct KernelChoice {
   bool draft_f16 = false;  // the direct path's INT4 view with f16 operands alone
   int direct_tiles = 1;    // the direct path's 8-query tiles per warp
   bool ring = false;       // the direct path's per-warp cp.async ring
+  bool one = false;        // its one-query form (DirectPath::kOne)
   bool int8 = false;       // the view (the ring's slot size)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
@@ -1417,10 +1426,20 @@ struct KernelChoice {
 constexpr int kDirectRegsTwoTiles = 255;
 
 // The one-tile direct kernel at register cap `regs`: 168 or 192, and for the f16-operand draft
-// without register prefetch also kLightDraftRegs (more two-warp blocks per SM).
+// without register prefetch also kLightDraftRegs (more two-warp blocks per SM). one: the light
+// draft's ring kernel at 192 registers (the MHA draft's default) in its one-query form
+// (choose_for decides where it applies).
 template <bool INT8, bool kDraftF16, bool kRegPrefetch, bool kRing>
-const void* direct_kernel_at(int regs) {
+const void* direct_kernel_at(int regs, bool one) {
   constexpr bool kLight = !INT8 && kDraftF16 && !kRegPrefetch;
+  if constexpr (kLight && kRing) {
+    if (one) {
+      QS_CHECK(regs == 192);
+      return reinterpret_cast<const void*>(
+          attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch, 1, kRing, true>);
+    }
+  }
+  QS_CHECK_MSG(!one, "quantized attention: the one-query kernel is the light draft's ring kernel");
   if constexpr (kLight) {
     if (regs == kLightDraftRegs) {
       return reinterpret_cast<const void*>(
@@ -1437,7 +1456,7 @@ const void* direct_kernel_at(int regs) {
 }
 
 template <bool INT8, bool kDraftF16, bool kRegPrefetch>
-const void* direct_kernel_fn(int regs, int tiles, bool ring) {
+const void* direct_kernel_fn(int regs, int tiles, bool ring, bool one) {
   if constexpr (INT8) {
     if (tiles == 2) {
       return reinterpret_cast<const void*>(
@@ -1446,10 +1465,10 @@ const void* direct_kernel_fn(int regs, int tiles, bool ring) {
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
   if constexpr (INT8 || (kDraftF16 && !kRegPrefetch)) {
-    if (ring) return direct_kernel_at<INT8, kDraftF16, false, true>(regs);
+    if (ring) return direct_kernel_at<INT8, kDraftF16, false, true>(regs, one);
   }
   QS_CHECK(!ring);
-  return direct_kernel_at<INT8, kDraftF16, kRegPrefetch, false>(regs);
+  return direct_kernel_at<INT8, kDraftF16, kRegPrefetch, false>(regs, one);
 }
 
 template <int HD, bool INT8, bool kDraftF16>
@@ -1489,10 +1508,12 @@ KernelChoice row_kernel() {
 // The tensor-core kernels need head_dim 64/128, value groups of whole 16-byte code units and key
 // groups of whole sub-chunks; everything else runs on CUDA cores (e.g. G = 8 in the model tests).
 // The register-direct variant covers head_dim 128 with one value group per token (the default).
-// tiles: the direct path's 8-query tiles per warp (1 for the INT4 view).
+// tiles: the direct path's 8-query tiles per warp (1 for the INT4 view). one: a single query
+// vector per kv head (the one-query kernel where it exists: the f16 draft's ring kernel at 192
+// registers).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
-                        bool draft_f16, bool reg_prefetch, int tiles, bool ring) {
+                        bool draft_f16, bool reg_prefetch, int tiles, bool ring, bool one) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
@@ -1503,9 +1524,10 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     // The ring: one tile, the INT8 view or the f16 draft without register prefetch.
     k.ring = ring && k.direct_tiles == 1 && (INT8 || (k.draft_f16 && !reg_prefetch));
     k.int8 = INT8;
-    k.fn = !k.draft_f16    ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring)
-           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring)
-                           : direct_kernel_fn<false, true, true>(regs, 1, false);
+    k.one = one && k.draft_f16 && !reg_prefetch && k.ring && regs == 192;
+    k.fn = !k.draft_f16 ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring, false)
+           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.one)
+                           : direct_kernel_fn<false, true, true>(regs, 1, false, false);
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
@@ -1528,12 +1550,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 }
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool draft_f16, bool reg_prefetch, int tiles, bool ring) {
+                           bool draft_f16, bool reg_prefetch, int tiles, bool ring, bool one) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, draft_f16, reg_prefetch, tiles, ring)
+                                   direct, regs, draft_f16, reg_prefetch, tiles, ring, one)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, draft_f16, reg_prefetch, tiles, ring);
+                                    direct, regs, draft_f16, reg_prefetch, tiles, ring, one);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1689,8 +1711,9 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const bool draft_f16 = tune.draft_f16 && !a.exact_draft;
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
   const int want_tiles = tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq);
+  const bool one = tune.single_query && nq == 1;
   KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, draft_f16,
-                                  tune.draft_reg_prefetch, want_tiles, false);
+                                  tune.draft_reg_prefetch, want_tiles, false, false);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
@@ -1723,7 +1746,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // (several make blocks of 3-8 warps, each with its ring).
   const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
-                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring);
+                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring, one);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1753,9 +1776,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   }
   if (kc.ring && smem_for(pl.chunk, pl.stages) > smem_cap) {  // the rings do not fit: without
     kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
-                       tune.draft_reg_prefetch, pl.direct_tiles, false);
+                       tune.draft_reg_prefetch, pl.direct_tiles, false, one);
   }
   pl.direct_ring = kc.ring;
+  pl.single_query = kc.one;
   pl.smem_bytes = smem_for(pl.chunk, pl.stages);
 
   // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
@@ -1783,11 +1807,12 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
                             float* partials, cudaStream_t stream) {
   check_args(a);
-  const KernelChoice kc =
-      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.draft_f16,
-                    plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring);
+  const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
+                                        plan.draft_f16, plan.draft_reg_prefetch, plan.direct_tiles,
+                                        plan.direct_ring, plan.single_query);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
-           kc.draft_f16 == plan.draft_f16 && kc.qw == plan.queries_per_warp);
+           kc.draft_f16 == plan.draft_f16 && kc.qw == plan.queries_per_warp &&
+           kc.one == plan.single_query);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   QS_CHECK(2 * plan.token_slices <= kMaxStates);
   const int G = a.seg.group_size;

@@ -57,6 +57,7 @@ struct QuantAttentionPlan {
   bool draft_f16 = false;  // the tensor-core paths' INT4 view with f16 operands alone (tuning)
   bool draft_reg_prefetch = true;  // its register prefetch of the next sub-chunk (tuning)
   bool direct_ring = false;   // its sub-chunks through a per-warp cp.async ring (one tile; tuning)
+  bool single_query = false;  // its one-query kernel (one query vector per kv head; tuning)
   int queries_per_warp = 8;   // query vectors per warp tile (8 * direct_tiles on the direct path)
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -103,6 +104,10 @@ constexpr int kQuantAttentionMaxDirectTiles = 2;
 // / 59.6 / 191.2 us vs 21.2 / 63.4 / 193.1 without the ring at 168). Where the block's shared
 // memory cannot hold the rings the launch goes without.
 constexpr int kQuantAttentionDirectRing = -1;
+// The one-query form of the f16 draft's ring kernel (at 192 registers) where a call has one query
+// vector per kv head (an MHA draft step): the loop leaves the tile's other query columns out
+// (DirectPath::kOne; bit-identical results).
+constexpr bool kQuantAttentionSingleQuery = true;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
@@ -145,6 +150,8 @@ struct QuantAttentionTuning {
   // The direct path's per-warp cp.async ring (kQuantAttentionDirectRing: -1 automatic, 0 off, 1
   // on). QS_DIRECT_RING=0|1 sets it for the whole process.
   int direct_ring = kQuantAttentionDirectRing;
+  // The one-query kernel where it applies (kQuantAttentionSingleQuery); false: the 8-column loop.
+  bool single_query = kQuantAttentionSingleQuery;
   // Diagnostics (bench_ops --sections qtime): non-null, a device buffer of kQuantTimelineSlots
   // words per block of the largest grid launched, into which every block of every launch writes
   // when its phases end (the last launch's stamps remain). Null: no stamp is taken.

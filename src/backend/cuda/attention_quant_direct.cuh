@@ -319,7 +319,11 @@ struct DirectTile {
 // tile) then live in the warp's own shared-memory slice `frag_s` instead of registers, next to NT
 // O^T tiles; each lane reads back only what it wrote. Fewer instructions than NT warps, but more
 // registers per warp: which is faster depends on the warps per SM (auto_direct_tiles).
-template <bool INT8, bool kLo = true, int NT = 1>
+// kOne (one tile): the tile's first query vector is its only one (an MHA draft step: one query
+// per kv head): the second query column of every lane (2c + 1) is left out of the scores, the
+// softmax, the min terms and the rescale (its weights are 0), ~50 of ~575 instructions per
+// sub-chunk; query 2c's arithmetic is unchanged (bit-identical results).
+template <bool INT8, bool kLo = true, int NT = 1, bool kOne = false>
 struct DirectPath {
   static constexpr int HD = kHD;
   static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
@@ -332,6 +336,8 @@ struct DirectPath {
   static constexpr uint32_t kBias = INT8 ? 0x64806480u : 0x64086408u;
   static constexpr int kQStride = HD + kQPad;
   static constexpr bool kSharedFrags = NT > 1;
+  static_assert(!kOne || NT == 1, "one query vector: one tile");
+  static constexpr int kCols = kOne ? 1 : 2;  // query columns per lane that are computed
   // uint2s of frag_s: [tile][block w][k-step h][hi | lo][lane].
   static constexpr int kFragUint2s = NT * 4 * 2 * 2 * 32;
 
@@ -442,6 +448,7 @@ struct DirectPath {
       for (int t = 0; t < NT; ++t) {
         finish_scores<kLo>(acc_hi[t], acc_lo[t], t_sub + 16 * st + r, tile[t].bq, inv_f[t], qm[t],
                            s[t][st]);
+        if constexpr (kOne) s[t][st][1] = s[t][st][3] = kNegInf;  // not computed (unused)
       }
     }
 
@@ -449,9 +456,9 @@ struct DirectPath {
     float corr[NT][2], p[NT][2][4];
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      online_softmax_sub(s[t], tile[t].m_run, tile[t].l_part, corr[t], p[t]);
+      online_softmax_sub<kCols>(s[t], tile[t].m_run, tile[t].l_part, corr[t], p[t]);
       tile[t].acc_min[0] *= corr[t][0];
-      tile[t].acc_min[1] *= corr[t][1];
+      if constexpr (!kOne) tile[t].acc_min[1] *= corr[t][1];
     }
 
     // Value steps of this lane's tokens 16 st + 8 jb + r; the min terms in f32.
@@ -468,7 +475,7 @@ struct DirectPath {
 #pragma unroll
         for (int t = 0; t < NT; ++t) {
 #pragma unroll
-          for (int k = 0; k < 2; ++k) {
+          for (int k = 0; k < kCols; ++k) {
             tile[t].acc_min[k] = fmaf(p[t][st][2 * jb + k], vmid, tile[t].acc_min[k]);
           }
         }
@@ -480,13 +487,15 @@ struct DirectPath {
     for (int t = 0; t < NT; ++t) {
       const float c0 = corr[t][0] * fe, c1 = corr[t][1] * fe;
       // Once the running maxima settle, most sub-chunks change no scale: skip the 32 products.
-      if (__any_sync(kFullMask, c0 != 1.0f || c1 != 1.0f)) {
+      if (__any_sync(kFullMask, c0 != 1.0f || (!kOne && c1 != 1.0f))) {
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
           tile[t].o[u][0] *= c0;
-          tile[t].o[u][1] *= c1;
           tile[t].o[u][2] *= c0;
-          tile[t].o[u][3] *= c1;
+          if constexpr (!kOne) {
+            tile[t].o[u][1] *= c1;
+            tile[t].o[u][3] *= c1;
+          }
         }
       }
     }
@@ -502,7 +511,7 @@ struct DirectPath {
         for (int jb = 0; jb < 2; ++jb) {
           const float w = vstep[st][jb] * se;
           uint32_t h, l;
-          f16x2_operand<kLo>(p[t][st][2 * jb] * w, p[t][st][2 * jb + 1] * w, h, l);
+          f16x2_operand<kLo>(p[t][st][2 * jb] * w, kOne ? 0.0f : p[t][st][2 * jb + 1] * w, h, l);
           bh[t][jb] = movmatrix_trans(h);
           if constexpr (kLo) bl[t][jb] = movmatrix_trans(l);
         }
@@ -646,7 +655,9 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // `overlap()` (the full-precision rows) runs first.
 // kRing: the sub-chunks stream through this warp's cp.async ring at `ring` (ring_bytes_per_warp)
 // instead (one tile; no register prefetch).
-template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, class Overlap>
+// kOne: DirectPath's kOne (the warp's tile holds one query vector).
+template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, bool kOne,
+          class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -696,7 +707,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, lp, cur);
 
   static_assert(!(kDraftF16 && INT8), "f16-only operands: the draft (INT4) view only");
-  using Path = DirectPath<INT8, !kDraftF16, NT>;
+  using Path = DirectPath<INT8, !kDraftF16, NT, kOne>;
   static_assert(Path::kFragUint2s * 2 <= 8 * NT * kHD, "the fragments fit in the warp's state");
   Path w;
   {
