@@ -524,6 +524,7 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
           TuningScope scope(t);
           const cuda::QuantAttentionArgs a =
               cuda::make_quant_attention_args(qd.data(), 1, pos, shape, view, nullptr);
+          // The SM count sizes the splits only, not the kernel choice.
           const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
           EXPECT_EQ(plan.single_query, single) << describe(kv, c, fp_base);
           DeviceArray out(gpu(), q.size());
