@@ -203,6 +203,17 @@ inline double max_abs_diff(const std::vector<float>& a, const std::vector<float>
   return m;
 }
 
+// Elements whose bits differ (a bit-for-bit comparison: -0 vs 0 and NaN payloads count). The
+// vectors have the same size.
+inline size_t bitwise_differences(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  size_t n = 0;
+  for (size_t i = 0; i < std::min(a.size(), b.size()); ++i) {
+    n += std::memcmp(&a[i], &b[i], sizeof(float)) != 0;
+  }
+  return n;
+}
+
 inline const char* dtype_label(DType t) {
   return dtype_name(t);
 }

@@ -111,11 +111,7 @@ void run_case(CudaBackend& be, CpuBackend& cpu, const F16Kv& kv, int num_heads, 
     const std::vector<float> ws = out.to_host();
     EXPECT_EQ(cuda::attention_prefill_wgmma_ws_launches() - ws_launches, 1)
         << "warp-specialized launches " << what;
-    size_t differ = 0;
-    for (size_t i = 0; i < ws.size(); ++i) {
-      if (std::memcmp(&ws[i], &got[1][i], sizeof(float)) != 0) ++differ;
-    }
-    EXPECT_EQ(differ, 0u) << "warp-specialized vs wgmma " << what;
+    EXPECT_EQ(testing::bitwise_differences(ws, got[1]), 0u) << "warp-specialized vs wgmma " << what;
     cuda::set_prefill_attention_tuning(direct_tuning(true));
   }
   if (expect_wgmma) {
@@ -125,11 +121,7 @@ void run_case(CudaBackend& be, CpuBackend& cpu, const F16Kv& kv, int num_heads, 
     out.poison();
     be.attention_prefill(qd.data(), m, pos, shape, kv.gpu_view(), out.data(), splits);
     const std::vector<float> again = out.to_host();
-    size_t differ = 0;
-    for (size_t i = 0; i < again.size(); ++i) {
-      if (std::memcmp(&again[i], &got[1][i], sizeof(float)) != 0) ++differ;
-    }
-    EXPECT_EQ(differ, 0u) << "wgmma run to run " << what;
+    EXPECT_EQ(testing::bitwise_differences(again, got[1]), 0u) << "wgmma run to run " << what;
   }
   const double vs_cpu = rel_error(got[1], want), vs_mma = rel_error(got[1], got[0]);
   EXPECT_LT(vs_cpu, exact ? exact_tolerance(kv.len) : kFastVsCpuTol) << "vs CPU " << what;

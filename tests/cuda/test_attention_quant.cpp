@@ -532,14 +532,8 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
           gpu().attention(qd.data(), 1, pos, shape, view, out.data());
           got[single ? 0 : 1] = out.to_host();
         }
-        const size_t differ = [&] {
-          size_t n = 0;
-          for (size_t i = 0; i < got[0].size(); ++i) {
-            n += std::memcmp(&got[0][i], &got[1][i], sizeof(float)) != 0;
-          }
-          return n;
-        }();
-        EXPECT_EQ(differ, 0u) << describe(kv, c, fp_base) << " splits=" << splits;
+        EXPECT_EQ(testing::bitwise_differences(got[0], got[1]), 0u)
+            << describe(kv, c, fp_base) << " splits=" << splits;
         ++calls;
       }
     }
