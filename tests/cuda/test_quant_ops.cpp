@@ -418,9 +418,9 @@ TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
   const QuantizedWeight4 big[2] = {make_q4(4490, 512, 46), make_q4(4500, 512, 47)};
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   double worst = 0;
-  // The CUDA-core kernel's codes in registers / the cp.async ring; kernel 5: m = 1 on the
-  // persistent kernel (one grid over the group's tiles).
-  for (auto [stages, kernel] : {std::pair{1, 0}, {4, 0}, {0, 5}, {0, 6}, {0, 7}}) {
+  // The CUDA-core kernel's codes in registers / the cp.async ring; kernels 5-9: m = 1 on the
+  // persistent kernels (one grid over the group's tiles).
+  for (auto [stages, kernel] : {std::pair{1, 0}, {4, 0}, {0, 5}, {0, 6}, {0, 7}, {0, 8}, {0, 9}}) {
     cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, kernel});
     for (int m : {1, 2, 3, 4, 5, 8, 9, 16}) {
       for (int count : {2, 3}) {
@@ -531,7 +531,8 @@ TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
   std::printf("[ max rel error ] matmul_q4 CUDA-core kernel, m = 1..9: %.3g\n", worst);
 }
 
-// The persistent kernel (kernels 5-7, m = 1: one or two MMA accumulator chains, biased codes):
+// The persistent kernel (kernels 5-9, m = 1: one or two MMA accumulator chains, biased codes,
+// subnormal codes with hi / lo as two token columns):
 // fewer groups than warps (129 and 301 columns: 2 and 3
 // groups), a short last group, partial last tiles, fewer tiles than SMs and many tiles per block
 // (4500 rows: 282 tiles), Llama shapes (32, 86 and 112 groups: uneven group splits), both bias
@@ -542,7 +543,7 @@ TEST_F(CudaOpsTest, MatmulQ4PersistentKernel) {
                                                 {17, 129},     {4500, 512}, {4096, 4096},
                                                 {1024, 11008}, {512, 14336}};
   double worst = 0;
-  for (int kernel : {5, 6, 7}) {  // one or two MMA accumulator chains; biased codes
+  for (int kernel : {5, 6, 7, 8, 9}) {
     cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, kernel});
     int i = 0;
     for (auto [rows, cols] : shapes) {
@@ -563,6 +564,52 @@ TEST_F(CudaOpsTest, MatmulQ4PersistentKernel) {
   }
   cuda::set_q4_gemv_tuning(saved);
   std::printf("[ max rel error ] matmul_q4 persistent kernel, m = 1: %.3g\n", worst);
+}
+
+// The subnormal-code kernels (8, 9) scale each group's activation by its own power of two
+// before the f16 hi / lo split: activations at scales from 2^-100 to 2^100, a group of
+// zeros (exact zeros out), a group of f32 subnormals (finite, tiny outputs) and one large value
+// among small ones. Each case is its own one-group activation, so every scale's error is
+// measured on its own (a norm over several groups would hide the small ones).
+TEST_F(CudaOpsTest, MatmulQ4PersistentKernelWideRangeActivations) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  const int64_t rows = 64, cols = 128;
+  const QuantizedWeight4 w = make_q4(rows, cols, 1290);
+  const float scales[] = {1.0f, 0x1p-100f, 0x1p100f, 0x1p-20f, 0x1p40f, 0.0f};
+  double worst = 0;
+  for (int kernel : {7, 8, 9}) {
+    cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, kernel});
+    for (size_t i = 0; i < std::size(scales) + 2; ++i) {
+      std::vector<float> x = random_normal(cols, 1291 + i);
+      if (i < std::size(scales)) {
+        for (float& v : x) v *= scales[i];
+      } else if (i == std::size(scales)) {  // f32 subnormals
+        for (float& v : x) v *= 0x1p-140f;
+      } else {  // one value 2^30 times the rest
+        x[17] = 0x1p30f;
+      }
+      std::vector<float> want(rows);
+      cpu().matmul_q4(x.data(), 1, w, nullptr, want.data());
+      DeviceArray xd(gpu(), x), y(gpu(), rows);
+      y.poison();
+      gpu().matmul_q4(xd.data(), 1, w, nullptr, y.data());
+      const std::vector<float> got = y.to_host();
+      if (i + 1 == std::size(scales)) {  // zeros in, zeros out
+        for (float v : got) EXPECT_EQ(v, 0.0f) << "kernel=" << kernel;
+        continue;
+      }
+      if (i == std::size(scales)) {  // the CPU's own result is rounded to subnormals: finite, tiny
+        EXPECT_LT(testing::max_abs_diff(got, want), 1e-35) << "kernel=" << kernel;
+        continue;
+      }
+      const double err = rel_error(got, want);
+      EXPECT_LT(err, kQ4Tolerance) << "case " << i << " kernel=" << kernel;
+      worst = std::max(worst, err);
+    }
+    gpu().release_weights();
+  }
+  cuda::set_q4_gemv_tuning(saved);
+  std::printf("[ max rel error ] matmul_q4 persistent kernel, wide-range x: %.3g\n", worst);
 }
 
 // Large K and N for the CUDA-core kernel: several load batches per warp, many blocks.

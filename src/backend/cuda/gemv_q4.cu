@@ -62,7 +62,7 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..7 start the process with that Q4GemvTuning::stages /
+// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..9 start the process with that Q4GemvTuning::stages /
 // kernel (end-to-end A/B runs of the code paths without a rebuild); anything else is ignored
 // with a warning.
 Q4GemvTuning g_q4_tuning = [] {
@@ -75,7 +75,7 @@ Q4GemvTuning g_q4_tuning = [] {
       std::fprintf(stderr, "quantspec: ignoring QS_Q4_STAGES=%s (expected 1 or 4)\n", v);
     }
   }
-  t.kernel = env_int("QS_Q4_KERNEL", 1, 7, t.kernel);
+  t.kernel = env_int("QS_Q4_KERNEL", 1, 9, t.kernel);
   return t;
 }();
 
@@ -785,6 +785,70 @@ size_t persist_smem_bytes(int warps, int64_t groups, bool biased) {
          sizeof(float) * (2 * size_t(warps) * 64 + sums);
 }
 
+// The fetch side of the persistent kernels: each call copies the next stage of this warp's
+// (tile, group) sequence (its groups [grp_begin, grp_begin + my_groups) of the tiles
+// blockIdx.x, + gridDim.x, ...) into its ring slot and commits a cp.async group (RingCursor).
+template <class Index>
+struct PersistFetch {
+  RingCursor<kPStages, Index> cursor;
+  const CcSegments& segs;
+  uint4* ring;
+  int64_t groups, grp_begin;
+  int lane;
+  const uint4* codes = nullptr;
+  const uint2* meta = nullptr;
+
+  __device__ PersistFetch(const CcSegments& s, uint4* ring_, int64_t groups_, int64_t grp_begin_,
+                          Index my_tiles, Index my_groups, int lane_)
+      : cursor(my_tiles, my_groups),
+        segs(s),
+        ring(ring_),
+        groups(groups_),
+        grp_begin(grp_begin_),
+        lane(lane_) {}
+
+  __device__ __forceinline__ void operator()() {
+    cursor.next(
+        [&](int64_t tile) {
+          int64_t local;
+          const int si = find_segment_at(segs, tile, local);
+          const int64_t tg = local * groups + grp_begin;
+          codes = pick(segs.codes, si) + tg * kPiecesPerTileGroup + lane;
+          meta = pick(segs.meta, si) + tg * kMetaPerTileGroup + (lane >> 2);
+        },
+        [&](int slot) {
+          uint4* dst = ring + slot * kPStageVecs;
+          cp_async_16(dst + lane, codes, true);
+          cp_async_16(dst + 32 + lane, codes + 32, true);
+          cp_async_8(reinterpret_cast<uint2*>(dst + kPiecesPerTileGroup) + lane, meta, true);
+          codes += kPiecesPerTileGroup, meta += kMetaPerTileGroup;
+        });
+  }
+};
+
+// The end of a persistent kernel's tile: every lane's sums {row g, row g + 8} (token 0, lanes of
+// c = 0) go to `part` ([warps][32] float2, double-buffered by the caller across tiles), and
+// threads 0..15 add the warps' sums of row r, add the bias and store.
+__device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float* part, int warp,
+                                                   int lane, int num_warps, int64_t tile,
+                                                   float acc0, float acc2) {
+  reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
+  __syncthreads();
+  if (threadIdx.x < 16) {  // row r of the tile: lane 4 (r % 8), element r / 8
+    const int r = threadIdx.x;
+    float sum = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi) sum += part[(wi * 32 + (r & 7) * 4) * 2 + (r >> 3)];
+    int64_t local;
+    const int si = find_segment_at(segs, tile, local);
+    const int64_t row = local * 16 + r;
+    if (row < pick(segs.N, si)) {
+      const DeviceBias bias = pick(segs.bias, si);
+      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      pick(segs.y, si)[row] = sum;
+    }
+  }
+}
+
 // CHAINS = 2 (Q4GemvTuning::kernel 6): even and odd k16 steps accumulate into
 // separate C fragments, halving the chain of 16 dependent MMAs per group (bench_ops w4layer,
 // 2026-12-02: 2-4% faster than one chain on every draft launch, e.g. 8B lm_head 117.8 -> 113.7 us).
@@ -817,25 +881,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   const int64_t my_groups = groups * (warp + 1) / num_warps - grp_begin;
   const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
 
-  // The fetch cursor: the next stage's (tile, group) in this warp's sequence.
-  RingCursor<kPStages> cursor(my_tiles, my_groups);
-  const uint4* f_codes = nullptr;
-  const uint2* f_meta = nullptr;
-  auto enter = [&](int64_t tile) {
-    int64_t local;
-    const int si = find_segment_at(segs, tile, local);
-    const int64_t tg = local * groups + grp_begin;
-    f_codes = pick(segs.codes, si) + tg * kPiecesPerTileGroup + lane;
-    f_meta = pick(segs.meta, si) + tg * kMetaPerTileGroup + (lane >> 2);
-  };
-  auto copy = [&](int slot) {
-    uint4* dst = ring + slot * kPStageVecs;
-    cp_async_16(dst + lane, f_codes, true);
-    cp_async_16(dst + 32 + lane, f_codes + 32, true);
-    cp_async_8(reinterpret_cast<uint2*>(dst + kPiecesPerTileGroup) + lane, f_meta, true);
-    f_codes += kPiecesPerTileGroup, f_meta += kMetaPerTileGroup;
-  };
-  auto fetch = [&] { cursor.next(enter, copy); };
+  PersistFetch<int64_t> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
 #pragma unroll
   for (int st = 0; st < kPStages - 1; ++st) fetch();
   pdl_begin();
@@ -911,22 +957,125 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
         acc2 = fmaf(fmaf(8.0f, p1.x, p1.y), xs, fmaf(p1.x, gacc[2], acc2));
       }
     }
-    float* part = partial + size_t(tj & 1) * num_warps * 64;
-    reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
-    __syncthreads();
-    if (threadIdx.x < 16) {  // row r of the tile: lane 4 (r % 8), element r / 8
-      const int r = threadIdx.x;
-      float sum = 0.0f;
-      for (int wi = 0; wi < num_warps; ++wi) sum += part[(wi * 32 + (r & 7) * 4) * 2 + (r >> 3)];
-      int64_t local;
-      const int si = find_segment_at(segs, blockIdx.x + tj * gridDim.x, local);
-      const int64_t row = local * 16 + r;
-      if (row < pick(segs.N, si)) {
-        const DeviceBias bias = pick(segs.bias, si);
-        if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-        pick(segs.y, si)[row] = sum;
+    persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
+                       blockIdx.x + tj * gridDim.x, acc0, acc2);
+  }
+  cp_async_wait<0>();
+}
+
+// ---- the persistent kernel with subnormal codes (Q4GemvTuning::kernel 8, 9) -----------------
+//
+// Kernel 7's grid, ring and epilogue with half its tensor work and fewer instructions per code:
+// - The activation's hi and lo parts are two token columns of the MMA's B (column 0 hi, column 1
+//   lo, the other six zero), so a k16 step is one MMA where it was two; the group's sum is
+//   D[:, 0] + D[:, 1] (lanes of c = 0 hold both).
+// - The codes are read as f16 subnormals, as the draft attention's view does
+//   (attention_quant_direct.cuh): bits [0, 4) of a half read as f16 are n * 2^-24 and bits [4, 8)
+//   are 16 n * 2^-24, both exact, so one `and` makes a pair of codes and a byte's high nibble
+//   needs no shift (kernel 7: a shift for three of every four pairs). The k slots of the high
+//   nibbles (2c + 8, 2c + 9: B's second register) carry x / 16 to match. The codes are not
+//   centred (U = 0..15).
+// - f16 B needs range: each group's x is scaled by sc = 2^(13 - floor(log2 max |x|)), so that
+//   max |x sc| lies in [2^13, 2^14) and hi + lo keep ~22 significant bits (split_f16x2; kernel 7's
+//   bf16 pair kept 16).
+// The MMAs then sum G = 2^-24 sc sum U x~ over the group, and with inv = 2^24 / sc (a power of
+// two) each row gets
+//   y += inv (s G + mn (sum x) / inv)  =  s sum U x~ + mn sum x      (W4 = U s + mn).
+// CHAINS: MMA accumulator chains per group (2: even and odd k16 steps apart, as kernel 6).
+constexpr int kSubZeroBytes = 512;  // the B fragments' zeros for lanes of token columns >= 2
+
+size_t persist_sub_smem_bytes(int warps, int64_t groups) {
+  return sizeof(uint4) * (size_t(warps) * kPStages * kPStageVecs + size_t(groups) * 32) +
+         sizeof(float) * 2 * size_t(warps) * 64 + sizeof(float2) * ((size_t(groups) + 1) & ~1) +
+         kSubZeroBytes;
+}
+
+template <bool VEC_X, int CHAINS>
+__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
+    gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
+                               const CcSegments segs, int64_t tiles) {
+  extern __shared__ uint4 p_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int g = lane >> 2, c = lane & 3;
+  uint4* ring = p_smem + size_t(warp) * kPStages * kPStageVecs;
+  uint4* xfrag = p_smem + size_t(num_warps) * kPStages * kPStageVecs;   // [groups][32]
+  float* partial = reinterpret_cast<float*>(xfrag + groups * 32);       // [2][warps][32][2]
+  float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 64);  // [groups]
+  uint2* zeros = reinterpret_cast<uint2*>(gscale + ((groups + 1) & ~int64_t{1}));
+
+  const int64_t grp_begin = groups * warp / num_warps;
+  const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
+  const int my_tiles = blockIdx.x < tiles ? int((tiles - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
+
+  PersistFetch<int> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
+#pragma unroll
+  for (int st = 0; st < kPStages - 1; ++st) fetch();
+  pdl_begin();
+
+  // x as B fragments: lane l of a warp holds columns 128 grp + 4l .. + 3 = k16 step l / 4 of
+  // thread-in-group l % 4 (actual columns e = 0, 1 play k slots 2c, 2c + 1; e = 2, 3 the high
+  // nibbles' slots 2c + 8, 2c + 9), as {hi(e0, e1), hi(e2, e3) / 16, lo(e0, e1), lo(e2, e3) / 16}:
+  // as uint2, entry 2 (32 grp + 4 step + c) + h is column h's B register pair.
+  for (int64_t grp = warp; grp < groups; grp += num_warps) {
+    const float4 v = load_x4<VEC_X>(x, 0, 1, K, grp * kQ4TiledGroup + 4 * lane);
+    const float big =
+        warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    // 2^(E - 127) <= max |x| < 2^(E - 126) for the biased exponent E of the group's max; E is
+    // clamped so that sc and inv stay normal (groups of zeros or of subnormal x get sc = 2^127).
+    const int e = min(max(int(__float_as_uint(big) >> 23), 13), 242);
+    const float sc = __uint_as_float(uint32_t(267 - e) << 23);    // 2^(140 - E)
+    const float inv = __uint_as_float(uint32_t(e + 11) << 23);    // 2^24 / sc = 2^(E - 116)
+    const float rinv = __uint_as_float(uint32_t(243 - e) << 23);  // 1 / inv
+    uint4 f;
+    split_f16x2(v.x * sc, v.y * sc, f.x, f.z);
+    split_f16x2(v.z * (sc * 0.0625f), v.w * (sc * 0.0625f), f.y, f.w);
+    xfrag[grp * 32 + lane] = make_uint4(f.x, f.y, f.z, f.w);
+    const float sum = warp_sum((v.x + v.y) + (v.z + v.w));
+    if (lane == 0) gscale[grp] = make_float2(sum * rinv, inv);
+  }
+  for (int i = threadIdx.x; i < kSubZeroBytes / 8; i += blockDim.x) zeros[i] = make_uint2(0, 0);
+  __syncthreads();
+
+  // Lanes of token columns 0 and 1 read their column's pair of each step (8 uint2s apart);
+  // the others read zeros (a broadcast) at the same offsets, so that no load is predicated.
+  const uint2* xbase = g < 2 ? reinterpret_cast<const uint2*>(xfrag) + 2 * c + g : zeros;
+  const int xstride = g < 2 ? 64 : 0;  // uint2s per group
+  int slot = 0;
+  for (int tj = 0; tj < my_tiles; ++tj) {
+    float acc0 = 0.0f, acc2 = 0.0f;  // rows g and g + 8 (lanes of c = 0)
+    for (int gi = 0; gi < my_groups; ++gi) {
+      __syncwarp();  // every lane has read the slot that this fetch refills
+      fetch();
+      cp_async_wait<kPStages - 1>();
+      __syncwarp();  // every lane's pieces of this stage have landed
+      const uint4* st = ring + slot * kPStageVecs;
+      slot = slot + 1 == kPStages ? 0 : slot + 1;
+      const uint4 w0 = st[lane], w1 = st[32 + lane];  // rows g and g + 8
+      const uint2 mm = reinterpret_cast<const uint2*>(st + kPiecesPerTileGroup)[lane];
+      const int64_t grp = grp_begin + gi;
+      const uint2* xf = xbase + grp * xstride;
+      float chain[CHAINS][4] = {};
+#pragma unroll
+      for (int k = 0; k < kStepsPerGroup; ++k) {
+        const int shift = (k & 1) * 8;
+        const uint32_t u0 = word_of(w0, k / 2) >> shift, u1 = word_of(w1, k / 2) >> shift;
+        const uint2 b = xf[8 * k];
+        mma_f16(chain[k % CHAINS], u0 & 0x000f000fu, u1 & 0x000f000fu, u0 & 0x00f000f0u,
+                u1 & 0x00f000f0u, b.x, b.y);
       }
+      float gacc0 = chain[0][0] + chain[0][1], gacc2 = chain[0][2] + chain[0][3];
+      if constexpr (CHAINS == 2) {
+        gacc0 += chain[1][0] + chain[1][1];
+        gacc2 += chain[1][2] + chain[1][3];
+      }
+      const float2 gs = gscale[grp];  // {sum x / inv, inv}
+      const float2 p0 = half2_bits_to_float2(mm.x), p1 = half2_bits_to_float2(mm.y);
+      acc0 = fmaf(gs.y, fmaf(p0.x, gacc0, p0.y * gs.x), acc0);
+      acc2 = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc2);
     }
+    persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
+                       blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2);
   }
   cp_async_wait<0>();
 }
@@ -1279,22 +1428,26 @@ void run_persist(const CcLaunch& l, int num_sms) {
   const int64_t groups = l.w[0]->groups;
   const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
   const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  const bool biased = kernel_choice == 7;
-  const size_t smem = persist_smem_bytes(warps, groups, biased);
+  const bool sub = kernel_choice >= 8;
+  const size_t smem = sub ? persist_sub_smem_bytes(warps, groups)
+                          : persist_smem_bytes(warps, groups, kernel_choice == 7);
   const size_t smem_max = max_smem_per_block();
   if (smem > smem_max) return run_cc(l, num_sms);
   const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
-  const int variant = kernel_choice == 5 ? 0 : kernel_choice == 6 ? 1 : 2;
+  const int variant = kernel_choice - 5;  // kernels 5..9
   using Kernel = void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t);
-  constexpr Kernel kKernels[2][3] = {
+  constexpr int kVariants = 5;
+  constexpr Kernel kKernels[2][kVariants] = {
       {gemv_q4_persist_kernel<false, 1, false>, gemv_q4_persist_kernel<false, 2, false>,
-       gemv_q4_persist_kernel<false, 2, true>},
+       gemv_q4_persist_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 2>,
+       gemv_q4_persist_sub_kernel<false, 1>},
       {gemv_q4_persist_kernel<true, 1, false>, gemv_q4_persist_kernel<true, 2, false>,
-       gemv_q4_persist_kernel<true, 2, true>}};
+       gemv_q4_persist_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 2>,
+       gemv_q4_persist_sub_kernel<true, 1>}};
   const Kernel kernel = kKernels[vec_x][variant];
-  static bool opted_in[2][3] = {};  // above 48 KiB: once per instantiation
+  static bool opted_in[2][kVariants] = {};  // above 48 KiB: once per instantiation
   if (!opted_in[vec_x][variant]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)));
@@ -1309,7 +1462,7 @@ void run_persist(const CcLaunch& l, int num_sms) {
 // Whether launch_gemv_q4 runs the persistent kernel for m rows.
 bool uses_persist(int m) {
   const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  return (kernel == 5 || kernel == 6 || kernel == 7) && m == 1;
+  return kernel >= 5 && kernel <= 9 && m == 1;
 }
 
 // Whether launch_gemv_q4 runs the CUDA-core kernel for m rows.

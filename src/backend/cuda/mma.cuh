@@ -55,13 +55,14 @@ __device__ __forceinline__ void cp_async_wait() {
 // kernel: `per_item` stages for each of its items (the tiles blockIdx.x, + gridDim.x, ...),
 // `remaining` in all. next(enter, copy) calls enter(item) when the next stage starts an item,
 // then copy(slot) to issue the stage's cp.asyncs into ring slot `slot`, and commits a group (an
-// empty one past the end, so that the consumer's wait count stays uniform).
-template <int STAGES>
+// empty one past the end, so that the consumer's wait count stays uniform). Index: the counters'
+// type (32-bit where the kernel's item and stage counts fit: fewer instructions per stage).
+template <int STAGES, class Index = int64_t>
 struct RingCursor {
-  int64_t remaining, per_item, item, left = 0;
+  Index remaining, per_item, item, left = 0;
   int slot = 0;
 
-  __device__ RingCursor(int64_t items, int64_t per_item_)
+  __device__ RingCursor(Index items, Index per_item_)
       : remaining(items * per_item_), per_item(per_item_), item(blockIdx.x) {}
 
   template <class Enter, class Copy>

@@ -112,10 +112,12 @@ struct Q4GemvTuning {
   // 5 = as 4 but m = 1 on the persistent tensor-core kernel (a block per SM, the activation's
   // fragments in shared memory, a cp.async ring per warp across tiles; no field applies),
   // 6 = as 5 with two MMA accumulator chains per warp, 7 = as 6 with the codes converted by one
-  // instruction per pair (biased by 128, corrected per group; the automatic choice).
+  // instruction per pair (biased by 128, corrected per group; the automatic choice), 8 = as 6
+  // with the codes as f16 subnormals (no shift for half the nibbles) and the activation's hi
+  // and lo parts as two token columns of one MMA (half the MMAs), 9 = as 8 with one chain.
   int kernel = 0;
 };
-// The kernel that Q4GemvTuning::kernel = 0 runs (1..7 above), chosen from the H200 bench
+// The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
 // bench_ops w4layer (m = 1, us, CUDA-core default -> persistent): 7B q/k/v 16.4 -> 14.7, o 6.8
 // -> 6.9, gate/up 29.1 -> 23.3, down 14.1 -> 13.5, lm_head 36.2 -> 32.6; 8B lm_head 131.5 ->

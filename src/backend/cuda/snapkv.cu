@@ -36,12 +36,6 @@ constexpr size_t smem_bytes() {
   return sizeof(float) * (static_cast<size_t>(kKeys) * kKeyPitch<HD> + kQueryTile * HD);
 }
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
-
 __device__ __forceinline__ int group_size(const SnapKvScoresArgs& a) {
   return a.num_heads / a.num_kv_heads;
 }
