@@ -1613,7 +1613,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
            tuning.row_tiles == 4);
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == 1 || tuning.stages == kRingStages);
-  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 7);
+  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 9);
   g_q4_tuning = tuning;
 }
 
