@@ -31,8 +31,10 @@
 // kernel reads the same layout and dequantizes with integer/float bit tricks instead
 // (gemv_q4_cc_kernel): the default for 2 <= m <= 4 (kQ4AutoKernel, quant_ops.h).
 //
-// gemv_q4_persist_kernel (the default for m = 1, the draft step): the tensor-core arithmetic in a
-// persistent grid with the activation's B fragments staged once per block in shared memory.
+// gemv_q4_persist_kernel (m = 1, the draft step): the tensor-core arithmetic in a persistent grid
+// with the activation's B fragments staged once per block in shared memory.
+// gemv_q4_persist_sub_kernel (the default for m = 1): the same grid with the codes read as f16
+// subnormals and the activation's hi and lo parts as two token columns of one MMA.
 //
 // Weights whose group size is not 128 keep the reference layout and run a plain FMA kernel
 // (correctness only; the draft weights use 128).
@@ -982,12 +984,12 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 // two) each row gets
 //   y += inv (s G + mn (sum x) / inv)  =  s sum U x~ + mn sum x      (W4 = U s + mn).
 // CHAINS: MMA accumulator chains per group (2: even and odd k16 steps apart, as kernel 6).
-constexpr int kSubZeroBytes = 512;  // the B fragments' zeros for lanes of token columns >= 2
+constexpr int kSubZeroBytes = 512;  // per warp: B's zeros for lanes of token columns >= 2
 
 size_t persist_sub_smem_bytes(int warps, int64_t groups) {
   return sizeof(uint4) * (size_t(warps) * kPStages * kPStageVecs + size_t(groups) * 32) +
          sizeof(float) * 2 * size_t(warps) * 64 + sizeof(float2) * ((size_t(groups) + 1) & ~1) +
-         kSubZeroBytes;
+         size_t(warps) * kSubZeroBytes;
 }
 
 template <bool VEC_X, int CHAINS>
@@ -1002,7 +1004,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   uint4* xfrag = p_smem + size_t(num_warps) * kPStages * kPStageVecs;   // [groups][32]
   float* partial = reinterpret_cast<float*>(xfrag + groups * 32);       // [2][warps][32][2]
   float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 64);  // [groups]
-  uint2* zeros = reinterpret_cast<uint2*>(gscale + ((groups + 1) & ~int64_t{1}));
+  uint2* zeros = reinterpret_cast<uint2*>(gscale + ((groups + 1) & ~int64_t{1})) + warp * 64;
 
   const int64_t grp_begin = groups * warp / num_warps;
   const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
@@ -1016,8 +1018,9 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   // x as B fragments: lane l of a warp holds columns 128 grp + 4l .. + 3 = k16 step l / 4 of
   // thread-in-group l % 4 (actual columns e = 0, 1 play k slots 2c, 2c + 1; e = 2, 3 the high
   // nibbles' slots 2c + 8, 2c + 9), as {hi(e0, e1), hi(e2, e3) / 16, lo(e0, e1), lo(e2, e3) / 16}:
-  // as uint2, entry 2 (32 grp + 4 step + c) + h is column h's B register pair.
-  for (int64_t grp = warp; grp < groups; grp += num_warps) {
+  // as uint2, entry 2 (32 grp + 4 step + c) + h is column h's B register pair. Each warp stages
+  // the groups it multiplies (the same for every tile), so no block barrier is needed.
+  for (int64_t grp = grp_begin; grp < grp_begin + my_groups; ++grp) {
     const float4 v = load_x4<VEC_X>(x, 0, 1, K, grp * kQ4TiledGroup + 4 * lane);
     const float big =
         warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
@@ -1034,8 +1037,8 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     const float sum = warp_sum((v.x + v.y) + (v.z + v.w));
     if (lane == 0) gscale[grp] = make_float2(sum * rinv, inv);
   }
-  for (int i = threadIdx.x; i < kSubZeroBytes / 8; i += blockDim.x) zeros[i] = make_uint2(0, 0);
-  __syncthreads();
+  zeros[lane] = zeros[lane + 32] = make_uint2(0, 0);
+  __syncwarp();
 
   // Lanes of token columns 0 and 1 read their column's pair of each step (8 uint2s apart);
   // the others read zeros (a broadcast) at the same offsets, so that no load is predicated.

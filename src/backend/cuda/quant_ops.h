@@ -112,9 +112,9 @@ struct Q4GemvTuning {
   // 5 = as 4 but m = 1 on the persistent tensor-core kernel (a block per SM, the activation's
   // fragments in shared memory, a cp.async ring per warp across tiles; no field applies),
   // 6 = as 5 with two MMA accumulator chains per warp, 7 = as 6 with the codes converted by one
-  // instruction per pair (biased by 128, corrected per group; the automatic choice), 8 = as 6
-  // with the codes as f16 subnormals (no shift for half the nibbles) and the activation's hi
-  // and lo parts as two token columns of one MMA (half the MMAs), 9 = as 8 with one chain.
+  // instruction per pair (biased by 128, corrected per group), 8 = as 6 with the codes as f16
+  // subnormals (no shift for half the nibbles) and the activation's hi and lo parts as two token
+  // columns of one MMA (half the MMAs; the automatic choice), 9 = as 8 with one chain.
   int kernel = 0;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
@@ -127,8 +127,12 @@ struct Q4GemvTuning {
 // draft step of the padded 7B shape 9.1 ms instead of 6.1 ms. Kernel 7 (one lop3 per code pair)
 // took 1-3% more off every launch (session 18: 7B gate/up 22.3 -> 21.8, lm_head 31.4 -> 30.4; 8B
 // lm_head 111.9 -> 108.7; Llama-2-7B 128K draft step 8.75 -> 8.69 ms) at a larger but bounded
-// rounding error (persistent-kernel test 1.3e-5 against 2.9e-6, bound 2e-5).
-constexpr int kQ4AutoKernel = 7;
+// rounding error (persistent-kernel test 1.3e-5 against 2.9e-6, bound 2e-5). Kernel 8 (subnormal
+// codes, hi / lo as token columns: half the MMAs) took 11-24% off every launch (session 22:
+// 7B q/k/v 13.7 -> 11.5, gate/up 21.5 -> 17.4, down 12.9 -> 11.0, lm_head 30.0 -> 23.8; 8B lm_head
+// 106.4 -> 81.5, 81% of 4.24 TB/s; Llama-2-7B 4K draft step 3.07 -> 2.76 ms); one chain (9) is
+// 2-7% slower than two.
+constexpr int kQ4AutoKernel = 8;
 // Rows of x up to which kernel 4 is the CUDA-core kernel.
 constexpr int kQ4CudaCoreAutoRows = 4;
 // Q4GemvTuning::stages of the CUDA-core kernel when it is 0: the ring (4) for long rows (at least
