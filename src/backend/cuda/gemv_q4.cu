@@ -1020,8 +1020,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   // nibbles' slots 2c + 8, 2c + 9), as {hi(e0, e1), hi(e2, e3) / 16, lo(e0, e1), lo(e2, e3) / 16}:
   // as uint2, entry 2 (32 grp + 4 step + c) + h is column h's B register pair. Each warp stages
   // the groups it multiplies (the same for every tile), so no block barrier is needed.
-  for (int64_t grp = grp_begin; grp < grp_begin + my_groups; ++grp) {
-    const float4 v = load_x4<VEC_X>(x, 0, 1, K, grp * kQ4TiledGroup + 4 * lane);
+  auto stage = [&](int64_t grp, const float4& v) {
     const float big =
         warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     // 2^(E - 127) <= max |x| < 2^(E - 126) for the biased exponent E of the group's max; E is
@@ -1036,6 +1035,23 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     xfrag[grp * 32 + lane] = make_uint4(f.x, f.y, f.z, f.w);
     const float sum = warp_sum((v.x + v.y) + (v.z + v.w));
     if (lane == 0) gscale[grp] = make_float2(sum * rinv, inv);
+  };
+  // The activation was written by the previous kernel: the loads of up to kStageBatch groups are
+  // in flight together (one L2 round trip instead of one per group, on the launch's critical
+  // path), then staged.
+  constexpr int kStageBatch = 8;
+  for (int g0 = 0; g0 < my_groups; g0 += kStageBatch) {
+    float4 v[kStageBatch];
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      if (g0 + u < my_groups) {
+        v[u] = load_x4<VEC_X>(x, 0, 1, K, (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      if (g0 + u < my_groups) stage(grp_begin + g0 + u, v[u]);
+    }
   }
   zeros[lane] = zeros[lane + 32] = make_uint2(0, 0);
   __syncwarp();
