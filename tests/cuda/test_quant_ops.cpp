@@ -616,7 +616,7 @@ TEST_F(CudaOpsTest, MatmulQ4PersistentKernelWideRangeActivations) {
 // activation is formed in the persistent kernel's staging (act is then left unwritten); every
 // case must equal swiglu then matmul_q4 / matmul bit for bit: short last groups, Llama's down
 // shapes (86 and 112 groups), misaligned gate/up (scalar loads), both bias dtypes, dense
-// weights, m > 1, and kernel 9 (not fused).
+// weights, m > 1, kernel 9 and Q4GemvTuning::fuse_swiglu = false (not fused).
 TEST_F(CudaOpsTest, SwigluMatmulEqualsSwigluThenMatmul) {
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   const std::pair<int64_t, int64_t> shapes[] = {
@@ -626,12 +626,14 @@ TEST_F(CudaOpsTest, SwigluMatmulEqualsSwigluThenMatmul) {
     const QuantizedWeight4 w4 = make_q4(rows, cols, 1300 + rows + cols);
     HostWeight dense(random_normal(rows * cols, 1301 + i, 0.05f), DType::BF16, rows, cols, "w");
     HostWeight b(random_normal(rows, 1302 + i), i % 2 ? DType::BF16 : DType::F32, 1, rows, "b");
-    for (int kernel : {0, 9}) {
-      cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, kernel});
+    for (auto [kernel, fuse] : {std::pair{0, true}, {0, false}, {9, true}}) {
+      cuda::Q4GemvTuning tuning{0, 0, 0, kernel};
+      tuning.fuse_swiglu = fuse;
+      cuda::set_q4_gemv_tuning(tuning);
       for (int m : {1, 2, 5}) {
         for (int offset : {0, 1}) {
           for (bool q4 : {true, false}) {
-            if (!q4 && kernel != 0) continue;
+            if (!q4 && (kernel != 0 || !fuse)) continue;
             const WeightView* bias = (i + m + offset) % 3 == 0 ? nullptr : &b.view;
             const std::vector<float> gate = random_normal(m * cols, 1303 + m, 2.0f);
             const std::vector<float> up = random_normal(m * cols, 1304 + m);
@@ -650,14 +652,15 @@ TEST_F(CudaOpsTest, SwigluMatmulEqualsSwigluThenMatmul) {
             }
             gpu().swiglu_matmul(gd.data() + offset, ud.data() + offset, m, dense.view,
                                 q4 ? &w4 : nullptr, bias, act.data(), y.data());
-            const std::string tag = describe(w4, m, bias != nullptr) + " offset=" +
-                                    std::to_string(offset) + " kernel=" +
-                                    std::to_string(kernel) + (q4 ? " q4" : " bf16");
+            const std::string tag = describe(w4, m, bias != nullptr) +
+                                    " offset=" + std::to_string(offset) +
+                                    " kernel=" + std::to_string(kernel) + (fuse ? "" : " unfused") +
+                                    (q4 ? " q4" : " bf16");
             EXPECT_EQ(testing::bitwise_differences(y.to_host(), y_sep.to_host()), 0u) << tag;
             // The fused launch leaves the scratch alone; every other case wrote it.
             const bool untouched = testing::bitwise_differences(act.to_host(), act_sep.to_host()) ==
                                    static_cast<size_t>(m * cols);
-            EXPECT_EQ(untouched, q4 && m == 1 && kernel == 0) << tag;
+            EXPECT_EQ(untouched, q4 && m == 1 && kernel == 0 && fuse) << tag;
             fused += untouched;
           }
         }

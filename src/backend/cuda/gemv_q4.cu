@@ -64,9 +64,9 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..9 start the process with that Q4GemvTuning::stages /
-// kernel (end-to-end A/B runs of the code paths without a rebuild); anything else is ignored
-// with a warning.
+// QS_Q4_STAGES=1|4, QS_Q4_KERNEL=1..9 and QS_Q4_FUSE_SWIGLU=0|1 start the process with that
+// Q4GemvTuning::stages / kernel / fuse_swiglu (end-to-end A/B runs of the code paths without a
+// rebuild); anything else is ignored with a warning.
 Q4GemvTuning g_q4_tuning = [] {
   Q4GemvTuning t;
   const char* v = std::getenv("QS_Q4_STAGES");
@@ -78,6 +78,7 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, 9, t.kernel);
+  t.fuse_swiglu = env_flag("QS_Q4_FUSE_SWIGLU", t.fuse_swiglu);
   return t;
 }();
 
@@ -1694,7 +1695,7 @@ void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
 bool gemv_q4_swiglu_supported(const DeviceWeight4& w) {
   const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
   const int warps = static_cast<int>(std::clamp<int64_t>(w.groups, 1, kPMaxWarps));
-  return w.tiled && kernel == 8 && uses_persist(1) &&
+  return g_q4_tuning.fuse_swiglu && w.tiled && kernel == 8 && uses_persist(1) &&
          persist_sub_smem_bytes(warps, w.groups) <= max_smem_per_block();
 }
 

@@ -123,6 +123,9 @@ struct Q4GemvTuning {
   // subnormals (no shift for half the nibbles) and the activation's hi and lo parts as two token
   // columns of one MMA (half the MMAs; the automatic choice), 9 = as 8 with one chain.
   int kernel = 0;
+  // launch_gemv_q4_swiglu (the activation formed in kernel 8's staging) where supported; false:
+  // CudaBackend::swiglu_matmul runs the swiglu kernel and the GEMV apart (QS_Q4_FUSE_SWIGLU=0).
+  bool fuse_swiglu = true;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
