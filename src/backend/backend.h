@@ -256,23 +256,6 @@ class Backend {
     rmsnorm(h, weight, m, eps, out);
   }
 
-  // The MLP's activation and down projection: swiglu(gate, up, m * cols, act) followed by
-  // matmul_q4(act, m, *w4, bias, y) when w4 is set, else matmul(act, m, w, bias, y); cols = the
-  // weight's input width. act: [m, cols] scratch (it may alias gate or up) that an override need
-  // not write: the activation may be formed in the matmul's input staging. y must alias none of
-  // gate, up and act.
-  virtual void swiglu_matmul(const float* gate, const float* up, int m, const WeightView& w,
-                             const QuantizedWeight4* w4, const WeightView* bias, float* act,
-                             float* y) {
-    const int64_t cols = w4 != nullptr ? w4->cols : w.cols;
-    swiglu(gate, up, m * cols, act);
-    if (w4 != nullptr) {
-      matmul_q4(act, m, *w4, bias, y);
-    } else {
-      matmul(act, m, w, bias, y);
-    }
-  }
-
   // RoPE of a layer's queries and keys: rope(q, m, num_heads, ...) then rope(k, m, num_kv_heads,
   // ...) with the same positions and frequencies. q: [m, num_heads * head_dim], k: [m,
   // num_kv_heads * head_dim], distinct buffers.

@@ -236,8 +236,8 @@ void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
   const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
                               {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
   backend_.matmul_group(x, m, gate_up, 2);
-  backend_.swiglu_matmul(gate_->data(), up_->data(), m, L.w_down, D.w_down.get(), nullptr,
-                         gate_->data(), proj_->data());
+  backend_.swiglu(gate_->data(), up_->data(), m * cfg_.intermediate_size, gate_->data());
+  linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
   if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
 }
 

@@ -612,67 +612,6 @@ TEST_F(CudaOpsTest, MatmulQ4PersistentKernelWideRangeActivations) {
   std::printf("[ max rel error ] matmul_q4 persistent kernel, wide-range x: %.3g\n", worst);
 }
 
-// swiglu_matmul (the MLP's activation and down projection): for one row on 4-bit weights the
-// activation is formed in the persistent kernel's staging (act is then left unwritten); every
-// case must equal swiglu then matmul_q4 / matmul bit for bit: short last groups, Llama's down
-// shapes (86 and 112 groups), misaligned gate/up (scalar loads), both bias dtypes, dense
-// weights, m > 1, kernel 9 and Q4GemvTuning::fuse_swiglu = false (not fused).
-TEST_F(CudaOpsTest, SwigluMatmulEqualsSwigluThenMatmul) {
-  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
-  const std::pair<int64_t, int64_t> shapes[] = {
-      {300, 1000}, {17, 129}, {4096, 11008}, {512, 14336}, {130, 4096}};
-  int fused = 0, i = 0;
-  for (auto [rows, cols] : shapes) {
-    const QuantizedWeight4 w4 = make_q4(rows, cols, 1300 + rows + cols);
-    HostWeight dense(random_normal(rows * cols, 1301 + i, 0.05f), DType::BF16, rows, cols, "w");
-    HostWeight b(random_normal(rows, 1302 + i), i % 2 ? DType::BF16 : DType::F32, 1, rows, "b");
-    for (auto [kernel, fuse] : {std::pair{0, true}, {0, false}, {9, true}}) {
-      cuda::Q4GemvTuning tuning{0, 0, 0, kernel};
-      tuning.fuse_swiglu = fuse;
-      cuda::set_q4_gemv_tuning(tuning);
-      for (int m : {1, 2, 5}) {
-        for (int offset : {0, 1}) {
-          for (bool q4 : {true, false}) {
-            if (!q4 && (kernel != 0 || !fuse)) continue;
-            const WeightView* bias = (i + m + offset) % 3 == 0 ? nullptr : &b.view;
-            const std::vector<float> gate = random_normal(m * cols, 1303 + m, 2.0f);
-            const std::vector<float> up = random_normal(m * cols, 1304 + m);
-            DeviceArray gd(gpu(), gate.size() + offset), ud(gpu(), up.size() + offset);
-            gpu().from_host(gate.data(), gd.data() + offset, gate.size());
-            gpu().from_host(up.data(), ud.data() + offset, up.size());
-            DeviceArray act(gpu(), m * cols), act_sep(gpu(), m * cols);
-            DeviceArray y(gpu(), m * rows), y_sep(gpu(), m * rows);
-            act.poison();
-            y.poison();
-            gpu().swiglu(gd.data() + offset, ud.data() + offset, m * cols, act_sep.data());
-            if (q4) {
-              gpu().matmul_q4(act_sep.data(), m, w4, bias, y_sep.data());
-            } else {
-              gpu().matmul(act_sep.data(), m, dense.view, bias, y_sep.data());
-            }
-            gpu().swiglu_matmul(gd.data() + offset, ud.data() + offset, m, dense.view,
-                                q4 ? &w4 : nullptr, bias, act.data(), y.data());
-            const std::string tag = describe(w4, m, bias != nullptr) +
-                                    " offset=" + std::to_string(offset) +
-                                    " kernel=" + std::to_string(kernel) + (fuse ? "" : " unfused") +
-                                    (q4 ? " q4" : " bf16");
-            EXPECT_EQ(testing::bitwise_differences(y.to_host(), y_sep.to_host()), 0u) << tag;
-            // The fused launch leaves the scratch alone; every other case wrote it.
-            const bool untouched = testing::bitwise_differences(act.to_host(), act_sep.to_host()) ==
-                                   static_cast<size_t>(m * cols);
-            EXPECT_EQ(untouched, q4 && m == 1 && kernel == 0 && fuse) << tag;
-            fused += untouched;
-          }
-        }
-      }
-    }
-    gpu().release_weights();
-    ++i;
-  }
-  cuda::set_q4_gemv_tuning(saved);
-  std::printf("[ swiglu_matmul ] fused launches: %d\n", fused);
-}
-
 // Large K and N for the CUDA-core kernel: several load batches per warp, many blocks.
 TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernelModelShapes) {
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();

@@ -787,23 +787,6 @@ void CudaBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w,
   }
 }
 
-// The draft's down projection (m = 1, 4-bit weights): the activation is formed in the
-// persistent GEMV's staging, one launch instead of two.
-void CudaBackend::swiglu_matmul(const float* gate, const float* up, int m, const WeightView& w,
-                                const QuantizedWeight4* w4, const WeightView* bias, float* act,
-                                float* y) {
-  if (w4 != nullptr && m == 1) {
-    check_q4_bias(*w4, bias);
-    const cuda::DeviceWeight4& dw = impl_->weights4.resolve(*w4, impl_->stream);
-    if (cuda::gemv_q4_swiglu_supported(dw)) {
-      cuda::launch_gemv_q4_swiglu(gate, up, dw, impl_->bias(bias), y, impl_->num_sms,
-                                  impl_->stream);
-      return;
-    }
-  }
-  Backend::swiglu_matmul(gate, up, m, w, w4, bias, act, y);
-}
-
 void CudaBackend::quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,
                               int64_t row_stride, int num_kv_heads, int head_dim,
                               int64_t first_group, int n_groups, const QuantizedKvPlanesOut& dst) {

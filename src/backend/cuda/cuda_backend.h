@@ -83,9 +83,6 @@ class CudaBackend final : public Backend {
   void attention(const float* q, int m, int pos, const AttentionShape& shape, const KvView& kv,
                  float* out) override;
   void swiglu(const float* gate, const float* up, int64_t n, float* out) override;
-  void swiglu_matmul(const float* gate, const float* up, int m, const WeightView& w,
-                     const QuantizedWeight4* w4, const WeightView* bias, float* act,
-                     float* y) override;
   void add(float* y, const float* x, int64_t n) override;
   // One launch each (launch_add_rmsnorm, launch_rope_qk), bit-identical to the separate ops.
   void add_rmsnorm(float* h, const float* x, const WeightView& weight, int m, float eps,

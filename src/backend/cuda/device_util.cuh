@@ -76,12 +76,6 @@ __device__ __forceinline__ float warp_sum(float v) {
   return v;
 }
 
-// silu(g) * u, the MLP's activation (the swiglu kernel and the 4-bit GEMV's fused staging
-// compute it with this one expression, so their results agree bit for bit).
-__device__ __forceinline__ float swiglu_value(float g, float u) {
-  return g / (1.0f + expf(-g)) * u;
-}
-
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));

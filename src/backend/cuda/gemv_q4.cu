@@ -64,9 +64,9 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4, QS_Q4_KERNEL=1..9 and QS_Q4_FUSE_SWIGLU=0|1 start the process with that
-// Q4GemvTuning::stages / kernel / fuse_swiglu (end-to-end A/B runs of the code paths without a
-// rebuild); anything else is ignored with a warning.
+// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..9 start the process with that Q4GemvTuning::stages /
+// kernel (end-to-end A/B runs of the code paths without a rebuild); anything else is ignored
+// with a warning.
 Q4GemvTuning g_q4_tuning = [] {
   Q4GemvTuning t;
   const char* v = std::getenv("QS_Q4_STAGES");
@@ -78,7 +78,6 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, 9, t.kernel);
-  t.fuse_swiglu = env_flag("QS_Q4_FUSE_SWIGLU", t.fuse_swiglu);
   return t;
 }();
 
@@ -985,8 +984,6 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 // two) each row gets
 //   y += inv (s G + mn (sum x) / inv)  =  s sum U x~ + mn sum x      (W4 = U s + mn).
 // CHAINS: MMA accumulator chains per group (2: even and odd k16 steps apart, as kernel 6).
-// SWIGLU: the activation is swiglu_value(x, up) (the MLP's down projection,
-// launch_gemv_q4_swiglu), formed while staging.
 constexpr int kSubZeroBytes = 512;  // per warp: B's zeros for lanes of token columns >= 2
 
 size_t persist_sub_smem_bytes(int warps, int64_t groups) {
@@ -995,10 +992,10 @@ size_t persist_sub_smem_bytes(int warps, int64_t groups) {
          size_t(warps) * kSubZeroBytes;
 }
 
-template <bool VEC_X, int CHAINS, bool SWIGLU>
+template <bool VEC_X, int CHAINS>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
-    gemv_q4_persist_sub_kernel(const float* __restrict__ x, const float* __restrict__ up,
-                               int64_t K, int64_t groups, const CcSegments segs, int64_t tiles) {
+    gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
+                               const CcSegments segs, int64_t tiles) {
   extern __shared__ uint4 p_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -1044,24 +1041,16 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   // path), then staged.
   constexpr int kStageBatch = 8;
   for (int g0 = 0; g0 < my_groups; g0 += kStageBatch) {
-    float4 v[kStageBatch], w[SWIGLU ? kStageBatch : 1];
+    float4 v[kStageBatch];
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
       if (g0 + u < my_groups) {
-        const int64_t col = (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane;
-        v[u] = load_x4<VEC_X>(x, 0, 1, K, col);
-        if constexpr (SWIGLU) w[u] = load_x4<VEC_X>(up, 0, 1, K, col);
+        v[u] = load_x4<VEC_X>(x, 0, 1, K, (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane);
       }
     }
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
-      if (g0 + u < my_groups) {
-        if constexpr (SWIGLU) {
-          v[u] = make_float4(swiglu_value(v[u].x, w[u].x), swiglu_value(v[u].y, w[u].y),
-                             swiglu_value(v[u].z, w[u].z), swiglu_value(v[u].w, w[u].w));
-        }
-        stage(grp_begin + g0 + u, v[u]);
-      }
+      if (g0 + u < my_groups) stage(grp_begin + g0 + u, v[u]);
     }
   }
   zeros[lane] = zeros[lane + 32] = make_uint2(0, 0);
@@ -1454,53 +1443,39 @@ void run_cc(CcLaunch l, int num_sms) {
 // The persistent kernel (m = 1) over the launch's matrices: a block per SM (or per tile, for
 // fewer tiles), a warp per group up to kPMaxWarps. Falls back to the CUDA-core kernel when the
 // activation's fragments and the rings do not fit in shared memory (groups > ~230).
-void run_persist(const CcLaunch& l, int num_sms, const float* up = nullptr) {
+void run_persist(const CcLaunch& l, int num_sms) {
   const int64_t groups = l.w[0]->groups;
   const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
   const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
   const bool sub = kernel_choice >= 8;
-  QS_CHECK(up == nullptr || kernel_choice == 8);
   const size_t smem = sub ? persist_sub_smem_bytes(warps, groups)
                           : persist_smem_bytes(warps, groups, kernel_choice == 7);
   const size_t smem_max = max_smem_per_block();
-  QS_CHECK(up == nullptr || smem <= smem_max);
   if (smem > smem_max) return run_cc(l, num_sms);
   const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
-  const bool vec_x = (reinterpret_cast<uintptr_t>(l.x) | reinterpret_cast<uintptr_t>(up)) % 16 == 0 &&
-                     l.w[0]->cols % 4 == 0;
-  const int64_t grid = std::min<int64_t>(tiles, num_sms);
-  // Each instantiation opts in to more than 48 KiB of shared memory once.
-  auto run = [&](auto kernel, bool& opted_in, auto... args) {
-    if (!opted_in) {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                      static_cast<int>(smem_max)));
-      opted_in = true;
-    }
-    launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, args..., l.w[0]->cols,
-           groups, segs, tiles);
-    CUDA_CHECK_LAUNCH(l.stream);
-  };
-  if (sub) {  // kernels 8, 9 (one chain), and 8 with the activation formed in its staging
-    using Kernel = void (*)(const float*, const float*, int64_t, int64_t, const CcSegments, int64_t);
-    constexpr Kernel kKernels[2][3] = {
-        {gemv_q4_persist_sub_kernel<false, 2, false>, gemv_q4_persist_sub_kernel<false, 1, false>,
-         gemv_q4_persist_sub_kernel<false, 2, true>},
-        {gemv_q4_persist_sub_kernel<true, 2, false>, gemv_q4_persist_sub_kernel<true, 1, false>,
-         gemv_q4_persist_sub_kernel<true, 2, true>}};
-    static bool opted_in[2][3] = {};
-    const int variant = up != nullptr ? 2 : kernel_choice - 8;  // the fused one: kernel 8 only
-    return run(kKernels[vec_x][variant], opted_in[vec_x][variant], l.x, up);
-  }
+  const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
+  const int variant = kernel_choice - 5;  // kernels 5..9
   using Kernel = void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t);
-  constexpr Kernel kKernels[2][3] = {
+  constexpr int kVariants = 5;
+  constexpr Kernel kKernels[2][kVariants] = {
       {gemv_q4_persist_kernel<false, 1, false>, gemv_q4_persist_kernel<false, 2, false>,
-       gemv_q4_persist_kernel<false, 2, true>},
+       gemv_q4_persist_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 2>,
+       gemv_q4_persist_sub_kernel<false, 1>},
       {gemv_q4_persist_kernel<true, 1, false>, gemv_q4_persist_kernel<true, 2, false>,
-       gemv_q4_persist_kernel<true, 2, true>}};
-  static bool opted_in[2][3] = {};
-  const int variant = kernel_choice - 5;  // kernels 5..7
-  run(kKernels[vec_x][variant], opted_in[vec_x][variant], l.x);
+       gemv_q4_persist_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 2>,
+       gemv_q4_persist_sub_kernel<true, 1>}};
+  const Kernel kernel = kKernels[vec_x][variant];
+  static bool opted_in[2][kVariants] = {};  // above 48 KiB: once per instantiation
+  if (!opted_in[vec_x][variant]) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_max)));
+    opted_in[vec_x][variant] = true;
+  }
+  const int64_t grid = std::min<int64_t>(tiles, num_sms);
+  launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
+         segs, tiles);
+  CUDA_CHECK_LAUNCH(l.stream);
 }
 
 // Whether launch_gemv_q4 runs the persistent kernel for m rows.
@@ -1690,19 +1665,6 @@ void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
     l.y[i] = ys[i];
   }
   uses_persist(m) ? run_persist(l, num_sms) : run_cc(l, num_sms);
-}
-
-bool gemv_q4_swiglu_supported(const DeviceWeight4& w) {
-  const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  const int warps = static_cast<int>(std::clamp<int64_t>(w.groups, 1, kPMaxWarps));
-  return g_q4_tuning.fuse_swiglu && w.tiled && kernel == 8 && uses_persist(1) &&
-         persist_sub_smem_bytes(warps, w.groups) <= max_smem_per_block();
-}
-
-void launch_gemv_q4_swiglu(const float* gate, const float* up, const DeviceWeight4& w,
-                           const DeviceBias& bias, float* y, int num_sms, cudaStream_t stream) {
-  QS_CHECK(gemv_q4_swiglu_supported(w) && w.codes && w.meta);
-  run_persist(CcLaunch{gate, 1, {&w}, {bias}, {y}, 1, 0, stream}, num_sms, up);
 }
 
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,

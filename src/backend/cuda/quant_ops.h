@@ -91,13 +91,6 @@ bool gemv_q4_group_supported(int m, const DeviceWeight4* const* ws, int count);
 void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
                           const DeviceBias* biases, float* const* ys, int count, int num_sms,
                           cudaStream_t stream);
-// m = 1: y = swiglu(gate, up) W4^T (+ bias), the activation formed in the persistent kernel's
-// staging (gate, up: [w.cols] f32; results bit-identical to launch_swiglu then launch_gemv_q4).
-// Supported for tiled weights when launch_gemv_q4 runs the subnormal-code persistent kernel
-// with two chains (Q4GemvTuning::kernel 8, the default) and its shared memory fits.
-bool gemv_q4_swiglu_supported(const DeviceWeight4& w);
-void launch_gemv_q4_swiglu(const float* gate, const float* up, const DeviceWeight4& w,
-                           const DeviceBias& bias, float* y, int num_sms, cudaStream_t stream);
 
 // Process-wide tuning of launch_gemv_q4's tiled kernel (benchmarks compare the variants; every
 // variant computes the same function and is tested). 0 = automatic.
@@ -123,9 +116,6 @@ struct Q4GemvTuning {
   // subnormals (no shift for half the nibbles) and the activation's hi and lo parts as two token
   // columns of one MMA (half the MMAs; the automatic choice), 9 = as 8 with one chain.
   int kernel = 0;
-  // launch_gemv_q4_swiglu (the activation formed in kernel 8's staging) where supported; false:
-  // CudaBackend::swiglu_matmul runs the swiglu kernel and the GEMV apart (QS_Q4_FUSE_SWIGLU=0).
-  bool fuse_swiglu = true;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
