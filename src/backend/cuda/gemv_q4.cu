@@ -1024,7 +1024,8 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     const float big =
         warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     // 2^(E - 127) <= max |x| < 2^(E - 126) for the biased exponent E of the group's max; E is
-    // clamped so that sc and inv stay normal (groups of zeros or of subnormal x get sc = 2^127).
+    // clamped so that sc and inv stay normal (groups of zeros or of subnormal x get sc = 2^127;
+    // |x| >= 2^115, far beyond any activation, would overflow the f16 split).
     const int e = min(max(int(__float_as_uint(big) >> 23), 13), 242);
     const float sc = __uint_as_float(uint32_t(267 - e) << 23);    // 2^(140 - E)
     const float inv = __uint_as_float(uint32_t(e + 11) << 23);    // 2^24 / sc = 2^(E - 116)
