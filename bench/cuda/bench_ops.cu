@@ -856,11 +856,12 @@ void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
       std::string line;
       char buf[96];
       const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
-      // The CUDA-core kernel with registers, with the ring, the default, the persistent kernel
-      // with one and with two accumulator chains, with biased codes (kernel 7), with subnormal
-      // codes and hi / lo as token columns (8; 9: one chain).
+      // The CUDA-core kernel (kernel 4: m = 1 is not taken by a persistent kernel) with
+      // registers, with the ring, the default, the persistent kernel with one and with two
+      // accumulator chains, with biased codes (kernel 7), with subnormal codes and hi / lo as
+      // token columns (8; 9: one chain).
       for (auto [stages, kernel] :
-           {std::pair{1, 0}, {4, 0}, {0, 0}, {0, 5}, {0, 6}, {0, 7}, {0, 8}, {0, 9}}) {
+           {std::pair{1, 4}, {4, 4}, {0, 0}, {0, 5}, {0, 6}, {0, 7}, {0, 8}, {0, 9}}) {
         cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, kernel});
         const double ms = time_graph_ms(s, body, 20 * copies);
         std::snprintf(buf, sizeof buf, " %6.1f us %4.1f%% |", ms * 1e3, pct(bytes, ms));

@@ -77,7 +77,7 @@ Q4GemvTuning g_q4_tuning = [] {
       std::fprintf(stderr, "quantspec: ignoring QS_Q4_STAGES=%s (expected 1 or 4)\n", v);
     }
   }
-  t.kernel = env_int("QS_Q4_KERNEL", 1, 9, t.kernel);
+  t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
   return t;
 }();
 
@@ -1456,9 +1456,10 @@ void run_persist(const CcLaunch& l, int num_sms) {
   const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
-  const int variant = kernel_choice - 5;  // kernels 5..9
+  const int variant = kernel_choice - 5;  // kernels 5..kQ4LastKernel
   using Kernel = void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t);
   constexpr int kVariants = 5;
+  static_assert(kVariants == kQ4LastKernel - 4, "one table entry per persistent kernel");
   constexpr Kernel kKernels[2][kVariants] = {
       {gemv_q4_persist_kernel<false, 1, false>, gemv_q4_persist_kernel<false, 2, false>,
        gemv_q4_persist_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 2>,
@@ -1482,7 +1483,7 @@ void run_persist(const CcLaunch& l, int num_sms) {
 // Whether launch_gemv_q4 runs the persistent kernel for m rows.
 bool uses_persist(int m) {
   const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  return kernel >= 5 && kernel <= 9 && m == 1;
+  return kernel >= 5 && kernel <= kQ4LastKernel && m == 1;
 }
 
 // Whether launch_gemv_q4 runs the CUDA-core kernel for m rows.
@@ -1633,7 +1634,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
            tuning.row_tiles == 4);
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == 1 || tuning.stages == kRingStages);
-  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= 9);
+  QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= kQ4LastKernel);
   g_q4_tuning = tuning;
 }
 

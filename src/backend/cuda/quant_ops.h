@@ -133,6 +133,9 @@ struct Q4GemvTuning {
 // 106.4 -> 81.5, 81% of 4.24 TB/s; Llama-2-7B 4K draft step 3.07 -> 2.76 ms); one chain (9) is
 // 2-7% slower than two.
 constexpr int kQ4AutoKernel = 8;
+// The highest Q4GemvTuning::kernel (the tuning check, QS_Q4_KERNEL and the persistent kernels'
+// range read it; the persistent kernels are 5..kQ4LastKernel).
+constexpr int kQ4LastKernel = 9;
 // Rows of x up to which kernel 4 is the CUDA-core kernel.
 constexpr int kQ4CudaCoreAutoRows = 4;
 // Q4GemvTuning::stages of the CUDA-core kernel when it is 0: the ring (4) for long rows (at least
