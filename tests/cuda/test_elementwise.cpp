@@ -46,7 +46,7 @@ TEST_F(CudaOpsTest, EmbeddingMatchesCpuExactly) {
 
 TEST_F(CudaOpsTest, RmsNormMatchesCpu) {
   for (DType dt : kDtypes) {
-    for (int64_t d : {64, 4096, 5003}) {
+    for (int64_t d : {64, 4096, 5003, 20000}) {  // 20000: three chunks per thread
       for (int m : {1, 3, 33}) {
         HostWeight w(random_normal(d, 2, 0.3f, 1.0f), dt, 1, d, "norm");
         const std::vector<float> x = random_normal(m * d, 3 + d + m, 2.0f);
@@ -135,7 +135,7 @@ TEST_F(CudaOpsTest, SwigluAndAddMatchCpu) {
 TEST_F(CudaOpsTest, AddRmsNormMatchesAddThenRmsNorm) {
   int differing_from_cpu = 0;
   for (DType dt : kDtypes) {
-    for (int64_t d : {1000, 4096, 5003}) {
+    for (int64_t d : {1000, 4096, 5003, 20000}) {
       for (int m : {1, 3, 16}) {
         HostWeight w(random_normal(d, 50 + d, 0.3f, 1.0f), dt, 1, d, "norm");
         const std::vector<float> h0 = random_normal(m * d, 60 + d + m, 2.0f);

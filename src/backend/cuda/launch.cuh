@@ -55,12 +55,24 @@ inline size_t max_smem_per_block() {
   return static_cast<size_t>(bytes);
 }
 
-// Waits for the previous kernel of the stream (its completion and memory), then lets the next
-// kernel's blocks be scheduled.
+// Lets the next kernel's blocks be scheduled, then waits for the previous kernel of the stream
+// (its completion and memory). The trigger comes first: it only allows the next grid to be
+// scheduled (once every block of this one has passed it), and that grid's own
+// griddepcontrol.wait still returns only after this grid has completed, which implies that
+// every earlier grid has; so the next kernel's blocks can be resident, their weights in flight,
+// while this kernel still waits for its predecessor. A grid never waits for resources its
+// successor holds: the successor is scheduled only once all of this grid's blocks are resident.
+// QS_PDL_LATE_TRIGGER (a compile definition, for A/B runs) puts the trigger after the wait, as
+// before session 23.
 __device__ __forceinline__ void pdl_begin() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+#ifdef QS_PDL_LATE_TRIGGER
   asm volatile("griddepcontrol.wait;" ::: "memory");
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#else
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
 #endif
 }
 
