@@ -121,56 +121,42 @@ __device__ __forceinline__ void store_normed(const float* src, const void* weigh
   }
 }
 
-// A block per row. The sum of squares is accumulated in double, as the CPU reference does, so
-// the reduction order does not matter.
+// A block per row: out = RMSNorm of x's row, or with ADD of h's row after h += x (each thread
+// stores its sums h[j] + x[j] and squares them in the order it squares x's elements without ADD,
+// so the same block size gives add-then-RMSNorm's bits; read back from its own stores where the
+// row takes several chunks). The sum of squares is accumulated in double, as the CPU reference
+// does, so the reduction order does not matter. out aliases neither h nor x with ADD; without
+// it out may be x (h unused).
+template <bool ADD>
 __global__ void __launch_bounds__(1024)
-    rmsnorm_kernel(const float* x, const void* weight, DType weight_dtype, int64_t d, float eps,
-                   float* out) {
+    rmsnorm_kernel(float* h, const float* x, const void* weight, DType weight_dtype, int64_t d,
+                   float eps, float* out) {
   float w[kNormPer], v[kNormPer];
   load_weight_chunk(weight, weight_dtype, 0, d, w);  // weights: not written by any kernel
   pdl_begin();
   __shared__ double warp_sums[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * d;
+  float* hr = ADD ? h + row * d : nullptr;
+  const float* src = ADD ? hr : xr;
   const int64_t span = static_cast<int64_t>(kNormPer) * blockDim.x;
   double sum = 0.0;
   for (int64_t base = 0; base < d; base += span) {
-    load_norm_chunk(xr, base, d, v);
-    sum = add_squares(v, base, d, sum);
-  }
-  const float inv_rms = inv_rms_of(block_sum(sum, warp_sums), d, eps);
-  store_normed(xr, weight, weight_dtype, d, inv_rms, v, w, out + row * d);
-}
-
-// add then rmsnorm_kernel in one pass over h: each thread stores its sums h[j] + x[j] and squares
-// them as rmsnorm_kernel squares its inputs (same block size, same reduction order), then
-// normalizes them (read back from its own stores where the row takes several chunks). out
-// aliases neither h nor x.
-__global__ void __launch_bounds__(1024)
-    add_rmsnorm_kernel(float* h, const float* x, const void* weight, DType weight_dtype, int64_t d,
-                       float eps, float* out) {
-  float w[kNormPer], v[kNormPer], a[kNormPer];
-  load_weight_chunk(weight, weight_dtype, 0, d, w);  // weights: not written by any kernel
-  pdl_begin();
-  __shared__ double warp_sums[32];
-  const int64_t row = blockIdx.x;
-  float* hr = h + row * d;
-  const float* xr = x + row * d;
-  const int64_t span = static_cast<int64_t>(kNormPer) * blockDim.x;
-  double sum = 0.0;
-  for (int64_t base = 0; base < d; base += span) {
-    load_norm_chunk(hr, base, d, v);
-    load_norm_chunk(xr, base, d, a);
+    load_norm_chunk(src, base, d, v);
+    if constexpr (ADD) {
+      float a[kNormPer];
+      load_norm_chunk(xr, base, d, a);
 #pragma unroll
-    for (int i = 0; i < kNormPer; ++i) {
-      const int64_t j = norm_index(base, i);
-      v[i] += a[i];
-      if (j < d) hr[j] = v[i];
+      for (int i = 0; i < kNormPer; ++i) {
+        const int64_t j = norm_index(base, i);
+        v[i] += a[i];
+        if (j < d) hr[j] = v[i];
+      }
     }
     sum = add_squares(v, base, d, sum);
   }
   const float inv_rms = inv_rms_of(block_sum(sum, warp_sums), d, eps);
-  store_normed(hr, weight, weight_dtype, d, inv_rms, v, w, out + row * d);
+  store_normed(src, weight, weight_dtype, d, inv_rms, v, w, out + row * d);
 }
 
 // Rotates pair idx (of [m, num_heads, head_dim / 2]) of x. The angle is the f32 product (HF),
@@ -404,14 +390,15 @@ int rmsnorm_threads(int64_t d) {
 void launch_rmsnorm(const float* x, const void* weight, DType weight_dtype, int64_t d, int m,
                     float eps, float* out, cudaStream_t stream) {
   QS_CHECK(m >= 1 && d >= 1);
-  launch(rmsnorm_kernel, m, rmsnorm_threads(d), 0, stream, x, weight, weight_dtype, d, eps, out);
+  launch(rmsnorm_kernel<false>, m, rmsnorm_threads(d), 0, stream, static_cast<float*>(nullptr), x,
+         weight, weight_dtype, d, eps, out);
   CUDA_CHECK_LAUNCH(stream);
 }
 
 void launch_add_rmsnorm(float* h, const float* x, const void* weight, DType weight_dtype, int64_t d,
                         int m, float eps, float* out, cudaStream_t stream) {
   QS_CHECK(m >= 1 && d >= 1);
-  launch(add_rmsnorm_kernel, m, rmsnorm_threads(d), 0, stream, h, x, weight, weight_dtype, d, eps,
+  launch(rmsnorm_kernel<true>, m, rmsnorm_threads(d), 0, stream, h, x, weight, weight_dtype, d, eps,
          out);
   CUDA_CHECK_LAUNCH(stream);
 }
