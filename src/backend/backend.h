@@ -100,6 +100,17 @@ struct LinearOp {
   float* y = nullptr;
 };
 
+// RoPE of one layer's step for Backend::rope_qk_store_kv: the query rows q ([m, num_heads *
+// head_dim]) and rope_qk's other arguments.
+struct RopeQK {
+  float* q = nullptr;
+  int num_heads = 0;
+  int num_kv_heads = 0;
+  int head_dim = 0;
+  int pos = 0;
+  const float* inv_freq = nullptr;  // host [head_dim / 2]
+};
+
 struct KvView {
   const void* k = nullptr;  // [length - fp_base, row_stride] of row_dtype, row r = position
                             // fp_base + r, post-RoPE
@@ -243,9 +254,10 @@ class Backend {
     }
   }
 
-  // Fused ops (add_rmsnorm, rope_qk, and store_kv_row_pair below): each default is the sequence
-  // of ops it names, so a backend that does not override one gives exactly the results of the
-  // separate calls; an override must give them too (bit-identical), in fewer launches.
+  // Fused ops (add_rmsnorm, rope_qk, rope_qk_store_kv, and store_kv_row_pair below): each default
+  // is the sequence of ops it names, so a backend that does not override one gives exactly the
+  // results of the separate calls; an override must give them too (bit-identical), in fewer
+  // launches.
 
   // The residual add and the next norm: h += x over [m, d], d = weight.numel() (the norm weight
   // is a vector), then out = rmsnorm(h) over the m rows: add(h, x, m * d) followed by
@@ -263,6 +275,17 @@ class Backend {
                        int pos, const float* inv_freq) {
     rope(q, m, num_heads, head_dim, pos, inv_freq);
     rope(k, m, num_kv_heads, head_dim, pos, inv_freq);
+  }
+
+  // A layer's new rows rotated and stored: rope_qk(rope.q, k, m, ...) then
+  // store_kv_row_pair(k_dst, v_dst, dst_dtype, k, v, m * num_kv_heads * head_dim). k keeps the
+  // rotated keys, as after rope_qk.
+  virtual void rope_qk_store_kv(const RopeQK& rope, int m, float* k, const float* v, void* k_dst,
+                                void* v_dst, DType dst_dtype) {
+    rope_qk(rope.q, k, m, rope.num_heads, rope.num_kv_heads, rope.head_dim, rope.pos,
+            rope.inv_freq);
+    store_kv_row_pair(k_dst, v_dst, dst_dtype, k, v,
+                      static_cast<size_t>(m) * rope.num_kv_heads * rope.head_dim);
   }
 
   // The flush of DESIGN §3 (docs/kv-format.md): quantizes key groups [first_group,

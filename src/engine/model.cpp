@@ -180,7 +180,9 @@ Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
 
 KvView Model::store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,
                              QuantizedKvSegment* segment) {
-  cache.write(layer, pos, m, k_->data(), v_->data());
+  const RopeQK rope{q_->data(), cfg_.num_heads,  cfg_.num_kv_heads, cfg_.head_dim,
+                    pos,        inv_freq_.data()};
+  cache.write_with_rope(layer, pos, m, k_->data(), v_->data(), rope);
   const bool quant = cache.quantized() && path.kv_view.has_value();
   if (quant) cache.quantize_below(layer, quant_boundary(pos + m - 1, cache.group_size()));
   KvView view = cache.view(layer, quant ? path.kv_view : std::nullopt, segment);
@@ -220,11 +222,9 @@ void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
                           {&L.wk, D.wk.get(), &L.bk, k_->data()},
                           {&L.wv, D.wv.get(), &L.bv, v_->data()}};
   backend_.matmul_group(x, m, qkv, 3);
-  backend_.rope_qk(q_->data(), k_->data(), m, cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, pos,
-                   inv_freq_.data());
-  if (path.query_tap) path.query_tap(l, q_->data(), m);
   QuantizedKvSegment segment;
-  const KvView view = store_and_view(cache, path, l, pos, m, &segment);
+  const KvView view = store_and_view(cache, path, l, pos, m, &segment);  // RoPE'd q and k
+  if (path.query_tap) path.query_tap(l, q_->data(), m);
   backend_.attention(q_->data(), m, pos, shape, view, attn_->data());
   // Tensor parallel: each rank's o_proj covers its heads (a partial sum); the bias goes into the
   // sum once.

@@ -116,7 +116,8 @@ class Model {
   // The layer stack and head over ids at [pos, pos + m) (forward's checks done).
   Status run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
              LogitRows rows, float* logits, int32_t* argmax);
-  // Stores `layer`'s new K/V rows (k_, v_) in the cache, quantizes the groups the last query's
+  // Applies RoPE to q_ and k_ and stores `layer`'s new K/V rows (k_, v_) in the cache (one
+  // backend call: Backend::rope_qk_store_kv), quantizes the groups the last query's
   // boundary needs, and returns the view attention reads (segment: its storage).
   KvView store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,
                         QuantizedKvSegment* segment);

@@ -170,22 +170,32 @@ Status KvCache::prepare_write(int pos, int m) {
   return Status::ok_status();
 }
 
-void KvCache::write(int layer, int pos, int m, const float* k, const float* v) {
+KvCache::RowPair KvCache::begin_write(int layer, int pos, int m) {
   QS_CHECK(layer >= 0 && layer < cfg_.num_layers);
   if (in_layer_prefill()) {
     QS_CHECK_MSG(layer == lp_layer_ && pos >= 0 && pos <= lp_end_ && pos + m <= lp_rows_,
                  "KV cache: layer-major prefill writes layer " + str(lp_layer_) + " rows [0, " +
                      str(lp_rows_) + ") in order");
-    backend_->store_kv_row_pair(lp_row(lp_k_, pos), lp_row(lp_v_, pos), cfg_.row_dtype, k, v,
-                                static_cast<size_t>(m) * kv_dim());
     lp_end_ = pos + m;
-    return;
+    return {lp_row(lp_k_, pos), lp_row(lp_v_, pos)};
   }
   QS_CHECK(pos >= std::max(n_, fp_base_) && pos <= fp_end_ && pos + m <= cfg_.capacity);
   QS_CHECK_MSG(pos + m - fp_base_ <= buffer_rows_, "KV cache: write without prepare_write");
-  const size_t n = static_cast<size_t>(m) * kv_dim();
-  backend_->store_kv_row_pair(k_row(layer, pos), v_row(layer, pos), cfg_.row_dtype, k, v, n);
   fp_end_ = pos + m;
+  return {k_row(layer, pos), v_row(layer, pos)};
+}
+
+void KvCache::write(int layer, int pos, int m, const float* k, const float* v) {
+  const RowPair dst = begin_write(layer, pos, m);
+  backend_->store_kv_row_pair(dst.k, dst.v, cfg_.row_dtype, k, v,
+                              static_cast<size_t>(m) * kv_dim());
+}
+
+void KvCache::write_with_rope(int layer, int pos, int m, float* k, const float* v,
+                              const RopeQK& rope) {
+  QS_CHECK(rope.pos == pos && rope.num_kv_heads * rope.head_dim == kv_dim());
+  const RowPair dst = begin_write(layer, pos, m);
+  backend_->rope_qk_store_kv(rope, m, k, v, dst.k, dst.v, cfg_.row_dtype);
 }
 
 void KvCache::quantize_below(int layer, int end) {

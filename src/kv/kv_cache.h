@@ -89,6 +89,9 @@ class KvCache {
   // [pos, pos + m) of `layer`'s buffer (every layer gets the same rows), after
   // prepare_write(pos, m). Rows past pos + m are dropped: written_end() becomes pos + m.
   void write(int layer, int pos, int m, const float* k, const float* v);
+  // write() of keys before RoPE: rotates rope.q and k in place, then stores the rows
+  // (Backend::rope_qk_store_kv: one launch where the backend fuses them).
+  void write_with_rope(int layer, int pos, int m, float* k, const float* v, const RopeQK& rope);
 
   // Quantize `layer`'s groups below `end` (a multiple of G) that are not quantized yet, from the
   // buffer. Used by commit() and by a forward over committed-by-construction rows (evaluation).
@@ -132,6 +135,12 @@ class KvCache {
   size_t elem_bytes() const { return dtype_size(cfg_.row_dtype); }
   void* k_row(int layer, int pos) const;
   void* v_row(int layer, int pos) const;
+  // The checks and counters of write(layer, pos, m, ...) and where its rows go.
+  struct RowPair {
+    void* k;
+    void* v;
+  };
+  RowPair begin_write(int layer, int pos, int m);
 
   KvCacheConfig cfg_;
   Backend* backend_ = nullptr;

@@ -201,6 +201,67 @@ TEST_F(CudaOpsTest, RopeQkMatchesTwoRopes) {
   }
 }
 
+// The fused RoPE + row store against rope_qk then store_kv_row_pair on the GPU (bit-identical,
+// both row dtypes) and against the CPU's composition (f16 rows of the CPU-rotated keys).
+TEST_F(CudaOpsTest, RopeQkStoreKvMatchesRopeThenStore) {
+  ModelConfig cfg = llama3_rope_config();
+  int rows_differing_from_cpu = 0;
+  for (int head_dim : {64, 128}) {
+    cfg.head_dim = head_dim;
+    const std::vector<float> inv_freq = rope_inv_freq(cfg);
+    for (int group : {1, 4}) {
+      const int heads = 32, kv_heads = heads / group;
+      for (int m : {1, 5, 16}) {
+        for (int pos : {0, 131000}) {
+          for (DType dt : {DType::F16, DType::F32}) {
+            const size_t nq = size_t(m) * heads * head_dim, nk = size_t(m) * kv_heads * head_dim;
+            const std::vector<float> q0 = random_normal(nq, 110 + pos + m + group);
+            const std::vector<float> k0 = random_normal(nk, 120 + pos + m + group, 300.0f);
+            const std::vector<float> v = random_normal(nk, 130 + pos + m + group, 3e4f);
+            const std::string tag = "head_dim=" + std::to_string(head_dim) +
+                                    " group=" + std::to_string(group) + " m=" + std::to_string(m) +
+                                    " pos=" + std::to_string(pos) + " " + dtype_name(dt);
+            const size_t esz = dt == DType::F16 ? 2 : 4;
+            const std::vector<uint8_t> poison((nk + 8) * esz, 0x7e);
+            const DeviceArray vd(gpu(), v);
+            // Separate: rope_qk, then store_kv_row_pair.
+            DeviceArray q_sep(gpu(), q0), k_sep(gpu(), k0);
+            testing::DeviceBytes kr_sep(gpu(), poison), vr_sep(gpu(), poison);
+            gpu().rope_qk(q_sep.data(), k_sep.data(), m, heads, kv_heads, head_dim, pos,
+                          inv_freq.data());
+            gpu().store_kv_row_pair(kr_sep.as<uint8_t>() + 4 * esz, vr_sep.as<uint8_t>() + 4 * esz,
+                                    dt, k_sep.data(), vd.data(), nk);
+            // Fused.
+            DeviceArray qd(gpu(), q0), kd(gpu(), k0);
+            testing::DeviceBytes kr(gpu(), poison), vr(gpu(), poison);
+            const RopeQK rope{qd.data(), heads, kv_heads, head_dim, pos, inv_freq.data()};
+            gpu().rope_qk_store_kv(rope, m, kd.data(), vd.data(), kr.as<uint8_t>() + 4 * esz,
+                                   vr.as<uint8_t>() + 4 * esz, dt);
+            EXPECT_EQ(qd.to_host(), q_sep.to_host()) << tag;
+            EXPECT_EQ(kd.to_host(), k_sep.to_host()) << tag;
+            const std::vector<uint8_t> got_k = kr.to_host(), got_v = vr.to_host();
+            EXPECT_EQ(got_k, kr_sep.to_host()) << tag;  // the poison around the rows included
+            EXPECT_EQ(got_v, vr_sep.to_host()) << tag;
+            // The CPU: the same composition on its own rotation.
+            std::vector<float> q_cpu = q0, k_cpu = k0;
+            std::vector<uint8_t> kr_cpu(poison), vr_cpu(poison);
+            const RopeQK rope_cpu{q_cpu.data(), heads, kv_heads, head_dim, pos, inv_freq.data()};
+            cpu().rope_qk_store_kv(rope_cpu, m, k_cpu.data(), v.data(), kr_cpu.data() + 4 * esz,
+                                   vr_cpu.data() + 4 * esz, dt);
+            EXPECT_LT(rel_error(qd.to_host(), q_cpu), 1e-6) << tag;
+            EXPECT_LT(rel_error(kd.to_host(), k_cpu), 1e-6) << tag;
+            EXPECT_EQ(got_v, vr_cpu) << tag;
+            rows_differing_from_cpu += got_k != kr_cpu;
+            gpu().release_weights();
+          }
+        }
+      }
+    }
+  }
+  std::printf("[ rope_qk_store_kv ] key row sets differing from the CPU's bits: %d of 48\n",
+              rows_differing_from_cpu);
+}
+
 TEST_F(CudaOpsTest, StoreKvRowPairMatchesTwoStores) {
   // Wide magnitudes, ties, subnormals, beyond-range values, signed zeros and inf (NaN payloads
   // may differ from the host's: F16RowsStoreKvRowsMatchesTheCpuBits covers NaN).

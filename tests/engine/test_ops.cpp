@@ -279,8 +279,9 @@ TEST(Rope, RotatesLikeDirectFormula) {
   for (int i = 0; i < 16; ++i) EXPECT_NEAR(a[i], b[i], 1e-5);
 }
 
-// The fused ops' defaults (Backend::add_rmsnorm, rope_qk, store_kv_row_pair, which the CPU
-// backend does not override) give exactly the results of the separate calls they stand for.
+// The fused ops' defaults (Backend::add_rmsnorm, rope_qk, rope_qk_store_kv, store_kv_row_pair,
+// which the CPU backend does not override) give exactly the results of the separate calls they
+// stand for.
 TEST(Ops, FusedDefaultsEqualSeparateCalls) {
   CpuBackend cpu(2);
   std::mt19937 rng(7);
@@ -319,6 +320,19 @@ TEST(Ops, FusedDefaultsEqualSeparateCalls) {
                                   " group=" + std::to_string(group) + " m=" + std::to_string(m);
           EXPECT_EQ(q, q_want) << tag;
           EXPECT_EQ(k, k_want) << tag;
+          // rope_qk_store_kv: the same rotation, and the rows as store_kv_row_pair writes them.
+          const size_t n = k0.size();
+          const std::vector<float> v = random_vec(n, rng);
+          std::vector<uint16_t> k16_want(n), v16_want(n), k16(n, 0x7e01), v16(n, 0x7e01);
+          cpu.store_kv_row_pair(k16_want.data(), v16_want.data(), DType::F16, k_want.data(),
+                                v.data(), n);
+          std::vector<float> q2 = q0, k2 = k0;
+          const RopeQK rope{q2.data(), heads, kv_heads, hd, pos, inv.data()};
+          cpu.rope_qk_store_kv(rope, m, k2.data(), v.data(), k16.data(), v16.data(), DType::F16);
+          EXPECT_EQ(q2, q_want) << tag;
+          EXPECT_EQ(k2, k_want) << tag;
+          EXPECT_EQ(k16, k16_want) << tag;
+          EXPECT_EQ(v16, v16_want) << tag;
         }
       }
     }

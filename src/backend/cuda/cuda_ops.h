@@ -59,6 +59,13 @@ void launch_rope(float* x, int m, int num_heads, int head_dim, int pos, const Ro
 // grid (Backend::rope_qk): the same bits as the two launches.
 void launch_rope_qk(float* q, float* k, int m, int num_heads, int num_kv_heads, int head_dim,
                     int pos, const RopeFreqs& freqs, cudaStream_t stream);
+// launch_rope_qk, then k's rows and v's ([m, num_kv_heads * head_dim] each) stored at k_dst /
+// v_dst as f16 (launch_store_f16's rounding) or f32, in one grid (Backend::rope_qk_store_kv): the
+// same bits as the separate launches. k keeps the rotated keys. No two of q, k, v, k_dst, v_dst
+// may overlap.
+void launch_rope_qk_store_kv(float* q, float* k, const float* v, int m, int num_heads,
+                             int num_kv_heads, int head_dim, int pos, const RopeFreqs& freqs,
+                             void* k_dst, void* v_dst, bool f16, cudaStream_t stream);
 
 // out = silu(gate) * up over n floats; out may alias gate or up.
 void launch_swiglu(const float* gate, const float* up, int64_t n, float* out, cudaStream_t stream);

@@ -162,8 +162,9 @@ __global__ void __launch_bounds__(1024)
 // Rotates pair idx (of [m, num_heads, head_dim / 2]) of x. The angle is the f32 product (HF),
 // cos/sin are evaluated in double and rounded, matching the CPU reference's correctly rounded f32
 // values.
-__device__ __forceinline__ void rope_pair(float* x, int64_t idx, int num_heads, int head_dim,
-                                          int pos, const RopeFreqs& freqs) {
+// Returns the pair's first element's offset in x (the second is head_dim / 2 further).
+__device__ __forceinline__ int64_t rope_pair(float* x, int64_t idx, int num_heads, int head_dim,
+                                             int pos, const RopeFreqs& freqs) {
   const int half = head_dim / 2;
   const int j = static_cast<int>(idx % half);
   const int64_t row_head = idx / half;  // row * num_heads + head
@@ -177,6 +178,7 @@ __device__ __forceinline__ void rope_pair(float* x, int64_t idx, int num_heads, 
   const float x0 = xh[j], x1 = xh[j + half];
   xh[j] = x0 * cos_v - x1 * sin_v;
   xh[j + half] = x1 * cos_v + x0 * sin_v;
+  return row_head * head_dim + j;
 }
 
 // A thread per (row, head, pair).
@@ -303,6 +305,45 @@ __global__ void store_f16x4_kernel(const float4* __restrict__ src0, const float4
   }
 }
 
+// One element of a K/V row in the cache's dtype (F16: store_f16_kernel's rounding).
+template <bool F16>
+__device__ __forceinline__ void store_row_value(void* dst, int64_t i, float v) {
+  if constexpr (F16) {
+    static_cast<__half*>(dst)[i] = to_f16_sat(v);
+  } else {
+    static_cast<float*>(dst)[i] = v;
+  }
+}
+
+// rope_qk_kernel and the K/V row store in one grid: a thread per pair of q (rotated), per pair
+// of k (rotated, then both elements stored) and per two elements of v (stored). Each stored
+// value is the rotated f32 that rope_qk leaves in k, so the rows are those of the two launches.
+template <bool F16>
+__global__ void rope_qk_store_kv_kernel(float* q, float* k, const float* __restrict__ v, int m,
+                                        int num_heads, int num_kv_heads, int head_dim, int pos,
+                                        RopeFreqs freqs, void* __restrict__ k_dst,
+                                        void* __restrict__ v_dst) {
+  pdl_begin();
+  const int half = head_dim / 2;
+  const int64_t q_pairs = static_cast<int64_t>(m) * num_heads * half;
+  const int64_t kv_pairs = static_cast<int64_t>(m) * num_kv_heads * half;  // of k, and of v
+  int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
+  if (idx < q_pairs) {
+    rope_pair(q, idx, num_heads, head_dim, pos, freqs);
+    return;
+  }
+  idx -= q_pairs;
+  if (idx < kv_pairs) {
+    const int64_t i = rope_pair(k, idx, num_kv_heads, head_dim, pos, freqs);
+    store_row_value<F16>(k_dst, i, k[i]);
+    store_row_value<F16>(k_dst, i + half, k[i + half]);
+  } else if (idx < 2 * kv_pairs) {
+    const int64_t i = 2 * (idx - kv_pairs);
+    store_row_value<F16>(v_dst, i, v[i]);
+    store_row_value<F16>(v_dst, i + 1, v[i + 1]);
+  }
+}
+
 // Each row's argmax (core/argmax.h: the lowest index among ties, NaN never wins; a NaN at index 0
 // gives 0): one block per row, every thread the best (value, index) of a strided part, then a
 // shuffle and shared-memory reduction with the same order.
@@ -420,6 +461,18 @@ void launch_rope_qk(float* q, float* k, int m, int num_heads, int num_kv_heads, 
   const int64_t total = static_cast<int64_t>(m) * (num_heads + num_kv_heads) * (head_dim / 2);
   launch(rope_qk_kernel, blocks_for(total), kThreads, 0, stream, q, k, m, num_heads, num_kv_heads,
          head_dim, pos, freqs);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+void launch_rope_qk_store_kv(float* q, float* k, const float* v, int m, int num_heads,
+                             int num_kv_heads, int head_dim, int pos, const RopeFreqs& freqs,
+                             void* k_dst, void* v_dst, bool f16, cudaStream_t stream) {
+  QS_CHECK(head_dim % 2 == 0 && head_dim / 2 <= kMaxRopePairs);
+  QS_CHECK(m >= 1 && num_heads >= 1 && num_kv_heads >= 1 && pos >= 0);
+  const int64_t total = static_cast<int64_t>(m) * (num_heads + 2 * num_kv_heads) * (head_dim / 2);
+  launch(f16 ? rope_qk_store_kv_kernel<true> : rope_qk_store_kv_kernel<false>, blocks_for(total),
+         kThreads, 0, stream, q, k, v, m, num_heads, num_kv_heads, head_dim, pos, freqs, k_dst,
+         v_dst);
   CUDA_CHECK_LAUNCH(stream);
 }
 
