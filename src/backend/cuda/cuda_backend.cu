@@ -280,6 +280,10 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   auto impl = std::make_unique<Impl>();
   impl->options = options;
   CUDA_CHECK(cudaSetDevice(options.device));
+#ifdef QS_KERNEL_TRACE
+  // A line per kernel launch (launch.cuh): room for ~4M of them between synchronizations.
+  CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, size_t{256} << 20));
+#endif
   CUDA_CHECK(
       cudaDeviceGetAttribute(&impl->num_sms, cudaDevAttrMultiProcessorCount, options.device));
   CUDA_CHECK(cudaStreamCreateWithFlags(&impl->stream, cudaStreamNonBlocking));

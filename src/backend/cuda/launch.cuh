@@ -13,6 +13,8 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdio>
+
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -64,7 +66,17 @@ inline size_t max_smem_per_block() {
 // successor holds: the successor is scheduled only once all of this grid's blocks are resident.
 // QS_PDL_LATE_TRIGGER (a compile definition, for A/B runs) puts the trigger after the wait, as
 // before session 23.
+//
+// QS_KERNEL_TRACE (a compile definition, diagnostics only: tools/gpu/kernel_trace.py): thread 0 of
+// block 0 prints "qs-trace <entry ns> <release ns> <blocks> <threads>" (%globaltimer when it
+// reached pdl_begin and when the wait returned). In a stream of dependent kernels the release of
+// the next kernel follows the completion of this one, so the gaps between consecutive releases
+// are each kernel's share of the step's critical path, as it runs in the CUDA graph.
 __device__ __forceinline__ void pdl_begin() {
+#ifdef QS_KERNEL_TRACE
+  unsigned long long entry = 0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(entry));
+#endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 #ifdef QS_PDL_LATE_TRIGGER
   asm volatile("griddepcontrol.wait;" ::: "memory");
@@ -73,6 +85,14 @@ __device__ __forceinline__ void pdl_begin() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
   asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+#endif
+#ifdef QS_KERNEL_TRACE
+  if (threadIdx.x + threadIdx.y + threadIdx.z == 0 && blockIdx.x + blockIdx.y + blockIdx.z == 0) {
+    unsigned long long release = 0;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(release));
+    printf("qs-trace %llu %llu %u %u\n", entry, release, gridDim.x * gridDim.y * gridDim.z,
+           blockDim.x * blockDim.y * blockDim.z);
+  }
 #endif
 }
 
