@@ -5,10 +5,12 @@ Build with the definition (on the device: QS_GPU_BUILD=$PWD/build-trace
 QS_CMAKE_EXTRA="-DCMAKE_CUDA_FLAGS=-DQS_KERNEL_TRACE" bash tools/gpu/build_on_device.sh
 quantspec), run a short decode, and give this script its stdout:
 
-    build-trace/quantspec bench ... -n 8 > run.txt; python3 tools/gpu/kernel_trace.py run.txt
+    QS_KERNEL_TRACE_FILE=trace.txt build-trace/quantspec bench ... -n 16
+    python3 tools/gpu/kernel_trace.py trace.txt
 
-Every kernel's block 0 prints "qs-trace <entry> <release> <blocks> <threads>" (launch.cuh): when
-it reached pdl_begin() and when its wait for the previous kernel returned (%globaltimer, ns). In
+Every kernel's block 0 records when it reached pdl_begin() and when its wait for the previous
+kernel returned (%globaltimer, ns), and the backend writes the records out at its end as
+"qs-trace <entry> <release> <blocks> <threads>" lines (launch.cuh, cuda_backend.cu). In
 a stream of dependent kernels the next release follows this kernel's completion, so
 release[i + 1] - release[i] is kernel i's share of the step's time as the CUDA graph runs it
 (its work after the wait, its tail and the hand-over). Kernels are told apart by their launch

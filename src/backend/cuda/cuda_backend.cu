@@ -45,6 +45,54 @@ bool pdl_enabled() {
   return g_pdl;
 }
 
+#ifdef QS_KERNEL_TRACE
+namespace {
+std::vector<void (*)(unsigned long long*)>& trace_setters() {
+  static std::vector<void (*)(unsigned long long*)> setters;
+  return setters;
+}
+}  // namespace
+
+void register_trace_setter(void (*set)(unsigned long long* buffer)) {
+  trace_setters().push_back(set);
+}
+
+// A zeroed trace buffer for every translation unit's kernels.
+unsigned long long* start_kernel_trace() {
+  const size_t bytes = (kTraceHeader + 4 * kTraceRecords) * sizeof(unsigned long long);
+  unsigned long long* buffer = nullptr;
+  CUDA_CHECK(cudaMalloc(&buffer, bytes));
+  CUDA_CHECK(cudaMemset(buffer, 0, bytes));
+  for (auto* set : trace_setters()) set(buffer);
+  return buffer;
+}
+
+// The records as "qs-trace <entry> <release> <blocks> <threads>" lines into $QS_KERNEL_TRACE_FILE
+// (default qs-kernel-trace.txt), then the buffer freed.
+void finish_kernel_trace(unsigned long long* buffer) {
+  unsigned long long taken = 0;
+  CUDA_CHECK(cudaMemcpy(&taken, buffer, sizeof(taken), cudaMemcpyDeviceToHost));
+  const size_t n = static_cast<size_t>(std::min<unsigned long long>(taken, kTraceRecords));
+  std::vector<unsigned long long> records(4 * n);
+  CUDA_CHECK(cudaMemcpy(records.data(), buffer + kTraceHeader, records.size() * sizeof(records[0]),
+                        cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaFree(buffer));
+  const char* path = std::getenv("QS_KERNEL_TRACE_FILE");
+  if (path == nullptr) path = "qs-kernel-trace.txt";
+  std::FILE* f = std::fopen(path, "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "quantspec: cannot write the kernel trace to %s\n", path);
+    return;
+  }
+  for (size_t i = 0; i < n; ++i) {
+    std::fprintf(f, "qs-trace %llu %llu %llu %llu\n", records[4 * i], records[4 * i + 1],
+                 records[4 * i + 2], records[4 * i + 3]);
+  }
+  std::fclose(f);
+  std::fprintf(stderr, "quantspec: %zu kernel trace records (of %llu) in %s\n", n, taken, path);
+}
+#endif
+
 void set_pdl_enabled(bool on) {
   g_pdl = on;
 }
@@ -165,8 +213,15 @@ struct CudaBackend::Impl {
   Scratch snapkv;        // snapkv_scores' softmax partials
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
 
+#ifdef QS_KERNEL_TRACE
+  unsigned long long* trace = nullptr;
+#endif
+
   ~Impl() {
     if (stream) cudaStreamSynchronize(stream);
+#ifdef QS_KERNEL_TRACE
+    if (trace) cuda::finish_kernel_trace(trace);
+#endif
     for (auto& [key, w] : weights) {
       if (w.owned) cudaFree(const_cast<void*>(w.ptr));
     }
@@ -281,8 +336,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   impl->options = options;
   CUDA_CHECK(cudaSetDevice(options.device));
 #ifdef QS_KERNEL_TRACE
-  // A line per kernel launch (launch.cuh): room for ~4M of them between synchronizations.
-  CUDA_CHECK(cudaDeviceSetLimit(cudaLimitPrintfFifoSize, size_t{256} << 20));
+  impl->trace = cuda::start_kernel_trace();
 #endif
   CUDA_CHECK(
       cudaDeviceGetAttribute(&impl->num_sms, cudaDevAttrMultiProcessorCount, options.device));

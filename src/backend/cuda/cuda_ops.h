@@ -131,6 +131,11 @@ void launch_speculative_verdict(const float* p, float* q, int gamma, int n,
 bool pdl_enabled();
 void set_pdl_enabled(bool on);
 
+#ifdef QS_KERNEL_TRACE
+// launch.cuh's trace buffer: each translation unit registers the setter of its device pointer.
+void register_trace_setter(void (*set)(unsigned long long* buffer));
+#endif
+
 // y = x W^T + bias for m <= 16 rows; x: [m, w.cols] f32, y: [m, w.rows] f32. Reads W once
 // for all rows: tensor cores on split activations for F16/BF16 weights with cols % 8 == 0 and
 // 16-byte aligned x and W; plain FMA loops otherwise (F32 weights, odd shapes).

@@ -13,8 +13,6 @@
 
 #include <cuda_runtime.h>
 
-#include <cstdio>
-
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -57,6 +55,23 @@ inline size_t max_smem_per_block() {
   return static_cast<size_t>(bytes);
 }
 
+#ifdef QS_KERNEL_TRACE
+// The trace buffer (u64): [0] the records taken so far, then kTraceRecords records of {entry,
+// release, blocks, threads} from word kTraceHeader. Every translation unit has its own copy of
+// the device pointer (no relocatable device code); each registers a setter that the backend
+// calls with the one buffer it allocates (CudaBackend::create), so the last backend created
+// is traced.
+constexpr unsigned long long kTraceRecords = 1 << 20;
+constexpr int kTraceHeader = 4;
+namespace {
+__device__ unsigned long long* g_trace_buffer = nullptr;
+void set_trace_buffer(unsigned long long* buffer) {
+  CUDA_CHECK(cudaMemcpyToSymbol(g_trace_buffer, &buffer, sizeof(buffer)));
+}
+const bool g_trace_setter_registered = (register_trace_setter(&set_trace_buffer), true);
+}  // namespace
+#endif
+
 // Lets the next kernel's blocks be scheduled, then waits for the previous kernel of the stream
 // (its completion and memory). The trigger comes first: it only allows the next grid to be
 // scheduled (once every block of this one has passed it), and that grid's own
@@ -68,10 +83,11 @@ inline size_t max_smem_per_block() {
 // before session 23.
 //
 // QS_KERNEL_TRACE (a compile definition, diagnostics only: tools/gpu/kernel_trace.py): thread 0 of
-// block 0 prints "qs-trace <entry ns> <release ns> <blocks> <threads>" (%globaltimer when it
-// reached pdl_begin and when the wait returned). In a stream of dependent kernels the release of
-// the next kernel follows the completion of this one, so the gaps between consecutive releases
-// are each kernel's share of the step's critical path, as it runs in the CUDA graph.
+// block 0 records %globaltimer when it reached pdl_begin and when the wait returned, with the
+// launch shape (trace buffer below; the backend writes it out at its end). In a stream of
+// dependent kernels the release of the next kernel follows the completion of this one, so the
+// gaps between consecutive releases are each kernel's share of the step's critical path as the
+// CUDA graph runs it (each record costs block 0's first warp one atomic round trip).
 __device__ __forceinline__ void pdl_begin() {
 #ifdef QS_KERNEL_TRACE
   unsigned long long entry = 0;
@@ -87,11 +103,18 @@ __device__ __forceinline__ void pdl_begin() {
 #endif
 #endif
 #ifdef QS_KERNEL_TRACE
-  if (threadIdx.x + threadIdx.y + threadIdx.z == 0 && blockIdx.x + blockIdx.y + blockIdx.z == 0) {
+  if (threadIdx.x + threadIdx.y + threadIdx.z == 0 && blockIdx.x + blockIdx.y + blockIdx.z == 0 &&
+      g_trace_buffer != nullptr) {
     unsigned long long release = 0;
     asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(release));
-    printf("qs-trace %llu %llu %u %u\n", entry, release, gridDim.x * gridDim.y * gridDim.z,
-           blockDim.x * blockDim.y * blockDim.z);
+    const unsigned long long i = atomicAdd(g_trace_buffer, 1ull);
+    if (i < kTraceRecords) {
+      unsigned long long* r = g_trace_buffer + kTraceHeader + 4 * i;
+      r[0] = entry;
+      r[1] = release;
+      r[2] = gridDim.x * gridDim.y * gridDim.z;
+      r[3] = blockDim.x * blockDim.y * blockDim.z;
+    }
   }
 #endif
 }
