@@ -224,9 +224,12 @@ int run_bench(const BenchArgs& a) {
           const GenerationStats& s = r->stats;
           nlohmann::json row = stats_json(*r, eng, mo.engine, p);
           row.erase("tokens");
-          const double ms_per_token = s.generated_tokens > 0 ? 1e3 * s.decode_s / s.generated_tokens : 0;
+          // Per decoded token (GenerationStats::decode_tokens: the prompt's logits gave the
+          // first); an AR run made one forward per decoded token.
+          const int decoded = s.decode_tokens();
+          const double ms_per_token = decoded > 0 ? 1e3 * s.decode_s / decoded : 0;
           const double draft_ms = s.drafted > 0 ? 1e3 * s.draft_s / s.drafted : 0;
-          const double verify_steps = spec ? s.rounds : s.generated_tokens;
+          const double verify_steps = spec ? s.rounds : decoded;
           const double verify_ms = verify_steps > 0 ? 1e3 * s.verify_s / verify_steps : 0;
           row["bench_mode"] = mode_name;
           row["context"] = ctx;

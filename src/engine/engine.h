@@ -136,7 +136,11 @@ struct GenerationStats {
   int generated_tokens = 0;
   double prefill_s = 0;
   double decode_s = 0;
-  double decode_tok_s() const { return decode_s > 0 ? generated_tokens / decode_s : 0; }
+  // Tokens that decoding produced: the first generated token comes from the prompt's logits (the
+  // prefill), each further one from decode forwards or rounds. Rates divide by these (vLLM's
+  // time per output token), so an AR step's time is decode_s / decode_tokens().
+  int decode_tokens() const { return generated_tokens > 1 ? generated_tokens - 1 : 0; }
+  double decode_tok_s() const { return decode_s > 0 ? decode_tokens() / decode_s : 0; }
 
   // QuantSpec (zero in AR modes). acceptance_rate = accepted / drafted (vLLM's definition);
   // mean_accepted_length = 1 + accepted / rounds.

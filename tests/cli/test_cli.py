@@ -450,6 +450,9 @@ def test_bench_matrix_table_and_json(qs, tmp_path):
     for r in runs:
         assert r["generated_tokens"] == 12 and r["prompt_tokens"] == r["context"]
         assert r["ms_per_token"] > 0 and r["decode_tok_s"] > 0
+        # Per decoded token: the first of the 12 came from the prompt's logits.
+        assert r["ms_per_token"] == pytest.approx(1e3 * r["decode_s"] / 11, rel=1e-9)
+        assert r["decode_tok_s"] == pytest.approx(11 / r["decode_s"], rel=1e-9)
     spec = [r for r in runs if r["bench_mode"] == "quantspec"]
     assert sorted({r["gamma"] for r in spec}) == [1, 3]
     assert all(r["drafted"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in spec)
