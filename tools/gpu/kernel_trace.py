@@ -1,90 +1,121 @@
 #!/usr/bin/env python3
-"""Per-kernel shares of a decode step's critical path, from a QS_KERNEL_TRACE build's output.
+"""Per-kernel shares of a decode forward's time, from a QS_KERNEL_TRACE build's records.
 
 Build with the definition (on the device: QS_GPU_BUILD=$PWD/build-trace
 QS_CMAKE_EXTRA="-DCMAKE_CUDA_FLAGS=-DQS_KERNEL_TRACE" bash tools/gpu/build_on_device.sh
-quantspec), run a short decode, and give this script its stdout:
+quantspec), run a short decode, and give this script the records:
 
     QS_KERNEL_TRACE_FILE=trace.txt build-trace/quantspec bench ... -n 16
-    python3 tools/gpu/kernel_trace.py trace.txt
+    python3 tools/gpu/kernel_trace.py trace.txt --names llama
 
 Every kernel's block 0 records when it reached pdl_begin() and when its wait for the previous
 kernel returned (%globaltimer, ns), and the backend writes the records out at its end as
-"qs-trace <entry> <release> <blocks> <threads>" lines (launch.cuh, cuda_backend.cu). In
-a stream of dependent kernels the next release follows this kernel's completion, so
-release[i + 1] - release[i] is kernel i's share of the step's time as the CUDA graph runs it
-(its work after the wait, its tail and the hand-over). Kernels are told apart by their launch
-shape (blocks x threads). Rounds are separated by gaps longer than --gap-us (the host between
-graph launches).
+"qs-trace <entry> <release> <blocks> <threads>" lines (launch.cuh, cuda_backend.cu). In a stream
+of dependent kernels the next release follows this kernel's completion, so release[i + 1] -
+release[i] is kernel i's share of the forward as it runs (its work after the wait, its tail and
+the hand-over); the last kernel's share runs to the next forward's first release (the host's
+part between forwards). Kernels are known by their launch shape (blocks x threads).
 
-Prints, over the last --rounds rounds: per launch shape the count and the median / total share;
-then the sequence of the last round with each kernel's share and how long its block 0 had been
-resident before the release (its lead).
+A forward starts at a kernel whose block 0 was not resident before its release (lead < 2 us)
+after a gap of more than --gap-us since the previous release (the host launched it after a
+synchronization). Forwards are grouped by kind (kernel count and first launch shape: a draft
+step, a verification, a prefill chunk); for the most frequent decode kinds the script finds the
+layer period (the shortest shift under which the launch shapes repeat) and prints, per position
+in the layer, the median share and its total per forward, then the kernels before and after
+the layers.
 """
 import argparse
+import collections
 import statistics
 import sys
+
+LLAMA_LAYER = ["qkv", "rope+store", "attention", "combine", "o", "add+norm", "gate/up", "swiglu",
+               "down", "add+norm (next)"]
 
 
 def read_events(path):
     events = []
     with open(path, errors="replace") as f:
         for line in f:
-            if not line.startswith("qs-trace "):
-                continue
             parts = line.split()
-            if len(parts) != 5:
-                continue
-            entry, release, blocks, threads = (int(x) for x in parts[1:])
-            events.append((release, entry, blocks, threads))
+            if len(parts) == 5 and parts[0] == "qs-trace":
+                entry, release, blocks, threads = (int(x) for x in parts[1:])
+                events.append((release, entry, blocks, threads))
     events.sort()
     return events
 
 
-def split_rounds(events, gap_ns):
-    rounds, cur = [], []
-    for i, e in enumerate(events):
-        if cur and e[0] - cur[-1][0] > gap_ns:
-            rounds.append(cur)
-            cur = []
-        cur.append(e)
-    if cur:
-        rounds.append(cur)
-    return rounds
+def forward_starts(ev, gap_ns):
+    return [i for i in range(1, len(ev))
+            if ev[i][0] - ev[i][1] < 2000 and ev[i][0] - ev[i - 1][0] > gap_ns]
+
+
+def layer_period(shapes):
+    """(start, period, repeats) of the longest run of a repeating launch-shape pattern (where
+    the run starts is ambiguous by a rotation of the pattern: --layer-start fixes it)."""
+    best = (0, 0, 0)
+    for p in range(2, 41):
+        run = 0
+        for i in range(len(shapes) - p):
+            run = run + 1 if shapes[i] == shapes[i + p] else 0
+            reps = (run + p) // p
+            if reps >= 3 and reps * p > best[1] * best[2]:
+                best = (i + 1 - run, p, reps)
+    return best
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("log")
-    ap.add_argument("--rounds", type=int, default=4, help="rounds summarised (the last ones)")
-    ap.add_argument("--gap-us", type=float, default=30.0, help="a gap that separates rounds")
-    ap.add_argument("--min-kernels", type=int, default=50, help="shorter rounds are skipped")
+    ap.add_argument("trace")
+    ap.add_argument("--forwards", type=int, default=8, help="forwards of a kind summarised (the last)")
+    ap.add_argument("--kinds", type=int, default=2, help="forward kinds shown (most frequent first)")
+    ap.add_argument("--gap-us", type=float, default=20.0)
+    ap.add_argument("--min-kernels", type=int, default=50, help="smaller forwards are skipped")
+    ap.add_argument("--names", default="", help="'llama' or comma-separated names of the layer's kernels")
+    ap.add_argument("--layer-start", type=int, default=-1,
+                    help="index of the first layer's first kernel (default: 2 with --names llama, "
+                    "after the embedding and the first norm; else where the repetition starts)")
     args = ap.parse_args()
-    events = read_events(args.log)
-    if not events:
-        sys.exit(f"{args.log}: no qs-trace lines (a QS_KERNEL_TRACE build?)")
-    rounds = [r for r in split_rounds(events, args.gap_us * 1e3) if len(r) >= args.min_kernels]
-    if not rounds:
-        sys.exit("no round with enough kernels")
-    rounds = rounds[-args.rounds:]
-    shares = {}
-    total = 0.0
-    for r in rounds:
-        for i in range(len(r) - 1):
-            d = (r[i + 1][0] - r[i][0]) / 1e3
-            shares.setdefault((r[i][2], r[i][3]), []).append(d)
-            total += d
-    print(f"{len(events)} kernels traced; {len(rounds)} rounds summarised, "
-          f"{total / 1e3:.3f} ms between their first and last releases")
-    print(f"{'blocks':>7} {'threads':>7} {'count':>6} {'median us':>10} {'total ms':>9} {'share':>6}")
-    for key, ds in sorted(shares.items(), key=lambda kv: -sum(kv[1])):
-        print(f"{key[0]:>7} {key[1]:>7} {len(ds):>6} {statistics.median(ds):>10.2f} "
-              f"{sum(ds) / 1e3:>9.3f} {100 * sum(ds) / total:>5.1f}%")
-    last = rounds[-1]
-    print("\nlast round: kernel, blocks x threads, share (us), lead of block 0 (us)")
-    for i, (rel, ent, b, t) in enumerate(last):
-        share = (last[i + 1][0] - rel) / 1e3 if i + 1 < len(last) else float("nan")
-        print(f"{i:5d} {b:7d} x {t:<5d} {share:8.2f} {(rel - ent) / 1e3:8.2f}")
+    ev = read_events(args.trace)
+    if not ev:
+        sys.exit(f"{args.trace}: no qs-trace records (a QS_KERNEL_TRACE build?)")
+    starts = forward_starts(ev, args.gap_us * 1e3)
+    bounds = list(zip(starts, starts[1:]))
+    kinds = collections.Counter((b - a, ev[a][2:]) for a, b in bounds if b - a >= args.min_kernels)
+    print(f"{args.trace}: {len(ev)} kernels, {len(bounds)} forwards; decode kinds (kernels, first "
+          f"launch): {', '.join(f'{k[0]} x {k[1][0]}x{k[1][1]}: {n}' for k, n in kinds.most_common(6))}")
+    names = LLAMA_LAYER if args.names == "llama" else [s for s in args.names.split(",") if s]
+    for (count, first), _ in kinds.most_common(args.kinds):
+        sel = [(a, b) for a, b in bounds if b - a == count and ev[a][2:] == first][-args.forwards:]
+        spans = [(ev[b][0] - ev[a][0]) / 1e3 for a, b in sel]
+        shapes = [ev[i][2:] for i in range(sel[0][0], sel[0][1])]
+        start, period, reps = layer_period(shapes)
+        layer_start = args.layer_start if args.layer_start >= 0 else (2 if args.names == "llama" else -1)
+        if layer_start >= 0 and period:
+            start, reps = layer_start, min(reps, (count - layer_start) // period)
+        print(f"\n== {count} kernels from a {first[0]}x{first[1]} launch: {len(sel)} forwards, "
+              f"median {statistics.median(spans):.1f} us each; layers: {reps} x {period} kernels "
+              f"from kernel {start}")
+        rows = collections.OrderedDict()
+        for a, b in sel:
+            for k in range(count):
+                i = a + k
+                share = (ev[i + 1][0] - ev[i][0]) / 1e3
+                if k < start:
+                    key = f"before the layers, #{k}"
+                elif k < start + period * reps:
+                    j = (k - start) % period
+                    key = f"layer: {names[j] if j < len(names) else f'#{j}'}"
+                else:
+                    key = f"after the layers, #{k - start - period * reps}"
+                rows.setdefault((key, ev[i][2:]), []).append(share)
+        print(f"  {'kernel':28s} {'launch':>10s} {'x':>3s} {'median us':>9s} {'per fwd ms':>10s} {'share':>6s}")
+        total = statistics.median(spans)
+        for (key, shape), v in rows.items():
+            per = len(v) / len(sel)
+            per_fwd = statistics.median(v) * per
+            print(f"  {key:28s} {shape[0]:>6d}x{shape[1]:<4d} {per:3.0f} {statistics.median(v):9.2f} "
+                  f"{per_fwd / 1e3:10.3f} {100 * per_fwd / total:5.1f}%")
 
 
 if __name__ == "__main__":
