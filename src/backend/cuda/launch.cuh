@@ -87,7 +87,7 @@ const bool g_trace_setter_registered = (register_trace_setter(&set_trace_buffer)
 // launch shape (trace buffer below; the backend writes it out at its end). In a stream of
 // dependent kernels the release of the next kernel follows the completion of this one, so the
 // gaps between consecutive releases are each kernel's share of the step's critical path as the
-// CUDA graph runs it (each record costs block 0's first warp one atomic round trip).
+// decode runs it (each record costs block 0's first warp one atomic round trip).
 __device__ __forceinline__ void pdl_begin() {
 #ifdef QS_KERNEL_TRACE
   unsigned long long entry = 0;
