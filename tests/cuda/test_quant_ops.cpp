@@ -456,6 +456,88 @@ TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
   std::printf("[ max rel error ] matmul_q4 groups: %.3g\n", worst);
 }
 
+// norm_matmul_group with the residual add and RMSNorm folded into the persistent kernels 8 / 9
+// (Q4GemvTuning::fuse_norm): the outputs against the CPU's add_rmsnorm then matmul_q4, h_out
+// bit-identical to the CPU's sum, h untouched, and the fold taken (it leaves the scratch x
+// unwritten); group shapes of q/k/v and gate/up with biases, short last groups, K % 4 != 0,
+// misaligned h (scalar loads), f32 and bf16 norm weights; m = 2 takes the composition.
+TEST_F(CudaOpsTest, NormMatmulGroupQ4FoldedMatchesTheComposition) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  struct Case {
+    int64_t cols;
+    int64_t rows[3];
+    int count;
+  };
+  const Case cases[] = {{1000, {300, 64, 17}, 3},
+                        {4096, {1024, 256, 256}, 3},
+                        {301, {40, 40, 0}, 2},
+                        {4096, {2048, 2048, 0}, 2}};
+  double worst = 0;
+  for (int kernel : {8, 9}) {
+    cuda::Q4GemvTuning t = saved;
+    t.kernel = kernel;
+    t.fuse_norm = true;
+    cuda::set_q4_gemv_tuning(t);
+    int ci = 0;
+    for (const Case& c : cases) {
+      std::vector<QuantizedWeight4> ws;
+      for (int i = 0; i < c.count; ++i) ws.push_back(make_q4(c.rows[i], c.cols, 1500 + 7 * ci + i));
+      HostWeight b(random_normal(c.rows[0], 1520 + ci), DType::BF16, 1, c.rows[0], "b");
+      for (DType norm_dt : {DType::F32, DType::BF16}) {
+        HostWeight g(random_normal(c.cols, 1530 + ci, 0.3f, 1.0f), norm_dt, 1, c.cols, "norm");
+        for (int m : {1, 2}) {
+          for (int offset : {0, 1}) {
+            const size_t n = size_t(m) * c.cols;
+            const std::vector<float> h = random_normal(n, 1540 + ci + m, 2.0f);
+            const std::vector<float> add = random_normal(n, 1550 + ci + m, 0.5f);
+            std::vector<float> h_want = h, x_want(n);
+            cpu().add_rmsnorm(h_want.data(), add.data(), g.view, m, 1e-5f, x_want.data());
+            DeviceArray hd(gpu(), n + offset), ad(gpu(), n + offset), hod(gpu(), n + offset),
+                xd(gpu(), n);
+            gpu().from_host(h.data(), hd.data() + offset, n);
+            gpu().from_host(add.data(), ad.data() + offset, n);
+            hod.poison();
+            xd.poison();
+            std::vector<std::unique_ptr<DeviceArray>> ys;
+            LinearOp ops[3];
+            for (int i = 0; i < c.count; ++i) {
+              ys.push_back(std::make_unique<DeviceArray>(gpu(), size_t(m) * ws[i].rows));
+              ys.back()->poison();
+              ops[i] = {nullptr, &ws[i], i == 0 ? &b.view : nullptr, ys.back()->data()};
+            }
+            const bool folds = gpu().folds_norm_matmul(m, ops, c.count);
+            EXPECT_EQ(folds, m == 1);
+            gpu().norm_matmul_group(hd.data() + offset, ad.data() + offset, hod.data() + offset,
+                                    g.view, 1e-5f, m, xd.data(), ops, c.count);
+            const std::string tag =
+                "cols=" + std::to_string(c.cols) + " count=" + std::to_string(c.count) +
+                " m=" + std::to_string(m) + " offset=" + std::to_string(offset) + " norm " +
+                dtype_name(norm_dt) + " kernel=" + std::to_string(kernel);
+            const std::vector<float> h_out = hod.to_host(), h_after = hd.to_host();
+            EXPECT_EQ(std::vector<float>(h_out.begin() + offset, h_out.end()), h_want) << tag;
+            EXPECT_EQ(std::vector<float>(h_after.begin() + offset, h_after.end()), h) << tag;
+            const std::vector<float> x_after = xd.to_host();
+            const bool x_untouched =
+                std::all_of(x_after.begin(), x_after.end(), [](float v) { return std::isnan(v); });
+            EXPECT_EQ(x_untouched, folds) << tag << ": the fold leaves x unwritten";
+            for (int i = 0; i < c.count; ++i) {
+              std::vector<float> want(size_t(m) * ws[i].rows);
+              cpu().matmul_q4(x_want.data(), m, ws[i], ops[i].bias, want.data());
+              const double err = rel_error(ys[i]->to_host(), want);
+              EXPECT_LT(err, kQ4Tolerance) << tag << " op " << i;
+              if (folds) worst = std::max(worst, err);
+            }
+          }
+        }
+      }
+      gpu().release_weights();
+      ++ci;
+    }
+  }
+  cuda::set_q4_gemv_tuning(saved);
+  std::printf("[ max rel error ] matmul_q4 with the norm folded in, m = 1: %.3g\n", worst);
+}
+
 TEST_F(CudaOpsTest, MatmulQ4ModelShapes) {
   double worst = 0;
   for (auto [rows, cols] : {std::pair<int64_t, int64_t>{4096, 4096}, {1024, 4096}, {4096, 11008}}) {
