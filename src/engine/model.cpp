@@ -204,9 +204,6 @@ Status Model::check_ids(std::span<const int32_t> ids) const {
   return Status::ok_status();
 }
 
-// Layer l over m rows at [pos, pos + m): h is the residual stream, x = attn_norm_l(h) on entry.
-// Leaves the MLP's output in proj_, not yet added to h (the caller fuses that add with the norm
-// that reads the sum), and x overwritten.
 void Model::norm_matmul(Residual& r, const WeightView& norm, float* x, int m, const LinearOp* ops,
                         int count) {
   const float eps = cfg_.rms_norm_eps;
@@ -224,6 +221,10 @@ void Model::norm_matmul(Residual& r, const WeightView& norm, float* x, int m, co
   r.pending = nullptr;
 }
 
+// Layer l over m rows at [pos, pos + m): r.h is the residual stream, r.pending the previous
+// layer's MLP output still to be added to it (or nullptr), which the layer's attention norm adds.
+// Leaves its own MLP output in proj_ as r.pending (the caller adds it: the next layer's norm, the
+// final norm, or prefill_by_layer's add) and x overwritten.
 void Model::layer(int l, Residual& r, float* x, int m, int pos, KvCache& cache,
                   const ForwardPath& path) {
   const LayerWeights& L = weights_.layers[l];
