@@ -101,13 +101,12 @@ struct LinearOp {
 };
 
 // RoPE of one layer's step for Backend::rope_qk_store_kv: the query rows q ([m, num_heads *
-// head_dim]) and rope_qk's other arguments.
+// head_dim]) and rope_qk's other arguments but the positions.
 struct RopeQK {
   float* q = nullptr;
   int num_heads = 0;
   int num_kv_heads = 0;
   int head_dim = 0;
-  int pos = 0;
   const float* inv_freq = nullptr;  // host [head_dim / 2]
 };
 
@@ -306,13 +305,12 @@ class Backend {
     rope(k, m, num_kv_heads, head_dim, pos, inv_freq);
   }
 
-  // A layer's new rows rotated and stored: rope_qk(rope.q, k, m, ...) then
-  // store_kv_row_pair(k_dst, v_dst, dst_dtype, k, v, m * num_kv_heads * head_dim). k keeps the
+  // A layer's new rows at [pos, pos + m) rotated and stored: rope_qk(rope.q, k, m, ..., pos, ...)
+  // then store_kv_row_pair(k_dst, v_dst, dst_dtype, k, v, m * num_kv_heads * head_dim). k keeps the
   // rotated keys, as after rope_qk.
-  virtual void rope_qk_store_kv(const RopeQK& rope, int m, float* k, const float* v, void* k_dst,
-                                void* v_dst, DType dst_dtype) {
-    rope_qk(rope.q, k, m, rope.num_heads, rope.num_kv_heads, rope.head_dim, rope.pos,
-            rope.inv_freq);
+  virtual void rope_qk_store_kv(const RopeQK& rope, int m, int pos, float* k, const float* v,
+                                void* k_dst, void* v_dst, DType dst_dtype) {
+    rope_qk(rope.q, k, m, rope.num_heads, rope.num_kv_heads, rope.head_dim, pos, rope.inv_freq);
     store_kv_row_pair(k_dst, v_dst, dst_dtype, k, v,
                       static_cast<size_t>(m) * rope.num_kv_heads * rope.head_dim);
   }

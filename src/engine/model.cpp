@@ -180,8 +180,7 @@ Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
 
 KvView Model::store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,
                              QuantizedKvSegment* segment) {
-  const RopeQK rope{q_->data(), cfg_.num_heads,  cfg_.num_kv_heads, cfg_.head_dim,
-                    pos,        inv_freq_.data()};
+  const RopeQK rope{q_->data(), cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, inv_freq_.data()};
   cache.write_with_rope(layer, pos, m, k_->data(), v_->data(), rope);
   const bool quant = cache.quantized() && path.kv_view.has_value();
   if (quant) cache.quantize_below(layer, quant_boundary(pos + m - 1, cache.group_size()));

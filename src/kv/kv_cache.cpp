@@ -193,9 +193,9 @@ void KvCache::write(int layer, int pos, int m, const float* k, const float* v) {
 
 void KvCache::write_with_rope(int layer, int pos, int m, float* k, const float* v,
                               const RopeQK& rope) {
-  QS_CHECK(rope.pos == pos && rope.num_kv_heads * rope.head_dim == kv_dim());
+  QS_CHECK(rope.num_kv_heads * rope.head_dim == kv_dim());
   const RowPair dst = begin_write(layer, pos, m);
-  backend_->rope_qk_store_kv(rope, m, k, v, dst.k, dst.v, cfg_.row_dtype);
+  backend_->rope_qk_store_kv(rope, m, pos, k, v, dst.k, dst.v, cfg_.row_dtype);
 }
 
 void KvCache::quantize_below(int layer, int end) {

@@ -234,8 +234,8 @@ TEST_F(CudaOpsTest, RopeQkStoreKvMatchesRopeThenStore) {
             // Fused.
             DeviceArray qd(gpu(), q0), kd(gpu(), k0);
             testing::DeviceBytes kr(gpu(), poison), vr(gpu(), poison);
-            const RopeQK rope{qd.data(), heads, kv_heads, head_dim, pos, inv_freq.data()};
-            gpu().rope_qk_store_kv(rope, m, kd.data(), vd.data(), kr.as<uint8_t>() + 4 * esz,
+            const RopeQK rope{qd.data(), heads, kv_heads, head_dim, inv_freq.data()};
+            gpu().rope_qk_store_kv(rope, m, pos, kd.data(), vd.data(), kr.as<uint8_t>() + 4 * esz,
                                    vr.as<uint8_t>() + 4 * esz, dt);
             EXPECT_EQ(qd.to_host(), q_sep.to_host()) << tag;
             EXPECT_EQ(kd.to_host(), k_sep.to_host()) << tag;
@@ -245,9 +245,9 @@ TEST_F(CudaOpsTest, RopeQkStoreKvMatchesRopeThenStore) {
             // The CPU: the same composition on its own rotation.
             std::vector<float> q_cpu = q0, k_cpu = k0;
             std::vector<uint8_t> kr_cpu(poison), vr_cpu(poison);
-            const RopeQK rope_cpu{q_cpu.data(), heads, kv_heads, head_dim, pos, inv_freq.data()};
-            cpu().rope_qk_store_kv(rope_cpu, m, k_cpu.data(), v.data(), kr_cpu.data() + 4 * esz,
-                                   vr_cpu.data() + 4 * esz, dt);
+            const RopeQK rope_cpu{q_cpu.data(), heads, kv_heads, head_dim, inv_freq.data()};
+            cpu().rope_qk_store_kv(rope_cpu, m, pos, k_cpu.data(), v.data(),
+                                   kr_cpu.data() + 4 * esz, vr_cpu.data() + 4 * esz, dt);
             EXPECT_LT(rel_error(qd.to_host(), q_cpu), 1e-6) << tag;
             EXPECT_LT(rel_error(kd.to_host(), k_cpu), 1e-6) << tag;
             EXPECT_EQ(got_v, vr_cpu) << tag;

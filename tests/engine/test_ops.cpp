@@ -360,8 +360,9 @@ TEST(Ops, FusedDefaultsEqualSeparateCalls) {
           cpu.store_kv_row_pair(k16_want.data(), v16_want.data(), DType::F16, k_want.data(),
                                 v.data(), n);
           std::vector<float> q2 = q0, k2 = k0;
-          const RopeQK rope{q2.data(), heads, kv_heads, hd, pos, inv.data()};
-          cpu.rope_qk_store_kv(rope, m, k2.data(), v.data(), k16.data(), v16.data(), DType::F16);
+          const RopeQK rope{q2.data(), heads, kv_heads, hd, inv.data()};
+          cpu.rope_qk_store_kv(rope, m, pos, k2.data(), v.data(), k16.data(), v16.data(),
+                               DType::F16);
           EXPECT_EQ(q2, q_want) << tag;
           EXPECT_EQ(k2, k_want) << tag;
           EXPECT_EQ(k16, k16_want) << tag;

@@ -680,12 +680,14 @@ namespace {
 const bool g_fuse_rope_store = cuda::env_flag("QS_FUSE_ROPE_STORE", true);
 }  // namespace
 
-void CudaBackend::rope_qk_store_kv(const RopeQK& rope, int m, float* k, const float* v, void* k_dst,
-                                   void* v_dst, DType dst_dtype) {
+void CudaBackend::rope_qk_store_kv(const RopeQK& rope, int m, int pos, float* k, const float* v,
+                                   void* k_dst, void* v_dst, DType dst_dtype) {
   QS_CHECK_MSG(kv_row_dtype_supported(dst_dtype), "rope_qk_store_kv: rows are F32 or F16");
-  if (!g_fuse_rope_store) return Backend::rope_qk_store_kv(rope, m, k, v, k_dst, v_dst, dst_dtype);
+  if (!g_fuse_rope_store) {
+    return Backend::rope_qk_store_kv(rope, m, pos, k, v, k_dst, v_dst, dst_dtype);
+  }
   cuda::launch_rope_qk_store_kv(rope.q, k, v, m, rope.num_heads, rope.num_kv_heads, rope.head_dim,
-                                rope.pos, rope_freqs(rope.head_dim, rope.inv_freq), k_dst, v_dst,
+                                pos, rope_freqs(rope.head_dim, rope.inv_freq), k_dst, v_dst,
                                 dst_dtype == DType::F16, impl_->stream);
 }
 

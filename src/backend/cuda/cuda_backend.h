@@ -91,7 +91,7 @@ class CudaBackend final : public Backend {
                const float* inv_freq) override;
   // One launch (launch_rope_qk_store_kv), bit-identical to rope_qk then store_kv_row_pair;
   // QS_FUSE_ROPE_STORE=0 makes it those two launches.
-  void rope_qk_store_kv(const RopeQK& rope, int m, float* k, const float* v, void* k_dst,
+  void rope_qk_store_kv(const RopeQK& rope, int m, int pos, float* k, const float* v, void* k_dst,
                         void* v_dst, DType dst_dtype) override;
   // 4-bit draft weights: uploaded (repacked for the kernel) on first use, found again by the
   // address of their host codes; m <= kGemvMaxRows per launch (larger m in slices of 16 rows).
