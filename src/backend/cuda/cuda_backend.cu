@@ -848,42 +848,6 @@ void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int c
   Backend::matmul_group(x, m, ops, count);
 }
 
-bool CudaBackend::folds_norm_matmul(int m, const LinearOp* ops, int count) const {
-  if (!cuda::gemv_q4_folds_norm(m) || count < 2 || count > cuda::kMaxGemvSegments) return false;
-  for (int i = 0; i < count; ++i) {
-    const QuantizedWeight4* w = ops[i].w4;
-    if (w == nullptr || w->group_size != cuda::kQ4TiledGroup || w->cols != ops[0].w4->cols) {
-      return false;
-    }
-  }
-  return true;
-}
-
-void CudaBackend::norm_matmul_group(const float* h, const float* add, float* h_out,
-                                    const WeightView& norm, float eps, int m, float* x,
-                                    const LinearOp* ops, int count) {
-  const bool dtype_ok =
-      norm.dtype == DType::F32 || norm.dtype == DType::F16 || norm.dtype == DType::BF16;
-  if (add != nullptr && h_out != h && dtype_ok && folds_norm_matmul(m, ops, count) &&
-      norm.numel() == ops[0].w4->cols) {
-    const cuda::DeviceWeight4* ws[cuda::kMaxGemvSegments];
-    cuda::DeviceBias biases[cuda::kMaxGemvSegments];
-    float* ys[cuda::kMaxGemvSegments];
-    for (int i = 0; i < count; ++i) {
-      check_q4_bias(*ops[i].w4, ops[i].bias);
-      ws[i] = &impl_->weights4.resolve(*ops[i].w4, impl_->stream);
-      biases[i] = impl_->bias(ops[i].bias);
-      ys[i] = ops[i].y;
-    }
-    const cuda::Q4NormInput in{h, add, h_out, impl_->resolve(norm), norm.dtype, eps};
-    if (cuda::launch_gemv_q4_group_normed(in, m, ws, biases, ys, count, impl_->num_sms,
-                                          impl_->stream)) {
-      return;
-    }
-  }
-  Backend::norm_matmul_group(h, add, h_out, norm, eps, m, x, ops, count);
-}
-
 void CudaBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w,
                             const WeightView* bias, float* y) {
   QS_CHECK(m >= 1);

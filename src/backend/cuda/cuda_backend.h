@@ -96,12 +96,6 @@ class CudaBackend final : public Backend {
   // 4-bit draft weights: uploaded (repacked for the kernel) on first use, found again by the
   // address of their host codes; m <= kGemvMaxRows per launch (larger m in slices of 16 rows).
   void matmul_group(const float* x, int m, const LinearOp* ops, int count) override;
-  // The draft's q/k/v and gate/up at m = 1 with Q4GemvTuning::fuse_norm on (QS_Q4_FUSE_NORM=1):
-  // the residual add and RMSNorm folded into the persistent 4-bit kernel's input
-  // (launch_gemv_q4_group_normed); otherwise the default composition.
-  bool folds_norm_matmul(int m, const LinearOp* ops, int count) const override;
-  void norm_matmul_group(const float* h, const float* add, float* h_out, const WeightView& norm,
-                         float eps, int m, float* x, const LinearOp* ops, int count) override;
   void matmul_q4(const float* x, int m, const QuantizedWeight4& w, const WeightView* bias,
                  float* y) override;
   using Backend::quantize_kv;  // the f32 overload

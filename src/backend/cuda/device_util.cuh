@@ -82,13 +82,6 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
-// 1 / sqrt(mean + eps) of a row of d values whose squares sum to sum_sq (the CPU's arithmetic;
-// RMSNorm and the 4-bit GEMV's folded norm).
-__device__ __forceinline__ float inv_rms_of(double sum_sq, int64_t d, float eps) {
-  const float variance = static_cast<float>(sum_sq / static_cast<double>(d));
-  return 1.0f / sqrtf(variance + eps);
-}
-
 __device__ __forceinline__ double warp_sum(double v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);

@@ -59,6 +59,12 @@ __device__ __forceinline__ double block_sum(double sum, double* warp_sums) {
   return warp_sums[0];
 }
 
+// 1 / sqrt(mean + eps) of a row of d values whose squares sum to sum_sq (the CPU's arithmetic).
+__device__ __forceinline__ float inv_rms_of(double sum_sq, int64_t d, float eps) {
+  const float variance = static_cast<float>(sum_sq / static_cast<double>(d));
+  return 1.0f / sqrtf(variance + eps);
+}
+
 // A row's elements j = threadIdx.x + i * blockDim.x, kNormPer of them per thread at a time with
 // their loads in flight together (one at a time, each a dependent L2 round trip, made a 4096-wide
 // row cost ~6 us on the H200, session 23). Rows up to kNormPer * blockDim.x (8192 at 1024

@@ -78,7 +78,6 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
-  t.fuse_norm = env_flag("QS_Q4_FUSE_NORM", t.fuse_norm);
   return t;
 }();
 
@@ -832,25 +831,15 @@ struct PersistFetch {
 // The end of a persistent kernel's tile: every lane's sums {row g, row g + 8} (token 0, lanes of
 // c = 0) go to `part` ([warps][32] float2, double-buffered by the caller across tiles), and
 // threads 0..15 add the warps' sums of row r, add the bias and store.
-// NORM: the sums are scaled by 1 / rms of the input row, from the warps' sums of squares sq_s
-// (written before the first tile's barrier) over its K values.
-template <bool NORM = false>
 __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float* part, int warp,
                                                    int lane, int num_warps, int64_t tile,
-                                                   float acc0, float acc2,
-                                                   const double* sq_s = nullptr, int64_t K = 0,
-                                                   float eps = 0.0f) {
+                                                   float acc0, float acc2) {
   reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
   __syncthreads();
   if (threadIdx.x < 16) {  // row r of the tile: lane 4 (r % 8), element r / 8
     const int r = threadIdx.x;
     float sum = 0.0f;
     for (int wi = 0; wi < num_warps; ++wi) sum += part[(wi * 32 + (r & 7) * 4) * 2 + (r >> 3)];
-    if constexpr (NORM) {
-      double sum_sq = 0.0;
-      for (int wi = 0; wi < num_warps; ++wi) sum_sq += sq_s[wi];
-      sum *= inv_rms_of(sum_sq, K, eps);
-    }
     int64_t local;
     const int si = find_segment_at(segs, tile, local);
     const int64_t row = local * 16 + r;
@@ -997,43 +986,16 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 // CHAINS: MMA accumulator chains per group (2: even and odd k16 steps apart, as kernel 6).
 constexpr int kSubZeroBytes = 512;  // per warp: B's zeros for lanes of token columns >= 2
 
-// NORM: one double per warp more (its part of the row's sum of squares).
-size_t persist_sub_smem_bytes(int warps, int64_t groups, bool norm = false) {
+size_t persist_sub_smem_bytes(int warps, int64_t groups) {
   return sizeof(uint4) * (size_t(warps) * kPStages * kPStageVecs + size_t(groups) * 32) +
          sizeof(float) * 2 * size_t(warps) * 64 + sizeof(float2) * ((size_t(groups) + 1) & ~1) +
-         size_t(warps) * kSubZeroBytes + (norm ? sizeof(double) * size_t(warps) : 0);
+         size_t(warps) * kSubZeroBytes;
 }
 
-// Four consecutive elements [col, col + 4) of a norm weight of `dtype` as floats (zeros past K).
-__device__ __forceinline__ float4 load_weight4(const void* w, DType dtype, int64_t K, int64_t col) {
-  float r[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) r[i] = col + i < K ? load_as_float(w, dtype, col + i) : 0.0f;
-  return make_float4(r[0], r[1], r[2], r[3]);
-}
-
-// v into y[col, col + 4) (VEC: 16-byte aligned and K % 4 == 0; else element by element below K).
-template <bool VEC>
-__device__ __forceinline__ void store_x4(float* y, int64_t K, int64_t col, const float4& v) {
-  if constexpr (VEC) {
-    if (col < K) *reinterpret_cast<float4*>(y + col) = v;
-  } else {
-    const float e[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      if (col + i < K) y[col + i] = e[i];
-    }
-  }
-}
-
-// The kernel's body. NORM (gemv_q4_persist_sub_norm_kernel): the input row is
-// rmsnorm(in.h + in.add) * in.weight, folded into the staging: each warp stages (h + add) *
-// weight of its groups and sums the squares of h + add, block 0 writes h + add to in.h_out, and
-// the tile's store multiplies each row's sum by 1 / rms (inv_rms_of, from the warps' sums).
-template <bool VEC_X, int CHAINS, bool NORM>
-__device__ __forceinline__ void persist_sub_body(const float* __restrict__ x, int64_t K,
-                                                 int64_t groups, const CcSegments& segs,
-                                                 int64_t tiles, const Q4NormInput& in) {
+template <bool VEC_X, int CHAINS>
+__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
+    gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
+                               const CcSegments segs, int64_t tiles) {
   extern __shared__ uint4 p_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -1043,9 +1005,6 @@ __device__ __forceinline__ void persist_sub_body(const float* __restrict__ x, in
   float* partial = reinterpret_cast<float*>(xfrag + groups * 32);       // [2][warps][32][2]
   float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 64);  // [groups]
   uint2* zeros = reinterpret_cast<uint2*>(gscale + ((groups + 1) & ~int64_t{1})) + warp * 64;
-  // NORM: the warps' sums of squares, after every warp's zeros.
-  [[maybe_unused]] double* sq_s = reinterpret_cast<double*>(
-      reinterpret_cast<uint2*>(gscale + ((groups + 1) & ~int64_t{1})) + num_warps * 64);
 
   const int64_t grp_begin = groups * warp / num_warps;
   const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
@@ -1082,44 +1041,18 @@ __device__ __forceinline__ void persist_sub_body(const float* __restrict__ x, in
   // in flight together (one L2 round trip instead of one per group, on the launch's critical
   // path), then staged.
   constexpr int kStageBatch = 8;
-  [[maybe_unused]] double sq = 0.0;
   for (int g0 = 0; g0 < my_groups; g0 += kStageBatch) {
     float4 v[kStageBatch];
-    [[maybe_unused]] float4 wn[kStageBatch];
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
       if (g0 + u < my_groups) {
-        const int64_t col = (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane;
-        if constexpr (NORM) {
-          const float4 hv = load_x4<VEC_X>(in.h, 0, 1, K, col);
-          const float4 av = load_x4<VEC_X>(in.add, 0, 1, K, col);
-          wn[u] = load_weight4(in.weight, in.weight_dtype, K, col);
-          v[u] = make_float4(hv.x + av.x, hv.y + av.y, hv.z + av.z, hv.w + av.w);
-        } else {
-          v[u] = load_x4<VEC_X>(x, 0, 1, K, col);
-        }
+        v[u] = load_x4<VEC_X>(x, 0, 1, K, (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane);
       }
     }
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
-      if (g0 + u < my_groups) {
-        if constexpr (NORM) {
-          const int64_t col = (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane;
-          if (blockIdx.x == 0) store_x4<VEC_X>(in.h_out, K, col, v[u]);
-          sq = fma(double(v[u].x), double(v[u].x), sq);
-          sq = fma(double(v[u].y), double(v[u].y), sq);
-          sq = fma(double(v[u].z), double(v[u].z), sq);
-          sq = fma(double(v[u].w), double(v[u].w), sq);
-          v[u] =
-              make_float4(v[u].x * wn[u].x, v[u].y * wn[u].y, v[u].z * wn[u].z, v[u].w * wn[u].w);
-        }
-        stage(grp_begin + g0 + u, v[u]);
-      }
+      if (g0 + u < my_groups) stage(grp_begin + g0 + u, v[u]);
     }
-  }
-  if constexpr (NORM) {
-    sq = warp_sum(sq);
-    if (lane == 0) sq_s[warp] = sq;  // read after persist_store_tile's barrier
   }
   zeros[lane] = zeros[lane + 32] = make_uint2(0, 0);
   __syncwarp();
@@ -1161,25 +1094,10 @@ __device__ __forceinline__ void persist_sub_body(const float* __restrict__ x, in
       acc0 = fmaf(gs.y, fmaf(p0.x, gacc0, p0.y * gs.x), acc0);
       acc2 = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc2);
     }
-    persist_store_tile<NORM>(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
-                             blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, sq_s, K, in.eps);
+    persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
+                       blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2);
   }
   cp_async_wait<0>();
-}
-
-template <bool VEC_X, int CHAINS>
-__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
-    gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
-                               const CcSegments segs, int64_t tiles) {
-  persist_sub_body<VEC_X, CHAINS, false>(x, K, groups, segs, tiles, Q4NormInput{});
-}
-
-// The same with the residual add and RMSNorm folded into the input (Q4NormInput).
-template <bool VEC_X, int CHAINS>
-__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
-    gemv_q4_persist_sub_norm_kernel(int64_t K, int64_t groups, const CcSegments segs, int64_t tiles,
-                                    const Q4NormInput in) {
-  persist_sub_body<VEC_X, CHAINS, true>(nullptr, K, groups, segs, tiles, in);
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
@@ -1562,41 +1480,6 @@ void run_persist(const CcLaunch& l, int num_sms) {
   CUDA_CHECK_LAUNCH(l.stream);
 }
 
-// The persistent subnormal-code kernel (8 or 9) with the residual add and RMSNorm folded into
-// its input (gemv_q4_persist_sub_norm_kernel): false where that kernel is not the choice or its
-// shared memory does not fit.
-bool run_persist_normed(const CcLaunch& l, const Q4NormInput& in, int num_sms) {
-  const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  if (kernel_choice != 8 && kernel_choice != 9) return false;
-  const int64_t groups = l.w[0]->groups;
-  const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
-  const size_t smem = persist_sub_smem_bytes(warps, groups, true);
-  const size_t smem_max = max_smem_per_block();
-  if (smem > smem_max) return false;
-  const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
-  const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
-  const int64_t K = l.w[0]->cols;
-  auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  const bool vec = K % 4 == 0 && aligned(in.h) && aligned(in.add) && aligned(in.h_out);
-  const int chains = kernel_choice == 8 ? 0 : 1;  // 8: two accumulator chains, 9: one
-  using Kernel = void (*)(int64_t, int64_t, const CcSegments, int64_t, const Q4NormInput);
-  constexpr Kernel kKernels[2][2] = {
-      {gemv_q4_persist_sub_norm_kernel<false, 2>, gemv_q4_persist_sub_norm_kernel<false, 1>},
-      {gemv_q4_persist_sub_norm_kernel<true, 2>, gemv_q4_persist_sub_norm_kernel<true, 1>}};
-  const Kernel kernel = kKernels[vec][chains];
-  static bool opted_in[2][2] = {};  // above 48 KiB: once per instantiation
-  if (!opted_in[vec][chains]) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_max)));
-    opted_in[vec][chains] = true;
-  }
-  const int64_t grid = std::min<int64_t>(tiles, num_sms);
-  launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, K, groups, segs, tiles,
-         in);
-  CUDA_CHECK_LAUNCH(l.stream);
-  return true;
-}
-
 // Whether launch_gemv_q4 runs the persistent kernel for m rows.
 bool uses_persist(int m) {
   const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
@@ -1784,25 +1667,6 @@ void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
     l.y[i] = ys[i];
   }
   uses_persist(m) ? run_persist(l, num_sms) : run_cc(l, num_sms);
-}
-
-bool gemv_q4_folds_norm(int m) {
-  const int kernel = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  return g_q4_tuning.fuse_norm && m == 1 && (kernel == 8 || kernel == 9);
-}
-
-bool launch_gemv_q4_group_normed(const Q4NormInput& in, int m, const DeviceWeight4* const* ws,
-                                 const DeviceBias* biases, float* const* ys, int count, int num_sms,
-                                 cudaStream_t stream) {
-  if (!gemv_q4_folds_norm(m) || !gemv_q4_group_supported(m, ws, count)) return false;
-  QS_CHECK(in.h && in.add && in.h_out && in.weight && in.h_out != in.h && in.h_out != in.add);
-  CcLaunch l{nullptr, m, {}, {}, {}, count, 0, stream};
-  for (int i = 0; i < count; ++i) {
-    l.w[i] = ws[i];
-    l.bias[i] = biases[i];
-    l.y[i] = ys[i];
-  }
-  return run_persist_normed(l, in, num_sms);
 }
 
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,

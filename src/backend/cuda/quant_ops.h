@@ -92,28 +92,6 @@ void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
                           const DeviceBias* biases, float* const* ys, int count, int num_sms,
                           cudaStream_t stream);
 
-// The residual add and RMSNorm folded into the input of launch_gemv_q4_group_normed: the
-// matrices read x = rmsnorm(h + add) * weight (one row, K = the matrices' cols), computed by
-// every block as it stages the row; block 0 writes h_out = h + add (h_out aliasing neither h
-// nor add). The norm's scale multiplies each output's sum of products (before the bias).
-struct Q4NormInput {
-  const float* h = nullptr;
-  const float* add = nullptr;
-  float* h_out = nullptr;
-  const void* weight = nullptr;  // [K] the norm weight, of weight_dtype
-  DType weight_dtype = DType::F32;
-  float eps = 0.0f;
-};
-// Whether launch_gemv_q4_group_normed runs for m rows of matrices that launch_gemv_q4_group takes
-// (the persistent kernels 8 / 9 at m = 1, with Q4GemvTuning::fuse_norm on).
-bool gemv_q4_folds_norm(int m);
-// launch_gemv_q4_group with x = rmsnorm(h + add) * weight as the input (Q4NormInput); false (and
-// nothing launched) where gemv_q4_folds_norm or gemv_q4_group_supported is false or the block's
-// shared memory would not fit.
-bool launch_gemv_q4_group_normed(const Q4NormInput& in, int m, const DeviceWeight4* const* ws,
-                                 const DeviceBias* biases, float* const* ys, int count, int num_sms,
-                                 cudaStream_t stream);
-
 // Process-wide tuning of launch_gemv_q4's tiled kernel (benchmarks compare the variants; every
 // variant computes the same function and is tested). 0 = automatic.
 struct Q4GemvTuning {
@@ -138,10 +116,6 @@ struct Q4GemvTuning {
   // subnormals (no shift for half the nibbles) and the activation's hi and lo parts as two token
   // columns of one MMA (half the MMAs; the automatic choice), 9 = as 8 with one chain.
   int kernel = 0;
-  // The residual add and RMSNorm before a draft matmul group folded into the persistent kernel's
-  // staging of its input (launch_gemv_q4_group_normed, Backend::norm_matmul_group): one launch
-  // fewer per norm. Off until measured on the GPU (QS_Q4_FUSE_NORM=1 turns it on).
-  bool fuse_norm = false;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
