@@ -267,35 +267,6 @@ class Backend {
     rmsnorm(h, weight, m, eps, out);
   }
 
-  // Whether norm_matmul_group with an add and h_out != h folds the add and the norm into the
-  // matmuls for these ops and m (a caller then gains by giving it a second residual buffer).
-  virtual bool folds_norm_matmul(int m, const LinearOp* ops, int count) const {
-    (void)m, (void)ops, (void)count;
-    return false;
-  }
-
-  // The residual add, the norm that reads its sum, and the matmuls of the normed rows:
-  // h_out = h + add over [m, d] (d = norm.numel()), x = rmsnorm(h_out) * norm, then
-  // matmul_group(x, m, ops, count). add == nullptr: no add (h_out must be h). h_out may be h
-  // (in place); x is scratch ([m, d], aliasing none of h, add, h_out) whose contents are
-  // unspecified afterwards. Not one of the bit-identical fused ops above: where h_out is apart
-  // from h a backend may fold the add and the norm into the matmuls' reading of their input
-  // (one launch fewer; the results equal the default's up to rounding, as the norm's scale then
-  // multiplies the products' sums).
-  virtual void norm_matmul_group(const float* h, const float* add, float* h_out,
-                                 const WeightView& norm, float eps, int m, float* x,
-                                 const LinearOp* ops, int count) {
-    const int64_t n = static_cast<int64_t>(m) * norm.numel();
-    if (add == nullptr) {
-      QS_CHECK_MSG(h_out == h, "norm_matmul_group: without an add, h_out must be h");
-      rmsnorm(h, norm, m, eps, x);
-    } else {
-      if (h_out != h) copy(h_out, h, static_cast<size_t>(n));
-      add_rmsnorm(h_out, add, norm, m, eps, x);
-    }
-    matmul_group(x, m, ops, count);
-  }
-
   // RoPE of a layer's queries and keys: rope(q, m, num_heads, ...) then rope(k, m, num_kv_heads,
   // ...) with the same positions and frequencies. q: [m, num_heads * head_dim], k: [m,
   // num_kv_heads * head_dim], distinct buffers.

@@ -203,41 +203,24 @@ Status Model::check_ids(std::span<const int32_t> ids) const {
   return Status::ok_status();
 }
 
-void Model::norm_matmul(Residual& r, const WeightView& norm, float* x, int m, const LinearOp* ops,
-                        int count) {
-  const float eps = cfg_.rms_norm_eps;
-  float* out = r.h;
-  if (r.pending != nullptr && !r.in_place && backend_.folds_norm_matmul(m, ops, count)) {
-    if (m > spare_rows_) {  // r.h is hidden_ until the first fold of a forward
-      QS_CHECK(r.h == hidden_->data());
-      spare_ = backend_.alloc(static_cast<size_t>(m) * cfg_.hidden_size);
-      spare_rows_ = m;
-    }
-    out = r.h == spare_->data() ? hidden_->data() : spare_->data();
-  }
-  backend_.norm_matmul_group(r.h, r.pending, out, norm, eps, m, x, ops, count);
-  r.h = out;
-  r.pending = nullptr;
-}
-
-// Layer l over m rows at [pos, pos + m): r.h is the residual stream, r.pending the previous
-// layer's MLP output still to be added to it (or nullptr), which the layer's attention norm adds.
-// Leaves its own MLP output in proj_ as r.pending (the caller adds it: the next layer's norm, the
-// final norm, or prefill_by_layer's add) and x overwritten.
-void Model::layer(int l, Residual& r, float* x, int m, int pos, KvCache& cache,
+// Layer l over m rows at [pos, pos + m): h is the residual stream, x = attn_norm_l(h) on entry.
+// Leaves the MLP's output in proj_, not yet added to h (the caller fuses that add with the norm
+// that reads the sum), and x overwritten.
+void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
                   const ForwardPath& path) {
   const LayerWeights& L = weights_.layers[l];
   static const DraftLayer kNoDraft;
   const DraftLayer& D = path.draft_weights ? draft_layers_[l] : kNoDraft;
   const int64_t d = cfg_.hidden_size;
+  const float eps = cfg_.rms_norm_eps;
   // HF: scaling = head_dim ** -0.5 in double, applied in f32.
   const AttentionShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
                              cfg_.attention_scale()};
-  // Attention block: the norm (with the previous layer's residual add, when pending) and q/k/v.
+  // Attention block.
   const LinearOp qkv[] = {{&L.wq, D.wq.get(), &L.bq, q_->data()},
                           {&L.wk, D.wk.get(), &L.bk, k_->data()},
                           {&L.wv, D.wv.get(), &L.bv, v_->data()}};
-  norm_matmul(r, L.attn_norm, x, m, qkv, 3);
+  backend_.matmul_group(x, m, qkv, 3);
   QuantizedKvSegment segment;
   const KvView view = store_and_view(cache, path, l, pos, m, &segment);  // RoPE'd q and k
   if (path.query_tap) path.query_tap(l, q_->data(), m);
@@ -247,15 +230,14 @@ void Model::layer(int l, Residual& r, float* x, int m, int pos, KvCache& cache,
   const bool bias_here = comm_ == nullptr || comm_->rank() == 0;
   linear(attn_->data(), m, L.wo, D.wo.get(), bias_here ? &L.bo : nullptr, proj_->data());
   if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
-  // MLP block: o_proj's residual add, the norm and gate/up.
-  r.pending = proj_->data();
+  // MLP block.
+  backend_.add_rmsnorm(h, proj_->data(), L.mlp_norm, m, eps, x);
   const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
                               {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
-  norm_matmul(r, L.mlp_norm, x, m, gate_up, 2);
+  backend_.matmul_group(x, m, gate_up, 2);
   backend_.swiglu(gate_->data(), up_->data(), m * cfg_.intermediate_size, gate_->data());
   linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
   if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
-  r.pending = proj_->data();
 }
 
 Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
@@ -266,16 +248,19 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
 
   const int64_t d = cfg_.hidden_size;
   const float eps = cfg_.rms_norm_eps;
+  float* h = hidden_->data();
   float* x = normed_->data();
-  // Each residual add is fused with the norm that reads its sum and the matmuls of its output
-  // (Backend::norm_matmul_group): o_proj's with the MLP norm and gate/up, down_proj's with the
-  // next layer's attention norm and q/k/v (the last layer's with the final norm, below). Only the
-  // first attention norm has no add. The sums alternate between hidden_ and spare_ where the
-  // backend folds the add into the matmuls.
-  Residual r{hidden_->data(), false, nullptr};
-  backend_.embedding(weights_.tok_embeddings, ids.data(), m, r.h);
-  for (int l = 0; l < cfg_.num_layers; ++l) layer(l, r, x, m, pos, cache, path);
-  float* h = r.h;
+  // Each residual add is fused with the norm that reads its sum (Backend::add_rmsnorm): o_proj's
+  // with the MLP norm, down_proj's with the next layer's attention norm (the last layer's with
+  // the final norm, below). Only the first attention norm stands alone.
+  backend_.embedding(weights_.tok_embeddings, ids.data(), m, h);
+  backend_.rmsnorm(h, weights_.layers[0].attn_norm, m, eps, x);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    layer(l, h, x, m, pos, cache, path);
+    if (l + 1 < cfg_.num_layers) {
+      backend_.add_rmsnorm(h, proj_->data(), weights_.layers[l + 1].attn_norm, m, eps, x);
+    }
+  }
 
   // The last residual add, fused with the final norm, only over the rows that produce logits,
   // [first, m): the residual stream is not read after this (the next call starts from the
@@ -329,9 +314,9 @@ Status Model::prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache&
     for (int start = 0; start < n; start += chunk) {
       const int m = std::min(chunk, n - start);
       float* h = stream->data() + start * d;
-      Residual r{h, true, nullptr};  // the layer's attention norm without an add
-      layer(l, r, x, m, start, cache, path);
-      backend_.add(h, r.pending, m * d);
+      backend_.rmsnorm(h, weights_.layers[l].attn_norm, m, eps, x);
+      layer(l, h, x, m, start, cache, path);
+      backend_.add(h, proj_->data(), m * d);
       if (progress) progress(static_cast<int64_t>(l) * n + start + m);
     }
     cache.end_layer_prefill(l);

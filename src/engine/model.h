@@ -110,21 +110,7 @@ class Model {
   Status ensure_scratch(int m);
   Status check_ids(std::span<const int32_t> ids) const;
   // One decoder layer over m rows (run()'s loop body; see model.cpp).
-  // A forward's residual stream: h ([m, hidden]: hidden_ or spare_ in run(), a slice of the
-  // prompt's stream in prefill_by_layer); in_place: every residual add stays in h (else a sum that
-  // the backend folds into the next matmuls goes to the other of hidden_ / spare_); pending, an
-  // output still to be added to h before the next norm (nullptr: none).
-  struct Residual {
-    float* h;
-    bool in_place;
-    const float* pending;
-  };
-  void layer(int l, Residual& r, float* x, int m, int pos, KvCache& cache, const ForwardPath& path);
-  // x = norm(r.h + r.pending) and the matmuls of `ops` on it (Backend::norm_matmul_group); the
-  // sum goes to the other residual buffer (r.h then points to it) where the backend folds it into
-  // the matmuls, else it stays in place. r.pending is then nullptr.
-  void norm_matmul(Residual& r, const WeightView& norm, float* x, int m, const LinearOp* ops,
-                   int count);
+  void layer(int l, float* h, float* x, int m, int pos, KvCache& cache, const ForwardPath& path);
   // The LM head over `count` normed rows x: logits to the host or each row's argmax.
   void head(const float* x, int count, bool draft, float* logits, int32_t* argmax);
   // The layer stack and head over ids at [pos, pos + m) (forward's checks done).
@@ -155,8 +141,6 @@ class Model {
   int scratch_rows_ = 0;
   std::unique_ptr<Buffer> hidden_;  // [m, hidden]  residual stream
   std::unique_ptr<Buffer> normed_;  // [m, hidden]  rmsnorm output
-  std::unique_ptr<Buffer> spare_;   // [spare_rows_, hidden]  the residual's second buffer
-  int spare_rows_ = 0;
   std::unique_ptr<Buffer> q_;       // [m, q_dim]
   std::unique_ptr<Buffer> k_;       // [m, kv_dim]
   std::unique_ptr<Buffer> v_;       // [m, kv_dim]

@@ -179,58 +179,6 @@ TEST(Forward, ArgmaxRowsAreTheLogitsArgmax) {
   }
 }
 
-// A CPU backend that claims to fold every residual add into the next matmuls: the model then
-// alternates its residual stream between two buffers (Model::norm_matmul), and the default
-// norm_matmul_group copies before it adds, so the logits must be bit-identical to the in-place
-// run, over prefill, decode steps and the 4-bit draft path.
-class FoldingCpuBackend : public CpuBackend {
- public:
-  using CpuBackend::CpuBackend;
-  bool folds_norm_matmul(int, const LinearOp*, int) const override { return true; }
-  void norm_matmul_group(const float* h, const float* add, float* h_out, const WeightView& norm,
-                         float eps, int m, float* x, const LinearOp* ops, int count) override {
-    moved += h_out != h;
-    CpuBackend::norm_matmul_group(h, add, h_out, norm, eps, m, x, ops, count);
-  }
-  int moved = 0;  // calls whose sum went to the other buffer
-};
-
-TEST(Forward, ResidualInTwoBuffersMatchesInPlace) {
-  ModelConfig cfg = testing::tiny_config();
-  TinyModel tiny = testing::make_tiny_model(cfg, DType::F32, 8);
-  CpuBackend cpu(2);
-  FoldingCpuBackend folding(2);
-  Model plain(cfg, tiny.weights, cpu);
-  Model swapping(cfg, tiny.weights, folding);
-  ASSERT_TRUE(plain.make_draft_weights(DraftWeights::kInt4, 1).ok());
-  ASSERT_TRUE(swapping.make_draft_weights(DraftWeights::kInt4, 1).ok());
-  const int vocab = cfg.vocab_size;
-  const std::vector<int32_t> ids = test_ids(10, vocab);
-  for (bool draft : {false, true}) {
-    ForwardPath path;
-    path.draft_weights = draft;
-    KvCache a = testing::model_cache(cfg, KvMode::kFp, 32, cpu);
-    KvCache b = testing::model_cache(cfg, KvMode::kFp, 32, folding);
-    std::vector<float> la(ids.size() * vocab), lb(ids.size() * vocab);
-    ASSERT_TRUE(plain.forward(ids, 0, a, path, LogitRows::kAll, la.data()).ok());
-    ASSERT_TRUE(swapping.forward(ids, 0, b, path, LogitRows::kAll, lb.data()).ok());
-    EXPECT_EQ(la, lb) << (draft ? "draft prefill" : "prefill");
-    a.commit(10);
-    b.commit(10);
-    for (int step = 0; step < 3; ++step) {  // m = 1 steps: the residual swaps 64 times each
-      const std::vector<int32_t> next = {static_cast<int32_t>(3 + step)};
-      std::vector<float> sa(vocab), sb(vocab);
-      ASSERT_TRUE(plain.forward(next, 10 + step, a, path, LogitRows::kLast, sa.data()).ok());
-      ASSERT_TRUE(swapping.forward(next, 10 + step, b, path, LogitRows::kLast, sb.data()).ok());
-      EXPECT_EQ(sa, sb) << (draft ? "draft" : "target") << " step " << step;
-      a.commit(11 + step);
-      b.commit(11 + step);
-    }
-  }
-  // Every add but none of the first layer's attention norm: 2 L - 1 per forward, 8 forwards.
-  EXPECT_EQ(folding.moved, 8 * (2 * cfg.num_layers - 1));
-}
-
 TEST(Forward, UserErrors) {
   ModelConfig cfg = testing::tiny_config();
   TinyModel tiny = testing::make_tiny_model(cfg, DType::F32, 4);
