@@ -7,6 +7,7 @@
 // their file dtype (F32/F16/BF16); ops convert as they read and accumulate in f32.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
@@ -177,6 +178,59 @@ class HostBuffer final : public Buffer {
 
  private:
   std::unique_ptr<float[]> storage_;
+};
+
+// n token ids (int32) in backend memory: a decoder's ids kept where the logits are, so that
+// one forward's argmax feeds the next forward without the host (Backend::alloc_ids).
+class IdBuffer {
+ public:
+  virtual ~IdBuffer() = default;
+  int32_t* data() const { return data_; }
+  size_t size() const { return size_; }
+
+ protected:
+  int32_t* data_ = nullptr;
+  size_t size_ = 0;
+};
+
+// An IdBuffer in host memory (the CPU backend's).
+class HostIdBuffer final : public IdBuffer {
+ public:
+  explicit HostIdBuffer(size_t n) : storage_(new int32_t[n]) {
+    data_ = storage_.get();
+    size_ = n;
+  }
+
+ private:
+  std::unique_ptr<int32_t[]> storage_;
+};
+
+// Points in a backend's queue of work and the time between them as the work ran (CUDA: events):
+// phases queued without waiting for each (a speculative round's chained draft steps) timed
+// apart. A host-memory backend's work is done when its call returns: its marks are host clock
+// readings.
+class TimeMarks {
+ public:
+  virtual ~TimeMarks() = default;
+  // Mark `slot` (in [0, slots)) at the end of the work queued so far.
+  virtual void record(int slot) = 0;
+  // Seconds from mark `from` to mark `to`, both recorded; waits until `to` is reached.
+  virtual double seconds(int from, int to) = 0;
+};
+
+class HostTimeMarks final : public TimeMarks {
+ public:
+  explicit HostTimeMarks(int slots) : t_(static_cast<size_t>(slots)) {}
+  void record(int slot) override { t_.at(static_cast<size_t>(slot)) = Clock::now(); }
+  double seconds(int from, int to) override {
+    return std::chrono::duration<double>(t_.at(static_cast<size_t>(to)) -
+                                         t_.at(static_cast<size_t>(from)))
+        .count();
+  }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  std::vector<Clock::time_point> t_;
 };
 
 class Backend {
@@ -351,6 +405,33 @@ class Backend {
   // the greedy decoders' tokens, so that only the ids need to leave the backend.
   virtual void argmax_rows(const float* x, int rows, int n, int32_t* out_host) {
     for (int r = 0; r < rows; ++r) out_host[r] = argmax(x + static_cast<size_t>(r) * n, n);
+  }
+
+  // ---- Token ids in backend memory (a chained decoder: SpeculativeDecoder's greedy round) ----
+  virtual std::unique_ptr<IdBuffer> alloc_ids(size_t n) {
+    return std::make_unique<HostIdBuffer>(n);
+  }
+  // n ids from host memory into dst (backend memory), ordered before later work; src may be
+  // reused on return.
+  virtual void ids_from_host(const int32_t* src_host, int32_t* dst, size_t n) {
+    std::memcpy(dst, src_host, n * sizeof(int32_t));
+  }
+  // n ids (backend memory) to host memory, after all work queued so far; complete on return.
+  virtual void ids_to_host(const int32_t* src, int32_t* dst_host, size_t n) {
+    std::memcpy(dst_host, src, n * sizeof(int32_t));
+  }
+  // embedding() with the ids in backend memory (not range-checked: a chain's ids are the argmax
+  // of this vocabulary's logits, or were checked on their way in).
+  virtual void embedding_of_ids(const WeightView& table, const int32_t* ids, int m, float* out) {
+    embedding(table, ids, m, out);
+  }
+  // argmax_rows() into backend memory (out: [rows] ids) without waiting for it.
+  virtual void argmax_rows_into(const float* x, int rows, int n, int32_t* out) {
+    argmax_rows(x, rows, n, out);
+  }
+  // Timing of queued work (TimeMarks) with `slots` marks.
+  virtual std::unique_ptr<TimeMarks> make_time_marks(int slots) {
+    return std::make_unique<HostTimeMarks>(slots);
   }
 
   // Sampling where the logits are (core/sampling.h's rule, which these defaults run on the host

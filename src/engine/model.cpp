@@ -169,13 +169,14 @@ void Model::linear(const float* x, int m, const WeightView& w, const QuantizedWe
 
 Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
                       const ForwardPath& path, LogitRows rows, float* logits, int32_t* argmax) {
-  const int m = static_cast<int>(ids.size());
-  QS_CHECK(m >= 1 && pos >= 0);
-  QS_CHECK(cache.config().num_layers == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());
-  QS_CHECK_MSG(!path.draft_weights || !draft_layers_.empty(),
-               "draft path without draft weights (make_draft_weights)");
-  QS_TRY(cache.prepare_write(pos, m));
-  return run(ids, pos, cache, path, rows, logits, argmax);
+  return run(TokenInput{ids.data(), static_cast<int>(ids.size()), false}, pos, cache, path, rows,
+             logits, argmax);
+}
+
+Status Model::forward_chained(const int32_t* ids, int m, int pos, KvCache& cache,
+                              const ForwardPath& path, LogitRows rows, int32_t* argmax) {
+  QS_CHECK(ids != nullptr && argmax != nullptr && rows != LogitRows::kNone);
+  return run(TokenInput{ids, m, true}, pos, cache, path, rows, nullptr, argmax);
 }
 
 KvView Model::store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,
@@ -240,10 +241,15 @@ void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
   if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
 }
 
-Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
+Status Model::run(const TokenInput& in, int pos, KvCache& cache, const ForwardPath& path,
                   LogitRows rows, float* logits, int32_t* argmax) {
-  const int m = static_cast<int>(ids.size());
-  QS_TRY(check_ids(ids));
+  const int m = in.m;
+  QS_CHECK(m >= 1 && pos >= 0);
+  QS_CHECK(cache.config().num_layers == cfg_.num_layers && cache.kv_dim() == cfg_.kv_dim());
+  QS_CHECK_MSG(!path.draft_weights || !draft_layers_.empty(),
+               "draft path without draft weights (make_draft_weights)");
+  if (!in.chained) QS_TRY(check_ids(std::span<const int32_t>(in.ids, static_cast<size_t>(m))));
+  QS_TRY(cache.prepare_write(pos, m));
   QS_TRY(ensure_scratch(m));
 
   const int64_t d = cfg_.hidden_size;
@@ -253,7 +259,11 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
   // Each residual add is fused with the norm that reads its sum (Backend::add_rmsnorm): o_proj's
   // with the MLP norm, down_proj's with the next layer's attention norm (the last layer's with
   // the final norm, below). Only the first attention norm stands alone.
-  backend_.embedding(weights_.tok_embeddings, ids.data(), m, h);
+  if (in.chained) {
+    backend_.embedding_of_ids(weights_.tok_embeddings, in.ids, m, h);
+  } else {
+    backend_.embedding(weights_.tok_embeddings, in.ids, m, h);
+  }
   backend_.rmsnorm(h, weights_.layers[0].attn_norm, m, eps, x);
   for (int l = 0; l < cfg_.num_layers; ++l) {
     layer(l, h, x, m, pos, cache, path);
@@ -270,18 +280,21 @@ Status Model::run(std::span<const int32_t> ids, int pos, KvCache& cache, const F
   const int count = m - first;
   backend_.add_rmsnorm(h + first * d, proj_->data() + first * d, weights_.final_norm, count, eps,
                        x);
-  head(x, count, path.draft_weights, logits, argmax);
+  head(x, count, path.draft_weights, logits, argmax, in.chained);
   return Status::ok_status();
 }
 
-void Model::head(const float* x, int count, bool draft, float* logits, int32_t* argmax) {
+void Model::head(const float* x, int count, bool draft, float* logits, int32_t* argmax,
+                 bool chained) {
   if (count > logits_rows_) {  // sized apart: prefill chunks mostly need one row of logits
     logits_ = backend_.alloc(static_cast<size_t>(count) * cfg_.vocab_size);
     logits_rows_ = count;
   }
   linear(x, count, weights_.lm_head, draft ? draft_lm_head_.get() : nullptr, nullptr,
          logits_->data());
-  if (argmax != nullptr) {
+  if (argmax != nullptr && chained) {
+    backend_.argmax_rows_into(logits_->data(), count, cfg_.vocab_size, argmax);
+  } else if (argmax != nullptr) {
     backend_.argmax_rows(logits_->data(), count, cfg_.vocab_size, argmax);
   } else if (logits != nullptr) {
     backend_.to_host(logits_->data(), logits, static_cast<size_t>(count) * cfg_.vocab_size);
@@ -322,7 +335,7 @@ Status Model::prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache&
     cache.end_layer_prefill(l);
   }
   backend_.rmsnorm(stream->data() + (n - 1) * d, weights_.final_norm, 1, eps, x);
-  head(x, 1, false, logits, nullptr);
+  head(x, 1, false, logits, nullptr, false);
   return Status::ok_status();
 }
 

@@ -81,6 +81,14 @@ class Model {
   Status forward(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
                  LogitRows rows, float* logits, int32_t* argmax = nullptr);
 
+  // forward() over m ids in backend memory (Backend::alloc_ids), each logit row's argmax going to
+  // `argmax` in backend memory ([1] for kLast, [m] for kAll; rows must not be kNone), queued
+  // without waiting: a speculative round's draft feeds each step's token to the next this way and
+  // the host reads the round's ids back once. The ids are not range-checked (an argmax of this
+  // vocabulary's logits, or checked on their way in).
+  Status forward_chained(const int32_t* ids, int m, int pos, KvCache& cache,
+                         const ForwardPath& path, LogitRows rows, int32_t* argmax);
+
   // The prompt `ids` (positions [0, n)) on an empty quantized cache, layer by layer: every chunk
   // of `chunk` tokens through layer 0, then through layer 1, ..., with KvCache's layer-major
   // prefill, so only one layer's full-precision rows exist at a time (plus the residual stream of
@@ -111,11 +119,19 @@ class Model {
   Status check_ids(std::span<const int32_t> ids) const;
   // One decoder layer over m rows (run()'s loop body; see model.cpp).
   void layer(int l, float* h, float* x, int m, int pos, KvCache& cache, const ForwardPath& path);
-  // The LM head over `count` normed rows x: logits to the host or each row's argmax.
-  void head(const float* x, int count, bool draft, float* logits, int32_t* argmax);
-  // The layer stack and head over ids at [pos, pos + m) (forward's checks done).
-  Status run(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
-             LogitRows rows, float* logits, int32_t* argmax);
+  // A forward's m token ids: host memory (forward) or, chained, backend memory (forward_chained;
+  // the argmax then goes to backend memory too).
+  struct TokenInput {
+    const int32_t* ids;
+    int m;
+    bool chained;
+  };
+  // The LM head over `count` normed rows x: logits to the host or each row's argmax (to backend
+  // memory when chained).
+  void head(const float* x, int count, bool draft, float* logits, int32_t* argmax, bool chained);
+  // Both forwards: the checks, then the layer stack and head over ids at [pos, pos + m).
+  Status run(const TokenInput& in, int pos, KvCache& cache, const ForwardPath& path, LogitRows rows,
+             float* logits, int32_t* argmax);
   // Applies RoPE to q_ and k_ and stores `layer`'s new K/V rows (k_, v_) in the cache (one
   // backend call: Backend::rope_qk_store_kv), quantizes the groups the last query's
   // boundary needs, and returns the view attention reads (segment: its storage).

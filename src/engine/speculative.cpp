@@ -2,6 +2,8 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <string>
 #include <utility>
 
 namespace qs {
@@ -10,6 +12,15 @@ namespace {
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+// QS_CHAINED_ROUNDS=0 in the environment: greedy rounds step by step too (the A/B of the bench).
+bool chained_rounds_enabled() {
+  static const bool on = [] {
+    const char* v = std::getenv("QS_CHAINED_ROUNDS");
+    return v == nullptr || std::string(v) != "0";
+  }();
+  return on;
 }
 
 }  // namespace
@@ -31,10 +42,98 @@ SpeculativeDecoder::SpeculativeDecoder(Model& target, Model& draft, KvCache& cac
 Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const SamplingParams& sampling,
                                               Rng& rng, GenerationStats& stats,
                                               SpecCounters& counters, const RoundControl& control) {
-  const int vocab = target_.config().vocab_size;
   const int n = cache_.length();
   QS_CHECK(gamma >= 0 && gamma < cache_.group_size());
   QS_CHECK(n + gamma < cache_.capacity());
+  const bool greedy = sampling.temperature <= 0.0f;
+  // Greedy rounds on one backend chain the draft's tokens where the logits are; sampling, forced
+  // acceptance counts (tests) and tensor parallelism (a rank-0 decision broadcast per forward)
+  // bring every draft token back.
+  const bool chained =
+      greedy && !dispatch_.forward && control.force_accepted < 0 && chained_rounds_enabled();
+  RoundResult result;
+  QS_TRY(chained ? chained_greedy(x, gamma, n, stats, counters, result)
+                 : stepwise(x, gamma, n, sampling, rng, stats, counters, control, result));
+
+  const int flushes_before = cache_.flushes();
+  const auto t0 = std::chrono::steady_clock::now();
+  if (chained) marks_->record(kCommitBegin);
+  if (dispatch_.commit) {
+    dispatch_.commit(n + result.accepted + 1);
+  } else {
+    cache_.commit(n + result.accepted + 1);
+  }
+  stats.flushes += cache_.flushes() - flushes_before;
+  if (chained) {
+    // The quantization's time as it ran: waits for it where the commit flushed (once per G
+    // tokens); otherwise the commit queued nothing after the round's one wait.
+    marks_->record(kCommitEnd);
+    stats.flush_s += marks_->seconds(kCommitBegin, kCommitEnd);
+  } else {
+    stats.flush_s += seconds_since(t0);
+  }
+
+  if (gamma > 0) {
+    ++stats.rounds;
+    stats.drafted += gamma;
+    stats.accepted += result.accepted;
+    if (stats.accepted_histogram.size() < static_cast<size_t>(gamma + 1)) {
+      stats.accepted_histogram.resize(static_cast<size_t>(gamma + 1), 0);
+    }
+    ++stats.accepted_histogram[result.accepted];
+  }
+  return result;
+}
+
+Status SpeculativeDecoder::chained_greedy(int32_t x, int gamma, int n, GenerationStats& stats,
+                                          SpecCounters& counters, RoundResult& result) {
+  Backend& backend = target_.backend();
+  // chain_: [x, g1, ..., g_gamma] (each draft step's argmax is the next step's input), then the
+  // target's argmax per verified row.
+  const size_t len = static_cast<size_t>(gamma) + 1;
+  if (!chain_ || chain_->size() < 2 * len) chain_ = backend.alloc_ids(2 * len);
+  if (!marks_) marks_ = backend.make_time_marks(kMarks);
+  int32_t* ids = chain_->data();
+  int32_t* target_argmax = ids + len;
+  backend.ids_from_host(&x, ids, 1);
+
+  ForwardPath dpath = draft_path(cache_.mode());
+  dpath.draft_weights = &draft_ == &target_;
+  dpath.kv_read = &counters.draft_kv;
+  dpath.selection = draft_selection_;
+  marks_->record(kDraftBegin);
+  for (int i = 0; i < gamma; ++i) {
+    QS_TRY(draft_.forward_chained(ids + i, 1, n + i, cache_, dpath, LogitRows::kLast, ids + i + 1));
+    ++counters.draft_steps;
+  }
+  marks_->record(kVerifyBegin);
+  ForwardPath tpath = target_path(cache_.mode());
+  tpath.kv_read = &counters.target_kv;
+  QS_TRY(target_.forward_chained(ids, gamma + 1, n, cache_, tpath, LogitRows::kAll, target_argmax));
+  ++counters.target_steps;
+  marks_->record(kVerifyEnd);
+
+  // The round's one wait: its ids come back together.
+  chain_host_.resize(2 * len);
+  backend.ids_to_host(ids, chain_host_.data(), 2 * len);
+  stats.draft_s += marks_->seconds(kDraftBegin, kVerifyBegin);
+  stats.verify_s += marks_->seconds(kVerifyBegin, kVerifyEnd);
+  const auto t0 = std::chrono::steady_clock::now();
+  const int32_t* cand = chain_host_.data() + 1;
+  const int32_t* y = chain_host_.data() + len;
+  int k = 0;
+  while (k < gamma && cand[k] == y[k]) ++k;
+  result.accepted = k;
+  result.tokens.assign(cand, cand + k);
+  result.tokens.push_back(y[k]);
+  stats.sample_s += seconds_since(t0);
+  return Status::ok_status();
+}
+
+Status SpeculativeDecoder::stepwise(int32_t x, int gamma, int n, const SamplingParams& sampling,
+                                    Rng& rng, GenerationStats& stats, SpecCounters& counters,
+                                    const RoundControl& control, RoundResult& result) {
+  const int vocab = target_.config().vocab_size;
   const bool greedy = sampling.temperature <= 0.0f;
   // Sampling runs where the logits are (Backend::sample_rows / speculative_verdict on the
   // target's backend, rank 0's with tensor parallelism); only tokens come back. The draft's
@@ -87,7 +186,6 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   stats.verify_s += seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();
-  RoundResult result;
   if (argmax_only) {
     if (!greedy)
       backend.argmax_rows(target_.logits_buffer(), gamma + 1, vocab, verify_argmax_.data());
@@ -112,26 +210,7 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   }
   stats.sample_s += seconds_since(t0);
 
-  t0 = std::chrono::steady_clock::now();
-  const int flushes_before = cache_.flushes();
-  if (dispatch_.commit) {
-    dispatch_.commit(n + result.accepted + 1);
-  } else {
-    cache_.commit(n + result.accepted + 1);
-  }
-  stats.flushes += cache_.flushes() - flushes_before;
-  stats.flush_s += seconds_since(t0);
-
-  if (gamma > 0) {
-    ++stats.rounds;
-    stats.drafted += gamma;
-    stats.accepted += result.accepted;
-    if (stats.accepted_histogram.size() < static_cast<size_t>(gamma + 1)) {
-      stats.accepted_histogram.resize(static_cast<size_t>(gamma + 1), 0);
-    }
-    ++stats.accepted_histogram[result.accepted];
-  }
-  return result;
+  return Status::ok_status();
 }
 
 }  // namespace qs

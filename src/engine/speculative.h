@@ -62,12 +62,25 @@ class SpeculativeDecoder {
 
   // A round from n = cache.length() with input x (the last emitted token, not in the cache).
   // gamma >= 0 (0: one target step, the bonus sampled from p_1); n + gamma < capacity.
-  // Commits n + k + 1.
+  // Commits n + k + 1. Greedy rounds without a dispatch or a forced acceptance count run chained
+  // (chained_greedy); the others step by step (stepwise). Both give the same tokens.
   Result<RoundResult> round(int32_t x, int gamma, const SamplingParams& sampling, Rng& rng,
                             GenerationStats& stats, SpecCounters& counters,
                             const RoundControl& control = {});
 
  private:
+  // The round's forwards and verdict from n = cache length into result (round commits).
+  // chained_greedy: the ids stay in backend memory (Model::forward_chained), the draft steps and
+  // the verification are queued without a wait and their ids come back once; phases timed by
+  // the backend's TimeMarks (as the GPU ran them). stepwise: each draft token comes back before
+  // the next step (sampling, the verdict's inputs, tensor parallelism); host-timed phases.
+  Status chained_greedy(int32_t x, int gamma, int n, GenerationStats& stats, SpecCounters& counters,
+                        RoundResult& result);
+  Status stepwise(int32_t x, int gamma, int n, const SamplingParams& sampling, Rng& rng,
+                  GenerationStats& stats, SpecCounters& counters, const RoundControl& control,
+                  RoundResult& result);
+
+  enum Mark { kDraftBegin, kVerifyBegin, kVerifyEnd, kCommitBegin, kCommitEnd, kMarks };
   Model& target_;
   Model& draft_;
   KvCache& cache_;
@@ -76,6 +89,9 @@ class SpeculativeDecoder {
   std::vector<int32_t> verify_argmax_;  // [gamma + 1] the target's argmax per row
   std::unique_ptr<Buffer> q_;           // [gamma, vocab] the draft's distributions (backend)
   std::vector<double> uniforms_;        // [gamma + 1] the verdict's draws
+  std::unique_ptr<IdBuffer> chain_;     // chained_greedy: [gamma + 1] ids, [gamma + 1] argmax
+  std::vector<int32_t> chain_host_;     // chain_ back on the host
+  std::unique_ptr<TimeMarks> marks_;    // [kMarks]
 };
 
 }  // namespace qs

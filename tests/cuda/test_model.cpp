@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "../engine/spec_rounds.h"
 #include "../engine/tiny_model.h"
 #include "backend/cuda/cuda_ops.h"
 #include "cuda_test_util.h"
@@ -166,6 +167,24 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, CudaModelTest,
                            }
                            return name;
                          });
+
+// The chained greedy round on the GPU (ids in device memory, the draft steps and the
+// verification queued without a wait, one read-back per round) against the same forwards with
+// each draft token copied back; f32 and f16 full-precision rows.
+class CudaChainedRounds : public CudaOpsTest {};
+
+TEST_F(CudaChainedRounds, GreedyRoundsEqualStepwiseRounds) {
+  ModelConfig cfg = testing::tiny_config();
+  cfg.hidden_size = 256;
+  cfg.intermediate_size = 384;
+  cfg.head_dim = 64;  // a head size the GPU kernels take (4 heads, 2 kv heads)
+  cfg.max_position_embeddings = 4096;
+  const testing::TinyModel tiny = testing::make_tiny_model(cfg, DType::BF16, 5);
+  for (DType rows : {DType::F32, DType::F16}) {
+    SCOPED_TRACE(dtype_name(rows));
+    testing::expect_chained_rounds_equal_stepwise(tiny, gpu(), rows);
+  }
+}
 
 }  // namespace
 }  // namespace qs

@@ -12,6 +12,7 @@
 #include "engine/llm_engine.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
+#include "spec_rounds.h"
 #include "tiny_model.h"
 
 namespace qs {
@@ -104,6 +105,14 @@ TEST(QuantSpec, StatsAreConsistentAndTheDraftReadsNoLowerPlaneByte) {
   EXPECT_EQ(s.target_kv_lower_bytes, s.target_kv_upper_bytes);
   EXPECT_GT(s.draft_s, 0);
   EXPECT_GT(s.verify_s, 0);
+}
+
+// The chained greedy round (ids in backend memory, one read-back per round) against the same
+// forwards with every draft token back on the host.
+TEST(QuantSpec, ChainedGreedyRoundsEqualStepwiseRounds) {
+  const TinyModel tiny = testing::make_tiny_model(spec_config(), DType::BF16, 5);
+  CpuBackend backend{2};
+  testing::expect_chained_rounds_equal_stepwise(tiny, backend, DType::F32);
 }
 
 // The invariant of DESIGN §3: after any sequence of rounds, continuing from the incremental cache

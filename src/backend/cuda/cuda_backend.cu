@@ -124,6 +124,40 @@ class DeviceBuffer final : public Buffer {
   }
 };
 
+class DeviceIdBuffer final : public IdBuffer {
+ public:
+  explicit DeviceIdBuffer(size_t n) {
+    if (n > 0) CUDA_CHECK(cudaMalloc(&data_, n * sizeof(int32_t)));
+    size_ = n;
+  }
+  ~DeviceIdBuffer() override {
+    if (data_) cudaFree(data_);  // no check: may run during teardown
+  }
+};
+
+// One event per slot, recorded on the stream (timing on: cudaEventElapsedTime).
+class EventTimeMarks final : public TimeMarks {
+ public:
+  EventTimeMarks(int slots, cudaStream_t stream)
+      : events_(static_cast<size_t>(slots)), stream_(stream) {
+    for (cudaEvent_t& e : events_) CUDA_CHECK(cudaEventCreate(&e));
+  }
+  ~EventTimeMarks() override {
+    for (cudaEvent_t e : events_) cudaEventDestroy(e);  // no check: may run during teardown
+  }
+  void record(int slot) override { CUDA_CHECK(cudaEventRecord(events_.at(slot), stream_)); }
+  double seconds(int from, int to) override {
+    CUDA_CHECK(cudaEventSynchronize(events_.at(to)));
+    float ms = 0.0f;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, events_.at(from), events_.at(to)));
+    return 1e-3 * ms;
+  }
+
+ private:
+  std::vector<cudaEvent_t> events_;
+  cudaStream_t stream_;
+};
+
 // Grow-only device scratch memory.
 struct Scratch {
   void* ptr = nullptr;
@@ -443,6 +477,38 @@ void CudaBackend::argmax_rows(const float* x, int rows, int n, int32_t* out_host
   if (host.size() < count) host.resize(count);
   to_host(x, host.data(), count);
   Backend::argmax_rows(host.data(), rows, n, out_host);  // host rows: the reference argmax
+}
+
+std::unique_ptr<IdBuffer> CudaBackend::alloc_ids(size_t n) {
+  return std::make_unique<DeviceIdBuffer>(n);
+}
+
+void CudaBackend::ids_from_host(const int32_t* src_host, int32_t* dst, size_t n) {
+  if (n == 0) return;
+  // From pageable memory: staged before the call returns, as from_host.
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst, src_host, n * sizeof(int32_t), cudaMemcpyHostToDevice, impl_->stream));
+}
+
+void CudaBackend::ids_to_host(const int32_t* src, int32_t* dst_host, size_t n) {
+  if (n == 0) return;
+  CUDA_CHECK(
+      cudaMemcpyAsync(dst_host, src, n * sizeof(int32_t), cudaMemcpyDeviceToHost, impl_->stream));
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+}
+
+void CudaBackend::embedding_of_ids(const WeightView& table, const int32_t* ids, int m, float* out) {
+  QS_CHECK(m >= 1);
+  cuda::launch_embedding(impl_->matrix(table), ids, cuda::InlineIds{}, m, out, impl_->stream);
+}
+
+void CudaBackend::argmax_rows_into(const float* x, int rows, int n, int32_t* out) {
+  QS_CHECK(rows >= 1 && n >= 1);
+  cuda::launch_argmax_rows(x, rows, n, out, impl_->stream);
+}
+
+std::unique_ptr<TimeMarks> CudaBackend::make_time_marks(int slots) {
+  return std::make_unique<EventTimeMarks>(slots, impl_->stream);
 }
 
 namespace {

@@ -63,6 +63,15 @@ class CudaBackend final : public Backend {
   SpecVerdict speculative_verdict(const float* target_logits, float* draft_probs, int gamma, int n,
                                   const SamplingParams& params, const int32_t* candidates_host,
                                   const double* u_host, bool residual) override;
+  // Token ids in device memory: the copies are ordered on the backend's stream, ids_to_host waits
+  // for it; argmax_rows_into always on the GPU (QS_CUDA_ARGMAX concerns argmax_rows).
+  std::unique_ptr<IdBuffer> alloc_ids(size_t n) override;
+  void ids_from_host(const int32_t* src_host, int32_t* dst, size_t n) override;
+  void ids_to_host(const int32_t* src, int32_t* dst_host, size_t n) override;
+  void embedding_of_ids(const WeightView& table, const int32_t* ids, int m, float* out) override;
+  void argmax_rows_into(const float* x, int rows, int n, int32_t* out) override;
+  // CUDA events on the backend's stream.
+  std::unique_ptr<TimeMarks> make_time_marks(int slots) override;
   void from_host(const float* src_host, float* dst, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;
   void copy_bytes(void* dst, const void* src, size_t bytes) override;
