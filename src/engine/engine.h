@@ -154,6 +154,10 @@ struct GenerationStats {
   double verify_s = 0;  // target forwards (AR: every decode forward)
   double flush_s = 0;   // commits: quantizing complete groups, buffer moves
   double sample_s = 0;  // logit processing, sampling, accept/reject
+  // Where draft_s / verify_s / flush_s come from: false, host clocks around each call (stepwise
+  // rounds, AR); true, the backend's TimeMarks over the queued work (chained rounds: on a GPU the
+  // GPU's own time, without the host's gaps between calls).
+  bool phases_backend_timed = false;
   int flushes = 0;      // key groups quantized during decoding
   // KV bytes read per step (one forward), by plane, averaged over steps: the draft's lower-plane
   // bytes are 0 by construction (the draft view never reads them).

@@ -116,6 +116,7 @@ Status SpeculativeDecoder::chained_greedy(int32_t x, int gamma, int n, Generatio
   // The round's one wait: its ids come back together.
   chain_host_.resize(2 * len);
   backend.ids_to_host(ids, chain_host_.data(), 2 * len);
+  stats.phases_backend_timed = true;
   stats.draft_s += marks_->seconds(kDraftBegin, kVerifyBegin);
   stats.verify_s += marks_->seconds(kVerifyBegin, kVerifyEnd);
   const auto t0 = std::chrono::steady_clock::now();

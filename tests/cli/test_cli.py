@@ -305,6 +305,7 @@ def test_quantspec_greedy_equals_ar_int8(qs, tmp_path, name):
             assert key in s
         assert len(s["accepted_histogram"]) == int(gamma) + 1
         assert sum(s["accepted_histogram"]) == s["rounds"] > 0
+        assert s["phase_timing"] == "backend"  # greedy rounds run chained
         assert 0.0 <= s["acceptance_rate"] <= 1.0
         assert s["mean_accepted_length"] == pytest.approx(1 + s["accepted"] / s["rounds"])
         assert s["kv_bytes_per_draft_step"]["lower"] == 0

@@ -63,6 +63,8 @@ inline void expect_chained_rounds_equal_stepwise(const TinyModel& tiny, Backend&
   EXPECT_GT(chained_stats.accepted, 0);
   EXPECT_LT(chained_stats.accepted, chained_stats.drafted);
   EXPECT_GT(chained_stats.flushes, 0);
+  EXPECT_TRUE(chained_stats.phases_backend_timed);
+  EXPECT_FALSE(step_stats.phases_backend_timed);
   EXPECT_GT(chained_stats.draft_s, 0);
   EXPECT_GT(chained_stats.verify_s, 0);
 }
