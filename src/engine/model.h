@@ -81,6 +81,9 @@ class Model {
   Status forward(std::span<const int32_t> ids, int pos, KvCache& cache, const ForwardPath& path,
                  LogitRows rows, float* logits, int32_t* argmax = nullptr);
 
+  // An error naming the first id outside [0, vocab), if any (forward checks its ids this way).
+  Status check_ids(std::span<const int32_t> ids) const;
+
   // forward() over m ids in backend memory (Backend::alloc_ids), each logit row's argmax going to
   // `argmax` in backend memory ([1] for kLast, [m] for kAll; rows must not be kNone), queued
   // without waiting: a speculative round's draft feeds each step's token to the next this way and
@@ -116,7 +119,6 @@ class Model {
  private:
   // Activations for m rows; an error naming the size when the backend cannot allocate them.
   Status ensure_scratch(int m);
-  Status check_ids(std::span<const int32_t> ids) const;
   // One decoder layer over m rows (run()'s loop body; see model.cpp).
   void layer(int l, float* h, float* x, int m, int pos, KvCache& cache, const ForwardPath& path);
   // A forward's m token ids: host memory (forward) or, chained, backend memory (forward_chained;

@@ -87,6 +87,7 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
 
 Status SpeculativeDecoder::chained_greedy(int32_t x, int gamma, int n, GenerationStats& stats,
                                           SpecCounters& counters, RoundResult& result) {
+  QS_TRY(target_.check_ids(std::span<const int32_t>(&x, 1)));  // the only id from the host
   Backend& backend = target_.backend();
   // chain_: [x, g1, ..., g_gamma] (each draft step's argmax is the next step's input), then the
   // target's argmax per verified row.

@@ -467,6 +467,19 @@ TEST(QuantSpec, BadInputIsAClearError) {
   auto r = spec->generate(random_prompt(3, 97, 1), p, nullptr);
   ASSERT_FALSE(r.ok());
   EXPECT_NE(r.error().message.find("gamma"), std::string::npos);
+  // A round's input id out of range (the chained round's one id from the host; stepwise rounds
+  // meet it in the forward's check): an error, the cache as it was.
+  ASSERT_TRUE(spec->start(random_prompt(5, 97, 2)).ok());
+  Rng rng(3);
+  GenerationStats stats;
+  for (float temperature : {0.0f, 0.8f}) {
+    SamplingParams sampling;
+    sampling.temperature = temperature;
+    auto bad = spec->speculative_round(97, 2, sampling, rng, stats);
+    ASSERT_FALSE(bad.ok());
+    EXPECT_NE(bad.error().message.find("token id 97 is out of range"), std::string::npos);
+    EXPECT_EQ(spec->cache().length(), 5);
+  }
 }
 
 }  // namespace
