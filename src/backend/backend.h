@@ -156,54 +156,39 @@ struct AttentionShape {
   float scale = 0.0f;  // softmax scale, 1/sqrt(head_dim) for Llama
 };
 
-// A block of backend memory holding `size` floats.
-class Buffer {
+// A block of backend memory holding `size` elements of T.
+template <typename T>
+class BackendArray {
  public:
-  virtual ~Buffer() = default;
-  float* data() const { return data_; }
+  virtual ~BackendArray() = default;
+  T* data() const { return data_; }
   size_t size() const { return size_; }
 
  protected:
-  float* data_ = nullptr;  // (size_) f32
+  T* data_ = nullptr;
   size_t size_ = 0;
 };
 
-// A Buffer in host memory (the CPU backend's memory; host-side storage elsewhere).
-class HostBuffer final : public Buffer {
+// A BackendArray in host memory (the CPU backend's memory; host-side storage elsewhere).
+template <typename T>
+class HostArray final : public BackendArray<T> {
  public:
-  explicit HostBuffer(size_t n) : storage_(new float[n]) {  // uninitialized on purpose
-    data_ = storage_.get();
-    size_ = n;
+  explicit HostArray(size_t n) : storage_(new T[n]) {  // uninitialized on purpose
+    this->data_ = storage_.get();
+    this->size_ = n;
   }
 
  private:
-  std::unique_ptr<float[]> storage_;
+  std::unique_ptr<T[]> storage_;
 };
 
-// n token ids (int32) in backend memory: a decoder's ids kept where the logits are, so that
-// one forward's argmax feeds the next forward without the host (Backend::alloc_ids).
-class IdBuffer {
- public:
-  virtual ~IdBuffer() = default;
-  int32_t* data() const { return data_; }
-  size_t size() const { return size_; }
-
- protected:
-  int32_t* data_ = nullptr;
-  size_t size_ = 0;
-};
-
-// An IdBuffer in host memory (the CPU backend's).
-class HostIdBuffer final : public IdBuffer {
- public:
-  explicit HostIdBuffer(size_t n) : storage_(new int32_t[n]) {
-    data_ = storage_.get();
-    size_ = n;
-  }
-
- private:
-  std::unique_ptr<int32_t[]> storage_;
-};
+// Activations, logits, KV planes: f32 elements.
+using Buffer = BackendArray<float>;
+using HostBuffer = HostArray<float>;
+// Token ids (int32): a decoder's ids kept where the logits are, so that one forward's argmax
+// feeds the next forward without the host (Backend::alloc_ids).
+using IdBuffer = BackendArray<int32_t>;
+using HostIdBuffer = HostArray<int32_t>;
 
 // Points in a backend's queue of work and the time between them as the work ran (CUDA: events):
 // phases queued without waiting for each (a speculative round's chained draft steps) timed

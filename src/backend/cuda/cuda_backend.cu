@@ -108,32 +108,24 @@ constexpr int kMaxSplits = 256;
 constexpr int64_t kMaxPartialFloats = int64_t{64} << 20;
 constexpr size_t kCublasWorkspaceBytes = size_t{32} << 20;
 
-class DeviceBuffer final : public Buffer {
+// n elements of T in device memory (cudaMalloc), freed with the object.
+template <typename T>
+class DeviceArray final : public BackendArray<T> {
  public:
-  explicit DeviceBuffer(size_t n) {
-    if (n > 0) CUDA_CHECK(cudaMalloc(&data_, n * sizeof(float)));
-    size_ = n;
+  explicit DeviceArray(size_t n) {
+    if (n > 0) CUDA_CHECK(cudaMalloc(&this->data_, n * sizeof(T)));
+    this->size_ = n;
   }
-  // Takes ownership of n floats from cudaMalloc.
-  DeviceBuffer(float* adopted, size_t n) {
-    data_ = adopted;
-    size_ = n;
+  // Takes ownership of n elements from cudaMalloc.
+  DeviceArray(T* adopted, size_t n) {
+    this->data_ = adopted;
+    this->size_ = n;
   }
-  ~DeviceBuffer() override {
-    if (data_) cudaFree(data_);  // no check: may run during teardown
+  ~DeviceArray() override {
+    if (this->data_) cudaFree(this->data_);  // no check: may run during teardown
   }
 };
-
-class DeviceIdBuffer final : public IdBuffer {
- public:
-  explicit DeviceIdBuffer(size_t n) {
-    if (n > 0) CUDA_CHECK(cudaMalloc(&data_, n * sizeof(int32_t)));
-    size_ = n;
-  }
-  ~DeviceIdBuffer() override {
-    if (data_) cudaFree(data_);  // no check: may run during teardown
-  }
-};
+using DeviceBuffer = DeviceArray<float>;
 
 // One event per slot, recorded on the stream (timing on: cudaEventElapsedTime).
 class EventTimeMarks final : public TimeMarks {
@@ -480,7 +472,7 @@ void CudaBackend::argmax_rows(const float* x, int rows, int n, int32_t* out_host
 }
 
 std::unique_ptr<IdBuffer> CudaBackend::alloc_ids(size_t n) {
-  return std::make_unique<DeviceIdBuffer>(n);
+  return std::make_unique<DeviceArray<int32_t>>(n);
 }
 
 void CudaBackend::ids_from_host(const int32_t* src_host, int32_t* dst, size_t n) {
