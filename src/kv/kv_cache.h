@@ -89,9 +89,8 @@ class KvCache {
   // [pos, pos + m) of `layer`'s buffer (every layer gets the same rows), after
   // prepare_write(pos, m). Rows past pos + m are dropped: written_end() becomes pos + m.
   void write(int layer, int pos, int m, const float* k, const float* v);
-  // write() of keys before RoPE: rotates rope.q and k in place for positions [pos, pos + m),
-  // then stores the rows
-  // (Backend::rope_qk_store_kv: one launch where the backend fuses them).
+  // write() of keys before RoPE: rotates rope.q and k in place for positions [pos, pos + m), then
+  // stores the rows (Backend::rope_qk_store_kv: one launch where the backend fuses them).
   void write_with_rope(int layer, int pos, int m, float* k, const float* v, const RopeQK& rope);
 
   // Quantize `layer`'s groups below `end` (a multiple of G) that are not quantized yet, from the

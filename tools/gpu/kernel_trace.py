@@ -96,6 +96,8 @@ def main():
         print(f"\n== {count} kernels from a {first[0]}x{first[1]} launch: {len(sel)} forwards, "
               f"median {statistics.median(spans):.1f} us each; layers: {reps} x {period} kernels "
               f"from kernel {start}")
+        # The names fit only a layer of as many kernels (another period: positions, not names).
+        layer_names = names if period == len(names) else []
         rows = collections.OrderedDict()
         for a, b in sel:
             for k in range(count):
@@ -105,7 +107,7 @@ def main():
                     key = f"before the layers, #{k}"
                 elif k < start + period * reps:
                     j = (k - start) % period
-                    key = f"layer: {names[j] if j < len(names) else f'#{j}'}"
+                    key = f"layer: {layer_names[j] if j < len(layer_names) else f'#{j}'}"
                 else:
                     key = f"after the layers, #{k - start - period * reps}"
                 rows.setdefault((key, ev[i][2:]), []).append(share)

@@ -24,6 +24,9 @@ QS_GPU_BUILD=$trace_build QS_CMAKE_EXTRA="-DCMAKE_CUDA_FLAGS=-DQS_KERNEL_TRACE" 
   { tail -20 "$out/build-trace.log"; exit 1; }
 qs_make_model "$model" || exit 1
 modes=${QS_TRACE_MODES:-quantspec,ar-fp16,ar-int8}
+# kernel_trace.py splits forwards where the host waited; a chained round queues its draft steps
+# and verification without a wait, so the trace runs rounds step by step unless told otherwise.
+export QS_CHAINED_ROUNDS=${QS_CHAINED_ROUNDS:-0}
 for mode in ${modes//,/ }; do
   base=$out/trace-$model-$context-$mode
   QS_KERNEL_TRACE_FILE=$base.txt "$trace_build/quantspec" bench -m "/tmp/qs-$model" --device cuda \

@@ -459,10 +459,8 @@ void CudaBackend::argmax_rows(const float* x, int rows, int n, int32_t* out_host
   const size_t count = static_cast<size_t>(rows) * n;
   if (gpu_argmax()) {
     auto* dev = static_cast<int32_t*>(impl_->argmax.ensure(sizeof(int32_t) * rows));
-    cuda::launch_argmax_rows(x, rows, n, dev, impl_->stream);
-    CUDA_CHECK(cudaMemcpyAsync(out_host, dev, sizeof(int32_t) * rows, cudaMemcpyDeviceToHost,
-                               impl_->stream));
-    CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
+    argmax_rows_into(x, rows, n, dev);
+    ids_to_host(dev, out_host, static_cast<size_t>(rows));
     return;
   }
   std::vector<float>& host = impl_->argmax_rows_host;
