@@ -452,6 +452,23 @@ class Backend {
     };
     return qs::speculative_verdict(p, draft_probs, gamma, n, candidates_host, u_host, residual);
   }
+  // sample_rows() with the tokens into backend memory (out: [rows] ids) without waiting for
+  // them (a chained sampling round: each draft token feeds the next step where it was drawn).
+  virtual void sample_rows_into(const float* logits, int rows, int n, const SamplingParams& params,
+                                const double* u_host, float* probs, int32_t* out) {
+    sample_rows(logits, rows, n, params, u_host, probs, out);
+  }
+  // speculative_verdict() with the candidates in backend memory ([gamma] ids) and the verdict
+  // into backend memory (out: [2] = accepted, token), without waiting for it.
+  virtual void speculative_verdict_into(const float* target_logits, float* draft_probs, int gamma,
+                                        int n, const SamplingParams& params,
+                                        const int32_t* candidates, const double* u_host,
+                                        bool residual, int32_t* out) {
+    const SpecVerdict v = speculative_verdict(target_logits, draft_probs, gamma, n, params,
+                                              candidates, u_host, residual);
+    out[0] = v.accepted;
+    out[1] = v.token;
+  }
 
   // Copies n floats from host memory into backend memory (dst from alloc()).
   virtual void from_host(const float* src_host, float* dst, size_t n) {

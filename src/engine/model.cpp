@@ -175,7 +175,7 @@ Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
 
 Status Model::forward_chained(const int32_t* ids, int m, int pos, KvCache& cache,
                               const ForwardPath& path, LogitRows rows, int32_t* argmax) {
-  QS_CHECK(ids != nullptr && argmax != nullptr && rows != LogitRows::kNone);
+  QS_CHECK(ids != nullptr && rows != LogitRows::kNone);
   return run(TokenInput{ids, m, true}, pos, cache, path, rows, nullptr, argmax);
 }
 

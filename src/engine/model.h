@@ -85,9 +85,10 @@ class Model {
   Status check_ids(std::span<const int32_t> ids) const;
 
   // forward() over m ids in backend memory (Backend::alloc_ids), each logit row's argmax going to
-  // `argmax` in backend memory ([1] for kLast, [m] for kAll; rows must not be kNone), queued
+  // `argmax` in backend memory ([1] for kLast, [m] for kAll; rows must not be kNone) or, argmax
+  // null, the logits staying in logits_buffer() (a sampler draws from them there); queued
   // without waiting: a speculative round's draft feeds each step's token to the next this way and
-  // the host reads the round's ids back once. The ids are not range-checked (an argmax of this
+  // the host reads the round's ids back once. The ids are not range-checked (tokens of this
   // vocabulary's logits, or checked on their way in).
   Status forward_chained(const int32_t* ids, int m, int pos, KvCache& cache,
                          const ForwardPath& path, LogitRows rows, int32_t* argmax);

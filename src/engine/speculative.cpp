@@ -14,7 +14,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// QS_CHAINED_ROUNDS=0 in the environment: greedy rounds step by step too (the A/B of the bench).
+// QS_CHAINED_ROUNDS=0 in the environment: every round step by step (the A/B of the bench).
 bool chained_rounds_enabled() {
   static const bool on = [] {
     const char* v = std::getenv("QS_CHAINED_ROUNDS");
@@ -45,14 +45,12 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   const int n = cache_.length();
   QS_CHECK(gamma >= 0 && gamma < cache_.group_size());
   QS_CHECK(n + gamma < cache_.capacity());
-  const bool greedy = sampling.temperature <= 0.0f;
-  // Greedy rounds on one backend chain the draft's tokens where the logits are; sampling, forced
-  // acceptance counts (tests) and tensor parallelism (a rank-0 decision broadcast per forward)
-  // bring every draft token back.
-  const bool chained =
-      greedy && !dispatch_.forward && control.force_accepted < 0 && chained_rounds_enabled();
+  // Rounds on one backend chain the draft's tokens where the logits are; forced acceptance
+  // counts (tests) and tensor parallelism (a rank-0 decision broadcast per forward) bring every
+  // draft token back.
+  const bool chained = !dispatch_.forward && control.force_accepted < 0 && chained_rounds_enabled();
   RoundResult result;
-  QS_TRY(chained ? chained_greedy(x, gamma, n, stats, counters, result)
+  QS_TRY(chained ? this->chained(x, gamma, n, sampling, rng, control, stats, counters, result)
                  : stepwise(x, gamma, n, sampling, rng, stats, counters, control, result));
 
   const int flushes_before = cache_.flushes();
@@ -85,18 +83,35 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   return result;
 }
 
-Status SpeculativeDecoder::chained_greedy(int32_t x, int gamma, int n, GenerationStats& stats,
-                                          SpecCounters& counters, RoundResult& result) {
+Status SpeculativeDecoder::chained(int32_t x, int gamma, int n, const SamplingParams& sampling,
+                                   Rng& rng, const RoundControl& control, GenerationStats& stats,
+                                   SpecCounters& counters, RoundResult& result) {
   QS_TRY(target_.check_ids(std::span<const int32_t>(&x, 1)));  // the only id from the host
+  const int vocab = target_.config().vocab_size;
+  const bool greedy = sampling.temperature <= 0.0f;
   Backend& backend = target_.backend();
-  // chain_: [x, g1, ..., g_gamma] (each draft step's argmax is the next step's input), then the
-  // target's argmax per verified row.
+  // chain_: [x, g1, ..., g_gamma] (each draft step's token is the next step's input), then the
+  // target's argmax per verified row (greedy) or the verdict [accepted, token] (sampling).
   const size_t len = static_cast<size_t>(gamma) + 1;
-  if (!chain_ || chain_->size() < 2 * len) chain_ = backend.alloc_ids(2 * len);
-  if (!marks_) marks_ = backend.make_time_marks(kMarks);
+  const size_t out_len = greedy ? len : 2;
+  if (!chain_ || chain_->size() < len + out_len) chain_ = backend.alloc_ids(2 * len + 2);
+  // Marks: the phases, then each draft step's draw (sampling) between two marks.
+  const int slots = kMarks + 2 * gamma;
+  if (!marks_ || mark_slots_ < slots) {
+    marks_ = backend.make_time_marks(slots);
+    mark_slots_ = slots;
+  }
+  const size_t q_size = static_cast<size_t>(std::max(gamma, 1)) * vocab;
+  if (!greedy && (!q_ || q_->size() < q_size)) q_ = backend.alloc(q_size);
   int32_t* ids = chain_->data();
-  int32_t* target_argmax = ids + len;
+  int32_t* out = ids + len;
   backend.ids_from_host(&x, ids, 1);
+  // The same draws in the same order as a stepwise round: one per draft step, then the
+  // verdict's gamma + 1.
+  if (!greedy) {
+    uniforms_.resize(2 * len - 1);
+    for (double& u : uniforms_) u = rng.uniform();
+  }
 
   ForwardPath dpath = draft_path(cache_.mode());
   dpath.draft_weights = &draft_ == &target_;
@@ -104,31 +119,53 @@ Status SpeculativeDecoder::chained_greedy(int32_t x, int gamma, int n, Generatio
   dpath.selection = draft_selection_;
   marks_->record(kDraftBegin);
   for (int i = 0; i < gamma; ++i) {
-    QS_TRY(draft_.forward_chained(ids + i, 1, n + i, cache_, dpath, LogitRows::kLast, ids + i + 1));
+    QS_TRY(draft_.forward_chained(ids + i, 1, n + i, cache_, dpath, LogitRows::kLast,
+                                  greedy ? ids + i + 1 : nullptr));
+    if (!greedy) {
+      marks_->record(kMarks + 2 * i);
+      backend.sample_rows_into(draft_.logits_buffer(), 1, vocab, sampling, &uniforms_[i],
+                               q_->data() + static_cast<size_t>(i) * vocab, ids + i + 1);
+      marks_->record(kMarks + 2 * i + 1);
+    }
     ++counters.draft_steps;
   }
   marks_->record(kVerifyBegin);
   ForwardPath tpath = target_path(cache_.mode());
   tpath.kv_read = &counters.target_kv;
-  QS_TRY(target_.forward_chained(ids, gamma + 1, n, cache_, tpath, LogitRows::kAll, target_argmax));
+  QS_TRY(target_.forward_chained(ids, gamma + 1, n, cache_, tpath, LogitRows::kAll,
+                                 greedy ? out : nullptr));
   ++counters.target_steps;
   marks_->record(kVerifyEnd);
+  if (!greedy) {
+    backend.speculative_verdict_into(target_.logits_buffer(), q_->data(), gamma, vocab, sampling,
+                                     ids + 1, &uniforms_[len - 1], !control.broken_no_residual,
+                                     out);
+  }
+  marks_->record(kVerdictEnd);
 
   // The round's one wait: its ids come back together.
-  chain_host_.resize(2 * len);
-  backend.ids_to_host(ids, chain_host_.data(), 2 * len);
+  chain_host_.resize(len + out_len);
+  backend.ids_to_host(ids, chain_host_.data(), len + out_len);
   stats.phases_backend_timed = true;
-  stats.draft_s += marks_->seconds(kDraftBegin, kVerifyBegin);
+  double draws_s = 0.0;
+  for (int i = 0; !greedy && i < gamma; ++i) {
+    draws_s += marks_->seconds(kMarks + 2 * i, kMarks + 2 * i + 1);
+  }
+  stats.draft_s += marks_->seconds(kDraftBegin, kVerifyBegin) - draws_s;
   stats.verify_s += marks_->seconds(kVerifyBegin, kVerifyEnd);
-  const auto t0 = std::chrono::steady_clock::now();
+  stats.sample_s += draws_s + marks_->seconds(kVerifyEnd, kVerdictEnd);
   const int32_t* cand = chain_host_.data() + 1;
-  const int32_t* y = chain_host_.data() + len;
+  const int32_t* verdict = chain_host_.data() + len;
   int k = 0;
-  while (k < gamma && cand[k] == y[k]) ++k;
+  if (greedy) {
+    while (k < gamma && cand[k] == verdict[k]) ++k;
+  } else {
+    k = verdict[0];
+    QS_CHECK(k >= 0 && k <= gamma);
+  }
   result.accepted = k;
   result.tokens.assign(cand, cand + k);
-  result.tokens.push_back(y[k]);
-  stats.sample_s += seconds_since(t0);
+  result.tokens.push_back(greedy ? verdict[k] : verdict[1]);
   return Status::ok_status();
 }
 

@@ -62,25 +62,37 @@ class SpeculativeDecoder {
 
   // A round from n = cache.length() with input x (the last emitted token, not in the cache).
   // gamma >= 0 (0: one target step, the bonus sampled from p_1); n + gamma < capacity.
-  // Commits n + k + 1. Greedy rounds without a dispatch or a forced acceptance count run chained
-  // (chained_greedy); the others step by step (stepwise). Both give the same tokens.
+  // Commits n + k + 1. Rounds without a dispatch or a forced acceptance count run chained; the
+  // others step by step (stepwise). Both give the same tokens from the same draws.
   Result<RoundResult> round(int32_t x, int gamma, const SamplingParams& sampling, Rng& rng,
                             GenerationStats& stats, SpecCounters& counters,
                             const RoundControl& control = {});
 
  private:
   // The round's forwards and verdict from n = cache length into result (round commits).
-  // chained_greedy: the ids stay in backend memory (Model::forward_chained), the draft steps and
-  // the verification are queued without a wait and their ids come back once; phases timed by
-  // the backend's TimeMarks (as the GPU ran them). stepwise: each draft token comes back before
-  // the next step (sampling, the verdict's inputs, tensor parallelism); host-timed phases.
-  Status chained_greedy(int32_t x, int gamma, int n, GenerationStats& stats, SpecCounters& counters,
-                        RoundResult& result);
+  // chained: the ids stay in backend memory (Model::forward_chained), each draft token (argmax,
+  // or a draw by Backend::sample_rows_into) feeds the next step there, the verdict is computed
+  // there (the argmax rows, or Backend::speculative_verdict_into), and the round waits once, for
+  // its ids and verdict; phases timed by the backend's TimeMarks (as the GPU ran them). stepwise:
+  // each draft token comes back before the next step (forced acceptance counts, tensor
+  // parallelism); host-timed phases.
+  Status chained(int32_t x, int gamma, int n, const SamplingParams& sampling, Rng& rng,
+                 const RoundControl& control, GenerationStats& stats, SpecCounters& counters,
+                 RoundResult& result);
   Status stepwise(int32_t x, int gamma, int n, const SamplingParams& sampling, Rng& rng,
                   GenerationStats& stats, SpecCounters& counters, const RoundControl& control,
                   RoundResult& result);
 
-  enum Mark { kDraftBegin, kVerifyBegin, kVerifyEnd, kCommitBegin, kCommitEnd, kMarks };
+  // Then 2 per draft step: its draw's begin and end (chained sampling rounds).
+  enum Mark {
+    kDraftBegin,
+    kVerifyBegin,
+    kVerifyEnd,
+    kVerdictEnd,
+    kCommitBegin,
+    kCommitEnd,
+    kMarks
+  };
   Model& target_;
   Model& draft_;
   KvCache& cache_;
@@ -88,10 +100,11 @@ class SpeculativeDecoder {
   DecoderDispatch dispatch_;
   std::vector<int32_t> verify_argmax_;  // [gamma + 1] the target's argmax per row
   std::unique_ptr<Buffer> q_;           // [gamma, vocab] the draft's distributions (backend)
-  std::vector<double> uniforms_;        // [gamma + 1] the verdict's draws
-  std::unique_ptr<IdBuffer> chain_;     // chained_greedy: [gamma + 1] ids, [gamma + 1] argmax
+  std::vector<double> uniforms_;        // the round's draws (stepwise: the verdict's gamma + 1)
+  std::unique_ptr<IdBuffer> chain_;     // chained: [gamma + 1] ids, [gamma + 1] argmax or [2]
   std::vector<int32_t> chain_host_;     // chain_ back on the host
-  std::unique_ptr<TimeMarks> marks_;    // [kMarks]
+  std::unique_ptr<TimeMarks> marks_;    // [mark_slots_]
+  int mark_slots_ = 0;
 };
 
 }  // namespace qs

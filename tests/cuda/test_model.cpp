@@ -168,21 +168,40 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, CudaModelTest,
                            return name;
                          });
 
-// The chained greedy round on the GPU (ids in device memory, the draft steps and the
-// verification queued without a wait, one read-back per round) against the same forwards with
-// each draft token copied back; f32 and f16 full-precision rows.
-class CudaChainedRounds : public CudaOpsTest {};
+// The chained round on the GPU (ids in device memory, the draft steps and the verification
+// queued without a wait, one read-back per round) against the same forwards with each draft
+// token copied back; f32 and f16 full-precision rows.
+class CudaChainedRounds : public CudaOpsTest {
+ protected:
+  static testing::TinyModel model() {
+    ModelConfig cfg = testing::tiny_config();
+    cfg.hidden_size = 256;
+    cfg.intermediate_size = 384;
+    cfg.head_dim = 64;  // a head size the GPU kernels take (4 heads, 2 kv heads)
+    cfg.max_position_embeddings = 4096;
+    return testing::make_tiny_model(cfg, DType::BF16, 5);
+  }
+};
 
 TEST_F(CudaChainedRounds, GreedyRoundsEqualStepwiseRounds) {
-  ModelConfig cfg = testing::tiny_config();
-  cfg.hidden_size = 256;
-  cfg.intermediate_size = 384;
-  cfg.head_dim = 64;  // a head size the GPU kernels take (4 heads, 2 kv heads)
-  cfg.max_position_embeddings = 4096;
-  const testing::TinyModel tiny = testing::make_tiny_model(cfg, DType::BF16, 5);
+  const testing::TinyModel tiny = model();
   for (DType rows : {DType::F32, DType::F16}) {
     SCOPED_TRACE(dtype_name(rows));
     testing::expect_chained_rounds_equal_stepwise(tiny, gpu(), rows);
+  }
+}
+
+// Sampling: the draws (sample_rows_into) and the verdict (speculative_verdict_into) on the GPU
+// from device ids; the same uniforms give the same tokens as the stepwise round's.
+TEST_F(CudaChainedRounds, SamplingRoundsEqualStepwiseRounds) {
+  const testing::TinyModel tiny = model();
+  SamplingParams sampling;
+  sampling.temperature = 0.8f;
+  sampling.top_k = 40;
+  sampling.top_p = 0.95f;
+  for (DType rows : {DType::F32, DType::F16}) {
+    SCOPED_TRACE(dtype_name(rows));
+    testing::expect_chained_rounds_equal_stepwise(tiny, gpu(), rows, sampling);
   }
 }
 

@@ -1,7 +1,8 @@
-// Greedy QuantSpec rounds two ways on one backend: chained (SpeculativeDecoder's default, the
-// ids kept in backend memory, Model::forward_chained) and step by step (the same Model::forward
-// calls through a DecoderDispatch, every draft token back on the host). Shared by the CPU test
-// (engine/test_quantspec.cpp) and the GPU one (cuda/test_engine.cpp).
+// QuantSpec rounds two ways on one backend: chained (SpeculativeDecoder's default, the ids kept
+// in backend memory, Model::forward_chained) and step by step (the same Model::forward calls
+// through a DecoderDispatch, every draft token back on the host), greedy or sampling (each with
+// its own Rng of the same seed). Shared by the CPU test (engine/test_quantspec.cpp) and the GPU
+// one (cuda/test_model.cpp).
 #pragma once
 
 #include <gtest/gtest.h>
@@ -19,7 +20,8 @@ namespace qs::testing {
 // Every round's tokens, acceptance and cache length must agree; gamma cycles through 0..7 over
 // `rounds` rounds (crossing flushes: G = 32). `rows`: the full-precision KV rows' type.
 inline void expect_chained_rounds_equal_stepwise(const TinyModel& tiny, Backend& backend,
-                                                 DType rows, int rounds = 60) {
+                                                 DType rows, const SamplingParams& sampling = {},
+                                                 int rounds = 60) {
   const ModelConfig& cfg = tiny.cfg;
   Model model(cfg, tiny.weights, backend);
   ASSERT_TRUE(model.make_draft_weights(DraftWeights::kInt4, 1).ok());
@@ -43,13 +45,13 @@ inline void expect_chained_rounds_equal_stepwise(const TinyModel& tiny, Backend&
   SpeculativeDecoder stepwise(model, model, step_cache, nullptr, dispatch);
 
   int32_t x = argmax(logits.data(), cfg.vocab_size);
-  Rng rng(1);
+  Rng chained_rng(1), step_rng(1);
   GenerationStats chained_stats, step_stats;
   SpecCounters chained_counters, step_counters;
   for (int r = 0; r < rounds; ++r) {
     const int gamma = r % (kMaxGamma + 1);
-    auto a = chained.round(x, gamma, SamplingParams{}, rng, chained_stats, chained_counters);
-    auto b = stepwise.round(x, gamma, SamplingParams{}, rng, step_stats, step_counters);
+    auto a = chained.round(x, gamma, sampling, chained_rng, chained_stats, chained_counters);
+    auto b = stepwise.round(x, gamma, sampling, step_rng, step_stats, step_counters);
     ASSERT_TRUE(a.ok() && b.ok());
     ASSERT_EQ(a->tokens, b->tokens) << "round " << r << " gamma " << gamma;
     ASSERT_EQ(a->accepted, b->accepted) << "round " << r;
@@ -67,6 +69,9 @@ inline void expect_chained_rounds_equal_stepwise(const TinyModel& tiny, Backend&
   EXPECT_FALSE(step_stats.phases_backend_timed);
   EXPECT_GT(chained_stats.draft_s, 0);
   EXPECT_GT(chained_stats.verify_s, 0);
+  if (sampling.temperature > 0.0f) EXPECT_GT(chained_stats.sample_s, 0);
+  // Both consumed the same draws.
+  EXPECT_EQ(chained_rng.next_u64(), step_rng.next_u64());
 }
 
 }  // namespace qs::testing

@@ -107,12 +107,21 @@ TEST(QuantSpec, StatsAreConsistentAndTheDraftReadsNoLowerPlaneByte) {
   EXPECT_GT(s.verify_s, 0);
 }
 
-// The chained greedy round (ids in backend memory, one read-back per round) against the same
-// forwards with every draft token back on the host.
-TEST(QuantSpec, ChainedGreedyRoundsEqualStepwiseRounds) {
+// The chained round (ids in backend memory, one read-back per round) against the same forwards
+// with every draft token back on the host: greedy, and sampling with top-k / top-p processing.
+TEST(QuantSpec, ChainedRoundsEqualStepwiseRounds) {
   const TinyModel tiny = testing::make_tiny_model(spec_config(), DType::BF16, 5);
   CpuBackend backend{2};
-  testing::expect_chained_rounds_equal_stepwise(tiny, backend, DType::F32);
+  {
+    SCOPED_TRACE("greedy");
+    testing::expect_chained_rounds_equal_stepwise(tiny, backend, DType::F32);
+  }
+  SamplingParams sampling;
+  sampling.temperature = 0.8f;
+  sampling.top_k = 40;
+  sampling.top_p = 0.95f;
+  SCOPED_TRACE("sampling");
+  testing::expect_chained_rounds_equal_stepwise(tiny, backend, DType::F32, sampling);
 }
 
 // The invariant of DESIGN §3: after any sequence of rounds, continuing from the incremental cache

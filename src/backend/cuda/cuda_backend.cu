@@ -515,14 +515,24 @@ bool gpu_sampling() {
 
 void CudaBackend::sample_rows(const float* logits, int rows, int n, const SamplingParams& params,
                               const double* u_host, float* probs, int32_t* out_host) {
+  auto* dev = static_cast<int32_t*>(impl_->sample_out.ensure(sizeof(int32_t) * rows));
+  sample_rows_into(logits, rows, n, params, u_host, probs, dev);
+  ids_to_host(dev, out_host, static_cast<size_t>(rows));
+}
+
+void CudaBackend::sample_rows_into(const float* logits, int rows, int n,
+                                   const SamplingParams& params, const double* u_host, float* probs,
+                                   int32_t* out) {
   QS_CHECK(rows >= 1 && n >= 1);
   if (!gpu_sampling()) {
     const size_t count = static_cast<size_t>(rows) * n;
     std::vector<float> host(count), host_probs(probs != nullptr ? count : 0);
+    std::vector<int32_t> tokens(static_cast<size_t>(rows));
     to_host(logits, host.data(), count);
     Backend::sample_rows(host.data(), rows, n, params, u_host,
-                         probs != nullptr ? host_probs.data() : nullptr, out_host);
+                         probs != nullptr ? host_probs.data() : nullptr, tokens.data());
     if (probs != nullptr) from_host(host_probs.data(), probs, count);
+    ids_from_host(tokens.data(), out, tokens.size());
     return;
   }
   for (int r0 = 0; r0 < rows; r0 += cuda::kMaxSampleRows) {
@@ -533,45 +543,53 @@ void CudaBackend::sample_rows(const float* logits, int rows, int n, const Sampli
     float* dst = probs != nullptr ? probs + off
                                   : static_cast<float*>(impl_->sample_probs.ensure(
                                         sizeof(float) * static_cast<size_t>(count) * n));
-    auto* dev = static_cast<int32_t*>(impl_->sample_out.ensure(sizeof(int32_t) * count));
-    cuda::launch_sample_rows(logits + off, count, n, sample_spec(params), draws, dst, dev,
+    cuda::launch_sample_rows(logits + off, count, n, sample_spec(params), draws, dst, out + r0,
                              impl_->stream);
-    CUDA_CHECK(cudaMemcpyAsync(out_host + r0, dev, sizeof(int32_t) * count, cudaMemcpyDeviceToHost,
-                               impl_->stream));
   }
-  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
 }
 
 SpecVerdict CudaBackend::speculative_verdict(const float* target_logits, float* draft_probs,
                                              int gamma, int n, const SamplingParams& params,
                                              const int32_t* candidates_host, const double* u_host,
                                              bool residual) {
+  QS_CHECK(gamma >= 0);
+  // [gamma] candidates, then the verdict's [2].
+  auto* dev = static_cast<int32_t*>(impl_->sample_out.ensure(sizeof(int32_t) * (gamma + 2)));
+  ids_from_host(candidates_host, dev, static_cast<size_t>(gamma));
+  speculative_verdict_into(target_logits, draft_probs, gamma, n, params, dev, u_host, residual,
+                           dev + gamma);
+  int32_t out[2];
+  ids_to_host(dev + gamma, out, 2);
+  return SpecVerdict{out[0], out[1]};
+}
+
+void CudaBackend::speculative_verdict_into(const float* target_logits, float* draft_probs,
+                                           int gamma, int n, const SamplingParams& params,
+                                           const int32_t* candidates, const double* u_host,
+                                           bool residual, int32_t* out) {
   QS_CHECK(gamma >= 0 && gamma < cuda::kMaxSampleRows);  // gamma <= G - 1 <= 255
   if (!gpu_sampling()) {
     const size_t pn = static_cast<size_t>(gamma + 1) * n, qn = static_cast<size_t>(gamma) * n;
     std::vector<float> p(pn), q(qn);
+    std::vector<int32_t> cand(static_cast<size_t>(gamma));
     to_host(target_logits, p.data(), pn);
     if (qn > 0) to_host(draft_probs, q.data(), qn);
+    ids_to_host(candidates, cand.data(), cand.size());
     const SpecVerdict v = Backend::speculative_verdict(p.data(), q.data(), gamma, n, params,
-                                                       candidates_host, u_host, residual);
+                                                       cand.data(), u_host, residual);
     if (qn > 0) from_host(q.data(), draft_probs, qn);
-    return v;
+    const int32_t verdict[2] = {v.accepted, v.token};
+    ids_from_host(verdict, out, 2);
+    return;
   }
   cuda::SampleDraws draws{};
-  cuda::SampleCandidates cand{};
   for (int i = 0; i <= gamma; ++i) draws.u[i] = u_host[i];
-  for (int i = 0; i < gamma; ++i) cand.g[i] = candidates_host[i];
   auto* p = static_cast<float*>(
       impl_->sample_probs.ensure(sizeof(float) * static_cast<size_t>(gamma + 1) * n));
-  auto* dev = static_cast<int32_t*>(impl_->sample_out.ensure(sizeof(int32_t) * 2));
   cuda::launch_sample_rows(target_logits, gamma + 1, n, sample_spec(params), draws, p, nullptr,
                            impl_->stream);
-  cuda::launch_speculative_verdict(p, draft_probs, gamma, n, cand, draws, residual, dev,
+  cuda::launch_speculative_verdict(p, draft_probs, gamma, n, candidates, draws, residual, out,
                                    impl_->stream);
-  int32_t out[2];
-  CUDA_CHECK(cudaMemcpyAsync(out, dev, sizeof(out), cudaMemcpyDeviceToHost, impl_->stream));
-  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
-  return SpecVerdict{out[0], out[1]};
 }
 
 void CudaBackend::from_host(const float* src_host, float* dst, size_t n) {

@@ -63,6 +63,13 @@ class CudaBackend final : public Backend {
   SpecVerdict speculative_verdict(const float* target_logits, float* draft_probs, int gamma, int n,
                                   const SamplingParams& params, const int32_t* candidates_host,
                                   const double* u_host, bool residual) override;
+  // The forms above are these, their results then copied back (QS_CUDA_SAMPLE=0: the logits
+  // copied back and sampled on the host, the results copied in).
+  void sample_rows_into(const float* logits, int rows, int n, const SamplingParams& params,
+                        const double* u_host, float* probs, int32_t* out) override;
+  void speculative_verdict_into(const float* target_logits, float* draft_probs, int gamma, int n,
+                                const SamplingParams& params, const int32_t* candidates,
+                                const double* u_host, bool residual, int32_t* out) override;
   // Token ids in device memory: the copies are ordered on the backend's stream, ids_to_host waits
   // for it; argmax_rows_into always on the GPU (QS_CUDA_ARGMAX concerns argmax_rows).
   std::unique_ptr<IdBuffer> alloc_ids(size_t n) override;

@@ -98,8 +98,8 @@ void launch_argmax_rows(const float* x, int rows, int n, int32_t* out, cudaStrea
 // ---- sampling.cu -----------------------------------------------------------------------------
 
 // Backend::sample_rows / speculative_verdict on the GPU (core/sampling.h's rule; by value in the
-// kernel parameters: the processing, up to kMaxSampleRows uniforms and candidates, ~3.1 KB of the
-// 4 KB a launch may pass). 256: the largest key group G (quantized_planes.cpp), so every round
+// kernel parameters: the processing and up to kMaxSampleRows + 1 uniforms, ~2.1 KB of the 4 KB a
+// launch may pass). 256: the largest key group G (quantized_planes.cpp), so every round
 // (gamma <= G - 1) fits one launch.
 constexpr int kMaxSampleRows = 256;
 struct SampleSpec {
@@ -109,9 +109,6 @@ struct SampleSpec {
 struct SampleDraws {
   double u[kMaxSampleRows + 1];
 };
-struct SampleCandidates {
-  int32_t g[kMaxSampleRows];
-};
 // probs[r, :] = token_probabilities(logits row r, n, spec) for r < rows <= kMaxSampleRows
 // (device memory, [rows, n]); tokens (device, [rows], may be null: no draws) = sample_at(probs
 // row r, draws.u[r]).
@@ -119,10 +116,11 @@ void launch_sample_rows(const float* logits, int rows, int n, const SampleSpec& 
                         const SampleDraws& draws, float* probs, int32_t* tokens,
                         cudaStream_t stream);
 // speculative_verdict(p, q, gamma, n, candidates, draws.u, residual) with p [gamma + 1, n] from
-// launch_sample_rows and q [gamma, n]: out[0] = accepted, out[1] = token (device memory).
+// launch_sample_rows, q [gamma, n] and candidates [gamma]: out[0] = accepted, out[1] = token (all
+// device memory).
 void launch_speculative_verdict(const float* p, float* q, int gamma, int n,
-                                const SampleCandidates& candidates, const SampleDraws& draws,
-                                bool residual, int32_t* out, cudaStream_t stream);
+                                const int32_t* candidates, const SampleDraws& draws, bool residual,
+                                int32_t* out, cudaStream_t stream);
 
 // ---- gemv.cu --------------------------------------------------------------------------------
 

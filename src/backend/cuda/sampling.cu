@@ -577,14 +577,14 @@ __global__ void __launch_bounds__(kThreads)
 // ([gamma, n]); out[0] = accepted, out[1] = token. One cluster.
 __global__ void __launch_bounds__(kThreads)
     verdict_kernel(const float* __restrict__ p, float* __restrict__ q, int gamma, int n,
-                   SampleCandidates cand, SampleDraws draws, bool residual,
+                   const int32_t* __restrict__ cand, SampleDraws draws, bool residual,
                    int32_t* __restrict__ out) {
   pdl_begin();
   __shared__ int accepted;
   if (threadIdx.x == 0) {  // the same decisions in every block
     int k = 0;
     for (; k < gamma; ++k) {
-      const int64_t at = static_cast<int64_t>(k) * n + cand.g[k];
+      const int64_t at = static_cast<int64_t>(k) * n + cand[k];
       const double pg = p[at], qg = q[at];
       if (!(draws.u[k] < fmin(1.0, pg / qg))) break;
     }
@@ -652,8 +652,8 @@ void launch_sample_rows(const float* logits, int rows, int n, const SampleSpec& 
 }
 
 void launch_speculative_verdict(const float* p, float* q, int gamma, int n,
-                                const SampleCandidates& candidates, const SampleDraws& draws,
-                                bool residual, int32_t* out, cudaStream_t stream) {
+                                const int32_t* candidates, const SampleDraws& draws, bool residual,
+                                int32_t* out, cudaStream_t stream) {
   QS_CHECK(gamma >= 0 && gamma < kMaxSampleRows && n >= 1);
   launch_clusters(verdict_kernel, 1, 0, stream, p, q, gamma, n, candidates, draws, residual, out);
   CUDA_CHECK_LAUNCH(stream);
