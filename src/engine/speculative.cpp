@@ -48,21 +48,21 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   // Rounds on one backend chain the draft's tokens where the logits are; forced acceptance
   // counts (tests) and tensor parallelism (a rank-0 decision broadcast per forward) bring every
   // draft token back.
-  const bool chained = !dispatch_.forward && control.force_accepted < 0 && chained_rounds_enabled();
+  const bool chain = !dispatch_.forward && control.force_accepted < 0 && chained_rounds_enabled();
   RoundResult result;
-  QS_TRY(chained ? this->chained(x, gamma, n, sampling, rng, control, stats, counters, result)
-                 : stepwise(x, gamma, n, sampling, rng, stats, counters, control, result));
+  QS_TRY(chain ? chained(x, gamma, n, sampling, rng, control, stats, counters, result)
+               : stepwise(x, gamma, n, sampling, rng, stats, counters, control, result));
 
   const int flushes_before = cache_.flushes();
   const auto t0 = std::chrono::steady_clock::now();
-  if (chained) marks_->record(kCommitBegin);
+  if (chain) marks_->record(kCommitBegin);
   if (dispatch_.commit) {
     dispatch_.commit(n + result.accepted + 1);
   } else {
     cache_.commit(n + result.accepted + 1);
   }
   stats.flushes += cache_.flushes() - flushes_before;
-  if (chained) {
+  if (chain) {
     // The quantization's time as it ran: waits for it where the commit flushed (once per G
     // tokens); otherwise the commit queued nothing after the round's one wait.
     marks_->record(kCommitEnd);
@@ -83,6 +83,11 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   return result;
 }
 
+void SpeculativeDecoder::ensure_draft_probs(int gamma, int vocab) {
+  const size_t size = static_cast<size_t>(std::max(gamma, 1)) * vocab;
+  if (!q_ || q_->size() < size) q_ = target_.backend().alloc(size);
+}
+
 Status SpeculativeDecoder::chained(int32_t x, int gamma, int n, const SamplingParams& sampling,
                                    Rng& rng, const RoundControl& control, GenerationStats& stats,
                                    SpecCounters& counters, RoundResult& result) {
@@ -94,15 +99,15 @@ Status SpeculativeDecoder::chained(int32_t x, int gamma, int n, const SamplingPa
   // target's argmax per verified row (greedy) or the verdict [accepted, token] (sampling).
   const size_t len = static_cast<size_t>(gamma) + 1;
   const size_t out_len = greedy ? len : 2;
-  if (!chain_ || chain_->size() < len + out_len) chain_ = backend.alloc_ids(2 * len + 2);
+  if (!chain_ || chain_->size() < len + out_len)
+    chain_ = backend.alloc_ids(len + std::max(len, out_len));
   // Marks: the phases, then each draft step's draw (sampling) between two marks.
   const int slots = kMarks + 2 * gamma;
   if (!marks_ || mark_slots_ < slots) {
     marks_ = backend.make_time_marks(slots);
     mark_slots_ = slots;
   }
-  const size_t q_size = static_cast<size_t>(std::max(gamma, 1)) * vocab;
-  if (!greedy && (!q_ || q_->size() < q_size)) q_ = backend.alloc(q_size);
+  if (!greedy) ensure_draft_probs(gamma, vocab);
   int32_t* ids = chain_->data();
   int32_t* out = ids + len;
   backend.ids_from_host(&x, ids, 1);
@@ -178,8 +183,7 @@ Status SpeculativeDecoder::stepwise(int32_t x, int gamma, int n, const SamplingP
   // target's backend, rank 0's with tensor parallelism); only tokens come back. The draft's
   // processed distributions stay there for the verdict.
   Backend& backend = target_.backend();
-  const size_t q_size = static_cast<size_t>(std::max(gamma, 1)) * vocab;
-  if (!greedy && (!q_ || q_->size() < q_size)) q_ = backend.alloc(q_size);
+  if (!greedy) ensure_draft_probs(gamma, vocab);
 
   // Draft: inputs x, g1, ..., g(gamma-1) at positions n.., each writing its K/V after n.
   ForwardPath dpath = draft_path(cache_.mode());

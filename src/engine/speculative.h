@@ -83,6 +83,9 @@ class SpeculativeDecoder {
                   GenerationStats& stats, SpecCounters& counters, const RoundControl& control,
                   RoundResult& result);
 
+  // q_ of at least [max(gamma, 1), vocab] (a sampling round's draft distributions).
+  void ensure_draft_probs(int gamma, int vocab);
+
   // Then 2 per draft step: its draw's begin and end (chained sampling rounds).
   enum Mark {
     kDraftBegin,

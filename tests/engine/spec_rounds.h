@@ -69,7 +69,9 @@ inline void expect_chained_rounds_equal_stepwise(const TinyModel& tiny, Backend&
   EXPECT_FALSE(step_stats.phases_backend_timed);
   EXPECT_GT(chained_stats.draft_s, 0);
   EXPECT_GT(chained_stats.verify_s, 0);
-  if (sampling.temperature > 0.0f) EXPECT_GT(chained_stats.sample_s, 0);
+  if (sampling.temperature > 0.0f) {
+    EXPECT_GT(chained_stats.sample_s, 0);
+  }
   // Both consumed the same draws.
   EXPECT_EQ(chained_rng.next_u64(), step_rng.next_u64());
 }
