@@ -432,6 +432,25 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
       report("quantized sweep, direct path with its ring", worst);
     }
   }
+  // Two tiles per warp (the INT8 view): one slot per warp refilled in halves, the
+  // full-precision rows after the loop in the rings' memory; also over GQA blocks of 9..16 query
+  // vectors per kv head whose boundaries fall inside the block.
+  for (int splits : {0, 1, 2}) {
+    cuda::QuantAttentionTuning t;
+    t.direct_ring = 1;
+    t.direct_tiles = 2;
+    t.splits = splits;
+    TuningScope scope(t);
+    double worst = 0;
+    sweep(gpu(), cpu(), worst);
+    for (int m : {2, 4, 9, 16}) {
+      const int G = 64;
+      const int len = 10 * G + (m + 1) / 2;
+      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kWild, uint64_t(m + 80)});
+      check_cases(gpu(), cpu(), kv, ratio_cases({m}, true, kFpBaseMax), worst);
+    }
+    report("quantized sweep, direct path with its ring, two tiles per warp", worst);
+  }
 }
 
 // The direct path's INT8 view with 1 and 2 8-query tiles per warp (sharing one unpacking of
@@ -709,18 +728,21 @@ TEST_F(CudaOpsTest, QuantAttentionSanitizerSubset) {
                  {kKvHeads, 1, false, kFpBaseMax}},
                 worst);
   }
-  // The direct path's per-warp ring, one split (every slot reused).
-  {
+  // The direct path's per-warp ring, one split (every slot reused), with one and two tiles per
+  // warp (two: one slot refilled in halves, the full-precision states in the rings' memory).
+  for (int tiles : {1, 2}) {
     cuda::QuantAttentionTuning t;
     t.direct_ring = 1;
-    t.direct_tiles = 1;
+    t.direct_tiles = tiles;
     t.splits = 1;
     TuningScope scope(t);
     QuantKv kv(gpu(), cpu(), {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, 63});
-    check_cases(
-        gpu(), cpu(), kv,
-        {{4 * kKvHeads, 4, true, 0}, {kKvHeads, 1, false, kFpBaseMax}, {4 * kKvHeads, 1, false, 0}},
-        worst);
+    check_cases(gpu(), cpu(), kv,
+                {{4 * kKvHeads, 4, true, 0},
+                 {kKvHeads, 9, true, kFpBaseMax},
+                 {kKvHeads, 1, false, kFpBaseMax},
+                 {4 * kKvHeads, 1, false, 0}},
+                worst);
   }
   report("quantized sanitizer subset", worst);
 }

@@ -56,7 +56,7 @@ struct QuantAttentionPlan {
   int direct_tiles = 1;    // its 8-query MMA tiles per warp (several: the INT8 view, GQA)
   bool draft_f16 = false;  // the tensor-core paths' INT4 view with f16 operands alone (tuning)
   bool draft_reg_prefetch = true;  // its register prefetch of the next sub-chunk (tuning)
-  bool direct_ring = false;   // its sub-chunks through a per-warp cp.async ring (one tile; tuning)
+  bool direct_ring = false;        // its sub-chunks through a per-warp cp.async ring (tuning)
   bool single_query = false;  // its one-query kernel (one query vector per kv head; tuning)
   int queries_per_warp = 8;   // query vectors per warp tile (8 * direct_tiles on the direct path)
   int query_tiles = 1;        // warp tiles per block (QT)
@@ -102,8 +102,12 @@ constexpr int kQuantAttentionMaxDirectTiles = 2;
 // 76.8 -> 69.3; Llama-3.1-8B verify m = 5, three tiles per block, 104 -> 113 with). The MHA draft
 // joined in session 14 (at 192 registers, 4 blocks per SM: Llama-2-7B draft 4K / 32K / 128K 19.5
 // / 59.6 / 191.2 us vs 21.2 / 63.4 / 193.1 without the ring at 168). Where the block's shared
-// memory cannot hold the rings the launch goes without.
+// memory cannot hold the rings the launch goes without. Two tiles per warp (session 27): one slot
+// per warp refilled in key and value halves, the full-precision rows after the loop in the rings'
+// memory (42.7 KB per two-warp block, four blocks per SM); automatic where
+// kQuantAttentionTwoTileRing says so.
 constexpr int kQuantAttentionDirectRing = -1;
+constexpr bool kQuantAttentionTwoTileRing = false;
 // The one-query form of the f16 draft's ring kernel (at 192 registers) where a call has one query
 // vector per kv head (an MHA draft step): the loop leaves the tile's other query columns out
 // (DirectPath::kOne; bit-identical results).

@@ -139,12 +139,19 @@ struct RingSlot {
   static constexpr int kKeyMeta = kPlanes * kPlaneBytes + 2 * kMetaBytes;  // scales, then mins
   static constexpr int kBytes = kKeyMeta + 2 * kHD * 2;
 };
-constexpr int kRingSlots = 2;
+// Slots per warp: two with one tile per warp; one with several (ring_halves), refilled in halves.
+constexpr int ring_slots(int tiles) {
+  return tiles > 1 ? 1 : 2;
+}
 
 template <bool INT8>
-constexpr int ring_bytes_per_warp() {
-  return kRingSlots * RingSlot<INT8>::kBytes;
+constexpr int ring_bytes_per_warp(int tiles) {
+  return ring_slots(tiles) * RingSlot<INT8>::kBytes;
 }
+
+// The parts of a sub-chunk a ring copy or read takes: the key planes (and the key group's
+// metadata), the value planes and the value scales / mins, or both.
+enum RingPart : int { kRingKeys = 1, kRingValues = 2, kRingBoth = 3 };
 
 // Where byte b of token row t (t < 32) of a plane lies in a slot: rows 4..7 of every 8 swap their
 // pairs and the 16-byte pieces of rows 2, 3 (mod 4) swap their halves, so that the value reads (a
@@ -169,9 +176,10 @@ struct RingLane {
   }
 };
 
-// Issues the copy of the sub-chunk at token t_sub into `slot` (the caller commits the group), with
-// the key group's scales and mins at ks / km unless they are null.
-template <bool INT8>
+// Issues the copy of part `kPart` of the sub-chunk at token t_sub into `slot` (the caller
+// commits the group), the keys with the key group's scales and mins at ks / km unless they are
+// null.
+template <bool INT8, int kPart = kRingBoth>
 __device__ __forceinline__ void ring_copy(const Head& hd, int t_sub, unsigned char* slot,
                                           const RingLane& rl, const uint16_t* ks,
                                           const uint16_t* km) {
@@ -179,48 +187,54 @@ __device__ __forceinline__ void ring_copy(const Head& hd, int t_sub, unsigned ch
   const int lane = threadIdx.x & 31;
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
   const int64_t src = static_cast<int64_t>(t_sub) * S::kRowBytes + 16 * lane;
-  const uint8_t* planes[4] = {hd.ku, hd.vu, hd.kl, hd.vl};
+  const uint8_t* planes[4] = {hd.ku, hd.vu, hd.kl, hd.vl};  // even: keys, odd: values
 #pragma unroll
   for (int pl = 0; pl < S::kPlanes; ++pl) {
+    if (!(kPart & (pl % 2 == 0 ? kRingKeys : kRingValues))) continue;
 #pragma unroll
     for (int i = 0; i < S::kPlaneBytes / 512; ++i) {  // 8 rows = 512 bytes per warp instruction
       cp_async16(dst + pl * S::kPlaneBytes + i * 512 + rl.copy, planes[pl] + src + i * 512);
     }
   }
-  if (lane < 8) {  // 4 x 16 bytes of scales, then of mins
+  if ((kPart & kRingValues) && lane < 8) {  // 4 x 16 bytes of scales, then of mins
     const uint16_t* meta = (lane < 4 ? hd.vs : hd.vm) + t_sub + 8 * (lane & 3);
     cp_async16(dst + S::kPlanes * S::kPlaneBytes + 16 * lane, meta);
   }
-  if (ks != nullptr) {  // 16 x 16 bytes of scales, then of mins
+  if ((kPart & kRingKeys) && ks != nullptr) {  // 16 x 16 bytes of scales, then of mins
     cp_async16(dst + S::kKeyMeta + 16 * lane, lane < 16 ? ks + 8 * lane : km + 8 * (lane - 16));
   }
 }
 
-// The sub-chunk in `slot` as this lane's fragments (what load_chunk reads from global memory).
-template <bool INT8>
+// Part `kPart` of the sub-chunk in `slot` as this lane's fragments (what load_keys /
+// load_values read from global memory).
+template <bool INT8, int kPart = kRingBoth>
 __device__ __forceinline__ void ring_read(const unsigned char* slot, const RingLane& rl,
                                           Chunk<INT8>& ch) {
   using S = RingSlot<INT8>;
   constexpr int RB = S::kRowBytes, PB = S::kPlaneBytes;
 #pragma unroll
   for (int st = 0; st < 2; ++st) {
+    if constexpr (kPart & kRingKeys) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      const int off = rl.k + (16 * st + 8 * j) * RB;
-      ch.ku[st][j] = *reinterpret_cast<const uint4*>(slot + off);
-      if constexpr (INT8) ch.kl[st][j] = *reinterpret_cast<const uint4*>(slot + 2 * PB + off);
+      for (int j = 0; j < 2; ++j) {
+        const int off = rl.k + (16 * st + 8 * j) * RB;
+        ch.ku[st][j] = *reinterpret_cast<const uint4*>(slot + off);
+        if constexpr (INT8) ch.kl[st][j] = *reinterpret_cast<const uint4*>(slot + 2 * PB + off);
+      }
     }
+    if constexpr (kPart & kRingValues) {
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int off = (i & 1 ? rl.v_odd : rl.v_even) + (16 * st + 8 * (i >> 1)) * RB;
-      ch.vu[st][i] = *reinterpret_cast<const uint2*>(slot + PB + off);
-      if constexpr (INT8) ch.vl[st][i] = *reinterpret_cast<const uint2*>(slot + 3 * PB + off);
-    }
-    const uint16_t* meta = reinterpret_cast<const uint16_t*>(slot + S::kPlanes * PB + rl.m);
+      for (int i = 0; i < 4; ++i) {
+        const int off = (i & 1 ? rl.v_odd : rl.v_even) + (16 * st + 8 * (i >> 1)) * RB;
+        ch.vu[st][i] = *reinterpret_cast<const uint2*>(slot + PB + off);
+        if constexpr (INT8) ch.vl[st][i] = *reinterpret_cast<const uint2*>(slot + 3 * PB + off);
+      }
+      const uint16_t* meta = reinterpret_cast<const uint16_t*>(slot + S::kPlanes * PB + rl.m);
 #pragma unroll
-    for (int jb = 0; jb < 2; ++jb) {
-      ch.vs[st][jb] = meta[16 * st + 8 * jb];
-      ch.vm[st][jb] = meta[kTok + 16 * st + 8 * jb];
+      for (int jb = 0; jb < 2; ++jb) {
+        ch.vs[st][jb] = meta[16 * st + 8 * jb];
+        ch.vm[st][jb] = meta[kTok + 16 * st + 8 * jb];
+      }
     }
   }
 }
@@ -654,7 +668,11 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // but the warp's own (NT > 1: the folded queries in o_mine until the state is stored there):
 // `overlap()` (the full-precision rows) runs first.
 // kRing: the sub-chunks stream through this warp's cp.async ring at `ring` (ring_bytes_per_warp)
-// instead (one tile; no register prefetch).
+// instead (no register prefetch). One tile: two slots, each sub-chunk copied whole two ahead.
+// Several tiles (the values are read once the scores are done, registers): one slot refilled in
+// halves, the next sub-chunk's keys once this one's are read, its values once these are; and the
+// full-precision rows run after the loop (`overlap()` then writes its states over the block's
+// rings: a block barrier first), so that the block's shared memory keeps four blocks per SM.
 // kOne: DirectPath's kOne (the warp's tile holds one query vector).
 template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, bool kOne,
           class Overlap>
@@ -681,26 +699,35 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   // INT4: the next sub-chunk is loaded while this one is computed (2 x 40 registers); INT8 (twice
   // the codes) loads each sub-chunk just before use and relies on the other warps.
   constexpr bool kPrefetch = !INT8 && kRegPrefetch && !kRing;
-  static_assert(!kRing || NT == 1, "the ring: one tile per warp");
+  constexpr bool kHalves = kRing && NT > 1;  // one slot refilled in halves
+  constexpr int kSlots = ring_slots(NT);
   const RingLane rl = kRing ? RingLane::make() : RingLane{};
-  auto slot = [&](int j) { return ring + (j % kRingSlots) * RingSlot<INT8>::kBytes; };
-  // The ring's copies carry the key metadata of the sub-chunks that fold.
+  auto slot = [&](int j) { return ring + (j % kSlots) * RingSlot<INT8>::kBytes; };
+  // The ring's copies carry the key metadata of the sub-chunks that fold (with the keys).
   KeyGroups copy_groups(k_scale, k_min, b, G);
-  auto copy_sub = [&](int j) {  // sub-chunk j into slot(j), then commit (empty past the end)
+  // Part kPart of sub-chunk j into slot(j), then commit (empty past the end).
+  auto copy_sub = [&](int j, auto part) {
+    constexpr int kPart = decltype(part)::value;
     if (j < n_subs) {
-      const bool fold = copy_groups.folds(j);
-      ring_copy<INT8>(head, b + j * kTok, slot(j), rl, fold ? copy_groups.ks : nullptr,
-                      fold ? copy_groups.km : nullptr);
+      const bool fold = (kPart & kRingKeys) && copy_groups.folds(j);
+      ring_copy<INT8, kPart>(head, b + j * kTok, slot(j), rl, fold ? copy_groups.ks : nullptr,
+                             fold ? copy_groups.km : nullptr);
       if (fold) copy_groups.advance(j);
     }
     cp_async_commit();
   };
-  if constexpr (kRing) {  // the first sub-chunks stream in while the full-precision rows run
+  using Keys = std::integral_constant<int, kRingKeys>;
+  using Values = std::integral_constant<int, kRingValues>;
+  using Both = std::integral_constant<int, kRingBoth>;
+  if constexpr (kHalves) {  // commit groups: keys of j, values of j, keys of j + 1, ...
+    copy_sub(0, Keys{});
+    copy_sub(0, Values{});
+  } else if constexpr (kRing) {  // the first sub-chunks stream in while the fp rows run
 #pragma unroll
-    for (int j = 0; j < kRingSlots; ++j) copy_sub(j);
+    for (int j = 0; j < kSlots; ++j) copy_sub(j, Both{});
   }
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
-  overlap();
+  if constexpr (!kHalves) overlap();
   timeline_stamp(p, 3);
   LanePtrs lp = LanePtrs::at(b);
   Chunk<INT8> cur;
@@ -741,15 +768,22 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     // Several tiles: folded before the loads, so that its temporaries and the chunk's registers
     // are not live together; one tile: while the loads are in flight.
     // Several tiles also load the values only once the scores are done (registers).
-    if constexpr (Path::kSharedFrags) fold();
+    if constexpr (Path::kSharedFrags && !kRing) fold();
     Chunk<INT8> nxt;
-    if constexpr (kRing) {
-      cp_async_wait<kRingSlots - 1>();  // sub-chunk j has landed (j + 1 may be in flight)
+    if constexpr (kHalves) {
+      cp_async_wait<1>();  // the keys of j have landed (its values may be in flight)
+      __syncwarp();
+      fold();  // reads the key metadata from the slot
+      ring_read<INT8, kRingKeys>(slot(j), rl, cur);
+      __syncwarp();  // every lane is done with the keys' half: it takes the keys of j + 1
+      copy_sub(j + 1, Keys{});
+    } else if constexpr (kRing) {
+      cp_async_wait<kSlots - 1>();  // sub-chunk j has landed (j + 1 may be in flight)
       __syncwarp();
       ring_read<INT8>(slot(j), rl, cur);
       fold();        // reads the key metadata from the slot
-      __syncwarp();  // every lane is done with the slot: it takes sub-chunk j + kRingSlots
-      copy_sub(j + kRingSlots);
+      __syncwarp();  // every lane is done with the slot: it takes sub-chunk j + kSlots
+      copy_sub(j + kSlots, Both{});
     } else if (kPrefetch) {
       if (j + 1 < n_subs) {
         LanePtrs ln = lp;
@@ -764,7 +798,13 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     }
     if constexpr (!Path::kSharedFrags && !kRing) fold();
     w.process(cur, t_sub, [&] {
-      if constexpr (Path::kSharedFrags) {
+      if constexpr (kHalves) {
+        cp_async_wait<1>();  // the values of j have landed (the keys of j + 1 may be in flight)
+        __syncwarp();
+        ring_read<INT8, kRingValues>(slot(j), rl, cur);
+        __syncwarp();  // every lane is done with the values' half: it takes the values of j + 1
+        copy_sub(j + 1, Values{});
+      } else if constexpr (Path::kSharedFrags) {
         load_values<INT8>(head, lp, 0, cur);
         load_values<INT8>(head, lp, 1, cur);
       }
@@ -774,6 +814,11 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   }
   timeline_stamp(p, 4);
   w.store(o_mine, ml_mine);
+  if constexpr (kHalves) {  // the full-precision rows' states take the block's rings
+    cp_async_wait<0>();
+    __syncthreads();
+    overlap();
+  }
 }
 
 }  // namespace direct_path
