@@ -1090,6 +1090,7 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" 1 tile/warp", [](T& t) { t.direct_tiles = 1; }),
             variant(" 2 tiles/warp", [](T& t) { t.direct_tiles = 2; }),
             variant(" no-ring", [](T& t) { t.direct_ring = 0; }),
+            variant(" no-ring 168", [](T& t) { t.direct_ring = 0, t.direct_regs = 168; }),
             variant(" dring", [](T& t) { t.direct_ring = 1, t.direct_tiles = 1; }),
             variant(" dring 192",
                     [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 192; }),

@@ -102,12 +102,13 @@ constexpr int kQuantAttentionMaxDirectTiles = 2;
 // 76.8 -> 69.3; Llama-3.1-8B verify m = 5, three tiles per block, 104 -> 113 with). The MHA draft
 // joined in session 14 (at 192 registers, 4 blocks per SM: Llama-2-7B draft 4K / 32K / 128K 19.5
 // / 59.6 / 191.2 us vs 21.2 / 63.4 / 193.1 without the ring at 168). Where the block's shared
-// memory cannot hold the rings the launch goes without. Two tiles per warp (session 27): one slot
-// per warp refilled in key and value halves, the full-precision rows after the loop in the rings'
-// memory (42.7 KB per two-warp block, four blocks per SM); automatic where
-// kQuantAttentionTwoTileRing says so.
+// memory cannot hold the rings the launch goes without. Session 27: two tiles per warp too (one
+// slot per warp refilled in key and value halves, the full-precision rows after the loop in the
+// rings' memory: 42.7 KB per two-warp block, four blocks per SM): Llama-3.1-8B verify m = 4 at 4K
+// / 32K / 128K 29.0 / 53.3 / 130.3 -> 28.0 / 50.7 / 126.8 us, Llama-2-7B m = 9 35.8 / 129.1 /
+// 443.8 -> 35.1 / 121.0 / 425.4; and the GQA draft (the INT4 view, several query vectors per kv
+// head) left without: Llama-3.1-8B 16.2 / 31.4 / 79.3 us with, 15.9 / 27.3 / 67.1 without.
 constexpr int kQuantAttentionDirectRing = -1;
-constexpr bool kQuantAttentionTwoTileRing = false;
 // The one-query form of the f16 draft's ring kernel (at 192 registers) where a call has one query
 // vector per kv head (an MHA draft step): the loop leaves the tile's other query columns out
 // (DirectPath::kOne; bit-identical results).
