@@ -409,7 +409,7 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDraftWithoutRegisterPrefetch) {
 // The direct path's per-warp cp.async ring (the INT8 view and the f16-operand draft; one tile per
 // warp here, two below) forced on, at every register cap, with the automatic splits and with one or
 // two splits (each warp then streams many sub-chunks through its two slots, every slot reused); and
-// off (the automatic choice takes it for the INT8 view and MHA drafts).
+// off (the automatic choice takes it wherever a block has one query tile).
 TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
   {
     cuda::QuantAttentionTuning t;

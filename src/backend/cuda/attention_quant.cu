@@ -1772,10 +1772,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                    : pl.query_tiles == 1 ? 192
                                          : 168;
   // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
-  // (several make blocks of 3-8 warps, each with its ring) for the INT8 view and the MHA draft
-  // (one query vector per kv head), not the GQA draft.
-  const bool want_ring =
-      tune.direct_ring < 0 ? pl.query_tiles == 1 && (a.seg.int8 || nq == 1) : tune.direct_ring == 1;
+  // (several make blocks of 3-8 warps, each with its ring).
+  const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
                      tune.draft_reg_prefetch, pl.direct_tiles, want_ring, one);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;

@@ -106,8 +106,10 @@ constexpr int kQuantAttentionMaxDirectTiles = 2;
 // slot per warp refilled in key and value halves, the full-precision rows after the loop in the
 // rings' memory: 42.7 KB per two-warp block, four blocks per SM): Llama-3.1-8B verify m = 4 at 4K
 // / 32K / 128K 29.0 / 53.3 / 130.3 -> 28.0 / 50.7 / 126.8 us, Llama-2-7B m = 9 35.8 / 129.1 /
-// 443.8 -> 35.1 / 121.0 / 425.4; and the GQA draft (the INT4 view, several query vectors per kv
-// head) left without: Llama-3.1-8B 16.2 / 31.4 / 79.3 us with, 15.9 / 27.3 / 67.1 without.
+// 443.8 -> 35.1 / 121.0 / 425.4. The GQA draft keeps it although bench_ops times it slower there
+// (Llama-3.1-8B 16.2 / 31.4 / 79.3 us with, 15.9 / 27.3 / 67.1 without): inside the decode graph
+// the draft step ran 2.95 / 3.40 / 4.22 ms without it at 32K / 64K / 128K vs 2.93 / 3.26 / 3.92
+// with (quantspec bench, 2048 tokens; docs/perf.md, Session 27).
 constexpr int kQuantAttentionDirectRing = -1;
 // The one-query form of the f16 draft's ring kernel (at 192 registers) where a call has one query
 // vector per kv head (an MHA draft step): the loop leaves the tile's other query columns out
