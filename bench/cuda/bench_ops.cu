@@ -1056,9 +1056,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // the f16-operand draft without its register prefetch of the next sub-chunk ("pf": with
         // it); "N tile(s)/warp": the INT8 view's 8-query tiles per warp on the direct path;
         // "dring [N]": the direct path's per-warp cp.async ring forced on ("no-ring": off; both
-        // also at 4K and 128K; "dring2 [N]": with two tiles per warp [at N registers]); "8 cols":
-        // the MHA draft's 8-column loop instead of its one-query kernel (single_query off; also at
-        // 4K and 128K).
+        // also at 4K and 128K; "dring2": with two tiles per warp); "8 cols": the MHA draft's
+        // 8-column loop instead of its one-query kernel (single_query off; also at 4K and 128K).
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -1100,8 +1099,6 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" dring 128",
                     [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 128; }),
             variant(" dring2", [](T& t) { t.direct_ring = 1, t.direct_tiles = 2; }),
-            variant(" dring2 192",
-                    [](T& t) { t.direct_ring = 1, t.direct_tiles = 2, t.direct_regs = 192; }),
             variant(" 8 cols", [](T& t) { t.single_query = false; })};
         for (const Variant& var : variants) {
           // The draft view's switches.

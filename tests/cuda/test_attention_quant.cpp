@@ -433,30 +433,23 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
     }
   }
   // Two tiles per warp (the INT8 view): one slot per warp refilled in halves, the
-  // full-precision rows after the loop in the rings' memory, at 255 registers (automatic) and at
-  // 192; also over GQA blocks of 9..16 query vectors per kv head whose boundaries fall inside the
-  // block.
-  for (int regs : {0, 192}) {
-    for (int splits : {0, 1, 2}) {
-      cuda::QuantAttentionTuning t;
-      t.direct_ring = 1;
-      t.direct_tiles = 2;
-      t.direct_regs = regs;
-      t.splits = splits;
-      TuningScope scope(t);
-      double worst = 0;
-      sweep(gpu(), cpu(), worst);
-      for (int m : {2, 4, 9, 16}) {
-        const int G = 64;
-        const int len = 10 * G + (m + 1) / 2;
-        QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kWild, uint64_t(m + 80)});
-        check_cases(gpu(), cpu(), kv, ratio_cases({m}, true, kFpBaseMax), worst);
-      }
-      report(regs == 0
-                 ? "quantized sweep, direct path with its ring, two tiles per warp"
-                 : "quantized sweep, direct path with its ring, two tiles per warp, 192 registers",
-             worst);
+  // full-precision rows after the loop in the rings' memory; also over GQA blocks of 9..16 query
+  // vectors per kv head whose boundaries fall inside the block.
+  for (int splits : {0, 1, 2}) {
+    cuda::QuantAttentionTuning t;
+    t.direct_ring = 1;
+    t.direct_tiles = 2;
+    t.splits = splits;
+    TuningScope scope(t);
+    double worst = 0;
+    sweep(gpu(), cpu(), worst);
+    for (int m : {2, 4, 9, 16}) {
+      const int G = 64;
+      const int len = 10 * G + (m + 1) / 2;
+      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kWild, uint64_t(m + 80)});
+      check_cases(gpu(), cpu(), kv, ratio_cases({m}, true, kFpBaseMax), worst);
     }
+    report("quantized sweep, direct path with its ring, two tiles per warp", worst);
   }
 }
 
@@ -737,11 +730,10 @@ TEST_F(CudaOpsTest, QuantAttentionSanitizerSubset) {
   }
   // The direct path's per-warp ring, one split (every slot reused), with one and two tiles per
   // warp (two: one slot refilled in halves, the full-precision states in the rings' memory).
-  for (int tiles : {1, 2, 3}) {  // 3: two tiles at 192 registers
+  for (int tiles : {1, 2}) {
     cuda::QuantAttentionTuning t;
     t.direct_ring = 1;
-    t.direct_tiles = tiles == 1 ? 1 : 2;
-    t.direct_regs = tiles == 3 ? 192 : 0;
+    t.direct_tiles = tiles;
     t.splits = 1;
     TuningScope scope(t);
     QuantKv kv(gpu(), cpu(), {300, kKvHeads, 128, 32, 128, 4, Values::kNormal, 63});

@@ -1428,11 +1428,8 @@ struct KernelChoice {
 };
 
 // Register cap of the direct kernels with two tiles per warp (the INT8 view only): two O^T tiles
-// of 32 floats each, the folded queries in shared memory; no spill. With the ring also at
-// kDirectRegsTwoTilesLow (QuantAttentionTuning::direct_regs = 192): five two-warp blocks per SM
-// instead of four, 88 bytes of stack (19 local loads and 13 stores per sub-chunk).
+// of 32 floats each, the folded queries in shared memory; no spill.
 constexpr int kDirectRegsTwoTiles = 255;
-constexpr int kDirectRegsTwoTilesLow = 192;
 
 // The one-tile direct kernel at register cap `regs`: 168 or 192, and for the f16-operand draft
 // without register prefetch also kLightDraftRegs (more two-warp blocks per SM). one: the light
@@ -1468,19 +1465,11 @@ template <bool INT8, bool kDraftF16, bool kRegPrefetch>
 const void* direct_kernel_fn(int regs, int tiles, bool ring, bool one) {
   if constexpr (INT8) {
     if (tiles == 2) {
-      // 255 registers unless the ring asks for kDirectRegsTwoTilesLow (the first choice of
-      // plan_attention_quant, which only reads the tiling, passes 192 for any kernel).
-      if (!ring) {
-        return reinterpret_cast<const void*>(
-            attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2>);
-      }
-      return regs == kDirectRegsTwoTilesLow
-                 ? reinterpret_cast<const void*>(
-                       attention_quant_direct_kernel<true, kDirectRegsTwoTilesLow, false, true, 2,
-                                                     true>)
-                 : reinterpret_cast<const void*>(
-                       attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2,
-                                                     true>);
+      return ring ? reinterpret_cast<const void*>(
+                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2,
+                                                      true>)
+                  : reinterpret_cast<const void*>(
+                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2>);
     }
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
@@ -1778,18 +1767,13 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // kLightDraftRegs exists for the light draft alone: elsewhere it means the automatic cap.
   const bool forced_regs =
       tune.direct_regs != 0 && (tune.direct_regs != kLightDraftRegs || light_draft);
-  // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
-  // (several make blocks of 3-8 warps, each with its ring).
-  const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;
-  // Two tiles per warp: 255 registers, or 192 with the ring where direct_regs asks for it (five
-  // blocks per SM instead of four, ~88 bytes spilled).
-  const int two_tile_regs = want_ring && tune.direct_regs == kDirectRegsTwoTilesLow
-                                ? kDirectRegsTwoTilesLow
-                                : kDirectRegsTwoTiles;
-  pl.direct_regs = pl.direct_tiles == 2  ? two_tile_regs
+  pl.direct_regs = pl.direct_tiles == 2  ? kDirectRegsTwoTiles
                    : forced_regs         ? tune.direct_regs
                    : pl.query_tiles == 1 ? 192
                                          : 168;
+  // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
+  // (several make blocks of 3-8 warps, each with its ring).
+  const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
                      tune.draft_reg_prefetch, pl.direct_tiles, want_ring, one);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
@@ -1819,7 +1803,6 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
     }
   }
   if (kc.ring && smem_for(pl.chunk, pl.stages) > smem_cap) {  // the rings do not fit: without
-    if (pl.direct_tiles == 2) pl.direct_regs = kDirectRegsTwoTiles;
     kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
                        tune.draft_reg_prefetch, pl.direct_tiles, false, one);
   }

@@ -134,8 +134,8 @@ struct QuantAttentionTuning {
   // Its register cap per thread: 168 (6 two-warp blocks per SM, a few spilled words) or 192 (4
   // blocks), and 128 for the f16-operand draft without register prefetch (8 blocks, spills; other
   // views then take the automatic cap); 0: 192 for a single query tile per block, 168 for more
-  // (plan_attention_quant). Two tiles per warp (direct_tiles) run at 255, or at 192 with the ring
-  // where this says 192. QS_DIRECT_REGS sets it for the whole process.
+  // (plan_attention_quant). For one 8-query tile per warp only: several (direct_tiles) always run
+  // at 255. QS_DIRECT_REGS sets it for the whole process.
   int direct_regs = kQuantAttentionDirectRegs;
   // The draft (INT4) view on the tensor-core paths (register-direct and ring) with its operands
   // in f16 alone: one MMA per product instead of the f16 hi + lo pair that gives f32-level
