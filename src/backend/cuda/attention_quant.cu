@@ -359,24 +359,25 @@ __device__ __forceinline__ void score_block(const uint32_t (&up)[2], const uint3
 }
 
 // Full sum over the warp of v[j] for the query j = lane / (32 / N) of this lane: a butterfly that
-// halves the values a lane carries at each of its first log2(N) steps (N = 4 or 8).
-template <int N>
+// halves the values a lane carries at each of its first log2(N) steps (N = 4, 8 or 16). The
+// halving steps recurse on compile-time sizes, so that every index stays constant (a loop over a
+// runtime n put v in local memory at N = 16).
+template <int N, int kOff = 16>
 __device__ __forceinline__ float transpose_reduce(float (&v)[N]) {
-  const int lane = threadIdx.x & 31;
-  int off = 16;
+  if constexpr (N == 1) {
 #pragma unroll
-  for (int n = N; n > 1; n /= 2, off /= 2) {
-    const bool upper = (lane & off) != 0;
+    for (int off = kOff; off > 0; off /= 2) v[0] += __shfl_xor_sync(kFullMask, v[0], off);
+    return v[0];
+  } else {
+    const bool upper = ((threadIdx.x & 31) & kOff) != 0;
+    float h[N / 2];
 #pragma unroll
-    for (int i = 0; i < n / 2; ++i) {
-      const float keep = upper ? v[n / 2 + i] : v[i];
-      const float send = upper ? v[i] : v[n / 2 + i];
-      v[i] = keep + __shfl_xor_sync(kFullMask, send, off);
+    for (int i = 0; i < N / 2; ++i) {
+      const float a = v[i], b = v[N / 2 + i];
+      h[i] = (upper ? b : a) + __shfl_xor_sync(kFullMask, upper ? a : b, kOff);
     }
+    return transpose_reduce<N / 2, kOff / 2>(h);
   }
-#pragma unroll
-  for (; off > 0; off /= 2) v[0] += __shfl_xor_sync(kFullMask, v[0], off);
-  return v[0];
 }
 
 // The 4-bit codes of this lane's C channels [lane*C, +C) in a packed row, code c in bits 4c.
@@ -1229,6 +1230,9 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   // RQW * HD / 32 floats each of queries and outputs.
   constexpr int RQW = QW < 8 ? QW : 8;
   static_assert(QW % RQW == 0);
+  // The full-precision rows after the loop (kFpInRing), whose registers are dead by then: all the
+  // warp's vectors in one pass.
+  constexpr int kFpR = kFpInRing ? QW : RQW;
   // This lane's query in RowPath pass `sub`: valid, its position t and quantized boundary b(t).
   struct LaneQuery {
     bool valid;
@@ -1264,7 +1268,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
         const LaneQuery lq = lane_query(sub, R);
         RowPath<HD, R> w;
         w.init(q_warp + sub * R * kQStride, lq.valid ? lq.b : 1, lq.valid ? lq.t : 0);
-        w.template run<fp_row_unroll<HD>()>(rows, begin, end, ts, p.slices);
+        w.template run<R <= 8 ? fp_row_unroll<HD>() : 2>(rows, begin, end, ts, p.slices);
         w.store(o_w + sub * R * HD, ml_w + sub * R * 2);
       }
     };
@@ -1273,7 +1277,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     if (RQW > 1 && p.nq - qv_warp == 1) {
       passes(std::integral_constant<int, 1>{});
     } else {
-      passes(std::integral_constant<int, RQW>{});
+      passes(std::integral_constant<int, kFpR>{});
     }
   };
 
