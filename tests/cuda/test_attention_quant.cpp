@@ -349,6 +349,18 @@ void sweep(CudaBackend& gpu, CpuBackend& cpu, double& worst) {
   }
 }
 
+// GQA blocks of m rows (up to 128 query vectors per kv head at ratio 8) over wild values, the
+// INT8 view, the queries [len - m, len) crossing a group boundary (10 G).
+void gqa_blocks(CudaBackend& gpu, CpuBackend& cpu, std::initializer_list<int> ms, int seed,
+                double& worst) {
+  for (int m : ms) {
+    const int G = 64;
+    const int len = 10 * G + (m + 1) / 2;
+    QuantKv kv(gpu, cpu, {len, kKvHeads, 128, G, 128, 0, Values::kWild, uint64_t(m + seed)});
+    check_cases(gpu, cpu, kv, ratio_cases({m}, true, kFpBaseMax), worst);
+  }
+}
+
 TEST_F(CudaOpsTest, QuantAttentionSweep) {
   double worst = 0;
   sweep(gpu(), cpu(), worst);
@@ -443,12 +455,7 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
     TuningScope scope(t);
     double worst = 0;
     sweep(gpu(), cpu(), worst);
-    for (int m : {2, 4, 9, 16}) {
-      const int G = 64;
-      const int len = 10 * G + (m + 1) / 2;
-      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kWild, uint64_t(m + 80)});
-      check_cases(gpu(), cpu(), kv, ratio_cases({m}, true, kFpBaseMax), worst);
-    }
+    gqa_blocks(gpu(), cpu(), {2, 4, 9, 16}, 80, worst);
     report("quantized sweep, direct path with its ring, two tiles per warp", worst);
   }
 }
@@ -463,12 +470,7 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectTiles) {
     TuningScope scope(t);
     double worst = 0;
     sweep(gpu(), cpu(), worst);
-    for (int m : {2, 5, 9, 16}) {
-      const int G = 64;
-      const int len = 10 * G + (m + 1) / 2;  // queries [len - m, len) cross 10 G
-      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kWild, uint64_t(m + 40)});
-      check_cases(gpu(), cpu(), kv, ratio_cases({m}, true, kFpBaseMax), worst);
-    }
+    gqa_blocks(gpu(), cpu(), {2, 5, 9, 16}, 40, worst);
     const std::string what =
         "quantized sweep, direct INT8 view with " + std::to_string(tiles) + " tile(s) per warp";
     report(what.c_str(), worst);
