@@ -139,7 +139,8 @@ struct RingSlot {
   static constexpr int kKeyMeta = kPlanes * kPlaneBytes + 2 * kMetaBytes;  // scales, then mins
   static constexpr int kBytes = kKeyMeta + 2 * kHD * 2;
 };
-// Slots per warp: two with one tile per warp; one with several (ring_halves), refilled in halves.
+// Slots per warp: two with one tile per warp; one with several, refilled in key and value halves
+// (quant_split_direct's kHalves).
 constexpr int ring_slots(int tiles) {
   return tiles > 1 ? 1 : 2;
 }
@@ -666,7 +667,8 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // the block's warps takes the contiguous positions [begin + ts * len, +len), len = q_split_len /
 // slices (INT4 with kRegPrefetch: one sub-chunk ahead in registers). No barrier, no shared memory
 // but the warp's own (NT > 1: the folded queries in o_mine until the state is stored there):
-// `overlap()` (the full-precision rows) runs first.
+// `overlap()` (the full-precision rows) runs first (after the loop with several tiles and the
+// ring, below).
 // kRing: the sub-chunks stream through this warp's cp.async ring at `ring` (ring_bytes_per_warp)
 // instead (no register prefetch). One tile: two slots, each sub-chunk copied whole two ahead.
 // Several tiles (the values are read once the scores are done, registers): one slot refilled in
