@@ -1197,7 +1197,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   const int state_floats = p.slices * block_qv * (HD + 2);
   // The direct path's ring with several tiles per warp: the full-precision states run after the
   // loop, in the rings' memory (block_smem).
-  constexpr bool kFpInRing = kDirect && kRing && QW > 8;
+  constexpr bool kFpInRing = kDirect && direct_path::ring_halves(kRing, QW / 8);
   float* q_states = reinterpret_cast<float*>(stages);
   float* fp_states = reinterpret_cast<float*>(
       kFpInRing
@@ -1726,7 +1726,7 @@ struct BlockSmem {
 };
 BlockSmem block_smem(const KernelChoice& kc, int threads, size_t q_bytes, size_t stages_bytes,
                      size_t state_bytes) {
-  const bool fp_in_ring = kc.ring && kc.direct_tiles > 1;
+  const bool fp_in_ring = direct_path::ring_halves(kc.ring, kc.direct_tiles);
   const size_t before =
       q_bytes + std::max(stages_bytes, state_bytes) + (fp_in_ring ? 0 : state_bytes);
   if (!kc.ring) return {0, before};

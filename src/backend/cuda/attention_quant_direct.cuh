@@ -139,8 +139,14 @@ struct RingSlot {
   static constexpr int kKeyMeta = kPlanes * kPlaneBytes + 2 * kMetaBytes;  // scales, then mins
   static constexpr int kBytes = kKeyMeta + 2 * kHD * 2;
 };
-// Slots per warp: two with one tile per warp; one with several, refilled in key and value halves
-// (quant_split_direct's kHalves).
+// A ring with several tiles per warp is refilled in key and value halves, one slot per warp, and
+// the full-precision rows run after the loop with their states in the rings' memory
+// (quant_split_direct; the host's block_smem lays the block out by the same rule).
+constexpr bool ring_halves(bool ring, int tiles) {
+  return ring && tiles > 1;
+}
+
+// Slots per warp of a ring: two with one tile per warp; one with several (ring_halves).
 constexpr int ring_slots(int tiles) {
   return tiles > 1 ? 1 : 2;
 }
@@ -701,7 +707,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   // INT4: the next sub-chunk is loaded while this one is computed (2 x 40 registers); INT8 (twice
   // the codes) loads each sub-chunk just before use and relies on the other warps.
   constexpr bool kPrefetch = !INT8 && kRegPrefetch && !kRing;
-  constexpr bool kHalves = kRing && NT > 1;  // one slot refilled in halves
+  constexpr bool kHalves = ring_halves(kRing, NT);
   constexpr int kSlots = ring_slots(NT);
   const RingLane rl = kRing ? RingLane::make() : RingLane{};
   auto slot = [&](int j) { return ring + (j % kSlots) * RingSlot<INT8>::kBytes; };
