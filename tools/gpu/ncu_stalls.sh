@@ -21,6 +21,8 @@ metrics+=,lts__t_sectors_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_tex_op_r
 metrics+=,lts__t_requests_srcunit_tex_op_read.sum,lts__t_sectors_srcunit_ltcfabric.sum
 metrics+=,lts__throughput.avg.pct_of_peak_sustained_elapsed,smsp__issue_active.avg.per_cycle_active
 metrics+=,smsp__warps_active.avg.per_cycle_active
+# QS_NCU_EXTRA: more metrics, comma-separated (e.g. L1 hit counts, launch__shared_mem_config_size)
+[[ -n ${QS_NCU_EXTRA:-} ]] && metrics+=,$QS_NCU_EXTRA
 for s in "${stalls[@]}"; do metrics+=,smsp__average_warps_issue_stalled_${s}_per_issue_active.ratio; done
 
 timeout 240 "$ncu_bin" --clock-control none --cache-control all --metrics "$metrics" \

@@ -32,6 +32,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
+#include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 
@@ -548,6 +549,13 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
     const size_t most = std::min(ring_smem_bytes(kRingMaxWarps, STAGES, NT), max_smem_per_block());
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(most)));
+    // QS_GEMV_CARVEOUT=P (0..100): the shared-memory share of the SM's L1 / shared storage the
+    // driver should prefer for this kernel (what is left is L1, where x is re-read per tile).
+    const int carveout = env_int("QS_GEMV_CARVEOUT", 0, 100, -1);
+    if (carveout >= 0) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                      carveout));
+    }
     return true;
   }();
   (void)opted_in;
