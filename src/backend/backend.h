@@ -306,6 +306,20 @@ class Backend {
     rmsnorm(h, weight, m, eps, out);
   }
 
+  // A linear layer whose output goes into the residual stream, and the next norm:
+  // op.y = x W^T (+ bias) as matmul / matmul_q4 computes it (W = op.w, or the 4-bit op.w4 when
+  // set), then add_rmsnorm(h, op.y, weight, m, eps, out). op.y is scratch ([m, d]): its contents
+  // afterwards are unspecified (a backend may add the products into h without storing them).
+  virtual void linear_add_rmsnorm(const float* x, int m, const LinearOp& op, float* h,
+                                  const WeightView& weight, float eps, float* out) {
+    if (op.w4 != nullptr) {
+      matmul_q4(x, m, *op.w4, op.bias, op.y);
+    } else {
+      matmul(x, m, *op.w, op.bias, op.y);
+    }
+    add_rmsnorm(h, op.y, weight, m, eps, out);
+  }
+
   // RoPE of a layer's queries and keys: rope(q, m, num_heads, ...) then rope(k, m, num_kv_heads,
   // ...) with the same positions and frequencies. q: [m, num_heads * head_dim], k: [m,
   // num_kv_heads * head_dim], distinct buffers.

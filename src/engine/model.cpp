@@ -167,6 +167,18 @@ void Model::linear(const float* x, int m, const WeightView& w, const QuantizedWe
   }
 }
 
+void Model::linear_add_norm(const float* x, int m, const WeightView& w, const QuantizedWeight4* w4,
+                            const WeightView* bias, float* h, const WeightView& norm, float* out) {
+  const float eps = cfg_.rms_norm_eps;
+  if (comm_ == nullptr) {
+    backend_.linear_add_rmsnorm(x, m, LinearOp{&w, w4, bias, proj_->data()}, h, norm, eps, out);
+    return;
+  }
+  linear(x, m, w, w4, bias, proj_->data());
+  comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m) * cfg_.hidden_size);
+  backend_.add_rmsnorm(h, proj_->data(), norm, m, eps, out);
+}
+
 Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
                       const ForwardPath& path, LogitRows rows, float* logits, int32_t* argmax) {
   return run(TokenInput{ids.data(), static_cast<int>(ids.size()), false}, pos, cache, path, rows,
@@ -205,15 +217,15 @@ Status Model::check_ids(std::span<const int32_t> ids) const {
 }
 
 // Layer l over m rows at [pos, pos + m): h is the residual stream, x = attn_norm_l(h) on entry.
-// Leaves the MLP's output in proj_, not yet added to h (the caller fuses that add with the norm
-// that reads the sum), and x overwritten.
+// With next_norm, the MLP's output is added to h and x = next_norm(h) on return; without, the
+// MLP's output is left in proj_, not yet added to h (the caller adds it, fused with the norm that
+// reads the sum where it can), and x is overwritten.
 void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
-                  const ForwardPath& path) {
+                  const ForwardPath& path, const WeightView* next_norm) {
   const LayerWeights& L = weights_.layers[l];
   static const DraftLayer kNoDraft;
   const DraftLayer& D = path.draft_weights ? draft_layers_[l] : kNoDraft;
   const int64_t d = cfg_.hidden_size;
-  const float eps = cfg_.rms_norm_eps;
   // HF: scaling = head_dim ** -0.5 in double, applied in f32.
   const AttentionShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
                              cfg_.attention_scale()};
@@ -229,14 +241,17 @@ void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
   // Tensor parallel: each rank's o_proj covers its heads (a partial sum); the bias goes into the
   // sum once.
   const bool bias_here = comm_ == nullptr || comm_->rank() == 0;
-  linear(attn_->data(), m, L.wo, D.wo.get(), bias_here ? &L.bo : nullptr, proj_->data());
-  if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
+  linear_add_norm(attn_->data(), m, L.wo, D.wo.get(), bias_here ? &L.bo : nullptr, h, L.mlp_norm,
+                  x);
   // MLP block.
-  backend_.add_rmsnorm(h, proj_->data(), L.mlp_norm, m, eps, x);
   const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
                               {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
   backend_.matmul_group(x, m, gate_up, 2);
   backend_.swiglu(gate_->data(), up_->data(), m * cfg_.intermediate_size, gate_->data());
+  if (next_norm != nullptr) {
+    linear_add_norm(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, h, *next_norm, x);
+    return;
+  }
   linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
   if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
 }
@@ -256,9 +271,10 @@ Status Model::run(const TokenInput& in, int pos, KvCache& cache, const ForwardPa
   const float eps = cfg_.rms_norm_eps;
   float* h = hidden_->data();
   float* x = normed_->data();
-  // Each residual add is fused with the norm that reads its sum (Backend::add_rmsnorm): o_proj's
-  // with the MLP norm, down_proj's with the next layer's attention norm (the last layer's with
-  // the final norm, below). Only the first attention norm stands alone.
+  // Each residual add is fused with the norm that reads its sum and with the projection that
+  // makes it (Backend::linear_add_rmsnorm): o_proj's with the MLP norm, down_proj's with the
+  // next layer's attention norm (the last layer's with the final norm, below, over the rows that
+  // need it). Only the first attention norm stands alone.
   if (in.chained) {
     backend_.embedding_of_ids(weights_.tok_embeddings, in.ids, m, h);
   } else {
@@ -266,10 +282,8 @@ Status Model::run(const TokenInput& in, int pos, KvCache& cache, const ForwardPa
   }
   backend_.rmsnorm(h, weights_.layers[0].attn_norm, m, eps, x);
   for (int l = 0; l < cfg_.num_layers; ++l) {
-    layer(l, h, x, m, pos, cache, path);
-    if (l + 1 < cfg_.num_layers) {
-      backend_.add_rmsnorm(h, proj_->data(), weights_.layers[l + 1].attn_norm, m, eps, x);
-    }
+    const bool last = l + 1 == cfg_.num_layers;
+    layer(l, h, x, m, pos, cache, path, last ? nullptr : &weights_.layers[l + 1].attn_norm);
   }
 
   // The last residual add, fused with the final norm, only over the rows that produce logits,
@@ -320,15 +334,16 @@ Status Model::prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache&
   QS_TRY(ensure_scratch(chunk));
   float* x = normed_->data();
   backend_.embedding(weights_.tok_embeddings, ids.data(), n, stream->data());
-  // Per chunk the same calls as run()'s: its fused add + norm is the add, then (at the next
-  // layer, or the head) the norm, which Backend::add_rmsnorm's contract makes bit-identical.
+  // Per chunk the same calls as run()'s: its fused add + norm after down_proj is the add, then
+  // (at the next layer, or the head) the norm, which Backend::add_rmsnorm's and
+  // linear_add_rmsnorm's contracts make bit-identical.
   const ForwardPath path;  // the original weights, full-precision attention
   for (int l = 0; l < cfg_.num_layers; ++l) {
     for (int start = 0; start < n; start += chunk) {
       const int m = std::min(chunk, n - start);
       float* h = stream->data() + start * d;
       backend_.rmsnorm(h, weights_.layers[l].attn_norm, m, eps, x);
-      layer(l, h, x, m, start, cache, path);
+      layer(l, h, x, m, start, cache, path, nullptr);
       backend_.add(h, proj_->data(), m * d);
       if (progress) progress(static_cast<int64_t>(l) * n + start + m);
     }

@@ -238,6 +238,7 @@ struct CudaBackend::Impl {
   Scratch sample_out;    // sampled tokens / the verdict
   Scratch snapkv;        // snapkv_scores' softmax partials
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
+  unsigned* norm_arrivals = nullptr;    // the fused GEMV + norm's block counter (cuda::GemvNorm)
 
 #ifdef QS_KERNEL_TRACE
   unsigned long long* trace = nullptr;
@@ -258,6 +259,7 @@ struct CudaBackend::Impl {
     argmax.release();
     snapkv.release();
     if (cublas_workspace) cudaFree(cublas_workspace);
+    if (norm_arrivals) cudaFree(norm_arrivals);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -373,6 +375,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   CUDA_CHECK(cudaMalloc(&impl->cublas_workspace, kCublasWorkspaceBytes));
   CUBLAS_CHECK(cublasSetWorkspace(impl->cublas, impl->cublas_workspace, kCublasWorkspaceBytes));
   CUBLAS_CHECK(cublasSetMathMode(impl->cublas, CUBLAS_DEFAULT_MATH));
+  CUDA_CHECK(cudaMalloc(&impl->norm_arrivals, sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(impl->norm_arrivals, 0, sizeof(unsigned)));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 
@@ -933,6 +937,31 @@ void CudaBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w,
     cuda::launch_gemv_q4(x + static_cast<int64_t>(m0) * w.cols, mc, dw, b,
                          y + static_cast<int64_t>(m0) * w.rows, impl_->num_sms, impl_->stream);
   }
+}
+
+namespace {
+// QS_FUSE_NORM=0: linear_add_rmsnorm as the GEMV and add_rmsnorm launches (A/B runs).
+const bool g_fuse_norm = cuda::env_flag("QS_FUSE_NORM", true);
+}  // namespace
+
+void CudaBackend::linear_add_rmsnorm(const float* x, int m, const LinearOp& op, float* h,
+                                     const WeightView& weight, float eps, float* out) {
+  const int64_t d = weight.numel();
+  const int64_t rows = op.w4 != nullptr ? op.w4->rows : op.w->rows;
+  if (g_fuse_norm && m >= 1 && m <= kGemvMaxRows && rows == d) {
+    const cuda::GemvNorm norm{
+        h, impl_->resolve(weight), weight.dtype, eps, out, impl_->norm_arrivals, m, d};
+    const cuda::DeviceBias b = impl_->bias(op.bias);
+    if (op.w4 != nullptr) {
+      check_q4_bias(*op.w4, op.bias);
+      const cuda::DeviceWeight4& dw = impl_->weights4.resolve(*op.w4, impl_->stream);
+      if (cuda::launch_gemv_q4_norm(x, m, dw, b, norm, impl_->num_sms, impl_->stream)) return;
+    } else if (cuda::launch_gemv_norm(x, m, impl_->matrix(*op.w), b, norm, impl_->num_sms,
+                                      impl_->stream)) {
+      return;
+    }
+  }
+  Backend::linear_add_rmsnorm(x, m, op, h, weight, eps, out);
 }
 
 void CudaBackend::quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,

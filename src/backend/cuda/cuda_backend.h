@@ -114,6 +114,11 @@ class CudaBackend final : public Backend {
   void matmul_group(const float* x, int m, const LinearOp* ops, int count) override;
   void matmul_q4(const float* x, int m, const QuantizedWeight4& w, const WeightView* bias,
                  float* y) override;
+  // The GEMV and the add + RMSNorm in one launch where the decode GEMV's persistent kernels run
+  // (launch_gemv_norm, launch_gemv_q4_norm: bf16/f16 weights at m <= 16, 4-bit at m = 1); the
+  // separate launches otherwise, or with QS_FUSE_NORM=0. op.y is not written when fused.
+  void linear_add_rmsnorm(const float* x, int m, const LinearOp& op, float* h,
+                          const WeightView& weight, float eps, float* out) override;
   using Backend::quantize_kv;  // the f32 overload
   void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                    int num_kv_heads, int head_dim, int64_t first_group, int n_groups,

@@ -153,6 +153,27 @@ bool gemv_group_supported(const float* x, int m, const GemvSegment* segs, int co
 void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
                        cudaStream_t stream);
 
+// A GEMV's output added into the residual stream and normalized (Backend::linear_add_rmsnorm):
+// h += y over [m, d] (d = the matrix's rows), then out = rmsnorm(h) with `weight`, as
+// launch_add_rmsnorm computes it, in the GEMV's own launch (gemv_norm.cuh: the last block to
+// finish normalizes). y is not stored. arrivals: a device counter, zero before the launch and
+// left zero after it (one per stream: launches that use it must not overlap).
+struct GemvNorm {
+  float* h = nullptr;  // null: a plain GEMV
+  const void* weight = nullptr;
+  DType weight_dtype = DType::F32;
+  float eps = 0.0f;
+  float* out = nullptr;  // aliases neither h nor x
+  unsigned* arrivals = nullptr;
+  int m = 0;
+  int64_t d = 0;
+};
+// launch_gemv with `norm` when the persistent ring kernel runs these operands (F16/BF16 W on the
+// tensor-core path, m <= 16, the ring enabled) and returns true; otherwise launches nothing and
+// returns false (the caller runs launch_gemv and launch_add_rmsnorm).
+bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
+                      const GemvNorm& norm, int num_sms, cudaStream_t stream);
+
 // Tuning of launch_gemv, process-wide (benchmarks and tests compare the variants; every
 // variant computes the same function and is tested).
 // Defaults: the fastest measured on the H200 (docs/perf.md).

@@ -33,6 +33,7 @@
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/env_switch.h"
+#include "backend/cuda/gemv_norm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 
@@ -126,12 +127,12 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
 }
 
 // The block's sum of its warps' C fragments (partial: [warps][NT][32 lanes][4] floats) for the
-// 16 W rows from n0, plus the bias, into y. C fragment element r of lane l: W row l / 4 +
-// 8 (r / 2), token 2 (l % 4) + r % 2 of the tile of 8 tokens.
+// 16 W rows from n0, plus the bias, into y (or added into norm.h: gemv_norm.cuh). C fragment
+// element r of lane l: W row l / 4 + 8 (r / 2), token 2 (l % 4) + r % 2 of the tile of 8 tokens.
 template <int NT>
 __device__ __forceinline__ void store_tile_sums(const float* partial, int num_warps, int64_t n0,
-                                                int64_t N, int m, const DeviceBias& bias,
-                                                float* y) {
+                                                int64_t N, int m, const DeviceBias& bias, float* y,
+                                                const GemvNorm& norm = {}) {
   for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
     const int t = e / 128, l = (e / 4) % 32, r = e % 4;
     float sum = 0.0f;
@@ -140,7 +141,7 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
     const int token = t * 8 + 2 * (l & 3) + (r & 1);
     if (row < N && token < m) {
       if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-      y[token * N + row] = sum;
+      gemv_store(norm, y, token * N + row, sum);
     }
   }
 }
@@ -234,7 +235,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, UNROLL >= 8 ? 1 : 2)
 // each 16-byte piece lands in the slot of the lane whose A fragment holds it, so the reads are
 // one conflict-free 16-byte ld.shared per fragment half (the order of k inside a dot product
 // is free, as above). After each tile the warps' C fragments meet in a double-buffered
-// shared-memory partial (one __syncthreads per tile).
+// shared-memory partial (one __syncthreads per tile). With norm.h set (one segment) the sums go
+// into the residual stream and the last block normalizes it (gemv_norm.cuh).
 constexpr int kRingMaxWarps = 16;
 constexpr int kRingChunkK = 64;                        // K per stage: one line per W row
 constexpr int kRingStageBytes = 16 * kRingChunkK * 2;  // 16 rows x 128 bytes
@@ -265,7 +267,7 @@ __device__ __forceinline__ uint32_t ring_offset(int r, int p) {
 template <typename T, int NT, int STAGES>
 __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     gemv_ring_kernel(const float* __restrict__ x, int m, int64_t K, const MmaSegments<T> segs,
-                     int64_t tiles) {
+                     int64_t tiles, const GemvNorm norm) {
   extern __shared__ __align__(16) unsigned char ring_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -346,9 +348,10 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     int64_t local;
     const int si = find_segment_at(segs, blockIdx.x + tj * gridDim.x, local);
     store_tile_sums<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps, local * 16,
-                        pick(segs.N, si), m, pick(segs.bias, si), pick(segs.y, si));
+                        pick(segs.N, si), m, pick(segs.bias, si), pick(segs.y, si), norm);
   }
   cp_async_wait<0>();
+  if (norm.h != nullptr) gemv_norm_finish(norm);
 }
 
 // Coalesced FMA kernel for a few rows (m <= M <= 4): a warp owns kCoalRows W rows and reads
@@ -539,7 +542,7 @@ void launch_mma(const float* x, int m, const GemvSegment* segs, int count, int n
 
 template <typename T, int NT, int STAGES>
 void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
-                 cudaStream_t stream) {
+                 cudaStream_t stream, const GemvNorm& norm) {
   const MmaSegments<T> ms = mma_segments<T>(segs, count);
   const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
@@ -561,8 +564,32 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
   (void)opted_in;
   const int64_t grid = std::min<int64_t>(tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, ring_smem_bytes(warps, STAGES, NT),
-         stream, x, m, K, ms, tiles);
+         stream, x, m, K, ms, tiles, norm);
   CUDA_CHECK_LAUNCH(stream);
+}
+
+// The ring kernel's stages for these matrices (4 or 6), or 0 where it does not run (tuned off,
+// or its shared memory does not fit).
+template <int NT>
+int ring_stages_for(const GemvSegment* segs, int count, int num_sms) {
+  if (g_tuning.ring_stages < 0) return 0;
+  int64_t rows = 0;
+  for (int i = 0; i < count; ++i) rows += segs[i].w.rows;
+  int stages = g_tuning.ring_stages;
+  if (stages == 0) stages = (rows + 15) / 16 >= int64_t{kRingDeepTilesPerSm} * num_sms ? 6 : 4;
+  // GPUs with less shared memory per block than the H200's 227 KiB (sm_80: 163 KiB) take
+  // fewer stages, or the per-tile kernel.
+  const int warps = ring_warps(segs[0].w.cols);
+  const size_t smem_max = max_smem_per_block();
+  if (stages == 6 && ring_smem_bytes(warps, 6, NT) > smem_max) stages = 4;
+  return ring_smem_bytes(warps, stages, NT) <= smem_max ? stages : 0;
+}
+
+template <typename T, int NT>
+void launch_ring_stages(int stages, const float* x, int m, const GemvSegment* segs, int count,
+                        int num_sms, cudaStream_t stream, const GemvNorm& norm) {
+  if (stages == 6) return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream, norm);
+  launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream, norm);
 }
 
 template <typename T, int NT>
@@ -570,18 +597,8 @@ void launch_mma_tuned(const float* x, int m, const GemvSegment* segs, int count,
                       cudaStream_t stream) {
   int64_t rows = 0;
   for (int i = 0; i < count; ++i) rows += segs[i].w.rows;
-  if (g_tuning.ring_stages >= 0) {
-    int stages = g_tuning.ring_stages;
-    if (stages == 0) stages = (rows + 15) / 16 >= int64_t{kRingDeepTilesPerSm} * num_sms ? 6 : 4;
-    // GPUs with less shared memory per block than the H200's 227 KiB (sm_80: 163 KiB) take
-    // fewer stages, or the per-tile kernel.
-    const int warps = ring_warps(segs[0].w.cols);
-    const size_t smem_max = max_smem_per_block();
-    if (stages == 6 && ring_smem_bytes(warps, 6, NT) > smem_max) stages = 4;
-    if (ring_smem_bytes(warps, stages, NT) <= smem_max) {
-      if (stages == 6) return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream);
-      return launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream);
-    }
+  if (const int stages = ring_stages_for<NT>(segs, count, num_sms); stages > 0) {
+    return launch_ring_stages<T, NT>(stages, x, m, segs, count, num_sms, stream, GemvNorm{});
   }
   int unroll = g_tuning.mma_unroll;
   if (unroll == 0) unroll = (rows + 15) / 16 >= int64_t{num_sms} * 32 ? 8 : 4;
@@ -705,6 +722,26 @@ void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count
   } else {
     launch_mma_rows<__half>(x, m, segs, count, num_sms, stream);
   }
+}
+
+bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
+                      const GemvNorm& norm, int num_sms, cudaStream_t stream) {
+  QS_CHECK(norm.h != nullptr && norm.out != nullptr && norm.arrivals != nullptr);
+  QS_CHECK(norm.m == m && norm.d == w.rows);
+  const GemvSegment seg{w, bias, nullptr};
+  if (!gemv_group_supported(x, m, &seg, 1)) return false;
+  const bool two = m > 8;
+  const int stages =
+      two ? ring_stages_for<2>(&seg, 1, num_sms) : ring_stages_for<1>(&seg, 1, num_sms);
+  if (stages == 0) return false;
+  if (w.dtype == DType::BF16) {
+    two ? launch_ring_stages<__nv_bfloat16, 2>(stages, x, m, &seg, 1, num_sms, stream, norm)
+        : launch_ring_stages<__nv_bfloat16, 1>(stages, x, m, &seg, 1, num_sms, stream, norm);
+  } else {
+    two ? launch_ring_stages<__half, 2>(stages, x, m, &seg, 1, num_sms, stream, norm)
+        : launch_ring_stages<__half, 1>(stages, x, m, &seg, 1, num_sms, stream, norm);
+  }
+  return true;
 }
 
 void set_gemv_tuning(const GemvTuning& tuning) {

@@ -50,6 +50,7 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/env_switch.h"
+#include "backend/cuda/gemv_norm.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_ops.h"
@@ -833,7 +834,7 @@ struct PersistFetch {
 // threads 0..15 add the warps' sums of row r, add the bias and store.
 __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float* part, int warp,
                                                    int lane, int num_warps, int64_t tile,
-                                                   float acc0, float acc2) {
+                                                   float acc0, float acc2, const GemvNorm& norm) {
   reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
   __syncthreads();
   if (threadIdx.x < 16) {  // row r of the tile: lane 4 (r % 8), element r / 8
@@ -846,7 +847,7 @@ __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float
     if (row < pick(segs.N, si)) {
       const DeviceBias bias = pick(segs.bias, si);
       if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-      pick(segs.y, si)[row] = sum;
+      gemv_store(norm, pick(segs.y, si), row, sum);
     }
   }
 }
@@ -866,7 +867,7 @@ __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float
 template <bool VEC_X, int CHAINS, bool BIASED>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
-                           const CcSegments segs, int64_t tiles) {
+                           const CcSegments segs, int64_t tiles, const GemvNorm norm) {
   extern __shared__ uint4 p_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -960,9 +961,10 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       }
     }
     persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
-                       blockIdx.x + tj * gridDim.x, acc0, acc2);
+                       blockIdx.x + tj * gridDim.x, acc0, acc2, norm);
   }
   cp_async_wait<0>();
+  if (norm.h != nullptr) gemv_norm_finish(norm);
 }
 
 // ---- the persistent kernel with subnormal codes (Q4GemvTuning::kernel 8, 9) -----------------
@@ -995,7 +997,7 @@ size_t persist_sub_smem_bytes(int warps, int64_t groups) {
 template <bool VEC_X, int CHAINS>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
-                               const CcSegments segs, int64_t tiles) {
+                               const CcSegments segs, int64_t tiles, const GemvNorm norm) {
   extern __shared__ uint4 p_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -1095,9 +1097,10 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       acc2 = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc2);
     }
     persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
-                       blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2);
+                       blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, norm);
   }
   cp_async_wait<0>();
+  if (norm.h != nullptr) gemv_norm_finish(norm);
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
@@ -1442,9 +1445,10 @@ void run_cc(CcLaunch l, int num_sms) {
 }
 
 // The persistent kernel (m = 1) over the launch's matrices: a block per SM (or per tile, for
-// fewer tiles), a warp per group up to kPMaxWarps. Falls back to the CUDA-core kernel when the
-// activation's fragments and the rings do not fit in shared memory (groups > ~230).
-void run_persist(const CcLaunch& l, int num_sms) {
+// fewer tiles), a warp per group up to kPMaxWarps, with `norm` (gemv_norm.cuh) when it is set.
+// Launches nothing and returns false when the activation's fragments and the rings do not fit in
+// shared memory (groups > ~230).
+bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm) {
   const int64_t groups = l.w[0]->groups;
   const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
   const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
@@ -1452,12 +1456,13 @@ void run_persist(const CcLaunch& l, int num_sms) {
   const size_t smem = sub ? persist_sub_smem_bytes(warps, groups)
                           : persist_smem_bytes(warps, groups, kernel_choice == 7);
   const size_t smem_max = max_smem_per_block();
-  if (smem > smem_max) return run_cc(l, num_sms);
+  if (smem > smem_max) return false;
   const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
   const int variant = kernel_choice - 5;  // kernels 5..kQ4LastKernel
-  using Kernel = void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t);
+  using Kernel =
+      void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t, const GemvNorm);
   constexpr int kVariants = 5;
   static_assert(kVariants == kQ4LastKernel - 4, "one table entry per persistent kernel");
   constexpr Kernel kKernels[2][kVariants] = {
@@ -1476,8 +1481,14 @@ void run_persist(const CcLaunch& l, int num_sms) {
   }
   const int64_t grid = std::min<int64_t>(tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
-         segs, tiles);
+         segs, tiles, norm);
   CUDA_CHECK_LAUNCH(l.stream);
+  return true;
+}
+
+// The persistent kernel, or the CUDA-core kernel where it does not fit.
+void run_persist(const CcLaunch& l, int num_sms) {
+  if (!try_persist(l, num_sms, GemvNorm{})) run_cc(l, num_sms);
 }
 
 // Whether launch_gemv_q4 runs the persistent kernel for m rows.
@@ -1667,6 +1678,14 @@ void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
     l.y[i] = ys[i];
   }
   uses_persist(m) ? run_persist(l, num_sms) : run_cc(l, num_sms);
+}
+
+bool launch_gemv_q4_norm(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias,
+                         const GemvNorm& norm, int num_sms, cudaStream_t stream) {
+  QS_CHECK(norm.h != nullptr && norm.out != nullptr && norm.arrivals != nullptr);
+  QS_CHECK(norm.m == m && norm.d == w.rows);
+  if (!w.tiled || !uses_persist(m)) return false;
+  return try_persist(CcLaunch{x, m, {&w}, {bias}, {nullptr}, 1, 0, stream}, num_sms, norm);
 }
 
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,

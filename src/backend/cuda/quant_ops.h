@@ -84,6 +84,11 @@ class Weight4Cache {
 // kernel.
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,
                     int num_sms, cudaStream_t stream);
+// launch_gemv_q4 with the fused residual add + RMSNorm (GemvNorm, cuda_ops.h) when the
+// persistent kernel runs these operands (m = 1, tiled weights that fit its shared memory) and
+// returns true; otherwise launches nothing and returns false.
+bool launch_gemv_q4_norm(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias,
+                         const GemvNorm& norm, int num_sms, cudaStream_t stream);
 // Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
 // launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
 // when launch_gemv_q4 itself would run that kernel for m rows; otherwise one call per matrix.

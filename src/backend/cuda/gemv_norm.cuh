@@ -1,0 +1,57 @@
+// The decode GEMVs' fused residual add + RMSNorm (Backend::linear_add_rmsnorm; GemvNorm in
+// cuda_ops.h): each output element of y = x W^T (+ bias) is added into the residual stream h
+// where the plain GEMV would store it (h[i] += y[i], add_rmsnorm's add, bit for bit), and the
+// block that finishes last normalizes h's m rows into out (add_rmsnorm's norm: the same row code
+// as rmsnorm_kernel, norm_row.cuh). One launch instead of two: the norm's launch, its wait for the
+// GEMV's completion and its own tail were ~4-5 us of a decode step per norm (docs/perf.md,
+// session 24), twice per layer.
+#pragma once
+
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/norm_row.cuh"
+
+namespace qs::cuda {
+
+// Output element idx (token * N + row) of a GEMV whose tile sum (bias included) is `sum`.
+__device__ __forceinline__ void gemv_store(const GemvNorm& norm, float* y, int64_t idx, float sum) {
+  if (norm.h != nullptr) {
+    norm.h[idx] += sum;
+  } else {
+    y[idx] = sum;
+  }
+}
+
+// Called by every thread of every block once its stores are done. The blocks count themselves
+// in; the last one (it sees every other block's stores: fence, arrival, fence) resets the counter
+// for the next launch and normalizes the rows, reading h through L2 (other SMs wrote it).
+__device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm) {
+  __shared__ int last;
+  __shared__ double warp_sums[32];
+  __syncthreads();  // every thread of the block has stored
+  if (threadIdx.x == 0) {
+    __threadfence();
+    last = atomicAdd(norm.arrivals, 1u) == gridDim.x - 1;
+    if (last) {
+      *norm.arrivals = 0;  // read next by a later launch, after this grid completes
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  if (!last) return;
+  for (int r = 0; r < norm.m; ++r) {
+    const float* hr = norm.h + static_cast<int64_t>(r) * norm.d;
+    float w[kNormPer], v[kNormPer];
+    load_weight_chunk(norm.weight, norm.weight_dtype, 0, norm.d, w);
+    const int64_t span = static_cast<int64_t>(kNormPer) * blockDim.x;
+    double sum = 0.0;
+    for (int64_t base = 0; base < norm.d; base += span) {
+      load_norm_chunk<true>(hr, base, norm.d, v);
+      sum = add_squares(v, base, norm.d, sum);
+    }
+    const float inv_rms = inv_rms_of(block_sum(sum, warp_sums), norm.d, norm.eps);
+    store_normed<true>(hr, norm.weight, norm.weight_dtype, norm.d, inv_rms, v, w,
+                       norm.out + static_cast<int64_t>(r) * norm.d);
+  }
+}
+
+}  // namespace qs::cuda

@@ -1,0 +1,107 @@
+// Backend::linear_add_rmsnorm on CUDA: the decode GEMVs' fused residual add + RMSNorm
+// (gemv_norm.cuh: the products added into h where the GEMV would store them, the last block
+// normalizing) against the same backend's separate matmul / matmul_q4 and add_rmsnorm. The
+// contract is bit-identical h and out. Fused: bf16 / f16 weights at m = 1..16 (one and two token
+// tiles, the ring's 4 and 6 stages), 4-bit weights at m = 1 (the persistent kernel); the other
+// cases (m > 16, f32 weights, 4-bit at m > 1) take the separate launches and must give the same.
+// Every case runs on one backend in sequence, so a block counter left non-zero by one launch
+// would leave the next one's output unwritten (poisoned).
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "quant/weight_quant.h"
+
+namespace qs {
+namespace {
+
+using testing::CudaOpsTest;
+using testing::DeviceArray;
+using testing::HostWeight;
+using testing::random_normal;
+
+constexpr float kEps = 1e-5f;
+
+// Runs op both ways from the same h and compares; `tag` names the case.
+void expect_fused_equals_separate(CudaBackend& gpu, const LinearOp& op, int64_t d, int m,
+                                  const WeightView& norm, uint64_t seed, const std::string& tag) {
+  const int64_t k = op.w4 != nullptr ? op.w4->cols : op.w->cols;
+  const std::vector<float> x = random_normal(static_cast<size_t>(m * k), seed);
+  const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), seed + 1, 2.0f);
+  const DeviceArray xd(gpu, x);
+
+  DeviceArray y(gpu, m * d), h_sep(gpu, h0), out_sep(gpu, m * d);
+  if (op.w4 != nullptr) {
+    gpu.matmul_q4(xd.data(), m, *op.w4, op.bias, y.data());
+  } else {
+    gpu.matmul(xd.data(), m, *op.w, op.bias, y.data());
+  }
+  gpu.add_rmsnorm(h_sep.data(), y.data(), norm, m, kEps, out_sep.data());
+
+  DeviceArray scratch(gpu, m * d), h(gpu, h0), out(gpu, m * d);
+  out.poison();
+  LinearOp fused = op;
+  fused.y = scratch.data();
+  gpu.linear_add_rmsnorm(xd.data(), m, fused, h.data(), norm, kEps, out.data());
+  EXPECT_EQ(h.to_host(), h_sep.to_host()) << tag;
+  EXPECT_EQ(out.to_host(), out_sep.to_host()) << tag;
+}
+
+TEST_F(CudaOpsTest, LinearAddRmsNormMatchesSeparateOps) {
+  struct Shape {
+    int64_t d, k;
+  };
+  // {4096, 4096}: a 7B/8B o_proj; {1000, 520}: a partial last tile, K not a whole ring stage;
+  // {33808, 64}: past 16 tiles per SM (6 ring stages), a row longer than one norm chunk.
+  const Shape shapes[] = {{4096, 4096}, {1000, 520}, {33808, 64}};
+  uint64_t seed = 1;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    for (const Shape& s : shapes) {
+      HostWeight w(random_normal(static_cast<size_t>(s.d * s.k), 10 + s.d, 0.05f), dt, s.d, s.k,
+                   "w");
+      HostWeight b(random_normal(static_cast<size_t>(s.d), 20 + s.d, 0.5f), dt, 1, s.d, "b");
+      HostWeight norm(random_normal(static_cast<size_t>(s.d), 30 + s.d, 0.3f, 1.0f), dt, 1, s.d,
+                      "norm");
+      for (int m : {1, 4, 9, 16, 17}) {
+        for (bool bias : {false, true}) {
+          const LinearOp op{&w.view, nullptr, bias ? &b.view : nullptr, nullptr};
+          expect_fused_equals_separate(gpu(), op, s.d, m, norm.view, ++seed,
+                                       std::string(dtype_name(dt)) + " d=" + std::to_string(s.d) +
+                                           " k=" + std::to_string(s.k) + " m=" + std::to_string(m) +
+                                           (bias ? " +bias" : ""));
+        }
+      }
+      gpu().release_weights();
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, LinearAddRmsNormQ4MatchesSeparateOps) {
+  struct Shape {
+    int64_t d, k;
+  };
+  // An o_proj, a down_proj (K = 11008: 86 groups over 16 warps) and a partial last tile.
+  const Shape shapes[] = {{4096, 4096}, {2048, 11008}, {1000, 1024}};
+  uint64_t seed = 100;
+  for (const Shape& s : shapes) {
+    std::vector<float> wv = random_normal(static_cast<size_t>(s.d * s.k), 40 + s.d, 0.05f);
+    auto q = quantize_weight4(wv.data(), DType::F32, s.d, s.k, 128, "w4");
+    ASSERT_TRUE(q.ok());
+    const QuantizedWeight4 w4 = std::move(q).value();
+    HostWeight norm(random_normal(static_cast<size_t>(s.d), 50 + s.d, 0.3f, 1.0f), DType::BF16, 1,
+                    s.d, "norm");
+    for (int m : {1, 2}) {
+      const LinearOp op{nullptr, &w4, nullptr, nullptr};
+      expect_fused_equals_separate(
+          gpu(), op, s.d, m, norm.view, ++seed,
+          "q4 d=" + std::to_string(s.d) + " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
+    }
+    gpu().release_weights();
+  }
+}
+
+}  // namespace
+}  // namespace qs
