@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
                         pick(segs.N, si), m, pick(segs.bias, si), pick(segs.y, si), norm);
   }
   cp_async_wait<0>();
-  if (norm.h != nullptr) gemv_norm_finish(norm);
+  if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 1 KiB
 }
 
 // Coalesced FMA kernel for a few rows (m <= M <= 4): a warp owns kCoalRows W rows and reads

@@ -21,13 +21,19 @@ __device__ __forceinline__ void gemv_store(const GemvNorm& norm, float* y, int64
   }
 }
 
-// Called by every thread of every block once its stores are done. The blocks count themselves
-// in; the last one (it sees every other block's stores: fence, arrival, fence) resets the counter
-// for the next launch and normalizes the rows, reading h through L2 (other SMs wrote it).
-__device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm) {
-  __shared__ int last;
-  __shared__ double warp_sums[32];
-  __syncthreads();  // every thread of the block has stored
+// Shared memory gemv_norm_finish takes from the kernel's dynamic allocation (no static shared
+// memory: the kernels' dynamic limits are the whole of the SM's opt-in size).
+constexpr size_t kGemvNormScratchBytes = 33 * sizeof(double);
+
+// Called by every thread of every block once its stores are done; scratch: kGemvNormScratchBytes
+// of the block's shared memory (8-byte aligned) that no thread reads after the block's last
+// barrier. The blocks count themselves in; the last one (it sees every other block's stores:
+// fence, arrival, fence) resets the counter for the next launch and normalizes the rows, reading
+// h through L2 (other SMs wrote it).
+__device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm, void* scratch) {
+  double* warp_sums = static_cast<double*>(scratch);  // [32]
+  int& last = *reinterpret_cast<int*>(warp_sums + 32);
+  __syncthreads();  // every thread of the block has stored (and is done with scratch)
   if (threadIdx.x == 0) {
     __threadfence();
     last = atomicAdd(norm.arrivals, 1u) == gridDim.x - 1;

@@ -964,7 +964,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
                        blockIdx.x + tj * gridDim.x, acc0, acc2, norm);
   }
   cp_async_wait<0>();
-  if (norm.h != nullptr) gemv_norm_finish(norm);
+  if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 512 bytes
 }
 
 // ---- the persistent kernel with subnormal codes (Q4GemvTuning::kernel 8, 9) -----------------
@@ -1100,7 +1100,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
                        blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, norm);
   }
   cp_async_wait<0>();
-  if (norm.h != nullptr) gemv_norm_finish(norm);
+  if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 512 bytes
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
