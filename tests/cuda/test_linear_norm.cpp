@@ -1,11 +1,11 @@
 // Backend::linear_add_rmsnorm on CUDA: the decode GEMVs' fused residual add + RMSNorm
 // (gemv_norm.cuh: the products added into h where the GEMV would store them, the last block
 // normalizing) against the same backend's separate matmul / matmul_q4 and add_rmsnorm. The
-// contract is bit-identical h and out. Fused: bf16 / f16 weights at m = 1..16 (one and two token
-// tiles, the ring's 4 and 6 stages), 4-bit weights at m = 1 (the persistent kernel); the other
-// cases (m > 16, f32 weights, 4-bit at m > 1) take the separate launches and must give the same.
-// Every case runs on one backend in sequence, so a block counter left non-zero by one launch
-// would leave the next one's output unwritten (poisoned).
+// contract is bit-identical h and out. Fused: one row (bf16 / f16 weights on the ring kernel, its
+// 4 and 6 stages; 4-bit weights on the persistent kernel); the other cases (several rows, f32
+// weights) take the separate launches and must give the same. Every case runs on one backend in
+// sequence, so a block counter left non-zero by one launch would leave the next one's output
+// unwritten (poisoned).
 #include <gtest/gtest.h>
 
 #include <string>

@@ -942,13 +942,18 @@ void CudaBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w,
 namespace {
 // QS_FUSE_NORM=0: linear_add_rmsnorm as the GEMV and add_rmsnorm launches (A/B runs).
 const bool g_fuse_norm = cuda::env_flag("QS_FUSE_NORM", true);
+// Rows fused at most: one. The last block normalizes the rows one after another, while
+// add_rmsnorm runs a block per row: at m = 4 (a γ = 3 verification) fusing made the step 3-4%
+// slower (H200, 128K: Llama-2-7B 14.36 vs 13.93 ms, Llama-3.1-8B 9.78 vs 9.37), at m = 1 the
+// draft step 0.3-1.3% faster (7.121 vs 7.140, 3.941 vs 3.994 ms; docs/perf.md, session 28).
+constexpr int kFuseNormMaxRows = 1;
 }  // namespace
 
 void CudaBackend::linear_add_rmsnorm(const float* x, int m, const LinearOp& op, float* h,
                                      const WeightView& weight, float eps, float* out) {
   const int64_t d = weight.numel();
   const int64_t rows = op.w4 != nullptr ? op.w4->rows : op.w->rows;
-  if (g_fuse_norm && m >= 1 && m <= kGemvMaxRows && rows == d) {
+  if (g_fuse_norm && m >= 1 && m <= kFuseNormMaxRows && rows == d) {
     const cuda::GemvNorm norm{
         h, impl_->resolve(weight), weight.dtype, eps, out, impl_->norm_arrivals, m, d};
     const cuda::DeviceBias b = impl_->bias(op.bias);

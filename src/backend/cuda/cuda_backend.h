@@ -114,9 +114,10 @@ class CudaBackend final : public Backend {
   void matmul_group(const float* x, int m, const LinearOp* ops, int count) override;
   void matmul_q4(const float* x, int m, const QuantizedWeight4& w, const WeightView* bias,
                  float* y) override;
-  // The GEMV and the add + RMSNorm in one launch where the decode GEMV's persistent kernels run
-  // (launch_gemv_norm, launch_gemv_q4_norm: bf16/f16 weights at m <= 16, 4-bit at m = 1); the
-  // separate launches otherwise, or with QS_FUSE_NORM=0. op.y is not written when fused.
+  // The GEMV and the add + RMSNorm in one launch for one row (a decode or draft step) where the
+  // decode GEMVs' persistent kernels run (launch_gemv_norm, launch_gemv_q4_norm); the separate
+  // launches otherwise (several rows: slower fused, cuda_backend.cu), or with QS_FUSE_NORM=0.
+  // op.y is not written when fused.
   void linear_add_rmsnorm(const float* x, int m, const LinearOp& op, float* h,
                           const WeightView& weight, float eps, float* out) override;
   using Backend::quantize_kv;  // the f32 overload
