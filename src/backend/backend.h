@@ -306,6 +306,17 @@ class Backend {
     rmsnorm(h, weight, m, eps, out);
   }
 
+  // The MLP's gate and up projections and their SwiGLU: matmul_group(x, m, {gate, up}) then
+  // swiglu(gate.y, up.y, m * n, out) with n the projections' rows (equal). gate.y and up.y are
+  // scratch: their contents afterwards are unspecified (out may be gate.y).
+  virtual void gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,
+                              float* out) {
+    const LinearOp ops[2] = {gate, up};
+    matmul_group(x, m, ops, 2);
+    const int64_t n = gate.w4 != nullptr ? gate.w4->rows : gate.w->rows;
+    swiglu(gate.y, up.y, static_cast<int64_t>(m) * n, out);
+  }
+
   // A linear layer whose output goes into the residual stream, and the next norm:
   // op.y = x W^T (+ bias) as matmul / matmul_q4 computes it (W = op.w, or the 4-bit op.w4 when
   // set), then add_rmsnorm(h, op.y, weight, m, eps, out). op.y is scratch ([m, d]): its contents

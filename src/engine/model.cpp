@@ -246,8 +246,7 @@ void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
   // MLP block.
   const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
                               {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
-  backend_.matmul_group(x, m, gate_up, 2);
-  backend_.swiglu(gate_->data(), up_->data(), m * cfg_.intermediate_size, gate_->data());
+  backend_.gate_up_swiglu(x, m, gate_up[0], gate_up[1], gate_->data());
   if (next_norm != nullptr) {
     linear_add_norm(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, h, *next_norm, x);
     return;

@@ -969,6 +969,33 @@ void CudaBackend::linear_add_rmsnorm(const float* x, int m, const LinearOp& op, 
   Backend::linear_add_rmsnorm(x, m, op, h, weight, eps, out);
 }
 
+namespace {
+// QS_FUSE_SWIGLU=0: gate_up_swiglu as the group GEMV and swiglu launches (A/B runs).
+const bool g_fuse_swiglu = cuda::env_flag("QS_FUSE_SWIGLU", true);
+}  // namespace
+
+void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,
+                                 float* out) {
+  const bool q4 = gate.w4 != nullptr && up.w4 != nullptr;
+  const bool dense = gate.w4 == nullptr && up.w4 == nullptr;
+  if (g_fuse_swiglu && m >= 1 && m <= kGemvMaxRows) {
+    const cuda::DeviceBias bg = impl_->bias(gate.bias), bu = impl_->bias(up.bias);
+    if (q4 && gate.w4->rows == up.w4->rows) {
+      check_q4_bias(*gate.w4, gate.bias);
+      check_q4_bias(*up.w4, up.bias);
+      const cuda::DeviceWeight4& wg = impl_->weights4.resolve(*gate.w4, impl_->stream);
+      const cuda::DeviceWeight4& wu = impl_->weights4.resolve(*up.w4, impl_->stream);
+      if (cuda::launch_gemv_q4_swiglu(x, m, wg, wu, bg, bu, out, impl_->num_sms, impl_->stream)) {
+        return;
+      }
+    } else if (dense && gate.w->rows == up.w->rows) {
+      const cuda::GemvSegment g{impl_->matrix(*gate.w), bg, out}, u{impl_->matrix(*up.w), bu, up.y};
+      if (cuda::launch_gemv_swiglu(x, m, g, u, impl_->num_sms, impl_->stream)) return;
+    }
+  }
+  Backend::gate_up_swiglu(x, m, gate, up, out);
+}
+
 void CudaBackend::quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,
                               int64_t row_stride, int num_kv_heads, int head_dim,
                               int64_t first_group, int n_groups, const QuantizedKvPlanesOut& dst) {

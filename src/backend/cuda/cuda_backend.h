@@ -120,6 +120,11 @@ class CudaBackend final : public Backend {
   // op.y is not written when fused.
   void linear_add_rmsnorm(const float* x, int m, const LinearOp& op, float* h,
                           const WeightView& weight, float eps, float* out) override;
+  // The gate / up GEMVs with the SwiGLU in their epilogue, one launch (launch_gemv_swiglu,
+  // launch_gemv_q4_swiglu: bf16/f16 weights at m <= 16, 4-bit at m = 1); the separate launches
+  // otherwise, or with QS_FUSE_SWIGLU=0. Bit-identical either way; up.y is not written when fused.
+  void gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,
+                      float* out) override;
   using Backend::quantize_kv;  // the f32 overload
   void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                    int num_kv_heads, int head_dim, int64_t first_group, int n_groups,

@@ -174,6 +174,14 @@ struct GemvNorm {
 bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
                       const GemvNorm& norm, int num_sms, cudaStream_t stream);
 
+// The gate and up projections and their SwiGLU (Backend::gate_up_swiglu): gate.y = silu(x
+// Wg^T + bg) * (x Wu^T + bu), as launch_gemv_group followed by launch_swiglu computes it, in one
+// launch of the persistent ring kernel (each block takes a gate tile, then the same rows' up
+// tile, and stores their SwiGLU; up.y is not written). Returns false, launching nothing, where
+// that kernel does not run these operands (gate and up of the same shape and dtype required).
+bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
+                        int num_sms, cudaStream_t stream);
+
 // Tuning of launch_gemv, process-wide (benchmarks and tests compare the variants; every
 // variant computes the same function and is tested).
 // Defaults: the fastest measured on the H200 (docs/perf.md).

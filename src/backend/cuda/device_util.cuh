@@ -143,6 +143,32 @@ __device__ __forceinline__ int find_segment_at(const Segs& segs, int64_t index, 
   return si;
 }
 
+// Paired launches (gate / up with the SwiGLU in the epilogue, segs.swiglu): two segments of
+// the same tile count P walked so that each block takes gate tile p and then up tile p, keeping
+// the gate's sums for the up tile's store. Item q = blockIdx.x + k gridDim.x (a persistent
+// block's k-th) is member k % 2 (0: gate, 1: up) of pair blockIdx.x + (k / 2) gridDim.x.
+// Returns the segment; local: the tile in it.
+template <class Segs>
+__device__ __forceinline__ int find_tile(const Segs& segs, int64_t q, int64_t& local) {
+  if (!segs.swiglu) return find_segment_at(segs, q, local);
+  const int64_t k = q / gridDim.x;
+  local = q % gridDim.x + (k / 2) * gridDim.x;
+  return static_cast<int>(k & 1);
+}
+
+// Items of this block in a persistent walk over `tiles` (both segments' when paired).
+template <class Segs>
+__device__ __forceinline__ int64_t block_tiles(const Segs& segs, int64_t tiles) {
+  const int64_t b = blockIdx.x, items = segs.swiglu ? tiles / 2 : tiles;
+  const int64_t mine = b < items ? (items - 1 - b) / gridDim.x + 1 : 0;
+  return segs.swiglu ? 2 * mine : mine;
+}
+
+// SwiGLU of one element: silu(g) * u, as the separate kernel (launch_swiglu) computes it.
+__device__ __forceinline__ float swiglu_of(float g, float u) {
+  return g / (1.0f + expf(-g)) * u;
+}
+
 // The same for grids of one block per item: the segment holding blockIdx.x.
 template <class Segs>
 __device__ __forceinline__ int find_segment(const Segs& segs, int64_t& block) {

@@ -133,8 +133,7 @@ __global__ void swiglu_kernel(const float* gate, const float* up, int64_t n, flo
   pdl_begin();
   for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n;
        i += int64_t(gridDim.x) * blockDim.x) {
-    const float g = gate[i];
-    out[i] = g / (1.0f + expf(-g)) * up[i];
+    out[i] = swiglu_of(gate[i], up[i]);
   }
 }
 

@@ -129,10 +129,14 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
 // The block's sum of its warps' C fragments (partial: [warps][NT][32 lanes][4] floats) for the
 // 16 W rows from n0, plus the bias, into y (or added into norm.h: gemv_norm.cuh). C fragment
 // element r of lane l: W row l / 4 + 8 (r / 2), token 2 (l % 4) + r % 2 of the tile of 8 tokens.
+// gate_sums (a paired launch, find_tile): [NT * 128] floats of shared memory where member 0 (the
+// gate tile) leaves its sums and member 1 (the up tile) stores swiglu_of(gate, up) into y; each
+// thread reads back only what it wrote.
 template <int NT>
 __device__ __forceinline__ void store_tile_sums(const float* partial, int num_warps, int64_t n0,
                                                 int64_t N, int m, const DeviceBias& bias, float* y,
-                                                const GemvNorm& norm = {}) {
+                                                const GemvNorm& norm = {},
+                                                float* gate_sums = nullptr, int member = 0) {
   for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
     const int t = e / 128, l = (e / 4) % 32, r = e % 4;
     float sum = 0.0f;
@@ -141,6 +145,13 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
     const int token = t * 8 + 2 * (l & 3) + (r & 1);
     if (row < N && token < m) {
       if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      if (gate_sums != nullptr) {
+        if (member == 0) {
+          gate_sums[e] = sum;
+          continue;
+        }
+        sum = swiglu_of(gate_sums[e], sum);
+      }
       gemv_store(norm, y, token * N + row, sum);
     }
   }
@@ -156,6 +167,7 @@ struct MmaSegments {
   float* y[kMaxGemvSegments];
   int64_t block_end[kMaxGemvSegments];
   int count;
+  bool swiglu;  // gate (segment 0) / up (1) paired, y[0] = their SwiGLU (find_tile)
 };
 
 // Block: (warps x 32) threads, 16 output features of one segment; NT tiles of 8 tokens
@@ -251,8 +263,10 @@ int ring_warps(int64_t K) {
   return static_cast<int>(std::min<int64_t>(kRingMaxWarps, (K + kRingChunkK - 1) / kRingChunkK));
 }
 
+// The rings, the double-buffered partial sums, a paired launch's gate sums.
 size_t ring_smem_bytes(int warps, int stages, int nt) {
-  return size_t(warps) * stages * kRingStageBytes + 2 * size_t(warps) * nt * 128 * sizeof(float);
+  return size_t(warps) * stages * kRingStageBytes +
+         (2 * size_t(warps) + 1) * nt * 128 * sizeof(float);
 }
 
 // Byte offset inside a stage of piece p (k = 8p .. 8p + 7 of the chunk) of tile row r: slot
@@ -275,11 +289,12 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
   unsigned char* ring = ring_smem + size_t(warp) * STAGES * kRingStageBytes;
   float* partial =
       reinterpret_cast<float*>(ring_smem + size_t(num_warps) * STAGES * kRingStageBytes);
+  float* gate_sums = segs.swiglu ? partial + 2 * size_t(num_warps) * NT * 128 : nullptr;
 
   const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
   const int64_t chunk_begin = chunks * warp / num_warps;
   const int64_t my_chunks = chunks * (warp + 1) / num_warps - chunk_begin;
-  const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int64_t my_tiles = block_tiles(segs, tiles);
 
   // The fetch cursor. The writer's view: instruction j copies row 4j + lane / 8 of the tile,
   // piece lane % 8 of the chunk, from f_src + j * 4K.
@@ -295,7 +310,7 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
   int f_rows = 0;
   auto enter = [&](int64_t tile) {
     int64_t local;
-    const int si = find_segment_at(segs, tile, local);
+    const int si = find_tile(segs, tile, local);
     f_k = chunk_begin * kRingChunkK + 8 * wp;
     f_src = pick(segs.w, si) + (local * 16 + wq) * K + f_k;
     f_rows = static_cast<int>(min(int64_t{16}, pick(segs.N, si) - local * 16));
@@ -346,9 +361,10 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     }
     __syncthreads();
     int64_t local;
-    const int si = find_segment_at(segs, blockIdx.x + tj * gridDim.x, local);
+    const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
     store_tile_sums<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps, local * 16,
-                        pick(segs.N, si), m, pick(segs.bias, si), pick(segs.y, si), norm);
+                        pick(segs.N, si), m, pick(segs.bias, si),
+                        segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si);
   }
   cp_async_wait<0>();
   if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 1 KiB
@@ -542,8 +558,9 @@ void launch_mma(const float* x, int m, const GemvSegment* segs, int count, int n
 
 template <typename T, int NT, int STAGES>
 void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
-                 cudaStream_t stream, const GemvNorm& norm) {
-  const MmaSegments<T> ms = mma_segments<T>(segs, count);
+                 cudaStream_t stream, const GemvNorm& norm, bool swiglu) {
+  MmaSegments<T> ms = mma_segments<T>(segs, count);
+  ms.swiglu = swiglu;
   const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
   const int warps = ring_warps(K);
@@ -562,7 +579,7 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
     return true;
   }();
   (void)opted_in;
-  const int64_t grid = std::min<int64_t>(tiles, num_sms);
+  const int64_t grid = std::min<int64_t>(swiglu ? tiles / 2 : tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, ring_smem_bytes(warps, STAGES, NT),
          stream, x, m, K, ms, tiles, norm);
   CUDA_CHECK_LAUNCH(stream);
@@ -587,9 +604,10 @@ int ring_stages_for(const GemvSegment* segs, int count, int num_sms) {
 
 template <typename T, int NT>
 void launch_ring_stages(int stages, const float* x, int m, const GemvSegment* segs, int count,
-                        int num_sms, cudaStream_t stream, const GemvNorm& norm) {
-  if (stages == 6) return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream, norm);
-  launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream, norm);
+                        int num_sms, cudaStream_t stream, const GemvNorm& norm,
+                        bool swiglu = false) {
+  if (stages == 6) return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream, norm, swiglu);
+  launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream, norm, swiglu);
 }
 
 template <typename T, int NT>
@@ -724,24 +742,40 @@ void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count
   }
 }
 
+// The ring kernel over these matrices with an epilogue (norm, or the gate / up pair's SwiGLU), or
+// false where it does not run them (nothing launched).
+bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int count,
+                          const GemvNorm& norm, bool swiglu, int num_sms, cudaStream_t stream) {
+  if (!gemv_group_supported(x, m, segs, count)) return false;
+  const bool two = m > 8;
+  const int stages =
+      two ? ring_stages_for<2>(segs, count, num_sms) : ring_stages_for<1>(segs, count, num_sms);
+  if (stages == 0) return false;
+  if (segs[0].w.dtype == DType::BF16) {
+    two ? launch_ring_stages<__nv_bfloat16, 2>(stages, x, m, segs, count, num_sms, stream, norm,
+                                               swiglu)
+        : launch_ring_stages<__nv_bfloat16, 1>(stages, x, m, segs, count, num_sms, stream, norm,
+                                               swiglu);
+  } else {
+    two ? launch_ring_stages<__half, 2>(stages, x, m, segs, count, num_sms, stream, norm, swiglu)
+        : launch_ring_stages<__half, 1>(stages, x, m, segs, count, num_sms, stream, norm, swiglu);
+  }
+  return true;
+}
+
 bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
                       const GemvNorm& norm, int num_sms, cudaStream_t stream) {
   QS_CHECK(norm.h != nullptr && norm.out != nullptr && norm.arrivals != nullptr);
   QS_CHECK(norm.m == m && norm.d == w.rows);
   const GemvSegment seg{w, bias, nullptr};
-  if (!gemv_group_supported(x, m, &seg, 1)) return false;
-  const bool two = m > 8;
-  const int stages =
-      two ? ring_stages_for<2>(&seg, 1, num_sms) : ring_stages_for<1>(&seg, 1, num_sms);
-  if (stages == 0) return false;
-  if (w.dtype == DType::BF16) {
-    two ? launch_ring_stages<__nv_bfloat16, 2>(stages, x, m, &seg, 1, num_sms, stream, norm)
-        : launch_ring_stages<__nv_bfloat16, 1>(stages, x, m, &seg, 1, num_sms, stream, norm);
-  } else {
-    two ? launch_ring_stages<__half, 2>(stages, x, m, &seg, 1, num_sms, stream, norm)
-        : launch_ring_stages<__half, 1>(stages, x, m, &seg, 1, num_sms, stream, norm);
-  }
-  return true;
+  return launch_ring_epilogue(x, m, &seg, 1, norm, false, num_sms, stream);
+}
+
+bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
+                        int num_sms, cudaStream_t stream) {
+  QS_CHECK(gate.y != nullptr && gate.w.rows == up.w.rows);
+  const GemvSegment segs[2] = {gate, up};
+  return launch_ring_epilogue(x, m, segs, 2, GemvNorm{}, true, num_sms, stream);
 }
 
 void set_gemv_tuning(const GemvTuning& tuning) {

@@ -656,6 +656,7 @@ struct CcSegments {
   float* y[kMaxGemvSegments];
   int64_t block_end[kMaxGemvSegments];
   int count;
+  bool swiglu;  // the persistent kernels: gate (0) / up (1) paired, y[0] = their SwiGLU (find_tile)
 };
 
 //
@@ -814,7 +815,7 @@ struct PersistFetch {
     cursor.next(
         [&](int64_t tile) {
           int64_t local;
-          const int si = find_segment_at(segs, tile, local);
+          const int si = find_tile(segs, tile, local);
           const int64_t tg = local * groups + grp_begin;
           codes = pick(segs.codes, si) + tg * kPiecesPerTileGroup + lane;
           meta = pick(segs.meta, si) + tg * kMetaPerTileGroup + (lane >> 2);
@@ -831,10 +832,12 @@ struct PersistFetch {
 
 // The end of a persistent kernel's tile: every lane's sums {row g, row g + 8} (token 0, lanes of
 // c = 0) go to `part` ([warps][32] float2, double-buffered by the caller across tiles), and
-// threads 0..15 add the warps' sums of row r, add the bias and store.
+// threads 0..15 add the warps' sums of row r, add the bias and store (a paired launch: a gate
+// tile's sum stays in gate_keep, the up tile's stores swiglu_of(gate_keep, sum) into y[0]).
 __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float* part, int warp,
                                                    int lane, int num_warps, int64_t tile,
-                                                   float acc0, float acc2, const GemvNorm& norm) {
+                                                   float acc0, float acc2, const GemvNorm& norm,
+                                                   float& gate_keep) {
   reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
   __syncthreads();
   if (threadIdx.x < 16) {  // row r of the tile: lane 4 (r % 8), element r / 8
@@ -842,12 +845,18 @@ __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float
     float sum = 0.0f;
     for (int wi = 0; wi < num_warps; ++wi) sum += part[(wi * 32 + (r & 7) * 4) * 2 + (r >> 3)];
     int64_t local;
-    const int si = find_segment_at(segs, tile, local);
+    const int si = find_tile(segs, tile, local);
     const int64_t row = local * 16 + r;
     if (row < pick(segs.N, si)) {
       const DeviceBias bias = pick(segs.bias, si);
       if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-      gemv_store(norm, pick(segs.y, si), row, sum);
+      if (!segs.swiglu) {
+        gemv_store(norm, pick(segs.y, si), row, sum);
+      } else if (si == 0) {
+        gate_keep = sum;
+      } else {
+        segs.y[0][row] = swiglu_of(gate_keep, sum);
+      }
     }
   }
 }
@@ -882,7 +891,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 
   const int64_t grp_begin = groups * warp / num_warps;
   const int64_t my_groups = groups * (warp + 1) / num_warps - grp_begin;
-  const int64_t my_tiles = blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0;
+  const int64_t my_tiles = block_tiles(segs, tiles);
 
   PersistFetch<int64_t> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
 #pragma unroll
@@ -911,6 +920,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   __syncthreads();
 
   int slot = 0;
+  float gate_keep = 0.0f;
   for (int64_t tj = 0; tj < my_tiles; ++tj) {
     float acc0 = 0.0f, acc2 = 0.0f;  // token 0 of rows g and g + 8 (C elements 0 and 2)
     for (int64_t gi = 0; gi < my_groups; ++gi) {
@@ -961,7 +971,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       }
     }
     persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
-                       blockIdx.x + tj * gridDim.x, acc0, acc2, norm);
+                       blockIdx.x + tj * gridDim.x, acc0, acc2, norm, gate_keep);
   }
   cp_async_wait<0>();
   if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 512 bytes
@@ -1010,7 +1020,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 
   const int64_t grp_begin = groups * warp / num_warps;
   const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
-  const int my_tiles = blockIdx.x < tiles ? int((tiles - 1 - blockIdx.x) / gridDim.x) + 1 : 0;
+  const int my_tiles = static_cast<int>(block_tiles(segs, tiles));
 
   PersistFetch<int> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
 #pragma unroll
@@ -1064,6 +1074,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   const uint2* xbase = g < 2 ? reinterpret_cast<const uint2*>(xfrag) + 2 * c + g : zeros;
   const int xstride = g < 2 ? 64 : 0;  // uint2s per group
   int slot = 0;
+  float gate_keep = 0.0f;
   for (int tj = 0; tj < my_tiles; ++tj) {
     float acc0 = 0.0f, acc2 = 0.0f;  // rows g and g + 8 (lanes of c = 0)
     for (int gi = 0; gi < my_groups; ++gi) {
@@ -1097,7 +1108,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       acc2 = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc2);
     }
     persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
-                       blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, norm);
+                       blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, norm, gate_keep);
   }
   cp_async_wait<0>();
   if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 512 bytes
@@ -1448,7 +1459,7 @@ void run_cc(CcLaunch l, int num_sms) {
 // fewer tiles), a warp per group up to kPMaxWarps, with `norm` (gemv_norm.cuh) when it is set.
 // Launches nothing and returns false when the activation's fragments and the rings do not fit in
 // shared memory (groups > ~230).
-bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm) {
+bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swiglu = false) {
   const int64_t groups = l.w[0]->groups;
   const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
   const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
@@ -1457,7 +1468,8 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm) {
                           : persist_smem_bytes(warps, groups, kernel_choice == 7);
   const size_t smem_max = max_smem_per_block();
   if (smem > smem_max) return false;
-  const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
+  CcSegments segs = cc_segments(l, 1);  // block_end: tiles
+  segs.swiglu = swiglu;
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
   const int variant = kernel_choice - 5;  // kernels 5..kQ4LastKernel
@@ -1479,7 +1491,7 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm) {
                                     static_cast<int>(smem_max)));
     opted_in[vec_x][variant] = true;
   }
-  const int64_t grid = std::min<int64_t>(tiles, num_sms);
+  const int64_t grid = std::min<int64_t>(swiglu ? tiles / 2 : tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
          segs, tiles, norm);
   CUDA_CHECK_LAUNCH(l.stream);
@@ -1686,6 +1698,18 @@ bool launch_gemv_q4_norm(const float* x, int m, const DeviceWeight4& w, const De
   QS_CHECK(norm.m == m && norm.d == w.rows);
   if (!w.tiled || !uses_persist(m)) return false;
   return try_persist(CcLaunch{x, m, {&w}, {bias}, {nullptr}, 1, 0, stream}, num_sms, norm);
+}
+
+bool launch_gemv_q4_swiglu(const float* x, int m, const DeviceWeight4& gate,
+                           const DeviceWeight4& up, const DeviceBias& gate_bias,
+                           const DeviceBias& up_bias, float* out, int num_sms,
+                           cudaStream_t stream) {
+  QS_CHECK(out != nullptr && gate.rows == up.rows);
+  const DeviceWeight4* ws[2] = {&gate, &up};
+  if (!uses_persist(m) || !gemv_q4_group_supported(m, ws, 2)) return false;
+  return try_persist(
+      CcLaunch{x, m, {&gate, &up}, {gate_bias, up_bias}, {out, nullptr}, 2, 0, stream}, num_sms,
+      GemvNorm{}, true);
 }
 
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,

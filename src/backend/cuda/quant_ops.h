@@ -89,6 +89,12 @@ void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceB
 // returns true; otherwise launches nothing and returns false.
 bool launch_gemv_q4_norm(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias,
                          const GemvNorm& norm, int num_sms, cudaStream_t stream);
+// launch_gemv_swiglu (cuda_ops.h) for the draft's 4-bit gate and up (m = 1, the persistent
+// kernel): out = silu(x Wg^T + bg) * (x Wu^T + bu), as launch_gemv_q4_group then launch_swiglu
+// compute it. Returns false, launching nothing, where that kernel does not run them.
+bool launch_gemv_q4_swiglu(const float* x, int m, const DeviceWeight4& gate,
+                           const DeviceWeight4& up, const DeviceBias& gate_bias,
+                           const DeviceBias& up_bias, float* out, int num_sms, cudaStream_t stream);
 // Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
 // launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
 // when launch_gemv_q4 itself would run that kernel for m rows; otherwise one call per matrix.

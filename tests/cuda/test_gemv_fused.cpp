@@ -1,0 +1,189 @@
+// The decode GEMVs' fused epilogues on CUDA against the same backend's separate launches; the
+// contract is the same bits.
+//
+// Backend::linear_add_rmsnorm (gemv_norm.cuh: the products added into h where the GEMV would
+// store them, the last block normalizing). Fused: one row (bf16 / f16 weights on the ring kernel,
+// its 4 and 6 stages; 4-bit weights on the persistent kernel); the other cases (several rows, f32
+// weights) take the separate launches and must give the same. Every case runs on one backend in
+// sequence, so a block counter left non-zero by one launch would leave the next one's output
+// unwritten (poisoned).
+//
+// Backend::gate_up_swiglu (each block takes a gate tile, then the same rows' up tile, and stores
+// their SwiGLU). Fused: bf16 / f16 weights at m = 1..16, 4-bit weights at m = 1; the rest falls
+// back.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "cuda_test_util.h"
+#include "quant/weight_quant.h"
+
+namespace qs {
+namespace {
+
+using testing::CudaOpsTest;
+using testing::DeviceArray;
+using testing::HostWeight;
+using testing::random_normal;
+
+constexpr float kEps = 1e-5f;
+
+// Runs op both ways from the same h and compares; `tag` names the case.
+void expect_fused_equals_separate(CudaBackend& gpu, const LinearOp& op, int64_t d, int m,
+                                  const WeightView& norm, uint64_t seed, const std::string& tag) {
+  const int64_t k = op.w4 != nullptr ? op.w4->cols : op.w->cols;
+  const std::vector<float> x = random_normal(static_cast<size_t>(m * k), seed);
+  const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), seed + 1, 2.0f);
+  const DeviceArray xd(gpu, x);
+
+  DeviceArray y(gpu, m * d), h_sep(gpu, h0), out_sep(gpu, m * d);
+  if (op.w4 != nullptr) {
+    gpu.matmul_q4(xd.data(), m, *op.w4, op.bias, y.data());
+  } else {
+    gpu.matmul(xd.data(), m, *op.w, op.bias, y.data());
+  }
+  gpu.add_rmsnorm(h_sep.data(), y.data(), norm, m, kEps, out_sep.data());
+
+  DeviceArray scratch(gpu, m * d), h(gpu, h0), out(gpu, m * d);
+  out.poison();
+  LinearOp fused = op;
+  fused.y = scratch.data();
+  gpu.linear_add_rmsnorm(xd.data(), m, fused, h.data(), norm, kEps, out.data());
+  EXPECT_EQ(h.to_host(), h_sep.to_host()) << tag;
+  EXPECT_EQ(out.to_host(), out_sep.to_host()) << tag;
+}
+
+TEST_F(CudaOpsTest, LinearAddRmsNormMatchesSeparateOps) {
+  struct Shape {
+    int64_t d, k;
+  };
+  // {4096, 4096}: a 7B/8B o_proj; {1000, 520}: a partial last tile, K not a whole ring stage;
+  // {33808, 64}: past 16 tiles per SM (6 ring stages), a row longer than one norm chunk.
+  const Shape shapes[] = {{4096, 4096}, {1000, 520}, {33808, 64}};
+  uint64_t seed = 1;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    for (const Shape& s : shapes) {
+      HostWeight w(random_normal(static_cast<size_t>(s.d * s.k), 10 + s.d, 0.05f), dt, s.d, s.k,
+                   "w");
+      HostWeight b(random_normal(static_cast<size_t>(s.d), 20 + s.d, 0.5f), dt, 1, s.d, "b");
+      HostWeight norm(random_normal(static_cast<size_t>(s.d), 30 + s.d, 0.3f, 1.0f), dt, 1, s.d,
+                      "norm");
+      for (int m : {1, 4, 9, 16, 17}) {
+        for (bool bias : {false, true}) {
+          const LinearOp op{&w.view, nullptr, bias ? &b.view : nullptr, nullptr};
+          expect_fused_equals_separate(gpu(), op, s.d, m, norm.view, ++seed,
+                                       std::string(dtype_name(dt)) + " d=" + std::to_string(s.d) +
+                                           " k=" + std::to_string(s.k) + " m=" + std::to_string(m) +
+                                           (bias ? " +bias" : ""));
+        }
+      }
+      gpu().release_weights();
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, LinearAddRmsNormQ4MatchesSeparateOps) {
+  struct Shape {
+    int64_t d, k;
+  };
+  // An o_proj, a down_proj (K = 11008: 86 groups over 16 warps) and a partial last tile.
+  const Shape shapes[] = {{4096, 4096}, {2048, 11008}, {1000, 1024}};
+  uint64_t seed = 100;
+  for (const Shape& s : shapes) {
+    std::vector<float> wv = random_normal(static_cast<size_t>(s.d * s.k), 40 + s.d, 0.05f);
+    auto q = quantize_weight4(wv.data(), DType::F32, s.d, s.k, 128, "w4");
+    ASSERT_TRUE(q.ok());
+    const QuantizedWeight4 w4 = std::move(q).value();
+    HostWeight norm(random_normal(static_cast<size_t>(s.d), 50 + s.d, 0.3f, 1.0f), DType::BF16, 1,
+                    s.d, "norm");
+    for (int m : {1, 2}) {
+      const LinearOp op{nullptr, &w4, nullptr, nullptr};
+      expect_fused_equals_separate(
+          gpu(), op, s.d, m, norm.view, ++seed,
+          "q4 d=" + std::to_string(s.d) + " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
+    }
+    gpu().release_weights();
+  }
+}
+
+// gate_up_swiglu both ways from the same x; gate / up: {w, w4, bias} (y set here).
+void expect_swiglu_equals_separate(CudaBackend& gpu, LinearOp gate, LinearOp up, int64_t n,
+                                   int64_t k, int m, uint64_t seed, const std::string& tag) {
+  const std::vector<float> x = random_normal(static_cast<size_t>(m * k), seed);
+  const DeviceArray xd(gpu, x);
+  DeviceArray g(gpu, m * n), u(gpu, m * n), want(gpu, m * n);
+  gate.y = g.data();
+  up.y = u.data();
+  const LinearOp ops[2] = {gate, up};
+  gpu.matmul_group(xd.data(), m, ops, 2);
+  gpu.swiglu(g.data(), u.data(), m * n, want.data());
+
+  DeviceArray g2(gpu, m * n), u2(gpu, m * n), out(gpu, m * n);
+  out.poison();
+  gate.y = g2.data();
+  up.y = u2.data();
+  gpu.gate_up_swiglu(xd.data(), m, gate, up, out.data());
+  EXPECT_EQ(out.to_host(), want.to_host()) << tag;
+  // In place into gate.y, as the model calls it.
+  gpu.gate_up_swiglu(xd.data(), m, gate, up, g2.data());
+  EXPECT_EQ(g2.to_host(), want.to_host()) << tag << " (in place)";
+}
+
+TEST_F(CudaOpsTest, GateUpSwigluMatchesSeparateOps) {
+  struct Shape {
+    int64_t n, k;
+  };
+  // {11008, 4096}: Llama-2-7B; {1000, 520}: a partial last tile, K not a whole ring stage;
+  // {17000, 64}: 2126 tiles in all (past 16 per SM: 6 ring stages), an odd pair count per block.
+  const Shape shapes[] = {{11008, 4096}, {1000, 520}, {17000, 64}};
+  uint64_t seed = 500;
+  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
+    for (const Shape& s : shapes) {
+      HostWeight wg(random_normal(static_cast<size_t>(s.n * s.k), 60 + s.n, 0.05f), dt, s.n, s.k,
+                    "gate");
+      HostWeight wu(random_normal(static_cast<size_t>(s.n * s.k), 70 + s.n, 0.05f), dt, s.n, s.k,
+                    "up");
+      HostWeight bg(random_normal(static_cast<size_t>(s.n), 80 + s.n, 0.5f), dt, 1, s.n, "bg");
+      HostWeight bu(random_normal(static_cast<size_t>(s.n), 90 + s.n, 0.5f), dt, 1, s.n, "bu");
+      for (int m : {1, 4, 9, 16, 17}) {
+        for (bool bias : {false, true}) {
+          const LinearOp gate{&wg.view, nullptr, bias ? &bg.view : nullptr, nullptr};
+          const LinearOp up{&wu.view, nullptr, bias ? &bu.view : nullptr, nullptr};
+          expect_swiglu_equals_separate(gpu(), gate, up, s.n, s.k, m, ++seed,
+                                        std::string(dtype_name(dt)) + " n=" + std::to_string(s.n) +
+                                            " k=" + std::to_string(s.k) +
+                                            " m=" + std::to_string(m) + (bias ? " +bias" : ""));
+        }
+      }
+      gpu().release_weights();
+    }
+  }
+}
+
+TEST_F(CudaOpsTest, GateUpSwigluQ4MatchesSeparateOps) {
+  struct Shape {
+    int64_t n, k;
+  };
+  const Shape shapes[] = {{11008, 4096}, {1000, 1024}, {300, 11008}};
+  uint64_t seed = 600;
+  for (const Shape& s : shapes) {
+    std::vector<float> a = random_normal(static_cast<size_t>(s.n * s.k), 100 + s.n, 0.05f);
+    std::vector<float> b = random_normal(static_cast<size_t>(s.n * s.k), 110 + s.n, 0.05f);
+    auto qa = quantize_weight4(a.data(), DType::F32, s.n, s.k, 128, "gate4");
+    auto qb = quantize_weight4(b.data(), DType::F32, s.n, s.k, 128, "up4");
+    ASSERT_TRUE(qa.ok() && qb.ok());
+    const QuantizedWeight4 wg = std::move(qa).value(), wu = std::move(qb).value();
+    for (int m : {1, 2}) {
+      const LinearOp gate{nullptr, &wg, nullptr, nullptr}, up{nullptr, &wu, nullptr, nullptr};
+      expect_swiglu_equals_separate(
+          gpu(), gate, up, s.n, s.k, m, ++seed,
+          "q4 n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
+    }
+    gpu().release_weights();
+  }
+}
+
+}  // namespace
+}  // namespace qs
