@@ -573,8 +573,8 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
     // driver should prefer for this kernel (what is left is L1, where x is re-read per tile).
     const int carveout = env_int("QS_GEMV_CARVEOUT", 0, 100, -1);
     if (carveout >= 0) {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                      carveout));
+      CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
     }
     return true;
   }();
