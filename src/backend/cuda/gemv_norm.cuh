@@ -2,9 +2,11 @@
 // cuda_ops.h): each output element of y = x W^T (+ bias) is added into the residual stream h
 // where the plain GEMV would store it (h[i] += y[i], add_rmsnorm's add, bit for bit), and the
 // block that finishes last normalizes h's m rows into out (add_rmsnorm's norm: the same row code
-// as rmsnorm_kernel, norm_row.cuh). One launch instead of two: the norm's launch, its wait for the
-// GEMV's completion and its own tail were ~4-5 us of a decode step per norm (docs/perf.md,
-// session 24), twice per layer.
+// as rmsnorm_kernel, norm_row.cuh). One launch instead of two; measured on the H200 the launch
+// boundary this removes is worth ~1 us per norm (the decode trace of session 24 put the norm
+// kernel's share at 4-5 us; most of it, the norm's own L2 round trips, stays in the last block),
+// and with several rows the last block's rows one after another cost more than that
+// (docs/perf.md, session 28): the backend fuses one row only.
 #pragma once
 
 #include "backend/cuda/cuda_ops.h"
