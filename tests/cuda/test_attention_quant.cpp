@@ -517,9 +517,17 @@ TEST_F(CudaOpsTest, QuantAttentionEveryQueryCount) {
 }
 
 // The one-query kernel (QuantAttentionTuning::single_query: an MHA draft step, one query vector
-// per kv head) leaves the tile's other query columns out of its loop: its output must be
-// bit-identical to the 8-column kernel's, and the plan must take it where it applies.
+// per kv head) leaves the tile's other query columns out of its loop and folds the query with the
+// whole warp: its output must match the 8-column kernel's (the same f16 fragments and scores but
+// for q . min, summed in another order: kSingleQueryTol), and the plan must take it where it
+// applies.
 TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
+  // q . min's f32 sum in a tree instead of a chain moves each key group's score offset by a few
+  // ulps (~1e-6 of the group's weights). The draft view's uncentred sums (p * step * code and
+  // p * min, each ~|min| ~ 2.6, against outputs of ~|min| / sqrt(positions)) amplify that ~50x:
+  // 1.1e-5..5.4e-5 measured on the H200 (session 29). A wrong fragment or fold is O(1).
+  constexpr double kSingleQueryTol = 5e-4;
+  double worst = 0.0;
   int calls = 0;
   for (const int len : {200, 1000, 4099, 33001}) {
     for (const int G : {32, 64, 128}) {
@@ -553,13 +561,15 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
           gpu().attention(qd.data(), 1, pos, shape, view, out.data());
           got[single ? 0 : 1] = out.to_host();
         }
-        EXPECT_EQ(testing::bitwise_differences(got[0], got[1]), 0u)
-            << describe(kv, c, fp_base) << " splits=" << splits;
+        const double err = rel_error(got[0], got[1]);
+        worst = std::max(worst, err);
+        EXPECT_LT(err, kSingleQueryTol) << describe(kv, c, fp_base) << " splits=" << splits;
         ++calls;
       }
     }
   }
   EXPECT_EQ(calls, 36);
+  report("one query vs 8 columns", worst);
 }
 
 TEST_F(CudaOpsTest, QuantAttentionLongContext) {

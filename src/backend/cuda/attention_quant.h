@@ -112,8 +112,9 @@ constexpr int kQuantAttentionMaxDirectTiles = 2;
 // with (quantspec bench, 2048 tokens; docs/perf.md, Session 27).
 constexpr int kQuantAttentionDirectRing = -1;
 // The one-query form of the f16 draft's ring kernel (at 192 registers) where a call has one query
-// vector per kv head (an MHA draft step): the loop leaves the tile's other query columns out
-// (DirectPath::kOne; bit-identical results).
+// vector per kv head (an MHA draft step): the loop leaves the tile's other query columns out and
+// the whole warp folds the query with each key group (DirectPath::kOne; the 8-column loop's
+// fragments, q . min summed in another order).
 constexpr bool kQuantAttentionSingleQuery = true;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;

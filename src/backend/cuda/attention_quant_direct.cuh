@@ -183,32 +183,68 @@ struct RingLane {
   }
 };
 
-// Issues the copy of part `kPart` of the sub-chunk at token t_sub into `slot` (the caller
-// commits the group), the keys with the key group's scales and mins at ks / km unless they are
-// null.
+// Issues the copy of a key group's scales and mins (ks, km) into the slot of the sub-chunk that
+// starts it: 16 x 16 bytes of scales, then of mins.
+template <bool INT8>
+__device__ __forceinline__ void ring_copy_key_meta(unsigned char* slot, const uint16_t* ks,
+                                                   const uint16_t* km) {
+  const int lane = threadIdx.x & 31;
+  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
+  cp_async16(dst + RingSlot<INT8>::kKeyMeta + 16 * lane,
+             lane < 16 ? ks + 8 * lane : km + 8 * (lane - 16));
+}
+
+// This lane's cp.async sources of the INT4 view's ring copies, kept from copy to copy: its
+// 16-byte piece (row lane / 4, piece lane % 4 of every 8 rows) of each plane as 32-bit byte
+// offsets from the kv head's planes (LanePtrs' reason) and, lanes < 8, the value scales (lanes
+// 0-3) or mins (4-7); each part's advance by a sub-chunk as it is copied. The one-query draft's
+// loop then takes 36 instead of 55 instructions per sub-chunk for its copies. The INT8 view
+// (short of registers at 192) forms them from the sub-chunk's position at each copy: kept there,
+// its loop recomputed RingLane and ran slower (docs/perf.md, session 29).
+struct RingSource {
+  uint32_t k, v;
+  const uint16_t* meta;
+
+  __device__ static RingSource at(const Head& hd, int t_sub) {
+    const int lane = threadIdx.x & 31;
+    const uint32_t off = static_cast<uint32_t>(t_sub * (kHD / 2) + 16 * lane);
+    return {off, off, (lane < 4 ? hd.vs : hd.vm) + t_sub + 8 * (lane & 3)};
+  }
+};
+
+// Issues the copy of part `kPart` of the sub-chunk at token t_sub into `slot` (the caller commits
+// the group), the keys with the key group's scales and mins at ks / km unless they are null.
+// INT4: from `src` (advanced past the part; t_sub unused).
 template <bool INT8, int kPart = kRingBoth>
-__device__ __forceinline__ void ring_copy(const Head& hd, int t_sub, unsigned char* slot,
-                                          const RingLane& rl, const uint16_t* ks,
-                                          const uint16_t* km) {
+__device__ __forceinline__ void ring_copy(const Head& hd, RingSource& src, int t_sub,
+                                          unsigned char* slot, const RingLane& rl,
+                                          const uint16_t* ks, const uint16_t* km) {
   using S = RingSlot<INT8>;
   const int lane = threadIdx.x & 31;
   const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(slot));
-  const int64_t src = static_cast<int64_t>(t_sub) * S::kRowBytes + 16 * lane;
   const uint8_t* planes[4] = {hd.ku, hd.vu, hd.kl, hd.vl};  // even: keys, odd: values
+  const int64_t pos = static_cast<int64_t>(t_sub) * S::kRowBytes + 16 * lane;  // INT8
 #pragma unroll
   for (int pl = 0; pl < S::kPlanes; ++pl) {
-    if (!(kPart & (pl % 2 == 0 ? kRingKeys : kRingValues))) continue;
+    const bool keys = pl % 2 == 0;
+    if (!(kPart & (keys ? kRingKeys : kRingValues))) continue;
+    const uint8_t* from = planes[pl] + (INT8 ? pos : keys ? src.k : src.v);
 #pragma unroll
     for (int i = 0; i < S::kPlaneBytes / 512; ++i) {  // 8 rows = 512 bytes per warp instruction
-      cp_async16(dst + pl * S::kPlaneBytes + i * 512 + rl.copy, planes[pl] + src + i * 512);
+      cp_async16(dst + pl * S::kPlaneBytes + i * 512 + rl.copy, from + i * 512);
     }
   }
   if ((kPart & kRingValues) && lane < 8) {  // 4 x 16 bytes of scales, then of mins
-    const uint16_t* meta = (lane < 4 ? hd.vs : hd.vm) + t_sub + 8 * (lane & 3);
+    const uint16_t* meta = INT8 ? (lane < 4 ? hd.vs : hd.vm) + t_sub + 8 * (lane & 3) : src.meta;
     cp_async16(dst + S::kPlanes * S::kPlaneBytes + 16 * lane, meta);
   }
-  if ((kPart & kRingKeys) && ks != nullptr) {  // 16 x 16 bytes of scales, then of mins
-    cp_async16(dst + S::kKeyMeta + 16 * lane, lane < 16 ? ks + 8 * lane : km + 8 * (lane - 16));
+  if ((kPart & kRingKeys) && ks != nullptr) ring_copy_key_meta<INT8>(slot, ks, km);
+  if constexpr (!INT8) {
+    if constexpr (kPart & kRingKeys) src.k += S::kPlaneBytes;
+    if constexpr (kPart & kRingValues) {
+      src.v += S::kPlaneBytes;
+      src.meta += kTok;
+    }
   }
 }
 
@@ -343,7 +379,8 @@ struct DirectTile {
 // kOne (one tile): the tile's first query vector is its only one (an MHA draft step: one query
 // per kv head): the second query column of every lane (2c + 1) is left out of the scores, the
 // softmax, the min terms and the rescale (its weights are 0), ~50 of ~575 instructions per
-// sub-chunk; query 2c's arithmetic is unchanged (bit-identical results).
+// sub-chunk, and the whole warp folds the query (fold_one_query); query 2c's arithmetic is
+// otherwise unchanged.
 template <bool INT8, bool kLo = true, int NT = 1, bool kOne = false>
 struct DirectPath {
   static constexpr int HD = kHD;
@@ -384,6 +421,10 @@ struct DirectPath {
   template <bool kShared = false>
   __device__ void fold_queries(const float* q_warp, const uint16_t* k_scale,
                                const uint16_t* k_min) {
+    if constexpr (kOne) {
+      fold_one_query<kShared>(q_warp, k_scale, k_min);
+      return;
+    }
     const int lane = threadIdx.x & 31, c = lane & 3;
     int d0[4];
     uint4 sr[4], mr[4];
@@ -414,6 +455,58 @@ struct DirectPath {
       } else {
         fold_query<4, kLo, !INT8, kSub>(q_row, d0, sr, mr, kStepMul, kCenter, bq_hi, bq_lo,
                                         inv_f[t], qm[t]);
+      }
+    }
+  }
+
+  // kOne: the tile's one query vector (row 0 of q_warp) folded by the whole warp instead of by
+  // its four lanes (the other 28 folding the tile's empty rows). Lane l takes k-step h = l % 2 of
+  // 8-channel block l / 2 (block w of lane (0, c) is block 4c + w): channels d = 8 (l / 2) + 2h,
+  // d + 4 (its b0 word) and d + 1, d + 5 (b1), with fold_query_block's arithmetic; the warp
+  // reduces the largest |Q'| and q . min, and lane (r, c) gathers the 16 words of its blocks from
+  // lanes 8c + 2w + h. Every row r gets query 0's fragments (the columns 2c > 0 repeat it; their
+  // results are not read). ~108 instructions per key group instead of ~310 (SASS); the same f16
+  // fragments and 2^F as fold_query, q . min summed in another order (a tree over the warp).
+  template <bool kShared>
+  __device__ void fold_one_query(const float* q_row, const uint16_t* k_scale,
+                                 const uint16_t* k_min) {
+    static_assert(kOne && kSub, "the one-query fold: the draft view's f16 operands");
+    const int lane = threadIdx.x & 31, c = lane & 3;
+    const int d = 8 * (lane >> 1) + 2 * (lane & 1);
+    auto half2_at = [&](const uint16_t* p) {
+      const uint32_t w = kShared ? *reinterpret_cast<const uint32_t*>(p)
+                                 : __ldg(reinterpret_cast<const unsigned int*>(p));
+      return __half22float2(*reinterpret_cast<const __half2*>(&w));
+    };
+    const float2 q01 = *reinterpret_cast<const float2*>(q_row + d);
+    const float2 q45 = *reinterpret_cast<const float2*>(q_row + d + 4);
+    const float2 s01 = half2_at(k_scale + d), s45 = half2_at(k_scale + d + 4);
+    const float2 m01 = half2_at(k_min + d), m45 = half2_at(k_min + d + 4);
+    // Channels d, d + 4 | d + 1, d + 5.
+    const float x[4] = {q01.x * (s01.x * kStepMul), q45.x * (s45.x * kStepMul),
+                        q01.y * (s01.y * kStepMul), q45.y * (s45.y * kStepMul)};
+    float amax = fmaxf(fmaxf(fabsf(x[0]), fabsf(x[1])), fmaxf(fabsf(x[2]), fabsf(x[3])));
+    float qmp = fmaf(q01.x, m01.x, q01.y * m01.y) + fmaf(q45.x, m45.x, q45.y * m45.y);
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) {
+      amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, off));
+      qmp += __shfl_xor_sync(kFullMask, qmp, off);
+    }
+    const int f = amax > 0.0f ? max(-100, min(100, 13 - ilogbf(amax))) : 0;
+    const float sf = exp2i(f), sf1 = sf * 0.0625f;
+    inv_f[0][0] = inv_f[0][1] = exp2i(-f) * 0x1p24f;
+    qm[0][0] = qm[0][1] = qmp;
+    uint32_t b[2], unused;
+    f16x2_operand<false>(x[0] * sf, x[1] * sf, b[0], unused);
+    f16x2_operand<false>(x[2] * sf1, x[3] * sf1, b[1], unused);
+#pragma unroll
+    for (int w = 0; w < 4; ++w) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          bq_hi[w][h][i] = __shfl_sync(kFullMask, b[i], 8 * c + 2 * w + h);
+        }
       }
     }
   }
@@ -714,12 +807,18 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   // The ring's copies carry the key metadata of the sub-chunks that fold (with the keys).
   KeyGroups copy_groups(k_scale, k_min, b, G);
   // Part kPart of sub-chunk j into slot(j), then commit (empty past the end).
+  RingSource src = kRing && !INT8 ? RingSource::at(head, b) : RingSource{};
   auto copy_sub = [&](int j, auto part) {
     constexpr int kPart = decltype(part)::value;
     if (j < n_subs) {
       const bool fold = (kPart & kRingKeys) && copy_groups.folds(j);
-      ring_copy<INT8, kPart>(head, b + j * kTok, slot(j), rl, fold ? copy_groups.ks : nullptr,
-                             fold ? copy_groups.km : nullptr);
+      // The key group's metadata: INT8 inside ring_copy (as the kernel measured in session 28),
+      // INT4 after it (5 fewer instructions per sub-chunk than selecting a null pointer).
+      const bool meta_inside = INT8 && fold;
+      ring_copy<INT8, kPart>(head, src, b + j * kTok, slot(j), rl,
+                             meta_inside ? copy_groups.ks : nullptr,
+                             meta_inside ? copy_groups.km : nullptr);
+      if (!INT8 && fold) ring_copy_key_meta<INT8>(slot(j), copy_groups.ks, copy_groups.km);
       if (fold) copy_groups.advance(j);
     }
     cp_async_commit();
