@@ -59,6 +59,30 @@ def test_counts_the_smallest_loop_holding_the_mmas(tmp_path):
     assert res.returncode == 0 and "no such loop" in res.stdout
 
 
+def test_lists_the_regions_a_forward_branch_skips(tmp_path):
+    # A loop (0x00 .. 0x90) with a 3-instruction region behind a branch (a fold that runs once per
+    # group), a divergence check (BRA.DIV, not a region) and a branch out of the loop (not one).
+    body = ["LDG.E.128 R4, desc[UR4][R2.64]",  # 0x00 loop start
+            "BRA.DIV UR4, 0x200",              # 0x10
+            "@P0 BRA 0x60",                    # 0x20: skips 0x30 .. 0x50
+            "HADD2.F32 R1, -RZ, R4.H0_H0",
+            "FMUL R1, R1, R5",
+            "SHFL.BFLY PT, R6, R1, 0x1, 0x1f",
+            "HMMA.16816.F32 R12, R8, R4, R12",  # 0x60
+            "@P2 BRA 0x200",                   # 0x70: leaves the loop
+            "HMMA.16816.F32 R16, R8, R4, R16",
+            "@!P1 BRA 0x0",                    # 0x90: closes the loop
+            "EXIT"]
+    f = tmp_path / "k.sass"
+    f.write_text(sass("_Z6kernelv", body))
+    res = run(f, "--min-mma", "2", "--regions")
+    assert res.returncode == 0, res.stderr
+    regions = [l for l in res.stdout.splitlines() if l.startswith("  skippable")]
+    assert regions == ["  skippable 0x30..0x50: 3 instructions (@P0 BRA 0x60)"]
+    # Without the flag, the table alone.
+    assert "skippable" not in run(f, "--min-mma", "2").stdout
+
+
 def test_bad_input_is_named(tmp_path):
     f = tmp_path / "empty.sass"
     f.write_text("nothing here\n")

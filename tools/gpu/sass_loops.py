@@ -5,7 +5,8 @@ A kernel that is issue-bound (ncu: few eligible warps, ~1 instruction issued eve
 gets faster with fewer instructions per iteration; this script counts them per kernel, so that a
 change can be judged on the development machine before a device call.
 
-    python3 tools/gpu/sass_loops.py OBJ [--kernel REGEX] [--min-mma N] [--cuobjdump PATH]
+    python3 tools/gpu/sass_loops.py OBJ [--kernel REGEX] [--min-mma N] [--regions]
+                                        [--cuobjdump PATH]
 
 OBJ: an object file or cubin built for the GPU (e.g. the CUDA build's
 src/backend/cuda/CMakeFiles/qs_backend_cuda.dir/attention_quant.cu.o), or a text file that
@@ -14,6 +15,12 @@ the loop reported is the smallest backward branch whose body holds at least N te
 instructions (HMMA / IMMA / HGMMA), i.e. the main loop of an MMA kernel; with --min-mma 0 the
 innermost loop that holds the most instructions. Printed: its instruction count and the count
 of each opcode class worth watching (moves, loads, spills, byte permutes, ...).
+
+The count is static: every instruction of the loop once. A region that a forward branch inside
+the loop can skip may run on few iterations only (the quantized attention's query fold runs once
+per key group, every fourth 32-token sub-chunk at G = 128: 312 of the one-query draft's 758
+instructions, session 29). --regions lists each such region under its kernel's row (its first
+and last address, its instruction count, the branch); nested regions are listed too.
 
 cuobjdump is not part of every CUDA install; PyPI carries it:
     pip download --no-deps nvidia-cuda-cuobjdump -d /tmp/whl && unzip -o /tmp/whl/*.whl -d /tmp/cu
@@ -107,11 +114,31 @@ def hot_loop(ins, min_mma):
     return best
 
 
+def skippable_regions(loop):
+    """(first address, last address, instructions, branch text) of each stretch of the loop that a
+    forward branch inside it jumps over (the warp-divergence checks, BRA.DIV, excluded)."""
+    addrs = [a for a, _ in loop]
+    out = []
+    for i, (a, t) in enumerate(loop):
+        m = BRANCH.search(t)
+        if not m or ".DIV" in t.split()[1 if t.startswith("@") else 0]:
+            continue
+        target = int(m.group(1), 16)
+        if target <= a or target > addrs[-1]:
+            continue
+        inside = [x for x in addrs[i + 1:] if x < target]
+        if inside:
+            out.append((inside[0], inside[-1], len(inside), t))
+    return out
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("obj")
     ap.add_argument("--kernel", default=".", help="regex on the demangled kernel name")
     ap.add_argument("--min-mma", type=int, default=16)
+    ap.add_argument("--regions", action="store_true",
+                    help="list the loop's regions that a forward branch can skip")
     ap.add_argument("--cuobjdump", default=None)
     args = ap.parse_args()
     found = list(kernels(sass_text(args.obj, args.cuobjdump)))
@@ -133,6 +160,9 @@ def main():
             continue
         c = Counter(opcode(t) for _, t in loop)
         print(f"{short} | {len(ins)} | {len(loop)} | " + " | ".join(str(c[w]) for w in WATCH))
+        if args.regions:
+            for first, last, n, branch in skippable_regions(loop):
+                print(f"  skippable {first:#x}..{last:#x}: {n} instructions ({branch})")
     if shown == 0:
         sys.exit(f"sass_loops: no kernel matches {args.kernel!r}")
 
