@@ -99,6 +99,9 @@ struct LinearOp {
   const QuantizedWeight4* w4 = nullptr;
   const WeightView* bias = nullptr;
   float* y = nullptr;
+
+  // Output features (the weight's rows).
+  int64_t rows() const { return w4 != nullptr ? w4->rows : w->rows; }
 };
 
 // RoPE of one layer's step for Backend::rope_qk_store_kv: the query rows q ([m, num_heads *
@@ -313,8 +316,7 @@ class Backend {
                               float* out) {
     const LinearOp ops[2] = {gate, up};
     matmul_group(x, m, ops, 2);
-    const int64_t n = gate.w4 != nullptr ? gate.w4->rows : gate.w->rows;
-    swiglu(gate.y, up.y, static_cast<int64_t>(m) * n, out);
+    swiglu(gate.y, up.y, static_cast<int64_t>(m) * gate.rows(), out);
   }
 
   // A linear layer whose output goes into the residual stream, and the next norm:
@@ -323,11 +325,7 @@ class Backend {
   // afterwards are unspecified (a backend may add the products into h without storing them).
   virtual void linear_add_rmsnorm(const float* x, int m, const LinearOp& op, float* h,
                                   const WeightView& weight, float eps, float* out) {
-    if (op.w4 != nullptr) {
-      matmul_q4(x, m, *op.w4, op.bias, op.y);
-    } else {
-      matmul(x, m, *op.w, op.bias, op.y);
-    }
+    matmul_group(x, m, &op, 1);
     add_rmsnorm(h, op.y, weight, m, eps, out);
   }
 

@@ -952,8 +952,7 @@ constexpr int kFuseNormMaxRows = 1;
 void CudaBackend::linear_add_rmsnorm(const float* x, int m, const LinearOp& op, float* h,
                                      const WeightView& weight, float eps, float* out) {
   const int64_t d = weight.numel();
-  const int64_t rows = op.w4 != nullptr ? op.w4->rows : op.w->rows;
-  if (g_fuse_norm && m >= 1 && m <= kFuseNormMaxRows && rows == d) {
+  if (g_fuse_norm && m >= 1 && m <= kFuseNormMaxRows && op.rows() == d) {
     const cuda::GemvNorm norm{
         h, impl_->resolve(weight), weight.dtype, eps, out, impl_->norm_arrivals, m, d};
     const cuda::DeviceBias b = impl_->bias(op.bias);
