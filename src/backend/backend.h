@@ -104,6 +104,18 @@ struct LinearOp {
   int64_t rows() const { return w4 != nullptr ? w4->rows : w->rows; }
 };
 
+// The input rows of the matmuls after a residual add: norm(h) over m rows of h ([m, d], d =
+// weight->numel()), materialized in `out` unless the producer deferred it
+// (Backend::linear_add_rmsnorm_deferred).
+struct PendingNorm {
+  float* h = nullptr;
+  const WeightView* weight = nullptr;
+  float eps = 0.0f;
+  float* out = nullptr;          // aliases neither h nor the producer's input
+  bool deferred = false;         // out not written: the consumers read h and the backend's record
+  const void* record = nullptr;  // what the producer left for the consumers (backend-defined)
+};
+
 // RoPE of one layer's step for Backend::rope_qk_store_kv: the query rows q ([m, num_heads *
 // head_dim]) and rope_qk's other arguments but the positions.
 struct RopeQK {
@@ -327,6 +339,28 @@ class Backend {
                                   const WeightView& weight, float eps, float* out) {
     matmul_group(x, m, &op, 1);
     add_rmsnorm(h, op.y, weight, m, eps, out);
+  }
+
+  // The same with the norm's rows left to the matmuls that read them, where a backend can: the
+  // producer (linear_add_rmsnorm_deferred) adds op's output into pn.h and either writes
+  // norm(h) to pn.out, as linear_add_rmsnorm (pn.deferred = false: the defaults), or leaves
+  // pn.out unwritten and sets pn.deferred; the consumers (matmul_group_normed,
+  // gate_up_swiglu_normed) then read norm(pn.h) however the backend recorded it. Without
+  // deferral they are matmul_group / gate_up_swiglu on pn.out; with it, within the draft view's
+  // accuracy of them (the norm's 1 / rms multiplies each product's sum instead of each input).
+  virtual void linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
+                                           PendingNorm& pn) {
+    linear_add_rmsnorm(x, m, op, pn.h, *pn.weight, pn.eps, pn.out);
+    pn.deferred = false;
+  }
+  virtual void matmul_group_normed(const PendingNorm& pn, int m, const LinearOp* ops, int count) {
+    QS_CHECK(!pn.deferred);
+    matmul_group(pn.out, m, ops, count);
+  }
+  virtual void gate_up_swiglu_normed(const PendingNorm& pn, int m, const LinearOp& gate,
+                                     const LinearOp& up, float* out) {
+    QS_CHECK(!pn.deferred);
+    gate_up_swiglu(pn.out, m, gate, up, out);
   }
 
   // RoPE of a layer's queries and keys: rope(q, m, num_heads, ...) then rope(k, m, num_kv_heads,

@@ -167,16 +167,18 @@ void Model::linear(const float* x, int m, const WeightView& w, const QuantizedWe
   }
 }
 
-void Model::linear_add_norm(const float* x, int m, const WeightView& w, const QuantizedWeight4* w4,
-                            const WeightView* bias, float* h, const WeightView& norm, float* out) {
-  const float eps = cfg_.rms_norm_eps;
+PendingNorm Model::linear_add_norm(const float* x, int m, const WeightView& w,
+                                   const QuantizedWeight4* w4, const WeightView* bias, float* h,
+                                   const WeightView& norm, float* out) {
+  PendingNorm pn{h, &norm, cfg_.rms_norm_eps, out, false};
   if (comm_ == nullptr) {
-    backend_.linear_add_rmsnorm(x, m, LinearOp{&w, w4, bias, proj_->data()}, h, norm, eps, out);
-    return;
+    backend_.linear_add_rmsnorm_deferred(x, m, LinearOp{&w, w4, bias, proj_->data()}, pn);
+    return pn;
   }
   linear(x, m, w, w4, bias, proj_->data());
   comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m) * cfg_.hidden_size);
-  backend_.add_rmsnorm(h, proj_->data(), norm, m, eps, out);
+  backend_.add_rmsnorm(h, proj_->data(), norm, m, pn.eps, out);
+  return pn;
 }
 
 Status Model::forward(std::span<const int32_t> ids, int pos, KvCache& cache,
@@ -216,12 +218,14 @@ Status Model::check_ids(std::span<const int32_t> ids) const {
   return Status::ok_status();
 }
 
-// Layer l over m rows at [pos, pos + m): h is the residual stream, x = attn_norm_l(h) on entry.
-// With next_norm, the MLP's output is added to h and x = next_norm(h) on return; without, the
-// MLP's output is left in proj_, not yet added to h (the caller adds it, fused with the norm that
-// reads the sum where it can), and x is overwritten.
-void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
-                  const ForwardPath& path, const WeightView* next_norm) {
+// Layer l over m rows at [pos, pos + m): h is the residual stream, `in` = attn_norm_l(h) on entry
+// (its rows in in.out, or deferred by the backend). With next_norm, the MLP's output is added to
+// h and the returned rows are next_norm(h) (in in.out, or deferred); without, the MLP's output is
+// left in proj_, not yet added to h (the caller adds it, fused with the norm that reads the sum
+// where it can), in.out is overwritten and the result is not used.
+PendingNorm Model::layer(int l, float* h, const PendingNorm& in, int m, int pos, KvCache& cache,
+                         const ForwardPath& path, const WeightView* next_norm) {
+  float* x = in.out;
   const LayerWeights& L = weights_.layers[l];
   static const DraftLayer kNoDraft;
   const DraftLayer& D = path.draft_weights ? draft_layers_[l] : kNoDraft;
@@ -233,7 +237,7 @@ void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
   const LinearOp qkv[] = {{&L.wq, D.wq.get(), &L.bq, q_->data()},
                           {&L.wk, D.wk.get(), &L.bk, k_->data()},
                           {&L.wv, D.wv.get(), &L.bv, v_->data()}};
-  backend_.matmul_group(x, m, qkv, 3);
+  backend_.matmul_group_normed(in, m, qkv, 3);
   QuantizedKvSegment segment;
   const KvView view = store_and_view(cache, path, l, pos, m, &segment);  // RoPE'd q and k
   if (path.query_tap) path.query_tap(l, q_->data(), m);
@@ -241,18 +245,18 @@ void Model::layer(int l, float* h, float* x, int m, int pos, KvCache& cache,
   // Tensor parallel: each rank's o_proj covers its heads (a partial sum); the bias goes into the
   // sum once.
   const bool bias_here = comm_ == nullptr || comm_->rank() == 0;
-  linear_add_norm(attn_->data(), m, L.wo, D.wo.get(), bias_here ? &L.bo : nullptr, h, L.mlp_norm,
-                  x);
+  const PendingNorm mlp_in = linear_add_norm(attn_->data(), m, L.wo, D.wo.get(),
+                                             bias_here ? &L.bo : nullptr, h, L.mlp_norm, x);
   // MLP block.
   const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
                               {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
-  backend_.gate_up_swiglu(x, m, gate_up[0], gate_up[1], gate_->data());
+  backend_.gate_up_swiglu_normed(mlp_in, m, gate_up[0], gate_up[1], gate_->data());
   if (next_norm != nullptr) {
-    linear_add_norm(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, h, *next_norm, x);
-    return;
+    return linear_add_norm(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, h, *next_norm, x);
   }
   linear(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, proj_->data());
   if (comm_) comm_->all_reduce_sum(proj_->data(), static_cast<size_t>(m * d));
+  return PendingNorm{};
 }
 
 Status Model::run(const TokenInput& in, int pos, KvCache& cache, const ForwardPath& path,
@@ -280,9 +284,11 @@ Status Model::run(const TokenInput& in, int pos, KvCache& cache, const ForwardPa
     backend_.embedding(weights_.tok_embeddings, in.ids, m, h);
   }
   backend_.rmsnorm(h, weights_.layers[0].attn_norm, m, eps, x);
+  PendingNorm rows_in{h, &weights_.layers[0].attn_norm, eps, x, false};
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const bool last = l + 1 == cfg_.num_layers;
-    layer(l, h, x, m, pos, cache, path, last ? nullptr : &weights_.layers[l + 1].attn_norm);
+    rows_in = layer(l, h, rows_in, m, pos, cache, path,
+                    last ? nullptr : &weights_.layers[l + 1].attn_norm);
   }
 
   // The last residual add, fused with the final norm, only over the rows that produce logits,
@@ -342,7 +348,8 @@ Status Model::prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache&
       const int m = std::min(chunk, n - start);
       float* h = stream->data() + start * d;
       backend_.rmsnorm(h, weights_.layers[l].attn_norm, m, eps, x);
-      layer(l, h, x, m, start, cache, path, nullptr);
+      layer(l, h, PendingNorm{h, &weights_.layers[l].attn_norm, eps, x, false}, m, start, cache,
+            path, nullptr);
       backend_.add(h, proj_->data(), m * d);
       if (progress) progress(static_cast<int64_t>(l) * n + start + m);
     }

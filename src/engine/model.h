@@ -121,8 +121,8 @@ class Model {
   // Activations for m rows; an error naming the size when the backend cannot allocate them.
   Status ensure_scratch(int m);
   // One decoder layer over m rows (run()'s loop body; see model.cpp).
-  void layer(int l, float* h, float* x, int m, int pos, KvCache& cache, const ForwardPath& path,
-             const WeightView* next_norm);
+  PendingNorm layer(int l, float* h, const PendingNorm& in, int m, int pos, KvCache& cache,
+                    const ForwardPath& path, const WeightView* next_norm);
   // A forward's m token ids: host memory (forward) or, chained, backend memory (forward_chained;
   // the argmax then goes to backend memory too).
   struct TokenInput {
@@ -143,12 +143,13 @@ class Model {
                         QuantizedKvSegment* segment);
   void linear(const float* x, int m, const WeightView& w, const QuantizedWeight4* w4,
               const WeightView* bias, float* y);
-  // x W^T (+ bias) (W, or the 4-bit w4 when set) added to the residual stream h, then
-  // out = norm(h): Backend::linear_add_rmsnorm (one launch on the GPU), or with tensor parallel
-  // the matmul, the all-reduce of the ranks' partial sums and Backend::add_rmsnorm. proj_ is
-  // scratch.
-  void linear_add_norm(const float* x, int m, const WeightView& w, const QuantizedWeight4* w4,
-                       const WeightView* bias, float* h, const WeightView& norm, float* out);
+  // x W^T (+ bias) (W, or the 4-bit w4 when set) added to the residual stream h, then the rows
+  // norm(h): Backend::linear_add_rmsnorm_deferred (one launch on the GPU; the draft's rows
+  // deferred to the next matmuls there), or with tensor parallel the matmul, the all-reduce of
+  // the ranks' partial sums and Backend::add_rmsnorm into out. proj_ is scratch.
+  PendingNorm linear_add_norm(const float* x, int m, const WeightView& w,
+                              const QuantizedWeight4* w4, const WeightView* bias, float* h,
+                              const WeightView& norm, float* out);
 
   // 4-bit draft copies; a null entry means the draft uses the original weight.
   struct DraftLayer {

@@ -11,6 +11,9 @@
 // Backend::gate_up_swiglu (each block takes a gate tile, then the same rows' up tile, and stores
 // their SwiGLU). Fused: bf16 / f16 weights at m = 1..16, 4-bit weights at m = 1; the rest falls
 // back.
+//
+// Backend::linear_add_rmsnorm_deferred and its consumers (the draft's norm applied on load by the
+// next 4-bit launch): within a bound of the materialized chain, not bit for bit.
 #include <gtest/gtest.h>
 
 #include <string>
@@ -180,6 +183,80 @@ TEST_F(CudaOpsTest, GateUpSwigluQ4MatchesSeparateOps) {
       expect_swiglu_equals_separate(
           gpu(), gate, up, s.n, s.k, m, ++seed,
           "q4 n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
+    }
+    gpu().release_weights();
+  }
+}
+
+// Backend::linear_add_rmsnorm_deferred and its consumers (the draft's norms: a 4-bit producer at
+// m = 1 leaves per-block sums of squares, the next 4-bit launch normalizes on load) against the
+// materialized chain: h bit for bit, the consumers' outputs within the f32 rounding of moving
+// 1 / rms from each input to each sum (1e-5; a wrong or missing norm is O(1)), and a dense
+// consumer (not deferrable) bit for bit through the fallback's rmsnorm. A producer at m = 2 must
+// not defer.
+TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
+  const int64_t d = 4096, k_in = 4096, n_mlp = 1024;
+  auto q4 = [](int64_t rows, int64_t cols, uint64_t seed) {
+    std::vector<float> wv = random_normal(static_cast<size_t>(rows * cols), seed, 0.05f);
+    auto q = quantize_weight4(wv.data(), DType::F32, rows, cols, 128, "w4");
+    EXPECT_TRUE(q.ok());
+    return std::move(q).value();
+  };
+  const QuantizedWeight4 wo = q4(d, k_in, 300), wq = q4(d, d, 301), wk = q4(1024, d, 302),
+                         wv = q4(1024, d, 303), wg = q4(n_mlp, d, 304), wu = q4(n_mlp, d, 305);
+  HostWeight bq(random_normal(static_cast<size_t>(d), 306, 0.5f), DType::F32, 1, d, "bq");
+  HostWeight dense(random_normal(static_cast<size_t>(256 * d), 307, 0.05f), DType::BF16, 256, d,
+                   "dense");
+  for (DType norm_dt : {DType::BF16, DType::F32}) {
+    HostWeight norm(random_normal(static_cast<size_t>(d), 310, 0.3f, 1.0f), norm_dt, 1, d, "norm");
+    const std::string tag = std::string("norm ") + dtype_name(norm_dt);
+    for (int m : {1, 2}) {
+      const std::vector<float> x = random_normal(static_cast<size_t>(m * k_in), 311 + m);
+      const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), 313 + m, 2.0f);
+      const DeviceArray xd(gpu(), x);
+      DeviceArray scratch(gpu(), m * d), h_ref(gpu(), h0), out_ref(gpu(), m * d);
+      gpu().linear_add_rmsnorm(xd.data(), m, LinearOp{nullptr, &wo, nullptr, scratch.data()},
+                               h_ref.data(), norm.view, kEps, out_ref.data());
+      DeviceArray h(gpu(), h0), out(gpu(), m * d);
+      out.poison();
+      PendingNorm pn{h.data(), &norm.view, kEps, out.data(), false};
+      gpu().linear_add_rmsnorm_deferred(xd.data(), m,
+                                        LinearOp{nullptr, &wo, nullptr, scratch.data()}, pn);
+      EXPECT_EQ(pn.deferred, m == 1) << tag << " m=" << m;
+      EXPECT_EQ(h.to_host(), h_ref.to_host()) << tag << " m=" << m;
+      // q / k / v (a bias on q) and gate / up with their SwiGLU, read both ways.
+      auto qkv = [&](std::vector<DeviceArray>& ys) {
+        return std::vector<LinearOp>{{nullptr, &wq, &bq.view, ys[0].data()},
+                                     {nullptr, &wk, nullptr, ys[1].data()},
+                                     {nullptr, &wv, nullptr, ys[2].data()}};
+      };
+      std::vector<DeviceArray> want, got;
+      for (int64_t rows : {d, int64_t{1024}, int64_t{1024}}) {
+        want.emplace_back(gpu(), m * rows);
+        got.emplace_back(gpu(), m * rows);
+      }
+      gpu().matmul_group(out_ref.data(), m, qkv(want).data(), 3);
+      gpu().matmul_group_normed(pn, m, qkv(got).data(), 3);
+      for (int i = 0; i < 3; ++i) {
+        EXPECT_LT(testing::rel_error(got[i].to_host(), want[i].to_host()), 1e-5)
+            << tag << " m=" << m << " qkv " << i;
+      }
+      DeviceArray g(gpu(), m * n_mlp), u(gpu(), m * n_mlp), mlp_want(gpu(), m * n_mlp),
+          mlp_got(gpu(), m * n_mlp);
+      gpu().gate_up_swiglu(out_ref.data(), m, LinearOp{nullptr, &wg, nullptr, g.data()},
+                           LinearOp{nullptr, &wu, nullptr, u.data()}, mlp_want.data());
+      mlp_got.poison();
+      gpu().gate_up_swiglu_normed(pn, m, LinearOp{nullptr, &wg, nullptr, g.data()},
+                                  LinearOp{nullptr, &wu, nullptr, u.data()}, mlp_got.data());
+      EXPECT_LT(testing::rel_error(mlp_got.to_host(), mlp_want.to_host()), 1e-5)
+          << tag << " m=" << m << " gate/up";
+      // A dense consumer: the fallback normalizes h into out first.
+      DeviceArray yd_want(gpu(), m * 256), yd_got(gpu(), m * 256);
+      gpu().matmul(out_ref.data(), m, dense.view, nullptr, yd_want.data());
+      const LinearOp dense_op{&dense.view, nullptr, nullptr, yd_got.data()};
+      gpu().matmul_group_normed(pn, m, &dense_op, 1);
+      EXPECT_EQ(yd_got.to_host(), yd_want.to_host()) << tag << " m=" << m << " dense";
+      EXPECT_EQ(out.to_host(), out_ref.to_host()) << tag << " m=" << m << " materialized";
     }
     gpu().release_weights();
   }

@@ -239,6 +239,8 @@ struct CudaBackend::Impl {
   Scratch snapkv;        // snapkv_scores' softmax partials
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
   unsigned* norm_arrivals = nullptr;    // the fused GEMV + norm's block counter (cuda::GemvNorm)
+  double* norm_sumsq[2] = {};           // deferred norms' partial sums, used in turn (num_sms each)
+  int norm_sumsq_next = 0;
 
 #ifdef QS_KERNEL_TRACE
   unsigned long long* trace = nullptr;
@@ -260,6 +262,9 @@ struct CudaBackend::Impl {
     snapkv.release();
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (norm_arrivals) cudaFree(norm_arrivals);
+    for (double* p : norm_sumsq) {
+      if (p) cudaFree(p);
+    }
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -377,6 +382,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   CUBLAS_CHECK(cublasSetMathMode(impl->cublas, CUBLAS_DEFAULT_MATH));
   CUDA_CHECK(cudaMalloc(&impl->norm_arrivals, sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl->norm_arrivals, 0, sizeof(unsigned)));
+  for (double*& p : impl->norm_sumsq) {
+    CUDA_CHECK(cudaMalloc(&p, sizeof(double) * static_cast<size_t>(impl->num_sms)));
+  }
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 
@@ -971,7 +979,89 @@ void CudaBackend::linear_add_rmsnorm(const float* x, int m, const LinearOp& op, 
 namespace {
 // QS_FUSE_SWIGLU=0: gate_up_swiglu as the group GEMV and swiglu launches (A/B runs).
 const bool g_fuse_swiglu = cuda::env_flag("QS_FUSE_SWIGLU", true);
+// QS_DEFER_NORM=0: the draft's norms materialized by the producing launch (A/B runs).
+const bool g_defer_norm = cuda::env_flag("QS_DEFER_NORM", true);
 }  // namespace
+
+void CudaBackend::linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
+                                              PendingNorm& pn) {
+  const int64_t d = pn.weight->numel();
+  if (g_defer_norm && g_fuse_norm && m == 1 && op.w4 != nullptr && op.rows() == d) {
+    double* sumsq = impl_->norm_sumsq[impl_->norm_sumsq_next];
+    cuda::GemvNorm norm{
+        pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, nullptr, nullptr, m, d};
+    norm.sumsq = sumsq;
+    norm.parts = impl_->num_sms;
+    check_q4_bias(*op.w4, op.bias);
+    const cuda::DeviceWeight4& dw = impl_->weights4.resolve(*op.w4, impl_->stream);
+    if (cuda::launch_gemv_q4_norm(x, m, dw, impl_->bias(op.bias), norm, impl_->num_sms,
+                                  impl_->stream)) {
+      impl_->norm_sumsq_next ^= 1;
+      pn.deferred = true;
+      pn.record = sumsq;
+      return;
+    }
+  }
+  Backend::linear_add_rmsnorm_deferred(x, m, op, pn);
+}
+
+namespace {
+// The NormIn of a deferred norm (CudaBackend::linear_add_rmsnorm_deferred's record: num_sms
+// partial sums); weight: the norm weight's device copy.
+cuda::NormIn norm_in_of(const PendingNorm& pn, int num_sms, const void* weight) {
+  cuda::NormIn nin;
+  nin.sumsq = static_cast<const double*>(pn.record);
+  nin.parts = num_sms;
+  nin.weight = weight;
+  nin.weight_dtype = pn.weight->dtype;
+  nin.eps = pn.eps;
+  return nin;
+}
+}  // namespace
+
+void CudaBackend::matmul_group_normed(const PendingNorm& pn, int m, const LinearOp* ops,
+                                      int count) {
+  if (!pn.deferred) return matmul_group(pn.out, m, ops, count);
+  bool q4 = count >= 1 && count <= cuda::kMaxGemvSegments;
+  for (int i = 0; q4 && i < count; ++i) q4 = ops[i].w4 != nullptr;
+  if (q4) {
+    const cuda::DeviceWeight4* ws[cuda::kMaxGemvSegments];
+    cuda::DeviceBias biases[cuda::kMaxGemvSegments];
+    float* ys[cuda::kMaxGemvSegments];
+    for (int i = 0; i < count; ++i) {
+      check_q4_bias(*ops[i].w4, ops[i].bias);
+      ws[i] = &impl_->weights4.resolve(*ops[i].w4, impl_->stream);
+      biases[i] = impl_->bias(ops[i].bias);
+      ys[i] = ops[i].y;
+    }
+    if (cuda::launch_gemv_q4_group_normed(
+            pn.h, m, ws, biases, ys, count,
+            norm_in_of(pn, impl_->num_sms, impl_->resolve(*pn.weight)), impl_->num_sms,
+            impl_->stream)) {
+      return;
+    }
+  }
+  rmsnorm(pn.h, *pn.weight, m, pn.eps, pn.out);
+  matmul_group(pn.out, m, ops, count);
+}
+
+void CudaBackend::gate_up_swiglu_normed(const PendingNorm& pn, int m, const LinearOp& gate,
+                                        const LinearOp& up, float* out) {
+  if (!pn.deferred) return gate_up_swiglu(pn.out, m, gate, up, out);
+  if (g_fuse_swiglu && gate.w4 != nullptr && up.w4 != nullptr && gate.w4->rows == up.w4->rows) {
+    check_q4_bias(*gate.w4, gate.bias);
+    check_q4_bias(*up.w4, up.bias);
+    const cuda::DeviceWeight4& wg = impl_->weights4.resolve(*gate.w4, impl_->stream);
+    const cuda::DeviceWeight4& wu = impl_->weights4.resolve(*up.w4, impl_->stream);
+    if (cuda::launch_gemv_q4_swiglu(pn.h, m, wg, wu, impl_->bias(gate.bias), impl_->bias(up.bias),
+                                    out, impl_->num_sms, impl_->stream,
+                                    norm_in_of(pn, impl_->num_sms, impl_->resolve(*pn.weight)))) {
+      return;
+    }
+  }
+  rmsnorm(pn.h, *pn.weight, m, pn.eps, pn.out);
+  gate_up_swiglu(pn.out, m, gate, up, out);
+}
 
 void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,
                                  float* out) {

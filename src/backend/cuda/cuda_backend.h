@@ -125,6 +125,16 @@ class CudaBackend final : public Backend {
   // otherwise, or with QS_FUSE_SWIGLU=0. Bit-identical either way; up.y is not written when fused.
   void gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,
                       float* out) override;
+  // The draft's norms deferred (one row, 4-bit op on the persistent kernel; QS_DEFER_NORM=0
+  // turns it off): the producing launch adds into h and leaves per-block sums of squares
+  // (GemvNorm::sumsq, the record), the next 4-bit launch stages h * weight and scales its sums
+  // by 1 / rms (NormIn), so no block waits for the others to normalize h. Consumers the
+  // persistent kernel cannot run normalize h first (rmsnorm) and run as usual.
+  void linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
+                                   PendingNorm& pn) override;
+  void matmul_group_normed(const PendingNorm& pn, int m, const LinearOp* ops, int count) override;
+  void gate_up_swiglu_normed(const PendingNorm& pn, int m, const LinearOp& gate, const LinearOp& up,
+                             float* out) override;
   using Backend::quantize_kv;  // the f32 overload
   void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                    int num_kv_heads, int head_dim, int64_t first_group, int n_groups,

@@ -167,6 +167,22 @@ struct GemvNorm {
   unsigned* arrivals = nullptr;
   int m = 0;
   int64_t d = 0;
+  // Deferred (the 4-bit persistent kernel, m = 1; out and arrivals unused): h += y as above, and
+  // each block's sum of the squares of the h values it wrote goes to sumsq[block] (slots past
+  // the grid zeroed), for the next launch to normalize its input on load (NormIn).
+  double* sumsq = nullptr;
+  int parts = 0;  // sumsq's slots, >= the grid
+};
+
+// A GEMV input read as norm(h) (the deferred norm above, m = 1): the launch's x is h, the
+// producer's partial sums of squares are in sumsq[0, parts), the norm's weight and eps as
+// rmsnorm's. Each block stages h * weight and multiplies every output's sum by 1 / rms.
+struct NormIn {
+  const double* sumsq = nullptr;  // null: x as given
+  int parts = 0;
+  const void* weight = nullptr;
+  DType weight_dtype = DType::F32;
+  float eps = 0.0f;
 };
 // launch_gemv with `norm` when the persistent ring kernel runs these operands (F16/BF16 W on the
 // tensor-core path, m <= 16, the ring enabled) and returns true; otherwise launches nothing and

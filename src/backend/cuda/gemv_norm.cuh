@@ -62,4 +62,27 @@ __device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm, void* scr
   }
 }
 
+// The deferred form's end (norm.sumsq set): `sq` is this thread's sum of the squares of the h
+// values it wrote (threads of warp 0 store the tiles' rows; the others pass 0). Warp 0 sums them
+// into the block's slot; block 0 zeroes the slots past the grid.
+__device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, double sq) {
+  if (threadIdx.x < 32) {
+    sq = warp_sum(sq);
+    if (threadIdx.x == 0) norm.sumsq[blockIdx.x] = sq;
+  }
+  if (blockIdx.x == 0) {
+    for (int i = static_cast<int>(gridDim.x) + threadIdx.x; i < norm.parts; i += blockDim.x) {
+      norm.sumsq[i] = 0.0;
+    }
+  }
+}
+
+// The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the partial sums in a
+// fixed order (lanes over the slots, then the warp's butterfly), then rmsnorm's formula.
+__device__ __forceinline__ float norm_in_scale(const NormIn& nin, int64_t d) {
+  double s = 0.0;
+  for (int i = threadIdx.x % 32; i < nin.parts; i += 32) s += nin.sumsq[i];
+  return inv_rms_of(warp_sum(s), d, nin.eps);
+}
+
 }  // namespace qs::cuda

@@ -834,23 +834,30 @@ struct PersistFetch {
 // c = 0) go to `part` ([warps][32] float2, double-buffered by the caller across tiles), and
 // threads 0..15 add the warps' sums of row r, add the bias and store (a paired launch: a gate
 // tile's sum stays in gate_keep, the up tile's stores swiglu_of(gate_keep, sum) into y[0]).
+// `scale` multiplies each row's sum before the bias (the 1 / rms of a NormIn input, else 1); with
+// a deferred norm each stored h value's square is added to `sq`.
 __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float* part, int warp,
                                                    int lane, int num_warps, int64_t tile,
                                                    float acc0, float acc2, const GemvNorm& norm,
-                                                   float& gate_keep) {
+                                                   float& gate_keep, float scale, double& sq) {
   reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
   __syncthreads();
   if (threadIdx.x < 16) {  // row r of the tile: lane 4 (r % 8), element r / 8
     const int r = threadIdx.x;
     float sum = 0.0f;
     for (int wi = 0; wi < num_warps; ++wi) sum += part[(wi * 32 + (r & 7) * 4) * 2 + (r >> 3)];
+    sum *= scale;
     int64_t local;
     const int si = find_tile(segs, tile, local);
     const int64_t row = local * 16 + r;
     if (row < pick(segs.N, si)) {
       const DeviceBias bias = pick(segs.bias, si);
       if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-      if (!segs.swiglu) {
+      if (norm.sumsq != nullptr) {
+        const float v = norm.h[row] + sum;
+        norm.h[row] = v;
+        sq += static_cast<double>(v * v);
+      } else if (!segs.swiglu) {
         gemv_store(norm, pick(segs.y, si), row, sum);
       } else if (si == 0) {
         gate_keep = sum;
@@ -858,6 +865,17 @@ __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float
         segs.y[0][row] = swiglu_of(gate_keep, sum);
       }
     }
+  }
+}
+
+// A persistent kernel's fused norm after its last tile: the last block's (gemv_norm_finish;
+// partial: >= 512 bytes of shared memory) or the deferred partial sums.
+__device__ __forceinline__ void persist_norm_end(const GemvNorm& norm, float* partial, double sq) {
+  if (norm.h == nullptr) return;
+  if (norm.sumsq != nullptr) {
+    gemv_norm_defer_finish(norm, sq);
+  } else {
+    gemv_norm_finish(norm, partial);
   }
 }
 
@@ -876,7 +894,8 @@ __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float
 template <bool VEC_X, int CHAINS, bool BIASED>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
-                           const CcSegments segs, int64_t tiles, const GemvNorm norm) {
+                           const CcSegments segs, int64_t tiles, const GemvNorm norm,
+                           const NormIn /*nin: kernels 8, 9 only*/) {
   extern __shared__ uint4 p_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -921,6 +940,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 
   int slot = 0;
   float gate_keep = 0.0f;
+  double sq = 0.0;
   for (int64_t tj = 0; tj < my_tiles; ++tj) {
     float acc0 = 0.0f, acc2 = 0.0f;  // token 0 of rows g and g + 8 (C elements 0 and 2)
     for (int64_t gi = 0; gi < my_groups; ++gi) {
@@ -971,10 +991,10 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       }
     }
     persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
-                       blockIdx.x + tj * gridDim.x, acc0, acc2, norm, gate_keep);
+                       blockIdx.x + tj * gridDim.x, acc0, acc2, norm, gate_keep, 1.0f, sq);
   }
   cp_async_wait<0>();
-  if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 512 bytes
+  persist_norm_end(norm, partial, sq);
 }
 
 // ---- the persistent kernel with subnormal codes (Q4GemvTuning::kernel 8, 9) -----------------
@@ -1007,7 +1027,8 @@ size_t persist_sub_smem_bytes(int warps, int64_t groups) {
 template <bool VEC_X, int CHAINS>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
-                               const CcSegments segs, int64_t tiles, const GemvNorm norm) {
+                               const CcSegments segs, int64_t tiles, const GemvNorm norm,
+                               const NormIn nin) {
   extern __shared__ uint4 p_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -1025,6 +1046,25 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   PersistFetch<int> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
 #pragma unroll
   for (int st = 0; st < kPStages - 1; ++st) fetch();
+  // A NormIn input's weight does not depend on the previous kernel either: its first batch of
+  // groups is loaded before the wait.
+  constexpr int kStageBatch = 8;
+  float4 wn[kStageBatch];
+  auto load_norm_weight = [&](int64_t grp) {
+    const int64_t col = grp * kQ4TiledGroup + 4 * lane;
+    float4 w;
+    w.x = col < K ? load_as_float(nin.weight, nin.weight_dtype, col) : 0.0f;
+    w.y = col + 1 < K ? load_as_float(nin.weight, nin.weight_dtype, col + 1) : 0.0f;
+    w.z = col + 2 < K ? load_as_float(nin.weight, nin.weight_dtype, col + 2) : 0.0f;
+    w.w = col + 3 < K ? load_as_float(nin.weight, nin.weight_dtype, col + 3) : 0.0f;
+    return w;
+  };
+  if (nin.sumsq != nullptr) {
+#pragma unroll
+    for (int u = 0; u < kStageBatch; ++u) {
+      if (u < my_groups) wn[u] = load_norm_weight(grp_begin + u);
+    }
+  }
   pdl_begin();
 
   // x as B fragments: lane l of a warp holds columns 128 grp + 4l .. + 3 = k16 step l / 4 of
@@ -1051,8 +1091,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   };
   // The activation was written by the previous kernel: the loads of up to kStageBatch groups are
   // in flight together (one L2 round trip instead of one per group, on the launch's critical
-  // path), then staged.
-  constexpr int kStageBatch = 8;
+  // path), then staged. A NormIn input stages h * weight; its 1 / rms scales the sums.
   for (int g0 = 0; g0 < my_groups; g0 += kStageBatch) {
     float4 v[kStageBatch];
 #pragma unroll
@@ -1063,9 +1102,16 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     }
 #pragma unroll
     for (int u = 0; u < kStageBatch; ++u) {
-      if (g0 + u < my_groups) stage(grp_begin + g0 + u, v[u]);
+      if (g0 + u < my_groups) {
+        if (nin.sumsq != nullptr) {
+          const float4 w = g0 == 0 ? wn[u] : load_norm_weight(grp_begin + g0 + u);
+          v[u] = make_float4(v[u].x * w.x, v[u].y * w.y, v[u].z * w.z, v[u].w * w.w);
+        }
+        stage(grp_begin + g0 + u, v[u]);
+      }
     }
   }
+  const float scale = nin.sumsq != nullptr ? norm_in_scale(nin, K) : 1.0f;
   zeros[lane] = zeros[lane + 32] = make_uint2(0, 0);
   __syncwarp();
 
@@ -1075,6 +1121,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   const int xstride = g < 2 ? 64 : 0;  // uint2s per group
   int slot = 0;
   float gate_keep = 0.0f;
+  double sq = 0.0;
   for (int tj = 0; tj < my_tiles; ++tj) {
     float acc0 = 0.0f, acc2 = 0.0f;  // rows g and g + 8 (lanes of c = 0)
     for (int gi = 0; gi < my_groups; ++gi) {
@@ -1108,10 +1155,11 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       acc2 = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc2);
     }
     persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
-                       blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, norm, gate_keep);
+                       blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, norm, gate_keep, scale,
+                       sq);
   }
   cp_async_wait<0>();
-  if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 512 bytes
+  persist_norm_end(norm, partial, sq);
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
@@ -1459,11 +1507,13 @@ void run_cc(CcLaunch l, int num_sms) {
 // fewer tiles), a warp per group up to kPMaxWarps, with `norm` (gemv_norm.cuh) when it is set.
 // Launches nothing and returns false when the activation's fragments and the rings do not fit in
 // shared memory (groups > ~230).
-bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swiglu = false) {
+bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swiglu = false,
+                 const NormIn& nin = NormIn{}) {
   const int64_t groups = l.w[0]->groups;
   const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
   const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
   const bool sub = kernel_choice >= 8;
+  if (nin.sumsq != nullptr && (!sub || l.m != 1)) return false;  // kernels 8, 9 read a NormIn
   const size_t smem = sub ? persist_sub_smem_bytes(warps, groups)
                           : persist_smem_bytes(warps, groups, kernel_choice == 7);
   const size_t smem_max = max_smem_per_block();
@@ -1473,8 +1523,8 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
   const int variant = kernel_choice - 5;  // kernels 5..kQ4LastKernel
-  using Kernel =
-      void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t, const GemvNorm);
+  using Kernel = void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t, const GemvNorm,
+                          const NormIn);
   constexpr int kVariants = 5;
   static_assert(kVariants == kQ4LastKernel - 4, "one table entry per persistent kernel");
   constexpr Kernel kKernels[2][kVariants] = {
@@ -1493,7 +1543,7 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   }
   const int64_t grid = std::min<int64_t>(swiglu ? tiles / 2 : tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
-         segs, tiles, norm);
+         segs, tiles, norm, nin);
   CUDA_CHECK_LAUNCH(l.stream);
   return true;
 }
@@ -1694,7 +1744,9 @@ void launch_gemv_q4_group(const float* x, int m, const DeviceWeight4* const* ws,
 
 bool launch_gemv_q4_norm(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias,
                          const GemvNorm& norm, int num_sms, cudaStream_t stream) {
-  QS_CHECK(norm.h != nullptr && norm.out != nullptr && norm.arrivals != nullptr);
+  QS_CHECK(norm.h != nullptr &&
+           (norm.sumsq != nullptr ? m == 1 && norm.parts >= num_sms
+                                  : norm.out != nullptr && norm.arrivals != nullptr));
   QS_CHECK(norm.m == m && norm.d == w.rows);
   if (!w.tiled || !uses_persist(m)) return false;
   return try_persist(CcLaunch{x, m, {&w}, {bias}, {nullptr}, 1, 0, stream}, num_sms, norm);
@@ -1702,14 +1754,28 @@ bool launch_gemv_q4_norm(const float* x, int m, const DeviceWeight4& w, const De
 
 bool launch_gemv_q4_swiglu(const float* x, int m, const DeviceWeight4& gate,
                            const DeviceWeight4& up, const DeviceBias& gate_bias,
-                           const DeviceBias& up_bias, float* out, int num_sms,
-                           cudaStream_t stream) {
+                           const DeviceBias& up_bias, float* out, int num_sms, cudaStream_t stream,
+                           const NormIn& nin) {
   QS_CHECK(out != nullptr && gate.rows == up.rows);
   const DeviceWeight4* ws[2] = {&gate, &up};
   if (!uses_persist(m) || !gemv_q4_group_supported(m, ws, 2)) return false;
   return try_persist(
       CcLaunch{x, m, {&gate, &up}, {gate_bias, up_bias}, {out, nullptr}, 2, 0, stream}, num_sms,
-      GemvNorm{}, true);
+      GemvNorm{}, true, nin);
+}
+
+bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* const* ws,
+                                 const DeviceBias* biases, float* const* ys, int count,
+                                 const NormIn& nin, int num_sms, cudaStream_t stream) {
+  QS_CHECK(nin.sumsq != nullptr);
+  if (!uses_persist(m) || !gemv_q4_group_supported(m, ws, count)) return false;
+  CcLaunch l{h, m, {}, {}, {}, count, 0, stream};
+  for (int i = 0; i < count; ++i) {
+    l.w[i] = ws[i];
+    l.bias[i] = biases[i];
+    l.y[i] = ys[i];
+  }
+  return try_persist(l, num_sms, GemvNorm{}, false, nin);
 }
 
 void launch_gemv_q4(const float* x, int m, const DeviceWeight4& w, const DeviceBias& bias, float* y,

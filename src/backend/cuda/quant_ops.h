@@ -94,7 +94,13 @@ bool launch_gemv_q4_norm(const float* x, int m, const DeviceWeight4& w, const De
 // compute it. Returns false, launching nothing, where that kernel does not run them.
 bool launch_gemv_q4_swiglu(const float* x, int m, const DeviceWeight4& gate,
                            const DeviceWeight4& up, const DeviceBias& gate_bias,
-                           const DeviceBias& up_bias, float* out, int num_sms, cudaStream_t stream);
+                           const DeviceBias& up_bias, float* out, int num_sms, cudaStream_t stream,
+                           const NormIn& nin = NormIn{});
+// launch_gemv_q4_group with its input read as norm(h) (x = h, `nin` set; m = 1, the persistent
+// kernel). Returns false, launching nothing, where that kernel does not run these operands.
+bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* const* ws,
+                                 const DeviceBias* biases, float* const* ys, int count,
+                                 const NormIn& nin, int num_sms, cudaStream_t stream);
 // Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
 // launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
 // when launch_gemv_q4 itself would run that kernel for m rows; otherwise one call per matrix.
