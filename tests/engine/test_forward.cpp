@@ -2,6 +2,7 @@
 // prefill == chunked prefill == token-by-token decode.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <vector>
 
@@ -176,6 +177,78 @@ TEST(Forward, ArgmaxRowsAreTheLogitsArgmax) {
     ASSERT_TRUE(model.forward(next, 9, a, path, LogitRows::kLast, logits.data()).ok());
     ASSERT_TRUE(model.forward(next, 9, b, path, LogitRows::kLast, nullptr, &last).ok());
     EXPECT_EQ(last, argmax(logits.data(), vocab)) << (draft ? "draft" : "target");
+  }
+}
+
+// A CPU backend that defers every one-row norm, as the CUDA backend defers the draft's: the
+// producer adds into h and leaves the norm's rows NaN; the consumers normalize h themselves (the
+// same rmsnorm, so the same bits). The logits must equal the plain backend's: every reader of a
+// deferred norm goes through Backend::matmul_group_normed / gate_up_swiglu_normed.
+class DeferringCpuBackend : public CpuBackend {
+ public:
+  using CpuBackend::CpuBackend;
+  int deferred = 0;  // producers that deferred
+
+  void linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
+                                   PendingNorm& pn) override {
+    if (m != 1) return CpuBackend::linear_add_rmsnorm_deferred(x, m, op, pn);
+    const int64_t d = pn.weight->numel();
+    matmul_group(x, m, &op, 1);
+    add(pn.h, op.y, d);
+    std::fill(pn.out, pn.out + d, std::nanf(""));
+    pn.deferred = true;
+    ++deferred;
+  }
+  void matmul_group_normed(const PendingNorm& pn, int m, const LinearOp* ops, int count) override {
+    matmul_group(rows_of(pn, m), m, ops, count);
+  }
+  void gate_up_swiglu_normed(const PendingNorm& pn, int m, const LinearOp& gate, const LinearOp& up,
+                             float* out) override {
+    gate_up_swiglu(rows_of(pn, m), m, gate, up, out);
+  }
+
+ private:
+  std::vector<float> normed_;
+  const float* rows_of(const PendingNorm& pn, int m) {
+    if (!pn.deferred) return pn.out;
+    normed_.resize(static_cast<size_t>(m * pn.weight->numel()));
+    rmsnorm(pn.h, *pn.weight, m, pn.eps, normed_.data());
+    return normed_.data();
+  }
+};
+
+TEST(Forward, DeferredNormsReachOnlyTheirConsumers) {
+  ModelConfig cfg = testing::tiny_config();
+  TinyModel tiny = testing::make_tiny_model(cfg, DType::F32, 8);
+  CpuBackend cpu(2);
+  DeferringCpuBackend deferring(2);
+  Model plain(cfg, tiny.weights, cpu), model(cfg, tiny.weights, deferring);
+  ASSERT_TRUE(plain.make_draft_weights(DraftWeights::kInt4, 1).ok());
+  ASSERT_TRUE(model.make_draft_weights(DraftWeights::kInt4, 1).ok());
+  const int vocab = cfg.vocab_size;
+  const std::vector<int32_t> ids = test_ids(7, vocab);
+  for (bool draft : {false, true}) {
+    ForwardPath path;
+    path.draft_weights = draft;
+    KvCache a = testing::model_cache(cfg, KvMode::kFp, 32, cpu);
+    KvCache b = testing::model_cache(cfg, KvMode::kFp, 32, deferring);
+    std::vector<float> want(ids.size() * vocab), got(ids.size() * vocab);
+    ASSERT_TRUE(plain.forward(ids, 0, a, path, LogitRows::kAll, want.data()).ok());
+    ASSERT_TRUE(model.forward(ids, 0, b, path, LogitRows::kAll, got.data()).ok());
+    EXPECT_EQ(got, want) << (draft ? "draft" : "target") << " prefill";
+    a.commit(7);
+    b.commit(7);
+    for (int32_t t : {3, 5}) {  // one-row steps: every layer's two norms deferred
+      const int pos = static_cast<int>(a.length());
+      const int before = deferring.deferred;
+      ASSERT_TRUE(plain.forward({&t, 1}, pos, a, path, LogitRows::kLast, want.data()).ok());
+      ASSERT_TRUE(model.forward({&t, 1}, pos, b, path, LogitRows::kLast, got.data()).ok());
+      EXPECT_EQ(deferring.deferred - before, 2 * cfg.num_layers - 1);
+      EXPECT_TRUE(std::equal(got.begin(), got.begin() + vocab, want.begin()))
+          << (draft ? "draft" : "target") << " step at " << pos;
+      a.commit(pos + 1);
+      b.commit(pos + 1);
+    }
   }
 }
 

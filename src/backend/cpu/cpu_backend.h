@@ -9,7 +9,7 @@
 
 namespace qs {
 
-class CpuBackend final : public Backend {
+class CpuBackend : public Backend {
  public:
   // `num_threads`: 0 = all hardware threads. Sets OpenBLAS to one thread: sgemm runs on this
   // backend's own workers, one weight panel each, so the two thread pools never compete.
