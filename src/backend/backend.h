@@ -346,8 +346,9 @@ class Backend {
   // norm(h) to pn.out, as linear_add_rmsnorm (pn.deferred = false: the defaults), or leaves
   // pn.out unwritten and sets pn.deferred; the consumers (matmul_group_normed,
   // gate_up_swiglu_normed) then read norm(pn.h) however the backend recorded it. Without
-  // deferral they are matmul_group / gate_up_swiglu on pn.out; with it, within the draft view's
-  // accuracy of them (the norm's 1 / rms multiplies each product's sum instead of each input).
+  // deferral they are matmul_group / gate_up_swiglu on pn.out; with it, the same up to f32
+  // rounding (the CUDA backend's 1 / rms multiplies each output's sum instead of each input:
+  // within 1e-5 relative; it defers the draft's one-row 4-bit steps only).
   virtual void linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
                                            PendingNorm& pn) {
     linear_add_rmsnorm(x, m, op, pn.h, *pn.weight, pn.eps, pn.out);
