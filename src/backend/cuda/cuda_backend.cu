@@ -239,8 +239,9 @@ struct CudaBackend::Impl {
   Scratch snapkv;        // snapkv_scores' softmax partials
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
   unsigned* norm_arrivals = nullptr;    // the fused GEMV + norm's block counter (cuda::GemvNorm)
-  double* norm_sumsq[2] = {};           // deferred norms' partial sums, used in turn (num_sms each)
-  int norm_sumsq_next = 0;
+  // A deferred norm's partial sums (num_sms): one buffer serves every norm, since a producer writes
+  // it only after its PDL wait, when the previous norm's consumer (the launch before it) is done.
+  double* norm_sumsq = nullptr;
 
 #ifdef QS_KERNEL_TRACE
   unsigned long long* trace = nullptr;
@@ -262,9 +263,7 @@ struct CudaBackend::Impl {
     snapkv.release();
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (norm_arrivals) cudaFree(norm_arrivals);
-    for (double* p : norm_sumsq) {
-      if (p) cudaFree(p);
-    }
+    if (norm_sumsq) cudaFree(norm_sumsq);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -382,9 +381,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   CUBLAS_CHECK(cublasSetMathMode(impl->cublas, CUBLAS_DEFAULT_MATH));
   CUDA_CHECK(cudaMalloc(&impl->norm_arrivals, sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl->norm_arrivals, 0, sizeof(unsigned)));
-  for (double*& p : impl->norm_sumsq) {
-    CUDA_CHECK(cudaMalloc(&p, sizeof(double) * static_cast<size_t>(impl->num_sms)));
-  }
+  CUDA_CHECK(cudaMalloc(&impl->norm_sumsq, sizeof(double) * static_cast<size_t>(impl->num_sms)));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 
@@ -898,15 +895,20 @@ void check_q4_bias(const QuantizedWeight4& w, const WeightView* bias) {
 }  // namespace
 
 void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int count) {
+  matmul_group_from(x, m, ops, count, nullptr);
+}
+
+void CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, int count,
+                                    const PendingNorm* pn) {
   const int n = count;
-  bool dense = true, q4 = true;
+  bool dense = pn == nullptr, q4 = true;
   for (int i = 0; i < n; ++i) {
     const LinearOp& op = ops[i];
     dense = dense && op.w4 == nullptr;
     q4 = q4 && op.w4 != nullptr;
     if (op.w4 != nullptr) check_q4_bias(*op.w4, op.bias);
   }
-  if (n >= 2 && n <= cuda::kMaxGemvSegments && m >= 1 && m <= kGemvMaxRows) {
+  if ((n >= 2 || pn != nullptr) && n <= cuda::kMaxGemvSegments && m >= 1 && m <= kGemvMaxRows) {
     if (dense) {
       cuda::GemvSegment segs[cuda::kMaxGemvSegments];
       for (int i = 0; i < n; ++i) {
@@ -925,11 +927,20 @@ void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int c
         biases[i] = impl_->bias(ops[i].bias);
         ys[i] = ops[i].y;
       }
-      if (cuda::gemv_q4_group_supported(m, ws, n)) {
+      if (pn != nullptr) {
+        if (cuda::launch_gemv_q4_group_normed(x, m, ws, biases, ys, n, norm_in(*pn), impl_->num_sms,
+                                              impl_->stream)) {
+          return;
+        }
+      } else if (cuda::gemv_q4_group_supported(m, ws, n)) {
         cuda::launch_gemv_q4_group(x, m, ws, biases, ys, n, impl_->num_sms, impl_->stream);
         return;
       }
     }
+  }
+  if (pn != nullptr) {  // no launch reads the deferred norm: materialize it
+    rmsnorm(pn->h, *pn->weight, m, pn->eps, pn->out);
+    return matmul_group_from(pn->out, m, ops, count, nullptr);
   }
   Backend::matmul_group(x, m, ops, count);
 }
@@ -987,86 +998,54 @@ void CudaBackend::linear_add_rmsnorm_deferred(const float* x, int m, const Linea
                                               PendingNorm& pn) {
   const int64_t d = pn.weight->numel();
   if (g_defer_norm && g_fuse_norm && m == 1 && op.w4 != nullptr && op.rows() == d) {
-    double* sumsq = impl_->norm_sumsq[impl_->norm_sumsq_next];
     cuda::GemvNorm norm{
         pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, nullptr, nullptr, m, d};
-    norm.sumsq = sumsq;
+    norm.sumsq = impl_->norm_sumsq;
     norm.parts = impl_->num_sms;
     check_q4_bias(*op.w4, op.bias);
     const cuda::DeviceWeight4& dw = impl_->weights4.resolve(*op.w4, impl_->stream);
     if (cuda::launch_gemv_q4_norm(x, m, dw, impl_->bias(op.bias), norm, impl_->num_sms,
                                   impl_->stream)) {
-      impl_->norm_sumsq_next ^= 1;
       pn.deferred = true;
-      pn.record = sumsq;
+      pn.record = impl_->norm_sumsq;
       return;
     }
   }
   Backend::linear_add_rmsnorm_deferred(x, m, op, pn);
 }
 
-namespace {
-// The NormIn of a deferred norm (CudaBackend::linear_add_rmsnorm_deferred's record: num_sms
-// partial sums); weight: the norm weight's device copy.
-cuda::NormIn norm_in_of(const PendingNorm& pn, int num_sms, const void* weight) {
+// The NormIn of a deferred norm (linear_add_rmsnorm_deferred's record: num_sms partial sums).
+cuda::NormIn CudaBackend::norm_in(const PendingNorm& pn) {
   cuda::NormIn nin;
   nin.sumsq = static_cast<const double*>(pn.record);
-  nin.parts = num_sms;
-  nin.weight = weight;
+  nin.parts = impl_->num_sms;
+  nin.weight = impl_->resolve(*pn.weight);
   nin.weight_dtype = pn.weight->dtype;
   nin.eps = pn.eps;
   return nin;
 }
-}  // namespace
 
 void CudaBackend::matmul_group_normed(const PendingNorm& pn, int m, const LinearOp* ops,
                                       int count) {
   if (!pn.deferred) return matmul_group(pn.out, m, ops, count);
-  bool q4 = count >= 1 && count <= cuda::kMaxGemvSegments;
-  for (int i = 0; q4 && i < count; ++i) q4 = ops[i].w4 != nullptr;
-  if (q4) {
-    const cuda::DeviceWeight4* ws[cuda::kMaxGemvSegments];
-    cuda::DeviceBias biases[cuda::kMaxGemvSegments];
-    float* ys[cuda::kMaxGemvSegments];
-    for (int i = 0; i < count; ++i) {
-      check_q4_bias(*ops[i].w4, ops[i].bias);
-      ws[i] = &impl_->weights4.resolve(*ops[i].w4, impl_->stream);
-      biases[i] = impl_->bias(ops[i].bias);
-      ys[i] = ops[i].y;
-    }
-    if (cuda::launch_gemv_q4_group_normed(
-            pn.h, m, ws, biases, ys, count,
-            norm_in_of(pn, impl_->num_sms, impl_->resolve(*pn.weight)), impl_->num_sms,
-            impl_->stream)) {
-      return;
-    }
-  }
-  rmsnorm(pn.h, *pn.weight, m, pn.eps, pn.out);
-  matmul_group(pn.out, m, ops, count);
+  matmul_group_from(pn.h, m, ops, count, &pn);
 }
 
 void CudaBackend::gate_up_swiglu_normed(const PendingNorm& pn, int m, const LinearOp& gate,
                                         const LinearOp& up, float* out) {
   if (!pn.deferred) return gate_up_swiglu(pn.out, m, gate, up, out);
-  if (g_fuse_swiglu && gate.w4 != nullptr && up.w4 != nullptr && gate.w4->rows == up.w4->rows) {
-    check_q4_bias(*gate.w4, gate.bias);
-    check_q4_bias(*up.w4, up.bias);
-    const cuda::DeviceWeight4& wg = impl_->weights4.resolve(*gate.w4, impl_->stream);
-    const cuda::DeviceWeight4& wu = impl_->weights4.resolve(*up.w4, impl_->stream);
-    if (cuda::launch_gemv_q4_swiglu(pn.h, m, wg, wu, impl_->bias(gate.bias), impl_->bias(up.bias),
-                                    out, impl_->num_sms, impl_->stream,
-                                    norm_in_of(pn, impl_->num_sms, impl_->resolve(*pn.weight)))) {
-      return;
-    }
-  }
-  rmsnorm(pn.h, *pn.weight, m, pn.eps, pn.out);
-  gate_up_swiglu(pn.out, m, gate, up, out);
+  gate_up_swiglu_from(pn.h, m, gate, up, out, &pn);
 }
 
 void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,
                                  float* out) {
+  gate_up_swiglu_from(x, m, gate, up, out, nullptr);
+}
+
+void CudaBackend::gate_up_swiglu_from(const float* x, int m, const LinearOp& gate,
+                                      const LinearOp& up, float* out, const PendingNorm* pn) {
   const bool q4 = gate.w4 != nullptr && up.w4 != nullptr;
-  const bool dense = gate.w4 == nullptr && up.w4 == nullptr;
+  const bool dense = pn == nullptr && gate.w4 == nullptr && up.w4 == nullptr;
   if (g_fuse_swiglu && m >= 1 && m <= kGemvMaxRows) {
     const cuda::DeviceBias bg = impl_->bias(gate.bias), bu = impl_->bias(up.bias);
     if (q4 && gate.w4->rows == up.w4->rows) {
@@ -1074,13 +1053,18 @@ void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, co
       check_q4_bias(*up.w4, up.bias);
       const cuda::DeviceWeight4& wg = impl_->weights4.resolve(*gate.w4, impl_->stream);
       const cuda::DeviceWeight4& wu = impl_->weights4.resolve(*up.w4, impl_->stream);
-      if (cuda::launch_gemv_q4_swiglu(x, m, wg, wu, bg, bu, out, impl_->num_sms, impl_->stream)) {
+      if (cuda::launch_gemv_q4_swiglu(x, m, wg, wu, bg, bu, out, impl_->num_sms, impl_->stream,
+                                      pn != nullptr ? norm_in(*pn) : cuda::NormIn{})) {
         return;
       }
     } else if (dense && gate.w->rows == up.w->rows) {
       const cuda::GemvSegment g{impl_->matrix(*gate.w), bg, out}, u{impl_->matrix(*up.w), bu, up.y};
       if (cuda::launch_gemv_swiglu(x, m, g, u, impl_->num_sms, impl_->stream)) return;
     }
+  }
+  if (pn != nullptr) {  // no launch reads the deferred norm: materialize it
+    rmsnorm(pn->h, *pn->weight, m, pn->eps, pn->out);
+    return gate_up_swiglu_from(pn->out, m, gate, up, out, nullptr);
   }
   Backend::gate_up_swiglu(x, m, gate, up, out);
 }

@@ -18,6 +18,10 @@
 
 namespace qs {
 
+namespace cuda {
+struct NormIn;  // cuda_ops.h
+}  // namespace cuda
+
 struct CudaBackendOptions {
   int device = 0;  // CUDA device ordinal
   // Prefill arithmetic (m > kGemvMaxRows rows) on tensor cores. true: each f32 activation is
@@ -175,6 +179,14 @@ class CudaBackend final : public Backend {
  private:
   struct Impl;
   explicit CudaBackend(std::unique_ptr<Impl> impl);
+  // matmul_group / gate_up_swiglu over x or, with pn (a deferred norm), over x = pn->h read as
+  // norm(h) by the 4-bit persistent kernel; where no launch reads it that way, the norm is
+  // materialized into pn->out first.
+  void matmul_group_from(const float* x, int m, const LinearOp* ops, int count,
+                         const PendingNorm* pn);
+  void gate_up_swiglu_from(const float* x, int m, const LinearOp& gate, const LinearOp& up,
+                           float* out, const PendingNorm* pn);
+  cuda::NormIn norm_in(const PendingNorm& pn);
   std::unique_ptr<Impl> impl_;
 };
 
