@@ -77,11 +77,41 @@ __device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, dou
   }
 }
 
-// The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the partial sums in a
-// fixed order (lanes over the slots, then the warp's butterfly), then rmsnorm's formula.
-__device__ __forceinline__ float norm_in_scale(const NormIn& nin, int64_t d) {
+// The deferred form's end for the ring kernel (gemv.cu, m rows): `sq` is this thread's sum of
+// the squares of the h values it wrote, every one of them in the same row: thread e (< NT * 128,
+// one element of each tile's sums: store_tile_sums with blockDim.x >= NT * 128) stores row
+// 8 (e / 128) + 2 ((e / 4) % 4) + e % 2, so the 4 lanes of a warp that differ in lane bits 1 and
+// 4 share a row, and warps 4t .. 4t + 3 hold rows 8t .. 8t + 7. Each row's sum, in a fixed order,
+// goes to sumsq[row * parts + block]; block 0 zeroes each row's slots past the grid. scratch: 16
+// warps x 8 doubles of the block's shared memory that no thread reads after its last barrier.
+__device__ __forceinline__ void gemv_norm_defer_finish_rows(const GemvNorm& norm, double sq,
+                                                            double* scratch) {
+  sq += __shfl_xor_sync(kFullMask, sq, 2);
+  sq += __shfl_xor_sync(kFullMask, sq, 16);
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  __syncthreads();  // every thread of the block is done with the tiles' shared memory
+  if ((lane & 0x12) == 0 && warp < 16) scratch[warp * 8 + ((lane >> 2) & 3) * 2 + (lane & 1)] = sq;
+  __syncthreads();
+  const int row = threadIdx.x;
+  if (row < norm.m) {
+    const double* t = scratch + (row / 8) * 32 + row % 8;  // warps 4 (row / 8) + j, entry row % 8
+    norm.sumsq[row * norm.parts + blockIdx.x] = ((t[0] + t[8]) + t[16]) + t[24];
+  }
+  if (blockIdx.x == 0) {
+    const int rest = norm.parts - static_cast<int>(gridDim.x);
+    for (int i = threadIdx.x; i < norm.m * rest; i += blockDim.x) {
+      norm.sumsq[(i / rest) * norm.parts + gridDim.x + i % rest] = 0.0;
+    }
+  }
+}
+
+// The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the row's partial sums
+// (sumsq[row * parts, + parts)) in a fixed order (lanes over the slots, then the warp's
+// butterfly), then rmsnorm's formula.
+__device__ __forceinline__ float norm_in_scale(const NormIn& nin, int64_t d, int row = 0) {
+  const double* slots = nin.sumsq + static_cast<int64_t>(row) * nin.parts;
   double s = 0.0;
-  for (int i = threadIdx.x % 32; i < nin.parts; i += 32) s += nin.sumsq[i];
+  for (int i = threadIdx.x % 32; i < nin.parts; i += 32) s += slots[i];
   return inv_rms_of(warp_sum(s), d, nin.eps);
 }
 

@@ -1111,7 +1111,8 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       }
     }
   }
-  const float scale = nin.sumsq != nullptr ? norm_in_scale(nin, K) : 1.0f;
+  // Only warp 0's threads store the rows (persist_store_tile): the other warps need no scale.
+  const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
   zeros[lane] = zeros[lane + 32] = make_uint2(0, 0);
   __syncwarp();
 
