@@ -351,9 +351,11 @@ void bench_attention(CudaBackend& be, bool quick) {
     DType dtype;
     int pad;
     bool tc;
+    bool transposed = false;  // DecodeAttentionTuning::transposed (<= 8 query vectors per kv head)
   };
   const Rows kRows[] = {{"f32-KV", DType::F32, 0, true},
                         {"f16-KV", DType::F16, 0, true},
+                        {"f16-KV T", DType::F16, 0, true, true},
                         {"f16-KV cc", DType::F16, 0, false},
                         {"f16-KV pad4", DType::F16, 4, true}};
   const cuda::DecodeAttentionTuning saved = cuda::decode_attention_tuning();
@@ -370,6 +372,7 @@ void bench_attention(CudaBackend& be, bool quick) {
           if (quick && m == 16) continue;
           cuda::DecodeAttentionTuning t = saved;
           t.tensor_cores = r.tc;
+          t.transposed = r.transposed;
           cuda::set_decode_attention_tuning(t);
           const double ms = rows.time(be, shape, m);
           summary("| attn decode %-11s %-11s ctx=%-6d m=%-2d | %8.1f us | %6.0f GB/s | %5.1f%% |",

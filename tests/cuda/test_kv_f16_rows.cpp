@@ -1,7 +1,8 @@
 // f16 full-precision KV rows (KvView::row_dtype = F16, the default KV cache on CUDA) on every CUDA
 // reader and writer, against the CPU backend given the same f16 rows:
-//  - decode attention (split-KV flash-decoding), both kernels (tensor cores, the default for
-//    aligned rows of head_dim 64/128, and the f32 CUDA-core kernel): m = 1..16, odd lengths, GQA,
+//  - decode attention (split-KV flash-decoding), every kernel (tensor cores, the default for
+//    aligned rows of head_dim 64/128; its transposed variant, DecodeAttentionTuning::transposed,
+//    for <= 8 query vectors per kv head; the f32 CUDA-core kernel): m = 1..16, odd lengths, GQA,
 //    forced splits, padded rows (8-byte aligned f16 rows), head_dim 32..256;
 //  - prefill attention, both kernels (tensor cores and the f32 CUDA-core kernel): chunks at
 //    pos > 0, forced splits, rows over many decades incl. f16 subnormals and the f16 maximum;
@@ -61,7 +62,7 @@ struct Worst {
   void add(double& w, double err) { w = std::isnan(err) || std::isnan(w) ? NAN : std::max(w, err); }
 };
 
-enum class Path { kDecodeTc, kDecode, kPrefillTc, kPrefillF32 };
+enum class Path { kDecodeTc, kDecodeTcT, kDecode, kPrefillTc, kPrefillF32 };
 
 // Restores the process-wide tunings when a test ends (also on a failed assertion).
 struct TuningGuard {
@@ -94,9 +95,13 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
   KvView gv = kv.gpu_view();
   gv.read_bytes = &rb_gpu;
   const KvView gv32 = kv.gpu_view_f32();
-  const bool decode = path == Path::kDecode || path == Path::kDecodeTc;
+  const bool tc_decode = path == Path::kDecodeTc || path == Path::kDecodeTcT;
+  const bool decode = path == Path::kDecode || tc_decode;
   if (decode) {
-    cuda::set_decode_attention_tuning({path == Path::kDecodeTc});
+    cuda::DecodeAttentionTuning t;
+    t.tensor_cores = tc_decode;
+    t.transposed = path == Path::kDecodeTcT;
+    cuda::set_decode_attention_tuning(t);
   } else {
     cuda::set_prefill_attention_tuning({path == Path::kPrefillTc});
   }
@@ -111,6 +116,7 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
   }
   const std::vector<float> got = out.to_host();
   const std::string what = std::string(path == Path::kDecodeTc    ? "decode tensor cores "
+                                       : path == Path::kDecodeTcT ? "decode transposed "
                                        : path == Path::kDecode    ? "decode f32 kernel "
                                        : path == Path::kPrefillTc ? "prefill tensor cores "
                                                                   : "prefill f32 kernel ") +
@@ -120,7 +126,7 @@ void run_plain(CudaBackend& gpu, CpuBackend& cpu, const F16Kv& kv, int num_heads
   const double same = rel_error(got, out32.to_host());
   // f32 rows always take the CUDA-core decode kernel: against the tensor cores that is a
   // kernel-vs-kernel difference.
-  EXPECT_LT(same, path == Path::kDecodeTc ? tolerance(kv.len) : kSameValuesTol)
+  EXPECT_LT(same, tc_decode ? tolerance(kv.len) : kSameValuesTol)
       << what << " (vs f32 rows of the same values)";
   EXPECT_EQ(rb_gpu.fp, rb_cpu.fp) << what;
   EXPECT_EQ(rb_gpu.fp, int64_t{kv.kv_heads} * 2 * kv.len * hd * 2) << what;  // 2-byte rows
@@ -138,7 +144,7 @@ constexpr int kRatios[] = {1, 4, 8};
 
 TEST_F(CudaOpsTest, F16RowsDecodeAttentionBothKernels) {
   TuningGuard guard;
-  for (Path path : {Path::kDecodeTc, Path::kDecode}) {
+  for (Path path : {Path::kDecodeTc, Path::kDecodeTcT, Path::kDecode}) {
     Worst worst;
     uint64_t seed = 1;
     for (int hd : {64, 128}) {
@@ -185,25 +191,30 @@ TEST_F(CudaOpsTest, F16RowsDecodeAttentionBothKernels) {
         }
       }
     }
-    report(
-        path == Path::kDecodeTc ? "f16 rows: decode, tensor cores" : "f16 rows: decode, f32 kernel",
-        worst);
+    report(path == Path::kDecodeTc    ? "f16 rows: decode, tensor cores"
+           : path == Path::kDecodeTcT ? "f16 rows: decode, transposed tensor-core kernel"
+                                      : "f16 rows: decode, f32 kernel",
+           worst);
   }
 }
 
-// Small cases of the tensor-core decode kernel for compute-sanitizer (tools/gpu/check.sh):
-// both head dims, GQA, a tile of 16 query vectors and several, forced splits down to warps with
-// no stage, a split count that leaves a short tail.
+// Small cases of the tensor-core decode kernels (and the transposed one where it applies: 1 and 8
+// query vectors per kv head) for compute-sanitizer (tools/gpu/check.sh): both head dims, GQA, a
+// tile of 16 query vectors and several, forced splits down to warps with no stage, a split count
+// that leaves a short tail.
 TEST_F(CudaOpsTest, F16RowsDecodeTcSanitizerSubset) {
   TuningGuard guard;
   Worst worst;
   uint64_t seed = 500;
-  for (int hd : {64, 128}) {
-    F16Kv kv(gpu(), 300, kKvHeads, hd, 0, 600 + hd);
-    for (int splits : {0, 3, 64}) {
-      run_plain(gpu(), cpu(), kv, kKvHeads, 1, Path::kDecodeTc, splits, ++seed, worst);
-      run_plain(gpu(), cpu(), kv, kKvHeads * 4, 5, Path::kDecodeTc, splits, ++seed, worst);
-      run_plain(gpu(), cpu(), kv, kKvHeads * 8, 16, Path::kDecodeTc, splits, ++seed, worst);
+  for (Path path : {Path::kDecodeTc, Path::kDecodeTcT}) {
+    for (int hd : {64, 128}) {
+      F16Kv kv(gpu(), 300, kKvHeads, hd, 0, 600 + hd);
+      for (int splits : {0, 3, 64}) {
+        run_plain(gpu(), cpu(), kv, kKvHeads, 1, path, splits, ++seed, worst);
+        run_plain(gpu(), cpu(), kv, kKvHeads * 4, 2, path, splits, ++seed, worst);
+        run_plain(gpu(), cpu(), kv, kKvHeads * 4, 5, path, splits, ++seed, worst);
+        run_plain(gpu(), cpu(), kv, kKvHeads * 8, 16, path, splits, ++seed, worst);
+      }
     }
   }
   report("f16 rows: decode tensor cores, sanitizer subset", worst);

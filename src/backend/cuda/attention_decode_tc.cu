@@ -69,10 +69,12 @@ constexpr int kTargetExp = 13;
 constexpr int kExpClamp = 30;
 constexpr float kPExp = 12.0f;  // P is formed as 2^12 P
 
-// QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel (end-to-end A/B runs).
+// QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel, QS_DECODE_TC_T=1 with the
+// transposed tensor-core kernel where it applies (end-to-end A/B runs).
 DecodeAttentionTuning g_tuning = [] {
   DecodeAttentionTuning t;
   t.tensor_cores = env_flag("QS_DECODE_TC", t.tensor_cores);
+  t.transposed = env_flag("QS_DECODE_TC_T", t.transposed);
   return t;
 }();
 
@@ -417,6 +419,310 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
   write_merged_states<HD, kWarps, L::kOPitch>(a, o_s, ml_s, kRows, nq, q0, kvh, split, kThreads);
 }
 
+// ---- the transposed kernel (DecodeAttentionTuning::transposed) -------------------------------
+//
+// For at most 8 query vectors per kv head (decode: MHA m <= 8, GQA groups of 4 at m <= 2 and of
+// 8 at m = 1). S^T = K Q^T and O^T = V^T P^T: the keys and the values are the MMAs' A operand
+// (16 tokens x 16 channels; 16 channels x 16 tokens) and the query vectors B's 8 columns, as in
+// the quantized view's direct path (attention_quant_direct.cuh). Against the kernel above (16
+// query rows as A, 15 of them empty in an MHA decode): half the MMAs, V^T's A fragments by one
+// ldmatrix.trans per 16 channels instead of four 16-byte loads and eight byte permutes, the
+// queries' fragments in 4 registers per k-step instead of 8, each lane's own (no shared memory,
+// no block barrier before the loop). The same operands' arithmetic: Q split into f16 hi + lo at
+// a per-vector power of two, P formed as 2^12 P and split likewise, two MMAs per product.
+//
+// Lane (r, c) = (lane / 4, lane % 4):
+//  - S^T: k-step s = 2j + h takes channels 32j + 8c + 4h + [0, 4) for the lane's k slots (the
+//    kernel above's map): A = 16 bytes of token r and of token r + 8 at channel 32j + 8c (one
+//    load each feeds two k-steps), B = query vector r's channels (hi, then lo). C: S[token r,
+//    r + 8][query 2c, 2c + 1].
+//  - Online softmax per query column: the 16 tokens of query 2c + k are in the 8 lanes of one c
+//    (shuffles over r).
+//  - P^T as B (k = tokens, n = query vectors): lane (r, c) needs P[query r][tokens 2c, 2c + 1,
+//    2c + 8, 2c + 9], held by lanes (2c, r / 2) and (2c + 1, r / 2) as f16 pairs of queries
+//    (2 (r / 2), + 1): eight shuffles and four byte permutes per stage.
+//  - O^T m-tile u (channels 16u .. 16u + 15): A = V^T by ldmatrix.x4.trans of the stage's V rows
+//    (matrix i: tokens 8 (i / 2) .. + 7 at channels 16u + 8 (i % 2) .. + 7). C: O^T[channel 16u +
+//    r (+ 8)][query 2c, 2c + 1].
+// Shared memory per warp and stage: K rows then V rows, natural order, 16-byte chunks swizzled
+// per token (K: chunk ^ 4 (t % 2), so that a quarter warp's reads of tokens r, r + 1 at the same
+// chunks hit distinct banks; V: chunk ^ t % 8, so that ldmatrix's 8 rows of one chunk do). The
+// copies fetch whole rows (a quarter warp = one 128-byte line), as above.
+template <int HD>
+struct TcTLayout {
+  static constexpr int kRowBytes = HD * 2;
+  static constexpr int kMatBytes = kTok * kRowBytes;  // one stage's K (or V) rows
+  static constexpr int kStageBytes = 2 * kMatBytes;   // per warp
+  static constexpr int kPipeBytes = kWarps * kStages * kStageBytes;
+  static constexpr int kKLoads = HD / 32;  // 16-byte K chunks per token row per lane
+  static constexpr int kKSteps = HD / 16;
+  static constexpr int kMTiles = HD / 16;
+  static constexpr int kLanesPerRow = HD / 8;  // row fetch: 16 bytes per lane
+  static constexpr int kRowsPerLoad = 32 / kLanesPerRow;
+  static constexpr int kCols = 8;         // query vectors per block (B's columns)
+  static constexpr int kOPitch = HD + 4;  // merge rows: the fragment stores hit 32 banks
+  static constexpr int kMergeBytes = kWarps * kCols * (kOPitch + 2) * 4;
+  static_assert(kMergeBytes <= kPipeBytes, "the merge reuses the pipeline buffers");
+  static_assert(kRowsPerLoad % 2 == 0, "a lane's fetched rows keep their parity");
+  static constexpr size_t kSmem = size_t{kPipeBytes};
+};
+
+__device__ __forceinline__ uint32_t ktile_chunk(int t, int chunk) {  // K's swizzle
+  return static_cast<uint32_t>(chunk ^ ((t & 1) << 2));
+}
+__device__ __forceinline__ uint32_t vtile_chunk(int t, int chunk) {  // V's swizzle
+  return static_cast<uint32_t>(chunk ^ (t & 7));
+}
+
+template <int HD>
+__global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
+    attention_decode_tct_kernel(AttentionArgs a) {
+  using L = TcTLayout<HD>;
+  extern __shared__ __align__(16) unsigned char smem[];
+  const int group = a.num_heads / a.num_kv_heads;
+  const int kvh = blockIdx.z;
+  const int split = blockIdx.y;
+  const int q0 = blockIdx.x * L::kCols;
+  const int nq = min(L::kCols, group * a.m - q0);
+  const int64_t q_row_len = static_cast<int64_t>(a.num_heads) * HD;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int r = lane / 4, c = lane % 4;
+
+  const int seq = a.seq_len();
+  const int t_begin = split * a.split_len;
+  const int t_end = min(seq, t_begin + a.split_len);
+  const int all_visible_end = seq - a.m + 1;
+  const __half* k_base = static_cast<const __half*>(a.k) + static_cast<int64_t>(kvh) * HD;
+  const __half* v_base = static_cast<const __half*>(a.v) + static_cast<int64_t>(kvh) * HD;
+  const uint32_t warp_pipe = smem_u32(smem) + warp * kStages * L::kStageBytes;
+
+  // Row fetches: chunk kq of row u * kRowsPerLoad + kq_row of the stage, for each u.
+  const int kq = lane % L::kLanesPerRow, kq_row = lane / L::kLanesPerRow;
+  const int64_t rows_step = static_cast<int64_t>(L::kRowsPerLoad) * a.row_stride;
+  auto fetch_rows = [&](const __half* base, int i0, uint32_t dst, auto dst_of) {
+    if (i0 + kTok <= t_end) {  // (warp-uniform) all rows present
+      const __half* src = base + static_cast<int64_t>(i0 + kq_row) * a.row_stride + 8 * kq;
+#pragma unroll
+      for (int u = 0; u < kTok / L::kRowsPerLoad; ++u, src += rows_step) {
+        cp_async16(dst + dst_of(u * L::kRowsPerLoad + kq_row), src);
+      }
+    } else {
+#pragma unroll
+      for (int u = 0; u < kTok / L::kRowsPerLoad; ++u) {
+        const int t = i0 + u * L::kRowsPerLoad + kq_row;
+        const bool ok = t < t_end;
+        const __half* src = base + static_cast<int64_t>(ok ? t : t_begin) * a.row_stride + 8 * kq;
+        cp_async16_zfill(dst + dst_of(u * L::kRowsPerLoad + kq_row), src, ok ? 16 : 0);
+      }
+    }
+  };
+  auto issue = [&](int i0, int slot) {
+    const uint32_t dst = warp_pipe + slot * L::kStageBytes;
+    fetch_rows(k_base, i0, dst, [&](int t) { return t * L::kRowBytes + 16 * ktile_chunk(t, kq); });
+    fetch_rows(v_base, i0, dst + L::kMatBytes,
+               [&](int t) { return t * L::kRowBytes + 16 * vtile_chunk(t, kq); });
+  };
+
+  const int step = kWarps * kTok;
+  const int first = t_begin + warp * kTok;
+  const int n = first < t_end ? (t_end - first + step - 1) / step : 0;
+  pdl_begin();  // the queries and the step's own rows come from the previous kernels
+#pragma unroll
+  for (int p = 0; p < kStages - 1; ++p) {
+    if (p < n) issue(first + p * step, p);
+    cp_async_commit();
+  }
+
+  // Query vector r's B fragments (each lane its own): k-step 2j + h holds channels 32j + 8c +
+  // 4h + {0, 1} and + {2, 3}, scaled by 2^fq (its largest |q * scale_log2| in [2^13, 2^14)).
+  float qv[L::kKLoads][8];
+  float amax = 0.0f;
+  {
+    const bool valid = r < nq;
+    const int qvec = q0 + r;
+    const int head = kvh * group + qvec % group;
+    const float* qrow = a.q + (valid ? (qvec / group) * q_row_len + int64_t{head} * HD : 0);
+#pragma unroll
+    for (int j = 0; j < L::kKLoads; ++j) {
+      const float4* p = reinterpret_cast<const float4*>(qrow + 32 * j + 8 * c);
+      const float4 x0 = valid ? p[0] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float4 x1 = valid ? p[1] : make_float4(0.f, 0.f, 0.f, 0.f);
+      const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        qv[j][e] = xs[e] * a.scale_log2;
+        amax = fmaxf(amax, fabsf(qv[j][e]));
+      }
+    }
+  }
+  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 1));
+  amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, 2));
+  const int fq = row_exponent(amax);
+  const float qmul = exp2i(fq);
+  uint32_t qhi[L::kKSteps][2], qlo[L::kKSteps][2];
+#pragma unroll
+  for (int j = 0; j < L::kKLoads; ++j) {
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      split_f16x2(qv[j][4 * h] * qmul, qv[j][4 * h + 1] * qmul, qhi[2 * j + h][0],
+                  qlo[2 * j + h][0]);
+      split_f16x2(qv[j][4 * h + 2] * qmul, qv[j][4 * h + 3] * qmul, qhi[2 * j + h][1],
+                  qlo[2 * j + h][1]);
+    }
+  }
+  // 2^-fq of this lane's score columns (query vectors 2c, 2c + 1: lanes 8c and 8c + 4).
+  const float qinv = exp2i(-fq);
+  const float inv[2] = {__shfl_sync(kFullMask, qinv, 8 * c),
+                        __shfl_sync(kFullMask, qinv, 8 * c + 4)};
+  const int last[2] = {a.pos + (q0 + 2 * c) / group, a.pos + (q0 + 2 * c + 1) / group};
+
+  // This lane's shared-memory offsets: its K chunks (token r; r + 8 adds 8 rows, same swizzle),
+  // its ldmatrix row (matrix lane / 8: token 8 (lane / 16) + lane % 8, channel half (lane / 8) %
+  // 2).
+  const uint32_t k_off = r * L::kRowBytes;
+  const int v_tok = 8 * (lane >> 4) + (lane & 7), v_half = (lane >> 3) & 1;
+  const uint32_t v_off = L::kMatBytes + v_tok * L::kRowBytes;
+  // P^T's sources: lanes (2c, r / 2) and (2c + 1, r / 2); the half that is query vector r.
+  const int src0 = 8 * c + (r >> 1), src1 = src0 + 4;
+  const uint32_t psel = (r & 1) ? 0x7632u : 0x5410u;
+
+  float o[L::kMTiles][4];
+#pragma unroll
+  for (int u = 0; u < L::kMTiles; ++u) o[u][0] = o[u][1] = o[u][2] = o[u][3] = 0.0f;
+  float m_run[2] = {kNegInf, kNegInf}, l_part[2] = {0.0f, 0.0f};
+
+  int slot = 0, next_slot = kStages - 1;
+  for (int k = 0; k < n; ++k) {
+    __syncwarp();  // every lane has read the stage that next_slot held
+    if (k + kStages - 1 < n) issue(first + (k + kStages - 1) * step, next_slot);
+    cp_async_commit();
+    cp_async_wait<kStages - 1>();
+    __syncwarp();  // every lane's pieces of this stage have landed
+    const int i0 = first + k * step;
+    const uint32_t st = warp_pipe + slot * L::kStageBytes;
+
+    // S^T: even and odd k-steps, hi and lo, in four accumulator chains.
+    float sc[4][4] = {};
+#pragma unroll
+    for (int j = 0; j < L::kKLoads; ++j) {
+      const uint32_t chunk = 16 * ktile_chunk(r, 4 * j + c);
+      const uint4 k0 = lds16(st + k_off + chunk);
+      const uint4 k1 = lds16(st + k_off + 8 * L::kRowBytes + chunk);
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t a0 = word(k0, 2 * h), a1 = word(k1, 2 * h);
+        const uint32_t a2 = word(k0, 2 * h + 1), a3 = word(k1, 2 * h + 1);
+        mma_f16(sc[2 * h], a0, a1, a2, a3, qlo[2 * j + h][0], qlo[2 * j + h][1]);
+        mma_f16(sc[2 * h + 1], a0, a1, a2, a3, qhi[2 * j + h][0], qhi[2 * j + h][1]);
+      }
+    }
+    float s[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) s[i] = ((sc[0][i] + sc[2][i]) + (sc[1][i] + sc[3][i])) * inv[i & 1];
+    if (i0 + kTok > t_end || i0 + kTok > all_visible_end) {  // warp-uniform
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const int t = i0 + r + 8 * (i >> 1);
+        if (t >= t_end || t > last[i & 1]) s[i] = kNegInf;
+      }
+    }
+    // Online softmax of query vectors 2c, 2c + 1 (their 16 scores: the lanes of this c).
+    float mx[2] = {fmaxf(s[0], s[2]), fmaxf(s[1], s[3])};
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      mx[0] = fmaxf(mx[0], __shfl_xor_sync(kFullMask, mx[0], off));
+      mx[1] = fmaxf(mx[1], __shfl_xor_sync(kFullMask, mx[1], off));
+    }
+    const float mn[2] = {fmaxf(m_run[0], mx[0]), fmaxf(m_run[1], mx[1])};
+    if (__any_sync(kFullMask, mn[0] != m_run[0] || mn[1] != m_run[1])) {
+      float corr[2];
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        corr[q] = mn[q] == m_run[q] ? 1.0f : exp2_ftz(m_run[q] - mn[q]);
+        l_part[q] *= corr[q];
+        m_run[q] = mn[q];
+      }
+#pragma unroll
+      for (int u = 0; u < L::kMTiles; ++u) {
+        o[u][0] *= corr[0], o[u][1] *= corr[1], o[u][2] *= corr[0], o[u][3] *= corr[1];
+      }
+    }
+    // 2^12 P; a column that has seen only masked scores keeps m = -inf and P = 0.
+    const float sub[2] = {(m_run[0] == kNegInf ? 0.0f : m_run[0]) - kPExp,
+                          (m_run[1] == kNegInf ? 0.0f : m_run[1]) - kPExp};
+    float p[4];
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      p[i] = exp2_ftz(s[i] - sub[i & 1]);
+      l_part[i & 1] += p[i];
+    }
+    uint32_t ph_r, pl_r, ph_r8, pl_r8;  // tokens r and r + 8: (query 2c, 2c + 1) pairs
+    split_f16x2(p[0], p[1], ph_r, pl_r);
+    split_f16x2(p[2], p[3], ph_r8, pl_r8);
+    auto gather = [&](uint32_t v) {  // (tokens 2c, 2c + 1 of v's row half) for query vector r
+      return __byte_perm(__shfl_sync(kFullMask, v, src0), __shfl_sync(kFullMask, v, src1), psel);
+    };
+    const uint32_t bh0 = gather(ph_r), bh1 = gather(ph_r8);
+    const uint32_t bl0 = gather(pl_r), bl1 = gather(pl_r8);
+#pragma unroll
+    for (int u = 0; u < L::kMTiles; ++u) {
+      uint32_t va[4];
+      ldmatrix_x4_trans(va, st + v_off + 16 * vtile_chunk(v_tok, 2 * u + v_half));
+      mma_f16(o[u], va, bl0, bl1);
+      mma_f16(o[u], va, bh0, bh1);
+    }
+    slot = slot + 1 == kStages ? 0 : slot + 1;
+    next_slot = next_slot + 1 == kStages ? 0 : next_slot + 1;
+  }
+  cp_async_wait<0>();
+
+  // Each warp's state to shared memory (over the pipeline buffers), then the block's merge.
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+#pragma unroll
+    for (int off = 4; off < 32; off <<= 1) {
+      l_part[q] += __shfl_xor_sync(kFullMask, l_part[q], off);
+    }
+  }
+  __syncthreads();
+  float* o_s = reinterpret_cast<float*>(smem);         // [kWarps][kCols][kOPitch]
+  float* ml_s = o_s + kWarps * L::kCols * L::kOPitch;  // [kWarps][kCols][2]
+#pragma unroll
+  for (int u = 0; u < L::kMTiles; ++u) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int q = 2 * c + (i & 1), ch = 16 * u + r + 8 * (i >> 1);
+      o_s[(warp * L::kCols + q) * L::kOPitch + ch] = o[u][i];
+    }
+  }
+  if (r == 0) {
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      ml_s[(warp * L::kCols + 2 * c + q) * 2] = m_run[q];
+      ml_s[(warp * L::kCols + 2 * c + q) * 2 + 1] = l_part[q];
+    }
+  }
+  __syncthreads();
+  write_merged_states<HD, kWarps, L::kOPitch>(a, o_s, ml_s, L::kCols, nq, q0, kvh, split, kThreads);
+}
+
+template <int HD>
+void launch_tct_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
+  constexpr size_t smem = TcTLayout<HD>::kSmem;
+  static const bool configured = [] {
+    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tct_kernel<HD>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem)));
+    return true;
+  }();
+  (void)configured;
+  const int q_per_kv_head = (a.num_heads / a.num_kv_heads) * a.m;
+  const int tiles = (q_per_kv_head + TcTLayout<HD>::kCols - 1) / TcTLayout<HD>::kCols;
+  const dim3 grid(tiles, a.num_splits, a.num_kv_heads);
+  launch(attention_decode_tct_kernel<HD>, grid, kThreads, smem, stream, a);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
 template <int HD, bool SEL>
 void launch_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = TcLayout<HD>::kSmem;
@@ -458,6 +764,10 @@ bool attention_decode_tc_supported(const AttentionArgs& a) {
          bits % 16 == 0;
 }
 
+bool attention_decode_tct_applies(const AttentionArgs& a) {
+  return g_tuning.transposed && !a.selected && (a.num_heads / a.num_kv_heads) * a.m <= 8;
+}
+
 int attention_decode_tc_query_tiles(const AttentionArgs& a) {
   const int q_per_kv_head = (a.num_heads / a.num_kv_heads) * a.m;
   return (q_per_kv_head + kRows - 1) / kRows;
@@ -473,7 +783,13 @@ void launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
                            (a.sel_count == 0 || a.sel_positions)));
   const uintptr_t qo = reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.out);
   QS_CHECK_MSG(qo % 16 == 0, "attention: q and out must be 16-byte aligned");
-  if (a.head_dim == 64) {
+  if (attention_decode_tct_applies(a)) {
+    if (a.head_dim == 64) {
+      launch_tct_for_head_dim<64>(a, stream);
+    } else {
+      launch_tct_for_head_dim<128>(a, stream);
+    }
+  } else if (a.head_dim == 64) {
     launch_for_head_dim<64>(a, stream);
   } else {
     launch_for_head_dim<128>(a, stream);

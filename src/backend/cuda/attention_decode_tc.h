@@ -12,6 +12,10 @@ struct DecodeAttentionTuning {
   bool tensor_cores = true;  // false: attention_decode_kernel for every call
   // A sparse draft's KV selection on tensor cores too (false: selections on the CUDA-core kernel).
   bool selection = true;
+  // The transposed kernel (keys and values as the MMAs' A operand, the query vectors as B's 8
+  // columns: half the MMAs) for calls of at most 8 query vectors per kv head without a selection.
+  // Off by default until measured on a GPU; QS_DECODE_TC_T=1 turns it on at process start.
+  bool transposed = false;
 };
 void set_decode_attention_tuning(const DecodeAttentionTuning& tuning);
 DecodeAttentionTuning decode_attention_tuning();
@@ -20,7 +24,11 @@ DecodeAttentionTuning decode_attention_tuning();
 // (row stride a multiple of 8 elements, k and v 16-byte aligned), head_dim 64 or 128, m <= 16, no
 // KV selection unless DecodeAttentionTuning::selection.
 bool attention_decode_tc_supported(const AttentionArgs& a);
-// Query tiles (the grid's x): 16 query vectors of one kv head each.
+// Whether launch_attention_decode_tc runs the transposed kernel for this supported call
+// (DecodeAttentionTuning::transposed, <= 8 query vectors per kv head, no selection).
+bool attention_decode_tct_applies(const AttentionArgs& a);
+// Query tiles (the grid's x): 16 query vectors of one kv head each (the transposed kernel: one
+// tile of up to 8).
 int attention_decode_tc_query_tiles(const AttentionArgs& a);
 // Blocks of the kernel resident per SM (shared memory bound): the split planner fills one wave.
 constexpr int kDecodeTcBlocksPerSm = 2;

@@ -95,6 +95,25 @@ __device__ __forceinline__ void mma_f16(float (&d)[4], const uint32_t (&a)[4], u
   mma_f16(d, a[0], a[1], a[2], a[3], b0, b1);
 }
 
+// Four 8x8 b16 matrices from shared memory; lane l gives the address of row l % 8 of matrix
+// l / 8 (a 16-byte row). .trans: each lane gets its elements of the transposed matrices.
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], uint32_t addr) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr));
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t (&r)[4], const __half* p) {
+  ldmatrix_x4(r, smem_u32(p));
+}
+__device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const __half* p) {
+  ldmatrix_x4_trans(r, smem_u32(p));
+}
+
 // {a, b} (a in the low half) as f16 hi + lo: hi = f16(a), lo = f16(a - hi). For |a| < 2^14 and
 // a not tiny, hi + lo has ~22 significant bits.
 __device__ __forceinline__ void split_f16x2(float a, float b, uint32_t& hi, uint32_t& lo) {
