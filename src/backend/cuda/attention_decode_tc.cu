@@ -134,6 +134,19 @@ __device__ __forceinline__ int row_exponent(float amax) {
   return max(-kExpClamp, min(kExpClamp, kTargetExp + 1 - ex));
 }
 
+// Stage k of a warp's n (its stages start at first, step apart) in a kStages-deep per-warp
+// cp.async pipeline: the slot read kStages - 1 stages ago takes stage k + kStages - 1 (issue(i0,
+// slot) copies one), then stage k's pieces are waited for.
+template <class Issue>
+__device__ __forceinline__ void pipeline_step(int k, int n, int first, int step, int next_slot,
+                                              Issue& issue) {
+  __syncwarp();  // every lane has read the stage that next_slot held
+  if (k + kStages - 1 < n) issue(first + (k + kStages - 1) * step, next_slot);
+  cp_async_commit();
+  cp_async_wait<kStages - 1>();
+  __syncwarp();  // every lane's pieces of this stage have landed
+}
+
 // SEL: a sparse draft's KV selection (AttentionArgs::selected): index i of the kv head's sequence
 // is position sel_positions[i] below sel_count, then the dense tail.
 template <int HD, bool SEL>
@@ -294,11 +307,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
 
   int slot = 0, next_slot = kStages - 1;
   for (int k = 0; k < n; ++k) {
-    __syncwarp();  // every lane has read the stage that next_slot held
-    if (k + kStages - 1 < n) issue(first + (k + kStages - 1) * step, next_slot);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // every lane's pieces of this stage have landed
+    pipeline_step(k, n, first, step, next_slot, issue);
     const int i0 = first + k * step;
     const uint32_t src = warp_pipe + slot * L::kStageBytes;
 
@@ -593,11 +602,7 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
 
   int slot = 0, next_slot = kStages - 1;
   for (int k = 0; k < n; ++k) {
-    __syncwarp();  // every lane has read the stage that next_slot held
-    if (k + kStages - 1 < n) issue(first + (k + kStages - 1) * step, next_slot);
-    cp_async_commit();
-    cp_async_wait<kStages - 1>();
-    __syncwarp();  // every lane's pieces of this stage have landed
+    pipeline_step(k, n, first, step, next_slot, issue);
     const int i0 = first + k * step;
     const uint32_t st = warp_pipe + slot * L::kStageBytes;
 
