@@ -53,32 +53,14 @@ template <bool ADD>
 __global__ void __launch_bounds__(1024)
     rmsnorm_kernel(float* h, const float* x, const void* weight, DType weight_dtype, int64_t d,
                    float eps, float* out) {
-  float w[kNormPer], v[kNormPer];
+  float w[kNormPer];
   load_weight_chunk(weight, weight_dtype, 0, d, w);  // weights: not written by any kernel
   pdl_begin();
   __shared__ double warp_sums[32];
   const int64_t row = blockIdx.x;
   const float* xr = x + row * d;
-  float* hr = ADD ? h + row * d : nullptr;
-  const float* src = ADD ? hr : xr;
-  const int64_t span = static_cast<int64_t>(kNormPer) * blockDim.x;
-  double sum = 0.0;
-  for (int64_t base = 0; base < d; base += span) {
-    load_norm_chunk(src, base, d, v);
-    if constexpr (ADD) {
-      float a[kNormPer];
-      load_norm_chunk(xr, base, d, a);
-#pragma unroll
-      for (int i = 0; i < kNormPer; ++i) {
-        const int64_t j = norm_index(base, i);
-        v[i] += a[i];
-        if (j < d) hr[j] = v[i];
-      }
-    }
-    sum = add_squares(v, base, d, sum);
-  }
-  const float inv_rms = inv_rms_of(block_sum(sum, warp_sums), d, eps);
-  store_normed(src, weight, weight_dtype, d, inv_rms, v, w, out + row * d);
+  normalize_row<false, ADD>(ADD ? h + row * d : xr, xr, weight, weight_dtype, d, eps, w, warp_sums,
+                            out + row * d);
 }
 
 // Rotates pair idx (of [m, num_heads, head_dim / 2]) of x. The angle is the f32 product (HF),

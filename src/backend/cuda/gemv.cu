@@ -180,15 +180,15 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
 // gate_sums (a paired launch, find_tile): [NT * 128] floats of shared memory where member 0 (the
 // gate tile) leaves its sums and member 1 (the up tile) stores swiglu_of(gate, up) into y; each
 // thread reads back only what it wrote. row_scale (a NormIn input): each token's 1 / rms, which
-// multiplies its sums before the bias. sq (a deferred norm): += the squares of the h values this
-// thread wrote.
+// multiplies its sums before the bias. Returns the sum of the squares of the h values this thread
+// wrote under a deferred norm (norm.sumsq set; else 0).
 template <int NT>
-__device__ __forceinline__ void store_tile_sums(const float* partial, int num_warps, int64_t n0,
-                                                int64_t N, int m, const DeviceBias& bias, float* y,
-                                                const GemvNorm& norm = {},
-                                                float* gate_sums = nullptr, int member = 0,
-                                                const float* row_scale = nullptr,
-                                                double* sq = nullptr) {
+__device__ __forceinline__ double store_tile_sums(const float* partial, int num_warps, int64_t n0,
+                                                  int64_t N, int m, const DeviceBias& bias,
+                                                  float* y, const GemvNorm& norm = {},
+                                                  float* gate_sums = nullptr, int member = 0,
+                                                  const float* row_scale = nullptr) {
+  double sq = 0.0;
   for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
     const int t = e / 128, l = (e / 4) % 32, r = e % 4;
     float sum = 0.0f;
@@ -198,10 +198,10 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
     if (row < N && token < m) {
       if (row_scale != nullptr) sum *= row_scale[token];
       if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-      if (sq != nullptr) {  // the deferred norm's producer (norm.h set, no SwiGLU)
+      if (norm.sumsq != nullptr) {  // the deferred norm's producer (norm.h set, no SwiGLU)
         const float v = norm.h[token * N + row] + sum;
         norm.h[token * N + row] = v;
-        *sq += static_cast<double>(v * v);
+        sq += static_cast<double>(v * v);
         continue;
       }
       if (gate_sums != nullptr) {
@@ -214,6 +214,7 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
       gemv_store(norm, y, token * N + row, sum);
     }
   }
+  return sq;
 }
 
 // The matrices of one launch (launch_gemv_group; one segment for launch_gemv): blocks
@@ -432,10 +433,10 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     __syncthreads();
     int64_t local;
     const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
-    store_tile_sums<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps, local * 16,
-                        pick(segs.N, si), m, pick(segs.bias, si),
-                        segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si,
-                        NORM_IN ? row_scale : nullptr, norm.sumsq != nullptr ? &sq : nullptr);
+    sq += store_tile_sums<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps,
+                              local * 16, pick(segs.N, si), m, pick(segs.bias, si),
+                              segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si,
+                              NORM_IN ? row_scale : nullptr);
   }
   cp_async_wait<0>();
   if (norm.h == nullptr) return;

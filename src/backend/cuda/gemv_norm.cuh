@@ -47,18 +47,11 @@ __device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm, void* scr
   __syncthreads();
   if (!last) return;
   for (int r = 0; r < norm.m; ++r) {
-    const float* hr = norm.h + static_cast<int64_t>(r) * norm.d;
-    float w[kNormPer], v[kNormPer];
+    float w[kNormPer];
     load_weight_chunk(norm.weight, norm.weight_dtype, 0, norm.d, w);
-    const int64_t span = static_cast<int64_t>(kNormPer) * blockDim.x;
-    double sum = 0.0;
-    for (int64_t base = 0; base < norm.d; base += span) {
-      load_norm_chunk<true>(hr, base, norm.d, v);
-      sum = add_squares(v, base, norm.d, sum);
-    }
-    const float inv_rms = inv_rms_of(block_sum(sum, warp_sums), norm.d, norm.eps);
-    store_normed<true>(hr, norm.weight, norm.weight_dtype, norm.d, inv_rms, v, w,
-                       norm.out + static_cast<int64_t>(r) * norm.d);
+    normalize_row<true, false>(norm.h + static_cast<int64_t>(r) * norm.d, nullptr, norm.weight,
+                               norm.weight_dtype, norm.d, norm.eps, w, warp_sums,
+                               norm.out + static_cast<int64_t>(r) * norm.d);
   }
 }
 

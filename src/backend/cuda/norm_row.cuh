@@ -92,4 +92,36 @@ __device__ __forceinline__ void store_normed(const float* src, const void* weigh
   }
 }
 
+// The calling block's RMSNorm of one row: out = weight * (src * 1 / rms). ADD: src is h's row,
+// and add's row goes into it first (each thread stores h + x and squares the sums in the order it
+// squares src's elements without ADD: the same block size gives add-then-RMSNorm's bits). w: the
+// weight's first chunk (load_weight_chunk, issued by the caller before its PDL wait); warp_sums:
+// 32 doubles of shared memory. COHERENT: src read through L2 (rows other blocks wrote).
+template <bool COHERENT, bool ADD>
+__device__ __forceinline__ void normalize_row(const float* src, const float* add,
+                                              const void* weight, DType weight_dtype, int64_t d,
+                                              float eps, float (&w)[kNormPer], double* warp_sums,
+                                              float* out) {
+  float v[kNormPer];
+  const int64_t span = static_cast<int64_t>(kNormPer) * blockDim.x;
+  double sum = 0.0;
+  for (int64_t base = 0; base < d; base += span) {
+    load_norm_chunk<COHERENT>(src, base, d, v);
+    if constexpr (ADD) {
+      float a[kNormPer];
+      load_norm_chunk(add, base, d, a);
+      float* h = const_cast<float*>(src);  // ADD: src is the residual row being updated
+#pragma unroll
+      for (int i = 0; i < kNormPer; ++i) {
+        const int64_t j = norm_index(base, i);
+        v[i] += a[i];
+        if (j < d) h[j] = v[i];
+      }
+    }
+    sum = add_squares(v, base, d, sum);
+  }
+  const float inv_rms = inv_rms_of(block_sum(sum, warp_sums), d, eps);
+  store_normed<COHERENT>(src, weight, weight_dtype, d, inv_rms, v, w, out);
+}
+
 }  // namespace qs::cuda
