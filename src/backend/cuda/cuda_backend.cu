@@ -1005,8 +1005,8 @@ const bool g_defer_norm = cuda::env_flag("QS_DEFER_NORM", true);
 void CudaBackend::linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
                                               PendingNorm& pn) {
   const int64_t d = pn.weight->numel();
-  // 4-bit: the draft's one-row steps on the persistent kernel. bf16 / f16 (GemvTuning::defer_norm,
-  // off by default): m <= 16 rows on the ring kernel.
+  // 4-bit: the draft's one-row steps on the persistent kernel. bf16 (GemvTuning::defer_norm, off
+  // by default): m <= 16 rows on the ring kernel (launch_gemv_norm declines f16 weights).
   const bool q4 = op.w4 != nullptr && m == 1;
   const bool ring =
       op.w4 == nullptr && cuda::gemv_tuning().defer_norm && m >= 1 && m <= kGemvMaxRows;
