@@ -721,9 +721,7 @@ void launch_tct_for_head_dim(const AttentionArgs& a, cudaStream_t stream) {
     return true;
   }();
   (void)configured;
-  const int q_per_kv_head = (a.num_heads / a.num_kv_heads) * a.m;
-  const int tiles = (q_per_kv_head + TcTLayout<HD>::kCols - 1) / TcTLayout<HD>::kCols;
-  const dim3 grid(tiles, a.num_splits, a.num_kv_heads);
+  const dim3 grid(attention_decode_tc_query_tiles(a), a.num_splits, a.num_kv_heads);
   launch(attention_decode_tct_kernel<HD>, grid, kThreads, smem, stream, a);
   CUDA_CHECK_LAUNCH(stream);
 }
@@ -775,7 +773,8 @@ bool attention_decode_tct_applies(const AttentionArgs& a) {
 
 int attention_decode_tc_query_tiles(const AttentionArgs& a) {
   const int q_per_kv_head = (a.num_heads / a.num_kv_heads) * a.m;
-  return (q_per_kv_head + kRows - 1) / kRows;
+  const int rows = attention_decode_tct_applies(a) ? TcTLayout<128>::kCols : kRows;
+  return (q_per_kv_head + rows - 1) / rows;
 }
 
 void launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {

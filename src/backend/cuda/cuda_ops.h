@@ -196,11 +196,9 @@ bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const Device
 
 // launch_gemv_group over x = norm(h) (a deferred norm, NormIn) on the ring kernel; returns false,
 // launching nothing, where that kernel does not run these operands (the caller materializes the
-// norm): BF16 W only, the norm weight F32, F16 or BF16 at a 16-byte aligned address
-// (gemv_norm_weight_readable).
+// norm): BF16 W only, the norm weight F32, F16 or BF16 at a 16-byte aligned address.
 bool launch_gemv_group_normed(const float* h, int m, const GemvSegment* segs, int count,
                               const NormIn& nin, int num_sms, cudaStream_t stream);
-bool gemv_norm_weight_readable(const void* weight, DType dtype);
 
 // The gate and up projections and their SwiGLU (Backend::gate_up_swiglu): gate.y = silu(x
 // Wg^T + bg) * (x Wu^T + bu), as launch_gemv_group followed by launch_swiglu computes it, in one

@@ -114,7 +114,7 @@ __device__ __forceinline__ void unpack8(const uint4& v, __half, float (&f)[8]) {
 }
 
 // A NormIn's weight at k .. k + 7 (k a multiple of 8; F32, F16 or BF16 at a 16-byte aligned
-// address: gemv_norm_weight_readable), zeros where !ok.
+// address: norm_weight_readable), zeros where !ok.
 __device__ __forceinline__ void load_norm_weight8(const NormIn& nin, int64_t k, bool ok,
                                                   float (&w)[8]) {
   if (!ok) {
@@ -319,6 +319,12 @@ constexpr int kRingStageBytes = 16 * kRingChunkK * 2;  // 16 rows x 128 bytes
 // heads), 4 otherwise. H200, m = 1 (bench_ops tune, us): 8B lm_head 314.5 (4) / 262.0 (6);
 // 8B gate/up 32.6 / 32.0; 7B q/o 12.5 / 13.6; 7B down 26.1 / 28.4.
 constexpr int kRingDeepTilesPerSm = 16;
+
+// Whether a deferred norm's weight can be read as 16-byte vectors (load_norm_weight8).
+bool norm_weight_readable(const void* weight, DType dtype) {
+  const bool typed = dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
+  return typed && weight != nullptr && reinterpret_cast<uintptr_t>(weight) % 16 == 0;
+}
 
 // Warps of a ring block: one per 64-wide chunk of K, at most kRingMaxWarps.
 int ring_warps(int64_t K) {
@@ -826,9 +832,15 @@ bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int co
   // A deferred norm: bf16 weights only (its consumers split h * weight into hi + lo in W's dtype:
   // the residual stream is not normalized and can pass f16's 65504, the normed rows cannot), and
   // a thread per element of a tile's sums (gemv_norm_defer_finish_rows).
+  // Its weight is read as 8-element vectors by the consumers (load_norm_weight8): the producer
+  // defers only what they can read.
   const bool deferred = norm.sumsq != nullptr || nin.sumsq != nullptr;
   if (deferred && segs[0].w.dtype != DType::BF16) return false;
-  if (norm.sumsq != nullptr && ring_warps(segs[0].w.cols) * 32 < (two ? 2 : 1) * 128) return false;
+  if (norm.sumsq != nullptr && (ring_warps(segs[0].w.cols) * 32 < (two ? 2 : 1) * 128 ||
+                                !norm_weight_readable(norm.weight, norm.weight_dtype))) {
+    return false;
+  }
+  if (nin.sumsq != nullptr && !norm_weight_readable(nin.weight, nin.weight_dtype)) return false;
   if (segs[0].w.dtype == DType::BF16) {
     two ? launch_ring_stages<__nv_bfloat16, 2>(stages, x, m, segs, count, num_sms, stream, norm,
                                                swiglu, nin)
@@ -843,21 +855,12 @@ bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int co
   return true;
 }
 
-bool gemv_norm_weight_readable(const void* weight, DType dtype) {
-  const bool typed = dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
-  return typed && weight != nullptr && reinterpret_cast<uintptr_t>(weight) % 16 == 0;
-}
-
 bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
                       const GemvNorm& norm, int num_sms, cudaStream_t stream) {
   QS_CHECK(norm.h != nullptr);
   QS_CHECK(norm.m == m && norm.d == w.rows);
-  if (norm.sumsq != nullptr) {
-    QS_CHECK(norm.parts >= num_sms);
-    if (!gemv_norm_weight_readable(norm.weight, norm.weight_dtype)) return false;
-  } else {
-    QS_CHECK(norm.out != nullptr && norm.arrivals != nullptr);
-  }
+  QS_CHECK(norm.sumsq != nullptr ? norm.parts >= num_sms
+                                 : norm.out != nullptr && norm.arrivals != nullptr);
   const GemvSegment seg{w, bias, nullptr};
   return launch_ring_epilogue(x, m, &seg, 1, norm, false, num_sms, stream);
 }
@@ -865,16 +868,12 @@ bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const Device
 bool launch_gemv_group_normed(const float* h, int m, const GemvSegment* segs, int count,
                               const NormIn& nin, int num_sms, cudaStream_t stream) {
   QS_CHECK(nin.sumsq != nullptr && nin.parts >= 1);
-  if (!gemv_norm_weight_readable(nin.weight, nin.weight_dtype)) return false;
   return launch_ring_epilogue(h, m, segs, count, GemvNorm{}, false, num_sms, stream, nin);
 }
 
 bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
                         int num_sms, cudaStream_t stream, const NormIn& nin) {
   QS_CHECK(gate.y != nullptr && gate.w.rows == up.w.rows);
-  if (nin.sumsq != nullptr && !gemv_norm_weight_readable(nin.weight, nin.weight_dtype)) {
-    return false;
-  }
   const GemvSegment segs[2] = {gate, up};
   return launch_ring_epilogue(x, m, segs, 2, GemvNorm{}, true, num_sms, stream, nin);
 }

@@ -55,6 +55,16 @@ __device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm, void* scr
   }
 }
 
+// Block 0 of a deferred norm's producer zeroes the slots past the grid of rows [0, rows): the
+// consumers sum all `parts` slots of a row.
+__device__ __forceinline__ void gemv_norm_zero_unused_slots(const GemvNorm& norm, int rows) {
+  if (blockIdx.x != 0) return;
+  const int rest = norm.parts - static_cast<int>(gridDim.x);
+  for (int i = threadIdx.x; i < rows * rest; i += blockDim.x) {
+    norm.sumsq[(i / rest) * norm.parts + gridDim.x + i % rest] = 0.0;
+  }
+}
+
 // The deferred form's end (norm.sumsq set): `sq` is this thread's sum of the squares of the h
 // values it wrote (threads of warp 0 store the tiles' rows; the others pass 0). Warp 0 sums them
 // into the block's slot; block 0 zeroes the slots past the grid.
@@ -63,11 +73,7 @@ __device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, dou
     sq = warp_sum(sq);
     if (threadIdx.x == 0) norm.sumsq[blockIdx.x] = sq;
   }
-  if (blockIdx.x == 0) {
-    for (int i = static_cast<int>(gridDim.x) + threadIdx.x; i < norm.parts; i += blockDim.x) {
-      norm.sumsq[i] = 0.0;
-    }
-  }
+  gemv_norm_zero_unused_slots(norm, 1);
 }
 
 // The deferred form's end for the ring kernel (gemv.cu, m rows): `sq` is this thread's sum of
@@ -90,12 +96,7 @@ __device__ __forceinline__ void gemv_norm_defer_finish_rows(const GemvNorm& norm
     const double* t = scratch + (row / 8) * 32 + row % 8;  // warps 4 (row / 8) + j, entry row % 8
     norm.sumsq[row * norm.parts + blockIdx.x] = ((t[0] + t[8]) + t[16]) + t[24];
   }
-  if (blockIdx.x == 0) {
-    const int rest = norm.parts - static_cast<int>(gridDim.x);
-    for (int i = threadIdx.x; i < norm.m * rest; i += blockDim.x) {
-      norm.sumsq[(i / rest) * norm.parts + gridDim.x + i % rest] = 0.0;
-    }
-  }
+  gemv_norm_zero_unused_slots(norm, norm.m);
 }
 
 // The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the row's partial sums
