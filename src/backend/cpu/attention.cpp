@@ -1,10 +1,17 @@
 // Causal multi-query-position attention over a KvView (GQA), f32 softmax as HF's eager path.
-// The quantized history, when present, is dequantized a block of rows at a time into a small
-// per-thread scratch: no full-precision copy of the history is ever made.
+//
+// A task takes the query vectors of one kv head (rows x query heads, up to kTaskQueries) and
+// walks that head's keys and values in chunks of kChunk rows: each chunk's quantized codes are
+// decoded (or its f16 rows converted) once into a per-thread scratch and read by every query of
+// the task, so a verification block or a prefill chunk costs little more per row than a decoding
+// step. No full-precision copy of the quantized history is ever made. Scores, softmax and the
+// weighted sums come from attention_rows.h, whose arithmetic per query does not depend on the
+// other queries of the call: a query's output is the same at m = 1 and inside any block.
 #include <algorithm>
 #include <cmath>
 #include <vector>
 
+#include "backend/cpu/attention_rows.h"
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/simd.h"
 #include "core/dtype.h"
@@ -15,20 +22,275 @@ namespace qs {
 
 namespace {
 
-// Query rows up to which one task serves all queries of a call (shares dequantized blocks).
-constexpr int kShareQueries = 16;
+constexpr int kTaskQueries = 16;  // query vectors per task
+constexpr int kChunk = 64;        // rows decoded or converted at a time
 
-// Elements [offset, offset + n) of full-precision K or V rows as f32: the rows themselves (F32),
-// or their exact conversion into `scratch` (F16; n floats). Every reader of the rows goes through
-// here, so f16 rows give the same arithmetic as f32 rows holding the same values.
-inline const float* fp_row(const void* rows, DType type, int64_t offset, int n, float* scratch) {
-  if (type == DType::F32) return static_cast<const float*>(rows) + offset;
-  to_f32(DType::F16, static_cast<const uint16_t*>(rows) + offset, scratch, static_cast<size_t>(n));
+// Per-thread scratch of the tasks (grown, never shrunk).
+struct Scratch {
+  std::vector<float> scores;    // [queries, max_len] score rows, then probabilities
+  std::vector<float> qw;        // [queries, hd] a query times a key group's steps (even | odd)
+  std::vector<float> qm;        // [queries] that query's dot with the group's (centred) mins
+  std::vector<float> acc;       // [queries, hd] sum p * step * code (even | odd channels)
+  std::vector<float> acc_min;   // [queries, value groups] sum p * (centred) min
+  std::vector<float> key_meta;  // [2, hd] a key group's steps and mins
+  std::vector<float> rows;      // [kChunk, hd] decoded codes or converted rows
+  std::vector<float> vmeta;     // [kChunk, 2 * value groups] value steps and mins
+  std::vector<float> coef;      // [kChunk] p * step of one value group
+
+  static void grow(std::vector<float>& v, size_t n) {
+    if (v.size() < n) v.resize(n);
+  }
+};
+
+// Rows [t0, t0 + n) of kv head `kv_off / hd` of full-precision K or V as f32: the rows in place
+// (F32; *stride = the view's row stride) or their exact conversion into `scratch` (F16; *stride =
+// hd). Every reader of the rows goes through here, so f16 rows give the same arithmetic as f32
+// rows holding the same values.
+const float* fp_rows(const KvView& kv, const void* base, int64_t kv_off, int hd, int t0, int n,
+                     float* scratch, int64_t* stride) {
+  const int64_t first = (t0 - kv.fp_base) * kv.row_stride + kv_off;
+  if (kv.row_dtype == DType::F32) {
+    *stride = kv.row_stride;
+    return static_cast<const float*>(base) + first;
+  }
+  const uint16_t* src = static_cast<const uint16_t*>(base) + first;
+  for (int r = 0; r < n; ++r) to_f32(DType::F16, src + r * kv.row_stride, scratch + r * hd, hd);
+  *stride = hd;
   return scratch;
 }
 
+// The query vectors of one task and the chunked passes over their kv head.
+class AttentionTask {
+ public:
+  AttentionTask(const float* q, int pos, const AttentionShape& shape, const KvView& kv, float* out,
+                int i0, int rows, int h0, int nh, int heads_stride, Scratch& sc)
+      : q_(q),
+        out_(out),
+        pos_(pos),
+        shape_(shape),
+        kv_(kv),
+        seg_(kv.quantized),
+        i0_(i0),
+        rows_(rows),
+        h0_(h0),
+        nh_(nh),
+        hs_(heads_stride),
+        hd_(shape.head_dim),
+        kvh_(h0 / (shape.num_heads / shape.num_kv_heads)),
+        max_len_(pos + i0 + rows),
+        sc_(sc) {}
+
+  void run() {
+    const int nq = rows_ * hs_, hd = hd_;
+    Scratch::grow(sc_.scores, size_t(nq) * max_len_);
+    Scratch::grow(sc_.rows, size_t(kChunk) * hd);
+    if (seg_ != nullptr) {
+      vgroups_ = hd / seg_->value_group_size;
+      Scratch::grow(sc_.qw, size_t(nq) * hd);
+      Scratch::grow(sc_.qm, nq);
+      Scratch::grow(sc_.acc, size_t(nq) * hd);
+      Scratch::grow(sc_.acc_min, size_t(nq) * vgroups_);
+      Scratch::grow(sc_.key_meta, size_t(2) * hd);
+      Scratch::grow(sc_.vmeta, size_t(kChunk) * 2 * vgroups_);
+      Scratch::grow(sc_.coef, kChunk);
+    }
+    if (bq(rows_ - 1) > 0) quantized_keys();
+    fp_keys();
+    for (int i = 0; i < rows_; ++i) {
+      for (int j = 0; j < nh_; ++j) cpu::softmax_row(srow(i, j), len(i));
+    }
+    if (bq(rows_ - 1) > 0) quantized_values();
+    for (int i = 0; i < rows_; ++i) {
+      for (int j = 0; j < nh_; ++j) quantized_output(i, j);
+    }
+    fp_values();
+  }
+
+ private:
+  // Row i of the task sees positions [0, len(i)), the first bq(i) through the quantized view.
+  int len(int i) const { return pos_ + i0_ + i + 1; }
+  int bq(int i) const { return seg_ ? quant_boundary(pos_ + i0_ + i, seg_->group_size) : 0; }
+  int qi(int i, int j) const { return i * hs_ + j; }  // query index in the scratch
+  float* srow(int i, int j) const { return sc_.scores.data() + size_t(qi(i, j)) * max_len_; }
+  const float* qhead(int i, int j) const {
+    return q_ + (i0_ + i) * row_elems() + static_cast<int64_t>(h0_ + j) * hd_;
+  }
+  float* ohead(int i, int j) const {
+    return out_ + (i0_ + i) * row_elems() + static_cast<int64_t>(h0_ + j) * hd_;
+  }
+  int64_t row_elems() const { return static_cast<int64_t>(shape_.num_heads) * hd_; }
+  float center() const { return seg_->int8 ? cpu::kCodeCenter8 : cpu::kCodeCenter4; }
+  int64_t plane_row(int t) const { return (kvh_ * seg_->capacity + t) * (hd_ / 2); }
+
+  // q.(code * step + min) = (q * step).code + q.min, one key group at a time, the codes of each
+  // chunk decoded once for every query.
+  void quantized_keys() {
+    const int G = seg_->group_size, bq_max = bq(rows_ - 1);
+    for (int t0 = 0; t0 < bq_max; t0 += G) {
+      fold_queries(t0);
+      const int t1 = std::min(t0 + G, bq_max);
+      for (int c0 = t0; c0 < t1; c0 += kChunk) {
+        const int n = std::min(kChunk, t1 - c0);
+        decode_rows(seg_->key_upper, seg_->int8 ? seg_->key_lower : nullptr, c0, n);
+        for (int i = 0; i < rows_; ++i) {
+          const int nr = std::min(c0 + n, bq(i)) - c0;
+          for (int j = 0; j < nh_ && nr > 0; ++j) {
+            float* s = srow(i, j) + c0;
+            cpu::dot_rows(sc_.qw.data() + size_t(qi(i, j)) * hd_, sc_.rows.data(), hd_, hd_, nr, s);
+            const float qm = sc_.qm[qi(i, j)];
+            for (int r = 0; r < nr; ++r) s[r] = (s[r] + qm) * shape_.scale;
+          }
+        }
+      }
+    }
+  }
+
+  // The key group at t0's steps and (centred) mins, and every query that reads the group scaled
+  // by them (even channels, then odd: the layout of decode_rows).
+  void fold_queries(int t0) {
+    const int hd = hd_, half = hd / 2;
+    const int64_t meta = (kvh_ * (seg_->capacity / seg_->group_size) + t0 / seg_->group_size) * hd;
+    float* step = sc_.key_meta.data();
+    float* kmin = step + hd;
+    for (int d = 0; d < hd; ++d) {
+      const float s = f16_to_f32(seg_->key_scale[meta + d]);
+      step[d] = seg_->int8 ? s * 0.0625f : s;
+      kmin[d] = f16_to_f32(seg_->key_min[meta + d]) + center() * step[d];
+    }
+    for (int i = 0; i < rows_; ++i) {
+      if (bq(i) <= t0) continue;
+      for (int j = 0; j < nh_; ++j) {
+        const float* qv = qhead(i, j);
+        float* w = sc_.qw.data() + size_t(qi(i, j)) * hd;
+        for (int c = 0; c < half; ++c) {
+          w[c] = qv[2 * c] * step[2 * c];
+          w[half + c] = qv[2 * c + 1] * step[2 * c + 1];
+        }
+        float dot_min = 0.0f;
+        for (int d = 0; d < hd; ++d) dot_min += qv[d] * kmin[d];
+        sc_.qm[qi(i, j)] = dot_min;
+      }
+    }
+  }
+
+  // Rows [t0, t0 + n) of a code plane pair as centred f32 codes, [even | odd] channels per row.
+  void decode_rows(const uint8_t* upper, const uint8_t* lower, int t0, int n) {
+    const int half = hd_ / 2;
+    for (int r = 0; r < n; ++r) {
+      const int64_t at = plane_row(t0 + r);
+      float* row = sc_.rows.data() + size_t(r) * hd_;
+      cpu::decode_code_row(upper + at, lower ? lower + at : nullptr, half, row, row + half);
+    }
+  }
+
+  // Scores of the full-precision rows: row i reads [bq(i), len(i)).
+  void fp_keys() {
+    const int64_t kv_off = static_cast<int64_t>(kvh_) * hd_;
+    for (int c0 = bq(0); c0 < max_len_; c0 += kChunk) {
+      const int n = std::min(kChunk, max_len_ - c0);
+      int64_t stride = 0;
+      const float* rows = fp_rows(kv_, kv_.k, kv_off, hd_, c0, n, sc_.rows.data(), &stride);
+      for (int i = 0; i < rows_; ++i) {
+        const int a = std::max(c0, bq(i)), b = std::min(c0 + n, len(i));
+        for (int j = 0; j < nh_ && a < b; ++j) {
+          float* s = srow(i, j) + a;
+          cpu::dot_rows(qhead(i, j), rows + (a - c0) * stride, stride, hd_, b - a, s);
+          for (int r = 0; r < b - a; ++r) s[r] *= shape_.scale;
+        }
+      }
+    }
+  }
+
+  // sum_t p * (code * step + min) per value group = sum_t (p * step) * code + sum_t p * min
+  // (centred codes and mins, simd.h), the even / odd channels apart.
+  void quantized_values() {
+    const int nq = rows_ * hs_, hd = hd_, half = hd / 2, gh = seg_->value_group_size / 2;
+    const int bq_max = bq(rows_ - 1);
+    std::fill(sc_.acc.begin(), sc_.acc.begin() + size_t(nq) * hd, 0.0f);
+    std::fill(sc_.acc_min.begin(), sc_.acc_min.begin() + size_t(nq) * vgroups_, 0.0f);
+    for (int c0 = 0; c0 < bq_max; c0 += kChunk) {
+      const int n = std::min(kChunk, bq_max - c0);
+      decode_rows(seg_->value_upper, seg_->int8 ? seg_->value_lower : nullptr, c0, n);
+      value_meta(c0, n);
+      for (int i = 0; i < rows_; ++i) {
+        const int nr = std::min(c0 + n, bq(i)) - c0;
+        for (int j = 0; j < nh_ && nr > 0; ++j) {
+          const float* p = srow(i, j) + c0;
+          float* a = sc_.acc.data() + size_t(qi(i, j)) * hd;
+          float* am = sc_.acc_min.data() + size_t(qi(i, j)) * vgroups_;
+          for (int g = 0; g < vgroups_; ++g) {
+            const float* vm = sc_.vmeta.data() + 2 * g;
+            for (int r = 0; r < nr; ++r) sc_.coef[r] = p[r] * vm[r * 2 * vgroups_];
+            for (int r = 0; r < nr; ++r) am[g] += p[r] * vm[r * 2 * vgroups_ + 1];
+            const float* rows = sc_.rows.data() + g * gh;
+            cpu::axpy_rows(sc_.coef.data(), rows, hd, nr, a + g * gh, gh);
+            cpu::axpy_rows(sc_.coef.data(), rows + half, hd, nr, a + half + g * gh, gh);
+          }
+        }
+      }
+    }
+  }
+
+  // Rows [t0, t0 + n)'s value steps and centred mins: vmeta[r][g] = {step, min + center * step}.
+  void value_meta(int t0, int n) {
+    for (int r = 0; r < n; ++r) {
+      const int64_t meta = (kvh_ * seg_->capacity + t0 + r) * vgroups_;
+      for (int g = 0; g < vgroups_; ++g) {
+        const float s = f16_to_f32(seg_->value_scale[meta + g]);
+        const float step = seg_->int8 ? s * 0.0625f : s;
+        float* vm = sc_.vmeta.data() + (size_t(r) * vgroups_ + g) * 2;
+        vm[0] = step;
+        vm[1] = f16_to_f32(seg_->value_min[meta + g]) + center() * step;
+      }
+    }
+  }
+
+  // The output of query (i, j) before the full-precision rows: the quantized sums, or zeros.
+  void quantized_output(int i, int j) {
+    float* oh = ohead(i, j);
+    if (bq(i) == 0) {
+      std::fill(oh, oh + hd_, 0.0f);
+      return;
+    }
+    const int half = hd_ / 2, gv = seg_->value_group_size;
+    const float* a = sc_.acc.data() + size_t(qi(i, j)) * hd_;
+    const float* am = sc_.acc_min.data() + size_t(qi(i, j)) * vgroups_;
+    for (int c = 0; c < half; ++c) {
+      oh[2 * c] = a[c] + am[(2 * c) / gv];
+      oh[2 * c + 1] = a[half + c] + am[(2 * c + 1) / gv];
+    }
+  }
+
+  // The full-precision rows' p-weighted sum, added to the outputs.
+  void fp_values() {
+    const int64_t kv_off = static_cast<int64_t>(kvh_) * hd_;
+    for (int c0 = bq(0); c0 < max_len_; c0 += kChunk) {
+      const int n = std::min(kChunk, max_len_ - c0);
+      int64_t stride = 0;
+      const float* rows = fp_rows(kv_, kv_.v, kv_off, hd_, c0, n, sc_.rows.data(), &stride);
+      for (int i = 0; i < rows_; ++i) {
+        const int a = std::max(c0, bq(i)), b = std::min(c0 + n, len(i));
+        for (int j = 0; j < nh_ && a < b; ++j) {
+          cpu::axpy_rows(srow(i, j) + a, rows + (a - c0) * stride, stride, b - a, ohead(i, j), hd_);
+        }
+      }
+    }
+  }
+
+  const float* q_;
+  float* out_;
+  int pos_;
+  const AttentionShape& shape_;
+  const KvView& kv_;
+  const QuantizedKvSegment* seg_;
+  int i0_, rows_, h0_, nh_, hs_, hd_, kvh_, max_len_;
+  int vgroups_ = 1;
+  Scratch& sc_;
+};
+
 // A sparse-KV draft: per (query, query head), the selected positions of its kv head, then the
-// dense tail [dense_from, t]; the same f32 dot / softmax / axpy as the dense path.
+// dense tail [dense_from, t], gathered kChunk rows at a time into the scratch; the same row
+// kernels as the dense path.
 void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const AttentionShape& shape,
                       const KvView& kv, float* out) {
   const KvSelection& sel = *kv.selection;
@@ -38,11 +300,10 @@ void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const A
   const int group = shape.num_heads / shape.num_kv_heads;
   const int64_t q_row = static_cast<int64_t>(shape.num_heads) * hd;
   const int64_t tasks = static_cast<int64_t>(m) * shape.num_heads;
-  QS_CHECK_MSG(kv_row_dtype_supported(kv.row_dtype), "attention: KV rows are F32 or F16");
   pool_.parallel_for(tasks, [&](int64_t begin, int64_t end) {
     thread_local std::vector<float> scores;  // [count + pos + m - dense_from] softmax row
-    thread_local std::vector<float> row;     // [hd] an f16 row as f32
-    if (row.size() < static_cast<size_t>(hd)) row.resize(static_cast<size_t>(hd));
+    thread_local std::vector<float> rows;    // [kChunk, hd] gathered rows
+    Scratch::grow(rows, size_t(kChunk) * hd);
     for (int64_t task = begin; task < end; ++task) {
       const int i = static_cast<int>(task / shape.num_heads);
       const int h = static_cast<int>(task % shape.num_heads);
@@ -50,30 +311,31 @@ void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const A
       const int t_end = pos + i + 1;
       const int32_t* sp = sel.positions + static_cast<int64_t>(kvh) * sel.count;
       const int n = sel.count + (t_end - sel.dense_from);
-      if (scores.size() < static_cast<size_t>(n)) scores.resize(static_cast<size_t>(n));
+      Scratch::grow(scores, n);
       const float* qh = q + i * q_row + static_cast<int64_t>(h) * hd;
       float* oh = out + i * q_row + static_cast<int64_t>(h) * hd;
       const int64_t kv_off = static_cast<int64_t>(kvh) * hd;
       auto position = [&](int j) { return j < sel.count ? sp[j] : sel.dense_from + j - sel.count; };
-      for (int j = 0; j < n; ++j) {
-        const float* k_row =
-            fp_row(kv.k, kv.row_dtype, (position(j) - kv.fp_base) * kv.row_stride + kv_off, hd,
-                   row.data());
-        scores[j] = cpu::dot_f32(qh, k_row, hd) * shape.scale;
+      auto gather = [&](const void* base, int j0, int nr) {
+        for (int r = 0; r < nr; ++r) {
+          int64_t stride = 0;
+          const float* row =
+              fp_rows(kv, base, kv_off, hd, position(j0 + r), 1, rows.data() + r * hd, &stride);
+          if (row != rows.data() + r * hd) std::copy(row, row + hd, rows.data() + r * hd);
+        }
+      };
+      for (int j0 = 0; j0 < n; j0 += kChunk) {
+        const int nr = std::min(kChunk, n - j0);
+        gather(kv.k, j0, nr);
+        cpu::dot_rows(qh, rows.data(), hd, hd, nr, scores.data() + j0);
+        for (int r = 0; r < nr; ++r) scores[j0 + r] *= shape.scale;
       }
-      const float mx = *std::max_element(scores.begin(), scores.begin() + n);
-      float sum = 0.0f;
-      for (int j = 0; j < n; ++j) {
-        scores[j] = std::exp(scores[j] - mx);
-        sum += scores[j];
-      }
-      const float inv_sum = 1.0f / sum;
+      cpu::softmax_row(scores.data(), n);
       std::fill(oh, oh + hd, 0.0f);
-      for (int j = 0; j < n; ++j) {
-        const float* v_row =
-            fp_row(kv.v, kv.row_dtype, (position(j) - kv.fp_base) * kv.row_stride + kv_off, hd,
-                   row.data());
-        cpu::axpy_f32(scores[j] * inv_sum, v_row, oh, hd);
+      for (int j0 = 0; j0 < n; j0 += kChunk) {
+        const int nr = std::min(kChunk, n - j0);
+        gather(kv.v, j0, nr);
+        cpu::axpy_rows(scores.data() + j0, rows.data(), hd, nr, oh, hd);
       }
     }
   });
@@ -82,6 +344,24 @@ void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const A
     kv.read_bytes->fp +=
         static_cast<int64_t>(shape.num_kv_heads) * 2 * rows * hd * kv.row_elem_bytes();
   }
+}
+
+// What the call streams, per kv head: the last (longest) query's reads, counted once.
+void count_reads(int m, int pos, const AttentionShape& shape, const KvView& kv) {
+  const QuantizedKvSegment* seg = kv.quantized;
+  const int hd = shape.head_dim;
+  const int64_t t_last = pos + m - 1;
+  const int64_t bq = seg ? quant_boundary(static_cast<int>(t_last), seg->group_size) : 0;
+  const int64_t heads = shape.num_kv_heads;
+  KvReadBytes& rb = *kv.read_bytes;
+  if (seg) {
+    const int64_t codes = heads * 2 * bq * (hd / 2);  // K and V rows of one plane
+    rb.upper += codes;
+    if (seg->int8) rb.lower += codes;
+    const int64_t key_groups = (bq + seg->group_size - 1) / seg->group_size;
+    rb.meta += heads * (key_groups * 2 * 2 * hd + bq * 2 * 2 * (hd / seg->value_group_size));
+  }
+  rb.fp += heads * 2 * (t_last + 1 - bq) * hd * kv.row_elem_bytes();
 }
 
 }  // namespace
@@ -98,58 +378,28 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
   }
   const QuantizedKvSegment* qseg = kv.quantized;
   const int G = qseg ? qseg->group_size : 0;
-  auto boundary = [&](int t) { return qseg ? quant_boundary(t, G) : 0; };
-  QS_CHECK_MSG(boundary(pos) >= kv.fp_base,
+  QS_CHECK_MSG((qseg ? quant_boundary(pos, G) : 0) >= kv.fp_base,
                "attention: full-precision rows start after the quantization boundary");
   if (qseg) {
     QS_CHECK(G > 0 && qseg->value_group_size > 0 && hd % qseg->value_group_size == 0);
-    QS_CHECK(boundary(pos + m - 1) <= qseg->capacity);
+    QS_CHECK(hd % 2 == 0 && qseg->value_group_size % 2 == 0);
+    QS_CHECK(quant_boundary(pos + m - 1, G) <= qseg->capacity);
   }
+  // A task: a block of query rows x a run of the query heads of one kv head. Heads are split
+  // only when there would be fewer tasks than threads (decoding with few kv heads).
   const int group = shape.num_heads / shape.num_kv_heads;
-  const int64_t q_row = static_cast<int64_t>(shape.num_heads) * hd;
-
-  // A task is a run of query heads sharing one kv head, over one query row or, when the rows
-  // read a quantized history and are few (a verification block, a decode step), over all of
-  // them: each K/V row (and each dequantized block) is then read once for every query of the
-  // task. Per query the arithmetic is the same either way (same order of every sum), so a
-  // query's output does not depend on how many queries share its call. Groups are split only
-  // when there would be too few tasks to keep every thread busy (decode with few kv heads).
-  const bool share_rows = qseg != nullptr && m <= kShareQueries;
-  const int rows_per_task = share_rows ? m : 1;
-  const int64_t base_tasks = static_cast<int64_t>(m / rows_per_task) * shape.num_kv_heads;
-  const int64_t want_tasks = 2 * static_cast<int64_t>(num_threads());
-  const int splits =
-      static_cast<int>(std::clamp<int64_t>((want_tasks + base_tasks - 1) / base_tasks, 1, group));
+  const int rows_per_task = std::clamp(kTaskQueries / group, 1, m);
+  const int row_blocks = (m + rows_per_task - 1) / rows_per_task;
+  const int64_t base_tasks = static_cast<int64_t>(row_blocks) * shape.num_kv_heads;
+  const int splits = static_cast<int>(
+      std::clamp<int64_t>((num_threads() + base_tasks - 1) / base_tasks, 1, group));
   const int heads_per_task = (group + splits - 1) / splits;
   const int64_t tasks = base_tasks * splits;
-  const int max_len = pos + m;
-
-  const int half = hd / 2;
-  const int gv = qseg ? qseg->value_group_size : hd;
-  const int vgroups = hd / gv;
 
   pool_.parallel_for(
       tasks,
       [&](int64_t begin, int64_t end) {
-        // [rows_per_task, heads_per_task, max_len] f32 softmax rows.
-        thread_local std::vector<float> scores;
-        // Quantized history, per (query, head) of the task: the query scaled by a key group's
-        // steps, even channels then odd ([hd]), its dot with the group's mins, and the value
-        // accumulators: even / odd channels of sum p*s*code ([hd]) and sum p*min per value group.
-        thread_local std::vector<float> qw, qm, acc, acc_min;
-        thread_local std::vector<float> key_meta;  // [2, hd] a key group's step and min (f32)
-        thread_local std::vector<float> row;       // [hd] an f16 full-precision row as f32
-        if (row.size() < static_cast<size_t>(hd)) row.resize(static_cast<size_t>(hd));
-        const size_t qh_count = size_t(rows_per_task) * heads_per_task;
-        const size_t need = qh_count * max_len;
-        if (scores.size() < need) scores.resize(need);
-        if (qseg) {
-          if (qw.size() < qh_count * hd) qw.resize(qh_count * hd);
-          if (acc.size() < qh_count * hd) acc.resize(qh_count * hd);
-          if (qm.size() < qh_count) qm.resize(qh_count);
-          if (acc_min.size() < qh_count * vgroups) acc_min.resize(qh_count * vgroups);
-          if (key_meta.size() < size_t(2) * hd) key_meta.resize(size_t(2) * hd);
-        }
+        thread_local Scratch scratch;
         for (int64_t task = begin; task < end; ++task) {
           const int split = static_cast<int>(task % splits);
           const int kvh = static_cast<int>(task / splits % shape.num_kv_heads);
@@ -157,155 +407,14 @@ void CpuBackend::attention(const float* q, int m, int pos, const AttentionShape&
           const int h0 = kvh * group + split * heads_per_task;
           const int nh = std::min(heads_per_task, (kvh + 1) * group - h0);
           if (nh <= 0) continue;
-          const int64_t kv_off = static_cast<int64_t>(kvh) * hd;
-          // Query i (of this task) sees positions [0, pos + i0 + i], the first bq(i) quantized.
-          auto len_of = [&](int i) { return pos + i0 + i + 1; };
-          auto bq_of = [&](int i) { return boundary(pos + i0 + i); };
-          auto srow = [&](int i, int j) {
-            return scores.data() + (size_t(i) * heads_per_task + j) * max_len;
-          };
-          auto qhead = [&](int i, int j) {
-            return q + (i0 + i) * q_row + static_cast<int64_t>(h0 + j) * hd;
-          };
-          auto ohead = [&](int i, int j) {
-            return out + (i0 + i) * q_row + static_cast<int64_t>(h0 + j) * hd;
-          };
-          const int bq_max = bq_of(rows_per_task - 1);
-
-          // Keys of the quantized history, one key group at a time:
-          // q.(code*step + min) = (q*step).code + q.min, codes read from the planes.
-          for (int t0 = 0; t0 < bq_max; t0 += G) {
-            const int64_t meta = (kvh * (qseg->capacity / G) + t0 / G) * hd;
-            float* step = key_meta.data();
-            float* kmin = step + hd;
-            // Codes come centred (simd.h): the min moves to the middle of the range.
-            const float center = qseg->int8 ? cpu::kCodeCenter8 : cpu::kCodeCenter4;
-            for (int d = 0; d < hd; ++d) {
-              const float sc = f16_to_f32(qseg->key_scale[meta + d]);
-              step[d] = qseg->int8 ? sc * 0.0625f : sc;
-              kmin[d] = f16_to_f32(qseg->key_min[meta + d]) + center * step[d];
-            }
-            for (int i = 0; i < rows_per_task; ++i) {
-              if (bq_of(i) <= t0) continue;
-              for (int j = 0; j < nh; ++j) {
-                const float* qv = qhead(i, j);
-                float* w = qw.data() + (size_t(i) * heads_per_task + j) * hd;
-                float dot_min = 0.0f;
-                for (int c = 0; c < half; ++c) {
-                  w[c] = qv[2 * c] * step[2 * c];
-                  w[half + c] = qv[2 * c + 1] * step[2 * c + 1];
-                }
-                for (int d = 0; d < hd; ++d) dot_min += qv[d] * kmin[d];
-                qm[size_t(i) * heads_per_task + j] = dot_min;
-              }
-            }
-            for (int t = t0; t < std::min(t0 + G, bq_max); ++t) {
-              const int64_t codes = (kvh * qseg->capacity + t) * half;
-              const uint8_t* up = qseg->key_upper + codes;
-              const uint8_t* lo = qseg->int8 ? qseg->key_lower + codes : nullptr;
-              for (int i = 0; i < rows_per_task; ++i) {
-                if (t >= bq_of(i)) continue;
-                for (int j = 0; j < nh; ++j) {
-                  const size_t k = size_t(i) * heads_per_task + j;
-                  const float* w = qw.data() + k * hd;
-                  srow(i, j)[t] = (cpu::dot_codes(up, lo, w, w + half, half) + qm[k]) * shape.scale;
-                }
-              }
-            }
-          }
-          for (int i = 0; i < rows_per_task; ++i) {
-            for (int t = bq_of(i); t < len_of(i); ++t) {
-              const float* k_row = fp_row(
-                  kv.k, kv.row_dtype, (t - kv.fp_base) * kv.row_stride + kv_off, hd, row.data());
-              for (int j = 0; j < nh; ++j) {
-                srow(i, j)[t] = cpu::dot_f32(qhead(i, j), k_row, hd) * shape.scale;
-              }
-            }
-            for (int j = 0; j < nh; ++j) {
-              const int len = len_of(i);
-              float* sr = srow(i, j);
-              const float mx = *std::max_element(sr, sr + len);
-              float sum = 0.0f;
-              for (int t = 0; t < len; ++t) {
-                sr[t] = std::exp(sr[t] - mx);
-                sum += sr[t];
-              }
-              const float inv_sum = 1.0f / sum;
-              for (int t = 0; t < len; ++t) sr[t] *= inv_sum;
-            }
-          }
-
-          // Values of the quantized history: sum_t p*(code*s + min) per value group
-          // = sum_t (p*s)*code + sum_t p*min (centred codes and mins, simd.h), accumulated even /
-          // odd channels apart.
-          if (bq_max > 0) {
-            std::fill(acc.begin(), acc.begin() + qh_count * hd, 0.0f);
-            std::fill(acc_min.begin(), acc_min.begin() + qh_count * vgroups, 0.0f);
-          }
-          for (int t = 0; t < bq_max; ++t) {
-            const int64_t codes = (kvh * qseg->capacity + t) * half;
-            const int64_t meta = (kvh * qseg->capacity + t) * vgroups;
-            const uint8_t* up = qseg->value_upper + codes;
-            const uint8_t* lo = qseg->int8 ? qseg->value_lower + codes : nullptr;
-            for (int g = 0; g < vgroups; ++g) {
-              const float sc = f16_to_f32(qseg->value_scale[meta + g]);
-              const float vs = qseg->int8 ? sc * 0.0625f : sc;
-              const float vmin = f16_to_f32(qseg->value_min[meta + g]) +
-                                 (qseg->int8 ? cpu::kCodeCenter8 : cpu::kCodeCenter4) * vs;
-              const int c0 = g * gv / 2;
-              for (int i = 0; i < rows_per_task; ++i) {
-                if (t >= bq_of(i)) continue;
-                for (int j = 0; j < nh; ++j) {
-                  const size_t k = size_t(i) * heads_per_task + j;
-                  const float p = srow(i, j)[t];
-                  float* a = acc.data() + k * hd;
-                  cpu::axpy_codes(p * vs, up + c0, lo ? lo + c0 : nullptr, a + c0, a + half + c0,
-                                  gv / 2);
-                  acc_min[k * vgroups + g] += p * vmin;
-                }
-              }
-            }
-          }
-          for (int i = 0; i < rows_per_task; ++i) {
-            const bool quantized = bq_of(i) > 0;
-            for (int j = 0; j < nh; ++j) {
-              float* oh = ohead(i, j);
-              if (!quantized) {
-                std::fill(oh, oh + hd, 0.0f);
-                continue;
-              }
-              const size_t k = size_t(i) * heads_per_task + j;
-              const float* a = acc.data() + k * hd;
-              for (int c = 0; c < half; ++c) {
-                oh[2 * c] = a[c] + acc_min[k * vgroups + (2 * c) / gv];
-                oh[2 * c + 1] = a[half + c] + acc_min[k * vgroups + (2 * c + 1) / gv];
-              }
-            }
-            for (int t = bq_of(i); t < len_of(i); ++t) {
-              const float* v_row = fp_row(
-                  kv.v, kv.row_dtype, (t - kv.fp_base) * kv.row_stride + kv_off, hd, row.data());
-              for (int j = 0; j < nh; ++j) cpu::axpy_f32(srow(i, j)[t], v_row, ohead(i, j), hd);
-            }
-          }
+          AttentionTask(q, pos, shape, kv, out, i0, std::min(rows_per_task, m - i0), h0, nh,
+                        heads_per_task, scratch)
+              .run();
         }
       },
       std::min<int64_t>(tasks, static_cast<int64_t>(num_threads()) * 8));
 
-  if (kv.read_bytes) {
-    // What the last (longest) query streams, per kv head: the reads above, counted once.
-    const int64_t t_last = pos + m - 1;
-    const int64_t bq = boundary(static_cast<int>(t_last));
-    const int64_t heads = shape.num_kv_heads;
-    KvReadBytes& rb = *kv.read_bytes;
-    if (qseg) {
-      const int64_t codes = heads * 2 * bq * (hd / 2);  // K and V rows of one plane
-      rb.upper += codes;
-      if (qseg->int8) rb.lower += codes;
-      const int64_t key_groups = (bq + G - 1) / G;
-      rb.meta += heads * (key_groups * 2 * 2 * hd + bq * 2 * 2 * (hd / qseg->value_group_size));
-    }
-    rb.fp += heads * 2 * (t_last + 1 - bq) * hd * kv.row_elem_bytes();
-  }
+  if (kv.read_bytes) count_reads(m, pos, shape, kv);
 }
 
 }  // namespace qs

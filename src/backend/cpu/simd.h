@@ -9,10 +9,11 @@
 
 #if defined(__AVX512F__)
 #define QS_CPU_SIMD 1
-// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip -Wmaybe-uninitialized
+// GCC 12's AVX-512 intrinsics start from _mm512_undefined_*() and trip -W[maybe-]uninitialized
 // once inlined (GCC bug 105593); the warnings point into the header, so silence them there.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#pragma GCC diagnostic ignored "-Wuninitialized"
 #include <immintrin.h>
 #pragma GCC diagnostic pop
 #elif defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -67,6 +68,58 @@ inline float vsum(VecF v) {
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
 }
+inline VecF vmul(VecF a, VecF b) {
+  return _mm512_mul_ps(a, b);
+}
+inline VecF vsub(VecF a, VecF b) {
+  return _mm512_sub_ps(a, b);
+}
+inline VecF vmax(VecF a, VecF b) {
+  return _mm512_max_ps(a, b);
+}
+// Lane r = the sum of p[r]'s lanes: a tree of lane swaps that adds every vector's lanes in one
+// order (lane i to lane i + 8, then + 4, + 2, + 1), whichever slot r the vector takes.
+inline VecF vsum_lanes(const VecF (&p)[kLanes]) {
+  VecF b[8], c[4], d[2];
+  for (int i = 0; i < 8; ++i) {  // quads: [p2i.0 + p2i.2, p2i.1 + p2i.3, same of p2i+1]
+    b[i] = _mm512_add_ps(_mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0x44),
+                         _mm512_shuffle_f32x4(p[2 * i], p[2 * i + 1], 0xEE));
+  }
+  for (int i = 0; i < 4; ++i) {  // quad k: the four partial sums of p[4i + k]
+    c[i] = _mm512_add_ps(_mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0x88),
+                         _mm512_shuffle_f32x4(b[2 * i], b[2 * i + 1], 0xDD));
+  }
+  for (int i = 0; i < 2; ++i) {  // quad k: two partial sums of p[8i + k], two of p[8i + 4 + k]
+    d[i] = _mm512_add_ps(_mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0x44),
+                         _mm512_shuffle_ps(c[2 * i], c[2 * i + 1], 0xEE));
+  }
+  // Lane 4k + j: the sum of p[k + 4j]; one permute puts it into lane k + 4j.
+  const VecF e =
+      _mm512_add_ps(_mm512_shuffle_ps(d[0], d[1], 0x88), _mm512_shuffle_ps(d[0], d[1], 0xDD));
+  const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
+  return _mm512_permutexvar_ps(idx, e);
+}
+// e^x to ~1 ulp: Cephes' expf (x = n ln 2 + r, a degree-5 polynomial in r, times 2^n); 0 below
+// -87.33 (where e^x leaves the normal floats), x capped at 88.37.
+inline VecF vexp(VecF x) {
+  const VecF lo = _mm512_set1_ps(-87.33654f);
+  const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
+  x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.37626f));
+  const VecF n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VecF r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+  VecF y = _mm512_set1_ps(1.9875691500e-4f);
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
+  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
+  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+  const __m512i e =
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
+  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+}
 // kLanes consecutive weight elements starting at element i, widened to f32 (unaligned).
 template <DType T>
 inline VecF vload_w(const void* p, int64_t i) {
@@ -109,6 +162,51 @@ inline float vsum(VecF v) {
   s = _mm_add_ps(s, _mm_movehl_ps(s, s));
   s = _mm_add_ss(s, _mm_movehdup_ps(s));
   return _mm_cvtss_f32(s);
+}
+inline VecF vmul(VecF a, VecF b) {
+  return _mm256_mul_ps(a, b);
+}
+inline VecF vsub(VecF a, VecF b) {
+  return _mm256_sub_ps(a, b);
+}
+inline VecF vmax(VecF a, VecF b) {
+  return _mm256_max_ps(a, b);
+}
+// Lane r = the sum of p[r]'s lanes (lane i to lane i + 4, then + 2, + 1, for every vector).
+inline VecF vsum_lanes(const VecF (&p)[kLanes]) {
+  VecF b[4], c[2];
+  for (int i = 0; i < 4; ++i) {  // halves: the four partial sums of p[2i], of p[2i + 1]
+    b[i] = _mm256_add_ps(_mm256_permute2f128_ps(p[2 * i], p[2 * i + 1], 0x20),
+                         _mm256_permute2f128_ps(p[2 * i], p[2 * i + 1], 0x31));
+  }
+  for (int i = 0; i < 2; ++i) {  // half k: two partial sums of p[4i + k], two of p[4i + 2 + k]
+    c[i] = _mm256_add_ps(_mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0x44),
+                         _mm256_shuffle_ps(b[2 * i], b[2 * i + 1], 0xEE));
+  }
+  // Lane 4k + j: the sum of p[k + 2j].
+  const VecF e =
+      _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
+  return _mm256_permutevar8x32_ps(e, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+}
+// e^x as the AVX-512 vexp above.
+inline VecF vexp(VecF x) {
+  const VecF lo = _mm256_set1_ps(-87.33654f);
+  const VecF keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
+  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.37626f));
+  const VecF n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
+                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  VecF r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
+  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
+  VecF y = _mm256_set1_ps(1.9875691500e-4f);
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
+  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
+  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
+  const __m256i e =
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
+  return _mm256_and_ps(keep, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
 }
 template <DType T>
 inline VecF vload_w(const void* p, int64_t i) {
@@ -219,48 +317,20 @@ inline void load_codes(const uint8_t* upper, const uint8_t* lower, int64_t j, Ve
 }
 #endif
 
-// sum_j code(2j) * we[j] + code(2j+1) * wo[j], j < n.
-inline float dot_codes(const uint8_t* upper, const uint8_t* lower, const float* we, const float* wo,
-                       int64_t n) {
+// The codes of one packed row (n bytes of `upper` and of `lower`, or nullptr for the INT4 view),
+// centred, as f32: even[j] = code(2j), odd[j] = code(2j+1), j < n.
+inline void decode_code_row(const uint8_t* upper, const uint8_t* lower, int64_t n, float* even,
+                            float* odd) {
   int64_t j = 0;
-  float sum = 0.0f;
 #if QS_CPU_SIMD
-  VecF acc = vzero();
   for (; j + kLanes <= n; j += kLanes) {
     VecF e, o;
     load_codes(upper, lower, j, &e, &o);
-    acc = vfmadd(e, vload(we + j), acc);
-    acc = vfmadd(o, vload(wo + j), acc);
-  }
-  sum = vsum(acc);
-#endif
-  for (; j < n; ++j) {
-    float e, o;
-    code_pair(upper, lower, j, &e, &o);
-    sum += e * we[j] + o * wo[j];
-  }
-  return sum;
-}
-
-// ye[j] += a * code(2j), yo[j] += a * code(2j+1), j < n.
-inline void axpy_codes(float a, const uint8_t* upper, const uint8_t* lower, float* ye, float* yo,
-                       int64_t n) {
-  int64_t j = 0;
-#if QS_CPU_SIMD
-  const VecF av = vset1(a);
-  for (; j + kLanes <= n; j += kLanes) {
-    VecF e, o;
-    load_codes(upper, lower, j, &e, &o);
-    vstore(ye + j, vfmadd(av, e, vload(ye + j)));
-    vstore(yo + j, vfmadd(av, o, vload(yo + j)));
+    vstore(even + j, e);
+    vstore(odd + j, o);
   }
 #endif
-  for (; j < n; ++j) {
-    float e, o;
-    code_pair(upper, lower, j, &e, &o);
-    ye[j] += a * e;
-    yo[j] += a * o;
-  }
+  for (; j < n; ++j) code_pair(upper, lower, j, even + j, odd + j);
 }
 
 }  // namespace qs::cpu
