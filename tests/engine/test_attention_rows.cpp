@@ -46,7 +46,8 @@ TEST(AttentionRows, SoftmaxMatchesDoublePrecision) {
     for (double x : want) mx = std::max(mx, x);
     for (double& x : want) sum += (x = std::exp(x - mx));
     cpu::softmax_row(s.data(), n);
-    for (int i = 0; i < n; ++i) ASSERT_NEAR(s[i], want[i] / sum, 2e-7 + 1e-6 * want[i] / sum) << n;
+    // f32 sums of n terms (the scalar build adds them in order): ~sqrt(n) * 6e-8 relative.
+    for (int i = 0; i < n; ++i) ASSERT_NEAR(s[i], want[i] / sum, 2e-7 + 1e-5 * want[i] / sum) << n;
   }
 }
 
