@@ -51,7 +51,14 @@ void gemv_block(const float* x, int64_t k, const void* w, int64_t row, float* y,
 template <DType T, int M>
 void gemv_range(const float* x, int64_t k, const void* w, int64_t begin, int64_t end, float* y,
                 int64_t n) {
-  constexpr int R = M <= 2 ? 4 : (M <= 4 ? 2 : 1);
+  // R * M accumulators + R weight vectors + one x vector within the vector registers (32 with
+  // AVX-512, 16 with AVX2): each x vector loaded feeds R rows, so that at M = 5 (a verification
+  // block of 4 drafted tokens) the loop is bound by its FMAs rather than its x loads.
+#if defined(__AVX512F__)
+  constexpr int R = std::clamp(24 / M, 1, 4);
+#else
+  constexpr int R = std::clamp(10 / M, 1, 4);
+#endif
   int64_t row = begin;
   for (; row + R <= end; row += R) gemv_block<T, M, R>(x, k, w, row, y, n);
   for (; row < end; ++row) gemv_block<T, M, 1>(x, k, w, row, y, n);
