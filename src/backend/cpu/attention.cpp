@@ -59,6 +59,19 @@ const float* fp_rows(const KvView& kv, const void* base, int64_t kv_off, int hd,
   return scratch;
 }
 
+// Asks for rows [t0, t0 + n) of kv head `kv_off / hd` of K or V ahead of their use: the rows of
+// one head are a fraction of each cache row (2 x 256 bytes of 512 on a 2-kv-head model), a
+// stride the hardware prefetcher follows late.
+void prefetch_fp_rows(const KvView& kv, const void* base, int64_t kv_off, int hd, int t0, int n) {
+  const int64_t elem = kv.row_elem_bytes();
+  const char* first =
+      static_cast<const char*>(base) + ((t0 - kv.fp_base) * kv.row_stride + kv_off) * elem;
+  for (int r = 0; r < n; ++r) {
+    const char* row = first + r * kv.row_stride * elem;
+    for (int64_t b = 0; b < hd * elem; b += 64) __builtin_prefetch(row + b);
+  }
+}
+
 // The query vectors of one task and the chunked passes over their kv head.
 class AttentionTask {
  public:
@@ -189,6 +202,9 @@ class AttentionTask {
     for (int c0 = bq(0); c0 < max_len_; c0 += kChunk) {
       const int n = std::min(kChunk, max_len_ - c0);
       int64_t stride = 0;
+      if (c0 + n < max_len_) {
+        prefetch_fp_rows(kv_, kv_.k, kv_off, hd_, c0 + n, std::min(kChunk, max_len_ - c0 - n));
+      }
       const float* rows = fp_rows(kv_, kv_.k, kv_off, hd_, c0, n, sc_.rows.data(), &stride);
       for (int i = 0; i < rows_; ++i) {
         const int a = std::max(c0, bq(i)), b = std::min(c0 + n, len(i));
@@ -267,6 +283,9 @@ class AttentionTask {
     for (int c0 = bq(0); c0 < max_len_; c0 += kChunk) {
       const int n = std::min(kChunk, max_len_ - c0);
       int64_t stride = 0;
+      if (c0 + n < max_len_) {
+        prefetch_fp_rows(kv_, kv_.v, kv_off, hd_, c0 + n, std::min(kChunk, max_len_ - c0 - n));
+      }
       const float* rows = fp_rows(kv_, kv_.v, kv_off, hd_, c0, n, sc_.rows.data(), &stride);
       for (int i = 0; i < rows_; ++i) {
         const int a = std::max(c0, bq(i)), b = std::min(c0 + n, len(i));
@@ -291,8 +310,8 @@ class AttentionTask {
 // A sparse-KV draft: per (query, query head), the selected positions of its kv head, then the
 // dense tail [dense_from, t], gathered kChunk rows at a time into the scratch; the same row
 // kernels as the dense path.
-void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos, const AttentionShape& shape,
-                      const KvView& kv, float* out) {
+void sparse_attention(ThreadPool& pool_, const float* q, int m, int pos,
+                      const AttentionShape& shape, const KvView& kv, float* out) {
   const KvSelection& sel = *kv.selection;
   const int hd = shape.head_dim;
   QS_CHECK_MSG(kv.quantized == nullptr, "attention: a KV selection over a quantized history");
