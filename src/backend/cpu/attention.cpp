@@ -34,7 +34,7 @@ struct Scratch {
   std::vector<float> acc_min;   // [queries, value groups] sum p * (centred) min
   std::vector<float> key_meta;  // [2, hd] a key group's steps and mins
   std::vector<float> rows;      // [kChunk, hd] decoded codes or converted rows
-  std::vector<float> vmeta;     // [kChunk, 2 * value groups] value steps and mins
+  std::vector<float> vmeta;     // [2, kChunk * value groups] value steps, then centred mins
   std::vector<float> coef;      // [kChunk] p * step of one value group
 
   static void grow(std::vector<float>& v, size_t n) {
@@ -54,7 +54,7 @@ const float* fp_rows(const KvView& kv, const void* base, int64_t kv_off, int hd,
     return static_cast<const float*>(base) + first;
   }
   const uint16_t* src = static_cast<const uint16_t*>(base) + first;
-  for (int r = 0; r < n; ++r) to_f32(DType::F16, src + r * kv.row_stride, scratch + r * hd, hd);
+  for (int r = 0; r < n; ++r) cpu::f16_to_f32_n(src + r * kv.row_stride, scratch + r * hd, hd);
   *stride = hd;
   return scratch;
 }
@@ -165,10 +165,12 @@ class AttentionTask {
     const int64_t meta = (kvh_ * (seg_->capacity / seg_->group_size) + t0 / seg_->group_size) * hd;
     float* step = sc_.key_meta.data();
     float* kmin = step + hd;
+    cpu::f16_to_f32_n(seg_->key_scale + meta, step, hd);
+    cpu::f16_to_f32_n(seg_->key_min + meta, kmin, hd);
+    const float step_mul = seg_->int8 ? 0.0625f : 1.0f, c = center();
     for (int d = 0; d < hd; ++d) {
-      const float s = f16_to_f32(seg_->key_scale[meta + d]);
-      step[d] = seg_->int8 ? s * 0.0625f : s;
-      kmin[d] = f16_to_f32(seg_->key_min[meta + d]) + center() * step[d];
+      step[d] *= step_mul;
+      kmin[d] += c * step[d];
     }
     for (int i = 0; i < rows_; ++i) {
       if (bq(i) <= t0) continue;
@@ -235,9 +237,14 @@ class AttentionTask {
           float* a = sc_.acc.data() + size_t(qi(i, j)) * hd;
           float* am = sc_.acc_min.data() + size_t(qi(i, j)) * vgroups_;
           for (int g = 0; g < vgroups_; ++g) {
-            const float* vm = sc_.vmeta.data() + 2 * g;
-            for (int r = 0; r < nr; ++r) sc_.coef[r] = p[r] * vm[r * 2 * vgroups_];
-            for (int r = 0; r < nr; ++r) am[g] += p[r] * vm[r * 2 * vgroups_ + 1];
+            const float* steps = sc_.vmeta.data() + g;
+            const float* mids = steps + kChunk * vgroups_;
+            float sum_min = am[g];
+            for (int r = 0; r < nr; ++r) {
+              sc_.coef[r] = p[r] * steps[r * vgroups_];
+              sum_min += p[r] * mids[r * vgroups_];
+            }
+            am[g] = sum_min;
             const float* rows = sc_.rows.data() + g * gh;
             cpu::axpy_rows(sc_.coef.data(), rows, hd, nr, a + g * gh, gh);
             cpu::axpy_rows(sc_.coef.data(), rows + half, hd, nr, a + half + g * gh, gh);
@@ -247,17 +254,18 @@ class AttentionTask {
     }
   }
 
-  // Rows [t0, t0 + n)'s value steps and centred mins: vmeta[r][g] = {step, min + center * step}.
+  // Rows [t0, t0 + n)'s value steps and centred mins (min + center * step), [r][g] each.
   void value_meta(int t0, int n) {
-    for (int r = 0; r < n; ++r) {
-      const int64_t meta = (kvh_ * seg_->capacity + t0 + r) * vgroups_;
-      for (int g = 0; g < vgroups_; ++g) {
-        const float s = f16_to_f32(seg_->value_scale[meta + g]);
-        const float step = seg_->int8 ? s * 0.0625f : s;
-        float* vm = sc_.vmeta.data() + (size_t(r) * vgroups_ + g) * 2;
-        vm[0] = step;
-        vm[1] = f16_to_f32(seg_->value_min[meta + g]) + center() * step;
-      }
+    const int64_t first = (kvh_ * seg_->capacity + t0) * vgroups_;
+    const int count = n * vgroups_;
+    float* steps = sc_.vmeta.data();
+    float* mids = steps + kChunk * vgroups_;
+    cpu::f16_to_f32_n(seg_->value_scale + first, steps, count);
+    cpu::f16_to_f32_n(seg_->value_min + first, mids, count);
+    const float step_mul = seg_->int8 ? 0.0625f : 1.0f, c = center();
+    for (int i = 0; i < count; ++i) {
+      steps[i] *= step_mul;
+      mids[i] += c * steps[i];
     }
   }
 

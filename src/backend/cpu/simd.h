@@ -252,6 +252,23 @@ inline void axpy_f32(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// n f16 values as f32 (exact, as f16_to_f32), kLanes at a time with the F16C conversion.
+inline void f16_to_f32_n(const uint16_t* src, float* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(__AVX512F__)
+  for (; i + 16 <= n; i += 16) {
+    _mm512_storeu_ps(
+        dst + i, _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(src + i))));
+  }
+#elif defined(QS_CPU_SIMD)
+  for (; i + 8 <= n; i += 8) {
+    _mm256_storeu_ps(dst + i,
+                     _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i))));
+  }
+#endif
+  for (; i < n; ++i) dst[i] = f16_to_f32(src[i]);
+}
+
 // ---- 4-bit KV codes (kv_quant.h) straight from the packed planes, without an f32 copy.
 // n bytes of `upper` (and of `lower`, or nullptr for the INT4 view) hold the codes of channels
 // 2j (low nibble) and 2j+1 (high nibble). The codes come centred, c = U - kCodeCenter4 (INT4)
