@@ -200,21 +200,29 @@ class AttentionTask {
 
   // Scores of the full-precision rows: row i reads [bq(i), len(i)).
   void fp_keys() {
+    for_each_fp_span(kv_.k, [&](int i, int j, const float* rows, int64_t stride, int a, int n) {
+      float* s = srow(i, j) + a;
+      cpu::dot_rows(qhead(i, j), rows, stride, hd_, n, s);
+      for (int r = 0; r < n; ++r) s[r] *= shape_.scale;
+    });
+  }
+
+  // The full-precision rows of K or V (base) a chunk at a time (the next one prefetched), each
+  // chunk handed to fn(i, j, rows, stride, a, n) for every query (i, j) that reads part of it:
+  // its rows [a, a + n) at `rows`.
+  template <class Fn>
+  void for_each_fp_span(const void* base, const Fn& fn) {
     const int64_t kv_off = static_cast<int64_t>(kvh_) * hd_;
     for (int c0 = bq(0); c0 < max_len_; c0 += kChunk) {
       const int n = std::min(kChunk, max_len_ - c0);
-      int64_t stride = 0;
       if (c0 + n < max_len_) {
-        prefetch_fp_rows(kv_, kv_.k, kv_off, hd_, c0 + n, std::min(kChunk, max_len_ - c0 - n));
+        prefetch_fp_rows(kv_, base, kv_off, hd_, c0 + n, std::min(kChunk, max_len_ - c0 - n));
       }
-      const float* rows = fp_rows(kv_, kv_.k, kv_off, hd_, c0, n, sc_.rows.data(), &stride);
+      int64_t stride = 0;
+      const float* rows = fp_rows(kv_, base, kv_off, hd_, c0, n, sc_.rows.data(), &stride);
       for (int i = 0; i < rows_; ++i) {
         const int a = std::max(c0, bq(i)), b = std::min(c0 + n, len(i));
-        for (int j = 0; j < nh_ && a < b; ++j) {
-          float* s = srow(i, j) + a;
-          cpu::dot_rows(qhead(i, j), rows + (a - c0) * stride, stride, hd_, b - a, s);
-          for (int r = 0; r < b - a; ++r) s[r] *= shape_.scale;
-        }
+        for (int j = 0; j < nh_ && a < b; ++j) fn(i, j, rows + (a - c0) * stride, stride, a, b - a);
       }
     }
   }
@@ -287,21 +295,9 @@ class AttentionTask {
 
   // The full-precision rows' p-weighted sum, added to the outputs.
   void fp_values() {
-    const int64_t kv_off = static_cast<int64_t>(kvh_) * hd_;
-    for (int c0 = bq(0); c0 < max_len_; c0 += kChunk) {
-      const int n = std::min(kChunk, max_len_ - c0);
-      int64_t stride = 0;
-      if (c0 + n < max_len_) {
-        prefetch_fp_rows(kv_, kv_.v, kv_off, hd_, c0 + n, std::min(kChunk, max_len_ - c0 - n));
-      }
-      const float* rows = fp_rows(kv_, kv_.v, kv_off, hd_, c0, n, sc_.rows.data(), &stride);
-      for (int i = 0; i < rows_; ++i) {
-        const int a = std::max(c0, bq(i)), b = std::min(c0 + n, len(i));
-        for (int j = 0; j < nh_ && a < b; ++j) {
-          cpu::axpy_rows(srow(i, j) + a, rows + (a - c0) * stride, stride, b - a, ohead(i, j), hd_);
-        }
-      }
-    }
+    for_each_fp_span(kv_.v, [&](int i, int j, const float* rows, int64_t stride, int a, int n) {
+      cpu::axpy_rows(srow(i, j) + a, rows, stride, n, ohead(i, j), hd_);
+    });
   }
 
   const float* q_;

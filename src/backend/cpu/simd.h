@@ -99,26 +99,23 @@ inline VecF vsum_lanes(const VecF (&p)[kLanes]) {
   const __m512i idx = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
   return _mm512_permutexvar_ps(idx, e);
 }
-// e^x to ~1 ulp: Cephes' expf (x = n ln 2 + r, a degree-5 polynomial in r, times 2^n); 0 below
-// -87.33 (where e^x leaves the normal floats), x capped at 88.37.
-inline VecF vexp(VecF x) {
-  const VecF lo = _mm512_set1_ps(-87.33654f);
-  const __mmask16 keep = _mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ);
-  x = _mm512_min_ps(_mm512_max_ps(x, lo), _mm512_set1_ps(88.37626f));
-  const VecF n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                      _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  VecF r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-  r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-  VecF y = _mm512_set1_ps(1.9875691500e-4f);
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.3981999507e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(8.3334519073e-3f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(4.1665795894e-2f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(1.6666665459e-1f));
-  y = _mm512_fmadd_ps(y, r, _mm512_set1_ps(5.0000001201e-1f));
-  y = _mm512_fmadd_ps(y, _mm512_mul_ps(r, r), _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-  const __m512i e =
-      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23);
-  return _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(e)));
+inline VecF vmin(VecF a, VecF b) {
+  return _mm512_min_ps(a, b);
+}
+inline VecF vfnmadd(VecF a, VecF b, VecF c) {  // c - a * b
+  return _mm512_fnmadd_ps(a, b, c);
+}
+inline VecF vround(VecF a) {  // to the nearest integer
+  return _mm512_roundscale_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+// 2^n for integral n in [-126, 127], n given as floats.
+inline VecF vexp2i(VecF n) {
+  return _mm512_castsi512_ps(
+      _mm512_slli_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)), 23));
+}
+// y where x >= lo, else 0.
+inline VecF vkeep_ge(VecF x, VecF lo, VecF y) {
+  return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y);
 }
 // kLanes consecutive weight elements starting at element i, widened to f32 (unaligned).
 template <DType T>
@@ -188,25 +185,23 @@ inline VecF vsum_lanes(const VecF (&p)[kLanes]) {
       _mm256_add_ps(_mm256_shuffle_ps(c[0], c[1], 0x88), _mm256_shuffle_ps(c[0], c[1], 0xDD));
   return _mm256_permutevar8x32_ps(e, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
-// e^x as the AVX-512 vexp above.
-inline VecF vexp(VecF x) {
-  const VecF lo = _mm256_set1_ps(-87.33654f);
-  const VecF keep = _mm256_cmp_ps(x, lo, _CMP_GE_OQ);
-  x = _mm256_min_ps(_mm256_max_ps(x, lo), _mm256_set1_ps(88.37626f));
-  const VecF n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504088896341f)),
-                                 _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-  VecF r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693359375f), x);
-  r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.12194440e-4f), r);
-  VecF y = _mm256_set1_ps(1.9875691500e-4f);
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.3981999507e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(8.3334519073e-3f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(4.1665795894e-2f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(1.6666665459e-1f));
-  y = _mm256_fmadd_ps(y, r, _mm256_set1_ps(5.0000001201e-1f));
-  y = _mm256_fmadd_ps(y, _mm256_mul_ps(r, r), _mm256_add_ps(r, _mm256_set1_ps(1.0f)));
-  const __m256i e =
-      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23);
-  return _mm256_and_ps(keep, _mm256_mul_ps(y, _mm256_castsi256_ps(e)));
+inline VecF vmin(VecF a, VecF b) {
+  return _mm256_min_ps(a, b);
+}
+inline VecF vfnmadd(VecF a, VecF b, VecF c) {  // c - a * b
+  return _mm256_fnmadd_ps(a, b, c);
+}
+inline VecF vround(VecF a) {  // to the nearest integer
+  return _mm256_round_ps(a, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+}
+// 2^n for integral n in [-126, 127], n given as floats.
+inline VecF vexp2i(VecF n) {
+  return _mm256_castsi256_ps(
+      _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)), 23));
+}
+// y where x >= lo, else 0.
+inline VecF vkeep_ge(VecF x, VecF lo, VecF y) {
+  return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), y);
 }
 template <DType T>
 inline VecF vload_w(const void* p, int64_t i) {
@@ -222,6 +217,26 @@ inline VecF vload_w(const void* p, int64_t i) {
       return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
     }
   }
+}
+#endif
+
+#if QS_CPU_SIMD
+// e^x to ~1 ulp: Cephes' expf (x = n ln 2 + r, a degree-5 polynomial in r, times 2^n); 0 below
+// -87.33 (where e^x leaves the normal floats), x capped at 88.37.
+inline VecF vexp(VecF x) {
+  const VecF lo = vset1(-87.33654f);
+  const VecF xc = vmin(vmax(x, lo), vset1(88.37626f));
+  const VecF n = vround(vmul(xc, vset1(1.44269504088896341f)));
+  VecF r = vfnmadd(n, vset1(0.693359375f), xc);
+  r = vfnmadd(n, vset1(-2.12194440e-4f), r);
+  VecF y = vset1(1.9875691500e-4f);
+  y = vfmadd(y, r, vset1(1.3981999507e-3f));
+  y = vfmadd(y, r, vset1(8.3334519073e-3f));
+  y = vfmadd(y, r, vset1(4.1665795894e-2f));
+  y = vfmadd(y, r, vset1(1.6666665459e-1f));
+  y = vfmadd(y, r, vset1(5.0000001201e-1f));
+  y = vfmadd(y, vmul(r, r), vadd(r, vset1(1.0f)));
+  return vkeep_ge(x, lo, vmul(y, vexp2i(n)));
 }
 #endif
 
