@@ -1,6 +1,7 @@
-// The draft path's matmul over 4-bit group-wise weights (quant/weight_quant.h): threaded over
-// output rows; each worker expands one packed row into a small f32 scratch and dots it with the
-// m activation rows, so the weight is streamed once at half a byte per element.
+// The draft path's matmul over 4-bit group-wise weights (quant/weight_quant.h), threaded over
+// output rows. Decode and verification sizes (m <= 8) read each packed row once for all m rows
+// of x, the codes widened to f32 in registers; larger m expands each row into a small f32
+// scratch and dots it with every x row.
 #include <algorithm>
 #include <vector>
 
@@ -17,41 +18,101 @@ namespace {
 // Rows of x up to which the grouped kernel below is used (decode and verification sizes).
 constexpr int kQ4FastRows = 8;
 
-// sum_j lo(b_j) * xe[j] + hi(b_j) * xo[j] over j < n: the packed codes of one group against the
-// even / odd columns of one activation row (deinterleaved once per call). Codes become f32 in
-// registers; nothing is written back.
-inline float q4_group_dot(const uint8_t* b, const float* xe, const float* xo, int64_t n) {
-  float acc = 0.0f;
-  int64_t j = 0;
+#if QS_CPU_SIMD
+// kLanes packed bytes (2 kLanes codes) as f32: lo = the low nibbles (even columns), hi = the high
+// nibbles (odd columns).
+inline void load_nibbles(const uint8_t* b, cpu::VecF* lo, cpu::VecF* hi) {
 #if defined(__AVX512F__)
-  __m512 va = _mm512_setzero_ps();
-  const __m512i mask = _mm512_set1_epi32(0x0f);
-  for (; j + 16 <= n; j += 16) {
-    const __m512i w =
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + j)));
-    const __m512 lo = _mm512_cvtepi32_ps(_mm512_and_si512(w, mask));
-    const __m512 hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
-    va = _mm512_fmadd_ps(lo, _mm512_loadu_ps(xe + j), va);
-    va = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xo + j), va);
-  }
-  acc = _mm512_reduce_add_ps(va);
-#elif defined(__AVX2__) && defined(__FMA__)
-  __m256 va = _mm256_setzero_ps();
-  const __m256i mask = _mm256_set1_epi32(0x0f);
-  for (; j + 8 <= n; j += 8) {
-    const __m256i w =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b + j)));
-    const __m256 lo = _mm256_cvtepi32_ps(_mm256_and_si256(w, mask));
-    const __m256 hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4));
-    va = _mm256_fmadd_ps(lo, _mm256_loadu_ps(xe + j), va);
-    va = _mm256_fmadd_ps(hi, _mm256_loadu_ps(xo + j), va);
-  }
-  const __m128 s4 = _mm_add_ps(_mm256_castps256_ps128(va), _mm256_extractf128_ps(va, 1));
-  const __m128 s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-  acc = _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps(s2, s2, 1)));
+  const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  *lo = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(0x0f)));
+  *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
+#else
+  const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+  *lo = _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0x0f)));
+  *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4));
 #endif
-  for (; j < n; ++j) acc += float(b[j] & 0x0f) * xe[j] + float(b[j] >> 4) * xo[j];
-  return acc;
+}
+#endif
+
+// Weight row n against M activation rows (xe / xo: each row's even / odd columns, [M, half];
+// xsum: its per-group sums, [M, groups]): W4 x = sum_g s_g * (U_g . x_g) + min_g * sum(x_g). Per
+// group the codes' dot with x stays in vector lanes (low and high nibbles in two accumulators)
+// and is scaled into the output's vector accumulator; the min terms and any bytes past the last
+// whole vector add up in a scalar; one horizontal sum per output at the end.
+template <int M>
+void q4_row(const QuantizedWeight4& w, int64_t n, const float* xe, const float* xo,
+            const float* xsum, int64_t half, float* y) {
+  const int64_t groups = w.groups_per_row, k = w.cols;
+  const uint8_t* codes = w.codes.data() + n * w.row_bytes;
+  float rest[M] = {};
+#if QS_CPU_SIMD
+  using cpu::VecF;
+  VecF acc[M];
+  for (int i = 0; i < M; ++i) acc[i] = cpu::vzero();
+#endif
+  for (int64_t g = 0; g < groups; ++g) {
+    const float sc = cpu::f16_to_f32_one(w.scale[n * groups + g]);
+    const float mn = cpu::f16_to_f32_one(w.min[n * groups + g]);
+    const int64_t j0 = g * w.group_size / 2;
+    const int64_t nj = (std::min<int64_t>((g + 1) * w.group_size, k) - 2 * j0) / 2;
+    const uint8_t* b = codes + j0;
+    int64_t j = 0;
+#if QS_CPU_SIMD
+    VecF lo_acc[M], hi_acc[M];
+    for (int i = 0; i < M; ++i) lo_acc[i] = hi_acc[i] = cpu::vzero();
+    for (; j + cpu::kLanes <= nj; j += cpu::kLanes) {
+      VecF lo, hi;
+      load_nibbles(b + j, &lo, &hi);
+      for (int i = 0; i < M; ++i) {
+        lo_acc[i] = cpu::vfmadd(lo, cpu::vload(xe + i * half + j0 + j), lo_acc[i]);
+        hi_acc[i] = cpu::vfmadd(hi, cpu::vload(xo + i * half + j0 + j), hi_acc[i]);
+      }
+    }
+    for (int i = 0; i < M; ++i) {
+      acc[i] = cpu::vfmadd(cpu::vset1(sc), cpu::vadd(lo_acc[i], hi_acc[i]), acc[i]);
+    }
+#endif
+    for (int i = 0; i < M; ++i) {
+      float tail = 0.0f;
+      for (int64_t jj = j; jj < nj; ++jj) {
+        tail += float(b[jj] & 0x0f) * xe[i * half + j0 + jj] +
+                float(b[jj] >> 4) * xo[i * half + j0 + jj];
+      }
+      rest[i] += sc * tail + mn * xsum[i * groups + g];
+    }
+  }
+  for (int i = 0; i < M; ++i) {
+#if QS_CPU_SIMD
+    rest[i] += cpu::vsum(acc[i]);
+#endif
+    y[i * w.rows + n] = rest[i];
+  }
+}
+
+using Q4RowFn = void (*)(const QuantizedWeight4&, int64_t, const float*, const float*, const float*,
+                         int64_t, float*);
+
+Q4RowFn q4_row_for(int m) {
+  switch (m) {
+    case 1:
+      return q4_row<1>;
+    case 2:
+      return q4_row<2>;
+    case 3:
+      return q4_row<3>;
+    case 4:
+      return q4_row<4>;
+    case 5:
+      return q4_row<5>;
+    case 6:
+      return q4_row<6>;
+    case 7:
+      return q4_row<7>;
+    case 8:
+      return q4_row<8>;
+  }
+  QS_CHECK_MSG(false, "matmul_q4: the grouped kernel takes 1..8 rows");
+  return nullptr;
 }
 
 }  // namespace
@@ -77,24 +138,12 @@ void CpuBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w, con
         xsum[i * groups + g] = sum;
       }
     }
+    const Q4RowFn row_fn = q4_row_for(m);
     pool_.parallel_for(
         n_out,
         [&](int64_t begin, int64_t end) {
           for (int64_t n = begin; n < end; ++n) {
-            const uint8_t* codes = w.codes.data() + n * w.row_bytes;
-            float acc[kQ4FastRows] = {};
-            for (int64_t g = 0; g < groups; ++g) {
-              const float sc = f16_to_f32(w.scale[n * groups + g]);
-              const float mn = f16_to_f32(w.min[n * groups + g]);
-              const int64_t j0 = g * w.group_size / 2;
-              const int64_t nj = (std::min<int64_t>((g + 1) * w.group_size, k) - 2 * j0) / 2;
-              for (int i = 0; i < m; ++i) {
-                const float dot = q4_group_dot(codes + j0, xe.data() + i * half + j0,
-                                               xo.data() + i * half + j0, nj);
-                acc[i] += sc * dot + mn * xsum[i * groups + g];
-              }
-            }
-            for (int i = 0; i < m; ++i) y[i * n_out + n] = acc[i];
+            row_fn(w, n, xe.data(), xo.data(), xsum.data(), half, y);
           }
         },
         static_cast<int64_t>(pool_.num_threads()) * 4);

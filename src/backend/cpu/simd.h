@@ -267,6 +267,15 @@ inline void axpy_f32(float a, const float* x, float* y, int64_t n) {
   for (; i < n; ++i) y[i] += a * x[i];
 }
 
+// One f16 value as f32 (exact, as f16_to_f32) with the F16C conversion where there is one.
+inline float f16_to_f32_one(uint16_t h) {
+#if defined(QS_CPU_SIMD)
+  return _cvtsh_ss(h);
+#else
+  return f16_to_f32(h);
+#endif
+}
+
 // n f16 values as f32 (exact, as f16_to_f32), kLanes at a time with the F16C conversion.
 inline void f16_to_f32_n(const uint16_t* src, float* dst, int64_t n) {
   int64_t i = 0;
