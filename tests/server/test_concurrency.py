@@ -12,6 +12,9 @@ import pytest
 from serverlib import REPO, post, wait_until
 
 LONG = {"prompt": "Once upon a time", "max_tokens": 4000, "ignore_eos": True, "temperature": 0}
+# Holds the busy server's engine ~2 s (bundled model, one thread): long enough for a burst of
+# requests to find it running.
+HOLD = {**LONG, "max_tokens": 1500}
 
 
 def stream_lines(url, payload, on_line=None, timeout=60):
@@ -55,16 +58,18 @@ def run_in_threads(fns):
 
 
 @pytest.fixture(scope="module")
-def busy(start_server, chat_models):
-    """One engine thread and a queue of two: easy to fill."""
-    s = start_server("-m", chat_models["llama3-tiny"], "--ctx", "4096", "--threads", "1", "--max-queue", "2")
+def busy(start_server):
+    """One engine thread and a queue of two: easy to fill. The bundled model takes ~3 s for a
+    4000-token request on one thread; a test model's ~0.85 s let a request finish before the last
+    of a burst arrived on a loaded machine (test_queue_full_gets_429 then saw 4 accepted)."""
+    s = start_server("-m", f"{REPO}/models/default", "--ctx", "4096", "--threads", "1", "--max-queue", "2")
     yield s
     assert s.alive(), s.stderr
 
 
 def test_queue_full_gets_429(busy):
     url = busy.url + "/v1/completions"
-    threads, results = run_in_threads([lambda: post(url, LONG)] * 8)
+    threads, results = run_in_threads([lambda: post(url, HOLD)] * 8)
     for t in threads:
         t.join(timeout=120)
     statuses = sorted(r[0] for r in results)
@@ -78,7 +83,7 @@ def test_queue_full_gets_429(busy):
 
 def test_retry_after_header(busy):
     url = busy.url + "/v1/completions"
-    threads, _ = run_in_threads([lambda: post(url, LONG)] * 3)
+    threads, _ = run_in_threads([lambda: post(url, HOLD)] * 3)
     wait_for_queue(busy, running=1, waiting=2)
     req = urllib.request.Request(url, data=json.dumps({"prompt": "x"}).encode(), method="POST")
     try:
