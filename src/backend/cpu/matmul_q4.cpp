@@ -18,22 +18,6 @@ namespace {
 // Rows of x up to which the grouped kernel below is used (decode and verification sizes).
 constexpr int kQ4FastRows = 8;
 
-#if QS_CPU_SIMD
-// kLanes packed bytes (2 kLanes codes) as f32: lo = the low nibbles (even columns), hi = the high
-// nibbles (odd columns).
-inline void load_nibbles(const uint8_t* b, cpu::VecF* lo, cpu::VecF* hi) {
-#if defined(__AVX512F__)
-  const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-  *lo = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(0x0f)));
-  *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
-#else
-  const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
-  *lo = _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0x0f)));
-  *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4));
-#endif
-}
-#endif
-
 // Weight row n against M activation rows (xe / xo: each row's even / odd columns, [M, half];
 // xsum: its per-group sums, [M, groups]): W4 x = sum_g s_g * (U_g . x_g) + min_g * sum(x_g). Per
 // group the codes' dot with x stays in vector lanes (low and high nibbles in two accumulators)
@@ -62,7 +46,7 @@ void q4_row(const QuantizedWeight4& w, int64_t n, const float* xe, const float* 
     for (int i = 0; i < M; ++i) lo_acc[i] = hi_acc[i] = cpu::vzero();
     for (; j + cpu::kLanes <= nj; j += cpu::kLanes) {
       VecF lo, hi;
-      load_nibbles(b + j, &lo, &hi);
+      cpu::load_nibbles(b + j, &lo, &hi);
       for (int i = 0; i < M; ++i) {
         lo_acc[i] = cpu::vfmadd(lo, cpu::vload(xe + i * half + j0 + j), lo_acc[i]);
         hi_acc[i] = cpu::vfmadd(hi, cpu::vload(xo + i * half + j0 + j), hi_acc[i]);

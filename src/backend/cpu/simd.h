@@ -314,25 +314,39 @@ inline void code_pair(const uint8_t* upper, const uint8_t* lower, int64_t j, flo
 }
 
 #if QS_CPU_SIMD
+// kLanes packed bytes (2 kLanes codes) as f32: lo = the low nibbles (even columns), hi = the high
+// nibbles (odd columns).
+inline void load_nibbles(const uint8_t* b, VecF* lo, VecF* hi) {
+#if defined(__AVX512F__)
+  const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
+  *lo = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(0x0f)));
+  *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
+#else
+  const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
+  *lo = _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0x0f)));
+  *hi = _mm256_cvtepi32_ps(_mm256_srli_epi32(w, 4));
+#endif
+}
+
+// The centred codes of bytes j .. j + kLanes (code_pair's, kLanes at a time).
 inline void load_codes(const uint8_t* upper, const uint8_t* lower, int64_t j, VecF* even,
                        VecF* odd) {
+  if (!lower) {  // INT4: the nibbles as f32, centred (exact: small integers)
+    load_nibbles(upper + j, even, odd);
+    *even = vsub(*even, vset1(kCodeCenter4));
+    *odd = vsub(*odd, vset1(kCodeCenter4));
+    return;
+  }
 #if defined(__AVX512F__)
   const __m512i mask = _mm512_set1_epi32(0x0f);
   const __m512i u =
       _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(upper + j)));
   __m512i e = _mm512_and_si512(u, mask), o = _mm512_srli_epi32(u, 4);
-  if (lower) {
-    const __m512i l =
-        _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lower + j)));
-    const __m512i bias = _mm512_set1_epi32(8 + kCodeCenter8);
-    e = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(e, 4), _mm512_and_si512(l, mask)),
-                         bias);
-    o = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(o, 4), _mm512_srli_epi32(l, 4)), bias);
-  } else {
-    const __m512i bias = _mm512_set1_epi32(kCodeCenter4);
-    e = _mm512_sub_epi32(e, bias);
-    o = _mm512_sub_epi32(o, bias);
-  }
+  const __m512i l =
+      _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(lower + j)));
+  const __m512i bias = _mm512_set1_epi32(8 + kCodeCenter8);
+  e = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(e, 4), _mm512_and_si512(l, mask)), bias);
+  o = _mm512_sub_epi32(_mm512_add_epi32(_mm512_slli_epi32(o, 4), _mm512_srli_epi32(l, 4)), bias);
   *even = _mm512_cvtepi32_ps(e);
   *odd = _mm512_cvtepi32_ps(o);
 #else
@@ -340,18 +354,11 @@ inline void load_codes(const uint8_t* upper, const uint8_t* lower, int64_t j, Ve
   const __m256i u =
       _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(upper + j)));
   __m256i e = _mm256_and_si256(u, mask), o = _mm256_srli_epi32(u, 4);
-  if (lower) {
-    const __m256i l =
-        _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lower + j)));
-    const __m256i bias = _mm256_set1_epi32(8 + kCodeCenter8);
-    e = _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(e, 4), _mm256_and_si256(l, mask)),
-                         bias);
-    o = _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(o, 4), _mm256_srli_epi32(l, 4)), bias);
-  } else {
-    const __m256i bias = _mm256_set1_epi32(kCodeCenter4);
-    e = _mm256_sub_epi32(e, bias);
-    o = _mm256_sub_epi32(o, bias);
-  }
+  const __m256i l =
+      _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(lower + j)));
+  const __m256i bias = _mm256_set1_epi32(8 + kCodeCenter8);
+  e = _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(e, 4), _mm256_and_si256(l, mask)), bias);
+  o = _mm256_sub_epi32(_mm256_add_epi32(_mm256_slli_epi32(o, 4), _mm256_srli_epi32(l, 4)), bias);
   *even = _mm256_cvtepi32_ps(e);
   *odd = _mm256_cvtepi32_ps(o);
 #endif
