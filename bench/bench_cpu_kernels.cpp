@@ -1,0 +1,115 @@
+// CPU kernels alone: the attention's row kernels (one thread, operands in L1) and the decode
+// matmuls (a 4096 x 1536 weight, 64 copies streamed from memory) on 1 and on all threads.
+//
+//   bench_cpu_kernels [--threads N (all)]
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdlib>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/attention_rows.h"
+#include "backend/cpu/cpu_backend.h"
+#include "model/weights.h"
+#include "quant/weight_quant.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Median seconds per call of fn over `reps` timed repetitions of `calls` calls each.
+template <class Fn>
+double time_per_call(int reps, int calls, const Fn& fn) {
+  std::vector<double> t;
+  for (int r = 0; r < reps; ++r) {
+    const auto a = Clock::now();
+    for (int c = 0; c < calls; ++c) fn(c);
+    t.push_back(std::chrono::duration<double>(Clock::now() - a).count() / calls);
+  }
+  std::sort(t.begin(), t.end());
+  return t[t.size() / 2];
+}
+
+std::vector<float> randn(size_t n, uint32_t seed) {
+  std::mt19937 g(seed);
+  std::normal_distribution<float> d;
+  std::vector<float> v(n);
+  for (float& x : v) x = d(g);
+  return v;
+}
+
+void row_kernels() {
+  const int hd = 64, n = 64, calls = 20000;
+  const std::vector<float> rows = randn(size_t(n) * hd, 1), w = randn(hd, 2), coef = randn(n, 3);
+  std::vector<float> out(n), acc(hd, 0.0f), s = randn(8192, 4);
+  const double dot = time_per_call(
+      5, calls, [&](int) { qs::cpu::dot_rows(w.data(), rows.data(), hd, hd, n, out.data()); });
+  const double axpy = time_per_call(
+      5, calls, [&](int) { qs::cpu::axpy_rows(coef.data(), rows.data(), hd, n, acc.data(), hd); });
+  const double soft = time_per_call(5, 200, [&](int) { qs::cpu::softmax_row(s.data(), 8192); });
+  fmt::print(
+      "row kernels (one thread, head_dim {}, {} rows in L1): dot_rows {:.2f} ns per row, "
+      "axpy_rows {:.2f} ns per row, softmax_row {:.3f} ns per element\n",
+      hd, n, dot * 1e9 / n, axpy * 1e9 / n, soft * 1e9 / 8192);
+}
+
+void matmuls(int threads) {
+  const int64_t rows = 4096, cols = 1536;
+  const int copies = 64;
+  const std::vector<float> wf = randn(size_t(rows * cols), 5);
+  auto w4 = qs::quantize_weight4(wf.data(), qs::DType::F32, rows, cols, 128, "w", nullptr);
+  if (!w4.ok()) std::abort();
+  const std::vector<qs::QuantizedWeight4> q4(copies, *w4);
+  std::vector<uint16_t> bf(size_t(rows * cols) * copies);
+  for (size_t i = 0; i < bf.size(); ++i) bf[i] = qs::f32_to_bf16(wf[i % wf.size()]);
+  const std::vector<float> x = randn(size_t(cols) * 8, 6);
+  std::vector<float> y(size_t(rows) * 8);
+  for (int t : {1, threads}) {
+    qs::CpuBackend be(t);
+    const double tq = time_per_call(3, copies * 2, [&](int c) {
+      be.matmul_q4(x.data(), 1, q4[c % copies], nullptr, y.data());
+    });
+    auto bf16_view = [&](int c) {
+      qs::WeightView v;
+      v.name = "w";
+      v.dtype = qs::DType::BF16;
+      v.rows = rows;
+      v.cols = cols;
+      v.data = bf.data() + size_t(c % copies) * rows * cols;
+      return v;
+    };
+    double tb[2];
+    const int ms[2] = {1, 5};
+    for (int k = 0; k < 2; ++k) {
+      tb[k] = time_per_call(
+          3, copies * 2, [&](int c) { be.matmul_gemv(x.data(), ms[k], bf16_view(c), y.data()); });
+    }
+    fmt::print(
+        "{} x {} matmuls, {} thread(s): 4-bit m = 1 {:.1f} us ({:.1f} GB/s of codes + "
+        "metadata); bf16 m = 1 {:.1f} us ({:.1f} GB/s), m = 5 {:.1f} us\n",
+        rows, cols, t, tq * 1e6, q4[0].bytes() / tq / 1e9, tb[0] * 1e6,
+        rows * cols * 2 / tb[0] / 1e9, tb[1] * 1e6);
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int threads = 0;
+  for (int i = 1; i < argc; ++i) {
+    if (std::strcmp(argv[i], "--threads") == 0 && i + 1 < argc) {
+      threads = std::atoi(argv[++i]);
+    } else {
+      fmt::print(stderr, "usage: {} [--threads N (all)]\n", argv[0]);
+      return 2;
+    }
+  }
+  if (threads <= 0) threads = qs::CpuBackend().num_threads();
+  fmt::print("bench_cpu_kernels: threads 1 and {}\n", threads);
+  row_kernels();
+  matmuls(threads);
+  return 0;
+}
