@@ -69,8 +69,8 @@ constexpr int kTargetExp = 13;
 constexpr int kExpClamp = 30;
 constexpr float kPExp = 12.0f;  // P is formed as 2^12 P
 
-// QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel, QS_DECODE_TC_T=1 with the
-// transposed tensor-core kernel where it applies (end-to-end A/B runs).
+// QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel, QS_DECODE_TC_T=0 without
+// the transposed tensor-core kernel (end-to-end A/B runs).
 DecodeAttentionTuning g_tuning = [] {
   DecodeAttentionTuning t;
   t.tensor_cores = env_flag("QS_DECODE_TC", t.tensor_cores);
