@@ -348,8 +348,7 @@ class Backend {
   // gate_up_swiglu_normed) then read norm(pn.h) however the backend recorded it. Without
   // deferral they are matmul_group / gate_up_swiglu on pn.out; with it, the same up to f32
   // rounding (the CUDA backend's 1 / rms multiplies each output's sum instead of each input:
-  // within 1e-5 relative for the draft's one-row 4-bit steps it defers; bf16 steps of up to 16
-  // rows too with QS_DEFER_NORM_RING=1, off by default).
+  // within 1e-5 relative; it defers the draft's one-row 4-bit steps only).
   virtual void linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
                                            PendingNorm& pn) {
     linear_add_rmsnorm(x, m, op, pn.h, *pn.weight, pn.eps, pn.out);

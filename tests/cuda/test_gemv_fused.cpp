@@ -13,15 +13,13 @@
 // back.
 //
 // Backend::linear_add_rmsnorm_deferred and its consumers (the draft's norm applied on load by the
-// next 4-bit launch; with GemvTuning::defer_norm, the bf16 / f16 matmuls' norms applied on load by
-// the next ring launch): within a bound of the materialized chain, not bit for bit.
+// next 4-bit launch): within a bound of the materialized chain, not bit for bit.
 #include <gtest/gtest.h>
 
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "backend/cuda/cuda_ops.h"
 #include "cuda_test_util.h"
 #include "quant/weight_quant.h"
 
@@ -262,146 +260,6 @@ TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
     }
     gpu().release_weights();
   }
-}
-
-// GemvTuning::defer_norm for one test (off by default).
-class RingDeferral {
- public:
-  RingDeferral() : saved_(cuda::gemv_tuning()) {
-    cuda::GemvTuning t = saved_;
-    t.defer_norm = true;
-    cuda::set_gemv_tuning(t);
-  }
-  ~RingDeferral() { cuda::set_gemv_tuning(saved_); }
-
- private:
-  cuda::GemvTuning saved_;
-};
-
-// m rows of h whose scales differ (row r: 2 (1 + r)), so that a row read with another row's
-// 1 / rms is off by far more than the bound.
-std::vector<float> rows_of_distinct_scale(int m, int64_t d, uint64_t seed) {
-  std::vector<float> h = random_normal(static_cast<size_t>(m * d), seed, 2.0f);
-  for (int r = 0; r < m; ++r) {
-    for (int64_t i = 0; i < d; ++i) h[r * d + i] *= static_cast<float>(1 + r);
-  }
-  return h;
-}
-
-// The deferred norm on the ring kernel (GemvTuning::defer_norm): a bf16 producer at m = 1..16
-// leaves each block's sums of squares per row; q / k / v (a bias on q) and gate / up + SwiGLU read
-// h on the ring kernel, multiplying it by the norm weight as they load it and each row's sums by
-// its 1 / rms. Against the materialized chain: h bit for bit; the consumers within 2e-5 relative
-// (the activation's hi + lo split differs between x = h * weight and x = norm(h): 16 bits of
-// each element for bf16 weights, ~4e-6 relative per path; a wrong or missing norm is O(1), a row
-// with another row's 1 / rms >= 30%); a consumer the ring does not run (f32 weights) bit for bit
-// through the fallback's rmsnorm. Not deferred (everything bit for bit): f16 weights (h * weight
-// could pass f16's range), m = 17, K too short for the sums' threads (K = 128: 64 threads for a
-// tile's 128 sums). A 4-bit producer's record (m = 1) read by the ring.
-TEST_F(CudaOpsTest, DeferredNormOnTheRingMatchesTheMaterializedChain) {
-  const RingDeferral on;
-  const int64_t d = 4096, n_kv = 1024, n_mlp = 2048;
-  HostWeight dense_f32(random_normal(static_cast<size_t>(256 * d), 407, 0.05f), DType::F32, 256, d,
-                       "dense_f32");
-  for (DType wdt : {DType::BF16, DType::F16}) {
-    auto weight = [&](int64_t rows, int64_t cols, uint64_t seed, const char* name) {
-      return HostWeight(random_normal(static_cast<size_t>(rows * cols), seed, 0.05f), wdt, rows,
-                        cols, name);
-    };
-    const HostWeight wo = weight(d, d, 400, "wo"), wq = weight(d, d, 401, "wq"),
-                     wk = weight(n_kv, d, 402, "wk"), wv = weight(n_kv, d, 403, "wv"),
-                     wg = weight(n_mlp, d, 404, "wg"), wu = weight(n_mlp, d, 405, "wu"),
-                     short_k = weight(d, 128, 406, "short_k");
-    HostWeight bq(random_normal(static_cast<size_t>(d), 408, 0.5f), wdt, 1, d, "bq");
-    for (DType norm_dt : {DType::BF16, DType::F32}) {
-      HostWeight norm(random_normal(static_cast<size_t>(d), 410, 0.3f, 1.0f), norm_dt, 1, d,
-                      "norm");
-      for (int m : {1, 4, 9, 16, 17}) {
-        const std::string tag = std::string(dtype_name(wdt)) + " norm " + dtype_name(norm_dt) +
-                                " m=" + std::to_string(m);
-        const std::vector<float> x = random_normal(static_cast<size_t>(m * d), 411 + m);
-        const std::vector<float> h0 = rows_of_distinct_scale(m, d, 430 + m);
-        const DeviceArray xd(gpu(), x);
-        DeviceArray scratch(gpu(), m * d), h_ref(gpu(), h0), out_ref(gpu(), m * d);
-        const LinearOp o_op{&wo.view, nullptr, nullptr, scratch.data()};
-        gpu().linear_add_rmsnorm(xd.data(), m, o_op, h_ref.data(), norm.view, kEps, out_ref.data());
-        DeviceArray h(gpu(), h0), out(gpu(), m * d);
-        out.poison();
-        PendingNorm pn{h.data(), &norm.view, kEps, out.data(), false};
-        gpu().linear_add_rmsnorm_deferred(xd.data(), m, o_op, pn);
-        EXPECT_EQ(pn.deferred, m <= 16 && wdt == DType::BF16) << tag;
-        EXPECT_EQ(h.to_host(), h_ref.to_host()) << tag;
-        std::vector<DeviceArray> want, got;
-        for (int64_t rows : {d, n_kv, n_kv}) {
-          want.emplace_back(gpu(), m * rows);
-          got.emplace_back(gpu(), m * rows);
-        }
-        auto qkv = [&](std::vector<DeviceArray>& ys) {
-          return std::vector<LinearOp>{{&wq.view, nullptr, &bq.view, ys[0].data()},
-                                       {&wk.view, nullptr, nullptr, ys[1].data()},
-                                       {&wv.view, nullptr, nullptr, ys[2].data()}};
-        };
-        gpu().matmul_group(out_ref.data(), m, qkv(want).data(), 3);
-        gpu().matmul_group_normed(pn, m, qkv(got).data(), 3);
-        for (int i = 0; i < 3; ++i) {
-          EXPECT_LT(testing::rel_error(got[i].to_host(), want[i].to_host()), 2e-5)
-              << tag << " qkv " << i;
-        }
-        DeviceArray g(gpu(), m * n_mlp), u(gpu(), m * n_mlp), mlp_want(gpu(), m * n_mlp),
-            mlp_got(gpu(), m * n_mlp);
-        const LinearOp gate{&wg.view, nullptr, nullptr, g.data()};
-        const LinearOp up{&wu.view, nullptr, nullptr, u.data()};
-        gpu().gate_up_swiglu(out_ref.data(), m, gate, up, mlp_want.data());
-        mlp_got.poison();
-        gpu().gate_up_swiglu_normed(pn, m, gate, up, mlp_got.data());
-        EXPECT_LT(testing::rel_error(mlp_got.to_host(), mlp_want.to_host()), 2e-5)
-            << tag << " gate/up";
-        // f32 weights: not the ring kernel; the fallback normalizes h into out first.
-        DeviceArray yd_want(gpu(), m * 256), yd_got(gpu(), m * 256);
-        gpu().matmul(out_ref.data(), m, dense_f32.view, nullptr, yd_want.data());
-        const LinearOp f32_op{&dense_f32.view, nullptr, nullptr, yd_got.data()};
-        gpu().matmul_group_normed(pn, m, &f32_op, 1);
-        EXPECT_EQ(yd_got.to_host(), yd_want.to_host()) << tag << " f32 consumer";
-        EXPECT_EQ(out.to_host(), out_ref.to_host()) << tag << " materialized";
-
-        // A producer with K = 128 does not defer (and normalizes as linear_add_rmsnorm).
-        const std::vector<float> xs = random_normal(static_cast<size_t>(m * 128), 450 + m);
-        const DeviceArray xsd(gpu(), xs);
-        DeviceArray hs_ref(gpu(), h0), outs_ref(gpu(), m * d), hs(gpu(), h0), outs(gpu(), m * d);
-        const LinearOp s_op{&short_k.view, nullptr, nullptr, scratch.data()};
-        gpu().linear_add_rmsnorm(xsd.data(), m, s_op, hs_ref.data(), norm.view, kEps,
-                                 outs_ref.data());
-        PendingNorm pns{hs.data(), &norm.view, kEps, outs.data(), false};
-        gpu().linear_add_rmsnorm_deferred(xsd.data(), m, s_op, pns);
-        EXPECT_FALSE(pns.deferred) << tag << " K=128";
-        EXPECT_EQ(outs.to_host(), outs_ref.to_host()) << tag << " K=128";
-      }
-    }
-    gpu().release_weights();
-  }
-
-  // A 4-bit producer (the draft's o_proj, m = 1) read by a bf16 ring consumer: one record layout.
-  std::vector<float> w4v = random_normal(static_cast<size_t>(d * d), 460, 0.05f);
-  auto q = quantize_weight4(w4v.data(), DType::F32, d, d, 128, "wo4");
-  ASSERT_TRUE(q.ok());
-  const QuantizedWeight4 wo4 = std::move(q).value();
-  HostWeight wq(random_normal(static_cast<size_t>(d * d), 461, 0.05f), DType::BF16, d, d, "wq");
-  HostWeight norm(random_normal(static_cast<size_t>(d), 462, 0.3f, 1.0f), DType::BF16, 1, d,
-                  "norm");
-  const DeviceArray xd(gpu(), random_normal(static_cast<size_t>(d), 463));
-  const std::vector<float> h0 = rows_of_distinct_scale(1, d, 464);
-  DeviceArray scratch(gpu(), d), h_ref(gpu(), h0), out_ref(gpu(), d), h(gpu(), h0), out(gpu(), d);
-  const LinearOp o4{nullptr, &wo4, nullptr, scratch.data()};
-  gpu().linear_add_rmsnorm(xd.data(), 1, o4, h_ref.data(), norm.view, kEps, out_ref.data());
-  PendingNorm pn{h.data(), &norm.view, kEps, out.data(), false};
-  gpu().linear_add_rmsnorm_deferred(xd.data(), 1, o4, pn);
-  ASSERT_TRUE(pn.deferred);
-  DeviceArray want(gpu(), d), got(gpu(), d);
-  gpu().matmul(out_ref.data(), 1, wq.view, nullptr, want.data());
-  const LinearOp q_op{&wq.view, nullptr, nullptr, got.data()};
-  gpu().matmul_group_normed(pn, 1, &q_op, 1);
-  EXPECT_LT(testing::rel_error(got.to_host(), want.to_host()), 2e-5) << "q4 producer, bf16 ring";
-  gpu().release_weights();
 }
 
 }  // namespace

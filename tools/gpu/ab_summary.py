@@ -3,7 +3,7 @@
 (the file's kernel_switches; "unset" where the run did not set it), then each arm's medians and
 its change against the first arm (tools/gpu/ab_switch.sh).
 
-  python3 tools/gpu/ab_summary.py --switch QS_DEFER_NORM_RING out/ab-*/n*/*/e2e-*.json
+  python3 tools/gpu/ab_summary.py --switch QS_DECODE_TC_T out/ab-*/n*/*/e2e-*.json
 
 Per run: mode, context, gamma and, for a speculative run, the draft step and verification ms
 and the ms/token projected at acceptance 0.9 ((gamma draft + verify) / E[tokens per round],

@@ -5,8 +5,8 @@
 # (tools/gpu/bench_matrix.sh) at one context, then one line per run and the arms' medians
 # (tools/gpu/ab_summary.py).
 #
-#   QS_AB_SWITCH=QS_DEFER_NORM_RING bash tools/gpu/ab_switch.sh llama2-7b
-#   QS_AB_SWITCH=QS_DEFER_NORM_RING QS_AB_MODES=quantspec,ar-fp16,ar-int8 \
+#   QS_AB_SWITCH=QS_DECODE_TC_T bash tools/gpu/ab_switch.sh llama2-7b
+#   QS_AB_SWITCH=QS_DEFER_NORM QS_AB_MODES=quantspec,ar-fp16,ar-int8 \
 #     QS_AB_REPEATS=1 bash tools/gpu/ab_switch.sh llama3.1-8b
 #
 # Environment: QS_AB_SWITCH (the variable, required), QS_AB_VALUES (its values, default 1,0),

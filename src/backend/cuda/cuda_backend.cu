@@ -239,9 +239,8 @@ struct CudaBackend::Impl {
   Scratch snapkv;        // snapkv_scores' softmax partials
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
   unsigned* norm_arrivals = nullptr;    // the fused GEMV + norm's block counter (cuda::GemvNorm)
-  // A deferred norm's partial sums ([kGemvMaxRows rows][num_sms], cuda::GemvNorm::sumsq): one
-  // buffer serves every norm, since a producer writes it only after its PDL wait, when the
-  // previous norm's consumer (the launch before it) is done.
+  // A deferred norm's partial sums (num_sms): one buffer serves every norm, since a producer writes
+  // it only after its PDL wait, when the previous norm's consumer (the launch before it) is done.
   double* norm_sumsq = nullptr;
 
 #ifdef QS_KERNEL_TRACE
@@ -382,8 +381,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   CUBLAS_CHECK(cublasSetMathMode(impl->cublas, CUBLAS_DEFAULT_MATH));
   CUDA_CHECK(cudaMalloc(&impl->norm_arrivals, sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl->norm_arrivals, 0, sizeof(unsigned)));
-  CUDA_CHECK(cudaMalloc(&impl->norm_sumsq,
-                        sizeof(double) * kGemvMaxRows * static_cast<size_t>(impl->num_sms)));
+  CUDA_CHECK(cudaMalloc(&impl->norm_sumsq, sizeof(double) * static_cast<size_t>(impl->num_sms)));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 
@@ -903,7 +901,7 @@ void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int c
 void CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, int count,
                                     const PendingNorm* pn) {
   const int n = count;
-  bool dense = true, q4 = true;
+  bool dense = pn == nullptr, q4 = true;
   for (int i = 0; i < n; ++i) {
     const LinearOp& op = ops[i];
     dense = dense && op.w4 == nullptr;
@@ -916,13 +914,7 @@ void CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, 
       for (int i = 0; i < n; ++i) {
         segs[i] = {impl_->matrix(*ops[i].w), impl_->bias(ops[i].bias), ops[i].y};
       }
-      if (pn != nullptr) {
-        if (cuda::gemv_tuning().defer_norm &&
-            cuda::launch_gemv_group_normed(x, m, segs, n, norm_in(*pn), impl_->num_sms,
-                                           impl_->stream)) {
-          return;
-        }
-      } else if (cuda::gemv_group_supported(x, m, segs, n)) {
+      if (cuda::gemv_group_supported(x, m, segs, n)) {
         cuda::launch_gemv_group(x, m, segs, n, impl_->num_sms, impl_->stream);
         return;
       }
@@ -1005,27 +997,15 @@ const bool g_defer_norm = cuda::env_flag("QS_DEFER_NORM", true);
 void CudaBackend::linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
                                               PendingNorm& pn) {
   const int64_t d = pn.weight->numel();
-  // 4-bit: the draft's one-row steps on the persistent kernel. bf16 (GemvTuning::defer_norm, off
-  // by default): m <= 16 rows on the ring kernel (launch_gemv_norm declines f16 weights).
-  const bool q4 = op.w4 != nullptr && m == 1;
-  const bool ring =
-      op.w4 == nullptr && cuda::gemv_tuning().defer_norm && m >= 1 && m <= kGemvMaxRows;
-  if (g_defer_norm && g_fuse_norm && op.rows() == d && (q4 || ring)) {
+  if (g_defer_norm && g_fuse_norm && m == 1 && op.w4 != nullptr && op.rows() == d) {
     cuda::GemvNorm norm{
         pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, nullptr, nullptr, m, d};
     norm.sumsq = impl_->norm_sumsq;
     norm.parts = impl_->num_sms;
-    const cuda::DeviceBias b = impl_->bias(op.bias);
-    bool launched = false;
-    if (q4) {
-      check_q4_bias(*op.w4, op.bias);
-      const cuda::DeviceWeight4& dw = impl_->weights4.resolve(*op.w4, impl_->stream);
-      launched = cuda::launch_gemv_q4_norm(x, m, dw, b, norm, impl_->num_sms, impl_->stream);
-    } else {
-      launched = cuda::launch_gemv_norm(x, m, impl_->matrix(*op.w), b, norm, impl_->num_sms,
-                                        impl_->stream);
-    }
-    if (launched) {
+    check_q4_bias(*op.w4, op.bias);
+    const cuda::DeviceWeight4& dw = impl_->weights4.resolve(*op.w4, impl_->stream);
+    if (cuda::launch_gemv_q4_norm(x, m, dw, impl_->bias(op.bias), norm, impl_->num_sms,
+                                  impl_->stream)) {
       pn.deferred = true;
       pn.record = impl_->norm_sumsq;
       return;
@@ -1034,8 +1014,7 @@ void CudaBackend::linear_add_rmsnorm_deferred(const float* x, int m, const Linea
   Backend::linear_add_rmsnorm_deferred(x, m, op, pn);
 }
 
-// The NormIn of a deferred norm (linear_add_rmsnorm_deferred's record: num_sms partial sums per
-// row).
+// The NormIn of a deferred norm (linear_add_rmsnorm_deferred's record: num_sms partial sums).
 cuda::NormIn CudaBackend::norm_in(const PendingNorm& pn) {
   cuda::NormIn nin;
   nin.sumsq = static_cast<const double*>(pn.record);
@@ -1066,9 +1045,7 @@ void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, co
 void CudaBackend::gate_up_swiglu_from(const float* x, int m, const LinearOp& gate,
                                       const LinearOp& up, float* out, const PendingNorm* pn) {
   const bool q4 = gate.w4 != nullptr && up.w4 != nullptr;
-  const bool dense = gate.w4 == nullptr && up.w4 == nullptr;
-  // A deferred norm read on load by the ring kernel: GemvTuning::defer_norm only (off by default).
-  const bool ring_reads = pn == nullptr || cuda::gemv_tuning().defer_norm;
+  const bool dense = pn == nullptr && gate.w4 == nullptr && up.w4 == nullptr;
   if (g_fuse_swiglu && m >= 1 && m <= kGemvMaxRows) {
     const cuda::DeviceBias bg = impl_->bias(gate.bias), bu = impl_->bias(up.bias);
     if (q4 && gate.w4->rows == up.w4->rows) {
@@ -1080,12 +1057,9 @@ void CudaBackend::gate_up_swiglu_from(const float* x, int m, const LinearOp& gat
                                       pn != nullptr ? norm_in(*pn) : cuda::NormIn{})) {
         return;
       }
-    } else if (dense && ring_reads && gate.w->rows == up.w->rows) {
+    } else if (dense && gate.w->rows == up.w->rows) {
       const cuda::GemvSegment g{impl_->matrix(*gate.w), bg, out}, u{impl_->matrix(*up.w), bu, up.y};
-      if (cuda::launch_gemv_swiglu(x, m, g, u, impl_->num_sms, impl_->stream,
-                                   pn != nullptr ? norm_in(*pn) : cuda::NormIn{})) {
-        return;
-      }
+      if (cuda::launch_gemv_swiglu(x, m, g, u, impl_->num_sms, impl_->stream)) return;
     }
   }
   if (pn != nullptr) {  // no launch reads the deferred norm: materialize it

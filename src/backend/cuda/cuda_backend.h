@@ -132,10 +132,8 @@ class CudaBackend final : public Backend {
   // The draft's norms deferred (one row, 4-bit op on the persistent kernel; QS_DEFER_NORM=0
   // turns it off): the producing launch adds into h and leaves per-block sums of squares
   // (GemvNorm::sumsq, the record), the next 4-bit launch stages h * weight and scales its sums
-  // by 1 / rms (NormIn), so no block waits for the others to normalize h. With
-  // GemvTuning::defer_norm (QS_DEFER_NORM_RING=1, off by default) the same for bf16 ops at m <= 16
-  // on the ring kernel (per-row sums). Consumers no deferring kernel runs normalize h first
-  // (rmsnorm) and run as usual.
+  // by 1 / rms (NormIn), so no block waits for the others to normalize h. Consumers the
+  // persistent kernel cannot run normalize h first (rmsnorm) and run as usual.
   void linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
                                    PendingNorm& pn) override;
   void matmul_group_normed(const PendingNorm& pn, int m, const LinearOp* ops, int count) override;

@@ -167,18 +167,16 @@ struct GemvNorm {
   unsigned* arrivals = nullptr;
   int m = 0;
   int64_t d = 0;
-  // Deferred (out and arrivals unused; the 4-bit persistent kernel at m = 1, the ring kernel at
-  // m <= 16): h += y as above, and each block's sum of the squares of the h values it wrote in
-  // row r goes to sumsq[r * parts + block] (slots past the grid zeroed), for the next launch to
-  // normalize its input on load (NormIn).
+  // Deferred (the 4-bit persistent kernel, m = 1; out and arrivals unused): h += y as above, and
+  // each block's sum of the squares of the h values it wrote goes to sumsq[block] (slots past
+  // the grid zeroed), for the next launch to normalize its input on load (NormIn).
   double* sumsq = nullptr;
-  int parts = 0;  // sumsq's slots per row, >= the grid
+  int parts = 0;  // sumsq's slots, >= the grid
 };
 
-// A GEMV input read as norm(h) (the deferred norm above): the launch's x is h, the producer's
-// partial sums of squares of row r are in sumsq[r * parts, + parts), the norm's weight and eps as
-// rmsnorm's. Each block multiplies h by the weight as it reads it (the 4-bit kernel: as it stages
-// it) and every output's sum by its row's 1 / rms.
+// A GEMV input read as norm(h) (the deferred norm above, m = 1): the launch's x is h, the
+// producer's partial sums of squares are in sumsq[0, parts), the norm's weight and eps as
+// rmsnorm's. Each block stages h * weight and multiplies every output's sum by 1 / rms.
 struct NormIn {
   const double* sumsq = nullptr;  // null: x as given
   int parts = 0;
@@ -188,26 +186,17 @@ struct NormIn {
 };
 // launch_gemv with `norm` when the persistent ring kernel runs these operands (F16/BF16 W on the
 // tensor-core path, m <= 16, the ring enabled) and returns true; otherwise launches nothing and
-// returns false (the caller runs launch_gemv and launch_add_rmsnorm). The deferred form
-// (norm.sumsq, parts >= num_sms) also needs BF16 W, a thread per element of a tile's sums
-// (K >= 256 for m <= 8, K >= 512 above: gemv_norm_defer_finish_rows) and a readable norm weight.
+// returns false (the caller runs launch_gemv and launch_add_rmsnorm).
 bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
                       const GemvNorm& norm, int num_sms, cudaStream_t stream);
-
-// launch_gemv_group over x = norm(h) (a deferred norm, NormIn) on the ring kernel; returns false,
-// launching nothing, where that kernel does not run these operands (the caller materializes the
-// norm): BF16 W only, the norm weight F32, F16 or BF16 at a 16-byte aligned address.
-bool launch_gemv_group_normed(const float* h, int m, const GemvSegment* segs, int count,
-                              const NormIn& nin, int num_sms, cudaStream_t stream);
 
 // The gate and up projections and their SwiGLU (Backend::gate_up_swiglu): gate.y = silu(x
 // Wg^T + bg) * (x Wu^T + bu), as launch_gemv_group followed by launch_swiglu computes it, in one
 // launch of the persistent ring kernel (each block takes a gate tile, then the same rows' up
 // tile, and stores their SwiGLU; up.y is not written). Returns false, launching nothing, where
 // that kernel does not run these operands (gate and up of the same shape and dtype required).
-// With nin set, x is h read as norm(h) (launch_gemv_group_normed).
 bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
-                        int num_sms, cudaStream_t stream, const NormIn& nin = NormIn{});
+                        int num_sms, cudaStream_t stream);
 
 // Tuning of launch_gemv, process-wide (benchmarks and tests compare the variants; every
 // variant computes the same function and is tested).
@@ -222,10 +211,6 @@ struct GemvTuning {
   // cp.async ring of 4 or 6 stages; 0 = automatic, kRingDeepTilesPerSm in gemv.cu) or, for -1,
   // gemv_mma_kernel (a block per 16 rows; mma_unroll applies to it only).
   int ring_stages = 0;
-  // The norms of the bf16 matmuls deferred to the next ring launch (GemvNorm::sumsq, NormIn):
-  // the producer at m <= 16 and its consumers. Off by default until measured on a GPU;
-  // QS_DEFER_NORM_RING=1 turns it on at process start.
-  bool defer_norm = false;
 };
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();

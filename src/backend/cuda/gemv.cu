@@ -113,40 +113,15 @@ __device__ __forceinline__ void unpack8(const uint4& v, __half, float (&f)[8]) {
   }
 }
 
-// A NormIn's weight at k .. k + 7 (k a multiple of 8; F32, F16 or BF16 at a 16-byte aligned
-// address: norm_weight_readable), zeros where !ok.
-__device__ __forceinline__ void load_norm_weight8(const NormIn& nin, int64_t k, bool ok,
-                                                  float (&w)[8]) {
-  if (!ok) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) w[e] = 0.0f;
-  } else if (nin.weight_dtype == DType::F32) {
-    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(nin.weight) + k);
-    const float4 a = __ldg(p), b = __ldg(p + 1);
-    w[0] = a.x, w[1] = a.y, w[2] = a.z, w[3] = a.w, w[4] = b.x, w[5] = b.y, w[6] = b.z, w[7] = b.w;
-  } else {
-    const uint4 v =
-        __ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(nin.weight) + k));
-    if (nin.weight_dtype == DType::BF16) {
-      unpack8(v, __nv_bfloat16{}, w);
-    } else {
-      unpack8(v, __half{}, w);
-    }
-  }
-}
-
 // One 32-wide K chunk of a warp's 16 W rows into its C fragments: wa / wb are the lane's 16 bytes
 // of rows g and g + 8 at k .. k + 7 (zeros where invalid), times x[token][k .. k + 7] for the
-// tokens t * 8 + g of each tile (ok: k is inside K). NORM_IN: x is h, multiplied by the norm's
-// weight as it is read (its 1 / rms scales the sums: store_tile_sums).
-template <typename T, int NT, bool NORM_IN = false>
+// tokens t * 8 + g of each tile (ok: k is inside K).
+template <typename T, int NT>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, const uint4& wb,
                                           const float* __restrict__ x, int m, int64_t K, int64_t k,
-                                          bool ok, int g, const NormIn& nin = NormIn{}) {
+                                          bool ok, int g) {
   const uint32_t a_lo[4] = {wa.x, wb.x, wa.y, wb.y};  // k .. k+3
   const uint32_t a_hi[4] = {wa.z, wb.z, wa.w, wb.w};  // k+4 .. k+7
-  float wn[8];
-  if constexpr (NORM_IN) load_norm_weight8(nin, k, ok, wn);
 #pragma unroll
   for (int t = 0; t < NT; ++t) {
     const int token = t * 8 + g;
@@ -156,11 +131,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
       x0 = __ldg(xp);
       x1 = __ldg(xp + 1);
     }
-    float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-    if constexpr (NORM_IN) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) xs[e] *= wn[e];
-    }
+    const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     float hi[8], lo[8];
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -179,16 +150,12 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
 // element r of lane l: W row l / 4 + 8 (r / 2), token 2 (l % 4) + r % 2 of the tile of 8 tokens.
 // gate_sums (a paired launch, find_tile): [NT * 128] floats of shared memory where member 0 (the
 // gate tile) leaves its sums and member 1 (the up tile) stores swiglu_of(gate, up) into y; each
-// thread reads back only what it wrote. row_scale (a NormIn input): each token's 1 / rms, which
-// multiplies its sums before the bias. Returns the sum of the squares of the h values this thread
-// wrote under a deferred norm (norm.sumsq set; else 0).
+// thread reads back only what it wrote.
 template <int NT>
-__device__ __forceinline__ double store_tile_sums(const float* partial, int num_warps, int64_t n0,
-                                                  int64_t N, int m, const DeviceBias& bias,
-                                                  float* y, const GemvNorm& norm = {},
-                                                  float* gate_sums = nullptr, int member = 0,
-                                                  const float* row_scale = nullptr) {
-  double sq = 0.0;
+__device__ __forceinline__ void store_tile_sums(const float* partial, int num_warps, int64_t n0,
+                                                int64_t N, int m, const DeviceBias& bias, float* y,
+                                                const GemvNorm& norm = {},
+                                                float* gate_sums = nullptr, int member = 0) {
   for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
     const int t = e / 128, l = (e / 4) % 32, r = e % 4;
     float sum = 0.0f;
@@ -196,14 +163,7 @@ __device__ __forceinline__ double store_tile_sums(const float* partial, int num_
     const int64_t row = n0 + (l >> 2) + 8 * (r >> 1);
     const int token = t * 8 + 2 * (l & 3) + (r & 1);
     if (row < N && token < m) {
-      if (row_scale != nullptr) sum *= row_scale[token];
       if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
-      if (norm.sumsq != nullptr) {  // the deferred norm's producer (norm.h set, no SwiGLU)
-        const float v = norm.h[token * N + row] + sum;
-        norm.h[token * N + row] = v;
-        sq += static_cast<double>(v * v);
-        continue;
-      }
       if (gate_sums != nullptr) {
         if (member == 0) {
           gate_sums[e] = sum;
@@ -214,7 +174,6 @@ __device__ __forceinline__ double store_tile_sums(const float* partial, int num_
       gemv_store(norm, y, token * N + row, sum);
     }
   }
-  return sq;
 }
 
 // The matrices of one launch (launch_gemv_group; one segment for launch_gemv): blocks
@@ -308,9 +267,7 @@ __global__ void __launch_bounds__(kMaxWarps * 32, UNROLL >= 8 ? 1 : 2)
 // one conflict-free 16-byte ld.shared per fragment half (the order of k inside a dot product
 // is free, as above). After each tile the warps' C fragments meet in a double-buffered
 // shared-memory partial (one __syncthreads per tile). With norm.h set (one segment) the sums go
-// into the residual stream and the last block normalizes it, or with norm.sumsq each block
-// leaves its rows' sums of squares for the next launch (gemv_norm.cuh). NORM_IN: x is h, read as
-// norm(h) (NormIn: the weight multiplies x in mma_chunk, each token's 1 / rms its sums).
+// into the residual stream and the last block normalizes it (gemv_norm.cuh).
 constexpr int kRingMaxWarps = 16;
 constexpr int kRingChunkK = 64;                        // K per stage: one line per W row
 constexpr int kRingStageBytes = 16 * kRingChunkK * 2;  // 16 rows x 128 bytes
@@ -320,22 +277,15 @@ constexpr int kRingStageBytes = 16 * kRingChunkK * 2;  // 16 rows x 128 bytes
 // 8B gate/up 32.6 / 32.0; 7B q/o 12.5 / 13.6; 7B down 26.1 / 28.4.
 constexpr int kRingDeepTilesPerSm = 16;
 
-// Whether a deferred norm's weight can be read as 16-byte vectors (load_norm_weight8).
-bool norm_weight_readable(const void* weight, DType dtype) {
-  const bool typed = dtype == DType::F32 || dtype == DType::F16 || dtype == DType::BF16;
-  return typed && weight != nullptr && reinterpret_cast<uintptr_t>(weight) % 16 == 0;
-}
-
 // Warps of a ring block: one per 64-wide chunk of K, at most kRingMaxWarps.
 int ring_warps(int64_t K) {
   return static_cast<int>(std::min<int64_t>(kRingMaxWarps, (K + kRingChunkK - 1) / kRingChunkK));
 }
 
-// The rings, the double-buffered partial sums, a paired launch's gate sums, a NormIn input's
-// 1 / rms per token.
+// The rings, the double-buffered partial sums, a paired launch's gate sums.
 size_t ring_smem_bytes(int warps, int stages, int nt) {
   return size_t(warps) * stages * kRingStageBytes +
-         (2 * size_t(warps) + 1) * nt * 128 * sizeof(float) + kMaxGemvRows * sizeof(float);
+         (2 * size_t(warps) + 1) * nt * 128 * sizeof(float);
 }
 
 // Byte offset inside a stage of piece p (k = 8p .. 8p + 7 of the chunk) of tile row r: slot
@@ -347,10 +297,10 @@ __device__ __forceinline__ uint32_t ring_offset(int r, int p) {
   return (((p >> 2) * 2 + (r >> 3)) * 32 + (lane ^ ((p >> 2) * 4))) * 16;
 }
 
-template <typename T, int NT, int STAGES, bool NORM_IN>
+template <typename T, int NT, int STAGES>
 __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     gemv_ring_kernel(const float* __restrict__ x, int m, int64_t K, const MmaSegments<T> segs,
-                     int64_t tiles, const GemvNorm norm, const NormIn nin) {
+                     int64_t tiles, const GemvNorm norm) {
   extern __shared__ __align__(16) unsigned char ring_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -359,7 +309,6 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
   float* partial =
       reinterpret_cast<float*>(ring_smem + size_t(num_warps) * STAGES * kRingStageBytes);
   float* gate_sums = segs.swiglu ? partial + 2 * size_t(num_warps) * NT * 128 : nullptr;
-  float* row_scale = partial + (2 * size_t(num_warps) + 1) * NT * 128;  // [kMaxGemvRows]
 
   const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
   const int64_t chunk_begin = chunks * warp / num_warps;
@@ -401,15 +350,8 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) fetch();
   pdl_begin();
-  if constexpr (NORM_IN) {  // read before the first tile's barrier
-    for (int t = warp; t < m; t += num_warps) {
-      const float inv_rms = norm_in_scale(nin, K, t);
-      if (lane == 0) row_scale[t] = inv_rms;
-    }
-  }
 
   float acc[NT][4];
-  double sq = 0.0;  // a deferred norm's squares (store_tile_sums)
   int slot = 0;
   for (int64_t tj = 0; tj < my_tiles; ++tj) {
 #pragma unroll
@@ -427,7 +369,7 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
         const int pos = (lane ^ (half * 4)) * 16;
         const uint4 wa = *reinterpret_cast<const uint4*>(stage + (half * 2) * 512 + pos);
         const uint4 wb = *reinterpret_cast<const uint4*>(stage + (half * 2 + 1) * 512 + pos);
-        mma_chunk<T, NT, NORM_IN>(acc, wa, wb, x, m, K, k + half * 32, k + half * 32 < K, g, nin);
+        mma_chunk<T, NT>(acc, wa, wb, x, m, K, k + half * 32, k + half * 32 < K, g);
       }
     }
     float* part = partial + size_t((tj & 1) * num_warps + warp) * NT * 128;
@@ -439,18 +381,12 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     __syncthreads();
     int64_t local;
     const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
-    sq += store_tile_sums<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps,
-                              local * 16, pick(segs.N, si), m, pick(segs.bias, si),
-                              segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si,
-                              NORM_IN ? row_scale : nullptr);
+    store_tile_sums<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps, local * 16,
+                        pick(segs.N, si), m, pick(segs.bias, si),
+                        segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si);
   }
   cp_async_wait<0>();
-  if (norm.h == nullptr) return;
-  if (norm.sumsq != nullptr) {
-    gemv_norm_defer_finish_rows(norm, sq, reinterpret_cast<double*>(partial));  // >= 4 KiB
-  } else {
-    gemv_norm_finish(norm, partial);  // >= 1 KiB
-  }
+  if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 1 KiB
 }
 
 // Coalesced FMA kernel for a few rows (m <= M <= 4): a warp owns kCoalRows W rows and reads
@@ -570,10 +506,9 @@ __global__ void gemv_simt_kernel(const float* __restrict__ x, int m, int64_t K,
 
 // QS_GEMV_RING=off|4|6 starts the process with GemvTuning::ring_stages -1 (gemv_mma_kernel), 4
 // or 6 (end-to-end A/B runs of the two tensor-core kernels without a rebuild); anything else is
-// ignored with a warning. QS_DEFER_NORM_RING=1 sets GemvTuning::defer_norm.
+// ignored with a warning.
 GemvTuning g_tuning = [] {
   GemvTuning t;
-  t.defer_norm = env_flag("QS_DEFER_NORM_RING", t.defer_norm);
   const char* v = std::getenv("QS_GEMV_RING");
   if (v != nullptr) {
     if (std::strcmp(v, "off") == 0) {
@@ -622,15 +557,15 @@ void launch_mma(const float* x, int m, const GemvSegment* segs, int count, int n
   CUDA_CHECK_LAUNCH(stream);
 }
 
-template <typename T, int NT, int STAGES, bool NORM_IN>
+template <typename T, int NT, int STAGES>
 void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
-                 cudaStream_t stream, const GemvNorm& norm, bool swiglu, const NormIn& nin) {
+                 cudaStream_t stream, const GemvNorm& norm, bool swiglu) {
   MmaSegments<T> ms = mma_segments<T>(segs, count);
   ms.swiglu = swiglu;
   const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
   const int warps = ring_warps(K);
-  auto* kernel = gemv_ring_kernel<T, NT, STAGES, NORM_IN>;
+  auto* kernel = gemv_ring_kernel<T, NT, STAGES>;
   static const bool opted_in = [kernel] {  // above 48 KiB, once per instantiation
     const size_t most = std::min(ring_smem_bytes(kRingMaxWarps, STAGES, NT), max_smem_per_block());
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -647,7 +582,7 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
   (void)opted_in;
   const int64_t grid = std::min<int64_t>(swiglu ? tiles / 2 : tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, ring_smem_bytes(warps, STAGES, NT),
-         stream, x, m, K, ms, tiles, norm, nin);
+         stream, x, m, K, ms, tiles, norm);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -670,21 +605,10 @@ int ring_stages_for(const GemvSegment* segs, int count, int num_sms) {
 
 template <typename T, int NT>
 void launch_ring_stages(int stages, const float* x, int m, const GemvSegment* segs, int count,
-                        int num_sms, cudaStream_t stream, const GemvNorm& norm, bool swiglu = false,
-                        const NormIn& nin = NormIn{}) {
-  if constexpr (std::is_same_v<T, __nv_bfloat16>) {  // NormIn: bf16 only (launch_ring_epilogue)
-    if (nin.sumsq != nullptr) {
-      if (stages == 6) {
-        return launch_ring<T, NT, 6, true>(x, m, segs, count, num_sms, stream, norm, swiglu, nin);
-      }
-      return launch_ring<T, NT, 4, true>(x, m, segs, count, num_sms, stream, norm, swiglu, nin);
-    }
-  }
-  QS_CHECK(nin.sumsq == nullptr);
-  if (stages == 6) {
-    return launch_ring<T, NT, 6, false>(x, m, segs, count, num_sms, stream, norm, swiglu, nin);
-  }
-  launch_ring<T, NT, 4, false>(x, m, segs, count, num_sms, stream, norm, swiglu, nin);
+                        int num_sms, cudaStream_t stream, const GemvNorm& norm,
+                        bool swiglu = false) {
+  if (stages == 6) return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream, norm, swiglu);
+  launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream, norm, swiglu);
 }
 
 template <typename T, int NT>
@@ -819,63 +743,40 @@ void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count
   }
 }
 
-// The ring kernel over these matrices with an epilogue (norm, or the gate / up pair's SwiGLU)
-// and / or a NormIn input, or false where it does not run them (nothing launched).
+// The ring kernel over these matrices with an epilogue (norm, or the gate / up pair's SwiGLU), or
+// false where it does not run them (nothing launched).
 bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int count,
-                          const GemvNorm& norm, bool swiglu, int num_sms, cudaStream_t stream,
-                          const NormIn& nin = NormIn{}) {
+                          const GemvNorm& norm, bool swiglu, int num_sms, cudaStream_t stream) {
   if (!gemv_group_supported(x, m, segs, count)) return false;
   const bool two = m > 8;
   const int stages =
       two ? ring_stages_for<2>(segs, count, num_sms) : ring_stages_for<1>(segs, count, num_sms);
   if (stages == 0) return false;
-  // A deferred norm: bf16 weights only (its consumers split h * weight into hi + lo in W's dtype:
-  // the residual stream is not normalized and can pass f16's 65504, the normed rows cannot), and
-  // a thread per element of a tile's sums (gemv_norm_defer_finish_rows).
-  // Its weight is read as 8-element vectors by the consumers (load_norm_weight8): the producer
-  // defers only what they can read.
-  const bool deferred = norm.sumsq != nullptr || nin.sumsq != nullptr;
-  if (deferred && segs[0].w.dtype != DType::BF16) return false;
-  if (norm.sumsq != nullptr && (ring_warps(segs[0].w.cols) * 32 < (two ? 2 : 1) * 128 ||
-                                !norm_weight_readable(norm.weight, norm.weight_dtype))) {
-    return false;
-  }
-  if (nin.sumsq != nullptr && !norm_weight_readable(nin.weight, nin.weight_dtype)) return false;
   if (segs[0].w.dtype == DType::BF16) {
     two ? launch_ring_stages<__nv_bfloat16, 2>(stages, x, m, segs, count, num_sms, stream, norm,
-                                               swiglu, nin)
+                                               swiglu)
         : launch_ring_stages<__nv_bfloat16, 1>(stages, x, m, segs, count, num_sms, stream, norm,
-                                               swiglu, nin);
+                                               swiglu);
   } else {
-    two ? launch_ring_stages<__half, 2>(stages, x, m, segs, count, num_sms, stream, norm, swiglu,
-                                        nin)
-        : launch_ring_stages<__half, 1>(stages, x, m, segs, count, num_sms, stream, norm, swiglu,
-                                        nin);
+    two ? launch_ring_stages<__half, 2>(stages, x, m, segs, count, num_sms, stream, norm, swiglu)
+        : launch_ring_stages<__half, 1>(stages, x, m, segs, count, num_sms, stream, norm, swiglu);
   }
   return true;
 }
 
 bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
                       const GemvNorm& norm, int num_sms, cudaStream_t stream) {
-  QS_CHECK(norm.h != nullptr);
+  QS_CHECK(norm.h != nullptr && norm.out != nullptr && norm.arrivals != nullptr);
   QS_CHECK(norm.m == m && norm.d == w.rows);
-  QS_CHECK(norm.sumsq != nullptr ? norm.parts >= num_sms
-                                 : norm.out != nullptr && norm.arrivals != nullptr);
   const GemvSegment seg{w, bias, nullptr};
   return launch_ring_epilogue(x, m, &seg, 1, norm, false, num_sms, stream);
 }
 
-bool launch_gemv_group_normed(const float* h, int m, const GemvSegment* segs, int count,
-                              const NormIn& nin, int num_sms, cudaStream_t stream) {
-  QS_CHECK(nin.sumsq != nullptr && nin.parts >= 1);
-  return launch_ring_epilogue(h, m, segs, count, GemvNorm{}, false, num_sms, stream, nin);
-}
-
 bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
-                        int num_sms, cudaStream_t stream, const NormIn& nin) {
+                        int num_sms, cudaStream_t stream) {
   QS_CHECK(gate.y != nullptr && gate.w.rows == up.w.rows);
   const GemvSegment segs[2] = {gate, up};
-  return launch_ring_epilogue(x, m, segs, 2, GemvNorm{}, true, num_sms, stream, nin);
+  return launch_ring_epilogue(x, m, segs, 2, GemvNorm{}, true, num_sms, stream);
 }
 
 void set_gemv_tuning(const GemvTuning& tuning) {

@@ -55,8 +55,8 @@ __device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm, void* scr
   }
 }
 
-// Block 0 of a deferred norm's producer zeroes the slots past the grid of rows [0, rows): the
-// consumers sum all `parts` slots of a row.
+// Block 0 of a deferred norm's producer zeroes the slots past the grid of rows [0, rows) (rows of
+// `parts` slots; the 4-bit producer has one): the consumers sum all `parts` slots of a row.
 __device__ __forceinline__ void gemv_norm_zero_unused_slots(const GemvNorm& norm, int rows) {
   if (blockIdx.x != 0) return;
   const int rest = norm.parts - static_cast<int>(gridDim.x);
@@ -76,32 +76,9 @@ __device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, dou
   gemv_norm_zero_unused_slots(norm, 1);
 }
 
-// The deferred form's end for the ring kernel (gemv.cu, m rows): `sq` is this thread's sum of
-// the squares of the h values it wrote, every one of them in the same row: thread e (< NT * 128,
-// one element of each tile's sums: store_tile_sums with blockDim.x >= NT * 128) stores row
-// 8 (e / 128) + 2 ((e / 4) % 4) + e % 2, so the 4 lanes of a warp that differ in lane bits 1 and
-// 4 share a row, and warps 4t .. 4t + 3 hold rows 8t .. 8t + 7. Each row's sum, in a fixed order,
-// goes to sumsq[row * parts + block]; block 0 zeroes each row's slots past the grid. scratch: 16
-// warps x 8 doubles of the block's shared memory that no thread reads after its last barrier.
-__device__ __forceinline__ void gemv_norm_defer_finish_rows(const GemvNorm& norm, double sq,
-                                                            double* scratch) {
-  sq += __shfl_xor_sync(kFullMask, sq, 2);
-  sq += __shfl_xor_sync(kFullMask, sq, 16);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  __syncthreads();  // every thread of the block is done with the tiles' shared memory
-  if ((lane & 0x12) == 0 && warp < 16) scratch[warp * 8 + ((lane >> 2) & 3) * 2 + (lane & 1)] = sq;
-  __syncthreads();
-  const int row = threadIdx.x;
-  if (row < norm.m) {
-    const double* t = scratch + (row / 8) * 32 + row % 8;  // warps 4 (row / 8) + j, entry row % 8
-    norm.sumsq[row * norm.parts + blockIdx.x] = ((t[0] + t[8]) + t[16]) + t[24];
-  }
-  gemv_norm_zero_unused_slots(norm, norm.m);
-}
-
 // The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the row's partial sums
-// (sumsq[row * parts, + parts)) in a fixed order (lanes over the slots, then the warp's
-// butterfly), then rmsnorm's formula.
+// (sumsq[row * parts, + parts); the 4-bit consumer reads row 0) in a fixed order (lanes over the
+// slots, then the warp's butterfly), then rmsnorm's formula.
 __device__ __forceinline__ float norm_in_scale(const NormIn& nin, int64_t d, int row = 0) {
   const double* slots = nin.sumsq + static_cast<int64_t>(row) * nin.parts;
   double s = 0.0;
