@@ -397,6 +397,20 @@ class Backend {
     (void)head_dim, (void)first_group, (void)n_groups, (void)dst;
     QS_CHECK_MSG(false, "quantize_kv: not implemented by this backend");
   }
+  // quantize_kv for n_layers layers at once (a commit's flush): layer l's rows start at
+  // k_rows / v_rows + l * layer_stride elements, its planes are dst[l]. The same codes and
+  // metadata as one call per layer; a backend may run them as one launch.
+  virtual void quantize_kv_layers(const void* k_rows, const void* v_rows, DType row_dtype,
+                                  int64_t row_stride, int64_t layer_stride, int n_layers,
+                                  int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                                  const QuantizedKvPlanesOut* dst) {
+    const int64_t step = layer_stride * static_cast<int64_t>(dtype_size(row_dtype));
+    for (int l = 0; l < n_layers; ++l) {
+      quantize_kv(static_cast<const char*>(k_rows) + l * step,
+                  static_cast<const char*>(v_rows) + l * step, row_dtype, row_stride, num_kv_heads,
+                  head_dim, first_group, n_groups, dst[l]);
+    }
+  }
   // The same over f32 rows (row_stride in floats). Derived backends bring it into scope with
   // `using Backend::quantize_kv;`.
   void quantize_kv(const float* k_rows, const float* v_rows, int64_t row_stride, int num_kv_heads,
@@ -545,6 +559,15 @@ class Backend {
   // The ranges must not overlap.
   virtual void copy_bytes(void* dst, const void* src, size_t bytes) {
     if (src != dst && bytes > 0) std::memcpy(dst, src, bytes);
+  }
+  // `count` copies of `bytes` bytes, copy i from src + i * src_pitch to dst + i * dst_pitch (one
+  // layer's rows each). No destination range may overlap any source range.
+  virtual void copy_bytes_strided(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                  size_t bytes, int count) {
+    for (int i = 0; i < count; ++i) {
+      copy_bytes(static_cast<char*>(dst) + i * dst_pitch,
+                 static_cast<const char*>(src) + i * src_pitch, bytes);
+    }
   }
 
   // Stores n f32 values (backend memory) as `dst_dtype` into backend memory: F32 copies; F16

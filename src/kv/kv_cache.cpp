@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 namespace qs {
 
@@ -211,17 +212,39 @@ void KvCache::quantize_below(int layer, int end) {
   layer_quantized_[layer] = end;
 }
 
+void KvCache::quantize_layers_below(int end) {
+  const int start = layer_quantized_[0];
+  bool same = true;
+  for (int l = 1; l < cfg_.num_layers; ++l) same = same && layer_quantized_[l] == start;
+  if (!same || start >= end) {  // forwards left the layers at different positions (or done)
+    for (int l = 0; l < cfg_.num_layers; ++l) quantize_below(l, end);
+    return;
+  }
+  const int G = cfg_.group_size;
+  QS_CHECK(end % G == 0 && end <= fp_end_);
+  QS_CHECK_MSG(start >= fp_base_, "KV cache: group rows already left the buffer");
+  std::vector<QuantizedKvPlanesOut> dst(cfg_.num_layers);
+  for (int l = 0; l < cfg_.num_layers; ++l) dst[l] = planes_->output(l);
+  backend_->quantize_kv_layers(k_row(0, start), v_row(0, start), cfg_.row_dtype, kv_dim(),
+                               static_cast<int64_t>(buffer_rows_) * kv_dim(), cfg_.num_layers,
+                               cfg_.num_kv_heads, cfg_.head_dim, start / G, (end - start) / G,
+                               dst.data());
+  for (int l = 0; l < cfg_.num_layers; ++l) layer_quantized_[l] = end;
+}
+
 void KvCache::shift_rows(int from) {
   const int shift = from - fp_base_;
   const int keep = fp_end_ - from;
   QS_CHECK(shift > 0 && keep >= 0);
-  // Chunks of at most `shift` rows: source and destination of one copy never overlap.
-  for (int l = 0; l < cfg_.num_layers; ++l) {
-    for (int r = 0; r < keep; r += shift) {
-      const size_t n = static_cast<size_t>(std::min(shift, keep - r)) * kv_dim() * elem_bytes();
-      backend_->copy_bytes(k_row(l, fp_base_ + r), k_row(l, from + r), n);
-      backend_->copy_bytes(v_row(l, fp_base_ + r), v_row(l, from + r), n);
-    }
+  // Chunks of at most `shift` rows: source and destination of one copy never overlap. Each chunk
+  // moves in every layer at once (the layers' rows are buffer_rows_ apart).
+  const size_t pitch = static_cast<size_t>(buffer_rows_) * kv_dim() * elem_bytes();
+  for (int r = 0; r < keep; r += shift) {
+    const size_t n = static_cast<size_t>(std::min(shift, keep - r)) * kv_dim() * elem_bytes();
+    backend_->copy_bytes_strided(k_row(0, fp_base_ + r), pitch, k_row(0, from + r), pitch, n,
+                                 cfg_.num_layers);
+    backend_->copy_bytes_strided(v_row(0, fp_base_ + r), pitch, v_row(0, from + r), pitch, n,
+                                 cfg_.num_layers);
   }
   fp_base_ = from;
 }
@@ -236,7 +259,7 @@ void KvCache::commit(int n) {
   const int complete = G * (n / G);
   if (complete > n_planes_) {
     flushes_ += (complete - n_planes_) / G;
-    for (int l = 0; l < cfg_.num_layers; ++l) quantize_below(l, complete);
+    quantize_layers_below(complete);
     n_planes_ = complete;
   }
   const int base = quant_boundary(n, G);

@@ -129,6 +129,9 @@ class KvCache {
   // (then it was released before the allocation, and is empty).
   Status resize_rows(int rows);
   int steady_rows() const;  // buffer rows of steady decoding
+  // quantize_below(l, end) for every layer: one Backend::quantize_kv_layers call when the layers
+  // are quantized up to the same position (a commit's flush), else one call per layer.
+  void quantize_layers_below(int end);
   // Moves rows [from, fp_end) of every layer to the start of the buffer.
   void shift_rows(int from);
   // Element size of the rows, and where row `pos` of `layer` starts.

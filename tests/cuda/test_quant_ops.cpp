@@ -327,6 +327,80 @@ TEST_F(CudaOpsTest, QuantizeKvOfNoGroupsWritesNothing) {
   expect_kv_identical(gpu(), cpu(), c, std::vector<float>(1), std::vector<float>(1));
 }
 
+// A commit's flush of every layer in one launch (cuda::launch_quantize_kv_layers, the CUDA
+// backend's quantize_kv_layers with QS_FLUSH_LAYERS=1): layer l's rows at l * layer_stride
+// elements (a KV cache's buffer rows), its planes at l times one stride per array (QuantizedPlanes'
+// layout). Every byte equals one launch_quantize_kv per layer, f32 and f16 rows; planes at
+// non-uniform strides are declined (false, nothing written).
+TEST_F(CudaOpsTest, QuantizeKvLayersEqualsOneCallPerLayer) {
+  const KvCase cases[] = {
+      {4, 64, 32, 64, 2, 1, 0}, {8, 128, 128, 32, 1, 3, 4}, {2, 128, 64, 128, 0, 2, 0}};
+  const int layers = 5;
+  uint64_t seed = 7000;
+  for (const KvCase& c : cases) {
+    for (const bool f16 : {false, true}) {
+      const int64_t capacity = (c.first_group + c.n_groups + 1) * c.G;
+      const int64_t stride = int64_t{c.heads} * c.head_dim + c.stride_pad;
+      const int64_t rows = int64_t{c.n_groups} * c.G, layer_rows = rows + 24;  // buffer rows
+      std::vector<float> all_k, all_v;
+      for (int l = 0; l < layers; ++l) {
+        std::vector<float> k, v;
+        make_kv_rows(c, seed++, k, v);
+        k.resize(static_cast<size_t>(layer_rows * stride), 0.0f);
+        v.resize(k.size(), 0.0f);
+        all_k.insert(all_k.end(), k.begin(), k.end());
+        all_v.insert(all_v.end(), v.begin(), v.end());
+      }
+      const DType dtype = f16 ? DType::F16 : DType::F32;
+      std::vector<uint16_t> k16(all_k.size()), v16(all_v.size());
+      for (size_t i = 0; i < all_k.size(); ++i) {
+        k16[i] = f32_to_f16(all_k[i]);
+        v16[i] = f32_to_f16(all_v[i]);
+      }
+      const DeviceBytes kd = f16 ? DeviceBytes(gpu(), k16) : DeviceBytes(gpu(), all_k);
+      const DeviceBytes vd = f16 ? DeviceBytes(gpu(), v16) : DeviceBytes(gpu(), all_v);
+      const PlaneBytes one(c, capacity);
+      std::vector<uint8_t> layered[PlaneBytes::kArrays];
+      for (int i = 0; i < PlaneBytes::kArrays; ++i) {
+        for (int l = 0; l < layers; ++l) {
+          layered[i].insert(layered[i].end(), one.a[i].begin(), one.a[i].end());
+        }
+      }
+      std::vector<std::unique_ptr<DeviceBytes>> want, got;
+      for (int i = 0; i < PlaneBytes::kArrays; ++i) {
+        want.push_back(std::make_unique<DeviceBytes>(gpu(), layered[i]));
+        got.push_back(std::make_unique<DeviceBytes>(gpu(), layered[i]));
+      }
+      auto layer_out = [&](std::vector<std::unique_ptr<DeviceBytes>>& arrays, int l) {
+        uint8_t* p[PlaneBytes::kArrays];
+        for (int i = 0; i < PlaneBytes::kArrays; ++i)
+          p[i] = arrays[i]->data() + l * one.a[i].size();
+        return planes_out(p, c, capacity);
+      };
+      const auto stream = static_cast<cudaStream_t>(gpu().stream());
+      const size_t step = static_cast<size_t>(layer_rows * stride) * dtype_size(dtype);
+      std::vector<QuantizedKvPlanesOut> dst;
+      for (int l = 0; l < layers; ++l) {
+        cuda::launch_quantize_kv(kd.data() + l * step, vd.data() + l * step, dtype, stride, c.heads,
+                                 c.head_dim, c.first_group, c.n_groups, layer_out(want, l), stream);
+        dst.push_back(layer_out(got, l));
+      }
+      ASSERT_TRUE(cuda::launch_quantize_kv_layers(kd.data(), vd.data(), dtype, stride,
+                                                  layer_rows * stride, layers, c.heads, c.head_dim,
+                                                  c.first_group, c.n_groups, dst.data(), stream));
+      for (int i = 0; i < PlaneBytes::kArrays; ++i) {
+        EXPECT_EQ(got[i]->to_host(), want[i]->to_host())
+            << describe(c) << (f16 ? " f16" : " f32") << ": " << PlaneBytes::kNames[i];
+      }
+      if (HasFailure()) return;
+      std::swap(dst[1], dst[2]);  // not one stride: declined
+      EXPECT_FALSE(cuda::launch_quantize_kv_layers(kd.data(), vd.data(), dtype, stride,
+                                                   layer_rows * stride, layers, c.heads, c.head_dim,
+                                                   c.first_group, c.n_groups, dst.data(), stream));
+    }
+  }
+}
+
 TEST_F(CudaOpsTest, FillZeroClearsExactlyTheRange) {
   std::vector<uint8_t> host(1000, 0x7E);
   DeviceBytes d(gpu(), host);

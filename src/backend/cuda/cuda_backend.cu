@@ -619,6 +619,22 @@ void CudaBackend::copy_bytes(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
 }
 
+// QS_FLUSH_LAYERS=1: a commit's flush as one quantize launch for every layer and the kept rows'
+// move as one strided copy per chunk (Backend::quantize_kv_layers / copy_bytes_strided); off by
+// default until measured on a GPU (one launch and two copies per layer otherwise).
+const bool g_flush_layers = cuda::env_flag("QS_FLUSH_LAYERS", false);
+
+void CudaBackend::copy_bytes_strided(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                                     size_t bytes, int count) {
+  if (!g_flush_layers || count < 2 || dst_pitch < bytes || src_pitch < bytes) {
+    Backend::copy_bytes_strided(dst, dst_pitch, src, src_pitch, bytes, count);
+    return;
+  }
+  if (bytes == 0 || dst == src) return;
+  CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_pitch, src, src_pitch, bytes, static_cast<size_t>(count),
+                               cudaMemcpyDeviceToDevice, impl_->stream));
+}
+
 void CudaBackend::store_kv_rows(void* dst, DType dst_dtype, const float* src, size_t n) {
   QS_CHECK_MSG(kv_row_dtype_supported(dst_dtype), "store_kv_rows: rows are F32 or F16");
   if (dst_dtype == DType::F32) {
@@ -1074,6 +1090,19 @@ void CudaBackend::quantize_kv(const void* k_rows, const void* v_rows, DType row_
                               int64_t first_group, int n_groups, const QuantizedKvPlanesOut& dst) {
   cuda::launch_quantize_kv(k_rows, v_rows, row_dtype, row_stride, num_kv_heads, head_dim,
                            first_group, n_groups, dst, impl_->stream);
+}
+
+void CudaBackend::quantize_kv_layers(const void* k_rows, const void* v_rows, DType row_dtype,
+                                     int64_t row_stride, int64_t layer_stride, int n_layers,
+                                     int num_kv_heads, int head_dim, int64_t first_group,
+                                     int n_groups, const QuantizedKvPlanesOut* dst) {
+  if (g_flush_layers && cuda::launch_quantize_kv_layers(
+                            k_rows, v_rows, row_dtype, row_stride, layer_stride, n_layers,
+                            num_kv_heads, head_dim, first_group, n_groups, dst, impl_->stream)) {
+    return;
+  }
+  Backend::quantize_kv_layers(k_rows, v_rows, row_dtype, row_stride, layer_stride, n_layers,
+                              num_kv_heads, head_dim, first_group, n_groups, dst);
 }
 
 void CudaBackend::snapkv_scores(const float* q, int window, const void* k_rows, DType row_dtype,

@@ -86,6 +86,9 @@ class CudaBackend final : public Backend {
   void from_host(const float* src_host, float* dst, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;
   void copy_bytes(void* dst, const void* src, size_t bytes) override;
+  // One cudaMemcpy2DAsync with QS_FLUSH_LAYERS=1 (off by default until run on a GPU).
+  void copy_bytes_strided(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
+                          size_t bytes, int count) override;
   // F16: a conversion kernel (cuda_ops.h launch_store_f16), bit-identical to the CPU's.
   void store_kv_rows(void* dst, DType dst_dtype, const float* src, size_t n) override;
   // F16: both row ranges in one kernel (launch_store_f16_pair); F32: two copies.
@@ -143,6 +146,11 @@ class CudaBackend final : public Backend {
   void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                    int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                    const QuantizedKvPlanesOut& dst) override;
+  // One launch for every layer with QS_FLUSH_LAYERS=1 (off by default until run on a GPU).
+  void quantize_kv_layers(const void* k_rows, const void* v_rows, DType row_dtype,
+                          int64_t row_stride, int64_t layer_stride, int n_layers, int num_kv_heads,
+                          int head_dim, int64_t first_group, int n_groups,
+                          const QuantizedKvPlanesOut* dst) override;
   void fill_zero(void* dst, size_t bytes) override;
   // cuda::launch_snapkv_scores (snapkv.cu): f32 arithmetic, equal to the reference to rounding.
   void snapkv_scores(const float* q, int window, const void* k_rows, DType row_dtype,

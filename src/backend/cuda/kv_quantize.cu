@@ -183,11 +183,10 @@ __device__ __forceinline__ float4 load4(const __half* p) {
 // TPT: tokens per key slice (<= G); CPL: value channels per lane (Gv/CPL <= 32 lanes a group);
 // T: the row type (float or __half).
 template <int TPT, int CPL, typename T>
-__global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const QuantizeKvArgs a) {
+__device__ __forceinline__ void quantize_kv_block(const QuantizeKvArgs& a, int h) {
   pdl_begin();
   extern __shared__ float2 slice_range[];  // [G / TPT][head_dim]: (lo, hi) per slice, channel
   const int hd = a.head_dim, G = a.group_size;
-  const int h = blockIdx.y;
   const int64_t group = a.first_group + blockIdx.x;
   const int64_t row0 = static_cast<int64_t>(blockIdx.x) * G;  // first row of k/v
   const int64_t row_bytes = hd / 2;
@@ -335,6 +334,39 @@ __global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const Quantize
   }
 }
 
+template <int TPT, int CPL, typename T>
+__global__ void __launch_bounds__(kMaxThreads) quantize_kv_kernel(const QuantizeKvArgs a) {
+  quantize_kv_block<TPT, CPL, T>(a, blockIdx.y);
+}
+
+// Where layer l's rows and planes are, relative to layer 0's (quantize_kv_layers_kernel).
+struct KvLayerStrides {
+  int num_kv_heads = 0;
+  int64_t rows = 0;        // row elements
+  int64_t codes = 0;       // bytes, every code plane
+  int64_t key_meta = 0;    // key_scale / key_min elements
+  int64_t value_meta = 0;  // value_scale / value_min elements
+};
+
+// quantize_kv_kernel for several layers: blockIdx.y = layer * num_kv_heads + kv head.
+template <int TPT, int CPL, typename T>
+__global__ void __launch_bounds__(kMaxThreads)
+    quantize_kv_layers_kernel(const QuantizeKvArgs args, const KvLayerStrides st) {
+  const int64_t layer = blockIdx.y / st.num_kv_heads;
+  QuantizeKvArgs a = args;
+  a.k = static_cast<const T*>(args.k) + layer * st.rows;
+  a.v = static_cast<const T*>(args.v) + layer * st.rows;
+  a.key_upper += layer * st.codes;
+  a.key_lower += layer * st.codes;
+  a.value_upper += layer * st.codes;
+  a.value_lower += layer * st.codes;
+  a.key_scale += layer * st.key_meta;
+  a.key_min += layer * st.key_meta;
+  a.value_scale += layer * st.value_meta;
+  a.value_min += layer * st.value_meta;
+  quantize_kv_block<TPT, CPL, T>(a, static_cast<int>(blockIdx.y % st.num_kv_heads));
+}
+
 bool is_pow2(int64_t v) {
   return v > 0 && (v & (v - 1)) == 0;
 }
@@ -350,18 +382,25 @@ int choose_parts(int head_dim, int G, int num_kv_heads, int n_groups) {
   return parts;
 }
 
+// `heads` (kv heads x layers) blocks per group and part; st.num_kv_heads > 0: the layers kernel.
 template <int TPT, int CPL>
-void launch_tpt_cpl(const QuantizeKvArgs& a, bool f16, int num_kv_heads, int n_groups,
-                    cudaStream_t stream) {
+void launch_tpt_cpl(const QuantizeKvArgs& a, bool f16, int heads, int n_groups,
+                    const KvLayerStrides& st, cudaStream_t stream) {
   const int slices = a.group_size / TPT;
-  const int parts = choose_parts(a.head_dim, a.group_size, num_kv_heads, n_groups);
+  const int parts = choose_parts(a.head_dim, a.group_size, heads, n_groups);
   QS_CHECK((a.head_dim / 2) % parts == 0 && a.group_size % parts == 0);
   const int threads = std::max(32, a.head_dim / 2 / parts * slices);
   QS_CHECK(threads <= kMaxThreads && threads % 32 == 0);
   const size_t smem = sizeof(float2) * static_cast<size_t>(slices) * a.head_dim;
-  const dim3 grid(static_cast<unsigned>(n_groups), static_cast<unsigned>(num_kv_heads),
+  const dim3 grid(static_cast<unsigned>(n_groups), static_cast<unsigned>(heads),
                   static_cast<unsigned>(parts));
-  if (f16) {
+  if (st.num_kv_heads > 0) {
+    if (f16) {
+      launch(quantize_kv_layers_kernel<TPT, CPL, __half>, grid, threads, smem, stream, a, st);
+    } else {
+      launch(quantize_kv_layers_kernel<TPT, CPL, float>, grid, threads, smem, stream, a, st);
+    }
+  } else if (f16) {
     launch(quantize_kv_kernel<TPT, CPL, __half>, grid, threads, smem, stream, a);
   } else {
     launch(quantize_kv_kernel<TPT, CPL, float>, grid, threads, smem, stream, a);
@@ -370,20 +409,23 @@ void launch_tpt_cpl(const QuantizeKvArgs& a, bool f16, int num_kv_heads, int n_g
 }
 
 template <int TPT>
-void launch_tpt(const QuantizeKvArgs& a, bool f16, int num_kv_heads, int n_groups,
-                cudaStream_t stream) {
+void launch_tpt(const QuantizeKvArgs& a, bool f16, int heads, int n_groups,
+                const KvLayerStrides& st, cudaStream_t stream) {
   if (a.value_group_size <= 128) {
-    launch_tpt_cpl<TPT, 4>(a, f16, num_kv_heads, n_groups, stream);
+    launch_tpt_cpl<TPT, 4>(a, f16, heads, n_groups, st, stream);
   } else {
-    launch_tpt_cpl<TPT, 8>(a, f16, num_kv_heads, n_groups, stream);
+    launch_tpt_cpl<TPT, 8>(a, f16, heads, n_groups, st, stream);
   }
 }
 
 }  // namespace
 
-void launch_quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
-                        int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
-                        const QuantizedKvPlanesOut& dst, cudaStream_t stream) {
+namespace {
+
+// launch_quantize_kv's checks and kernel arguments; false: nothing to launch (n_groups == 0).
+bool quantize_kv_args(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
+                      int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                      const QuantizedKvPlanesOut& dst, QuantizeKvArgs& a) {
   const int G = dst.group_size, Gv = dst.value_group_size;
   QS_CHECK(n_groups >= 0 && first_group >= 0 && num_kv_heads >= 1 && num_kv_heads <= 65535);
   QS_CHECK_MSG(head_dim == 32 || head_dim == 64 || head_dim == 128 || head_dim == 256,
@@ -397,10 +439,9 @@ void launch_quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,
   QS_CHECK(row_stride >= static_cast<int64_t>(num_kv_heads) * head_dim);
   QS_CHECK_MSG(row_dtype == DType::F32 || row_dtype == DType::F16,
                "quantize_kv: rows are F32 or F16");
-  if (n_groups == 0) return;
+  if (n_groups == 0) return false;
   QS_CHECK(k_rows && v_rows && dst.key_upper && dst.key_lower && dst.value_upper &&
            dst.value_lower && dst.key_scale && dst.key_min && dst.value_scale && dst.value_min);
-  QuantizeKvArgs a;
   a.k = k_rows;
   a.v = v_rows;
   a.row_stride = row_stride;
@@ -419,22 +460,88 @@ void launch_quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,
   a.value_min = dst.value_min;
   // Head offsets (h * head_dim) and channel offsets (2p, multiples of 4) keep the vector
   // alignment of the base pointer when the row stride does.
-  const bool f16 = row_dtype == DType::F16;
   const size_t esize = dtype_size(row_dtype);
   a.k_vec2 = reinterpret_cast<uintptr_t>(k_rows) % (2 * esize) == 0 && row_stride % 2 == 0;
   a.v_vec4 = reinterpret_cast<uintptr_t>(v_rows) % (4 * esize) == 0 && row_stride % 4 == 0;
-  // Key slices of 16 tokens (32 floats in registers per thread); fewer when the group is
-  // smaller, more when the block would exceed 1024 threads (head_dim 256 with G 256).
-  // A small launch (a flush) takes slices of 8 tokens: twice the threads, half the serial work
-  // per thread.
-  const bool small = static_cast<int64_t>(n_groups) * num_kv_heads < 128;
+  return true;
+}
+
+// Key slices of 16 tokens (32 floats in registers per thread); fewer when the group is smaller,
+// more when the block would exceed 1024 threads (head_dim 256 with G 256). A small launch (a
+// flush) takes slices of 8 tokens: twice the threads, half the serial work per thread. heads:
+// kv heads x layers.
+void dispatch_quantize_kv(const QuantizeKvArgs& a, bool f16, int heads, int n_groups,
+                          const KvLayerStrides& st, cudaStream_t stream) {
+  const int G = a.group_size, head_dim = a.head_dim;
+  const bool small = static_cast<int64_t>(n_groups) * heads < 128;
   if (G < 16 || (small && head_dim / 2 * (G / 8) <= kMaxThreads)) {
-    launch_tpt<8>(a, f16, num_kv_heads, n_groups, stream);
+    launch_tpt<8>(a, f16, heads, n_groups, st, stream);
   } else if (head_dim / 2 * (G / 16) <= kMaxThreads) {
-    launch_tpt<16>(a, f16, num_kv_heads, n_groups, stream);
+    launch_tpt<16>(a, f16, heads, n_groups, st, stream);
   } else {
-    launch_tpt<32>(a, f16, num_kv_heads, n_groups, stream);
+    launch_tpt<32>(a, f16, heads, n_groups, st, stream);
   }
+}
+
+// dst[l] - dst[0] for every array is l times one stride per kind (codes, key and value metadata),
+// and the layers' shapes agree: the layers kernel can address them. Sets those strides.
+bool uniform_layer_strides(const QuantizedKvPlanesOut* dst, int n_layers, KvLayerStrides& st) {
+  const QuantizedKvPlanesOut& d0 = dst[0];
+  if (n_layers < 2) return false;
+  st.codes = dst[1].key_upper - d0.key_upper;
+  st.key_meta = dst[1].key_scale - d0.key_scale;
+  st.value_meta = dst[1].value_scale - d0.value_scale;
+  for (int l = 1; l < n_layers; ++l) {
+    const QuantizedKvPlanesOut& d = dst[l];
+    const bool same =
+        d.key_upper - d0.key_upper == l * st.codes && d.key_lower - d0.key_lower == l * st.codes &&
+        d.value_upper - d0.value_upper == l * st.codes &&
+        d.value_lower - d0.value_lower == l * st.codes &&
+        d.key_scale - d0.key_scale == l * st.key_meta &&
+        d.key_min - d0.key_min == l * st.key_meta &&
+        d.value_scale - d0.value_scale == l * st.value_meta &&
+        d.value_min - d0.value_min == l * st.value_meta && d.capacity == d0.capacity &&
+        d.group_size == d0.group_size && d.value_group_size == d0.value_group_size;
+    if (!same) return false;
+  }
+  return true;
+}
+
+}  // namespace
+
+void launch_quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
+                        int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                        const QuantizedKvPlanesOut& dst, cudaStream_t stream) {
+  QuantizeKvArgs a;
+  if (!quantize_kv_args(k_rows, v_rows, row_dtype, row_stride, num_kv_heads, head_dim, first_group,
+                        n_groups, dst, a)) {
+    return;
+  }
+  dispatch_quantize_kv(a, row_dtype == DType::F16, num_kv_heads, n_groups, KvLayerStrides{},
+                       stream);
+}
+
+bool launch_quantize_kv_layers(const void* k_rows, const void* v_rows, DType row_dtype,
+                               int64_t row_stride, int64_t layer_stride, int n_layers,
+                               int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                               const QuantizedKvPlanesOut* dst, cudaStream_t stream) {
+  KvLayerStrides st;
+  if (!uniform_layer_strides(dst, n_layers, st) ||
+      static_cast<int64_t>(num_kv_heads) * n_layers > 65535) {
+    return false;
+  }
+  QuantizeKvArgs a;
+  if (!quantize_kv_args(k_rows, v_rows, row_dtype, row_stride, num_kv_heads, head_dim, first_group,
+                        n_groups, dst[0], a)) {
+    return true;
+  }
+  st.num_kv_heads = num_kv_heads;
+  st.rows = layer_stride;
+  // Each layer's rows keep the vector alignment of layer 0's when the layer stride does.
+  a.k_vec2 = a.k_vec2 && layer_stride % 2 == 0;
+  a.v_vec4 = a.v_vec4 && layer_stride % 4 == 0;
+  dispatch_quantize_kv(a, row_dtype == DType::F16, num_kv_heads * n_layers, n_groups, st, stream);
+  return true;
 }
 
 }  // namespace qs::cuda

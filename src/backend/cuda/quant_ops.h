@@ -29,6 +29,14 @@ namespace qs::cuda {
 void launch_quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                         int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                         const QuantizedKvPlanesOut& dst, cudaStream_t stream);
+// launch_quantize_kv for n_layers layers in one launch (Backend::quantize_kv_layers): layer l's
+// rows at k_rows / v_rows + l * layer_stride elements, its planes dst[l]. Returns false, launching
+// nothing, unless the planes of every layer are dst[0]'s arrays at one stride per array kind
+// (QuantizedPlanes' layout) and kv heads x layers <= 65535; the same bits as one call per layer.
+bool launch_quantize_kv_layers(const void* k_rows, const void* v_rows, DType row_dtype,
+                               int64_t row_stride, int64_t layer_stride, int n_layers,
+                               int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
+                               const QuantizedKvPlanesOut* dst, cudaStream_t stream);
 
 // ---- gemv_q4.cu -----------------------------------------------------------------------------
 
