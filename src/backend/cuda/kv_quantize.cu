@@ -418,10 +418,6 @@ void launch_tpt(const QuantizeKvArgs& a, bool f16, int heads, int n_groups,
   }
 }
 
-}  // namespace
-
-namespace {
-
 // launch_quantize_kv's checks and kernel arguments; false: nothing to launch (n_groups == 0).
 bool quantize_kv_args(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                       int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
