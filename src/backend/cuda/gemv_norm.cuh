@@ -55,16 +55,6 @@ __device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm, void* scr
   }
 }
 
-// Block 0 of a deferred norm's producer zeroes the slots past the grid of rows [0, rows) (rows of
-// `parts` slots; the 4-bit producer has one): the consumers sum all `parts` slots of a row.
-__device__ __forceinline__ void gemv_norm_zero_unused_slots(const GemvNorm& norm, int rows) {
-  if (blockIdx.x != 0) return;
-  const int rest = norm.parts - static_cast<int>(gridDim.x);
-  for (int i = threadIdx.x; i < rows * rest; i += blockDim.x) {
-    norm.sumsq[(i / rest) * norm.parts + gridDim.x + i % rest] = 0.0;
-  }
-}
-
 // The deferred form's end (norm.sumsq set): `sq` is this thread's sum of the squares of the h
 // values it wrote (threads of warp 0 store the tiles' rows; the others pass 0). Warp 0 sums them
 // into the block's slot; block 0 zeroes the slots past the grid.
@@ -73,16 +63,18 @@ __device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, dou
     sq = warp_sum(sq);
     if (threadIdx.x == 0) norm.sumsq[blockIdx.x] = sq;
   }
-  gemv_norm_zero_unused_slots(norm, 1);
+  if (blockIdx.x == 0) {
+    for (int i = static_cast<int>(gridDim.x) + threadIdx.x; i < norm.parts; i += blockDim.x) {
+      norm.sumsq[i] = 0.0;
+    }
+  }
 }
 
-// The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the row's partial sums
-// (sumsq[row * parts, + parts); the 4-bit consumer reads row 0) in a fixed order (lanes over the
-// slots, then the warp's butterfly), then rmsnorm's formula.
-__device__ __forceinline__ float norm_in_scale(const NormIn& nin, int64_t d, int row = 0) {
-  const double* slots = nin.sumsq + static_cast<int64_t>(row) * nin.parts;
+// The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the partial sums in a
+// fixed order (lanes over the slots, then the warp's butterfly), then rmsnorm's formula.
+__device__ __forceinline__ float norm_in_scale(const NormIn& nin, int64_t d) {
   double s = 0.0;
-  for (int i = threadIdx.x % 32; i < nin.parts; i += 32) s += slots[i];
+  for (int i = threadIdx.x % 32; i < nin.parts; i += 32) s += nin.sumsq[i];
   return inv_rms_of(warp_sum(s), d, nin.eps);
 }
 
