@@ -1,7 +1,7 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
 //   bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,
-//                         w4sweep,kvflush,quantkv,qtime,sample]
+//                         w4sweep,kvflush,quantkv,qtime,sample,chain]
 //             [--quick] [--profile]
 //
 // sample: sampling on the GPU (one row, five rows, the backend call, a gamma = 4 verdict) at
@@ -895,6 +895,77 @@ void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
   }
 }
 
+// What the launch boundaries between a layer's GEMVs cost (Llama-2-7B shape, 32 layers as one
+// CUDA graph, two rotating copies of the layer's weights: cold L2). The same weight bytes as
+// (a) the model's four launches per layer (q/k/v group, o, gate/up group, down), (b) two (every
+// K = 4096 matrix stacked into one, then down), (c) one (the down matrix's bytes as 11008 more
+// rows of the stacked matrix). No dependency between the launches is modelled: (a) - (c) bounds
+// what keeping the weight stream going across a layer's matrices could gain. bf16 at m = 1 and
+// 4 (AR, verification), 4-bit at m = 1 (draft).
+void bench_gemv_chain(CudaBackend& be) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  const int64_t H = 4096, I = 11008, stacked = 4 * H + 2 * I, all = stacked + I;
+  constexpr int kLayers = 32, kCopies = 2;
+  struct Part {
+    int64_t rows, cols;
+  };
+  const std::vector<std::vector<Part>> forms[] = {
+      {{{H, H}, {H, H}, {H, H}}, {{H, H}}, {{I, H}, {I, H}}, {{H, I}}},  // (a)
+      {{{stacked, H}}, {{H, I}}},                                        // (b)
+      {{{all, H}}}};                                                     // (c)
+  const char* names[] = {"4 launches", "2 launches", "1 launch"};
+  auto x = random_f32(16 * I, 3);
+  DeviceMem y(16 * all * 4);
+  for (const bool q4 : {false, true}) {
+    for (int f = 0; f < 3; ++f) {
+      // [copy][launch][part]
+      std::vector<std::unique_ptr<DeviceMem>> mem;
+      std::vector<std::vector<std::vector<WeightView>>> views(kCopies);
+      std::vector<std::vector<std::vector<QuantizedWeight4>>> w4(kCopies);
+      double bytes = 0;
+      for (int c = 0; c < kCopies; ++c) {
+        for (const auto& launch : forms[f]) {
+          views[c].emplace_back();
+          w4[c].emplace_back();
+          for (const Part& p : launch) {
+            if (q4) {
+              w4[c].back().push_back(random_q4_copies(p.rows, p.cols, 1)[0]);
+              if (c == 0) bytes += q4_bytes(Q4Mat{"", p.rows, p.cols}, 0);
+            } else {
+              mem.push_back(random_bf16(size_t(p.rows) * p.cols, 20 + mem.size()));
+              views[c].back().push_back(bf16_view(*mem.back(), p.rows, p.cols, "chain"));
+              if (c == 0) bytes += 2.0 * p.rows * p.cols;
+            }
+          }
+        }
+      }
+      bytes *= kLayers;
+      for (const int m : q4 ? std::vector<int>{1} : std::vector<int>{1, 4}) {
+        auto layer = [&](int c) {
+          for (size_t l = 0; l < forms[f].size(); ++l) {
+            LinearOp ops[3];
+            const size_t n = forms[f][l].size();
+            int64_t row0 = 0;  // each matrix's outputs after the previous one's
+            for (size_t p = 0; p < n; ++p) {
+              ops[p] = {q4 ? nullptr : &views[c][l][p], q4 ? &w4[c][l][p] : nullptr, nullptr,
+                        y.f32() + row0 * m};
+              row0 += forms[f][l][p].rows;
+            }
+            be.matmul_group(x->f32(), m, ops, static_cast<int>(n));
+          }
+        };
+        for (int c = 0; c < kCopies; ++c) layer(c);  // uploads
+        const double ms = time_graph_ms(
+            s, [&](int i) { layer(i % kCopies); }, kLayers, 5);
+        summary("| chain %s m=%-2d %-10s | %7.1f us per layer | %6.0f GB/s | %5.1f%% |",
+                q4 ? "q4  " : "bf16", m, names[f], ms * 1e3, gbps(bytes / kLayers, ms),
+                pct(bytes / kLayers, ms));
+      }
+      be.release_weights();
+    }
+  }
+}
+
 // quantize_kv at Llama-2-7B's shape (32 kv heads x 128, G = Gv = 128): the flush of one group in
 // every layer (32 calls), and one layer's prefill history of 32K tokens (one call).
 void bench_quantize_kv(CudaBackend& be) {
@@ -1372,7 +1443,7 @@ int main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,"
-          "w4var,w4layer,w4sweep,kvflush,quantkv,qtime,sample] [--quick] [--profile]\n");
+          "w4var,w4layer,w4sweep,kvflush,quantkv,qtime,sample,chain] [--quick] [--profile]\n");
       return 2;
     }
   }
@@ -1416,6 +1487,7 @@ int main(int argc, char** argv) {
   if (has("w4mm")) bench_gemv_q4(**be, quick);
   if (has("w4var")) bench_gemv_q4_variants(**be, quick);
   if (has("w4layer") || has("w4sweep")) bench_gemv_q4_layer(**be, has("w4sweep"));
+  if (has("chain")) bench_gemv_chain(**be);
   if (has("kvflush")) bench_quantize_kv(**be);
   if (has("quantkv")) bench_quant_attention(**be, quick);
   if (has("qtime")) bench_quant_timeline(**be);
