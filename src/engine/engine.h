@@ -153,6 +153,10 @@ struct GenerationStats {
   double draft_s = 0;   // draft forwards
   double verify_s = 0;  // target forwards (AR: every decode forward)
   double flush_s = 0;   // commits: quantizing complete groups, buffer moves
+  // The part of flush_s spent in the commits that quantized a group (the rest is every other
+  // commit's length change and, when backend-timed, the two time marks around it): a flush's own
+  // cost is flushing_commit_s / flushes.
+  double flushing_commit_s = 0;
   double sample_s = 0;  // logit processing, sampling, accept/reject
   // Where draft_s / verify_s / flush_s come from: false, host clocks around each call (stepwise
   // rounds, AR); true, the backend's TimeMarks over the queued work (chained rounds: on a GPU the

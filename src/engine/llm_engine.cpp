@@ -643,8 +643,10 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
       t0 = std::chrono::steady_clock::now();
       const int flushes_before = cache_.flushes();
       commit_all(++pos);
+      const double dt = seconds_since(t0);
       st.flushes += cache_.flushes() - flushes_before;
-      st.flush_s += seconds_since(t0);
+      st.flush_s += dt;
+      if (cache_.flushes() != flushes_before) st.flushing_commit_s += dt;
     }
   } else {
     const int gamma = params.gamma > 0 ? params.gamma : gamma_;

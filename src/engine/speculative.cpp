@@ -62,14 +62,17 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
     cache_.commit(n + result.accepted + 1);
   }
   stats.flushes += cache_.flushes() - flushes_before;
+  double commit_s = 0;
   if (chain) {
     // The quantization's time as it ran: waits for it where the commit flushed (once per G
     // tokens); otherwise the commit queued nothing after the round's one wait.
     marks_->record(kCommitEnd);
-    stats.flush_s += marks_->seconds(kCommitBegin, kCommitEnd);
+    commit_s = marks_->seconds(kCommitBegin, kCommitEnd);
   } else {
-    stats.flush_s += seconds_since(t0);
+    commit_s = seconds_since(t0);
   }
+  stats.flush_s += commit_s;
+  if (cache_.flushes() != flushes_before) stats.flushing_commit_s += commit_s;
 
   if (gamma > 0) {
     ++stats.rounds;

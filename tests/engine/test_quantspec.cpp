@@ -105,6 +105,10 @@ TEST(QuantSpec, StatsAreConsistentAndTheDraftReadsNoLowerPlaneByte) {
   EXPECT_EQ(s.target_kv_lower_bytes, s.target_kv_upper_bytes);
   EXPECT_GT(s.draft_s, 0);
   EXPECT_GT(s.verify_s, 0);
+  // 100 + 120 tokens at G = 32 cross flushes; their commits are part of all commits' time.
+  EXPECT_GT(s.flushes, 0);
+  EXPECT_GT(s.flushing_commit_s, 0);
+  EXPECT_LE(s.flushing_commit_s, s.flush_s);
 }
 
 // The chained round (ids in backend memory, one read-back per round) against the same forwards
