@@ -328,7 +328,7 @@ TEST_F(CudaOpsTest, QuantizeKvOfNoGroupsWritesNothing) {
 }
 
 // A commit's flush of every layer in one launch (cuda::launch_quantize_kv_layers, the CUDA
-// backend's quantize_kv_layers with QS_FLUSH_LAYERS=1): layer l's rows at l * layer_stride
+// backend's quantize_kv_layers, unless QS_FLUSH_LAYERS=0): layer l's rows at l * layer_stride
 // elements (a KV cache's buffer rows), its planes at l times one stride per array (QuantizedPlanes'
 // layout). Every byte equals one launch_quantize_kv per layer, f32 and f16 rows; planes at
 // non-uniform strides are declined (false, nothing written).

@@ -619,10 +619,11 @@ void CudaBackend::copy_bytes(void* dst, const void* src, size_t bytes) {
   CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, impl_->stream));
 }
 
-// QS_FLUSH_LAYERS=1: a commit's flush as one quantize launch for every layer and the kept rows'
-// move as one strided copy per chunk (Backend::quantize_kv_layers / copy_bytes_strided); off by
-// default until measured on a GPU (one launch and two copies per layer otherwise).
-const bool g_flush_layers = cuda::env_flag("QS_FLUSH_LAYERS", false);
+// A commit's flush as one quantize launch for every layer and the kept rows' move as one strided
+// copy per chunk (Backend::quantize_kv_layers / copy_bytes_strided; on since session 34: ~0.6 ms
+// less per flush on Llama-2-7B, docs/perf.md). QS_FLUSH_LAYERS=0: one launch and two copies per
+// layer, as before (A/B runs).
+const bool g_flush_layers = cuda::env_flag("QS_FLUSH_LAYERS", true);
 
 void CudaBackend::copy_bytes_strided(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                                      size_t bytes, int count) {

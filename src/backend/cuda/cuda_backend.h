@@ -86,7 +86,7 @@ class CudaBackend final : public Backend {
   void from_host(const float* src_host, float* dst, size_t n) override;
   void copy(float* dst, const float* src, size_t n) override;
   void copy_bytes(void* dst, const void* src, size_t bytes) override;
-  // One cudaMemcpy2DAsync with QS_FLUSH_LAYERS=1 (off by default until run on a GPU).
+  // One cudaMemcpy2DAsync (QS_FLUSH_LAYERS=0: one copy per row block, as before).
   void copy_bytes_strided(void* dst, size_t dst_pitch, const void* src, size_t src_pitch,
                           size_t bytes, int count) override;
   // F16: a conversion kernel (cuda_ops.h launch_store_f16), bit-identical to the CPU's.
@@ -146,7 +146,7 @@ class CudaBackend final : public Backend {
   void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                    int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                    const QuantizedKvPlanesOut& dst) override;
-  // One launch for every layer with QS_FLUSH_LAYERS=1 (off by default until run on a GPU).
+  // One launch for every layer (QS_FLUSH_LAYERS=0: one quantize_kv launch per layer).
   void quantize_kv_layers(const void* k_rows, const void* v_rows, DType row_dtype,
                           int64_t row_stride, int64_t layer_stride, int n_layers, int num_kv_heads,
                           int head_dim, int64_t first_group, int n_groups,
