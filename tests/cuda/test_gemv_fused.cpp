@@ -9,8 +9,8 @@
 // unwritten (poisoned).
 //
 // Backend::gate_up_swiglu (each block takes a gate tile, then the same rows' up tile, and stores
-// their SwiGLU). Fused: bf16 / f16 weights at m = 1..16, 4-bit weights at m = 1; the rest falls
-// back.
+// their SwiGLU; or, with GemvTuning::swiglu_mixed, tiles of 8 gate and 8 up rows). Fused: bf16 /
+// f16 weights at m = 1..16, 4-bit weights at m = 1; the rest falls back.
 //
 // Backend::linear_add_rmsnorm_deferred and its consumers (the draft's norm applied on load by the
 // next 4-bit launch): within a bound of the materialized chain, not bit for bit.
@@ -20,6 +20,8 @@
 #include <utility>
 #include <vector>
 
+#include "backend/cuda/cuda_ops.h"
+#include "backend/cuda/quant_ops.h"
 #include "cuda_test_util.h"
 #include "quant/weight_quant.h"
 
@@ -134,16 +136,16 @@ void expect_swiglu_equals_separate(CudaBackend& gpu, LinearOp gate, LinearOp up,
   EXPECT_EQ(g2.to_host(), want.to_host()) << tag << " (in place)";
 }
 
-TEST_F(CudaOpsTest, GateUpSwigluMatchesSeparateOps) {
-  struct Shape {
-    int64_t n, k;
-  };
-  // {11008, 4096}: Llama-2-7B; {1000, 520}: a partial last tile, K not a whole ring stage;
-  // {17000, 64}: 2126 tiles in all (past 16 per SM: 6 ring stages), an odd pair count per block.
-  const Shape shapes[] = {{11008, 4096}, {1000, 520}, {17000, 64}};
-  uint64_t seed = 500;
-  for (DType dt : {DType::BF16, DType::F16, DType::F32}) {
-    for (const Shape& s : shapes) {
+struct SwigluShape {
+  int64_t n, k;
+};
+
+// expect_swiglu_equals_separate for every shape, dtype, m in {1, 4, 9, 16, 17}, with and without
+// biases.
+void swiglu_sweep(CudaBackend& gpu, const std::vector<SwigluShape>& shapes,
+                  const std::vector<DType>& dtypes, uint64_t seed, const std::string& tag) {
+  for (DType dt : dtypes) {
+    for (const SwigluShape& s : shapes) {
       HostWeight wg(random_normal(static_cast<size_t>(s.n * s.k), 60 + s.n, 0.05f), dt, s.n, s.k,
                     "gate");
       HostWeight wu(random_normal(static_cast<size_t>(s.n * s.k), 70 + s.n, 0.05f), dt, s.n, s.k,
@@ -154,24 +156,41 @@ TEST_F(CudaOpsTest, GateUpSwigluMatchesSeparateOps) {
         for (bool bias : {false, true}) {
           const LinearOp gate{&wg.view, nullptr, bias ? &bg.view : nullptr, nullptr};
           const LinearOp up{&wu.view, nullptr, bias ? &bu.view : nullptr, nullptr};
-          expect_swiglu_equals_separate(gpu(), gate, up, s.n, s.k, m, ++seed,
-                                        std::string(dtype_name(dt)) + " n=" + std::to_string(s.n) +
+          expect_swiglu_equals_separate(gpu, gate, up, s.n, s.k, m, ++seed,
+                                        tag + dtype_name(dt) + " n=" + std::to_string(s.n) +
                                             " k=" + std::to_string(s.k) +
                                             " m=" + std::to_string(m) + (bias ? " +bias" : ""));
         }
       }
-      gpu().release_weights();
+      gpu.release_weights();
     }
   }
 }
 
-TEST_F(CudaOpsTest, GateUpSwigluQ4MatchesSeparateOps) {
-  struct Shape {
-    int64_t n, k;
-  };
-  const Shape shapes[] = {{11008, 4096}, {1000, 1024}, {300, 11008}};
-  uint64_t seed = 600;
-  for (const Shape& s : shapes) {
+TEST_F(CudaOpsTest, GateUpSwigluMatchesSeparateOps) {
+  // {11008, 4096}: Llama-2-7B; {1000, 520}: a partial last tile, K not a whole ring stage;
+  // {17000, 64}: 2126 tiles in all (past 16 per SM: 6 ring stages), an odd pair count per block.
+  swiglu_sweep(gpu(), {{11008, 4096}, {1000, 520}, {17000, 64}},
+               {DType::BF16, DType::F16, DType::F32}, 500, "");
+}
+
+// The ring kernel's mixed tiles (GemvTuning::swiglu_mixed: 8 gate rows and the same 8 up rows per
+// tile): the same bits. {1003, 520}: a last tile of 3 rows; {17000, 64}: 2125 tiles (6 stages).
+TEST_F(CudaOpsTest, GateUpSwigluMixedTilesMatchSeparateOps) {
+  const cuda::GemvTuning saved = cuda::gemv_tuning();
+  cuda::GemvTuning t = saved;
+  t.swiglu_mixed = true;
+  cuda::set_gemv_tuning(t);
+  swiglu_sweep(gpu(), {{11008, 4096}, {1003, 520}, {17000, 64}, {14336, 4096}},
+               {DType::BF16, DType::F16}, 550, "mixed ");
+  cuda::set_gemv_tuning(saved);
+}
+
+// The 4-bit form at m = 1 (the persistent kernel) and 2 (the separate launches).
+void swiglu_q4_sweep(CudaBackend& gpu, uint64_t seed, const std::string& tag) {
+  // {1000, 1024}: a last 16-row tile of 8 rows; {300, 11008}: of 12 rows (a last 8-row tile of 4).
+  const SwigluShape shapes[] = {{11008, 4096}, {1000, 1024}, {300, 11008}};
+  for (const SwigluShape& s : shapes) {
     std::vector<float> a = random_normal(static_cast<size_t>(s.n * s.k), 100 + s.n, 0.05f);
     std::vector<float> b = random_normal(static_cast<size_t>(s.n * s.k), 110 + s.n, 0.05f);
     auto qa = quantize_weight4(a.data(), DType::F32, s.n, s.k, 128, "gate4");
@@ -180,12 +199,29 @@ TEST_F(CudaOpsTest, GateUpSwigluQ4MatchesSeparateOps) {
     const QuantizedWeight4 wg = std::move(qa).value(), wu = std::move(qb).value();
     for (int m : {1, 2}) {
       const LinearOp gate{nullptr, &wg, nullptr, nullptr}, up{nullptr, &wu, nullptr, nullptr};
-      expect_swiglu_equals_separate(
-          gpu(), gate, up, s.n, s.k, m, ++seed,
-          "q4 n=" + std::to_string(s.n) + " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
+      expect_swiglu_equals_separate(gpu, gate, up, s.n, s.k, m, ++seed,
+                                    tag + "q4 n=" + std::to_string(s.n) +
+                                        " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
     }
-    gpu().release_weights();
+    gpu.release_weights();
   }
+}
+
+TEST_F(CudaOpsTest, GateUpSwigluQ4MatchesSeparateOps) {
+  swiglu_q4_sweep(gpu(), 600, "");
+}
+
+// The persistent kernel's mixed tiles (Q4GemvTuning::swiglu_mixed): the same bits.
+TEST_F(CudaOpsTest, GateUpSwigluQ4MixedTilesMatchSeparateOps) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  cuda::Q4GemvTuning t = saved;
+  t.swiglu_mixed = true;
+  for (int kernel : {0, 9}) {  // automatic (8) and one chain
+    t.kernel = kernel;
+    cuda::set_q4_gemv_tuning(t);
+    swiglu_q4_sweep(gpu(), 650, "mixed kernel " + std::to_string(kernel) + " ");
+  }
+  cuda::set_q4_gemv_tuning(saved);
 }
 
 // Backend::linear_add_rmsnorm_deferred and its consumers (the draft's norms: a 4-bit producer at

@@ -211,6 +211,10 @@ struct GemvTuning {
   // cp.async ring of 4 or 6 stages; 0 = automatic, kRingDeepTilesPerSm in gemv.cu) or, for -1,
   // gemv_mma_kernel (a block per 16 rows; mma_unroll applies to it only).
   int ring_stages = 0;
+  // A gate / up launch with its SwiGLU on the ring kernel: tiles of 8 gate + the 8 up rows of the
+  // same index (gemv.cu, MIXED) instead of a gate tile paired with its up tile. Off unless
+  // QS_SWIGLU_MIXED=1 (not yet run on a GPU).
+  bool swiglu_mixed = false;
 };
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();

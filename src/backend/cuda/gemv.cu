@@ -176,6 +176,33 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
   }
 }
 
+// The same for a mixed gate / up tile (gemv_ring_kernel<..., MIXED>): tile rows 0-7 are gate
+// rows n0 .. n0 + 7 and rows 8-15 the up rows of the same index, so lane l's elements r and
+// r + 2 are the gate and up sums of one output, and y (= swiglu_of(gate, up), [m, N]) is stored
+// without shared memory between tiles. The warps' sums in the order of store_tile_sums: the bits
+// of the separate matmuls and swiglu.
+template <int NT>
+__device__ __forceinline__ void store_tile_swiglu(const float* partial, int num_warps, int64_t n0,
+                                                  int64_t N, int m, const DeviceBias& gate_bias,
+                                                  const DeviceBias& up_bias, float* y) {
+  for (int i = threadIdx.x; i < NT * 64; i += blockDim.x) {
+    const int t = i / 64, l = (i / 2) % 32, r = i % 2;
+    const int e = t * 128 + l * 4 + r;
+    float gate = 0.0f, up = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi) {
+      gate += partial[wi * NT * 128 + e];
+      up += partial[wi * NT * 128 + e + 2];
+    }
+    const int64_t row = n0 + (l >> 2);
+    const int token = t * 8 + 2 * (l & 3) + r;
+    if (row < N && token < m) {
+      if (gate_bias.data) gate += load_as_float(gate_bias.data, gate_bias.dtype, row);
+      if (up_bias.data) up += load_as_float(up_bias.data, up_bias.dtype, row);
+      y[token * N + row] = swiglu_of(gate, up);
+    }
+  }
+}
+
 // The matrices of one launch (launch_gemv_group; one segment for launch_gemv): blocks
 // [block_end[i - 1], block_end[i]) compute matrix i.
 template <typename T>
@@ -268,6 +295,11 @@ __global__ void __launch_bounds__(kMaxWarps * 32, UNROLL >= 8 ? 1 : 2)
 // is free, as above). After each tile the warps' C fragments meet in a double-buffered
 // shared-memory partial (one __syncthreads per tile). With norm.h set (one segment) the sums go
 // into the residual stream and the last block normalizes it (gemv_norm.cuh).
+// MIXED (a gate / up launch, segs.swiglu; QS_SWIGLU_MIXED=1): tile q is 8 gate rows and the 8 up
+// rows of the same index (rows 8q .. 8q + 7 of each), the SwiGLU is formed in the tile's own
+// epilogue, and `tiles` counts these ceil(N / 8) tiles. Against the paired walk (a gate tile,
+// then the up tile, find_tile) a block's share is one 16-row tile finer: Llama-2-7B's 688 pairs
+// put 6 pairs on 28 SMs and 5 on the rest (87% of an even split), its 1376 mixed tiles 11 or 10.
 constexpr int kRingMaxWarps = 16;
 constexpr int kRingChunkK = 64;                        // K per stage: one line per W row
 constexpr int kRingStageBytes = 16 * kRingChunkK * 2;  // 16 rows x 128 bytes
@@ -297,7 +329,7 @@ __device__ __forceinline__ uint32_t ring_offset(int r, int p) {
   return (((p >> 2) * 2 + (r >> 3)) * 32 + (lane ^ ((p >> 2) * 4))) * 16;
 }
 
-template <typename T, int NT, int STAGES>
+template <typename T, int NT, int STAGES, bool MIXED>
 __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     gemv_ring_kernel(const float* __restrict__ x, int m, int64_t K, const MmaSegments<T> segs,
                      int64_t tiles, const GemvNorm norm) {
@@ -308,12 +340,14 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
   unsigned char* ring = ring_smem + size_t(warp) * STAGES * kRingStageBytes;
   float* partial =
       reinterpret_cast<float*>(ring_smem + size_t(num_warps) * STAGES * kRingStageBytes);
-  float* gate_sums = segs.swiglu ? partial + 2 * size_t(num_warps) * NT * 128 : nullptr;
+  float* gate_sums = segs.swiglu && !MIXED ? partial + 2 * size_t(num_warps) * NT * 128 : nullptr;
 
   const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
   const int64_t chunk_begin = chunks * warp / num_warps;
   const int64_t my_chunks = chunks * (warp + 1) / num_warps - chunk_begin;
-  const int64_t my_tiles = block_tiles(segs, tiles);
+  const int64_t my_tiles = MIXED
+                               ? (blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0)
+                               : block_tiles(segs, tiles);
 
   // The fetch cursor. The writer's view: instruction j copies row 4j + lane / 8 of the tile,
   // piece lane % 8 of the chunk, from f_src + j * 4K.
@@ -326,23 +360,38 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
   RingCursor<STAGES> cursor(my_tiles, my_chunks);
   int64_t f_k = 0;
   const T* f_src = w_any;
+  const T* f_up = w_any;  // MIXED: the up rows (copies j = 2, 3)
   int f_rows = 0;
   auto enter = [&](int64_t tile) {
-    int64_t local;
-    const int si = find_tile(segs, tile, local);
-    f_k = chunk_begin * kRingChunkK + 8 * wp;
-    f_src = pick(segs.w, si) + (local * 16 + wq) * K + f_k;
-    f_rows = static_cast<int>(min(int64_t{16}, pick(segs.N, si) - local * 16));
+    if constexpr (MIXED) {
+      f_k = chunk_begin * kRingChunkK + 8 * wp;
+      f_src = segs.w[0] + (tile * 8 + wq) * K + f_k;
+      f_up = segs.w[1] + (tile * 8 + wq) * K + f_k;
+      f_rows = static_cast<int>(min(int64_t{8}, segs.N[0] - tile * 8));
+    } else {
+      int64_t local;
+      const int si = find_tile(segs, tile, local);
+      f_k = chunk_begin * kRingChunkK + 8 * wp;
+      f_src = pick(segs.w, si) + (local * 16 + wq) * K + f_k;
+      f_rows = static_cast<int>(min(int64_t{16}, pick(segs.N, si) - local * 16));
+    }
   };
   auto copy = [&](int slot) {
     const uint32_t dst = ring_base + slot * kRingStageBytes;
     const bool k_ok = f_k < K;
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
-      const bool ok = k_ok && 4 * j + wq < f_rows;
-      cp_async16_zfill(dst + woff[j], ok ? f_src + j * 4 * K : w_any, ok ? 16 : 0);
+      if constexpr (MIXED) {
+        const bool ok = k_ok && 4 * (j & 1) + wq < f_rows;
+        const T* src = (j < 2 ? f_src : f_up) + (j & 1) * 4 * K;
+        cp_async16_zfill(dst + woff[j], ok ? src : w_any, ok ? 16 : 0);
+      } else {
+        const bool ok = k_ok && 4 * j + wq < f_rows;
+        cp_async16_zfill(dst + woff[j], ok ? f_src + j * 4 * K : w_any, ok ? 16 : 0);
+      }
     }
     f_src += kRingChunkK, f_k += kRingChunkK;
+    if constexpr (MIXED) f_up += kRingChunkK;
   };
   auto fetch = [&] { cursor.next(enter, copy); };
   // The weights do not depend on the previous kernel: the first stages are in flight while it
@@ -379,11 +428,17 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
           make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
     }
     __syncthreads();
-    int64_t local;
-    const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
-    store_tile_sums<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps, local * 16,
-                        pick(segs.N, si), m, pick(segs.bias, si),
-                        segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si);
+    if constexpr (MIXED) {
+      store_tile_swiglu<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps,
+                            (blockIdx.x + tj * gridDim.x) * 8, segs.N[0], m, segs.bias[0],
+                            segs.bias[1], segs.y[0]);
+    } else {
+      int64_t local;
+      const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
+      store_tile_sums<NT>(partial + size_t(tj & 1) * num_warps * NT * 128, num_warps, local * 16,
+                          pick(segs.N, si), m, pick(segs.bias, si),
+                          segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si);
+    }
   }
   cp_async_wait<0>();
   if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 1 KiB
@@ -519,6 +574,7 @@ GemvTuning g_tuning = [] {
       std::fprintf(stderr, "quantspec: ignoring QS_GEMV_RING=%s (expected off, 4 or 6)\n", v);
     }
   }
+  t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", false);
   return t;
 }();
 
@@ -562,11 +618,15 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
                  cudaStream_t stream, const GemvNorm& norm, bool swiglu) {
   MmaSegments<T> ms = mma_segments<T>(segs, count);
   ms.swiglu = swiglu;
-  const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
+  const bool mixed = swiglu && g_tuning.swiglu_mixed;
+  // Mixed: ceil(N / 8) tiles of 8 gate + 8 up rows; else 16-row tiles (paired: gate, up).
+  const int64_t tiles = mixed ? (segs[0].w.rows + 7) / 8 : ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
   const int warps = ring_warps(K);
-  auto* kernel = gemv_ring_kernel<T, NT, STAGES>;
-  static const bool opted_in = [kernel] {  // above 48 KiB, once per instantiation
+  auto* kernel =
+      mixed ? gemv_ring_kernel<T, NT, STAGES, true> : gemv_ring_kernel<T, NT, STAGES, false>;
+  static bool opted_in[2] = {};  // above 48 KiB, once per instantiation
+  if (!opted_in[mixed]) {
     const size_t most = std::min(ring_smem_bytes(kRingMaxWarps, STAGES, NT), max_smem_per_block());
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(most)));
@@ -577,10 +637,9 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
       CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
     }
-    return true;
-  }();
-  (void)opted_in;
-  const int64_t grid = std::min<int64_t>(swiglu ? tiles / 2 : tiles, num_sms);
+    opted_in[mixed] = true;
+  }
+  const int64_t grid = std::min<int64_t>(swiglu && !mixed ? tiles / 2 : tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, ring_smem_bytes(warps, STAGES, NT),
          stream, x, m, K, ms, tiles, norm);
   CUDA_CHECK_LAUNCH(stream);

@@ -141,6 +141,10 @@ struct Q4GemvTuning {
   // subnormals (no shift for half the nibbles) and the activation's hi and lo parts as two token
   // columns of one MMA (half the MMAs; the automatic choice), 9 = as 8 with one chain.
   int kernel = 0;
+  // A gate / up launch with its SwiGLU on the persistent kernels 8 and 9: tiles of 8 gate rows
+  // and the 8 up rows of the same index (gemv_q4.cu, MIXED) instead of a gate tile paired with its
+  // up tile. Off unless QS_SWIGLU_MIXED=1 (not yet run on a GPU).
+  bool swiglu_mixed = false;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
