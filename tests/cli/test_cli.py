@@ -457,6 +457,14 @@ def test_bench_matrix_table_and_json(qs, tmp_path):
     spec = [r for r in runs if r["bench_mode"] == "quantspec"]
     assert sorted({r["gamma"] for r in spec}) == [1, 3]
     assert all(r["drafted"] > 0 and 0 <= r["acceptance_rate"] <= 1 for r in spec)
+    # A flush's own cost: the commits that quantized a group, a part of every commit's time.
+    for r in runs:
+        assert 0 <= r["flushing_commit_s"] <= r["flush_s"]
+        assert (r["flush_ms_per_flush"] > 0) == (r["flushes"] > 0)
+        if r["flushes"]:
+            assert r["flush_ms_per_flush"] == pytest.approx(
+                1e3 * r["flushing_commit_s"] / r["flushes"], rel=1e-9)
+    assert any(r["flushes"] > 0 for r in spec)
     # "resolved configuration once at start": one banner per engine (mode).
     assert p.stderr.count("quantspec bench: model") == 2
     assert all(r["kv_buffer"] == "f32" for r in runs)  # the CPU's default rows
