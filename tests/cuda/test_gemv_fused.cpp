@@ -298,5 +298,72 @@ TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
   }
 }
 
+// Q4GemvTuning::tile_arrive (kernels 8 and 9 end each tile without a block barrier: the last
+// warp to count itself in stores it) against the barrier, bit for bit: a plain launch whose
+// blocks take ~15 tiles each (the partials' slots reused), K = 11008 with a last partial tile,
+// the last block's norm, the deferred norm's producer and its q / k / v and mixed gate / up
+// consumers.
+TEST_F(CudaOpsTest, MatmulQ4TileArriveEqualsTheBarrier) {
+  const int64_t d = 4096;
+  auto q4 = [](int64_t rows, int64_t cols, uint64_t seed) {
+    std::vector<float> wv = random_normal(static_cast<size_t>(rows * cols), seed, 0.05f);
+    auto q = quantize_weight4(wv.data(), DType::F32, rows, cols, 128, "w4");
+    EXPECT_TRUE(q.ok());
+    return std::move(q).value();
+  };
+  const QuantizedWeight4 head = q4(32000, d, 400), wide = q4(1003, 11008, 401), wo = q4(d, d, 402),
+                         wq = q4(d, d, 403), wk = q4(1024, d, 404), wg = q4(3000, d, 405),
+                         wu = q4(3000, d, 406);
+  HostWeight norm(random_normal(static_cast<size_t>(d), 407, 0.3f, 1.0f), DType::BF16, 1, d,
+                  "norm");
+  const std::vector<float> x = random_normal(static_cast<size_t>(11008), 408);
+  const std::vector<float> h0 = random_normal(static_cast<size_t>(d), 409, 2.0f);
+  const DeviceArray xd(gpu(), x);
+  auto outputs = [&] {
+    std::vector<std::vector<float>> got;
+    DeviceArray y_head(gpu(), 32000), y_wide(gpu(), 1003);
+    gpu().matmul_q4(xd.data(), 1, head, nullptr, y_head.data());
+    gpu().matmul_q4(xd.data(), 1, wide, nullptr, y_wide.data());
+    got.push_back(y_head.to_host());
+    got.push_back(y_wide.to_host());
+    DeviceArray scratch(gpu(), d), h(gpu(), h0), out(gpu(), d);
+    gpu().linear_add_rmsnorm(xd.data(), 1, LinearOp{nullptr, &wo, nullptr, scratch.data()},
+                             h.data(), norm.view, kEps, out.data());
+    got.push_back(h.to_host());
+    got.push_back(out.to_host());
+    DeviceArray h2(gpu(), h0), out2(gpu(), d), yq(gpu(), d), yk(gpu(), 1024), g(gpu(), 3000),
+        u(gpu(), 3000), mlp(gpu(), 3000);
+    PendingNorm pn{h2.data(), &norm.view, kEps, out2.data(), false};
+    gpu().linear_add_rmsnorm_deferred(xd.data(), 1, LinearOp{nullptr, &wo, nullptr, scratch.data()},
+                                      pn);
+    EXPECT_TRUE(pn.deferred);
+    const LinearOp qk[2] = {{nullptr, &wq, nullptr, yq.data()}, {nullptr, &wk, nullptr, yk.data()}};
+    gpu().matmul_group_normed(pn, 1, qk, 2);
+    gpu().gate_up_swiglu_normed(pn, 1, LinearOp{nullptr, &wg, nullptr, g.data()},
+                                LinearOp{nullptr, &wu, nullptr, u.data()}, mlp.data());
+    for (const DeviceArray* a : {&h2, &yq, &yk, &mlp}) got.push_back(a->to_host());
+    return got;
+  };
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  cuda::Q4GemvTuning t = saved;
+  t.swiglu_mixed = true;  // a paired gate / up launch keeps the barrier
+  for (int kernel : {0, 9}) {
+    t.kernel = kernel;
+    t.tile_arrive = false;
+    cuda::set_q4_gemv_tuning(t);
+    const std::vector<std::vector<float>> want = outputs();
+    t.tile_arrive = true;
+    cuda::set_q4_gemv_tuning(t);
+    const std::vector<std::vector<float>> got = outputs();
+    ASSERT_EQ(got.size(), want.size());
+    const char* names[] = {"head", "wide", "h", "out", "h deferred", "q", "k", "gate/up"};
+    for (size_t i = 0; i < got.size(); ++i) {
+      EXPECT_EQ(got[i], want[i]) << "kernel " << kernel << " " << names[i];
+    }
+  }
+  cuda::set_q4_gemv_tuning(saved);
+  gpu().release_weights();
+}
+
 }  // namespace
 }  // namespace qs
