@@ -20,7 +20,8 @@
 #   ncu REGEX SECTIONS COUNT       tools/gpu/ncu_stalls.sh
 #   trace SHAPE CONTEXT MODES      tools/gpu/trace_decode.sh
 # Environment: QS_COMMIT (the tree's commit, for env.log), QS_STEPS_DEADLINE (seconds after the
-# start past which no step starts; default 540), QS_STEPS_DRY=1 (print each step's command, run
+# start past which no step starts; default 540), QS_STEPS_LIMIT (seconds after the start at which
+# a running step is stopped; default 580, inside the device tool's 600), QS_STEPS_DRY=1 (print each step's command, run
 # nothing: what tests/cli/test_run_steps.py checks), OUT (default ./out). Exit status: 2 if a
 # step was malformed, else 1 if a step failed, else 0.
 set -uo pipefail
@@ -30,6 +31,7 @@ cd "$repo" || exit 1
 out=${OUT:-$repo/out}
 work=$(mktemp -d "${TMPDIR:-/tmp}/qs-steps.XXXXXX")
 deadline=${QS_STEPS_DEADLINE:-540}
+limit=${QS_STEPS_LIMIT:-580}
 dry=${QS_STEPS_DRY:-}
 build=${QS_GPU_BUILD:-$repo/build-gpu}
 mkdir -p "$out"
@@ -86,7 +88,7 @@ for step in "$@"; do
     status=2
     continue
   fi
-  if ((SECONDS > deadline)); then
+  if ((SECONDS > deadline || SECONDS >= limit)); then
     log "step $n skipped (deadline): $step"
     continue
   fi
@@ -96,7 +98,8 @@ for step in "$@"; do
   fi
   t0=$SECONDS
   # The step's own OUT: the scripts that write result files put them under it.
-  env "${envs[@]}" OUT="$work/step$n" QS_COMMIT="${QS_COMMIT:-}" "${cmd[@]}" >"$work/step$n.log" 2>&1
+  timeout --kill-after=5 $((limit - SECONDS)) env "${envs[@]}" OUT="$work/step$n" \
+    QS_COMMIT="${QS_COMMIT:-}" "${cmd[@]}" >"$work/step$n.log" 2>&1
   rc=$?
   ((rc != 0 && status == 0)) && status=1
   [[ -f $build/env.sh ]] && source "$build/env.sh"  # after the build step: the bundle's libraries
