@@ -513,6 +513,24 @@ def test_bench_json_survives_a_killed_run(qs, request, tmp_path):
     assert all(r["generated_tokens"] == 16 for r in report["runs"])
 
 
+def test_every_kernel_switch_is_recorded():
+    """Each QS_* switch the sources read (env_flag / env_int / getenv) is in report.cpp's list, so
+    an A/B run's JSON names its arm (tools/gpu/ab_summary.py groups by it)."""
+    import re
+    names = set()
+    for root, _, files in os.walk(os.path.join(REPO, "src")):
+        for f in files:
+            if f.endswith((".cpp", ".cu", ".h", ".cuh")):
+                text = open(os.path.join(root, f), encoding="utf-8").read()
+                names |= set(re.findall(r'(?:env_flag|env_int|getenv)\("(QS_[A-Z0-9_]+)"', text))
+    listed = open(os.path.join(REPO, "app", "cli", "report.cpp"), encoding="utf-8").read()
+    listed = listed[listed.index("kernel_switches()"):]
+    listed = set(re.findall(r'"(QS_[A-Z0-9_]+)"', listed[:listed.index("};")]))
+    not_switches = {"QS_KERNEL_TRACE_FILE"}  # a file name, not a kernel choice
+    assert len(names) > 20
+    assert names - not_switches <= listed, sorted(names - not_switches - listed)
+
+
 def test_bench_records_kernel_switches(qs, tmp_path, monkeypatch):
     """The environment's kernel switches (A/B runs) are printed with the configuration and kept
     in the bench JSON; none set: an empty object and no line."""
