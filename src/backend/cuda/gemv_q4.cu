@@ -80,7 +80,6 @@ Q4GemvTuning g_q4_tuning = [] {
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
   t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", false);
-  t.tile_arrive = env_flag("QS_Q4_TILE_ARRIVE", false);
   return t;
 }();
 
@@ -876,12 +875,14 @@ struct PersistFetch {
 // tile's sum stays in gate_keep, the up tile's stores swiglu_of(gate_keep, sum) into y[0]).
 // `scale` multiplies each row's sum before the bias (the 1 / rms of a NormIn input, else 1); with
 // a deferred norm each stored h value's square is added to `sq`.
-// Row r (< 16) of a tile whose warps' sums are in `part`: the sum in warp order, then its store.
-__device__ __forceinline__ void persist_store_row(const CcSegments& segs, const float* part,
-                                                  int num_warps, int64_t tile, int r,
-                                                  const GemvNorm& norm, float& gate_keep,
-                                                  float scale, double& sq) {
-  {  // row r of the tile: lane 4 (r % 8), element r / 8
+__device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float* part, int warp,
+                                                   int lane, int num_warps, int64_t tile,
+                                                   float acc0, float acc2, const GemvNorm& norm,
+                                                   float& gate_keep, float scale, double& sq) {
+  reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
+  __syncthreads();
+  if (threadIdx.x < 16) {  // row r of the tile: lane 4 (r % 8), element r / 8
+    const int r = threadIdx.x;
     float sum = 0.0f;
     for (int wi = 0; wi < num_warps; ++wi) sum += part[(wi * 32 + (r & 7) * 4) * 2 + (r >> 3)];
     sum *= scale;
@@ -906,23 +907,16 @@ __device__ __forceinline__ void persist_store_row(const CcSegments& segs, const 
   }
 }
 
-__device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float* part, int warp,
-                                                   int lane, int num_warps, int64_t tile,
-                                                   float acc0, float acc2, const GemvNorm& norm,
-                                                   float& gate_keep, float scale, double& sq) {
-  reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
-  __syncthreads();
-  if (threadIdx.x < 16) {
-    persist_store_row(segs, part, num_warps, tile, threadIdx.x, norm, gate_keep, scale, sq);
-  }
-}
-
 // The same for a MIXED tile (PersistFetch): rows g and g + 8 are gate and up row 8 tile + g, so
 // threads 0..7 each sum both (the order of persist_store_tile's sums) and store their SwiGLU.
-__device__ __forceinline__ void persist_store_mixed_row(const CcSegments& segs, const float* part,
-                                                        int num_warps, int64_t tile, int r,
-                                                        float scale) {
-  {
+__device__ __forceinline__ void persist_store_mixed_tile(const CcSegments& segs, float* part,
+                                                         int warp, int lane, int num_warps,
+                                                         int64_t tile, float acc0, float acc2,
+                                                         float scale) {
+  reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
+  __syncthreads();
+  if (threadIdx.x < 8) {
+    const int r = threadIdx.x;
     float gate = 0.0f, up = 0.0f;
     for (int wi = 0; wi < num_warps; ++wi) gate += part[(wi * 32 + r * 4) * 2];
     for (int wi = 0; wi < num_warps; ++wi) up += part[(wi * 32 + r * 4) * 2 + 1];
@@ -933,80 +927,6 @@ __device__ __forceinline__ void persist_store_mixed_row(const CcSegments& segs, 
       if (segs.bias[1].data) up += load_as_float(segs.bias[1].data, segs.bias[1].dtype, row);
       segs.y[0][row] = swiglu_of(gate, up);
     }
-  }
-}
-
-__device__ __forceinline__ void persist_store_mixed_tile(const CcSegments& segs, float* part,
-                                                         int warp, int lane, int num_warps,
-                                                         int64_t tile, float acc0, float acc2,
-                                                         float scale) {
-  reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
-  __syncthreads();
-  if (threadIdx.x < 8) persist_store_mixed_row(segs, part, num_warps, tile, threadIdx.x, scale);
-}
-
-// ARRIVE (Q4GemvTuning::tile_arrive): a tile's end without a block barrier. Each warp leaves its
-// sums in the tile's slot of a kArriveSlots-deep ring of partials and counts itself in; the warp
-// that arrives last stores the tile (persist_store_row's sums in warp order: the same bits), after
-// the block's previous tile is stored (tiles are stored in order, so a deferred norm's squares add
-// up as before), then frees the slot. A warp writes a slot again only once its tile
-// kArriveSlots earlier is stored. With 16 warps a 4-bit tile of 32 groups (K = 4096) is 2 groups
-// per warp: the barrier it replaces came every ~1.5 us (bench_ops chain, session 34).
-constexpr int kArriveSlots = 4;
-
-struct ArriveState {
-  int arrivals[kArriveSlots];
-  int stored;  // tiles of this block stored so far
-  int pad;
-  double sq[16];  // a deferred norm's sums of squares per tile row, in tile order
-  float scale;    // a NormIn's 1 / rms (every warp may store)
-};
-
-__device__ __forceinline__ int volatile_load(const int* p) {
-  return *reinterpret_cast<const volatile int*>(p);
-}
-
-template <bool MIXED>
-__device__ __forceinline__ void persist_arrive_tile(const CcSegments& segs, float* partial,
-                                                    ArriveState& as, int warp, int lane,
-                                                    int num_warps, int tj, int64_t tile, float acc0,
-                                                    float acc2, const GemvNorm& norm, float scale) {
-  const int slot = tj % kArriveSlots;
-  float* part = partial + size_t(slot) * num_warps * 64;
-  if (tj >= kArriveSlots) {  // the slot's previous tile has been stored
-    if (lane == 0) {
-      while (volatile_load(&as.stored) <= tj - kArriveSlots) {
-      }
-    }
-    __syncwarp();
-  }
-  reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
-  __syncwarp();
-  int last = 0;
-  if (lane == 0) {
-    __threadfence_block();
-    last = atomicAdd(&as.arrivals[slot], 1) == num_warps - 1;
-  }
-  if (!__shfl_sync(0xffffffffu, last, 0)) return;
-  if (lane == 0) {
-    while (volatile_load(&as.stored) != tj) {
-    }
-  }
-  __syncwarp();
-  __threadfence_block();  // every warp's sums (and the previous store's squares) are visible
-  if constexpr (MIXED) {
-    if (lane < 8) persist_store_mixed_row(segs, part, num_warps, tile, lane, scale);
-  } else {
-    float unused_gate = 0.0f;  // paired launches keep the barrier (their gate sums)
-    if (lane < 16) {
-      persist_store_row(segs, part, num_warps, tile, lane, norm, unused_gate, scale, as.sq[lane]);
-    }
-  }
-  __syncwarp();
-  if (lane == 0) {
-    as.arrivals[slot] = 0;
-    __threadfence_block();
-    *reinterpret_cast<volatile int*>(&as.stored) = tj + 1;
   }
 }
 
@@ -1160,14 +1080,13 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 // CHAINS: MMA accumulator chains per group (2: even and odd k16 steps apart, as kernel 6).
 constexpr int kSubZeroBytes = 512;  // per warp: B's zeros for lanes of token columns >= 2
 
-size_t persist_sub_smem_bytes(int warps, int64_t groups, bool arrive = false) {
+size_t persist_sub_smem_bytes(int warps, int64_t groups) {
   return sizeof(uint4) * (size_t(warps) * kPStages * kPStageVecs + size_t(groups) * 32) +
-         sizeof(float) * (arrive ? kArriveSlots : 2) * size_t(warps) * 64 +
-         (arrive ? sizeof(ArriveState) : 0) + sizeof(float2) * ((size_t(groups) + 1) & ~1) +
+         sizeof(float) * 2 * size_t(warps) * 64 + sizeof(float2) * ((size_t(groups) + 1) & ~1) +
          size_t(warps) * kSubZeroBytes;
 }
 
-template <bool VEC_X, int CHAINS, bool MIXED, bool ARRIVE>
+template <bool VEC_X, int CHAINS, bool MIXED>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                                const CcSegments segs, int64_t tiles, const GemvNorm norm,
@@ -1178,12 +1097,8 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   const int g = lane >> 2, c = lane & 3;
   uint4* ring = p_smem + size_t(warp) * kPStages * kPStageVecs;
   uint4* xfrag = p_smem + size_t(num_warps) * kPStages * kPStageVecs;   // [groups][32]
-  float* partial = reinterpret_cast<float*>(xfrag + groups * 32);  // [2 or slots][warps][32][2]
-  // ARRIVE: the tile-end state after the partials (8-byte aligned: 256 bytes per warp and slot).
-  ArriveState& as =
-      *reinterpret_cast<ArriveState*>(partial + (ARRIVE ? kArriveSlots : 2) * num_warps * 64);
-  float2* gscale = ARRIVE ? reinterpret_cast<float2*>(&as + 1)
-                          : reinterpret_cast<float2*>(partial + 2 * num_warps * 64);  // [groups]
+  float* partial = reinterpret_cast<float*>(xfrag + groups * 32);       // [2][warps][32][2]
+  float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 64);  // [groups]
   uint2* zeros = reinterpret_cast<uint2*>(gscale + ((groups + 1) & ~int64_t{1})) + warp * 64;
 
   const int64_t grp_begin = groups * warp / num_warps;
@@ -1261,19 +1176,9 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     }
   }
   // Only warp 0's threads store the rows (persist_store_tile): the other warps need no scale.
-  // ARRIVE: any warp may store; warp 0 leaves the scale in the tile-end state for all.
-  float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
+  const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
   zeros[lane] = zeros[lane + 32] = make_uint2(0, 0);
   __syncwarp();
-  if constexpr (ARRIVE) {
-    if (warp == 0) {
-      if (lane < kArriveSlots) as.arrivals[lane] = 0;
-      if (lane < 16) as.sq[lane] = 0.0;
-      if (lane == 0) as.stored = 0, as.scale = scale;
-    }
-    __syncthreads();  // once per launch, before any warp counts itself in
-    scale = as.scale;
-  }
 
   // Lanes of token columns 0 and 1 read their column's pair of each step (8 uint2s apart);
   // the others read zeros (a broadcast) at the same offsets, so that no load is predicated.
@@ -1314,10 +1219,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       acc0 = fmaf(gs.y, fmaf(p0.x, gacc0, p0.y * gs.x), acc0);
       acc2 = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc2);
     }
-    if constexpr (ARRIVE) {
-      persist_arrive_tile<MIXED>(segs, partial, as, warp, lane, num_warps, tj,
-                                 blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, norm, scale);
-    } else if constexpr (MIXED) {
+    if constexpr (MIXED) {
       persist_store_mixed_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane,
                                num_warps, blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, scale);
     } else {
@@ -1327,10 +1229,6 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     }
   }
   cp_async_wait<0>();
-  if constexpr (ARRIVE) {
-    __syncthreads();  // every tile stored; thread r < 16 of warp 0 takes row r's squares
-    sq = warp == 0 && lane < 16 ? as.sq[lane] : 0.0;
-  }
   persist_norm_end(norm, partial, sq);
 }
 
@@ -1686,16 +1584,14 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
   const bool sub = kernel_choice >= 8;
   if (nin.sumsq != nullptr && (!sub || l.m != 1)) return false;  // kernels 8, 9 read a NormIn
-  // Mixed gate / up tiles (kernels 8, 9): ceil(N / 8) tiles of 8 rows of each matrix.
-  const bool mixed = swiglu && sub && g_q4_tuning.swiglu_mixed;
-  // Tile ends without a block barrier (kernels 8, 9; a paired gate / up launch keeps it).
-  const bool arrive = sub && g_q4_tuning.tile_arrive && (!swiglu || mixed);
-  const size_t smem = sub ? persist_sub_smem_bytes(warps, groups, arrive)
+  const size_t smem = sub ? persist_sub_smem_bytes(warps, groups)
                           : persist_smem_bytes(warps, groups, kernel_choice == 7);
   const size_t smem_max = max_smem_per_block();
   if (smem > smem_max) return false;
   CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   segs.swiglu = swiglu;
+  // Mixed gate / up tiles (kernels 8, 9): ceil(N / 8) tiles of 8 rows of each matrix.
+  const bool mixed = swiglu && sub && g_q4_tuning.swiglu_mixed;
   const int64_t tiles = mixed ? (l.w[0]->rows + 7) / 8 : segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
   const int variant = kernel_choice - 5;  // kernels 5..kQ4LastKernel
@@ -1705,36 +1601,17 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   static_assert(kVariants == kQ4LastKernel - 4, "one table entry per persistent kernel");
   constexpr Kernel kKernels[2][kVariants] = {
       {gemv_q4_persist_kernel<false, 1, false>, gemv_q4_persist_kernel<false, 2, false>,
-       gemv_q4_persist_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 2, false, false>,
-       gemv_q4_persist_sub_kernel<false, 1, false, false>},
+       gemv_q4_persist_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 2, false>,
+       gemv_q4_persist_sub_kernel<false, 1, false>},
       {gemv_q4_persist_kernel<true, 1, false>, gemv_q4_persist_kernel<true, 2, false>,
-       gemv_q4_persist_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 2, false, false>,
-       gemv_q4_persist_sub_kernel<true, 1, false, false>}};
-  // Kernels 8 and 9 with mixed tiles and / or tile ends by arrival: [vec_x][mixed][arrive][9?]
-  // (the [0][0] entries repeat kKernels').
-  constexpr Kernel kSubKernels[2][2][2][2] = {
-      {{{gemv_q4_persist_sub_kernel<false, 2, false, false>,
-         gemv_q4_persist_sub_kernel<false, 1, false, false>},
-        {gemv_q4_persist_sub_kernel<false, 2, false, true>,
-         gemv_q4_persist_sub_kernel<false, 1, false, true>}},
-       {{gemv_q4_persist_sub_kernel<false, 2, true, false>,
-         gemv_q4_persist_sub_kernel<false, 1, true, false>},
-        {gemv_q4_persist_sub_kernel<false, 2, true, true>,
-         gemv_q4_persist_sub_kernel<false, 1, true, true>}}},
-      {{{gemv_q4_persist_sub_kernel<true, 2, false, false>,
-         gemv_q4_persist_sub_kernel<true, 1, false, false>},
-        {gemv_q4_persist_sub_kernel<true, 2, false, true>,
-         gemv_q4_persist_sub_kernel<true, 1, false, true>}},
-       {{gemv_q4_persist_sub_kernel<true, 2, true, false>,
-         gemv_q4_persist_sub_kernel<true, 1, true, false>},
-        {gemv_q4_persist_sub_kernel<true, 2, true, true>,
-         gemv_q4_persist_sub_kernel<true, 1, true, true>}}}};
-  const bool special = mixed || arrive;
-  const Kernel kernel =
-      special ? kSubKernels[vec_x][mixed][arrive][variant - 3] : kKernels[vec_x][variant];
-  static bool opted_in[2][kVariants + 8] = {};  // above 48 KiB: once per instantiation
-  const int entry =
-      special ? kVariants + (int(mixed) * 2 + int(arrive)) * 2 + variant - 3 : variant;
+       gemv_q4_persist_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 2, false>,
+       gemv_q4_persist_sub_kernel<true, 1, false>}};
+  constexpr Kernel kMixedKernels[2][2] = {
+      {gemv_q4_persist_sub_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 1, true>},
+      {gemv_q4_persist_sub_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 1, true>}};
+  const Kernel kernel = mixed ? kMixedKernels[vec_x][variant - 3] : kKernels[vec_x][variant];
+  static bool opted_in[2][kVariants + 2] = {};  // above 48 KiB: once per instantiation
+  const int entry = mixed ? kVariants + variant - 3 : variant;
   if (!opted_in[vec_x][entry]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)));

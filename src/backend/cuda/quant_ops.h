@@ -145,9 +145,6 @@ struct Q4GemvTuning {
   // and the 8 up rows of the same index (gemv_q4.cu, MIXED) instead of a gate tile paired with its
   // up tile. Off unless QS_SWIGLU_MIXED=1 (not yet run on a GPU).
   bool swiglu_mixed = false;
-  // Kernels 8, 9: a tile's end without a block barrier (the last warp to count itself in stores
-  // the tile; gemv_q4.cu, ARRIVE). Off unless QS_Q4_TILE_ARRIVE=1 (not yet run on a GPU).
-  bool tile_arrive = false;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
