@@ -8,9 +8,9 @@
 // sequence, so a block counter left non-zero by one launch would leave the next one's output
 // unwritten (poisoned).
 //
-// Backend::gate_up_swiglu (each block takes a gate tile, then the same rows' up tile, and stores
-// their SwiGLU; or, with GemvTuning::swiglu_mixed, tiles of 8 gate and 8 up rows). Fused: bf16 /
-// f16 weights at m = 1..16, 4-bit weights at m = 1; the rest falls back.
+// Backend::gate_up_swiglu (tiles of 8 gate and the same 8 up rows that store their SwiGLU, or
+// each block takes a gate tile, then the same rows' up tile: the tunings' swiglu_mixed). Fused:
+// bf16 / f16 weights at m = 1..16, 4-bit weights at m = 1; the rest falls back.
 //
 // Backend::linear_add_rmsnorm_deferred and its consumers (the draft's norm applied on load by the
 // next 4-bit launch): within a bound of the materialized chain, not bit for bit.
@@ -167,15 +167,22 @@ void swiglu_sweep(CudaBackend& gpu, const std::vector<SwigluShape>& shapes,
   }
 }
 
+// The ring kernel's paired walk (GemvTuning::swiglu_mixed off: QS_SWIGLU_MIXED=0).
 TEST_F(CudaOpsTest, GateUpSwigluMatchesSeparateOps) {
+  const cuda::GemvTuning saved = cuda::gemv_tuning();
+  cuda::GemvTuning t = saved;
+  t.swiglu_mixed = false;
+  cuda::set_gemv_tuning(t);
   // {11008, 4096}: Llama-2-7B; {1000, 520}: a partial last tile, K not a whole ring stage;
   // {17000, 64}: 2126 tiles in all (past 16 per SM: 6 ring stages), an odd pair count per block.
   swiglu_sweep(gpu(), {{11008, 4096}, {1000, 520}, {17000, 64}},
                {DType::BF16, DType::F16, DType::F32}, 500, "");
+  cuda::set_gemv_tuning(saved);
 }
 
-// The ring kernel's mixed tiles (GemvTuning::swiglu_mixed: 8 gate rows and the same 8 up rows per
-// tile): the same bits. {1003, 520}: a last tile of 3 rows; {17000, 64}: 2125 tiles (6 stages).
+// The ring kernel's mixed tiles (GemvTuning::swiglu_mixed, the default: 8 gate rows and the same
+// 8 up rows per tile): the same bits. {1003, 520}: a last tile of 3 rows; {17000, 64}: 2125 tiles
+// (6 stages).
 TEST_F(CudaOpsTest, GateUpSwigluMixedTilesMatchSeparateOps) {
   const cuda::GemvTuning saved = cuda::gemv_tuning();
   cuda::GemvTuning t = saved;

@@ -295,7 +295,8 @@ __global__ void __launch_bounds__(kMaxWarps * 32, UNROLL >= 8 ? 1 : 2)
 // is free, as above). After each tile the warps' C fragments meet in a double-buffered
 // shared-memory partial (one __syncthreads per tile). With norm.h set (one segment) the sums go
 // into the residual stream and the last block normalizes it (gemv_norm.cuh).
-// MIXED (a gate / up launch, segs.swiglu; QS_SWIGLU_MIXED=1): tile q is 8 gate rows and the 8 up
+// MIXED (a gate / up launch, segs.swiglu; the default, QS_SWIGLU_MIXED=0 pairs the tiles as
+// below): tile q is 8 gate rows and the 8 up
 // rows of the same index (rows 8q .. 8q + 7 of each), the SwiGLU is formed in the tile's own
 // epilogue, and `tiles` counts these ceil(N / 8) tiles. Against the paired walk (a gate tile,
 // then the up tile, find_tile) a block's share is one 16-row tile finer: Llama-2-7B's 688 pairs
@@ -574,7 +575,7 @@ GemvTuning g_tuning = [] {
       std::fprintf(stderr, "quantspec: ignoring QS_GEMV_RING=%s (expected off, 4 or 6)\n", v);
     }
   }
-  t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", false);
+  t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", true);
   return t;
 }();
 

@@ -79,7 +79,7 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
-  t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", false);
+  t.swiglu_mixed = env_flag("QS_Q4_SWIGLU_MIXED", false);
   return t;
 }();
 
