@@ -14,8 +14,8 @@
 #   test FILTER                    test_cuda --gtest_filter=FILTER
 #   memcheck FILTER                compute-sanitizer memcheck of test_cuda --gtest_filter=FILTER
 #   bench SECTIONS                 bench_ops --sections SECTIONS
-#   ab SWITCH CONTEXT MODES [N]    tools/gpu/ab_switch.sh llama2-7b, values 1,0, one round, N tokens
-#                                  (default 256); QS_AB_SHAPE picks another shape
+#   ab SWITCH CONTEXT MODES [N [R]]  tools/gpu/ab_switch.sh llama2-7b, values 1,0, N tokens
+#                                  (default 256), R rounds (default 1); QS_AB_SHAPE: another shape
 #   matrix SHAPE CONTEXTS MODES [N]  tools/gpu/bench_matrix.sh (N tokens, default 256)
 #   ncu REGEX SECTIONS COUNT       tools/gpu/ncu_stalls.sh
 #   trace SHAPE CONTEXT MODES      tools/gpu/trace_decode.sh
@@ -53,9 +53,9 @@ step_command() {
         "--gtest_filter=$1") ;;
     bench) (($# == 1)) || return 1
       cmd=("$build/bench/cuda/bench_ops" --sections "$1") ;;
-    ab) (($# == 3 || $# == 4)) || return 1
+    ab) (($# >= 3 && $# <= 5)) || return 1
       cmd=(env "QS_AB_SWITCH=$1" "QS_AB_CONTEXT=$2" "QS_AB_MODES=$3" "QS_AB_TOKENS=${4:-256}"
-        QS_AB_REPEATS=1 bash tools/gpu/ab_switch.sh "${QS_AB_SHAPE:-llama2-7b}") ;;
+        "QS_AB_REPEATS=${5:-1}" bash tools/gpu/ab_switch.sh "${QS_AB_SHAPE:-llama2-7b}") ;;
     matrix) (($# == 3 || $# == 4)) || return 1
       cmd=(env "QS_MATRIX_CONTEXTS=$2" "QS_MATRIX_MODES=$3" "QS_MATRIX_TOKENS=${4:-256}"
         bash tools/gpu/bench_matrix.sh "$1") ;;
