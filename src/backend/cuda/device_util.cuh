@@ -156,7 +156,14 @@ __device__ __forceinline__ int find_tile(const Segs& segs, int64_t q, int64_t& l
   return static_cast<int>(k & 1);
 }
 
-// Items of this block in a persistent walk over `tiles` (both segments' when paired).
+// Items blockIdx.x, + gridDim.x, ... below `items`: this block's share of a persistent walk.
+__device__ __forceinline__ int64_t block_items(int64_t items) {
+  const int64_t b = blockIdx.x;
+  return b < items ? (items - 1 - b) / gridDim.x + 1 : 0;
+}
+
+// Items of this block in a persistent walk over `tiles` (both segments' when paired; unpaired,
+// block_items(tiles)).
 template <class Segs>
 __device__ __forceinline__ int64_t block_tiles(const Segs& segs, int64_t tiles) {
   const int64_t b = blockIdx.x, items = segs.swiglu ? tiles / 2 : tiles;

@@ -346,9 +346,7 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
   const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
   const int64_t chunk_begin = chunks * warp / num_warps;
   const int64_t my_chunks = chunks * (warp + 1) / num_warps - chunk_begin;
-  const int64_t my_tiles = MIXED
-                               ? (blockIdx.x < tiles ? (tiles - 1 - blockIdx.x) / gridDim.x + 1 : 0)
-                               : block_tiles(segs, tiles);
+  const int64_t my_tiles = MIXED ? block_items(tiles) : block_tiles(segs, tiles);
 
   // The fetch cursor. The writer's view: instruction j copies row 4j + lane / 8 of the tile,
   // piece lane % 8 of the chunk, from f_src + j * 4K.

@@ -1103,9 +1103,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 
   const int64_t grp_begin = groups * warp / num_warps;
   const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
-  const int my_tiles =
-      MIXED ? (blockIdx.x < tiles ? static_cast<int>((tiles - 1 - blockIdx.x) / gridDim.x) + 1 : 0)
-            : static_cast<int>(block_tiles(segs, tiles));
+  const int my_tiles = static_cast<int>(MIXED ? block_items(tiles) : block_tiles(segs, tiles));
 
   PersistFetch<int, MIXED> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
 #pragma unroll
