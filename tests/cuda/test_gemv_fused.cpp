@@ -35,6 +35,20 @@ using testing::random_normal;
 
 constexpr float kEps = 1e-5f;
 
+// Runs body(tag) under each 4-bit kernel for m = 1 worth covering: the automatic one and the
+// pair kernel (Q4GemvTuning::kernel 10), restoring the tuning after.
+template <class Body>
+void for_each_q4_kernel(Body body) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  for (int kernel : {0, cuda::kQ4PairKernel}) {
+    cuda::Q4GemvTuning t = saved;
+    t.kernel = kernel;
+    cuda::set_q4_gemv_tuning(t);
+    body("kernel " + std::to_string(kernel) + " ");
+  }
+  cuda::set_q4_gemv_tuning(saved);
+}
+
 // Runs op both ways from the same h and compares; `tag` names the case.
 void expect_fused_equals_separate(CudaBackend& gpu, const LinearOp& op, int64_t d, int m,
                                   const WeightView& norm, uint64_t seed, const std::string& tag) {
@@ -93,24 +107,27 @@ TEST_F(CudaOpsTest, LinearAddRmsNormQ4MatchesSeparateOps) {
   struct Shape {
     int64_t d, k;
   };
-  // An o_proj, a down_proj (K = 11008: 86 groups over 16 warps) and a partial last tile.
-  const Shape shapes[] = {{4096, 4096}, {2048, 11008}, {1000, 1024}};
-  uint64_t seed = 100;
-  for (const Shape& s : shapes) {
-    std::vector<float> wv = random_normal(static_cast<size_t>(s.d * s.k), 40 + s.d, 0.05f);
-    auto q = quantize_weight4(wv.data(), DType::F32, s.d, s.k, 128, "w4");
-    ASSERT_TRUE(q.ok());
-    const QuantizedWeight4 w4 = std::move(q).value();
-    HostWeight norm(random_normal(static_cast<size_t>(s.d), 50 + s.d, 0.3f, 1.0f), DType::BF16, 1,
-                    s.d, "norm");
-    for (int m : {1, 2}) {
-      const LinearOp op{nullptr, &w4, nullptr, nullptr};
-      expect_fused_equals_separate(
-          gpu(), op, s.d, m, norm.view, ++seed,
-          "q4 d=" + std::to_string(s.d) + " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
+  // An o_proj, a down_proj (K = 11008: 86 groups over 16 warps), a partial last tile and an odd
+  // tile count (63 tiles: the pair kernel's last pair has one).
+  const Shape shapes[] = {{4096, 4096}, {2048, 11008}, {1000, 1024}, {1000, 512}};
+  for_each_q4_kernel([&](const std::string& kernel) {
+    uint64_t seed = 100;
+    for (const Shape& s : shapes) {
+      std::vector<float> wv = random_normal(static_cast<size_t>(s.d * s.k), 40 + s.d, 0.05f);
+      auto q = quantize_weight4(wv.data(), DType::F32, s.d, s.k, 128, "w4");
+      ASSERT_TRUE(q.ok());
+      const QuantizedWeight4 w4 = std::move(q).value();
+      HostWeight norm(random_normal(static_cast<size_t>(s.d), 50 + s.d, 0.3f, 1.0f), DType::BF16, 1,
+                      s.d, "norm");
+      for (int m : {1, 2}) {
+        const LinearOp op{nullptr, &w4, nullptr, nullptr};
+        expect_fused_equals_separate(gpu(), op, s.d, m, norm.view, ++seed,
+                                     kernel + "q4 d=" + std::to_string(s.d) +
+                                         " k=" + std::to_string(s.k) + " m=" + std::to_string(m));
+      }
+      gpu().release_weights();
     }
-    gpu().release_weights();
-  }
+  });
 }
 
 // gate_up_swiglu both ways from the same x; gate / up: {w, w4, bias} (y set here).
@@ -215,7 +232,7 @@ void swiglu_q4_sweep(CudaBackend& gpu, uint64_t seed, const std::string& tag) {
 }
 
 TEST_F(CudaOpsTest, GateUpSwigluQ4MatchesSeparateOps) {
-  swiglu_q4_sweep(gpu(), 600, "");
+  for_each_q4_kernel([&](const std::string& kernel) { swiglu_q4_sweep(gpu(), 600, kernel); });
 }
 
 // The persistent kernel's mixed tiles (Q4GemvTuning::swiglu_mixed): the same bits.
@@ -236,8 +253,8 @@ TEST_F(CudaOpsTest, GateUpSwigluQ4MixedTilesMatchSeparateOps) {
 // materialized chain: h bit for bit, the consumers' outputs within the f32 rounding of moving
 // 1 / rms from each input to each sum (1e-5; a wrong or missing norm is O(1)), and a dense
 // consumer (not deferrable) bit for bit through the fallback's rmsnorm. A producer at m = 2 must
-// not defer.
-TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
+// not defer. Under the current 4-bit tuning; `kernel` prefixes the failure messages.
+void deferred_norm_chain(CudaBackend& gpu, const std::string& kernel) {
   const int64_t d = 4096, k_in = 4096, n_mlp = 1024;
   auto q4 = [](int64_t rows, int64_t cols, uint64_t seed) {
     std::vector<float> wv = random_normal(static_cast<size_t>(rows * cols), seed, 0.05f);
@@ -252,19 +269,19 @@ TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
                    "dense");
   for (DType norm_dt : {DType::BF16, DType::F32}) {
     HostWeight norm(random_normal(static_cast<size_t>(d), 310, 0.3f, 1.0f), norm_dt, 1, d, "norm");
-    const std::string tag = std::string("norm ") + dtype_name(norm_dt);
+    const std::string tag = kernel + "norm " + dtype_name(norm_dt);
     for (int m : {1, 2}) {
       const std::vector<float> x = random_normal(static_cast<size_t>(m * k_in), 311 + m);
       const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), 313 + m, 2.0f);
-      const DeviceArray xd(gpu(), x);
-      DeviceArray scratch(gpu(), m * d), h_ref(gpu(), h0), out_ref(gpu(), m * d);
-      gpu().linear_add_rmsnorm(xd.data(), m, LinearOp{nullptr, &wo, nullptr, scratch.data()},
-                               h_ref.data(), norm.view, kEps, out_ref.data());
-      DeviceArray h(gpu(), h0), out(gpu(), m * d);
+      const DeviceArray xd(gpu, x);
+      DeviceArray scratch(gpu, m * d), h_ref(gpu, h0), out_ref(gpu, m * d);
+      gpu.linear_add_rmsnorm(xd.data(), m, LinearOp{nullptr, &wo, nullptr, scratch.data()},
+                             h_ref.data(), norm.view, kEps, out_ref.data());
+      DeviceArray h(gpu, h0), out(gpu, m * d);
       out.poison();
       PendingNorm pn{h.data(), &norm.view, kEps, out.data(), false};
-      gpu().linear_add_rmsnorm_deferred(xd.data(), m,
-                                        LinearOp{nullptr, &wo, nullptr, scratch.data()}, pn);
+      gpu.linear_add_rmsnorm_deferred(xd.data(), m, LinearOp{nullptr, &wo, nullptr, scratch.data()},
+                                      pn);
       EXPECT_EQ(pn.deferred, m == 1) << tag << " m=" << m;
       EXPECT_EQ(h.to_host(), h_ref.to_host()) << tag << " m=" << m;
       // q / k / v (a bias on q) and gate / up with their SwiGLU, read both ways.
@@ -275,34 +292,39 @@ TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
       };
       std::vector<DeviceArray> want, got;
       for (int64_t rows : {d, int64_t{1024}, int64_t{1024}}) {
-        want.emplace_back(gpu(), m * rows);
-        got.emplace_back(gpu(), m * rows);
+        want.emplace_back(gpu, m * rows);
+        got.emplace_back(gpu, m * rows);
       }
-      gpu().matmul_group(out_ref.data(), m, qkv(want).data(), 3);
-      gpu().matmul_group_normed(pn, m, qkv(got).data(), 3);
+      gpu.matmul_group(out_ref.data(), m, qkv(want).data(), 3);
+      gpu.matmul_group_normed(pn, m, qkv(got).data(), 3);
       for (int i = 0; i < 3; ++i) {
         EXPECT_LT(testing::rel_error(got[i].to_host(), want[i].to_host()), 1e-5)
             << tag << " m=" << m << " qkv " << i;
       }
-      DeviceArray g(gpu(), m * n_mlp), u(gpu(), m * n_mlp), mlp_want(gpu(), m * n_mlp),
-          mlp_got(gpu(), m * n_mlp);
-      gpu().gate_up_swiglu(out_ref.data(), m, LinearOp{nullptr, &wg, nullptr, g.data()},
-                           LinearOp{nullptr, &wu, nullptr, u.data()}, mlp_want.data());
+      DeviceArray g(gpu, m * n_mlp), u(gpu, m * n_mlp), mlp_want(gpu, m * n_mlp),
+          mlp_got(gpu, m * n_mlp);
+      gpu.gate_up_swiglu(out_ref.data(), m, LinearOp{nullptr, &wg, nullptr, g.data()},
+                         LinearOp{nullptr, &wu, nullptr, u.data()}, mlp_want.data());
       mlp_got.poison();
-      gpu().gate_up_swiglu_normed(pn, m, LinearOp{nullptr, &wg, nullptr, g.data()},
-                                  LinearOp{nullptr, &wu, nullptr, u.data()}, mlp_got.data());
+      gpu.gate_up_swiglu_normed(pn, m, LinearOp{nullptr, &wg, nullptr, g.data()},
+                                LinearOp{nullptr, &wu, nullptr, u.data()}, mlp_got.data());
       EXPECT_LT(testing::rel_error(mlp_got.to_host(), mlp_want.to_host()), 1e-5)
           << tag << " m=" << m << " gate/up";
       // A dense consumer: the fallback normalizes h into out first.
-      DeviceArray yd_want(gpu(), m * 256), yd_got(gpu(), m * 256);
-      gpu().matmul(out_ref.data(), m, dense.view, nullptr, yd_want.data());
+      DeviceArray yd_want(gpu, m * 256), yd_got(gpu, m * 256);
+      gpu.matmul(out_ref.data(), m, dense.view, nullptr, yd_want.data());
       const LinearOp dense_op{&dense.view, nullptr, nullptr, yd_got.data()};
-      gpu().matmul_group_normed(pn, m, &dense_op, 1);
+      gpu.matmul_group_normed(pn, m, &dense_op, 1);
       EXPECT_EQ(yd_got.to_host(), yd_want.to_host()) << tag << " m=" << m << " dense";
       EXPECT_EQ(out.to_host(), out_ref.to_host()) << tag << " m=" << m << " materialized";
     }
-    gpu().release_weights();
+    gpu.release_weights();
   }
+}
+
+// The chain above under the automatic 4-bit kernel and the pair kernel.
+TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
+  for_each_q4_kernel([&](const std::string& kernel) { deferred_norm_chain(gpu(), kernel); });
 }
 
 }  // namespace

@@ -492,9 +492,11 @@ TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
   const QuantizedWeight4 big[2] = {make_q4(4490, 512, 46), make_q4(4500, 512, 47)};
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   double worst = 0;
-  // The CUDA-core kernel's codes in registers / the cp.async ring; kernels 5-9: m = 1 on the
-  // persistent kernels (one grid over the group's tiles).
-  for (auto [stages, kernel] : {std::pair{1, 0}, {4, 0}, {0, 5}, {0, 6}, {0, 7}, {0, 8}, {0, 9}}) {
+  // The CUDA-core kernel's codes in registers / the cp.async ring; kernels 5-10: m = 1 on the
+  // persistent kernels (one grid over the group's tiles; 10: pairs of tiles, straddling the
+  // matrices where a matrix has an odd tile count).
+  for (auto [stages, kernel] :
+       {std::pair{1, 0}, {4, 0}, {0, 5}, {0, 6}, {0, 7}, {0, 8}, {0, 9}, {0, 10}}) {
     cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, kernel});
     for (int m : {1, 2, 3, 4, 5, 8, 9, 16}) {
       for (int count : {2, 3}) {
@@ -605,8 +607,8 @@ TEST_F(CudaOpsTest, MatmulQ4CudaCoreKernel) {
   std::printf("[ max rel error ] matmul_q4 CUDA-core kernel, m = 1..9: %.3g\n", worst);
 }
 
-// The persistent kernel (kernels 5-9, m = 1: one or two MMA accumulator chains, biased codes,
-// subnormal codes with hi / lo as two token columns):
+// The persistent kernel (kernels 5-10, m = 1: one or two MMA accumulator chains, biased codes,
+// subnormal codes with hi / lo as two token columns, two tiles per stage):
 // fewer groups than warps (129 and 301 columns: 2 and 3
 // groups), a short last group, partial last tiles, fewer tiles than SMs and many tiles per block
 // (4500 rows: 282 tiles), Llama shapes (32, 86 and 112 groups: uneven group splits), both bias
@@ -617,7 +619,7 @@ TEST_F(CudaOpsTest, MatmulQ4PersistentKernel) {
                                                 {17, 129},     {4500, 512}, {4096, 4096},
                                                 {1024, 11008}, {512, 14336}};
   double worst = 0;
-  for (int kernel : {5, 6, 7, 8, 9}) {
+  for (int kernel : {5, 6, 7, 8, 9, 10}) {
     cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, kernel});
     int i = 0;
     for (auto [rows, cols] : shapes) {
@@ -640,7 +642,7 @@ TEST_F(CudaOpsTest, MatmulQ4PersistentKernel) {
   std::printf("[ max rel error ] matmul_q4 persistent kernel, m = 1: %.3g\n", worst);
 }
 
-// The subnormal-code kernels (8, 9) scale each group's activation by its own power of two
+// The subnormal-code kernels (8-10) scale each group's activation by its own power of two
 // before the f16 hi / lo split: activations at scales from 2^-100 to 2^100, a group of
 // zeros (exact zeros out), a group of f32 subnormals (finite, tiny outputs) and one large value
 // among small ones. Each case is its own one-group activation, so every scale's error is
@@ -651,7 +653,7 @@ TEST_F(CudaOpsTest, MatmulQ4PersistentKernelWideRangeActivations) {
   const QuantizedWeight4 w = make_q4(rows, cols, 1290);
   const float scales[] = {1.0f, 0x1p-100f, 0x1p100f, 0x1p-20f, 0x1p40f, 0.0f};
   double worst = 0;
-  for (int kernel : {7, 8, 9}) {
+  for (int kernel : {7, 8, 9, 10}) {
     cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, kernel});
     for (size_t i = 0; i < std::size(scales) + 2; ++i) {
       std::vector<float> x = random_normal(cols, 1291 + i);
@@ -684,6 +686,67 @@ TEST_F(CudaOpsTest, MatmulQ4PersistentKernelWideRangeActivations) {
   }
   cuda::set_q4_gemv_tuning(saved);
   std::printf("[ max rel error ] matmul_q4 persistent kernel, wide-range x: %.3g\n", worst);
+}
+
+// The pair kernel (10) forms every row's sum in kernel 8's order: the same bits, for single
+// matrices with odd tile counts (a pair's second tile past the end), fewer groups than warps,
+// Llama shapes and both bias dtypes, and for groups of matrices whose pairs straddle two
+// matrices (19 + 4 + 2 tiles). K = 18944 (148 groups: Qwen2-7B's down projection) does not fit
+// the pair kernel's shared memory and runs kernel 8.
+TEST_F(CudaOpsTest, MatmulQ4PairKernelEqualsKernel8) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  auto with_kernel = [&](int kernel, auto run) {
+    cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, 0, kernel});
+    run();
+  };
+  const std::pair<int64_t, int64_t> shapes[] = {{300, 1000}, {37, 301},    {17, 129},
+                                                {4500, 512}, {4096, 4096}, {1024, 11008},
+                                                {16, 128},   {512, 14336}, {256, 18944}};
+  int i = 0;
+  for (auto [rows, cols] : shapes) {
+    const QuantizedWeight4 w = make_q4(rows, cols, 1400 + rows + cols);
+    HostWeight b(random_normal(rows, 1401 + i), i % 2 ? DType::BF16 : DType::F32, 1, rows, "b");
+    for (int x_offset : {0, 1}) {
+      const std::vector<float> x = random_normal(size_t(cols), 1402 + i);
+      DeviceArray xd(gpu(), x.size() + x_offset), y8(gpu(), rows), y10(gpu(), rows);
+      gpu().from_host(x.data(), xd.data() + x_offset, x.size());
+      const WeightView* bv = (i + x_offset) % 3 == 0 ? nullptr : &b.view;
+      y10.poison();
+      with_kernel(8, [&] { gpu().matmul_q4(xd.data() + x_offset, 1, w, bv, y8.data()); });
+      with_kernel(10, [&] { gpu().matmul_q4(xd.data() + x_offset, 1, w, bv, y10.data()); });
+      EXPECT_EQ(y10.to_host(), y8.to_host())
+          << describe(w, 1, bv != nullptr) << " x_offset=" << x_offset;
+    }
+    gpu().release_weights();
+    ++i;
+  }
+  const int64_t cols = 1000;
+  const QuantizedWeight4 ws[3] = {make_q4(300, cols, 1441), make_q4(64, cols, 1442),
+                                  make_q4(17, cols, 1443)};
+  HostWeight b32(random_normal(300, 1444), DType::F32, 1, 300, "b");
+  HostWeight b16(random_normal(17, 1445), DType::BF16, 1, 17, "b");
+  const WeightView* biases[3] = {&b32.view, nullptr, &b16.view};
+  const std::vector<float> x = random_normal(size_t(cols), 1446);
+  DeviceArray xd(gpu(), x);
+  for (int count : {1, 2, 3}) {
+    std::vector<std::vector<float>> got[2];
+    for (int k = 0; k < 2; ++k) {
+      std::vector<std::unique_ptr<DeviceArray>> ys;
+      LinearOp ops[3];
+      for (int j = 0; j < count; ++j) {
+        ys.push_back(std::make_unique<DeviceArray>(gpu(), ws[j].rows));
+        ys.back()->poison();
+        ops[j] = {nullptr, &ws[j], biases[j], ys.back()->data()};
+      }
+      with_kernel(k == 0 ? 8 : 10, [&] { gpu().matmul_group(xd.data(), 1, ops, count); });
+      for (int j = 0; j < count; ++j) got[k].push_back(ys[j]->to_host());
+    }
+    for (int j = 0; j < count; ++j) {
+      EXPECT_EQ(got[1][j], got[0][j]) << "group of " << count << ", matrix " << j;
+    }
+  }
+  gpu().release_weights();
+  cuda::set_q4_gemv_tuning(saved);
 }
 
 // Large K and N for the CUDA-core kernel: several load batches per warp, many blocks.

@@ -35,6 +35,7 @@
 // with the activation's B fragments staged once per block in shared memory.
 // gemv_q4_persist_sub_kernel (the default for m = 1): the same grid with the codes read as f16
 // subnormals and the activation's hi and lo parts as two token columns of one MMA.
+// gemv_q4_persist_pair_kernel: the same arithmetic with two tiles per ring stage.
 //
 // Weights whose group size is not 128 keep the reference layout and run a plain FMA kernel
 // (correctness only; the draft weights use 128).
@@ -65,7 +66,7 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..9 start the process with that Q4GemvTuning::stages /
+// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..10 start the process with that Q4GemvTuning::stages /
 // kernel (end-to-end A/B runs of the code paths without a rebuild); anything else is ignored
 // with a warning.
 Q4GemvTuning g_q4_tuning = [] {
@@ -869,6 +870,26 @@ struct PersistFetch {
   }
 };
 
+// Row `row` of segment si's sum plus that matrix's bias.
+__device__ __forceinline__ float with_bias(const CcSegments& segs, int si, int64_t row, float sum) {
+  const DeviceBias bias = pick(segs.bias, si);
+  if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+  return sum;
+}
+
+// A persistent kernel's finished row sum: added into h with a deferred norm (its square into
+// sq), else stored (gemv_store: into y, or added into h for a fused norm).
+__device__ __forceinline__ void persist_store_row(const GemvNorm& norm, float* y, int64_t row,
+                                                  float sum, double& sq) {
+  if (norm.sumsq != nullptr) {
+    const float v = norm.h[row] + sum;
+    norm.h[row] = v;
+    sq += static_cast<double>(v * v);
+  } else {
+    gemv_store(norm, y, row, sum);
+  }
+}
+
 // The end of a persistent kernel's tile: every lane's sums {row g, row g + 8} (token 0, lanes of
 // c = 0) go to `part` ([warps][32] float2, double-buffered by the caller across tiles), and
 // threads 0..15 add the warps' sums of row r, add the bias and store (a paired launch: a gate
@@ -890,8 +911,7 @@ __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float
     const int si = find_tile(segs, tile, local);
     const int64_t row = local * 16 + r;
     if (row < pick(segs.N, si)) {
-      const DeviceBias bias = pick(segs.bias, si);
-      if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+      sum = with_bias(segs, si, row, sum);
       if (norm.sumsq != nullptr) {
         const float v = norm.h[row] + sum;
         norm.h[row] = v;
@@ -957,7 +977,7 @@ template <bool VEC_X, int CHAINS, bool BIASED>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                            const CcSegments segs, int64_t tiles, const GemvNorm norm,
-                           const NormIn /*nin: kernels 8, 9 only*/) {
+                           const NormIn /*nin: kernels 8-10 only*/) {
   extern __shared__ uint4 p_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -1086,33 +1106,20 @@ size_t persist_sub_smem_bytes(int warps, int64_t groups) {
          size_t(warps) * kSubZeroBytes;
 }
 
-template <bool VEC_X, int CHAINS, bool MIXED>
-__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
-    gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
-                               const CcSegments segs, int64_t tiles, const GemvNorm norm,
-                               const NormIn nin) {
-  extern __shared__ uint4 p_smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int num_warps = blockDim.x / 32;
-  const int g = lane >> 2, c = lane & 3;
-  uint4* ring = p_smem + size_t(warp) * kPStages * kPStageVecs;
-  uint4* xfrag = p_smem + size_t(num_warps) * kPStages * kPStageVecs;   // [groups][32]
-  float* partial = reinterpret_cast<float*>(xfrag + groups * 32);       // [2][warps][32][2]
-  float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 64);  // [groups]
-  uint2* zeros = reinterpret_cast<uint2*>(gscale + ((groups + 1) & ~int64_t{1})) + warp * 64;
+// The subnormal kernels' activation (kernels 8-10): this warp's groups [grp_begin, grp_begin +
+// my_groups) of x (times a NormIn's weight) as f16 B fragments in `xfrag`, with each group's
+// {sum x / inv, inv} in `gscale`.
+struct SubActivation {
+  static constexpr int kBatch = 8;  // groups whose loads are in flight together
+  const float* x;
+  int64_t K;
+  const NormIn& nin;
+  uint4* xfrag;
+  float2* gscale;
+  int64_t grp_begin;
+  int my_groups, lane;
 
-  const int64_t grp_begin = groups * warp / num_warps;
-  const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
-  const int my_tiles = static_cast<int>(MIXED ? block_items(tiles) : block_tiles(segs, tiles));
-
-  PersistFetch<int, MIXED> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
-#pragma unroll
-  for (int st = 0; st < kPStages - 1; ++st) fetch();
-  // A NormIn input's weight does not depend on the previous kernel either: its first batch of
-  // groups is loaded before the wait.
-  constexpr int kStageBatch = 8;
-  float4 wn[kStageBatch];
-  auto load_norm_weight = [&](int64_t grp) {
+  __device__ __forceinline__ float4 norm_weight(int64_t grp) const {
     const int64_t col = grp * kQ4TiledGroup + 4 * lane;
     float4 w;
     w.x = col < K ? load_as_float(nin.weight, nin.weight_dtype, col) : 0.0f;
@@ -1120,21 +1127,25 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     w.z = col + 2 < K ? load_as_float(nin.weight, nin.weight_dtype, col + 2) : 0.0f;
     w.w = col + 3 < K ? load_as_float(nin.weight, nin.weight_dtype, col + 3) : 0.0f;
     return w;
-  };
-  if (nin.sumsq != nullptr) {
+  }
+
+  // A NormIn input's weight does not depend on the previous kernel: its first batch of groups
+  // is loaded before the wait (pdl_begin).
+  __device__ __forceinline__ void preload_norm_weight(float4 (&wn)[kBatch]) const {
+    if (nin.sumsq != nullptr) {
 #pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
-      if (u < my_groups) wn[u] = load_norm_weight(grp_begin + u);
+      for (int u = 0; u < kBatch; ++u) {
+        if (u < my_groups) wn[u] = norm_weight(grp_begin + u);
+      }
     }
   }
-  pdl_begin();
 
   // x as B fragments: lane l of a warp holds columns 128 grp + 4l .. + 3 = k16 step l / 4 of
   // thread-in-group l % 4 (actual columns e = 0, 1 play k slots 2c, 2c + 1; e = 2, 3 the high
   // nibbles' slots 2c + 8, 2c + 9), as {hi(e0, e1), hi(e2, e3) / 16, lo(e0, e1), lo(e2, e3) / 16}:
   // as uint2, entry 2 (32 grp + 4 step + c) + h is column h's B register pair. Each warp stages
   // the groups it multiplies (the same for every tile), so no block barrier is needed.
-  auto stage = [&](int64_t grp, const float4& v) {
+  __device__ __forceinline__ void stage_group(int64_t grp, const float4& v) const {
     const float big =
         warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     // 2^(E - 127) <= max |x| < 2^(E - 126) for the biased exponent E of the group's max; E is
@@ -1150,37 +1161,77 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     xfrag[grp * 32 + lane] = make_uint4(f.x, f.y, f.z, f.w);
     const float sum = warp_sum((v.x + v.y) + (v.z + v.w));
     if (lane == 0) gscale[grp] = make_float2(sum * rinv, inv);
-  };
-  // The activation was written by the previous kernel: the loads of up to kStageBatch groups are
-  // in flight together (one L2 round trip instead of one per group, on the launch's critical
-  // path), then staged. A NormIn input stages h * weight; its 1 / rms scales the sums.
-  for (int g0 = 0; g0 < my_groups; g0 += kStageBatch) {
-    float4 v[kStageBatch];
+  }
+
+  // The activation was written by the previous kernel: the loads of up to kBatch groups are in
+  // flight together (one L2 round trip instead of one per group, on the launch's critical path),
+  // then staged. A NormIn input stages h * weight (wn: preload_norm_weight's first batch); its
+  // 1 / rms scales the sums.
+  template <bool VEC_X>
+  __device__ __forceinline__ void stage(const float4 (&wn)[kBatch]) const {
+    for (int g0 = 0; g0 < my_groups; g0 += kBatch) {
+      float4 v[kBatch];
 #pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
-      if (g0 + u < my_groups) {
-        v[u] = load_x4<VEC_X>(x, 0, 1, K, (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane);
-      }
-    }
-#pragma unroll
-    for (int u = 0; u < kStageBatch; ++u) {
-      if (g0 + u < my_groups) {
-        if (nin.sumsq != nullptr) {
-          const float4 w = g0 == 0 ? wn[u] : load_norm_weight(grp_begin + g0 + u);
-          v[u] = make_float4(v[u].x * w.x, v[u].y * w.y, v[u].z * w.z, v[u].w * w.w);
+      for (int u = 0; u < kBatch; ++u) {
+        if (g0 + u < my_groups) {
+          v[u] = load_x4<VEC_X>(x, 0, 1, K, (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane);
         }
-        stage(grp_begin + g0 + u, v[u]);
+      }
+#pragma unroll
+      for (int u = 0; u < kBatch; ++u) {
+        if (g0 + u < my_groups) {
+          if (nin.sumsq != nullptr) {
+            const float4 w = g0 == 0 ? wn[u] : norm_weight(grp_begin + g0 + u);
+            v[u] = make_float4(v[u].x * w.x, v[u].y * w.y, v[u].z * w.z, v[u].w * w.w);
+          }
+          stage_group(grp_begin + g0 + u, v[u]);
+        }
       }
     }
   }
-  // Only warp 0's threads store the rows (persist_store_tile): the other warps need no scale.
-  const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
+};
+
+// Where a lane reads its B registers of each step (a group's are 64 uint2s apart in xfrag): lanes
+// of token columns 0 and 1 read their column's pair of each step (8 uint2s apart); the others
+// read zeros (a broadcast from this warp's `zeros`, 64 uint2s, zeroed here) at the same
+// offsets, so that no load is predicated.
+__device__ __forceinline__ const uint2* sub_x_fragments(const uint4* xfrag, uint2* zeros, int g,
+                                                        int c, int lane) {
   zeros[lane] = zeros[lane + 32] = make_uint2(0, 0);
   __syncwarp();
+  return g < 2 ? reinterpret_cast<const uint2*>(xfrag) + 2 * c + g : zeros;
+}
 
-  // Lanes of token columns 0 and 1 read their column's pair of each step (8 uint2s apart);
-  // the others read zeros (a broadcast) at the same offsets, so that no load is predicated.
-  const uint2* xbase = g < 2 ? reinterpret_cast<const uint2*>(xfrag) + 2 * c + g : zeros;
+template <bool VEC_X, int CHAINS, bool MIXED>
+__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
+    gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
+                               const CcSegments segs, int64_t tiles, const GemvNorm norm,
+                               const NormIn nin) {
+  extern __shared__ uint4 p_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int g = lane >> 2, c = lane & 3;
+  uint4* ring = p_smem + size_t(warp) * kPStages * kPStageVecs;
+  uint4* xfrag = p_smem + size_t(num_warps) * kPStages * kPStageVecs;        // [groups][32]
+  float* partial = reinterpret_cast<float*>(xfrag + groups * 32);            // [2][warps][32][2]
+  float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 64);  // [groups]
+  uint2* zeros = reinterpret_cast<uint2*>(gscale + ((groups + 1) & ~int64_t{1})) + warp * 64;
+
+  const int64_t grp_begin = groups * warp / num_warps;
+  const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
+  const int my_tiles = static_cast<int>(MIXED ? block_items(tiles) : block_tiles(segs, tiles));
+
+  PersistFetch<int, MIXED> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
+#pragma unroll
+  for (int st = 0; st < kPStages - 1; ++st) fetch();
+  const SubActivation act{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane};
+  float4 wn[SubActivation::kBatch];
+  act.preload_norm_weight(wn);
+  pdl_begin();
+  act.stage<VEC_X>(wn);
+  // Only warp 0's threads store the rows (persist_store_tile): the other warps need no scale.
+  const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
+  const uint2* xbase = sub_x_fragments(xfrag, zeros, g, c, lane);
   const int xstride = g < 2 ? 64 : 0;  // uint2s per group
   int slot = 0;
   float gate_keep = 0.0f;
@@ -1228,6 +1279,226 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   }
   cp_async_wait<0>();
   persist_norm_end(norm, partial, sq);
+}
+
+// ---- the subnormal kernel over pairs of tiles (Q4GemvTuning::kernel 10) ---------------------
+//
+// Kernel 8's arithmetic with two 16-row tiles per ring stage: a warp's stage holds one group of
+// both tiles of a pair (2048 code bytes, then both tiles' 64 metadata bytes, which lanes 0..15
+// copy), each k16 step's activation registers (one ld.shared) feed both tiles' MMAs (two
+// independent accumulator chains), and the block's barrier and cross-warp sum come once per
+// pair. Against kernel 8 that halves the activation loads, ring waits and barriers per code and
+// doubles the independent MMAs in flight per warp (ncu of kernel 8, session 34: latency-bound,
+// 0.35 instructions issued per cycle per scheduler, no dominant stall). Every row's sum is
+// formed in kernel 8's order, so y is the same bits.
+// Pair p: tiles 2p and 2p + 1 of the launch (one past its end reads zeros and is not stored);
+// a paired gate / up launch (segs.swiglu): gate tile p and up tile p, whose SwiGLU the pair's
+// store forms. Four stages of 2176 bytes (three pairs' groups in flight, 6 KiB per warp, where
+// kernel 8 has five single groups) keep 16 warps and the 8B shape's down projection (112 groups
+// of activation fragments) inside 227 KiB.
+constexpr int kPairStages = 4;
+constexpr int kPairMetaVecs = 8;  // 16 uint2 entries: tile a's rows {g, g + 8}, then tile b's
+constexpr int kPairStageVecs = 2 * kPiecesPerTileGroup + kPairMetaVecs;
+
+size_t persist_pair_smem_bytes(int warps, int64_t groups) {
+  return sizeof(uint4) * (size_t(warps) * kPairStages * kPairStageVecs + size_t(groups) * 32) +
+         sizeof(float4) * 2 * size_t(warps) * 32 + sizeof(float2) * ((size_t(groups) + 1) & ~1) +
+         size_t(warps) * kSubZeroBytes;
+}
+
+// Pairs of a launch over `tiles` tiles (both matrices' when paired).
+__host__ __device__ __forceinline__ int64_t pair_count(int64_t tiles, bool swiglu) {
+  return swiglu ? tiles / 2 : (tiles + 1) / 2;
+}
+
+// Tile t (0 or 1) of pair p: its segment and its tile there; false past the launch's tiles.
+__device__ __forceinline__ bool pair_tile(const CcSegments& segs, int64_t tiles, int64_t p, int t,
+                                          int& si, int64_t& local) {
+  if (segs.swiglu) {
+    si = t, local = p;
+    return true;
+  }
+  if (2 * p + t >= tiles) return false;
+  si = find_segment_at(segs, 2 * p + t, local);
+  return true;
+}
+
+// The fetch side of kernel 10: each call copies the next stage of this warp's (pair, group)
+// sequence (its groups [grp_begin, grp_begin + my_groups) of the pairs blockIdx.x, + gridDim.x,
+// ...) into its ring slot and commits a cp.async group (RingCursor). A lane copies its two
+// pieces of each tile; lanes 0..7 copy tile a's metadata entry `lane`, lanes 8..15 tile b's
+// entry lane - 8 (zeros for a missing tile b).
+struct PairFetch {
+  RingCursor<kPairStages, int> cursor;
+  const CcSegments& segs;
+  uint4* ring;
+  int64_t groups, grp_begin, tiles;
+  int lane;
+  const uint4* codes[2] = {};
+  const uint2* meta = nullptr;
+  bool has_b = false;
+
+  __device__ PairFetch(const CcSegments& s, uint4* ring_, int64_t groups_, int64_t grp_begin_,
+                       int64_t tiles_, int my_pairs, int my_groups, int lane_)
+      : cursor(my_pairs, my_groups),
+        segs(s),
+        ring(ring_),
+        groups(groups_),
+        grp_begin(grp_begin_),
+        tiles(tiles_),
+        lane(lane_) {}
+
+  __device__ __forceinline__ void operator()() {
+    cursor.next(
+        [&](int64_t pair) {
+          int si[2];
+          int64_t local[2];
+          pair_tile(segs, tiles, pair, 0, si[0], local[0]);
+          has_b = pair_tile(segs, tiles, pair, 1, si[1], local[1]);
+          if (!has_b) si[1] = si[0], local[1] = local[0];  // a valid address, read as zeros
+#pragma unroll
+          for (int t = 0; t < 2; ++t) {
+            codes[t] = pick(segs.codes, si[t]) +
+                       (local[t] * groups + grp_begin) * kPiecesPerTileGroup + lane;
+          }
+          // Lanes 0..15: the tile whose entry this lane copies (a select: an array indexed by
+          // lane would live in local memory).
+          const bool mb = lane & 8;
+          meta = pick(segs.meta, mb ? si[1] : si[0]) +
+                 ((mb ? local[1] : local[0]) * groups + grp_begin) * kMetaPerTileGroup + (lane & 7);
+        },
+        [&](int slot) {
+          uint4* dst = ring + slot * kPairStageVecs;
+          cp_async_16(dst + lane, codes[0], true);
+          cp_async_16(dst + 32 + lane, codes[0] + 32, true);
+          cp_async_16(dst + 64 + lane, codes[1], has_b);
+          cp_async_16(dst + 96 + lane, codes[1] + 32, has_b);
+          if (lane < 16) {
+            cp_async_8(reinterpret_cast<uint2*>(dst + 2 * kPiecesPerTileGroup) + lane, meta,
+                       lane < 8 || has_b);
+          }
+          codes[0] += kPiecesPerTileGroup, codes[1] += kPiecesPerTileGroup;
+          meta += kMetaPerTileGroup;
+        });
+  }
+};
+
+// The end of kernel 10's pair: persist_store_tile for both tiles. part ([warps][32] float4,
+// double-buffered by the caller across pairs) gets every lane's sums {tile a row g, row g + 8,
+// tile b row g, row g + 8} (lanes of c = 0); thread t * 16 + r (t < 2, r < 16) sums row r of
+// tile t over the warps in kernel 8's order and stores it; a paired launch's threads 0..15 sum
+// row r of both (gate, up) and store the SwiGLU.
+__device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float4* part, int warp,
+                                                   int lane, int num_warps, int64_t tiles,
+                                                   int64_t pair, const float (&acc)[2][2],
+                                                   const GemvNorm& norm, float scale, double& sq) {
+  part[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
+  __syncthreads();
+  if (threadIdx.x >= (segs.swiglu ? 16 : 32)) return;
+  const int r = threadIdx.x & 15;
+  const float* sums = reinterpret_cast<const float*>(part);
+  auto row_sum = [&](int t) {
+    float sum = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi)
+      sum += sums[(wi * 32 + (r & 7) * 4) * 4 + t * 2 + (r >> 3)];
+    return sum * scale;
+  };
+  if (segs.swiglu) {
+    const int64_t row = pair * 16 + r;
+    if (row < segs.N[0]) {
+      const float gate = with_bias(segs, 0, row, row_sum(0));
+      segs.y[0][row] = swiglu_of(gate, with_bias(segs, 1, row, row_sum(1)));
+    }
+    return;
+  }
+  const int t = threadIdx.x >> 4;
+  int si;
+  int64_t local;
+  if (!pair_tile(segs, tiles, pair, t, si, local)) return;
+  const int64_t row = local * 16 + r;
+  if (row < pick(segs.N, si)) {
+    persist_store_row(norm, pick(segs.y, si), row, with_bias(segs, si, row, row_sum(t)), sq);
+  }
+}
+
+template <bool VEC_X, int CHAINS>
+__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
+    gemv_q4_persist_pair_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
+                                const CcSegments segs, int64_t tiles, const GemvNorm norm,
+                                const NormIn nin) {
+  extern __shared__ uint4 p_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int g = lane >> 2, c = lane & 3;
+  uint4* ring = p_smem + size_t(warp) * kPairStages * kPairStageVecs;
+  uint4* xfrag = p_smem + size_t(num_warps) * kPairStages * kPairStageVecs;  // [groups][32]
+  float4* partial = reinterpret_cast<float4*>(xfrag + groups * 32);          // [2][warps][32]
+  float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 32);  // [groups]
+  uint2* zeros = reinterpret_cast<uint2*>(gscale + ((groups + 1) & ~int64_t{1})) + warp * 64;
+
+  const int64_t grp_begin = groups * warp / num_warps;
+  const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
+  const int my_pairs = static_cast<int>(block_items(pair_count(tiles, segs.swiglu)));
+
+  PairFetch fetch(segs, ring, groups, grp_begin, tiles, my_pairs, my_groups, lane);
+#pragma unroll
+  for (int st = 0; st < kPairStages - 1; ++st) fetch();
+  const SubActivation act{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane};
+  float4 wn[SubActivation::kBatch];
+  act.preload_norm_weight(wn);
+  pdl_begin();
+  act.stage<VEC_X>(wn);
+  // Only warp 0's threads store the rows (persist_store_pair): the other warps need no scale.
+  const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
+  const uint2* xbase = sub_x_fragments(xfrag, zeros, g, c, lane);
+  const int xstride = g < 2 ? 64 : 0;  // uint2s per group
+  int slot = 0;
+  double sq = 0.0;
+  for (int pj = 0; pj < my_pairs; ++pj) {
+    float acc[2][2] = {};  // [tile][row g, g + 8] (lanes of c = 0)
+    for (int gi = 0; gi < my_groups; ++gi) {
+      __syncwarp();  // every lane has read the slot that this fetch refills
+      fetch();
+      cp_async_wait<kPairStages - 1>();
+      __syncwarp();  // every lane's copies of this stage have landed (lanes read others' meta)
+      const uint4* st = ring + slot * kPairStageVecs;
+      slot = slot + 1 == kPairStages ? 0 : slot + 1;
+      const uint4 w[2][2] = {{st[lane], st[32 + lane]}, {st[64 + lane], st[96 + lane]}};
+      const uint2* mt = reinterpret_cast<const uint2*>(st + 2 * kPiecesPerTileGroup);
+      const uint2 mm[2] = {mt[g], mt[8 + g]};
+      const int64_t grp = grp_begin + gi;
+      const uint2* xf = xbase + grp * xstride;
+      float chain[2][CHAINS][4] = {};
+#pragma unroll
+      for (int k = 0; k < kStepsPerGroup; ++k) {
+        const int shift = (k & 1) * 8;
+        const uint2 b = xf[8 * k];
+#pragma unroll
+        for (int t = 0; t < 2; ++t) {
+          const uint32_t u0 = word_of(w[t][0], k / 2) >> shift;
+          const uint32_t u1 = word_of(w[t][1], k / 2) >> shift;
+          mma_f16(chain[t][k % CHAINS], u0 & 0x000f000fu, u1 & 0x000f000fu, u0 & 0x00f000f0u,
+                  u1 & 0x00f000f0u, b.x, b.y);
+        }
+      }
+      const float2 gs = gscale[grp];  // {sum x / inv, inv}
+#pragma unroll
+      for (int t = 0; t < 2; ++t) {
+        float gacc0 = chain[t][0][0] + chain[t][0][1], gacc2 = chain[t][0][2] + chain[t][0][3];
+        if constexpr (CHAINS == 2) {
+          gacc0 += chain[t][1][0] + chain[t][1][1];
+          gacc2 += chain[t][1][2] + chain[t][1][3];
+        }
+        const float2 p0 = half2_bits_to_float2(mm[t].x), p1 = half2_bits_to_float2(mm[t].y);
+        acc[t][0] = fmaf(gs.y, fmaf(p0.x, gacc0, p0.y * gs.x), acc[t][0]);
+        acc[t][1] = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc[t][1]);
+      }
+    }
+    persist_store_pair(segs, partial + size_t(pj & 1) * num_warps * 32, warp, lane, num_warps,
+                       tiles, blockIdx.x + int64_t{pj} * gridDim.x, acc, norm, scale, sq);
+  }
+  cp_async_wait<0>();
+  persist_norm_end(norm, reinterpret_cast<float*>(partial), sq);
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
@@ -1579,24 +1850,31 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
                  const NormIn& nin = NormIn{}) {
   const int64_t groups = l.w[0]->groups;
   const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
-  const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  const bool sub = kernel_choice >= 8;
-  if (nin.sumsq != nullptr && (!sub || l.m != 1)) return false;  // kernels 8, 9 read a NormIn
-  const size_t smem = sub ? persist_sub_smem_bytes(warps, groups)
-                          : persist_smem_bytes(warps, groups, kernel_choice == 7);
+  int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
   const size_t smem_max = max_smem_per_block();
+  // The pair kernel's deeper stages need more shared memory: where they do not fit (K above
+  // ~14.5K at 16 warps on the H200), kernel 8 runs instead.
+  if (kernel_choice == kQ4PairKernel && persist_pair_smem_bytes(warps, groups) > smem_max) {
+    kernel_choice = 8;
+  }
+  const bool sub = kernel_choice >= 8, pair = kernel_choice == kQ4PairKernel;
+  if (nin.sumsq != nullptr && (!sub || l.m != 1)) return false;  // kernels 8-10 read a NormIn
+  const size_t smem = pair  ? persist_pair_smem_bytes(warps, groups)
+                      : sub ? persist_sub_smem_bytes(warps, groups)
+                            : persist_smem_bytes(warps, groups, kernel_choice == 7);
   if (smem > smem_max) return false;
   CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   segs.swiglu = swiglu;
   // Mixed gate / up tiles (kernels 8, 9): ceil(N / 8) tiles of 8 rows of each matrix.
-  const bool mixed = swiglu && sub && g_q4_tuning.swiglu_mixed;
+  const bool mixed = swiglu && sub && !pair && g_q4_tuning.swiglu_mixed;
   const int64_t tiles = mixed ? (l.w[0]->rows + 7) / 8 : segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
-  const int variant = kernel_choice - 5;  // kernels 5..kQ4LastKernel
+  const int variant = kernel_choice - 5;  // kernels 5..9
   using Kernel = void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t, const GemvNorm,
                           const NormIn);
   constexpr int kVariants = 5;
-  static_assert(kVariants == kQ4LastKernel - 4, "one table entry per persistent kernel");
+  static_assert(kVariants == kQ4PairKernel - 5 && kQ4PairKernel == kQ4LastKernel,
+                "one table entry per persistent kernel before the pair kernel");
   constexpr Kernel kKernels[2][kVariants] = {
       {gemv_q4_persist_kernel<false, 1, false>, gemv_q4_persist_kernel<false, 2, false>,
        gemv_q4_persist_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 2, false>,
@@ -1607,15 +1885,20 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   constexpr Kernel kMixedKernels[2][2] = {
       {gemv_q4_persist_sub_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 1, true>},
       {gemv_q4_persist_sub_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 1, true>}};
-  const Kernel kernel = mixed ? kMixedKernels[vec_x][variant - 3] : kKernels[vec_x][variant];
-  static bool opted_in[2][kVariants + 2] = {};  // above 48 KiB: once per instantiation
-  const int entry = mixed ? kVariants + variant - 3 : variant;
+  constexpr Kernel kPairKernels[2] = {gemv_q4_persist_pair_kernel<false, 2>,
+                                      gemv_q4_persist_pair_kernel<true, 2>};
+  const Kernel kernel = pair    ? kPairKernels[vec_x]
+                        : mixed ? kMixedKernels[vec_x][variant - 3]
+                                : kKernels[vec_x][variant];
+  static bool opted_in[2][kVariants + 3] = {};  // above 48 KiB: once per instantiation
+  const int entry = pair ? kVariants + 2 : mixed ? kVariants + variant - 3 : variant;
   if (!opted_in[vec_x][entry]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)));
     opted_in[vec_x][entry] = true;
   }
-  const int64_t grid = std::min<int64_t>(swiglu && !mixed ? tiles / 2 : tiles, num_sms);
+  const int64_t items = pair ? pair_count(tiles, swiglu) : swiglu && !mixed ? tiles / 2 : tiles;
+  const int64_t grid = std::min<int64_t>(items, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
          segs, tiles, norm, nin);
   CUDA_CHECK_LAUNCH(l.stream);

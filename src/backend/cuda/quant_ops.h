@@ -139,7 +139,9 @@ struct Q4GemvTuning {
   // 6 = as 5 with two MMA accumulator chains per warp, 7 = as 6 with the codes converted by one
   // instruction per pair (biased by 128, corrected per group), 8 = as 6 with the codes as f16
   // subnormals (no shift for half the nibbles) and the activation's hi and lo parts as two token
-  // columns of one MMA (half the MMAs; the automatic choice), 9 = as 8 with one chain.
+  // columns of one MMA (half the MMAs; the automatic choice), 9 = as 8 with one chain,
+  // 10 = as 8 with two tiles per ring stage (each activation load feeds both tiles' MMAs, one
+  // block barrier per two tiles; the same bits as 8).
   int kernel = 0;
   // A gate / up launch with its SwiGLU on the persistent kernels 8 and 9: tiles of 8 gate rows
   // and the 8 up rows of the same index (gemv_q4.cu, MIXED) instead of a gate tile paired with its
@@ -163,9 +165,11 @@ struct Q4GemvTuning {
 // 106.4 -> 81.5, 81% of 4.24 TB/s; Llama-2-7B 4K draft step 3.07 -> 2.76 ms); one chain (9) is
 // 2-7% slower than two.
 constexpr int kQ4AutoKernel = 8;
+// The pair kernel (Q4GemvTuning::kernel 10: two tiles per ring stage).
+constexpr int kQ4PairKernel = 10;
 // The highest Q4GemvTuning::kernel (the tuning check, QS_Q4_KERNEL and the persistent kernels'
 // range read it; the persistent kernels are 5..kQ4LastKernel).
-constexpr int kQ4LastKernel = 9;
+constexpr int kQ4LastKernel = kQ4PairKernel;
 // Rows of x up to which kernel 4 is the CUDA-core kernel.
 constexpr int kQ4CudaCoreAutoRows = 4;
 // Q4GemvTuning::stages of the CUDA-core kernel when it is 0: the ring (4) for long rows (at least
