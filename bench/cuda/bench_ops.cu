@@ -862,9 +862,9 @@ void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
       // The CUDA-core kernel (kernel 4: m = 1 is not taken by a persistent kernel) with
       // registers, with the ring, the default, the persistent kernel with one and with two
       // accumulator chains, with biased codes (kernel 7), with subnormal codes and hi / lo as
-      // token columns (8; 9: one chain).
+      // token columns (8; 9: one chain), as 8 with two tiles per ring stage (10).
       for (auto [stages, kernel] :
-           {std::pair{1, 4}, {4, 4}, {0, 0}, {0, 5}, {0, 6}, {0, 7}, {0, 8}, {0, 9}}) {
+           {std::pair{1, 4}, {4, 4}, {0, 0}, {0, 5}, {0, 6}, {0, 7}, {0, 8}, {0, 9}, {0, 10}}) {
         cuda::set_q4_gemv_tuning(cuda::Q4GemvTuning{0, 0, stages, kernel});
         const double ms = time_graph_ms(s, body, 20 * copies);
         std::snprintf(buf, sizeof buf, " %6.1f us %4.1f%% |", ms * 1e3, pct(bytes, ms));
@@ -872,7 +872,7 @@ void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
       }
       summary(
           "| w4 layer %s %-8s %6.1f MB | regs / ring / default / persistent / 2 chains / biased / "
-          "subnormal / subnormal 1 chain:%s",
+          "subnormal / subnormal 1 chain / pairs:%s",
           sh.name, mat.name, bytes / 1e6, line.c_str());
       if (sweep) {  // tiles per block x warps per block x code path of the CUDA-core kernel
         line.clear();
