@@ -360,8 +360,7 @@ template <int RT, int NT>
 __device__ __forceinline__ void sum_warps_and_store(float* partial, const float (&acc)[RT][NT][4],
                                                     int warp, int lane, int num_warps,
                                                     int64_t tile0, int64_t N, int m,
-                                                    const DeviceBias& bias,
-                                                    float* __restrict__ y) {
+                                                    const DeviceBias& bias, float* __restrict__ y) {
 #pragma unroll
   for (int rt = 0; rt < RT; ++rt) {
 #pragma unroll
@@ -554,7 +553,8 @@ __global__ void __launch_bounds__(kQ4MaxWarps * 32, 1)
   sum_warps_and_store<RT, NT>(wide_partial, acc, warp, lane, num_warps, tile0, N, m, bias, y);
 }
 
-// ---- CUDA-core kernel (few rows of x) ------------------------------------------------------------
+// ---- CUDA-core kernel (few rows of x)
+// ------------------------------------------------------------
 //
 // The same tiled layout, no tensor cores: per code one LOP3, one FADD and one FFMA per row of x,
 // cheaper per byte than the MMA path's fragments at m = 1 and all in f32. A block owns RT
@@ -602,8 +602,8 @@ __device__ __forceinline__ void dot_word(uint32_t v, const float (&xs)[8], float
 // x[t], from the lane's pieces p[r][h] of tile r and metadata mm[r]: the activations (loads,
 // power-of-two scaling, group sum) are prepared once and shared by the 2 RT rows.
 template <int M, int RT, bool VEC_X>
-__device__ __forceinline__ void cc_group(const float* __restrict__ x, int64_t K, int64_t grp,
-                                         int c, const uint4 (&p)[RT][2], const uint2 (&mm)[RT],
+__device__ __forceinline__ void cc_group(const float* __restrict__ x, int64_t K, int64_t grp, int c,
+                                         const uint4 (&p)[RT][2], const uint2 (&mm)[RT],
                                          float (&acc)[RT][2][M]) {
   float dot[RT][2][M][2], xsum[M];
 #pragma unroll
@@ -624,8 +624,9 @@ __device__ __forceinline__ void cc_group(const float* __restrict__ x, int64_t K,
       const float4 a = load_x4<VEC_X>(x, t, M, K, col0 + 32 * q);
       const float4 b = load_x4<VEC_X>(x, t, M, K, col0 + 32 * q + 16);
       xsum[t] += ((a.x + a.y) + (a.z + a.w)) + ((b.x + b.y) + (b.z + b.w));
-      const float xs[8] = {a.x,           a.z * 0x1p-4f,  b.x * 0x1p-8f,  b.z * 0x1p-12f,
-                           a.y * 0x1p-16f, a.w * 0x1p-8f, b.y * 0x1p-12f, b.w * 0x1p-16f};
+      const float xs[8] = {
+          a.x,           a.z * 0x1p-4f,  b.x * 0x1p-8f, b.z * 0x1p-12f, a.y * 0x1p-16f,
+          a.w * 0x1p-8f, b.y * 0x1p-12f, b.w * 0x1p-16f};
 #pragma unroll
       for (int r = 0; r < RT; ++r) {
         dot_word(word_of(p[r][0], q), xs, dot[r][0][t]);
@@ -708,41 +709,41 @@ __global__ void __launch_bounds__(kCcMaxWarps * 32, RT >= 4 ? 1 : 2)
     const uint4* tcodes[RT];
     const uint2* tmeta[RT];
 #pragma unroll
-  for (int r = 0; r < RT; ++r) {
-    const int64_t tile = tile0 + r < tiles ? tile0 + r : tile0;
-    tcodes[r] = codes + tile * groups * kPiecesPerTileGroup + lane;
-    tmeta[r] = meta + tile * groups * kMetaPerTileGroup + g;
-    // The weights do not depend on the previous kernel: the first batches' codes go to L2
-    // while it finishes (launch.cuh).
-    if (lane == 0 && tile0 + r < tiles) {
-      const int64_t n = min(grp_end - grp_begin, int64_t{2 * BATCH}) * kPiecesPerTileGroup;
-      if (n > 0) prefetch_l2(tcodes[r] + grp_begin * kPiecesPerTileGroup, uint32_t(n * 16));
+    for (int r = 0; r < RT; ++r) {
+      const int64_t tile = tile0 + r < tiles ? tile0 + r : tile0;
+      tcodes[r] = codes + tile * groups * kPiecesPerTileGroup + lane;
+      tmeta[r] = meta + tile * groups * kMetaPerTileGroup + g;
+      // The weights do not depend on the previous kernel: the first batches' codes go to L2
+      // while it finishes (launch.cuh).
+      if (lane == 0 && tile0 + r < tiles) {
+        const int64_t n = min(grp_end - grp_begin, int64_t{2 * BATCH}) * kPiecesPerTileGroup;
+        if (n > 0) prefetch_l2(tcodes[r] + grp_begin * kPiecesPerTileGroup, uint32_t(n * 16));
+      }
     }
-  }
-  pdl_begin();
+    pdl_begin();
 
-  for (int64_t grp0 = grp_begin; grp0 < grp_end; grp0 += BATCH) {
-    uint4 p[BATCH][RT][2];
-    uint2 mm[BATCH][RT];
-    // Every load of the batch is issued before any is used; groups past the warp's range read
-    // its first group again (a valid address) and are skipped below.
+    for (int64_t grp0 = grp_begin; grp0 < grp_end; grp0 += BATCH) {
+      uint4 p[BATCH][RT][2];
+      uint2 mm[BATCH][RT];
+      // Every load of the batch is issued before any is used; groups past the warp's range read
+      // its first group again (a valid address) and are skipped below.
 #pragma unroll
-    for (int u = 0; u < BATCH; ++u) {
-      const int64_t grp = grp0 + u < grp_end ? grp0 + u : grp_begin;
+      for (int u = 0; u < BATCH; ++u) {
+        const int64_t grp = grp0 + u < grp_end ? grp0 + u : grp_begin;
 #pragma unroll
-      for (int r = 0; r < RT; ++r) {
-        p[u][r][0] = load_stream_16(tcodes[r] + grp * kPiecesPerTileGroup);
-        p[u][r][1] = load_stream_16(tcodes[r] + grp * kPiecesPerTileGroup + 32);
-        mm[u][r] = __ldg(tmeta[r] + grp * kMetaPerTileGroup);
+        for (int r = 0; r < RT; ++r) {
+          p[u][r][0] = load_stream_16(tcodes[r] + grp * kPiecesPerTileGroup);
+          p[u][r][1] = load_stream_16(tcodes[r] + grp * kPiecesPerTileGroup + 32);
+          mm[u][r] = __ldg(tmeta[r] + grp * kMetaPerTileGroup);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < BATCH; ++u) {
+        if (grp0 + u < grp_end) {  // warp-uniform
+          cc_group<M, RT, VEC_X>(x, K, grp0 + u, c, p[u], mm[u], acc);
+        }
       }
     }
-#pragma unroll
-    for (int u = 0; u < BATCH; ++u) {
-      if (grp0 + u < grp_end) {  // warp-uniform
-        cc_group<M, RT, VEC_X>(x, K, grp0 + u, c, p[u], mm[u], acc);
-      }
-    }
-  }
   }
 
   // Rows g and g + 8 of each tile: the 4 lanes of a row hold disjoint columns.
@@ -1146,8 +1147,7 @@ struct SubActivation {
   // as uint2, entry 2 (32 grp + 4 step + c) + h is column h's B register pair. Each warp stages
   // the groups it multiplies (the same for every tile), so no block barrier is needed.
   __device__ __forceinline__ void stage_group(int64_t grp, const float4& v) const {
-    const float big =
-        warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
+    const float big = warp_max(fmaxf(fmaxf(fabsf(v.x), fabsf(v.y)), fmaxf(fabsf(v.z), fabsf(v.w))));
     // 2^(E - 127) <= max |x| < 2^(E - 126) for the biased exponent E of the group's max; E is
     // clamped so that sc and inv stay normal (groups of zeros or of subnormal x get sc = 2^127;
     // |x| >= 2^115, far beyond any activation, would overflow the f16 split).
@@ -1189,6 +1189,16 @@ struct SubActivation {
       }
     }
   }
+
+  // The kernel's start once its ring's first stages are issued: the NormIn weight's first batch,
+  // the wait for the previous kernel (pdl_begin), the staging.
+  template <bool VEC_X>
+  __device__ __forceinline__ void wait_and_stage() const {
+    float4 wn[kBatch];
+    preload_norm_weight(wn);
+    pdl_begin();
+    stage<VEC_X>(wn);
+  }
 };
 
 // Where a lane reads its B registers of each step (a group's are 64 uint2s apart in xfrag): lanes
@@ -1200,6 +1210,35 @@ __device__ __forceinline__ const uint2* sub_x_fragments(const uint4* xfrag, uint
   zeros[lane] = zeros[lane + 32] = make_uint2(0, 0);
   __syncwarp();
   return g < 2 ? reinterpret_cast<const uint2*>(xfrag) + 2 * c + g : zeros;
+}
+
+// k16 step k of one tile's group in the subnormal kernels: the lane's codes of rows g (w0) and
+// g + 8 (w1) as f16 subnormals times the activation's B registers b of the step, into chain
+// k % CHAINS.
+template <int CHAINS>
+__device__ __forceinline__ void sub_step(float (&chain)[CHAINS][4], const uint4& w0,
+                                         const uint4& w1, int k, const uint2 b) {
+  const int shift = (k & 1) * 8;
+  const uint32_t u0 = word_of(w0, k / 2) >> shift, u1 = word_of(w1, k / 2) >> shift;
+  mma_f16(chain[k % CHAINS], u0 & 0x000f000fu, u1 & 0x000f000fu, u0 & 0x00f000f0u, u1 & 0x00f000f0u,
+          b.x, b.y);
+}
+
+// One tile's group done (subnormal kernels): its chains summed, scaled by the rows' (scale,
+// min) pairs mm and the group's *gs = {sum x / inv, inv} (gscale), into the rows' sums acc0
+// (row g) and acc2 (row g + 8).
+template <int CHAINS>
+__device__ __forceinline__ void sub_group_end(const float (&chain)[CHAINS][4], const uint2& mm,
+                                              const float2* gs_at, float& acc0, float& acc2) {
+  float gacc0 = chain[0][0] + chain[0][1], gacc2 = chain[0][2] + chain[0][3];
+  if constexpr (CHAINS == 2) {
+    gacc0 += chain[1][0] + chain[1][1];
+    gacc2 += chain[1][2] + chain[1][3];
+  }
+  const float2 gs = *gs_at;
+  const float2 p0 = half2_bits_to_float2(mm.x), p1 = half2_bits_to_float2(mm.y);
+  acc0 = fmaf(gs.y, fmaf(p0.x, gacc0, p0.y * gs.x), acc0);
+  acc2 = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc2);
 }
 
 template <bool VEC_X, int CHAINS, bool MIXED>
@@ -1224,11 +1263,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   PersistFetch<int, MIXED> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
 #pragma unroll
   for (int st = 0; st < kPStages - 1; ++st) fetch();
-  const SubActivation act{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane};
-  float4 wn[SubActivation::kBatch];
-  act.preload_norm_weight(wn);
-  pdl_begin();
-  act.stage<VEC_X>(wn);
+  SubActivation{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane}.wait_and_stage<VEC_X>();
   // Only warp 0's threads store the rows (persist_store_tile): the other warps need no scale.
   const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
   const uint2* xbase = sub_x_fragments(xfrag, zeros, g, c, lane);
@@ -1251,22 +1286,8 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       const uint2* xf = xbase + grp * xstride;
       float chain[CHAINS][4] = {};
 #pragma unroll
-      for (int k = 0; k < kStepsPerGroup; ++k) {
-        const int shift = (k & 1) * 8;
-        const uint32_t u0 = word_of(w0, k / 2) >> shift, u1 = word_of(w1, k / 2) >> shift;
-        const uint2 b = xf[8 * k];
-        mma_f16(chain[k % CHAINS], u0 & 0x000f000fu, u1 & 0x000f000fu, u0 & 0x00f000f0u,
-                u1 & 0x00f000f0u, b.x, b.y);
-      }
-      float gacc0 = chain[0][0] + chain[0][1], gacc2 = chain[0][2] + chain[0][3];
-      if constexpr (CHAINS == 2) {
-        gacc0 += chain[1][0] + chain[1][1];
-        gacc2 += chain[1][2] + chain[1][3];
-      }
-      const float2 gs = gscale[grp];  // {sum x / inv, inv}
-      const float2 p0 = half2_bits_to_float2(mm.x), p1 = half2_bits_to_float2(mm.y);
-      acc0 = fmaf(gs.y, fmaf(p0.x, gacc0, p0.y * gs.x), acc0);
-      acc2 = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc2);
+      for (int k = 0; k < kStepsPerGroup; ++k) sub_step<CHAINS>(chain, w0, w1, k, xf[8 * k]);
+      sub_group_end<CHAINS>(chain, mm, gscale + grp, acc0, acc2);
     }
     if constexpr (MIXED) {
       persist_store_mixed_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane,
@@ -1443,11 +1464,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   PairFetch fetch(segs, ring, groups, grp_begin, tiles, my_pairs, my_groups, lane);
 #pragma unroll
   for (int st = 0; st < kPairStages - 1; ++st) fetch();
-  const SubActivation act{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane};
-  float4 wn[SubActivation::kBatch];
-  act.preload_norm_weight(wn);
-  pdl_begin();
-  act.stage<VEC_X>(wn);
+  SubActivation{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane}.wait_and_stage<VEC_X>();
   // Only warp 0's threads store the rows (persist_store_pair): the other warps need no scale.
   const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
   const uint2* xbase = sub_x_fragments(xfrag, zeros, g, c, lane);
@@ -1471,28 +1488,12 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       float chain[2][CHAINS][4] = {};
 #pragma unroll
       for (int k = 0; k < kStepsPerGroup; ++k) {
-        const int shift = (k & 1) * 8;
-        const uint2 b = xf[8 * k];
-#pragma unroll
-        for (int t = 0; t < 2; ++t) {
-          const uint32_t u0 = word_of(w[t][0], k / 2) >> shift;
-          const uint32_t u1 = word_of(w[t][1], k / 2) >> shift;
-          mma_f16(chain[t][k % CHAINS], u0 & 0x000f000fu, u1 & 0x000f000fu, u0 & 0x00f000f0u,
-                  u1 & 0x00f000f0u, b.x, b.y);
-        }
+        const uint2 b = xf[8 * k];  // one load for both tiles
+        sub_step<CHAINS>(chain[0], w[0][0], w[0][1], k, b);
+        sub_step<CHAINS>(chain[1], w[1][0], w[1][1], k, b);
       }
-      const float2 gs = gscale[grp];  // {sum x / inv, inv}
-#pragma unroll
-      for (int t = 0; t < 2; ++t) {
-        float gacc0 = chain[t][0][0] + chain[t][0][1], gacc2 = chain[t][0][2] + chain[t][0][3];
-        if constexpr (CHAINS == 2) {
-          gacc0 += chain[t][1][0] + chain[t][1][1];
-          gacc2 += chain[t][1][2] + chain[t][1][3];
-        }
-        const float2 p0 = half2_bits_to_float2(mm[t].x), p1 = half2_bits_to_float2(mm[t].y);
-        acc[t][0] = fmaf(gs.y, fmaf(p0.x, gacc0, p0.y * gs.x), acc[t][0]);
-        acc[t][1] = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc[t][1]);
-      }
+      sub_group_end<CHAINS>(chain[0], mm[0], gscale + grp, acc[0][0], acc[0][1]);
+      sub_group_end<CHAINS>(chain[1], mm[1], gscale + grp, acc[1][0], acc[1][1]);
     }
     persist_store_pair(segs, partial + size_t(pj & 1) * num_warps * 32, warp, lane, num_warps,
                        tiles, blockIdx.x + int64_t{pj} * gridDim.x, acc, norm, scale, sq);
@@ -1680,8 +1681,7 @@ void launch_wide(const TiledLaunch& l, int num_sms) {
     constexpr int kGroupsPerBatch = kWideBatch / RT;
     const int64_t batches = (l.w->groups + kGroupsPerBatch - 1) / kGroupsPerBatch;
     warps = 1;
-    for (int i = 1; i < 4 && 2 * warps <= batches &&
-                    blocks <= int64_t{resident[i]} * num_sms;
+    for (int i = 1; i < 4 && 2 * warps <= batches && blocks <= int64_t{resident[i]} * num_sms;
          ++i) {
       warps *= 2;
     }
@@ -1801,7 +1801,8 @@ void launch_cc_rows(int rt, const CcLaunch& l) {
       return launch_cc_rt<7, VEC_X, STAGES>(rt, l);
     case 8:
       return launch_cc_rt<8, VEC_X, STAGES>(rt, l);
-    default: QS_CHECK_MSG(false, "gemv_q4: the CUDA-core kernel takes m <= 8");
+    default:
+      QS_CHECK_MSG(false, "gemv_q4: the CUDA-core kernel takes m <= 8");
   }
 }
 
