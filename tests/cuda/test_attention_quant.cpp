@@ -662,6 +662,59 @@ TEST_F(CudaOpsTest, QuantAttentionCombines) {
   report("quantized combines", worst);
 }
 
+// The combine in the split kernel's last blocks (QuantAttentionTuning::last_combine) against the
+// combine launch: the same bits, for the draft and INT8 views, MHA and GQA 4 / 8, m = 1..16, one
+// split to many (forced; automatic), head_dim 64 / 128 and the CUDA-core path (head_dim 32), two
+// calls in a row (each call's last blocks re-arm the counters for the next); plans whose staged
+// partials do not fit the block's shared memory keep the launch.
+TEST_F(CudaOpsTest, QuantAttentionLastCombineEqualsTheCombineLaunch) {
+  int fused = 0, kept = 0;
+  for (int hd : {32, 64, 128}) {
+    QuantKv kv(gpu(), cpu(), {3000, kKvHeads, hd, 64, hd, 0, Values::kNormal, uint64_t(90 + hd)});
+    for (const Case& c :
+         {Case{kKvHeads, 1, false}, Case{4 * kKvHeads, 1, false}, Case{kKvHeads, 5, true},
+          Case{8 * kKvHeads, 16, true}, Case{4 * kKvHeads, 7, false}}) {
+      const int pos = kv.cfg.len - c.m, fp_base = quant_boundary(pos, kv.cfg.G);
+      const AttentionShape shape{c.num_heads, kKvHeads, hd,
+                                 static_cast<float>(1.0 / std::sqrt(double(hd)))};
+      const QuantizedKvSegment seg = kv.segment(c.int8, true);
+      KvView view{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
+                  kv.stride, kv.cfg.len};
+      view.fp_base = fp_base;
+      view.quantized = &seg;
+      const size_t n = size_t(c.m) * c.num_heads * hd;
+      const DeviceArray q0(gpu(), random_normal(n, 700 + hd + c.m)),
+          q1(gpu(), random_normal(n, 800 + hd + c.m));
+      for (int splits : {0, 1, 3, 40}) {
+        std::vector<float> got[2][2];  // [last_combine][call]
+        for (bool last : {false, true}) {
+          cuda::QuantAttentionTuning t;
+          t.splits = splits;
+          t.last_combine = last;
+          TuningScope scope(t);
+          if (last) {
+            const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(
+                cuda::make_quant_attention_args(q0.data(), c.m, pos, shape, view, nullptr), 132);
+            ++(plan.last_combine ? fused : kept);
+          }
+          for (int call = 0; call < 2; ++call) {
+            DeviceArray out(gpu(), n);
+            out.poison();
+            gpu().attention((call ? q1 : q0).data(), c.m, pos, shape, view, out.data());
+            got[last][call] = out.to_host();
+          }
+        }
+        const std::string what = describe(kv, c, fp_base) + " splits=" + std::to_string(splits);
+        EXPECT_EQ(got[1][0], got[0][0]) << what;
+        EXPECT_EQ(got[1][1], got[0][1]) << what << " (second call)";
+      }
+    }
+  }
+  std::printf("[ last combine ] %d plans combined in the kernel, %d kept the launch\n", fused,
+              kept);
+  EXPECT_GE(fused, 6);  // at least the MHA draft with 1 and 3 splits, every head_dim
+}
+
 // head_dim 32 and 256, value groups that are not multiples of 32, key groups of 8 and 16 (the
 // model tests' G = 8): the CUDA-core path.
 TEST_F(CudaOpsTest, QuantAttentionOtherShapes) {

@@ -68,6 +68,9 @@ struct QuantAttentionPlan {
   int threads = 32;
   size_t smem_bytes = 0;
   int64_t partial_floats = 0;  // scratch for the split partials (o, then (max, sum))
+  // The combine in the split kernel (QuantAttentionTuning::last_combine, where it fits): no
+  // combine launch; launch_attention_quant then needs kMaxCombineGroups arrival counters.
+  bool last_combine = false;
   int chunk = 1;   // 32-token sub-chunks per warp per pipeline stage (tensor-core path)
   int stages = 3;  // cp.async pipeline stages (tensor-core path)
   unsigned long long* timeline = nullptr;  // QuantAttentionTuning::timeline
@@ -75,9 +78,15 @@ struct QuantAttentionPlan {
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms);
 
-// Runs the plan: the split kernel, then attention.cu's combine. partials: plan.partial_floats.
+// Arrival counters launch_attention_quant may use: one per (kv head, query group).
+constexpr int kMaxCombineGroups = 4096;
+
+// Runs the plan: the split kernel, then attention.cu's combine (or, plan.last_combine, the
+// kernel's last split blocks). partials: plan.partial_floats; arrivals: kMaxCombineGroups
+// counters, zero between launches (the kernel re-arms those it uses), or null when the plan
+// does not combine in the kernel.
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
-                            float* partials, cudaStream_t stream);
+                            float* partials, unsigned* arrivals, cudaStream_t stream);
 
 // Adds what an attention call over `kv` reads to kv.read_bytes exactly as the CPU backend
 // counts it (the last query of the call, all kv heads). No-op without read_bytes.
@@ -164,6 +173,11 @@ struct QuantAttentionTuning {
   // words per block of the largest grid launched, into which every block of every launch writes
   // when its phases end (the last launch's stamps remain). Null: no stamp is taken.
   unsigned long long* timeline = nullptr;
+  // The split combine done by each (kv head, query group)'s last split block
+  // (attention_combine.cuh) instead of attention.cu's combine launch, where the partials fit
+  // the block's shared memory; the same output bits. QS_ATTN_LAST_COMBINE=1 sets it for the
+  // whole process. Off: not yet measured on a GPU (session 35).
+  bool last_combine = false;
 };
 // Per block: [0] %globaltimer (ns) at entry, [1] at exit, [2 + i] clock64 at the end of phase i:
 // 0 entry, 1 the previous kernel awaited (PDL), 2 the queries in shared memory, 3 the

@@ -239,6 +239,8 @@ struct CudaBackend::Impl {
   Scratch snapkv;        // snapkv_scores' softmax partials
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
   unsigned* norm_arrivals = nullptr;    // the fused GEMV + norm's block counter (cuda::GemvNorm)
+  // The quantized attention's combine in its last split blocks (kMaxCombineGroups counters).
+  unsigned* combine_arrivals = nullptr;
   // A deferred norm's partial sums (num_sms): one buffer serves every norm, since a producer writes
   // it only after its PDL wait, when the previous norm's consumer (the launch before it) is done.
   double* norm_sumsq = nullptr;
@@ -263,6 +265,7 @@ struct CudaBackend::Impl {
     snapkv.release();
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (norm_arrivals) cudaFree(norm_arrivals);
+    if (combine_arrivals) cudaFree(combine_arrivals);
     if (norm_sumsq) cudaFree(norm_sumsq);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
@@ -381,6 +384,9 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   CUBLAS_CHECK(cublasSetMathMode(impl->cublas, CUBLAS_DEFAULT_MATH));
   CUDA_CHECK(cudaMalloc(&impl->norm_arrivals, sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl->norm_arrivals, 0, sizeof(unsigned)));
+  constexpr size_t kArrivalBytes = sizeof(unsigned) * cuda::kMaxCombineGroups;
+  CUDA_CHECK(cudaMalloc(&impl->combine_arrivals, kArrivalBytes));
+  CUDA_CHECK(cudaMemsetAsync(impl->combine_arrivals, 0, kArrivalBytes, impl->stream));
   CUDA_CHECK(cudaMalloc(&impl->norm_sumsq, sizeof(double) * static_cast<size_t>(impl->num_sms)));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
@@ -843,7 +849,7 @@ void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape
       const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
       auto* partials = static_cast<float*>(
           impl_->attn_partial.ensure(sizeof(float) * static_cast<size_t>(plan.partial_floats)));
-      cuda::launch_attention_quant(a, plan, partials, impl_->stream);
+      cuda::launch_attention_quant(a, plan, partials, impl_->combine_arrivals, impl_->stream);
     }
     cuda::add_quant_attention_read_bytes(m, pos, shape, kv);
     return;
