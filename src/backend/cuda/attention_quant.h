@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "backend/backend.h"
+#include "backend/cuda/cuda_ops.h"
 
 namespace qs::cuda {
 
@@ -77,9 +78,6 @@ struct QuantAttentionPlan {
 };
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms);
-
-// Arrival counters launch_attention_quant may use: one per (kv head, query group).
-constexpr int kMaxCombineGroups = 4096;
 
 // Runs the plan: the split kernel, then attention.cu's combine (or, plan.last_combine, the
 // kernel's last split blocks). partials: plan.partial_floats; arrivals: kMaxCombineGroups

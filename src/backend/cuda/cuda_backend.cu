@@ -239,7 +239,7 @@ struct CudaBackend::Impl {
   Scratch snapkv;        // snapkv_scores' softmax partials
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
   unsigned* norm_arrivals = nullptr;    // the fused GEMV + norm's block counter (cuda::GemvNorm)
-  // The quantized attention's combine in its last split blocks (kMaxCombineGroups counters).
+  // The attention kernels' combine in their last split blocks (kMaxCombineGroups counters).
   unsigned* combine_arrivals = nullptr;
   // A deferred norm's partial sums (num_sms): one buffer serves every norm, since a producer writes
   // it only after its PDL wait, when the previous norm's consumer (the launch before it) is done.
@@ -873,6 +873,7 @@ void CudaBackend::attention_decode(const float* q, int m, int pos, const Attenti
     const int64_t base_blocks =
         static_cast<int64_t>(cuda::attention_decode_tc_query_tiles(a)) * shape.num_kv_heads;
     impl_->plan_splits(a, base_blocks, num_splits, cuda::kDecodeTcBlocksPerSm);
+    a.combine_arrivals = impl_->combine_arrivals;  // used where the kernel combines
     cuda::launch_attention_decode_tc(a, impl_->stream);
     return;
   }
