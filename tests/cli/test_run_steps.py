@@ -18,7 +18,7 @@ def test_each_step_becomes_its_command(tmp_path):
             "memcheck Y.Z", "bench chain", "ab QS_SW 32768 quantspec,ar-fp16",
             "ab QS_SW 4096 quantspec 1024 2",
             "matrix llama3.1-8b 4096,32768 ar-fp16 2048", "ncu gemv_ring gemv 6",
-            "trace llama2-7b 4096 quantspec")
+            "trace llama2-7b 4096 quantspec", "bench attn --quick")
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("step ")]
     b = str(tmp_path / "b")
@@ -38,16 +38,18 @@ def test_each_step_becomes_its_command(tmp_path):
         "step 9: env  bash tools/gpu/ncu_stalls.sh gemv_ring gemv 6",
         "step 10: env  env QS_TRACE_MODEL=llama2-7b QS_TRACE_CONTEXT=4096 QS_TRACE_MODES=quantspec"
         " bash tools/gpu/trace_decode.sh",
+        f"step 11: env  {b}/bench/cuda/bench_ops --sections attn --quick",
     ]
 
 
 def test_bad_steps_are_named_and_fail_the_call(tmp_path):
-    r = run(tmp_path, "tset X", "test", "ab QS_SW 4096", "bench w4layer")
+    r = run(tmp_path, "tset X", "test", "ab QS_SW 4096", "bench w4layer", "bench attn --slow")
     assert r.returncode == 2
     assert "step 1: bad step 'tset X'" in r.stdout
     assert "step 2: bad step 'test'" in r.stdout
     assert "step 3: bad step 'ab QS_SW 4096'" in r.stdout
     assert "step 4: env" in r.stdout  # the good step still runs
+    assert "step 5: bad step 'bench attn --slow'" in r.stdout
 
 
 def test_no_step_starts_after_the_deadline(tmp_path):

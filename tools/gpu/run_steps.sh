@@ -13,7 +13,7 @@
 #   build                          tools/gpu/check.sh build (test_cuda, bench_ops, quantspec)
 #   test FILTER                    test_cuda --gtest_filter=FILTER
 #   memcheck FILTER                compute-sanitizer memcheck of test_cuda --gtest_filter=FILTER
-#   bench SECTIONS                 bench_ops --sections SECTIONS
+#   bench SECTIONS [--quick]       bench_ops --sections SECTIONS [--quick]
 #   ab SWITCH CONTEXT MODES [N [R]]  tools/gpu/ab_switch.sh llama2-7b, values 1,0, N tokens
 #                                  (default 256), R rounds (default 1); QS_AB_SHAPE: another shape
 #   matrix SHAPE CONTEXTS MODES [N]  tools/gpu/bench_matrix.sh (N tokens, default 256)
@@ -51,8 +51,8 @@ step_command() {
     memcheck) (($# == 1)) || return 1
       cmd=(compute-sanitizer --tool memcheck --error-exitcode 3 "$build/tests/test_cuda"
         "--gtest_filter=$1") ;;
-    bench) (($# == 1)) || return 1
-      cmd=("$build/bench/cuda/bench_ops" --sections "$1") ;;
+    bench) (($# == 1)) || { (($# == 2)) && [[ $2 == --quick ]]; } || return 1
+      cmd=("$build/bench/cuda/bench_ops" --sections "$1" "${@:2}") ;;
     ab) (($# >= 3 && $# <= 5)) || return 1
       cmd=(env "QS_AB_SWITCH=$1" "QS_AB_CONTEXT=$2" "QS_AB_MODES=$3" "QS_AB_TOKENS=${4:-256}"
         "QS_AB_REPEATS=${5:-1}" bash tools/gpu/ab_switch.sh "${QS_AB_SHAPE:-llama2-7b}") ;;
