@@ -263,7 +263,9 @@ TEST_F(CudaOpsTest, F16RowsDecodeLastCombineEqualsTheCombineLaunch) {
               unsigned counters = 0;  // only looked at for null
               a.combine_arrivals = &counters;
               const bool in_kernel = cuda::attention_decode_last_combine(a);
-              if (splits < 64) EXPECT_TRUE(in_kernel) << describe(kv, num_heads, m, splits);
+              if (splits < 64) {
+                EXPECT_TRUE(in_kernel) << describe(kv, num_heads, m, splits);
+              }
               fused += in_kernel;
             }
             for (int call = 0; call < 2; ++call) {
