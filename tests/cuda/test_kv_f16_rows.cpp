@@ -249,16 +249,8 @@ TEST_F(CudaOpsTest, F16RowsDecodeLastCombineEqualsTheCombineLaunch) {
             t.last_combine = last;
             cuda::set_decode_attention_tuning(t);
             if (last && splits > 0) {  // the launcher's choice for these operands
-              cuda::AttentionArgs a;
-              a.k = view.k;
-              a.v = view.v;
-              a.kv_dtype = DType::F16;
-              a.row_stride = view.row_stride;
-              a.m = m;
-              a.pos = pos;
-              a.num_heads = num_heads;
-              a.num_kv_heads = kKvHeads;
-              a.head_dim = hd;
+              cuda::AttentionArgs a =
+                  cuda::make_attention_args(q0.data(), m, pos, shape, view, nullptr);
               a.num_splits = splits;
               unsigned counters = 0;  // only looked at for null
               a.combine_arrivals = &counters;

@@ -2,9 +2,15 @@
 // kernel for f16 rows of head_dim 64/128 (every Llama-family model), at about f32 accuracy.
 #pragma once
 
+#include "backend/backend.h"
 #include "backend/cuda/cuda_ops.h"
 
 namespace qs::cuda {
+
+// The args of a backend.h attention call over a full-precision KvView (cuda_backend.cu; the
+// splits are left to the caller's plan). Adds the call's bytes to kv.read_bytes when it is set.
+AttentionArgs make_attention_args(const float* q, int m, int pos, const AttentionShape& shape,
+                                  const KvView& kv, float* out);
 
 // Process-wide choice between this kernel and the CUDA-core decode kernel (attention.cu) for the
 // calls both handle (tests and benchmarks compare both; both compute the same function).

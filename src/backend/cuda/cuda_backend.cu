@@ -797,10 +797,9 @@ void CudaBackend::rope_qk_store_kv(const RopeQK& rope, int m, int pos, float* k,
                                 dst_dtype == DType::F16, impl_->stream);
 }
 
-namespace {
-
-cuda::AttentionArgs make_args(const float* q, int m, int pos, const AttentionShape& shape,
-                              const KvView& kv, float* out) {
+cuda::AttentionArgs cuda::make_attention_args(const float* q, int m, int pos,
+                                              const AttentionShape& shape, const KvView& kv,
+                                              float* out) {
   QS_CHECK_MSG(kv.length >= pos + m, "attention: the KV view does not cover the queries");
   // A quantized segment goes through attention() (attention_quant.cu).
   QS_CHECK_MSG(kv.quantized == nullptr && kv.fp_base == 0,
@@ -833,8 +832,6 @@ cuda::AttentionArgs make_args(const float* q, int m, int pos, const AttentionSha
   return a;
 }
 
-}  // namespace
-
 void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape& shape,
                             const KvView& kv, float* out) {
   if (kv.quantized != nullptr) {
@@ -866,7 +863,7 @@ void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape
 void CudaBackend::attention_decode(const float* q, int m, int pos, const AttentionShape& shape,
                                    const KvView& kv, float* out, int num_splits) {
   QS_CHECK(m >= 1 && m <= kGemvMaxRows);
-  cuda::AttentionArgs a = make_args(q, m, pos, shape, kv, out);
+  cuda::AttentionArgs a = cuda::make_attention_args(q, m, pos, shape, kv, out);
   QS_CHECK(shape.num_kv_heads >= 1 && shape.num_heads % shape.num_kv_heads == 0);
   // Tensor cores (attention_decode_tc.cu) for aligned f16 rows of head_dim 64/128 unless tuned off.
   if (cuda::decode_attention_tuning().tensor_cores && cuda::attention_decode_tc_supported(a)) {
@@ -886,7 +883,7 @@ void CudaBackend::attention_decode(const float* q, int m, int pos, const Attenti
 void CudaBackend::attention_prefill(const float* q, int m, int pos, const AttentionShape& shape,
                                     const KvView& kv, float* out, int num_splits) {
   QS_CHECK(m >= 1);
-  cuda::AttentionArgs a = make_args(q, m, pos, shape, kv, out);
+  cuda::AttentionArgs a = cuda::make_attention_args(q, m, pos, shape, kv, out);
   // Tensor cores (attention_prefill_tc.cu) for head_dim 64/128 unless tuned off.
   const bool tc = cuda::prefill_attention_tuning().tensor_cores && !a.selected &&
                   cuda::attention_prefill_tc_supported(a);
