@@ -1131,7 +1131,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // it); "N tile(s)/warp": the INT8 view's 8-query tiles per warp on the direct path;
         // "dring [N]": the direct path's per-warp cp.async ring forced on ("no-ring": off; both
         // also at 4K and 128K; "dring2": with two tiles per warp); "8 cols": the MHA draft's
-        // 8-column loop instead of its one-query kernel (single_query off; also at 4K and 128K).
+        // 8-column loop instead of its one-query kernel (single_query off; also at 4K and 128K);
+        // "int8 f16": the INT8 view's operands in f16 alone (int8_f16; also at 4K and 128K).
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -1173,7 +1174,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" dring 128",
                     [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 128; }),
             variant(" dring2", [](T& t) { t.direct_ring = 1, t.direct_tiles = 2; }),
-            variant(" 8 cols", [](T& t) { t.single_query = false; })};
+            variant(" 8 cols", [](T& t) { t.single_query = false; }),
+            variant(" int8 f16", [](T& t) { t.int8_f16 = true; })};
         for (const Variant& var : variants) {
           // The draft view's switches.
           if (r.int8 && (var.tuning.draft_f16 != saved.draft_f16 ||
@@ -1186,11 +1188,13 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           if (cols && r.int8) continue;
           if (!r.int8 && !ring && var.tuning.direct_tiles != saved.direct_tiles) continue;
           if (!r.int8 && var.tuning.direct_tiles == 2) continue;  // one tile for the INT4 view
+          const bool int8_f16 = var.tuning.int8_f16 != saved.int8_f16;
+          if (int8_f16 && !r.int8) continue;
           const bool is_default = var.label[0] == '\0';
           // The ring, the light draft's 128-register cap and the extra waves of blocks also run
           // at 4K and 128K.
-          const bool every_ctx =
-              ring || cols || var.tuning.direct_regs == 128 || var.tuning.split_factor > 1;
+          const bool every_ctx = ring || cols || int8_f16 || var.tuning.direct_regs == 128 ||
+                                 var.tuning.split_factor > 1;
           if (!is_default && (g_profile || (ctx != 32768 && !every_ctx))) continue;
           const cuda::QuantAttentionTuning& tuning = var.tuning;
           cuda::set_quant_attention_tuning(tuning);

@@ -218,23 +218,24 @@ inline const char* dtype_label(DType t) {
   return dtype_name(t);
 }
 
-// The draft (INT4) view on the register-direct quantized attention runs with f16 operands alone
-// by default (QuantAttentionTuning::draft_f16): the folded query and the value weights are
-// rounded to f16 (~2^-12 relative), far below the INT4 view's own quantization error (up to s/2
-// per element). Such calls are held to kDraftF16Tol against the exact INT4 view; a wrong fragment
-// map, fold or weight is O(1).
-constexpr double kDraftF16Tol = 1e-2;
+// The draft (INT4) view on the tensor-core quantized attention runs with f16 operands alone by
+// default (QuantAttentionTuning::draft_f16), and the INT8 view on the register-direct path where
+// QuantAttentionTuning::int8_f16 is on: the folded query and the value weights are rounded to
+// f16 (~2^-12 relative), far below either view's own quantization error (up to s/2 per element).
+// Such calls are held to kF16OperandsTol against the exact view; a wrong fragment map, fold or
+// weight is O(1).
+constexpr double kF16OperandsTol = 1e-2;
 
-// Whether gpu.attention(q, m, pos, shape, view, out) takes that path under the current tuning
+// Whether gpu.attention(q, m, pos, shape, view, out) takes such a path under the current tuning
 // and gpu's options (CudaBackendOptions::exact_draft_attention).
-inline bool draft_f16_attention(const CudaBackend& gpu, const float* q, int m, int pos,
-                                const AttentionShape& shape, const KvView& view, float* out) {
-  if (view.quantized == nullptr || view.quantized->int8) return false;
+inline bool f16_operand_attention(const CudaBackend& gpu, const float* q, int m, int pos,
+                                  const AttentionShape& shape, const KvView& view, float* out) {
+  if (view.quantized == nullptr) return false;
   // Longer blocks run as slices of kQuantAttentionMaxRows queries, all on the same path.
   const int m0 = std::min(m, cuda::kQuantAttentionMaxRows);
   cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(q, m0, pos, shape, view, out);
   a.exact_draft = gpu.options().exact_draft_attention;
-  return cuda::plan_attention_quant(a, 1).draft_f16;
+  return cuda::plan_attention_quant(a, 1).f16_operands;
 }
 
 // Rows as f16 bits and as the f32 values those bits hold (host), and device copies of both.

@@ -36,7 +36,9 @@ using testing::DeviceBytes;
 using testing::random_normal;
 using testing::rel_error;
 
-double g_draft_worst = 0.0;  // largest error of the f16-operand draft calls (kDraftF16Tol)
+double g_draft_worst = 0.0;     // largest error of the f16-operand draft calls (kF16OperandsTol)
+double g_int8_f16_worst = 0.0;  // the same of the INT8 view's f16-operand calls (int8_f16)
+int g_int8_f16_calls = 0;       // INT8 calls that took the f16-operand path
 
 double tolerance(int len) {
   return len <= 4099 ? 2e-5 : 5e-5;
@@ -290,9 +292,11 @@ double run_case(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv, const Case
   const std::vector<float> exact = exact_attention(kv, q, c.m, pos, shape, c.int8);
   g_cpu_worst = std::max(g_cpu_worst, rel_error(want, exact));
   const double err = rel_error(got, exact);
-  if (testing::draft_f16_attention(gpu, qd.data(), c.m, pos, shape, view_gpu, out.data())) {
-    EXPECT_LT(err, testing::kDraftF16Tol) << what << " (draft view, f16 operands)";
-    g_draft_worst = std::isnan(err) ? err : std::max(g_draft_worst, err);
+  if (testing::f16_operand_attention(gpu, qd.data(), c.m, pos, shape, view_gpu, out.data())) {
+    EXPECT_LT(err, testing::kF16OperandsTol) << what << " (f16 operands)";
+    double& worst = c.int8 ? g_int8_f16_worst : g_draft_worst;
+    worst = std::isnan(err) ? err : std::max(worst, err);
+    g_int8_f16_calls += c.int8;
     return 0.0;  // reported apart from the exact paths
   }
   EXPECT_LT(err, tolerance(k.len)) << what;
@@ -310,10 +314,12 @@ void check_cases(CudaBackend& gpu, CpuBackend& cpu, const QuantKv& kv,
 
 void report(const char* test, double worst) {
   std::printf(
-      "[ max rel error ] %s: %.3g (CPU vs exact: %.3g; draft view with f16 operands: %.3g)\n", test,
-      worst, g_cpu_worst, g_draft_worst);
+      "[ max rel error ] %s: %.3g (CPU vs exact: %.3g; f16 operands: draft view %.3g, INT8 view "
+      "%.3g)\n",
+      test, worst, g_cpu_worst, g_draft_worst, g_int8_f16_worst);
   g_cpu_worst = 0.0;
   g_draft_worst = 0.0;
+  g_int8_f16_worst = 0.0;
 }
 
 // Restores the default tuning when a test ends (also on a failed assertion).
@@ -457,6 +463,34 @@ TEST_F(CudaOpsTest, QuantAttentionSweepDirectRing) {
     sweep(gpu(), cpu(), worst);
     gqa_blocks(gpu(), cpu(), {2, 4, 9, 16}, 80, worst);
     report("quantized sweep, direct path with its ring, two tiles per warp", worst);
+  }
+}
+
+// The INT8 view on the direct path with its operands in f16 alone (QuantAttentionTuning::
+// int8_f16), held to kF16OperandsTol against the exact view: one tile per warp at both register
+// caps and two, each with and without the ring, over the sweep and GQA blocks of 2..16 rows
+// (16..128 query vectors per kv head at ratio 8) with boundaries inside the block.
+TEST_F(CudaOpsTest, QuantAttentionSweepInt8F16) {
+  struct Form {
+    int tiles, regs, ring;
+  };
+  for (const Form f : {Form{1, 168, 0}, Form{1, 168, 1}, Form{1, 192, 0}, Form{1, 192, 1},
+                       Form{2, 0, 0}, Form{2, 0, 1}}) {
+    cuda::QuantAttentionTuning t;
+    t.int8_f16 = true;
+    t.direct_tiles = f.tiles;
+    t.direct_regs = f.regs;
+    t.direct_ring = f.ring;
+    TuningScope scope(t);
+    g_int8_f16_calls = 0;
+    double worst = 0;
+    sweep(gpu(), cpu(), worst);
+    gqa_blocks(gpu(), cpu(), {2, 5, 9, 16}, 120, worst);
+    EXPECT_GT(g_int8_f16_calls, 0) << "no INT8 call took the f16-operand path";
+    const std::string what = "quantized sweep, INT8 view with f16 operands, " +
+                             std::to_string(f.tiles) + " tile(s) per warp, registers " +
+                             std::to_string(f.regs) + (f.ring ? ", ring" : ", no ring");
+    report(what.c_str(), worst);
   }
 }
 
@@ -665,55 +699,61 @@ TEST_F(CudaOpsTest, QuantAttentionCombines) {
 // The combine in the split kernel's last blocks (QuantAttentionTuning::last_combine) against the
 // combine launch: the same bits, two calls in a row (each call's last blocks re-arm the counters
 // for the next). It applies to head_dim 128's direct ring kernels (the MHA and GQA 4 draft at
-// m = 1, the INT8 view at m = 5), one split to many (forced; automatic); the plans that keep the
+// m = 1, the INT8 view at m = 5 with one tile per warp and at m = 3, GQA 4, with two; both
+// exact and with int8_f16), one split to many (forced; automatic); the plans that keep the
 // launch must give the same too (several query tiles per block, head_dim 64 and the CUDA-core
 // path of head_dim 32, 40 splits whose partials may not fit the block's shared memory).
 TEST_F(CudaOpsTest, QuantAttentionLastCombineEqualsTheCombineLaunch) {
   int fused = 0, kept = 0;
   for (int hd : {32, 64, 128}) {
-    QuantKv kv(gpu(), cpu(), {3000, kKvHeads, hd, 64, hd, 0, Values::kNormal, uint64_t(90 + hd)});
-    for (const Case& c :
-         {Case{kKvHeads, 1, false}, Case{4 * kKvHeads, 1, false}, Case{kKvHeads, 5, true},
-          Case{8 * kKvHeads, 16, true}, Case{4 * kKvHeads, 7, false}}) {
-      const int pos = kv.cfg.len - c.m, fp_base = quant_boundary(pos, kv.cfg.G);
-      const AttentionShape shape{c.num_heads, kKvHeads, hd,
-                                 static_cast<float>(1.0 / std::sqrt(double(hd)))};
-      const QuantizedKvSegment seg = kv.segment(c.int8, true);
-      KvView view{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
-                  kv.stride, kv.cfg.len};
-      view.fp_base = fp_base;
-      view.quantized = &seg;
-      const size_t n = size_t(c.m) * c.num_heads * hd;
-      const DeviceArray q0(gpu(), random_normal(n, 700 + hd + c.m)),
-          q1(gpu(), random_normal(n, 800 + hd + c.m));
-      for (int splits : {0, 1, 3, 40}) {
-        std::vector<float> got[2][2];  // [last_combine][call]
-        for (bool last : {false, true}) {
-          cuda::QuantAttentionTuning t;
-          t.splits = splits;
-          t.last_combine = last;
-          TuningScope scope(t);
-          if (last) {
-            const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(
-                cuda::make_quant_attention_args(q0.data(), c.m, pos, shape, view, nullptr), 132);
-            ++(plan.last_combine ? fused : kept);
+    for (bool int8_f16 : {false, true}) {
+      QuantKv kv(gpu(), cpu(), {3000, kKvHeads, hd, 64, hd, 0, Values::kNormal, uint64_t(90 + hd)});
+      for (const Case& c : {Case{kKvHeads, 1, false}, Case{4 * kKvHeads, 1, false},
+                            Case{kKvHeads, 5, true}, Case{4 * kKvHeads, 3, true},
+                            Case{8 * kKvHeads, 16, true}, Case{4 * kKvHeads, 7, false}}) {
+        if (int8_f16 && !c.int8) continue;
+        const int pos = kv.cfg.len - c.m, fp_base = quant_boundary(pos, kv.cfg.G);
+        const AttentionShape shape{c.num_heads, kKvHeads, hd,
+                                   static_cast<float>(1.0 / std::sqrt(double(hd)))};
+        const QuantizedKvSegment seg = kv.segment(c.int8, true);
+        KvView view{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
+                    kv.stride, kv.cfg.len};
+        view.fp_base = fp_base;
+        view.quantized = &seg;
+        const size_t n = size_t(c.m) * c.num_heads * hd;
+        const DeviceArray q0(gpu(), random_normal(n, 700 + hd + c.m)),
+            q1(gpu(), random_normal(n, 800 + hd + c.m));
+        for (int splits : {0, 1, 3, 40}) {
+          std::vector<float> got[2][2];  // [last_combine][call]
+          for (bool last : {false, true}) {
+            cuda::QuantAttentionTuning t;
+            t.splits = splits;
+            t.last_combine = last;
+            t.int8_f16 = int8_f16;
+            TuningScope scope(t);
+            if (last) {
+              const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(
+                  cuda::make_quant_attention_args(q0.data(), c.m, pos, shape, view, nullptr), 132);
+              ++(plan.last_combine ? fused : kept);
+            }
+            for (int call = 0; call < 2; ++call) {
+              DeviceArray out(gpu(), n);
+              out.poison();
+              gpu().attention((call ? q1 : q0).data(), c.m, pos, shape, view, out.data());
+              got[last][call] = out.to_host();
+            }
           }
-          for (int call = 0; call < 2; ++call) {
-            DeviceArray out(gpu(), n);
-            out.poison();
-            gpu().attention((call ? q1 : q0).data(), c.m, pos, shape, view, out.data());
-            got[last][call] = out.to_host();
-          }
+          const std::string what = describe(kv, c, fp_base) + " splits=" + std::to_string(splits) +
+                                   (int8_f16 ? " int8_f16" : "");
+          EXPECT_EQ(got[1][0], got[0][0]) << what;
+          EXPECT_EQ(got[1][1], got[0][1]) << what << " (second call)";
         }
-        const std::string what = describe(kv, c, fp_base) + " splits=" + std::to_string(splits);
-        EXPECT_EQ(got[1][0], got[0][0]) << what;
-        EXPECT_EQ(got[1][1], got[0][1]) << what << " (second call)";
       }
     }
   }
   std::printf("[ last combine ] %d plans combined in the kernel, %d kept the launch\n", fused,
               kept);
-  EXPECT_GE(fused, 6);  // at least head_dim 128's three m <= 5 cases at 1 and 3 splits
+  EXPECT_GE(fused, 12);  // at least head_dim 128's m <= 5 cases at 1 and 3 splits, both forms
 }
 
 // head_dim 32 and 256, value groups that are not multiples of 32, key groups of 8 and 16 (the

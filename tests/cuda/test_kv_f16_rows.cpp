@@ -489,9 +489,9 @@ void run_quant(CudaBackend& gpu, CpuBackend& cpu, const QuantF16Kv& kv, int num_
                            " fp_base=" + std::to_string(fp_base) + " " +
                            describe(r, num_heads, m, 0);
   const double err = rel_error(got, want);
-  const bool f16_draft =
-      testing::draft_f16_attention(gpu, qd.data(), m, pos, shape, gv, out.data());
-  EXPECT_LT(err, f16_draft ? testing::kDraftF16Tol : kQuantVsCpuTol) << what;
+  const bool f16_ops =
+      testing::f16_operand_attention(gpu, qd.data(), m, pos, shape, gv, out.data());
+  EXPECT_LT(err, f16_ops ? testing::kF16OperandsTol : kQuantVsCpuTol) << what;
   const double same = rel_error(got, out32.to_host());
   EXPECT_LT(same, kSameValuesTol) << what << " (vs f32 rows of the same values)";
   EXPECT_EQ(rb_gpu.fp, rb_cpu.fp) << what;

@@ -1034,13 +1034,13 @@ __device__ __forceinline__ const uint8_t* plane_ptr(const QuantizedKvSegment& s,
 // all). A stage holds p.chunk consecutive sub-chunks of every slice (sub-chunk j of slice sl at
 // (sl * chunk + j % chunk) * kBytes), so a larger chunk puts more bytes in flight per barrier.
 // `overlap()` runs once the first stages are in flight (the block's full-precision rows).
-template <int HD, bool INT8, int NG, bool kDraftF16, class Overlap>
+template <int HD, bool INT8, int NG, bool kF16, class Overlap>
 __device__ __forceinline__ void quant_split_mma(const Params& p, int begin, int end, int kvh,
                                                 int ts, int qv_warp, const float* q_warp,
                                                 unsigned char* stages, float* o_mine,
                                                 float* ml_mine, const Overlap& overlap) {
-  static_assert(!(kDraftF16 && INT8), "f16-only operands: the draft (INT4) view only");
-  using M = MmaPath<HD, INT8, NG, !kDraftF16>;
+  static_assert(!(kF16 && INT8), "the INT8 view's f16-only operands: the direct path only");
+  using M = MmaPath<HD, INT8, NG, !kF16>;
   const QuantAttentionArgs& a = p.a;
   const int lane = threadIdx.x & 31, c = lane & 3;
   const int G = a.seg.group_size;
@@ -1183,7 +1183,7 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 // kLastCombine: the block ends with combine_as_last_split (QuantAttentionPlan::last_combine).
-template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kDraftF16 = false,
+template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kF16 = false,
           bool kRegPrefetch = true, bool kRing = false, bool kOne = false,
           bool kLastCombine = false>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
@@ -1294,11 +1294,11 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     unsigned char* ring =
         kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8>(QW / 8)
               : nullptr;
-    direct_path::quant_split_direct<INT8, kDraftF16, kRegPrefetch, QW / 8, kRing, kOne>(
+    direct_path::quant_split_direct<INT8, kF16, kRegPrefetch, QW / 8, kRing, kOne>(
         p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
   } else if constexpr (kMma) {
-    quant_split_mma<HD, INT8, NG, kDraftF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages,
-                                             o_q, ml_q, fp_rows);
+    quant_split_mma<HD, INT8, NG, kF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q,
+                                        ml_q, fp_rows);
   } else {
     fp_rows();
     // Quantized part of a query at t: [0, b(t)).
@@ -1380,26 +1380,27 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
   }
 }
 
-template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDraftF16 = false>
+template <int HD, bool INT8, int NG, bool kMma, int QW, bool kF16 = false>
 __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p) {
   timeline_stamp(p, 0);
   pdl_begin();
   timeline_stamp(p, 1);
-  attention_quant_body<HD, INT8, NG, kMma, QW, false, kDraftF16>(p);
+  attention_quant_body<HD, INT8, NG, kMma, QW, false, kF16>(p);
 }
 
-// kDraftF16: the INT4 view's operands in f16 alone (QuantAttentionTuning::draft_f16); NT: 8-query
-// tiles per warp; kRing: the per-warp cp.async ring (QuantAttentionTuning::direct_ring); kOne: one
-// query vector per kv head (QuantAttentionTuning::single_query).
-template <bool INT8, int kRegs, bool kDraftF16, bool kRegPrefetch = true, int NT = 1,
-          bool kRing = false, bool kOne = false, bool kLastCombine = false>
+// kF16: the view's operands in f16 alone (QuantAttentionTuning::draft_f16 for the INT4 view,
+// int8_f16 for the INT8 one); NT: 8-query tiles per warp; kRing: the per-warp cp.async ring
+// (QuantAttentionTuning::direct_ring); kOne: one query vector per kv head
+// (QuantAttentionTuning::single_query).
+template <bool INT8, int kRegs, bool kF16, bool kRegPrefetch = true, int NT = 1, bool kRing = false,
+          bool kOne = false, bool kLastCombine = false>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
   direct_path::prefetch_block_start<INT8>(p);
   pdl_begin();
   timeline_stamp(p, 1);
-  attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kDraftF16, kRegPrefetch,
-                       kRing, kOne, kLastCombine>(p);
+  attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kF16, kRegPrefetch, kRing,
+                       kOne, kLastCombine>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -1419,13 +1420,15 @@ std::mutex g_tuning_mu;
 // warp on the direct INT8 path (0: automatic), QS_DIRECT_RING=0|1 without / with the direct
 // path's per-warp cp.async ring, QS_DIRECT_REGS=0|128|168|192 with that register cap (0:
 // automatic; 128: the f16-operand draft without register prefetch only), QS_ATTN_LAST_COMBINE=1
-// with the combine in the split kernel's last blocks.
+// with the combine in the split kernel's last blocks, QS_INT8_F16=1 with the INT8 view's direct
+// kernels on f16 operands alone.
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
   t.direct_tiles = env_int("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
   t.direct_ring = env_int("QS_DIRECT_RING", 0, 1, t.direct_ring);
   t.last_combine = env_flag("QS_ATTN_LAST_COMBINE", t.last_combine);
+  t.int8_f16 = env_flag("QS_INT8_F16", t.int8_f16);
   const int regs = env_int("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (valid_direct_regs(regs)) {
     t.direct_regs = regs;
@@ -1440,7 +1443,7 @@ struct KernelChoice {
   const void* fn = nullptr;
   bool mma = false;
   bool direct = false;  // tensor cores, register-direct (no shared-memory stages)
-  bool draft_f16 = false;  // the direct path's INT4 view with f16 operands alone
+  bool f16 = false;     // the view's operands in f16 alone (QuantAttentionPlan::f16_operands)
   int direct_tiles = 1;    // the direct path's 8-query tiles per warp
   bool ring = false;       // the direct path's per-warp cp.async ring
   bool one = false;        // its one-query form (DirectPath::kOne)
@@ -1457,72 +1460,72 @@ constexpr int kDirectRegsTwoTiles = 255;
 // without register prefetch also kLightDraftRegs (more two-warp blocks per SM). one: the light
 // draft's ring kernel at 192 registers (the MHA draft's default) in its one-query form
 // (choose_for decides where it applies).
-template <bool INT8, bool kDraftF16, bool kRegPrefetch, bool kRing>
+template <bool INT8, bool kF16, bool kRegPrefetch, bool kRing>
 const void* direct_kernel_at(int regs, bool one) {
-  constexpr bool kLight = !INT8 && kDraftF16 && !kRegPrefetch;
+  constexpr bool kLight = !INT8 && kF16 && !kRegPrefetch;
   if constexpr (kLight && kRing) {
     if (one) {
       QS_CHECK(regs == 192);
       return reinterpret_cast<const void*>(
-          attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch, 1, kRing, true>);
+          attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing, true>);
     }
   }
   QS_CHECK_MSG(!one, "quantized attention: the one-query kernel is the light draft's ring kernel");
   if constexpr (kLight) {
     if (regs == kLightDraftRegs) {
       return reinterpret_cast<const void*>(
-          attention_quant_direct_kernel<INT8, kLightDraftRegs, kDraftF16, kRegPrefetch, 1, kRing>);
+          attention_quant_direct_kernel<INT8, kLightDraftRegs, kF16, kRegPrefetch, 1, kRing>);
     }
   }
   QS_CHECK_MSG(regs == 168 || regs == 192,
                "quantized attention: this direct kernel has register caps 168 and 192 only");
-  return regs == 192
-             ? reinterpret_cast<const void*>(
-                   attention_quant_direct_kernel<INT8, 192, kDraftF16, kRegPrefetch, 1, kRing>)
-             : reinterpret_cast<const void*>(
-                   attention_quant_direct_kernel<INT8, 168, kDraftF16, kRegPrefetch, 1, kRing>);
+  return regs == 192 ? reinterpret_cast<const void*>(
+                           attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing>)
+                     : reinterpret_cast<const void*>(
+                           attention_quant_direct_kernel<INT8, 168, kF16, kRegPrefetch, 1, kRing>);
 }
 
-template <bool INT8, bool kDraftF16, bool kRegPrefetch>
+template <bool INT8, bool kF16, bool kRegPrefetch>
 const void* direct_kernel_fn(int regs, int tiles, bool ring, bool one) {
   if constexpr (INT8) {
     if (tiles == 2) {
       return ring ? reinterpret_cast<const void*>(
-                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2,
+                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, kF16, true, 2,
                                                       true>)
                   : reinterpret_cast<const void*>(
-                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2>);
+                        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, kF16, true, 2>);
     }
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
-  if constexpr (INT8 || (kDraftF16 && !kRegPrefetch)) {
-    if (ring) return direct_kernel_at<INT8, kDraftF16, false, true>(regs, one);
+  if constexpr (INT8 || (kF16 && !kRegPrefetch)) {
+    if (ring) return direct_kernel_at<INT8, kF16, false, true>(regs, one);
   }
   QS_CHECK(!ring);
-  return direct_kernel_at<INT8, kDraftF16, kRegPrefetch, false>(regs, one);
+  return direct_kernel_at<INT8, kF16, kRegPrefetch, false>(regs, one);
 }
 
-template <int HD, bool INT8, bool kDraftF16>
+template <int HD, bool INT8, bool kF16>
 const void* mma_kernel_fn(int ng) {
   if (ng == 1)
-    return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 1, true, 8, kDraftF16>);
+    return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 1, true, 8, kF16>);
   if (ng == 2)
-    return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 2, true, 8, kDraftF16>);
+    return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 2, true, 8, kF16>);
   if constexpr (HD == 128) {
     QS_CHECK(ng == 4);
-    return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 4, true, 8, kDraftF16>);
+    return reinterpret_cast<const void*>(attention_quant_kernel<HD, INT8, 4, true, 8, kF16>);
   }
   return nullptr;
 }
 
+// f16: the INT4 view's operands in f16 alone (this path keeps the INT8 view exact).
 template <int HD, bool INT8>
-KernelChoice mma_kernel(int ng, bool draft_f16) {
+KernelChoice mma_kernel(int ng, bool f16) {
   KernelChoice k;
   k.mma = true;
   k.qw = 8;
   k.ng = ng;
-  k.draft_f16 = !INT8 && draft_f16;
-  k.fn = k.draft_f16 ? mma_kernel_fn<HD, false, true>(ng) : mma_kernel_fn<HD, INT8, false>(ng);
+  k.f16 = !INT8 && f16;
+  k.fn = k.f16 ? mma_kernel_fn<HD, false, true>(ng) : mma_kernel_fn<HD, INT8, false>(ng);
   QS_CHECK(k.fn != nullptr);
   return k;
 }
@@ -1541,29 +1544,34 @@ KernelChoice row_kernel() {
 // The register-direct variant covers head_dim 128 with one value group per token (the default).
 // tiles: the direct path's 8-query tiles per warp (1 for the INT4 view). one: a single query
 // vector per kv head (the one-query kernel where it exists: the f16 draft's ring kernel at 192
-// registers).
+// registers). f16: the view's operands in f16 alone where the path has that form (the INT4 view
+// on every tensor-core path, the INT8 view on the direct one).
 template <bool INT8>
-KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs,
-                        bool draft_f16, bool reg_prefetch, int tiles, bool ring, bool one) {
+KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs, bool f16,
+                        bool reg_prefetch, int tiles, bool ring, bool one) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
     k.direct_tiles = INT8 ? tiles : 1;
     k.qw = 8 * k.direct_tiles;
     k.ng = 1;
-    k.draft_f16 = !INT8 && draft_f16;
+    k.f16 = f16;
     // The ring: the INT8 view (one or two tiles) or the f16 draft without register prefetch.
-    k.ring = ring && (INT8 || (k.draft_f16 && !reg_prefetch));
+    k.ring = ring && (INT8 || (k.f16 && !reg_prefetch));
     k.int8 = INT8;
-    k.one = one && k.draft_f16 && !reg_prefetch && k.ring && regs == 192;
-    k.fn = !k.draft_f16 ? direct_kernel_fn<INT8, false, true>(regs, k.direct_tiles, k.ring, false)
-           : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.one)
-                           : direct_kernel_fn<false, true, true>(regs, 1, false, false);
+    k.one = one && !INT8 && k.f16 && !reg_prefetch && k.ring && regs == 192;
+    if constexpr (INT8) {
+      k.fn = k.f16 ? direct_kernel_fn<true, true, true>(regs, k.direct_tiles, k.ring, false)
+                   : direct_kernel_fn<true, false, true>(regs, k.direct_tiles, k.ring, false);
+    } else {
+      k.fn = !k.f16          ? direct_kernel_fn<false, false, true>(regs, 1, k.ring, false)
+             : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.one)
+                             : direct_kernel_fn<false, true, true>(regs, 1, false, false);
+    }
     return k;
   }
   if (tensor_cores && (hd == 64 || hd == 128) && gv % 32 == 0 && G % kSubTokens == 0) {
-    return hd == 64 ? mma_kernel<64, INT8>(hd / gv, draft_f16)
-                    : mma_kernel<128, INT8>(hd / gv, draft_f16);
+    return hd == 64 ? mma_kernel<64, INT8>(hd / gv, f16) : mma_kernel<128, INT8>(hd / gv, f16);
   }
   switch (hd) {
     case 32:
@@ -1581,12 +1589,31 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 }
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool draft_f16, bool reg_prefetch, int tiles, bool ring, bool one) {
+                           bool f16, bool reg_prefetch, int tiles, bool ring, bool one) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, draft_f16, reg_prefetch, tiles, ring, one)
+                                   direct, regs, f16, reg_prefetch, tiles, ring, one)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, draft_f16, reg_prefetch, tiles, ring, one);
+                                    direct, regs, f16, reg_prefetch, tiles, ring, one);
+}
+
+// The INT8 view's direct ring kernel (operands in f16 alone: kF16) that ends with the combine:
+// one tile per warp at 168 / 192 registers, two at kDirectRegsTwoTiles.
+template <bool kF16>
+const void* int8_last_combine_kernel_fn(int tiles, int regs) {
+  if (tiles == 2) {
+    return reinterpret_cast<const void*>(
+        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, kF16, true, 2, true, false, true>);
+  }
+  if (regs == 192) {
+    return reinterpret_cast<const void*>(
+        attention_quant_direct_kernel<true, 192, kF16, false, 1, true, false, true>);
+  }
+  if (regs == 168) {
+    return reinterpret_cast<const void*>(
+        attention_quant_direct_kernel<true, 168, kF16, false, 1, true, false, true>);
+  }
+  return nullptr;
 }
 
 // The instantiation of the kernel kc names that ends with the combine (kLastCombine), or null:
@@ -1596,27 +1623,15 @@ KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool 
 const void* last_combine_kernel_fn(const KernelChoice& kc, int regs, bool reg_prefetch) {
   if (!kc.direct || !kc.ring) return nullptr;
   if (!kc.int8) {
-    if (!kc.draft_f16 || reg_prefetch || regs != 192) return nullptr;
+    if (!kc.f16 || reg_prefetch || regs != 192) return nullptr;
     return kc.one
                ? reinterpret_cast<const void*>(
                      attention_quant_direct_kernel<false, 192, true, false, 1, true, true, true>)
                : reinterpret_cast<const void*>(
                      attention_quant_direct_kernel<false, 192, true, false, 1, true, false, true>);
   }
-  if (kc.direct_tiles == 2) {
-    return reinterpret_cast<const void*>(
-        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, false, true, 2, true, false,
-                                      true>);
-  }
-  if (regs == 192) {
-    return reinterpret_cast<const void*>(
-        attention_quant_direct_kernel<true, 192, false, false, 1, true, false, true>);
-  }
-  if (regs == 168) {
-    return reinterpret_cast<const void*>(
-        attention_quant_direct_kernel<true, 168, false, false, 1, true, false, true>);
-  }
-  return nullptr;
+  return kc.f16 ? int8_last_combine_kernel_fn<true>(kc.direct_tiles, regs)
+                : int8_last_combine_kernel_fn<false>(kc.direct_tiles, regs);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1789,16 +1804,18 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const QuantAttentionTuning tune = quant_attention_tuning();
   // The query tiling does not depend on the register cap (8 query vectors per warp on every
   // tensor-core path), so the kernel is chosen again once the tiles are known.
-  const bool draft_f16 = tune.draft_f16 && !a.exact_draft;
+  // Operands in f16 alone: the INT4 (draft) view unless the call asks for it exact, the INT8 view
+  // where int8_f16 is on (both only where the chosen path has that form).
+  const bool f16 = a.seg.int8 ? tune.int8_f16 : tune.draft_f16 && !a.exact_draft;
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
   const int want_tiles = tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq);
   const bool one = tune.single_query && nq == 1;
-  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, draft_f16,
+  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16,
                                   tune.draft_reg_prefetch, want_tiles, false, false);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
-  pl.draft_f16 = kc.draft_f16;
+  pl.f16_operands = kc.f16;
   pl.draft_reg_prefetch = tune.draft_reg_prefetch;
   pl.timeline = tune.timeline;
   pl.direct_tiles = kc.direct_tiles;
@@ -1815,7 +1832,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // The f16-operand draft without the register prefetch (no spill at 168 either) ran faster at
   // 168 without the ring on the MHA shape until session 13's changes to the block's start and
   // merge; since then the ring at 192 is faster there too (session 14: the ring below).
-  const bool light_draft = kc.direct && kc.draft_f16 && !tune.draft_reg_prefetch;
+  const bool light_draft = kc.direct && !kc.int8 && kc.f16 && !tune.draft_reg_prefetch;
   // kLightDraftRegs exists for the light draft alone: elsewhere it means the automatic cap.
   const bool forced_regs =
       tune.direct_regs != 0 && (tune.direct_regs != kLightDraftRegs || light_draft);
@@ -1826,7 +1843,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
   // (several make blocks of 3-8 warps, each with its ring).
   const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;
-  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
+  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, f16,
                      tune.draft_reg_prefetch, pl.direct_tiles, want_ring, one);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
@@ -1855,7 +1872,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
     }
   }
   if (kc.ring && smem_for(pl.chunk, pl.stages) > smem_cap) {  // the rings do not fit: without
-    kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, draft_f16,
+    kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, f16,
                        tune.draft_reg_prefetch, pl.direct_tiles, false, one);
   }
   pl.direct_ring = kc.ring;
@@ -1896,11 +1913,10 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
                             float* partials, unsigned* arrivals, cudaStream_t stream) {
   check_args(a);
   const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
-                                        plan.draft_f16, plan.draft_reg_prefetch, plan.direct_tiles,
-                                        plan.direct_ring, plan.single_query);
-  QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct &&
-           kc.draft_f16 == plan.draft_f16 && kc.qw == plan.queries_per_warp &&
-           kc.one == plan.single_query);
+                                        plan.f16_operands, plan.draft_reg_prefetch,
+                                        plan.direct_tiles, plan.direct_ring, plan.single_query);
+  QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct && kc.f16 == plan.f16_operands &&
+           kc.qw == plan.queries_per_warp && kc.one == plan.single_query);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   QS_CHECK(2 * plan.token_slices <= kMaxStates);
   const int G = a.seg.group_size;

@@ -55,7 +55,9 @@ struct QuantAttentionPlan {
                         // = head_dim): attention_quant_direct.cuh
   int direct_regs = 192;   // its register cap: 128, 168 or 192 (one tile per warp)
   int direct_tiles = 1;    // its 8-query MMA tiles per warp (several: the INT8 view, GQA)
-  bool draft_f16 = false;  // the tensor-core paths' INT4 view with f16 operands alone (tuning)
+  // The view's operands in f16 alone, one MMA per product (the INT4 view on the tensor-core
+  // paths: tuning draft_f16; the INT8 view on the direct path: tuning int8_f16).
+  bool f16_operands = false;
   bool draft_reg_prefetch = true;  // its register prefetch of the next sub-chunk (tuning)
   bool direct_ring = false;        // its sub-chunks through a per-warp cp.async ring (tuning)
   bool single_query = false;  // its one-query kernel (one query vector per kv head; tuning)
@@ -176,6 +178,14 @@ struct QuantAttentionTuning {
   // the block's shared memory; the same output bits. QS_ATTN_LAST_COMBINE=1 sets it for the
   // whole process. Off: not yet measured on a GPU (session 35).
   bool last_combine = false;
+  // The INT8 view (verification, AR with the INT8 cache) on the register-direct path with its
+  // operands in f16 alone, as draft_f16 for the INT4 view: one MMA per product instead of the
+  // f16 hi + lo pair. The folded query and the value weights are rounded to f16 (~2^-12
+  // relative): the score's error ~24x below the INT8 view's own (an element's error up to s/2,
+  // s = range / 255). Fewer instructions where the kernel is issue-bound (the GQA verification:
+  // 2058 -> 1722 per 32-token sub-chunk with two tiles, sass_loops.py). QS_INT8_F16=1 sets it
+  // for the whole process. Off: not yet measured on a GPU (session 36).
+  bool int8_f16 = false;
 };
 // Per block: [0] %globaltimer (ns) at entry, [1] at exit, [2 + i] clock64 at the end of phase i:
 // 0 entry, 1 the previous kernel awaited (PDL), 2 the queries in shared memory, 3 the

@@ -369,8 +369,8 @@ struct DirectTile {
   }
 };
 
-// kLo: the f16 hi + lo operand pair (f32-level accuracy); false (the draft view's single-MMA
-// variant, QuantAttentionTuning::draft_f16): hi alone, bq_lo unused.
+// kLo: the f16 hi + lo operand pair (f32-level accuracy); false (the single-MMA variant: the
+// draft view's QuantAttentionTuning::draft_f16, the INT8 view's int8_f16): hi alone, bq_lo unused.
 // NT: 8-query tiles per warp sharing one unpacking of every code (a verification block of more
 // than 8 query vectors per kv head). Their folded queries' B fragments (32 words per lane per
 // tile) then live in the warp's own shared-memory slice `frag_s` instead of registers, next to NT
@@ -775,8 +775,7 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // full-precision rows run after the loop (`overlap()` then writes its states over the block's
 // rings: a block barrier first), so that the block's shared memory keeps four blocks per SM.
 // kOne: DirectPath's kOne (the warp's tile holds one query vector).
-template <bool INT8, bool kDraftF16, bool kRegPrefetch, int NT, bool kRing, bool kOne,
-          class Overlap>
+template <bool INT8, bool kF16, bool kRegPrefetch, int NT, bool kRing, bool kOne, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -840,8 +839,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   Chunk<INT8> cur;
   if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, lp, cur);
 
-  static_assert(!(kDraftF16 && INT8), "f16-only operands: the draft (INT4) view only");
-  using Path = DirectPath<INT8, !kDraftF16, NT, kOne>;
+  using Path = DirectPath<INT8, !kF16, NT, kOne>;
   static_assert(Path::kFragUint2s * 2 <= 8 * NT * kHD, "the fragments fit in the warp's state");
   Path w;
   {
