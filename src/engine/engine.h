@@ -95,6 +95,15 @@ struct EngineOptions {
   int sink_tokens = 4;
   int snap_window = 32;
   int snap_kernel = 7;
+  // A prompt cache of one sequence (the server's --prompt-cache): generate() keeps the tokens
+  // whose K/V the cache holds when it ends, and the next prompt that starts with some of them
+  // prefills only the rest (LlmEngine::reusable_prefix says how much is kept: any shared prefix
+  // with the fp cache; with a quantized cache the shared prefix must reach the last quantized
+  // group, as when a conversation's next turn extends the previous one). The rest of the prompt
+  // then reads the kept history as decoding does (the INT8 view of its quantized part): what a
+  // decode of those tokens would compute, not an exact prefill of the whole prompt. Not with the
+  // sparse-KV drafts (their index is built from the whole prompt).
+  bool prompt_cache = false;
 };
 
 // The prefill chunk an engine with these options runs: prefill_chunk, or for 0 the default of
@@ -133,6 +142,9 @@ struct GenerationParams {
 
 struct GenerationStats {
   int prompt_tokens = 0;
+  // Prompt tokens whose K/V the prompt cache kept from the previous generation (not prefilled
+  // again; EngineOptions::prompt_cache).
+  int cached_prompt_tokens = 0;
   int generated_tokens = 0;
   double prefill_s = 0;
   double decode_s = 0;

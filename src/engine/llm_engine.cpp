@@ -234,6 +234,7 @@ Status LlmEngine::set_max_context(int tokens) {
   KvCacheConfig kv = cache_.config();
   kv.capacity = ctx;
   cache_ = KvCache{};  // its memory first: the old and the new cache need not fit together
+  cached_ids_.clear();
   sparse_ = SparseDraftIndex{};
   auto created = KvCache::create(kv, *backend_);
   if (!created) {
@@ -309,7 +310,16 @@ void LlmEngine::commit_all(int length) {
   QS_CHECK(st.ok());
 }
 
+void LlmEngine::truncate_all(int length) {
+  const Status st = each_cache([length](KvCache& c) {
+    c.truncate(length);
+    return Status::ok_status();
+  });
+  QS_CHECK(st.ok());
+}
+
 void LlmEngine::clear_all() {
+  cached_ids_.clear();
   const Status st = each_cache([](KvCache& c) {
     c.clear();
     return Status::ok_status();
@@ -359,6 +369,23 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
   return Status::ok_status();
 }
 
+int LlmEngine::reusable_prefix(const std::vector<int32_t>& prompt) const {
+  if (!options_.prompt_cache || sparse() || cached_ids_.empty()) return 0;
+  const size_t limit = std::min(cached_ids_.size(), prompt.size() - 1);
+  size_t shared = 0;
+  while (shared < limit && cached_ids_[shared] == prompt[shared]) ++shared;
+  const int n = static_cast<int>(shared);
+  return cache_.can_truncate(n) ? n : 0;
+}
+
+Status LlmEngine::extend(const std::vector<int32_t>& ids, int from, const PrefillProgress& progress,
+                         int decode_rows) {
+  QS_CHECK(from >= 1 && from < static_cast<int>(ids.size()) && cache_.can_truncate(from));
+  cached_ids_.clear();  // until the generation that runs on this cache ends
+  truncate_all(from);
+  return prefill_by_chunk(ids, progress, decode_rows, nullptr, 0, from);
+}
+
 Status LlmEngine::prefill_by_layer_all(const std::vector<int32_t>& ids,
                                        const PrefillProgress& progress) {
   const int n = static_cast<int>(ids.size());
@@ -384,20 +411,22 @@ Status LlmEngine::prefill_by_layer_all(const std::vector<int32_t>& ids,
 }
 
 Status LlmEngine::prefill_by_chunk(const std::vector<int32_t>& ids, const PrefillProgress& progress,
-                                   int decode_rows, Buffer* snap_q, int window) {
+                                   int decode_rows, Buffer* snap_q, int window, int from) {
   const int n = static_cast<int>(ids.size());
-  // kQuantized (quantized modes): every chunk is committed before the next and read back through
-  // the mode's view, so the buffer holds a chunk plus the steady rows. Otherwise the prompt's
-  // rows and those decoding will write in one allocation: a growth while decoding holds two
-  // buffers at once (Llama-2-7B, 128K: 64 GiB of rows twice).
-  const bool streamed = options_.prefill_kv == PrefillKv::kQuantized && cache_.quantized();
+  // kQuantized (quantized modes), and every extension of a quantized cache (whose history is
+  // quantized already): every chunk is committed before the next and read back through the
+  // mode's view, so the buffer holds a chunk plus the steady rows. Otherwise the prompt's rows
+  // and those decoding will write in one allocation: a growth while decoding holds two buffers at
+  // once (Llama-2-7B, 128K: 64 GiB of rows twice).
+  const bool streamed =
+      cache_.quantized() && (options_.prefill_kv == PrefillKv::kQuantized || from > 0);
   const int chunk = options_.prefill_chunk;
   if (streamed) {
     QS_TRY(each_cache([chunk](KvCache& c) { return c.hold_rows(chunk); }));
   } else {
     QS_TRY(each_cache([&](KvCache& c) {
       const int64_t rows = std::min<int64_t>(int64_t{n} + std::max(decode_rows, 0), c.capacity());
-      return c.prepare_write(0, static_cast<int>(rows));
+      return c.prepare_write(from, static_cast<int>(rows) - from);
     }));
   }
   const int64_t q_dim = config().q_dim();
@@ -416,14 +445,14 @@ Status LlmEngine::prefill_by_chunk(const std::vector<int32_t>& ids, const Prefil
           q + static_cast<size_t>(first) * q_dim, static_cast<size_t>(m - first) * q_dim);
     };
   }
-  for (int start = 0; start < n; start += chunk) {
+  for (int start = from; start < n; start += chunk) {
     const int m = std::min(chunk, n - start);
     const bool last = start + m == n;
     chunk_start = start;
     QS_TRY(forward_all(std::span<const int32_t>(ids.data() + start, m), start, path,
                        last ? LogitRows::kLast : LogitRows::kNone, last_logits_.data()));
     if (streamed) commit_all(start + m);
-    if (progress) progress(start + m, n);
+    if (progress) progress(start + m - from, n - from);
   }
   if (streamed) QS_TRY(each_cache([](KvCache& c) { return c.hold_rows(0); }));
   commit_all(n);
@@ -510,6 +539,7 @@ Result<RoundResult> LlmEngine::speculative_round(int32_t x, int gamma,
                                                  GenerationStats& stats,
                                                  const RoundControl& control) {
   QS_CHECK(speculative());
+  cached_ids_.clear();
   if (cache_.length() + gamma >= cache_.capacity()) {
     return make_error("context is full: a round of gamma " + std::to_string(gamma) + " after " +
                       std::to_string(cache_.length()) + " positions needs more than " +
@@ -561,8 +591,19 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
 
   const auto t_start = std::chrono::steady_clock::now();
   // Decoding writes up to max_new - 1 committed rows plus a round's candidates past them.
-  QS_TRY(prefill(prompt, params.on_prefill_progress, max_new + cache_.config().max_gamma + 1));
+  const int decode_rows = max_new + cache_.config().max_gamma + 1;
+  const int reuse = reusable_prefix(prompt);
+  if (reuse > 0) {
+    QS_TRY(extend(prompt, reuse, params.on_prefill_progress, decode_rows));
+  } else {
+    QS_TRY(prefill(prompt, params.on_prefill_progress, decode_rows));
+  }
+  result.stats.cached_prompt_tokens = reuse;
   result.stats.prefill_s = seconds_since(t_start);
+  // Every token in the order it enters the sequence (also a round's accepted candidates after an
+  // emitted stop), so that the cache's committed positions hold a prefix of it.
+  std::vector<int32_t> sequence;
+  if (options_.prompt_cache) sequence = prompt;
   // QS_PROFILE_DECODE=N: an external profiler (ncu --profile-from-start off) records decoding
   // only, of prompts of at least N tokens (so a benchmark's short warm-up stays out; any other
   // value: every prompt).
@@ -593,6 +634,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   int emitted = 0;
   auto push = [&](int32_t next) {
     result.tokens.push_back(next);
+    if (options_.prompt_cache && !speculative()) sequence.push_back(next);
     ++emitted;
     if (eos.count(next)) {
       result.finish_reason = "stop";
@@ -659,11 +701,13 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     SpeculativeDecoder spec(*model_, *model_, cache_, draft_selection(), dispatch());
     st.draft_index_bytes = static_cast<int64_t>(sparse_.bytes());
     int32_t x = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
+    if (options_.prompt_cache) sequence.push_back(x);
     bool done = push(x);
     while (!done) {
       // Never draft past what may still be emitted (nor past the context).
       const int g = std::min(gamma, max_new - emitted - 1);
       QS_ASSIGN_OR_RETURN(RoundResult r, spec.round(x, g, params.sampling, rng, st, counters_));
+      if (options_.prompt_cache) sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
       for (int32_t t : r.tokens) {
         if ((done = push(t))) break;
       }
@@ -693,6 +737,11 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
 
   result.stats.generated_tokens = static_cast<int>(result.tokens.size());
   result.stats.decode_s = seconds_since(t_decode);
+  if (options_.prompt_cache) {
+    QS_CHECK(static_cast<int>(sequence.size()) >= cache_.length());
+    sequence.resize(static_cast<size_t>(cache_.length()));
+    cached_ids_ = std::move(sequence);
+  }
   if (profile) backend_->profile_region(false);
   return result;
 }

@@ -78,6 +78,13 @@ class LlmEngine final : public Engine {
   // without committing it.
   Result<std::vector<float>> peek_logits(int32_t x);
 
+  // With EngineOptions::prompt_cache: how many leading tokens of `prompt` the next generate()
+  // keeps in the cache instead of prefilling them: the prefix it shares with the tokens the cache
+  // holds, at most prompt.size() - 1 (the last prompt token is always run, for its logits), and 0
+  // where the cache cannot be cut there (KvCache::can_truncate), in the sparse-KV modes, or when
+  // the option is off.
+  int reusable_prefix(const std::vector<int32_t>& prompt) const;
+
  private:
   LlmEngine() = default;
   Status check_prompt(const std::vector<int32_t>& ids) const;
@@ -95,12 +102,17 @@ class LlmEngine final : public Engine {
   // full-precision modes; capped at the capacity).
   Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {},
                  int decode_rows = 0);
+  // The prompt cache's prefill: keeps positions [0, from) of the cache (reusable_prefix) and runs
+  // ids[from..] after them, chunk by chunk, reading the kept history through the mode's view.
+  Status extend(const std::vector<int32_t>& ids, int from, const PrefillProgress& progress,
+                int decode_rows);
   // prefill's layer-major order (quantized caches, exact attention) on every rank.
   Status prefill_by_layer_all(const std::vector<int32_t>& ids, const PrefillProgress& progress);
   // prefill's chunk-major order: each chunk through every layer (every rank), then the next;
   // snap_q (SnapKV, else null): [num_layers, window, q_dim] gets the last `window` queries.
+  // from > 0 (extend): positions [0, from) are in the cache already; the chunks start there.
   Status prefill_by_chunk(const std::vector<int32_t>& ids, const PrefillProgress& progress,
-                          int decode_rows, Buffer* snap_q, int window);
+                          int decode_rows, Buffer* snap_q, int window, int from = 0);
 
   // Tensor parallelism: the same forward on every rank (rank 0: model_ on cache_, logits into
   // `logits`, or with `argmax` only each row's argmax there (Model::forward); the others
@@ -111,6 +123,8 @@ class LlmEngine final : public Engine {
   // Runs fn on every rank's cache (on that rank's thread); the first error.
   Status each_cache(const std::function<Status(KvCache&)>& fn);
   void commit_all(int length);
+  void truncate_all(int length);
+  // Empties every rank's cache (and forgets the prompt cache's tokens).
   void clear_all();
   // How a SpeculativeDecoder over model_ runs on all ranks (empty with one rank).
   DecoderDispatch dispatch();
@@ -145,6 +159,10 @@ class LlmEngine final : public Engine {
   std::unique_ptr<RankThreads> rank_threads_;  // joined first
   std::optional<Tokenizer> tokenizer_;
   std::vector<float> last_logits_;  // [vocab]
+  // EngineOptions::prompt_cache: the tokens of the committed positions [0, cache_.length()) as
+  // the last generate() left them; empty when the cache's contents are not known to match a
+  // token sequence (another call changed them, or a generation failed).
+  std::vector<int32_t> cached_ids_;
   std::vector<float> probs_;        // [vocab] sampler scratch
   SparseDraftIndex sparse_;
 };

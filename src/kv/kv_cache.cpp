@@ -271,6 +271,19 @@ void KvCache::commit(int n) {
   }
 }
 
+bool KvCache::can_truncate(int n) const {
+  if (n < 0 || n > n_ || in_layer_prefill()) return false;
+  return !quantized() || n >= n_planes_;
+}
+
+void KvCache::truncate(int n) {
+  QS_CHECK_MSG(can_truncate(n), "KV cache: truncate to " + str(n) + " of " + str(n_) +
+                                    " positions with " + str(n_planes_) + " quantized");
+  QS_CHECK(quant_boundary(n, cfg_.group_size) == fp_base_ || !quantized());
+  n_ = n;
+  fp_end_ = n;
+}
+
 Status KvCache::hold_rows(int chunk) {
   QS_CHECK(chunk >= 0);
   held_rows_ = chunk > 0 ? std::min(chunk + steady_rows(), cfg_.capacity) : 0;

@@ -101,6 +101,16 @@ class KvCache {
   // mode or when no group above n is quantized), quantizes newly complete groups, drops buffer
   // rows below b(n).
   void commit(int n);
+  // The longest prefix [0, n) of the committed positions the cache can keep on its own
+  // (truncate(n)): every n <= length() in the fp mode; in the quantized modes n >= planes_length(),
+  // where no quantized group lies above n and the buffer keeps rows [b(n), n) (b(n) = fp_base()
+  // there). Below that, the rows [b(n), fp_base()) that attention at n would read in full
+  // precision are gone.
+  bool can_truncate(int n) const;
+  // Drops the committed positions [n, length()) (a prompt cache: the next prompt shares only
+  // [0, n) with the sequence in the cache); can_truncate(n) must hold (a bug otherwise). A length
+  // change: nothing is re-quantized, the planes are untouched.
+  void truncate(int n);
   // Empty cache (planes keep their memory; nothing of them is read until rewritten).
   void clear();
 

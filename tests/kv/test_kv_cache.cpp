@@ -119,6 +119,56 @@ TEST(KvCache, GrowsToTheCapacityBeyondHalfOfIt) {
   EXPECT_FALSE(c.prepare_write(501, 500).ok());
 }
 
+// A prompt cache keeps a prefix of the committed positions: any prefix in the fp mode; in the
+// quantized modes none below the quantized groups (their rows left the buffer). After
+// truncate(n) the cache continues as if it had only ever committed [0, n): new rows at n, the
+// next flushes quantize them, and the planes below n are untouched.
+TEST(KvCache, TruncatesToAPrefixTheBufferStillHolds) {
+  KvCache fp = std::move(KvCache::create(small(KvMode::kFp), cpu())).value();
+  write_rows(fp, 0, 50);
+  fp.commit(50);
+  EXPECT_TRUE(fp.can_truncate(0));
+  EXPECT_FALSE(fp.can_truncate(51));
+  fp.truncate(20);
+  EXPECT_EQ(fp.length(), 20);
+  EXPECT_EQ(fp.written_end(), 20);
+  write_rows(fp, 20, 5, 0.5f);
+  fp.commit(25);
+  const KvView fv = fp.view(0, std::nullopt, nullptr);
+  EXPECT_EQ(fv.k_f32()[19 * 4], 19.0f);
+  EXPECT_EQ(fv.k_f32()[20 * 4], 20.5f);
+
+  KvCache q = std::move(KvCache::create(small(KvMode::kQuantSpec), cpu())).value();
+  write_rows(q, 0, 45);
+  q.commit(45);  // G = 8: planes [0, 40), buffer [b(45) = 32, 45)
+  ASSERT_EQ(q.planes_length(), 40);
+  ASSERT_EQ(q.fp_base(), 32);
+  EXPECT_FALSE(q.can_truncate(39));  // group [32, 40) is quantized: b(39) = 24 < fp_base
+  EXPECT_FALSE(q.can_truncate(46));
+  EXPECT_TRUE(q.can_truncate(40));
+  const std::vector<uint8_t> planes = snapshot(q);
+  q.truncate(41);
+  EXPECT_EQ(q.length(), 41);
+  EXPECT_EQ(q.planes_length(), 40);
+  EXPECT_EQ(q.fp_base(), 32);
+  EXPECT_EQ(snapshot(q), planes);
+  // Rows 41.. are rewritten with other values; group [40, 48) is quantized from them.
+  write_rows(q, 41, 10, 0.5f);
+  q.commit(51);
+  EXPECT_EQ(q.planes_length(), 48);
+  EXPECT_EQ(q.fp_base(), quant_boundary(51, 8));
+  QuantizedKvSegment seg;
+  const KvView v = q.view(1, KvQuantView::kTargetInt8, &seg);
+  for (int p = q.fp_base(); p < 51; ++p) {
+    EXPECT_EQ(v.k_f32()[(p - v.fp_base) * 4], float(p) + (p >= 41 ? 0.5f : 0.0f)) << p;
+  }
+  std::vector<float> out(4);
+  q.planes()->read_keys(0, 0, 45, 1, KvQuantView::kTargetInt8, out.data());
+  EXPECT_NEAR(out[0], 45.5f, 0.05f);  // quantized from the new row, not the dropped one
+  q.planes()->read_keys(0, 0, 35, 1, KvQuantView::kTargetInt8, out.data());
+  EXPECT_NEAR(out[0], 35.0f, 0.05f);
+}
+
 TEST(KvCache, RejectsBadConfigurations) {
   KvCacheConfig c = small(KvMode::kInt8);
   c.max_gamma = 8;
