@@ -99,10 +99,12 @@ struct EngineOptions {
   // whose K/V the cache holds when it ends, and the next prompt that starts with some of them
   // prefills only the rest (LlmEngine::reusable_prefix says how much is kept: any shared prefix
   // with the fp cache; with a quantized cache the shared prefix must reach the last quantized
-  // group, as when a conversation's next turn extends the previous one). The rest of the prompt
-  // then reads the kept history as decoding does (the INT8 view of its quantized part): what a
-  // decode of those tokens would compute, not an exact prefill of the whole prompt. Not with the
-  // sparse-KV drafts (their index is built from the whole prompt).
+  // group, as when a conversation's next turn extends the previous one). Where the kept history
+  // has quantized groups, the rest of the prompt reads it as decoding does (the INT8 view of its
+  // quantized part, --prefill-kv quantized): what a decode of those tokens would compute, not an
+  // exact prefill of the whole prompt; a shorter history is all full precision, and the rest of
+  // the prompt is prefilled exactly after it. Not with the sparse-KV drafts (their index is built
+  // from the whole prompt).
   bool prompt_cache = false;
 };
 

@@ -413,13 +413,13 @@ Status LlmEngine::prefill_by_layer_all(const std::vector<int32_t>& ids,
 Status LlmEngine::prefill_by_chunk(const std::vector<int32_t>& ids, const PrefillProgress& progress,
                                    int decode_rows, Buffer* snap_q, int window, int from) {
   const int n = static_cast<int>(ids.size());
-  // kQuantized (quantized modes), and every extension of a quantized cache (whose history is
-  // quantized already): every chunk is committed before the next and read back through the
-  // mode's view, so the buffer holds a chunk plus the steady rows. Otherwise the prompt's rows
-  // and those decoding will write in one allocation: a growth while decoding holds two buffers at
-  // once (Llama-2-7B, 128K: 64 GiB of rows twice).
-  const bool streamed =
-      cache_.quantized() && (options_.prefill_kv == PrefillKv::kQuantized || from > 0);
+  // kQuantized (quantized modes), and every extension of a quantized cache whose history has
+  // quantized groups (there is no exact prefill after them): every chunk is committed before the
+  // next and read back through the mode's view, so the buffer holds a chunk plus the steady rows.
+  // Otherwise the prompt's rows and those decoding will write in one allocation: a growth while
+  // decoding holds two buffers at once (Llama-2-7B, 128K: 64 GiB of rows twice).
+  const bool streamed = cache_.quantized() && (options_.prefill_kv == PrefillKv::kQuantized ||
+                                               (from > 0 && cache_.planes_length() > 0));
   const int chunk = options_.prefill_chunk;
   if (streamed) {
     QS_TRY(each_cache([chunk](KvCache& c) { return c.hold_rows(chunk); }));

@@ -209,6 +209,29 @@ TEST(PromptCache, AStopInsideARoundKeepsWhatTheCacheHolds) {
   EXPECT_TRUE(inside) << "no EOS stopped generation inside a round";
 }
 
+// A kept history shorter than a group has no quantized part: the rest of the prompt is prefilled
+// exactly after it, as a fresh exact prefill of the whole prompt computes.
+TEST(PromptCache, AShortHistoryIsExtendedExactly) {
+  const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 77);
+  // The INT4 view's error is large enough that reading the history quantized changes the tokens.
+  for (const auto& [mode, kv] :
+       {std::pair{DecodeMode::kAr, KvType::kInt4}, std::pair{DecodeMode::kAr, KvType::kInt8},
+        std::pair{DecodeMode::kQuantSpec, KvType::kFp16}}) {
+    SCOPED_TRACE(std::string(decode_mode_name(mode)) + " " + kv_type_name(kv));
+    auto e = testing::make_tiny_engine(tiny, options(mode, kv, true));
+    ASSERT_TRUE(e);
+    const std::vector<int32_t> prompt = random_prompt(20, kVocab, 40);
+    const GenerationResult first = generate(*e, prompt, 8);  // 27 < G positions kept
+    const std::vector<int32_t> next = concat(prompt, first.tokens, random_prompt(200, kVocab, 41));
+    const GenerationResult got = generate(*e, next, 30);
+    EXPECT_EQ(got.stats.cached_prompt_tokens, shared_prefix(held(prompt, first), next));
+    EXPECT_GE(got.stats.cached_prompt_tokens, 27);
+    auto fresh = testing::make_tiny_engine(tiny, options(mode, kv, false));
+    ASSERT_TRUE(fresh);
+    EXPECT_EQ(got.tokens, generate(*fresh, next, 30).tokens);
+  }
+}
+
 // The same prompt again: everything but its last token is kept where the cache can be cut there.
 TEST(PromptCache, RepeatedPromptRunsItsLastToken) {
   const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 73);
