@@ -21,6 +21,7 @@ struct ServeArgs {
   server::ServerOptions server;
   std::string served_model_name;
   std::string chat_template;  // built-in name or file; empty: the model's own
+  bool prompt_cache = true;   // EngineOptions::prompt_cache
   CLI::Option* seed_option = nullptr;
 };
 
@@ -96,6 +97,7 @@ int run_serve(ServeArgs& a) {
   if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
   if (std::string bad = validate_decode_options(a.model); !bad.empty()) return report_error(bad);
   const auto dir = resolve_model_dir(a.model);
+  a.model.engine.prompt_cache = a.prompt_cache;
   auto engine = Engine::load(dir, a.model.engine);
   if (!engine) return report_error(engine.error().message);
   Engine& eng = *engine.value();
@@ -122,6 +124,13 @@ int run_serve(ServeArgs& a) {
              o.http.request_deadline_s, o.http.keep_alive_timeout_s, o.http.max_body_bytes,
              o.http.threads, o.shutdown_grace_s);
   fmt::print(stderr, "  chat template: {}\n", chat_origin);
+  fmt::print(stderr, "  prompt cache: {}\n",
+             !a.prompt_cache ? "off"
+             : a.model.engine.mode == DecodeMode::kStreamingLlm ||
+                     a.model.engine.mode == DecodeMode::kSnapKv
+                 ? "off (not with the sparse-KV drafts)"
+                 : "on (a prompt that starts with the previous request's tokens prefills only the "
+                   "rest)");
   fmt::print(stderr, "  requests without a seed: {}\n",
              o.defaults.seed_given ? "use --seed" : "get a random seed");
 
@@ -163,6 +172,13 @@ CommandRun add_serve_command(CLI::App& root) {
                   "Chat template: a built-in (" + builtin_list() +
                       ") or a Jinja file; default: the model's tokenizer_config.json chat_template")
       ->envname("QS_CHAT_TEMPLATE");
+  const std::map<std::string, bool> on_off{{"on", true}, {"off", false}};
+  add_choice_option(*cmd, "--prompt-cache", args->prompt_cache, on_off,
+                    "Keep the KV of the previous request: a prompt that starts with its tokens "
+                    "(a conversation's next turn) prefills only the rest; with a quantized KV "
+                    "cache the rest then reads the kept history through its INT8 (INT4) view, "
+                    "as decoding does; on|off [default: on]",
+                    "QS_PROMPT_CACHE");
   cmd->add_option("--max-queue", s.max_queue, "Requests that may wait for the engine; beyond: 429")
       ->envname("QS_MAX_QUEUE")
       ->check(CLI::Range(1, 4096))

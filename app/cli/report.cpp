@@ -156,6 +156,7 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
   const GenerationStats& st = result.stats;
   nlohmann::json j = {
       {"prompt_tokens", st.prompt_tokens},
+      {"cached_prompt_tokens", st.cached_prompt_tokens},
       {"generated_tokens", st.generated_tokens},
       {"prefill_s", st.prefill_s},
       {"decode_s", st.decode_s},

@@ -526,10 +526,11 @@ std::string new_response_id(Endpoint endpoint) {
   return std::string(endpoint == Endpoint::kChatCompletions ? "chatcmpl-" : "cmpl-") + buf;
 }
 
-Json usage_json(int64_t prompt_tokens, int64_t completion_tokens) {
+Json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens) {
   return Json{{"prompt_tokens", prompt_tokens},
               {"completion_tokens", completion_tokens},
-              {"total_tokens", prompt_tokens + completion_tokens}};
+              {"total_tokens", prompt_tokens + completion_tokens},
+              {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
 Json stats_json(const GenerationStats& st, const ResponseStats& extra) {
@@ -563,7 +564,8 @@ Json completion_response(const ResponseMeta& meta, const GenerationResult& resul
               {"created", meta.created},
               {"model", meta.model},
               {"choices", Json::array({std::move(choice)})},
-              {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens)},
+              {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens,
+                                   result.stats.cached_prompt_tokens)},
               {"quantspec", stats_json(result.stats, extra)}};
 }
 
@@ -578,7 +580,8 @@ Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
               {"created", meta.created},
               {"model", meta.model},
               {"choices", Json::array({std::move(choice)})},
-              {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens)},
+              {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens,
+                                   result.stats.cached_prompt_tokens)},
               {"quantspec", stats_json(result.stats, extra)}};
 }
 
@@ -608,14 +611,14 @@ Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& 
 }
 
 Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint, int64_t prompt_tokens,
-                 int64_t completion_tokens) {
+                 int64_t completion_tokens, int64_t cached_tokens) {
   return Json{{"id", meta.id},
               {"object", endpoint == Endpoint::kChatCompletions ? "chat.completion.chunk"
                                                                 : "text_completion"},
               {"created", meta.created},
               {"model", meta.model},
               {"choices", Json::array()},
-              {"usage", usage_json(prompt_tokens, completion_tokens)}};
+              {"usage", usage_json(prompt_tokens, completion_tokens, cached_tokens)}};
 }
 
 std::string sse_event(const Json& j) {

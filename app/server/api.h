@@ -74,7 +74,9 @@ struct ResponseMeta {
 
 std::string new_response_id(Endpoint endpoint);
 
-Json usage_json(int64_t prompt_tokens, int64_t completion_tokens);
+// OpenAI's usage object; prompt_tokens_details.cached_tokens: the prompt tokens the prompt cache
+// kept (GenerationStats::cached_prompt_tokens).
+Json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached_tokens);
 // What the per-response "quantspec" field reports besides the engine's GenerationStats.
 struct ResponseStats {
   std::string mode = "ar";  // the engine's decoding mode: "ar" or "quantspec"
@@ -96,7 +98,7 @@ Json completion_chunk(const ResponseMeta& meta, std::string_view text,
                       const std::string& finish_reason);
 Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason);
 Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint, int64_t prompt_tokens,
-                 int64_t completion_tokens);
+                 int64_t completion_tokens, int64_t cached_tokens);
 
 // One Server-Sent Event: "data: <json>\n\n".
 std::string sse_event(const Json& j);

@@ -73,6 +73,7 @@ void Metrics::on_generation(const GenerationRecord& r) {
     std::lock_guard<std::mutex> lock(mu_);
     ++finished_[r.finish_reason];
     prompt_tokens_ += static_cast<uint64_t>(std::max<int64_t>(0, r.prompt_tokens));
+    cached_prompt_tokens_ += static_cast<uint64_t>(std::max<int64_t>(0, r.cached_prompt_tokens));
     generation_tokens_ += static_cast<uint64_t>(std::max<int64_t>(0, r.generated_tokens));
     spec_.drafted += r.spec.drafted;
     spec_.accepted += r.spec.accepted;
@@ -110,6 +111,10 @@ std::string Metrics::render(const SchedulerGauges& g) const {
     }
     header(out, "quantspec_prompt_tokens_total", "counter", "Prompt tokens processed.");
     out += fmt::format("quantspec_prompt_tokens_total {}\n", prompt_tokens_);
+    header(out, "quantspec_prompt_tokens_cached_total", "counter",
+           "Prompt tokens whose KV the prompt cache kept from the previous request (not "
+           "prefilled again; --prompt-cache).");
+    out += fmt::format("quantspec_prompt_tokens_cached_total {}\n", cached_prompt_tokens_);
     header(out, "quantspec_generation_tokens_total", "counter", "Tokens generated.");
     out += fmt::format("quantspec_generation_tokens_total {}\n", generation_tokens_);
     header(out, "quantspec_spec_decode_draft_tokens_total", "counter",

@@ -37,6 +37,7 @@ struct SpeculativeStats {
 struct GenerationRecord {
   std::string finish_reason;  // stop, length, cancelled, timeout, shutdown, error
   int64_t prompt_tokens = 0;
+  int64_t cached_prompt_tokens = 0;  // of prompt_tokens, kept by the prompt cache
   int64_t generated_tokens = 0;
   double queue_s = 0;   // arrival -> generation start
   double ttft_s = -1;   // arrival -> first token (< 0: none produced)
@@ -66,6 +67,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> http_;  // (endpoint, status) -> count
   std::map<std::string, uint64_t> finished_;              // finish reason -> count
   uint64_t prompt_tokens_ = 0;
+  uint64_t cached_prompt_tokens_ = 0;
   uint64_t generation_tokens_ = 0;
   SpeculativeStats spec_;
   Histogram queue_s_;

@@ -277,7 +277,13 @@ constexpr const char* kDocument = R"JSON({
         "properties": {
           "prompt_tokens": {"type": "integer", "minimum": 0},
           "completion_tokens": {"type": "integer", "minimum": 0},
-          "total_tokens": {"type": "integer", "minimum": 0}
+          "total_tokens": {"type": "integer", "minimum": 0},
+          "prompt_tokens_details": {
+            "type": "object",
+            "description": "cached_tokens: prompt tokens the prompt cache kept from the previous request (--prompt-cache).",
+            "required": ["cached_tokens"],
+            "properties": {"cached_tokens": {"type": "integer", "minimum": 0}}
+          }
         }
       },
       "QuantspecStats": {

@@ -184,6 +184,7 @@ void Scheduler::run(const std::shared_ptr<Job>& job) {
     } else {
       const GenerationStats& st = result->stats;
       record.generated_tokens = st.generated_tokens;
+      record.cached_prompt_tokens = st.cached_prompt_tokens;
       if (st.generated_tokens > 0) record.ttft_s = record.queue_s + st.prefill_s;
       record.decode_s = st.decode_s;
       record.finish_reason = result->finish_reason;

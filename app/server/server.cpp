@@ -363,8 +363,9 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     last["quantspec"] = stats_json(result.stats, ResponseStats{mode, o.spec, o.queue_s});
     sink.write(sse_event(last));
     if (include_usage) {
-      sink.write(sse_event(
-          usage_chunk(meta, endpoint, result.stats.prompt_tokens, result.stats.generated_tokens)));
+      sink.write(
+          sse_event(usage_chunk(meta, endpoint, result.stats.prompt_tokens,
+                                result.stats.generated_tokens, result.stats.cached_prompt_tokens)));
     }
     sink.write(kSseDone);
   };

@@ -204,3 +204,37 @@ def test_quantspec_mode_reports_speculative_statistics(start_server, chat_models
         assert final[0].model_extra["quantspec"]["speculative"] == spec
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("mode", ["ar", "quantspec"])
+def test_prompt_cache_keeps_the_previous_requests_tokens(start_server, chat_models, mode):
+    """--prompt-cache (on by default): a prompt that starts with the previous request's prompt
+    prefills only the rest, reports the kept tokens (usage.prompt_tokens_details.cached_tokens and
+    quantspec_prompt_tokens_cached_total), and completes as a server without the cache does (the
+    kept history is shorter than a key group here, so also the quantized cache continues exactly)."""
+    common = ["-m", chat_models["llama3-tiny"], "--ctx", "1024", "--mode", mode]
+    cached = start_server(*common)
+    fresh = start_server(*common, "--prompt-cache", "off")
+    assert "prompt cache: on" in cached.stderr and "prompt cache: off" in fresh.stderr
+    try:
+        first = list(range(100, 140))
+        second = first + list(range(300, 330))
+        body = {"max_tokens": 12, "temperature": 0, "ignore_eos": True}
+        status, r1 = post(cached.url + "/v1/completions", {"prompt": first, **body})
+        assert status == 200, r1
+        assert r1["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+        status, r2 = post(cached.url + "/v1/completions", {"prompt": second, **body})
+        assert status == 200, r2
+        # The cache held the first prompt and 11 of its 12 completion tokens.
+        assert 40 <= r2["usage"]["prompt_tokens_details"]["cached_tokens"] <= 51
+        assert r2["usage"]["prompt_tokens"] == 70
+        assert cached.metrics()["quantspec_prompt_tokens_cached_total"] == \
+            r2["usage"]["prompt_tokens_details"]["cached_tokens"]
+        for prompt, got in ((first, r1), (second, r2)):
+            status, want = post(fresh.url + "/v1/completions", {"prompt": prompt, **body})
+            assert status == 200, want
+            assert want["usage"]["prompt_tokens_details"] == {"cached_tokens": 0}
+            assert got["choices"][0]["text"] == want["choices"][0]["text"]
+    finally:
+        cached.stop()
+        fresh.stop()
