@@ -33,9 +33,11 @@ void PrintTo(const ModeCase& c, std::ostream* os) {
   *os << c.name;
 }
 
-std::unique_ptr<Engine> load(const ModeCase& c, Device device, bool prefill_by_layer = true) {
+std::unique_ptr<Engine> load(const ModeCase& c, Device device, bool prefill_by_layer = true,
+                             bool prompt_cache = false) {
   EngineOptions o;
   o.prefill_by_layer = prefill_by_layer;
+  o.prompt_cache = prompt_cache;
   o.device = device;
   o.prefill_matmul = PrefillMatmul::kExact;  // f32-level, as the CPU engine it is compared with
   o.mode = c.mode;
@@ -177,6 +179,36 @@ TEST_P(CudaEngineTest, LayerByLayerPrefillGivesTheChunkByChunkTokens) {
     ASSERT_TRUE(got.ok()) << got.error().message;
     EXPECT_EQ(got->tokens, want->tokens) << c.name << " prompt " << prompt_len;
     EXPECT_EQ(got->stats.accepted, want->stats.accepted) << c.name << " prompt " << prompt_len;
+  }
+}
+
+// The prompt cache (EngineOptions::prompt_cache) on the GPU: a conversation of three turns, each
+// prompt the previous one, its completion and more, keeps the same tokens and completes with the
+// same tokens as on the CPU (the kept history truncated, the rest prefilled after it on the
+// device: exactly, or through the quantized view where the history has quantized groups).
+TEST_P(CudaEngineTest, PromptCacheEqualsTheCpuEngine) {
+  const ModeCase& c = GetParam();
+  if (c.mode == DecodeMode::kStreamingLlm || c.mode == DecodeMode::kSnapKv) {
+    GTEST_SKIP() << "no prompt cache with the sparse-KV drafts";
+  }
+  std::unique_ptr<Engine> cpu = load(c, Device::kCpu, true, true);
+  std::unique_ptr<Engine> gpu = load(c, Device::kCuda, true, true);
+  ASSERT_TRUE(cpu && gpu);
+  GenerationParams params;
+  params.max_new_tokens = 40;
+  params.stop_at_eos = false;
+  std::vector<int32_t> prompt = prompt_ids(*cpu, 60);
+  for (int turn = 0; turn < 3; ++turn) {
+    auto want = cpu->generate(prompt, params, {});
+    auto got = gpu->generate(prompt, params, {});
+    ASSERT_TRUE(want.ok()) << want.error().message;
+    ASSERT_TRUE(got.ok()) << got.error().message;
+    EXPECT_EQ(got->tokens, want->tokens) << c.name << " turn " << turn;
+    EXPECT_EQ(got->stats.cached_prompt_tokens, want->stats.cached_prompt_tokens) << c.name;
+    if (turn > 0) EXPECT_GT(got->stats.cached_prompt_tokens, 0) << c.name << " turn " << turn;
+    prompt.insert(prompt.end(), want->tokens.begin(), want->tokens.end());
+    const std::vector<int32_t> more = prompt_ids(*cpu, 50 + 70 * turn);
+    prompt.insert(prompt.end(), more.begin(), more.end());
   }
 }
 
