@@ -370,7 +370,7 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
 }
 
 int LlmEngine::reusable_prefix(const std::vector<int32_t>& prompt) const {
-  if (!options_.prompt_cache || sparse() || cached_ids_.empty()) return 0;
+  if (!options_.prompt_cache || sparse() || cached_ids_.empty() || prompt.empty()) return 0;
   const size_t limit = std::min(cached_ids_.size(), prompt.size() - 1);
   size_t shared = 0;
   while (shared < limit && cached_ids_[shared] == prompt[shared]) ++shared;

@@ -269,6 +269,7 @@ TEST(PromptCache, NothingIsKeptWhereTheCacheIsNotKnown) {
   const int keep = shared_prefix(held(prompt, generate(*e, prompt, 10)), longer);
   ASSERT_GE(keep, 80);
   EXPECT_EQ(e->reusable_prefix(longer), keep);
+  EXPECT_EQ(e->reusable_prefix({}), 0);
   ASSERT_TRUE(e->prefill_logits(random_prompt(30, kVocab, 7), 1).ok());
   EXPECT_EQ(e->reusable_prefix(longer), 0);
   generate(*e, prompt, 10);
