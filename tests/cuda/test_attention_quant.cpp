@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "backend/cuda/attention_quant.h"
+#include "backend/cuda/quant_ops.h"
 #include "core/dtype.h"
 #include "cuda_test_util.h"
 
@@ -754,6 +755,109 @@ TEST_F(CudaOpsTest, QuantAttentionLastCombineEqualsTheCombineLaunch) {
   std::printf("[ last combine ] %d plans combined in the kernel, %d kept the launch\n", fused,
               kept);
   EXPECT_GE(fused, 12);  // at least head_dim 128's m <= 5 cases at 1 and 3 splits, both forms
+}
+
+// launch_dequantize_kv_rows writes the view's values (docs/kv-format.md's x8 / x4, the f32
+// QuantKv::decoded) bit for bit as f32 rows, and those values rounded (f32_to_f16_sat) as f16
+// rows, at the row layout of the buffer (padded rows, a range that starts inside a group).
+TEST_F(CudaOpsTest, DequantizeKvRowsEqualsTheView) {
+  for (int hd : {64, 128}) {
+    for (int gv : {hd, 32}) {
+      const int G = 32, H = kKvHeads;
+      QuantKv kv(gpu(), cpu(), {300, H, hd, G, gv, 0, Values::kWild, uint64_t(70 + hd + gv)});
+      const int t0 = 37, t1 = static_cast<int>(kv.capacity);
+      const int64_t stride = int64_t{H} * hd + 4;
+      for (bool int8 : {true, false}) {
+        const QuantizedKvSegment seg = kv.segment(int8, true);
+        for (DType dt : {DType::F32, DType::F16}) {
+          const size_t floats = size_t(t1) * stride * dtype_size(dt) / sizeof(float) + 1;
+          DeviceArray k(gpu(), floats), v(gpu(), floats);
+          k.poison(), v.poison();
+          cuda::launch_dequantize_kv_rows(seg, H, hd, t0, t1, dt, k.data(), v.data(), stride,
+                                          static_cast<cudaStream_t>(gpu().stream()));
+          const std::vector<float> kh = k.to_host(), vh = v.to_host();
+          size_t wrong = 0;
+          for (bool key : {true, false}) {
+            const std::vector<float>& want = kv.decoded(int8, key);
+            const std::vector<float>& got = key ? kh : vh;
+            for (int t = t0; t < t1; ++t) {
+              for (int h = 0; h < H; ++h) {
+                for (int d = 0; d < hd; ++d) {
+                  const float x = want[(size_t(h) * kv.capacity + t) * hd + d];
+                  const size_t at = size_t(t) * stride + size_t(h) * hd + d;
+                  if (dt == DType::F32) {
+                    wrong += std::memcmp(&got[at], &x, sizeof(float)) != 0;
+                  } else {
+                    uint16_t bits;
+                    std::memcpy(&bits, reinterpret_cast<const char*>(got.data()) + 2 * at, 2);
+                    wrong += bits != f32_to_f16_sat(x);
+                  }
+                }
+              }
+            }
+          }
+          EXPECT_EQ(wrong, 0u) << "head_dim " << hd << " Gv " << gv << (int8 ? " int8 " : " int4 ")
+                               << dtype_name(dt);
+        }
+      }
+    }
+  }
+}
+
+// QuantAttentionTuning::hybrid_prefill: more than 16 queries over the quantized view as the
+// prefill attention over the view written out as rows, in runs of one boundary (runs of <= 16
+// queries on the decode kernels). Against the exact view: f32 rows with the backend's exact
+// prefill (f32-level), and f16 rows (the rows and the written-out view rounded to f16) held to
+// kF16OperandsTol; blocks that start below 2G, inside a group and at its start, GQA 1/4/8.
+TEST_F(CudaOpsTest, QuantAttentionHybridPrefill) {
+  cuda::QuantAttentionTuning t;
+  t.hybrid_prefill = true;
+  TuningScope scope(t);
+  double worst = 0, worst_f16 = 0;
+  for (int hd : {64, 128}) {
+    for (int G : {32, 128}) {
+      for (int len : {70, 4 * G, 4 * G + 45, 1000}) {
+        QuantKv kv(gpu(), cpu(),
+                   {len, kKvHeads, hd, G, hd, 0, Values::kNormal, uint64_t(len + hd)});
+        for (bool int8 : {true, false}) {
+          std::vector<Case> cases;
+          for (int m : {17, 40, 150}) {
+            if (m > len) continue;
+            for (int ratio : kRatios) cases.push_back({kKvHeads * ratio, m, int8, kFpBaseMax});
+          }
+          check_cases(gpu(), cpu(), kv, cases, worst);
+          // f16 rows of the same values.
+          std::vector<uint16_t> k16(kv.k.size()), v16(kv.v.size());
+          for (size_t i = 0; i < k16.size(); ++i) {
+            k16[i] = f32_to_f16_sat(kv.k[i]);
+            v16[i] = f32_to_f16_sat(kv.v[i]);
+          }
+          const DeviceBytes k16_dev(gpu(), k16), v16_dev(gpu(), v16);
+          for (const Case& c : cases) {
+            const int pos = len - c.m, fp_base = quant_boundary(pos, G);
+            const AttentionShape shape{c.num_heads, kKvHeads, hd,
+                                       static_cast<float>(1.0 / std::sqrt(double(hd)))};
+            const std::vector<float> q = random_normal(size_t(c.m) * c.num_heads * hd, 900 + c.m);
+            const QuantizedKvSegment seg = kv.segment(int8, true);
+            KvView view{k16_dev.as<uint16_t>() + fp_base * kv.stride,
+                        v16_dev.as<uint16_t>() + fp_base * kv.stride, kv.stride, len};
+            view.row_dtype = DType::F16;
+            view.fp_base = fp_base;
+            view.quantized = &seg;
+            DeviceArray qd(gpu(), q), out(gpu(), q.size());
+            out.poison();
+            gpu().attention(qd.data(), c.m, pos, shape, view, out.data());
+            const double err =
+                rel_error(out.to_host(), exact_attention(kv, q, c.m, pos, shape, int8));
+            EXPECT_LT(err, testing::kF16OperandsTol) << describe(kv, c, fp_base) << " f16 rows";
+            worst_f16 = std::isnan(err) ? err : std::max(worst_f16, err);
+          }
+        }
+      }
+    }
+  }
+  std::printf("[ max rel error ] hybrid prefill, f16 rows: %.3g\n", worst_f16);
+  report("quantized hybrid prefill", worst);
 }
 
 // head_dim 32 and 256, value groups that are not multiples of 32, key groups of 8 and 16 (the

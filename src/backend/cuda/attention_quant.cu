@@ -1429,6 +1429,7 @@ QuantAttentionTuning g_tuning = [] {
   t.direct_ring = env_int("QS_DIRECT_RING", 0, 1, t.direct_ring);
   t.last_combine = env_flag("QS_ATTN_LAST_COMBINE", t.last_combine);
   t.int8_f16 = env_flag("QS_INT8_F16", t.int8_f16);
+  t.hybrid_prefill = env_flag("QS_QUANT_PREFILL", t.hybrid_prefill);
   const int regs = env_int("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (valid_direct_regs(regs)) {
     t.direct_regs = regs;

@@ -186,6 +186,13 @@ struct QuantAttentionTuning {
   // 2058 -> 1722 per 32-token sub-chunk with two tiles, sass_loops.py). QS_INT8_F16=1 sets it
   // for the whole process. Off: not yet measured on a GPU (session 36).
   bool int8_f16 = false;
+  // More than kQuantAttentionMaxRows queries (a prefill that reads the history through the view:
+  // --prefill-kv quantized, the prompt cache's rest of a prompt, evaluation) as the prefill
+  // attention over the view written out as full-precision rows (CudaBackend::
+  // attention_quantized_prefill) instead of slices of 16 queries, each of which reads the whole
+  // history. QS_QUANT_PREFILL=1 sets it for the whole process. Off: not yet run on a GPU
+  // (session 36).
+  bool hybrid_prefill = false;
 };
 // Per block: [0] %globaltimer (ns) at entry, [1] at exit, [2 + i] clock64 at the end of phase i:
 // 0 entry, 1 the previous kernel awaited (PDL), 2 the queries in shared memory, 3 the

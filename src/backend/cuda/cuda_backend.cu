@@ -237,6 +237,7 @@ struct CudaBackend::Impl {
   Scratch sample_probs;  // sample_rows without a probs buffer; speculative_verdict's p rows
   Scratch sample_out;    // sampled tokens / the verdict
   Scratch snapkv;        // snapkv_scores' softmax partials
+  Scratch hybrid_kv;     // attention_quantized_prefill's K then V rows
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
   unsigned* norm_arrivals = nullptr;    // the fused GEMV + norm's block counter (cuda::GemvNorm)
   // The attention kernels' combine in their last split blocks (kMaxCombineGroups counters).
@@ -263,6 +264,7 @@ struct CudaBackend::Impl {
     ids.release();
     argmax.release();
     snapkv.release();
+    hybrid_kv.release();
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (norm_arrivals) cudaFree(norm_arrivals);
     if (combine_arrivals) cudaFree(combine_arrivals);
@@ -835,6 +837,14 @@ cuda::AttentionArgs cuda::make_attention_args(const float* q, int m, int pos,
 void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape& shape,
                             const KvView& kv, float* out) {
   if (kv.quantized != nullptr) {
+    // The prefill attention's tensor-core kernels (head_dim 64 / 128) over rows written out.
+    if (m > kGemvMaxRows && kv.selection == nullptr &&
+        (shape.head_dim == 64 || shape.head_dim == 128) &&
+        cuda::quant_attention_tuning().hybrid_prefill) {
+      attention_quantized_prefill(q, m, pos, shape, kv, out);
+      cuda::add_quant_attention_read_bytes(m, pos, shape, kv);
+      return;
+    }
     // Hierarchical KV (attention_quant.cu): the fused decode kernels, slices of <= 16 queries
     // for longer blocks (evaluation).
     const int64_t q_row = static_cast<int64_t>(shape.num_heads) * shape.head_dim;
@@ -857,6 +867,56 @@ void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape
     attention_decode(q, m, pos, shape, kv, out);
   } else {
     attention_prefill(q, m, pos, shape, kv, out);
+  }
+}
+
+void CudaBackend::attention_quantized_prefill(const float* q, int m, int pos,
+                                              const AttentionShape& shape, const KvView& kv,
+                                              float* out) {
+  const QuantizedKvSegment& seg = *kv.quantized;
+  const int G = seg.group_size, end = pos + m;
+  QS_CHECK(m >= 1 && kv.length >= end && kv.fp_base <= quant_boundary(pos, G));
+  const int64_t kv_dim = static_cast<int64_t>(shape.num_kv_heads) * shape.head_dim;
+  const int64_t q_row = static_cast<int64_t>(shape.num_heads) * shape.head_dim;
+  const size_t elem = dtype_size(kv.row_dtype);
+  const size_t pitch = static_cast<size_t>(kv_dim) * elem;
+  const size_t rows_bytes = static_cast<size_t>(end) * pitch;
+  char* hk = static_cast<char*>(impl_->hybrid_kv.ensure(2 * rows_bytes));
+  char* hv = hk + rows_bytes;
+  // The view's full-precision rows [fp_base, end), then its quantized view below the first
+  // query's boundary (over the copies of [fp_base, b(pos))).
+  const size_t spitch = static_cast<size_t>(kv.row_stride) * elem;
+  const auto n_fp = static_cast<size_t>(end - kv.fp_base);
+  CUDA_CHECK(cudaMemcpy2DAsync(hk + kv.fp_base * pitch, pitch, kv.k, spitch, pitch, n_fp,
+                               cudaMemcpyDeviceToDevice, impl_->stream));
+  CUDA_CHECK(cudaMemcpy2DAsync(hv + kv.fp_base * pitch, pitch, kv.v, spitch, pitch, n_fp,
+                               cudaMemcpyDeviceToDevice, impl_->stream));
+  int dequantized = 0;
+  for (int q0 = pos; q0 < end;) {
+    // b(t) is constant below 2G and then on each group [G k, G (k + 1)).
+    const int q1 = std::min(end, q0 < 2 * G ? 2 * G : (q0 / G + 1) * G);
+    const int b = quant_boundary(q0, G);
+    QS_CHECK(quant_boundary(q1 - 1, G) == b);
+    const float* qr = q + (q0 - pos) * q_row;
+    float* o = out + (q0 - pos) * q_row;
+    if (q1 - q0 <= kGemvMaxRows) {  // the decode kernels read the view as it is
+      cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(qr, q1 - q0, q0, shape, kv, o);
+      a.exact_draft = impl_->options.exact_draft_attention;
+      const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
+      auto* partials = static_cast<float*>(
+          impl_->attn_partial.ensure(sizeof(float) * static_cast<size_t>(plan.partial_floats)));
+      cuda::launch_attention_quant(a, plan, partials, impl_->combine_arrivals, impl_->stream);
+    } else {
+      if (b > dequantized) {
+        cuda::launch_dequantize_kv_rows(seg, shape.num_kv_heads, shape.head_dim, dequantized, b,
+                                        kv.row_dtype, hk, hv, kv_dim, impl_->stream);
+        dequantized = b;
+      }
+      KvView rows{hk, hv, kv_dim, q1};
+      rows.row_dtype = kv.row_dtype;
+      attention_prefill(qr, q1 - q0, q0, shape, rows, o);
+    }
+    q0 = q1;
   }
 }
 

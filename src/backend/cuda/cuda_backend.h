@@ -170,6 +170,14 @@ class CudaBackend final : public Backend {
                         const KvView& kv, float* out, int num_splits = 0);
   void attention_prefill(const float* q, int m, int pos, const AttentionShape& shape,
                          const KvView& kv, float* out, int num_splits = 0);
+  // m > kGemvMaxRows queries over a view with a quantized segment as the prefill attention
+  // (QuantAttentionTuning::hybrid_prefill): the quantized positions the queries read are written
+  // out as full-precision rows of the view's row type once per call (launch_dequantize_kv_rows),
+  // after them the view's own rows, and the queries run in runs of one boundary b(t) (at most G
+  // each; before each run the rows [b_prev, b) are replaced by their quantized view). A run of at
+  // most kGemvMaxRows queries takes the quantized decode kernels.
+  void attention_quantized_prefill(const float* q, int m, int pos, const AttentionShape& shape,
+                                   const KvView& kv, float* out);
 
   // Waits for all queued work; aborts with the CUDA error if a kernel failed.
   void synchronize();

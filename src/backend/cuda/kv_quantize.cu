@@ -517,6 +517,95 @@ void launch_quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype,
                        stream);
 }
 
+namespace {
+
+// One thread per (token, kv head, channel pair): byte j of a code row holds channels 2j (low
+// nibble) and 2j + 1 (high nibble); x4 = U*s + m, x8 = (16U + L)*(s/16) + m (L = stored - 8),
+// docs/kv-format.md: the product is exact, only the addition rounds. Rows of F16 round to
+// nearest even, saturating as every stored full-precision row (core/dtype.h f32_to_f16_sat).
+template <bool kF16Rows>
+__global__ void dequantize_kv_rows_kernel(const QuantizedKvSegment seg, int num_kv_heads,
+                                          int head_dim, int t0, int n, void* k_rows, void* v_rows,
+                                          int64_t row_stride) {
+  pdl_begin();
+  const int half = head_dim / 2;
+  const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (idx >= static_cast<int64_t>(n) * num_kv_heads * half) return;
+  const int j = static_cast<int>(idx % half);
+  const int h = static_cast<int>((idx / half) % num_kv_heads);
+  const int t = t0 + static_cast<int>(idx / (int64_t{half} * num_kv_heads));
+  const int64_t code = (static_cast<int64_t>(h) * seg.capacity + t) * half + j;
+  const int64_t key_meta =
+      (static_cast<int64_t>(h) * (seg.capacity / seg.group_size) + t / seg.group_size) * head_dim +
+      2 * j;
+  const int vgroups = head_dim / seg.value_group_size;
+  const int64_t value_meta = (static_cast<int64_t>(h) * seg.capacity + t) * vgroups;
+  const int vg0 = (2 * j) / seg.value_group_size, vg1 = (2 * j + 1) / seg.value_group_size;
+  auto decode = [&](const uint8_t* upper, const uint8_t* lower, float s0, float m0, float s1,
+                    float m1, float& x0, float& x1) {
+    const uint32_t u = upper[code];
+    if (seg.int8) {
+      const uint32_t l = lower[code];
+      const float c0 = static_cast<float>(int(16 * (u & 15u) + (l & 15u)) - int(kLowerBias));
+      const float c1 = static_cast<float>(int(16 * (u >> 4) + (l >> 4)) - int(kLowerBias));
+      x0 = __fadd_rn(__fmul_rn(c0, s0 * 0.0625f), m0);
+      x1 = __fadd_rn(__fmul_rn(c1, s1 * 0.0625f), m1);
+    } else {
+      x0 = __fadd_rn(__fmul_rn(static_cast<float>(u & 15u), s0), m0);
+      x1 = __fadd_rn(__fmul_rn(static_cast<float>(u >> 4), s1), m1);
+    }
+  };
+  float k0, k1, v0, v1;
+  decode(seg.key_upper, seg.key_lower, f16_bits_to_f32(seg.key_scale[key_meta]),
+         f16_bits_to_f32(seg.key_min[key_meta]), f16_bits_to_f32(seg.key_scale[key_meta + 1]),
+         f16_bits_to_f32(seg.key_min[key_meta + 1]), k0, k1);
+  decode(seg.value_upper, seg.value_lower, f16_bits_to_f32(seg.value_scale[value_meta + vg0]),
+         f16_bits_to_f32(seg.value_min[value_meta + vg0]),
+         f16_bits_to_f32(seg.value_scale[value_meta + vg1]),
+         f16_bits_to_f32(seg.value_min[value_meta + vg1]), v0, v1);
+  const int64_t at =
+      static_cast<int64_t>(t) * row_stride + static_cast<int64_t>(h) * head_dim + 2 * j;
+  if constexpr (kF16Rows) {
+    auto sat = [](float x) {
+      return __float2half_rn(isfinite(x) ? fminf(fmaxf(x, -kF16Max), kF16Max) : x);
+    };
+    __half* k = static_cast<__half*>(k_rows) + at;
+    __half* v = static_cast<__half*>(v_rows) + at;
+    k[0] = sat(k0), k[1] = sat(k1);
+    v[0] = sat(v0), v[1] = sat(v1);
+  } else {
+    float* k = static_cast<float*>(k_rows) + at;
+    float* v = static_cast<float*>(v_rows) + at;
+    k[0] = k0, k[1] = k1;
+    v[0] = v0, v[1] = v1;
+  }
+}
+
+}  // namespace
+
+void launch_dequantize_kv_rows(const QuantizedKvSegment& seg, int num_kv_heads, int head_dim,
+                               int t0, int t1, DType row_dtype, void* k_rows, void* v_rows,
+                               int64_t row_stride, cudaStream_t stream) {
+  QS_CHECK(row_dtype == DType::F32 || row_dtype == DType::F16);
+  QS_CHECK(head_dim % 2 == 0 && seg.group_size > 0 && seg.value_group_size > 0 &&
+           head_dim % seg.value_group_size == 0);
+  QS_CHECK(0 <= t0 && t0 <= t1 && t1 <= seg.capacity &&
+           row_stride >= int64_t{num_kv_heads} * head_dim);
+  QS_CHECK(!seg.int8 || (seg.key_lower != nullptr && seg.value_lower != nullptr));
+  const int64_t threads = static_cast<int64_t>(t1 - t0) * num_kv_heads * (head_dim / 2);
+  if (threads == 0) return;
+  constexpr int kBlock = 256;
+  const auto blocks = static_cast<unsigned>((threads + kBlock - 1) / kBlock);
+  if (row_dtype == DType::F16) {
+    launch(dequantize_kv_rows_kernel<true>, blocks, kBlock, 0, stream, seg, num_kv_heads, head_dim,
+           t0, t1 - t0, k_rows, v_rows, row_stride);
+  } else {
+    launch(dequantize_kv_rows_kernel<false>, blocks, kBlock, 0, stream, seg, num_kv_heads, head_dim,
+           t0, t1 - t0, k_rows, v_rows, row_stride);
+  }
+  CUDA_CHECK_LAUNCH(stream);
+}
+
 bool launch_quantize_kv_layers(const void* k_rows, const void* v_rows, DType row_dtype,
                                int64_t row_stride, int64_t layer_stride, int n_layers,
                                int num_kv_heads, int head_dim, int64_t first_group, int n_groups,

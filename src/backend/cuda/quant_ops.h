@@ -38,6 +38,15 @@ bool launch_quantize_kv_layers(const void* k_rows, const void* v_rows, DType row
                                int num_kv_heads, int head_dim, int64_t first_group, int n_groups,
                                const QuantizedKvPlanesOut* dst, cudaStream_t stream);
 
+// The quantized view of positions [t0, t1) of one layer's segment (seg.int8: the INT8 view, else
+// the INT4 one) written out as full-precision rows: row t of every kv head at k_rows / v_rows +
+// t * row_stride elements (the buffer's [position][kv_dim] layout), F32 (the view's values
+// exactly: docs/kv-format.md's x8 / x4) or F16 (those values rounded to nearest even,
+// saturating). For the prefill attention over a quantized history (CudaBackend::attention).
+void launch_dequantize_kv_rows(const QuantizedKvSegment& seg, int num_kv_heads, int head_dim,
+                               int t0, int t1, DType row_dtype, void* k_rows, void* v_rows,
+                               int64_t row_stride, cudaStream_t stream);
+
 // ---- gemv_q4.cu -----------------------------------------------------------------------------
 
 // Columns per group of the tiled (fast) layout; weights with another group size keep the
