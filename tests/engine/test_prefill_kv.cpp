@@ -22,28 +22,17 @@ using testing::greedy_params;
 using testing::random_prompt;
 using testing::TinyModel;
 
-constexpr int kVocab = 97;
-constexpr int kGroup = 32;
-constexpr int kChunk = 64;
-constexpr int kGamma = 5;
+constexpr int kVocab = testing::kEngineTestVocab;
+constexpr int kGroup = testing::kEngineTestGroup;
+constexpr int kChunk = testing::kEngineTestChunk;
+constexpr int kGamma = testing::kEngineTestGamma;
 
 ModelConfig config() {
-  ModelConfig cfg = testing::tiny_config();
-  cfg.vocab_size = kVocab;
-  cfg.max_position_embeddings = 4096;
-  return cfg;
+  return testing::engine_test_config();
 }
 
 EngineOptions options(DecodeMode mode, KvType kv, PrefillKv prefill) {
-  EngineOptions o;
-  o.mode = mode;
-  o.kv = kv;
-  o.kv_explicit = kv != KvType::kFp16;
-  o.group_size = kGroup;
-  o.gamma = kGamma;
-  o.prefill_chunk = kChunk;
-  o.prefill_kv = prefill;
-  return o;
+  return testing::engine_test_options(mode, kv, prefill);
 }
 
 // The largest full-precision buffer (bytes) seen after any prefill chunk of a greedy run, and

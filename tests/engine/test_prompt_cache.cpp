@@ -24,27 +24,15 @@ using testing::greedy_params;
 using testing::random_prompt;
 using testing::TinyModel;
 
-constexpr int kVocab = 97;
-constexpr int kGroup = 32;
-constexpr int kChunk = 64;
+constexpr int kVocab = testing::kEngineTestVocab;
 
 ModelConfig config() {
-  ModelConfig cfg = testing::tiny_config();
-  cfg.vocab_size = kVocab;
-  cfg.max_position_embeddings = 4096;
-  return cfg;
+  return testing::engine_test_config();
 }
 
 EngineOptions options(DecodeMode mode, KvType kv, bool prompt_cache,
                       PrefillKv prefill = PrefillKv::kExact) {
-  EngineOptions o;
-  o.mode = mode;
-  o.kv = kv;
-  o.kv_explicit = kv != KvType::kFp16;
-  o.group_size = kGroup;
-  o.gamma = 4;
-  o.prefill_chunk = kChunk;
-  o.prefill_kv = prefill;
+  EngineOptions o = testing::engine_test_options(mode, kv, prefill);
   o.prompt_cache = prompt_cache;
   return o;
 }

@@ -289,6 +289,33 @@ inline std::vector<int32_t> random_prompt(int n, int vocab, uint32_t seed) {
   return ids;
 }
 
+// The engine-level tests of the prefill and the prompt cache (test_prefill_kv.cpp,
+// test_prompt_cache.cpp): tiny_config() with a 97-token vocabulary and 4096 positions, run with
+// key groups of 32, gamma 5 and prefill chunks of 64.
+inline constexpr int kEngineTestVocab = 97;
+inline constexpr int kEngineTestGroup = 32;
+inline constexpr int kEngineTestChunk = 64;
+inline constexpr int kEngineTestGamma = 5;
+
+inline ModelConfig engine_test_config() {
+  ModelConfig cfg = tiny_config();
+  cfg.vocab_size = kEngineTestVocab;
+  cfg.max_position_embeddings = 4096;
+  return cfg;
+}
+
+inline EngineOptions engine_test_options(DecodeMode mode, KvType kv, PrefillKv prefill) {
+  EngineOptions o;
+  o.mode = mode;
+  o.kv = kv;
+  o.kv_explicit = kv != KvType::kFp16;
+  o.group_size = kEngineTestGroup;
+  o.gamma = kEngineTestGamma;
+  o.prefill_chunk = kEngineTestChunk;
+  o.prefill_kv = prefill;
+  return o;
+}
+
 // Greedy decoding of exactly n tokens (EOS does not stop it).
 inline GenerationParams greedy_params(int n) {
   GenerationParams p;
