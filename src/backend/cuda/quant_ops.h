@@ -172,8 +172,12 @@ struct Q4GemvTuning {
 // codes, hi / lo as token columns: half the MMAs) took 11-24% off every launch (session 22:
 // 7B q/k/v 13.7 -> 11.5, gate/up 21.5 -> 17.4, down 12.9 -> 11.0, lm_head 30.0 -> 23.8; 8B lm_head
 // 106.4 -> 81.5, 81% of 4.24 TB/s; Llama-2-7B 4K draft step 3.07 -> 2.76 ms); one chain (9) is
-// 2-7% slower than two.
-constexpr int kQ4AutoKernel = 8;
+// 2-7% slower than two. Kernel 10 (two tiles per ring stage) then took 8-24% off every launch
+// (session 36, H200, bench_ops w4layer: 7B q/k/v 11.9 -> 9.7 us, gate/up 18.5 -> 15.4, down 10.2
+// -> 9.4, lm_head 25.1 -> 20.1; 8B gate/up 23.1 -> 18.3, lm_head 89.3 -> 69.4, 95% of 4.24 TB/s;
+// one layer's 4-bit GEMVs as one launch 36.6 -> 29.3 us, 69% -> 87%), and the draft step at 32K
+// 3.497 -> 3.320 ms (Llama-2-7B) and 2.996 -> 2.688 ms (Llama-3.1-8B).
+constexpr int kQ4AutoKernel = 10;
 // The pair kernel (Q4GemvTuning::kernel 10: two tiles per ring stage).
 constexpr int kQ4PairKernel = 10;
 // The highest Q4GemvTuning::kernel (the tuning check, QS_Q4_KERNEL and the persistent kernels'
