@@ -369,20 +369,13 @@ Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress
   return Status::ok_status();
 }
 
-bool quantized_history_pays(int kept, int added, Device device) {
-  return device != Device::kCuda || int64_t{added} * 8 <= kept;
-}
-
 int LlmEngine::reusable_prefix(const std::vector<int32_t>& prompt) const {
   if (!options_.prompt_cache || sparse() || cached_ids_.empty() || prompt.empty()) return 0;
   const size_t limit = std::min(cached_ids_.size(), prompt.size() - 1);
   size_t shared = 0;
   while (shared < limit && cached_ids_[shared] == prompt[shared]) ++shared;
   const int n = static_cast<int>(shared);
-  if (!cache_.can_truncate(n)) return 0;
-  const int added = static_cast<int>(prompt.size()) - n;
-  if (cache_.planes_length() > 0 && !quantized_history_pays(n, added, options_.device)) return 0;
-  return n;
+  return cache_.can_truncate(n) ? n : 0;
 }
 
 Status LlmEngine::extend(const std::vector<int32_t>& ids, int from, const PrefillProgress& progress,

@@ -22,15 +22,6 @@
 
 namespace qs {
 
-// Whether the prompt cache keeps a history whose quantized groups the rest of a prompt (`added`
-// tokens after `kept`) must read through the quantized view. Always on the CPU (reading the
-// history per query is what a prefill does there too). On CUDA those reads run through the decode
-// kernels, 16 queries per launch (no prefill kernel reads the quantized view), so the rest costs
-// ~added / 16 verification-sized reads of the history, against a fresh prefill of the whole
-// prompt: about even at added ~ kept / 10 (H200, Llama-2-7B at 128K: a 14-ms verification step,
-// an 11.7-s prefill; 32K: 7.7 ms against 1.5 s), so the history is kept up to added <= kept / 8.
-bool quantized_history_pays(int kept, int added, Device device);
-
 // The KV capacity a model runs with: options.max_context when set, else
 // min(max_position_embeddings, 8192). Sliding-window attention is not implemented, so a model
 // with sliding_window > 0 is limited to that window (a larger explicit max_context is an error;

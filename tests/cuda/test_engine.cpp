@@ -207,9 +207,7 @@ TEST_P(CudaEngineTest, PromptCacheEqualsTheCpuEngine) {
     EXPECT_EQ(got->stats.cached_prompt_tokens, want->stats.cached_prompt_tokens) << c.name;
     if (turn > 0) EXPECT_GT(got->stats.cached_prompt_tokens, 0) << c.name << " turn " << turn;
     prompt.insert(prompt.end(), want->tokens.begin(), want->tokens.end());
-    // A short rest: a quantized history is kept on the GPU up to 1/8 of it in new tokens
-    // (quantized_history_pays), on the CPU always.
-    const std::vector<int32_t> more = prompt_ids(*cpu, 8 + 3 * turn);
+    const std::vector<int32_t> more = prompt_ids(*cpu, 8 + 60 * turn);
     prompt.insert(prompt.end(), more.begin(), more.end());
   }
 }

@@ -220,16 +220,6 @@ TEST(PromptCache, AShortHistoryIsExtendedExactly) {
   }
 }
 
-// On CUDA a quantized history is kept only for a rest of at most 1/8 of it (its reads run 16
-// queries at a time there); on the CPU always.
-TEST(PromptCache, QuantizedHistoryOnTheGpuOnlyForAShortRest) {
-  EXPECT_TRUE(quantized_history_pays(8000, 1000, Device::kCuda));
-  EXPECT_FALSE(quantized_history_pays(8000, 1001, Device::kCuda));
-  EXPECT_FALSE(quantized_history_pays(100, 100, Device::kCuda));
-  EXPECT_TRUE(quantized_history_pays(100, 100000, Device::kCpu));
-  EXPECT_TRUE(quantized_history_pays(131072, 16384, Device::kCuda));
-}
-
 // The same prompt again: everything but its last token is kept where the cache can be cut there.
 TEST(PromptCache, RepeatedPromptRunsItsLastToken) {
   const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 73);

@@ -1421,7 +1421,8 @@ std::mutex g_tuning_mu;
 // path's per-warp cp.async ring, QS_DIRECT_REGS=0|128|168|192 with that register cap (0:
 // automatic; 128: the f16-operand draft without register prefetch only), QS_ATTN_LAST_COMBINE=1
 // with the combine in the split kernel's last blocks, QS_INT8_F16=1 with the INT8 view's direct
-// kernels on f16 operands alone.
+// kernels on f16 operands alone, QS_QUANT_PREFILL=0 with the slices of 16 queries for longer
+// blocks.
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;

@@ -176,23 +176,26 @@ struct QuantAttentionTuning {
   // The split combine done by each (kv head, query group)'s last split block
   // (attention_combine.cuh) instead of attention.cu's combine launch, where the partials fit
   // the block's shared memory; the same output bits. QS_ATTN_LAST_COMBINE=1 sets it for the
-  // whole process. Off: not yet measured on a GPU (session 35).
+  // whole process. Off: its quantized form not yet timed (session 36).
   bool last_combine = false;
   // The INT8 view (verification, AR with the INT8 cache) on the register-direct path with its
   // operands in f16 alone, as draft_f16 for the INT4 view: one MMA per product instead of the
   // f16 hi + lo pair. The folded query and the value weights are rounded to f16 (~2^-12
-  // relative): the score's error ~24x below the INT8 view's own (an element's error up to s/2,
+  // relative): the score's error ~20x below the INT8 view's own (an element's error up to s/2,
   // s = range / 255). Fewer instructions where the kernel is issue-bound (the GQA verification:
-  // 2058 -> 1722 per 32-token sub-chunk with two tiles, sass_loops.py). QS_INT8_F16=1 sets it
-  // for the whole process. Off: not yet measured on a GPU (session 36).
+  // 2058 -> 1722 per 32-token sub-chunk with two tiles, sass_loops.py). H200, session 36:
+  // Llama-3.1-8B verification attention at 32K 7-11% faster, the step 2%; Llama-2-7B unchanged;
+  // errors up to 1.9e-3 of the exact view's output. QS_INT8_F16=1 sets it for the whole
+  // process. Off until an A/B at 128K decides it.
   bool int8_f16 = false;
   // More than kQuantAttentionMaxRows queries (a prefill that reads the history through the view:
   // --prefill-kv quantized, the prompt cache's rest of a prompt, evaluation) as the prefill
   // attention over the view written out as full-precision rows (CudaBackend::
   // attention_quantized_prefill) instead of slices of 16 queries, each of which reads the whole
-  // history. QS_QUANT_PREFILL=1 sets it for the whole process. Off: not yet run on a GPU
-  // (session 36).
-  bool hybrid_prefill = false;
+  // history. H200, Llama-2-7B, a 32K prompt with --prefill-kv quantized: 6.05 s of prefill with
+  // the slices, 2.34 s with this (session 36). QS_QUANT_PREFILL=0 turns it off for the whole
+  // process.
+  bool hybrid_prefill = true;
 };
 // Per block: [0] %globaltimer (ns) at entry, [1] at exit, [2 + i] clock64 at the end of phase i:
 // 0 entry, 1 the previous kernel awaited (PDL), 2 the queries in shared memory, 3 the
