@@ -16,7 +16,7 @@ def run(tmp_path, *steps, deadline="540"):
 def test_each_step_becomes_its_command(tmp_path):
     r = run(tmp_path, "build", "test Cuda*:Tiny*", "env QS_A=1 QS_B=2 test X.*",
             "memcheck Y.Z", "bench chain", "ab QS_SW 32768 quantspec,ar-fp16",
-            "ab QS_SW 4096 quantspec 1024 2",
+            "env QS_AB_SHAPE=llama3.1-8b ab QS_SW 4096 quantspec 1024 2",
             "matrix llama3.1-8b 4096,32768 ar-fp16 2048", "ncu gemv_ring gemv 6",
             "trace llama2-7b 4096 quantspec", "bench attn --quick")
     assert r.returncode == 0, r.stderr
@@ -31,8 +31,9 @@ def test_each_step_becomes_its_command(tmp_path):
         f"step 5: env  {b}/bench/cuda/bench_ops --sections chain",
         "step 6: env  env QS_AB_SWITCH=QS_SW QS_AB_CONTEXT=32768 QS_AB_MODES=quantspec,ar-fp16"
         " QS_AB_TOKENS=256 QS_AB_REPEATS=1 bash tools/gpu/ab_switch.sh llama2-7b",
-        "step 7: env  env QS_AB_SWITCH=QS_SW QS_AB_CONTEXT=4096 QS_AB_MODES=quantspec"
-        " QS_AB_TOKENS=1024 QS_AB_REPEATS=2 bash tools/gpu/ab_switch.sh llama2-7b",
+        "step 7: env QS_AB_SHAPE=llama3.1-8b env QS_AB_SWITCH=QS_SW QS_AB_CONTEXT=4096"
+        " QS_AB_MODES=quantspec QS_AB_TOKENS=1024 QS_AB_REPEATS=2 bash tools/gpu/ab_switch.sh"
+        " llama3.1-8b",
         "step 8: env  env QS_MATRIX_CONTEXTS=4096,32768 QS_MATRIX_MODES=ar-fp16"
         " QS_MATRIX_TOKENS=2048 bash tools/gpu/bench_matrix.sh llama3.1-8b",
         "step 9: env  bash tools/gpu/ncu_stalls.sh gemv_ring gemv 6",

@@ -15,7 +15,8 @@
 #   memcheck FILTER                compute-sanitizer memcheck of test_cuda --gtest_filter=FILTER
 #   bench SECTIONS [--quick]       bench_ops --sections SECTIONS [--quick]
 #   ab SWITCH CONTEXT MODES [N [R]]  tools/gpu/ab_switch.sh llama2-7b, values 1,0, N tokens
-#                                  (default 256), R rounds (default 1); QS_AB_SHAPE: another shape
+#                                  (default 256), R rounds (default 1); QS_AB_SHAPE (the call's
+#                                  environment or the step's env prefix): another shape
 #   matrix SHAPE CONTEXTS MODES [N]  tools/gpu/bench_matrix.sh (N tokens, default 256)
 #   ncu REGEX SECTIONS COUNT       tools/gpu/ncu_stalls.sh
 #   trace SHAPE CONTEXT MODES      tools/gpu/trace_decode.sh
@@ -55,7 +56,7 @@ step_command() {
       cmd=("$build/bench/cuda/bench_ops" --sections "$1" "${@:2}") ;;
     ab) (($# >= 3 && $# <= 5)) || return 1
       cmd=(env "QS_AB_SWITCH=$1" "QS_AB_CONTEXT=$2" "QS_AB_MODES=$3" "QS_AB_TOKENS=${4:-256}"
-        "QS_AB_REPEATS=${5:-1}" bash tools/gpu/ab_switch.sh "${QS_AB_SHAPE:-llama2-7b}") ;;
+        "QS_AB_REPEATS=${5:-1}" bash tools/gpu/ab_switch.sh "$ab_shape") ;;
     matrix) (($# == 3 || $# == 4)) || return 1
       cmd=(env "QS_MATRIX_CONTEXTS=$2" "QS_MATRIX_MODES=$3" "QS_MATRIX_TOKENS=${4:-256}"
         bash tools/gpu/bench_matrix.sh "$1") ;;
@@ -83,6 +84,9 @@ for step in "$@"; do
       words=("${words[@]:1}")
     done
   fi
+  # The A/B shape: QS_AB_SHAPE from the step's env prefix, else from the call's environment.
+  ab_shape=${QS_AB_SHAPE:-llama2-7b}
+  for e in "${envs[@]}"; do [[ $e == QS_AB_SHAPE=* ]] && ab_shape=${e#QS_AB_SHAPE=}; done
   if ! step_command "${words[@]}"; then
     log "step $n: bad step '$step'"
     status=2
