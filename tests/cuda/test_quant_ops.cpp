@@ -479,16 +479,29 @@ TEST_F(CudaOpsTest, MatmulQ4OddAndShortShapes) {
   }
 }
 
+// A q/k/v-like group of three 4-bit matrices (300, 64 and 17 rows over `cols`) with an f32 bias
+// on the first and a bf16 bias on the third; seeds seed .. seed + 4.
+struct Q4Trio {
+  QuantizedWeight4 ws[3];
+  HostWeight b32, b16;
+  const WeightView* biases[3];
+
+  Q4Trio(int64_t cols, uint64_t seed)
+      : ws{make_q4(300, cols, seed), make_q4(64, cols, seed + 1), make_q4(17, cols, seed + 2)},
+        b32(random_normal(300, seed + 3), DType::F32, 1, 300, "b"),
+        b16(random_normal(17, seed + 4), DType::BF16, 1, 17, "b"),
+        biases{&b32.view, nullptr, &b16.view} {}
+  Q4Trio(const Q4Trio&) = delete;  // biases point into it
+  Q4Trio& operator=(const Q4Trio&) = delete;
+};
+
 // matmul_group over 4-bit weights: one launch of the CUDA-core kernel for q/k/v-like and
 // gate/up-like groups (partial tiles, biases of two dtypes, RT 1 and 2 from the total tile
 // count), and the per-matrix fallback for other row counts; each output against the CPU.
 TEST_F(CudaOpsTest, MatmulQ4GroupMatchesCpu) {
-  const int64_t cols = 1000;
-  const QuantizedWeight4 ws[3] = {make_q4(300, cols, 41), make_q4(64, cols, 42),
-                                  make_q4(17, cols, 43)};
-  HostWeight b32(random_normal(300, 44), DType::F32, 1, 300, "b");
-  HostWeight b16(random_normal(17, 45), DType::BF16, 1, 17, "b");
-  const WeightView* biases[3] = {&b32.view, nullptr, &b16.view};
+  const Q4Trio trio(1000, 41);
+  const QuantizedWeight4* ws = trio.ws;
+  const WeightView* const* biases = trio.biases;
   const QuantizedWeight4 big[2] = {make_q4(4490, 512, 46), make_q4(4500, 512, 47)};
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   double worst = 0;
@@ -720,13 +733,10 @@ TEST_F(CudaOpsTest, MatmulQ4PairKernelEqualsKernel8) {
     gpu().release_weights();
     ++i;
   }
-  const int64_t cols = 1000;
-  const QuantizedWeight4 ws[3] = {make_q4(300, cols, 1441), make_q4(64, cols, 1442),
-                                  make_q4(17, cols, 1443)};
-  HostWeight b32(random_normal(300, 1444), DType::F32, 1, 300, "b");
-  HostWeight b16(random_normal(17, 1445), DType::BF16, 1, 17, "b");
-  const WeightView* biases[3] = {&b32.view, nullptr, &b16.view};
-  const std::vector<float> x = random_normal(size_t(cols), 1446);
+  const Q4Trio trio(1000, 1441);
+  const QuantizedWeight4* ws = trio.ws;
+  const WeightView* const* biases = trio.biases;
+  const std::vector<float> x = random_normal(size_t(trio.ws[0].cols), 1446);
   DeviceArray xd(gpu(), x);
   for (int count : {1, 2, 3}) {
     std::vector<std::vector<float>> got[2];

@@ -849,14 +849,8 @@ void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape
     // for longer blocks (evaluation).
     const int64_t q_row = static_cast<int64_t>(shape.num_heads) * shape.head_dim;
     for (int i0 = 0; i0 < m; i0 += cuda::kQuantAttentionMaxRows) {
-      const int mi = std::min(cuda::kQuantAttentionMaxRows, m - i0);
-      cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(q + i0 * q_row, mi, pos + i0,
-                                                                   shape, kv, out + i0 * q_row);
-      a.exact_draft = impl_->options.exact_draft_attention;
-      const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
-      auto* partials = static_cast<float*>(
-          impl_->attn_partial.ensure(sizeof(float) * static_cast<size_t>(plan.partial_floats)));
-      cuda::launch_attention_quant(a, plan, partials, impl_->combine_arrivals, impl_->stream);
+      attention_quant_slice(q + i0 * q_row, std::min(cuda::kQuantAttentionMaxRows, m - i0),
+                            pos + i0, shape, kv, out + i0 * q_row);
     }
     cuda::add_quant_attention_read_bytes(m, pos, shape, kv);
     return;
@@ -868,6 +862,16 @@ void CudaBackend::attention(const float* q, int m, int pos, const AttentionShape
   } else {
     attention_prefill(q, m, pos, shape, kv, out);
   }
+}
+
+void CudaBackend::attention_quant_slice(const float* q, int m, int pos, const AttentionShape& shape,
+                                        const KvView& kv, float* out) {
+  cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(q, m, pos, shape, kv, out);
+  a.exact_draft = impl_->options.exact_draft_attention;
+  const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
+  auto* partials = static_cast<float*>(
+      impl_->attn_partial.ensure(sizeof(float) * static_cast<size_t>(plan.partial_floats)));
+  cuda::launch_attention_quant(a, plan, partials, impl_->combine_arrivals, impl_->stream);
 }
 
 void CudaBackend::attention_quantized_prefill(const float* q, int m, int pos,
@@ -900,12 +904,7 @@ void CudaBackend::attention_quantized_prefill(const float* q, int m, int pos,
     const float* qr = q + (q0 - pos) * q_row;
     float* o = out + (q0 - pos) * q_row;
     if (q1 - q0 <= kGemvMaxRows) {  // the decode kernels read the view as it is
-      cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(qr, q1 - q0, q0, shape, kv, o);
-      a.exact_draft = impl_->options.exact_draft_attention;
-      const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
-      auto* partials = static_cast<float*>(
-          impl_->attn_partial.ensure(sizeof(float) * static_cast<size_t>(plan.partial_floats)));
-      cuda::launch_attention_quant(a, plan, partials, impl_->combine_arrivals, impl_->stream);
+      attention_quant_slice(qr, q1 - q0, q0, shape, kv, o);
     } else {
       if (b > dequantized) {
         cuda::launch_dequantize_kv_rows(seg, shape.num_kv_heads, shape.head_dim, dequantized, b,

@@ -170,6 +170,10 @@ class CudaBackend final : public Backend {
                         const KvView& kv, float* out, int num_splits = 0);
   void attention_prefill(const float* q, int m, int pos, const AttentionShape& shape,
                          const KvView& kv, float* out, int num_splits = 0);
+  // m <= kGemvMaxRows queries over a view with a quantized segment: one call of the fused
+  // decode kernels (attention_quant.cu).
+  void attention_quant_slice(const float* q, int m, int pos, const AttentionShape& shape,
+                             const KvView& kv, float* out);
   // m > kGemvMaxRows queries over a view with a quantized segment as the prefill attention
   // (QuantAttentionTuning::hybrid_prefill): the quantized positions the queries read are written
   // out as full-precision rows of the view's row type once per call (launch_dequantize_kv_rows),
