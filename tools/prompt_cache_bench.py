@@ -1,0 +1,64 @@
+#!/usr/bin/env python3
+"""Prefill time of a conversation's next turn with and without the server's prompt cache.
+
+Starts `quantspec serve` (--port 0, the given mode and --prompt-cache on|off), posts the first N
+held-out tokens (greedy, 64 new tokens), the same prompt again, then the first N + M tokens (a
+next turn that extends the first), and prints each response's prompt tokens, kept prompt tokens
+(usage.prompt_tokens_details.cached_tokens) and prefill seconds (quantspec.prefill_s).
+
+    python3 tools/prompt_cache_bench.py build/quantspec quantspec on [--first 4000] [--more 300]
+"""
+import argparse
+import json
+import re
+import subprocess
+import urllib.request
+
+import numpy as np
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("binary")
+    ap.add_argument("mode", choices=["ar", "quantspec"])
+    ap.add_argument("cache", choices=["on", "off"])
+    ap.add_argument("--first", type=int, default=4000)
+    ap.add_argument("--more", type=int, default=300)
+    ap.add_argument("--tokens", default="models/default/heldout.u16")
+    ap.add_argument("--ctx", type=int, default=8192)
+    a = ap.parse_args()
+
+    ids = np.fromfile(a.tokens, dtype=np.uint16)[: a.first + a.more].astype(int).tolist()
+    proc = subprocess.Popen([a.binary, "serve", "--port", "0", "--ctx", str(a.ctx), "--mode",
+                             a.mode, "--prompt-cache", a.cache], stderr=subprocess.PIPE, text=True)
+    port = None
+    for line in proc.stderr:
+        m = re.search(r"listening on http://[^ ]+:(\d+)", line)
+        if m:
+            port = int(m.group(1))
+            break
+    if port is None:
+        raise SystemExit("the server did not start")
+
+    def post(prompt):
+        body = {"prompt": prompt, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+        req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
+                                     data=json.dumps(body).encode(),
+                                     headers={"Content-Type": "application/json"})
+        with urllib.request.urlopen(req, timeout=600) as r:
+            return json.load(r)
+
+    try:
+        for what, prompt in (("first", ids[: a.first]), ("again", ids[: a.first]),
+                             ("next turn", ids)):
+            r = post(prompt)
+            print(f"{a.mode} cache {a.cache} {what}: prompt {r['usage']['prompt_tokens']}, kept "
+                  f"{r['usage']['prompt_tokens_details']['cached_tokens']}, prefill "
+                  f"{r['quantspec']['prefill_s']:.3f} s")
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+if __name__ == "__main__":
+    main()
