@@ -35,15 +35,23 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                     "transformers in bf16, and one MMA per attention product on f16 operands); "
                     "the CPU always computes in f32 [default: bf16]",
                     "QS_PREFILL_MATMUL");
-  const std::map<std::string, DraftAttention> draft_attentions{{"f16", DraftAttention::kF16},
-                                                               {"exact", DraftAttention::kExact}};
-  add_choice_option(app, "--draft-attention", opts.engine.draft_attention, draft_attentions,
+  const std::map<std::string, AttentionOperands> attention_operands{
+      {"f16", AttentionOperands::kF16}, {"exact", AttentionOperands::kExact}};
+  add_choice_option(app, "--draft-attention", opts.engine.draft_attention, attention_operands,
                     "The draft's attention over the INT4 KV plane on cuda (--mode quantspec, "
                     "--kv int4): f16 (the folded query and value weights as f16 operands, one "
                     "MMA per product: ~2^-12 relative rounding, far below the INT4 view's own "
                     "error; outputs are verified by the target either way) or exact (f32-level, "
                     "~8% slower); the CPU is always exact [default: f16]",
                     "QS_DRAFT_ATTENTION");
+  add_choice_option(app, "--target-attention", opts.engine.target_attention, attention_operands,
+                    "The target's attention over the INT8 KV view on cuda (--mode quantspec's "
+                    "verification, --kv int8): exact (f32-level, the CPU's arithmetic) or f16 "
+                    "(the folded query and value weights as f16 operands, one MMA per product: "
+                    "up to ~2e-3 of the attention output, ~20x below the INT8 view's own error; "
+                    "faster where the GQA verification is issue-bound); greedy QuantSpec equals "
+                    "greedy AR INT8 either way; the CPU is always exact [default: exact]",
+                    "QS_TARGET_ATTENTION");
   const std::map<std::string, PrefillKv> prefill_kvs{{"exact", PrefillKv::kExact},
                                                      {"quantized", PrefillKv::kQuantized}};
   add_choice_option(app, "--prefill-kv", opts.engine.prefill_kv, prefill_kvs,

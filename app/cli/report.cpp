@@ -84,9 +84,10 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   backend += fmt::format(", tensor parallel {}, kv dtype {}{}", tp, rows_name,
                          eo.kv_dtype == KvDType::kAuto ? " (auto)" : "");
   if (eo.device == Device::kCuda) {
-    backend += fmt::format(", prefill matmul {}, draft attention {}",
+    backend += fmt::format(", prefill matmul {}, draft attention {}, target attention {}",
                            prefill_matmul_name(eo.prefill_matmul),
-                           draft_attention_name(eo.draft_attention));
+                           attention_operands_name(eo.draft_attention),
+                           attention_operands_name(eo.target_attention));
   }
   fmt::print(stderr,
              "  backend {}, context {} tokens, {} {:.3f} GiB, "
@@ -171,8 +172,12 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
        options.device == Device::kCuda ? prefill_matmul_name(options.prefill_matmul) : "f32"},
       {"prefill_kv", prefill_kv_name(options.prefill_kv)},
       // The draft's INT4-view attention arithmetic: the GPU's choice, exact on the CPU.
-      {"draft_attention",
-       options.device == Device::kCuda ? draft_attention_name(options.draft_attention) : "exact"},
+      {"draft_attention", options.device == Device::kCuda
+                              ? attention_operands_name(options.draft_attention)
+                              : "exact"},
+      {"target_attention",  // the INT8 view's: likewise
+       options.device == Device::kCuda ? attention_operands_name(options.target_attention)
+                                       : "exact"},
       {"kv_cache_bytes", engine.kv_cache_bytes()},
       {"max_context", engine.max_context()},  // the cache's capacity (positions)
       {"group_size", options.group_size},

@@ -24,6 +24,20 @@ const char* device_name(Device device) {
   return device == Device::kCuda ? "cuda" : "cpu";
 }
 
+#ifdef QS_HAVE_CUDA
+namespace {
+// The CUDA backend options of the engine's choices, for device ordinal `device`.
+CudaBackendOptions cuda_backend_options(const EngineOptions& options, int device) {
+  CudaBackendOptions cuda;
+  cuda.device = device;
+  cuda.exact_prefill = options.prefill_matmul == PrefillMatmul::kExact;
+  cuda.exact_draft_attention = options.draft_attention == AttentionOperands::kExact;
+  cuda.f16_target_attention = options.target_attention == AttentionOperands::kF16;
+  return cuda;
+}
+}  // namespace
+#endif
+
 Result<std::unique_ptr<Backend>> create_backend(const EngineOptions& options,
                                                 const ModelConfig& cfg) {
   if (options.device == Device::kCpu) {
@@ -31,11 +45,8 @@ Result<std::unique_ptr<Backend>> create_backend(const EngineOptions& options,
   }
 #ifdef QS_HAVE_CUDA
   QS_TRY(CudaBackend::check_supported(cfg));
-  CudaBackendOptions cuda;
-  cuda.device = options.device_index;
-  cuda.exact_prefill = options.prefill_matmul == PrefillMatmul::kExact;
-  cuda.exact_draft_attention = options.draft_attention == DraftAttention::kExact;
-  QS_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend, CudaBackend::create(cuda));
+  QS_ASSIGN_OR_RETURN(std::unique_ptr<CudaBackend> backend,
+                      CudaBackend::create(cuda_backend_options(options, options.device_index)));
   return std::unique_ptr<Backend>(std::move(backend));
 #else
   (void)cfg;
@@ -64,11 +75,8 @@ Result<std::vector<std::unique_ptr<Backend>>> create_rank_backends(const EngineO
 #ifdef QS_HAVE_CUDA
   QS_TRY(CudaBackend::check_supported(shard_cfg));
   for (int r = 0; r < world; ++r) {
-    CudaBackendOptions cuda;
-    cuda.device = options.device_index + r;
-    cuda.exact_prefill = options.prefill_matmul == PrefillMatmul::kExact;
-    cuda.exact_draft_attention = options.draft_attention == DraftAttention::kExact;
-    Result<std::unique_ptr<CudaBackend>> made = CudaBackend::create(cuda);
+    Result<std::unique_ptr<CudaBackend>> made =
+        CudaBackend::create(cuda_backend_options(options, options.device_index + r));
     if (!made.ok()) {
       return make_error("--tp " + std::to_string(world) + " on --device cuda needs CUDA devices " +
                         std::to_string(options.device_index) + ".." +

@@ -49,8 +49,8 @@ const char* prefill_matmul_name(PrefillMatmul p) {
   return p == PrefillMatmul::kBf16 ? "bf16" : "exact";
 }
 
-const char* draft_attention_name(DraftAttention d) {
-  return d == DraftAttention::kExact ? "exact" : "f16";
+const char* attention_operands_name(AttentionOperands d) {
+  return d == AttentionOperands::kExact ? "exact" : "f16";
 }
 
 const char* prefill_kv_name(PrefillKv p) {

@@ -43,12 +43,16 @@ enum class PrefillMatmul : uint8_t { kExact, kBf16 };
 // history through the mode's view, as decoding does, and the full-precision buffer never holds
 // more than a chunk plus the steady rows. The fp modes always prefill exactly.
 enum class PrefillKv : uint8_t { kExact, kQuantized };
-// The draft's attention over the upper (INT4) KV plane on the GPU: kF16 multiplies the folded
-// query and the value weights as f16 operands once (their rounding, ~2^-12 relative, is ~1000x
-// below the INT4 view's own error; the target verifies every token, so outputs are unaffected),
-// kExact as an f16 hi + lo pair (f32-level, the CPU reference's arithmetic, ~8% slower). The CPU
-// is always exact.
-enum class DraftAttention : uint8_t { kF16, kExact };
+// The arithmetic of the GPU's attention over a quantized KV view. kF16 multiplies the folded
+// query and the value weights as f16 operands once (their rounding, ~2^-12 relative); kExact as
+// an f16 hi + lo pair (f32-level, the CPU reference's arithmetic; the CPU is always exact).
+// - The draft's (INT4) view: kF16 by default. The rounding is ~1000x below the view's own error,
+//   and the target verifies every token, so outputs are unaffected; kExact is ~8% slower.
+// - The target's (INT8) view, which AR --kv int8 reads too: kExact by default. kF16 changes the
+//   target's arithmetic (up to ~2e-3 of the attention output, ~20x below the INT8 view's own
+//   quantization error); the verification and AR INT8 stay one computation, so greedy QuantSpec
+//   still equals greedy AR INT8.
+enum class AttentionOperands : uint8_t { kF16, kExact };
 // Draft weights: 4-bit group-128 for every linear layer incl. lm_head, for the MLP only, or the
 // original weights (a KV-only draft).
 enum class DraftWeights : uint8_t { kInt4, kInt4Mlp, kNative };
@@ -79,7 +83,8 @@ struct EngineOptions {
   // time; Model::prefill_by_layer) instead of chunk by chunk through every layer; the same
   // results. QS_PREFILL_BY_CHUNK=1 in the environment sets it false (A/B of memory and time).
   bool prefill_by_layer = true;
-  DraftAttention draft_attention = DraftAttention::kF16;  // GPU only
+  AttentionOperands draft_attention = AttentionOperands::kF16;     // GPU only: the INT4 view
+  AttentionOperands target_attention = AttentionOperands::kExact;  // GPU only: the INT8 view
   DecodeMode mode = DecodeMode::kAr;
   KvType kv = KvType::kFp16;  // AR modes only; an error with kQuantSpec unless kFp16
   bool kv_explicit = false;   // kv was chosen by the user (so kQuantSpec can reject it)
@@ -127,7 +132,7 @@ const char* kv_type_name(KvType kv);
 const char* kv_dtype_name(KvDType t);
 const char* prefill_matmul_name(PrefillMatmul p);
 const char* prefill_kv_name(PrefillKv p);
-const char* draft_attention_name(DraftAttention d);
+const char* attention_operands_name(AttentionOperands d);
 // The row type `options` runs with: kF32 or kF16, never kAuto (kAuto: kF16 on cuda, else kF32).
 KvDType resolve_kv_dtype(const EngineOptions& options);
 const char* draft_weights_name(DraftWeights w);

@@ -133,23 +133,25 @@ def test_prefill_matmul(qs, tmp_path):
     assert "--prefill-matmul" in bad.stderr and "'fp8' is not one of bf16|exact" in bad.stderr
 
 
-def test_draft_attention(qs, tmp_path):
-    """--draft-attention: a GPU choice (f16 | exact) for the draft's INT4-view attention; the CPU
-    is exact either way, so the tokens and the acceptance are the same; a bad value is a usage
-    error."""
+@pytest.mark.parametrize("flag,key", [("--draft-attention", "draft_attention"),
+                                      ("--target-attention", "target_attention")])
+def test_attention_operands(qs, tmp_path, flag, key):
+    """--draft-attention / --target-attention: GPU choices (f16 | exact) for the attention over
+    the INT4 (draft) and INT8 (target) KV views; the CPU is exact either way, so the tokens and
+    the acceptance are the same; a bad value is a usage error."""
     args = ["generate", "-m", model_dir("llama3-tiny"), "-p", "Once upon a time " * 10, "-n", "16",
             "--ignore-eos", "--mode", "quantspec"]
     runs = {}
     for choice in ("f16", "exact"):
         stats = tmp_path / f"{choice}.json"
-        r = qs(*args, "--draft-attention", choice, "--stats-json", stats)
+        r = qs(*args, flag, choice, "--stats-json", stats)
         j = json.loads(stats.read_text())
-        assert j["draft_attention"] == "exact"  # on the CPU
+        assert j[key] == "exact"  # on the CPU
         runs[choice] = (j["tokens"], j["accepted"])
     assert runs["f16"] == runs["exact"]
-    bad = qs(*args, "--draft-attention", "int8", check=False)
+    bad = qs(*args, flag, "int8", check=False)
     assert bad.returncode == 2
-    assert "--draft-attention" in bad.stderr and "'int8' is not one of exact|f16" in bad.stderr
+    assert flag in bad.stderr and "'int8' is not one of exact|f16" in bad.stderr
 
 
 def test_prefill_kv(qs, tmp_path):

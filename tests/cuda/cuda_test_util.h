@@ -227,7 +227,7 @@ inline const char* dtype_label(DType t) {
 constexpr double kF16OperandsTol = 1e-2;
 
 // Whether gpu.attention(q, m, pos, shape, view, out) takes such a path under the current tuning
-// and gpu's options (CudaBackendOptions::exact_draft_attention).
+// and gpu's options (CudaBackendOptions::exact_draft_attention, f16_target_attention).
 inline bool f16_operand_attention(const CudaBackend& gpu, const float* q, int m, int pos,
                                   const AttentionShape& shape, const KvView& view, float* out) {
   if (view.quantized == nullptr) return false;
@@ -235,6 +235,7 @@ inline bool f16_operand_attention(const CudaBackend& gpu, const float* q, int m,
   const int m0 = std::min(m, cuda::kQuantAttentionMaxRows);
   cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(q, m0, pos, shape, view, out);
   a.exact_draft = gpu.options().exact_draft_attention;
+  a.f16_int8 = gpu.options().f16_target_attention;
   return cuda::plan_attention_quant(a, 1).f16_operands;
 }
 

@@ -525,6 +525,21 @@ TEST_F(CudaOpsTest, QuantAttentionExactDraftBackendOption) {
   report("quantized sweep, backend with exact_draft_attention", worst);
 }
 
+// A backend made with f16_target_attention (--target-attention f16) runs the INT8 view on f16
+// operands whatever the process-wide tuning says, held to kF16OperandsTol.
+TEST_F(CudaOpsTest, QuantAttentionF16TargetBackendOption) {
+  CudaBackendOptions opt;
+  opt.f16_target_attention = true;
+  auto f16 = CudaBackend::create(opt);
+  ASSERT_TRUE(f16.ok()) << f16.error().message;
+  g_int8_f16_calls = 0;
+  double worst = 0;
+  sweep(**f16, cpu(), worst);
+  gqa_blocks(**f16, cpu(), {2, 9}, 120, worst);
+  EXPECT_GT(g_int8_f16_calls, 0) << "no INT8 call took the f16-operand path";
+  report("quantized sweep, backend with f16_target_attention", worst);
+}
+
 // The same sweep on the CUDA-core path (the fallback, and the path of head_dim 32/256).
 TEST_F(CudaOpsTest, QuantAttentionSweepCudaCores) {
   TuningScope scope({false, 0});

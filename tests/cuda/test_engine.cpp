@@ -34,8 +34,10 @@ void PrintTo(const ModeCase& c, std::ostream* os) {
 }
 
 std::unique_ptr<Engine> load(const ModeCase& c, Device device, bool prefill_by_layer = true,
-                             bool prompt_cache = false) {
+                             bool prompt_cache = false,
+                             AttentionOperands target = AttentionOperands::kExact) {
   EngineOptions o;
+  o.target_attention = target;
   o.prefill_by_layer = prefill_by_layer;
   o.prompt_cache = prompt_cache;
   o.device = device;
@@ -205,10 +207,42 @@ TEST_P(CudaEngineTest, PromptCacheEqualsTheCpuEngine) {
     ASSERT_TRUE(got.ok()) << got.error().message;
     EXPECT_EQ(got->tokens, want->tokens) << c.name << " turn " << turn;
     EXPECT_EQ(got->stats.cached_prompt_tokens, want->stats.cached_prompt_tokens) << c.name;
-    if (turn > 0) EXPECT_GT(got->stats.cached_prompt_tokens, 0) << c.name << " turn " << turn;
+    if (turn > 0) {
+      EXPECT_GT(got->stats.cached_prompt_tokens, 0) << c.name << " turn " << turn;
+    }
     prompt.insert(prompt.end(), want->tokens.begin(), want->tokens.end());
     const std::vector<int32_t> more = prompt_ids(*cpu, 8 + 60 * turn);
     prompt.insert(prompt.end(), more.begin(), more.end());
+  }
+}
+
+// --target-attention f16 (the INT8 view on f16 operands) changes the target's arithmetic for
+// the verification and AR INT8 alike, so greedy QuantSpec still gives greedy AR INT8's tokens.
+TEST(CudaEngineTargetAttention, F16TargetQuantSpecEqualsF16TargetArInt8) {
+  if (!cuda_device_available()) GTEST_SKIP() << "no CUDA device";
+  const ModeCase ar{"ar_int8", DecodeMode::kAr, KvType::kInt8, DraftWeights::kInt4, 64};
+  const ModeCase spec{"quantspec_int4", DecodeMode::kQuantSpec, KvType::kFp16, DraftWeights::kInt4,
+                      64};
+  std::unique_ptr<Engine> ar_f16 = load(ar, Device::kCuda, true, false, AttentionOperands::kF16);
+  std::unique_ptr<Engine> spec_f16 =
+      load(spec, Device::kCuda, true, false, AttentionOperands::kF16);
+  std::unique_ptr<Engine> spec_exact = load(spec, Device::kCuda);
+  ASSERT_TRUE(ar_f16 && spec_f16 && spec_exact);
+  GenerationParams params;
+  params.max_new_tokens = 96;
+  params.stop_at_eos = false;
+  for (int prompt_len : {5, 300}) {
+    const std::vector<int32_t> prompt = prompt_ids(*ar_f16, prompt_len);
+    auto want = ar_f16->generate(prompt, params, {});
+    auto got = spec_f16->generate(prompt, params, {});
+    auto exact = spec_exact->generate(prompt, params, {});
+    ASSERT_TRUE(want.ok() && got.ok() && exact.ok());
+    EXPECT_EQ(got->tokens, want->tokens) << "prompt " << prompt_len;
+    EXPECT_GT(got->stats.rounds, 0);
+    size_t same = 0;
+    while (same < exact->tokens.size() && exact->tokens[same] == got->tokens[same]) ++same;
+    std::printf("[ target f16 ] prompt %d: %zu of %zu tokens as the exact target's\n", prompt_len,
+                same, exact->tokens.size());
   }
 }
 

@@ -1807,8 +1807,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // The query tiling does not depend on the register cap (8 query vectors per warp on every
   // tensor-core path), so the kernel is chosen again once the tiles are known.
   // Operands in f16 alone: the INT4 (draft) view unless the call asks for it exact, the INT8 view
-  // where int8_f16 is on (both only where the chosen path has that form).
-  const bool f16 = a.seg.int8 ? tune.int8_f16 : tune.draft_f16 && !a.exact_draft;
+  // where the call or int8_f16 asks for it (both only where the chosen path has that form).
+  const bool f16 = a.seg.int8 ? tune.int8_f16 || a.f16_int8 : tune.draft_f16 && !a.exact_draft;
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
   const int want_tiles = tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq);
   const bool one = tune.single_query && nq == 1;

@@ -36,6 +36,7 @@ struct QuantAttentionArgs {
   int head_dim = 0;
   float scale_log2 = 0.0f;  // softmax scale * log2(e)
   bool exact_draft = false;  // the INT4 view with f16 hi + lo operands even when draft_f16 is on
+  bool f16_int8 = false;     // the INT8 view with f16 operands alone even when int8_f16 is off
 };
 
 constexpr int kQuantAttentionMaxRows = 16;

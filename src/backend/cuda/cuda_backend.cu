@@ -868,6 +868,7 @@ void CudaBackend::attention_quant_slice(const float* q, int m, int pos, const At
                                         const KvView& kv, float* out) {
   cuda::QuantAttentionArgs a = cuda::make_quant_attention_args(q, m, pos, shape, kv, out);
   a.exact_draft = impl_->options.exact_draft_attention;
+  a.f16_int8 = impl_->options.f16_target_attention;
   const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
   auto* partials = static_cast<float*>(
       impl_->attn_partial.ensure(sizeof(float) * static_cast<size_t>(plan.partial_floats)));

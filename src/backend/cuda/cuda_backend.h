@@ -33,6 +33,10 @@ struct CudaBackendOptions {
   // The draft (INT4) view of the quantized attention: false: f16 operands alone (one MMA per
   // product); true: f16 hi + lo (f32-level, as the INT8 view). QuantAttentionArgs::exact_draft.
   bool exact_draft_attention = false;
+  // The target (INT8) view of the quantized attention, which AR INT8 reads too: false: f16 hi +
+  // lo (f32-level); true: f16 operands alone on the register-direct path (errors up to ~2e-3 of
+  // the output, ~20x below the view's own). QuantAttentionArgs::f16_int8.
+  bool f16_target_attention = false;
 };
 
 // Whether a CUDA device is present and usable (GPU tests skip without one).
