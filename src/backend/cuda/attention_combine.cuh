@@ -1,9 +1,10 @@
 // The split-KV combine as the end of the split kernel itself (QuantAttentionTuning::last_combine,
-// QS_ATTN_LAST_COMBINE=1): once a block has written its split's partials, it counts itself in on
-// its (kv head, query group)'s arrival counter, and the last of the group's split blocks merges
-// every split's partials of the group's query vectors into out. That replaces the combine launch
-// (attention.cu's attention_combine_kernel) and its launch boundary by a tail on one block per
-// group, with the combine kernel's arithmetic in the combine kernel's order, so out gets its bits.
+// QS_QUANT_LAST_COMBINE=1; the f16 decode kernel's form: QS_ATTN_LAST_COMBINE=1): once a block has
+// written its split's partials, it counts itself in on its (kv head, query group)'s arrival
+// counter, and the last of the group's split blocks merges every split's partials of the group's
+// query vectors into out. That replaces the combine launch (attention.cu's
+// attention_combine_kernel) and its launch boundary by a tail on one block per group, with the
+// combine kernel's arithmetic in the combine kernel's order, so out gets its bits.
 #pragma once
 
 #include <cmath>

@@ -1419,7 +1419,7 @@ std::mutex g_tuning_mu;
 // with the f16 draft's register prefetch, QS_DIRECT_TILES=0|1|2 with that many 8-query tiles per
 // warp on the direct INT8 path (0: automatic), QS_DIRECT_RING=0|1 without / with the direct
 // path's per-warp cp.async ring, QS_DIRECT_REGS=0|128|168|192 with that register cap (0:
-// automatic; 128: the f16-operand draft without register prefetch only), QS_ATTN_LAST_COMBINE=1
+// automatic; 128: the f16-operand draft without register prefetch only), QS_QUANT_LAST_COMBINE=1
 // with the combine in the split kernel's last blocks, QS_INT8_F16=1 with the INT8 view's direct
 // kernels on f16 operands alone, QS_QUANT_PREFILL=0 with the slices of 16 queries for longer
 // blocks.
@@ -1428,7 +1428,7 @@ QuantAttentionTuning g_tuning = [] {
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
   t.direct_tiles = env_int("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
   t.direct_ring = env_int("QS_DIRECT_RING", 0, 1, t.direct_ring);
-  t.last_combine = env_flag("QS_ATTN_LAST_COMBINE", t.last_combine);
+  t.last_combine = env_flag("QS_QUANT_LAST_COMBINE", t.last_combine);
   t.int8_f16 = env_flag("QS_INT8_F16", t.int8_f16);
   t.hybrid_prefill = env_flag("QS_QUANT_PREFILL", t.hybrid_prefill);
   const int regs = env_int("QS_DIRECT_REGS", 0, 192, t.direct_regs);

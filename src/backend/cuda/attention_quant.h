@@ -176,8 +176,9 @@ struct QuantAttentionTuning {
   unsigned long long* timeline = nullptr;
   // The split combine done by each (kv head, query group)'s last split block
   // (attention_combine.cuh) instead of attention.cu's combine launch, where the partials fit
-  // the block's shared memory; the same output bits. QS_ATTN_LAST_COMBINE=1 sets it for the
-  // whole process. Off: its quantized form not yet timed (session 36).
+  // the block's shared memory; the same output bits. QS_QUANT_LAST_COMBINE=1 sets it for the
+  // whole process (the f16 decode kernel's form has its own switch, QS_ATTN_LAST_COMBINE).
+  // Off: not yet timed (session 36).
   bool last_combine = false;
   // The INT8 view (verification, AR with the INT8 cache) on the register-direct path with its
   // operands in f16 alone, as draft_f16 for the INT4 view: one MMA per product instead of the
