@@ -525,6 +525,52 @@ TEST_F(CudaOpsTest, QuantAttentionExactDraftBackendOption) {
   report("quantized sweep, backend with exact_draft_attention", worst);
 }
 
+// The plan of the GPU's call for case c over kv (the queries at the last m positions).
+cuda::QuantAttentionPlan plan_of(const QuantKv& kv, const Case& c) {
+  const int pos = kv.cfg.len - c.m;
+  const int fp_base = c.fp_base == kFpBaseMax ? quant_boundary(pos, kv.cfg.G) : c.fp_base;
+  const AttentionShape shape{c.num_heads, kv.cfg.kv_heads, kv.cfg.head_dim, 1.0f};
+  const QuantizedKvSegment seg = kv.segment(c.int8, true);
+  KvView view{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
+              kv.stride, kv.cfg.len};
+  view.fp_base = fp_base;
+  view.quantized = &seg;
+  return cuda::plan_attention_quant(
+      cuda::make_quant_attention_args(kv.k_dev->data(), c.m, pos, shape, view, nullptr), 132);
+}
+
+// More than 16 query vectors per kv head (GQA 4 at m >= 5, GQA 8 at m >= 3) over a history of
+// kLongHistoryTwoTiles positions or more take two tiles per warp with the ring by default
+// (QuantAttentionTuning::long_history_two_tiles); 16 or fewer, or a shorter history, keep their
+// plans; QS_GQA_TWO_TILES=0's tuning keeps one tile. Results are the CPU's either way.
+TEST_F(CudaOpsTest, QuantAttentionLongHistoryTwoTiles) {
+  double worst = 0;
+  for (int len : {cuda::kLongHistoryTwoTiles + 300, 5000}) {
+    const bool long_history = len > cuda::kLongHistoryTwoTiles;
+    QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, 64, 128, 0, Values::kNormal, uint64_t(len)});
+    for (bool on : {true, false}) {
+      cuda::QuantAttentionTuning t;
+      t.long_history_two_tiles = on;
+      TuningScope scope(t);
+      for (const Case& c :
+           {Case{4 * kKvHeads, 5, true, kFpBaseMax}, Case{4 * kKvHeads, 9, true, kFpBaseMax},
+            Case{8 * kKvHeads, 3, true, kFpBaseMax}, Case{4 * kKvHeads, 4, true, kFpBaseMax}}) {
+        const cuda::QuantAttentionPlan plan = plan_of(kv, c);
+        const bool many = c.num_heads / kKvHeads * c.m > 16;
+        const std::string what = "len " + std::to_string(len) + " heads " +
+                                 std::to_string(c.num_heads) + " m " + std::to_string(c.m) +
+                                 (on ? "" : " (switch off)");
+        EXPECT_EQ(plan.direct_tiles, !many || (on && long_history) ? 2 : 1) << what;
+        if (many && on && long_history) {
+          EXPECT_TRUE(plan.direct_ring) << what;
+        }
+        check_cases(gpu(), cpu(), kv, {c}, worst);
+      }
+    }
+  }
+  report("quantized attention, GQA blocks over long and short histories", worst);
+}
+
 // A backend made with f16_target_attention (--target-attention f16) runs the INT8 view on f16
 // operands whatever the process-wide tuning says, held to kF16OperandsTol.
 TEST_F(CudaOpsTest, QuantAttentionF16TargetBackendOption) {

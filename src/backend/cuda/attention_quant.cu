@@ -1421,8 +1421,9 @@ std::mutex g_tuning_mu;
 // path's per-warp cp.async ring, QS_DIRECT_REGS=0|128|168|192 with that register cap (0:
 // automatic; 128: the f16-operand draft without register prefetch only), QS_QUANT_LAST_COMBINE=1
 // with the combine in the split kernel's last blocks, QS_INT8_F16=1 with the INT8 view's direct
-// kernels on f16 operands alone, QS_QUANT_PREFILL=0 with the slices of 16 queries for longer
-// blocks.
+// kernels on f16 operands alone, QS_GQA_TWO_TILES=0 with one tile per warp for more than 16
+// query vectors per kv head over any history, QS_QUANT_PREFILL=0 with the slices of 16 queries
+// for longer blocks.
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
@@ -1430,6 +1431,7 @@ QuantAttentionTuning g_tuning = [] {
   t.direct_ring = env_int("QS_DIRECT_RING", 0, 1, t.direct_ring);
   t.last_combine = env_flag("QS_QUANT_LAST_COMBINE", t.last_combine);
   t.int8_f16 = env_flag("QS_INT8_F16", t.int8_f16);
+  t.long_history_two_tiles = env_flag("QS_GQA_TWO_TILES", t.long_history_two_tiles);
   t.hybrid_prefill = env_flag("QS_QUANT_PREFILL", t.hybrid_prefill);
   const int regs = env_int("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (valid_direct_regs(regs)) {
@@ -1723,9 +1725,10 @@ int64_t ceil_div(int64_t a, int64_t b) {
 // two, 255 registers, no spill); GQA-4 m = 5 / 7 / 9 slower with 2 (128 / 147 / 187 vs 110 / 133
 // / 165 us): the blocks per SM are register-bound either way (3 warps x 168 or 2 x 255 per kv
 // head's codes) and fewer warps hide less latency. A 3-tile kernel (session 6) spilled ~240 bytes
-// at 255 registers and was slower at every m: removed.
-int auto_direct_tiles(int64_t nq) {
-  return nq > 8 && nq <= 16 ? 2 : 1;
+// at 255 registers and was slower at every m: removed. Since session 37 more than 16 also take
+// two over a long history (QuantAttentionTuning::long_history_two_tiles).
+int auto_direct_tiles(int64_t nq, bool long_two) {
+  return (nq > 8 && nq <= 16) || (nq > 16 && long_two) ? 2 : 1;
 }
 
 }  // namespace
@@ -1810,7 +1813,13 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // where the call or int8_f16 asks for it (both only where the chosen path has that form).
   const bool f16 = a.seg.int8 ? tune.int8_f16 || a.f16_int8 : tune.draft_f16 && !a.exact_draft;
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
-  const int want_tiles = tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq);
+  const int b_min = quant_boundary(a.pos, a.seg.group_size);
+  const int b_max = quant_boundary(a.pos + a.m - 1, a.seg.group_size);
+  // Two tiles per warp and the ring for many query vectors over a long history.
+  const bool long_two = tune.long_history_two_tiles && tune.direct_tiles == 0 && nq > 16 &&
+                        b_max >= kLongHistoryTwoTiles;
+  const int want_tiles =
+      tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq, long_two);
   const bool one = tune.single_query && nq == 1;
   KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16,
                                   tune.draft_reg_prefetch, want_tiles, false, false);
@@ -1843,8 +1852,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                    : pl.query_tiles == 1 ? 192
                                          : 168;
   // The per-warp ring (kQuantAttentionDirectRing): automatic with one query tile per block
-  // (several make blocks of 3-8 warps, each with its ring).
-  const bool want_ring = tune.direct_ring < 0 ? pl.query_tiles == 1 : tune.direct_ring == 1;
+  // (several make blocks of 3-8 warps, each with its ring) and with two tiles per warp over a
+  // long history.
+  const bool want_ring =
+      tune.direct_ring < 0 ? pl.query_tiles == 1 || long_two : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, f16,
                      tune.draft_reg_prefetch, pl.direct_tiles, want_ring, one);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
@@ -1884,7 +1895,6 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
   // each split also takes its share of the full-precision rows, at most kFpRowsPerWarp per warp
   // (those rows are latency-bound: a few steps, overlapped with the pipeline's first stages).
-  const int b_min = quant_boundary(a.pos, G), b_max = quant_boundary(a.pos + a.m - 1, G);
   const int64_t n_fp = static_cast<int64_t>(a.pos) + a.m - b_min;
   const int64_t base = static_cast<int64_t>(a.num_kv_heads) * pl.query_groups;
   const int64_t slots =

@@ -104,6 +104,9 @@ constexpr bool kQuantAttentionDraftRegPrefetch = false;
 // head; 1: one warp per 8 query vectors, the session-5 kernel).
 constexpr int kQuantAttentionDirectTiles = 0;
 constexpr int kQuantAttentionMaxDirectTiles = 2;
+// The quantized history (positions) from which more than 16 query vectors per kv head take two
+// tiles per warp (QuantAttentionTuning::long_history_two_tiles).
+constexpr int kLongHistoryTwoTiles = 32768;
 // The direct path's sub-chunks through a per-warp cp.async ring in shared memory (one tile per
 // warp: the INT8 view and the f16-operand draft without register prefetch) instead of each
 // sub-chunk's loads straight into registers just before use: 1 on, 0 off, -1 automatic = on
@@ -165,6 +168,14 @@ struct QuantAttentionTuning {
   // heads x (gamma + 1) rows per kv head: with one tile per warp, every warp unpacks the same
   // codes. QS_DIRECT_TILES=0..2 sets it for the whole process.
   int direct_tiles = kQuantAttentionDirectTiles;
+  // Automatic tiles (direct_tiles 0) for more than 16 query vectors per kv head (GQA 4 at
+  // m >= 5, GQA 8 at m >= 3) over a quantized history of >= kLongHistoryTwoTiles positions: two
+  // tiles per warp with the per-warp ring (as for 9..16) instead of one tile per warp, whose
+  // warps each unpack the same codes. H200, session 37 (bench_ops quantkv, Llama-3.1-8B
+  // verification): 128K m = 5 / 7 / 9 227 / 298 / 403 -> 211 / 215 / 379 us; 32K 75 / 93 / 117
+  // -> 75 / 77 / 120; at 4K slower (28 / 34 / 32 -> 36 / 34 / 36), so short histories keep one
+  // tile. QS_GQA_TWO_TILES=0 turns it off for the whole process.
+  bool long_history_two_tiles = true;
   // The direct path's per-warp cp.async ring (kQuantAttentionDirectRing: -1 automatic, 0 off, 1
   // on). QS_DIRECT_RING=0|1 sets it for the whole process.
   int direct_ring = kQuantAttentionDirectRing;
@@ -187,8 +198,10 @@ struct QuantAttentionTuning {
   // s = range / 255). Fewer instructions where the kernel is issue-bound (the GQA verification:
   // 2058 -> 1722 per 32-token sub-chunk with two tiles, sass_loops.py). H200, session 36:
   // Llama-3.1-8B verification attention at 32K 7-11% faster, the step 2%; Llama-2-7B unchanged;
-  // errors up to 1.9e-3 of the exact view's output. QS_INT8_F16=1 sets it for the whole
-  // process. Off until an A/B at 128K decides it.
+  // errors up to 1.9e-3 of the exact view's output; session 37 at 128K: AR INT8 -1.1% / -3.4%,
+  // QuantSpec -1.7% / -0.8% (Llama-3.1-8B / Llama-2-7B). The engine's default since then, per
+  // backend (--target-attention f16, QuantAttentionArgs::f16_int8); this process-wide switch
+  // (QS_INT8_F16=1) is for tests and benchmarks.
   bool int8_f16 = false;
   // More than kQuantAttentionMaxRows queries (a prefill that reads the history through the view:
   // --prefill-kv quantized, the prompt cache's rest of a prompt, evaluation) as the prefill
