@@ -171,6 +171,12 @@ int run_bench(const BenchArgs& a) {
                           {"head_dim", c.head_dim}, {"vocab", c.vocab_size},
                           {"intermediate", c.intermediate_size}};
       report["generated_tokens"] = a.gen.max_new_tokens;
+      // The quantized views' attention arithmetic (the GPU's choices; the CPU is exact).
+      const bool gpu = mo.engine.device == Device::kCuda;
+      report["draft_attention"] =
+          gpu ? attention_operands_name(mo.engine.draft_attention) : "exact";
+      report["target_attention"] =
+          gpu ? attention_operands_name(mo.engine.target_attention) : "exact";
       report["kernel_switches"] = nlohmann::json::object();
       for (const auto& [name, value] : kernel_switches()) report["kernel_switches"][name] = value;
       report["temperature"] = a.gen.sampling.temperature;

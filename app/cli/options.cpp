@@ -50,7 +50,7 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
                     "(the folded query and value weights as f16 operands, one MMA per product: "
                     "up to ~2e-3 of the attention output, ~20x below the INT8 view's own error; "
                     "faster where the GQA verification is issue-bound); greedy QuantSpec equals "
-                    "greedy AR INT8 either way; the CPU is always exact [default: exact]",
+                    "greedy AR INT8 either way; the CPU is always exact [default: f16]",
                     "QS_TARGET_ATTENTION");
   const std::map<std::string, PrefillKv> prefill_kvs{{"exact", PrefillKv::kExact},
                                                      {"quantized", PrefillKv::kQuantized}};

@@ -448,6 +448,8 @@ def test_bench_matrix_table_and_json(qs, tmp_path):
     report = json.loads(out.read_text())
     assert report["command"] == "bench" and report["backend"] == "cpu" and report["commit"]
     assert not os.path.isabs(report["model"])  # reports name no machine's paths
+    # The quantized views' attention arithmetic: the CPU's is exact whatever the GPU choices.
+    assert report["draft_attention"] == report["target_attention"] == "exact"
     runs = report["runs"]
     assert len(runs) == 12
     for r in runs:

@@ -69,7 +69,7 @@ TEST(EngineDefaults, GpuPrefillIsBf16) {
   EXPECT_EQ(o.prefill_matmul, PrefillMatmul::kBf16);
   EXPECT_STREQ(prefill_matmul_name(o.prefill_matmul), "bf16");
   EXPECT_EQ(o.draft_attention, AttentionOperands::kF16);
-  EXPECT_EQ(o.target_attention, AttentionOperands::kExact);
+  EXPECT_EQ(o.target_attention, AttentionOperands::kF16);
 }
 
 // Every AR cache and QuantSpec run with f16 rows; the caches hold f16 rows (half the buffer

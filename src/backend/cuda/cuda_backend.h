@@ -34,8 +34,9 @@ struct CudaBackendOptions {
   // product); true: f16 hi + lo (f32-level, as the INT8 view). QuantAttentionArgs::exact_draft.
   bool exact_draft_attention = false;
   // The target (INT8) view of the quantized attention, which AR INT8 reads too: false: f16 hi +
-  // lo (f32-level); true: f16 operands alone on the register-direct path (errors up to ~2e-3 of
-  // the output, ~20x below the view's own). QuantAttentionArgs::f16_int8.
+  // lo (f32-level, the CPU reference's; the conformance tests' backends); true: f16 operands
+  // alone on the register-direct path (errors up to ~2e-3 of the output, ~20x below the view's
+  // own; the engine's default, --target-attention f16). QuantAttentionArgs::f16_int8.
   bool f16_target_attention = false;
 };
 
