@@ -758,66 +758,6 @@ TEST_F(CudaOpsTest, QuantAttentionCombines) {
   report("quantized combines", worst);
 }
 
-// The combine in the split kernel's last blocks (QuantAttentionTuning::last_combine) against the
-// combine launch: the same bits, two calls in a row (each call's last blocks re-arm the counters
-// for the next). It applies to head_dim 128's direct ring kernels (the MHA and GQA 4 draft at
-// m = 1, the INT8 view at m = 5 with one tile per warp and at m = 3, GQA 4, with two; both
-// exact and with int8_f16), one split to many (forced; automatic); the plans that keep the
-// launch must give the same too (several query tiles per block, head_dim 64 and the CUDA-core
-// path of head_dim 32, 40 splits whose partials may not fit the block's shared memory).
-TEST_F(CudaOpsTest, QuantAttentionLastCombineEqualsTheCombineLaunch) {
-  int fused = 0, kept = 0;
-  for (int hd : {32, 64, 128}) {
-    for (bool int8_f16 : {false, true}) {
-      QuantKv kv(gpu(), cpu(), {3000, kKvHeads, hd, 64, hd, 0, Values::kNormal, uint64_t(90 + hd)});
-      for (const Case& c : {Case{kKvHeads, 1, false}, Case{4 * kKvHeads, 1, false},
-                            Case{kKvHeads, 5, true}, Case{4 * kKvHeads, 3, true},
-                            Case{8 * kKvHeads, 16, true}, Case{4 * kKvHeads, 7, false}}) {
-        if (int8_f16 && !c.int8) continue;
-        const int pos = kv.cfg.len - c.m, fp_base = quant_boundary(pos, kv.cfg.G);
-        const AttentionShape shape{c.num_heads, kKvHeads, hd,
-                                   static_cast<float>(1.0 / std::sqrt(double(hd)))};
-        const QuantizedKvSegment seg = kv.segment(c.int8, true);
-        KvView view{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
-                    kv.stride, kv.cfg.len};
-        view.fp_base = fp_base;
-        view.quantized = &seg;
-        const size_t n = size_t(c.m) * c.num_heads * hd;
-        const DeviceArray q0(gpu(), random_normal(n, 700 + hd + c.m)),
-            q1(gpu(), random_normal(n, 800 + hd + c.m));
-        for (int splits : {0, 1, 3, 40}) {
-          std::vector<float> got[2][2];  // [last_combine][call]
-          for (bool last : {false, true}) {
-            cuda::QuantAttentionTuning t;
-            t.splits = splits;
-            t.last_combine = last;
-            t.int8_f16 = int8_f16;
-            TuningScope scope(t);
-            if (last) {
-              const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(
-                  cuda::make_quant_attention_args(q0.data(), c.m, pos, shape, view, nullptr), 132);
-              ++(plan.last_combine ? fused : kept);
-            }
-            for (int call = 0; call < 2; ++call) {
-              DeviceArray out(gpu(), n);
-              out.poison();
-              gpu().attention((call ? q1 : q0).data(), c.m, pos, shape, view, out.data());
-              got[last][call] = out.to_host();
-            }
-          }
-          const std::string what = describe(kv, c, fp_base) + " splits=" + std::to_string(splits) +
-                                   (int8_f16 ? " int8_f16" : "");
-          EXPECT_EQ(got[1][0], got[0][0]) << what;
-          EXPECT_EQ(got[1][1], got[0][1]) << what << " (second call)";
-        }
-      }
-    }
-  }
-  std::printf("[ last combine ] %d plans combined in the kernel, %d kept the launch\n", fused,
-              kept);
-  EXPECT_GE(fused, 12);  // at least head_dim 128's m <= 5 cases at 1 and 3 splits, both forms
-}
-
 // launch_dequantize_kv_rows writes the view's values (docs/kv-format.md's x8 / x4, the f32
 // QuantKv::decoded) bit for bit as f32 rows, and those values rounded (f32_to_f16_sat) as f16
 // rows, at the row layout of the buffer (padded rows, a range that starts inside a group).

@@ -221,64 +221,6 @@ TEST_F(CudaOpsTest, F16RowsDecodeTcSanitizerSubset) {
   report("f16 rows: decode tensor cores, sanitizer subset", worst);
 }
 
-// The transposed decode kernel's combine in its last split blocks
-// (DecodeAttentionTuning::last_combine) against the combine launch: the same bits, for both head
-// dims, MHA m = 1 / 5 / 8 and GQA 4 (m = 1, 2) and 8 (m = 1), forced splits (2 to 64: short
-// tails, warps without a stage) and the automatic plan, two calls in a row (each call's last
-// blocks re-arm the counters for the next). attention_decode_last_combine must take the kernel
-// at 2 and 7 splits (at most 8 query vectors' partials: 29 KB); at 64 splits the partials of 4-8
-// query vectors exceed the kernel's shared memory and the launch stays.
-TEST_F(CudaOpsTest, F16RowsDecodeLastCombineEqualsTheCombineLaunch) {
-  TuningGuard guard;
-  int fused = 0;
-  for (int hd : {64, 128}) {
-    for (int len : {1001, 33001}) {
-      F16Kv kv(gpu(), len, kKvHeads, hd, 0, 900 + hd + len);
-      for (auto [ratio, m] : {std::pair{1, 1}, {1, 5}, {1, 8}, {4, 1}, {4, 2}, {8, 1}}) {
-        const int num_heads = kKvHeads * ratio, pos = len - m;
-        const AttentionShape shape{num_heads, kKvHeads, hd,
-                                   static_cast<float>(1.0 / std::sqrt(double(hd)))};
-        const size_t n = size_t(m) * num_heads * hd;
-        const DeviceArray q0(gpu(), random_normal(n, 901 + len + m)),
-            q1(gpu(), random_normal(n, 902 + len + m));
-        const KvView view = kv.gpu_view();
-        for (int splits : {0, 2, 7, 64}) {
-          std::vector<float> got[2][2];  // [last_combine][call]
-          for (bool last : {false, true}) {
-            cuda::DecodeAttentionTuning t;
-            t.last_combine = last;
-            cuda::set_decode_attention_tuning(t);
-            if (last && splits > 0) {  // the launcher's choice for these operands
-              cuda::AttentionArgs a =
-                  cuda::make_attention_args(q0.data(), m, pos, shape, view, nullptr);
-              a.num_splits = splits;
-              unsigned counters = 0;  // only looked at for null
-              a.combine_arrivals = &counters;
-              const bool in_kernel = cuda::attention_decode_last_combine(a);
-              if (splits < 64) {
-                EXPECT_TRUE(in_kernel) << describe(kv, num_heads, m, splits);
-              }
-              fused += in_kernel;
-            }
-            for (int call = 0; call < 2; ++call) {
-              DeviceArray out(gpu(), n);
-              out.poison();
-              gpu().attention_decode((call ? q1 : q0).data(), m, pos, shape, view, out.data(),
-                                     splits);
-              got[last][call] = out.to_host();
-            }
-          }
-          const std::string what = describe(kv, num_heads, m, splits);
-          EXPECT_EQ(got[1][0], got[0][0]) << what;
-          EXPECT_EQ(got[1][1], got[0][1]) << what << " (second call)";
-        }
-      }
-    }
-  }
-  EXPECT_GE(fused, 48);
-  std::printf("[ last combine ] %d of 72 forced-split calls combined in the kernel\n", fused);
-}
-
 TEST_F(CudaOpsTest, F16RowsPrefillAttentionBothKernels) {
   TuningGuard guard;
   Worst tc, f32;

@@ -14,7 +14,6 @@
 #include <cmath>
 #include <type_traits>
 
-#include "backend/cuda/attention_combine.cuh"
 #include "backend/cuda/attention_state.cuh"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
@@ -408,8 +407,6 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_kernel(Atte
 // ---- combine kernel -------------------------------------------------------------------------
 
 constexpr int kCombineThreads = 256;  // 8 warps per query vector
-// combine_as_last_split (attention_combine.cuh) repeats this kernel's order of sums.
-static_assert(kCombineThreads / 32 == kCombineWarps);
 
 // One block per query vector qi (row * num_heads + head): out[qi] = sum_s w_s o_s / sum_s w_s l_s,
 // w_s = 2^(m_s - max m). The warps take the splits round-robin, so the loads of 8+ splits are in

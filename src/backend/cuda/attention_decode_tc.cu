@@ -47,7 +47,6 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backend/cuda/attention_combine.cuh"
 #include "backend/cuda/attention_decode_tc.h"
 #include "backend/cuda/attention_state.cuh"
 #include "backend/cuda/cuda_check.h"
@@ -71,13 +70,11 @@ constexpr int kExpClamp = 30;
 constexpr float kPExp = 12.0f;  // P is formed as 2^12 P
 
 // QS_DECODE_TC=0 starts the process with the CUDA-core decode kernel, QS_DECODE_TC_T=0 without
-// the transposed tensor-core kernel, QS_ATTN_LAST_COMBINE=1 with its combine in the kernel
-// (end-to-end A/B runs).
+// the transposed tensor-core kernel (end-to-end A/B runs).
 DecodeAttentionTuning g_tuning = [] {
   DecodeAttentionTuning t;
   t.tensor_cores = env_flag("QS_DECODE_TC", t.tensor_cores);
   t.transposed = env_flag("QS_DECODE_TC_T", t.transposed);
-  t.last_combine = env_flag("QS_ATTN_LAST_COMBINE", t.last_combine);
   return t;
 }();
 
@@ -486,8 +483,7 @@ __device__ __forceinline__ uint32_t vtile_chunk(int t, int chunk) {  // V's swiz
   return static_cast<uint32_t>(chunk ^ (t & 7));
 }
 
-// kLastCombine: the block ends with combine_as_last_split (attention_decode_last_combine).
-template <int HD, bool kLastCombine = false>
+template <int HD>
 __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
     attention_decode_tct_kernel(AttentionArgs a) {
   using L = TcTLayout<HD>;
@@ -713,36 +709,21 @@ __global__ void __launch_bounds__(kThreads, kDecodeTcBlocksPerSm)
   }
   __syncthreads();
   write_merged_states<HD, kWarps, L::kOPitch>(a, o_s, ml_s, L::kCols, nq, q0, kvh, split, kThreads);
-  if constexpr (kLastCombine) {
-    combine_as_last_split<HD>(
-        a.partial_o, a.partial_ml, a.out, a.combine_arrivals + kvh * gridDim.x + blockIdx.x,
-        gridDim.y, static_cast<int64_t>(a.m) * a.num_heads, nq,
-        [&](int j) {
-          const int qv = q0 + j;
-          return static_cast<int64_t>(qv / group) * a.num_heads + kvh * group + qv % group;
-        },
-        reinterpret_cast<float*>(smem));
-  }
 }
 
-template <int HD, bool kLastCombine>
+template <int HD>
 void launch_tct(const AttentionArgs& a, cudaStream_t stream) {
   constexpr size_t smem = TcTLayout<HD>::kSmem;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tct_kernel<HD, kLastCombine>,
+    CUDA_CHECK(cudaFuncSetAttribute(attention_decode_tct_kernel<HD>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem)));
     return true;
   }();
   (void)configured;
   const dim3 grid(attention_decode_tc_query_tiles(a), a.num_splits, a.num_kv_heads);
-  launch(attention_decode_tct_kernel<HD, kLastCombine>, grid, kThreads, smem, stream, a);
+  launch(attention_decode_tct_kernel<HD>, grid, kThreads, smem, stream, a);
   CUDA_CHECK_LAUNCH(stream);
-}
-
-template <int HD>
-void launch_tct_for_head_dim(const AttentionArgs& a, bool last_combine, cudaStream_t stream) {
-  last_combine ? launch_tct<HD, true>(a, stream) : launch_tct<HD, false>(a, stream);
 }
 
 template <int HD, bool SEL>
@@ -790,18 +771,6 @@ bool attention_decode_tct_applies(const AttentionArgs& a) {
   return g_tuning.transposed && !a.selected && (a.num_heads / a.num_kv_heads) * a.m <= 8;
 }
 
-bool attention_decode_last_combine(const AttentionArgs& a) {
-  if (!g_tuning.last_combine || a.combine_arrivals == nullptr || a.num_splits < 2 ||
-      !attention_decode_tc_supported(a) || !attention_decode_tct_applies(a)) {
-    return false;
-  }
-  const int tiles = attention_decode_tc_query_tiles(a);
-  const int nq = std::min((a.num_heads / a.num_kv_heads) * a.m, TcTLayout<128>::kCols);
-  const size_t smem = a.head_dim == 64 ? TcTLayout<64>::kSmem : TcTLayout<128>::kSmem;
-  return static_cast<int64_t>(tiles) * a.num_kv_heads <= kMaxCombineGroups &&
-         last_combine_smem_bytes(nq, a.num_splits, a.head_dim) <= smem;
-}
-
 int attention_decode_tc_query_tiles(const AttentionArgs& a) {
   const int q_per_kv_head = (a.num_heads / a.num_kv_heads) * a.m;
   const int rows = attention_decode_tct_applies(a) ? TcTLayout<128>::kCols : kRows;
@@ -818,19 +787,18 @@ void launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream) {
                            (a.sel_count == 0 || a.sel_positions)));
   const uintptr_t qo = reinterpret_cast<uintptr_t>(a.q) | reinterpret_cast<uintptr_t>(a.out);
   QS_CHECK_MSG(qo % 16 == 0, "attention: q and out must be 16-byte aligned");
-  const bool last_combine = attention_decode_last_combine(a);
   if (attention_decode_tct_applies(a)) {
     if (a.head_dim == 64) {
-      launch_tct_for_head_dim<64>(a, last_combine, stream);
+      launch_tct<64>(a, stream);
     } else {
-      launch_tct_for_head_dim<128>(a, last_combine, stream);
+      launch_tct<128>(a, stream);
     }
   } else if (a.head_dim == 64) {
     launch_for_head_dim<64>(a, stream);
   } else {
     launch_for_head_dim<128>(a, stream);
   }
-  if (a.num_splits > 1 && !last_combine) launch_attention_combine(a, stream);
+  if (a.num_splits > 1) launch_attention_combine(a, stream);
 }
 
 }  // namespace qs::cuda

@@ -23,12 +23,6 @@ struct DecodeAttentionTuning {
   // On by default since session 33 (H200, Llama-2-7B 128K: 588 -> 486 us per layer at m = 1, AR
   // fp16 23.42 -> 20.31 ms/token); QS_DECODE_TC_T=0 starts the process without it.
   bool transposed = true;
-  // The transposed kernel's split combine in its last split blocks (attention_combine.cuh) where
-  // AttentionArgs::combine_arrivals is set and the partials fit its shared memory, instead of
-  // attention.cu's combine launch; the same output bits. QS_ATTN_LAST_COMBINE=1 sets it for the
-  // whole process (with QuantAttentionTuning::last_combine). Off: slower on the H200 (session 36:
-  // Llama-3.1-8B 32K 37.3 -> 53.0 us per call, 128K 126.8 -> 144.0).
-  bool last_combine = false;
 };
 void set_decode_attention_tuning(const DecodeAttentionTuning& tuning);
 DecodeAttentionTuning decode_attention_tuning();
@@ -45,12 +39,8 @@ bool attention_decode_tct_applies(const AttentionArgs& a);
 int attention_decode_tc_query_tiles(const AttentionArgs& a);
 // Blocks of the kernel resident per SM (shared memory bound): the split planner fills one wave.
 constexpr int kDecodeTcBlocksPerSm = 2;
-// Whether launch_attention_decode_tc combines in the kernel for this call: the transposed
-// kernel, more than one split, DecodeAttentionTuning::last_combine, a.combine_arrivals set, and
-// the group's staged partials within the kernel's shared memory.
-bool attention_decode_last_combine(const AttentionArgs& a);
 // Split-KV flash-decoding; a.num_splits / a.split_len / partials as planned by the caller (the
-// combine is launched here when num_splits > 1, unless the kernel's last split blocks do it).
+// combine is launched here when num_splits > 1).
 void launch_attention_decode_tc(const AttentionArgs& a, cudaStream_t stream);
 
 }  // namespace qs::cuda

@@ -43,7 +43,6 @@
 #include <type_traits>
 #include <vector>
 
-#include "backend/cuda/attention_combine.cuh"
 #include "backend/cuda/attention_quant.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
@@ -111,9 +110,6 @@ struct Params {
   float* partial_o;   // [splits, m * num_heads, head_dim]
   float* partial_ml;  // [splits, m * num_heads, 2]
   unsigned long long* timeline;  // QuantAttentionTuning::timeline, or null
-  // Non-null (QuantAttentionPlan::last_combine): the arrival counters [kv head][query group] of
-  // combine_as_last_split, whose last split block writes out.
-  unsigned* arrivals;
 };
 
 // Positions [begin, end) (empty when end <= begin).
@@ -1182,10 +1178,8 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // state per kind, merged at the end with the other slices' states.
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
-// kLastCombine: the block ends with combine_as_last_split (QuantAttentionPlan::last_combine).
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kF16 = false,
-          bool kRegPrefetch = true, bool kRing = false, bool kOne = false,
-          bool kLastCombine = false>
+          bool kRegPrefetch = true, bool kRing = false, bool kOne = false>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1368,16 +1362,6 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     }
   }
   timeline_stamp(p, 6);
-  if constexpr (kLastCombine) {
-    combine_as_last_split<HD>(
-        p.partial_o, p.partial_ml, a.out, p.arrivals + kvh * gridDim.z + blockIdx.z, gridDim.x,
-        num_qv, min(block_qv, p.nq - qv_block),
-        [&](int j) {
-          const int qv = qv_block + j;
-          return static_cast<int64_t>(qv / p.group) * a.num_heads + kvh * p.group + qv % p.group;
-        },
-        reinterpret_cast<float*>(smem));
-  }
 }
 
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kF16 = false>
@@ -1393,14 +1377,14 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 // (QuantAttentionTuning::direct_ring); kOne: one query vector per kv head
 // (QuantAttentionTuning::single_query).
 template <bool INT8, int kRegs, bool kF16, bool kRegPrefetch = true, int NT = 1, bool kRing = false,
-          bool kOne = false, bool kLastCombine = false>
+          bool kOne = false>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
   direct_path::prefetch_block_start<INT8>(p);
   pdl_begin();
   timeline_stamp(p, 1);
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kF16, kRegPrefetch, kRing,
-                       kOne, kLastCombine>(p);
+                       kOne>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -1419,8 +1403,8 @@ std::mutex g_tuning_mu;
 // with the f16 draft's register prefetch, QS_DIRECT_TILES=0|1|2 with that many 8-query tiles per
 // warp on the direct INT8 path (0: automatic), QS_DIRECT_RING=0|1 without / with the direct
 // path's per-warp cp.async ring, QS_DIRECT_REGS=0|128|168|192 with that register cap (0:
-// automatic; 128: the f16-operand draft without register prefetch only), QS_QUANT_LAST_COMBINE=1
-// with the combine in the split kernel's last blocks, QS_INT8_F16=1 with the INT8 view's direct
+// automatic; 128: the f16-operand draft without register prefetch only), QS_INT8_F16=1 with the
+// INT8 view's direct
 // kernels on f16 operands alone, QS_GQA_TWO_TILES=0 with one tile per warp for more than 16
 // query vectors per kv head over any history, QS_QUANT_PREFILL=0 with the slices of 16 queries
 // for longer blocks.
@@ -1429,7 +1413,6 @@ QuantAttentionTuning g_tuning = [] {
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
   t.direct_tiles = env_int("QS_DIRECT_TILES", 0, kQuantAttentionMaxDirectTiles, t.direct_tiles);
   t.direct_ring = env_int("QS_DIRECT_RING", 0, 1, t.direct_ring);
-  t.last_combine = env_flag("QS_QUANT_LAST_COMBINE", t.last_combine);
   t.int8_f16 = env_flag("QS_INT8_F16", t.int8_f16);
   t.long_history_two_tiles = env_flag("QS_GQA_TWO_TILES", t.long_history_two_tiles);
   t.hybrid_prefill = env_flag("QS_QUANT_PREFILL", t.hybrid_prefill);
@@ -1599,43 +1582,6 @@ KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool 
                                    direct, regs, f16, reg_prefetch, tiles, ring, one)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
                                     direct, regs, f16, reg_prefetch, tiles, ring, one);
-}
-
-// The INT8 view's direct ring kernel (operands in f16 alone: kF16) that ends with the combine:
-// one tile per warp at 168 / 192 registers, two at kDirectRegsTwoTiles.
-template <bool kF16>
-const void* int8_last_combine_kernel_fn(int tiles, int regs) {
-  if (tiles == 2) {
-    return reinterpret_cast<const void*>(
-        attention_quant_direct_kernel<true, kDirectRegsTwoTiles, kF16, true, 2, true, false, true>);
-  }
-  if (regs == 192) {
-    return reinterpret_cast<const void*>(
-        attention_quant_direct_kernel<true, 192, kF16, false, 1, true, false, true>);
-  }
-  if (regs == 168) {
-    return reinterpret_cast<const void*>(
-        attention_quant_direct_kernel<true, 168, kF16, false, 1, true, false, true>);
-  }
-  return nullptr;
-}
-
-// The instantiation of the kernel kc names that ends with the combine (kLastCombine), or null:
-// only the direct ring kernels the automatic plans choose have one (the light f16 draft at 192
-// registers, with and without the one-query form; the INT8 view at 168 / 192 registers with one
-// tile per warp, at kDirectRegsTwoTiles with two), so that no other kernel is compiled twice.
-const void* last_combine_kernel_fn(const KernelChoice& kc, int regs, bool reg_prefetch) {
-  if (!kc.direct || !kc.ring) return nullptr;
-  if (!kc.int8) {
-    if (!kc.f16 || reg_prefetch || regs != 192) return nullptr;
-    return kc.one
-               ? reinterpret_cast<const void*>(
-                     attention_quant_direct_kernel<false, 192, true, false, 1, true, true, true>)
-               : reinterpret_cast<const void*>(
-                     attention_quant_direct_kernel<false, 192, true, false, 1, true, false, true>);
-  }
-  return kc.f16 ? int8_last_combine_kernel_fn<true>(kc.direct_tiles, regs)
-                : int8_last_combine_kernel_fn<false>(kc.direct_tiles, regs);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1813,8 +1759,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // where the call or int8_f16 asks for it (both only where the chosen path has that form).
   const bool f16 = a.seg.int8 ? tune.int8_f16 || a.f16_int8 : tune.draft_f16 && !a.exact_draft;
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
-  const int b_min = quant_boundary(a.pos, a.seg.group_size);
-  const int b_max = quant_boundary(a.pos + a.m - 1, a.seg.group_size);
+  const int hd = a.head_dim, G = a.seg.group_size;
+  const int b_min = quant_boundary(a.pos, G), b_max = quant_boundary(a.pos + a.m - 1, G);
   // Two tiles per warp and the ring for many query vectors over a long history.
   const bool long_two = tune.long_history_two_tiles && tune.direct_tiles == 0 && nq > 16 &&
                         b_max >= kLongHistoryTwoTiles;
@@ -1831,7 +1777,6 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.timeline = tune.timeline;
   pl.direct_tiles = kc.direct_tiles;
   pl.queries_per_warp = kc.qw;
-  const int hd = a.head_dim, G = a.seg.group_size;
   const int64_t tiles = ceil_div(nq, kc.qw);
   pl.query_groups = static_cast<int>(ceil_div(tiles, kMaxTiles));
   QS_CHECK(pl.query_groups <= 65535);
@@ -1910,19 +1855,11 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.fp_split_len = static_cast<int>(ceil_div(n_fp, splits));
   pl.q_split_len = b_max > 0 ? static_cast<int>(ceil_div(ceil_div(b_max, splits), unit) * unit) : 0;
   pl.partial_floats = splits * a.m * a.num_heads * (hd + 2);
-  // The combine in the split kernel's last block where its staged partials fit the block's
-  // shared memory and the groups the counters.
-  const int64_t block_nq = std::min<int64_t>(nq, static_cast<int64_t>(pl.query_tiles) * kc.qw);
-  pl.last_combine =
-      tune.last_combine &&
-      last_combine_kernel_fn(kc, pl.direct_regs, pl.draft_reg_prefetch) != nullptr &&
-      static_cast<int64_t>(a.num_kv_heads) * pl.query_groups <= kMaxCombineGroups &&
-      last_combine_smem_bytes(static_cast<int>(block_nq), pl.splits, hd) <= pl.smem_bytes;
   return pl;
 }
 
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
-                            float* partials, unsigned* arrivals, cudaStream_t stream) {
+                            float* partials, cudaStream_t stream) {
   check_args(a);
   const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
                                         plan.f16_operands, plan.draft_reg_prefetch,
@@ -1958,8 +1895,6 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.partial_o = partials;
   p.partial_ml = partials + plan.splits * num_qv * hd;
   p.timeline = plan.timeline;
-  QS_CHECK(!plan.last_combine || arrivals != nullptr);
-  p.arrivals = plan.last_combine ? arrivals : nullptr;
   QS_CHECK(p.tiles * kc.qw * static_cast<int64_t>(plan.query_groups) >= p.nq);
   QS_CHECK(p.fp_split_len >= 1 &&
            static_cast<int64_t>(plan.splits) * p.fp_split_len >= p.fp_end - p.fp_begin);
@@ -1973,18 +1908,12 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.ring_offset = static_cast<int>(layout.ring_offset);
   QS_CHECK(plan.smem_bytes >= layout.bytes);
 
-  // The same kernel with the combine at its end: the same shared memory and register cap.
-  const void* fn = plan.last_combine
-                       ? last_combine_kernel_fn(kc, plan.direct_regs, plan.draft_reg_prefetch)
-                       : kc.fn;
-  QS_CHECK(fn != nullptr);
-  blocks_per_sm(fn, plan.threads, plan.smem_bytes);  // sets the shared memory limit
+  blocks_per_sm(kc.fn, plan.threads, plan.smem_bytes);  // sets the shared memory limit
   const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(plan.query_groups));
-  launch(reinterpret_cast<void (*)(Params)>(fn), grid, dim3(plan.threads), plan.smem_bytes, stream,
-         p);
+  launch(reinterpret_cast<void (*)(Params)>(kc.fn), grid, dim3(plan.threads), plan.smem_bytes,
+         stream, p);
   CUDA_CHECK_LAUNCH(stream);
-  if (plan.last_combine) return;  // the kernel's last split blocks wrote out
 
   AttentionArgs c;
   c.out = a.out;

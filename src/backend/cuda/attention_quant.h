@@ -72,9 +72,6 @@ struct QuantAttentionPlan {
   int threads = 32;
   size_t smem_bytes = 0;
   int64_t partial_floats = 0;  // scratch for the split partials (o, then (max, sum))
-  // The combine in the split kernel (QuantAttentionTuning::last_combine, where it fits): no
-  // combine launch; launch_attention_quant then needs kMaxCombineGroups arrival counters.
-  bool last_combine = false;
   int chunk = 1;   // 32-token sub-chunks per warp per pipeline stage (tensor-core path)
   int stages = 3;  // cp.async pipeline stages (tensor-core path)
   unsigned long long* timeline = nullptr;  // QuantAttentionTuning::timeline
@@ -82,12 +79,9 @@ struct QuantAttentionPlan {
 
 QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms);
 
-// Runs the plan: the split kernel, then attention.cu's combine (or, plan.last_combine, the
-// kernel's last split blocks). partials: plan.partial_floats; arrivals: kMaxCombineGroups
-// counters, zero between launches (the kernel re-arms those it uses), or null when the plan
-// does not combine in the kernel.
+// Runs the plan: the split kernel, then attention.cu's combine. partials: plan.partial_floats.
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
-                            float* partials, unsigned* arrivals, cudaStream_t stream);
+                            float* partials, cudaStream_t stream);
 
 // Adds what an attention call over `kv` reads to kv.read_bytes exactly as the CPU backend
 // counts it (the last query of the call, all kv heads). No-op without read_bytes.
@@ -185,12 +179,6 @@ struct QuantAttentionTuning {
   // words per block of the largest grid launched, into which every block of every launch writes
   // when its phases end (the last launch's stamps remain). Null: no stamp is taken.
   unsigned long long* timeline = nullptr;
-  // The split combine done by each (kv head, query group)'s last split block
-  // (attention_combine.cuh) instead of attention.cu's combine launch, where the partials fit
-  // the block's shared memory; the same output bits. QS_QUANT_LAST_COMBINE=1 sets it for the
-  // whole process (the f16 decode kernel's form has its own switch, QS_ATTN_LAST_COMBINE).
-  // Off: not yet timed (session 36).
-  bool last_combine = false;
   // The INT8 view (verification, AR with the INT8 cache) on the register-direct path with its
   // operands in f16 alone, as draft_f16 for the INT4 view: one MMA per product instead of the
   // f16 hi + lo pair. The folded query and the value weights are rounded to f16 (~2^-12

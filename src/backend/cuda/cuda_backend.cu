@@ -240,8 +240,6 @@ struct CudaBackend::Impl {
   Scratch hybrid_kv;     // attention_quantized_prefill's K then V rows
   std::vector<float> argmax_rows_host;  // argmax_rows on the host: the rows copied back
   unsigned* norm_arrivals = nullptr;    // the fused GEMV + norm's block counter (cuda::GemvNorm)
-  // The attention kernels' combine in their last split blocks (kMaxCombineGroups counters).
-  unsigned* combine_arrivals = nullptr;
   // A deferred norm's partial sums (num_sms): one buffer serves every norm, since a producer writes
   // it only after its PDL wait, when the previous norm's consumer (the launch before it) is done.
   double* norm_sumsq = nullptr;
@@ -267,7 +265,6 @@ struct CudaBackend::Impl {
     hybrid_kv.release();
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (norm_arrivals) cudaFree(norm_arrivals);
-    if (combine_arrivals) cudaFree(combine_arrivals);
     if (norm_sumsq) cudaFree(norm_sumsq);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
@@ -386,9 +383,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   CUBLAS_CHECK(cublasSetMathMode(impl->cublas, CUBLAS_DEFAULT_MATH));
   CUDA_CHECK(cudaMalloc(&impl->norm_arrivals, sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl->norm_arrivals, 0, sizeof(unsigned)));
-  constexpr size_t kArrivalBytes = sizeof(unsigned) * cuda::kMaxCombineGroups;
-  CUDA_CHECK(cudaMalloc(&impl->combine_arrivals, kArrivalBytes));
-  CUDA_CHECK(cudaMemsetAsync(impl->combine_arrivals, 0, kArrivalBytes, impl->stream));
   CUDA_CHECK(cudaMalloc(&impl->norm_sumsq, sizeof(double) * static_cast<size_t>(impl->num_sms)));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
@@ -872,7 +866,7 @@ void CudaBackend::attention_quant_slice(const float* q, int m, int pos, const At
   const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, impl_->num_sms);
   auto* partials = static_cast<float*>(
       impl_->attn_partial.ensure(sizeof(float) * static_cast<size_t>(plan.partial_floats)));
-  cuda::launch_attention_quant(a, plan, partials, impl_->combine_arrivals, impl_->stream);
+  cuda::launch_attention_quant(a, plan, partials, impl_->stream);
 }
 
 void CudaBackend::attention_quantized_prefill(const float* q, int m, int pos,
@@ -930,7 +924,6 @@ void CudaBackend::attention_decode(const float* q, int m, int pos, const Attenti
     const int64_t base_blocks =
         static_cast<int64_t>(cuda::attention_decode_tc_query_tiles(a)) * shape.num_kv_heads;
     impl_->plan_splits(a, base_blocks, num_splits, cuda::kDecodeTcBlocksPerSm);
-    a.combine_arrivals = impl_->combine_arrivals;  // used where the kernel combines
     cuda::launch_attention_decode_tc(a, impl_->stream);
     return;
   }

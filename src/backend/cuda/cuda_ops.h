@@ -254,9 +254,6 @@ struct AttentionArgs {
   const int32_t* sel_positions = nullptr;  // device memory, [num_kv_heads, sel_count]
   int sel_count = 0;
   int sel_dense_from = 0;
-  // kMaxCombineGroups counters, zero between launches, for a decode kernel whose last split
-  // blocks combine (DecodeAttentionTuning::last_combine); null: the combine is a launch.
-  unsigned* combine_arrivals = nullptr;
   // Positions a query row's kv head sequence holds (the split range).
   __host__ __device__ int seq_len() const {
     return selected ? sel_count + (pos + m - sel_dense_from) : pos + m;
@@ -277,10 +274,6 @@ int attention_prefill_query_tiles(const AttentionArgs& a);
 
 // Merges the num_splits partial states of every query vector into out.
 void launch_attention_combine(const AttentionArgs& a, cudaStream_t stream);
-
-// Arrival counters of the attention kernels that combine in their last split blocks
-// (attention_combine.cuh): one per group of split blocks (kv head x query tile / group).
-constexpr int kMaxCombineGroups = 4096;
 
 // ---- snapkv.cu ------------------------------------------------------------------------------
 
