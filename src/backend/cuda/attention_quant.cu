@@ -1404,10 +1404,9 @@ std::mutex g_tuning_mu;
 // warp on the direct INT8 path (0: automatic), QS_DIRECT_RING=0|1 without / with the direct
 // path's per-warp cp.async ring, QS_DIRECT_REGS=0|128|168|192 with that register cap (0:
 // automatic; 128: the f16-operand draft without register prefetch only), QS_INT8_F16=1 with the
-// INT8 view's direct
-// kernels on f16 operands alone, QS_GQA_TWO_TILES=0 with one tile per warp for more than 16
-// query vectors per kv head over any history, QS_QUANT_PREFILL=0 with the slices of 16 queries
-// for longer blocks.
+// INT8 view's direct kernels on f16 operands alone, QS_GQA_TWO_TILES=0 with one tile per warp
+// for more than 16 query vectors per kv head over any history, QS_QUANT_PREFILL=0 with the
+// slices of 16 queries for longer blocks.
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
@@ -1761,9 +1760,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const int64_t nq = static_cast<int64_t>(a.num_heads / a.num_kv_heads) * a.m;
   const int hd = a.head_dim, G = a.seg.group_size;
   const int b_min = quant_boundary(a.pos, G), b_max = quant_boundary(a.pos + a.m - 1, G);
-  // Two tiles per warp and the ring for many query vectors over a long history.
-  const bool long_two = tune.long_history_two_tiles && tune.direct_tiles == 0 && nq > 16 &&
-                        b_max >= kLongHistoryTwoTiles;
+  // Two tiles per warp and the ring for many query vectors over a long history (the INT8 view:
+  // only it has the two-tile kernels).
+  const bool long_two = tune.long_history_two_tiles && tune.direct_tiles == 0 && a.seg.int8 &&
+                        nq > 16 && b_max >= kLongHistoryTwoTiles;
   const int want_tiles =
       tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq, long_two);
   const bool one = tune.single_query && nq == 1;

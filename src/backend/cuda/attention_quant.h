@@ -163,7 +163,7 @@ struct QuantAttentionTuning {
   // codes. QS_DIRECT_TILES=0..2 sets it for the whole process.
   int direct_tiles = kQuantAttentionDirectTiles;
   // Automatic tiles (direct_tiles 0) for more than 16 query vectors per kv head (GQA 4 at
-  // m >= 5, GQA 8 at m >= 3) over a quantized history of >= kLongHistoryTwoTiles positions: two
+  // m >= 5, GQA 8 at m >= 3) over the INT8 view's history of >= kLongHistoryTwoTiles positions: two
   // tiles per warp with the per-warp ring (as for 9..16) instead of one tile per warp, whose
   // warps each unpack the same codes. H200, session 37 (bench_ops quantkv, Llama-3.1-8B
   // verification): 128K m = 5 / 7 / 9 227 / 298 / 403 -> 211 / 215 / 379 us; 32K 75 / 93 / 117
