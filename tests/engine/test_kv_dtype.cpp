@@ -32,10 +32,7 @@ std::unique_ptr<LlmEngine> make_engine(const TinyModel& tiny, EngineOptions o) {
 }
 
 EngineOptions options(DecodeMode mode, KvType kv, KvDType rows, int group = 32, int gamma = 0) {
-  EngineOptions o;
-  o.mode = mode;
-  o.kv = kv;
-  o.kv_explicit = kv != KvType::kFp16;
+  EngineOptions o = testing::mode_options(mode, kv);
   o.kv_dtype = rows;
   o.group_size = group;
   o.gamma = gamma;

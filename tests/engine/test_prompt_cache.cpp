@@ -115,9 +115,7 @@ TEST(PromptCache, FullPrecisionCacheKeepsAnySharedPrefix) {
 // output is AR INT8's).
 TEST(PromptCache, QuantizedCacheContinuesAsDecodingWould) {
   const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 72);
-  for (const auto& [mode, kv] :
-       {std::pair{DecodeMode::kAr, KvType::kInt8}, std::pair{DecodeMode::kAr, KvType::kInt4},
-        std::pair{DecodeMode::kQuantSpec, KvType::kFp16}}) {
+  for (const auto& [mode, kv] : testing::kQuantizedModes) {
     SCOPED_TRACE(std::string(decode_mode_name(mode)) + " " + kv_type_name(kv));
     const EngineOptions streamed = options(mode, kv, true, PrefillKv::kQuantized);
     check_conversation(tiny, streamed, options(mode, kv, false, PrefillKv::kQuantized), false);
@@ -202,9 +200,7 @@ TEST(PromptCache, AStopInsideARoundKeepsWhatTheCacheHolds) {
 TEST(PromptCache, AShortHistoryIsExtendedExactly) {
   const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 77);
   // The INT4 view's error is large enough that reading the history quantized changes the tokens.
-  for (const auto& [mode, kv] :
-       {std::pair{DecodeMode::kAr, KvType::kInt4}, std::pair{DecodeMode::kAr, KvType::kInt8},
-        std::pair{DecodeMode::kQuantSpec, KvType::kFp16}}) {
+  for (const auto& [mode, kv] : testing::kQuantizedModes) {
     SCOPED_TRACE(std::string(decode_mode_name(mode)) + " " + kv_type_name(kv));
     auto e = testing::make_tiny_engine(tiny, options(mode, kv, true));
     ASSERT_TRUE(e);

@@ -402,11 +402,8 @@ TEST(TensorParallel, SpeculativeRoundsRunInLockstep) {
 
 std::unique_ptr<LlmEngine> make_engine(const TinyModel& tiny, DecodeMode mode, KvType kv, int tp,
                                        int group = 32) {
-  EngineOptions o;
+  EngineOptions o = testing::mode_options(mode, kv);
   o.num_threads = 4;  // tp ranks of 4 / tp threads each
-  o.mode = mode;
-  o.kv = kv;
-  o.kv_explicit = kv != KvType::kFp16;
   o.group_size = group;
   o.tensor_parallel = tp;
   Result<std::unique_ptr<LlmEngine>> e = LlmEngine::create(tiny.cfg, tiny.weights, std::nullopt, o);

@@ -5,11 +5,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <cstdlib>
 #include <cstdint>
+#include <cstdlib>
 #include <memory>
 #include <random>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtype.h"
@@ -304,11 +305,23 @@ inline ModelConfig engine_test_config() {
   return cfg;
 }
 
-inline EngineOptions engine_test_options(DecodeMode mode, KvType kv, PrefillKv prefill) {
+// A decoding mode and an AR cache (kv_explicit for the quantized ones, as the CLI sets it).
+inline EngineOptions mode_options(DecodeMode mode, KvType kv) {
   EngineOptions o;
   o.mode = mode;
   o.kv = kv;
   o.kv_explicit = kv != KvType::kFp16;
+  return o;
+}
+
+// The modes whose caches hold quantized planes: AR INT8, AR INT4, QuantSpec.
+inline constexpr std::pair<DecodeMode, KvType> kQuantizedModes[] = {
+    {DecodeMode::kAr, KvType::kInt8},
+    {DecodeMode::kAr, KvType::kInt4},
+    {DecodeMode::kQuantSpec, KvType::kFp16}};
+
+inline EngineOptions engine_test_options(DecodeMode mode, KvType kv, PrefillKv prefill) {
+  EngineOptions o = mode_options(mode, kv);
   o.group_size = kEngineTestGroup;
   o.gamma = kEngineTestGamma;
   o.prefill_chunk = kEngineTestChunk;

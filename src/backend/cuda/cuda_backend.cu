@@ -880,16 +880,21 @@ void CudaBackend::attention_quantized_prefill(const float* q, int m, int pos,
   const size_t elem = dtype_size(kv.row_dtype);
   const size_t pitch = static_cast<size_t>(kv_dim) * elem;
   const size_t rows_bytes = static_cast<size_t>(end) * pitch;
-  char* hk = static_cast<char*>(impl_->hybrid_kv.ensure(2 * rows_bytes));
-  char* hv = hk + rows_bytes;
-  // The view's full-precision rows [fp_base, end), then its quantized view below the first
-  // query's boundary (over the copies of [fp_base, b(pos))).
-  const size_t spitch = static_cast<size_t>(kv.row_stride) * elem;
-  const auto n_fp = static_cast<size_t>(end - kv.fp_base);
-  CUDA_CHECK(cudaMemcpy2DAsync(hk + kv.fp_base * pitch, pitch, kv.k, spitch, pitch, n_fp,
-                               cudaMemcpyDeviceToDevice, impl_->stream));
-  CUDA_CHECK(cudaMemcpy2DAsync(hv + kv.fp_base * pitch, pitch, kv.v, spitch, pitch, n_fp,
-                               cudaMemcpyDeviceToDevice, impl_->stream));
+  // The rows, written out at the first run the prefill kernels take: the view's full-precision
+  // rows [fp_base, end), then its quantized view below each run's boundary (over the copies of
+  // [fp_base, b)).
+  char* hk = nullptr;
+  char* hv = nullptr;
+  auto write_rows = [&] {
+    hk = static_cast<char*>(impl_->hybrid_kv.ensure(2 * rows_bytes));
+    hv = hk + rows_bytes;
+    const size_t spitch = static_cast<size_t>(kv.row_stride) * elem;
+    const auto n_fp = static_cast<size_t>(end - kv.fp_base);
+    CUDA_CHECK(cudaMemcpy2DAsync(hk + kv.fp_base * pitch, pitch, kv.k, spitch, pitch, n_fp,
+                                 cudaMemcpyDeviceToDevice, impl_->stream));
+    CUDA_CHECK(cudaMemcpy2DAsync(hv + kv.fp_base * pitch, pitch, kv.v, spitch, pitch, n_fp,
+                                 cudaMemcpyDeviceToDevice, impl_->stream));
+  };
   int dequantized = 0;
   for (int q0 = pos; q0 < end;) {
     // b(t) is constant below 2G and then on each group [G k, G (k + 1)).
@@ -901,6 +906,7 @@ void CudaBackend::attention_quantized_prefill(const float* q, int m, int pos,
     if (q1 - q0 <= kGemvMaxRows) {  // the decode kernels read the view as it is
       attention_quant_slice(qr, q1 - q0, q0, shape, kv, o);
     } else {
+      if (hk == nullptr) write_rows();
       if (b > dequantized) {
         cuda::launch_dequantize_kv_rows(seg, shape.num_kv_heads, shape.head_dim, dequantized, b,
                                         kv.row_dtype, hk, hv, kv_dim, impl_->stream);
