@@ -30,6 +30,7 @@
 #include <cmath>
 #include <cstdarg>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <functional>
 #include <map>
@@ -1098,12 +1099,17 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
   auto s = static_cast<cudaStream_t>(be.stream());
   const int G = 128, m_max = 9;
   const cuda::QuantAttentionTuning saved = cuda::quant_attention_tuning();
+  // QS_QUANTKV_SHAPE / QS_QUANTKV_CTX: one shape (its model name) / one context only (the
+  // context also under --quick), e.g. for ncu_stalls.sh to reach one call's kernels.
+  const char* only_shape = std::getenv("QS_QUANTKV_SHAPE");
+  const char* only_ctx = std::getenv("QS_QUANTKV_CTX");
   for (const Shape* sh : {&kLlama2_7B, &kLlama31_8B}) {
+    if (only_shape != nullptr && std::strcmp(only_shape, sh->model) != 0) continue;
     const int hd = sh->head_dim, kv_heads = sh->kv_heads;
     const AttentionShape shape{sh->heads, kv_heads, hd,
                                static_cast<float>(1.0 / std::sqrt(double(hd)))};
     for (int ctx : {4096, 32768, 131072}) {
-      if (quick && ctx != 32768) continue;
+      if (only_ctx != nullptr ? std::atoi(only_ctx) != ctx : quick && ctx != 32768) continue;
       const int fp_base = quant_boundary(ctx - m_max, G);
       const int fp_rows = ctx - fp_base;
       const double layer_bytes = double(kv_heads) * ctx * (2.0 * hd + 4.0 + 4.0 * hd / G);
