@@ -1138,7 +1138,9 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // "dring [N]": the direct path's per-warp cp.async ring forced on ("no-ring": off; both
         // also at 4K and 128K; "dring2": with two tiles per warp); "8 cols": the MHA draft's
         // 8-column loop instead of its one-query kernel (single_query off; also at 4K and 128K);
-        // "int8 f16": the INT8 view's operands in f16 alone (int8_f16; also at 4K and 128K).
+        // "int8 f16": the INT8 view's operands in f16 alone (int8_f16; also at 4K and 128K);
+        // "even [168]": the even-column draft kernel for 2..4 query vectors per kv head
+        // (even_columns; also at 4K and 128K).
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -1181,6 +1183,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
                     [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 128; }),
             variant(" dring2", [](T& t) { t.direct_ring = 1, t.direct_tiles = 2; }),
             variant(" 8 cols", [](T& t) { t.single_query = false; }),
+            variant(" even", [](T& t) { t.even_columns = true; }),
+            variant(" even 168", [](T& t) { t.even_columns = true, t.direct_regs = 168; }),
             variant(" int8 f16", [](T& t) { t.int8_f16 = true; })};
         for (const Variant& var : variants) {
           // The draft view's switches.
@@ -1190,7 +1194,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           }
           // The INT8 view's switch.
           const bool ring = var.tuning.direct_ring != saved.direct_ring;
-          const bool cols = var.tuning.single_query != saved.single_query;
+          const bool cols = var.tuning.single_query != saved.single_query ||
+                            var.tuning.even_columns != saved.even_columns;
           if (cols && r.int8) continue;
           if (!r.int8 && !ring && var.tuning.direct_tiles != saved.direct_tiles) continue;
           if (!r.int8 && var.tuning.direct_tiles == 2) continue;  // one tile for the INT4 view

@@ -610,9 +610,9 @@ struct RowPath {
 // Online softmax over a warp's 32-token sub-chunk in the S^T fragment layout: this lane's scores
 // s[st][i], i = (token r | r + 8) x (query 2c | 2c + 1); the 8 lanes of a query column share its
 // state. Updates the running max and sum, gives the weights p (2^(s - max)) and the factor corr
-// by which every earlier contribution of the query is scaled. kCols 1: query 2c alone (a tile
-// whose only query vector is its first, DirectPath::kOne); query 2c + 1 gets weights 0, factor 1
-// and keeps its state.
+// by which every earlier contribution of the query is scaled. kCols 1: column 2c alone (the
+// direct path's kOneCol and kEvenCols tiles); column 2c + 1 gets weights 0, factor 1 and keeps
+// its state.
 template <int kCols = 2>
 __device__ __forceinline__ void online_softmax_sub(const float (&s)[2][4], float (&m_run)[2],
                                                    float (&l_part)[2], float (&corr)[2],
@@ -1179,7 +1179,7 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kF16 = false,
-          bool kRegPrefetch = true, bool kRing = false, bool kOne = false>
+          bool kRegPrefetch = true, bool kRing = false, int kTC = direct_path::kPairCols>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1288,7 +1288,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     unsigned char* ring =
         kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8>(QW / 8)
               : nullptr;
-    direct_path::quant_split_direct<INT8, kF16, kRegPrefetch, QW / 8, kRing, kOne>(
+    direct_path::quant_split_direct<INT8, kF16, kRegPrefetch, QW / 8, kRing, kTC>(
         p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q,
@@ -1374,17 +1374,17 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 
 // kF16: the view's operands in f16 alone (QuantAttentionTuning::draft_f16 for the INT4 view,
 // int8_f16 for the INT8 one); NT: 8-query tiles per warp; kRing: the per-warp cp.async ring
-// (QuantAttentionTuning::direct_ring); kOne: one query vector per kv head
-// (QuantAttentionTuning::single_query).
+// (QuantAttentionTuning::direct_ring); kTC: the tile's query columns (direct_path::TileCols: one
+// query vector per kv head, QuantAttentionTuning::single_query; 2..4, even_columns).
 template <bool INT8, int kRegs, bool kF16, bool kRegPrefetch = true, int NT = 1, bool kRing = false,
-          bool kOne = false>
+          int kTC = direct_path::kPairCols>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
   direct_path::prefetch_block_start<INT8>(p);
   pdl_begin();
   timeline_stamp(p, 1);
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kF16, kRegPrefetch, kRing,
-                       kOne>(p);
+                       kTC>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -1406,7 +1406,8 @@ std::mutex g_tuning_mu;
 // automatic; 128: the f16-operand draft without register prefetch only), QS_INT8_F16=1 with the
 // INT8 view's direct kernels on f16 operands alone, QS_GQA_TWO_TILES=0 with one tile per warp
 // for more than 16 query vectors per kv head over any history, QS_QUANT_PREFILL=0 with the
-// slices of 16 queries for longer blocks.
+// slices of 16 queries for longer blocks, QS_EVEN_COLUMNS=0|1 without / with the even-column
+// draft kernel for 2..4 query vectors per kv head.
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
@@ -1414,6 +1415,7 @@ QuantAttentionTuning g_tuning = [] {
   t.direct_ring = env_int("QS_DIRECT_RING", 0, 1, t.direct_ring);
   t.int8_f16 = env_flag("QS_INT8_F16", t.int8_f16);
   t.long_history_two_tiles = env_flag("QS_GQA_TWO_TILES", t.long_history_two_tiles);
+  t.even_columns = env_flag("QS_EVEN_COLUMNS", t.even_columns);
   t.hybrid_prefill = env_flag("QS_QUANT_PREFILL", t.hybrid_prefill);
   const int regs = env_int("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (valid_direct_regs(regs)) {
@@ -1432,7 +1434,7 @@ struct KernelChoice {
   bool f16 = false;     // the view's operands in f16 alone (QuantAttentionPlan::f16_operands)
   int direct_tiles = 1;    // the direct path's 8-query tiles per warp
   bool ring = false;       // the direct path's per-warp cp.async ring
-  bool one = false;        // its one-query form (DirectPath::kOne)
+  int cols = direct_path::kPairCols;  // its tile's query columns (direct_path::TileCols)
   bool int8 = false;       // the view (the ring's slot size)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
@@ -1443,20 +1445,34 @@ struct KernelChoice {
 constexpr int kDirectRegsTwoTiles = 255;
 
 // The one-tile direct kernel at register cap `regs`: 168 or 192, and for the f16-operand draft
-// without register prefetch also kLightDraftRegs (more two-warp blocks per SM). one: the light
-// draft's ring kernel at 192 registers (the MHA draft's default) in its one-query form
-// (choose_for decides where it applies).
+// without register prefetch also kLightDraftRegs (more two-warp blocks per SM). cols
+// (direct_path::TileCols): the light draft's ring kernel at 192 registers (the MHA draft's
+// default) in its one-query form (kOneCol), or at 192 / 168 in its form for 2..4 query vectors
+// (kEvenCols); choose_for decides where they apply.
 template <bool INT8, bool kF16, bool kRegPrefetch, bool kRing>
-const void* direct_kernel_at(int regs, bool one) {
+const void* direct_kernel_at(int regs, int cols) {
   constexpr bool kLight = !INT8 && kF16 && !kRegPrefetch;
   if constexpr (kLight && kRing) {
-    if (one) {
+    using direct_path::kEvenCols;
+    using direct_path::kOneCol;
+    if (cols == kOneCol) {
       QS_CHECK(regs == 192);
       return reinterpret_cast<const void*>(
-          attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing, true>);
+          attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing, kOneCol>);
+    }
+    if (cols == kEvenCols) {
+      QS_CHECK(regs == 192 || regs == 168);
+      return regs == 192 ? reinterpret_cast<const void*>(
+                               attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1,
+                                                             kRing, kEvenCols>)
+                         : reinterpret_cast<const void*>(
+                               attention_quant_direct_kernel<INT8, 168, kF16, kRegPrefetch, 1,
+                                                             kRing, kEvenCols>);
     }
   }
-  QS_CHECK_MSG(!one, "quantized attention: the one-query kernel is the light draft's ring kernel");
+  QS_CHECK_MSG(cols == direct_path::kPairCols,
+               "quantized attention: the one-query and even-column kernels are the light draft's "
+               "ring kernels");
   if constexpr (kLight) {
     if (regs == kLightDraftRegs) {
       return reinterpret_cast<const void*>(
@@ -1472,7 +1488,7 @@ const void* direct_kernel_at(int regs, bool one) {
 }
 
 template <bool INT8, bool kF16, bool kRegPrefetch>
-const void* direct_kernel_fn(int regs, int tiles, bool ring, bool one) {
+const void* direct_kernel_fn(int regs, int tiles, bool ring, int cols) {
   if constexpr (INT8) {
     if (tiles == 2) {
       return ring ? reinterpret_cast<const void*>(
@@ -1484,10 +1500,10 @@ const void* direct_kernel_fn(int regs, int tiles, bool ring, bool one) {
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
   if constexpr (INT8 || (kF16 && !kRegPrefetch)) {
-    if (ring) return direct_kernel_at<INT8, kF16, false, true>(regs, one);
+    if (ring) return direct_kernel_at<INT8, kF16, false, true>(regs, cols);
   }
   QS_CHECK(!ring);
-  return direct_kernel_at<INT8, kF16, kRegPrefetch, false>(regs, one);
+  return direct_kernel_at<INT8, kF16, kRegPrefetch, false>(regs, cols);
 }
 
 template <int HD, bool INT8, bool kF16>
@@ -1528,13 +1544,15 @@ KernelChoice row_kernel() {
 // The tensor-core kernels need head_dim 64/128, value groups of whole 16-byte code units and key
 // groups of whole sub-chunks; everything else runs on CUDA cores (e.g. G = 8 in the model tests).
 // The register-direct variant covers head_dim 128 with one value group per token (the default).
-// tiles: the direct path's 8-query tiles per warp (1 for the INT4 view). one: a single query
-// vector per kv head (the one-query kernel where it exists: the f16 draft's ring kernel at 192
-// registers). f16: the view's operands in f16 alone where the path has that form (the INT4 view
-// on every tensor-core path, the INT8 view on the direct one).
+// tiles: the direct path's 8-query tiles per warp (1 for the INT4 view). cols: the tile's query
+// columns wanted (direct_path::TileCols: kOneCol for a single query vector per kv head, kEvenCols
+// for 2..4), taken where the kernel has that form (the f16 draft's ring kernel, at 192 registers
+// for kOneCol, 192 or 168 for kEvenCols), else kPairCols. f16: the view's operands in f16 alone
+// where the path has that form (the INT4 view on every tensor-core path, the INT8 view on the
+// direct one).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs, bool f16,
-                        bool reg_prefetch, int tiles, bool ring, bool one) {
+                        bool reg_prefetch, int tiles, bool ring, int cols) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
@@ -1545,14 +1563,21 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     // The ring: the INT8 view (one or two tiles) or the f16 draft without register prefetch.
     k.ring = ring && (INT8 || (k.f16 && !reg_prefetch));
     k.int8 = INT8;
-    k.one = one && !INT8 && k.f16 && !reg_prefetch && k.ring && regs == 192;
+    using direct_path::kEvenCols;
+    using direct_path::kOneCol;
+    using direct_path::kPairCols;
+    const bool light_ring = !INT8 && k.f16 && !reg_prefetch && k.ring;
+    k.cols = !light_ring                                         ? kPairCols
+             : cols == kOneCol && regs == 192                    ? kOneCol
+             : cols == kEvenCols && (regs == 192 || regs == 168) ? kEvenCols
+                                                                 : kPairCols;
     if constexpr (INT8) {
-      k.fn = k.f16 ? direct_kernel_fn<true, true, true>(regs, k.direct_tiles, k.ring, false)
-                   : direct_kernel_fn<true, false, true>(regs, k.direct_tiles, k.ring, false);
+      k.fn = k.f16 ? direct_kernel_fn<true, true, true>(regs, k.direct_tiles, k.ring, kPairCols)
+                   : direct_kernel_fn<true, false, true>(regs, k.direct_tiles, k.ring, kPairCols);
     } else {
-      k.fn = !k.f16          ? direct_kernel_fn<false, false, true>(regs, 1, k.ring, false)
-             : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.one)
-                             : direct_kernel_fn<false, true, true>(regs, 1, false, false);
+      k.fn = !k.f16          ? direct_kernel_fn<false, false, true>(regs, 1, k.ring, kPairCols)
+             : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.cols)
+                             : direct_kernel_fn<false, true, true>(regs, 1, false, kPairCols);
     }
     return k;
   }
@@ -1575,12 +1600,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 }
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool f16, bool reg_prefetch, int tiles, bool ring, bool one) {
+                           bool f16, bool reg_prefetch, int tiles, bool ring, int cols) {
   const QuantizedKvSegment& s = a.seg;
   return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                   direct, regs, f16, reg_prefetch, tiles, ring, one)
+                                   direct, regs, f16, reg_prefetch, tiles, ring, cols)
                 : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
-                                    direct, regs, f16, reg_prefetch, tiles, ring, one);
+                                    direct, regs, f16, reg_prefetch, tiles, ring, cols);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1676,6 +1701,13 @@ int auto_direct_tiles(int64_t nq, bool long_two) {
   return (nq > 8 && nq <= 16) || (nq > 16 && long_two) ? 2 : 1;
 }
 
+// The tile's query columns (direct_path::TileCols) of a plan.
+int plan_cols(const QuantAttentionPlan& plan) {
+  return plan.single_query   ? direct_path::kOneCol
+         : plan.even_columns ? direct_path::kEvenCols
+                             : direct_path::kPairCols;
+}
+
 }  // namespace
 
 // ---- API ------------------------------------------------------------------------------------
@@ -1766,9 +1798,13 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                         nq > 16 && b_max >= kLongHistoryTwoTiles;
   const int want_tiles =
       tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq, long_two);
-  const bool one = tune.single_query && nq == 1;
+  // The tile's query columns: one vector per kv head (an MHA draft step) or 2..4 (a GQA one).
+  const int cols = nq == 1 && tune.single_query             ? direct_path::kOneCol
+                   : nq >= 2 && nq <= 4 && tune.even_columns ? direct_path::kEvenCols
+                                                             : direct_path::kPairCols;
   KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16,
-                                  tune.draft_reg_prefetch, want_tiles, false, false);
+                                  tune.draft_reg_prefetch, want_tiles, false,
+                                  direct_path::kPairCols);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
@@ -1802,7 +1838,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   const bool want_ring =
       tune.direct_ring < 0 ? pl.query_tiles == 1 || long_two : tune.direct_ring == 1;
   kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, f16,
-                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring, one);
+                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring, cols);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1831,10 +1867,11 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   }
   if (kc.ring && smem_for(pl.chunk, pl.stages) > smem_cap) {  // the rings do not fit: without
     kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, f16,
-                       tune.draft_reg_prefetch, pl.direct_tiles, false, one);
+                       tune.draft_reg_prefetch, pl.direct_tiles, false, cols);
   }
   pl.direct_ring = kc.ring;
-  pl.single_query = kc.one;
+  pl.single_query = kc.cols == direct_path::kOneCol;
+  pl.even_columns = kc.cols == direct_path::kEvenCols;
   pl.smem_bytes = smem_for(pl.chunk, pl.stages);
 
   // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
@@ -1863,9 +1900,9 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   check_args(a);
   const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
                                         plan.f16_operands, plan.draft_reg_prefetch,
-                                        plan.direct_tiles, plan.direct_ring, plan.single_query);
+                                        plan.direct_tiles, plan.direct_ring, plan_cols(plan));
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct && kc.f16 == plan.f16_operands &&
-           kc.qw == plan.queries_per_warp && kc.one == plan.single_query);
+           kc.qw == plan.queries_per_warp && kc.cols == plan_cols(plan));
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   QS_CHECK(2 * plan.token_slices <= kMaxStates);
   const int G = a.seg.group_size;

@@ -314,6 +314,17 @@ __device__ __forceinline__ uint32_t word_at(const uint2& v, int i) {
   return i == 0 ? v.x : v.y;
 }
 
+// Which query vectors a one-tile warp's 8 MMA columns hold (DirectPath's kCols form):
+//  - kPairCols: up to 8, query j in column j; lane (r, c) computes columns 2c and 2c + 1;
+//  - kEvenCols: up to 4, query j in column 2j (its B fragments folded by lanes r = 2j, 2j + 1,
+//    so column 2j + 1 repeats it); each lane computes column 2c alone (a GQA draft step: 2..4
+//    query heads per kv head, e.g. Llama-3.1-8B's 4);
+//  - kOneCol: one, folded by the whole warp and repeated in every column; lanes compute column
+//    2c alone and column 0 is stored (an MHA draft step).
+// kEvenCols and kOneCol leave every odd column out of the scores, the softmax, the min terms and
+// the rescale; each computed column's arithmetic is the 8-column loop's for the same query.
+enum TileCols : int { kPairCols = 0, kEvenCols = 1, kOneCol = 2 };
+
 // The online-softmax state of a warp's tile (8 query vectors x head_dim 128) in the O^T
 // fragment layout: o[u][i] is channel ch(u) + (i >> 1) of query 2c + (i & 1), with ch(u) =
 // 16r + 8 (u / 4) + 2 (u % 4), covering channels 16r .. 16r + 15.
@@ -339,11 +350,13 @@ struct DirectTile {
   }
 
   // o_s: [8][HD], ml_s: [8][2] of this warp's tile; O^T = o * scale + the min term, rows r + 8
-  // (the odd channels) at scale_odd.
+  // (the odd channels) at scale_odd. kEven (kEvenCols): column 2c is query c (row c), the odd
+  // columns are not stored.
+  template <bool kEven = false>
   __device__ void store_tile(float* o_s, float* ml_s, float scale, float scale_odd) {
     const int lane = threadIdx.x & 31, r = lane >> 2, c = lane & 3;
 #pragma unroll
-    for (int k = 0; k < 2; ++k) {
+    for (int k = 0; k < (kEven ? 1 : 2); ++k) {
 #pragma unroll
       for (int off = 4; off < 32; off *= 2) {
         l_part[k] += __shfl_xor_sync(kFullMask, l_part[k], off);
@@ -355,15 +368,17 @@ struct DirectTile {
       const int ch = 16 * r + 8 * (u >> 2) + 2 * (u & 3);
 #pragma unroll
       for (int i = 0; i < 4; ++i) {
-        const int q = 2 * c + (i & 1);
+        if (kEven && (i & 1)) continue;
+        const int q = kEven ? c : 2 * c + (i & 1);
         o_s[q * kHD + ch + (i >> 1)] = o[u][i] * (i >> 1 ? scale_odd : scale) + acc_min[i & 1];
       }
     }
     if (r == 0) {
 #pragma unroll
-      for (int k = 0; k < 2; ++k) {
-        ml_s[2 * (2 * c + k)] = m_run[k];
-        ml_s[2 * (2 * c + k) + 1] = l_part[k];
+      for (int k = 0; k < (kEven ? 1 : 2); ++k) {
+        const int q = kEven ? c : 2 * c + k;
+        ml_s[2 * q] = m_run[k];
+        ml_s[2 * q + 1] = l_part[k];
       }
     }
   }
@@ -376,12 +391,13 @@ struct DirectTile {
 // tile) then live in the warp's own shared-memory slice `frag_s` instead of registers, next to NT
 // O^T tiles; each lane reads back only what it wrote. Fewer instructions than NT warps, but more
 // registers per warp: which is faster depends on the warps per SM (auto_direct_tiles).
-// kOne (one tile): the tile's first query vector is its only one (an MHA draft step: one query
-// per kv head): the second query column of every lane (2c + 1) is left out of the scores, the
-// softmax, the min terms and the rescale (its weights are 0), ~50 of ~575 instructions per
-// sub-chunk, and the whole warp folds the query (fold_one_query); query 2c's arithmetic is
-// otherwise unchanged.
-template <bool INT8, bool kLo = true, int NT = 1, bool kOne = false>
+// kTC (TileCols, one tile): which query vectors the tile's columns hold. kOneCol: the tile's
+// first query vector is its only one (an MHA draft step: one query per kv head): the second
+// query column of every lane (2c + 1) is left out of the scores, the softmax, the min terms and
+// the rescale (its weights are 0), ~50 of ~575 instructions per sub-chunk, and the whole warp
+// folds the query (fold_one_query); query 2c's arithmetic is otherwise unchanged. kEvenCols: the
+// same loop for up to 4 query vectors, query j in column 2j (fold_queries folds row r / 2).
+template <bool INT8, bool kLo = true, int NT = 1, int kTC = kPairCols>
 struct DirectPath {
   static constexpr int HD = kHD;
   static constexpr float kStepMul = INT8 ? 0.0625f : 1.0f;
@@ -394,8 +410,9 @@ struct DirectPath {
   static constexpr uint32_t kBias = INT8 ? 0x64806480u : 0x64086408u;
   static constexpr int kQStride = HD + kQPad;
   static constexpr bool kSharedFrags = NT > 1;
-  static_assert(!kOne || NT == 1, "one query vector: one tile");
-  static constexpr int kCols = kOne ? 1 : 2;  // query columns per lane that are computed
+  static constexpr bool kOne = kTC == kOneCol, kEven = kTC == kEvenCols;
+  static_assert(kTC == kPairCols || NT == 1, "one or even columns: one tile");
+  static constexpr int kCols = kTC == kPairCols ? 2 : 1;  // query columns per lane computed
   // uint2s of frag_s: [tile][block w][k-step h][hi | lo][lane].
   static constexpr int kFragUint2s = NT * 4 * 2 * 2 * 32;
 
@@ -438,7 +455,7 @@ struct DirectPath {
     }
 #pragma unroll
     for (int t = 0; t < NT; ++t) {
-      const float* q_row = q_warp + (8 * t + (lane >> 2)) * kQStride;
+      const float* q_row = q_warp + (8 * t + (kEven ? lane >> 3 : lane >> 2)) * kQStride;
       if constexpr (kSharedFrags) {  // one block's fragments at a time
         const float sf = fold_query_scale<4>(q_row, d0, sr, mr, kStepMul, kCenter, inv_f[t], qm[t]);
 #pragma unroll
@@ -562,7 +579,7 @@ struct DirectPath {
       for (int t = 0; t < NT; ++t) {
         finish_scores<kLo>(acc_hi[t], acc_lo[t], t_sub + 16 * st + r, tile[t].bq, inv_f[t], qm[t],
                            s[t][st]);
-        if constexpr (kOne) s[t][st][1] = s[t][st][3] = kNegInf;  // not computed (unused)
+        if constexpr (kCols == 1) s[t][st][1] = s[t][st][3] = kNegInf;  // not computed (unused)
       }
     }
 
@@ -572,7 +589,7 @@ struct DirectPath {
     for (int t = 0; t < NT; ++t) {
       online_softmax_sub<kCols>(s[t], tile[t].m_run, tile[t].l_part, corr[t], p[t]);
       tile[t].acc_min[0] *= corr[t][0];
-      if constexpr (!kOne) tile[t].acc_min[1] *= corr[t][1];
+      if constexpr (kCols == 2) tile[t].acc_min[1] *= corr[t][1];
     }
 
     // Value steps of this lane's tokens 16 st + 8 jb + r; the min terms in f32.
@@ -601,12 +618,12 @@ struct DirectPath {
     for (int t = 0; t < NT; ++t) {
       const float c0 = corr[t][0] * fe, c1 = corr[t][1] * fe;
       // Once the running maxima settle, most sub-chunks change no scale: skip the 32 products.
-      if (__any_sync(kFullMask, c0 != 1.0f || (!kOne && c1 != 1.0f))) {
+      if (__any_sync(kFullMask, c0 != 1.0f || (kCols == 2 && c1 != 1.0f))) {
 #pragma unroll
         for (int u = 0; u < 8; ++u) {
           tile[t].o[u][0] *= c0;
           tile[t].o[u][2] *= c0;
-          if constexpr (!kOne) {
+          if constexpr (kCols == 2) {
             tile[t].o[u][1] *= c1;
             tile[t].o[u][3] *= c1;
           }
@@ -625,7 +642,8 @@ struct DirectPath {
         for (int jb = 0; jb < 2; ++jb) {
           const float w = vstep[st][jb] * se;
           uint32_t h, l;
-          f16x2_operand<kLo>(p[t][st][2 * jb] * w, kOne ? 0.0f : p[t][st][2 * jb + 1] * w, h, l);
+          f16x2_operand<kLo>(p[t][st][2 * jb] * w, kCols == 1 ? 0.0f : p[t][st][2 * jb + 1] * w,
+                             h, l);
           bh[t][jb] = movmatrix_trans(h);
           if constexpr (kLo) bl[t][jb] = movmatrix_trans(l);
         }
@@ -711,7 +729,7 @@ struct DirectPath {
     const float scale_odd = kSub ? scale * 0.0625f : scale;
 #pragma unroll
     for (int t = 0; t < NT; ++t)
-      tile[t].store_tile(o_s + t * 8 * kHD, ml_s + t * 16, scale, scale_odd);
+      tile[t].template store_tile<kEven>(o_s + t * 8 * kHD, ml_s + t * 16, scale, scale_odd);
   }
 };
 
@@ -774,8 +792,8 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // halves, the next sub-chunk's keys once this one's are read, its values once these are; and the
 // full-precision rows run after the loop (`overlap()` then writes its states over the block's
 // rings: a block barrier first), so that the block's shared memory keeps four blocks per SM.
-// kOne: DirectPath's kOne (the warp's tile holds one query vector).
-template <bool INT8, bool kF16, bool kRegPrefetch, int NT, bool kRing, bool kOne, class Overlap>
+// kTC: DirectPath's TileCols form (which query vectors the warp's tile columns hold).
+template <bool INT8, bool kF16, bool kRegPrefetch, int NT, bool kRing, int kTC, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -839,7 +857,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   Chunk<INT8> cur;
   if (kPrefetch && n_subs > 0) load_chunk<INT8>(head, lp, cur);
 
-  using Path = DirectPath<INT8, !kF16, NT, kOne>;
+  using Path = DirectPath<INT8, !kF16, NT, kTC>;
   static_assert(Path::kFragUint2s * 2 <= 8 * NT * kHD, "the fragments fit in the warp's state");
   Path w;
   {
@@ -848,7 +866,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     for (int t = 0; t < NT; ++t) {
 #pragma unroll
       for (int k = 0; k < 2; ++k) {
-        const int qv = qv_warp + 8 * t + 2 * c + k;
+        const int qv = qv_warp + 8 * t + (Path::kEven ? c : 2 * c + k);  // column 2c + k's
         bnd[t][k] = qv < p.nq ? quant_boundary_dev(a.pos + qv / p.group, G) : 0;
       }
     }
