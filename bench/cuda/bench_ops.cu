@@ -1139,8 +1139,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // also at 4K and 128K; "dring2": with two tiles per warp); "8 cols": the MHA draft's
         // 8-column loop instead of its one-query kernel (single_query off; also at 4K and 128K);
         // "int8 f16": the INT8 view's operands in f16 alone (int8_f16; also at 4K and 128K);
-        // "even [168]": the even-column draft kernel for 2..4 query vectors per kv head
-        // (even_columns; also at 4K and 128K).
+        // "even [168]": the even-column kernels for up to 4 query vectors per kv head
+        // (even_columns: the draft's, and the INT8 view's at 192 registers; also at 4K and 128K).
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -1194,9 +1194,12 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           }
           // The INT8 view's switch.
           const bool ring = var.tuning.direct_ring != saved.direct_ring;
-          const bool cols = var.tuning.single_query != saved.single_query ||
-                            var.tuning.even_columns != saved.even_columns;
-          if (cols && r.int8) continue;
+          const bool even = var.tuning.even_columns != saved.even_columns;
+          const bool cols = var.tuning.single_query != saved.single_query || even;
+          if (r.int8 && (var.tuning.single_query != saved.single_query ||
+                         (even && var.tuning.direct_regs != 0))) {
+            continue;
+          }
           if (!r.int8 && !ring && var.tuning.direct_tiles != saved.direct_tiles) continue;
           if (!r.int8 && var.tuning.direct_tiles == 2) continue;  // one tile for the INT4 view
           const bool int8_f16 = var.tuning.int8_f16 != saved.int8_f16;

@@ -668,76 +668,87 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
   report("one query vs 8 columns", worst);
 }
 
-// The even-column kernel (QuantAttentionTuning::even_columns: 2..4 query vectors per kv head on
-// the f16 draft's ring kernel, query j in the tile's column 2j) computes each query's column with
-// the 8-column loop's arithmetic: its output must equal the 8-column kernel's (bit for bit is
-// expected; held to kEvenColumnsTol, where a wrong column map is O(1)), the plan must take it
-// exactly where it applies (not for 1 or more than 4 query vectors per kv head), and it must pass
-// the exact reference like every draft call.
+// The even-column kernels (QuantAttentionTuning::even_columns: query j in the tile's column 2j,
+// each lane computing one column; up to 4 query vectors per kv head on the f16 draft's ring
+// kernel (2..4: one is the one-query kernel's) and on the INT8 view's one-tile ring kernel, exact
+// or on f16 operands) compute each query's column with the 8-column loop's arithmetic: their
+// output must equal the 8-column kernel's (bit for bit is expected; held to kEvenColumnsTol,
+// where a wrong column map is O(1)), the plan must take them exactly where they apply, and they
+// must pass the exact reference like every call of their view.
 TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
   constexpr double kEvenColumnsTol = 1e-6;
   struct Queries {
     int ratio;  // query heads per kv head
     int m;      // query rows
   };
+  struct View {
+    bool int8;
+    bool f16;  // the INT8 view on f16 operands (int8_f16); the INT4 view is on f16 operands
+  };
   double worst = 0.0, worst_ref = 0.0;
   int calls = 0, even_calls = 0;
   for (const int len : {200, 1000, 4099, 33001}) {
     for (const int G : {32, 64, 128}) {
       QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kNormal, uint64_t(41 + G)});
-      const QuantizedKvSegment seg = kv.segment(false, true);
-      for (const Queries qs : {Queries{4, 1}, Queries{2, 1}, Queries{2, 2}, Queries{1, 3},
-                               Queries{1, 4}, Queries{1, 1}, Queries{8, 1}, Queries{4, 2}}) {
-        const int nq = qs.ratio * qs.m, num_heads = kKvHeads * qs.ratio;
-        const int pos = len - qs.m;
-        const int fp_base = quant_boundary(pos, G);
-        const Case c{num_heads, qs.m, false, kFpBaseMax};
-        const AttentionShape shape{num_heads, kKvHeads, 128,
-                                   static_cast<float>(1.0 / std::sqrt(128.0))};
-        const std::vector<float> q =
-            random_normal(size_t(qs.m) * num_heads * 128, 91 + len + G + nq);
-        KvView view{kv.k_dev->data() + fp_base * kv.stride,
-                    kv.v_dev->data() + fp_base * kv.stride, kv.stride, len};
-        view.fp_base = fp_base;
-        view.quantized = &seg;
-        DeviceArray qd(gpu(), q);
-        for (const int splits : {0, 1, 3}) {
-          std::vector<float> got[2];
-          for (const bool even : {true, false}) {
-            cuda::QuantAttentionTuning t;
-            t.splits = splits;
-            t.even_columns = even;
-            TuningScope scope(t);
-            const cuda::QuantAttentionArgs a =
-                cuda::make_quant_attention_args(qd.data(), qs.m, pos, shape, view, nullptr);
-            const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
-            const bool applies = even && nq >= 2 && nq <= 4;
-            EXPECT_EQ(plan.even_columns, applies) << describe(kv, c, fp_base);
-            even_calls += plan.even_columns;
-            DeviceArray out(gpu(), q.size());
-            out.poison();
-            gpu().attention(qd.data(), qs.m, pos, shape, view, out.data());
-            got[even ? 0 : 1] = out.to_host();
+      for (const View vw : {View{false, true}, View{true, false}, View{true, true}}) {
+        const QuantizedKvSegment seg = kv.segment(vw.int8, true);
+        for (const Queries qs : {Queries{4, 1}, Queries{2, 1}, Queries{2, 2}, Queries{1, 3},
+                                 Queries{1, 4}, Queries{1, 1}, Queries{8, 1}, Queries{4, 2}}) {
+          const int nq = qs.ratio * qs.m, num_heads = kKvHeads * qs.ratio;
+          const int pos = len - qs.m;
+          const int fp_base = quant_boundary(pos, G);
+          const Case c{num_heads, qs.m, vw.int8, kFpBaseMax};
+          const AttentionShape shape{num_heads, kKvHeads, 128,
+                                     static_cast<float>(1.0 / std::sqrt(128.0))};
+          const std::vector<float> q =
+              random_normal(size_t(qs.m) * num_heads * 128, 91 + len + G + nq);
+          KvView view{kv.k_dev->data() + fp_base * kv.stride,
+                      kv.v_dev->data() + fp_base * kv.stride, kv.stride, len};
+          view.fp_base = fp_base;
+          view.quantized = &seg;
+          DeviceArray qd(gpu(), q);
+          for (const int splits : {0, 1, 3}) {
+            std::vector<float> got[2];
+            for (const bool even : {true, false}) {
+              cuda::QuantAttentionTuning t;
+              t.splits = splits;
+              t.even_columns = even;
+              t.int8_f16 = vw.f16;
+              TuningScope scope(t);
+              const cuda::QuantAttentionArgs a =
+                  cuda::make_quant_attention_args(qd.data(), qs.m, pos, shape, view, nullptr);
+              const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
+              const bool applies = even && nq <= 4 && (vw.int8 || nq >= 2);
+              EXPECT_EQ(plan.even_columns, applies) << describe(kv, c, fp_base);
+              even_calls += plan.even_columns;
+              DeviceArray out(gpu(), q.size());
+              out.poison();
+              gpu().attention(qd.data(), qs.m, pos, shape, view, out.data());
+              got[even ? 0 : 1] = out.to_host();
+            }
+            const double err = rel_error(got[0], got[1]);
+            worst = std::max(worst, err);
+            EXPECT_LT(err, kEvenColumnsTol) << describe(kv, c, fp_base) << " splits=" << splits;
+            ++calls;
           }
-          const double err = rel_error(got[0], got[1]);
-          worst = std::max(worst, err);
-          EXPECT_LT(err, kEvenColumnsTol) << describe(kv, c, fp_base) << " splits=" << splits;
-          ++calls;
         }
+        cuda::QuantAttentionTuning t;
+        t.even_columns = true;
+        t.int8_f16 = vw.f16;
+        TuningScope scope(t);
+        check_cases(gpu(), cpu(), kv,
+                    {{4 * kKvHeads, 1, vw.int8, kFpBaseMax},
+                     {2 * kKvHeads, 2, vw.int8, kFpBaseMax},
+                     {kKvHeads, 3, vw.int8, kFpBaseMax},
+                     {kKvHeads, 4, vw.int8, 0},
+                     {kKvHeads, 1, vw.int8, kFpBaseMax}},
+                    worst_ref);
       }
-      cuda::QuantAttentionTuning t;
-      t.even_columns = true;
-      TuningScope scope(t);
-      check_cases(gpu(), cpu(), kv,
-                  {{4 * kKvHeads, 1, false, kFpBaseMax},
-                   {2 * kKvHeads, 2, false, kFpBaseMax},
-                   {kKvHeads, 3, false, kFpBaseMax},
-                   {kKvHeads, 4, false, 0}},
-                  worst_ref);
     }
   }
-  EXPECT_EQ(calls, 4 * 3 * 8 * 3);
-  EXPECT_EQ(even_calls, 4 * 3 * 5 * 3);
+  EXPECT_EQ(calls, 4 * 3 * 3 * 8 * 3);
+  // Per length and G: 5 query shapes take it on the INT4 view, 6 on each INT8 one; 3 splits each.
+  EXPECT_EQ(even_calls, 4 * 3 * (5 + 6 + 6) * 3);
   std::printf("[ max rel error ] even columns vs 8 columns: %.3g\n", worst);
   report("even columns against the exact reference", worst_ref);
 }

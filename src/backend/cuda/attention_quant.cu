@@ -1447,14 +1447,15 @@ constexpr int kDirectRegsTwoTiles = 255;
 // The one-tile direct kernel at register cap `regs`: 168 or 192, and for the f16-operand draft
 // without register prefetch also kLightDraftRegs (more two-warp blocks per SM). cols
 // (direct_path::TileCols): the light draft's ring kernel at 192 registers (the MHA draft's
-// default) in its one-query form (kOneCol), or at 192 / 168 in its form for 2..4 query vectors
-// (kEvenCols); choose_for decides where they apply.
+// default) in its one-query form (kOneCol); the even-column form (kEvenCols) of the light draft's
+// ring kernel at 192 / 168 and of the INT8 view's one-tile ring kernel at 192; choose_for decides
+// where they apply.
 template <bool INT8, bool kF16, bool kRegPrefetch, bool kRing>
 const void* direct_kernel_at(int regs, int cols) {
+  using direct_path::kEvenCols;
+  using direct_path::kOneCol;
   constexpr bool kLight = !INT8 && kF16 && !kRegPrefetch;
   if constexpr (kLight && kRing) {
-    using direct_path::kEvenCols;
-    using direct_path::kOneCol;
     if (cols == kOneCol) {
       QS_CHECK(regs == 192);
       return reinterpret_cast<const void*>(
@@ -1470,9 +1471,16 @@ const void* direct_kernel_at(int regs, int cols) {
                                                              kRing, kEvenCols>);
     }
   }
+  if constexpr (INT8 && kRing) {
+    if (cols == kEvenCols) {
+      QS_CHECK(regs == 192);
+      return reinterpret_cast<const void*>(
+          attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing, kEvenCols>);
+    }
+  }
   QS_CHECK_MSG(cols == direct_path::kPairCols,
-               "quantized attention: the one-query and even-column kernels are the light draft's "
-               "ring kernels");
+               "quantized attention: the one-query kernel is the light draft's ring kernel, the "
+               "even-column ones the ring kernels of the light draft and of the INT8 view");
   if constexpr (kLight) {
     if (regs == kLightDraftRegs) {
       return reinterpret_cast<const void*>(
@@ -1546,8 +1554,9 @@ KernelChoice row_kernel() {
 // The register-direct variant covers head_dim 128 with one value group per token (the default).
 // tiles: the direct path's 8-query tiles per warp (1 for the INT4 view). cols: the tile's query
 // columns wanted (direct_path::TileCols: kOneCol for a single query vector per kv head, kEvenCols
-// for 2..4), taken where the kernel has that form (the f16 draft's ring kernel, at 192 registers
-// for kOneCol, 192 or 168 for kEvenCols), else kPairCols. f16: the view's operands in f16 alone
+// for up to 4), taken where the kernel has that form (kOneCol: the f16 draft's ring kernel at 192
+// registers; kEvenCols: that kernel at 192 or 168, the INT8 view's one-tile ring kernel at 192),
+// else kPairCols. f16: the view's operands in f16 alone
 // where the path has that form (the INT4 view on every tensor-core path, the INT8 view on the
 // direct one).
 template <bool INT8>
@@ -1567,13 +1576,14 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     using direct_path::kOneCol;
     using direct_path::kPairCols;
     const bool light_ring = !INT8 && k.f16 && !reg_prefetch && k.ring;
-    k.cols = !light_ring                                         ? kPairCols
-             : cols == kOneCol && regs == 192                    ? kOneCol
-             : cols == kEvenCols && (regs == 192 || regs == 168) ? kEvenCols
-                                                                 : kPairCols;
+    const bool int8_ring = INT8 && k.ring && k.direct_tiles == 1;
+    const bool even = light_ring ? regs == 192 || regs == 168 : int8_ring && regs == 192;
+    k.cols = cols == kOneCol && light_ring && regs == 192 ? kOneCol
+             : cols == kEvenCols && even                  ? kEvenCols
+                                                          : kPairCols;
     if constexpr (INT8) {
-      k.fn = k.f16 ? direct_kernel_fn<true, true, true>(regs, k.direct_tiles, k.ring, kPairCols)
-                   : direct_kernel_fn<true, false, true>(regs, k.direct_tiles, k.ring, kPairCols);
+      k.fn = k.f16 ? direct_kernel_fn<true, true, true>(regs, k.direct_tiles, k.ring, k.cols)
+                   : direct_kernel_fn<true, false, true>(regs, k.direct_tiles, k.ring, k.cols);
     } else {
       k.fn = !k.f16          ? direct_kernel_fn<false, false, true>(regs, 1, k.ring, kPairCols)
              : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.cols)
@@ -1798,10 +1808,11 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                         nq > 16 && b_max >= kLongHistoryTwoTiles;
   const int want_tiles =
       tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq, long_two);
-  // The tile's query columns: one vector per kv head (an MHA draft step) or 2..4 (a GQA one).
-  const int cols = nq == 1 && tune.single_query             ? direct_path::kOneCol
-                   : nq >= 2 && nq <= 4 && tune.even_columns ? direct_path::kEvenCols
-                                                             : direct_path::kPairCols;
+  // The tile's query columns: one vector per kv head over the INT4 view (an MHA draft step), or up
+  // to 4 (a GQA draft step; over the INT8 view also one: AR INT8, a short MHA verification).
+  const int cols = nq == 1 && tune.single_query && !a.seg.int8 ? direct_path::kOneCol
+                   : nq <= 4 && tune.even_columns              ? direct_path::kEvenCols
+                                                               : direct_path::kPairCols;
   KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16,
                                   tune.draft_reg_prefetch, want_tiles, false,
                                   direct_path::kPairCols);
