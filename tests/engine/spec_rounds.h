@@ -7,6 +7,7 @@
 
 #include <gtest/gtest.h>
 
+#include <cstdio>
 #include <span>
 #include <vector>
 
@@ -61,6 +62,11 @@ inline void expect_chained_rounds_equal_stepwise(const TinyModel& tiny, Backend&
   EXPECT_EQ(chained_stats.accepted_histogram, step_stats.accepted_histogram);
   EXPECT_EQ(chained_counters.draft_steps, step_counters.draft_steps);
   EXPECT_EQ(chained_counters.draft_kv.upper, step_counters.draft_kv.upper);
+  std::printf("[ rounds ] %s rows, %s: %lld of %lld drafted tokens accepted, %lld flushes\n",
+              dtype_name(rows), sampling.temperature > 0.0f ? "sampling" : "greedy",
+              static_cast<long long>(chained_stats.accepted),
+              static_cast<long long>(chained_stats.drafted),
+              static_cast<long long>(chained_stats.flushes));
   // Both branches of the verdict ran, and the run crossed flushes.
   EXPECT_GT(chained_stats.accepted, 0);
   EXPECT_LT(chained_stats.accepted, chained_stats.drafted);
