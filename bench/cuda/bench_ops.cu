@@ -1140,7 +1140,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
         // 8-column loop instead of its one-query kernel (single_query off; also at 4K and 128K);
         // "int8 f16": the INT8 view's operands in f16 alone (int8_f16; also at 4K and 128K);
         // "even [168]": the even-column kernels for up to 4 query vectors per kv head
-        // (even_columns: the draft's, and the INT8 view's at 192 registers; also at 4K and 128K).
+        // (even_columns: the draft's; int8_even_columns: the INT8 view's at 192 registers), "8
+        // cols all" without either (also at 4K and 128K).
         struct Variant {
           const char* label;  // "": the default plan
           cuda::QuantAttentionTuning tuning;
@@ -1182,8 +1183,9 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
             variant(" dring 128",
                     [](T& t) { t.direct_ring = 1, t.direct_tiles = 1, t.direct_regs = 128; }),
             variant(" dring2", [](T& t) { t.direct_ring = 1, t.direct_tiles = 2; }),
-            variant(" 8 cols", [](T& t) { t.single_query = false; }),
-            variant(" even", [](T& t) { t.even_columns = true; }),
+            variant(" 8 cols", [](T& t) { t.single_query = t.even_columns = false; }),
+            variant(" even", [](T& t) { t.even_columns = t.int8_even_columns = true; }),
+            variant(" 8 cols all", [](T& t) { t.even_columns = t.int8_even_columns = false; }),
             variant(" even 168", [](T& t) { t.even_columns = true, t.direct_regs = 168; }),
             variant(" int8 f16", [](T& t) { t.int8_f16 = true; })};
         for (const Variant& var : variants) {
@@ -1194,7 +1196,8 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
           }
           // The INT8 view's switch.
           const bool ring = var.tuning.direct_ring != saved.direct_ring;
-          const bool even = var.tuning.even_columns != saved.even_columns;
+          const bool even = var.tuning.even_columns != saved.even_columns ||
+                            var.tuning.int8_even_columns != saved.int8_even_columns;
           const bool cols = var.tuning.single_query != saved.single_query || even;
           if (r.int8 && (var.tuning.single_query != saved.single_query ||
                          (even && var.tuning.direct_regs != 0))) {

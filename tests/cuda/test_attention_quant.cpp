@@ -646,6 +646,7 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
           cuda::QuantAttentionTuning t;
           t.splits = splits;
           t.single_query = single;
+          t.even_columns = false;  // the 8-column loop
           TuningScope scope(t);
           const cuda::QuantAttentionArgs a =
               cuda::make_quant_attention_args(qd.data(), 1, pos, shape, view, nullptr);
@@ -668,13 +669,13 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
   report("one query vs 8 columns", worst);
 }
 
-// The even-column kernels (QuantAttentionTuning::even_columns: query j in the tile's column 2j,
-// each lane computing one column; up to 4 query vectors per kv head on the f16 draft's ring
-// kernel (2..4: one is the one-query kernel's) and on the INT8 view's one-tile ring kernel, exact
-// or on f16 operands) compute each query's column with the 8-column loop's arithmetic: their
-// output must equal the 8-column kernel's (bit for bit is expected; held to kEvenColumnsTol,
-// where a wrong column map is O(1)), the plan must take them exactly where they apply, and they
-// must pass the exact reference like every call of their view.
+// The even-column kernels (QuantAttentionTuning::even_columns / int8_even_columns: query j in the
+// tile's column 2j, each lane computing one column; up to 4 query vectors per kv head on the f16
+// draft's ring kernel (2..4: one is the one-query kernel's) and on the INT8 view's one-tile ring
+// kernel, exact or on f16 operands) compute each query's column with the 8-column loop's
+// arithmetic: their output must equal the 8-column kernel's (bit for bit is expected; held to
+// kEvenColumnsTol, where a wrong column map is O(1)), the plan must take them exactly where they
+// apply, and they must pass the exact reference like every call of their view.
 TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
   constexpr double kEvenColumnsTol = 1e-6;
   struct Queries {
@@ -712,7 +713,7 @@ TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
             for (const bool even : {true, false}) {
               cuda::QuantAttentionTuning t;
               t.splits = splits;
-              t.even_columns = even;
+              t.even_columns = t.int8_even_columns = even;
               t.int8_f16 = vw.f16;
               TuningScope scope(t);
               const cuda::QuantAttentionArgs a =
@@ -733,7 +734,7 @@ TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
           }
         }
         cuda::QuantAttentionTuning t;
-        t.even_columns = true;
+        t.even_columns = t.int8_even_columns = true;
         t.int8_f16 = vw.f16;
         TuningScope scope(t);
         check_cases(gpu(), cpu(), kv,

@@ -1407,7 +1407,8 @@ std::mutex g_tuning_mu;
 // INT8 view's direct kernels on f16 operands alone, QS_GQA_TWO_TILES=0 with one tile per warp
 // for more than 16 query vectors per kv head over any history, QS_QUANT_PREFILL=0 with the
 // slices of 16 queries for longer blocks, QS_EVEN_COLUMNS=0|1 without / with the even-column
-// draft kernel for 2..4 query vectors per kv head.
+// draft kernel for 2..4 query vectors per kv head, QS_INT8_EVEN_COLUMNS=0|1 the INT8 view's for up
+// to 4.
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
@@ -1416,6 +1417,7 @@ QuantAttentionTuning g_tuning = [] {
   t.int8_f16 = env_flag("QS_INT8_F16", t.int8_f16);
   t.long_history_two_tiles = env_flag("QS_GQA_TWO_TILES", t.long_history_two_tiles);
   t.even_columns = env_flag("QS_EVEN_COLUMNS", t.even_columns);
+  t.int8_even_columns = env_flag("QS_INT8_EVEN_COLUMNS", t.int8_even_columns);
   t.hybrid_prefill = env_flag("QS_QUANT_PREFILL", t.hybrid_prefill);
   const int regs = env_int("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (valid_direct_regs(regs)) {
@@ -1811,8 +1813,9 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // The tile's query columns: one vector per kv head over the INT4 view (an MHA draft step), or up
   // to 4 (a GQA draft step; over the INT8 view also one: AR INT8, a short MHA verification).
   const int cols = nq == 1 && tune.single_query && !a.seg.int8 ? direct_path::kOneCol
-                   : nq <= 4 && tune.even_columns              ? direct_path::kEvenCols
-                                                               : direct_path::kPairCols;
+                   : nq <= 4 && (a.seg.int8 ? tune.int8_even_columns : tune.even_columns)
+                       ? direct_path::kEvenCols
+                       : direct_path::kPairCols;
   KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16,
                                   tune.draft_reg_prefetch, want_tiles, false,
                                   direct_path::kPairCols);

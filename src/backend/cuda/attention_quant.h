@@ -62,7 +62,7 @@ struct QuantAttentionPlan {
   bool draft_reg_prefetch = true;  // its register prefetch of the next sub-chunk (tuning)
   bool direct_ring = false;        // its sub-chunks through a per-warp cp.async ring (tuning)
   bool single_query = false;  // its one-query kernel (one query vector per kv head; tuning)
-  bool even_columns = false;  // its even-column kernel (2..4 query vectors per kv head; tuning)
+  bool even_columns = false;  // its even-column kernel (<= 4 query vectors per kv head; tuning)
   int queries_per_warp = 8;   // query vectors per warp tile (8 * direct_tiles on the direct path)
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -126,8 +126,14 @@ constexpr int kQuantAttentionDirectRing = -1;
 constexpr bool kQuantAttentionSingleQuery = true;
 // The same loop for 2..4 query vectors per kv head (a GQA draft step: Llama-3.1-8B's 4 query heads
 // per kv head), query j in the tile's column 2j (DirectPath's kEvenCols): each lane computes one
-// column instead of two; every computed column's arithmetic is the 8-column loop's.
-constexpr bool kQuantAttentionEvenColumns = false;
+// column instead of two; every computed column's arithmetic is the 8-column loop's (the outputs
+// are the same bits). H200, session 38: Llama-3.1-8B draft attention at 4K / 32K / 128K 15.9 /
+// 30.5 / 77.5 -> 14.3 / 26.9 / 68.6 us (bench_ops quantkv), the draft step at 128K 3.656 -> 3.455
+// ms (-5.5%, two rounds per arm).
+constexpr bool kQuantAttentionEvenColumns = true;
+// The even-column form of the INT8 view's one-tile ring kernel (up to 4 query vectors per kv head:
+// AR INT8, an MHA verification of up to 4 rows, a GQA-4 AR INT8 step). Off until measured.
+constexpr bool kQuantAttentionInt8EvenColumns = false;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
@@ -180,9 +186,11 @@ struct QuantAttentionTuning {
   int direct_ring = kQuantAttentionDirectRing;
   // The one-query kernel where it applies (kQuantAttentionSingleQuery); false: the 8-column loop.
   bool single_query = kQuantAttentionSingleQuery;
-  // The even-column kernel where it applies (kQuantAttentionEvenColumns); false: the 8-column loop.
-  // QS_EVEN_COLUMNS=0|1 sets it for the whole process.
+  // The INT4 view's even-column kernel where it applies (kQuantAttentionEvenColumns); false: the
+  // 8-column loop. QS_EVEN_COLUMNS=0|1 sets it for the whole process.
   bool even_columns = kQuantAttentionEvenColumns;
+  // The INT8 view's (kQuantAttentionInt8EvenColumns). QS_INT8_EVEN_COLUMNS=0|1 sets it.
+  bool int8_even_columns = kQuantAttentionInt8EvenColumns;
   // Diagnostics (bench_ops --sections qtime): non-null, a device buffer of kQuantTimelineSlots
   // words per block of the largest grid launched, into which every block of every launch writes
   // when its phases end (the last launch's stamps remain). Null: no stamp is taken.
