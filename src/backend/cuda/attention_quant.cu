@@ -1558,9 +1558,8 @@ KernelChoice row_kernel() {
 // columns wanted (direct_path::TileCols: kOneCol for a single query vector per kv head, kEvenCols
 // for up to 4), taken where the kernel has that form (kOneCol: the f16 draft's ring kernel at 192
 // registers; kEvenCols: that kernel at 192 or 168, the INT8 view's one-tile ring kernel at 192),
-// else kPairCols. f16: the view's operands in f16 alone
-// where the path has that form (the INT4 view on every tensor-core path, the INT8 view on the
-// direct one).
+// else kPairCols. f16: the view's operands in f16 alone where the path has that form (the INT4
+// view on every tensor-core path, the INT8 view on the direct one).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs, bool f16,
                         bool reg_prefetch, int tiles, bool ring, int cols) {
@@ -1816,9 +1815,9 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                    : nq <= 4 && (a.seg.int8 ? tune.int8_even_columns : tune.even_columns)
                        ? direct_path::kEvenCols
                        : direct_path::kPairCols;
-  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16,
-                                  tune.draft_reg_prefetch, want_tiles, false,
-                                  direct_path::kPairCols);
+  KernelChoice kc =
+      choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16, tune.draft_reg_prefetch,
+                    want_tiles, false, direct_path::kPairCols);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
@@ -1912,9 +1911,9 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
 void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPlan& plan,
                             float* partials, cudaStream_t stream) {
   check_args(a);
-  const KernelChoice kc = choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs,
-                                        plan.f16_operands, plan.draft_reg_prefetch,
-                                        plan.direct_tiles, plan.direct_ring, plan_cols(plan));
+  const KernelChoice kc =
+      choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.f16_operands,
+                    plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring, plan_cols(plan));
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct && kc.f16 == plan.f16_operands &&
            kc.qw == plan.queries_per_warp && kc.cols == plan_cols(plan));
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);

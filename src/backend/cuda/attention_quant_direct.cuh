@@ -642,8 +642,8 @@ struct DirectPath {
         for (int jb = 0; jb < 2; ++jb) {
           const float w = vstep[st][jb] * se;
           uint32_t h, l;
-          f16x2_operand<kLo>(p[t][st][2 * jb] * w, kCols == 1 ? 0.0f : p[t][st][2 * jb + 1] * w,
-                             h, l);
+          f16x2_operand<kLo>(p[t][st][2 * jb] * w, kCols == 1 ? 0.0f : p[t][st][2 * jb + 1] * w, h,
+                             l);
           bh[t][jb] = movmatrix_trans(h);
           if constexpr (kLo) bl[t][jb] = movmatrix_trans(l);
         }
