@@ -156,6 +156,16 @@ struct QuantKv {
     return d;
   }
 
+  // The device view of the whole length with full-precision rows from fp_base, over seg (which
+  // must outlive it).
+  KvView device_view(int fp_base, const QuantizedKvSegment& seg) const {
+    KvView view{k_dev->data() + fp_base * stride, v_dev->data() + fp_base * stride, stride,
+                cfg.len};
+    view.fp_base = fp_base;
+    view.quantized = &seg;
+    return view;
+  }
+
   QuantizedKvSegment segment(bool int8, bool device) const {
     QuantizedKvSegment s;
     if (device) {
@@ -531,10 +541,7 @@ cuda::QuantAttentionPlan plan_of(const QuantKv& kv, const Case& c) {
   const int fp_base = c.fp_base == kFpBaseMax ? quant_boundary(pos, kv.cfg.G) : c.fp_base;
   const AttentionShape shape{c.num_heads, kv.cfg.kv_heads, kv.cfg.head_dim, 1.0f};
   const QuantizedKvSegment seg = kv.segment(c.int8, true);
-  KvView view{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
-              kv.stride, kv.cfg.len};
-  view.fp_base = fp_base;
-  view.quantized = &seg;
+  const KvView view = kv.device_view(fp_base, seg);
   return cuda::plan_attention_quant(
       cuda::make_quant_attention_args(kv.k_dev->data(), c.m, pos, shape, view, nullptr), 132);
 }
@@ -635,10 +642,7 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
                                  static_cast<float>(1.0 / std::sqrt(128.0))};
       const std::vector<float> q = random_normal(size_t(kKvHeads) * 128, 77 + len + G);
       const QuantizedKvSegment seg = kv.segment(false, true);
-      KvView view{kv.k_dev->data() + fp_base * kv.stride, kv.v_dev->data() + fp_base * kv.stride,
-                  kv.stride, len};
-      view.fp_base = fp_base;
-      view.quantized = &seg;
+      const KvView view = kv.device_view(fp_base, seg);
       DeviceArray qd(gpu(), q);
       for (const int splits : {0, 1, 3}) {
         std::vector<float> got[2];
@@ -703,10 +707,7 @@ TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
                                      static_cast<float>(1.0 / std::sqrt(128.0))};
           const std::vector<float> q =
               random_normal(size_t(qs.m) * num_heads * 128, 91 + len + G + nq);
-          KvView view{kv.k_dev->data() + fp_base * kv.stride,
-                      kv.v_dev->data() + fp_base * kv.stride, kv.stride, len};
-          view.fp_base = fp_base;
-          view.quantized = &seg;
+          const KvView view = kv.device_view(fp_base, seg);
           DeviceArray qd(gpu(), q);
           for (const int splits : {0, 1, 3}) {
             std::vector<float> got[2];
