@@ -447,6 +447,11 @@ class Backend {
   // a device backend uploads a weight on its first use otherwise.
   virtual void prepare_weights(const ModelWeights& weights) { (void)weights; }
 
+  // The 4-bit weights `w` are about to be freed (their owner, a Model's draft weights, goes or
+  // replaces them): a device backend drops the copies it found by their host addresses, so that a
+  // later weight allocated at one of those addresses is not taken for a stale copy of another.
+  virtual void forget_weights4(const std::vector<const QuantizedWeight4*>& w) { (void)w; }
+
   // Makes this backend's device current on the calling thread (CUDA: cudaSetDevice), for a
   // thread other than the one that created it (tensor parallelism: one thread per rank runs
   // each rank's backend). No-op for a host-memory backend.

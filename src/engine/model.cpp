@@ -360,10 +360,26 @@ Status Model::prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache&
   return Status::ok_status();
 }
 
-Status Model::make_draft_weights(DraftWeights kind, int threads) {
+Model::~Model() {
+  drop_draft_weights();
+}
+
+void Model::drop_draft_weights() {
+  std::vector<const QuantizedWeight4*> w;
+  for (const DraftLayer& D : draft_layers_) {
+    for (const auto* p : {&D.wq, &D.wk, &D.wv, &D.wo, &D.w_gate, &D.w_up, &D.w_down}) {
+      if (*p) w.push_back(p->get());
+    }
+  }
+  if (draft_lm_head_) w.push_back(draft_lm_head_.get());
+  if (!w.empty()) backend_.forget_weights4(w);
   draft_layers_.clear();
-  draft_layers_.resize(weights_.layers.size());
   draft_lm_head_.reset();
+}
+
+Status Model::make_draft_weights(DraftWeights kind, int threads) {
+  drop_draft_weights();
+  draft_layers_.resize(weights_.layers.size());
   if (kind == DraftWeights::kNative) return Status::ok_status();
   ThreadPool pool(threads);
   auto quantize = [&pool](const WeightView& w) -> Result<std::unique_ptr<QuantizedWeight4>> {

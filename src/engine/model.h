@@ -51,6 +51,10 @@ class Model {
  public:
   // `weights` must pass check_model(cfg, weights). The backend must outlive the model.
   Model(const ModelConfig& cfg, ModelWeights weights, Backend& backend);
+  // Tells the backend that the 4-bit draft weights go (Backend::forget_weights4).
+  ~Model();
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
 
   const ModelConfig& config() const { return cfg_; }
   // The last forward's logit rows in backend memory ([rows, vocab]; valid until the next call).
@@ -155,6 +159,9 @@ class Model {
   struct DraftLayer {
     std::unique_ptr<QuantizedWeight4> wq, wk, wv, wo, w_gate, w_up, w_down;
   };
+  // Drops the draft weights, after telling the backend (their device copies are found by host
+  // address: a later weight at the same address must not be taken for one of them).
+  void drop_draft_weights();
   std::vector<DraftLayer> draft_layers_;
   std::unique_ptr<QuantizedWeight4> draft_lm_head_;
 

@@ -170,7 +170,11 @@ INSTANTIATE_TEST_SUITE_P(TinyModels, CudaModelTest,
 
 // The chained round on the GPU (ids in device memory, the draft steps and the verification
 // queued without a wait, one read-back per round) against the same forwards with each draft
-// token copied back; f32 and f16 full-precision rows.
+// token copied back; f32 and f16 full-precision rows. Each run's Model makes its own 4-bit draft
+// weights; the backend finds device copies by host address, so the second run's weights, where
+// the first run's were, could take a same-sized stale copy of another matrix unless the first
+// Model's end drops them (Model::~Model; the H200 run of session 38 accepted 0 of its drafted
+// tokens with f16 rows, the H100 run and the CPU 125 of 202).
 class CudaChainedRounds : public CudaOpsTest {
  protected:
   static testing::TinyModel model() {
@@ -181,12 +185,6 @@ class CudaChainedRounds : public CudaOpsTest {
     cfg.max_position_embeddings = 4096;
     return testing::make_tiny_model(cfg, DType::BF16, 5);
   }
-  // Each run's Model makes its own 4-bit draft weights and frees them at its end; the backend
-  // finds device copies by host address, so the next run's weights, allocated where the last
-  // run's were, could take a same-sized stale copy of another matrix (the H200 run of session 38
-  // accepted 0 of its drafted tokens with f16 rows after other tests; alone, and on an H100,
-  // 125 of 202 as the CPU). The backend forgets them between runs (release_weights).
-  static void forget_draft_weights() { gpu().release_weights(); }
 };
 
 TEST_F(CudaChainedRounds, GreedyRoundsEqualStepwiseRounds) {
@@ -194,8 +192,29 @@ TEST_F(CudaChainedRounds, GreedyRoundsEqualStepwiseRounds) {
   for (DType rows : {DType::F32, DType::F16}) {
     SCOPED_TRACE(dtype_name(rows));
     testing::expect_chained_rounds_equal_stepwise(tiny, gpu(), rows);
-    forget_draft_weights();
   }
+}
+
+// A Model's end frees the device copies of its 4-bit draft weights (Backend::forget_weights4):
+// the backend's resident bytes fall back to the 16-bit weights' (whose host tensors live on in
+// `tiny`), so a later Model's draft weights at the same host addresses upload afresh.
+TEST_F(CudaChainedRounds, ModelEndFreesItsDraftWeightCopies) {
+  const testing::TinyModel tiny = model();
+  const std::vector<int32_t> ids = testing::random_prompt(40, tiny.cfg.vocab_size, 3);
+  std::vector<float> logits(static_cast<size_t>(tiny.cfg.vocab_size));
+  size_t target_only = 0, with_draft = 0;
+  {
+    Model m(tiny.cfg, tiny.weights, gpu());
+    ASSERT_TRUE(m.make_draft_weights(DraftWeights::kInt4, 1).ok());
+    for (KvMode mode : {KvMode::kFp, KvMode::kInt4}) {
+      KvCache cache = make_cache(tiny.cfg, mode, 64, gpu(), DType::F32);
+      const ForwardPath path = mode == KvMode::kInt4 ? draft_path(mode) : target_path(mode);
+      ASSERT_TRUE(m.forward(ids, 0, cache, path, LogitRows::kLast, logits.data()).ok());
+      (mode == KvMode::kFp ? target_only : with_draft) = gpu().resident_weight_bytes();
+    }
+  }
+  EXPECT_GT(with_draft, target_only);
+  EXPECT_EQ(gpu().resident_weight_bytes(), target_only);
 }
 
 // Sampling: the draws (sample_rows_into) and the verdict (speculative_verdict_into) on the GPU
@@ -209,7 +228,6 @@ TEST_F(CudaChainedRounds, SamplingRoundsEqualStepwiseRounds) {
   for (DType rows : {DType::F32, DType::F16}) {
     SCOPED_TRACE(dtype_name(rows));
     testing::expect_chained_rounds_equal_stepwise(tiny, gpu(), rows, sampling);
-    forget_draft_weights();
   }
 }
 

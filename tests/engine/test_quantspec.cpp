@@ -7,6 +7,8 @@
 #include <cmath>
 #include <map>
 #include <random>
+#include <set>
+#include <vector>
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/llm_engine.h"
@@ -109,6 +111,42 @@ TEST(QuantSpec, StatsAreConsistentAndTheDraftReadsNoLowerPlaneByte) {
   EXPECT_GT(s.flushes, 0);
   EXPECT_GT(s.flushing_commit_s, 0);
   EXPECT_LE(s.flushing_commit_s, s.flush_s);
+}
+
+// A backend that records the 4-bit weights it is told to forget (Backend::forget_weights4).
+class ForgetRecordingBackend : public CpuBackend {
+ public:
+  using CpuBackend::CpuBackend;
+  void forget_weights4(const std::vector<const QuantizedWeight4*>& w) override {
+    forgotten.insert(forgotten.end(), w.begin(), w.end());
+  }
+  std::vector<const QuantizedWeight4*> forgotten;
+};
+
+// A Model tells its backend when its draft weights go, when they are replaced and when the model
+// ends, each of them once: a device backend finds its copies by host address, and a later weight
+// at a freed address must not be taken for a stale copy (a GPU test ran a second Model's draft on
+// another matrix's copy: docs/perf.md, session 38).
+TEST(QuantSpec, ModelForgetsItsDraftWeightsOnTheBackend) {
+  const TinyModel tiny = testing::make_tiny_model(spec_config(), DType::BF16, 5);
+  const size_t layers = static_cast<size_t>(tiny.cfg.num_layers);
+  ForgetRecordingBackend backend{1};
+  {
+    Model model(tiny.cfg, tiny.weights, backend);
+    ASSERT_TRUE(model.make_draft_weights(DraftWeights::kInt4, 1).ok());
+    EXPECT_TRUE(backend.forgotten.empty());
+    // Replaced by the MLP-only set: every linear layer's and the LM head's 4-bit copy goes.
+    ASSERT_TRUE(model.make_draft_weights(DraftWeights::kInt4Mlp, 1).ok());
+    EXPECT_EQ(backend.forgotten.size(), 7 * layers + 1);
+    ASSERT_TRUE(model.make_draft_weights(DraftWeights::kNative).ok());
+    EXPECT_EQ(backend.forgotten.size(), 7 * layers + 1 + 3 * layers);
+    ASSERT_TRUE(model.make_draft_weights(DraftWeights::kInt4Mlp, 1).ok());
+  }
+  // The model's end: its last set (3 per layer).
+  ASSERT_EQ(backend.forgotten.size(), 7 * layers + 1 + 6 * layers);
+  const std::set<const QuantizedWeight4*> distinct(backend.forgotten.begin(),
+                                                   backend.forgotten.begin() + 7 * layers + 1);
+  EXPECT_EQ(distinct.size(), 7 * layers + 1);
 }
 
 // The chained round (ids in backend memory, one read-back per round) against the same forwards

@@ -1210,6 +1210,11 @@ size_t CudaBackend::resident_weight_bytes() const {
   return impl_->resident_bytes + impl_->weights4.bytes();
 }
 
+void CudaBackend::forget_weights4(const std::vector<const QuantizedWeight4*>& w) {
+  CUDA_CHECK(cudaStreamSynchronize(impl_->stream));  // no queued op reads them any more
+  for (const QuantizedWeight4* q : w) impl_->weights4.forget(*q);
+}
+
 void CudaBackend::release_weights() {
   CUDA_CHECK(cudaStreamSynchronize(impl_->stream));
   for (auto& [key, w] : impl_->weights) {

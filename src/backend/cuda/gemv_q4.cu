@@ -2048,6 +2048,14 @@ const DeviceWeight4& Weight4Cache::resolve(const QuantizedWeight4& w, cudaStream
   return map_.emplace(key, d).first->second;
 }
 
+void Weight4Cache::forget(const QuantizedWeight4& w) {
+  auto it = map_.find(w.codes.data());
+  if (it == map_.end()) return;
+  bytes_ -= it->second.bytes;
+  free_weight(it->second);
+  map_.erase(it);
+}
+
 void Weight4Cache::release(cudaStream_t stream) {
   CUDA_CHECK(cudaStreamSynchronize(stream));
   for (auto& [key, d] : map_) {

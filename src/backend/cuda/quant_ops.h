@@ -88,6 +88,8 @@ class Weight4Cache {
   const DeviceWeight4& resolve(const QuantizedWeight4& w, cudaStream_t stream);
   // Frees every device copy (waits for `stream` first).
   void release(cudaStream_t stream);
+  // Frees the device copy of `w`, if any (the caller has waited for the ops that read it).
+  void forget(const QuantizedWeight4& w);
   size_t bytes() const { return bytes_; }
 
  private:
