@@ -656,7 +656,7 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
               cuda::make_quant_attention_args(qd.data(), 1, pos, shape, view, nullptr);
           // The SM count sizes the splits only, not the kernel choice.
           const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
-          EXPECT_EQ(plan.single_query, single) << describe(kv, c, fp_base);
+          EXPECT_EQ(plan.tile_cols == cuda::kOneCol, single) << describe(kv, c, fp_base);
           DeviceArray out(gpu(), q.size());
           out.poison();
           gpu().attention(qd.data(), 1, pos, shape, view, out.data());
@@ -721,8 +721,9 @@ TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
                   cuda::make_quant_attention_args(qd.data(), qs.m, pos, shape, view, nullptr);
               const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
               const bool applies = even && nq <= 4 && (vw.int8 || nq >= 2);
-              EXPECT_EQ(plan.even_columns, applies) << describe(kv, c, fp_base);
-              even_calls += plan.even_columns;
+              const bool even_plan = plan.tile_cols == cuda::kEvenCols;
+              EXPECT_EQ(even_plan, applies) << describe(kv, c, fp_base);
+              even_calls += even_plan;
               DeviceArray out(gpu(), q.size());
               out.poison();
               gpu().attention(qd.data(), qs.m, pos, shape, view, out.data());

@@ -1179,7 +1179,7 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kF16 = false,
-          bool kRegPrefetch = true, bool kRing = false, int kTC = direct_path::kPairCols>
+          bool kRegPrefetch = true, bool kRing = false, int kTC = kPairCols>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1374,10 +1374,10 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 
 // kF16: the view's operands in f16 alone (QuantAttentionTuning::draft_f16 for the INT4 view,
 // int8_f16 for the INT8 one); NT: 8-query tiles per warp; kRing: the per-warp cp.async ring
-// (QuantAttentionTuning::direct_ring); kTC: the tile's query columns (direct_path::TileCols: one
+// (QuantAttentionTuning::direct_ring); kTC: the tile's query columns (TileCols: one
 // query vector per kv head, QuantAttentionTuning::single_query; 2..4, even_columns).
 template <bool INT8, int kRegs, bool kF16, bool kRegPrefetch = true, int NT = 1, bool kRing = false,
-          int kTC = direct_path::kPairCols>
+          int kTC = kPairCols>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
   direct_path::prefetch_block_start<INT8>(p);
@@ -1436,7 +1436,7 @@ struct KernelChoice {
   bool f16 = false;     // the view's operands in f16 alone (QuantAttentionPlan::f16_operands)
   int direct_tiles = 1;    // the direct path's 8-query tiles per warp
   bool ring = false;       // the direct path's per-warp cp.async ring
-  int cols = direct_path::kPairCols;  // its tile's query columns (direct_path::TileCols)
+  int cols = kPairCols;    // its tile's query columns (TileCols)
   bool int8 = false;       // the view (the ring's slot size)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
@@ -1448,14 +1448,12 @@ constexpr int kDirectRegsTwoTiles = 255;
 
 // The one-tile direct kernel at register cap `regs`: 168 or 192, and for the f16-operand draft
 // without register prefetch also kLightDraftRegs (more two-warp blocks per SM). cols
-// (direct_path::TileCols): the light draft's ring kernel at 192 registers (the MHA draft's
+// (TileCols): the light draft's ring kernel at 192 registers (the MHA draft's
 // default) in its one-query form (kOneCol); the even-column form (kEvenCols) of the light draft's
 // ring kernel at 192 / 168 and of the INT8 view's one-tile ring kernel at 192; choose_for decides
 // where they apply.
 template <bool INT8, bool kF16, bool kRegPrefetch, bool kRing>
 const void* direct_kernel_at(int regs, int cols) {
-  using direct_path::kEvenCols;
-  using direct_path::kOneCol;
   constexpr bool kLight = !INT8 && kF16 && !kRegPrefetch;
   if constexpr (kLight && kRing) {
     if (cols == kOneCol) {
@@ -1480,7 +1478,7 @@ const void* direct_kernel_at(int regs, int cols) {
           attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing, kEvenCols>);
     }
   }
-  QS_CHECK_MSG(cols == direct_path::kPairCols,
+  QS_CHECK_MSG(cols == kPairCols,
                "quantized attention: the one-query kernel is the light draft's ring kernel, the "
                "even-column ones the ring kernels of the light draft and of the INT8 view");
   if constexpr (kLight) {
@@ -1555,7 +1553,7 @@ KernelChoice row_kernel() {
 // groups of whole sub-chunks; everything else runs on CUDA cores (e.g. G = 8 in the model tests).
 // The register-direct variant covers head_dim 128 with one value group per token (the default).
 // tiles: the direct path's 8-query tiles per warp (1 for the INT4 view). cols: the tile's query
-// columns wanted (direct_path::TileCols: kOneCol for a single query vector per kv head, kEvenCols
+// columns wanted (TileCols: kOneCol for a single query vector per kv head, kEvenCols
 // for up to 4), taken where the kernel has that form (kOneCol: the f16 draft's ring kernel at 192
 // registers; kEvenCols: that kernel at 192 or 168, the INT8 view's one-tile ring kernel at 192),
 // else kPairCols. f16: the view's operands in f16 alone where the path has that form (the INT4
@@ -1573,9 +1571,6 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     // The ring: the INT8 view (one or two tiles) or the f16 draft without register prefetch.
     k.ring = ring && (INT8 || (k.f16 && !reg_prefetch));
     k.int8 = INT8;
-    using direct_path::kEvenCols;
-    using direct_path::kOneCol;
-    using direct_path::kPairCols;
     const bool light_ring = !INT8 && k.f16 && !reg_prefetch && k.ring;
     const bool int8_ring = INT8 && k.ring && k.direct_tiles == 1;
     const bool even = light_ring ? regs == 192 || regs == 168 : int8_ring && regs == 192;
@@ -1712,13 +1707,6 @@ int auto_direct_tiles(int64_t nq, bool long_two) {
   return (nq > 8 && nq <= 16) || (nq > 16 && long_two) ? 2 : 1;
 }
 
-// The tile's query columns (direct_path::TileCols) of a plan.
-int plan_cols(const QuantAttentionPlan& plan) {
-  return plan.single_query   ? direct_path::kOneCol
-         : plan.even_columns ? direct_path::kEvenCols
-                             : direct_path::kPairCols;
-}
-
 }  // namespace
 
 // ---- API ------------------------------------------------------------------------------------
@@ -1811,13 +1799,12 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
       tune.direct_tiles > 0 ? tune.direct_tiles : auto_direct_tiles(nq, long_two);
   // The tile's query columns: one vector per kv head over the INT4 view (an MHA draft step), or up
   // to 4 (a GQA draft step; over the INT8 view also one: AR INT8, a short MHA verification).
-  const int cols = nq == 1 && tune.single_query && !a.seg.int8 ? direct_path::kOneCol
+  const int cols = nq == 1 && tune.single_query && !a.seg.int8 ? kOneCol
                    : nq <= 4 && (a.seg.int8 ? tune.int8_even_columns : tune.even_columns)
-                       ? direct_path::kEvenCols
-                       : direct_path::kPairCols;
-  KernelChoice kc =
-      choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16, tune.draft_reg_prefetch,
-                    want_tiles, false, direct_path::kPairCols);
+                       ? kEvenCols
+                       : kPairCols;
+  KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16,
+                                  tune.draft_reg_prefetch, want_tiles, false, kPairCols);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
@@ -1883,8 +1870,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                        tune.draft_reg_prefetch, pl.direct_tiles, false, cols);
   }
   pl.direct_ring = kc.ring;
-  pl.single_query = kc.cols == direct_path::kOneCol;
-  pl.even_columns = kc.cols == direct_path::kEvenCols;
+  pl.tile_cols = kc.cols;
   pl.smem_bytes = smem_for(pl.chunk, pl.stages);
 
   // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
@@ -1913,9 +1899,9 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   check_args(a);
   const KernelChoice kc =
       choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.f16_operands,
-                    plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring, plan_cols(plan));
+                    plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring, plan.tile_cols);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct && kc.f16 == plan.f16_operands &&
-           kc.qw == plan.queries_per_warp && kc.cols == plan_cols(plan));
+           kc.qw == plan.queries_per_warp && kc.cols == plan.tile_cols);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   QS_CHECK(2 * plan.token_slices <= kMaxStates);
   const int G = a.seg.group_size;

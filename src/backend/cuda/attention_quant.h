@@ -47,6 +47,18 @@ QuantAttentionArgs make_quant_attention_args(const float* q, int m, int pos,
                                              const AttentionShape& shape, const KvView& kv,
                                              float* out);
 
+// Which query vectors the register-direct path's one-tile warp keeps in its 8 MMA columns
+// (attention_quant_direct.cuh, DirectPath):
+//  - kPairCols: up to 8, query j in column j; lane (r, c) computes columns 2c and 2c + 1;
+//  - kEvenCols: up to 4, query j in column 2j (its B fragments folded by lanes r = 2j, 2j + 1,
+//    so column 2j + 1 repeats it); each lane computes column 2c alone (a GQA draft step: 2..4
+//    query heads per kv head, e.g. Llama-3.1-8B's 4);
+//  - kOneCol: one, folded by the whole warp and repeated in every column; lanes compute column
+//    2c alone and column 0 is stored (an MHA draft step).
+// kEvenCols and kOneCol leave every odd column out of the scores, the softmax, the min terms and
+// the rescale; each computed column's arithmetic is the 8-column loop's for the same query.
+enum TileCols : int { kPairCols = 0, kEvenCols = 1, kOneCol = 2 };
+
 // How one call is cut into blocks (chosen by plan_attention_quant; pure data). Grid: x = split,
 // y = kv head, z = query group. Split x reads quantized positions [x * q_split_len, +q_split_len)
 // and full-precision rows [b(pos) + x * fp_split_len, +fp_split_len) (either may be empty).
@@ -61,8 +73,9 @@ struct QuantAttentionPlan {
   bool f16_operands = false;
   bool draft_reg_prefetch = true;  // its register prefetch of the next sub-chunk (tuning)
   bool direct_ring = false;        // its sub-chunks through a per-warp cp.async ring (tuning)
-  bool single_query = false;  // its one-query kernel (one query vector per kv head; tuning)
-  bool even_columns = false;  // its even-column kernel (<= 4 query vectors per kv head; tuning)
+  // Its tile's query columns (TileCols): kOneCol, the one-query kernel (one query vector per kv
+  // head; tuning single_query); kEvenCols, the even-column kernel (<= 4; tuning even_columns).
+  int tile_cols = kPairCols;
   int queries_per_warp = 8;   // query vectors per warp tile (8 * direct_tiles on the direct path)
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)

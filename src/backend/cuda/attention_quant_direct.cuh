@@ -314,17 +314,6 @@ __device__ __forceinline__ uint32_t word_at(const uint2& v, int i) {
   return i == 0 ? v.x : v.y;
 }
 
-// Which query vectors a one-tile warp's 8 MMA columns hold (DirectPath's kCols form):
-//  - kPairCols: up to 8, query j in column j; lane (r, c) computes columns 2c and 2c + 1;
-//  - kEvenCols: up to 4, query j in column 2j (its B fragments folded by lanes r = 2j, 2j + 1,
-//    so column 2j + 1 repeats it); each lane computes column 2c alone (a GQA draft step: 2..4
-//    query heads per kv head, e.g. Llama-3.1-8B's 4);
-//  - kOneCol: one, folded by the whole warp and repeated in every column; lanes compute column
-//    2c alone and column 0 is stored (an MHA draft step).
-// kEvenCols and kOneCol leave every odd column out of the scores, the softmax, the min terms and
-// the rescale; each computed column's arithmetic is the 8-column loop's for the same query.
-enum TileCols : int { kPairCols = 0, kEvenCols = 1, kOneCol = 2 };
-
 // The online-softmax state of a warp's tile (8 query vectors x head_dim 128) in the O^T
 // fragment layout: o[u][i] is channel ch(u) + (i >> 1) of query 2c + (i & 1), with ch(u) =
 // 16r + 8 (u / 4) + 2 (u % 4), covering channels 16r .. 16r + 15.
