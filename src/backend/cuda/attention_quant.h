@@ -76,9 +76,6 @@ struct QuantAttentionPlan {
   // Its tile's query columns (TileCols): kOneCol, the one-query kernel (one query vector per kv
   // head; tuning single_query); kEvenCols, the even-column kernel (<= 4; tuning even_columns).
   int tile_cols = kPairCols;
-  // Its full-precision rows after the quantized loop (tuning fp_rows_last, where the kernel has
-  // that form).
-  bool fp_rows_last = false;
   int queries_per_warp = 8;   // query vectors per warp tile (8 * direct_tiles on the direct path)
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -152,13 +149,6 @@ constexpr bool kQuantAttentionEvenColumns = true;
 // Llama-2-7B at 128K, AR INT8 -0.6% and the verification -0.8% in one round per arm, within the
 // spread (the MHA INT8 view is bandwidth-bound).
 constexpr bool kQuantAttentionInt8EvenColumns = false;
-// The full-precision rows after the quantized loop instead of before it, in the one-tile ring
-// kernels at 192 registers (the MHA draft's one-query kernel, the GQA draft's even-column one, the
-// INT8 view's pair-column one): the loop starts streaming at once, and the rows, prefetched into
-// L2 a few sub-chunks before the loop ends, are read from there. qtime (H100, session 39): the
-// phase before the loop took 5.1-5.5 us per draft block (8.7 per Llama-2-7B verification block)
-// for a few rows each, while the quantized phase of a Llama-3.1-8B draft block is 45 us.
-constexpr bool kQuantAttentionFpRowsLast = false;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
@@ -216,9 +206,6 @@ struct QuantAttentionTuning {
   bool even_columns = kQuantAttentionEvenColumns;
   // The INT8 view's (kQuantAttentionInt8EvenColumns). QS_INT8_EVEN_COLUMNS=0|1 sets it.
   bool int8_even_columns = kQuantAttentionInt8EvenColumns;
-  // The full-precision rows after the loop where the kernel has that form
-  // (kQuantAttentionFpRowsLast). QS_FP_ROWS_LAST=0|1 sets it for the whole process.
-  bool fp_rows_last = kQuantAttentionFpRowsLast;
   // Diagnostics (bench_ops --sections qtime): non-null, a device buffer of kQuantTimelineSlots
   // words per block of the largest grid launched, into which every block of every launch writes
   // when its phases end (the last launch's stamps remain). Null: no stamp is taken.

@@ -722,24 +722,6 @@ struct DirectPath {
   }
 };
 
-// prefetch_l2 where ptr is 16-byte aligned (else nothing: a hint only).
-__device__ __forceinline__ void fetch_l2_aligned(const void* ptr, uint32_t bytes) {
-  if ((reinterpret_cast<uintptr_t>(ptr) & 15) == 0) prefetch_l2(ptr, bytes);
-}
-
-// Asks L2 for the key and value rows of the split's full-precision positions begin + first,
-// + step, ... (split_fp_rows) of kv head kvh.
-__device__ __forceinline__ void prefetch_fp_rows(const Params& p, int kvh, int first, int step) {
-  const QuantAttentionArgs& a = p.a;
-  const auto [begin, end] = split_fp_rows(p);
-  const int elem = a.kv_dtype == DType::F16 ? 2 : 4;
-  for (int t = begin + first; t < end; t += step) {
-    const int64_t off = (static_cast<int64_t>(t - a.fp_base) * a.row_stride + kvh * kHD) * elem;
-    fetch_l2_aligned(static_cast<const char*>(a.k) + off, kHD * elem);
-    fetch_l2_aligned(static_cast<const char*>(a.v) + off, kHD * elem);
-  }
-}
-
 // Before the previous kernel is awaited (PDL): asks L2 for what the block reads first, its
 // full-precision rows and each slice's first sub-chunk (the view's code planes, value scales and
 // mins, the key group's scales and mins), so that those DRAM round trips overlap the wait. No
@@ -751,7 +733,18 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (warp % p.tiles != 0) return;  // one warp per slice
   const int ts = warp / p.tiles, kvh = blockIdx.y;
-  if (ts == 0) prefetch_fp_rows(p, kvh, lane, 32);
+  auto fetch = [](const void* ptr, uint32_t bytes) {
+    if ((reinterpret_cast<uintptr_t>(ptr) & 15) == 0) prefetch_l2(ptr, bytes);
+  };
+  if (ts == 0) {
+    const auto [begin, end] = split_fp_rows(p);
+    const int elem = a.kv_dtype == DType::F16 ? 2 : 4;
+    for (int t = begin + lane; t < end; t += 32) {
+      const int64_t off = (static_cast<int64_t>(t - a.fp_base) * a.row_stride + kvh * kHD) * elem;
+      fetch(static_cast<const char*>(a.k) + off, kHD * elem);
+      fetch(static_cast<const char*>(a.v) + off, kHD * elem);
+    }
+  }
   const auto [b, e] = slice_quantized(p, split_quantized(p), ts);
   if (b + kTok > e) return;
   const int G = a.seg.group_size;
@@ -766,13 +759,13 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
                            : lane == 1 ? a.seg.value_upper
                            : lane == 2 ? a.seg.key_lower
                                        : a.seg.value_lower;
-    if (INT8 || lane < 2) fetch_l2_aligned(plane + codes, kCodes);
+    if (INT8 || lane < 2) fetch(plane + codes, kCodes);
   } else if (lane < 8) {
     const uint16_t* meta = lane == 4   ? a.seg.value_scale + vmeta
                            : lane == 5 ? a.seg.value_min + vmeta
                            : lane == 6 ? a.seg.key_scale + kmeta
                                        : a.seg.key_min + kmeta;
-    fetch_l2_aligned(meta, lane < 6 ? kMeta : kKeyMeta);
+    fetch(meta, lane < 6 ? kMeta : kKeyMeta);
   }
 }
 
@@ -789,12 +782,7 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // full-precision rows run after the loop (`overlap()` then writes its states over the block's
 // rings: a block barrier first), so that the block's shared memory keeps four blocks per SM.
 // kTC: DirectPath's TileCols form (which query vectors the warp's tile columns hold).
-// kFpLast (one tile with the ring): `overlap()` after the loop instead, so that the loop streams
-// from the start; where the ring's copies pass the range's end (two sub-chunks before the loop's)
-// the warp asks L2 for its rows (prefetch_block_start's copies are likely gone by then: a long
-// split streams more than L2 holds).
-template <bool INT8, bool kF16, bool kRegPrefetch, int NT, bool kRing, int kTC, bool kFpLast,
-          class Overlap>
+template <bool INT8, bool kF16, bool kRegPrefetch, int NT, bool kRing, int kTC, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -838,8 +826,6 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
                              meta_inside ? copy_groups.km : nullptr);
       if (!INT8 && fold) ring_copy_key_meta<INT8>(slot(j), copy_groups.ks, copy_groups.km);
       if (fold) copy_groups.advance(j);
-    } else if (kFpLast && j == n_subs) {  // the ring's first empty copy: two sub-chunks to go
-      prefetch_fp_rows(p, kvh, ts + lane * p.slices, 32 * p.slices);
     }
     cp_async_commit();
   };
@@ -854,9 +840,7 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
     for (int j = 0; j < kSlots; ++j) copy_sub(j, Both{});
   }
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
-  static_assert(!kFpLast || (kRing && !kHalves), "the rows last: the one-tile ring kernels");
-  if constexpr (!kHalves && !kFpLast) overlap();
-
+  if constexpr (!kHalves) overlap();
   timeline_stamp(p, 3);
   LanePtrs lp = LanePtrs::at(b);
   Chunk<INT8> cur;
@@ -942,7 +926,6 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   }
   timeline_stamp(p, 4);
   w.store(o_mine, ml_mine);
-  if constexpr (kFpLast) overlap();
   if constexpr (kHalves) {  // the full-precision rows' states take the block's rings
     cp_async_wait<0>();
     __syncthreads();
