@@ -756,6 +756,86 @@ TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
   report("even columns against the exact reference", worst_ref);
 }
 
+// The full-precision rows' first loads before the ring's first copies
+// (QuantAttentionTuning::fp_loads_first: the one-tile ring kernels at 192 registers, i.e. the f16
+// draft's one-query and even-column kernels for up to 4 query vectors per kv head and the INT8
+// view's pair-column kernel for up to 8) issue the same loads and arithmetic in another order:
+// the output must equal the default kernel's bit for bit, over ranges of no, few and many
+// sub-chunks per warp and of no, few and many rows per warp (a warp without rows issues the copies
+// after the rows' pass); the plan must take the form exactly where it applies; and it must pass
+// the exact reference like every call of its view.
+TEST_F(CudaOpsTest, QuantAttentionFpLoadsFirstEqualsRingFirst) {
+  struct Queries {
+    int ratio;  // query heads per kv head
+    int m;      // query rows
+  };
+  struct View {
+    bool int8;
+    bool f16;  // the INT8 view on f16 operands (int8_f16); the INT4 view is on f16 operands
+  };
+  double worst_ref = 0.0;
+  int calls = 0, first_calls = 0;
+  for (const int len : {200, 1000, 4099, 33001}) {
+    for (const int G : {32, 128}) {
+      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kNormal, uint64_t(57 + G)});
+      for (const View vw : {View{false, true}, View{true, false}, View{true, true}}) {
+        const QuantizedKvSegment seg = kv.segment(vw.int8, true);
+        for (const Queries qs : {Queries{1, 1}, Queries{4, 1}, Queries{1, 4}, Queries{2, 3},
+                                 Queries{1, 8}, Queries{8, 2}}) {
+          const int nq = qs.ratio * qs.m, num_heads = kKvHeads * qs.ratio;
+          const int pos = len - qs.m;
+          for (const int fp_base : {quant_boundary(pos, G), 0}) {
+            const Case c{num_heads, qs.m, vw.int8, fp_base};
+            const AttentionShape shape{num_heads, kKvHeads, 128,
+                                       static_cast<float>(1.0 / std::sqrt(128.0))};
+            const std::vector<float> q =
+                random_normal(size_t(qs.m) * num_heads * 128, 93 + len + G + nq);
+            const KvView view = kv.device_view(fp_base, seg);
+            DeviceArray qd(gpu(), q);
+            for (const int splits : {0, 1, 3}) {
+              std::vector<float> got[2];
+              for (const bool first : {true, false}) {
+                cuda::QuantAttentionTuning t;
+                t.splits = splits;
+                t.fp_loads_first = first;
+                t.int8_f16 = vw.f16;
+                TuningScope scope(t);
+                const cuda::QuantAttentionArgs a =
+                    cuda::make_quant_attention_args(qd.data(), qs.m, pos, shape, view, nullptr);
+                const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
+                const bool applies = first && nq <= (vw.int8 ? 8 : 4);
+                EXPECT_EQ(plan.fp_loads_first, applies) << describe(kv, c, fp_base);
+                first_calls += plan.fp_loads_first;
+                DeviceArray out(gpu(), q.size());
+                out.poison();
+                gpu().attention(qd.data(), qs.m, pos, shape, view, out.data());
+                got[first ? 0 : 1] = out.to_host();
+              }
+              EXPECT_EQ(rel_error(got[0], got[1]), 0.0)
+                  << describe(kv, c, fp_base) << " splits=" << splits;
+              ++calls;
+            }
+          }
+        }
+        cuda::QuantAttentionTuning t;
+        t.fp_loads_first = true;
+        t.int8_f16 = vw.f16;
+        TuningScope scope(t);
+        check_cases(gpu(), cpu(), kv,
+                    {{kKvHeads, 1, vw.int8, kFpBaseMax},
+                     {4 * kKvHeads, 1, vw.int8, kFpBaseMax},
+                     {kKvHeads, 4, vw.int8, 0},
+                     {kKvHeads, 8, vw.int8, kFpBaseMax}},
+                    worst_ref);
+      }
+    }
+  }
+  EXPECT_EQ(calls, 4 * 2 * 3 * 6 * 2 * 3);
+  // Per length, G and fp_base: 3 query shapes take it on the INT4 view, 5 on each INT8 one.
+  EXPECT_EQ(first_calls, 4 * 2 * 2 * (3 + 5 + 5) * 3);
+  report("fp loads first against the exact reference", worst_ref);
+}
+
 TEST_F(CudaOpsTest, QuantAttentionLongContext) {
   double worst = 0;
   for (int len : {4099, 33000}) {
