@@ -673,6 +673,49 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
   report("one query vs 8 columns", worst);
 }
 
+// One call of the quantized attention under each of two tunings: `ratio` query heads per kv head
+// of kv, m random queries (seed) at its last positions, the view of seg with full-precision rows
+// from fp_base. Arm k starts from the defaults with `splits`, then tune(t, k) adjusts it. Each
+// arm's output and the plan the call took.
+struct ArmQueries {
+  int ratio;  // query heads per kv head
+  int m;      // query rows
+};
+struct ArmView {
+  bool int8;
+  bool f16;  // the INT8 view on f16 operands (int8_f16); the INT4 view is on f16 operands
+};
+struct TwoArms {
+  std::vector<float> out[2];
+  cuda::QuantAttentionPlan plan[2];
+};
+template <class Tune>
+TwoArms run_two_tunings(CudaBackend& gpu, const QuantKv& kv, const QuantizedKvSegment& seg,
+                        int ratio, int m, int fp_base, uint64_t seed, int splits, Tune tune) {
+  const int hd = kv.cfg.head_dim, num_heads = kv.cfg.kv_heads * ratio, pos = kv.cfg.len - m;
+  const AttentionShape shape{num_heads, kv.cfg.kv_heads, hd,
+                             static_cast<float>(1.0 / std::sqrt(double(hd)))};
+  const std::vector<float> q = random_normal(size_t(m) * num_heads * hd, seed);
+  const KvView view = kv.device_view(fp_base, seg);
+  DeviceArray qd(gpu, q);
+  TwoArms r;
+  for (int k = 0; k < 2; ++k) {
+    cuda::QuantAttentionTuning t;
+    t.splits = splits;
+    tune(t, k);
+    TuningScope scope(t);
+    const cuda::QuantAttentionArgs a =
+        cuda::make_quant_attention_args(qd.data(), m, pos, shape, view, nullptr);
+    // The SM count sizes the splits only, not the kernel choice.
+    r.plan[k] = cuda::plan_attention_quant(a, 132);
+    DeviceArray out(gpu, q.size());
+    out.poison();
+    gpu.attention(qd.data(), m, pos, shape, view, out.data());
+    r.out[k] = out.to_host();
+  }
+  return r;
+}
+
 // The even-column kernels (QuantAttentionTuning::even_columns / int8_even_columns: query j in the
 // tile's column 2j, each lane computing one column; up to 4 query vectors per kv head on the f16
 // draft's ring kernel (2..4: one is the one-query kernel's) and on the INT8 view's one-tile ring
@@ -682,54 +725,34 @@ TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
 // apply, and they must pass the exact reference like every call of their view.
 TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
   constexpr double kEvenColumnsTol = 1e-6;
-  struct Queries {
-    int ratio;  // query heads per kv head
-    int m;      // query rows
-  };
-  struct View {
-    bool int8;
-    bool f16;  // the INT8 view on f16 operands (int8_f16); the INT4 view is on f16 operands
-  };
   double worst = 0.0, worst_ref = 0.0;
   int calls = 0, even_calls = 0;
   for (const int len : {200, 1000, 4099, 33001}) {
     for (const int G : {32, 64, 128}) {
       QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kNormal, uint64_t(41 + G)});
-      for (const View vw : {View{false, true}, View{true, false}, View{true, true}}) {
+      for (const ArmView vw : {ArmView{false, true}, ArmView{true, false}, ArmView{true, true}}) {
         const QuantizedKvSegment seg = kv.segment(vw.int8, true);
-        for (const Queries qs : {Queries{4, 1}, Queries{2, 1}, Queries{2, 2}, Queries{1, 3},
-                                 Queries{1, 4}, Queries{1, 1}, Queries{8, 1}, Queries{4, 2}}) {
-          const int nq = qs.ratio * qs.m, num_heads = kKvHeads * qs.ratio;
-          const int pos = len - qs.m;
-          const int fp_base = quant_boundary(pos, G);
-          const Case c{num_heads, qs.m, vw.int8, kFpBaseMax};
-          const AttentionShape shape{num_heads, kKvHeads, 128,
-                                     static_cast<float>(1.0 / std::sqrt(128.0))};
-          const std::vector<float> q =
-              random_normal(size_t(qs.m) * num_heads * 128, 91 + len + G + nq);
-          const KvView view = kv.device_view(fp_base, seg);
-          DeviceArray qd(gpu(), q);
+        for (const ArmQueries qs :
+             {ArmQueries{4, 1}, ArmQueries{2, 1}, ArmQueries{2, 2}, ArmQueries{1, 3},
+              ArmQueries{1, 4}, ArmQueries{1, 1}, ArmQueries{8, 1}, ArmQueries{4, 2}}) {
+          const int nq = qs.ratio * qs.m;
+          const int fp_base = quant_boundary(len - qs.m, G);
+          const Case c{kKvHeads * qs.ratio, qs.m, vw.int8, kFpBaseMax};
           for (const int splits : {0, 1, 3}) {
-            std::vector<float> got[2];
-            for (const bool even : {true, false}) {
-              cuda::QuantAttentionTuning t;
-              t.splits = splits;
-              t.even_columns = t.int8_even_columns = even;
-              t.int8_f16 = vw.f16;
-              TuningScope scope(t);
-              const cuda::QuantAttentionArgs a =
-                  cuda::make_quant_attention_args(qd.data(), qs.m, pos, shape, view, nullptr);
-              const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
-              const bool applies = even && nq <= 4 && (vw.int8 || nq >= 2);
-              const bool even_plan = plan.tile_cols == cuda::kEvenCols;
+            // Arm 0: the even-column kernels; arm 1: the 8-column loop.
+            const TwoArms r =
+                run_two_tunings(gpu(), kv, seg, qs.ratio, qs.m, fp_base, 91 + len + G + nq, splits,
+                                [&](cuda::QuantAttentionTuning& t, int k) {
+                                  t.even_columns = t.int8_even_columns = k == 0;
+                                  t.int8_f16 = vw.f16;
+                                });
+            for (int k = 0; k < 2; ++k) {
+              const bool applies = k == 0 && nq <= 4 && (vw.int8 || nq >= 2);
+              const bool even_plan = r.plan[k].tile_cols == cuda::kEvenCols;
               EXPECT_EQ(even_plan, applies) << describe(kv, c, fp_base);
               even_calls += even_plan;
-              DeviceArray out(gpu(), q.size());
-              out.poison();
-              gpu().attention(qd.data(), qs.m, pos, shape, view, out.data());
-              got[even ? 0 : 1] = out.to_host();
             }
-            const double err = rel_error(got[0], got[1]);
+            const double err = rel_error(r.out[0], r.out[1]);
             worst = std::max(worst, err);
             EXPECT_LT(err, kEvenColumnsTol) << describe(kv, c, fp_base) << " splits=" << splits;
             ++calls;
@@ -765,53 +788,32 @@ TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
 // after the rows' pass); the plan must take the form exactly where it applies; and it must pass
 // the exact reference like every call of its view.
 TEST_F(CudaOpsTest, QuantAttentionFpLoadsFirstEqualsRingFirst) {
-  struct Queries {
-    int ratio;  // query heads per kv head
-    int m;      // query rows
-  };
-  struct View {
-    bool int8;
-    bool f16;  // the INT8 view on f16 operands (int8_f16); the INT4 view is on f16 operands
-  };
   double worst_ref = 0.0;
   int calls = 0, first_calls = 0;
   for (const int len : {200, 1000, 4099, 33001}) {
     for (const int G : {32, 128}) {
       QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kNormal, uint64_t(57 + G)});
-      for (const View vw : {View{false, true}, View{true, false}, View{true, true}}) {
+      for (const ArmView vw : {ArmView{false, true}, ArmView{true, false}, ArmView{true, true}}) {
         const QuantizedKvSegment seg = kv.segment(vw.int8, true);
-        for (const Queries qs : {Queries{1, 1}, Queries{4, 1}, Queries{1, 4}, Queries{2, 3},
-                                 Queries{1, 8}, Queries{8, 2}}) {
-          const int nq = qs.ratio * qs.m, num_heads = kKvHeads * qs.ratio;
-          const int pos = len - qs.m;
-          for (const int fp_base : {quant_boundary(pos, G), 0}) {
-            const Case c{num_heads, qs.m, vw.int8, fp_base};
-            const AttentionShape shape{num_heads, kKvHeads, 128,
-                                       static_cast<float>(1.0 / std::sqrt(128.0))};
-            const std::vector<float> q =
-                random_normal(size_t(qs.m) * num_heads * 128, 93 + len + G + nq);
-            const KvView view = kv.device_view(fp_base, seg);
-            DeviceArray qd(gpu(), q);
+        for (const ArmQueries qs : {ArmQueries{1, 1}, ArmQueries{4, 1}, ArmQueries{1, 4},
+                                    ArmQueries{2, 3}, ArmQueries{1, 8}, ArmQueries{8, 2}}) {
+          const int nq = qs.ratio * qs.m;
+          for (const int fp_base : {quant_boundary(len - qs.m, G), 0}) {
+            const Case c{kKvHeads * qs.ratio, qs.m, vw.int8, fp_base};
             for (const int splits : {0, 1, 3}) {
-              std::vector<float> got[2];
-              for (const bool first : {true, false}) {
-                cuda::QuantAttentionTuning t;
-                t.splits = splits;
-                t.fp_loads_first = first;
-                t.int8_f16 = vw.f16;
-                TuningScope scope(t);
-                const cuda::QuantAttentionArgs a =
-                    cuda::make_quant_attention_args(qd.data(), qs.m, pos, shape, view, nullptr);
-                const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
-                const bool applies = first && nq <= (vw.int8 ? 8 : 4);
-                EXPECT_EQ(plan.fp_loads_first, applies) << describe(kv, c, fp_base);
-                first_calls += plan.fp_loads_first;
-                DeviceArray out(gpu(), q.size());
-                out.poison();
-                gpu().attention(qd.data(), qs.m, pos, shape, view, out.data());
-                got[first ? 0 : 1] = out.to_host();
+              // Arm 0: the rows' loads first; arm 1: the default order.
+              const TwoArms r =
+                  run_two_tunings(gpu(), kv, seg, qs.ratio, qs.m, fp_base, 93 + len + G + nq,
+                                  splits, [&](cuda::QuantAttentionTuning& t, int k) {
+                                    t.fp_loads_first = k == 0;
+                                    t.int8_f16 = vw.f16;
+                                  });
+              for (int k = 0; k < 2; ++k) {
+                EXPECT_EQ(r.plan[k].fp_loads_first, k == 0 && nq <= (vw.int8 ? 8 : 4))
+                    << describe(kv, c, fp_base);
+                first_calls += r.plan[k].fp_loads_first;
               }
-              EXPECT_EQ(rel_error(got[0], got[1]), 0.0)
+              EXPECT_EQ(rel_error(r.out[0], r.out[1]), 0.0)
                   << describe(kv, c, fp_base) << " splits=" << splits;
               ++calls;
             }
