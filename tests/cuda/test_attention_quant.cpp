@@ -619,60 +619,6 @@ TEST_F(CudaOpsTest, QuantAttentionEveryQueryCount) {
   report("quantized m=1..16", worst);
 }
 
-// The one-query kernel (QuantAttentionTuning::single_query: an MHA draft step, one query vector
-// per kv head) leaves the tile's other query columns out of its loop and folds the query with the
-// whole warp: its output must match the 8-column kernel's (the same f16 fragments and scores but
-// for q . min, summed in another order: kSingleQueryTol), and the plan must take it where it
-// applies.
-TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
-  // q . min's f32 sum in a tree instead of a chain moves each key group's score offset by a few
-  // ulps (~1e-6 of the group's weights). The draft view's uncentred sums (p * step * code and
-  // p * min, each ~|min| ~ 2.6, against outputs of ~|min| / sqrt(positions)) amplify that ~50x:
-  // 1.1e-5..5.4e-5 measured on the H200 (session 29). A wrong fragment or fold is O(1).
-  constexpr double kSingleQueryTol = 5e-4;
-  double worst = 0.0;
-  int calls = 0;
-  for (const int len : {200, 1000, 4099, 33001}) {
-    for (const int G : {32, 64, 128}) {
-      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kNormal, 31});
-      const Case c{kKvHeads, 1, false, kFpBaseMax};
-      const int pos = len - 1;
-      const int fp_base = quant_boundary(pos, G);
-      const AttentionShape shape{kKvHeads, kKvHeads, 128,
-                                 static_cast<float>(1.0 / std::sqrt(128.0))};
-      const std::vector<float> q = random_normal(size_t(kKvHeads) * 128, 77 + len + G);
-      const QuantizedKvSegment seg = kv.segment(false, true);
-      const KvView view = kv.device_view(fp_base, seg);
-      DeviceArray qd(gpu(), q);
-      for (const int splits : {0, 1, 3}) {
-        std::vector<float> got[2];
-        for (const bool single : {true, false}) {
-          cuda::QuantAttentionTuning t;
-          t.splits = splits;
-          t.single_query = single;
-          t.even_columns = false;  // the 8-column loop
-          TuningScope scope(t);
-          const cuda::QuantAttentionArgs a =
-              cuda::make_quant_attention_args(qd.data(), 1, pos, shape, view, nullptr);
-          // The SM count sizes the splits only, not the kernel choice.
-          const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(a, 132);
-          EXPECT_EQ(plan.tile_cols == cuda::kOneCol, single) << describe(kv, c, fp_base);
-          DeviceArray out(gpu(), q.size());
-          out.poison();
-          gpu().attention(qd.data(), 1, pos, shape, view, out.data());
-          got[single ? 0 : 1] = out.to_host();
-        }
-        const double err = rel_error(got[0], got[1]);
-        worst = std::max(worst, err);
-        EXPECT_LT(err, kSingleQueryTol) << describe(kv, c, fp_base) << " splits=" << splits;
-        ++calls;
-      }
-    }
-  }
-  EXPECT_EQ(calls, 36);
-  report("one query vs 8 columns", worst);
-}
-
 // One call of the quantized attention under each of two tunings: `ratio` query heads per kv head
 // of kv, m random queries (seed) at its last positions, the view of seg with full-precision rows
 // from fp_base. Arm k starts from the defaults with `splits`, then tune(t, k) adjusts it. Each
@@ -714,6 +660,46 @@ TwoArms run_two_tunings(CudaBackend& gpu, const QuantKv& kv, const QuantizedKvSe
     r.out[k] = out.to_host();
   }
   return r;
+}
+
+// The one-query kernel (QuantAttentionTuning::single_query: an MHA draft step, one query vector
+// per kv head) leaves the tile's other query columns out of its loop and folds the query with the
+// whole warp: its output must match the 8-column kernel's (the same f16 fragments and scores but
+// for q . min, summed in another order: kSingleQueryTol), and the plan must take it where it
+// applies.
+TEST_F(CudaOpsTest, QuantAttentionSingleQueryMatchesTheEightColumnLoop) {
+  // q . min's f32 sum in a tree instead of a chain moves each key group's score offset by a few
+  // ulps (~1e-6 of the group's weights). The draft view's uncentred sums (p * step * code and
+  // p * min, each ~|min| ~ 2.6, against outputs of ~|min| / sqrt(positions)) amplify that ~50x:
+  // 1.1e-5..5.4e-5 measured on the H200 (session 29). A wrong fragment or fold is O(1).
+  constexpr double kSingleQueryTol = 5e-4;
+  double worst = 0.0;
+  int calls = 0;
+  for (const int len : {200, 1000, 4099, 33001}) {
+    for (const int G : {32, 64, 128}) {
+      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kNormal, 31});
+      const Case c{kKvHeads, 1, false, kFpBaseMax};
+      const int fp_base = quant_boundary(len - 1, G);
+      const QuantizedKvSegment seg = kv.segment(false, true);
+      for (const int splits : {0, 1, 3}) {
+        // Arm 0: the one-query kernel; arm 1: the 8-column loop.
+        const TwoArms r = run_two_tunings(gpu(), kv, seg, 1, 1, fp_base, 77 + len + G, splits,
+                                          [](cuda::QuantAttentionTuning& t, int k) {
+                                            t.single_query = k == 0;
+                                            t.even_columns = false;  // the 8-column loop
+                                          });
+        for (int k = 0; k < 2; ++k) {
+          EXPECT_EQ(r.plan[k].tile_cols == cuda::kOneCol, k == 0) << describe(kv, c, fp_base);
+        }
+        const double err = rel_error(r.out[0], r.out[1]);
+        worst = std::max(worst, err);
+        EXPECT_LT(err, kSingleQueryTol) << describe(kv, c, fp_base) << " splits=" << splits;
+        ++calls;
+      }
+    }
+  }
+  EXPECT_EQ(calls, 36);
+  report("one query vs 8 columns", worst);
 }
 
 // The even-column kernels (QuantAttentionTuning::even_columns / int8_even_columns: query j in the
