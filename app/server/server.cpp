@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <ctime>
+#include <optional>
 #include <thread>
 
 #include "openapi.h"
@@ -94,6 +95,22 @@ ApiError stop_error(StopReason why, int timeout_s) {
     default:
       return make_api_error(499, "the client closed the connection", "client_closed_request");
   }
+}
+
+// The error a finished job answers with, or nothing when it has a result to send. A stopped job
+// (timeout, shutdown, client gone) answers with its stop reason, whether the scheduler reached it
+// while it was queued (no result) or while it generated (a "cancelled" result): which of the two
+// happens is a matter of timing only.
+std::optional<ApiError> finished_job_error(const Job& job, int timeout_s) {
+  const Job::Outcome& o = job.outcome();
+  if (o.result) {
+    if (o.result->finish_reason == "cancelled") return stop_error(job.stop_reason(), timeout_s);
+    return std::nullopt;
+  }
+  if (o.error_status != 500 && job.stop_reason() != StopReason::kNone)
+    return stop_error(job.stop_reason(), timeout_s);
+  return make_api_error(o.error_status, o.error,
+                        o.error_status == 503 ? "shutting_down" : "generation_failed");
 }
 
 }  // namespace
@@ -296,14 +313,8 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
         return respond_error(res, stop_error(StopReason::kTimeout, timeout_s));
       }
     }
+    if (auto error = finished_job_error(*job, timeout_s)) return respond_error(res, *error);
     const Job::Outcome& o = job->outcome();
-    if (!o.result) {
-      return respond_error(
-          res, make_api_error(o.error_status, o.error,
-                              o.error_status == 503 ? "shutting_down" : "generation_failed"));
-    }
-    if (o.result->finish_reason == "cancelled")
-      return respond_error(res, stop_error(job->stop_reason(), timeout_s));
     const ResponseStats extra{options_.decode_mode, o.spec, o.queue_s};
     const Json body = endpoint == Endpoint::kChatCompletions
                           ? chat_response(meta, *o.result, extra)
@@ -350,14 +361,9 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
         return send_error(stop_error(StopReason::kTimeout, timeout_s));
       }
     }
+    if (auto error = finished_job_error(*job, timeout_s)) return send_error(*error);
     const Job::Outcome& o = job->outcome();
-    if (!o.result) {
-      return send_error(make_api_error(
-          o.error_status, o.error, o.error_status == 503 ? "shutting_down" : "generation_failed"));
-    }
     const GenerationResult& result = *o.result;
-    if (result.finish_reason == "cancelled")
-      return send_error(stop_error(job->stop_reason(), timeout_s));
     Json last = chat ? chat_chunk(meta, Json::object(), result.finish_reason)
                      : completion_chunk(meta, "", result.finish_reason);
     last["quantspec"] = stats_json(result.stats, ResponseStats{mode, o.spec, o.queue_s});
