@@ -39,6 +39,8 @@ run_stage() {  # name, timeout seconds, command...
   nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv 2>&1
   (command -v nvcc >/dev/null && nvcc --version | tail -2) || /usr/local/cuda/bin/nvcc --version | tail -2
   cmake --version | head -1
+  # The machine's OS, C library and host compiler: whether binaries built off the device would run there.
+  echo "os: $( (. /etc/os-release && echo "$PRETTY_NAME") 2>/dev/null || uname -sr); $(ldd --version 2>&1 | head -1); $(c++ --version 2>&1 | head -1)"
   echo "cores: $(nproc)"
 } >"$out/env.log" 2>&1
 cat "$out/env.log"
