@@ -9,6 +9,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -138,6 +139,19 @@ const char* attention_operands_name(AttentionOperands d);
 KvDType resolve_kv_dtype(const EngineOptions& options);
 const char* draft_weights_name(DraftWeights w);
 
+// A generated token's log-probability under the model's own distribution: log_softmax of the
+// target's logits at that position (the original weights over the mode's target KV view: fp16
+// rows, or the INT8 view for --kv int8 and QuantSpec), before temperature, top-k / top-p / min-p.
+// In QuantSpec every emitted token, accepted candidate or not, gets the target's value, which is
+// what AR decoding over the same view would report.
+struct TokenLogprob {
+  int32_t id = -1;
+  float logprob = 0.0f;
+  std::vector<std::pair<int32_t, float>>
+      top;  // the most likely tokens, descending (ties: lower id)
+};
+constexpr int kMaxTopLogprobs = 20;
+
 struct GenerationParams {
   int max_new_tokens = 128;
   SamplingParams sampling;
@@ -146,6 +160,11 @@ struct GenerationParams {
   int gamma = 0;  // QuantSpec: draft tokens per round; 0: the engine's (must be < G)
   // Called after each prefill chunk with (prompt tokens done, prompt tokens in all); may be empty.
   std::function<void(int done, int total)> on_prefill_progress;
+  // >= 0: every generated token's TokenLogprob, with this many alternatives (<= kMaxTopLogprobs),
+  // in GenerationResult::logprobs and through on_logprob (called for each token before the
+  // TextCallback's piece of it). Each decode step then copies its target logits rows to the host.
+  int logprobs = -1;
+  std::function<void(const TokenLogprob&)> on_logprob;
 };
 
 struct GenerationStats {
@@ -197,6 +216,7 @@ struct GenerationResult {
   std::string text;             // detokenized completion, stop string removed
   std::string finish_reason;    // "stop" (EOS or stop string), "length", or "cancelled"
   GenerationStats stats;
+  std::vector<TokenLogprob> logprobs;  // GenerationParams::logprobs >= 0: one per token
 };
 
 // Called once per generated token with the newly completed text (valid UTF-8, stop strings held

@@ -566,6 +566,10 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   if (params.max_new_tokens < 0) {
     return make_error("max_new_tokens must be >= 0, got " + std::to_string(params.max_new_tokens));
   }
+  if (params.logprobs < -1 || params.logprobs > kMaxTopLogprobs) {
+    return make_error("logprobs must be -1 (none) or 0.." + std::to_string(kMaxTopLogprobs) +
+                      " alternatives, got " + std::to_string(params.logprobs));
+  }
   QS_TRY(check_prompt(prompt));
   if (!params.stop.empty() && !tokenizer_) {
     return make_error(
@@ -630,10 +634,16 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     if (on_text && !on_text(piece)) cancelled = true;
   };
 
-  // Emits one token; true when generation ends with it.
+  // Emits one token (with its log-probability when asked: `lp`); true when generation ends with it.
+  const bool want_logprobs = params.logprobs >= 0;
   int emitted = 0;
-  auto push = [&](int32_t next) {
+  auto push = [&](int32_t next, const TokenLogprob* lp) {
     result.tokens.push_back(next);
+    if (want_logprobs) {
+      QS_CHECK(lp != nullptr && lp->id == next);
+      result.logprobs.push_back(*lp);
+      if (params.on_logprob) params.on_logprob(*lp);
+    }
     if (options_.prompt_cache && !speculative()) sequence.push_back(next);
     ++emitted;
     if (eos.count(next)) {
@@ -667,8 +677,11 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     auto t_first = std::chrono::steady_clock::now();
     int32_t next = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
     st.sample_s += seconds_since(t_first);
+    TokenLogprob next_lp;
+    if (want_logprobs) next_lp = token_logprob(last_logits_.data(), vocab, next, params.logprobs);
+    std::vector<float> row;  // want_logprobs: a forward's logits on the host
     for (;;) {
-      if (push(next)) break;
+      if (push(next, &next_lp)) break;
       auto t0 = std::chrono::steady_clock::now();
       const int32_t input = next;
       QS_TRY(forward_all(std::span<const int32_t>(&input, 1), pos, path, LogitRows::kLast, nullptr,
@@ -681,6 +694,11 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
         backend_->sample_rows(model_->logits_buffer(), 1, vocab, params.sampling, &u, nullptr,
                               &next);
         st.sample_s += seconds_since(t0);
+      }
+      if (want_logprobs) {
+        row.resize(static_cast<size_t>(vocab));
+        backend_->to_host(model_->logits_buffer(), row.data(), row.size());
+        next_lp = token_logprob(row.data(), vocab, next, params.logprobs);
       }
       t0 = std::chrono::steady_clock::now();
       const int flushes_before = cache_.flushes();
@@ -700,16 +718,19 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     st.accepted_histogram.assign(static_cast<size_t>(gamma + 1), 0);
     SpeculativeDecoder spec(*model_, *model_, cache_, draft_selection(), dispatch());
     st.draft_index_bytes = static_cast<int64_t>(sparse_.bytes());
+    spec.set_logprobs(params.logprobs);
     int32_t x = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
     if (options_.prompt_cache) sequence.push_back(x);
-    bool done = push(x);
+    TokenLogprob x_lp;
+    if (want_logprobs) x_lp = token_logprob(last_logits_.data(), vocab, x, params.logprobs);
+    bool done = push(x, &x_lp);
     while (!done) {
       // Never draft past what may still be emitted (nor past the context).
       const int g = std::min(gamma, max_new - emitted - 1);
       QS_ASSIGN_OR_RETURN(RoundResult r, spec.round(x, g, params.sampling, rng, st, counters_));
       if (options_.prompt_cache) sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
-      for (int32_t t : r.tokens) {
-        if ((done = push(t))) break;
+      for (size_t i = 0; i < r.tokens.size(); ++i) {
+        if ((done = push(r.tokens[i], want_logprobs ? &r.logprobs[i] : nullptr))) break;
       }
       x = r.tokens.back();
     }

@@ -1,6 +1,8 @@
 #include "engine/sampler.h"
 
+#include <algorithm>
 #include <cmath>
+#include <numeric>
 #include <string>
 
 namespace qs {
@@ -60,6 +62,30 @@ Status check_sampling_params(const SamplingParams& p) {
 int32_t sample_from(const std::vector<float>& probs, Rng& rng) {
   QS_CHECK(!probs.empty());
   return sample_at(probs.data(), static_cast<int>(probs.size()), rng.uniform());
+}
+
+TokenLogprob token_logprob(const float* logits, int vocab, int32_t id, int top) {
+  QS_CHECK(vocab > 0 && id >= 0 && id < vocab && top >= 0);
+  float mx = logits[0];
+  for (int i = 1; i < vocab; ++i) mx = std::max(mx, logits[i]);
+  double sum = 0.0;
+  for (int i = 0; i < vocab; ++i) sum += std::exp(static_cast<double>(logits[i]) - mx);
+  const double log_z = mx + std::log(sum);
+  auto logprob_of = [&](int32_t t) { return static_cast<float>(logits[t] - log_z); };
+  TokenLogprob r;
+  r.id = id;
+  r.logprob = logprob_of(id);
+  const int n = std::min(top, vocab);
+  if (n > 0) {
+    std::vector<int32_t> order(static_cast<size_t>(vocab));
+    std::iota(order.begin(), order.end(), 0);
+    auto before = [&](int32_t a, int32_t b) {
+      return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    };
+    std::partial_sort(order.begin(), order.begin() + n, order.end(), before);
+    for (int i = 0; i < n; ++i) r.top.emplace_back(order[i], logprob_of(order[i]));
+  }
+  return r;
 }
 
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& params, Rng& rng,

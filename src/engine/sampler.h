@@ -31,6 +31,10 @@ Status check_sampling_params(const SamplingParams& params);
 // A draw from `probs` at rng.uniform() (core/sampling.h sample_at).
 int32_t sample_from(const std::vector<float>& probs, Rng& rng);
 
+// Token `id`'s log-probability under log_softmax(logits) (in double) and the `top` most likely
+// tokens' (descending, ties by the lower id).
+TokenLogprob token_logprob(const float* logits, int vocab, int32_t id, int top);
+
 // Greedy (argmax) when temperature == 0, else a draw from token_probabilities().
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& params, Rng& rng,
                      std::vector<float>& scratch_probs);

@@ -29,6 +29,9 @@ struct RoundControl {
 struct RoundResult {
   std::vector<int32_t> tokens;  // emitted: the accepted candidates g1..gk, then y
   int accepted = 0;             // k
+  // set_logprobs(top >= 0): each emitted token's log-probability under the target's verification
+  // logits at its position (rows 0..k), with `top` alternatives.
+  std::vector<TokenLogprob> logprobs;
 };
 
 // Accumulated over rounds, turned into GenerationStats by the engine.
@@ -68,6 +71,10 @@ class SpeculativeDecoder {
                             GenerationStats& stats, SpecCounters& counters,
                             const RoundControl& control = {});
 
+  // top >= 0: later rounds report RoundResult::logprobs (their target rows come to the host);
+  // -1 (the default): none.
+  void set_logprobs(int top) { logprobs_ = top; }
+
  private:
   // The round's forwards and verdict from n = cache length into result (round commits).
   // chained: the ids stay in backend memory (Model::forward_chained), each draft token (argmax,
@@ -82,6 +89,9 @@ class SpeculativeDecoder {
   Status stepwise(int32_t x, int gamma, int n, const SamplingParams& sampling, Rng& rng,
                   GenerationStats& stats, SpecCounters& counters, const RoundControl& control,
                   RoundResult& result);
+
+  // result.logprobs from the target's verification rows 0..k (still in its logits buffer).
+  void fill_logprobs(RoundResult& result);
 
   // q_ of at least [max(gamma, 1), vocab] (a sampling round's draft distributions).
   void ensure_draft_probs(int gamma, int vocab);
@@ -108,6 +118,8 @@ class SpeculativeDecoder {
   std::vector<int32_t> chain_host_;     // chain_ back on the host
   std::unique_ptr<TimeMarks> marks_;    // [mark_slots_]
   int mark_slots_ = 0;
+  int logprobs_ = -1;             // set_logprobs
+  std::vector<float> host_rows_;  // fill_logprobs: the verification rows on the host
 };
 
 }  // namespace qs

@@ -429,7 +429,7 @@ struct EngineCase {
 // LlmEngine with tensor_parallel 2 and 4 on the CPU: the prefill logits equal tensor_parallel 1's
 // within 1e-5 relative, and generate gives the same greedy tokens (long enough to cross several
 // flushes of G = 32), in AR fp, AR int8 and QuantSpec; then the same engine generates again
-// (the caches are cleared on every rank).
+// (the caches are cleared on every rank); each token's log-probability is one rank's within 1e-4.
 TEST(TensorParallelEngine, MatchesOneRank) {
   const std::vector<Case> models = {cases()[0], cases()[2]};  // gqa+bias bf16, draft-aligned f16
   const EngineCase modes[] = {{DecodeMode::kAr, KvType::kFp16, "ar fp"},
@@ -441,6 +441,7 @@ TEST(TensorParallelEngine, MatchesOneRank) {
     GenerationParams params;
     params.max_new_tokens = 90;
     params.stop_at_eos = false;
+    params.logprobs = 2;  // rank 0's logits rows (QuantSpec: the stepwise rounds' verification)
     for (const EngineCase& m : modes) {
       std::unique_ptr<LlmEngine> one = make_engine(tiny, m.mode, m.kv, 1);
       ASSERT_TRUE(one);
@@ -464,6 +465,11 @@ TEST(TensorParallelEngine, MatchesOneRank) {
           Result<GenerationResult> got = e->generate(prompt, params, {});
           ASSERT_TRUE(got.ok()) << got.error().message;
           EXPECT_EQ(got->tokens, want->tokens) << "run " << again;
+          ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
+          for (size_t i = 0; i < got->logprobs.size(); ++i) {
+            EXPECT_NEAR(got->logprobs[i].logprob, want->logprobs[i].logprob, 1e-4) << i;
+            EXPECT_EQ(got->logprobs[i].top[0].first, want->logprobs[i].top[0].first) << i;
+          }
           EXPECT_EQ(got->stats.flushes, want->stats.flushes);
           // Summed over the ranks, whose caches hold kv_heads / tp heads each.
           EXPECT_EQ(e->kv_cache_bytes(), one->kv_cache_bytes());
