@@ -444,23 +444,29 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
     if (!j["logit_bias"].is_object()) return wrong_type("logit_bias", "an object", j["logit_bias"]);
     if (!j["logit_bias"].empty()) return unsupported("logit_bias", "logit_bias");
   }
+  // Log-probabilities: completions' logprobs = the number of alternatives (0..5, OpenAI's
+  // limit); chat's logprobs = true with top_logprobs alternatives (0..20).
   if (has("logprobs")) {
     const Json& lp = j["logprobs"];
     if (chat) {
       bool want = false;
       if (auto e = read_bool(lp, "logprobs", &want)) return *e;
-      if (want) return unsupported("logprobs", "logprobs");
+      if (want) r.params.logprobs = 0;
     } else {
       int64_t n = 0;
       if (auto e = read_int(lp, "logprobs", 0, 5, &n)) return *e;
-      return unsupported("logprobs", "logprobs");
+      r.params.logprobs = static_cast<int>(n);
     }
   }
   if (chat) {
     if (has("top_logprobs")) {
       int64_t n = 0;
-      if (auto e = read_int(j["top_logprobs"], "top_logprobs", 0, 20, &n)) return *e;
-      if (n != 0) return unsupported("top_logprobs", "top_logprobs");
+      if (auto e = read_int(j["top_logprobs"], "top_logprobs", 0, kMaxTopLogprobs, &n)) return *e;
+      if (r.params.logprobs >= 0) {
+        r.params.logprobs = static_cast<int>(n);
+      } else if (n > 0) {
+        return invalid("'top_logprobs' needs 'logprobs' to be true", "top_logprobs");
+      }
     }
     for (const char* k : {"tools", "functions"}) {
       if (!has(k)) continue;
@@ -553,11 +559,66 @@ Json stats_json(const GenerationStats& st, const ResponseStats& extra) {
               {"speculative", std::move(speculative)}};
 }
 
+namespace {
+
+// Code points of UTF-8 text (text_offset counts characters, as Python servers do).
+int64_t code_points(const std::string& text) {
+  int64_t n = 0;
+  for (unsigned char c : text) n += (c & 0xC0) != 0x80;
+  return n;
+}
+
+Json token_bytes(const std::string& text) {
+  Json bytes = Json::array();
+  for (unsigned char c : text) bytes.push_back(static_cast<int>(c));
+  return bytes;
+}
+
+}  // namespace
+
+Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
+                   const Tokenizer& tokenizer, int64_t* text_offset) {
+  if (endpoint == Endpoint::kChatCompletions) {
+    Json content = Json::array();
+    for (const TokenLogprob& e : entries) {
+      const std::string text = tokenizer.token_text(e.id);
+      Json top = Json::array();
+      for (const auto& [id, logprob] : e.top) {
+        const std::string t = tokenizer.token_text(id);
+        top.push_back({{"token", t}, {"logprob", logprob}, {"bytes", token_bytes(t)}});
+      }
+      content.push_back({{"token", text},
+                         {"logprob", e.logprob},
+                         {"bytes", token_bytes(text)},
+                         {"top_logprobs", std::move(top)}});
+    }
+    return Json{{"content", std::move(content)}, {"refusal", nullptr}};
+  }
+  Json tokens = Json::array(), token_logprobs = Json::array(), tops = Json::array(),
+       offsets = Json::array();
+  for (const TokenLogprob& e : entries) {
+    const std::string text = tokenizer.token_text(e.id);
+    tokens.push_back(text);
+    token_logprobs.push_back(e.logprob);
+    // The alternatives and the chosen token (as OpenAI's legacy API and vLLM report it).
+    Json top = Json::object();
+    for (const auto& [id, logprob] : e.top) top[tokenizer.token_text(id)] = logprob;
+    top[text] = e.logprob;
+    tops.push_back(std::move(top));
+    offsets.push_back(*text_offset);
+    *text_offset += code_points(text);
+  }
+  return Json{{"tokens", std::move(tokens)},
+              {"token_logprobs", std::move(token_logprobs)},
+              {"top_logprobs", std::move(tops)},
+              {"text_offset", std::move(offsets)}};
+}
+
 Json completion_response(const ResponseMeta& meta, const GenerationResult& result,
-                         const ResponseStats& extra) {
+                         const ResponseStats& extra, Json logprobs) {
   Json choice = {{"index", 0},
                  {"text", result.text},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"finish_reason", result.finish_reason}};
   return Json{{"id", meta.id},
               {"object", "text_completion"},
@@ -570,10 +631,10 @@ Json completion_response(const ResponseMeta& meta, const GenerationResult& resul
 }
 
 Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
-                   const ResponseStats& extra) {
+                   const ResponseStats& extra, Json logprobs) {
   Json choice = {{"index", 0},
                  {"message", {{"role", "assistant"}, {"content", result.text}}},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"finish_reason", result.finish_reason}};
   return Json{{"id", meta.id},
               {"object", "chat.completion"},
@@ -586,10 +647,10 @@ Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
 }
 
 Json completion_chunk(const ResponseMeta& meta, std::string_view text,
-                      const std::string& finish_reason) {
+                      const std::string& finish_reason, Json logprobs) {
   Json choice = {{"index", 0},
                  {"text", std::string(text)},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(finish_reason)}};
   return Json{{"id", meta.id},
               {"object", "text_completion"},
@@ -598,10 +659,11 @@ Json completion_chunk(const ResponseMeta& meta, std::string_view text,
               {"choices", Json::array({std::move(choice)})}};
 }
 
-Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason) {
+Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason,
+                Json logprobs) {
   Json choice = {{"index", 0},
                  {"delta", delta},
-                 {"logprobs", nullptr},
+                 {"logprobs", std::move(logprobs)},
                  {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(finish_reason)}};
   return Json{{"id", meta.id},
               {"object", "chat.completion.chunk"},

@@ -2,10 +2,10 @@
 // {"error": {"message", "type", "param", "code"}} with a 4xx status) and response / stream chunk
 // building. Parameter policy (docs in app/server/README.md):
 //  - supported: model, prompt / messages, max_tokens (max_completion_tokens), temperature, top_p,
-//    n = 1, stream, stream_options.include_usage, stop, seed, user; extensions top_k, min_p,
-//    ignore_eos;
+//    n = 1, stream, stream_options.include_usage, stop, seed, user, logprobs (completions: 0..5
+//    alternatives; chat: true, with top_logprobs 0..20); extensions top_k, min_p, ignore_eos;
 //  - accepted only at their neutral value (else 400 unsupported_parameter): presence_penalty,
-//    frequency_penalty = 0, logit_bias = {}, logprobs = null/false, top_logprobs = 0, echo = false,
+//    frequency_penalty = 0, logit_bias = {}, echo = false,
 //    suffix = "", best_of = 1, tools = [], tool_choice = none/auto, functions = [],
 //    function_call = none, response_format = {type: text}; parallel_tool_calls is ignored;
 //  - any other field: 400 unknown_parameter (as OpenAI's "Unrecognized request argument").
@@ -21,6 +21,7 @@
 
 #include "engine/engine.h"
 #include "metrics.h"
+#include "model/tokenizer/tokenizer.h"
 
 namespace qs::server {
 
@@ -88,15 +89,25 @@ struct ResponseStats {
 // rate = accepted / drafted, mean accepted length = 1 + accepted / rounds; null when undefined).
 Json stats_json(const GenerationStats& stats, const ResponseStats& extra);
 
+// A choice's "logprobs" for `entries` (a response's tokens, or those of one stream chunk), each
+// token as Tokenizer::token_text. Completions (OpenAI's legacy form): {tokens, token_logprobs,
+// top_logprobs: [{text: logprob}] (the alternatives and the chosen token), text_offset: code
+// points from the completion's start, carried across chunks in *text_offset}. Chat: {content:
+// [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], refusal: null}.
+Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
+                   const Tokenizer& tokenizer, int64_t* text_offset);
+
+// `logprobs`: the choice's logprobs_json, or null when the request did not ask for them.
 Json completion_response(const ResponseMeta& meta, const GenerationResult& result,
-                         const ResponseStats& extra);
+                         const ResponseStats& extra, Json logprobs = nullptr);
 Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
-                   const ResponseStats& extra);
+                   const ResponseStats& extra, Json logprobs = nullptr);
 
 // Stream chunks. `finish_reason` empty: null.
 Json completion_chunk(const ResponseMeta& meta, std::string_view text,
-                      const std::string& finish_reason);
-Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason);
+                      const std::string& finish_reason, Json logprobs = nullptr);
+Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason,
+                Json logprobs = nullptr);
 Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint, int64_t prompt_tokens,
                  int64_t completion_tokens, int64_t cached_tokens);
 

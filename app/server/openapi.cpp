@@ -188,8 +188,8 @@ constexpr const char* kDocument = R"JSON({
           "presence_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
           "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
           "logit_bias": {"type": ["object", "null"]},
-          "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5},
-          "echo": {"type": ["boolean", "null"]},
+          "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5, "description": "Each generated token's log-probability under the target model's distribution (before temperature and truncation), with this many alternatives."},
+          "echo": {"type": ["boolean", "null"], "description": "Only false: the prompt is not echoed."},
           "suffix": {"type": ["string", "null"]},
           "user": {"type": ["string", "null"]},
           "ignore_eos": {"type": ["boolean", "null"], "description": "Extension: do not stop at end-of-sequence tokens."}
@@ -235,8 +235,16 @@ constexpr const char* kDocument = R"JSON({
         "type": "object",
         "additionalProperties": false,
         "required": ["messages"],
-        "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
-        "then": {"required": ["stream"], "properties": {"stream": {"const": true}}},
+        "allOf": [
+          {
+            "if": {"required": ["stream_options"], "properties": {"stream_options": {"type": "object"}}},
+            "then": {"required": ["stream"], "properties": {"stream": {"const": true}}}
+          },
+          {
+            "if": {"required": ["top_logprobs"], "properties": {"top_logprobs": {"type": "integer", "minimum": 1}}},
+            "then": {"required": ["logprobs"], "properties": {"logprobs": {"const": true}}}
+          }
+        ],
         "properties": {
           "model": {"type": ["string", "null"], "description": "Ignored: the server serves one model."},
           "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}},
@@ -254,8 +262,8 @@ constexpr const char* kDocument = R"JSON({
           "presence_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
           "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
           "logit_bias": {"type": ["object", "null"]},
-          "logprobs": {"type": ["boolean", "null"]},
-          "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 0},
+          "logprobs": {"type": ["boolean", "null"], "description": "Each generated token's log-probability under the target model's distribution (before temperature and truncation)."},
+          "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20, "description": "Alternatives per token; needs logprobs: true."},
           "tools": {"type": ["array", "null"], "maxItems": 0},
           "tool_choice": {"type": ["string", "null"], "enum": ["none", "auto", null]},
           "parallel_tool_calls": {"type": ["boolean", "null"]},
@@ -326,7 +334,7 @@ constexpr const char* kDocument = R"JSON({
               "properties": {
                 "index": {"type": "integer"},
                 "text": {"type": "string"},
-                "logprobs": {"type": "null"},
+                "logprobs": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/CompletionLogprobs"}]},
                 "finish_reason": {"type": "string", "enum": ["stop", "length"]}
               }
             }
@@ -356,13 +364,53 @@ constexpr const char* kDocument = R"JSON({
                   "required": ["role", "content"],
                   "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}
                 },
-                "logprobs": {"type": "null"},
+                "logprobs": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/ChatLogprobs"}]},
                 "finish_reason": {"type": "string", "enum": ["stop", "length"]}
               }
             }
           },
           "usage": {"$ref": "#/components/schemas/Usage"},
           "quantspec": {"$ref": "#/components/schemas/QuantspecStats"}
+        }
+      },
+      "CompletionLogprobs": {
+        "type": "object",
+        "description": "One entry per generated token: its text, log-probability, the alternatives with the token itself, its offset in code points.",
+        "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
+        "properties": {
+          "tokens": {"type": "array", "items": {"type": "string"}},
+          "token_logprobs": {"type": "array", "items": {"type": "number", "maximum": 0}},
+          "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "number", "maximum": 0}}},
+          "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0}}
+        }
+      },
+      "TokenLogprob": {
+        "type": "object",
+        "required": ["token", "logprob", "bytes"],
+        "properties": {
+          "token": {"type": "string"},
+          "logprob": {"type": "number", "maximum": 0},
+          "bytes": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 255}}
+        }
+      },
+      "ChatLogprobs": {
+        "type": "object",
+        "required": ["content"],
+        "properties": {
+          "content": {
+            "type": "array",
+            "items": {
+              "allOf": [
+                {"$ref": "#/components/schemas/TokenLogprob"},
+                {
+                  "type": "object",
+                  "required": ["top_logprobs"],
+                  "properties": {"top_logprobs": {"type": "array", "items": {"$ref": "#/components/schemas/TokenLogprob"}}}
+                }
+              ]
+            }
+          },
+          "refusal": {"type": "null"}
         }
       }
     }

@@ -46,11 +46,18 @@ StopReason Job::stop_reason() const {
 
 Job::Progress Job::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout, [this] { return !pending_.empty() || finished_; });
+  cv_.wait_for(lock, timeout,
+               [this] { return !pending_.empty() || !pending_logprobs_.empty() || finished_; });
   Progress p;
   p.text.swap(pending_);
+  p.logprobs.swap(pending_logprobs_);
   p.finished = finished_;
   return p;
+}
+
+void Job::on_logprob(const TokenLogprob& lp) {
+  std::lock_guard<std::mutex> lock(mu_);
+  pending_logprobs_.push_back(lp);
 }
 
 bool Job::on_text(std::string_view piece) {
@@ -175,7 +182,10 @@ void Scheduler::run(const std::shared_ptr<Job>& job) {
     outcome.error_status = why == StopReason::kShutdown ? 503 : 408;
     outcome.error = "the request was cancelled before it started";
   } else {
-    auto result = engine_.generate(job->prompt(), job->params(),
+    GenerationParams params = job->params();
+    if (params.logprobs >= 0)
+      params.on_logprob = [&job](const TokenLogprob& lp) { job->on_logprob(lp); };
+    auto result = engine_.generate(job->prompt(), params,
                                    [&job](std::string_view piece) { return job->on_text(piece); });
     if (!result.ok()) {
       record.finish_reason = "error";

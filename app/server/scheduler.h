@@ -36,9 +36,11 @@ class Job {
   void cancel(StopReason why);
   StopReason stop_reason() const;
 
-  // Text produced since the previous call; waits up to `timeout` for some (or for the end).
+  // Text (and, when the request asked for them, tokens' log-probabilities) produced since the
+  // previous call; waits up to `timeout` for some (or for the end).
   struct Progress {
     std::string text;
+    std::vector<TokenLogprob> logprobs;
     bool finished = false;
   };
   Progress wait(std::chrono::milliseconds timeout);
@@ -56,6 +58,7 @@ class Job {
  private:
   friend class Scheduler;
   bool on_text(std::string_view piece);  // scheduler thread; false: stop
+  void on_logprob(const TokenLogprob& lp);  // scheduler thread, before the token's text
   void finish(Outcome outcome);
 
   const std::vector<int32_t> prompt_;
@@ -67,6 +70,7 @@ class Job {
   std::condition_variable cv_;
   StopReason stop_ = StopReason::kNone;
   std::string pending_;
+  std::vector<TokenLogprob> pending_logprobs_;
   bool finished_ = false;
   Outcome outcome_;
 };

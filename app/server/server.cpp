@@ -316,9 +316,13 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     if (auto error = finished_job_error(*job, timeout_s)) return respond_error(res, *error);
     const Job::Outcome& o = job->outcome();
     const ResponseStats extra{options_.decode_mode, o.spec, o.queue_s};
+    int64_t text_offset = 0;
+    Json logprobs = r.params.logprobs >= 0
+                        ? logprobs_json(endpoint, o.result->logprobs, tokenizer_, &text_offset)
+                        : Json(nullptr);
     const Json body = endpoint == Endpoint::kChatCompletions
-                          ? chat_response(meta, *o.result, extra)
-                          : completion_response(meta, *o.result, extra);
+                          ? chat_response(meta, *o.result, extra, std::move(logprobs))
+                          : completion_response(meta, *o.result, extra, std::move(logprobs));
     res.body = dump_json(body);
     return;
   }
@@ -328,7 +332,9 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   res.headers.emplace_back("X-Accel-Buffering", "no");
   const bool include_usage = r.include_usage;
   const std::string mode = options_.decode_mode;
-  res.stream = [job, meta, endpoint, include_usage, timeout_s, mode](StreamSink& sink) {
+  const Tokenizer* logprob_tokenizer = r.params.logprobs >= 0 ? &tokenizer_ : nullptr;
+  res.stream = [job, meta, endpoint, include_usage, timeout_s, mode,
+                logprob_tokenizer](StreamSink& sink) {
     const bool chat = endpoint == Endpoint::kChatCompletions;
     auto send_error = [&](const ApiError& e) {
       sink.write(sse_event(error_json(e)));
@@ -339,11 +345,18 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
       job->cancel(StopReason::kClientGone);
       return;
     }
+    int64_t text_offset = 0;  // logprobs: the next token's offset in the completion
     for (;;) {
       Job::Progress p = job->wait(kPollInterval);
-      if (!p.text.empty()) {
-        const Json chunk = chat ? chat_chunk(meta, Json{{"content", p.text}}, "")
-                                : completion_chunk(meta, p.text, "");
+      if (!p.text.empty() || !p.logprobs.empty()) {
+        // A chunk carries the tokens generated since the last one (its text may lag them: held
+        // back UTF-8 or stop-string prefixes).
+        Json logprobs = logprob_tokenizer != nullptr
+                            ? logprobs_json(endpoint, p.logprobs, *logprob_tokenizer, &text_offset)
+                            : Json(nullptr);
+        const Json chunk =
+            chat ? chat_chunk(meta, Json{{"content", p.text}}, "", std::move(logprobs))
+                 : completion_chunk(meta, p.text, "", std::move(logprobs));
         if (!sink.write(sse_event(chunk))) {
           job->cancel(StopReason::kClientGone);
           return;

@@ -77,6 +77,14 @@ std::vector<int32_t> prompt_ids(const Engine& e, int n) {
   return ids;
 }
 
+// n tokens whatever they are (no stop at EOS), greedy unless the test sets sampling.
+GenerationParams no_eos_params(int n) {
+  GenerationParams p;
+  p.max_new_tokens = n;
+  p.stop_at_eos = false;
+  return p;
+}
+
 class CudaEngineTest : public ::testing::TestWithParam<ModeCase> {
  protected:
   void SetUp() override {
@@ -88,9 +96,7 @@ TEST_P(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
   const ModeCase& c = GetParam();
   auto [cpu, gpu] = load_both(c);
   ASSERT_TRUE(cpu && gpu);
-  GenerationParams params;
-  params.max_new_tokens = 96;
-  params.stop_at_eos = false;
+  GenerationParams params = no_eos_params(96);
   for (int prompt_len : {5, 300}) {  // 300 > 2G: flushes during prefill and decoding
     const std::vector<int32_t> prompt = prompt_ids(*cpu, prompt_len);
     auto want = cpu->generate(prompt, params, {});
@@ -108,6 +114,30 @@ TEST_P(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
   }
 }
 
+// GenerationParams::logprobs through the device's rows (AR: each step's row copied back;
+// speculative modes: the chained rounds' verification rows): the CPU engine's values.
+TEST_P(CudaEngineTest, LogprobsMatchTheCpuEngine) {
+  const ModeCase& c = GetParam();
+  auto [cpu, gpu] = load_both(c);
+  ASSERT_TRUE(cpu && gpu);
+  GenerationParams params = no_eos_params(40);
+  params.logprobs = 3;
+  const std::vector<int32_t> prompt = prompt_ids(*cpu, 150);  // > G: a quantized history
+  auto want = cpu->generate(prompt, params, {});
+  auto got = gpu->generate(prompt, params, {});
+  ASSERT_TRUE(want.ok()) << want.error().message;
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  ASSERT_EQ(got->tokens, want->tokens) << c.name;
+  ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
+  const double tol = c.rows == KvDType::kF32 ? 1e-4 : 2e-3;  // f16 rows round the K/V
+  for (size_t i = 0; i < got->logprobs.size(); ++i) {
+    EXPECT_EQ(got->logprobs[i].id, got->tokens[i]);
+    EXPECT_NEAR(got->logprobs[i].logprob, want->logprobs[i].logprob, tol) << c.name << " " << i;
+    ASSERT_EQ(got->logprobs[i].top.size(), 3u);
+    EXPECT_NEAR(got->logprobs[i].top[0].second, want->logprobs[i].top[0].second, tol);
+  }
+}
+
 // Sampling where the logits are (Backend::sample_rows / speculative_verdict on the GPU, the
 // host's rule on the CPU) with the same seed: the same uniforms, so the same tokens unless a
 // draw or an acceptance test lands within rounding of a boundary (logits agree to ~1e-6 here).
@@ -118,9 +148,7 @@ TEST_P(CudaEngineTest, SampledTokensEqualTheCpuEngine) {
   }
   auto [cpu, gpu] = load_both(c);
   ASSERT_TRUE(cpu && gpu);
-  GenerationParams params;
-  params.max_new_tokens = 48;
-  params.stop_at_eos = false;
+  GenerationParams params = no_eos_params(48);
   params.sampling.temperature = 0.8f;
   params.sampling.top_k = 40;
   params.sampling.top_p = 0.95f;
@@ -170,9 +198,7 @@ TEST_P(CudaEngineTest, LayerByLayerPrefillGivesTheChunkByChunkTokens) {
   std::unique_ptr<Engine> by_layer = load(c, Device::kCuda, true);
   std::unique_ptr<Engine> by_chunk = load(c, Device::kCuda, false);
   ASSERT_TRUE(by_layer && by_chunk);
-  GenerationParams params;
-  params.max_new_tokens = 48;
-  params.stop_at_eos = false;
+  GenerationParams params = no_eos_params(48);
   for (int prompt_len : {5, 300, 700}) {
     const std::vector<int32_t> prompt = prompt_ids(*by_layer, prompt_len);
     auto want = by_chunk->generate(prompt, params, {});
@@ -196,9 +222,7 @@ TEST_P(CudaEngineTest, PromptCacheEqualsTheCpuEngine) {
   std::unique_ptr<Engine> cpu = load(c, Device::kCpu, true, true);
   std::unique_ptr<Engine> gpu = load(c, Device::kCuda, true, true);
   ASSERT_TRUE(cpu && gpu);
-  GenerationParams params;
-  params.max_new_tokens = 40;
-  params.stop_at_eos = false;
+  GenerationParams params = no_eos_params(40);
   std::vector<int32_t> prompt = prompt_ids(*cpu, 60);
   for (int turn = 0; turn < 3; ++turn) {
     auto want = cpu->generate(prompt, params, {});
@@ -228,9 +252,7 @@ TEST(CudaEngineTargetAttention, F16TargetQuantSpecEqualsF16TargetArInt8) {
       load(spec, Device::kCuda, true, false, AttentionOperands::kF16);
   std::unique_ptr<Engine> spec_exact = load(spec, Device::kCuda);
   ASSERT_TRUE(ar_f16 && spec_f16 && spec_exact);
-  GenerationParams params;
-  params.max_new_tokens = 96;
-  params.stop_at_eos = false;
+  GenerationParams params = no_eos_params(96);
   for (int prompt_len : {5, 300}) {
     const std::vector<int32_t> prompt = prompt_ids(*ar_f16, prompt_len);
     auto want = ar_f16->generate(prompt, params, {});

@@ -2,6 +2,7 @@
 // partial UTF-8 sequence.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 
 #include "test_util.h"
@@ -163,6 +164,46 @@ TEST(StreamDecoder, SkipsSpecialTokensWhenAsked) {
   const auto ids = tok.encode("<|begin_of_text|>Hello<|eot_id|>", false);
   EXPECT_EQ(stream(tok, ids, true).text, "Hello");
   EXPECT_EQ(stream(tok, ids, false).text, "<|begin_of_text|>Hello<|eot_id|>");
+}
+
+// Tokenizer::token_text (the server's log-probability tokens): the text a token adds after other
+// text, so a word-initial SentencePiece token keeps its space, which decode() of it alone drops.
+TEST_P(StreamDecoderTest, TokenTextIsWhatTheTokenAddsMidText) {
+  const auto& tok = test::test_tokenizer(GetParam());
+  for (const auto& text : test::corpus()) {
+    const auto ids = tok.encode(text, false);
+    for (size_t i = 1; i < ids.size(); ++i) {
+      const std::vector<int32_t> before(ids.begin(), ids.begin() + i);
+      std::vector<int32_t> with = before;
+      with.push_back(ids[i]);
+      const std::string a = tok.decode(before), b = tok.decode(with);
+      // Where the prefix's text is final (no incomplete character, no trailing strip), the
+      // token's text is exactly what decoding it after the prefix adds.
+      if (b.compare(0, a.size(), a) != 0 || a.find("\xEF\xBF\xBD") != std::string::npos) continue;
+      if (tok.id_to_piece(ids[i]).rfind("<0x", 0) == 0 || !test::is_valid_utf8(b.substr(a.size())))
+        continue;
+      ASSERT_EQ(tok.token_text(ids[i]), b.substr(a.size()))
+          << test::brief(text) << " token " << i << " " << tok.id_to_piece(ids[i]);
+    }
+  }
+  EXPECT_EQ(tok.token_text(-1), "");
+  EXPECT_EQ(tok.token_text(tok.vocab_size()), "");
+}
+
+TEST(TokenText, SentencePieceWordsKeepTheirSpaceAndBytePiecesAreReplacementCharacters) {
+  const auto& tok = test::test_tokenizer("spm");
+  const auto ids = tok.encode("Hello world", false);
+  // The first piece of "world": "\u2581w..." (the Metaspace space marker).
+  const auto word = std::find_if(ids.begin() + 1, ids.end(), [&](int32_t id) {
+    return tok.id_to_piece(id).rfind("\xE2\x96\x81", 0) == 0;
+  });
+  ASSERT_NE(word, ids.end()) << test::ids_to_string(ids);
+  const std::string piece = tok.id_to_piece(*word).substr(3);
+  EXPECT_EQ(tok.decode({*word}), piece);  // alone: the start-of-text rule drops the space
+  EXPECT_EQ(tok.token_text(*word), " " + piece);
+  const auto bytes = tok.encode("語", false);  // three byte pieces
+  ASSERT_EQ(tok.id_to_piece(bytes.back()).rfind("<0x", 0), 0u);
+  EXPECT_EQ(tok.token_text(bytes.back()), "\xEF\xBF\xBD");
 }
 
 }  // namespace

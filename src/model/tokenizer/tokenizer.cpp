@@ -366,5 +366,9 @@ bool Tokenizer::is_special(int32_t id) const {
 std::string Tokenizer::id_to_piece(int32_t id) const {
   return impl_->id_to_piece(id);
 }
+std::string Tokenizer::token_text(int32_t id) const {
+  if (id < 0 || id >= impl_->vocab_size()) return "";
+  return impl_->decode(&id, 1, false, impl_->has_anchor());
+}
 
 }  // namespace qs

@@ -37,6 +37,11 @@ class Tokenizer {
   std::vector<int32_t> eos_ids() const;  // may be empty
   bool is_special(int32_t id) const;
   std::string id_to_piece(int32_t id) const;  // the raw vocabulary string, "" if out of range
+  // The text token `id` adds in the middle of a text (special tokens included): decoded after
+  // a plain anchor token, so that start-of-text rules (a Metaspace prefix space dropped) do not
+  // apply. A byte-fallback or byte-level piece of an incomplete UTF-8 sequence gives U+FFFD, as
+  // decode() does; "" for an id out of range.
+  std::string token_text(int32_t id) const;
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

@@ -1,0 +1,127 @@
+"""Log-probabilities in the OpenAI formats (completions' legacy object, chat's content list), plain
+and streamed, on the bundled model; QuantSpec reports the target's values, the ones AR decoding
+over the same INT8 view reports."""
+import json
+import math
+import urllib.request
+
+import pytest
+
+from serverlib import REPO, post
+
+C = "/v1/completions"
+CH = "/v1/chat/completions"
+PROMPT = "The Lord said unto Moses,"
+
+
+def stream_events(url, payload):
+    req = urllib.request.Request(url, data=json.dumps({**payload, "stream": True}).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    events = []
+    with urllib.request.urlopen(req, timeout=60) as r:
+        for raw in r:
+            line = raw.decode().rstrip("\r\n")
+            if line.startswith("data: ") and line != "data: [DONE]":
+                events.append(json.loads(line[6:]))
+    return events
+
+
+@pytest.fixture(scope="module")
+def servers(start_server):
+    model = f"{REPO}/models/default"
+    spec = start_server("-m", model, "--ctx", "1024", "--mode", "quantspec", "--gamma", "3")
+    ar = start_server("-m", model, "--ctx", "1024", "--kv", "int8")
+    yield spec, ar
+    spec.stop()
+    ar.stop()
+
+
+def check_completion_logprobs(lp, n_tokens, top):
+    assert set(lp) == {"tokens", "token_logprobs", "top_logprobs", "text_offset"}
+    assert len(lp["tokens"]) == len(lp["token_logprobs"]) == len(lp["top_logprobs"]) == n_tokens
+    offset = 0
+    for tok, value, alts, off in zip(lp["tokens"], lp["token_logprobs"], lp["top_logprobs"],
+                                     lp["text_offset"]):
+        assert value <= 0
+        assert off == offset
+        offset += len(tok)
+        # the alternatives and the chosen token itself
+        assert alts[tok] == value and top <= len(alts) <= top + 1
+        assert all(v <= 0 for v in alts.values())
+        assert math.fsum(math.exp(v) for v in alts.values()) <= 1 + 1e-5
+
+
+def test_completions_logprobs_plain_and_streamed(servers):
+    spec, _ = servers
+    req = {"prompt": PROMPT, "max_tokens": 24, "temperature": 0, "logprobs": 3, "ignore_eos": True}
+    status, body = post(spec.url + C, req)
+    assert status == 200, body
+    choice = body["choices"][0]
+    lp = choice["logprobs"]
+    check_completion_logprobs(lp, body["usage"]["completion_tokens"], 3)
+    assert "".join(lp["tokens"]) == choice["text"]
+    for value, alts in zip(lp["token_logprobs"], lp["top_logprobs"]):
+        assert value == max(alts.values())  # greedy: the most likely token
+    assert body["quantspec"]["speculative"]["rounds"] > 0
+
+    events = stream_events(spec.url + C, req)
+    tokens, values, offsets, text = [], [], [], ""
+    for e in events:
+        c = e["choices"][0]
+        text += c["text"]
+        if c["logprobs"] is not None:
+            tokens += c["logprobs"]["tokens"]
+            values += c["logprobs"]["token_logprobs"]
+            offsets += c["logprobs"]["text_offset"]
+    assert text == choice["text"]
+    assert tokens == lp["tokens"] and offsets == lp["text_offset"]
+    # The second request's prompt comes from the prompt cache (its last token prefilled alone):
+    # the same tokens, logits equal to rounding.
+    assert values == pytest.approx(lp["token_logprobs"], abs=1e-4)
+
+    # Not asked: null, as before.
+    status, body = post(spec.url + C, {"prompt": PROMPT, "max_tokens": 4})
+    assert status == 200 and body["choices"][0]["logprobs"] is None
+
+
+def test_chat_logprobs_plain_and_streamed(servers):
+    spec, _ = servers
+    req = {"messages": [{"role": "user", "content": "Who led the people out of Egypt?"}],
+           "max_tokens": 16, "temperature": 0.7, "seed": 5, "logprobs": True, "top_logprobs": 2}
+    status, body = post(spec.url + CH, req)
+    assert status == 200, body
+    choice = body["choices"][0]
+    content = choice["logprobs"]["content"]
+    assert choice["logprobs"]["refusal"] is None
+    assert len(content) == body["usage"]["completion_tokens"]
+    for entry in content:
+        assert set(entry) == {"token", "logprob", "bytes", "top_logprobs"}
+        assert entry["logprob"] <= 0
+        assert bytes(entry["bytes"]).decode("utf-8") == entry["token"]
+        alts = entry["top_logprobs"]
+        assert len(alts) == 2 and alts[0]["logprob"] >= alts[1]["logprob"] >= -math.inf
+        assert alts[0]["logprob"] >= entry["logprob"]  # sampled: not always the most likely
+
+    events = stream_events(spec.url + CH, req)  # the same seed: the same tokens
+    streamed = [x for e in events if e["choices"] and e["choices"][0]["logprobs"]
+                for x in e["choices"][0]["logprobs"]["content"]]
+    assert [x["token"] for x in streamed] == [x["token"] for x in content]
+    assert [x["logprob"] for x in streamed] == pytest.approx([x["logprob"] for x in content], abs=1e-4)
+
+    status, body = post(spec.url + CH, {**req, "logprobs": False, "top_logprobs": 0})
+    assert status == 200 and body["choices"][0]["logprobs"] is None
+
+
+def test_quantspec_reports_the_ar_int8_values(servers):
+    """Greedy QuantSpec emits AR INT8's tokens; each one's log-probability is the target's, so the
+    two servers agree on every value (accepted candidates and corrections alike)."""
+    spec, ar = servers
+    req = {"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "logprobs": 2, "ignore_eos": True}
+    s_status, s_body = post(spec.url + C, req)
+    a_status, a_body = post(ar.url + C, req)
+    assert s_status == 200 and a_status == 200
+    s_lp, a_lp = s_body["choices"][0]["logprobs"], a_body["choices"][0]["logprobs"]
+    assert s_lp["tokens"] == a_lp["tokens"]
+    assert s_lp["token_logprobs"] == pytest.approx(a_lp["token_logprobs"], abs=1e-4)
+    spec_stats = s_body["quantspec"]["speculative"]
+    assert 0 < spec_stats["accepted_tokens"] <= spec_stats["drafted_tokens"]
