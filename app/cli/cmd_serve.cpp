@@ -149,10 +149,11 @@ int run_serve(ServeArgs& a) {
 
 CommandRun add_serve_command(CLI::App& root) {
   auto args = std::make_shared<ServeArgs>();
-  CLI::App* cmd =
-      root.add_subcommand("serve",
-                          "Serve the model over an OpenAI-compatible HTTP API (/v1/completions, "
-                          "/v1/chat/completions, /v1/models, /health, /metrics, /openapi.json)");
+  CLI::App* cmd = root.add_subcommand(
+      "serve",
+      "Serve the model over an OpenAI-compatible HTTP API (/v1/completions, "
+      "/v1/chat/completions, /v1/models, /tokenize, /detokenize, /health, /metrics, "
+      "/openapi.json)");
   add_model_options(*cmd, args->model);
   add_decode_options(*cmd, args->model);
   add_generation_options(*cmd, args->gen);  // defaults for what requests leave out

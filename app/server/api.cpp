@@ -278,8 +278,10 @@ std::string dump_json(const Json& j) {
   return j.dump(-1, ' ', false, Json::error_handler_t::replace);
 }
 
-std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
-                                                 const RequestDefaults& defaults) {
+namespace {
+
+// A request body as a JSON object.
+std::variant<Json, ApiError> parse_body(std::string_view body) {
   Json j;
   try {
     j = Json::parse(body.begin(), body.end());
@@ -293,6 +295,78 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
   if (!j.is_object())
     return invalid(std::string("the request body must be a JSON object, got ") + json_type_name(j),
                    "");
+  return j;
+}
+
+// The first field of `j` that `allowed` does not name, as 400 unknown_parameter.
+std::optional<ApiError> unknown_field(const Json& j, const std::set<std::string>& allowed) {
+  for (const auto& [k, v] : j.items()) {
+    if (!allowed.count(k)) return invalid("unknown parameter '" + k + "'", k, "unknown_parameter");
+  }
+  return std::nullopt;
+}
+
+}  // namespace
+
+std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body) {
+  auto parsed = parse_body(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const Json& j = std::get<Json>(parsed);
+  if (auto e = unknown_field(j, {"model", "prompt", "messages", "add_special_tokens"})) return *e;
+  auto has = [&](const char* k) { return j.contains(k) && !j[k].is_null(); };
+  if (has("model") && !j["model"].is_string()) return wrong_type("model", "a string", j["model"]);
+  TokenizeRequest r;
+  // A new endpoint, so no null stands for an absent prompt or conversation (the schema's oneOf).
+  auto given = [&](const char* k) { return j.contains(k); };
+  if (given("prompt") && given("messages")) {
+    return invalid("give one of 'prompt' (text) and 'messages' (a conversation), not both",
+                   "messages");
+  }
+  if (!given("prompt") && !given("messages")) {
+    return invalid("missing required parameter: 'prompt' (text) or 'messages' (a conversation)",
+                   "prompt", "missing_required_parameter");
+  }
+  if (given("prompt")) {
+    if (!j["prompt"].is_string()) return wrong_type("prompt", "a string", j["prompt"]);
+    r.prompt = j["prompt"].get<std::string>();
+    r.add_special = true;
+  } else {
+    if (auto e = read_messages(j["messages"], &r.messages)) return *e;
+    r.add_special = false;  // the chat template writes its special tokens
+  }
+  if (has("add_special_tokens")) {
+    if (auto e = read_bool(j["add_special_tokens"], "add_special_tokens", &r.add_special))
+      return *e;
+  }
+  return r;
+}
+
+std::variant<std::vector<int64_t>, ApiError> parse_detokenize(std::string_view body) {
+  auto parsed = parse_body(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const Json& j = std::get<Json>(parsed);
+  if (auto e = unknown_field(j, {"model", "tokens"})) return *e;
+  if (j.contains("model") && !j["model"].is_null() && !j["model"].is_string())
+    return wrong_type("model", "a string", j["model"]);
+  if (!j.contains("tokens") || j["tokens"].is_null())
+    return invalid("missing required parameter 'tokens'", "tokens", "missing_required_parameter");
+  if (!j["tokens"].is_array()) return wrong_type("tokens", "an array of token ids", j["tokens"]);
+  std::vector<int64_t> ids;
+  for (size_t i = 0; i < j["tokens"].size(); ++i) {
+    int64_t id = 0;
+    if (auto e = read_int(j["tokens"][i], "tokens[" + std::to_string(i) + "]", 0,
+                          std::numeric_limits<int32_t>::max(), &id))
+      return *e;
+    ids.push_back(id);
+  }
+  return ids;
+}
+
+std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
+                                                 const RequestDefaults& defaults) {
+  auto parsed = parse_body(body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
+  const Json& j = std::get<Json>(parsed);
 
   const bool chat = endpoint == Endpoint::kChatCompletions;
   static const std::set<std::string> kCommon = {"model",
@@ -317,10 +391,10 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
       "messages",  "max_completion_tokens", "top_logprobs",
       "tools",     "tool_choice",           "parallel_tool_calls",
       "functions", "function_call",         "response_format"};
-  for (const auto& [k, v] : j.items()) {
-    if (kCommon.count(k) || (chat ? kChatOnly : kCompletionOnly).count(k)) continue;
-    return invalid("unknown parameter '" + k + "'", k, "unknown_parameter");
-  }
+  std::set<std::string> allowed = kCommon;
+  allowed.insert((chat ? kChatOnly : kCompletionOnly).begin(),
+                 (chat ? kChatOnly : kCompletionOnly).end());
+  if (auto e = unknown_field(j, allowed)) return *e;
 
   ApiRequest r;
   r.endpoint = endpoint;

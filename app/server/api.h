@@ -65,6 +65,19 @@ struct ApiRequest {
 std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
                                                  const RequestDefaults& defaults);
 
+// POST /tokenize (as vLLM's): {"model"?, "prompt": text, "add_special_tokens"? (default true)} or
+// {"model"?, "messages": [...], "add_special_tokens"? (default false)}: the ids that
+// /v1/completions or /v1/chat/completions would run for it, so that a client can check that a
+// long document fits the context before sending it.
+struct TokenizeRequest {
+  std::optional<std::string> prompt;  // else `messages`
+  Json messages;
+  bool add_special = true;
+};
+std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body);
+// POST /detokenize: {"model"?, "tokens": [ids]} (ids checked against the vocabulary by the caller).
+std::variant<std::vector<int64_t>, ApiError> parse_detokenize(std::string_view body);
+
 // ---- responses -------------------------------------------------------------------------------
 
 struct ResponseMeta {

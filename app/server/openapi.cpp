@@ -77,6 +77,30 @@ constexpr const char* kDocument = R"JSON({
         }
       }
     },
+    "/tokenize": {
+      "post": {
+        "operationId": "tokenize",
+        "summary": "The token ids a prompt (or a conversation, through the chat template) runs as, and the context: does a long document fit?",
+        "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TokenizeRequest"}}}},
+        "responses": {
+          "200": {"description": "The ids.", "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TokenizeResponse"}}}},
+          "400": {"$ref": "#/components/responses/BadRequest"},
+          "413": {"$ref": "#/components/responses/TooLarge"}
+        }
+      }
+    },
+    "/detokenize": {
+      "post": {
+        "operationId": "detokenize",
+        "summary": "The text of token ids (special tokens included).",
+        "requestBody": {"required": true, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/DetokenizeRequest"}}}},
+        "responses": {
+          "200": {"description": "The text.", "content": {"application/json": {"schema": {"type": "object", "required": ["prompt"], "properties": {"prompt": {"type": "string"}}}}}},
+          "400": {"$ref": "#/components/responses/BadRequest"},
+          "413": {"$ref": "#/components/responses/TooLarge"}
+        }
+      }
+    },
     "/metrics": {
       "get": {
         "operationId": "metrics",
@@ -152,6 +176,35 @@ constexpr const char* kDocument = R"JSON({
           {"type": "string", "minLength": 1},
           {"type": "array", "maxItems": 4, "items": {"type": "string", "minLength": 1}}
         ]
+      },
+      "TokenizeRequest": {
+        "type": "object",
+        "additionalProperties": false,
+        "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
+        "properties": {
+          "model": {"type": ["string", "null"]},
+          "prompt": {"type": "string"},
+          "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}},
+          "add_special_tokens": {"type": ["boolean", "null"], "description": "Default: true for a prompt (as /v1/completions), false for messages (the chat template writes them)."}
+        }
+      },
+      "TokenizeResponse": {
+        "type": "object",
+        "required": ["count", "max_model_len", "tokens"],
+        "properties": {
+          "count": {"type": "integer", "minimum": 0},
+          "max_model_len": {"type": "integer", "minimum": 1},
+          "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}
+        }
+      },
+      "DetokenizeRequest": {
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["tokens"],
+        "properties": {
+          "model": {"type": ["string", "null"]},
+          "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 0}}
+        }
       },
       "StreamOptions": {
         "type": ["object", "null"],
@@ -428,6 +481,8 @@ Json openapi_document(const OpenApiLimits& limits) {
   schemas["ChatCompletionRequest"]["properties"]["max_tokens"]["maximum"] = max_tokens;
   schemas["ChatCompletionRequest"]["properties"]["max_completion_tokens"]["maximum"] = max_tokens;
   schemas["TokenIds"]["items"]["maximum"] = std::max(0, limits.vocab_size - 1);
+  schemas["DetokenizeRequest"]["properties"]["tokens"]["items"]["maximum"] =
+      std::max(0, limits.vocab_size - 1);
   doc["info"]["description"] =
       doc["info"]["description"].get<std::string>() + " Model: " + limits.model_name +
       ", context " + std::to_string(limits.max_context) + " tokens, request bodies up to " +

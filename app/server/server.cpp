@@ -120,8 +120,8 @@ Server::Server(Engine& engine, ServerOptions options, ChatSetup chat)
       tokenizer_(require_tokenizer(engine)),
       options_(std::move(options)),
       chat_(std::move(chat)),
-      metrics_({"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/metrics",
-                "/openapi.json"}),
+      metrics_({"/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize",
+                "/detokenize", "/metrics", "/openapi.json"}),
       http_(options_.http),
       started_at_(unix_now()) {
   options_.defaults.max_context = engine_.max_context();
@@ -162,6 +162,10 @@ Server::Server(Engine& engine, ServerOptions options, ChatSetup chat)
   http_.handle("POST", "/v1/chat/completions", [this](const HttpRequest& req, HttpResponse& res) {
     handle_generate(Endpoint::kChatCompletions, req, res);
   });
+  http_.handle("POST", "/tokenize",
+               [this](const HttpRequest& req, HttpResponse& res) { handle_tokenize(req, res); });
+  http_.handle("POST", "/detokenize",
+               [this](const HttpRequest& req, HttpResponse& res) { handle_detokenize(req, res); });
 }
 
 Server::~Server() = default;
@@ -196,18 +200,24 @@ void Server::respond_error(HttpResponse& res, const ApiError& e) {
   if (e.status == 429) res.headers.emplace_back("Retry-After", "1");
 }
 
+std::variant<std::string, ApiError> Server::render_chat(const Json& messages) const {
+  if (!chat_.chat_template)
+    return make_api_error(400, chat_.problem, "chat_template_missing", "messages");
+  auto text = chat_.chat_template->render(messages, chat_.tokens);
+  if (!text.ok()) {
+    return make_api_error(400, "the chat template rejected the messages: " + text.error().message,
+                          "chat_template_error", "messages");
+  }
+  return std::move(text).value();
+}
+
 std::optional<ApiError> Server::prompt_ids(const ApiRequest& r, std::vector<int32_t>* ids) {
   const bool chat = r.endpoint == Endpoint::kChatCompletions;
   if (chat) {
-    if (!chat_.chat_template)
-      return make_api_error(400, chat_.problem, "chat_template_missing", "messages");
-    auto text = chat_.chat_template->render(r.messages, chat_.tokens);
-    if (!text.ok()) {
-      return make_api_error(400, "the chat template rejected the messages: " + text.error().message,
-                            "chat_template_error", "messages");
-    }
+    auto text = render_chat(r.messages);
+    if (auto* e = std::get_if<ApiError>(&text)) return *e;
     // The template writes the special tokens (BOS, ...) itself, as HF's apply_chat_template.
-    *ids = tokenizer_.encode(*text, /*add_special=*/false);
+    *ids = tokenizer_.encode(std::get<std::string>(text), /*add_special=*/false);
   } else if (r.prompt_text) {
     *ids = tokenizer_.encode(*r.prompt_text, /*add_special=*/true);
   } else {
@@ -230,6 +240,41 @@ std::optional<ApiError> Server::prompt_ids(const ApiRequest& r, std::vector<int3
                           chat ? "messages" : "prompt");
   }
   return std::nullopt;
+}
+
+void Server::handle_tokenize(const HttpRequest& req, HttpResponse& res) {
+  auto parsed = parse_tokenize(req.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return respond_error(res, *e);
+  const TokenizeRequest& t = std::get<TokenizeRequest>(parsed);
+  std::string text;
+  if (t.prompt) {
+    text = *t.prompt;
+  } else {
+    auto rendered = render_chat(t.messages);
+    if (auto* e = std::get_if<ApiError>(&rendered)) return respond_error(res, *e);
+    text = std::move(std::get<std::string>(rendered));
+  }
+  const std::vector<int32_t> ids = tokenizer_.encode(text, t.add_special);
+  res.body = dump_json(
+      Json{{"count", ids.size()}, {"max_model_len", engine_.max_context()}, {"tokens", ids}});
+}
+
+void Server::handle_detokenize(const HttpRequest& req, HttpResponse& res) {
+  auto parsed = parse_detokenize(req.body);
+  if (auto* e = std::get_if<ApiError>(&parsed)) return respond_error(res, *e);
+  const int64_t vocab = engine_.config().vocab_size;
+  std::vector<int32_t> ids;
+  for (const int64_t id : std::get<std::vector<int64_t>>(parsed)) {
+    if (id >= vocab) {
+      return respond_error(
+          res, make_api_error(400,
+                              "token id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                  std::to_string(vocab) + ")",
+                              "invalid_value", "tokens"));
+    }
+    ids.push_back(static_cast<int32_t>(id));
+  }
+  res.body = dump_json(Json{{"prompt", tokenizer_.decode(ids, /*skip_special=*/false)}});
 }
 
 void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResponse& res) {

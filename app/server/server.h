@@ -54,6 +54,10 @@ class Server {
 
  private:
   void handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResponse& res);
+  void handle_tokenize(const HttpRequest& req, HttpResponse& res);
+  void handle_detokenize(const HttpRequest& req, HttpResponse& res);
+  // The conversation as the chat template renders it (special tokens written by the template).
+  std::variant<std::string, ApiError> render_chat(const Json& messages) const;
   void respond_error(HttpResponse& res, const ApiError& e);
   // Prompt ids for the request, or the 4xx to answer.
   std::optional<ApiError> prompt_ids(const ApiRequest& r, std::vector<int32_t>* ids);
