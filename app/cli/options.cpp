@@ -179,6 +179,12 @@ void add_generation_options(CLI::App& app, GenerationParams& params) {
   app.add_option("--min-p", params.sampling.min_p,
                  "Drop tokens below min_p times the top probability (0: off)")
       ->envname("QS_MIN_P");
+  app.add_option("--presence-penalty", params.adjust.presence_penalty,
+                 "Subtract this from the logit of every token already generated (-2..2; 0: off)")
+      ->envname("QS_PRESENCE_PENALTY");
+  app.add_option("--frequency-penalty", params.adjust.frequency_penalty,
+                 "Subtract this times its count from each generated token's logit (-2..2; 0: off)")
+      ->envname("QS_FREQUENCY_PENALTY");
   app.add_option("--seed", params.sampling.seed, "Random seed (same seed, same output)")
       ->envname("QS_SEED");
   app.add_option("--stop", params.stop, "Stop string (repeatable); not included in the output");
@@ -198,6 +204,10 @@ std::string validate_generation_params(const GenerationParams& p) {
     return "--temperature must be a finite number >= 0";
   if (!std::isfinite(s.top_p) || s.top_p <= 0 || s.top_p > 1) return "--top-p must be in (0, 1]";
   if (!std::isfinite(s.min_p) || s.min_p < 0 || s.min_p > 1) return "--min-p must be in [0, 1]";
+  if (!(std::abs(p.adjust.presence_penalty) <= 2.0f))
+    return "--presence-penalty must be in [-2, 2]";
+  if (!(std::abs(p.adjust.frequency_penalty) <= 2.0f))
+    return "--frequency-penalty must be in [-2, 2]";
   for (const auto& stop : p.stop)
     if (stop.empty()) return "--stop must not be empty";
   return "";

@@ -126,9 +126,10 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   if (gen) {
     const SamplingParams& s = gen->sampling;
     fmt::print(stderr,
-               "  max_tokens {} temperature {:g} top_k {} top_p {:g} min_p {:g} seed {} "
-               "stop_at_eos {} stop strings {}\n",
-               gen->max_new_tokens, s.temperature, s.top_k, s.top_p, s.min_p, s.seed,
+               "  max_tokens {} temperature {:g} top_k {} top_p {:g} min_p {:g} presence_penalty "
+               "{:g} frequency_penalty {:g} seed {} stop_at_eos {} stop strings {}\n",
+               gen->max_new_tokens, s.temperature, s.top_k, s.top_p, s.min_p,
+               gen->adjust.presence_penalty, gen->adjust.frequency_penalty, s.seed,
                gen->stop_at_eos, gen->stop.size());
   }
 }

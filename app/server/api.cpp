@@ -220,6 +220,36 @@ std::optional<ApiError> read_messages(const Json& j, Json* out) {
   return std::nullopt;
 }
 
+// logit_bias: {"<token id>": bias in [-100, 100]}, at most kMaxLogitBias entries (OpenAI's 300).
+constexpr size_t kMaxLogitBias = 300;
+std::optional<ApiError> read_logit_bias(const Json& j, int64_t vocab,
+                                        std::vector<std::pair<int32_t, float>>* out) {
+  if (!j.is_object()) return wrong_type("logit_bias", "an object", j);
+  if (j.size() > kMaxLogitBias)
+    return invalid("'logit_bias' has " + std::to_string(j.size()) + " entries; at most " +
+                       std::to_string(kMaxLogitBias),
+                   "logit_bias");
+  for (const auto& [key, value] : j.items()) {
+    const std::string param = "logit_bias." + key;
+    int64_t id = -1;
+    size_t used = 0;
+    try {
+      id = std::stoll(key, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != key.size() || key.empty() || id < 0 || (vocab > 0 && id >= vocab)) {
+      return invalid("'logit_bias' keys are token ids in [0, " + std::to_string(vocab) +
+                         "), got '" + key + "'",
+                     param);
+    }
+    double bias = 0;
+    if (auto e = read_number(value, param, -100.0, 100.0, &bias)) return e;
+    out->emplace_back(static_cast<int32_t>(id), static_cast<float>(bias));
+  }
+  return std::nullopt;
+}
+
 std::optional<ApiError> read_prompt(const Json& j, ApiRequest* r) {
   if (j.is_string()) {
     r->prompt_text = j.get<std::string>();
@@ -507,16 +537,18 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
     r.params.stop_at_eos = !ignore;
   }
 
-  // Accepted at their neutral values only.
+  // OpenAI's penalties and logit_bias (LogitAdjust: applied to the draft's and the target's rows
+  // alike in the speculative modes).
   for (const char* k : {"presence_penalty", "frequency_penalty"}) {
     if (!has(k)) continue;
     double v = 0;
     if (auto e = read_number(j[k], k, -2.0, 2.0, &v)) return *e;
-    if (v != 0) return unsupported(k, std::string("a non-zero ") + k);
+    (k[0] == 'p' ? r.params.adjust.presence_penalty : r.params.adjust.frequency_penalty) =
+        static_cast<float>(v);
   }
   if (has("logit_bias")) {
-    if (!j["logit_bias"].is_object()) return wrong_type("logit_bias", "an object", j["logit_bias"]);
-    if (!j["logit_bias"].empty()) return unsupported("logit_bias", "logit_bias");
+    if (auto e = read_logit_bias(j["logit_bias"], defaults.vocab_size, &r.params.adjust.logit_bias))
+      return *e;
   }
   // Log-probabilities: completions' logprobs = the number of alternatives (0..5, OpenAI's
   // limit); chat's logprobs = true with top_logprobs alternatives (0..20).

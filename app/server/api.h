@@ -3,9 +3,10 @@
 // building. Parameter policy (docs in app/server/README.md):
 //  - supported: model, prompt / messages, max_tokens (max_completion_tokens), temperature, top_p,
 //    n = 1, stream, stream_options.include_usage, stop, seed, user, logprobs (completions: 0..5
-//    alternatives; chat: true, with top_logprobs 0..20); extensions top_k, min_p, ignore_eos;
-//  - accepted only at their neutral value (else 400 unsupported_parameter): presence_penalty,
-//    frequency_penalty = 0, logit_bias = {}, echo = false,
+//    alternatives; chat: true, with top_logprobs 0..20), presence_penalty / frequency_penalty
+//    (-2..2), logit_bias ({"id": -100..100}, up to 300 entries); extensions top_k, min_p,
+//    ignore_eos;
+//  - accepted only at their neutral value (else 400 unsupported_parameter): echo = false,
 //    suffix = "", best_of = 1, tools = [], tool_choice = none/auto, functions = [],
 //    function_call = none, response_format = {type: text}; parallel_tool_calls is ignored;
 //  - any other field: 400 unknown_parameter (as OpenAI's "Unrecognized request argument").
@@ -47,6 +48,7 @@ struct RequestDefaults {
   GenerationParams gen;
   bool seed_given = false;  // --seed given: requests without "seed" use it; else a random seed
   int64_t max_context = 0;  // > 0: max_tokens above it are rejected outright
+  int64_t vocab_size = 0;   // > 0: logit_bias ids at or above it are rejected
 };
 
 struct ApiRequest {

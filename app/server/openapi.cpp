@@ -206,6 +206,13 @@ constexpr const char* kDocument = R"JSON({
           "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 0}}
         }
       },
+      "LogitBias": {
+        "type": ["object", "null"],
+        "description": "Token id (a decimal string) -> a bias added to its logit before sampling.",
+        "maxProperties": 300,
+        "propertyNames": {"pattern": "^[0-9]+$"},
+        "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}
+      },
       "StreamOptions": {
         "type": ["object", "null"],
         "additionalProperties": false,
@@ -238,10 +245,10 @@ constexpr const char* kDocument = R"JSON({
           "stream_options": {"$ref": "#/components/schemas/StreamOptions"},
           "stop": {"$ref": "#/components/schemas/Stop"},
           "seed": {"type": ["integer", "null"]},
-          "presence_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
-          "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
-          "logit_bias": {"type": ["object", "null"]},
-          "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5, "description": "Each generated token's log-probability under the target model's distribution (before temperature and truncation), with this many alternatives."},
+          "presence_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2, "description": "Subtracted from the logit of every token generated so far (the prompt's are not counted)."},
+          "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2, "description": "Times its count so far, subtracted from each generated token's logit."},
+          "logit_bias": {"$ref": "#/components/schemas/LogitBias"},
+          "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5, "description": "Each generated token's log-probability under the target model's distribution (after penalties and logit_bias, before temperature and truncation), with this many alternatives."},
           "echo": {"type": ["boolean", "null"], "description": "Only false: the prompt is not echoed."},
           "suffix": {"type": ["string", "null"]},
           "user": {"type": ["string", "null"]},
@@ -312,10 +319,10 @@ constexpr const char* kDocument = R"JSON({
           "stream_options": {"$ref": "#/components/schemas/StreamOptions"},
           "stop": {"$ref": "#/components/schemas/Stop"},
           "seed": {"type": ["integer", "null"]},
-          "presence_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
-          "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2},
-          "logit_bias": {"type": ["object", "null"]},
-          "logprobs": {"type": ["boolean", "null"], "description": "Each generated token's log-probability under the target model's distribution (before temperature and truncation)."},
+          "presence_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2, "description": "Subtracted from the logit of every token generated so far (the prompt's are not counted)."},
+          "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2, "description": "Times its count so far, subtracted from each generated token's logit."},
+          "logit_bias": {"$ref": "#/components/schemas/LogitBias"},
+          "logprobs": {"type": ["boolean", "null"], "description": "Each generated token's log-probability under the target model's distribution (after penalties and logit_bias, before temperature and truncation)."},
           "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20, "description": "Alternatives per token; needs logprobs: true."},
           "tools": {"type": ["array", "null"], "maxItems": 0},
           "tool_choice": {"type": ["string", "null"], "enum": ["none", "auto", null]},

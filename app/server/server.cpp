@@ -125,6 +125,7 @@ Server::Server(Engine& engine, ServerOptions options, ChatSetup chat)
       http_(options_.http),
       started_at_(unix_now()) {
   options_.defaults.max_context = engine_.max_context();
+  options_.defaults.vocab_size = engine_.config().vocab_size;
   scheduler_ = std::make_unique<Scheduler>(engine_, options_.max_queue, metrics_);
   OpenApiLimits limits;
   limits.model_name = options_.model_name;

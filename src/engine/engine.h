@@ -141,7 +141,8 @@ const char* draft_weights_name(DraftWeights w);
 
 // A generated token's log-probability under the model's own distribution: log_softmax of the
 // target's logits at that position (the original weights over the mode's target KV view: fp16
-// rows, or the INT8 view for --kv int8 and QuantSpec), before temperature, top-k / top-p / min-p.
+// rows, or the INT8 view for --kv int8 and QuantSpec), after a LogitAdjust (penalties, bias) and
+// before temperature, top-k / top-p / min-p.
 // In QuantSpec every emitted token, accepted candidate or not, gets the target's value, which is
 // what AR decoding over the same view would report.
 struct TokenLogprob {
@@ -151,6 +152,21 @@ struct TokenLogprob {
       top;  // the most likely tokens, descending (ties: lower id)
 };
 constexpr int kMaxTopLogprobs = 20;
+
+// OpenAI's presence / frequency penalties and logit_bias: before sampling, the logit of token t
+// at a position becomes logit - frequency_penalty * c(t) - presence_penalty * [c(t) > 0] +
+// logit_bias(t), c(t) counting t among the tokens generated before that position (the prompt's
+// are not counted, as vLLM does). In the speculative modes the draft's and the target's rows are
+// adjusted alike, each by its own position's history (DESIGN.md §4), so QuantSpec still emits
+// what the target alone would. Greedy decoding takes the argmax of the adjusted logits.
+struct LogitAdjust {
+  float presence_penalty = 0.0f;                      // [-2, 2]
+  float frequency_penalty = 0.0f;                     // [-2, 2]
+  std::vector<std::pair<int32_t, float>> logit_bias;  // (token, [-100, 100])
+  bool active() const {
+    return presence_penalty != 0.0f || frequency_penalty != 0.0f || !logit_bias.empty();
+  }
+};
 
 struct GenerationParams {
   int max_new_tokens = 128;
@@ -165,6 +181,7 @@ struct GenerationParams {
   // TextCallback's piece of it). Each decode step then copies its target logits rows to the host.
   int logprobs = -1;
   std::function<void(const TokenLogprob&)> on_logprob;
+  LogitAdjust adjust;
 };
 
 struct GenerationStats {

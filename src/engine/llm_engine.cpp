@@ -8,6 +8,7 @@
 #include <unordered_set>
 
 #include "engine/backend_factory.h"
+#include "engine/logit_adjust.h"
 #include "engine/sampler.h"
 #include "engine/stop_matcher.h"
 #include "engine/tensor_parallel.h"
@@ -556,6 +557,14 @@ Result<std::vector<float>> LlmEngine::peek_logits(int32_t x) {
   return logits;
 }
 
+const std::vector<float>& LlmEngine::first_logits(const LogitAdjust& adjust,
+                                                  LogitAdjuster& adjuster) {
+  if (!adjust.active()) return last_logits_;
+  adjusted_logits_ = last_logits_;  // the prompt's row stays as it is (LlmEngine::start)
+  adjuster.apply_host(adjusted_logits_.data(), config().vocab_size, adjust, {});
+  return adjusted_logits_;
+}
+
 Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
                                              const GenerationParams& params,
                                              const TextCallback& on_text) {
@@ -571,6 +580,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
                       " alternatives, got " + std::to_string(params.logprobs));
   }
   QS_TRY(check_prompt(prompt));
+  QS_TRY(check_logit_adjust(params.adjust, config().vocab_size));
   if (!params.stop.empty() && !tokenizer_) {
     return make_error(
         "stop strings need a tokenizer, and the model directory has no "
@@ -674,20 +684,28 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     // its argmax (Backend::argmax_rows), sampling its draw (Backend::sample_rows), both computed
     // where the logits are.
     const bool greedy = params.sampling.temperature <= 0.0f;
+    const bool adjust = params.adjust.active();
+    LogitAdjuster adjuster;
     auto t_first = std::chrono::steady_clock::now();
-    int32_t next = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
+    const std::vector<float>& first = first_logits(params.adjust, adjuster);
+    int32_t next = sample_token(first.data(), vocab, params.sampling, rng, probs_);
     st.sample_s += seconds_since(t_first);
     TokenLogprob next_lp;
-    if (want_logprobs) next_lp = token_logprob(last_logits_.data(), vocab, next, params.logprobs);
+    if (want_logprobs) next_lp = token_logprob(first.data(), vocab, next, params.logprobs);
     std::vector<float> row;  // want_logprobs: a forward's logits on the host
     for (;;) {
       if (push(next, &next_lp)) break;
       auto t0 = std::chrono::steady_clock::now();
       const int32_t input = next;
       QS_TRY(forward_all(std::span<const int32_t>(&input, 1), pos, path, LogitRows::kLast, nullptr,
-                         greedy ? &next : nullptr));
+                         greedy && !adjust ? &next : nullptr));
       ++counters_.target_steps;
       st.verify_s += seconds_since(t0);
+      if (adjust) {  // the row after every generated token, where it is; then greedy's argmax
+        adjuster.apply(*backend_, model_->mutable_logits_buffer(), 1, vocab, params.adjust,
+                       result.tokens);
+        if (greedy) backend_->argmax_rows(model_->logits_buffer(), 1, vocab, &next);
+      }
       if (!greedy) {
         t0 = std::chrono::steady_clock::now();
         const double u = rng.uniform();
@@ -719,10 +737,13 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     SpeculativeDecoder spec(*model_, *model_, cache_, draft_selection(), dispatch());
     st.draft_index_bytes = static_cast<int64_t>(sparse_.bytes());
     spec.set_logprobs(params.logprobs);
-    int32_t x = sample_token(last_logits_.data(), vocab, params.sampling, rng, probs_);
+    spec.set_adjust(&params.adjust, &result.tokens);
+    LogitAdjuster adjuster;
+    const std::vector<float>& first = first_logits(params.adjust, adjuster);
+    int32_t x = sample_token(first.data(), vocab, params.sampling, rng, probs_);
     if (options_.prompt_cache) sequence.push_back(x);
     TokenLogprob x_lp;
-    if (want_logprobs) x_lp = token_logprob(last_logits_.data(), vocab, x, params.logprobs);
+    if (want_logprobs) x_lp = token_logprob(first.data(), vocab, x, params.logprobs);
     bool done = push(x, &x_lp);
     while (!done) {
       // Never draft past what may still be emitted (nor past the context).

@@ -14,6 +14,7 @@
 #include "core/thread_pool.h"
 #include "engine/backend_factory.h"
 #include "engine/engine.h"
+#include "engine/logit_adjust.h"
 #include "engine/model.h"
 #include "engine/rank_threads.h"
 #include "engine/speculative.h"
@@ -135,6 +136,9 @@ class LlmEngine final : public Engine {
   void select_snapkv(const float* snap_q, int prompt_len, int window);
   // Threads for host-side work that is not a backend op (SnapKV's ranking), made on first use.
   ThreadPool& host_pool();
+  // The prompt's last logits row for the first token: last_logits_, or with an active adjustment
+  // a copy adjusted (no token generated yet: logit_bias alone).
+  const std::vector<float>& first_logits(const LogitAdjust& adjust, LogitAdjuster& adjuster);
 
   EngineOptions options_;
   std::unique_ptr<ThreadPool> host_pool_;
@@ -159,6 +163,7 @@ class LlmEngine final : public Engine {
   std::unique_ptr<RankThreads> rank_threads_;  // joined first
   std::optional<Tokenizer> tokenizer_;
   std::vector<float> last_logits_;  // [vocab]
+  std::vector<float> adjusted_logits_;  // first_logits
   // EngineOptions::prompt_cache: the tokens of the committed positions [0, cache_.length()) as
   // the last generate() left them; empty when the cache's contents are not known to match a
   // token sequence (another call changed them, or a generation failed).

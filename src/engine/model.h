@@ -59,6 +59,8 @@ class Model {
   const ModelConfig& config() const { return cfg_; }
   // The last forward's logit rows in backend memory ([rows, vocab]; valid until the next call).
   const float* logits_buffer() const { return logits_ ? logits_->data() : nullptr; }
+  // The same rows to change in place (a LogitAdjust before sampling).
+  float* mutable_logits_buffer() { return logits_ ? logits_->data() : nullptr; }
   const ModelWeights& weights() const { return weights_; }
   Backend& backend() { return backend_; }
 

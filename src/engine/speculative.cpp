@@ -48,7 +48,8 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   // Rounds on one backend chain the draft's tokens where the logits are; forced acceptance
   // counts (tests) and tensor parallelism (a rank-0 decision broadcast per forward) bring every
   // draft token back.
-  const bool chain = !dispatch_.forward && control.force_accepted < 0 && chained_rounds_enabled();
+  const bool chain = !dispatch_.forward && control.force_accepted < 0 && adjust_ == nullptr &&
+                     chained_rounds_enabled();
   RoundResult result;
   QS_TRY(chain ? chained(x, gamma, n, sampling, rng, control, stats, counters, result)
                : stepwise(x, gamma, n, sampling, rng, stats, counters, control, result));
@@ -213,13 +214,26 @@ Status SpeculativeDecoder::stepwise(int32_t x, int gamma, int n, const SamplingP
     return dispatch_.forward ? dispatch_.forward(in, pos, path, rows, nullptr, tokens)
                              : model.forward(in, pos, cache_, path, rows, nullptr, tokens);
   };
-  std::vector<int32_t> ids{x};  // [x, g1, ..., g_gamma]
+  // An adjustment (set_adjust) changes each row where it is, before its argmax or draw: row j of
+  // [x, g1, ...] predicts the token after the generated ones and g1..gj.
+  const bool adjust = adjust_ != nullptr;
+  std::vector<int32_t>& ids = ids_;  // [x, g1, ..., g_gamma]
+  ids.assign(1, x);
+  // Rows first .. first + rows - 1 of the round (draft step i is row i), after ids[1 .. row].
+  auto adjust_rows = [&](Model& model, int first, int rows) {
+    adjuster_.apply(backend, model.mutable_logits_buffer(), rows, vocab, *adjust_, *generated_,
+                    std::span<const int32_t>(ids.data() + 1, ids.size() - 1), first);
+  };
   for (int i = 0; i < gamma; ++i) {
     auto t0 = std::chrono::steady_clock::now();
     const std::span<const int32_t> step(&ids.back(), 1);
     int32_t g = -1;
-    QS_TRY(forward(draft_, step, n + i, dpath, LogitRows::kLast, greedy ? &g : nullptr));
+    QS_TRY(forward(draft_, step, n + i, dpath, LogitRows::kLast, greedy && !adjust ? &g : nullptr));
     ++counters.draft_steps;
+    if (adjust) {
+      adjust_rows(draft_, i, 1);
+      if (greedy) backend.argmax_rows(draft_.logits_buffer(), 1, vocab, &g);
+    }
     stats.draft_s += seconds_since(t0);
     if (!greedy) {
       t0 = std::chrono::steady_clock::now();
@@ -239,14 +253,15 @@ Status SpeculativeDecoder::stepwise(int32_t x, int gamma, int n, const SamplingP
   // acceptance count).
   const bool argmax_only = greedy || control.force_accepted >= 0;
   verify_argmax_.resize(static_cast<size_t>(gamma + 1));
-  QS_TRY(
-      forward(target_, ids, n, tpath, LogitRows::kAll, greedy ? verify_argmax_.data() : nullptr));
+  QS_TRY(forward(target_, ids, n, tpath, LogitRows::kAll,
+                 greedy && !adjust ? verify_argmax_.data() : nullptr));
   ++counters.target_steps;
   stats.verify_s += seconds_since(t0);
 
   t0 = std::chrono::steady_clock::now();
+  if (adjust) adjust_rows(target_, 0, gamma + 1);
   if (argmax_only) {
-    if (!greedy)
+    if (!greedy || adjust)
       backend.argmax_rows(target_.logits_buffer(), gamma + 1, vocab, verify_argmax_.data());
     int k = 0;
     while (k < gamma && (control.force_accepted >= 0 ? k < control.force_accepted

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "engine/engine.h"
+#include "engine/logit_adjust.h"
 #include "engine/model.h"
 #include "engine/sampler.h"
 #include "kv/kv_cache.h"
@@ -74,6 +75,14 @@ class SpeculativeDecoder {
   // top >= 0: later rounds report RoundResult::logprobs (their target rows come to the host);
   // -1 (the default): none.
   void set_logprobs(int top) { logprobs_ = top; }
+  // An active adjustment (penalties, logit_bias) for later rounds, over the tokens generated before
+  // each round (`generated`, which must outlive them: the caller's list, updated by it): every
+  // draft and verification row is adjusted by its own position's history, and the rounds run
+  // stepwise (each draft token comes back before the next row is adjusted). nullptr: none.
+  void set_adjust(const LogitAdjust* adjust, const std::vector<int32_t>* generated) {
+    adjust_ = adjust != nullptr && adjust->active() ? adjust : nullptr;
+    generated_ = generated;
+  }
 
  private:
   // The round's forwards and verdict from n = cache length into result (round commits).
@@ -120,6 +129,10 @@ class SpeculativeDecoder {
   int mark_slots_ = 0;
   int logprobs_ = -1;             // set_logprobs
   std::vector<float> host_rows_;  // fill_logprobs: the verification rows on the host
+  const LogitAdjust* adjust_ = nullptr;  // set_adjust
+  const std::vector<int32_t>* generated_ = nullptr;
+  LogitAdjuster adjuster_;
+  std::vector<int32_t> ids_;  // stepwise: [x, g1, ..., g_gamma]
 };
 
 }  // namespace qs

@@ -18,13 +18,11 @@ using testing::greedy_params;
 using testing::random_prompt;
 using testing::TinyModel;
 
-constexpr int kVocab = 97;
+constexpr int kVocab = testing::kEngineTestVocab;
 
-ModelConfig logprob_config() {
-  ModelConfig cfg = testing::tiny_config();
-  cfg.vocab_size = kVocab;
-  cfg.max_position_embeddings = 4096;
-  return cfg;
+// The engine tests' options (groups of 32) for a mode and an AR cache.
+EngineOptions options(DecodeMode mode, KvType kv) {
+  return testing::engine_test_options(mode, kv, PrefillKv::kExact);
 }
 
 // log_softmax(row)[id] in long double, the reference for token_logprob.
@@ -86,12 +84,9 @@ TEST(Logprobs, TokenLogprobIsLogSoftmaxWithTheTopInOrder) {
 // AR: each token's value is log_softmax of the row that predicted it, as a prefill of the prompt
 // and the tokens before it computes that row.
 TEST(Logprobs, ArValuesAreThePredictingRowsLogSoftmax) {
-  const TinyModel tiny = testing::make_tiny_model(logprob_config(), DType::BF16, 17);
+  const TinyModel tiny = testing::make_tiny_model(testing::engine_test_config(), DType::BF16, 17);
   for (KvType kv : {KvType::kFp16, KvType::kInt8}) {
-    EngineOptions o;
-    o.kv = kv;
-    o.group_size = 32;
-    auto e = testing::make_tiny_engine(tiny, o);
+    auto e = testing::make_tiny_engine(tiny, options(DecodeMode::kAr, kv));
     ASSERT_TRUE(e);
     const std::vector<int32_t> prompt = random_prompt(20, kVocab, 3);
     for (bool sample : {false, true}) {
@@ -132,16 +127,11 @@ TEST(Logprobs, ArValuesAreThePredictingRowsLogSoftmax) {
 // log-probabilities (the verification rows are the AR steps' rows); sampling, well-formed values
 // for accepted candidates and final tokens alike.
 TEST(Logprobs, QuantSpecReportsTheTargetsValues) {
-  const TinyModel tiny = testing::make_tiny_model(logprob_config(), DType::BF16, 5);
-  EngineOptions ar_o;
-  ar_o.kv = KvType::kInt8;
-  ar_o.group_size = 32;
-  auto ar = testing::make_tiny_engine(tiny, ar_o);
+  const TinyModel tiny = testing::make_tiny_model(testing::engine_test_config(), DType::BF16, 5);
+  auto ar = testing::make_tiny_engine(tiny, options(DecodeMode::kAr, KvType::kInt8));
   ASSERT_TRUE(ar);
   for (int gamma : {1, 4}) {
-    EngineOptions o;
-    o.mode = DecodeMode::kQuantSpec;
-    o.group_size = 32;
+    EngineOptions o = options(DecodeMode::kQuantSpec, KvType::kFp16);
     o.gamma = gamma;
     auto spec = testing::make_tiny_engine(tiny, o);
     ASSERT_TRUE(spec);
@@ -188,7 +178,7 @@ TEST(Logprobs, QuantSpecReportsTheTargetsValues) {
 }
 
 TEST(Logprobs, OutOfRangeCountsAreRejected) {
-  const TinyModel tiny = testing::make_tiny_model(logprob_config(), DType::BF16, 2);
+  const TinyModel tiny = testing::make_tiny_model(testing::engine_test_config(), DType::BF16, 2);
   auto e = testing::make_tiny_engine(tiny, EngineOptions{});
   ASSERT_TRUE(e);
   for (int bad : {-2, kMaxTopLogprobs + 1}) {

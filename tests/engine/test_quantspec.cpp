@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/llm_engine.h"
+#include "engine/logit_adjust.h"
 #include "engine/sampler.h"
 #include "engine/speculative.h"
 #include "spec_rounds.h"
@@ -299,8 +300,11 @@ TEST(ChiSquare, PValueMatchesKnownQuantiles) {
 
 // Exactness of speculative sampling for both kinds of self-speculation: the QuantSpec cache (the
 // draft reads the INT4 view), and a sparse-KV draft (StreamingLLM-style selection over a
-// full-precision cache; GetParam() = true).
-class Distribution : public ::testing::TestWithParam<bool> {
+// full-precision cache); and QuantSpec with a LogitAdjust (penalties and logit_bias, each row
+// adjusted by its own position's history), against the target-only law with the same adjustment.
+enum DistributionCase { kQuantSpecDraft, kSparseDraft, kAdjustedQuantSpec };
+
+class Distribution : public ::testing::TestWithParam<DistributionCase> {
  protected:
   static constexpr int kVocab = 8;
   static constexpr int kTokens = 3;  // the first three emitted tokens: x1, then a round's output
@@ -310,7 +314,17 @@ class Distribution : public ::testing::TestWithParam<bool> {
   CpuBackend backend{1};
   Model target{cfg, target_w.weights, backend};
   Model draft{cfg, draft_w.weights, backend};
-  const bool sparse = GetParam();
+  const bool sparse = GetParam() == kSparseDraft;
+  const LogitAdjust adjust = [this] {
+    LogitAdjust a;
+    if (GetParam() == kAdjustedQuantSpec) {
+      a.presence_penalty = 0.7f;
+      a.frequency_penalty = 0.4f;
+      a.logit_bias = {{3, 1.5f}, {6, -2.0f}};
+    }
+    return a;
+  }();
+  LogitAdjuster adjuster;
   const KvMode mode = sparse ? KvMode::kFp : KvMode::kQuantSpec;
   KvCache cache = testing::model_cache(cfg, mode, 64, backend, /*group_size=*/32, /*gamma=*/2);
   const std::vector<int32_t> prompt{1, 5, 2, 7, 3};
@@ -331,6 +345,7 @@ class Distribution : public ::testing::TestWithParam<bool> {
     EXPECT_TRUE(
         target.forward(prompt, 0, cache, ForwardPath{}, LogitRows::kLast, logits.data()).ok());
     cache.commit(static_cast<int>(prompt.size()));
+    if (adjust.active()) adjuster.apply_host(logits.data(), kVocab, adjust, {});
     token_probabilities(logits.data(), kVocab, sampling, probs);
     return probs;
   }
@@ -353,6 +368,8 @@ class Distribution : public ::testing::TestWithParam<bool> {
                           .forward(prefixes[i], static_cast<int>(prompt.size()), cache,
                                    target_path(mode), LogitRows::kLast, logits.data())
                           .ok());
+          // The row after the generated prefix: adjusted by the prefix's counts.
+          if (adjust.active()) adjuster.apply_host(logits.data(), kVocab, adjust, prefixes[i]);
           token_probabilities(logits.data(), kVocab, sampling, probs);
         }
         for (int t = 0; t < kVocab; ++t) {
@@ -378,9 +395,11 @@ class Distribution : public ::testing::TestWithParam<bool> {
     SpecCounters counters;
     RoundControl control;
     control.broken_no_residual = broken;
+    std::vector<int32_t> out;
+    spec.set_adjust(&adjust, &out);
     for (int s = 0; s < samples; ++s) {
       std::vector<float> p0 = prefill_probs();
-      std::vector<int32_t> out{sample_from(p0, rng)};
+      out.assign(1, sample_from(p0, rng));
       while (static_cast<int>(out.size()) < kTokens) {
         auto r = spec.round(out.back(), 2, sampling, rng, stats, counters, control);
         EXPECT_TRUE(r.ok());
@@ -424,9 +443,13 @@ TEST_P(Distribution, WithoutResidualResamplingTheTestFails) {
   EXPECT_LT(p, 0.001) << "the chi-square test has no power against the broken rule";
 }
 
-INSTANTIATE_TEST_SUITE_P(Drafts, Distribution, ::testing::Values(false, true),
-                         [](const ::testing::TestParamInfo<bool>& info) {
-                           return std::string(info.param ? "sparse_kv" : "quantspec");
+INSTANTIATE_TEST_SUITE_P(Drafts, Distribution,
+                         ::testing::Values(kQuantSpecDraft, kSparseDraft, kAdjustedQuantSpec),
+                         [](const ::testing::TestParamInfo<DistributionCase>& info) {
+                           return std::string(info.param == kSparseDraft ? "sparse_kv"
+                                              : info.param == kQuantSpecDraft
+                                                  ? "quantspec"
+                                                  : "quantspec_adjusted");
                          });
 
 // ---------------------------------------------------------------------------------------------

@@ -125,3 +125,27 @@ def test_quantspec_reports_the_ar_int8_values(servers):
     assert s_lp["token_logprobs"] == pytest.approx(a_lp["token_logprobs"], abs=1e-4)
     spec_stats = s_body["quantspec"]["speculative"]
     assert 0 < spec_stats["accepted_tokens"] <= spec_stats["drafted_tokens"]
+
+
+def test_penalties_and_logit_bias(servers):
+    """presence / frequency penalties and logit_bias: QuantSpec adjusts the draft's and the
+    target's rows alike, so greedy output equals AR INT8's with the same adjustment."""
+    spec, ar = servers
+    req = {"prompt": PROMPT, "max_tokens": 40, "temperature": 0, "ignore_eos": True,
+           "frequency_penalty": 1.2, "presence_penalty": 0.3}
+    s_status, s_body = post(spec.url + C, req)
+    a_status, a_body = post(ar.url + C, req)
+    assert s_status == 200 and a_status == 200, (s_body, a_body)
+    assert s_body["choices"][0]["text"] == a_body["choices"][0]["text"]
+    _, plain = post(ar.url + C, {k: v for k, v in req.items() if not k.endswith("penalty")})
+    assert plain["choices"][0]["text"] != a_body["choices"][0]["text"]
+
+    status, tok = post(spec.url + "/tokenize", {"prompt": " Moses", "add_special_tokens": False})
+    assert status == 200
+    moses = tok["tokens"][0]
+    status, body = post(spec.url + C, {"prompt": PROMPT, "max_tokens": 6, "temperature": 0.8,
+                                        "logit_bias": {str(moses): 100}, "logprobs": 0})
+    assert status == 200, body
+    tokens = body["choices"][0]["logprobs"]["tokens"]  # a bias of 100 decides every token
+    assert len(tokens) == 6 and len(set(tokens)) == 1 and "Moses" in tokens[0], tokens
+    assert body["choices"][0]["text"] == tokens[0] * 6

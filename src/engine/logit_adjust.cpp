@@ -1,0 +1,68 @@
+#include "engine/logit_adjust.h"
+
+#include <algorithm>
+#include <cmath>
+#include <string>
+#include <unordered_map>
+
+namespace qs {
+
+Status check_logit_adjust(const LogitAdjust& a, int vocab) {
+  for (const auto& [name, v] :
+       {std::pair<const char*, float>{"presence_penalty", a.presence_penalty},
+        {"frequency_penalty", a.frequency_penalty}}) {
+    if (!(v >= -2.0f && v <= 2.0f)) {
+      return make_error(std::string(name) + " must be in [-2, 2], got " + std::to_string(v));
+    }
+  }
+  for (const auto& [id, bias] : a.logit_bias) {
+    if (id < 0 || id >= vocab) {
+      return make_error("logit_bias: token id " + std::to_string(id) +
+                        " is outside the vocabulary [0, " + std::to_string(vocab) + ")");
+    }
+    if (!(bias >= -100.0f && bias <= 100.0f)) {
+      return make_error("logit_bias: the bias of token " + std::to_string(id) +
+                        " must be in [-100, 100], got " + std::to_string(bias));
+    }
+  }
+  return Status::ok_status();
+}
+
+void LogitAdjuster::fill(int rows, int vocab, const LogitAdjust& a,
+                         std::span<const int32_t> history, std::span<const int32_t> extra,
+                         int first) {
+  QS_CHECK(rows >= 1 && first >= 0 && static_cast<int>(extra.size()) >= first + rows - 1);
+  const size_t v = static_cast<size_t>(vocab);
+  host_.assign(static_cast<size_t>(rows) * v, 0.0f);
+  std::vector<float> base(v, 0.0f);
+  for (const auto& [id, bias] : a.logit_bias) base[static_cast<size_t>(id)] += bias;
+  std::unordered_map<int32_t, int> counts;
+  for (int32_t t : history) ++counts[t];
+  for (int i = 0; i < first; ++i) ++counts[extra[static_cast<size_t>(i)]];
+  auto penalty = [&](int c) {
+    return a.frequency_penalty * static_cast<float>(c) + (c > 0 ? a.presence_penalty : 0.0f);
+  };
+  for (int j = 0; j < rows; ++j) {
+    if (j > 0) ++counts[extra[static_cast<size_t>(first + j - 1)]];
+    float* row = host_.data() + static_cast<size_t>(j) * v;
+    std::copy(base.begin(), base.end(), row);
+    for (const auto& [t, c] : counts) row[static_cast<size_t>(t)] -= penalty(c);
+  }
+}
+
+void LogitAdjuster::apply(Backend& backend, float* logits, int rows, int vocab,
+                          const LogitAdjust& a, std::span<const int32_t> history,
+                          std::span<const int32_t> extra, int first) {
+  fill(rows, vocab, a, history, extra, first);
+  if (!device_ || device_->size() < host_.size()) device_ = backend.alloc(host_.size());
+  backend.from_host(host_.data(), device_->data(), host_.size());
+  backend.add(logits, device_->data(), static_cast<int64_t>(host_.size()));
+}
+
+void LogitAdjuster::apply_host(float* logits, int vocab, const LogitAdjust& a,
+                               std::span<const int32_t> history) {
+  fill(1, vocab, a, history, {}, 0);
+  for (int i = 0; i < vocab; ++i) logits[i] += host_[static_cast<size_t>(i)];
+}
+
+}  // namespace qs
