@@ -138,6 +138,24 @@ TEST_P(CudaEngineTest, LogprobsMatchTheCpuEngine) {
   }
 }
 
+// GenerationParams::adjust (penalties, logit_bias) on the device's rows (Backend::from_host +
+// Backend::add; the speculative modes step by step): the CPU engine's tokens.
+TEST_P(CudaEngineTest, AdjustedGreedyTokensEqualTheCpuEngine) {
+  const ModeCase& c = GetParam();
+  auto [cpu, gpu] = load_both(c);
+  ASSERT_TRUE(cpu && gpu);
+  GenerationParams params = no_eos_params(48);
+  params.adjust.frequency_penalty = 1.0f;
+  params.adjust.presence_penalty = 0.5f;
+  params.adjust.logit_bias = {{13, 2.0f}};
+  const std::vector<int32_t> prompt = prompt_ids(*cpu, 150);
+  auto want = cpu->generate(prompt, params, {});
+  auto got = gpu->generate(prompt, params, {});
+  ASSERT_TRUE(want.ok()) << want.error().message;
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  EXPECT_EQ(got->tokens, want->tokens) << c.name;
+}
+
 // Sampling where the logits are (Backend::sample_rows / speculative_verdict on the GPU, the
 // host's rule on the CPU) with the same seed: the same uniforms, so the same tokens unless a
 // draw or an acceptance test lands within rounding of a boundary (logits agree to ~1e-6 here).
