@@ -486,7 +486,11 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
   if (has("n")) {
     int64_t n = 0;
     if (auto e = read_int(j["n"], "n", 1, 128, &n)) return *e;
-    if (n != 1) return unsupported("n", "n > 1 (several choices per request)");
+    if (n > kMaxChoices) {
+      return unsupported("n", "n > " + std::to_string(kMaxChoices) +
+                                  " (the choices are generated one after another)");
+    }
+    r.n = static_cast<int>(n);
   }
   if (!chat && has("best_of")) {
     int64_t b = 0;
@@ -645,8 +649,15 @@ Json usage_json(int64_t prompt_tokens, int64_t completion_tokens, int64_t cached
               {"prompt_tokens_details", {{"cached_tokens", cached_tokens}}}};
 }
 
-Json stats_json(const GenerationStats& st, const ResponseStats& extra) {
+Json stats_json(const std::vector<GenerationResult>& results, const ResponseStats& extra) {
   const SpeculativeStats& spec = extra.spec;
+  double prefill_s = 0, decode_s = 0;
+  int64_t decode_tokens = 0;
+  for (const GenerationResult& r : results) {
+    prefill_s += r.stats.prefill_s;
+    decode_s += r.stats.decode_s;
+    decode_tokens += r.stats.decode_tokens();
+  }
   Json speculative = {
       {"drafted_tokens", spec.drafted},
       {"accepted_tokens", spec.accepted},
@@ -657,12 +668,13 @@ Json stats_json(const GenerationStats& st, const ResponseStats& extra) {
       {"mean_accepted_length", spec.rounds > 0 ? Json(1.0 + static_cast<double>(spec.accepted) /
                                                                 static_cast<double>(spec.rounds))
                                                : Json(nullptr)}};
-  return Json{{"mode", extra.mode},
-              {"queue_s", extra.queue_s},
-              {"prefill_s", st.prefill_s},
-              {"decode_s", st.decode_s},
-              {"decode_tokens_per_s", st.decode_tok_s()},
-              {"speculative", std::move(speculative)}};
+  return Json{
+      {"mode", extra.mode},
+      {"queue_s", extra.queue_s},
+      {"prefill_s", prefill_s},
+      {"decode_s", decode_s},
+      {"decode_tokens_per_s", decode_s > 0 ? static_cast<double>(decode_tokens) / decode_s : 0.0},
+      {"speculative", std::move(speculative)}};
 }
 
 namespace {
@@ -720,41 +732,61 @@ Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
               {"text_offset", std::move(offsets)}};
 }
 
-Json completion_response(const ResponseMeta& meta, const GenerationResult& result,
-                         const ResponseStats& extra, Json logprobs) {
-  Json choice = {{"index", 0},
-                 {"text", result.text},
-                 {"logprobs", std::move(logprobs)},
-                 {"finish_reason", result.finish_reason}};
-  return Json{{"id", meta.id},
-              {"object", "text_completion"},
-              {"created", meta.created},
-              {"model", meta.model},
-              {"choices", Json::array({std::move(choice)})},
-              {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens,
-                                   result.stats.cached_prompt_tokens)},
-              {"quantspec", stats_json(result.stats, extra)}};
+namespace {
+
+// usage over a request's choices: the prompt once, every choice's completion.
+Json choices_usage(const std::vector<GenerationResult>& results) {
+  int64_t completion = 0;
+  for (const GenerationResult& r : results) completion += r.stats.generated_tokens;
+  const GenerationStats& first = results.front().stats;
+  return usage_json(first.prompt_tokens, completion, first.cached_prompt_tokens);
 }
 
-Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
-                   const ResponseStats& extra, Json logprobs) {
-  Json choice = {{"index", 0},
-                 {"message", {{"role", "assistant"}, {"content", result.text}}},
-                 {"logprobs", std::move(logprobs)},
-                 {"finish_reason", result.finish_reason}};
+// The response around its choices (object "text_completion" or "chat.completion").
+Json response_json(const ResponseMeta& meta, const char* object, Json choices,
+                   const std::vector<GenerationResult>& results, const ResponseStats& extra) {
   return Json{{"id", meta.id},
-              {"object", "chat.completion"},
+              {"object", object},
               {"created", meta.created},
               {"model", meta.model},
-              {"choices", Json::array({std::move(choice)})},
-              {"usage", usage_json(result.stats.prompt_tokens, result.stats.generated_tokens,
-                                   result.stats.cached_prompt_tokens)},
-              {"quantspec", stats_json(result.stats, extra)}};
+              {"choices", std::move(choices)},
+              {"usage", choices_usage(results)},
+              {"quantspec", stats_json(results, extra)}};
+}
+
+Json logprobs_at(const std::vector<Json>& logprobs, size_t i) {
+  return i < logprobs.size() ? logprobs[i] : Json(nullptr);
+}
+
+}  // namespace
+
+Json completion_response(const ResponseMeta& meta, const std::vector<GenerationResult>& results,
+                         const ResponseStats& extra, const std::vector<Json>& logprobs) {
+  Json choices = Json::array();
+  for (size_t i = 0; i < results.size(); ++i) {
+    choices.push_back({{"index", i},
+                       {"text", results[i].text},
+                       {"logprobs", logprobs_at(logprobs, i)},
+                       {"finish_reason", results[i].finish_reason}});
+  }
+  return response_json(meta, "text_completion", std::move(choices), results, extra);
+}
+
+Json chat_response(const ResponseMeta& meta, const std::vector<GenerationResult>& results,
+                   const ResponseStats& extra, const std::vector<Json>& logprobs) {
+  Json choices = Json::array();
+  for (size_t i = 0; i < results.size(); ++i) {
+    choices.push_back({{"index", i},
+                       {"message", {{"role", "assistant"}, {"content", results[i].text}}},
+                       {"logprobs", logprobs_at(logprobs, i)},
+                       {"finish_reason", results[i].finish_reason}});
+  }
+  return response_json(meta, "chat.completion", std::move(choices), results, extra);
 }
 
 Json completion_chunk(const ResponseMeta& meta, std::string_view text,
-                      const std::string& finish_reason, Json logprobs) {
-  Json choice = {{"index", 0},
+                      const std::string& finish_reason, Json logprobs, int index) {
+  Json choice = {{"index", index},
                  {"text", std::string(text)},
                  {"logprobs", std::move(logprobs)},
                  {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(finish_reason)}};
@@ -766,8 +798,8 @@ Json completion_chunk(const ResponseMeta& meta, std::string_view text,
 }
 
 Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason,
-                Json logprobs) {
-  Json choice = {{"index", 0},
+                Json logprobs, int index) {
+  Json choice = {{"index", index},
                  {"delta", delta},
                  {"logprobs", std::move(logprobs)},
                  {"finish_reason", finish_reason.empty() ? Json(nullptr) : Json(finish_reason)}};
@@ -778,15 +810,15 @@ Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& 
               {"choices", Json::array({std::move(choice)})}};
 }
 
-Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint, int64_t prompt_tokens,
-                 int64_t completion_tokens, int64_t cached_tokens) {
+Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint,
+                 const std::vector<GenerationResult>& results) {
   return Json{{"id", meta.id},
               {"object", endpoint == Endpoint::kChatCompletions ? "chat.completion.chunk"
                                                                 : "text_completion"},
               {"created", meta.created},
               {"model", meta.model},
               {"choices", Json::array()},
-              {"usage", usage_json(prompt_tokens, completion_tokens, cached_tokens)}};
+              {"usage", choices_usage(results)}};
 }
 
 std::string sse_event(const Json& j) {

@@ -2,10 +2,10 @@
 // {"error": {"message", "type", "param", "code"}} with a 4xx status) and response / stream chunk
 // building. Parameter policy (docs in app/server/README.md):
 //  - supported: model, prompt / messages, max_tokens (max_completion_tokens), temperature, top_p,
-//    n = 1, stream, stream_options.include_usage, stop, seed, user, logprobs (completions: 0..5
-//    alternatives; chat: true, with top_logprobs 0..20), presence_penalty / frequency_penalty
-//    (-2..2), logit_bias ({"id": -100..100}, up to 300 entries); extensions top_k, min_p,
-//    ignore_eos;
+//    n (1..16, one choice after another), stream, stream_options.include_usage, stop, seed, user,
+//    logprobs (completions: 0..5 alternatives; chat: true, with top_logprobs 0..20),
+//    presence_penalty / frequency_penalty (-2..2), logit_bias ({"id": -100..100}, up to 300
+//    entries); extensions top_k, min_p, ignore_eos;
 //  - accepted only at their neutral value (else 400 unsupported_parameter): echo = false,
 //    suffix = "", best_of = 1, tools = [], tool_choice = none/auto, functions = [],
 //    function_call = none, response_format = {type: text}; parallel_tool_calls is ignored;
@@ -51,10 +51,15 @@ struct RequestDefaults {
   int64_t vocab_size = 0;   // > 0: logit_bias ids at or above it are rejected
 };
 
+// The most choices (n) a request may ask for: they run one after another, each prompt after the
+// first from the prompt cache.
+constexpr int kMaxChoices = 16;
+
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
   bool stream = false;
   bool include_usage = false;         // stream_options.include_usage
+  int n = 1;                          // choices (1 .. kMaxChoices)
   std::optional<int64_t> max_tokens;  // as requested (nullopt: the server default)
   GenerationParams params;            // everything but max_new_tokens, resolved with defaults
   // /v1/completions: a text prompt or token ids.
@@ -100,9 +105,11 @@ struct ResponseStats {
   double queue_s = 0;       // arrival -> generation start
 };
 
-// The "quantspec" field: mode, timing and speculative statistics (drafted, accepted, acceptance
-// rate = accepted / drafted, mean accepted length = 1 + accepted / rounds; null when undefined).
-Json stats_json(const GenerationStats& stats, const ResponseStats& extra);
+// The "quantspec" field: mode, timing over a request's choices (prefill and decode time summed,
+// decode tokens per second of all of them) and speculative statistics (drafted, accepted,
+// acceptance rate = accepted / drafted, mean accepted length = 1 + accepted / rounds; null when
+// undefined).
+Json stats_json(const std::vector<GenerationResult>& results, const ResponseStats& extra);
 
 // A choice's "logprobs" for `entries` (a response's tokens, or those of one stream chunk), each
 // token as Tokenizer::token_text. Completions (OpenAI's legacy form): {tokens, token_logprobs,
@@ -112,19 +119,21 @@ Json stats_json(const GenerationStats& stats, const ResponseStats& extra);
 Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
                    const Tokenizer& tokenizer, int64_t* text_offset);
 
-// `logprobs`: the choice's logprobs_json, or null when the request did not ask for them.
-Json completion_response(const ResponseMeta& meta, const GenerationResult& result,
-                         const ResponseStats& extra, Json logprobs = nullptr);
-Json chat_response(const ResponseMeta& meta, const GenerationResult& result,
-                   const ResponseStats& extra, Json logprobs = nullptr);
+// A response with one choice per result (index i: results[i]); usage counts the prompt once.
+// `logprobs`: each choice's logprobs_json (empty, or shorter: null for the rest).
+Json completion_response(const ResponseMeta& meta, const std::vector<GenerationResult>& results,
+                         const ResponseStats& extra, const std::vector<Json>& logprobs = {});
+Json chat_response(const ResponseMeta& meta, const std::vector<GenerationResult>& results,
+                   const ResponseStats& extra, const std::vector<Json>& logprobs = {});
 
-// Stream chunks. `finish_reason` empty: null.
+// Stream chunks of choice `index`. `finish_reason` empty: null.
 Json completion_chunk(const ResponseMeta& meta, std::string_view text,
-                      const std::string& finish_reason, Json logprobs = nullptr);
+                      const std::string& finish_reason, Json logprobs = nullptr, int index = 0);
 Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason,
-                Json logprobs = nullptr);
-Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint, int64_t prompt_tokens,
-                 int64_t completion_tokens, int64_t cached_tokens);
+                Json logprobs = nullptr, int index = 0);
+// The stream's usage chunk (stream_options.include_usage): the prompt once, every choice's tokens.
+Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint,
+                 const std::vector<GenerationResult>& results);
 
 // One Server-Sent Event: "data: <json>\n\n".
 std::string sse_event(const Json& j);

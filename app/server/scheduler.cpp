@@ -28,11 +28,13 @@ const char* stop_reason_name(StopReason r) {
 
 // ---- Job ---------------------------------------------------------------------------------------
 
-Job::Job(std::vector<int32_t> prompt, GenerationParams params, Clock::time_point deadline)
+Job::Job(std::vector<int32_t> prompt, GenerationParams params, Clock::time_point deadline,
+         int choices)
     : prompt_(std::move(prompt)),
       params_(std::move(params)),
       arrival_(Clock::now()),
-      deadline_(deadline) {}
+      deadline_(deadline),
+      choices_(choices) {}
 
 void Job::cancel(StopReason why) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -46,23 +48,41 @@ StopReason Job::stop_reason() const {
 
 Job::Progress Job::wait(std::chrono::milliseconds timeout) {
   std::unique_lock<std::mutex> lock(mu_);
-  cv_.wait_for(lock, timeout,
-               [this] { return !pending_.empty() || !pending_logprobs_.empty() || finished_; });
+  cv_.wait_for(lock, timeout, [this] { return !pending_.empty() || finished_; });
   Progress p;
-  p.text.swap(pending_);
-  p.logprobs.swap(pending_logprobs_);
+  p.deltas.swap(pending_);
   p.finished = finished_;
   return p;
 }
 
+Job::Delta& Job::current_delta() {
+  if (pending_.empty() || pending_.back().choice != choice_ ||
+      !pending_.back().finish_reason.empty()) {
+    pending_.push_back(Delta{});
+    pending_.back().choice = choice_;
+  }
+  return pending_.back();
+}
+
+void Job::begin_choice(int choice) {
+  std::lock_guard<std::mutex> lock(mu_);
+  choice_ = choice;
+}
+
+void Job::end_choice(const std::string& finish_reason) {
+  std::lock_guard<std::mutex> lock(mu_);
+  current_delta().finish_reason = finish_reason;
+  cv_.notify_all();
+}
+
 void Job::on_logprob(const TokenLogprob& lp) {
   std::lock_guard<std::mutex> lock(mu_);
-  pending_logprobs_.push_back(lp);
+  current_delta().logprobs.push_back(lp);
 }
 
 bool Job::on_text(std::string_view piece) {
   std::lock_guard<std::mutex> lock(mu_);
-  pending_.append(piece);
+  if (!piece.empty()) current_delta().text.append(piece);
   cv_.notify_all();
   if (stop_ == StopReason::kNone && Clock::now() > deadline_) stop_ = StopReason::kTimeout;
   return stop_ == StopReason::kNone;
@@ -182,26 +202,39 @@ void Scheduler::run(const std::shared_ptr<Job>& job) {
     outcome.error_status = why == StopReason::kShutdown ? 503 : 408;
     outcome.error = "the request was cancelled before it started";
   } else {
-    GenerationParams params = job->params();
-    if (params.logprobs >= 0)
-      params.on_logprob = [&job](const TokenLogprob& lp) { job->on_logprob(lp); };
-    auto result = engine_.generate(job->prompt(), params,
-                                   [&job](std::string_view piece) { return job->on_text(piece); });
-    if (!result.ok()) {
-      record.finish_reason = "error";
-      outcome.error_status = 500;
-      outcome.error = result.error().message;
-    } else {
+    // The choices one after another; a stop (client gone, timeout, shutdown) ends the request
+    // with the choice it interrupts.
+    for (int i = 0; i < job->choices(); ++i) {
+      GenerationParams params = job->params();
+      params.sampling.seed += static_cast<uint64_t>(i);
+      if (params.logprobs >= 0)
+        params.on_logprob = [&job](const TokenLogprob& lp) { job->on_logprob(lp); };
+      job->begin_choice(i);
+      auto result = engine_.generate(
+          job->prompt(), params, [&job](std::string_view piece) { return job->on_text(piece); });
+      if (!result.ok()) {
+        record.finish_reason = "error";
+        outcome.error_status = 500;
+        outcome.error = result.error().message;
+        outcome.results.clear();
+        break;
+      }
       const GenerationStats& st = result->stats;
-      record.generated_tokens = st.generated_tokens;
-      record.cached_prompt_tokens = st.cached_prompt_tokens;
-      if (st.generated_tokens > 0) record.ttft_s = record.queue_s + st.prefill_s;
-      record.decode_s = st.decode_s;
+      record.generated_tokens += st.generated_tokens;
+      if (i == 0) {
+        record.cached_prompt_tokens = st.cached_prompt_tokens;
+        if (st.generated_tokens > 0) record.ttft_s = record.queue_s + st.prefill_s;
+      }
+      record.decode_s += st.decode_s;
       record.finish_reason = result->finish_reason;
-      if (result->finish_reason == "cancelled")
-        record.finish_reason = stop_reason_name(job->stop_reason());
-      outcome.spec = SpeculativeStats{st.drafted, st.accepted, st.rounds};
-      outcome.result = std::move(result.value());
+      outcome.spec.drafted += st.drafted;
+      outcome.spec.accepted += st.accepted;
+      outcome.spec.rounds += st.rounds;
+      const bool cancelled = result->finish_reason == "cancelled";
+      if (cancelled) record.finish_reason = stop_reason_name(job->stop_reason());
+      if (i + 1 < job->choices() && !cancelled) job->end_choice(result->finish_reason);
+      outcome.results.push_back(std::move(result.value()));
+      if (cancelled) break;
     }
   }
   record.spec = outcome.spec;

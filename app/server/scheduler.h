@@ -25,9 +25,13 @@ enum class StopReason { kNone, kClientGone, kTimeout, kShutdown };
 
 class Job {
  public:
-  Job(std::vector<int32_t> prompt, GenerationParams params, Clock::time_point deadline);
+  // `choices` completions of the prompt (a request's n), generated one after another, choice i
+  // with the seed params.sampling.seed + i (its prompt comes from the engine's prompt cache).
+  Job(std::vector<int32_t> prompt, GenerationParams params, Clock::time_point deadline,
+      int choices = 1);
 
   const std::vector<int32_t>& prompt() const { return prompt_; }
+  int choices() const { return choices_; }
   const GenerationParams& params() const { return params_; }
   Clock::time_point arrival() const { return arrival_; }
   Clock::time_point deadline() const { return deadline_; }
@@ -36,18 +40,24 @@ class Job {
   void cancel(StopReason why);
   StopReason stop_reason() const;
 
-  // Text (and, when the request asked for them, tokens' log-probabilities) produced since the
-  // previous call; waits up to `timeout` for some (or for the end).
-  struct Progress {
+  // What one choice produced since the previous call: text, tokens' log-probabilities (when the
+  // request asked for them), and its finish reason once it ended (choices before the last).
+  struct Delta {
+    int choice = 0;
     std::string text;
     std::vector<TokenLogprob> logprobs;
+    std::string finish_reason;
+  };
+  // The deltas since the previous call, in order; waits up to `timeout` for some (or the end).
+  struct Progress {
+    std::vector<Delta> deltas;
     bool finished = false;
   };
   Progress wait(std::chrono::milliseconds timeout);
 
-  // Valid once finished: the result, or the error that prevented one.
+  // Valid once finished: the results (one per choice), or the error that prevented them.
   struct Outcome {
-    std::optional<GenerationResult> result;
+    std::vector<GenerationResult> results;
     int error_status = 0;  // HTTP status for `error` (500 engine failure, 503 shutting down)
     std::string error;
     SpeculativeStats spec;
@@ -57,20 +67,25 @@ class Job {
 
  private:
   friend class Scheduler;
-  bool on_text(std::string_view piece);  // scheduler thread; false: stop
-  void on_logprob(const TokenLogprob& lp);  // scheduler thread, before the token's text
+  // Scheduler thread: choice i starts; its text and log-probabilities arrive; it ended.
+  void begin_choice(int choice);
+  bool on_text(std::string_view piece);     // false: stop
+  void on_logprob(const TokenLogprob& lp);  // before the token's text
+  void end_choice(const std::string& finish_reason);
+  Delta& current_delta();  // mu_ held: the pending delta of the running choice
   void finish(Outcome outcome);
 
   const std::vector<int32_t> prompt_;
   const GenerationParams params_;
   const Clock::time_point arrival_;
   const Clock::time_point deadline_;
+  const int choices_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
   StopReason stop_ = StopReason::kNone;
-  std::string pending_;
-  std::vector<TokenLogprob> pending_logprobs_;
+  std::vector<Delta> pending_;
+  int choice_ = 0;
   bool finished_ = false;
   Outcome outcome_;
 };

@@ -103,8 +103,9 @@ ApiError stop_error(StopReason why, int timeout_s) {
 // happens is a matter of timing only.
 std::optional<ApiError> finished_job_error(const Job& job, int timeout_s) {
   const Job::Outcome& o = job.outcome();
-  if (o.result) {
-    if (o.result->finish_reason == "cancelled") return stop_error(job.stop_reason(), timeout_s);
+  if (!o.results.empty()) {
+    if (o.results.back().finish_reason == "cancelled")
+      return stop_error(job.stop_reason(), timeout_s);
     return std::nullopt;
   }
   if (o.error_status != 500 && job.stop_reason() != StopReason::kNone)
@@ -324,7 +325,7 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   r.params.max_new_tokens = static_cast<int>(max_new);
 
   const auto deadline = Clock::now() + std::chrono::seconds(options_.request_timeout_s);
-  auto job = std::make_shared<Job>(std::move(ids), r.params, deadline);
+  auto job = std::make_shared<Job>(std::move(ids), r.params, deadline, r.n);
   switch (scheduler_->submit(job)) {
     case Scheduler::Admission::kAccepted:
       break;
@@ -362,13 +363,15 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     if (auto error = finished_job_error(*job, timeout_s)) return respond_error(res, *error);
     const Job::Outcome& o = job->outcome();
     const ResponseStats extra{options_.decode_mode, o.spec, o.queue_s};
-    int64_t text_offset = 0;
-    Json logprobs = r.params.logprobs >= 0
-                        ? logprobs_json(endpoint, o.result->logprobs, tokenizer_, &text_offset)
-                        : Json(nullptr);
+    std::vector<Json> logprobs;
+    for (const GenerationResult& result : o.results) {
+      if (r.params.logprobs < 0) break;
+      int64_t text_offset = 0;
+      logprobs.push_back(logprobs_json(endpoint, result.logprobs, tokenizer_, &text_offset));
+    }
     const Json body = endpoint == Endpoint::kChatCompletions
-                          ? chat_response(meta, *o.result, extra, std::move(logprobs))
-                          : completion_response(meta, *o.result, extra, std::move(logprobs));
+                          ? chat_response(meta, o.results, extra, logprobs)
+                          : completion_response(meta, o.results, extra, logprobs);
     res.body = dump_json(body);
     return;
   }
@@ -386,26 +389,48 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
       sink.write(sse_event(error_json(e)));
       sink.write(kSseDone);
     };
-    if (chat && !sink.write(sse_event(
-                    chat_chunk(meta, Json{{"role", "assistant"}, {"content", ""}}, "")))) {
+    // Each choice's chunks in turn (they run one after another): a chat choice opens with its
+    // role, and every choice but the last closes with its finish reason as it ends (the last
+    // one's comes with the statistics, below).
+    int64_t text_offset = 0;  // logprobs: the next token's offset in the current choice
+    int opened = 0;           // chat: the choices whose role chunk was sent
+    auto write = [&](const Json& chunk) {
+      if (sink.write(sse_event(chunk))) return true;
       job->cancel(StopReason::kClientGone);
-      return;
-    }
-    int64_t text_offset = 0;  // logprobs: the next token's offset in the completion
+      return false;
+    };
+    auto open_choice = [&](int choice) {
+      if (!chat) return true;
+      for (; opened <= choice; ++opened) {
+        if (!write(chat_chunk(meta, Json{{"role", "assistant"}, {"content", ""}}, "", nullptr,
+                              opened)))
+          return false;
+      }
+      return true;
+    };
+    if (!open_choice(0)) return;
     for (;;) {
       Job::Progress p = job->wait(kPollInterval);
-      if (!p.text.empty() || !p.logprobs.empty()) {
-        // A chunk carries the tokens generated since the last one (its text may lag them: held
-        // back UTF-8 or stop-string prefixes).
-        Json logprobs = logprob_tokenizer != nullptr
-                            ? logprobs_json(endpoint, p.logprobs, *logprob_tokenizer, &text_offset)
-                            : Json(nullptr);
-        const Json chunk =
-            chat ? chat_chunk(meta, Json{{"content", p.text}}, "", std::move(logprobs))
-                 : completion_chunk(meta, p.text, "", std::move(logprobs));
-        if (!sink.write(sse_event(chunk))) {
-          job->cancel(StopReason::kClientGone);
-          return;
+      for (const Job::Delta& d : p.deltas) {
+        if (!open_choice(d.choice)) return;
+        if (!d.text.empty() || !d.logprobs.empty()) {
+          // A chunk carries the tokens generated since the last one (its text may lag them: held
+          // back UTF-8 or stop-string prefixes).
+          Json logprobs =
+              logprob_tokenizer != nullptr
+                  ? logprobs_json(endpoint, d.logprobs, *logprob_tokenizer, &text_offset)
+                  : Json(nullptr);
+          const Json chunk =
+              chat ? chat_chunk(meta, Json{{"content", d.text}}, "", std::move(logprobs), d.choice)
+                   : completion_chunk(meta, d.text, "", std::move(logprobs), d.choice);
+          if (!write(chunk)) return;
+        }
+        if (!d.finish_reason.empty()) {
+          text_offset = 0;
+          const Json end =
+              chat ? chat_chunk(meta, Json::object(), d.finish_reason, nullptr, d.choice)
+                   : completion_chunk(meta, "", d.finish_reason, nullptr, d.choice);
+          if (!write(end)) return;
         }
       }
       if (p.finished) break;
@@ -422,15 +447,14 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     }
     if (auto error = finished_job_error(*job, timeout_s)) return send_error(*error);
     const Job::Outcome& o = job->outcome();
-    const GenerationResult& result = *o.result;
-    Json last = chat ? chat_chunk(meta, Json::object(), result.finish_reason)
-                     : completion_chunk(meta, "", result.finish_reason);
-    last["quantspec"] = stats_json(result.stats, ResponseStats{mode, o.spec, o.queue_s});
+    const GenerationResult& result = o.results.back();
+    const int index = static_cast<int>(o.results.size()) - 1;
+    Json last = chat ? chat_chunk(meta, Json::object(), result.finish_reason, nullptr, index)
+                     : completion_chunk(meta, "", result.finish_reason, nullptr, index);
+    last["quantspec"] = stats_json(o.results, ResponseStats{mode, o.spec, o.queue_s});
     sink.write(sse_event(last));
     if (include_usage) {
-      sink.write(
-          sse_event(usage_chunk(meta, endpoint, result.stats.prompt_tokens,
-                                result.stats.generated_tokens, result.stats.cached_prompt_tokens)));
+      sink.write(sse_event(usage_chunk(meta, endpoint, o.results)));
     }
     sink.write(kSseDone);
   };

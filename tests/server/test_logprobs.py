@@ -149,3 +149,33 @@ def test_penalties_and_logit_bias(servers):
     tokens = body["choices"][0]["logprobs"]["tokens"]  # a bias of 100 decides every token
     assert len(tokens) == 6 and len(set(tokens)) == 1 and "Moses" in tokens[0], tokens
     assert body["choices"][0]["text"] == tokens[0] * 6
+
+
+def test_n_choices_with_logprobs(servers):
+    """n choices run one after another (seeds seed, seed + 1); each has its own logprobs, plain
+    and streamed (text_offset restarting at 0 for each choice), and usage counts the prompt once."""
+    spec, _ = servers
+    req = {"prompt": PROMPT, "max_tokens": 8, "temperature": 1.0, "seed": 9, "n": 2, "logprobs": 1,
+           "ignore_eos": True}
+    status, body = post(spec.url + C, req)
+    assert status == 200, body
+    choices = body["choices"]
+    assert [c["index"] for c in choices] == [0, 1]
+    for c in choices:
+        check_completion_logprobs(c["logprobs"], 8, 1)
+    assert body["usage"]["completion_tokens"] == 16
+    one = post(spec.url + C, {**req, "n": 1})[1]["choices"][0]  # choice 0 = the same seed alone
+    assert one["text"] == choices[0]["text"]
+
+    per_index = {0: [], 1: []}
+    finish = {}
+    for e in stream_events(spec.url + C, req):
+        for c in e["choices"]:
+            if c["logprobs"]:
+                per_index[c["index"]] += c["logprobs"]["tokens"]
+                assert c["logprobs"]["text_offset"][0] == sum(len(t) for t in per_index[c["index"]][
+                    :len(per_index[c["index"]]) - len(c["logprobs"]["tokens"])])
+            if c["finish_reason"]:
+                finish[c["index"]] = c["finish_reason"]
+    assert [per_index[i] for i in (0, 1)] == [c["logprobs"]["tokens"] for c in choices]
+    assert finish == {0: "length", 1: "length"}

@@ -126,10 +126,31 @@ def test_token_id_prompts(server):
         assert body["usage"]["prompt_tokens"] == 3
 
 
+def test_client_gets_n_choices(client):
+    """n > 1: the choices one after another (seeds seed, seed + 1, ...), plain and streamed."""
+    r = client.completions.create(model="x", prompt="Once upon a time", n=3, max_tokens=6,
+                                  temperature=1.0, seed=4)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert r.usage.completion_tokens == 18  # the prompt counted once
+    texts = [c.text for c in r.choices]
+    streamed = ["", "", ""]
+    finished = [None, None, None]
+    for chunk in client.completions.create(model="x", prompt="Once upon a time", n=3, max_tokens=6,
+                                           temperature=1.0, seed=4, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+            finished[c.index] = c.finish_reason or finished[c.index]
+    assert streamed == texts and finished == ["length"] * 3
+    chat = client.chat.completions.create(model="x", messages=[{"role": "user", "content": "Hi"}],
+                                          n=2, max_tokens=4, temperature=1.0, seed=4)
+    assert [c.index for c in chat.choices] == [0, 1]
+    assert all(c.message.role == "assistant" for c in chat.choices)
+
+
 def test_client_sees_openai_errors(client):
     with pytest.raises(openai.BadRequestError) as e:
-        client.completions.create(model="x", prompt="Hi", n=2)
-    assert e.value.code == "unsupported_parameter" and e.value.param == "n"
+        client.completions.create(model="x", prompt="Hi", best_of=2)
+    assert e.value.code == "unsupported_parameter" and e.value.param == "best_of"
     with pytest.raises(openai.BadRequestError) as e:
         client.chat.completions.create(model="x", messages=[{"role": "user", "content": "x"}], temperature=-1)
     assert e.value.param == "temperature"
