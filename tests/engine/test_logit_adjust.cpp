@@ -22,11 +22,6 @@ using testing::TinyModel;
 
 constexpr int kVocab = testing::kEngineTestVocab;
 
-// The engine tests' options (groups of 32) for a mode and an AR cache.
-EngineOptions options(DecodeMode mode, KvType kv) {
-  return testing::engine_test_options(mode, kv, PrefillKv::kExact);
-}
-
 TEST(LogitAdjust, RowsCountTheirOwnHistory) {
   CpuBackend backend{1};
   LogitAdjust a;
@@ -65,7 +60,8 @@ TEST(LogitAdjust, RowsCountTheirOwnHistory) {
 
 TEST(LogitAdjust, GreedyQuantSpecEqualsGreedyArInt8WithTheSameAdjustment) {
   const TinyModel tiny = testing::make_tiny_model(testing::engine_test_config(), DType::BF16, 5);
-  auto ar = testing::make_tiny_engine(tiny, options(DecodeMode::kAr, KvType::kInt8));
+  auto ar =
+      testing::make_tiny_engine(tiny, testing::engine_test_options(DecodeMode::kAr, KvType::kInt8));
   ASSERT_TRUE(ar);
   const std::vector<int32_t> prompt = random_prompt(30, kVocab, 4);
   GenerationParams plain = greedy_params(80);
@@ -78,7 +74,7 @@ TEST(LogitAdjust, GreedyQuantSpecEqualsGreedyArInt8WithTheSameAdjustment) {
   ASSERT_TRUE(want.ok() && unadjusted.ok());
   EXPECT_NE(want->tokens, unadjusted->tokens);  // the adjustment changes the output
   for (int gamma : {1, 3, 6}) {
-    EngineOptions o = options(DecodeMode::kQuantSpec, KvType::kFp16);
+    EngineOptions o = testing::engine_test_options(DecodeMode::kQuantSpec, KvType::kFp16);
     o.gamma = gamma;
     auto spec = testing::make_tiny_engine(tiny, o);
     ASSERT_TRUE(spec);
@@ -93,7 +89,7 @@ TEST(LogitAdjust, GreedyQuantSpecEqualsGreedyArInt8WithTheSameAdjustment) {
 TEST(LogitAdjust, ALargeBiasDecidesTheToken) {
   const TinyModel tiny = testing::make_tiny_model(testing::engine_test_config(), DType::BF16, 9);
   for (DecodeMode mode : {DecodeMode::kAr, DecodeMode::kQuantSpec}) {
-    auto e = testing::make_tiny_engine(tiny, options(mode, KvType::kFp16));
+    auto e = testing::make_tiny_engine(tiny, testing::engine_test_options(mode, KvType::kFp16));
     ASSERT_TRUE(e);
     for (float temperature : {0.0f, 1.0f}) {
       GenerationParams p = greedy_params(40);

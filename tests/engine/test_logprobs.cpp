@@ -20,11 +20,6 @@ using testing::TinyModel;
 
 constexpr int kVocab = testing::kEngineTestVocab;
 
-// The engine tests' options (groups of 32) for a mode and an AR cache.
-EngineOptions options(DecodeMode mode, KvType kv) {
-  return testing::engine_test_options(mode, kv, PrefillKv::kExact);
-}
-
 // log_softmax(row)[id] in long double, the reference for token_logprob.
 double reference_logprob(const float* row, int vocab, int32_t id) {
   long double mx = row[0];
@@ -86,7 +81,7 @@ TEST(Logprobs, TokenLogprobIsLogSoftmaxWithTheTopInOrder) {
 TEST(Logprobs, ArValuesAreThePredictingRowsLogSoftmax) {
   const TinyModel tiny = testing::make_tiny_model(testing::engine_test_config(), DType::BF16, 17);
   for (KvType kv : {KvType::kFp16, KvType::kInt8}) {
-    auto e = testing::make_tiny_engine(tiny, options(DecodeMode::kAr, kv));
+    auto e = testing::make_tiny_engine(tiny, testing::engine_test_options(DecodeMode::kAr, kv));
     ASSERT_TRUE(e);
     const std::vector<int32_t> prompt = random_prompt(20, kVocab, 3);
     for (bool sample : {false, true}) {
@@ -128,10 +123,11 @@ TEST(Logprobs, ArValuesAreThePredictingRowsLogSoftmax) {
 // for accepted candidates and final tokens alike.
 TEST(Logprobs, QuantSpecReportsTheTargetsValues) {
   const TinyModel tiny = testing::make_tiny_model(testing::engine_test_config(), DType::BF16, 5);
-  auto ar = testing::make_tiny_engine(tiny, options(DecodeMode::kAr, KvType::kInt8));
+  auto ar =
+      testing::make_tiny_engine(tiny, testing::engine_test_options(DecodeMode::kAr, KvType::kInt8));
   ASSERT_TRUE(ar);
   for (int gamma : {1, 4}) {
-    EngineOptions o = options(DecodeMode::kQuantSpec, KvType::kFp16);
+    EngineOptions o = testing::engine_test_options(DecodeMode::kQuantSpec, KvType::kFp16);
     o.gamma = gamma;
     auto spec = testing::make_tiny_engine(tiny, o);
     ASSERT_TRUE(spec);

@@ -320,7 +320,8 @@ inline constexpr std::pair<DecodeMode, KvType> kQuantizedModes[] = {
     {DecodeMode::kAr, KvType::kInt4},
     {DecodeMode::kQuantSpec, KvType::kFp16}};
 
-inline EngineOptions engine_test_options(DecodeMode mode, KvType kv, PrefillKv prefill) {
+inline EngineOptions engine_test_options(DecodeMode mode, KvType kv,
+                                         PrefillKv prefill = PrefillKv::kExact) {
   EngineOptions o = mode_options(mode, kv);
   o.group_size = kEngineTestGroup;
   o.gamma = kEngineTestGamma;
