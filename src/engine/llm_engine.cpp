@@ -692,7 +692,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     st.sample_s += seconds_since(t_first);
     TokenLogprob next_lp;
     if (want_logprobs) next_lp = token_logprob(first.data(), vocab, next, params.logprobs);
-    std::vector<float> row;  // want_logprobs: a forward's logits on the host
+    std::vector<float> row;  // want_logprobs: a forward's logits row on the host
     for (;;) {
       if (push(next, &next_lp)) break;
       auto t0 = std::chrono::steady_clock::now();
@@ -714,9 +714,8 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
         st.sample_s += seconds_since(t0);
       }
       if (want_logprobs) {
-        row.resize(static_cast<size_t>(vocab));
-        backend_->to_host(model_->logits_buffer(), row.data(), row.size());
-        next_lp = token_logprob(row.data(), vocab, next, params.logprobs);
+        next_lp = rows_logprobs(*backend_, model_->logits_buffer(), vocab,
+                                std::span<const int32_t>(&next, 1), params.logprobs, row)[0];
       }
       t0 = std::chrono::steady_clock::now();
       const int flushes_before = cache_.flushes();

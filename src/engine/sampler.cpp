@@ -98,6 +98,18 @@ TokenLogprob token_logprob(const float* logits, int vocab, int32_t id, int top) 
   return r;
 }
 
+std::vector<TokenLogprob> rows_logprobs(Backend& backend, const float* rows, int vocab,
+                                        std::span<const int32_t> tokens, int top,
+                                        std::vector<float>& scratch) {
+  const size_t v = static_cast<size_t>(vocab);
+  scratch.resize(tokens.size() * v);
+  backend.to_host(rows, scratch.data(), scratch.size());
+  std::vector<TokenLogprob> out;
+  for (size_t i = 0; i < tokens.size(); ++i)
+    out.push_back(token_logprob(scratch.data() + i * v, vocab, tokens[i], top));
+  return out;
+}
+
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& params, Rng& rng,
                      std::vector<float>& scratch_probs) {
   if (params.temperature <= 0.0f) return argmax(logits, vocab);

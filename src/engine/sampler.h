@@ -5,8 +5,10 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
+#include "backend/backend.h"
 #include "core/argmax.h"  // argmax: index of the largest logit, the lowest among ties
 #include "core/error.h"
 #include "core/sampling.h"  // SamplingParams, token_probabilities, sample_at
@@ -34,6 +36,12 @@ int32_t sample_from(const std::vector<float>& probs, Rng& rng);
 // Token `id`'s log-probability under log_softmax(logits) (in double) and the `top` most likely
 // tokens' (descending, ties by the lower id).
 TokenLogprob token_logprob(const float* logits, int vocab, int32_t id, int top);
+
+// token_logprob of tokens[i] in row i of [tokens.size(), vocab] logits in backend memory, copied to
+// the host through `scratch`.
+std::vector<TokenLogprob> rows_logprobs(Backend& backend, const float* rows, int vocab,
+                                        std::span<const int32_t> tokens, int top,
+                                        std::vector<float>& scratch);
 
 // Greedy (argmax) when temperature == 0, else a draw from token_probabilities().
 int32_t sample_token(const float* logits, int vocab, const SamplingParams& params, Rng& rng,

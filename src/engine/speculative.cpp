@@ -53,7 +53,11 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   RoundResult result;
   QS_TRY(chain ? chained(x, gamma, n, sampling, rng, control, stats, counters, result)
                : stepwise(x, gamma, n, sampling, rng, stats, counters, control, result));
-  if (logprobs_ >= 0) fill_logprobs(result);
+  if (logprobs_ >= 0) {  // the verification rows 0..k, still in the target's logits buffer
+    result.logprobs =
+        rows_logprobs(target_.backend(), target_.logits_buffer(), target_.config().vocab_size,
+                      result.tokens, logprobs_, host_rows_);
+  }
 
   const int flushes_before = cache_.flushes();
   const auto t0 = std::chrono::steady_clock::now();
@@ -86,18 +90,6 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
     ++stats.accepted_histogram[result.accepted];
   }
   return result;
-}
-
-void SpeculativeDecoder::fill_logprobs(RoundResult& result) {
-  const size_t vocab = static_cast<size_t>(target_.config().vocab_size);
-  const size_t rows = result.tokens.size();
-  host_rows_.resize(rows * vocab);
-  target_.backend().to_host(target_.logits_buffer(), host_rows_.data(), rows * vocab);
-  result.logprobs.clear();
-  for (size_t i = 0; i < rows; ++i) {
-    result.logprobs.push_back(token_logprob(host_rows_.data() + i * vocab, static_cast<int>(vocab),
-                                            result.tokens[i], logprobs_));
-  }
 }
 
 void SpeculativeDecoder::ensure_draft_probs(int gamma, int vocab) {

@@ -99,9 +99,6 @@ class SpeculativeDecoder {
                   GenerationStats& stats, SpecCounters& counters, const RoundControl& control,
                   RoundResult& result);
 
-  // result.logprobs from the target's verification rows 0..k (still in its logits buffer).
-  void fill_logprobs(RoundResult& result);
-
   // q_ of at least [max(gamma, 1), vocab] (a sampling round's draft distributions).
   void ensure_draft_probs(int gamma, int vocab);
 
@@ -128,7 +125,7 @@ class SpeculativeDecoder {
   std::unique_ptr<TimeMarks> marks_;    // [mark_slots_]
   int mark_slots_ = 0;
   int logprobs_ = -1;             // set_logprobs
-  std::vector<float> host_rows_;  // fill_logprobs: the verification rows on the host
+  std::vector<float> host_rows_;  // set_logprobs: the verification rows on the host
   const LogitAdjust* adjust_ = nullptr;  // set_adjust
   const std::vector<int32_t>* generated_ = nullptr;
   LogitAdjuster adjuster_;
