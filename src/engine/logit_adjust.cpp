@@ -34,10 +34,13 @@ void LogitAdjuster::fill(int rows, int vocab, const LogitAdjust& a,
   QS_CHECK(rows >= 1 && first >= 0 && static_cast<int>(extra.size()) >= first + rows - 1);
   const size_t v = static_cast<size_t>(vocab);
   host_.assign(static_cast<size_t>(rows) * v, 0.0f);
-  std::vector<float> base(v, 0.0f);
-  for (const auto& [id, bias] : a.logit_bias) base[static_cast<size_t>(id)] += bias;
   std::unordered_map<int32_t, int> counts;
-  for (int32_t t : history) ++counts[t];
+  auto in_vocab = [vocab](int32_t t) { return t >= 0 && t < vocab; };
+  for (int32_t t : history) {
+    QS_CHECK(in_vocab(t));
+    ++counts[t];
+  }
+  for (int i = 0; i < first + rows - 1; ++i) QS_CHECK(in_vocab(extra[static_cast<size_t>(i)]));
   for (int i = 0; i < first; ++i) ++counts[extra[static_cast<size_t>(i)]];
   auto penalty = [&](int c) {
     return a.frequency_penalty * static_cast<float>(c) + (c > 0 ? a.presence_penalty : 0.0f);
@@ -45,7 +48,7 @@ void LogitAdjuster::fill(int rows, int vocab, const LogitAdjust& a,
   for (int j = 0; j < rows; ++j) {
     if (j > 0) ++counts[extra[static_cast<size_t>(first + j - 1)]];
     float* row = host_.data() + static_cast<size_t>(j) * v;
-    std::copy(base.begin(), base.end(), row);
+    for (const auto& [id, bias] : a.logit_bias) row[static_cast<size_t>(id)] += bias;
     for (const auto& [t, c] : counts) row[static_cast<size_t>(t)] -= penalty(c);
   }
 }

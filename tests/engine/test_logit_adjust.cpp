@@ -33,7 +33,7 @@ TEST(LogitAdjust, RowsCountTheirOwnHistory) {
   std::vector<float> zeros(rows * vocab, 0.0f), got(rows * vocab);
   backend.from_host(zeros.data(), logits->data(), zeros.size());
   const std::vector<int32_t> history{2, 2, 5},
-      extra{9, 5, 3};  // extra[0] is row 0's past (first 1)
+      extra{0, 5, 3};  // extra[0] is row 0's past (first 1)
   LogitAdjuster adjuster;
   adjuster.apply(backend, logits->data(), rows, vocab, a, history, extra, /*first=*/1);
   backend.to_host(logits->data(), got.data(), got.size());
