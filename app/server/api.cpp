@@ -760,27 +760,36 @@ Json logprobs_at(const std::vector<Json>& logprobs, size_t i) {
 
 }  // namespace
 
-Json completion_response(const ResponseMeta& meta, const std::vector<GenerationResult>& results,
-                         const ResponseStats& extra, const std::vector<Json>& logprobs) {
+namespace {
+
+// One choice per result: {index, <body key>: body(result), logprobs, finish_reason}.
+template <class Body>
+Json choices_json(const std::vector<GenerationResult>& results, const std::vector<Json>& logprobs,
+                  const char* key, const Body& body) {
   Json choices = Json::array();
   for (size_t i = 0; i < results.size(); ++i) {
     choices.push_back({{"index", i},
-                       {"text", results[i].text},
+                       {key, body(results[i])},
                        {"logprobs", logprobs_at(logprobs, i)},
                        {"finish_reason", results[i].finish_reason}});
   }
+  return choices;
+}
+
+}  // namespace
+
+Json completion_response(const ResponseMeta& meta, const std::vector<GenerationResult>& results,
+                         const ResponseStats& extra, const std::vector<Json>& logprobs) {
+  Json choices = choices_json(results, logprobs, "text",
+                              [](const GenerationResult& r) { return Json(r.text); });
   return response_json(meta, "text_completion", std::move(choices), results, extra);
 }
 
 Json chat_response(const ResponseMeta& meta, const std::vector<GenerationResult>& results,
                    const ResponseStats& extra, const std::vector<Json>& logprobs) {
-  Json choices = Json::array();
-  for (size_t i = 0; i < results.size(); ++i) {
-    choices.push_back({{"index", i},
-                       {"message", {{"role", "assistant"}, {"content", results[i].text}}},
-                       {"logprobs", logprobs_at(logprobs, i)},
-                       {"finish_reason", results[i].finish_reason}});
-  }
+  Json choices = choices_json(results, logprobs, "message", [](const GenerationResult& r) {
+    return Json{{"role", "assistant"}, {"content", r.text}};
+  });
   return response_json(meta, "chat.completion", std::move(choices), results, extra);
 }
 
