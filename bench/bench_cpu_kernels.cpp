@@ -1,5 +1,6 @@
-// CPU kernels alone: the attention's row kernels (one thread, operands in L1) and the decode
-// matmuls (a 4096 x 1536 weight, 64 copies streamed from memory) on 1 and on all threads.
+// CPU kernels alone: the attention's row kernels (one thread, operands in L1), the decode
+// matmuls (a 4096 x 1536 weight, 64 copies streamed from memory) on 1 and on all threads, and
+// the host's per-token log-probability reduction (token_logprob over a Llama-3 vocabulary).
 //
 //   bench_cpu_kernels [--threads N (all)]
 #include <fmt/core.h>
@@ -13,6 +14,7 @@
 
 #include "backend/cpu/attention_rows.h"
 #include "backend/cpu/cpu_backend.h"
+#include "engine/sampler.h"
 #include "model/weights.h"
 #include "quant/weight_quant.h"
 
@@ -97,6 +99,19 @@ void matmuls(int threads) {
 
 }  // namespace
 
+// What a request asking for logprobs adds per generated token on the host: log_softmax of a
+// 128256-entry row and its `top` alternatives (engine/sampler.h token_logprob).
+void logprobs() {
+  const int vocab = 128256;
+  const std::vector<float> row = randn(vocab, 7);
+  volatile float sink = 0;  // keeps the calls
+  for (int top : {0, 5, 20}) {
+    const double s = time_per_call(
+        5, 20, [&](int c) { sink = sink + qs::token_logprob(row.data(), vocab, c, top).logprob; });
+    fmt::print("token_logprob vocab {} top {:2}: {:7.1f} us per token\n", vocab, top, s * 1e6);
+  }
+}
+
 int main(int argc, char** argv) {
   int threads = 0;
   for (int i = 1; i < argc; ++i) {
@@ -111,5 +126,6 @@ int main(int argc, char** argv) {
   fmt::print("bench_cpu_kernels: threads 1 and {}\n", threads);
   row_kernels();
   matmuls(threads);
+  logprobs();
   return 0;
 }
