@@ -765,65 +765,6 @@ TEST_F(CudaOpsTest, QuantAttentionEvenColumnsMatchTheEightColumnLoop) {
   report("even columns against the exact reference", worst_ref);
 }
 
-// The full-precision rows' first loads before the ring's first copies
-// (QuantAttentionTuning::fp_loads_first: the one-tile ring kernels at 192 registers, i.e. the f16
-// draft's one-query and even-column kernels for up to 4 query vectors per kv head and the INT8
-// view's pair-column kernel for up to 8) issue the same loads and arithmetic in another order:
-// the output must equal the default kernel's bit for bit, over ranges of no, few and many
-// sub-chunks per warp and of no, few and many rows per warp (a warp without rows issues the copies
-// after the rows' pass); the plan must take the form exactly where it applies; and it must pass
-// the exact reference like every call of its view.
-TEST_F(CudaOpsTest, QuantAttentionFpLoadsFirstEqualsRingFirst) {
-  double worst_ref = 0.0;
-  int calls = 0, first_calls = 0;
-  for (const int len : {200, 1000, 4099, 33001}) {
-    for (const int G : {32, 128}) {
-      QuantKv kv(gpu(), cpu(), {len, kKvHeads, 128, G, 128, 0, Values::kNormal, uint64_t(57 + G)});
-      for (const ArmView vw : {ArmView{false, true}, ArmView{true, false}, ArmView{true, true}}) {
-        const QuantizedKvSegment seg = kv.segment(vw.int8, true);
-        for (const ArmQueries qs : {ArmQueries{1, 1}, ArmQueries{4, 1}, ArmQueries{1, 4},
-                                    ArmQueries{2, 3}, ArmQueries{1, 8}, ArmQueries{8, 2}}) {
-          const int nq = qs.ratio * qs.m;
-          for (const int fp_base : {quant_boundary(len - qs.m, G), 0}) {
-            const Case c{kKvHeads * qs.ratio, qs.m, vw.int8, fp_base};
-            for (const int splits : {0, 1, 3}) {
-              // Arm 0: the rows' loads first; arm 1: the default order.
-              const TwoArms r =
-                  run_two_tunings(gpu(), kv, seg, qs.ratio, qs.m, fp_base, 93 + len + G + nq,
-                                  splits, [&](cuda::QuantAttentionTuning& t, int k) {
-                                    t.fp_loads_first = k == 0;
-                                    t.int8_f16 = vw.f16;
-                                  });
-              for (int k = 0; k < 2; ++k) {
-                EXPECT_EQ(r.plan[k].fp_loads_first, k == 0 && nq <= (vw.int8 ? 8 : 4))
-                    << describe(kv, c, fp_base);
-                first_calls += r.plan[k].fp_loads_first;
-              }
-              EXPECT_EQ(rel_error(r.out[0], r.out[1]), 0.0)
-                  << describe(kv, c, fp_base) << " splits=" << splits;
-              ++calls;
-            }
-          }
-        }
-        cuda::QuantAttentionTuning t;
-        t.fp_loads_first = true;
-        t.int8_f16 = vw.f16;
-        TuningScope scope(t);
-        check_cases(gpu(), cpu(), kv,
-                    {{kKvHeads, 1, vw.int8, kFpBaseMax},
-                     {4 * kKvHeads, 1, vw.int8, kFpBaseMax},
-                     {kKvHeads, 4, vw.int8, 0},
-                     {kKvHeads, 8, vw.int8, kFpBaseMax}},
-                    worst_ref);
-      }
-    }
-  }
-  EXPECT_EQ(calls, 4 * 2 * 3 * 6 * 2 * 3);
-  // Per length, G and fp_base: 3 query shapes take it on the INT4 view, 5 on each INT8 one.
-  EXPECT_EQ(first_calls, 4 * 2 * 2 * (3 + 5 + 5) * 3);
-  report("fp loads first against the exact reference", worst_ref);
-}
-
 TEST_F(CudaOpsTest, QuantAttentionLongContext) {
   double worst = 0;
   for (int len : {4099, 33000}) {

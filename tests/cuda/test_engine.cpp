@@ -129,7 +129,13 @@ TEST_P(CudaEngineTest, LogprobsMatchTheCpuEngine) {
   ASSERT_TRUE(got.ok()) << got.error().message;
   ASSERT_EQ(got->tokens, want->tokens) << c.name;
   ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
-  const double tol = c.rows == KvDType::kF32 ? 1e-4 : 2e-3;  // f16 rows round the K/V
+  // f16 rows round the K/V. A quantized view: the two backends quantize K/V rows that differ by
+  // ~1e-6 (their own projections), so a value next to a rounding boundary can get a neighbouring
+  // code on one side only (test_model.cpp's logit bounds say the same). Measured on an H100
+  // (session 41): up to 3.8e-4 with f32 rows, 3.9e-3 with f16 rows; a wrong row is off by O(1).
+  const bool quantized = c.mode == DecodeMode::kQuantSpec || c.kv != KvType::kFp16;
+  const bool f16 = c.rows == KvDType::kF16;
+  const double tol = quantized ? (f16 ? 1e-2 : 2e-3) : (f16 ? 2e-3 : 1e-4);
   for (size_t i = 0; i < got->logprobs.size(); ++i) {
     EXPECT_EQ(got->logprobs[i].id, got->tokens[i]);
     EXPECT_NEAR(got->logprobs[i].logprob, want->logprobs[i].logprob, tol) << c.name << " " << i;

@@ -524,11 +524,9 @@ struct RowPath {
   }
 
   // Positions [begin, end), this warp taking every `slices`-th one from begin + slice, U rows
-  // (loads in flight) per step. after_first_loads (none or one callable): run once the first
-  // step's loads are issued, before their arithmetic.
-  template <int U, class Rows, class... Hook>
-  __device__ void run(const Rows& rows, int begin, int end, int slice, int slices,
-                      Hook&&... after_first_loads) {
+  // (loads in flight) per step.
+  template <int U, class Rows>
+  __device__ void run(const Rows& rows, int begin, int end, int slice, int slices) {
     constexpr int kRowUnroll = U;
     for (int t0 = begin + slice; t0 < end; t0 += kRowUnroll * slices) {
       float kx[kRowUnroll][kC], vx[kRowUnroll][kC];
@@ -541,9 +539,6 @@ struct RowPath {
 #pragma unroll
           for (int c = 0; c < kC; ++c) kx[u][c] = vx[u][c] = 0.0f;
         }
-      }
-      if constexpr (sizeof...(Hook) > 0) {
-        if (t0 == begin + slice) (after_first_loads(), ...);
       }
       float sc[kRowUnroll];
       float cmax = kNegInf;
@@ -1184,8 +1179,7 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kF16 = false,
-          bool kRegPrefetch = true, bool kRing = false, int kTC = kPairCols,
-          bool kFpLoadsFirst = false>
+          bool kRegPrefetch = true, bool kRing = false, int kTC = kPairCols>
 __device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
@@ -1256,8 +1250,8 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     return lq;
   };
 
-  // Full-precision part of a query at t: [b(t), t]. after_first_loads: RowPath::run's.
-  auto fp_rows = [&](auto&&... after_first_loads) {
+  // Full-precision part of a query at t: [b(t), t].
+  auto fp_rows = [&]() {
     const auto [begin, end] = split_fp_rows(p);
     const int64_t off = static_cast<int64_t>(kvh) * HD + lane * (HD / 32);  // elements
     const bool f16 = a.kv_dtype == DType::F16;
@@ -1274,8 +1268,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
         const LaneQuery lq = lane_query(sub, R);
         RowPath<HD, R> w;
         w.init(q_warp + sub * R * kQStride, lq.valid ? lq.b : 1, lq.valid ? lq.t : 0);
-        w.template run<R <= 8 ? fp_row_unroll<HD>() : 2>(rows, begin, end, ts, p.slices,
-                                                         after_first_loads...);
+        w.template run<R <= 8 ? fp_row_unroll<HD>() : 2>(rows, begin, end, ts, p.slices);
         w.store(o_w + sub * R * HD, ml_w + sub * R * 2);
       }
     };
@@ -1295,7 +1288,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p) {
     unsigned char* ring =
         kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8>(QW / 8)
               : nullptr;
-    direct_path::quant_split_direct<INT8, kF16, kRegPrefetch, QW / 8, kRing, kTC, kFpLoadsFirst>(
+    direct_path::quant_split_direct<INT8, kF16, kRegPrefetch, QW / 8, kRing, kTC>(
         p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q,
@@ -1382,18 +1375,16 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 // kF16: the view's operands in f16 alone (QuantAttentionTuning::draft_f16 for the INT4 view,
 // int8_f16 for the INT8 one); NT: 8-query tiles per warp; kRing: the per-warp cp.async ring
 // (QuantAttentionTuning::direct_ring); kTC: the tile's query columns (TileCols: one
-// query vector per kv head, QuantAttentionTuning::single_query; 2..4, even_columns);
-// kFpLoadsFirst: the full-precision rows' first loads before the ring's first copies
-// (fp_loads_first).
+// query vector per kv head, QuantAttentionTuning::single_query; 2..4, even_columns).
 template <bool INT8, int kRegs, bool kF16, bool kRegPrefetch = true, int NT = 1, bool kRing = false,
-          int kTC = kPairCols, bool kFpLoadsFirst = false>
+          int kTC = kPairCols>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
   timeline_stamp(p, 0);
   direct_path::prefetch_block_start<INT8>(p);
   pdl_begin();
   timeline_stamp(p, 1);
   attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kF16, kRegPrefetch, kRing,
-                       kTC, kFpLoadsFirst>(p);
+                       kTC>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -1417,8 +1408,7 @@ std::mutex g_tuning_mu;
 // for more than 16 query vectors per kv head over any history, QS_QUANT_PREFILL=0 with the
 // slices of 16 queries for longer blocks, QS_EVEN_COLUMNS=0|1 without / with the even-column
 // draft kernel for 2..4 query vectors per kv head, QS_INT8_EVEN_COLUMNS=0|1 the INT8 view's for up
-// to 4, QS_FP_LOADS_FIRST=0|1 with the full-precision rows' first loads after / before the ring's
-// first copies.
+// to 4.
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
@@ -1428,7 +1418,6 @@ QuantAttentionTuning g_tuning = [] {
   t.long_history_two_tiles = env_flag("QS_GQA_TWO_TILES", t.long_history_two_tiles);
   t.even_columns = env_flag("QS_EVEN_COLUMNS", t.even_columns);
   t.int8_even_columns = env_flag("QS_INT8_EVEN_COLUMNS", t.int8_even_columns);
-  t.fp_loads_first = env_flag("QS_FP_LOADS_FIRST", t.fp_loads_first);
   t.hybrid_prefill = env_flag("QS_QUANT_PREFILL", t.hybrid_prefill);
   const int regs = env_int("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (valid_direct_regs(regs)) {
@@ -1448,7 +1437,6 @@ struct KernelChoice {
   int direct_tiles = 1;    // the direct path's 8-query tiles per warp
   bool ring = false;       // the direct path's per-warp cp.async ring
   int cols = kPairCols;    // its tile's query columns (TileCols)
-  bool fp_loads_first = false;  // its full-precision rows' loads first (kFpLoadsFirst)
   bool int8 = false;       // the view (the ring's slot size)
   int qw = 8;  // query vectors per warp
   int ng = 0;  // value groups (tensor-core kernels)
@@ -1464,29 +1452,17 @@ constexpr int kDirectRegsTwoTiles = 255;
 // default) in its one-query form (kOneCol); the even-column form (kEvenCols) of the light draft's
 // ring kernel at 192 / 168 and of the INT8 view's one-tile ring kernel at 192; choose_for decides
 // where they apply.
-// fp_loads_first (the full-precision rows' loads before the ring's first copies): the forms at
-// 192 registers that choose_for names.
 template <bool INT8, bool kF16, bool kRegPrefetch, bool kRing>
-const void* direct_kernel_at(int regs, int cols, bool fp_loads_first) {
+const void* direct_kernel_at(int regs, int cols) {
   constexpr bool kLight = !INT8 && kF16 && !kRegPrefetch;
-  QS_CHECK(!fp_loads_first || (kRing && regs == 192 && (kLight || INT8)));
   if constexpr (kLight && kRing) {
     if (cols == kOneCol) {
       QS_CHECK(regs == 192);
-      return fp_loads_first ? reinterpret_cast<const void*>(
-                                  attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1,
-                                                                kRing, kOneCol, true>)
-                            : reinterpret_cast<const void*>(
-                                  attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1,
-                                                                kRing, kOneCol>);
+      return reinterpret_cast<const void*>(
+          attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing, kOneCol>);
     }
     if (cols == kEvenCols) {
       QS_CHECK(regs == 192 || regs == 168);
-      if (fp_loads_first) {
-        return reinterpret_cast<const void*>(
-            attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing, kEvenCols,
-                                          true>);
-      }
       return regs == 192 ? reinterpret_cast<const void*>(
                                attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1,
                                                              kRing, kEvenCols>)
@@ -1497,16 +1473,11 @@ const void* direct_kernel_at(int regs, int cols, bool fp_loads_first) {
   }
   if constexpr (INT8 && kRing) {
     if (cols == kEvenCols) {
-      QS_CHECK(regs == 192 && !fp_loads_first);
+      QS_CHECK(regs == 192);
       return reinterpret_cast<const void*>(
           attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing, kEvenCols>);
     }
-    if (fp_loads_first) {
-      return reinterpret_cast<const void*>(
-          attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing, kPairCols, true>);
-    }
   }
-  QS_CHECK(!fp_loads_first);
   QS_CHECK_MSG(cols == kPairCols,
                "quantized attention: the one-query kernel is the light draft's ring kernel, the "
                "even-column ones the ring kernels of the light draft and of the INT8 view");
@@ -1525,7 +1496,7 @@ const void* direct_kernel_at(int regs, int cols, bool fp_loads_first) {
 }
 
 template <bool INT8, bool kF16, bool kRegPrefetch>
-const void* direct_kernel_fn(int regs, int tiles, bool ring, int cols, bool fp_loads_first) {
+const void* direct_kernel_fn(int regs, int tiles, bool ring, int cols) {
   if constexpr (INT8) {
     if (tiles == 2) {
       return ring ? reinterpret_cast<const void*>(
@@ -1537,10 +1508,10 @@ const void* direct_kernel_fn(int regs, int tiles, bool ring, int cols, bool fp_l
   }
   QS_CHECK_MSG(tiles == 1, "quantized attention: several tiles per warp need the INT8 view");
   if constexpr (INT8 || (kF16 && !kRegPrefetch)) {
-    if (ring) return direct_kernel_at<INT8, kF16, false, true>(regs, cols, fp_loads_first);
+    if (ring) return direct_kernel_at<INT8, kF16, false, true>(regs, cols);
   }
-  QS_CHECK(!ring && !fp_loads_first);
-  return direct_kernel_at<INT8, kF16, kRegPrefetch, false>(regs, cols, false);
+  QS_CHECK(!ring);
+  return direct_kernel_at<INT8, kF16, kRegPrefetch, false>(regs, cols);
 }
 
 template <int HD, bool INT8, bool kF16>
@@ -1589,7 +1560,7 @@ KernelChoice row_kernel() {
 // view on every tensor-core path, the INT8 view on the direct one).
 template <bool INT8>
 KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, int regs, bool f16,
-                        bool reg_prefetch, int tiles, bool ring, int cols, bool fp_loads_first) {
+                        bool reg_prefetch, int tiles, bool ring, int cols) {
   if (tensor_cores && direct && hd == 128 && gv == hd && G % kSubTokens == 0) {
     KernelChoice k;
     k.mma = k.direct = true;
@@ -1606,20 +1577,13 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
     k.cols = cols == kOneCol && light_ring && regs == 192 ? kOneCol
              : cols == kEvenCols && even                  ? kEvenCols
                                                           : kPairCols;
-    // The loads first: the light draft's one-query and even-column ring kernels at 192 registers,
-    // the INT8 view's pair-column one-tile ring kernel at 192.
-    k.fp_loads_first = fp_loads_first && regs == 192 &&
-                       (light_ring ? k.cols != kPairCols : int8_ring && k.cols == kPairCols);
     if constexpr (INT8) {
-      k.fn = k.f16 ? direct_kernel_fn<true, true, true>(regs, k.direct_tiles, k.ring, k.cols,
-                                                        k.fp_loads_first)
-                   : direct_kernel_fn<true, false, true>(regs, k.direct_tiles, k.ring, k.cols,
-                                                         k.fp_loads_first);
+      k.fn = k.f16 ? direct_kernel_fn<true, true, true>(regs, k.direct_tiles, k.ring, k.cols)
+                   : direct_kernel_fn<true, false, true>(regs, k.direct_tiles, k.ring, k.cols);
     } else {
-      k.fn = !k.f16 ? direct_kernel_fn<false, false, true>(regs, 1, k.ring, kPairCols, false)
-             : !reg_prefetch
-                 ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.cols, k.fp_loads_first)
-                 : direct_kernel_fn<false, true, true>(regs, 1, false, kPairCols, false);
+      k.fn = !k.f16          ? direct_kernel_fn<false, false, true>(regs, 1, k.ring, kPairCols)
+             : !reg_prefetch ? direct_kernel_fn<false, true, false>(regs, 1, k.ring, k.cols)
+                             : direct_kernel_fn<false, true, true>(regs, 1, false, kPairCols);
     }
     return k;
   }
@@ -1642,14 +1606,12 @@ KernelChoice choose_for(int hd, int G, int gv, bool tensor_cores, bool direct, i
 }
 
 KernelChoice choose_kernel(const QuantAttentionArgs& a, bool tensor_cores, bool direct, int regs,
-                           bool f16, bool reg_prefetch, int tiles, bool ring, int cols,
-                           bool fp_loads_first) {
+                           bool f16, bool reg_prefetch, int tiles, bool ring, int cols) {
   const QuantizedKvSegment& s = a.seg;
-  return s.int8
-             ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores, direct,
-                                regs, f16, reg_prefetch, tiles, ring, cols, fp_loads_first)
-             : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores, direct,
-                                 regs, f16, reg_prefetch, tiles, ring, cols, fp_loads_first);
+  return s.int8 ? choose_for<true>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
+                                   direct, regs, f16, reg_prefetch, tiles, ring, cols)
+                : choose_for<false>(a.head_dim, s.group_size, s.value_group_size, tensor_cores,
+                                    direct, regs, f16, reg_prefetch, tiles, ring, cols);
 }
 
 // Resident blocks per SM of a kernel configuration (cached: the occupancy query is not free),
@@ -1842,7 +1804,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
                        ? kEvenCols
                        : kPairCols;
   KernelChoice kc = choose_kernel(a, tune.tensor_cores, tune.direct, 192, f16,
-                                  tune.draft_reg_prefetch, want_tiles, false, kPairCols, false);
+                                  tune.draft_reg_prefetch, want_tiles, false, kPairCols);
   QuantAttentionPlan pl;
   pl.tensor_cores = kc.mma;
   pl.direct = kc.direct;
@@ -1875,9 +1837,8 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   // long history.
   const bool want_ring =
       tune.direct_ring < 0 ? pl.query_tiles == 1 || long_two : tune.direct_ring == 1;
-  kc =
-      choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, f16, tune.draft_reg_prefetch,
-                    pl.direct_tiles, want_ring, cols, tune.fp_loads_first);
+  kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, f16,
+                     tune.draft_reg_prefetch, pl.direct_tiles, want_ring, cols);
   pl.token_slices = pl.query_tiles == 1 ? 2 : 1;
   pl.threads = 32 * pl.query_tiles * pl.token_slices;
   const size_t block_qv = static_cast<size_t>(pl.query_tiles) * kc.qw;
@@ -1906,11 +1867,10 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   }
   if (kc.ring && smem_for(pl.chunk, pl.stages) > smem_cap) {  // the rings do not fit: without
     kc = choose_kernel(a, tune.tensor_cores, tune.direct, pl.direct_regs, f16,
-                       tune.draft_reg_prefetch, pl.direct_tiles, false, cols, false);
+                       tune.draft_reg_prefetch, pl.direct_tiles, false, cols);
   }
   pl.direct_ring = kc.ring;
   pl.tile_cols = kc.cols;
-  pl.fp_loads_first = kc.fp_loads_first;
   pl.smem_bytes = smem_for(pl.chunk, pl.stages);
 
   // One wave of blocks: `want` splits per (kv head, query group) share the quantized history;
@@ -1939,11 +1899,9 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   check_args(a);
   const KernelChoice kc =
       choose_kernel(a, plan.tensor_cores, plan.direct, plan.direct_regs, plan.f16_operands,
-                    plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring, plan.tile_cols,
-                    plan.fp_loads_first);
+                    plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring, plan.tile_cols);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct && kc.f16 == plan.f16_operands &&
-           kc.qw == plan.queries_per_warp && kc.cols == plan.tile_cols &&
-           kc.fp_loads_first == plan.fp_loads_first);
+           kc.qw == plan.queries_per_warp && kc.cols == plan.tile_cols);
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   QS_CHECK(2 * plan.token_slices <= kMaxStates);
   const int G = a.seg.group_size;

@@ -76,9 +76,6 @@ struct QuantAttentionPlan {
   // Its tile's query columns (TileCols): kOneCol, the one-query kernel (one query vector per kv
   // head; tuning single_query); kEvenCols, the even-column kernel (<= 4; tuning even_columns).
   int tile_cols = kPairCols;
-  // Its full-precision rows' first loads issued before the ring's first copies (tuning
-  // fp_loads_first, where the kernel has that form).
-  bool fp_loads_first = false;
   int queries_per_warp = 8;   // query vectors per warp tile (8 * direct_tiles on the direct path)
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
@@ -152,14 +149,6 @@ constexpr bool kQuantAttentionEvenColumns = true;
 // Llama-2-7B at 128K, AR INT8 -0.6% and the verification -0.8% in one round per arm, within the
 // spread (the MHA INT8 view is bandwidth-bound).
 constexpr bool kQuantAttentionInt8EvenColumns = false;
-// The full-precision rows' first loads before the ring's first copies, in the one-tile ring
-// kernels at 192 registers (the MHA draft's one-query kernel, the GQA draft's even-column one, the
-// INT8 view's pair-column one); the rows are computed while the copies stream in, as before.
-// qtime (session 39, H200): the rows before the loop take ~5 us per draft block whether the pass
-// is ~300 instructions (one query vector) or ~1,500 (eight), so latency: their loads, L2 hits
-// (prefetched before the PDL wait), are issued behind the ring's first two sub-chunks per warp
-// (~9 MB of copies GPU-wide at once). Moving the rows after the loop lost (session 39).
-constexpr bool kQuantAttentionFpLoadsFirst = false;
 constexpr int kQuantAttentionDefaultChunk = 1;
 constexpr int kQuantAttentionDefaultStages = 3;
 constexpr int kQuantAttentionMaxStages = 6;
@@ -217,9 +206,6 @@ struct QuantAttentionTuning {
   bool even_columns = kQuantAttentionEvenColumns;
   // The INT8 view's (kQuantAttentionInt8EvenColumns). QS_INT8_EVEN_COLUMNS=0|1 sets it.
   bool int8_even_columns = kQuantAttentionInt8EvenColumns;
-  // The full-precision rows' loads before the ring's first copies where the kernel has that form
-  // (kQuantAttentionFpLoadsFirst). QS_FP_LOADS_FIRST=0|1 sets it for the whole process.
-  bool fp_loads_first = kQuantAttentionFpLoadsFirst;
   // Diagnostics (bench_ops --sections qtime): non-null, a device buffer of kQuantTimelineSlots
   // words per block of the largest grid launched, into which every block of every launch writes
   // when its phases end (the last launch's stamps remain). Null: no stamp is taken.

@@ -782,12 +782,7 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p) {
 // full-precision rows run after the loop (`overlap()` then writes its states over the block's
 // rings: a block barrier first), so that the block's shared memory keeps four blocks per SM.
 // kTC: DirectPath's TileCols form (which query vectors the warp's tile columns hold).
-// kFpLoadsFirst (one tile with the ring): the ring's first copies are issued once the
-// full-precision rows' first loads are (`overlap(hook)` runs the hook there), so that those loads,
-// L2 hits (prefetch_block_start), do not wait behind the copies' DRAM misses; the rows' arithmetic
-// still runs while the copies stream in.
-template <bool INT8, bool kF16, bool kRegPrefetch, int NT, bool kRing, int kTC, bool kFpLoadsFirst,
-          class Overlap>
+template <bool INT8, bool kF16, bool kRegPrefetch, int NT, bool kRing, int kTC, class Overlap>
 __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
                                                    int ts, int qv_warp, const float* q_warp,
                                                    float* o_mine, float* ml_mine,
@@ -840,26 +835,12 @@ __device__ __forceinline__ void quant_split_direct(const Params& p, int begin, i
   if constexpr (kHalves) {  // commit groups: keys of j, values of j, keys of j + 1, ...
     copy_sub(0, Keys{});
     copy_sub(0, Values{});
-  } else if constexpr (kRing && !kFpLoadsFirst) {
-    // The first sub-chunks stream in while the fp rows run.
+  } else if constexpr (kRing) {  // the first sub-chunks stream in while the fp rows run
 #pragma unroll
     for (int j = 0; j < kSlots; ++j) copy_sub(j, Both{});
   }
   // The full-precision rows first: their registers (RowPath) are dead before the chunks' are live.
-  if constexpr (kFpLoadsFirst) {
-    static_assert(kRing && !kHalves, "the rows' loads first: the one-tile ring kernels");
-    bool primed = false;
-    auto prime = [&] {
-      if (primed) return;
-#pragma unroll
-      for (int j = 0; j < kSlots; ++j) copy_sub(j, Both{});
-      primed = true;
-    };
-    overlap(prime);
-    prime();  // this warp had no full-precision rows
-  } else if constexpr (!kHalves) {
-    overlap();
-  }
+  if constexpr (!kHalves) overlap();
   timeline_stamp(p, 3);
   LanePtrs lp = LanePtrs::at(b);
   Chunk<INT8> cur;
