@@ -235,19 +235,6 @@ TEST_F(CudaOpsTest, GateUpSwigluQ4MatchesSeparateOps) {
   for_each_q4_kernel([&](const std::string& kernel) { swiglu_q4_sweep(gpu(), 600, kernel); });
 }
 
-// The persistent kernel's mixed tiles (Q4GemvTuning::swiglu_mixed): the same bits.
-TEST_F(CudaOpsTest, GateUpSwigluQ4MixedTilesMatchSeparateOps) {
-  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
-  cuda::Q4GemvTuning t = saved;
-  t.swiglu_mixed = true;
-  for (int kernel : {0, 9}) {  // automatic (8) and one chain
-    t.kernel = kernel;
-    cuda::set_q4_gemv_tuning(t);
-    swiglu_q4_sweep(gpu(), 650, "mixed kernel " + std::to_string(kernel) + " ");
-  }
-  cuda::set_q4_gemv_tuning(saved);
-}
-
 // Backend::linear_add_rmsnorm_deferred and its consumers (the draft's norms: a 4-bit producer at
 // m = 1 leaves per-block sums of squares, the next 4-bit launch normalizes on load) against the
 // materialized chain: h bit for bit, the consumers' outputs within the f32 rounding of moving

@@ -80,7 +80,6 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
-  t.swiglu_mixed = env_flag("QS_Q4_SWIGLU_MIXED", false);
   return t;
 }();
 
@@ -799,11 +798,7 @@ size_t persist_smem_bytes(int warps, int64_t groups, bool biased) {
 // The fetch side of the persistent kernels: each call copies the next stage of this warp's
 // (tile, group) sequence (its groups [grp_begin, grp_begin + my_groups) of the tiles
 // blockIdx.x, + gridDim.x, ...) into its ring slot and commits a cp.async group (RingCursor).
-// MIXED (a gate / up launch, Q4GemvTuning::swiglu_mixed): tile q is rows 8q .. 8q + 7 of gate
-// (the stage's rows 0-7) and of up (rows 8-15): half q % 2 of each matrix's 16-row tile q / 2
-// (the tiled layout keeps rows g and g + 8 as its two 512-byte pieces), and each lane's meta
-// entry takes the gate row's word and the up row's word of those tiles' entries.
-template <class Index, bool MIXED = false>
+template <class Index>
 struct PersistFetch {
   RingCursor<kPStages, Index> cursor;
   const CcSegments& segs;
@@ -812,9 +807,6 @@ struct PersistFetch {
   int lane;
   const uint4* codes = nullptr;
   const uint2* meta = nullptr;
-  const uint4* up_codes = nullptr;      // MIXED
-  const uint32_t* gate_meta = nullptr;  // MIXED: words of the entries
-  const uint32_t* up_meta = nullptr;
 
   __device__ PersistFetch(const CcSegments& s, uint4* ring_, int64_t groups_, int64_t grp_begin_,
                           Index my_tiles, Index my_groups, int lane_)
@@ -826,33 +818,6 @@ struct PersistFetch {
         lane(lane_) {}
 
   __device__ __forceinline__ void operator()() {
-    if constexpr (MIXED) {
-      cursor.next(
-          [&](int64_t tile) {
-            const int64_t tg = (tile >> 1) * groups + grp_begin;
-            const int half = static_cast<int>(tile & 1);
-            codes = segs.codes[0] + tg * kPiecesPerTileGroup + half * 32 + lane;
-            up_codes = segs.codes[1] + tg * kPiecesPerTileGroup + half * 32 + lane;
-            gate_meta = reinterpret_cast<const uint32_t*>(segs.meta[0] + tg * kMetaPerTileGroup +
-                                                          (lane >> 2)) +
-                        half;
-            up_meta = reinterpret_cast<const uint32_t*>(segs.meta[1] + tg * kMetaPerTileGroup +
-                                                        (lane >> 2)) +
-                      half;
-          },
-          [&](int slot) {
-            uint4* dst = ring + slot * kPStageVecs;
-            cp_async_16(dst + lane, codes, true);
-            cp_async_16(dst + 32 + lane, up_codes, true);
-            uint32_t* m = reinterpret_cast<uint32_t*>(
-                reinterpret_cast<uint2*>(dst + kPiecesPerTileGroup) + lane);
-            cp_async_4(m, gate_meta);
-            cp_async_4(m + 1, up_meta);
-            codes += kPiecesPerTileGroup, up_codes += kPiecesPerTileGroup;
-            gate_meta += 2 * kMetaPerTileGroup, up_meta += 2 * kMetaPerTileGroup;
-          });
-      return;
-    }
     cursor.next(
         [&](int64_t tile) {
           int64_t local;
@@ -924,29 +889,6 @@ __device__ __forceinline__ void persist_store_tile(const CcSegments& segs, float
       } else {
         segs.y[0][row] = swiglu_of(gate_keep, sum);
       }
-    }
-  }
-}
-
-// The same for a MIXED tile (PersistFetch): rows g and g + 8 are gate and up row 8 tile + g, so
-// threads 0..7 each sum both (the order of persist_store_tile's sums) and store their SwiGLU.
-__device__ __forceinline__ void persist_store_mixed_tile(const CcSegments& segs, float* part,
-                                                         int warp, int lane, int num_warps,
-                                                         int64_t tile, float acc0, float acc2,
-                                                         float scale) {
-  reinterpret_cast<float2*>(part)[warp * 32 + lane] = make_float2(acc0, acc2);
-  __syncthreads();
-  if (threadIdx.x < 8) {
-    const int r = threadIdx.x;
-    float gate = 0.0f, up = 0.0f;
-    for (int wi = 0; wi < num_warps; ++wi) gate += part[(wi * 32 + r * 4) * 2];
-    for (int wi = 0; wi < num_warps; ++wi) up += part[(wi * 32 + r * 4) * 2 + 1];
-    gate *= scale, up *= scale;
-    const int64_t row = tile * 8 + r;
-    if (row < segs.N[0]) {
-      if (segs.bias[0].data) gate += load_as_float(segs.bias[0].data, segs.bias[0].dtype, row);
-      if (segs.bias[1].data) up += load_as_float(segs.bias[1].data, segs.bias[1].dtype, row);
-      segs.y[0][row] = swiglu_of(gate, up);
     }
   }
 }
@@ -1241,7 +1183,7 @@ __device__ __forceinline__ void sub_group_end(const float (&chain)[CHAINS][4], c
   acc2 = fmaf(gs.y, fmaf(p1.x, gacc2, p1.y * gs.x), acc2);
 }
 
-template <bool VEC_X, int CHAINS, bool MIXED>
+template <bool VEC_X, int CHAINS>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_sub_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                                const CcSegments segs, int64_t tiles, const GemvNorm norm,
@@ -1258,9 +1200,9 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 
   const int64_t grp_begin = groups * warp / num_warps;
   const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
-  const int my_tiles = static_cast<int>(MIXED ? block_items(tiles) : block_tiles(segs, tiles));
+  const int my_tiles = static_cast<int>(block_tiles(segs, tiles));
 
-  PersistFetch<int, MIXED> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
+  PersistFetch<int> fetch(segs, ring, groups, grp_begin, my_tiles, my_groups, lane);
 #pragma unroll
   for (int st = 0; st < kPStages - 1; ++st) fetch();
   SubActivation{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane}.wait_and_stage<VEC_X>();
@@ -1289,14 +1231,9 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
       for (int k = 0; k < kStepsPerGroup; ++k) sub_step<CHAINS>(chain, w0, w1, k, xf[8 * k]);
       sub_group_end<CHAINS>(chain, mm, gscale + grp, acc0, acc2);
     }
-    if constexpr (MIXED) {
-      persist_store_mixed_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane,
-                               num_warps, blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, scale);
-    } else {
-      persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
-                         blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, norm, gate_keep, scale,
-                         sq);
-    }
+    persist_store_tile(segs, partial + size_t(tj & 1) * num_warps * 64, warp, lane, num_warps,
+                       blockIdx.x + int64_t{tj} * gridDim.x, acc0, acc2, norm, gate_keep, scale,
+                       sq);
   }
   cp_async_wait<0>();
   persist_norm_end(norm, partial, sq);
@@ -1866,9 +1803,7 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   if (smem > smem_max) return false;
   CcSegments segs = cc_segments(l, 1);  // block_end: tiles
   segs.swiglu = swiglu;
-  // Mixed gate / up tiles (kernels 8, 9): ceil(N / 8) tiles of 8 rows of each matrix.
-  const bool mixed = swiglu && sub && !pair && g_q4_tuning.swiglu_mixed;
-  const int64_t tiles = mixed ? (l.w[0]->rows + 7) / 8 : segs.block_end[kMaxGemvSegments - 1];
+  const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const bool vec_x = reinterpret_cast<uintptr_t>(l.x) % 16 == 0 && l.w[0]->cols % 4 == 0;
   const int variant = kernel_choice - 5;  // kernels 5..9
   using Kernel = void (*)(const float*, int64_t, int64_t, const CcSegments, int64_t, const GemvNorm,
@@ -1878,27 +1813,22 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
                 "one table entry per persistent kernel before the pair kernel");
   constexpr Kernel kKernels[2][kVariants] = {
       {gemv_q4_persist_kernel<false, 1, false>, gemv_q4_persist_kernel<false, 2, false>,
-       gemv_q4_persist_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 2, false>,
-       gemv_q4_persist_sub_kernel<false, 1, false>},
+       gemv_q4_persist_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 2>,
+       gemv_q4_persist_sub_kernel<false, 1>},
       {gemv_q4_persist_kernel<true, 1, false>, gemv_q4_persist_kernel<true, 2, false>,
-       gemv_q4_persist_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 2, false>,
-       gemv_q4_persist_sub_kernel<true, 1, false>}};
-  constexpr Kernel kMixedKernels[2][2] = {
-      {gemv_q4_persist_sub_kernel<false, 2, true>, gemv_q4_persist_sub_kernel<false, 1, true>},
-      {gemv_q4_persist_sub_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 1, true>}};
+       gemv_q4_persist_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 2>,
+       gemv_q4_persist_sub_kernel<true, 1>}};
   constexpr Kernel kPairKernels[2] = {gemv_q4_persist_pair_kernel<false, 2>,
                                       gemv_q4_persist_pair_kernel<true, 2>};
-  const Kernel kernel = pair    ? kPairKernels[vec_x]
-                        : mixed ? kMixedKernels[vec_x][variant - 3]
-                                : kKernels[vec_x][variant];
-  static bool opted_in[2][kVariants + 3] = {};  // above 48 KiB: once per instantiation
-  const int entry = pair ? kVariants + 2 : mixed ? kVariants + variant - 3 : variant;
+  const Kernel kernel = pair ? kPairKernels[vec_x] : kKernels[vec_x][variant];
+  static bool opted_in[2][kVariants + 1] = {};  // above 48 KiB: once per instantiation
+  const int entry = pair ? kVariants : variant;
   if (!opted_in[vec_x][entry]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)));
     opted_in[vec_x][entry] = true;
   }
-  const int64_t items = pair ? pair_count(tiles, swiglu) : swiglu && !mixed ? tiles / 2 : tiles;
+  const int64_t items = pair ? pair_count(tiles, swiglu) : swiglu ? tiles / 2 : tiles;
   const int64_t grid = std::min<int64_t>(items, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
          segs, tiles, norm, nin);

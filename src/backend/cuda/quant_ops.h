@@ -154,11 +154,6 @@ struct Q4GemvTuning {
   // 10 = as 8 with two tiles per ring stage (each activation load feeds both tiles' MMAs, one
   // block barrier per two tiles; the same bits as 8).
   int kernel = 0;
-  // A gate / up launch with its SwiGLU on the persistent kernels 8 and 9: tiles of 8 gate rows
-  // and the 8 up rows of the same index (gemv_q4.cu, MIXED) instead of a gate tile paired with its
-  // up tile. Correct on the H200 but not faster there (session 34: the draft step at 32K 3.469 ->
-  // 3.530 ms, one run per arm): off unless QS_Q4_SWIGLU_MIXED=1.
-  bool swiglu_mixed = false;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
