@@ -197,10 +197,6 @@ __device__ __forceinline__ void cp_async_8(void* smem, const void* gmem, bool va
                "r"(valid ? 8 : 0)
                : "memory");
 }
-__device__ __forceinline__ void cp_async_4(void* smem, const void* gmem) {
-  const uint32_t dst = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  asm volatile("cp.async.ca.shared.global [%0], [%1], 4;" ::"r"(dst), "l"(gmem) : "memory");
-}
 
 // A warp's slots of the ring, per stage and tile: 64 code pieces (piece p of lane l at
 // p * 32 + l) and 32 meta entries.
