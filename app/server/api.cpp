@@ -452,7 +452,7 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
     if (!has(k)) continue;
     int64_t v = 0;
     const int64_t hi = defaults.max_context > 0 ? defaults.max_context : kMaxTokensLimit;
-    if (auto e = read_int(j[k], k, 1, hi, &v)) return *e;
+    if (auto e = read_int(j[k], k, 0, hi, &v)) return *e;  // 0: an echo only (below)
     r.max_tokens = r.max_tokens ? std::min(*r.max_tokens, v) : v;
   }
   if (has("temperature")) {
@@ -621,13 +621,17 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
     if (has("echo")) {
       bool echo = false;
       if (auto e = read_bool(j["echo"], "echo", &echo)) return *e;
-      if (echo) return unsupported("echo", "echo");
+      r.echo = echo;
     }
     if (has("suffix")) {
       if (!j["suffix"].is_string()) return wrong_type("suffix", "a string", j["suffix"]);
       if (!j["suffix"].get<std::string>().empty())
         return unsupported("suffix", "suffix (insertion)");
     }
+  }
+  if (r.max_tokens && *r.max_tokens == 0 && !r.echo) {
+    return invalid("'max_tokens' must be at least 1 (0 only with 'echo': the prompt alone)",
+                   has("max_tokens") ? "max_tokens" : "max_completion_tokens", "invalid_value");
   }
   return r;
 }
@@ -717,12 +721,17 @@ Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
   for (const TokenLogprob& e : entries) {
     const std::string text = tokenizer.token_text(e.id);
     tokens.push_back(text);
-    token_logprobs.push_back(e.logprob);
-    // The alternatives and the chosen token (as OpenAI's legacy API and vLLM report it).
-    Json top = Json::object();
-    for (const auto& [id, logprob] : e.top) top[tokenizer.token_text(id)] = logprob;
-    top[text] = e.logprob;
-    tops.push_back(std::move(top));
+    if (std::isnan(e.logprob)) {  // an echoed prompt's first token: nothing predicts it
+      token_logprobs.push_back(nullptr);
+      tops.push_back(nullptr);
+    } else {
+      token_logprobs.push_back(e.logprob);
+      // The alternatives and the chosen token (as OpenAI's legacy API and vLLM report it).
+      Json top = Json::object();
+      for (const auto& [id, logprob] : e.top) top[tokenizer.token_text(id)] = logprob;
+      top[text] = e.logprob;
+      tops.push_back(std::move(top));
+    }
     offsets.push_back(*text_offset);
     *text_offset += code_points(text);
   }

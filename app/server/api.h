@@ -3,11 +3,12 @@
 // building. Parameter policy (docs in app/server/README.md):
 //  - supported: model, prompt / messages, max_tokens (max_completion_tokens), temperature, top_p,
 //    n (1..16, one choice after another), stream, stream_options.include_usage, stop, seed, user,
-//    logprobs (completions: 0..5 alternatives; chat: true, with top_logprobs 0..20),
+//    logprobs (completions: 0..5 alternatives; chat: true, with top_logprobs 0..20), echo
+//    (completions; with logprobs the prompt's tokens are scored too, and max_tokens may be 0),
 //    presence_penalty / frequency_penalty (-2..2), logit_bias ({"id": -100..100}, up to 300
 //    entries); extensions top_k, min_p, ignore_eos;
-//  - accepted only at their neutral value (else 400 unsupported_parameter): echo = false,
-//    suffix = "", best_of = 1, tools = [], tool_choice = none/auto, functions = [],
+//  - accepted only at their neutral value (else 400 unsupported_parameter): suffix = "", best_of =
+//  1, tools = [], tool_choice = none/auto, functions = [],
 //    function_call = none, response_format = {type: text}; parallel_tool_calls is ignored;
 //  - any other field: 400 unknown_parameter (as OpenAI's "Unrecognized request argument").
 #pragma once
@@ -65,6 +66,9 @@ struct ApiRequest {
   // /v1/completions: a text prompt or token ids.
   std::optional<std::string> prompt_text;
   std::optional<std::vector<int64_t>> prompt_ids;
+  // /v1/completions: echo the prompt before each choice's text (with logprobs: the prompt
+  // tokens' values too, the first null). max_tokens may then be 0 (score the prompt only).
+  bool echo = false;
   // /v1/chat/completions: [{"role", "content"[, "name"]}], roles system/user/assistant.
   Json messages;
 };

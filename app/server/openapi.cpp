@@ -234,7 +234,7 @@ constexpr const char* kDocument = R"JSON({
               {"type": "array", "minItems": 1, "maxItems": 1, "items": {"$ref": "#/components/schemas/TokenIds"}}
             ]
           },
-          "max_tokens": {"type": ["integer", "null"], "minimum": 1, "maximum": 0},
+          "max_tokens": {"type": ["integer", "null"], "minimum": 0, "maximum": 0, "description": "At least 1, or 0 with echo (the prompt alone)."},
           "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
           "top_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1},
           "top_k": {"type": ["integer", "null"], "minimum": -1, "maximum": 2147483647, "description": "Extension: keep the k most likely tokens (0 or -1: off)."},
@@ -249,7 +249,7 @@ constexpr const char* kDocument = R"JSON({
           "frequency_penalty": {"type": ["number", "null"], "minimum": -2, "maximum": 2, "description": "Times its count so far, subtracted from each generated token's logit."},
           "logit_bias": {"$ref": "#/components/schemas/LogitBias"},
           "logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 5, "description": "Each generated token's log-probability under the target model's distribution (after penalties and logit_bias, before temperature and truncation), with this many alternatives."},
-          "echo": {"type": ["boolean", "null"], "description": "Only false: the prompt is not echoed."},
+          "echo": {"type": ["boolean", "null"], "description": "Each choice's text starts with the prompt; with logprobs the prompt's tokens get log-probabilities too (the first null), computed by a scoring pass over the prompt before generation."},
           "suffix": {"type": ["string", "null"]},
           "user": {"type": ["string", "null"]},
           "ignore_eos": {"type": ["boolean", "null"], "description": "Extension: do not stop at end-of-sequence tokens."}
@@ -439,8 +439,8 @@ constexpr const char* kDocument = R"JSON({
         "required": ["tokens", "token_logprobs", "top_logprobs", "text_offset"],
         "properties": {
           "tokens": {"type": "array", "items": {"type": "string"}},
-          "token_logprobs": {"type": "array", "items": {"type": "number", "maximum": 0}},
-          "top_logprobs": {"type": "array", "items": {"type": "object", "additionalProperties": {"type": "number", "maximum": 0}}},
+          "token_logprobs": {"type": "array", "items": {"type": ["number", "null"], "maximum": 0}, "description": "null for an echoed prompt's first token."},
+          "top_logprobs": {"type": "array", "items": {"type": ["object", "null"], "additionalProperties": {"type": "number", "maximum": 0}}},
           "text_offset": {"type": "array", "items": {"type": "integer", "minimum": 0}}
         }
       },

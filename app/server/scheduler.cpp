@@ -1,5 +1,6 @@
 #include "scheduler.h"
 
+#include <limits>
 #include <utility>
 
 namespace qs::server {
@@ -57,7 +58,7 @@ Job::Progress Job::wait(std::chrono::milliseconds timeout) {
 
 Job::Delta& Job::current_delta() {
   if (pending_.empty() || pending_.back().choice != choice_ ||
-      !pending_.back().finish_reason.empty()) {
+      !pending_.back().finish_reason.empty() || pending_.back().echo) {
     pending_.push_back(Delta{});
     pending_.back().choice = choice_;
   }
@@ -78,6 +79,15 @@ void Job::end_choice(const std::string& finish_reason) {
 void Job::on_logprob(const TokenLogprob& lp) {
   std::lock_guard<std::mutex> lock(mu_);
   current_delta().logprobs.push_back(lp);
+}
+
+void Job::on_echo(const std::string& text, const std::vector<TokenLogprob>& logprobs) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Delta& d = current_delta();
+  d.text.append(text);
+  d.logprobs.insert(d.logprobs.end(), logprobs.begin(), logprobs.end());
+  d.echo = true;
+  cv_.notify_all();
 }
 
 bool Job::on_text(std::string_view piece) {
@@ -187,6 +197,22 @@ void Scheduler::loop() {
   }
 }
 
+Result<std::vector<TokenLogprob>> Scheduler::echo_logprobs(const Job& job) {
+  std::vector<TokenLogprob> entries;
+  if (!job.echo() || job.params().logprobs < 0) return entries;
+  // Stopped between chunks like a generation within a token: a client gone, the deadline, shutdown.
+  auto scored = engine_.prompt_logprobs(job.prompt(), job.params().logprobs, [&job] {
+    return job.stop_reason() != StopReason::kNone || Clock::now() > job.deadline();
+  });
+  if (!scored.ok()) return scored.error();
+  TokenLogprob first;  // nothing predicts the first token
+  first.id = job.prompt().front();
+  first.logprob = std::numeric_limits<float>::quiet_NaN();
+  entries.push_back(std::move(first));
+  entries.insert(entries.end(), scored->begin(), scored->end());
+  return entries;
+}
+
 void Scheduler::run(const std::shared_ptr<Job>& job) {
   const Clock::time_point start = Clock::now();
   GenerationRecord record;
@@ -201,7 +227,19 @@ void Scheduler::run(const std::shared_ptr<Job>& job) {
     record.finish_reason = stop_reason_name(why);
     outcome.error_status = why == StopReason::kShutdown ? 503 : 408;
     outcome.error = "the request was cancelled before it started";
+  } else if (auto scored = echo_logprobs(*job); !scored.ok()) {
+    if (job->stop_reason() == StopReason::kNone && Clock::now() > job->deadline())
+      job->cancel(StopReason::kTimeout);
+    const StopReason why = job->stop_reason();
+    record.finish_reason = why == StopReason::kNone ? "error" : stop_reason_name(why);
+    outcome.error_status = why == StopReason::kNone       ? 500
+                           : why == StopReason::kShutdown ? 503
+                                                          : 408;
+    outcome.error = why == StopReason::kNone
+                        ? scored.error().message
+                        : "the request was stopped while its prompt was scored";
   } else {
+    outcome.prompt_logprobs = std::move(scored).value();
     // The choices one after another; a stop (client gone, timeout, shutdown) ends the request
     // with the choice it interrupts.
     for (int i = 0; i < job->choices(); ++i) {
@@ -210,6 +248,7 @@ void Scheduler::run(const std::shared_ptr<Job>& job) {
       if (params.logprobs >= 0)
         params.on_logprob = [&job](const TokenLogprob& lp) { job->on_logprob(lp); };
       job->begin_choice(i);
+      if (job->echo()) job->on_echo(*job->echo(), outcome.prompt_logprobs);
       auto result = engine_.generate(
           job->prompt(), params, [&job](std::string_view piece) { return job->on_text(piece); });
       if (!result.ok()) {

@@ -31,6 +31,11 @@ class Job {
       int choices = 1);
 
   const std::vector<int32_t>& prompt() const { return prompt_; }
+  // An echo (OpenAI's completions `echo`): each choice starts with `text`, the prompt as the
+  // client gave it, and with params.logprobs >= 0 the prompt tokens' log-probabilities
+  // (Engine::prompt_logprobs; the first token has none: NaN). Set before submit.
+  void set_echo(std::string text) { echo_ = std::move(text); }
+  const std::optional<std::string>& echo() const { return echo_; }
   int choices() const { return choices_; }
   const GenerationParams& params() const { return params_; }
   Clock::time_point arrival() const { return arrival_; }
@@ -47,6 +52,7 @@ class Job {
     std::string text;
     std::vector<TokenLogprob> logprobs;
     std::string finish_reason;
+    bool echo = false;  // the echoed prompt (a chunk of its own)
   };
   // The deltas since the previous call, in order; waits up to `timeout` for some (or the end).
   struct Progress {
@@ -62,6 +68,9 @@ class Job {
     std::string error;
     SpeculativeStats spec;
     double queue_s = 0;  // arrival -> generation start
+    // An echo with logprobs: one entry per prompt token, the first without a value (NaN, no
+    // alternatives). Each choice's delta stream starts with them too.
+    std::vector<TokenLogprob> prompt_logprobs;
   };
   const Outcome& outcome() const { return outcome_; }  // only after wait() said finished
 
@@ -71,6 +80,8 @@ class Job {
   void begin_choice(int choice);
   bool on_text(std::string_view piece);     // false: stop
   void on_logprob(const TokenLogprob& lp);  // before the token's text
+  // The echo at a choice's start: the prompt's text and its tokens' log-probabilities.
+  void on_echo(const std::string& text, const std::vector<TokenLogprob>& logprobs);
   void end_choice(const std::string& finish_reason);
   Delta& current_delta();  // mu_ held: the pending delta of the running choice
   void finish(Outcome outcome);
@@ -80,6 +91,7 @@ class Job {
   const Clock::time_point arrival_;
   const Clock::time_point deadline_;
   const int choices_;
+  std::optional<std::string> echo_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -112,6 +124,8 @@ class Scheduler {
  private:
   void loop();
   void run(const std::shared_ptr<Job>& job);
+  // Outcome::prompt_logprobs of an echo with logprobs (empty otherwise).
+  Result<std::vector<TokenLogprob>> echo_logprobs(const Job& job);
 
   Engine& engine_;
   const size_t max_queue_;

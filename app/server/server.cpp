@@ -326,6 +326,8 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
 
   const auto deadline = Clock::now() + std::chrono::seconds(options_.request_timeout_s);
   auto job = std::make_shared<Job>(std::move(ids), r.params, deadline, r.n);
+  if (r.echo)
+    job->set_echo(r.prompt_text ? *r.prompt_text : tokenizer_.decode(job->prompt(), true));
   switch (scheduler_->submit(job)) {
     case Scheduler::Admission::kAccepted:
       break;
@@ -363,15 +365,20 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     if (auto error = finished_job_error(*job, timeout_s)) return respond_error(res, *error);
     const Job::Outcome& o = job->outcome();
     const ResponseStats extra{options_.decode_mode, o.spec, o.queue_s};
+    // An echo: each choice's text and logprobs start with the prompt's.
+    std::vector<GenerationResult> results = o.results;
     std::vector<Json> logprobs;
-    for (const GenerationResult& result : o.results) {
-      if (r.params.logprobs < 0) break;
+    for (GenerationResult& result : results) {
+      if (job->echo()) result.text.insert(0, *job->echo());
+      if (r.params.logprobs < 0) continue;
+      std::vector<TokenLogprob> entries = o.prompt_logprobs;
+      entries.insert(entries.end(), result.logprobs.begin(), result.logprobs.end());
       int64_t text_offset = 0;
-      logprobs.push_back(logprobs_json(endpoint, result.logprobs, tokenizer_, &text_offset));
+      logprobs.push_back(logprobs_json(endpoint, entries, tokenizer_, &text_offset));
     }
     const Json body = endpoint == Endpoint::kChatCompletions
-                          ? chat_response(meta, o.results, extra, logprobs)
-                          : completion_response(meta, o.results, extra, logprobs);
+                          ? chat_response(meta, results, extra, logprobs)
+                          : completion_response(meta, results, extra, logprobs);
     res.body = dump_json(body);
     return;
   }

@@ -283,6 +283,14 @@ class Engine {
   virtual Result<std::vector<float>> sequence_logits(const std::vector<int32_t>& ids) {
     return prefill_logits(ids, 0);
   }
+
+  // The log-probability of each token of `ids` after the ones before it (entries 1 .. n-1 of
+  // `ids`, so n - 1 entries) with its `top` most likely alternatives (0..kMaxTopLogprobs), under
+  // the distribution sequence_logits gives, reduced chunk by chunk so that no [n, vocab] array is
+  // held (an OpenAI `echo` with `logprobs`: scoring a prompt). Clears the KV cache. `stop`, when
+  // set, is asked between chunks; true ends the call with an error ("cancelled").
+  virtual Result<std::vector<TokenLogprob>> prompt_logprobs(
+      const std::vector<int32_t>& ids, int top, const std::function<bool()>& stop = {}) = 0;
 };
 
 }  // namespace qs

@@ -513,20 +513,63 @@ Result<std::vector<float>> LlmEngine::prefill_logits(const std::vector<int32_t>&
   return logits;
 }
 
-Result<std::vector<float>> LlmEngine::sequence_logits(const std::vector<int32_t>& ids) {
+Status LlmEngine::for_each_sequence_chunk(const std::vector<int32_t>& ids,
+                                          const SequenceChunkFn& chunk_logits) {
   QS_TRY(check_prompt(ids));
   const int n = static_cast<int>(ids.size());
-  const size_t vocab = static_cast<size_t>(config().vocab_size);
-  std::vector<float> logits(static_cast<size_t>(n) * vocab);
   clear_all();
   const ForwardPath path = target_path(cache_.mode());
   for (int start = 0; start < n; start += options_.prefill_chunk) {
     const int m = std::min(options_.prefill_chunk, n - start);
+    float* out = chunk_logits(start, m);
+    if (out == nullptr) return make_error("cancelled");
     QS_TRY(forward_all(std::span<const int32_t>(ids.data() + start, m), start, path,
-                       LogitRows::kAll, logits.data() + start * vocab));
+                       LogitRows::kAll, out));
     commit_all(start + m);
   }
+  return Status::ok_status();
+}
+
+Result<std::vector<float>> LlmEngine::sequence_logits(const std::vector<int32_t>& ids) {
+  const size_t vocab = static_cast<size_t>(config().vocab_size);
+  std::vector<float> logits(ids.size() * vocab);
+  QS_TRY(
+      for_each_sequence_chunk(ids, [&](int start, int) { return logits.data() + start * vocab; }));
   return logits;
+}
+
+Result<std::vector<TokenLogprob>> LlmEngine::prompt_logprobs(const std::vector<int32_t>& ids,
+                                                             int top,
+                                                             const std::function<bool()>& stop) {
+  if (top < 0 || top > kMaxTopLogprobs) {
+    return make_error("prompt_logprobs: top must be in 0.." + std::to_string(kMaxTopLogprobs));
+  }
+  const int vocab = config().vocab_size;
+  std::vector<TokenLogprob> out(ids.empty() ? 0 : ids.size() - 1);
+  std::vector<float> rows;
+  int pending_start = -1, pending_m = 0;  // the chunk whose rows are in `rows`
+  // Row r of a chunk predicts ids[start + r + 1] (entry start + r): the previous chunk's rows are
+  // reduced (on the host's threads) once the next chunk is asked for, and the last after the loop.
+  auto reduce = [&] {
+    const int64_t n_rows =
+        std::min<int64_t>(pending_m, static_cast<int64_t>(out.size()) - pending_start);
+    host_pool().parallel_for(n_rows, [&](int64_t begin, int64_t end) {
+      for (int64_t r = begin; r < end; ++r) {
+        const size_t entry = static_cast<size_t>(pending_start + r);
+        out[entry] =
+            token_logprob(rows.data() + static_cast<size_t>(r) * vocab, vocab, ids[entry + 1], top);
+      }
+    });
+  };
+  QS_TRY(for_each_sequence_chunk(ids, [&](int start, int m) -> float* {
+    if (pending_start >= 0) reduce();
+    if (stop && stop()) return nullptr;
+    rows.resize(static_cast<size_t>(m) * vocab);
+    pending_start = start, pending_m = m;
+    return rows.data();
+  }));
+  if (pending_start >= 0) reduce();
+  return out;
 }
 
 Result<std::vector<float>> LlmEngine::start(const std::vector<int32_t>& prompt) {

@@ -6,6 +6,7 @@
 // builds one; tests and benchmarks can build one from in-memory parts.
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <optional>
 #include <vector>
@@ -46,6 +47,8 @@ class LlmEngine final : public Engine {
   Result<std::vector<float>> prefill_logits(const std::vector<int32_t>& ids,
                                             int last_rows = 0) override;
   Result<std::vector<float>> sequence_logits(const std::vector<int32_t>& ids) override;
+  Result<std::vector<TokenLogprob>> prompt_logprobs(
+      const std::vector<int32_t>& ids, int top, const std::function<bool()>& stop = {}) override;
 
   // Generates at most min(max_new_tokens, max_context - prompt + 1) tokens (the last one is
   // sampled but never fed back, so it needs no cache slot). finish_reason: "stop" (EOS or stop
@@ -89,6 +92,14 @@ class LlmEngine final : public Engine {
  private:
   LlmEngine() = default;
   Status check_prompt(const std::vector<int32_t>& ids) const;
+  // The target's forward over `ids` from an empty cache, chunk by chunk (prefill_chunk positions,
+  // each query t reading the view decoding would see): each chunk's logits rows go where
+  // chunk_logits(start, m) points ([m, vocab] host floats, written once it returns the next
+  // chunk's pointer or this returns; nullptr stops the pass with an error, "cancelled").
+  // sequence_logits and prompt_logprobs.
+  using SequenceChunkFn = std::function<float*(int start, int m)>;
+  Status for_each_sequence_chunk(const std::vector<int32_t>& ids,
+                                 const SequenceChunkFn& chunk_logits);
   bool speculative() const { return options_.mode != DecodeMode::kAr; }
   bool sparse() const {
     return options_.mode == DecodeMode::kStreamingLlm || options_.mode == DecodeMode::kSnapKv;

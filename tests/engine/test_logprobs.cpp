@@ -173,6 +173,59 @@ TEST(Logprobs, QuantSpecReportsTheTargetsValues) {
   }
 }
 
+// Engine::prompt_logprobs (an OpenAI echo with logprobs): entry i is token i + 1's value under
+// row i of sequence_logits, with the same alternatives, over several prefill chunks (the rows of a
+// chunk predict the next chunk's first token too) in every KV mode; and it bounds `top`.
+TEST(Logprobs, PromptLogprobsAreTheSequenceRowsLogSoftmax) {
+  const TinyModel tiny = testing::make_tiny_model(testing::engine_test_config(), DType::BF16, 23);
+  const std::vector<int32_t> ids = random_prompt(3 * testing::kEngineTestChunk + 7, kVocab, 4);
+  const std::pair<DecodeMode, KvType> modes[] = {{DecodeMode::kAr, KvType::kFp16},
+                                                 {DecodeMode::kAr, KvType::kInt8},
+                                                 {DecodeMode::kQuantSpec, KvType::kFp16}};
+  for (const auto& [mode, kv] : modes) {
+    auto e = testing::make_tiny_engine(tiny, testing::engine_test_options(mode, kv));
+    ASSERT_TRUE(e);
+    auto rows = e->sequence_logits(ids);
+    ASSERT_TRUE(rows.ok()) << rows.error().message;
+    auto got = e->prompt_logprobs(ids, 3);
+    ASSERT_TRUE(got.ok()) << got.error().message;
+    ASSERT_EQ(got->size(), ids.size() - 1);
+    for (size_t i = 0; i + 1 < ids.size(); ++i) {
+      const float* row = rows->data() + i * kVocab;
+      const TokenLogprob want = token_logprob(row, kVocab, ids[i + 1], 3);
+      const TokenLogprob& lp = (*got)[i];
+      EXPECT_EQ(lp.id, ids[i + 1]);
+      EXPECT_NEAR(lp.logprob, reference_logprob(row, kVocab, ids[i + 1]), 1e-5) << "entry " << i;
+      ASSERT_EQ(lp.top.size(), 3u);
+      for (size_t j = 0; j < 3; ++j) {
+        EXPECT_EQ(lp.top[j].first, want.top[j].first) << "entry " << i;
+        EXPECT_EQ(lp.top[j].second, want.top[j].second);
+      }
+    }
+    // One token: nothing predicts it.
+    auto one = e->prompt_logprobs({ids[0]}, 0);
+    ASSERT_TRUE(one.ok());
+    EXPECT_TRUE(one->empty());
+    // A stop asked for between chunks ends the pass (after the first chunk here).
+    int asked = 0;
+    auto stopped = e->prompt_logprobs(ids, 0, [&] { return ++asked > 1; });
+    ASSERT_FALSE(stopped.ok());
+    EXPECT_EQ(stopped.error().message, "cancelled");
+    EXPECT_EQ(asked, 2);
+    // And generation still works after the scoring pass (it cleared the cache).
+    auto r = e->generate(ids, greedy_params(5), nullptr);
+    ASSERT_TRUE(r.ok()) << r.error().message;
+  }
+  auto e = testing::make_tiny_engine(tiny, EngineOptions{});
+  ASSERT_TRUE(e);
+  for (int bad : {-1, kMaxTopLogprobs + 1}) {
+    auto r = e->prompt_logprobs(ids, bad);
+    ASSERT_FALSE(r.ok());
+    EXPECT_NE(r.error().message.find("top"), std::string::npos) << r.error().message;
+  }
+  EXPECT_FALSE(e->prompt_logprobs({}, 0).ok());  // an empty prompt is an error, as in generate
+}
+
 TEST(Logprobs, OutOfRangeCountsAreRejected) {
   const TinyModel tiny = testing::make_tiny_model(testing::engine_test_config(), DType::BF16, 2);
   auto e = testing::make_tiny_engine(tiny, EngineOptions{});

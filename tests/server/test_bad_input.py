@@ -85,7 +85,9 @@ MATRIX = [
     (C, {"prompt": "x", "logit_bias": [1]}, 400, "logit_bias", "invalid_type"),
     (C, {"prompt": "x", "logprobs": 6}, 400, "logprobs", "invalid_value"),
     (C, {"prompt": "x", "logprobs": True}, 400, "logprobs", "invalid_type"),
-    (C, {"prompt": "x", "echo": True}, 400, "echo", "unsupported_parameter"),
+    (C, {"prompt": "x", "echo": "yes"}, 400, "echo", "invalid_type"),
+    (CH, {"messages": [{"role": "user", "content": "x"}], "echo": True}, 400, "echo", None),
+    (CH, {"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}, 400, "max_tokens", None),
     (C, {"prompt": "x", "suffix": "end"}, 400, "suffix", "unsupported_parameter"),
     # context
     (C, {"prompt": "word " * 3000}, 400, "prompt", "context_length_exceeded"),

@@ -179,3 +179,58 @@ def test_n_choices_with_logprobs(servers):
                 finish[c["index"]] = c["finish_reason"]
     assert [per_index[i] for i in (0, 1)] == [c["logprobs"]["tokens"] for c in choices]
     assert finish == {0: "length", 1: "length"}
+
+
+def tokenize(server, prompt):
+    status, body = post(server.url + "/tokenize", {"prompt": prompt})
+    assert status == 200, body
+    return body["tokens"]
+
+
+def test_echo_scores_the_prompt(servers):
+    """`echo` (what lm-evaluation-harness's completions backend sends to score a text): the
+    choice's text starts with the prompt, and with logprobs every prompt token but the first gets
+    its value under the target; QuantSpec's values are AR INT8's (one target, one view)."""
+    spec, ar = servers
+    n_prompt = len(tokenize(ar, PROMPT))
+    values = []
+    for server in (spec, ar):
+        status, body = post(server.url + C, {"prompt": PROMPT, "max_tokens": 0, "echo": True,
+                                             "logprobs": 2})
+        assert status == 200, body
+        choice = body["choices"][0]
+        assert choice["text"] == PROMPT
+        assert body["usage"]["completion_tokens"] == 0
+        lp = choice["logprobs"]
+        assert len(lp["tokens"]) == n_prompt
+        assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
+        rest = {k: v[1:] for k, v in lp.items() if k != "text_offset"}
+        rest["text_offset"] = [o - lp["text_offset"][1] for o in lp["text_offset"][1:]]
+        check_completion_logprobs(rest, n_prompt - 1, 2)
+        values.append(lp["token_logprobs"][1:])
+    assert values[0] == pytest.approx(values[1], abs=1e-4)
+
+    # With a completion: the prompt, then the same text and values as without echo.
+    req = {"prompt": PROMPT, "max_tokens": 6, "temperature": 0, "logprobs": 1, "ignore_eos": True}
+    status, plain = post(ar.url + C, req)
+    assert status == 200, plain
+    status, echoed = post(ar.url + C, {**req, "echo": True})
+    assert status == 200, echoed
+    got, want = echoed["choices"][0], plain["choices"][0]
+    assert got["text"] == PROMPT + want["text"]
+    assert got["logprobs"]["tokens"][n_prompt:] == want["logprobs"]["tokens"]
+    assert got["logprobs"]["token_logprobs"][n_prompt:] == pytest.approx(
+        want["logprobs"]["token_logprobs"], abs=1e-5)
+    assert got["logprobs"]["token_logprobs"][1:n_prompt] == pytest.approx(values[1], abs=1e-5)
+
+    # Streamed: the first chunk carries the prompt and its values.
+    events = stream_events(ar.url + C, {**req, "echo": True})
+    first = events[0]["choices"][0]
+    assert first["text"] == PROMPT
+    assert first["logprobs"]["token_logprobs"][0] is None
+    assert len(first["logprobs"]["tokens"]) == n_prompt
+    assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == got["text"]
+
+    # Without echo, max_tokens 0 asks for nothing.
+    status, body = post(ar.url + C, {"prompt": PROMPT, "max_tokens": 0})
+    assert status == 400 and body["error"]["param"] == "max_tokens", body
