@@ -73,18 +73,13 @@ int run_ppl(const PplArgs& a) {
   for (int64_t w = 0; w < windows; ++w) {
     const int64_t begin = w * window;
     const int64_t end = std::min<int64_t>(begin + window, total - 1);  // inputs [begin, end)
-    std::vector<int32_t> in(toks.begin() + begin, toks.begin() + end);
-    auto logits = eng.sequence_logits(in);
-    if (!logits) return report_error(logits.error().message);
-    for (int64_t i = 0; i < end - begin; ++i) {
-      const float* row = logits->data() + i * vocab;
-      double mx = row[0];
-      for (int v = 1; v < vocab; ++v) mx = std::max(mx, double(row[v]));
-      double sum = 0.0;
-      for (int v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - mx);
-      nll += mx + std::log(sum) - double(row[toks[begin + i + 1]]);
-      ++scored;
-    }
+    // The window's inputs and its last target: each input's row scores the token after it,
+    // chunk by chunk (no [window, vocab] array: 64 GB at 128K positions of a 128K vocabulary).
+    const std::vector<int32_t> in(toks.begin() + begin, toks.begin() + end + 1);
+    auto logprobs = eng.prompt_logprobs(in, 0);
+    if (!logprobs) return report_error(logprobs.error().message);
+    for (const TokenLogprob& lp : *logprobs) nll -= double(lp.logprob);
+    scored += static_cast<int64_t>(logprobs->size());
     if (stderr_is_tty()) {
       fmt::print(stderr, "\r  window {}/{}: ppl so far {:.4f}", w + 1, windows,
                  std::exp(nll / scored));

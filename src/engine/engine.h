@@ -287,8 +287,10 @@ class Engine {
   // The log-probability of each token of `ids` after the ones before it (entries 1 .. n-1 of
   // `ids`, so n - 1 entries) with its `top` most likely alternatives (0..kMaxTopLogprobs), under
   // the distribution sequence_logits gives, reduced chunk by chunk so that no [n, vocab] array is
-  // held (an OpenAI `echo` with `logprobs`: scoring a prompt). Clears the KV cache. `stop`, when
-  // set, is asked between chunks; true ends the call with an error ("cancelled").
+  // held (an OpenAI `echo` with `logprobs`: scoring a prompt; `eval ppl`). The first n - 1
+  // tokens run through the model (so n may be max_context() + 1), from an empty cache: the KV
+  // cache is cleared. `stop`, when set, is asked between chunks; true ends the call with an error
+  // ("cancelled").
   virtual Result<std::vector<TokenLogprob>> prompt_logprobs(
       const std::vector<int32_t>& ids, int top, const std::function<bool()>& stop = {}) = 0;
 };

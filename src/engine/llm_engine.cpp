@@ -544,8 +544,13 @@ Result<std::vector<TokenLogprob>> LlmEngine::prompt_logprobs(const std::vector<i
   if (top < 0 || top > kMaxTopLogprobs) {
     return make_error("prompt_logprobs: top must be in 0.." + std::to_string(kMaxTopLogprobs));
   }
+  if (ids.empty()) return make_error("prompt_logprobs: no tokens");
   const int vocab = config().vocab_size;
-  std::vector<TokenLogprob> out(ids.empty() ? 0 : ids.size() - 1);
+  std::vector<TokenLogprob> out(ids.size() - 1);
+  // The last token's row would predict nothing: the inputs are the others (so a window of the
+  // context's length is scored with one more token as its last target).
+  const std::vector<int32_t> inputs(ids.begin(), ids.end() - 1);
+  if (inputs.empty()) return out;
   std::vector<float> rows;
   int pending_start = -1, pending_m = 0;  // the chunk whose rows are in `rows`
   // Row r of a chunk predicts ids[start + r + 1] (entry start + r): the previous chunk's rows are
@@ -561,7 +566,7 @@ Result<std::vector<TokenLogprob>> LlmEngine::prompt_logprobs(const std::vector<i
       }
     });
   };
-  QS_TRY(for_each_sequence_chunk(ids, [&](int start, int m) -> float* {
+  QS_TRY(for_each_sequence_chunk(inputs, [&](int start, int m) -> float* {
     if (pending_start >= 0) reduce();
     if (stop && stop()) return nullptr;
     rows.resize(static_cast<size_t>(m) * vocab);

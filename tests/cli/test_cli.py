@@ -369,6 +369,26 @@ def test_eval_ppl_text_and_tokens(qs, tmp_path):
     assert a == b and "tokens: 200" in a
 
 
+def test_eval_ppl_is_the_prefill_logits_nll(qs, tmp_path):
+    """One window of fp16 KV (where every query reads full precision, as the prefill does): the
+    perplexity is exp of the mean negative log-softmax of each next token under `quantspec
+    logits`' rows. The window's 100 inputs score 100 targets, the last beyond the inputs."""
+    ids = (np.arange(1, 102, dtype=np.int64) * 7919) % 2000
+    ids.astype("<i4").tofile(tmp_path / "t.i32")
+    p = qs("eval", "ppl", "-m", model_dir("llama3-tiny"), "--tokens", tmp_path / "t.i32",
+           "--token-dtype", "i32", "--ctx", "100", "--max-windows", "1", "--kv", "fp16")
+    lines = dict(line.split(": ", 1) for line in p.stdout.strip().split("\n"))
+    assert lines["tokens"] == "100"
+    out = tmp_path / "l.npy"
+    qs("logits", "-m", model_dir("llama3-tiny"), "--ids", ",".join(map(str, ids[:100])),
+       "--out", out)
+    rows = np.load(out).astype(np.float64)
+    mx = rows.max(axis=1, keepdims=True)
+    log_z = (mx + np.log(np.exp(rows - mx).sum(axis=1, keepdims=True)))[:, 0]
+    nll = log_z - rows[np.arange(100), ids[1:101]]
+    assert float(lines["ppl"]) == pytest.approx(float(np.exp(nll.mean())), rel=1e-5)
+
+
 def test_eval_ppl_bad_input(qs, tmp_path):
     odd = tmp_path / "odd.u16"
     odd.write_bytes(b"\x01\x00\x02")

@@ -199,7 +199,9 @@ TEST(Logprobs, PromptLogprobsAreTheSequenceRowsLogSoftmax) {
       ASSERT_EQ(lp.top.size(), 3u);
       for (size_t j = 0; j < 3; ++j) {
         EXPECT_EQ(lp.top[j].first, want.top[j].first) << "entry " << i;
-        EXPECT_EQ(lp.top[j].second, want.top[j].second);
+        // (the scoring pass leaves out the last token: its last chunk's rows are one fewer, so
+        // the arithmetic may round differently)
+        EXPECT_NEAR(lp.top[j].second, want.top[j].second, 1e-5);
       }
     }
     // One token: nothing predicts it.
