@@ -234,3 +234,20 @@ def test_echo_scores_the_prompt(servers):
     # Without echo, max_tokens 0 asks for nothing.
     status, body = post(ar.url + C, {"prompt": PROMPT, "max_tokens": 0})
     assert status == 400 and body["error"]["param"] == "max_tokens", body
+
+
+def test_echo_as_lm_eval_sends_it(servers):
+    """lm-evaluation-harness's local-completions loglikelihood request (tokenized, batch 1): the
+    continuation's values are token_logprobs[ctxlen:-1], greedy where each is the top entry."""
+    _, ar = servers
+    ids = tokenize(ar, PROMPT + " and Aaron")
+    ctxlen = len(tokenize(ar, PROMPT))
+    status, body = post(ar.url + C, {"model": "m", "prompt": [ids], "temperature": 0,
+                                     "max_tokens": 1, "logprobs": 1, "seed": 1234, "echo": True})
+    assert status == 200, body
+    lp = body["choices"][0]["logprobs"]
+    assert len(lp["token_logprobs"]) == len(ids) + 1  # the prompt, then the one generated token
+    cont = lp["token_logprobs"][ctxlen:-1]
+    assert len(cont) == len(ids) - ctxlen and all(v <= 0 for v in cont)
+    for tok, top in zip(lp["tokens"][ctxlen:-1], lp["top_logprobs"][ctxlen:-1]):
+        assert tok in top  # is_greedy compares it with max(top, key=top.get)
