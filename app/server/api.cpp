@@ -252,7 +252,7 @@ std::optional<ApiError> read_logit_bias(const Json& j, int64_t vocab,
 
 std::optional<ApiError> read_prompt(const Json& j, ApiRequest* r) {
   if (j.is_string()) {
-    r->prompt_text = j.get<std::string>();
+    r->prompts.push_back(PromptInput{j.get<std::string>(), {}});
     return std::nullopt;
   }
   if (!j.is_array())
@@ -269,29 +269,27 @@ std::optional<ApiError> read_prompt(const Json& j, ApiRequest* r) {
       ids.push_back(id);
     }
     if (ids.empty()) return invalid("'" + param + "' must contain at least one token id", param);
-    r->prompt_ids = std::move(ids);
+    r->prompts.push_back(PromptInput{std::nullopt, std::move(ids)});
     return std::nullopt;
   };
-  if (j[0].is_string()) {
-    for (size_t i = 0; i < j.size(); ++i) {
-      if (!j[i].is_string())
-        return wrong_type("prompt[" + std::to_string(i) + "]", "a string", j[i]);
-    }
-    if (j.size() > 1)
-      return unsupported("prompt", "a batch of several prompts (send one per request)");
-    r->prompt_text = j[0].get<std::string>();
-    return std::nullopt;
+  if (!j[0].is_string() && !j[0].is_array()) return read_ids(j, "prompt");
+  // A batch: strings, or arrays of token ids.
+  if (j.size() > static_cast<size_t>(kMaxPrompts)) {
+    return unsupported("prompt", "a batch of more than " + std::to_string(kMaxPrompts) +
+                                     " prompts (send several requests)");
   }
-  if (j[0].is_array()) {
-    for (size_t i = 0; i < j.size(); ++i) {
-      if (!j[i].is_array())
-        return wrong_type("prompt[" + std::to_string(i) + "]", "an array of token ids", j[i]);
+  const bool texts = j[0].is_string();
+  for (size_t i = 0; i < j.size(); ++i) {
+    const std::string param = "prompt[" + std::to_string(i) + "]";
+    if (texts) {
+      if (!j[i].is_string()) return wrong_type(param, "a string", j[i]);
+      r->prompts.push_back(PromptInput{j[i].get<std::string>(), {}});
+    } else {
+      if (!j[i].is_array()) return wrong_type(param, "an array of token ids", j[i]);
+      if (auto e = read_ids(j[i], param)) return e;
     }
-    if (j.size() > 1)
-      return unsupported("prompt", "a batch of several prompts (send one per request)");
-    return read_ids(j[0], "prompt[0]");
   }
-  return read_ids(j, "prompt");
+  return std::nullopt;
 }
 
 }  // namespace
@@ -743,12 +741,19 @@ Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
 
 namespace {
 
-// usage over a request's choices: the prompt once, every choice's completion.
-Json choices_usage(const std::vector<GenerationResult>& results) {
-  int64_t completion = 0;
-  for (const GenerationResult& r : results) completion += r.stats.generated_tokens;
-  const GenerationStats& first = results.front().stats;
-  return usage_json(first.prompt_tokens, completion, first.cached_prompt_tokens);
+// usage over a request's choices: each prompt once (its first choice, results[p * n]), every
+// choice's completion.
+Json choices_usage(const std::vector<GenerationResult>& results, int n) {
+  int64_t completion = 0, prompt = 0, cached = 0;
+  for (size_t c = 0; c < results.size(); ++c) {
+    const GenerationStats& st = results[c].stats;
+    completion += st.generated_tokens;
+    if (c % static_cast<size_t>(std::max(1, n)) == 0) {
+      prompt += st.prompt_tokens;
+      cached += st.cached_prompt_tokens;
+    }
+  }
+  return usage_json(prompt, completion, cached);
 }
 
 // The response around its choices (object "text_completion" or "chat.completion").
@@ -759,7 +764,7 @@ Json response_json(const ResponseMeta& meta, const char* object, Json choices,
               {"created", meta.created},
               {"model", meta.model},
               {"choices", std::move(choices)},
-              {"usage", choices_usage(results)},
+              {"usage", choices_usage(results, extra.n)},
               {"quantspec", stats_json(results, extra)}};
 }
 
@@ -829,14 +834,14 @@ Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& 
 }
 
 Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint,
-                 const std::vector<GenerationResult>& results) {
+                 const std::vector<GenerationResult>& results, int n) {
   return Json{{"id", meta.id},
               {"object", endpoint == Endpoint::kChatCompletions ? "chat.completion.chunk"
                                                                 : "text_completion"},
               {"created", meta.created},
               {"model", meta.model},
               {"choices", Json::array()},
-              {"usage", choices_usage(results)}};
+              {"usage", choices_usage(results, n)}};
 }
 
 std::string sse_event(const Json& j) {

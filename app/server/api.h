@@ -1,7 +1,8 @@
 // The OpenAI-compatible API surface: request validation (every rejection is an OpenAI-style
 // {"error": {"message", "type", "param", "code"}} with a 4xx status) and response / stream chunk
 // building. Parameter policy (docs in app/server/README.md):
-//  - supported: model, prompt / messages, max_tokens (max_completion_tokens), temperature, top_p,
+//  - supported: model, prompt (one, or a batch of up to kMaxPrompts run one after another) /
+//    messages, max_tokens (max_completion_tokens), temperature, top_p,
 //    n (1..16, one choice after another), stream, stream_options.include_usage, stop, seed, user,
 //    logprobs (completions: 0..5 alternatives; chat: true, with top_logprobs 0..20), echo
 //    (completions; with logprobs the prompt's tokens are scored too, and max_tokens may be 0),
@@ -55,6 +56,14 @@ struct RequestDefaults {
 // The most choices (n) a request may ask for: they run one after another, each prompt after the
 // first from the prompt cache.
 constexpr int kMaxChoices = 16;
+// The most prompts one /v1/completions request may list (a batch: run one after another).
+constexpr int kMaxPrompts = 64;
+
+// One /v1/completions prompt: a text, or token ids.
+struct PromptInput {
+  std::optional<std::string> text;
+  std::vector<int64_t> ids;  // when text is unset
+};
 
 struct ApiRequest {
   Endpoint endpoint = Endpoint::kCompletions;
@@ -63,9 +72,9 @@ struct ApiRequest {
   int n = 1;                          // choices (1 .. kMaxChoices)
   std::optional<int64_t> max_tokens;  // as requested (nullopt: the server default)
   GenerationParams params;            // everything but max_new_tokens, resolved with defaults
-  // /v1/completions: a text prompt or token ids.
-  std::optional<std::string> prompt_text;
-  std::optional<std::vector<int64_t>> prompt_ids;
+  // /v1/completions: the prompts (texts or token ids; several: a batch, whose choices are prompt
+  // 0's n, then prompt 1's, ..., index p * n + i).
+  std::vector<PromptInput> prompts;
   // /v1/completions: echo the prompt before each choice's text (with logprobs: the prompt
   // tokens' values too, the first null). max_tokens may then be 0 (score the prompt only).
   bool echo = false;
@@ -107,6 +116,7 @@ struct ResponseStats {
   std::string mode = "ar";  // the engine's decoding mode: "ar" or "quantspec"
   SpeculativeStats spec;    // drafted / accepted / rounds (zero in "ar")
   double queue_s = 0;       // arrival -> generation start
+  int n = 1;                // choices per prompt: usage counts each prompt once (results[p * n])
 };
 
 // The "quantspec" field: mode, timing over a request's choices (prefill and decode time summed,
@@ -135,9 +145,10 @@ Json completion_chunk(const ResponseMeta& meta, std::string_view text,
                       const std::string& finish_reason, Json logprobs = nullptr, int index = 0);
 Json chat_chunk(const ResponseMeta& meta, const Json& delta, const std::string& finish_reason,
                 Json logprobs = nullptr, int index = 0);
-// The stream's usage chunk (stream_options.include_usage): the prompt once, every choice's tokens.
+// The stream's usage chunk (stream_options.include_usage): each prompt once (results[p * n]),
+// every choice's tokens.
 Json usage_chunk(const ResponseMeta& meta, Endpoint endpoint,
-                 const std::vector<GenerationResult>& results);
+                 const std::vector<GenerationResult>& results, int n = 1);
 
 // One Server-Sent Event: "data: <json>\n\n".
 std::string sse_event(const Json& j);

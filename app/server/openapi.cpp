@@ -229,9 +229,9 @@ constexpr const char* kDocument = R"JSON({
           "prompt": {
             "oneOf": [
               {"type": "string"},
-              {"type": "array", "minItems": 1, "maxItems": 1, "items": {"type": "string"}},
+              {"type": "array", "minItems": 1, "maxItems": 64, "items": {"type": "string"}},
               {"$ref": "#/components/schemas/TokenIds"},
-              {"type": "array", "minItems": 1, "maxItems": 1, "items": {"$ref": "#/components/schemas/TokenIds"}}
+              {"type": "array", "minItems": 1, "maxItems": 64, "items": {"$ref": "#/components/schemas/TokenIds"}}
             ]
           },
           "max_tokens": {"type": ["integer", "null"], "minimum": 0, "maximum": 0, "description": "At least 1, or 0 with echo (the prompt alone)."},

@@ -29,13 +29,19 @@ const char* stop_reason_name(StopReason r) {
 
 // ---- Job ---------------------------------------------------------------------------------------
 
-Job::Job(std::vector<int32_t> prompt, GenerationParams params, Clock::time_point deadline,
-         int choices)
-    : prompt_(std::move(prompt)),
+Job::Job(std::vector<std::vector<int32_t>> prompts, GenerationParams params,
+         Clock::time_point deadline, int n)
+    : prompts_(std::move(prompts)),
       params_(std::move(params)),
       arrival_(Clock::now()),
       deadline_(deadline),
-      choices_(choices) {}
+      n_(n) {}
+
+int64_t Job::prompt_tokens() const {
+  int64_t n = 0;
+  for (const auto& p : prompts_) n += static_cast<int64_t>(p.size());
+  return n;
+}
 
 void Job::cancel(StopReason why) {
   std::lock_guard<std::mutex> lock(mu_);
@@ -197,70 +203,63 @@ void Scheduler::loop() {
   }
 }
 
-Result<std::vector<TokenLogprob>> Scheduler::echo_logprobs(const Job& job) {
+Result<std::vector<TokenLogprob>> Scheduler::echo_logprobs(const Job& job, int p) {
   std::vector<TokenLogprob> entries;
   if (!job.echo() || job.params().logprobs < 0) return entries;
   // Stopped between chunks like a generation within a token: a client gone, the deadline, shutdown.
-  auto scored = engine_.prompt_logprobs(job.prompt(), job.params().logprobs, [&job] {
+  auto scored = engine_.prompt_logprobs(job.prompt(p), job.params().logprobs, [&job] {
     return job.stop_reason() != StopReason::kNone || Clock::now() > job.deadline();
   });
   if (!scored.ok()) return scored.error();
   TokenLogprob first;  // nothing predicts the first token
-  first.id = job.prompt().front();
+  first.id = job.prompt(p).front();
   first.logprob = std::numeric_limits<float>::quiet_NaN();
   entries.push_back(std::move(first));
   entries.insert(entries.end(), scored->begin(), scored->end());
   return entries;
 }
 
-void Scheduler::run(const std::shared_ptr<Job>& job) {
-  const Clock::time_point start = Clock::now();
-  GenerationRecord record;
-  record.prompt_tokens = static_cast<int64_t>(job->prompt().size());
-  record.queue_s = seconds_between(job->arrival(), start);
-  if (job->stop_reason() == StopReason::kNone && start > job->deadline())
-    job->cancel(StopReason::kTimeout);
-
-  Job::Outcome outcome;
-  if (const StopReason why = job->stop_reason(); why != StopReason::kNone) {
-    // Cancelled or expired while queued: never started.
-    record.finish_reason = stop_reason_name(why);
-    outcome.error_status = why == StopReason::kShutdown ? 503 : 408;
-    outcome.error = "the request was cancelled before it started";
-  } else if (auto scored = echo_logprobs(*job); !scored.ok()) {
-    if (job->stop_reason() == StopReason::kNone && Clock::now() > job->deadline())
-      job->cancel(StopReason::kTimeout);
-    const StopReason why = job->stop_reason();
-    record.finish_reason = why == StopReason::kNone ? "error" : stop_reason_name(why);
-    outcome.error_status = why == StopReason::kNone       ? 500
-                           : why == StopReason::kShutdown ? 503
-                                                          : 408;
-    outcome.error = why == StopReason::kNone
-                        ? scored.error().message
-                        : "the request was stopped while its prompt was scored";
-  } else {
-    outcome.prompt_logprobs = std::move(scored).value();
-    // The choices one after another; a stop (client gone, timeout, shutdown) ends the request
-    // with the choice it interrupts.
-    for (int i = 0; i < job->choices(); ++i) {
+void Scheduler::run_choices(const std::shared_ptr<Job>& job, Job::Outcome& outcome,
+                            GenerationRecord& record) {
+  // The choices one after another (each prompt's n in turn); a stop (client gone, timeout,
+  // shutdown) ends the request with the choice it interrupts.
+  for (int p = 0; p < job->num_prompts(); ++p) {
+    auto scored = echo_logprobs(*job, p);
+    if (!scored.ok()) {
+      if (job->stop_reason() == StopReason::kNone && Clock::now() > job->deadline())
+        job->cancel(StopReason::kTimeout);
+      const StopReason why = job->stop_reason();
+      record.finish_reason = why == StopReason::kNone ? "error" : stop_reason_name(why);
+      outcome.error_status = why == StopReason::kNone       ? 500
+                             : why == StopReason::kShutdown ? 503
+                                                            : 408;
+      outcome.error = why == StopReason::kNone
+                          ? scored.error().message
+                          : "the request was stopped while its prompt was scored";
+      outcome.results.clear();
+      return;
+    }
+    outcome.prompt_logprobs.push_back(std::move(scored).value());
+    for (int i = 0; i < job->n(); ++i) {
+      const int c = p * job->n() + i;
       GenerationParams params = job->params();
       params.sampling.seed += static_cast<uint64_t>(i);
       if (params.logprobs >= 0)
         params.on_logprob = [&job](const TokenLogprob& lp) { job->on_logprob(lp); };
-      job->begin_choice(i);
-      if (job->echo()) job->on_echo(*job->echo(), outcome.prompt_logprobs);
+      job->begin_choice(c);
+      if (job->echo()) job->on_echo(job->echo_text(p), outcome.prompt_logprobs.back());
       auto result = engine_.generate(
-          job->prompt(), params, [&job](std::string_view piece) { return job->on_text(piece); });
+          job->prompt(p), params, [&job](std::string_view piece) { return job->on_text(piece); });
       if (!result.ok()) {
         record.finish_reason = "error";
         outcome.error_status = 500;
         outcome.error = result.error().message;
         outcome.results.clear();
-        break;
+        return;
       }
       const GenerationStats& st = result->stats;
       record.generated_tokens += st.generated_tokens;
-      if (i == 0) {
+      if (c == 0) {
         record.cached_prompt_tokens = st.cached_prompt_tokens;
         if (st.generated_tokens > 0) record.ttft_s = record.queue_s + st.prefill_s;
       }
@@ -271,10 +270,29 @@ void Scheduler::run(const std::shared_ptr<Job>& job) {
       outcome.spec.rounds += st.rounds;
       const bool cancelled = result->finish_reason == "cancelled";
       if (cancelled) record.finish_reason = stop_reason_name(job->stop_reason());
-      if (i + 1 < job->choices() && !cancelled) job->end_choice(result->finish_reason);
+      if (c + 1 < job->choices() && !cancelled) job->end_choice(result->finish_reason);
       outcome.results.push_back(std::move(result.value()));
-      if (cancelled) break;
+      if (cancelled) return;
     }
+  }
+}
+
+void Scheduler::run(const std::shared_ptr<Job>& job) {
+  const Clock::time_point start = Clock::now();
+  GenerationRecord record;
+  record.prompt_tokens = job->prompt_tokens();
+  record.queue_s = seconds_between(job->arrival(), start);
+  if (job->stop_reason() == StopReason::kNone && start > job->deadline())
+    job->cancel(StopReason::kTimeout);
+
+  Job::Outcome outcome;
+  if (const StopReason why = job->stop_reason(); why != StopReason::kNone) {
+    // Cancelled or expired while queued: never started.
+    record.finish_reason = stop_reason_name(why);
+    outcome.error_status = why == StopReason::kShutdown ? 503 : 408;
+    outcome.error = "the request was cancelled before it started";
+  } else {
+    run_choices(job, outcome, record);
   }
   record.spec = outcome.spec;
   outcome.queue_s = record.queue_s;

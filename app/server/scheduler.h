@@ -25,18 +25,24 @@ enum class StopReason { kNone, kClientGone, kTimeout, kShutdown };
 
 class Job {
  public:
-  // `choices` completions of the prompt (a request's n), generated one after another, choice i
-  // with the seed params.sampling.seed + i (its prompt comes from the engine's prompt cache).
-  Job(std::vector<int32_t> prompt, GenerationParams params, Clock::time_point deadline,
-      int choices = 1);
+  // `n` completions of each prompt (a request's n; several prompts: a batch), generated one after
+  // another: choice p * n + i is prompt p's i-th, with the seed params.sampling.seed + i (each
+  // after a prompt's first takes the prompt from the engine's prompt cache).
+  Job(std::vector<std::vector<int32_t>> prompts, GenerationParams params,
+      Clock::time_point deadline, int n = 1);
 
-  const std::vector<int32_t>& prompt() const { return prompt_; }
-  // An echo (OpenAI's completions `echo`): each choice starts with `text`, the prompt as the
-  // client gave it, and with params.logprobs >= 0 the prompt tokens' log-probabilities
-  // (Engine::prompt_logprobs; the first token has none: NaN). Set before submit.
-  void set_echo(std::string text) { echo_ = std::move(text); }
-  const std::optional<std::string>& echo() const { return echo_; }
-  int choices() const { return choices_; }
+  int num_prompts() const { return static_cast<int>(prompts_.size()); }
+  const std::vector<int32_t>& prompt(int p) const { return prompts_[static_cast<size_t>(p)]; }
+  int64_t prompt_tokens() const;  // all prompts'
+  // An echo (OpenAI's completions `echo`): each of prompt p's choices starts with texts[p], the
+  // prompt as the client gave it, and with params.logprobs >= 0 the prompt tokens'
+  // log-probabilities (Engine::prompt_logprobs; the first token has none: NaN). Set before
+  // submit.
+  void set_echo(std::vector<std::string> texts) { echo_ = std::move(texts); }
+  bool echo() const { return !echo_.empty(); }
+  const std::string& echo_text(int p) const { return echo_[static_cast<size_t>(p)]; }
+  int n() const { return n_; }
+  int choices() const { return n_ * num_prompts(); }
   const GenerationParams& params() const { return params_; }
   Clock::time_point arrival() const { return arrival_; }
   Clock::time_point deadline() const { return deadline_; }
@@ -68,9 +74,9 @@ class Job {
     std::string error;
     SpeculativeStats spec;
     double queue_s = 0;  // arrival -> generation start
-    // An echo with logprobs: one entry per prompt token, the first without a value (NaN, no
-    // alternatives). Each choice's delta stream starts with them too.
-    std::vector<TokenLogprob> prompt_logprobs;
+    // An echo with logprobs, per prompt: one entry per prompt token, the first without a value
+    // (NaN, no alternatives). Each choice's delta stream starts with its prompt's.
+    std::vector<std::vector<TokenLogprob>> prompt_logprobs;
   };
   const Outcome& outcome() const { return outcome_; }  // only after wait() said finished
 
@@ -86,12 +92,12 @@ class Job {
   Delta& current_delta();  // mu_ held: the pending delta of the running choice
   void finish(Outcome outcome);
 
-  const std::vector<int32_t> prompt_;
+  const std::vector<std::vector<int32_t>> prompts_;
   const GenerationParams params_;
   const Clock::time_point arrival_;
   const Clock::time_point deadline_;
-  const int choices_;
-  std::optional<std::string> echo_;
+  const int n_;
+  std::vector<std::string> echo_;
 
   mutable std::mutex mu_;
   std::condition_variable cv_;
@@ -124,8 +130,11 @@ class Scheduler {
  private:
   void loop();
   void run(const std::shared_ptr<Job>& job);
-  // Outcome::prompt_logprobs of an echo with logprobs (empty otherwise).
-  Result<std::vector<TokenLogprob>> echo_logprobs(const Job& job);
+  // The job's choices into `outcome` (its results, or the error that stopped them).
+  void run_choices(const std::shared_ptr<Job>& job, Job::Outcome& outcome,
+                   GenerationRecord& record);
+  // Outcome::prompt_logprobs[p] of an echo with logprobs (empty otherwise).
+  Result<std::vector<TokenLogprob>> echo_logprobs(const Job& job, int p);
 
   Engine& engine_;
   const size_t max_queue_;

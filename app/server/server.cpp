@@ -213,33 +213,45 @@ std::variant<std::string, ApiError> Server::render_chat(const Json& messages) co
   return std::move(text).value();
 }
 
-std::optional<ApiError> Server::prompt_ids(const ApiRequest& r, std::vector<int32_t>* ids) {
+std::optional<ApiError> Server::prompt_ids(const ApiRequest& r,
+                                           std::vector<std::vector<int32_t>>* prompts) {
   const bool chat = r.endpoint == Endpoint::kChatCompletions;
+  prompts->clear();
   if (chat) {
     auto text = render_chat(r.messages);
     if (auto* e = std::get_if<ApiError>(&text)) return *e;
     // The template writes the special tokens (BOS, ...) itself, as HF's apply_chat_template.
-    *ids = tokenizer_.encode(std::get<std::string>(text), /*add_special=*/false);
-  } else if (r.prompt_text) {
-    *ids = tokenizer_.encode(*r.prompt_text, /*add_special=*/true);
-  } else {
-    const int64_t vocab = engine_.config().vocab_size;
-    ids->clear();
-    for (size_t i = 0; i < r.prompt_ids->size(); ++i) {
-      const int64_t id = (*r.prompt_ids)[i];
-      if (id < 0 || id >= vocab) {
-        return make_api_error(400,
-                              "token id " + std::to_string(id) + " at prompt position " +
-                                  std::to_string(i) + " is outside the vocabulary [0, " +
-                                  std::to_string(vocab) + ")",
-                              "invalid_value", "prompt");
-      }
-      ids->push_back(static_cast<int32_t>(id));
-    }
+    prompts->push_back(tokenizer_.encode(std::get<std::string>(text), /*add_special=*/false));
   }
-  if (ids->empty()) {
+  const int64_t vocab = engine_.config().vocab_size;
+  for (size_t p = 0; p < r.prompts.size(); ++p) {
+    const PromptInput& in = r.prompts[p];
+    // The parameter a prompt's error names: "prompt", or "prompt[p]" in a batch.
+    const std::string param =
+        r.prompts.size() > 1 ? "prompt[" + std::to_string(p) + "]" : std::string("prompt");
+    std::vector<int32_t> ids;
+    if (in.text) {
+      ids = tokenizer_.encode(*in.text, /*add_special=*/true);
+    } else {
+      for (size_t i = 0; i < in.ids.size(); ++i) {
+        const int64_t id = in.ids[i];
+        if (id < 0 || id >= vocab) {
+          return make_api_error(400,
+                                "token id " + std::to_string(id) + " at " + param + " position " +
+                                    std::to_string(i) + " is outside the vocabulary [0, " +
+                                    std::to_string(vocab) + ")",
+                                "invalid_value", param);
+        }
+        ids.push_back(static_cast<int32_t>(id));
+      }
+    }
+    if (ids.empty())
+      return make_api_error(400, "the prompt is empty (it has no tokens)", "invalid_value", param);
+    prompts->push_back(std::move(ids));
+  }
+  if (chat && prompts->front().empty()) {
     return make_api_error(400, "the prompt is empty (it has no tokens)", "invalid_value",
-                          chat ? "messages" : "prompt");
+                          "messages");
   }
   return std::nullopt;
 }
@@ -285,14 +297,23 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   ApiRequest r = std::move(std::get<ApiRequest>(parsed));
   if (shutting_down_) return respond_error(res, stop_error(StopReason::kShutdown, 0));
 
-  std::vector<int32_t> ids;
-  if (auto e = prompt_ids(r, &ids)) return respond_error(res, *e);
+  std::vector<std::vector<int32_t>> prompts;
+  if (auto e = prompt_ids(r, &prompts)) return respond_error(res, *e);
 
-  // Context: prompt + completion must fit (as OpenAI); without max_tokens the completion gets
-  // the server default, clipped to the room left.
+  // Context: prompt + completion must fit (as OpenAI), for every prompt of a batch; without
+  // max_tokens the completion gets the server default, clipped to the room the longest leaves.
   const int64_t ctx = engine_.max_context();
-  const int64_t n_prompt = static_cast<int64_t>(ids.size());
-  const char* prompt_param = endpoint == Endpoint::kChatCompletions ? "messages" : "prompt";
+  int64_t n_prompt = 0;  // the longest prompt
+  size_t longest = 0;
+  for (size_t p = 0; p < prompts.size(); ++p) {
+    if (static_cast<int64_t>(prompts[p].size()) > n_prompt) {
+      n_prompt = static_cast<int64_t>(prompts[p].size());
+      longest = p;
+    }
+  }
+  const std::string prompt_param = endpoint == Endpoint::kChatCompletions ? "messages"
+                                   : prompts.size() > 1 ? "prompt[" + std::to_string(longest) + "]"
+                                                        : "prompt";
   int64_t max_new = 0;
   if (r.max_tokens) {
     max_new = *r.max_tokens;
@@ -325,9 +346,16 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   r.params.max_new_tokens = static_cast<int>(max_new);
 
   const auto deadline = Clock::now() + std::chrono::seconds(options_.request_timeout_s);
-  auto job = std::make_shared<Job>(std::move(ids), r.params, deadline, r.n);
-  if (r.echo)
-    job->set_echo(r.prompt_text ? *r.prompt_text : tokenizer_.decode(job->prompt(), true));
+  const int n = r.n;
+  auto job = std::make_shared<Job>(std::move(prompts), r.params, deadline, n);
+  if (r.echo) {
+    std::vector<std::string> texts;
+    for (int p = 0; p < job->num_prompts(); ++p) {
+      const PromptInput& in = r.prompts[static_cast<size_t>(p)];
+      texts.push_back(in.text ? *in.text : tokenizer_.decode(job->prompt(p), true));
+    }
+    job->set_echo(std::move(texts));
+  }
   switch (scheduler_->submit(job)) {
     case Scheduler::Admission::kAccepted:
       break;
@@ -364,14 +392,16 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     }
     if (auto error = finished_job_error(*job, timeout_s)) return respond_error(res, *error);
     const Job::Outcome& o = job->outcome();
-    const ResponseStats extra{options_.decode_mode, o.spec, o.queue_s};
-    // An echo: each choice's text and logprobs start with the prompt's.
+    const ResponseStats extra{options_.decode_mode, o.spec, o.queue_s, n};
+    // An echo: each choice's text and logprobs start with its prompt's (choice c: prompt c / n).
     std::vector<GenerationResult> results = o.results;
     std::vector<Json> logprobs;
-    for (GenerationResult& result : results) {
-      if (job->echo()) result.text.insert(0, *job->echo());
+    for (size_t c = 0; c < results.size(); ++c) {
+      GenerationResult& result = results[c];
+      const int p = static_cast<int>(c) / n;
+      if (job->echo()) result.text.insert(0, job->echo_text(p));
       if (r.params.logprobs < 0) continue;
-      std::vector<TokenLogprob> entries = o.prompt_logprobs;
+      std::vector<TokenLogprob> entries = o.prompt_logprobs[static_cast<size_t>(p)];
       entries.insert(entries.end(), result.logprobs.begin(), result.logprobs.end());
       int64_t text_offset = 0;
       logprobs.push_back(logprobs_json(endpoint, entries, tokenizer_, &text_offset));
@@ -389,7 +419,7 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   const bool include_usage = r.include_usage;
   const std::string mode = options_.decode_mode;
   const Tokenizer* logprob_tokenizer = r.params.logprobs >= 0 ? &tokenizer_ : nullptr;
-  res.stream = [job, meta, endpoint, include_usage, timeout_s, mode,
+  res.stream = [job, meta, endpoint, include_usage, timeout_s, mode, n,
                 logprob_tokenizer](StreamSink& sink) {
     const bool chat = endpoint == Endpoint::kChatCompletions;
     auto send_error = [&](const ApiError& e) {
@@ -458,10 +488,10 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     const int index = static_cast<int>(o.results.size()) - 1;
     Json last = chat ? chat_chunk(meta, Json::object(), result.finish_reason, nullptr, index)
                      : completion_chunk(meta, "", result.finish_reason, nullptr, index);
-    last["quantspec"] = stats_json(o.results, ResponseStats{mode, o.spec, o.queue_s});
+    last["quantspec"] = stats_json(o.results, ResponseStats{mode, o.spec, o.queue_s, n});
     sink.write(sse_event(last));
     if (include_usage) {
-      sink.write(sse_event(usage_chunk(meta, endpoint, o.results)));
+      sink.write(sse_event(usage_chunk(meta, endpoint, o.results, n)));
     }
     sink.write(kSseDone);
   };

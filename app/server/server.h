@@ -60,7 +60,9 @@ class Server {
   std::variant<std::string, ApiError> render_chat(const Json& messages) const;
   void respond_error(HttpResponse& res, const ApiError& e);
   // Prompt ids for the request, or the 4xx to answer.
-  std::optional<ApiError> prompt_ids(const ApiRequest& r, std::vector<int32_t>* ids);
+  // The request's prompts as token ids (chat: one, the rendered conversation).
+  std::optional<ApiError> prompt_ids(const ApiRequest& r,
+                                     std::vector<std::vector<int32_t>>* prompts);
 
   Engine& engine_;
   const Tokenizer& tokenizer_;

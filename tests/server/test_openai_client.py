@@ -147,6 +147,34 @@ def test_client_gets_n_choices(client):
     assert all(c.message.role == "assistant" for c in chat.choices)
 
 
+def test_client_sends_a_batch_of_prompts(client):
+    """A list of prompts (texts or token ids) runs one after another: choice p * n + i is prompt
+    p's i-th, each equal to that prompt sent alone; usage counts each prompt once."""
+    prompts = ["Once upon a time", "The quick brown fox", "Hello"]
+    alone = [client.completions.create(model="x", prompt=p, max_tokens=5, temperature=1.0, seed=9,
+                                       n=2) for p in prompts]
+    r = client.completions.create(model="x", prompt=prompts, max_tokens=5, temperature=1.0, seed=9,
+                                  n=2)
+    assert [c.index for c in r.choices] == list(range(6))
+    assert [c.text for c in r.choices] == [c.text for a in alone for c in a.choices]
+    assert r.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert r.usage.completion_tokens == 30
+    streamed = [""] * 6
+    for chunk in client.completions.create(model="x", prompt=prompts, max_tokens=5, temperature=1.0,
+                                           seed=9, n=2, stream=True):
+        for c in chunk.choices:
+            streamed[c.index] += c.text
+    assert streamed == [c.text for c in r.choices]
+    # Token ids, with echo: each choice starts with its own prompt's text.
+    tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
+    ids = [tok.encode(p, add_special_tokens=True).ids for p in prompts[:2]]
+    e = client.completions.create(model="x", prompt=ids, max_tokens=3, temperature=0, echo=True,
+                                  logprobs=1)
+    for c, p, i in zip(e.choices, prompts[:2], ids):
+        assert c.text.startswith(p)
+        assert len(c.logprobs.tokens) == len(i) + 3 and c.logprobs.token_logprobs[0] is None
+
+
 def test_client_sees_openai_errors(client):
     with pytest.raises(openai.BadRequestError) as e:
         client.completions.create(model="x", prompt="Hi", best_of=2)
