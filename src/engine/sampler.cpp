@@ -4,6 +4,8 @@
 #include <cmath>
 #include <string>
 
+#include "backend/cpu/row_math.h"
+
 namespace qs {
 
 namespace {
@@ -65,35 +67,16 @@ int32_t sample_from(const std::vector<float>& probs, Rng& rng) {
 
 TokenLogprob token_logprob(const float* logits, int vocab, int32_t id, int top) {
   QS_CHECK(vocab > 0 && id >= 0 && id < vocab && top >= 0);
-  float mx = logits[0];
-  for (int i = 1; i < vocab; ++i) mx = std::max(mx, logits[i]);
-  // f32 exponentials (each within an ulp) summed in f64: a vocabulary of 128K in a fraction of
-  // the f64 exponentials' time, log-probabilities within ~1e-7.
-  double sum = 0.0;
-  for (int i = 0; i < vocab; ++i) sum += std::exp(logits[i] - mx);
-  const double log_z = mx + std::log(sum);
+  // f32 exponentials (each within an ulp, vectorized) summed in f64: log-probabilities within
+  // ~1e-7.
+  const float mx = cpu::row_max(logits, vocab);
+  const double log_z = mx + std::log(cpu::row_sum_exp(logits, vocab, mx));
   auto logprob_of = [&](int32_t t) { return static_cast<float>(logits[t] - log_z); };
   TokenLogprob r;
   r.id = id;
   r.logprob = logprob_of(id);
-  // The `top` most likely in one pass: a heap whose front is the least likely kept.
-  auto more_likely = [&](int32_t a, int32_t b) {
-    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-  };
-  const size_t n = static_cast<size_t>(std::min(top, vocab));
-  std::vector<int32_t> kept;
-  kept.reserve(n);
-  for (int32_t t = 0; t < vocab && n > 0; ++t) {
-    if (kept.size() < n) {
-      kept.push_back(t);
-      std::push_heap(kept.begin(), kept.end(), more_likely);
-    } else if (more_likely(t, kept.front())) {
-      std::pop_heap(kept.begin(), kept.end(), more_likely);
-      kept.back() = t;
-      std::push_heap(kept.begin(), kept.end(), more_likely);
-    }
-  }
-  std::sort_heap(kept.begin(), kept.end(), more_likely);  // most likely first
+  // The `top` most likely in one pass (ties: the lower id).
+  const std::vector<int32_t> kept = cpu::row_top_k(logits, vocab, std::min(top, vocab));
   for (int32_t t : kept) r.top.emplace_back(t, logprob_of(t));
   return r;
 }

@@ -117,6 +117,10 @@ inline VecF vexp2i(VecF n) {
 inline VecF vkeep_ge(VecF x, VecF lo, VecF y) {
   return _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(x, lo, _CMP_GE_OQ), y);
 }
+// Whether some lane of x is above t.
+inline bool vany_gt(VecF x, VecF t) {
+  return _mm512_cmp_ps_mask(x, t, _CMP_GT_OQ) != 0;
+}
 // kLanes consecutive weight elements starting at element i, widened to f32 (unaligned).
 template <DType T>
 inline VecF vload_w(const void* p, int64_t i) {
@@ -202,6 +206,10 @@ inline VecF vexp2i(VecF n) {
 // y where x >= lo, else 0.
 inline VecF vkeep_ge(VecF x, VecF lo, VecF y) {
   return _mm256_and_ps(_mm256_cmp_ps(x, lo, _CMP_GE_OQ), y);
+}
+// Whether some lane of x is above t.
+inline bool vany_gt(VecF x, VecF t) {
+  return _mm256_movemask_ps(_mm256_cmp_ps(x, t, _CMP_GT_OQ)) != 0;
 }
 template <DType T>
 inline VecF vload_w(const void* p, int64_t i) {
