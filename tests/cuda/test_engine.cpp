@@ -4,6 +4,9 @@
 // KV rows on both (the CPU's reference rows) and with f16 rows on both (the CUDA default).
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
 #include <filesystem>
 #include <memory>
 #include <string>
@@ -114,6 +117,17 @@ TEST_P(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
   }
 }
 
+// How far the GPU's log-probabilities may be from the CPU's. f16 rows round the K/V. A quantized
+// view: the two backends quantize K/V rows that differ by ~1e-6 (their own projections), so a
+// value next to a rounding boundary can get a neighbouring code on one side only (test_model.cpp's
+// logit bounds say the same). Measured on an H100 (session 41): up to 3.8e-4 with f32 rows,
+// 3.9e-3 with f16 rows; a wrong row is off by O(1).
+double logprob_tolerance(const ModeCase& c) {
+  const bool quantized = c.mode == DecodeMode::kQuantSpec || c.kv != KvType::kFp16;
+  const bool f16 = c.rows == KvDType::kF16;
+  return quantized ? (f16 ? 1e-2 : 2e-3) : (f16 ? 2e-3 : 1e-4);
+}
+
 // GenerationParams::logprobs through the device's rows (AR: each step's row copied back;
 // speculative modes: the chained rounds' verification rows): the CPU engine's values.
 TEST_P(CudaEngineTest, LogprobsMatchTheCpuEngine) {
@@ -129,19 +143,39 @@ TEST_P(CudaEngineTest, LogprobsMatchTheCpuEngine) {
   ASSERT_TRUE(got.ok()) << got.error().message;
   ASSERT_EQ(got->tokens, want->tokens) << c.name;
   ASSERT_EQ(got->logprobs.size(), want->logprobs.size());
-  // f16 rows round the K/V. A quantized view: the two backends quantize K/V rows that differ by
-  // ~1e-6 (their own projections), so a value next to a rounding boundary can get a neighbouring
-  // code on one side only (test_model.cpp's logit bounds say the same). Measured on an H100
-  // (session 41): up to 3.8e-4 with f32 rows, 3.9e-3 with f16 rows; a wrong row is off by O(1).
-  const bool quantized = c.mode == DecodeMode::kQuantSpec || c.kv != KvType::kFp16;
-  const bool f16 = c.rows == KvDType::kF16;
-  const double tol = quantized ? (f16 ? 1e-2 : 2e-3) : (f16 ? 2e-3 : 1e-4);
+  const double tol = logprob_tolerance(c);
   for (size_t i = 0; i < got->logprobs.size(); ++i) {
     EXPECT_EQ(got->logprobs[i].id, got->tokens[i]);
     EXPECT_NEAR(got->logprobs[i].logprob, want->logprobs[i].logprob, tol) << c.name << " " << i;
     ASSERT_EQ(got->logprobs[i].top.size(), 3u);
     EXPECT_NEAR(got->logprobs[i].top[0].second, want->logprobs[i].top[0].second, tol);
   }
+}
+
+// Engine::prompt_logprobs (the server's echo scoring, eval ppl) through the device's forward,
+// chunk by chunk: the CPU engine's values, at the logprob test's tolerances.
+TEST_P(CudaEngineTest, PromptLogprobsMatchTheCpuEngine) {
+  const ModeCase& c = GetParam();
+  if (c.mode == DecodeMode::kStreamingLlm || c.mode == DecodeMode::kSnapKv) {
+    GTEST_SKIP() << "the sparse drafts' target reads the whole cache, as AR fp16 (covered)";
+  }
+  auto [cpu, gpu] = load_both(c);
+  ASSERT_TRUE(cpu && gpu);
+  const std::vector<int32_t> ids = prompt_ids(*cpu, 300);  // 3 chunks of 128, > 2G
+  auto want = cpu->prompt_logprobs(ids, 2);
+  auto got = gpu->prompt_logprobs(ids, 2);
+  ASSERT_TRUE(want.ok()) << want.error().message;
+  ASSERT_TRUE(got.ok()) << got.error().message;
+  ASSERT_EQ(got->size(), ids.size() - 1);
+  ASSERT_EQ(want->size(), got->size());
+  const double tol = logprob_tolerance(c);
+  double worst = 0;
+  for (size_t i = 0; i < got->size(); ++i) {
+    EXPECT_EQ((*got)[i].id, ids[i + 1]);
+    EXPECT_NEAR((*got)[i].logprob, (*want)[i].logprob, tol) << c.name << " " << i;
+    worst = std::max(worst, std::abs(double((*got)[i].logprob) - (*want)[i].logprob));
+  }
+  std::printf("[ max abs error ] %s prompt logprobs: %.3g\n", c.name, worst);
 }
 
 // GenerationParams::adjust (penalties, logit_bias) on the device's rows (Backend::from_host +
