@@ -556,9 +556,7 @@ Result<std::vector<TokenLogprob>> LlmEngine::prompt_logprobs(const std::vector<i
   // Row r of a chunk predicts ids[start + r + 1] (entry start + r): the previous chunk's rows are
   // reduced (on the host's threads) once the next chunk is asked for, and the last after the loop.
   auto reduce = [&] {
-    const int64_t n_rows =
-        std::min<int64_t>(pending_m, static_cast<int64_t>(out.size()) - pending_start);
-    host_pool().parallel_for(n_rows, [&](int64_t begin, int64_t end) {
+    host_pool().parallel_for(pending_m, [&](int64_t begin, int64_t end) {
       for (int64_t r = begin; r < end; ++r) {
         const size_t entry = static_cast<size_t>(pending_start + r);
         out[entry] =
@@ -573,7 +571,7 @@ Result<std::vector<TokenLogprob>> LlmEngine::prompt_logprobs(const std::vector<i
     pending_start = start, pending_m = m;
     return rows.data();
   }));
-  if (pending_start >= 0) reduce();
+  reduce();  // the last chunk (inputs is not empty)
   return out;
 }
 
