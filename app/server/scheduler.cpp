@@ -25,6 +25,16 @@ const char* stop_reason_name(StopReason r) {
   return "cancelled";
 }
 
+// A job that ends without results: stopped (`why`: a stop reason, 408 / 503) or failed (kNone,
+// 500: an engine error).
+void fail_job(StopReason why, std::string message, Job::Outcome& outcome,
+              GenerationRecord& record) {
+  record.finish_reason = why == StopReason::kNone ? "error" : stop_reason_name(why);
+  outcome.error_status = why == StopReason::kNone ? 500 : why == StopReason::kShutdown ? 503 : 408;
+  outcome.error = std::move(message);
+  outcome.results.clear();
+}
+
 }  // namespace
 
 // ---- Job ---------------------------------------------------------------------------------------
@@ -229,15 +239,11 @@ void Scheduler::run_choices(const std::shared_ptr<Job>& job, Job::Outcome& outco
       if (job->stop_reason() == StopReason::kNone && Clock::now() > job->deadline())
         job->cancel(StopReason::kTimeout);
       const StopReason why = job->stop_reason();
-      record.finish_reason = why == StopReason::kNone ? "error" : stop_reason_name(why);
-      outcome.error_status = why == StopReason::kNone       ? 500
-                             : why == StopReason::kShutdown ? 503
-                                                            : 408;
-      outcome.error = why == StopReason::kNone
+      return fail_job(why,
+                      why == StopReason::kNone
                           ? scored.error().message
-                          : "the request was stopped while its prompt was scored";
-      outcome.results.clear();
-      return;
+                          : "the request was stopped while its prompt was scored",
+                      outcome, record);
     }
     outcome.prompt_logprobs.push_back(std::move(scored).value());
     for (int i = 0; i < job->n(); ++i) {
@@ -250,13 +256,7 @@ void Scheduler::run_choices(const std::shared_ptr<Job>& job, Job::Outcome& outco
       if (job->echo()) job->on_echo(job->echo_text(p), outcome.prompt_logprobs.back());
       auto result = engine_.generate(
           job->prompt(p), params, [&job](std::string_view piece) { return job->on_text(piece); });
-      if (!result.ok()) {
-        record.finish_reason = "error";
-        outcome.error_status = 500;
-        outcome.error = result.error().message;
-        outcome.results.clear();
-        return;
-      }
+      if (!result.ok()) return fail_job(StopReason::kNone, result.error().message, outcome, record);
       const GenerationStats& st = result->stats;
       record.generated_tokens += st.generated_tokens;
       if (c == 0) {
@@ -288,9 +288,7 @@ void Scheduler::run(const std::shared_ptr<Job>& job) {
   Job::Outcome outcome;
   if (const StopReason why = job->stop_reason(); why != StopReason::kNone) {
     // Cancelled or expired while queued: never started.
-    record.finish_reason = stop_reason_name(why);
-    outcome.error_status = why == StopReason::kShutdown ? 503 : 408;
-    outcome.error = "the request was cancelled before it started";
+    fail_job(why, "the request was cancelled before it started", outcome, record);
   } else {
     run_choices(job, outcome, record);
   }

@@ -222,6 +222,10 @@ std::optional<ApiError> Server::prompt_ids(const ApiRequest& r,
     if (auto* e = std::get_if<ApiError>(&text)) return *e;
     // The template writes the special tokens (BOS, ...) itself, as HF's apply_chat_template.
     prompts->push_back(tokenizer_.encode(std::get<std::string>(text), /*add_special=*/false));
+    if (prompts->front().empty()) {
+      return make_api_error(400, "the prompt is empty (it has no tokens)", "invalid_value",
+                            "messages");
+    }
   }
   const int64_t vocab = engine_.config().vocab_size;
   for (size_t p = 0; p < r.prompts.size(); ++p) {
@@ -248,10 +252,6 @@ std::optional<ApiError> Server::prompt_ids(const ApiRequest& r,
     if (ids.empty())
       return make_api_error(400, "the prompt is empty (it has no tokens)", "invalid_value", param);
     prompts->push_back(std::move(ids));
-  }
-  if (chat && prompts->front().empty()) {
-    return make_api_error(400, "the prompt is empty (it has no tokens)", "invalid_value",
-                          "messages");
   }
   return std::nullopt;
 }
@@ -303,14 +303,11 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   // Context: prompt + completion must fit (as OpenAI), for every prompt of a batch; without
   // max_tokens the completion gets the server default, clipped to the room the longest leaves.
   const int64_t ctx = engine_.max_context();
-  int64_t n_prompt = 0;  // the longest prompt
-  size_t longest = 0;
-  for (size_t p = 0; p < prompts.size(); ++p) {
-    if (static_cast<int64_t>(prompts[p].size()) > n_prompt) {
-      n_prompt = static_cast<int64_t>(prompts[p].size());
-      longest = p;
-    }
-  }
+  const auto longest_it =
+      std::max_element(prompts.begin(), prompts.end(),
+                       [](const auto& a, const auto& b) { return a.size() < b.size(); });
+  const int64_t n_prompt = static_cast<int64_t>(longest_it->size());
+  const auto longest = static_cast<size_t>(longest_it - prompts.begin());
   const std::string prompt_param = endpoint == Endpoint::kChatCompletions ? "messages"
                                    : prompts.size() > 1 ? "prompt[" + std::to_string(longest) + "]"
                                                         : "prompt";
