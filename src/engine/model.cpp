@@ -245,11 +245,19 @@ PendingNorm Model::layer(int l, float* h, const PendingNorm& in, int m, int pos,
   // Tensor parallel: each rank's o_proj covers its heads (a partial sum); the bias goes into the
   // sum once.
   const bool bias_here = comm_ == nullptr || comm_->rank() == 0;
+  const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
+                              {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
+  if (comm_ == nullptr && next_norm != nullptr) {  // o_proj and the MLP in one backend call
+    PendingNorm mlp_in{h, &L.mlp_norm, cfg_.rms_norm_eps, x, false};
+    PendingNorm next{h, next_norm, cfg_.rms_norm_eps, x, false};
+    backend_.output_and_mlp(attn_->data(), m, LinearOp{&L.wo, D.wo.get(), &L.bo, proj_->data()},
+                            mlp_in, gate_up[0], gate_up[1], gate_->data(),
+                            LinearOp{&L.w_down, D.w_down.get(), nullptr, proj_->data()}, next);
+    return next;
+  }
   const PendingNorm mlp_in = linear_add_norm(attn_->data(), m, L.wo, D.wo.get(),
                                              bias_here ? &L.bo : nullptr, h, L.mlp_norm, x);
   // MLP block.
-  const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
-                              {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
   backend_.gate_up_swiglu_normed(mlp_in, m, gate_up[0], gate_up[1], gate_->data());
   if (next_norm != nullptr) {
     return linear_add_norm(gate_->data(), m, L.w_down, D.w_down.get(), nullptr, h, *next_norm, x);

@@ -314,5 +314,87 @@ TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
   for_each_q4_kernel([&](const std::string& kernel) { deferred_norm_chain(gpu(), kernel); });
 }
 
+// Backend::output_and_mlp with Q4GemvTuning::chain (a draft layer's o -> gate/up -> down as one
+// launch with grid barriers) against the three launches it replaces, from the same h: h and the
+// SwiGLU rows bit for bit and the next 4-bit consumer of the deferred norm bit for bit where every
+// matrix has >= 16 groups (each phase then runs kernel 10's warps, pairs and order); with fewer
+// groups the chain's warps follow the smallest matrix, so the down projection's sums are
+// regrouped (within 1e-6 of h, 1e-5 of the consumer). Each shape runs twice on one backend: a
+// barrier word left unbalanced by the first launch would hang or corrupt the second. Shapes:
+// Llama-like (o with a bias), odd tile counts with K off a group boundary, K % 4 != 0 (the
+// unaligned activation loads), and few groups. m = 2 must not fuse (the separate path, bit for
+// bit).
+void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, bool exact, uint64_t seed) {
+  auto q4 = [](int64_t rows, int64_t cols, uint64_t s) {
+    std::vector<float> wv = random_normal(static_cast<size_t>(rows * cols), s, 0.05f);
+    auto q = quantize_weight4(wv.data(), DType::F32, rows, cols, 128, "w4");
+    EXPECT_TRUE(q.ok());
+    return std::move(q).value();
+  };
+  const QuantizedWeight4 wo = q4(d, d, seed), wg = q4(ffn, d, seed + 1), wu = q4(ffn, d, seed + 2),
+                         wd = q4(d, ffn, seed + 3), wq = q4(512, d, seed + 4);
+  HostWeight bo(random_normal(static_cast<size_t>(d), seed + 5, 0.5f), DType::F32, 1, d, "bo");
+  HostWeight mlp_norm(random_normal(static_cast<size_t>(d), seed + 6, 0.3f, 1.0f), DType::BF16, 1,
+                      d, "mlp_norm");
+  HostWeight next_norm(random_normal(static_cast<size_t>(d), seed + 7, 0.3f, 1.0f), DType::BF16, 1,
+                       d, "next_norm");
+  const std::string tag = "d=" + std::to_string(d) + " ffn=" + std::to_string(ffn);
+  for (int m : {1, 2}) {
+    const std::vector<float> x = random_normal(static_cast<size_t>(m * d), seed + 8 + m);
+    const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), seed + 10 + m, 2.0f);
+    const DeviceArray xd(gpu, x);
+    struct Run {
+      std::vector<float> h, act, consumer;
+      bool mid_deferred, next_deferred;
+    };
+    auto run = [&](bool chain) {
+      cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
+      t.chain = chain ? 1 : 0;
+      cuda::set_q4_gemv_tuning(t);
+      DeviceArray h(gpu, h0), x_rows(gpu, m * d), proj(gpu, m * d), g(gpu, m * ffn),
+          u(gpu, m * ffn), act(gpu, m * ffn), y(gpu, m * 512);
+      x_rows.poison();
+      act.poison();
+      PendingNorm mid{h.data(), &mlp_norm.view, kEps, x_rows.data(), false};
+      PendingNorm next{h.data(), &next_norm.view, kEps, x_rows.data(), false};
+      gpu.output_and_mlp(xd.data(), m, LinearOp{nullptr, &wo, &bo.view, proj.data()}, mid,
+                         LinearOp{nullptr, &wg, nullptr, g.data()},
+                         LinearOp{nullptr, &wu, nullptr, u.data()}, act.data(),
+                         LinearOp{nullptr, &wd, nullptr, proj.data()}, next);
+      const LinearOp consumer{nullptr, &wq, nullptr, y.data()};
+      gpu.matmul_group_normed(next, m, &consumer, 1);
+      return Run{h.to_host(), act.to_host(), y.to_host(), mid.deferred, next.deferred};
+    };
+    const Run want = run(false);
+    for (int rep = 0; rep < 2; ++rep) {
+      const Run got = run(true);
+      const std::string at = tag + " m=" + std::to_string(m) + " run " + std::to_string(rep);
+      EXPECT_EQ(got.next_deferred, want.next_deferred) << at;
+      EXPECT_EQ(got.act, want.act) << at << " SwiGLU rows";
+      if (exact || m > 1) {
+        EXPECT_EQ(got.h, want.h) << at << " h";
+        EXPECT_EQ(got.consumer, want.consumer) << at << " consumer";
+      } else {
+        EXPECT_LT(testing::rel_error(got.h, want.h), 1e-6) << at << " h";
+        EXPECT_LT(testing::rel_error(got.consumer, want.consumer), 1e-5) << at << " consumer";
+      }
+    }
+    EXPECT_EQ(want.next_deferred, m == 1) << tag;
+  }
+  cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
+  t.chain = 0;
+  cuda::set_q4_gemv_tuning(t);
+  gpu.release_weights();
+}
+
+TEST_F(CudaOpsTest, Q4ChainEqualsTheThreeLaunches) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  q4_chain_case(gpu(), 2048, 5504, true, 400);
+  q4_chain_case(gpu(), 2096, 3000, true, 420);
+  q4_chain_case(gpu(), 2050, 3001, true, 440);
+  q4_chain_case(gpu(), 256, 640, false, 460);
+  cuda::set_q4_gemv_tuning(saved);
+}
+
 }  // namespace
 }  // namespace qs

@@ -243,6 +243,7 @@ struct CudaBackend::Impl {
   // A deferred norm's partial sums (num_sms): one buffer serves every norm, since a producer writes
   // it only after its PDL wait, when the previous norm's consumer (the launch before it) is done.
   double* norm_sumsq = nullptr;
+  unsigned* grid_barrier = nullptr;  // launch_gemv_q4_chain's barrier word (zeroed once)
 
 #ifdef QS_KERNEL_TRACE
   unsigned long long* trace = nullptr;
@@ -266,6 +267,7 @@ struct CudaBackend::Impl {
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (norm_arrivals) cudaFree(norm_arrivals);
     if (norm_sumsq) cudaFree(norm_sumsq);
+    if (grid_barrier) cudaFree(grid_barrier);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -384,6 +386,8 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   CUDA_CHECK(cudaMalloc(&impl->norm_arrivals, sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl->norm_arrivals, 0, sizeof(unsigned)));
   CUDA_CHECK(cudaMalloc(&impl->norm_sumsq, sizeof(double) * static_cast<size_t>(impl->num_sms)));
+  CUDA_CHECK(cudaMalloc(&impl->grid_barrier, sizeof(unsigned)));
+  CUDA_CHECK(cudaMemset(impl->grid_barrier, 0, sizeof(unsigned)));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 
@@ -1115,6 +1119,49 @@ void CudaBackend::gate_up_swiglu_normed(const PendingNorm& pn, int m, const Line
                                         const LinearOp& up, float* out) {
   if (!pn.deferred) return gate_up_swiglu(pn.out, m, gate, up, out);
   gate_up_swiglu_from(pn.h, m, gate, up, out, &pn);
+}
+
+void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
+                                 const LinearOp& gate, const LinearOp& up, float* act,
+                                 const LinearOp& down, PendingNorm& next) {
+  const bool q4 = o.w4 != nullptr && gate.w4 != nullptr && up.w4 != nullptr && down.w4 != nullptr;
+  if (cuda::q4_gemv_tuning().chain && g_defer_norm && g_fuse_norm && g_fuse_swiglu && m == 1 &&
+      q4 && mid.h == next.h) {
+    for (const LinearOp* op : {&o, &gate, &up, &down}) check_q4_bias(*op->w4, op->bias);
+    cuda::Q4LayerChain c;
+    c.x = x;
+    c.o = &impl_->weights4.resolve(*o.w4, impl_->stream);
+    c.o_bias = impl_->bias(o.bias);
+    c.gate = &impl_->weights4.resolve(*gate.w4, impl_->stream);
+    c.up = &impl_->weights4.resolve(*up.w4, impl_->stream);
+    c.gate_bias = impl_->bias(gate.bias);
+    c.up_bias = impl_->bias(up.bias);
+    c.act = act;
+    c.down = &impl_->weights4.resolve(*down.w4, impl_->stream);
+    c.down_bias = impl_->bias(down.bias);
+    const auto deferred = [&](const PendingNorm& pn) {
+      cuda::GemvNorm norm{
+          pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, nullptr, nullptr,
+          1,    pn.weight->numel()};
+      norm.sumsq = impl_->norm_sumsq;
+      norm.parts = impl_->num_sms;
+      return norm;
+    };
+    c.mid = deferred(mid);
+    c.next = deferred(next);
+    PendingNorm mid_record = mid;
+    mid_record.record = impl_->norm_sumsq;
+    c.mid_in = norm_in(mid_record);
+    c.barrier = impl_->grid_barrier;
+    if (cuda::launch_gemv_q4_chain(c, impl_->num_sms, impl_->stream)) {
+      mid.deferred = true;
+      mid.record = impl_->norm_sumsq;
+      next.deferred = true;
+      next.record = impl_->norm_sumsq;
+      return;
+    }
+  }
+  Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next);
 }
 
 void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,

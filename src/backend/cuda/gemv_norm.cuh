@@ -71,10 +71,13 @@ __device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, dou
 }
 
 // The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the partial sums in a
-// fixed order (lanes over the slots, then the warp's butterfly), then rmsnorm's formula.
+// fixed order (lanes over the slots, then the warp's butterfly), then rmsnorm's formula. L2: the
+// sums were written earlier in this launch by other blocks, so they are read from L2.
+template <bool L2 = false>
 __device__ __forceinline__ float norm_in_scale(const NormIn& nin, int64_t d) {
   double s = 0.0;
-  for (int i = threadIdx.x % 32; i < nin.parts; i += 32) s += nin.sumsq[i];
+  for (int i = threadIdx.x % 32; i < nin.parts; i += 32)
+    s += L2 ? __ldcg(nin.sumsq + i) : nin.sumsq[i];
   return inv_rms_of(warp_sum(s), d, nin.eps);
 }
 

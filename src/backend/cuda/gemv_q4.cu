@@ -66,9 +66,9 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..10 start the process with that Q4GemvTuning::stages /
-// kernel (end-to-end A/B runs of the code paths without a rebuild); anything else is ignored
-// with a warning.
+// QS_Q4_STAGES=1|4, QS_Q4_KERNEL=1..10 and QS_Q4_CHAIN=0|1 start the process with that
+// Q4GemvTuning::stages / kernel / chain (end-to-end A/B runs of the code paths without a
+// rebuild); anything else is ignored with a warning.
 Q4GemvTuning g_q4_tuning = [] {
   Q4GemvTuning t;
   const char* v = std::getenv("QS_Q4_STAGES");
@@ -80,6 +80,7 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
+  t.chain = env_flag("QS_Q4_CHAIN", t.chain);
   return t;
 }();
 
@@ -132,20 +133,26 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 }
 
 // x[token][col .. col+3] (zeros past m or K). VEC: x 16-byte aligned and K % 4 == 0, so the
-// float4 is entirely inside or entirely outside the row.
-template <bool VEC>
+// float4 is entirely inside or entirely outside the row. L2: x was written earlier in this launch
+// by other blocks (gemv_q4_chain_kernel), so it is read from L2 (ld.global.cg), not through the
+// read-only path.
+template <bool VEC, bool L2 = false>
 __device__ __forceinline__ float4 load_x4(const float* __restrict__ x, int token, int m, int64_t K,
                                           int64_t col) {
   float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
   if (token >= m) return r;
   const float* p = x + token * K + col;
+  auto ld = [](const float* a) { return L2 ? __ldcg(a) : __ldg(a); };
   if constexpr (VEC) {
-    if (col < K) r = __ldg(reinterpret_cast<const float4*>(p));
+    if (col < K) {
+      const float4* a = reinterpret_cast<const float4*>(p);
+      r = L2 ? __ldcg(a) : __ldg(a);
+    }
   } else {
-    if (col < K) r.x = __ldg(p);
-    if (col + 1 < K) r.y = __ldg(p + 1);
-    if (col + 2 < K) r.z = __ldg(p + 2);
-    if (col + 3 < K) r.w = __ldg(p + 3);
+    if (col < K) r.x = ld(p);
+    if (col + 1 < K) r.y = ld(p + 1);
+    if (col + 2 < K) r.z = ld(p + 2);
+    if (col + 3 < K) r.w = ld(p + 3);
   }
   return r;
 }
@@ -840,11 +847,13 @@ __device__ __forceinline__ float with_bias(const CcSegments& segs, int si, int64
 }
 
 // A persistent kernel's finished row sum: added into h with a deferred norm (its square into
-// sq), else stored (gemv_store: into y, or added into h for a fused norm).
+// sq), else stored (gemv_store: into y, or added into h for a fused norm). L2: h is read from L2
+// (other blocks of the launch wrote it; gemv_q4_chain_kernel).
+template <bool L2 = false>
 __device__ __forceinline__ void persist_store_row(const GemvNorm& norm, float* y, int64_t row,
                                                   float sum, double& sq) {
   if (norm.sumsq != nullptr) {
-    const float v = norm.h[row] + sum;
+    const float v = (L2 ? __ldcg(norm.h + row) : norm.h[row]) + sum;
     norm.h[row] = v;
     sq += static_cast<double>(v * v);
   } else {
@@ -1104,22 +1113,23 @@ struct SubActivation {
   // The activation was written by the previous kernel: the loads of up to kBatch groups are in
   // flight together (one L2 round trip instead of one per group, on the launch's critical path),
   // then staged. A NormIn input stages h * weight (wn: preload_norm_weight's first batch); its
-  // 1 / rms scales the sums.
-  template <bool VEC_X>
+  // 1 / rms scales the sums. L2: written earlier in this launch (load_x4), and the weight is
+  // loaded here (wn unused).
+  template <bool VEC_X, bool L2 = false>
   __device__ __forceinline__ void stage(const float4 (&wn)[kBatch]) const {
     for (int g0 = 0; g0 < my_groups; g0 += kBatch) {
       float4 v[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         if (g0 + u < my_groups) {
-          v[u] = load_x4<VEC_X>(x, 0, 1, K, (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane);
+          v[u] = load_x4<VEC_X, L2>(x, 0, 1, K, (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane);
         }
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         if (g0 + u < my_groups) {
           if (nin.sumsq != nullptr) {
-            const float4 w = g0 == 0 ? wn[u] : norm_weight(grp_begin + g0 + u);
+            const float4 w = g0 == 0 && !L2 ? wn[u] : norm_weight(grp_begin + g0 + u);
             v[u] = make_float4(v[u].x * w.x, v[u].y * w.y, v[u].z * w.z, v[u].w * w.w);
           }
           stage_group(grp_begin + g0 + u, v[u]);
@@ -1277,20 +1287,60 @@ __device__ __forceinline__ bool pair_tile(const CcSegments& segs, int64_t tiles,
   return true;
 }
 
+// Where a warp's copies of kernel 10's current pair come from: its two pieces of each tile and
+// (lanes 0..15) one metadata entry, advanced by one group per copy.
+struct PairSource {
+  const uint4* codes[2] = {};
+  const uint2* meta = nullptr;
+  bool has_b = false;
+
+  // Pair `pair` of a launch over `tiles` tiles, from group grp_begin: lanes 0..7 copy tile a's
+  // metadata entry `lane`, lanes 8..15 tile b's entry lane - 8 (zeros for a missing tile b).
+  __device__ __forceinline__ void enter(const CcSegments& segs, int64_t tiles, int64_t groups,
+                                        int64_t grp_begin, int lane, int64_t pair) {
+    int si[2];
+    int64_t local[2];
+    pair_tile(segs, tiles, pair, 0, si[0], local[0]);
+    has_b = pair_tile(segs, tiles, pair, 1, si[1], local[1]);
+    if (!has_b) si[1] = si[0], local[1] = local[0];  // a valid address, read as zeros
+#pragma unroll
+    for (int t = 0; t < 2; ++t) {
+      codes[t] =
+          pick(segs.codes, si[t]) + (local[t] * groups + grp_begin) * kPiecesPerTileGroup + lane;
+    }
+    // Lanes 0..15: the tile whose entry this lane copies (a select: an array indexed by lane
+    // would live in local memory).
+    const bool mb = lane & 8;
+    meta = pick(segs.meta, mb ? si[1] : si[0]) +
+           ((mb ? local[1] : local[0]) * groups + grp_begin) * kMetaPerTileGroup + (lane & 7);
+  }
+
+  // The next group of the pair into ring slot `slot` (cp.async, not committed).
+  __device__ __forceinline__ void copy(uint4* ring, int slot, int lane) {
+    uint4* dst = ring + slot * kPairStageVecs;
+    cp_async_16(dst + lane, codes[0], true);
+    cp_async_16(dst + 32 + lane, codes[0] + 32, true);
+    cp_async_16(dst + 64 + lane, codes[1], has_b);
+    cp_async_16(dst + 96 + lane, codes[1] + 32, has_b);
+    if (lane < 16) {
+      cp_async_8(reinterpret_cast<uint2*>(dst + 2 * kPiecesPerTileGroup) + lane, meta,
+                 lane < 8 || has_b);
+    }
+    codes[0] += kPiecesPerTileGroup, codes[1] += kPiecesPerTileGroup;
+    meta += kMetaPerTileGroup;
+  }
+};
+
 // The fetch side of kernel 10: each call copies the next stage of this warp's (pair, group)
 // sequence (its groups [grp_begin, grp_begin + my_groups) of the pairs blockIdx.x, + gridDim.x,
-// ...) into its ring slot and commits a cp.async group (RingCursor). A lane copies its two
-// pieces of each tile; lanes 0..7 copy tile a's metadata entry `lane`, lanes 8..15 tile b's
-// entry lane - 8 (zeros for a missing tile b).
+// ...) into its ring slot and commits a cp.async group (RingCursor).
 struct PairFetch {
   RingCursor<kPairStages, int> cursor;
   const CcSegments& segs;
   uint4* ring;
   int64_t groups, grp_begin, tiles;
   int lane;
-  const uint4* codes[2] = {};
-  const uint2* meta = nullptr;
-  bool has_b = false;
+  PairSource src;
 
   __device__ PairFetch(const CcSegments& s, uint4* ring_, int64_t groups_, int64_t grp_begin_,
                        int64_t tiles_, int my_pairs, int my_groups, int lane_)
@@ -1303,37 +1353,8 @@ struct PairFetch {
         lane(lane_) {}
 
   __device__ __forceinline__ void operator()() {
-    cursor.next(
-        [&](int64_t pair) {
-          int si[2];
-          int64_t local[2];
-          pair_tile(segs, tiles, pair, 0, si[0], local[0]);
-          has_b = pair_tile(segs, tiles, pair, 1, si[1], local[1]);
-          if (!has_b) si[1] = si[0], local[1] = local[0];  // a valid address, read as zeros
-#pragma unroll
-          for (int t = 0; t < 2; ++t) {
-            codes[t] = pick(segs.codes, si[t]) +
-                       (local[t] * groups + grp_begin) * kPiecesPerTileGroup + lane;
-          }
-          // Lanes 0..15: the tile whose entry this lane copies (a select: an array indexed by
-          // lane would live in local memory).
-          const bool mb = lane & 8;
-          meta = pick(segs.meta, mb ? si[1] : si[0]) +
-                 ((mb ? local[1] : local[0]) * groups + grp_begin) * kMetaPerTileGroup + (lane & 7);
-        },
-        [&](int slot) {
-          uint4* dst = ring + slot * kPairStageVecs;
-          cp_async_16(dst + lane, codes[0], true);
-          cp_async_16(dst + 32 + lane, codes[0] + 32, true);
-          cp_async_16(dst + 64 + lane, codes[1], has_b);
-          cp_async_16(dst + 96 + lane, codes[1] + 32, has_b);
-          if (lane < 16) {
-            cp_async_8(reinterpret_cast<uint2*>(dst + 2 * kPiecesPerTileGroup) + lane, meta,
-                       lane < 8 || has_b);
-          }
-          codes[0] += kPiecesPerTileGroup, codes[1] += kPiecesPerTileGroup;
-          meta += kMetaPerTileGroup;
-        });
+    cursor.next([&](int64_t pair) { src.enter(segs, tiles, groups, grp_begin, lane, pair); },
+                [&](int slot) { src.copy(ring, slot, lane); });
   }
 };
 
@@ -1342,6 +1363,7 @@ struct PairFetch {
 // tile b row g, row g + 8} (lanes of c = 0); thread t * 16 + r (t < 2, r < 16) sums row r of
 // tile t over the warps in kernel 8's order and stores it; a paired launch's threads 0..15 sum
 // row r of both (gate, up) and store the SwiGLU.
+template <bool L2 = false>
 __device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float4* part, int warp,
                                                    int lane, int num_warps, int64_t tiles,
                                                    int64_t pair, const float (&acc)[2][2],
@@ -1371,7 +1393,58 @@ __device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float
   if (!pair_tile(segs, tiles, pair, t, si, local)) return;
   const int64_t row = local * 16 + r;
   if (row < pick(segs.N, si)) {
-    persist_store_row(norm, pick(segs.y, si), row, with_bias(segs, si, row, row_sum(t)), sq);
+    persist_store_row<L2>(norm, pick(segs.y, si), row, with_bias(segs, si, row, row_sum(t)), sq);
+  }
+}
+
+// A warp's place in kernel 10's block: its ring, the block's double-buffered partial sums, where
+// it reads its B registers (sub_x_fragments; xstride uint2s per group) and the groups' scales.
+struct PairWarp {
+  const uint4* ring;
+  float4* partial;
+  const uint2* xbase;
+  int xstride;
+  const float2* gscale;
+  int warp, lane, num_warps, g;
+};
+
+// Kernel 10's compute side over one launch's operands: this warp's pairs [0, my_pairs) of
+// my_groups groups each from grp_begin, every stage taken from the ring in order (slot: the next
+// one; `fetch` refills each slot once it is read, keeping kPairStages - 1 stages ahead), each
+// pair's rows stored by persist_store_pair (scale: 1 / rms of a NormIn input, else 1).
+template <int CHAINS, bool L2, class Fetch>
+__device__ __forceinline__ void pair_walk(Fetch& fetch, const PairWarp& pw, int& slot,
+                                          int64_t grp_begin, int my_pairs, int my_groups,
+                                          const CcSegments& segs, int64_t tiles,
+                                          const GemvNorm& norm, float scale, double& sq) {
+  const int g = pw.g, lane = pw.lane;
+  for (int pj = 0; pj < my_pairs; ++pj) {
+    float acc[2][2] = {};  // [tile][row g, g + 8] (lanes of c = 0)
+    for (int gi = 0; gi < my_groups; ++gi) {
+      __syncwarp();  // every lane has read the slot that this fetch refills
+      fetch();
+      cp_async_wait<kPairStages - 1>();
+      __syncwarp();  // every lane's copies of this stage have landed (lanes read others' meta)
+      const uint4* st = pw.ring + slot * kPairStageVecs;
+      slot = slot + 1 == kPairStages ? 0 : slot + 1;
+      const uint4 w[2][2] = {{st[lane], st[32 + lane]}, {st[64 + lane], st[96 + lane]}};
+      const uint2* mt = reinterpret_cast<const uint2*>(st + 2 * kPiecesPerTileGroup);
+      const uint2 mm[2] = {mt[g], mt[8 + g]};
+      const int64_t grp = grp_begin + gi;
+      const uint2* xf = pw.xbase + grp * pw.xstride;
+      float chain[2][CHAINS][4] = {};
+#pragma unroll
+      for (int k = 0; k < kStepsPerGroup; ++k) {
+        const uint2 b = xf[8 * k];  // one load for both tiles
+        sub_step<CHAINS>(chain[0], w[0][0], w[0][1], k, b);
+        sub_step<CHAINS>(chain[1], w[1][0], w[1][1], k, b);
+      }
+      sub_group_end<CHAINS>(chain[0], mm[0], pw.gscale + grp, acc[0][0], acc[0][1]);
+      sub_group_end<CHAINS>(chain[1], mm[1], pw.gscale + grp, acc[1][0], acc[1][1]);
+    }
+    persist_store_pair<L2>(segs, pw.partial + size_t(pj & 1) * pw.num_warps * 32, pw.warp, lane,
+                           pw.num_warps, tiles, blockIdx.x + int64_t{pj} * gridDim.x, acc, norm,
+                           scale, sq);
   }
 }
 
@@ -1400,39 +1473,185 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   SubActivation{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane}.wait_and_stage<VEC_X>();
   // Only warp 0's threads store the rows (persist_store_pair): the other warps need no scale.
   const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
-  const uint2* xbase = sub_x_fragments(xfrag, zeros, g, c, lane);
-  const int xstride = g < 2 ? 64 : 0;  // uint2s per group
+  const PairWarp pw{ring,           partial,   sub_x_fragments(xfrag, zeros, g, c, lane),
+                    g < 2 ? 64 : 0, gscale,    warp,
+                    lane,           num_warps, g};
   int slot = 0;
   double sq = 0.0;
-  for (int pj = 0; pj < my_pairs; ++pj) {
-    float acc[2][2] = {};  // [tile][row g, g + 8] (lanes of c = 0)
-    for (int gi = 0; gi < my_groups; ++gi) {
-      __syncwarp();  // every lane has read the slot that this fetch refills
-      fetch();
-      cp_async_wait<kPairStages - 1>();
-      __syncwarp();  // every lane's copies of this stage have landed (lanes read others' meta)
-      const uint4* st = ring + slot * kPairStageVecs;
-      slot = slot + 1 == kPairStages ? 0 : slot + 1;
-      const uint4 w[2][2] = {{st[lane], st[32 + lane]}, {st[64 + lane], st[96 + lane]}};
-      const uint2* mt = reinterpret_cast<const uint2*>(st + 2 * kPiecesPerTileGroup);
-      const uint2 mm[2] = {mt[g], mt[8 + g]};
-      const int64_t grp = grp_begin + gi;
-      const uint2* xf = xbase + grp * xstride;
-      float chain[2][CHAINS][4] = {};
-#pragma unroll
-      for (int k = 0; k < kStepsPerGroup; ++k) {
-        const uint2 b = xf[8 * k];  // one load for both tiles
-        sub_step<CHAINS>(chain[0], w[0][0], w[0][1], k, b);
-        sub_step<CHAINS>(chain[1], w[1][0], w[1][1], k, b);
-      }
-      sub_group_end<CHAINS>(chain[0], mm[0], gscale + grp, acc[0][0], acc[0][1]);
-      sub_group_end<CHAINS>(chain[1], mm[1], gscale + grp, acc[1][0], acc[1][1]);
-    }
-    persist_store_pair(segs, partial + size_t(pj & 1) * num_warps * 32, warp, lane, num_warps,
-                       tiles, blockIdx.x + int64_t{pj} * gridDim.x, acc, norm, scale, sq);
-  }
+  pair_walk<CHAINS, false>(fetch, pw, slot, grp_begin, my_pairs, my_groups, segs, tiles, norm,
+                           scale, sq);
   cp_async_wait<0>();
   persist_norm_end(norm, reinterpret_cast<float*>(partial), sq);
+}
+
+// ---- a draft layer's o -> gate/up -> down as one launch (launch_gemv_q4_chain) ------------
+//
+// Kernel 10 three times in one persistent grid (a block per SM), the phases separated by grid
+// barriers instead of launch boundaries: each launch boundary costs ~2.5-3.5 us (the previous
+// grid's tail, the next one's start; bench_ops chain, session 34), while here each warp's ring
+// is already streaming the next phase's weights (which depend on nothing) when the grid waits.
+// A phase is kernel 10's walk over one launch's operands with the same warps, pairs and order,
+// so it computes the same bits as that launch.
+constexpr int kQ4ChainPhases = 3;
+
+struct Q4ChainPhase {
+  CcSegments segs;
+  const float* x;  // the activation: the attention's output, then h (normed on load), then act
+  int64_t K, groups, tiles;
+  GemvNorm norm;  // phases 0 and 2: the deferred norm's producer
+  NormIn nin;     // phase 1: its consumer
+};
+
+// One phase's matrices as the chain's fetch walks them: pair p is tiles 2p and 2p + 1 of one
+// matrix (codes[0] == codes[1]), or with swiglu gate tile p (codes[0]) and up tile p (codes[1]).
+struct ChainWeights {
+  const uint4* codes[2];
+  const uint2* meta[2];
+  int64_t tiles;  // of one matrix
+  int64_t groups;
+  int swiglu;
+};
+
+struct Q4ChainArgs {
+  Q4ChainPhase phase[kQ4ChainPhases];
+  ChainWeights weights[kQ4ChainPhases];
+  int64_t max_groups;  // the shared memory's activation fragments
+  unsigned* barrier;
+};
+
+// A grid-wide barrier for a grid whose blocks are all resident: every block adds to *count, block
+// 0 adds 2^31 - (gridDim.x - 1) and the others 1, so the word's top bit flips when the last
+// block arrives and its low bits return to where they were (no reset between launches). The
+// fences make each block's writes before the barrier visible to every block after it (readers
+// of such data load from L2: ld.global.cg).
+__device__ __forceinline__ void grid_barrier(unsigned* count) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+    __threadfence();
+    const unsigned before = atomicAdd(count, add);
+    unsigned now;
+    do {
+      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(count) : "memory");
+    } while (((before ^ now) & 0x80000000u) == 0);
+    __threadfence();
+  }
+  __syncthreads();
+}
+
+// The fetch side of the chain: PairFetch's sequence for phase 0, then phase 1's, then phase 2's,
+// one ring for all, so that the copies of a phase's first stages are issued during the previous
+// phase's last groups (and the barrier). It reads the phases' ChainWeights from shared memory
+// (`cw`), which keeps its state to PairFetch's.
+struct ChainFetch {
+  const ChainWeights* cw;
+  uint4* ring;
+  int warp, num_warps, lane;
+  int phase = -1, remaining = 0, per_item = 0, left = 0, slot = 0;
+  int64_t item = 0, grp_begin = 0;
+  PairSource src;
+
+  __device__ ChainFetch(const ChainWeights* cw_, uint4* ring_, int warp_, int num_warps_, int lane_)
+      : cw(cw_), ring(ring_), warp(warp_), num_warps(num_warps_), lane(lane_) {}
+
+  __device__ __forceinline__ void enter_phase() {
+    const ChainWeights& w = cw[++phase];
+    grp_begin = w.groups * warp / num_warps;
+    per_item = static_cast<int>(w.groups * (warp + 1) / num_warps - grp_begin);
+    remaining = static_cast<int>(block_items(pair_count(w.tiles * (w.swiglu ? 2 : 1), w.swiglu))) *
+                per_item;
+    left = 0;
+    item = blockIdx.x;
+  }
+
+  // PairSource::enter for pair `item` of the current phase.
+  __device__ __forceinline__ void enter_pair() {
+    const ChainWeights& w = cw[phase];
+    const int64_t ta = w.swiglu ? item : 2 * item;
+    src.has_b = w.swiglu || ta + 1 < w.tiles;
+    const int64_t tb = w.swiglu ? item : src.has_b ? ta + 1 : ta;  // a missing b: read as zeros
+    src.codes[0] = w.codes[0] + (ta * w.groups + grp_begin) * kPiecesPerTileGroup + lane;
+    src.codes[1] = w.codes[1] + (tb * w.groups + grp_begin) * kPiecesPerTileGroup + lane;
+    const bool mb = lane & 8;  // lanes 0..7: tile a's entries, 8..15: tile b's
+    src.meta = w.meta[mb ? 1 : 0] + ((mb ? tb : ta) * w.groups + grp_begin) * kMetaPerTileGroup +
+               (lane & 7);
+  }
+
+  __device__ __forceinline__ void operator()() {
+    while (remaining == 0 && phase + 1 < kQ4ChainPhases) enter_phase();
+    if (remaining > 0) {
+      if (left == 0) {
+        enter_pair();
+        left = per_item;
+        item += gridDim.x;
+      }
+      src.copy(ring, slot, lane);
+      --left, --remaining;
+      slot = slot + 1 == kPairStages ? 0 : slot + 1;
+    }
+    cp_async_commit();
+  }
+};
+
+// One phase of the chain kernel (P: 0, 1, 2): its activation staged (phase 0 after the previous
+// kernel, the others after the grid barrier), kernel 10's walk, its deferred norm's sums.
+template <int P, bool VEC_X, int CHAINS>
+__device__ __forceinline__ void chain_phase_run(const Q4ChainArgs& args, ChainFetch& fetch,
+                                                const PairWarp& pw, int& slot, uint4* xfrag,
+                                                float2* gscale) {
+  const Q4ChainPhase& ph = args.phase[P];
+  const int warp = pw.warp, num_warps = pw.num_warps;
+  const int64_t grp_begin = ph.groups * warp / num_warps;
+  const int my_groups = static_cast<int>(ph.groups * (warp + 1) / num_warps - grp_begin);
+  const int my_pairs = static_cast<int>(block_items(pair_count(ph.tiles, ph.segs.swiglu)));
+  const SubActivation act{ph.x, ph.K, ph.nin, xfrag, gscale, grp_begin, my_groups, pw.lane};
+  if constexpr (P == 0) {
+    pdl_begin();  // the attention's output is the previous kernel's
+  } else {
+    grid_barrier(args.barrier);  // the previous phase's outputs (and norm sums) are written
+  }
+  const float4 unused[SubActivation::kBatch] = {};
+  act.stage<VEC_X, true>(unused);  // from L2; a NormIn's weight loaded as it goes
+  // Only warp 0's threads store the rows (persist_store_pair): the other warps need no scale.
+  const float scale =
+      ph.nin.sumsq != nullptr && warp == 0 ? norm_in_scale<true>(ph.nin, ph.K) : 1.0f;
+  double sq = 0.0;
+  pair_walk<CHAINS, true>(fetch, pw, slot, grp_begin, my_pairs, my_groups, ph.segs, ph.tiles,
+                          ph.norm, scale, sq);
+  if (ph.norm.sumsq != nullptr) gemv_norm_defer_finish(ph.norm, sq);
+}
+
+template <bool VEC_X, int CHAINS>
+__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
+    gemv_q4_chain_kernel(const __grid_constant__ Q4ChainArgs args) {
+  extern __shared__ uint4 p_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int g = lane >> 2, c = lane & 3;
+  const int64_t max_groups = args.max_groups;
+  uint4* ring = p_smem + size_t(warp) * kPairStages * kPairStageVecs;
+  uint4* xfrag = p_smem + size_t(num_warps) * kPairStages * kPairStageVecs;  // [groups][32]
+  float4* partial = reinterpret_cast<float4*>(xfrag + max_groups * 32);      // [2][warps][32]
+  float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 32);  // [groups]
+  uint2* zeros = reinterpret_cast<uint2*>(gscale + ((max_groups + 1) & ~int64_t{1})) + warp * 64;
+  ChainWeights* cw = reinterpret_cast<ChainWeights*>(zeros + (num_warps - warp) * 64);  // [3]
+  if (threadIdx.x == 0) {
+#pragma unroll
+    for (int p = 0; p < kQ4ChainPhases; ++p) cw[p] = args.weights[p];
+  }
+  __syncthreads();
+
+  ChainFetch fetch(cw, ring, warp, num_warps, lane);
+#pragma unroll
+  for (int st = 0; st < kPairStages - 1; ++st) fetch();
+  const PairWarp pw{ring,           partial,   sub_x_fragments(xfrag, zeros, g, c, lane),
+                    g < 2 ? 64 : 0, gscale,    warp,
+                    lane,           num_warps, g};
+  int slot = 0;
+  chain_phase_run<0, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
+  chain_phase_run<1, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
+  chain_phase_run<2, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
+  cp_async_wait<0>();
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
@@ -1832,6 +2051,95 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   return true;
 }
 
+// The chain's phase over one launch's matrices (CcLaunch as kernel 10 would take them).
+Q4ChainPhase chain_phase(const CcLaunch& l, bool swiglu, const GemvNorm& norm, const NormIn& nin) {
+  Q4ChainPhase p{};
+  p.segs = cc_segments(l, 1);  // block_end: tiles
+  p.segs.swiglu = swiglu;
+  p.x = l.x;
+  p.K = l.w[0]->cols;
+  p.groups = l.w[0]->groups;
+  p.tiles = p.segs.block_end[kMaxGemvSegments - 1];
+  p.norm = norm;
+  p.nin = nin;
+  return p;
+}
+
+// Whether the chain's operands are one draft layer's, as launch_gemv_q4_chain documents.
+bool chain_operands_fit(const Q4LayerChain& c, int num_sms) {
+  const DeviceWeight4 *o = c.o, *gate = c.gate, *up = c.up, *down = c.down;
+  if (!o || !gate || !up || !down || !c.x || !c.act || !c.barrier) return false;
+  if (!o->tiled || !gate->tiled || !up->tiled || !down->tiled) return false;
+  const GemvNorm &mid = c.mid, &next = c.next;
+  if (mid.h == nullptr || mid.sumsq == nullptr || next.h != mid.h || next.sumsq == nullptr ||
+      c.mid_in.sumsq != mid.sumsq || mid.m != 1 || next.m != 1 || mid.parts != num_sms ||
+      next.parts != num_sms || c.mid_in.parts != num_sms) {
+    return false;
+  }
+  return o->rows == mid.d && down->rows == next.d && mid.d == next.d && gate->rows == up->rows &&
+         gate->cols == o->rows && up->cols == o->rows && down->cols == gate->rows;
+}
+
+}  // namespace
+
+bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t stream) {
+  const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
+  if (!g_q4_tuning.chain || kernel_choice != kQ4PairKernel || !chain_operands_fit(c, num_sms)) {
+    return false;
+  }
+  Q4ChainArgs args{};
+  args.phase[0] = chain_phase(CcLaunch{c.x, 1, {c.o}, {c.o_bias}, {nullptr}, 1, 0, stream}, false,
+                              c.mid, NormIn{});
+  args.phase[1] = chain_phase(
+      CcLaunch{
+          c.mid.h, 1, {c.gate, c.up}, {c.gate_bias, c.up_bias}, {c.act, nullptr}, 2, 0, stream},
+      true, GemvNorm{}, c.mid_in);
+  args.phase[2] = chain_phase(CcLaunch{c.act, 1, {c.down}, {c.down_bias}, {nullptr}, 1, 0, stream},
+                              false, c.next, NormIn{});
+  const DeviceWeight4* mats[kQ4ChainPhases][2] = {{c.o, c.o}, {c.gate, c.up}, {c.down, c.down}};
+  for (int p = 0; p < kQ4ChainPhases; ++p) {
+    ChainWeights& w = args.weights[p];
+    for (int i = 0; i < 2; ++i) {
+      w.codes[i] = reinterpret_cast<const uint4*>(mats[p][i]->codes);
+      w.meta[i] = reinterpret_cast<const uint2*>(mats[p][i]->meta);
+    }
+    w.tiles = (mats[p][0]->rows + 15) / 16;
+    w.groups = mats[p][0]->groups;
+    w.swiglu = p == 1;
+  }
+  args.barrier = c.barrier;
+  int64_t min_groups = args.phase[0].groups;
+  args.max_groups = 0;
+  bool vec_x = true;
+  for (const Q4ChainPhase& p : args.phase) {
+    min_groups = std::min(min_groups, p.groups);
+    args.max_groups = std::max(args.max_groups, p.groups);
+    vec_x = vec_x && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && p.K % 4 == 0;
+  }
+  // Kernel 10's warps for each launch when every matrix has >= kPMaxWarps groups (its bits).
+  const int warps = static_cast<int>(std::clamp<int64_t>(min_groups, 1, kPMaxWarps));
+  const size_t smem = persist_pair_smem_bytes(warps, args.max_groups) +
+                      kQ4ChainPhases * sizeof(ChainWeights);  // after the zeros
+  const size_t smem_max = max_smem_per_block();
+  if (smem > smem_max) return false;
+  auto* kernel = vec_x ? gemv_q4_chain_kernel<true, 2> : gemv_q4_chain_kernel<false, 2>;
+  static bool opted_in[2] = {};  // above 48 KiB: once per instantiation
+  if (!opted_in[vec_x]) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_max)));
+    opted_in[vec_x] = true;
+  }
+  // The barriers need every block resident at once: one per SM.
+  int resident = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&resident, kernel, warps * 32, smem));
+  if (resident < 1) return false;
+  launch(kernel, static_cast<unsigned>(num_sms), warps * 32, smem, stream, args);
+  CUDA_CHECK_LAUNCH(stream);
+  return true;
+}
+
+namespace {
+
 // The persistent kernel, or the CUDA-core kernel where it does not fit.
 void run_persist(const CcLaunch& l, int num_sms) {
   if (!try_persist(l, num_sms, GemvNorm{})) run_cc(l, num_sms);
@@ -2000,6 +2308,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == 1 || tuning.stages == kRingStages);
   QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= kQ4LastKernel);
+  QS_CHECK(tuning.chain == 0 || tuning.chain == 1);
   g_q4_tuning = tuning;
 }
 

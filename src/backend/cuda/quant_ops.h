@@ -120,6 +120,37 @@ bool launch_gemv_q4_swiglu(const float* x, int m, const DeviceWeight4& gate,
 bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* const* ws,
                                  const DeviceBias* biases, float* const* ys, int count,
                                  const NormIn& nin, int num_sms, cudaStream_t stream);
+// The rest of a draft layer after its attention, as one persistent launch (QS_Q4_CHAIN=1):
+//   1. h += x Wo^T (+ o_bias), its deferred norm's partial sums into mid.sumsq
+//      (launch_gemv_q4_norm with mid);
+//   2. act = silu(norm(h) Wg^T + bg) * (norm(h) Wu^T + bu), norm(h) read through mid_in
+//      (launch_gemv_q4_swiglu with mid_in);
+//   3. h += act Wd^T (+ down_bias), its deferred norm's partial sums into next.sumsq
+//      (launch_gemv_q4_norm with next).
+// The phases are separated by grid-wide barriers on `barrier` (a zeroed device word that every
+// launch leaves as it found it); each warp's cp.async ring runs on across them, so the next
+// phase's first weights stream in while the grid waits. m = 1, every weight tiled, kernel 10's
+// arithmetic (with at least 16 groups per matrix, its bits).
+struct Q4LayerChain {
+  const float* x = nullptr;  // [o.cols]
+  const DeviceWeight4* o = nullptr;
+  DeviceBias o_bias;
+  const DeviceWeight4* gate = nullptr;
+  const DeviceWeight4* up = nullptr;
+  DeviceBias gate_bias, up_bias;
+  float* act = nullptr;  // [gate.rows]
+  const DeviceWeight4* down = nullptr;
+  DeviceBias down_bias;
+  GemvNorm mid;   // sumsq set, mid.h the residual stream
+  NormIn mid_in;  // reads mid.sumsq
+  GemvNorm next;  // sumsq set, next.h == mid.h
+  unsigned* barrier = nullptr;
+};
+// Launches the chain and returns true; launches nothing and returns false unless
+// Q4GemvTuning::chain is set and its kernel runs these operands (kernel 10 chosen, tiled weights
+// of one layer's shapes, shared memory, a grid that can be resident at once).
+bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t stream);
+
 // Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
 // launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
 // when launch_gemv_q4 itself would run that kernel for m rows; otherwise one call per matrix.
@@ -154,6 +185,10 @@ struct Q4GemvTuning {
   // 10 = as 8 with two tiles per ring stage (each activation load feeds both tiles' MMAs, one
   // block barrier per two tiles; the same bits as 8).
   int kernel = 0;
+  // 1: a draft layer's o, gate / up and down as one launch (launch_gemv_q4_chain, which runs
+  // nothing unless it is set; CudaBackend::output_and_mlp); 0: three launches (the default until
+  // measured on a GPU).
+  int chain = 0;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
