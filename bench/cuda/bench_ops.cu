@@ -817,33 +817,43 @@ void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
 // per layer, the codes reaching the registers through registers (stages 1) or the cp.async
 // ring (4), and the default; with `sweep` also every tiles-per-block x warps x path choice. Layers
 // rotate over >= kRotateBytes of weights.
-// A draft layer's o -> gate/up -> down as the model runs them at m = 1 (Backend::output_and_mlp,
-// both norms deferred): as kernel 10's three launches and as one chain launch with grid barriers
-// (Q4GemvTuning::chain), in CUDA graphs over rotating weight copies (cold L2).
-void bench_q4_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t inter) {
+// A draft layer's o -> gate/up -> down and the next layer's q/k/v as the model runs them at m = 1
+// (Backend::output_and_mlp, both norms deferred): as kernel 10's four launches and as one chain
+// launch with grid barriers (Q4GemvTuning::chain), in CUDA graphs over rotating weight copies
+// (cold L2).
+void bench_q4_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
+                         int64_t kv_rows, int64_t inter) {
   auto s = static_cast<cudaStream_t>(be.stream());
-  const double bytes = q4_bytes(Q4Mat{"o", hidden, hidden}, 1) +
-                       2 * q4_bytes(Q4Mat{"gate", inter, hidden}, 1) +
-                       q4_bytes(Q4Mat{"down", hidden, inter}, 1);
+  const double bytes =
+      q4_bytes(Q4Mat{"o", hidden, q_rows}, 1) + 2 * q4_bytes(Q4Mat{"gate", inter, hidden}, 1) +
+      q4_bytes(Q4Mat{"down", hidden, inter}, 1) + q4_bytes(Q4Mat{"q", q_rows, hidden}, 1) +
+      2 * q4_bytes(Q4Mat{"k", kv_rows, hidden}, 1);
   const int copies = static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)));
-  const std::vector<QuantizedWeight4> wo = random_q4_copies(hidden, hidden, copies),
+  const std::vector<QuantizedWeight4> wo = random_q4_copies(hidden, q_rows, copies),
                                       wg = random_q4_copies(inter, hidden, copies),
                                       wu = random_q4_copies(inter, hidden, copies),
-                                      wd = random_q4_copies(hidden, inter, copies);
-  auto x = random_f32(hidden, 5);
+                                      wd = random_q4_copies(hidden, inter, copies),
+                                      wq = random_q4_copies(q_rows, hidden, copies),
+                                      wk = random_q4_copies(kv_rows, hidden, copies),
+                                      wv = random_q4_copies(kv_rows, hidden, copies);
+  auto x = random_f32(q_rows, 5);
   auto h = random_f32(hidden, 6);
   auto norms = random_bf16(2 * hidden, 7, 1.0f, 0.3f);
   WeightView mlp_norm = bf16_view(*norms, 1, hidden, "mlp_norm"), next_norm = mlp_norm;
   next_norm.data = static_cast<const uint16_t*>(norms->ptr) + hidden;
-  DeviceMem proj(hidden * 4), rows(hidden * 4), g(inter * 4), u(inter * 4), act(inter * 4);
+  DeviceMem proj(hidden * 4), rows(hidden * 4), g(inter * 4), u(inter * 4), act(inter * 4),
+      q(q_rows * 4), k(kv_rows * 4), v(kv_rows * 4);
   auto body = [&](int i) {
     const int c = i % copies;
     PendingNorm mid{h->f32(), &mlp_norm, 1e-5f, rows.f32(), false};
     PendingNorm next{h->f32(), &next_norm, 1e-5f, rows.f32(), false};
+    const LinearOp qkv[] = {{nullptr, &wq[c], nullptr, q.f32()},
+                            {nullptr, &wk[c], nullptr, k.f32()},
+                            {nullptr, &wv[c], nullptr, v.f32()}};
     be.output_and_mlp(x->f32(), 1, LinearOp{nullptr, &wo[c], nullptr, proj.f32()}, mid,
                       LinearOp{nullptr, &wg[c], nullptr, g.f32()},
                       LinearOp{nullptr, &wu[c], nullptr, u.f32()}, act.f32(),
-                      LinearOp{nullptr, &wd[c], nullptr, proj.f32()}, next);
+                      LinearOp{nullptr, &wd[c], nullptr, proj.f32()}, next, qkv, 3);
   };
   for (int i = 0; i < copies; ++i) body(i);  // uploads
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
@@ -854,12 +864,12 @@ void bench_q4_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int6
     t.chain = chain;
     cuda::set_q4_gemv_tuning(t);
     const double ms = time_graph_ms(s, body, 20 * copies);
-    std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", chain ? "chain" : "3 launches",
+    std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", chain ? "chain" : "4 launches",
                   ms * 1e3, pct(bytes, ms));
     line += buf;
   }
   cuda::set_q4_gemv_tuning(saved);
-  summary("| w4 layer %s o+gate/up+down %6.1f MB |%s", name, bytes / 1e6, line.c_str());
+  summary("| w4 layer %s o+gate/up+down+next qkv %6.1f MB |%s", name, bytes / 1e6, line.c_str());
   be.release_weights();
 }
 
@@ -939,7 +949,7 @@ void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
       cuda::set_q4_gemv_tuning(saved);
       be.release_weights();
     }
-    bench_q4_output_mlp(be, sh.name, sh.hidden, sh.inter);
+    bench_q4_output_mlp(be, sh.name, sh.hidden, sh.q_rows, sh.kv_rows, sh.inter);
   }
 }
 

@@ -364,18 +364,22 @@ class Backend {
     gate_up_swiglu(pn.out, m, gate, up, out);
   }
 
-  // The rest of a layer after its attention, one call for a backend that runs it as one launch:
-  // linear_add_rmsnorm_deferred(x, m, o, mid), gate_up_swiglu_normed(mid, m, gate, up, act),
-  // linear_add_rmsnorm_deferred(act, m, down, next). mid and next normalize the same residual
-  // stream (mid.h == next.h); o.y and down.y are scratch, as in linear_add_rmsnorm. A fused
-  // backend leaves mid as consumed (deferred, its rows unspecified) and next as the producer
-  // above would, with the same values up to the deferral's rounding.
+  // The rest of a layer after its attention, and the next layer's first matmuls, as one call for
+  // a backend that runs them as one launch: linear_add_rmsnorm_deferred(x, m, o, mid),
+  // gate_up_swiglu_normed(mid, m, gate, up, act), linear_add_rmsnorm_deferred(act, m, down,
+  // next), then matmul_group_normed(next, m, next_ops, next_count) (none for next_count 0: the
+  // model's q/k/v of the next layer). mid and next normalize the same residual stream (mid.h ==
+  // next.h); o.y and down.y are scratch, as in linear_add_rmsnorm. A fused backend leaves mid as
+  // consumed (deferred, its rows unspecified) and next as the producer above would, with the same
+  // values up to the deferral's rounding.
   virtual void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                               const LinearOp& gate, const LinearOp& up, float* act,
-                              const LinearOp& down, PendingNorm& next) {
+                              const LinearOp& down, PendingNorm& next, const LinearOp* next_ops,
+                              int next_count) {
     linear_add_rmsnorm_deferred(x, m, o, mid);
     gate_up_swiglu_normed(mid, m, gate, up, act);
     linear_add_rmsnorm_deferred(act, m, down, next);
+    if (next_count > 0) matmul_group_normed(next, m, next_ops, next_count);
   }
 
   // RoPE of a layer's queries and keys: rope(q, m, num_heads, ...) then rope(k, m, num_kv_heads,

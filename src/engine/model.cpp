@@ -223,21 +223,29 @@ Status Model::check_ids(std::span<const int32_t> ids) const {
 // h and the returned rows are next_norm(h) (in in.out, or deferred); without, the MLP's output is
 // left in proj_, not yet added to h (the caller adds it, fused with the norm that reads the sum
 // where it can), in.out is overwritten and the result is not used.
-PendingNorm Model::layer(int l, float* h, const PendingNorm& in, int m, int pos, KvCache& cache,
-                         const ForwardPath& path, const WeightView* next_norm) {
+std::array<LinearOp, 3> Model::qkv_ops(int l, const ForwardPath& path) const {
+  const LayerWeights& L = weights_.layers[l];
+  static const DraftLayer kNoDraft;
+  const DraftLayer& D = path.draft_weights ? draft_layers_[l] : kNoDraft;
+  return {LinearOp{&L.wq, D.wq.get(), &L.bq, q_->data()},
+          LinearOp{&L.wk, D.wk.get(), &L.bk, k_->data()},
+          LinearOp{&L.wv, D.wv.get(), &L.bv, v_->data()}};
+}
+
+PendingNorm Model::layer(int l, float* h, const PendingNorm& in, bool qkv_ready, int m, int pos,
+                         KvCache& cache, const ForwardPath& path, const WeightView* next_norm,
+                         bool& next_qkv_ready) {
   float* x = in.out;
   const LayerWeights& L = weights_.layers[l];
   static const DraftLayer kNoDraft;
   const DraftLayer& D = path.draft_weights ? draft_layers_[l] : kNoDraft;
   const int64_t d = cfg_.hidden_size;
+  next_qkv_ready = false;
   // HF: scaling = head_dim ** -0.5 in double, applied in f32.
   const AttentionShape shape{cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim,
                              cfg_.attention_scale()};
-  // Attention block.
-  const LinearOp qkv[] = {{&L.wq, D.wq.get(), &L.bq, q_->data()},
-                          {&L.wk, D.wk.get(), &L.bk, k_->data()},
-                          {&L.wv, D.wv.get(), &L.bv, v_->data()}};
-  backend_.matmul_group_normed(in, m, qkv, 3);
+  // Attention block (q/k/v computed by the previous layer's output_and_mlp where qkv_ready).
+  if (!qkv_ready) backend_.matmul_group_normed(in, m, qkv_ops(l, path).data(), 3);
   QuantizedKvSegment segment;
   const KvView view = store_and_view(cache, path, l, pos, m, &segment);  // RoPE'd q and k
   if (path.query_tap) path.query_tap(l, q_->data(), m);
@@ -247,12 +255,17 @@ PendingNorm Model::layer(int l, float* h, const PendingNorm& in, int m, int pos,
   const bool bias_here = comm_ == nullptr || comm_->rank() == 0;
   const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
                               {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
-  if (comm_ == nullptr && next_norm != nullptr) {  // o_proj and the MLP in one backend call
+  if (comm_ == nullptr && next_norm != nullptr) {
+    // o_proj, the MLP and the next layer's q/k/v in one backend call (its attention has read
+    // this layer's q, k and v).
     PendingNorm mlp_in{h, &L.mlp_norm, cfg_.rms_norm_eps, x, false};
     PendingNorm next{h, next_norm, cfg_.rms_norm_eps, x, false};
+    const std::array<LinearOp, 3> next_qkv = qkv_ops(l + 1, path);
     backend_.output_and_mlp(attn_->data(), m, LinearOp{&L.wo, D.wo.get(), &L.bo, proj_->data()},
                             mlp_in, gate_up[0], gate_up[1], gate_->data(),
-                            LinearOp{&L.w_down, D.w_down.get(), nullptr, proj_->data()}, next);
+                            LinearOp{&L.w_down, D.w_down.get(), nullptr, proj_->data()}, next,
+                            next_qkv.data(), 3);
+    next_qkv_ready = true;
     return next;
   }
   const PendingNorm mlp_in = linear_add_norm(attn_->data(), m, L.wo, D.wo.get(),
@@ -293,10 +306,13 @@ Status Model::run(const TokenInput& in, int pos, KvCache& cache, const ForwardPa
   }
   backend_.rmsnorm(h, weights_.layers[0].attn_norm, m, eps, x);
   PendingNorm rows_in{h, &weights_.layers[0].attn_norm, eps, x, false};
+  bool qkv_ready = false;
   for (int l = 0; l < cfg_.num_layers; ++l) {
     const bool last = l + 1 == cfg_.num_layers;
-    rows_in = layer(l, h, rows_in, m, pos, cache, path,
-                    last ? nullptr : &weights_.layers[l + 1].attn_norm);
+    bool next_qkv_ready = false;
+    rows_in = layer(l, h, rows_in, qkv_ready, m, pos, cache, path,
+                    last ? nullptr : &weights_.layers[l + 1].attn_norm, next_qkv_ready);
+    qkv_ready = next_qkv_ready;
   }
 
   // The last residual add, fused with the final norm, only over the rows that produce logits,
@@ -356,8 +372,9 @@ Status Model::prefill_by_layer(std::span<const int32_t> ids, int chunk, KvCache&
       const int m = std::min(chunk, n - start);
       float* h = stream->data() + start * d;
       backend_.rmsnorm(h, weights_.layers[l].attn_norm, m, eps, x);
-      layer(l, h, PendingNorm{h, &weights_.layers[l].attn_norm, eps, x, false}, m, start, cache,
-            path, nullptr);
+      bool next_qkv_ready = false;  // stays false: no next layer is passed
+      layer(l, h, PendingNorm{h, &weights_.layers[l].attn_norm, eps, x, false}, false, m, start,
+            cache, path, nullptr, next_qkv_ready);
       backend_.add(h, proj_->data(), m * d);
       if (progress) progress(static_cast<int64_t>(l) * n + start + m);
     }

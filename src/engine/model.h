@@ -2,6 +2,7 @@
 // tokens (prefill chunk, one decode token, or a speculative verification block).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -126,9 +127,13 @@ class Model {
  private:
   // Activations for m rows; an error naming the size when the backend cannot allocate them.
   Status ensure_scratch(int m);
-  // One decoder layer over m rows (run()'s loop body; see model.cpp).
-  PendingNorm layer(int l, float* h, const PendingNorm& in, int m, int pos, KvCache& cache,
-                    const ForwardPath& path, const WeightView* next_norm);
+  // One decoder layer over m rows (run()'s loop body; see model.cpp). qkv_ready: q_, k_, v_
+  // already hold its projections; next_qkv_ready: it computed the next layer's.
+  PendingNorm layer(int l, float* h, const PendingNorm& in, bool qkv_ready, int m, int pos,
+                    KvCache& cache, const ForwardPath& path, const WeightView* next_norm,
+                    bool& next_qkv_ready);
+  // Layer l's q / k / v projections into q_, k_, v_ (the draft's 4-bit weights on its path).
+  std::array<LinearOp, 3> qkv_ops(int l, const ForwardPath& path) const;
   // A forward's m token ids: host memory (forward) or, chained, backend memory (forward_chained;
   // the argmax then goes to backend memory too).
   struct TokenInput {

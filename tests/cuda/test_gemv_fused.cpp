@@ -314,16 +314,17 @@ TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
   for_each_q4_kernel([&](const std::string& kernel) { deferred_norm_chain(gpu(), kernel); });
 }
 
-// Backend::output_and_mlp with Q4GemvTuning::chain (a draft layer's o -> gate/up -> down as one
-// launch with grid barriers) against the three launches it replaces, from the same h: h and the
-// SwiGLU rows bit for bit and the next 4-bit consumer of the deferred norm bit for bit where every
+// Backend::output_and_mlp with Q4GemvTuning::chain (a draft layer's o -> gate/up -> down, and the
+// next layer's q/k/v, as one launch with grid barriers) against the launches it replaces, from the
+// same h: h, the SwiGLU rows and the next layer's q, k, v (biases on q and k, GQA-sized k and v;
+// three phases with q/k/v after the chain, or four with them in it) bit for bit where every
 // matrix has >= 16 groups (each phase then runs kernel 10's warps, pairs and order); with fewer
 // groups the chain's warps follow the smallest matrix, so the down projection's sums are
-// regrouped (within 1e-6 of h, 1e-5 of the consumer). Each shape runs twice on one backend: a
-// barrier word left unbalanced by the first launch would hang or corrupt the second. Shapes:
-// Llama-like (o with a bias), odd tile counts with K off a group boundary, K % 4 != 0 (the
-// unaligned activation loads), and few groups. m = 2 must not fuse (the separate path, bit for
-// bit).
+// regrouped (within 1e-6 of h, 1e-5 of q/k/v). Each form runs twice on one backend: a barrier
+// word left unbalanced by the first launch would hang or corrupt the second. Shapes: Llama-like
+// (o with a bias), odd tile counts with K off a group boundary (a q/k/v pair straddling two
+// matrices), K % 4 != 0 (the unaligned activation loads), and few groups. m = 2 must not fuse
+// (the separate path, bit for bit).
 void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, bool exact, uint64_t seed) {
   auto q4 = [](int64_t rows, int64_t cols, uint64_t s) {
     std::vector<float> wv = random_normal(static_cast<size_t>(rows * cols), s, 0.05f);
@@ -331,55 +332,71 @@ void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, bool exact, uint64_
     EXPECT_TRUE(q.ok());
     return std::move(q).value();
   };
+  const int64_t kv = d / 4 + 8;  // an odd tile count for d = 2096
   const QuantizedWeight4 wo = q4(d, d, seed), wg = q4(ffn, d, seed + 1), wu = q4(ffn, d, seed + 2),
-                         wd = q4(d, ffn, seed + 3), wq = q4(512, d, seed + 4);
-  HostWeight bo(random_normal(static_cast<size_t>(d), seed + 5, 0.5f), DType::F32, 1, d, "bo");
-  HostWeight mlp_norm(random_normal(static_cast<size_t>(d), seed + 6, 0.3f, 1.0f), DType::BF16, 1,
+                         wd = q4(d, ffn, seed + 3), wq = q4(d, d, seed + 4),
+                         wk = q4(kv, d, seed + 5), wv = q4(kv, d, seed + 6);
+  HostWeight bo(random_normal(static_cast<size_t>(d), seed + 7, 0.5f), DType::F32, 1, d, "bo");
+  HostWeight bq(random_normal(static_cast<size_t>(d), seed + 8, 0.5f), DType::F32, 1, d, "bq");
+  HostWeight bk(random_normal(static_cast<size_t>(kv), seed + 9, 0.5f), DType::BF16, 1, kv, "bk");
+  HostWeight mlp_norm(random_normal(static_cast<size_t>(d), seed + 10, 0.3f, 1.0f), DType::BF16, 1,
                       d, "mlp_norm");
-  HostWeight next_norm(random_normal(static_cast<size_t>(d), seed + 7, 0.3f, 1.0f), DType::BF16, 1,
+  HostWeight next_norm(random_normal(static_cast<size_t>(d), seed + 11, 0.3f, 1.0f), DType::BF16, 1,
                        d, "next_norm");
   const std::string tag = "d=" + std::to_string(d) + " ffn=" + std::to_string(ffn);
   for (int m : {1, 2}) {
-    const std::vector<float> x = random_normal(static_cast<size_t>(m * d), seed + 8 + m);
-    const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), seed + 10 + m, 2.0f);
+    const std::vector<float> x = random_normal(static_cast<size_t>(m * d), seed + 12 + m);
+    const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), seed + 14 + m, 2.0f);
     const DeviceArray xd(gpu, x);
     struct Run {
-      std::vector<float> h, act, consumer;
-      bool mid_deferred, next_deferred;
+      std::vector<float> h, act, q, k, v;
+      bool next_deferred;
     };
-    auto run = [&](bool chain) {
+    // in_chain: q/k/v passed to output_and_mlp (four phases), else launched after it.
+    auto run = [&](bool chain, bool in_chain) {
       cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
       t.chain = chain ? 1 : 0;
       cuda::set_q4_gemv_tuning(t);
       DeviceArray h(gpu, h0), x_rows(gpu, m * d), proj(gpu, m * d), g(gpu, m * ffn),
-          u(gpu, m * ffn), act(gpu, m * ffn), y(gpu, m * 512);
-      x_rows.poison();
-      act.poison();
+          u(gpu, m * ffn), act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv), v(gpu, m * kv);
+      for (DeviceArray* a : {&x_rows, &act, &q, &k, &v}) a->poison();
       PendingNorm mid{h.data(), &mlp_norm.view, kEps, x_rows.data(), false};
       PendingNorm next{h.data(), &next_norm.view, kEps, x_rows.data(), false};
+      const LinearOp qkv[] = {{nullptr, &wq, &bq.view, q.data()},
+                              {nullptr, &wk, &bk.view, k.data()},
+                              {nullptr, &wv, nullptr, v.data()}};
       gpu.output_and_mlp(xd.data(), m, LinearOp{nullptr, &wo, &bo.view, proj.data()}, mid,
                          LinearOp{nullptr, &wg, nullptr, g.data()},
                          LinearOp{nullptr, &wu, nullptr, u.data()}, act.data(),
-                         LinearOp{nullptr, &wd, nullptr, proj.data()}, next);
-      const LinearOp consumer{nullptr, &wq, nullptr, y.data()};
-      gpu.matmul_group_normed(next, m, &consumer, 1);
-      return Run{h.to_host(), act.to_host(), y.to_host(), mid.deferred, next.deferred};
+                         LinearOp{nullptr, &wd, nullptr, proj.data()}, next,
+                         in_chain ? qkv : nullptr, in_chain ? 3 : 0);
+      if (!in_chain) gpu.matmul_group_normed(next, m, qkv, 3);
+      return Run{h.to_host(), act.to_host(), q.to_host(), k.to_host(), v.to_host(), next.deferred};
     };
-    const Run want = run(false);
-    for (int rep = 0; rep < 2; ++rep) {
-      const Run got = run(true);
-      const std::string at = tag + " m=" + std::to_string(m) + " run " + std::to_string(rep);
-      EXPECT_EQ(got.next_deferred, want.next_deferred) << at;
-      EXPECT_EQ(got.act, want.act) << at << " SwiGLU rows";
-      if (exact || m > 1) {
-        EXPECT_EQ(got.h, want.h) << at << " h";
-        EXPECT_EQ(got.consumer, want.consumer) << at << " consumer";
-      } else {
-        EXPECT_LT(testing::rel_error(got.h, want.h), 1e-6) << at << " h";
-        EXPECT_LT(testing::rel_error(got.consumer, want.consumer), 1e-5) << at << " consumer";
+    const Run want = run(false, false);
+    EXPECT_EQ(want.next_deferred, m == 1) << tag;
+    for (const bool in_chain : {false, true}) {
+      for (int rep = 0; rep < 2; ++rep) {
+        const Run got = run(true, in_chain);
+        const std::string at = tag + " m=" + std::to_string(m) + (in_chain ? " 4" : " 3") +
+                               " phases, run " + std::to_string(rep);
+        EXPECT_EQ(got.next_deferred, want.next_deferred) << at;
+        EXPECT_EQ(got.act, want.act) << at << " SwiGLU rows";
+        const std::pair<const std::vector<float>*, const std::vector<float>*> outs[] = {
+            {&got.q, &want.q}, {&got.k, &want.k}, {&got.v, &want.v}};
+        if (exact || m > 1) {
+          EXPECT_EQ(got.h, want.h) << at << " h";
+          for (int i = 0; i < 3; ++i)
+            EXPECT_EQ(*outs[i].first, *outs[i].second) << at << " qkv " << i;
+        } else {
+          EXPECT_LT(testing::rel_error(got.h, want.h), 1e-6) << at << " h";
+          for (int i = 0; i < 3; ++i) {
+            EXPECT_LT(testing::rel_error(*outs[i].first, *outs[i].second), 1e-5)
+                << at << " qkv " << i;
+          }
+        }
       }
     }
-    EXPECT_EQ(want.next_deferred, m == 1) << tag;
   }
   cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
   t.chain = 0;
@@ -387,7 +404,7 @@ void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, bool exact, uint64_
   gpu.release_weights();
 }
 
-TEST_F(CudaOpsTest, Q4ChainEqualsTheThreeLaunches) {
+TEST_F(CudaOpsTest, Q4ChainEqualsTheSeparateLaunches) {
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   q4_chain_case(gpu(), 2048, 5504, true, 400);
   q4_chain_case(gpu(), 2096, 3000, true, 420);

@@ -1123,45 +1123,60 @@ void CudaBackend::gate_up_swiglu_normed(const PendingNorm& pn, int m, const Line
 
 void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                                  const LinearOp& gate, const LinearOp& up, float* act,
-                                 const LinearOp& down, PendingNorm& next) {
-  const bool q4 = o.w4 != nullptr && gate.w4 != nullptr && up.w4 != nullptr && down.w4 != nullptr;
+                                 const LinearOp& down, PendingNorm& next, const LinearOp* next_ops,
+                                 int next_count) {
+  bool q4 = o.w4 != nullptr && gate.w4 != nullptr && up.w4 != nullptr && down.w4 != nullptr;
+  for (int i = 0; i < next_count; ++i) q4 = q4 && next_ops[i].w4 != nullptr;
   if (cuda::q4_gemv_tuning().chain && g_defer_norm && g_fuse_norm && g_fuse_swiglu && m == 1 &&
-      q4 && mid.h == next.h) {
-    for (const LinearOp* op : {&o, &gate, &up, &down}) check_q4_bias(*op->w4, op->bias);
+      q4 && mid.h == next.h && next_count <= cuda::kMaxGemvSegments) {
     cuda::Q4LayerChain c;
+    const auto resolve = [&](const LinearOp& op) {
+      check_q4_bias(*op.w4, op.bias);
+      return &impl_->weights4.resolve(*op.w4, impl_->stream);
+    };
     c.x = x;
-    c.o = &impl_->weights4.resolve(*o.w4, impl_->stream);
+    c.o = resolve(o);
     c.o_bias = impl_->bias(o.bias);
-    c.gate = &impl_->weights4.resolve(*gate.w4, impl_->stream);
-    c.up = &impl_->weights4.resolve(*up.w4, impl_->stream);
+    c.gate = resolve(gate);
+    c.up = resolve(up);
     c.gate_bias = impl_->bias(gate.bias);
     c.up_bias = impl_->bias(up.bias);
     c.act = act;
-    c.down = &impl_->weights4.resolve(*down.w4, impl_->stream);
+    c.down = resolve(down);
     c.down_bias = impl_->bias(down.bias);
-    const auto deferred = [&](const PendingNorm& pn) {
+    const auto deferred = [&](PendingNorm& pn) {
       cuda::GemvNorm norm{
           pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, nullptr, nullptr,
           1,    pn.weight->numel()};
       norm.sumsq = impl_->norm_sumsq;
       norm.parts = impl_->num_sms;
+      pn.record = impl_->norm_sumsq;
       return norm;
     };
     c.mid = deferred(mid);
     c.next = deferred(next);
-    PendingNorm mid_record = mid;
-    mid_record.record = impl_->norm_sumsq;
-    c.mid_in = norm_in(mid_record);
+    c.mid_in = norm_in(mid);
+    c.next_in = norm_in(next);
     c.barrier = impl_->grid_barrier;
-    if (cuda::launch_gemv_q4_chain(c, impl_->num_sms, impl_->stream)) {
-      mid.deferred = true;
-      mid.record = impl_->norm_sumsq;
-      next.deferred = true;
-      next.record = impl_->norm_sumsq;
-      return;
+    c.next_count = next_count;
+    for (int i = 0; i < next_count; ++i) {
+      c.next_w[i] = resolve(next_ops[i]);
+      c.next_bias[i] = impl_->bias(next_ops[i].bias);
+      c.next_y[i] = next_ops[i].y;
+    }
+    // With the next layer's q/k/v (four phases), else without them (three, then their launch).
+    for (const int count : {next_count, 0}) {
+      c.next_count = count;
+      if (cuda::launch_gemv_q4_chain(c, impl_->num_sms, impl_->stream)) {
+        mid.deferred = true;
+        next.deferred = true;
+        if (count < next_count) matmul_group_normed(next, m, next_ops, next_count);
+        return;
+      }
+      if (next_count == 0) break;
     }
   }
-  Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next);
+  Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next, next_ops, next_count);
 }
 
 void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,

@@ -149,12 +149,12 @@ class CudaBackend final : public Backend {
   void gate_up_swiglu_normed(const PendingNorm& pn, int m, const LinearOp& gate, const LinearOp& up,
                              float* out) override;
   // With Q4GemvTuning::chain (QS_Q4_CHAIN=1; off by default until measured), a draft layer's o,
-  // gate / up and down (one row, 4-bit, both norms deferred) run as one persistent launch with
-  // grid barriers between them (launch_gemv_q4_chain: the same bits as kernel 10's three
-  // launches where every matrix has >= 16 groups); otherwise the three calls.
+  // gate / up and down and the next layer's q / k / v (one row, 4-bit, both norms deferred) run
+  // as one persistent launch with grid barriers between them (launch_gemv_q4_chain: the same bits
+  // as kernel 10's four launches where every matrix has >= 16 groups); otherwise the calls.
   void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                       const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
-                      PendingNorm& next) override;
+                      PendingNorm& next, const LinearOp* next_ops, int next_count) override;
   using Backend::quantize_kv;  // the f32 overload
   void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                    int num_kv_heads, int head_dim, int64_t first_group, int n_groups,

@@ -1486,35 +1486,39 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 
 // ---- a draft layer's o -> gate/up -> down as one launch (launch_gemv_q4_chain) ------------
 //
-// Kernel 10 three times in one persistent grid (a block per SM), the phases separated by grid
-// barriers instead of launch boundaries: each launch boundary costs ~2.5-3.5 us (the previous
-// grid's tail, the next one's start; bench_ops chain, session 34), while here each warp's ring
-// is already streaming the next phase's weights (which depend on nothing) when the grid waits.
-// A phase is kernel 10's walk over one launch's operands with the same warps, pairs and order,
-// so it computes the same bits as that launch.
-constexpr int kQ4ChainPhases = 3;
+// Kernel 10 three or four times in one persistent grid (a block per SM), the phases separated by
+// grid barriers instead of launch boundaries: each launch boundary costs ~2.5-3.5 us (the
+// previous grid's tail, the next one's start; bench_ops chain, session 34), while here each
+// warp's ring is already streaming the next phase's weights (which depend on nothing) when the
+// grid waits. A phase is kernel 10's walk over one launch's operands with the same warps, pairs
+// and order, so it computes the same bits as that launch.
+constexpr int kQ4ChainMaxPhases = 4;
 
 struct Q4ChainPhase {
   CcSegments segs;
-  const float* x;  // the activation: the attention's output, then h (normed on load), then act
+  const float* x;  // the activation: the attention's output, then h (normed on load), then act,
+                   // then h again (the next layer's q/k/v)
   int64_t K, groups, tiles;
-  GemvNorm norm;  // phases 0 and 2: the deferred norm's producer
-  NormIn nin;     // phase 1: its consumer
+  GemvNorm norm;  // phases 0 and 2: a deferred norm's producer
+  NormIn nin;     // phases 1 and 3: its consumer
 };
 
-// One phase's matrices as the chain's fetch walks them: pair p is tiles 2p and 2p + 1 of one
-// matrix (codes[0] == codes[1]), or with swiglu gate tile p (codes[0]) and up tile p (codes[1]).
+// One phase's matrices as the chain's fetch walks them: `count` segments whose cumulative tile
+// counts are tile_end (entries past count repeat the total). Pair p is tiles 2p and 2p + 1 of
+// the launch (a pair may straddle two segments), or with swiglu gate tile p (segment 0) and up
+// tile p (segment 1).
 struct ChainWeights {
-  const uint4* codes[2];
-  const uint2* meta[2];
-  int64_t tiles;  // of one matrix
+  const uint4* codes[kMaxGemvSegments];
+  const uint2* meta[kMaxGemvSegments];
+  int64_t tile_end[kMaxGemvSegments];
   int64_t groups;
   int swiglu;
 };
 
 struct Q4ChainArgs {
-  Q4ChainPhase phase[kQ4ChainPhases];
-  ChainWeights weights[kQ4ChainPhases];
+  Q4ChainPhase phase[kQ4ChainMaxPhases];
+  ChainWeights weights[kQ4ChainMaxPhases];
+  int phases;          // 3, or 4 with the next layer's q/k/v
   int64_t max_groups;  // the shared memory's activation fragments
   unsigned* barrier;
 };
@@ -1539,46 +1543,59 @@ __device__ __forceinline__ void grid_barrier(unsigned* count) {
   __syncthreads();
 }
 
-// The fetch side of the chain: PairFetch's sequence for phase 0, then phase 1's, then phase 2's,
-// one ring for all, so that the copies of a phase's first stages are issued during the previous
+// The fetch side of the chain: PairFetch's sequence for phase 0, then phase 1's, and so on, one
+// ring for all, so that the copies of a phase's first stages are issued during the previous
 // phase's last groups (and the barrier). It reads the phases' ChainWeights from shared memory
 // (`cw`), which keeps its state to PairFetch's.
 struct ChainFetch {
   const ChainWeights* cw;
   uint4* ring;
-  int warp, num_warps, lane;
+  int phases, warp, num_warps, lane;
   int phase = -1, remaining = 0, per_item = 0, left = 0, slot = 0;
   int64_t item = 0, grp_begin = 0;
   PairSource src;
 
-  __device__ ChainFetch(const ChainWeights* cw_, uint4* ring_, int warp_, int num_warps_, int lane_)
-      : cw(cw_), ring(ring_), warp(warp_), num_warps(num_warps_), lane(lane_) {}
+  __device__ ChainFetch(const ChainWeights* cw_, uint4* ring_, int phases_, int warp_,
+                        int num_warps_, int lane_)
+      : cw(cw_), ring(ring_), phases(phases_), warp(warp_), num_warps(num_warps_), lane(lane_) {}
 
   __device__ __forceinline__ void enter_phase() {
     const ChainWeights& w = cw[++phase];
     grp_begin = w.groups * warp / num_warps;
     per_item = static_cast<int>(w.groups * (warp + 1) / num_warps - grp_begin);
-    remaining = static_cast<int>(block_items(pair_count(w.tiles * (w.swiglu ? 2 : 1), w.swiglu))) *
-                per_item;
+    remaining =
+        static_cast<int>(block_items(pair_count(w.tile_end[kMaxGemvSegments - 1], w.swiglu))) *
+        per_item;
     left = 0;
     item = blockIdx.x;
   }
 
-  // PairSource::enter for pair `item` of the current phase.
+  // Tile t of the current phase's launch: its segment's codes and metadata at this warp's first
+  // group.
+  __device__ __forceinline__ void tile_at(const ChainWeights& w, int64_t t, const uint4*& codes,
+                                          const uint2*& meta) const {
+    static_assert(kMaxGemvSegments == 3, "two boundaries");
+    const int si = (t >= w.tile_end[0]) + (t >= w.tile_end[1]);
+    const int64_t local = t - (si == 0 ? 0 : w.tile_end[si - 1]);
+    codes = w.codes[si] + (local * w.groups + grp_begin) * kPiecesPerTileGroup + lane;
+    meta = w.meta[si] + (local * w.groups + grp_begin) * kMetaPerTileGroup + (lane & 7);
+  }
+
+  // PairSource::enter for pair `item` of the current phase (a missing tile b reads tile a's
+  // address as zeros).
   __device__ __forceinline__ void enter_pair() {
     const ChainWeights& w = cw[phase];
     const int64_t ta = w.swiglu ? item : 2 * item;
-    src.has_b = w.swiglu || ta + 1 < w.tiles;
-    const int64_t tb = w.swiglu ? item : src.has_b ? ta + 1 : ta;  // a missing b: read as zeros
-    src.codes[0] = w.codes[0] + (ta * w.groups + grp_begin) * kPiecesPerTileGroup + lane;
-    src.codes[1] = w.codes[1] + (tb * w.groups + grp_begin) * kPiecesPerTileGroup + lane;
-    const bool mb = lane & 8;  // lanes 0..7: tile a's entries, 8..15: tile b's
-    src.meta = w.meta[mb ? 1 : 0] + ((mb ? tb : ta) * w.groups + grp_begin) * kMetaPerTileGroup +
-               (lane & 7);
+    src.has_b = w.swiglu || ta + 1 < w.tile_end[kMaxGemvSegments - 1];
+    const int64_t tb = w.swiglu ? w.tile_end[0] + item : src.has_b ? ta + 1 : ta;
+    const uint2 *meta_a, *meta_b;
+    tile_at(w, ta, src.codes[0], meta_a);
+    tile_at(w, tb, src.codes[1], meta_b);
+    src.meta = lane & 8 ? meta_b : meta_a;  // lanes 0..7: tile a's entries, 8..15: tile b's
   }
 
   __device__ __forceinline__ void operator()() {
-    while (remaining == 0 && phase + 1 < kQ4ChainPhases) enter_phase();
+    while (remaining == 0 && phase + 1 < phases) enter_phase();
     if (remaining > 0) {
       if (left == 0) {
         enter_pair();
@@ -1593,7 +1610,7 @@ struct ChainFetch {
   }
 };
 
-// One phase of the chain kernel (P: 0, 1, 2): its activation staged (phase 0 after the previous
+// One phase of the chain kernel (P: 0..3): its activation staged (phase 0 after the previous
 // kernel, the others after the grid barrier), kernel 10's walk, its deferred norm's sums.
 template <int P, bool VEC_X, int CHAINS>
 __device__ __forceinline__ void chain_phase_run(const Q4ChainArgs& args, ChainFetch& fetch,
@@ -1634,14 +1651,14 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   float4* partial = reinterpret_cast<float4*>(xfrag + max_groups * 32);      // [2][warps][32]
   float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 32);  // [groups]
   uint2* zeros = reinterpret_cast<uint2*>(gscale + ((max_groups + 1) & ~int64_t{1})) + warp * 64;
-  ChainWeights* cw = reinterpret_cast<ChainWeights*>(zeros + (num_warps - warp) * 64);  // [3]
+  ChainWeights* cw = reinterpret_cast<ChainWeights*>(zeros + (num_warps - warp) * 64);  // [4]
   if (threadIdx.x == 0) {
 #pragma unroll
-    for (int p = 0; p < kQ4ChainPhases; ++p) cw[p] = args.weights[p];
+    for (int p = 0; p < kQ4ChainMaxPhases; ++p) cw[p] = args.weights[p];
   }
   __syncthreads();
 
-  ChainFetch fetch(cw, ring, warp, num_warps, lane);
+  ChainFetch fetch(cw, ring, args.phases, warp, num_warps, lane);
 #pragma unroll
   for (int st = 0; st < kPairStages - 1; ++st) fetch();
   const PairWarp pw{ring,           partial,   sub_x_fragments(xfrag, zeros, g, c, lane),
@@ -1651,6 +1668,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   chain_phase_run<0, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
   chain_phase_run<1, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
   chain_phase_run<2, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
+  if (args.phases > 3) chain_phase_run<3, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
   cp_async_wait<0>();
 }
 
@@ -2051,10 +2069,12 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   return true;
 }
 
-// The chain's phase over one launch's matrices (CcLaunch as kernel 10 would take them).
-Q4ChainPhase chain_phase(const CcLaunch& l, bool swiglu, const GemvNorm& norm, const NormIn& nin) {
+// The chain's phase over one launch's matrices (CcLaunch as kernel 10 would take them), and the
+// same matrices as its fetch walks them.
+Q4ChainPhase chain_phase(const CcLaunch& l, bool swiglu, const GemvNorm& norm, const NormIn& nin,
+                         ChainWeights& w) {
   Q4ChainPhase p{};
-  p.segs = cc_segments(l, 1);  // block_end: tiles
+  p.segs = cc_segments(l, 1);  // block_end: cumulative tiles, repeated past count
   p.segs.swiglu = swiglu;
   p.x = l.x;
   p.K = l.w[0]->cols;
@@ -2062,6 +2082,13 @@ Q4ChainPhase chain_phase(const CcLaunch& l, bool swiglu, const GemvNorm& norm, c
   p.tiles = p.segs.block_end[kMaxGemvSegments - 1];
   p.norm = norm;
   p.nin = nin;
+  for (int i = 0; i < kMaxGemvSegments; ++i) {
+    w.codes[i] = p.segs.codes[i];
+    w.meta[i] = p.segs.meta[i];
+    w.tile_end[i] = p.segs.block_end[i];
+  }
+  w.groups = p.groups;
+  w.swiglu = swiglu;
   return p;
 }
 
@@ -2076,6 +2103,14 @@ bool chain_operands_fit(const Q4LayerChain& c, int num_sms) {
       next.parts != num_sms || c.mid_in.parts != num_sms) {
     return false;
   }
+  if (c.next_count < 0 || c.next_count > kMaxGemvSegments) return false;
+  if (c.next_count > 0) {
+    if (c.next_in.sumsq != next.sumsq || c.next_in.parts != num_sms) return false;
+    for (int i = 0; i < c.next_count; ++i) {
+      const DeviceWeight4* w = c.next_w[i];
+      if (w == nullptr || !w->tiled || w->cols != next.d || c.next_y[i] == nullptr) return false;
+    }
+  }
   return o->rows == mid.d && down->rows == next.d && mid.d == next.d && gate->rows == up->rows &&
          gate->cols == o->rows && up->cols == o->rows && down->cols == gate->rows;
 }
@@ -2089,37 +2124,38 @@ bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t strea
   }
   Q4ChainArgs args{};
   args.phase[0] = chain_phase(CcLaunch{c.x, 1, {c.o}, {c.o_bias}, {nullptr}, 1, 0, stream}, false,
-                              c.mid, NormIn{});
+                              c.mid, NormIn{}, args.weights[0]);
   args.phase[1] = chain_phase(
       CcLaunch{
           c.mid.h, 1, {c.gate, c.up}, {c.gate_bias, c.up_bias}, {c.act, nullptr}, 2, 0, stream},
-      true, GemvNorm{}, c.mid_in);
+      true, GemvNorm{}, c.mid_in, args.weights[1]);
   args.phase[2] = chain_phase(CcLaunch{c.act, 1, {c.down}, {c.down_bias}, {nullptr}, 1, 0, stream},
-                              false, c.next, NormIn{});
-  const DeviceWeight4* mats[kQ4ChainPhases][2] = {{c.o, c.o}, {c.gate, c.up}, {c.down, c.down}};
-  for (int p = 0; p < kQ4ChainPhases; ++p) {
-    ChainWeights& w = args.weights[p];
-    for (int i = 0; i < 2; ++i) {
-      w.codes[i] = reinterpret_cast<const uint4*>(mats[p][i]->codes);
-      w.meta[i] = reinterpret_cast<const uint2*>(mats[p][i]->meta);
+                              false, c.next, NormIn{}, args.weights[2]);
+  args.phases = 3;
+  if (c.next_count > 0) {
+    CcLaunch l{c.next.h, 1, {}, {}, {}, c.next_count, 0, stream};
+    for (int i = 0; i < c.next_count; ++i) {
+      l.w[i] = c.next_w[i];
+      l.bias[i] = c.next_bias[i];
+      l.y[i] = c.next_y[i];
     }
-    w.tiles = (mats[p][0]->rows + 15) / 16;
-    w.groups = mats[p][0]->groups;
-    w.swiglu = p == 1;
+    args.phase[3] = chain_phase(l, false, GemvNorm{}, c.next_in, args.weights[3]);
+    args.phases = 4;
   }
   args.barrier = c.barrier;
   int64_t min_groups = args.phase[0].groups;
   args.max_groups = 0;
   bool vec_x = true;
-  for (const Q4ChainPhase& p : args.phase) {
-    min_groups = std::min(min_groups, p.groups);
-    args.max_groups = std::max(args.max_groups, p.groups);
-    vec_x = vec_x && reinterpret_cast<uintptr_t>(p.x) % 16 == 0 && p.K % 4 == 0;
+  for (int p = 0; p < args.phases; ++p) {
+    const Q4ChainPhase& ph = args.phase[p];
+    min_groups = std::min(min_groups, ph.groups);
+    args.max_groups = std::max(args.max_groups, ph.groups);
+    vec_x = vec_x && reinterpret_cast<uintptr_t>(ph.x) % 16 == 0 && ph.K % 4 == 0;
   }
   // Kernel 10's warps for each launch when every matrix has >= kPMaxWarps groups (its bits).
   const int warps = static_cast<int>(std::clamp<int64_t>(min_groups, 1, kPMaxWarps));
   const size_t smem = persist_pair_smem_bytes(warps, args.max_groups) +
-                      kQ4ChainPhases * sizeof(ChainWeights);  // after the zeros
+                      kQ4ChainMaxPhases * sizeof(ChainWeights);  // after the zeros
   const size_t smem_max = max_smem_per_block();
   if (smem > smem_max) return false;
   auto* kernel = vec_x ? gemv_q4_chain_kernel<true, 2> : gemv_q4_chain_kernel<false, 2>;

@@ -126,7 +126,9 @@ bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* con
 //   2. act = silu(norm(h) Wg^T + bg) * (norm(h) Wu^T + bu), norm(h) read through mid_in
 //      (launch_gemv_q4_swiglu with mid_in);
 //   3. h += act Wd^T (+ down_bias), its deferred norm's partial sums into next.sumsq
-//      (launch_gemv_q4_norm with next).
+//      (launch_gemv_q4_norm with next);
+//   4. with next_count > 0, the next layer's q/k/v: y_i = norm(h) W_i^T + b_i, norm(h) read
+//      through next_in (launch_gemv_q4_group_normed with next_in).
 // The phases are separated by grid-wide barriers on `barrier` (a zeroed device word that every
 // launch leaves as it found it); each warp's cp.async ring runs on across them, so the next
 // phase's first weights stream in while the grid waits. m = 1, every weight tiled, kernel 10's
@@ -144,6 +146,11 @@ struct Q4LayerChain {
   GemvNorm mid;   // sumsq set, mid.h the residual stream
   NormIn mid_in;  // reads mid.sumsq
   GemvNorm next;  // sumsq set, next.h == mid.h
+  NormIn next_in;      // reads next.sumsq (phase 4)
+  int next_count = 0;  // 0, or 1..kMaxGemvSegments matrices of next.d columns (phase 4)
+  const DeviceWeight4* next_w[kMaxGemvSegments] = {};
+  DeviceBias next_bias[kMaxGemvSegments];
+  float* next_y[kMaxGemvSegments] = {};
   unsigned* barrier = nullptr;
 };
 // Launches the chain and returns true; launches nothing and returns false unless
