@@ -218,27 +218,32 @@ Status Model::check_ids(std::span<const int32_t> ids) const {
   return Status::ok_status();
 }
 
-// Layer l over m rows at [pos, pos + m): h is the residual stream, `in` = attn_norm_l(h) on entry
-// (its rows in in.out, or deferred by the backend). With next_norm, the MLP's output is added to
-// h and the returned rows are next_norm(h) (in in.out, or deferred); without, the MLP's output is
-// left in proj_, not yet added to h (the caller adds it, fused with the norm that reads the sum
-// where it can), in.out is overwritten and the result is not used.
+const Model::DraftLayer& Model::draft_layer(int l, const ForwardPath& path) const {
+  static const DraftLayer kNoDraft;
+  return path.draft_weights ? draft_layers_[l] : kNoDraft;
+}
+
 std::array<LinearOp, 3> Model::qkv_ops(int l, const ForwardPath& path) const {
   const LayerWeights& L = weights_.layers[l];
-  static const DraftLayer kNoDraft;
-  const DraftLayer& D = path.draft_weights ? draft_layers_[l] : kNoDraft;
+  const DraftLayer& D = draft_layer(l, path);
   return {LinearOp{&L.wq, D.wq.get(), &L.bq, q_->data()},
           LinearOp{&L.wk, D.wk.get(), &L.bk, k_->data()},
           LinearOp{&L.wv, D.wv.get(), &L.bv, v_->data()}};
 }
 
+// Layer l over m rows at [pos, pos + m): h is the residual stream, `in` = attn_norm_l(h) on entry
+// (its rows in in.out, or deferred by the backend). With next_norm, the MLP's output is added to
+// h and the returned rows are next_norm(h) (in in.out, or deferred); without, the MLP's output is
+// left in proj_, not yet added to h (the caller adds it, fused with the norm that reads the sum
+// where it can), in.out is overwritten and the result is not used. With qkv_ready, q_, k_, v_
+// already hold the layer's projections (the previous layer's output_and_mlp computed them);
+// next_qkv_ready says whether this one computed the next layer's.
 PendingNorm Model::layer(int l, float* h, const PendingNorm& in, bool qkv_ready, int m, int pos,
                          KvCache& cache, const ForwardPath& path, const WeightView* next_norm,
                          bool& next_qkv_ready) {
   float* x = in.out;
   const LayerWeights& L = weights_.layers[l];
-  static const DraftLayer kNoDraft;
-  const DraftLayer& D = path.draft_weights ? draft_layers_[l] : kNoDraft;
+  const DraftLayer& D = draft_layer(l, path);
   const int64_t d = cfg_.hidden_size;
   next_qkv_ready = false;
   // HF: scaling = head_dim ** -0.5 in double, applied in f32.

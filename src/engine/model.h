@@ -169,6 +169,8 @@ class Model {
   // Drops the draft weights, after telling the backend (their device copies are found by host
   // address: a later weight at the same address must not be taken for one of them).
   void drop_draft_weights();
+  // Layer l's draft copies on a draft path, else none (every entry null).
+  const DraftLayer& draft_layer(int l, const ForwardPath& path) const;
   std::vector<DraftLayer> draft_layers_;
   std::unique_ptr<QuantizedWeight4> draft_lm_head_;
 
