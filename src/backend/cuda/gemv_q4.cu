@@ -36,6 +36,8 @@
 // gemv_q4_persist_sub_kernel (the default for m = 1): the same grid with the codes read as f16
 // subnormals and the activation's hi and lo parts as two token columns of one MMA.
 // gemv_q4_persist_pair_kernel: the same arithmetic with two tiles per ring stage.
+// gemv_q4_chain_kernel: the pair kernel's walk over a draft layer's o, gate / up, down and the
+// next layer's q / k / v in one launch, grid barriers between them (QS_Q4_CHAIN=1).
 //
 // Weights whose group size is not 128 keep the reference layout and run a plain FMA kernel
 // (correctness only; the draft weights use 128).

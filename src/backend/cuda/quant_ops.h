@@ -192,9 +192,9 @@ struct Q4GemvTuning {
   // 10 = as 8 with two tiles per ring stage (each activation load feeds both tiles' MMAs, one
   // block barrier per two tiles; the same bits as 8).
   int kernel = 0;
-  // 1: a draft layer's o, gate / up and down as one launch (launch_gemv_q4_chain, which runs
-  // nothing unless it is set; CudaBackend::output_and_mlp); 0: three launches (the default until
-  // measured on a GPU).
+  // 1: a draft layer's o, gate / up, down and the next layer's q / k / v as one launch
+  // (launch_gemv_q4_chain, which runs nothing unless it is set; CudaBackend::output_and_mlp);
+  // 0: separate launches (the default until measured on a GPU).
   int chain = 0;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
