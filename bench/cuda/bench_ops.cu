@@ -1,7 +1,7 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
 //   bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,
-//                         w4sweep,kvflush,quantkv,qtime,sample,chain]
+//                         w4sweep,kvflush,quantkv,qtime,sample,chain,chaintime]
 //             [--quick] [--profile]
 //
 // sample: sampling on the GPU (one row, five rows, the backend call, a gamma = 4 verdict) at
@@ -13,7 +13,8 @@
 // w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; w4layer: one draft
 // layer's 4-bit launches (grouped as the model runs them) per code path, w4sweep the same with
 // every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
-// list): per-block phase stamps of one quantized-attention call (bench_quant_timeline).
+// list): per-block phase stamps of one quantized-attention call (bench_quant_timeline); chaintime
+// (not in the default list): the same for the draft layer chain (QS_Q4_CHAIN's kernel).
 // Their small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured
 // decode step runs them; w4mm also states the eager time.
 //
@@ -818,32 +819,52 @@ void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
 // ring (4), and the default; with `sweep` also every tiles-per-block x warps x path choice. Layers
 // rotate over >= kRotateBytes of weights.
 // A draft layer's o -> gate/up -> down and the next layer's q/k/v as the model runs them at m = 1
-// (Backend::output_and_mlp, both norms deferred): as kernel 10's four launches and as one chain
-// launch with grid barriers (Q4GemvTuning::chain), in CUDA graphs over rotating weight copies
-// (cold L2).
-void bench_q4_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
-                         int64_t kv_rows, int64_t inter) {
-  auto s = static_cast<cudaStream_t>(be.stream());
-  const double bytes =
-      q4_bytes(Q4Mat{"o", hidden, q_rows}, 1) + 2 * q4_bytes(Q4Mat{"gate", inter, hidden}, 1) +
-      q4_bytes(Q4Mat{"down", hidden, inter}, 1) + q4_bytes(Q4Mat{"q", q_rows, hidden}, 1) +
-      2 * q4_bytes(Q4Mat{"k", kv_rows, hidden}, 1);
-  const int copies = static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)));
-  const std::vector<QuantizedWeight4> wo = random_q4_copies(hidden, q_rows, copies),
-                                      wg = random_q4_copies(inter, hidden, copies),
-                                      wu = random_q4_copies(inter, hidden, copies),
-                                      wd = random_q4_copies(hidden, inter, copies),
-                                      wq = random_q4_copies(q_rows, hidden, copies),
-                                      wk = random_q4_copies(kv_rows, hidden, copies),
-                                      wv = random_q4_copies(kv_rows, hidden, copies);
-  auto x = random_f32(q_rows, 5);
-  auto h = random_f32(hidden, 6);
-  auto norms = random_bf16(2 * hidden, 7, 1.0f, 0.3f);
-  WeightView mlp_norm = bf16_view(*norms, 1, hidden, "mlp_norm"), next_norm = mlp_norm;
-  next_norm.data = static_cast<const uint16_t*>(norms->ptr) + hidden;
-  DeviceMem proj(hidden * 4), rows(hidden * 4), g(inter * 4), u(inter * 4), act(inter * 4),
-      q(q_rows * 4), k(kv_rows * 4), v(kv_rows * 4);
-  auto body = [&](int i) {
+// (Backend::output_and_mlp, both norms deferred), over rotating copies of random 4-bit weights
+// (cold L2 in a CUDA graph).
+struct DraftLayerRest {
+  int64_t hidden, q_rows, kv_rows, inter;
+  double bytes;
+  int copies;
+  std::vector<QuantizedWeight4> wo, wg, wu, wd, wq, wk, wv;
+  std::unique_ptr<DeviceMem> x, h, norms;
+  WeightView mlp_norm, next_norm;
+  DeviceMem proj, rows, g, u, act, q, k, v;
+
+  DraftLayerRest(int64_t hidden_, int64_t q_rows_, int64_t kv_rows_, int64_t inter_)
+      : hidden(hidden_),
+        q_rows(q_rows_),
+        kv_rows(kv_rows_),
+        inter(inter_),
+        bytes(q4_bytes(Q4Mat{"o", hidden, q_rows}, 1) +
+              2 * q4_bytes(Q4Mat{"gate", inter, hidden}, 1) +
+              q4_bytes(Q4Mat{"down", hidden, inter}, 1) + q4_bytes(Q4Mat{"q", q_rows, hidden}, 1) +
+              2 * q4_bytes(Q4Mat{"k", kv_rows, hidden}, 1)),
+        copies(static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)))),
+        wo(random_q4_copies(hidden, q_rows, copies)),
+        wg(random_q4_copies(inter, hidden, copies)),
+        wu(random_q4_copies(inter, hidden, copies)),
+        wd(random_q4_copies(hidden, inter, copies)),
+        wq(random_q4_copies(q_rows, hidden, copies)),
+        wk(random_q4_copies(kv_rows, hidden, copies)),
+        wv(random_q4_copies(kv_rows, hidden, copies)),
+        x(random_f32(q_rows, 5)),
+        h(random_f32(hidden, 6)),
+        norms(random_bf16(2 * hidden, 7, 1.0f, 0.3f)),
+        mlp_norm(bf16_view(*norms, 1, hidden, "mlp_norm")),
+        next_norm(mlp_norm),
+        proj(hidden * 4),
+        rows(hidden * 4),
+        g(inter * 4),
+        u(inter * 4),
+        act(inter * 4),
+        q(q_rows * 4),
+        k(kv_rows * 4),
+        v(kv_rows * 4) {
+    next_norm.data = static_cast<const uint16_t*>(norms->ptr) + hidden;
+  }
+
+  // Call i (weight copy i % copies).
+  void run(CudaBackend& be, int i) {
     const int c = i % copies;
     PendingNorm mid{h->f32(), &mlp_norm, 1e-5f, rows.f32(), false};
     PendingNorm next{h->f32(), &next_norm, 1e-5f, rows.f32(), false};
@@ -854,8 +875,17 @@ void bench_q4_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int6
                       LinearOp{nullptr, &wg[c], nullptr, g.f32()},
                       LinearOp{nullptr, &wu[c], nullptr, u.f32()}, act.f32(),
                       LinearOp{nullptr, &wd[c], nullptr, proj.f32()}, next, qkv, 3);
-  };
-  for (int i = 0; i < copies; ++i) body(i);  // uploads
+  }
+};
+
+// DraftLayerRest as kernel 10's four launches and as one chain launch with grid barriers
+// (Q4GemvTuning::chain).
+void bench_q4_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
+                         int64_t kv_rows, int64_t inter) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  DraftLayerRest layer(hidden, q_rows, kv_rows, inter);
+  auto body = [&](int i) { layer.run(be, i); };
+  for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   std::string line;
   char buf[96];
@@ -863,14 +893,79 @@ void bench_q4_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int6
     cuda::Q4GemvTuning t = saved;
     t.chain = chain;
     cuda::set_q4_gemv_tuning(t);
-    const double ms = time_graph_ms(s, body, 20 * copies);
+    const double ms = time_graph_ms(s, body, 20 * layer.copies);
     std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", chain ? "chain" : "4 launches",
-                  ms * 1e3, pct(bytes, ms));
+                  ms * 1e3, pct(layer.bytes, ms));
     line += buf;
   }
   cuda::set_q4_gemv_tuning(saved);
-  summary("| w4 layer %s o+gate/up+down+next qkv %6.1f MB |%s", name, bytes / 1e6, line.c_str());
+  summary("| w4 layer %s o+gate/up+down+next qkv %6.1f MB |%s", name, layer.bytes / 1e6,
+          line.c_str());
   be.release_weights();
+}
+
+// Where a chain launch's time goes (Q4GemvTuning::chain_timeline): the last of a graph of
+// back-to-back chain launches, per phase the median / max over blocks (us) of its wait (the PDL
+// wait for phase 0, the grid barrier after it: the slowest block's lead), its staging and its
+// walk, and the launch's span from the first block's entry to the last block's end.
+void bench_chain_timeline(CudaBackend& be) {
+  auto s = static_cast<cudaStream_t>(be.stream());
+  struct Shape {
+    const char* name;
+    int64_t hidden, q_rows, kv_rows, inter;
+  };
+  const Shape shapes[] = {{"7b", 4096, 4096, 4096, 11008}, {"8b", 4096, 4096, 1024, 14336}};
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  const int W = cuda::kQ4ChainTimelineSlots;
+  DeviceMem stamps(size_t(sms) * W * sizeof(unsigned long long));
+  for (const Shape& sh : shapes) {
+    DraftLayerRest layer(sh.hidden, sh.q_rows, sh.kv_rows, sh.inter);
+    auto body = [&](int i) { layer.run(be, i); };
+    for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
+    const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+    cuda::Q4GemvTuning t = saved;
+    t.chain = 1;
+    const double ms = [&] {
+      cuda::set_q4_gemv_tuning(t);
+      return time_graph_ms(s, body, 20 * layer.copies);
+    }();
+    t.chain_timeline = static_cast<unsigned long long*>(stamps.ptr);
+    cuda::set_q4_gemv_tuning(t);
+    CUDA_CHECK(cudaMemsetAsync(stamps.ptr, 0, stamps.bytes, s));
+    for (int i = 0; i < 2 * layer.copies; ++i) body(i);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    cuda::set_q4_gemv_tuning(saved);
+    std::vector<unsigned long long> hst(size_t(sms) * W);
+    CUDA_CHECK(cudaMemcpy(hst.data(), stamps.ptr, stamps.bytes, cudaMemcpyDeviceToHost));
+    unsigned long long first = ~0ull, last = 0;
+    for (int b = 0; b < sms; ++b) {
+      const unsigned long long* w = &hst[size_t(b) * W];
+      first = std::min(first, w[0]);
+      for (int i = 1; i < W - 1; ++i) last = std::max(last, w[i]);
+    }
+    auto stat = [&](int from, int to) {  // slot `to` - slot `from` over the blocks, us
+      std::vector<double> v;
+      for (int b = 0; b < sms; ++b) {
+        const unsigned long long* w = &hst[size_t(b) * W];
+        if (w[to] != 0 && w[from] != 0) v.push_back(double(w[to] - w[from]) * 1e-3);
+      }
+      char buf[48];
+      if (v.empty()) return std::string("    -/    -");
+      std::sort(v.begin(), v.end());
+      std::snprintf(buf, sizeof buf, "%5.1f/%5.1f", v[v.size() / 2], v.back());
+      return std::string(buf);
+    };
+    std::string line;
+    const char* names[] = {"o", "gate/up", "down", "qkv"};
+    for (int p = 0; p < 4; ++p) {
+      line += std::string(" ") + names[p] + ": wait " + stat(1 + 4 * p, 2 + 4 * p) + " stage " +
+              stat(2 + 4 * p, 3 + 4 * p) + " walk " + stat(3 + 4 * p, 4 + 4 * p) + " |";
+    }
+    summary("| chaintime %s | call %6.1f us, stamped span %6.1f us | %d blocks |%s", sh.name,
+            ms * 1e3, double(last - first) * 1e-3, sms, line.c_str());
+    be.release_weights();
+  }
 }
 
 void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
@@ -1521,7 +1616,8 @@ int main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,"
-          "w4var,w4layer,w4sweep,kvflush,quantkv,qtime,sample,chain] [--quick] [--profile]\n");
+          "w4var,w4layer,w4sweep,kvflush,quantkv,qtime,sample,chain,chaintime] [--quick] "
+          "[--profile]\n");
       return 2;
     }
   }
@@ -1566,6 +1662,7 @@ int main(int argc, char** argv) {
   if (has("w4var")) bench_gemv_q4_variants(**be, quick);
   if (has("w4layer") || has("w4sweep")) bench_gemv_q4_layer(**be, has("w4sweep"));
   if (has("chain")) bench_gemv_chain(**be);
+  if (has("chaintime")) bench_chain_timeline(**be);
   if (has("kvflush")) bench_quantize_kv(**be);
   if (has("quantkv")) bench_quant_attention(**be, quick);
   if (has("qtime")) bench_quant_timeline(**be);

@@ -1496,6 +1496,12 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 // and order, so it computes the same bits as that launch.
 constexpr int kQ4ChainMaxPhases = 4;
 
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
+}
+
 struct Q4ChainPhase {
   CcSegments segs;
   const float* x;  // the activation: the attention's output, then h (normed on load), then act,
@@ -1523,7 +1529,15 @@ struct Q4ChainArgs {
   int phases;          // 3, or 4 with the next layer's q/k/v
   int64_t max_groups;  // the shared memory's activation fragments
   unsigned* barrier;
+  unsigned long long* timeline;  // Q4GemvTuning::chain_timeline (null: no stamps)
 };
+
+// Thread 0 stamps slot i of this block's timeline entry (Q4GemvTuning::chain_timeline).
+__device__ __forceinline__ void chain_stamp(const Q4ChainArgs& args, int i) {
+  if (args.timeline != nullptr && threadIdx.x == 0) {
+    args.timeline[blockIdx.x * kQ4ChainTimelineSlots + i] = global_ns();
+  }
+}
 
 // A grid-wide barrier for a grid whose blocks are all resident: every block adds to *count, block
 // 0 adds 2^31 - (gridDim.x - 1) and the others 1, so the word's top bit flips when the last
@@ -1533,12 +1547,6 @@ struct Q4ChainArgs {
 // not resident at once: the GPU shared with other work under MPS, say) traps, so the launch
 // fails with an error instead of hanging the process.
 constexpr uint64_t kBarrierTimeoutNs = 2'000'000'000;
-
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
 
 __device__ __forceinline__ void grid_barrier(unsigned* count) {
   __syncthreads();
@@ -1637,13 +1645,16 @@ __device__ __forceinline__ void chain_phase_run(const Q4ChainArgs& args, ChainFe
   const int my_groups = static_cast<int>(ph.groups * (warp + 1) / num_warps - grp_begin);
   const int my_pairs = static_cast<int>(block_items(pair_count(ph.tiles, ph.segs.swiglu)));
   const SubActivation act{ph.x, ph.K, ph.nin, xfrag, gscale, grp_begin, my_groups, pw.lane};
+  chain_stamp(args, 1 + 4 * P);
   if constexpr (P == 0) {
     pdl_begin();  // the attention's output is the previous kernel's
   } else {
     grid_barrier(args.barrier);  // the previous phase's outputs (and norm sums) are written
   }
+  chain_stamp(args, 2 + 4 * P);
   const float4 unused[SubActivation::kBatch] = {};
   act.stage<VEC_X, true>(unused);  // from L2; a NormIn's weight loaded as it goes
+  chain_stamp(args, 3 + 4 * P);
   // Only warp 0's threads store the rows (persist_store_pair): the other warps need no scale.
   const float scale =
       ph.nin.sumsq != nullptr && warp == 0 ? norm_in_scale<true>(ph.nin, ph.K) : 1.0f;
@@ -1651,6 +1662,7 @@ __device__ __forceinline__ void chain_phase_run(const Q4ChainArgs& args, ChainFe
   pair_walk<CHAINS, true>(fetch, pw, slot, grp_begin, my_pairs, my_groups, ph.segs, ph.tiles,
                           ph.norm, scale, sq);
   if (ph.norm.sumsq != nullptr) gemv_norm_defer_finish(ph.norm, sq);
+  chain_stamp(args, 4 + 4 * P);
 }
 
 template <bool VEC_X, int CHAINS>
@@ -1667,6 +1679,17 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 32);  // [groups]
   uint2* zeros = reinterpret_cast<uint2*>(gscale + ((max_groups + 1) & ~int64_t{1})) + warp * 64;
   ChainWeights* cw = reinterpret_cast<ChainWeights*>(zeros + (num_warps - warp) * 64);  // [4]
+  chain_stamp(args, 0);
+  if (args.timeline != nullptr && threadIdx.x == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    args.timeline[blockIdx.x * kQ4ChainTimelineSlots + kQ4ChainTimelineSlots - 1] = sm;
+    if (args.phases < kQ4ChainMaxPhases) {  // the missing phase reads 0
+      for (int i = 1; i <= 4; ++i) {
+        args.timeline[blockIdx.x * kQ4ChainTimelineSlots + 4 * (kQ4ChainMaxPhases - 1) + i] = 0;
+      }
+    }
+  }
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int p = 0; p < kQ4ChainMaxPhases; ++p) cw[p] = args.weights[p];
@@ -2158,6 +2181,7 @@ bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t strea
     args.phases = 4;
   }
   args.barrier = c.barrier;
+  args.timeline = g_q4_tuning.chain_timeline;
   int64_t min_groups = args.phase[0].groups;
   args.max_groups = 0;
   bool vec_x = true;
