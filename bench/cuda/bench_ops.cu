@@ -874,7 +874,7 @@ struct DraftLayerRest {
     be.output_and_mlp(x->f32(), 1, LinearOp{nullptr, &wo[c], nullptr, proj.f32()}, mid,
                       LinearOp{nullptr, &wg[c], nullptr, g.f32()},
                       LinearOp{nullptr, &wu[c], nullptr, u.f32()}, act.f32(),
-                      LinearOp{nullptr, &wd[c], nullptr, proj.f32()}, next, qkv, 3);
+                      LinearOp{nullptr, &wd[c], nullptr, proj.f32()}, next, qkv, 3, nullptr);
   }
 };
 

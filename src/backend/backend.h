@@ -126,6 +126,16 @@ struct RopeQK {
   const float* inv_freq = nullptr;  // host [head_dim / 2]
 };
 
+// The new K/V rows of one layer's step as KvCache::write_with_rope stores them: rope_qk_store_kv's
+// arguments but the keys and values (Backend::output_and_mlp).
+struct KvRowStore {
+  RopeQK rope;
+  int pos = 0;
+  void* k_dst = nullptr;
+  void* v_dst = nullptr;
+  DType dtype = DType::F32;
+};
+
 struct KvView {
   const void* k = nullptr;  // [length - fp_base, row_stride] of row_dtype, row r = position
                             // fp_base + r, post-RoPE
@@ -364,22 +374,30 @@ class Backend {
     gate_up_swiglu(pn.out, m, gate, up, out);
   }
 
-  // The rest of a layer after its attention, and the next layer's first matmuls, as one call for
-  // a backend that runs them as one launch: linear_add_rmsnorm_deferred(x, m, o, mid),
+  // The rest of a layer after its attention, and the next layer's first ops, as one call for a
+  // backend that runs them as one launch: linear_add_rmsnorm_deferred(x, m, o, mid),
   // gate_up_swiglu_normed(mid, m, gate, up, act), linear_add_rmsnorm_deferred(act, m, down,
   // next), then matmul_group_normed(next, m, next_ops, next_count) (none for next_count 0: the
-  // model's q/k/v of the next layer). mid and next normalize the same residual stream (mid.h ==
-  // next.h); o.y and down.y are scratch, as in linear_add_rmsnorm. A fused backend leaves mid as
-  // consumed (deferred, its rows unspecified) and next as the producer above would, with the same
-  // values up to the deferral's rounding.
+  // model's q/k/v of the next layer) and, with next_rows (next_ops: q, k, v), rope_qk_store_kv
+  // of their outputs (the next layer's KvCache::write_with_rope). mid and next normalize the same
+  // residual stream (mid.h == next.h); o.y and down.y are scratch, as in linear_add_rmsnorm. A
+  // fused backend leaves mid as consumed (deferred, its rows unspecified) and next as the
+  // producer above would, with the same values up to the deferral's rounding.
   virtual void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                               const LinearOp& gate, const LinearOp& up, float* act,
                               const LinearOp& down, PendingNorm& next, const LinearOp* next_ops,
-                              int next_count) {
+                              int next_count, const KvRowStore* next_rows) {
     linear_add_rmsnorm_deferred(x, m, o, mid);
     gate_up_swiglu_normed(mid, m, gate, up, act);
     linear_add_rmsnorm_deferred(act, m, down, next);
     if (next_count > 0) matmul_group_normed(next, m, next_ops, next_count);
+    if (next_rows != nullptr) store_next_rows(m, next_ops, next_count, *next_rows);
+  }
+  // output_and_mlp's last step: rope_qk_store_kv of next_ops' q, k and v outputs.
+  void store_next_rows(int m, const LinearOp* next_ops, int next_count, const KvRowStore& rows) {
+    QS_CHECK_MSG(next_count == 3, "output_and_mlp: the K/V rows need the q, k and v ops");
+    rope_qk_store_kv(rows.rope, m, rows.pos, next_ops[1].y, next_ops[2].y, rows.k_dst, rows.v_dst,
+                     rows.dtype);
   }
 
   // RoPE of a layer's queries and keys: rope(q, m, num_heads, ...) then rope(k, m, num_kv_heads,

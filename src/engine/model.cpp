@@ -193,10 +193,13 @@ Status Model::forward_chained(const int32_t* ids, int m, int pos, KvCache& cache
   return run(TokenInput{ids, m, true}, pos, cache, path, rows, nullptr, argmax);
 }
 
+RopeQK Model::rope_qk() const {
+  return RopeQK{q_->data(), cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, inv_freq_.data()};
+}
+
 KvView Model::store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,
-                             QuantizedKvSegment* segment) {
-  const RopeQK rope{q_->data(), cfg_.num_heads, cfg_.num_kv_heads, cfg_.head_dim, inv_freq_.data()};
-  cache.write_with_rope(layer, pos, m, k_->data(), v_->data(), rope);
+                             QuantizedKvSegment* segment, bool rows_written) {
+  if (!rows_written) cache.write_with_rope(layer, pos, m, k_->data(), v_->data(), rope_qk());
   const bool quant = cache.quantized() && path.kv_view.has_value();
   if (quant) cache.quantize_below(layer, quant_boundary(pos + m - 1, cache.group_size()));
   KvView view = cache.view(layer, quant ? path.kv_view : std::nullopt, segment);
@@ -235,9 +238,9 @@ std::array<LinearOp, 3> Model::qkv_ops(int l, const ForwardPath& path) const {
 // (its rows in in.out, or deferred by the backend). With next_norm, the MLP's output is added to
 // h and the returned rows are next_norm(h) (in in.out, or deferred); without, the MLP's output is
 // left in proj_, not yet added to h (the caller adds it, fused with the norm that reads the sum
-// where it can), in.out is overwritten and the result is not used. With qkv_ready, q_, k_, v_
-// already hold the layer's projections (the previous layer's output_and_mlp computed them);
-// next_qkv_ready says whether this one computed the next layer's.
+// where it can), in.out is overwritten and the result is not used. With qkv_ready the previous
+// layer's output_and_mlp has computed this layer's q/k/v, rotated q and k and stored the new K/V
+// rows; next_qkv_ready says whether this one did that for the next layer.
 PendingNorm Model::layer(int l, float* h, const PendingNorm& in, bool qkv_ready, int m, int pos,
                          KvCache& cache, const ForwardPath& path, const WeightView* next_norm,
                          bool& next_qkv_ready) {
@@ -252,7 +255,7 @@ PendingNorm Model::layer(int l, float* h, const PendingNorm& in, bool qkv_ready,
   // Attention block (q/k/v computed by the previous layer's output_and_mlp where qkv_ready).
   if (!qkv_ready) backend_.matmul_group_normed(in, m, qkv_ops(l, path).data(), 3);
   QuantizedKvSegment segment;
-  const KvView view = store_and_view(cache, path, l, pos, m, &segment);  // RoPE'd q and k
+  const KvView view = store_and_view(cache, path, l, pos, m, &segment, qkv_ready);  // RoPE'd q, k
   if (path.query_tap) path.query_tap(l, q_->data(), m);
   backend_.attention(q_->data(), m, pos, shape, view, attn_->data());
   // Tensor parallel: each rank's o_proj covers its heads (a partial sum); the bias goes into the
@@ -261,15 +264,17 @@ PendingNorm Model::layer(int l, float* h, const PendingNorm& in, bool qkv_ready,
   const LinearOp gate_up[] = {{&L.w_gate, D.w_gate.get(), nullptr, gate_->data()},
                               {&L.w_up, D.w_up.get(), nullptr, up_->data()}};
   if (comm_ == nullptr && next_norm != nullptr) {
-    // o_proj, the MLP and the next layer's q/k/v in one backend call (its attention has read
-    // this layer's q, k and v).
+    // o_proj, the MLP and the next layer's q/k/v, RoPE and K/V rows in one backend call (this
+    // layer's attention has read its q, k and v).
     PendingNorm mlp_in{h, &L.mlp_norm, cfg_.rms_norm_eps, x, false};
     PendingNorm next{h, next_norm, cfg_.rms_norm_eps, x, false};
     const std::array<LinearOp, 3> next_qkv = qkv_ops(l + 1, path);
+    const KvCache::RowPair dst = cache.write_targets(l + 1, pos, m);
+    const KvRowStore next_rows{rope_qk(), pos, dst.k, dst.v, cache.row_dtype()};
     backend_.output_and_mlp(attn_->data(), m, LinearOp{&L.wo, D.wo.get(), &L.bo, proj_->data()},
                             mlp_in, gate_up[0], gate_up[1], gate_->data(),
                             LinearOp{&L.w_down, D.w_down.get(), nullptr, proj_->data()}, next,
-                            next_qkv.data(), 3);
+                            next_qkv.data(), 3, &next_rows);
     next_qkv_ready = true;
     return next;
   }

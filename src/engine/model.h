@@ -148,10 +148,13 @@ class Model {
   Status run(const TokenInput& in, int pos, KvCache& cache, const ForwardPath& path, LogitRows rows,
              float* logits, int32_t* argmax);
   // Applies RoPE to q_ and k_ and stores `layer`'s new K/V rows (k_, v_) in the cache (one
-  // backend call: Backend::rope_qk_store_kv), quantizes the groups the last query's
-  // boundary needs, and returns the view attention reads (segment: its storage).
+  // backend call: Backend::rope_qk_store_kv) unless rows_written (the previous layer's
+  // output_and_mlp did), quantizes the groups the last query's boundary needs, and returns the
+  // view attention reads (segment: its storage).
   KvView store_and_view(KvCache& cache, const ForwardPath& path, int layer, int pos, int m,
-                        QuantizedKvSegment* segment);
+                        QuantizedKvSegment* segment, bool rows_written);
+  // RoPE of q_ and k_ with this model's heads and frequencies.
+  RopeQK rope_qk() const;
   void linear(const float* x, int m, const WeightView& w, const QuantizedWeight4* w4,
               const WeightView* bias, float* y);
   // x W^T (+ bias) (W, or the 4-bit w4 when set) added to the residual stream h, then the rows

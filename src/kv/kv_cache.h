@@ -92,6 +92,14 @@ class KvCache {
   // write() of keys before RoPE: rotates rope.q and k in place for positions [pos, pos + m), then
   // stores the rows (Backend::rope_qk_store_kv: one launch where the backend fuses them).
   void write_with_rope(int layer, int pos, int m, float* k, const float* v, const RopeQK& rope);
+  // Where write() / write_with_rope() would store `layer`'s rows [pos, pos + m), with their checks
+  // and counters (written_end() becomes pos + m), for a caller whose backend stores the rows
+  // itself (Backend::output_and_mlp's next_rows).
+  struct RowPair {
+    void* k;
+    void* v;
+  };
+  RowPair write_targets(int layer, int pos, int m) { return begin_write(layer, pos, m); }
 
   // Quantize `layer`'s groups below `end` (a multiple of G) that are not quantized yet, from the
   // buffer. Used by commit() and by a forward over committed-by-construction rows (evaluation).
@@ -149,10 +157,6 @@ class KvCache {
   void* k_row(int layer, int pos) const;
   void* v_row(int layer, int pos) const;
   // The checks and counters of write(layer, pos, m, ...) and where its rows go.
-  struct RowPair {
-    void* k;
-    void* v;
-  };
   RowPair begin_write(int layer, int pos, int m);
 
   KvCacheConfig cfg_;

@@ -16,6 +16,8 @@
 // next 4-bit launch): within a bound of the materialized chain, not bit for bit.
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
 #include <string>
 #include <utility>
 #include <vector>
@@ -314,25 +316,36 @@ TEST_F(CudaOpsTest, DeferredNormMatchesTheMaterializedChain) {
   for_each_q4_kernel([&](const std::string& kernel) { deferred_norm_chain(gpu(), kernel); });
 }
 
-// Backend::output_and_mlp with Q4GemvTuning::chain (a draft layer's o -> gate/up -> down, and the
-// next layer's q/k/v, as one launch with grid barriers) against the launches it replaces, from the
-// same h: h, the SwiGLU rows and the next layer's q, k, v (biases on q and k, GQA-sized k and v;
-// three phases with q/k/v after the chain, or four with them in it) bit for bit where every
-// matrix has >= 16 groups (each phase then runs kernel 10's warps, pairs and order); with fewer
-// groups the chain's warps follow the smallest matrix, so the down projection's sums are
-// regrouped (within 1e-6 of h, 1e-5 of q/k/v). Each form runs twice on one backend: a barrier
-// word left unbalanced by the first launch would hang or corrupt the second. Shapes: Llama-like
-// (o with a bias), odd tile counts with K off a group boundary (a q/k/v pair straddling two
-// matrices), K % 4 != 0 (the unaligned activation loads), and few groups. m = 2 must not fuse
-// (the separate path, bit for bit).
-void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, bool exact, uint64_t seed) {
+// The bits of a float vector (NaN-poisoned outputs compare unequal as floats, f16 rows packed
+// into floats compare as bit patterns).
+std::vector<uint32_t> bits_of(const std::vector<float>& v) {
+  std::vector<uint32_t> b(v.size());
+  std::memcpy(b.data(), v.data(), v.size() * sizeof(float));
+  return b;
+}
+
+// Backend::output_and_mlp with Q4GemvTuning::chain (a draft layer's o -> gate/up -> down, the next
+// layer's q/k/v and, with chain 2, its RoPE and K/V row store, as one launch with grid barriers)
+// against the launches it replaces, from the same h: h, the SwiGLU rows, the next layer's q, k,
+// v (biases on q and k, GQA-sized k and v; after the chain, in it, and rotated with the rows
+// stored at a position near 128K, f32 and f16 rows) bit for bit where every matrix has >= 16
+// groups (each phase then runs kernel 10's warps, pairs and order; the RoPE and the stores
+// rope_qk_store_kv's arithmetic); with fewer groups the chain's warps follow the smallest matrix,
+// so the down projection's sums are regrouped (within 1e-6 of h, 1e-5 of the rest). Each form
+// runs twice on one backend: a barrier word left unbalanced by the first launch would hang or
+// corrupt the second. Shapes: Llama-like (o with a bias; heads of 128), odd tile counts with K off
+// a group boundary (a q/k/v pair straddling two matrices), K % 4 != 0 (the unaligned activation
+// loads), heads of 64 with few groups; the K/V rows where the heads divide q and k. m = 2 must
+// not fuse (the separate path, bit for bit).
+void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim, bool exact,
+                   uint64_t seed) {
   auto q4 = [](int64_t rows, int64_t cols, uint64_t s) {
     std::vector<float> wv = random_normal(static_cast<size_t>(rows * cols), s, 0.05f);
     auto q = quantize_weight4(wv.data(), DType::F32, rows, cols, 128, "w4");
     EXPECT_TRUE(q.ok());
     return std::move(q).value();
   };
-  const int64_t kv = d / 4 + 8;  // an odd tile count for d = 2096
+  const int64_t kv = d % 512 == 0 ? d / 4 : d / 4 + 8;  // odd tile counts off the head sizes
   const QuantizedWeight4 wo = q4(d, d, seed), wg = q4(ffn, d, seed + 1), wu = q4(ffn, d, seed + 2),
                          wd = q4(d, ffn, seed + 3), wq = q4(d, d, seed + 4),
                          wk = q4(kv, d, seed + 5), wv = q4(kv, d, seed + 6);
@@ -343,56 +356,76 @@ void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, bool exact, uint64_
                       d, "mlp_norm");
   HostWeight next_norm(random_normal(static_cast<size_t>(d), seed + 11, 0.3f, 1.0f), DType::BF16, 1,
                        d, "next_norm");
+  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
+  for (int i = 0; i < head_dim / 2; ++i) {
+    inv_freq[i] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / head_dim));
+  }
+  const int pos = 131000;
   const std::string tag = "d=" + std::to_string(d) + " ffn=" + std::to_string(ffn);
   for (int m : {1, 2}) {
     const std::vector<float> x = random_normal(static_cast<size_t>(m * d), seed + 12 + m);
     const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), seed + 14 + m, 2.0f);
     const DeviceArray xd(gpu, x);
     struct Run {
-      std::vector<float> h, act, q, k, v;
+      std::vector<float> h, act, q, k, v, k_rows, v_rows;
       bool next_deferred;
     };
-    // in_chain: q/k/v passed to output_and_mlp (four phases), else launched after it.
-    auto run = [&](bool chain, bool in_chain) {
+    // form 0: q/k/v launched after output_and_mlp; 1: passed to it; 2 and 3: passed with their
+    // K/V rows (f32, f16) to store at pos.
+    auto run = [&](int chain, int form) {
       cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
-      t.chain = chain ? 1 : 0;
+      t.chain = chain;
       cuda::set_q4_gemv_tuning(t);
+      const DType rows_dtype = form == 3 ? DType::F16 : DType::F32;
+      const int64_t row_floats = form == 3 ? (m * kv + 1) / 2 : m * kv;
       DeviceArray h(gpu, h0), x_rows(gpu, m * d), proj(gpu, m * d), g(gpu, m * ffn),
-          u(gpu, m * ffn), act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv), v(gpu, m * kv);
-      for (DeviceArray* a : {&x_rows, &act, &q, &k, &v}) a->poison();
+          u(gpu, m * ffn), act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv), v(gpu, m * kv),
+          k_rows(gpu, row_floats), v_rows(gpu, row_floats);
+      for (DeviceArray* a : {&x_rows, &act, &q, &k, &v, &k_rows, &v_rows}) a->poison();
       PendingNorm mid{h.data(), &mlp_norm.view, kEps, x_rows.data(), false};
       PendingNorm next{h.data(), &next_norm.view, kEps, x_rows.data(), false};
       const LinearOp qkv[] = {{nullptr, &wq, &bq.view, q.data()},
                               {nullptr, &wk, &bk.view, k.data()},
                               {nullptr, &wv, nullptr, v.data()}};
-      gpu.output_and_mlp(xd.data(), m, LinearOp{nullptr, &wo, &bo.view, proj.data()}, mid,
-                         LinearOp{nullptr, &wg, nullptr, g.data()},
-                         LinearOp{nullptr, &wu, nullptr, u.data()}, act.data(),
-                         LinearOp{nullptr, &wd, nullptr, proj.data()}, next,
-                         in_chain ? qkv : nullptr, in_chain ? 3 : 0);
-      if (!in_chain) gpu.matmul_group_normed(next, m, qkv, 3);
-      return Run{h.to_host(), act.to_host(), q.to_host(), k.to_host(), v.to_host(), next.deferred};
+      const KvRowStore rows{RopeQK{q.data(), static_cast<int>(d / head_dim),
+                                   static_cast<int>(kv / head_dim), head_dim, inv_freq.data()},
+                            pos, k_rows.data(), v_rows.data(), rows_dtype};
+      gpu.output_and_mlp(
+          xd.data(), m, LinearOp{nullptr, &wo, &bo.view, proj.data()}, mid,
+          LinearOp{nullptr, &wg, nullptr, g.data()}, LinearOp{nullptr, &wu, nullptr, u.data()},
+          act.data(), LinearOp{nullptr, &wd, nullptr, proj.data()}, next, form > 0 ? qkv : nullptr,
+          form > 0 ? 3 : 0, form >= 2 && kv % head_dim == 0 ? &rows : nullptr);
+      if (form == 0) gpu.matmul_group_normed(next, m, qkv, 3);
+      return Run{h.to_host(), act.to_host(),    q.to_host(),      k.to_host(),
+                 v.to_host(), k_rows.to_host(), v_rows.to_host(), next.deferred};
     };
-    const Run want = run(false, false);
-    EXPECT_EQ(want.next_deferred, m == 1) << tag;
-    for (const bool in_chain : {false, true}) {
+    for (int form = 0; form < 4; ++form) {
+      const Run want = run(0, form);
+      EXPECT_EQ(want.next_deferred, m == 1) << tag;
       for (int rep = 0; rep < 2; ++rep) {
-        const Run got = run(true, in_chain);
-        const std::string at = tag + " m=" + std::to_string(m) + (in_chain ? " 4" : " 3") +
-                               " phases, run " + std::to_string(rep);
+        const Run got = run(form >= 2 ? 2 : 1, form);
+        const std::string at = tag + " m=" + std::to_string(m) + " form " + std::to_string(form) +
+                               ", run " + std::to_string(rep);
         EXPECT_EQ(got.next_deferred, want.next_deferred) << at;
-        EXPECT_EQ(got.act, want.act) << at << " SwiGLU rows";
-        const std::pair<const std::vector<float>*, const std::vector<float>*> outs[] = {
-            {&got.q, &want.q}, {&got.k, &want.k}, {&got.v, &want.v}};
+        EXPECT_EQ(bits_of(got.act), bits_of(want.act)) << at << " SwiGLU rows";
+        const std::vector<float> Run::*outs[] = {&Run::q, &Run::k, &Run::v};
         if (exact || m > 1) {
-          EXPECT_EQ(got.h, want.h) << at << " h";
-          for (int i = 0; i < 3; ++i)
-            EXPECT_EQ(*outs[i].first, *outs[i].second) << at << " qkv " << i;
+          EXPECT_EQ(bits_of(got.h), bits_of(want.h)) << at << " h";
+          for (int i = 0; i < 3; ++i) {
+            EXPECT_EQ(bits_of(got.*outs[i]), bits_of(want.*outs[i])) << at << " qkv " << i;
+          }
+          if (form >= 2 && kv % head_dim == 0) {
+            EXPECT_EQ(bits_of(got.k_rows), bits_of(want.k_rows)) << at << " K rows";
+            EXPECT_EQ(bits_of(got.v_rows), bits_of(want.v_rows)) << at << " V rows";
+          }
         } else {
           EXPECT_LT(testing::rel_error(got.h, want.h), 1e-6) << at << " h";
           for (int i = 0; i < 3; ++i) {
-            EXPECT_LT(testing::rel_error(*outs[i].first, *outs[i].second), 1e-5)
-                << at << " qkv " << i;
+            EXPECT_LT(testing::rel_error(got.*outs[i], want.*outs[i]), 1e-5) << at << " qkv " << i;
+          }
+          if (form == 2 && kv % head_dim == 0) {  // f32 rows (f16 ones are not floats)
+            EXPECT_LT(testing::rel_error(got.k_rows, want.k_rows), 1e-5) << at << " K rows";
+            EXPECT_LT(testing::rel_error(got.v_rows, want.v_rows), 1e-5) << at << " V rows";
           }
         }
       }
@@ -406,10 +439,10 @@ void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, bool exact, uint64_
 
 TEST_F(CudaOpsTest, Q4ChainEqualsTheSeparateLaunches) {
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
-  q4_chain_case(gpu(), 2048, 5504, true, 400);
-  q4_chain_case(gpu(), 2096, 3000, true, 420);
-  q4_chain_case(gpu(), 2050, 3001, true, 440);
-  q4_chain_case(gpu(), 256, 640, false, 460);
+  q4_chain_case(gpu(), 2048, 5504, 128, true, 400);
+  q4_chain_case(gpu(), 2096, 3000, 128, true, 420);
+  q4_chain_case(gpu(), 2050, 3001, 128, true, 440);
+  q4_chain_case(gpu(), 1024, 2816, 64, false, 460);
   cuda::set_q4_gemv_tuning(saved);
 }
 

@@ -1124,7 +1124,7 @@ void CudaBackend::gate_up_swiglu_normed(const PendingNorm& pn, int m, const Line
 void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                                  const LinearOp& gate, const LinearOp& up, float* act,
                                  const LinearOp& down, PendingNorm& next, const LinearOp* next_ops,
-                                 int next_count) {
+                                 int next_count, const KvRowStore* next_rows) {
   bool q4 = o.w4 != nullptr && gate.w4 != nullptr && up.w4 != nullptr && down.w4 != nullptr;
   for (int i = 0; i < next_count; ++i) q4 = q4 && next_ops[i].w4 != nullptr;
   if (cuda::q4_gemv_tuning().chain && g_defer_norm && g_fuse_norm && g_fuse_swiglu && m == 1 &&
@@ -1164,19 +1164,39 @@ void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, Pendi
       c.next_bias[i] = impl_->bias(next_ops[i].bias);
       c.next_y[i] = next_ops[i].y;
     }
-    // With the next layer's q/k/v (four phases), else without them (three, then their launch).
-    for (const int count : {next_count, 0}) {
-      c.next_count = count;
+    // With the next layer's q/k/v and its K/V rows (four phases, the last with RoPE and the
+    // store), else with its q/k/v only, else without them (three phases); what the chain leaves
+    // out runs after it.
+    struct Form {
+      int count;
+      bool rows;
+    };
+    const Form forms[] = {
+        {next_count, next_rows != nullptr && kv_row_dtype_supported(next_rows->dtype)},
+        {next_count, false},
+        {0, false}};
+    for (const Form& f : forms) {
+      if (f.rows && next_rows->rope.head_dim / 2 > cuda::kMaxRopePairs) continue;
+      c.next_count = f.count;
+      c.k_dst = f.rows ? next_rows->k_dst : nullptr;
+      c.v_dst = f.rows ? next_rows->v_dst : nullptr;
+      if (f.rows) {
+        c.f16_rows = next_rows->dtype == DType::F16;
+        c.rope_pos = next_rows->pos;
+        c.head_dim = next_rows->rope.head_dim;
+        c.freqs = rope_freqs(next_rows->rope.head_dim, next_rows->rope.inv_freq);
+      }
       if (cuda::launch_gemv_q4_chain(c, impl_->num_sms, impl_->stream)) {
         mid.deferred = true;
         next.deferred = true;
-        if (count < next_count) matmul_group_normed(next, m, next_ops, next_count);
+        if (f.count < next_count) matmul_group_normed(next, m, next_ops, next_count);
+        if (next_rows != nullptr && !f.rows) store_next_rows(m, next_ops, next_count, *next_rows);
         return;
       }
       if (next_count == 0) break;
     }
   }
-  Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next, next_ops, next_count);
+  Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next, next_ops, next_count, next_rows);
 }
 
 void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,

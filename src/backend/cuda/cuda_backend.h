@@ -151,10 +151,12 @@ class CudaBackend final : public Backend {
   // With Q4GemvTuning::chain (QS_Q4_CHAIN=1; off by default until measured), a draft layer's o,
   // gate / up and down and the next layer's q / k / v (one row, 4-bit, both norms deferred) run
   // as one persistent launch with grid barriers between them (launch_gemv_q4_chain: the same bits
-  // as kernel 10's four launches where every matrix has >= 16 groups); otherwise the calls.
+  // as kernel 10's four launches where every matrix has >= 16 groups); with chain 2 the next
+  // layer's RoPE and K/V row store too (the bits of rope_qk_store_kv); otherwise the calls.
   void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                       const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
-                      PendingNorm& next, const LinearOp* next_ops, int next_count) override;
+                      PendingNorm& next, const LinearOp* next_ops, int next_count,
+                      const KvRowStore* next_rows) override;
   using Backend::quantize_kv;  // the f32 overload
   void quantize_kv(const void* k_rows, const void* v_rows, DType row_dtype, int64_t row_stride,
                    int num_kv_heads, int head_dim, int64_t first_group, int n_groups,

@@ -13,6 +13,7 @@
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/norm_row.cuh"
+#include "backend/cuda/rope_row.cuh"
 
 namespace qs::cuda {
 
@@ -73,15 +74,10 @@ __device__ __forceinline__ int64_t rope_pair(float* x, int64_t idx, int num_head
   const int j = static_cast<int>(idx % half);
   const int64_t row_head = idx / half;  // row * num_heads + head
   const int i = static_cast<int>(row_head / num_heads);
-  const float p = static_cast<float>(pos + i);
-  const float angle = p * freqs.inv_freq[j];
-  double s, c;
-  sincos(static_cast<double>(angle), &s, &c);
-  const float cos_v = static_cast<float>(c), sin_v = static_cast<float>(s);
   float* xh = x + row_head * head_dim;
-  const float x0 = xh[j], x1 = xh[j + half];
-  xh[j] = x0 * cos_v - x1 * sin_v;
-  xh[j + half] = x1 * cos_v + x0 * sin_v;
+  const float2 r = rope_rotate(xh[j], xh[j + half], static_cast<float>(pos + i), freqs.inv_freq[j]);
+  xh[j] = r.x;
+  xh[j + half] = r.y;
   return row_head * head_dim + j;
 }
 
@@ -173,13 +169,6 @@ __global__ void split_kernel(const float* x, int64_t n, T* hi, T* lo) {
   }
 }
 
-// core/dtype.h's f32_to_f16_sat: round to nearest even; finite values beyond +-65504 saturate
-// (__float2half_rn alone would give inf from 65520 on); inf and NaN pass through.
-__device__ __forceinline__ __half to_f16_sat(float v) {
-  if (isfinite(v)) v = fminf(fmaxf(v, -65504.0f), 65504.0f);
-  return __float2half_rn(v);
-}
-
 // One or two row ranges of the same length n (blockIdx.y 0: src0 -> dst0, 1: src1 -> dst1; a
 // single store launches one row of blocks), so that a K/V row pair is one launch.
 __global__ void store_f16_kernel(const float* __restrict__ src0, const float* __restrict__ src1,
@@ -205,16 +194,6 @@ __global__ void store_f16x4_kernel(const float4* __restrict__ src0, const float4
     const float4 v = src[i];
     dst[2 * i] = __halves2half2(to_f16_sat(v.x), to_f16_sat(v.y));
     dst[2 * i + 1] = __halves2half2(to_f16_sat(v.z), to_f16_sat(v.w));
-  }
-}
-
-// One element of a K/V row in the cache's dtype (F16: store_f16_kernel's rounding).
-template <bool F16>
-__device__ __forceinline__ void store_row_value(void* dst, int64_t i, float v) {
-  if constexpr (F16) {
-    static_cast<__half*>(dst)[i] = to_f16_sat(v);
-  } else {
-    static_cast<float*>(dst)[i] = v;
   }
 }
 

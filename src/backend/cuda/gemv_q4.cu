@@ -57,6 +57,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_ops.h"
+#include "backend/cuda/rope_row.cuh"
 
 namespace qs::cuda {
 
@@ -68,7 +69,7 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4, QS_Q4_KERNEL=1..10 and QS_Q4_CHAIN=0|1 start the process with that
+// QS_Q4_STAGES=1|4, QS_Q4_KERNEL=1..10 and QS_Q4_CHAIN=0..2 start the process with that
 // Q4GemvTuning::stages / kernel / chain (end-to-end A/B runs of the code paths without a
 // rebuild); anything else is ignored with a warning.
 Q4GemvTuning g_q4_tuning = [] {
@@ -82,7 +83,7 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
-  t.chain = env_flag("QS_Q4_CHAIN", t.chain);
+  t.chain = env_int("QS_Q4_CHAIN", 0, 2, t.chain);
   return t;
 }();
 
@@ -1413,12 +1414,12 @@ struct PairWarp {
 // Kernel 10's compute side over one launch's operands: this warp's pairs [0, my_pairs) of
 // my_groups groups each from grp_begin, every stage taken from the ring in order (slot: the next
 // one; `fetch` refills each slot once it is read, keeping kPairStages - 1 stages ahead), each
-// pair's rows stored by persist_store_pair (scale: 1 / rms of a NormIn input, else 1).
-template <int CHAINS, bool L2, class Fetch>
+// pair's sums handed to store(part, pair, acc) (persist_store_pair, or the chain's RoPE store;
+// part: this pair's half of the block's double-buffered partial sums).
+template <int CHAINS, class Fetch, class Store>
 __device__ __forceinline__ void pair_walk(Fetch& fetch, const PairWarp& pw, int& slot,
                                           int64_t grp_begin, int my_pairs, int my_groups,
-                                          const CcSegments& segs, int64_t tiles,
-                                          const GemvNorm& norm, float scale, double& sq) {
+                                          Store&& store) {
   const int g = pw.g, lane = pw.lane;
   for (int pj = 0; pj < my_pairs; ++pj) {
     float acc[2][2] = {};  // [tile][row g, g + 8] (lanes of c = 0)
@@ -1444,9 +1445,8 @@ __device__ __forceinline__ void pair_walk(Fetch& fetch, const PairWarp& pw, int&
       sub_group_end<CHAINS>(chain[0], mm[0], pw.gscale + grp, acc[0][0], acc[0][1]);
       sub_group_end<CHAINS>(chain[1], mm[1], pw.gscale + grp, acc[1][0], acc[1][1]);
     }
-    persist_store_pair<L2>(segs, pw.partial + size_t(pj & 1) * pw.num_warps * 32, pw.warp, lane,
-                           pw.num_warps, tiles, blockIdx.x + int64_t{pj} * gridDim.x, acc, norm,
-                           scale, sq);
+    store(pw.partial + size_t(pj & 1) * pw.num_warps * 32, blockIdx.x + int64_t{pj} * gridDim.x,
+          acc);
   }
 }
 
@@ -1480,8 +1480,11 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
                     lane,           num_warps, g};
   int slot = 0;
   double sq = 0.0;
-  pair_walk<CHAINS, false>(fetch, pw, slot, grp_begin, my_pairs, my_groups, segs, tiles, norm,
-                           scale, sq);
+  pair_walk<CHAINS>(fetch, pw, slot, grp_begin, my_pairs, my_groups,
+                    [&](float4* part, int64_t pair, const float(&acc)[2][2]) {
+                      persist_store_pair(segs, part, warp, lane, num_warps, tiles, pair, acc, norm,
+                                         scale, sq);
+                    });
   cp_async_wait<0>();
   persist_norm_end(norm, reinterpret_cast<float*>(partial), sq);
 }
@@ -1515,17 +1518,62 @@ struct Q4ChainPhase {
 // counts are tile_end (entries past count repeat the total). Pair p is tiles 2p and 2p + 1 of
 // the launch (a pair may straddle two segments), or with swiglu gate tile p (segment 0) and up
 // tile p (segment 1).
+// With RoPE (the q/k/v phase of QS_Q4_CHAIN=2): the first rope_pairs[0] pairs are q's, the next
+// rope_pairs[1] k's, each joining tile j and tile j + tiles_per_head / 2 of a head (the rows d
+// and d + head_dim / 2 that rotate together), then v's pairs as above.
 struct ChainWeights {
   const uint4* codes[kMaxGemvSegments];
   const uint2* meta[kMaxGemvSegments];
   int64_t tile_end[kMaxGemvSegments];
   int64_t groups;
   int swiglu;
+  int64_t rope_pairs[2];  // 0, 0 without RoPE
+  int tiles_per_head;
+};
+
+// The launch tiles (a, b) of pair `pair` of a phase (b == a when it has none).
+__device__ __forceinline__ void chain_pair_tiles(const ChainWeights& w, int64_t pair, int64_t& ta,
+                                                 int64_t& tb, bool& has_b) {
+  const int64_t rope = w.rope_pairs[0] + w.rope_pairs[1];
+  if (w.swiglu) {
+    ta = pair, tb = w.tile_end[0] + pair, has_b = true;
+  } else if (pair < rope) {
+    const bool k = pair >= w.rope_pairs[0];
+    const int64_t p = k ? pair - w.rope_pairs[0] : pair;
+    const int half = w.tiles_per_head / 2;
+    ta = (k ? w.tile_end[0] : 0) + (p / half) * w.tiles_per_head + p % half;
+    tb = ta + half, has_b = true;
+  } else {
+    const int64_t first = rope > 0 ? w.tile_end[1] : 0;  // v's tiles follow q's and k's
+    ta = first + 2 * (pair - rope);
+    has_b = ta + 1 < w.tile_end[kMaxGemvSegments - 1];
+    tb = has_b ? ta + 1 : ta;
+  }
+}
+
+// Tile t of a phase's launch: its segment and its tile there.
+__device__ __forceinline__ int chain_tile_segment(const ChainWeights& w, int64_t t,
+                                                  int64_t& local) {
+  static_assert(kMaxGemvSegments == 3, "two boundaries");
+  const int si = (t >= w.tile_end[0]) + (t >= w.tile_end[1]);
+  local = t - (si == 0 ? 0 : w.tile_end[si - 1]);
+  return si;
+}
+
+// The q/k/v phase's RoPE and K/V row store (QS_Q4_CHAIN=2; k_dst null: none), for one row at
+// position pos, as rope_qk_store_kv does it.
+struct ChainRope {
+  RopeFreqs freqs;
+  int pos, head_dim;
+  void* k_dst;
+  void* v_dst;
+  int f16;
 };
 
 struct Q4ChainArgs {
   Q4ChainPhase phase[kQ4ChainMaxPhases];
   ChainWeights weights[kQ4ChainMaxPhases];
+  ChainRope rope;
   int phases;          // 3, or 4 with the next layer's q/k/v
   int64_t max_groups;  // the shared memory's activation fragments
   unsigned* barrier;
@@ -1597,9 +1645,8 @@ struct ChainFetch {
   // group.
   __device__ __forceinline__ void tile_at(const ChainWeights& w, int64_t t, const uint4*& codes,
                                           const uint2*& meta) const {
-    static_assert(kMaxGemvSegments == 3, "two boundaries");
-    const int si = (t >= w.tile_end[0]) + (t >= w.tile_end[1]);
-    const int64_t local = t - (si == 0 ? 0 : w.tile_end[si - 1]);
+    int64_t local;
+    const int si = chain_tile_segment(w, t, local);
     codes = w.codes[si] + (local * w.groups + grp_begin) * kPiecesPerTileGroup + lane;
     meta = w.meta[si] + (local * w.groups + grp_begin) * kMetaPerTileGroup + (lane & 7);
   }
@@ -1608,9 +1655,8 @@ struct ChainFetch {
   // address as zeros).
   __device__ __forceinline__ void enter_pair() {
     const ChainWeights& w = cw[phase];
-    const int64_t ta = w.swiglu ? item : 2 * item;
-    src.has_b = w.swiglu || ta + 1 < w.tile_end[kMaxGemvSegments - 1];
-    const int64_t tb = w.swiglu ? w.tile_end[0] + item : src.has_b ? ta + 1 : ta;
+    int64_t ta, tb;
+    chain_pair_tiles(w, item, ta, tb, src.has_b);
     const uint2 *meta_a, *meta_b;
     tile_at(w, ta, src.codes[0], meta_a);
     tile_at(w, tb, src.codes[1], meta_b);
@@ -1632,6 +1678,49 @@ struct ChainFetch {
     cp_async_commit();
   }
 };
+
+// persist_store_pair for the q/k/v phase with RoPE: threads t * 16 + r (t < 2) sum row r of the
+// pair's tile t; for a q or k pair (tiles j and j + half of a head) the two threads of a rotation
+// exchange their sums and each keeps its side of rope_rotate; every row goes to q, k or v, and
+// k's and v's also into the cache's row at rope.pos (the bits of the separate launches).
+__device__ __forceinline__ void chain_rope_store_pair(const CcSegments& segs, const ChainWeights& w,
+                                                      const ChainRope& rope, float4* part, int warp,
+                                                      int lane, int num_warps, int64_t pair,
+                                                      const float (&acc)[2][2], float scale) {
+  part[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int r = threadIdx.x & 15, t = threadIdx.x >> 4;
+  const float* sums = reinterpret_cast<const float*>(part);
+  float sum = 0.0f;
+  for (int wi = 0; wi < num_warps; ++wi)
+    sum += sums[(wi * 32 + (r & 7) * 4) * 4 + t * 2 + (r >> 3)];
+  sum *= scale;
+  int64_t ta, tb, local;
+  bool has_b;
+  chain_pair_tiles(w, pair, ta, tb, has_b);
+  const int si = chain_tile_segment(w, t == 0 ? ta : tb, local);
+  const int64_t row = local * 16 + r;
+  const bool valid = (t == 0 || has_b) && row < pick(segs.N, si);
+  float v = valid ? with_bias(segs, si, row, sum) : 0.0f;
+  if (pair < w.rope_pairs[0] + w.rope_pairs[1]) {  // the same for all 32 threads
+    const float other = __shfl_xor_sync(0xffffffffu, v, 16);
+    const int half = rope.head_dim / 2;
+    const int j = static_cast<int>(row % rope.head_dim) - (t == 0 ? 0 : half);
+    const float2 rot = rope_rotate(t == 0 ? v : other, t == 0 ? other : v,
+                                   static_cast<float>(rope.pos), rope.freqs.inv_freq[j]);
+    v = t == 0 ? rot.x : rot.y;
+  }
+  if (!valid) return;
+  pick(segs.y, si)[row] = v;
+  if (si == 0) return;  // q stays in its buffer
+  void* dst = si == 1 ? rope.k_dst : rope.v_dst;
+  if (rope.f16) {
+    store_row_value<true>(dst, row, v);
+  } else {
+    store_row_value<false>(dst, row, v);
+  }
+}
 
 // One phase of the chain kernel (P: 0..3): its activation staged (phase 0 after the previous
 // kernel, the others after the grid barrier), kernel 10's walk, its deferred norm's sums.
@@ -1659,8 +1748,17 @@ __device__ __forceinline__ void chain_phase_run(const Q4ChainArgs& args, ChainFe
   const float scale =
       ph.nin.sumsq != nullptr && warp == 0 ? norm_in_scale<true>(ph.nin, ph.K) : 1.0f;
   double sq = 0.0;
-  pair_walk<CHAINS, true>(fetch, pw, slot, grp_begin, my_pairs, my_groups, ph.segs, ph.tiles,
-                          ph.norm, scale, sq);
+  const bool rope = P == 3 && args.rope.k_dst != nullptr;
+  pair_walk<CHAINS>(fetch, pw, slot, grp_begin, my_pairs, my_groups,
+                    [&](float4* part, int64_t pair, const float(&acc)[2][2]) {
+                      if (rope) {
+                        chain_rope_store_pair(ph.segs, args.weights[P], args.rope, part, warp,
+                                              pw.lane, num_warps, pair, acc, scale);
+                      } else {
+                        persist_store_pair<true>(ph.segs, part, warp, pw.lane, num_warps, ph.tiles,
+                                                 pair, acc, ph.norm, scale, sq);
+                      }
+                    });
   if (ph.norm.sumsq != nullptr) gemv_norm_defer_finish(ph.norm, sq);
   chain_stamp(args, 4 + 4 * P);
 }
@@ -2142,6 +2240,14 @@ bool chain_operands_fit(const Q4LayerChain& c, int num_sms) {
     return false;
   }
   if (c.next_count < 0 || c.next_count > kMaxGemvSegments) return false;
+  if (c.k_dst != nullptr) {  // RoPE + store: q, k, v of whole heads, an even tile count per head
+    if (g_q4_tuning.chain < 2 || c.next_count != 3 || c.v_dst == nullptr || c.head_dim <= 0 ||
+        c.head_dim % 32 != 0 || c.head_dim / 2 > kMaxRopePairs ||
+        c.next_w[0]->rows % c.head_dim != 0 || c.next_w[1]->rows % c.head_dim != 0 ||
+        c.next_w[2]->rows != c.next_w[1]->rows) {
+      return false;
+    }
+  }
   if (c.next_count > 0) {
     if (c.next_in.sumsq != next.sumsq || c.next_in.parts != num_sms) return false;
     for (int i = 0; i < c.next_count; ++i) {
@@ -2179,6 +2285,18 @@ bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t strea
     }
     args.phase[3] = chain_phase(l, false, GemvNorm{}, c.next_in, args.weights[3]);
     args.phases = 4;
+    if (c.k_dst != nullptr) {
+      ChainWeights& w = args.weights[3];
+      w.tiles_per_head = c.head_dim / 16;
+      w.rope_pairs[0] = c.next_w[0]->rows / 32;  // tiles / 2
+      w.rope_pairs[1] = c.next_w[1]->rows / 32;
+      args.rope.freqs = c.freqs;
+      args.rope.pos = c.rope_pos;
+      args.rope.head_dim = c.head_dim;
+      args.rope.k_dst = c.k_dst;
+      args.rope.v_dst = c.v_dst;
+      args.rope.f16 = c.f16_rows ? 1 : 0;
+    }
   }
   args.barrier = c.barrier;
   args.timeline = g_q4_tuning.chain_timeline;
@@ -2383,7 +2501,7 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == 1 || tuning.stages == kRingStages);
   QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= kQ4LastKernel);
-  QS_CHECK(tuning.chain == 0 || tuning.chain == 1);
+  QS_CHECK(tuning.chain >= 0 && tuning.chain <= 2);
   g_q4_tuning = tuning;
 }
 

@@ -151,6 +151,15 @@ struct Q4LayerChain {
   const DeviceWeight4* next_w[kMaxGemvSegments] = {};
   DeviceBias next_bias[kMaxGemvSegments];
   float* next_y[kMaxGemvSegments] = {};
+  // With k_dst set (next_count 3: q, k, v; Q4GemvTuning::chain 2), phase 4 also rotates q and k
+  // for position rope_pos and stores the rotated k and v rows at k_dst / v_dst (f16 or f32), as
+  // launch_rope_qk_store_kv does after the q/k/v launch. head_dim % 32 == 0.
+  void* k_dst = nullptr;
+  void* v_dst = nullptr;
+  bool f16_rows = false;
+  int rope_pos = 0;
+  int head_dim = 0;
+  RopeFreqs freqs{};
   unsigned* barrier = nullptr;
 };
 // Launches the chain and returns true; launches nothing and returns false unless
@@ -194,7 +203,8 @@ struct Q4GemvTuning {
   int kernel = 0;
   // 1: a draft layer's o, gate / up, down and the next layer's q / k / v as one launch
   // (launch_gemv_q4_chain, which runs nothing unless it is set; CudaBackend::output_and_mlp);
-  // 0: separate launches (the default until measured on a GPU).
+  // 2: with the next layer's RoPE and K/V row store in it too; 0: separate launches (the default
+  // until measured on a GPU).
   int chain = 0;
   // Diagnostics (bench_ops --sections chaintime): non-null, a device buffer of
   // kQ4ChainTimelineSlots words per SM into which every block of every chain launch writes
