@@ -50,6 +50,7 @@
 #include <cstdlib>
 #include <cstring>
 
+#include "backend/cuda/chain_map.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/env_switch.h"
@@ -1514,51 +1515,15 @@ struct Q4ChainPhase {
   NormIn nin;     // phases 1 and 3: its consumer
 };
 
-// One phase's matrices as the chain's fetch walks them: `count` segments whose cumulative tile
-// counts are tile_end (entries past count repeat the total). Pair p is tiles 2p and 2p + 1 of
-// the launch (a pair may straddle two segments), or with swiglu gate tile p (segment 0) and up
-// tile p (segment 1).
-// With RoPE (the q/k/v phase of QS_Q4_CHAIN=2): the first rope_pairs[0] pairs are q's, the next
-// rope_pairs[1] k's, each joining tile j and tile j + tiles_per_head / 2 of a head (the rows d
-// and d + head_dim / 2 that rotate together), then v's pairs as above.
+// One phase's matrices as the chain's fetch walks them: their codes and metadata, the pairs'
+// tiles (chain_map.h).
 struct ChainWeights {
   const uint4* codes[kMaxGemvSegments];
   const uint2* meta[kMaxGemvSegments];
-  int64_t tile_end[kMaxGemvSegments];
   int64_t groups;
-  int swiglu;
-  int64_t rope_pairs[2];  // 0, 0 without RoPE
-  int tiles_per_head;
+  ChainPairMap map;
 };
-
-// The launch tiles (a, b) of pair `pair` of a phase (b == a when it has none).
-__device__ __forceinline__ void chain_pair_tiles(const ChainWeights& w, int64_t pair, int64_t& ta,
-                                                 int64_t& tb, bool& has_b) {
-  const int64_t rope = w.rope_pairs[0] + w.rope_pairs[1];
-  if (w.swiglu) {
-    ta = pair, tb = w.tile_end[0] + pair, has_b = true;
-  } else if (pair < rope) {
-    const bool k = pair >= w.rope_pairs[0];
-    const int64_t p = k ? pair - w.rope_pairs[0] : pair;
-    const int half = w.tiles_per_head / 2;
-    ta = (k ? w.tile_end[0] : 0) + (p / half) * w.tiles_per_head + p % half;
-    tb = ta + half, has_b = true;
-  } else {
-    const int64_t first = rope > 0 ? w.tile_end[1] : 0;  // v's tiles follow q's and k's
-    ta = first + 2 * (pair - rope);
-    has_b = ta + 1 < w.tile_end[kMaxGemvSegments - 1];
-    tb = has_b ? ta + 1 : ta;
-  }
-}
-
-// Tile t of a phase's launch: its segment and its tile there.
-__device__ __forceinline__ int chain_tile_segment(const ChainWeights& w, int64_t t,
-                                                  int64_t& local) {
-  static_assert(kMaxGemvSegments == 3, "two boundaries");
-  const int si = (t >= w.tile_end[0]) + (t >= w.tile_end[1]);
-  local = t - (si == 0 ? 0 : w.tile_end[si - 1]);
-  return si;
-}
+static_assert(kMaxGemvSegments == kChainSegments, "one map entry per matrix");
 
 // The q/k/v phase's RoPE and K/V row store (QS_Q4_CHAIN=2; k_dst null: none), for one row at
 // position pos, as rope_qk_store_kv does it.
@@ -1634,9 +1599,7 @@ struct ChainFetch {
     const ChainWeights& w = cw[++phase];
     grp_begin = w.groups * warp / num_warps;
     per_item = static_cast<int>(w.groups * (warp + 1) / num_warps - grp_begin);
-    remaining =
-        static_cast<int>(block_items(pair_count(w.tile_end[kMaxGemvSegments - 1], w.swiglu))) *
-        per_item;
+    remaining = static_cast<int>(block_items(chain_pair_count(w.map))) * per_item;
     left = 0;
     item = blockIdx.x;
   }
@@ -1646,7 +1609,7 @@ struct ChainFetch {
   __device__ __forceinline__ void tile_at(const ChainWeights& w, int64_t t, const uint4*& codes,
                                           const uint2*& meta) const {
     int64_t local;
-    const int si = chain_tile_segment(w, t, local);
+    const int si = chain_tile_segment(w.map, t, local);
     codes = w.codes[si] + (local * w.groups + grp_begin) * kPiecesPerTileGroup + lane;
     meta = w.meta[si] + (local * w.groups + grp_begin) * kMetaPerTileGroup + (lane & 7);
   }
@@ -1656,7 +1619,7 @@ struct ChainFetch {
   __device__ __forceinline__ void enter_pair() {
     const ChainWeights& w = cw[phase];
     int64_t ta, tb;
-    chain_pair_tiles(w, item, ta, tb, src.has_b);
+    chain_pair_tiles(w.map, item, ta, tb, src.has_b);
     const uint2 *meta_a, *meta_b;
     tile_at(w, ta, src.codes[0], meta_a);
     tile_at(w, tb, src.codes[1], meta_b);
@@ -1698,12 +1661,12 @@ __device__ __forceinline__ void chain_rope_store_pair(const CcSegments& segs, co
   sum *= scale;
   int64_t ta, tb, local;
   bool has_b;
-  chain_pair_tiles(w, pair, ta, tb, has_b);
-  const int si = chain_tile_segment(w, t == 0 ? ta : tb, local);
+  chain_pair_tiles(w.map, pair, ta, tb, has_b);
+  const int si = chain_tile_segment(w.map, t == 0 ? ta : tb, local);
   const int64_t row = local * 16 + r;
   const bool valid = (t == 0 || has_b) && row < pick(segs.N, si);
   float v = valid ? with_bias(segs, si, row, sum) : 0.0f;
-  if (pair < w.rope_pairs[0] + w.rope_pairs[1]) {  // the same for all 32 threads
+  if (pair < w.map.rope_pairs[0] + w.map.rope_pairs[1]) {  // the same for all 32 threads
     const float other = __shfl_xor_sync(0xffffffffu, v, 16);
     const int half = rope.head_dim / 2;
     const int j = static_cast<int>(row % rope.head_dim) - (t == 0 ? 0 : half);
@@ -2221,10 +2184,10 @@ Q4ChainPhase chain_phase(const CcLaunch& l, bool swiglu, const GemvNorm& norm, c
   for (int i = 0; i < kMaxGemvSegments; ++i) {
     w.codes[i] = p.segs.codes[i];
     w.meta[i] = p.segs.meta[i];
-    w.tile_end[i] = p.segs.block_end[i];
+    w.map.tile_end[i] = p.segs.block_end[i];
   }
   w.groups = p.groups;
-  w.swiglu = swiglu;
+  w.map.swiglu = swiglu;
   return p;
 }
 
@@ -2287,9 +2250,9 @@ bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t strea
     args.phases = 4;
     if (c.k_dst != nullptr) {
       ChainWeights& w = args.weights[3];
-      w.tiles_per_head = c.head_dim / 16;
-      w.rope_pairs[0] = c.next_w[0]->rows / 32;  // tiles / 2
-      w.rope_pairs[1] = c.next_w[1]->rows / 32;
+      w.map.tiles_per_head = c.head_dim / 16;
+      w.map.rope_pairs[0] = c.next_w[0]->rows / 32;  // tiles / 2
+      w.map.rope_pairs[1] = c.next_w[1]->rows / 32;
       args.rope.freqs = c.freqs;
       args.rope.pos = c.rope_pos;
       args.rope.head_dim = c.head_dim;
