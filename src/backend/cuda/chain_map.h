@@ -28,6 +28,7 @@ struct ChainPairMap {
   int swiglu;
   int64_t rope_pairs[2];
   int tiles_per_head;
+  int64_t groups;  // 128-column groups of the launch's K (the warps split them)
 };
 
 // Pairs of the launch.
@@ -63,5 +64,49 @@ QS_HOST_DEVICE int chain_tile_segment(const ChainPairMap& w, int64_t t, int64_t&
   local = t - (si == 0 ? 0 : w.tile_end[si - 1]);
   return si;
 }
+
+// Stages of a warp's cp.async ring in the chain (kernel 10's kPairStages).
+constexpr int kChainRingStages = 4;
+
+// The order in which a warp of the chain fills its ring (ChainFetch in gemv_q4.cu): phase by phase,
+// this block's pairs block, block + grid, ..., and for each pair this warp's groups
+// [grp_begin, grp_begin + per_item) of the phase's K; each next() is one stage in the next slot.
+// The kernel's compute side takes the stages in the same order (chain_phase_run, pair_walk).
+struct ChainCursor {
+  int phases, block, grid, warp, num_warps;
+  int phase = -1, remaining = 0, per_item = 0, left = 0, slot = 0;
+  int64_t pair = 0, next_pair = 0, grp_begin = 0;
+
+  QS_HOST_DEVICE ChainCursor(int phases_, int block_, int grid_, int warp_, int num_warps_)
+      : phases(phases_), block(block_), grid(grid_), warp(warp_), num_warps(num_warps_) {}
+
+  // The next stage: false past the last one. Else fill_slot is the ring slot it fills and
+  // `entered` says whether it starts a pair (then `pair` of `phase`, from group grp_begin).
+  // map_of(p): phase p's ChainPairMap.
+  template <class MapOf>
+  QS_HOST_DEVICE bool next(MapOf map_of, int& fill_slot, bool& entered) {
+    while (remaining == 0 && phase + 1 < phases) {
+      const ChainPairMap& w = map_of(++phase);
+      grp_begin = w.groups * warp / num_warps;
+      per_item = static_cast<int>(w.groups * (warp + 1) / num_warps - grp_begin);
+      const int64_t pairs = chain_pair_count(w);
+      const int64_t mine = block < pairs ? (pairs - 1 - block) / grid + 1 : 0;
+      remaining = static_cast<int>(mine) * per_item;
+      left = 0;
+      next_pair = block;
+    }
+    if (remaining == 0) return false;
+    entered = left == 0;
+    if (entered) {
+      pair = next_pair;
+      next_pair += grid;
+      left = per_item;
+    }
+    fill_slot = slot;
+    --left, --remaining;
+    slot = slot + 1 == kChainRingStages ? 0 : slot + 1;
+    return true;
+  }
+};
 
 }  // namespace qs::cuda

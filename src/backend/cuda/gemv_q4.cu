@@ -1520,10 +1520,10 @@ struct Q4ChainPhase {
 struct ChainWeights {
   const uint4* codes[kMaxGemvSegments];
   const uint2* meta[kMaxGemvSegments];
-  int64_t groups;
   ChainPairMap map;
 };
 static_assert(kMaxGemvSegments == kChainSegments, "one map entry per matrix");
+static_assert(kPairStages == kChainRingStages, "the chain's ring is kernel 10's");
 
 // The q/k/v phase's RoPE and K/V row store (QS_Q4_CHAIN=2; k_dst null: none), for one row at
 // position pos, as rope_qk_store_kv does it.
@@ -1586,22 +1586,16 @@ __device__ __forceinline__ void grid_barrier(unsigned* count) {
 struct ChainFetch {
   const ChainWeights* cw;
   uint4* ring;
-  int phases, warp, num_warps, lane;
-  int phase = -1, remaining = 0, per_item = 0, left = 0, slot = 0;
-  int64_t item = 0, grp_begin = 0;
+  int lane;
+  ChainCursor cursor;
   PairSource src;
 
-  __device__ ChainFetch(const ChainWeights* cw_, uint4* ring_, int phases_, int warp_,
-                        int num_warps_, int lane_)
-      : cw(cw_), ring(ring_), phases(phases_), warp(warp_), num_warps(num_warps_), lane(lane_) {}
-
-  __device__ __forceinline__ void enter_phase() {
-    const ChainWeights& w = cw[++phase];
-    grp_begin = w.groups * warp / num_warps;
-    per_item = static_cast<int>(w.groups * (warp + 1) / num_warps - grp_begin);
-    remaining = static_cast<int>(block_items(chain_pair_count(w.map))) * per_item;
-    left = 0;
-    item = blockIdx.x;
+  __device__ ChainFetch(const ChainWeights* cw_, uint4* ring_, int phases, int warp, int num_warps,
+                        int lane_)
+      : cw(cw_),
+        ring(ring_),
+        lane(lane_),
+        cursor(phases, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), warp, num_warps) {
   }
 
   // Tile t of the current phase's launch: its segment's codes and metadata at this warp's first
@@ -1610,16 +1604,16 @@ struct ChainFetch {
                                           const uint2*& meta) const {
     int64_t local;
     const int si = chain_tile_segment(w.map, t, local);
-    codes = w.codes[si] + (local * w.groups + grp_begin) * kPiecesPerTileGroup + lane;
-    meta = w.meta[si] + (local * w.groups + grp_begin) * kMetaPerTileGroup + (lane & 7);
+    const int64_t first = local * w.map.groups + cursor.grp_begin;
+    codes = w.codes[si] + first * kPiecesPerTileGroup + lane;
+    meta = w.meta[si] + first * kMetaPerTileGroup + (lane & 7);
   }
 
-  // PairSource::enter for pair `item` of the current phase (a missing tile b reads tile a's
-  // address as zeros).
+  // PairSource::enter for the cursor's pair (a missing tile b reads tile a's address as zeros).
   __device__ __forceinline__ void enter_pair() {
-    const ChainWeights& w = cw[phase];
+    const ChainWeights& w = cw[cursor.phase];
     int64_t ta, tb;
-    chain_pair_tiles(w.map, item, ta, tb, src.has_b);
+    chain_pair_tiles(w.map, cursor.pair, ta, tb, src.has_b);
     const uint2 *meta_a, *meta_b;
     tile_at(w, ta, src.codes[0], meta_a);
     tile_at(w, tb, src.codes[1], meta_b);
@@ -1627,16 +1621,11 @@ struct ChainFetch {
   }
 
   __device__ __forceinline__ void operator()() {
-    while (remaining == 0 && phase + 1 < phases) enter_phase();
-    if (remaining > 0) {
-      if (left == 0) {
-        enter_pair();
-        left = per_item;
-        item += gridDim.x;
-      }
-      src.copy(ring, slot, lane);
-      --left, --remaining;
-      slot = slot + 1 == kPairStages ? 0 : slot + 1;
+    int fill;
+    bool entered;
+    if (cursor.next([&](int p) -> const ChainPairMap& { return cw[p].map; }, fill, entered)) {
+      if (entered) enter_pair();
+      src.copy(ring, fill, lane);
     }
     cp_async_commit();
   }
@@ -2186,7 +2175,7 @@ Q4ChainPhase chain_phase(const CcLaunch& l, bool swiglu, const GemvNorm& norm, c
     w.meta[i] = p.segs.meta[i];
     w.map.tile_end[i] = p.segs.block_end[i];
   }
-  w.groups = p.groups;
+  w.map.groups = p.groups;
   w.map.swiglu = swiglu;
   return p;
 }
