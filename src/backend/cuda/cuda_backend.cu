@@ -1176,6 +1176,7 @@ void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, Pendi
         {next_count, false},
         {0, false}};
     for (const Form& f : forms) {
+      if (&f != forms && f.count == (&f - 1)->count && f.rows == (&f - 1)->rows) continue;
       if (f.rows && next_rows->rope.head_dim / 2 > cuda::kMaxRopePairs) continue;
       c.next_count = f.count;
       c.k_dst = f.rows ? next_rows->k_dst : nullptr;
