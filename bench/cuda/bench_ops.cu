@@ -14,7 +14,9 @@
 // layer's 4-bit launches (grouped as the model runs them) per code path, w4sweep the same with
 // every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
 // list): per-block phase stamps of one quantized-attention call (bench_quant_timeline); chaintime
-// (not in the default list): the same for the draft layer chain (QS_Q4_CHAIN's kernel).
+// (not in the default list): the same for the draft layer chain (QS_Q4_CHAIN's kernel); chain:
+// what the launch boundaries between a layer's GEMVs cost, and the bf16 layer chain
+// (QS_GEMV_CHAIN's kernel) against the model's four launches.
 // Their small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured
 // decode step runs them; w4mm also states the eager time.
 //
@@ -818,35 +820,28 @@ void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
 // per layer, the codes reaching the registers through registers (stages 1) or the cp.async
 // ring (4), and the default; with `sweep` also every tiles-per-block x warps x path choice. Layers
 // rotate over >= kRotateBytes of weights.
-// A draft layer's o -> gate/up -> down and the next layer's q/k/v as the model runs them at m = 1
-// (Backend::output_and_mlp, both norms deferred), over rotating copies of random 4-bit weights
-// (cold L2 in a CUDA graph).
-struct DraftLayerRest {
+// A layer's o -> gate/up -> down and the next layer's q/k/v as the model runs them at m = 1
+// (Backend::output_and_mlp), over rotating copies of random weights (cold L2 in a CUDA graph):
+// a draft layer's 4-bit weights (both norms deferred), or bf16 ones (an AR layer).
+struct LayerRest {
   int64_t hidden, q_rows, kv_rows, inter;
+  bool q4;
   double bytes;
   int copies;
-  std::vector<QuantizedWeight4> wo, wg, wu, wd, wq, wk, wv;
+  // o, gate, up, down, q, k, v: [matrix][copy]
+  std::vector<QuantizedWeight4> w4[7];
+  std::vector<std::unique_ptr<DeviceMem>> mem;
+  std::vector<WeightView> w[7];
   std::unique_ptr<DeviceMem> x, h, norms;
   WeightView mlp_norm, next_norm;
   DeviceMem proj, rows, g, u, act, q, k, v;
 
-  DraftLayerRest(int64_t hidden_, int64_t q_rows_, int64_t kv_rows_, int64_t inter_)
+  LayerRest(int64_t hidden_, int64_t q_rows_, int64_t kv_rows_, int64_t inter_, bool q4_)
       : hidden(hidden_),
         q_rows(q_rows_),
         kv_rows(kv_rows_),
         inter(inter_),
-        bytes(q4_bytes(Q4Mat{"o", hidden, q_rows}, 1) +
-              2 * q4_bytes(Q4Mat{"gate", inter, hidden}, 1) +
-              q4_bytes(Q4Mat{"down", hidden, inter}, 1) + q4_bytes(Q4Mat{"q", q_rows, hidden}, 1) +
-              2 * q4_bytes(Q4Mat{"k", kv_rows, hidden}, 1)),
-        copies(static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)))),
-        wo(random_q4_copies(hidden, q_rows, copies)),
-        wg(random_q4_copies(inter, hidden, copies)),
-        wu(random_q4_copies(inter, hidden, copies)),
-        wd(random_q4_copies(hidden, inter, copies)),
-        wq(random_q4_copies(q_rows, hidden, copies)),
-        wk(random_q4_copies(kv_rows, hidden, copies)),
-        wv(random_q4_copies(kv_rows, hidden, copies)),
+        q4(q4_),
         x(random_f32(q_rows, 5)),
         h(random_f32(hidden, 6)),
         norms(random_bf16(2 * hidden, 7, 1.0f, 0.3f)),
@@ -861,6 +856,28 @@ struct DraftLayerRest {
         k(kv_rows * 4),
         v(kv_rows * 4) {
     next_norm.data = static_cast<const uint16_t*>(norms->ptr) + hidden;
+    const int64_t shapes[7][2] = {{hidden, q_rows}, {inter, hidden},  {inter, hidden},
+                                  {hidden, inter},  {q_rows, hidden}, {kv_rows, hidden},
+                                  {kv_rows, hidden}};
+    bytes = 0;
+    for (const auto& sh : shapes) {
+      bytes += q4 ? q4_bytes(Q4Mat{"", sh[0], sh[1]}, 1) : 2.0 * sh[0] * sh[1];
+    }
+    copies = static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)));
+    for (int i = 0; i < 7; ++i) {
+      if (q4) {
+        w4[i] = random_q4_copies(shapes[i][0], shapes[i][1], copies);
+        continue;
+      }
+      for (int c = 0; c < copies; ++c) {
+        mem.push_back(random_bf16(size_t(shapes[i][0]) * shapes[i][1], 40 + mem.size()));
+        w[i].push_back(bf16_view(*mem.back(), shapes[i][0], shapes[i][1], "layer"));
+      }
+    }
+  }
+
+  LinearOp op(int i, int c, float* y) const {
+    return q4 ? LinearOp{nullptr, &w4[i][c], nullptr, y} : LinearOp{&w[i][c], nullptr, nullptr, y};
   }
 
   // Call i (weight copy i % copies).
@@ -868,39 +885,43 @@ struct DraftLayerRest {
     const int c = i % copies;
     PendingNorm mid{h->f32(), &mlp_norm, 1e-5f, rows.f32(), false};
     PendingNorm next{h->f32(), &next_norm, 1e-5f, rows.f32(), false};
-    const LinearOp qkv[] = {{nullptr, &wq[c], nullptr, q.f32()},
-                            {nullptr, &wk[c], nullptr, k.f32()},
-                            {nullptr, &wv[c], nullptr, v.f32()}};
-    be.output_and_mlp(x->f32(), 1, LinearOp{nullptr, &wo[c], nullptr, proj.f32()}, mid,
-                      LinearOp{nullptr, &wg[c], nullptr, g.f32()},
-                      LinearOp{nullptr, &wu[c], nullptr, u.f32()}, act.f32(),
-                      LinearOp{nullptr, &wd[c], nullptr, proj.f32()}, next, qkv, 3, nullptr);
+    const LinearOp qkv[] = {op(4, c, q.f32()), op(5, c, k.f32()), op(6, c, v.f32())};
+    be.output_and_mlp(x->f32(), 1, op(0, c, proj.f32()), mid, op(1, c, g.f32()), op(2, c, u.f32()),
+                      act.f32(), op(3, c, proj.f32()), next, qkv, 3, nullptr);
   }
 };
 
-// DraftLayerRest as kernel 10's four launches and as one chain launch with grid barriers
-// (Q4GemvTuning::chain).
-void bench_q4_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
-                         int64_t kv_rows, int64_t inter) {
+// A LayerRest as the model's four launches and as one chain launch with grid barriers
+// (4-bit: Q4GemvTuning::chain; bf16: GemvTuning::chain).
+void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
+                      int64_t kv_rows, int64_t inter, bool q4) {
   auto s = static_cast<cudaStream_t>(be.stream());
-  DraftLayerRest layer(hidden, q_rows, kv_rows, inter);
+  LayerRest layer(hidden, q_rows, kv_rows, inter, q4);
   auto body = [&](int i) { layer.run(be, i); };
   for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
-  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  const cuda::Q4GemvTuning saved4 = cuda::q4_gemv_tuning();
+  const cuda::GemvTuning saved = cuda::gemv_tuning();
   std::string line;
   char buf[96];
   for (int chain : {0, 1}) {
-    cuda::Q4GemvTuning t = saved;
-    t.chain = chain;
-    cuda::set_q4_gemv_tuning(t);
+    if (q4) {
+      cuda::Q4GemvTuning t = saved4;
+      t.chain = chain;
+      cuda::set_q4_gemv_tuning(t);
+    } else {
+      cuda::GemvTuning t = saved;
+      t.chain = chain != 0;
+      cuda::set_gemv_tuning(t);
+    }
     const double ms = time_graph_ms(s, body, 20 * layer.copies);
     std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", chain ? "chain" : "4 launches",
                   ms * 1e3, pct(layer.bytes, ms));
     line += buf;
   }
-  cuda::set_q4_gemv_tuning(saved);
-  summary("| w4 layer %s o+gate/up+down+next qkv %6.1f MB |%s", name, layer.bytes / 1e6,
-          line.c_str());
+  cuda::set_q4_gemv_tuning(saved4);
+  cuda::set_gemv_tuning(saved);
+  summary("| %s layer %s o+gate/up+down+next qkv %6.1f MB |%s", q4 ? "w4" : "bf16", name,
+          layer.bytes / 1e6, line.c_str());
   be.release_weights();
 }
 
@@ -920,7 +941,7 @@ void bench_chain_timeline(CudaBackend& be) {
   const int W = cuda::kQ4ChainTimelineSlots;
   DeviceMem stamps(size_t(sms) * W * sizeof(unsigned long long));
   for (const Shape& sh : shapes) {
-    DraftLayerRest layer(sh.hidden, sh.q_rows, sh.kv_rows, sh.inter);
+    LayerRest layer(sh.hidden, sh.q_rows, sh.kv_rows, sh.inter, true);
     auto body = [&](int i) { layer.run(be, i); };
     for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
     const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
@@ -1044,7 +1065,7 @@ void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
       cuda::set_q4_gemv_tuning(saved);
       be.release_weights();
     }
-    bench_q4_output_mlp(be, sh.name, sh.hidden, sh.q_rows, sh.kv_rows, sh.inter);
+    bench_output_mlp(be, sh.name, sh.hidden, sh.q_rows, sh.kv_rows, sh.inter, true);
   }
 }
 
@@ -1117,6 +1138,9 @@ void bench_gemv_chain(CudaBackend& be) {
       be.release_weights();
     }
   }
+  // The bf16 layer chain (GemvTuning::chain) with the model's dependencies and norms.
+  bench_output_mlp(be, "7b", 4096, 4096, 4096, 11008, false);
+  bench_output_mlp(be, "8b", 4096, 4096, 1024, 14336, false);
 }
 
 // quantize_kv at Llama-2-7B's shape (32 kv heads x 128, G = Gv = 128): the flush of one group in

@@ -145,80 +145,83 @@ TEST(ChainMap, RopePairsJoinTheRowsThatRotateTogether) {
   }
 }
 
-// The chain's ring (ChainCursor) is filled in the order its compute side takes the stages
-// (chain_phase_run / pair_walk in gemv_q4.cu: per phase, the block's pairs block + k grid, per
-// pair the warp's groups), one slot after another, so that the stage a warp computes is the one
-// it waited for; past the last stage every call is empty.
+// A chain's ring (ChainCursor) is filled in the order its compute side takes the stages
+// (gemv_q4.cu: chain_phase_run / pair_walk, per phase the block's pairs block + k grid, per pair
+// the warp's groups; gemv.cu: ring_chain_phase / ring_tile, the same over tiles and 64-wide
+// chunks), one slot after another, so that the stage a warp computes is the one it waited for;
+// past the last stage every call is empty.
 TEST(ChainMap, TheRingIsFilledInTheOrderTheWalkTakesIt) {
   struct Stage {
     int phase;
-    int64_t pair, group;
+    int64_t item, unit;
     bool operator==(const Stage& o) const {
-      return phase == o.phase && pair == o.pair && group == o.group;
+      return phase == o.phase && item == o.item && unit == o.unit;
     }
   };
-  auto phase_map = [](const std::vector<int64_t>& tiles, bool swiglu, int64_t groups) {
+  auto pairs = [](const std::vector<int64_t>& tiles, bool swiglu, int64_t groups) {
     ChainPairMap w = plain_map(tiles);
     w.swiglu = swiglu ? 1 : 0;
     w.groups = groups;
-    return w;
+    return chain_pair_shape(w);
   };
   struct Config {
-    std::vector<ChainPairMap> maps;
+    std::vector<ChainPhaseShape> phases;
     int grid, num_warps;
   };
-  ChainPairMap qkv8b = phase_map({256, 64, 64}, false, 32);
+  ChainPairMap qkv8b = plain_map({256, 64, 64});
+  qkv8b.groups = 32;
   qkv8b.rope_pairs[0] = 128, qkv8b.rope_pairs[1] = 32, qkv8b.tiles_per_head = 8;
   const Config configs[] = {
-      // Llama-2-7B: o, gate/up, down, q/k/v (132 SMs, 16 warps).
-      {{phase_map({256}, false, 32), phase_map({688, 688}, true, 32), phase_map({256}, false, 86),
-        phase_map({256, 256, 256}, false, 32)},
+      // 4-bit, Llama-2-7B: o, gate/up, down, q/k/v (132 SMs, 16 warps).
+      {{pairs({256}, false, 32), pairs({688, 688}, true, 32), pairs({256}, false, 86),
+        pairs({256, 256, 256}, false, 32)},
        132,
        16},
-      // Llama-3.1-8B with the RoPE pairs, three phases only, a small grid.
-      {{phase_map({256}, false, 32), phase_map({896, 896}, true, 32), phase_map({256}, false, 112),
-        qkv8b},
+      // 4-bit, Llama-3.1-8B with the RoPE pairs, three phases only, a small grid.
+      {{pairs({256}, false, 32), pairs({896, 896}, true, 32), pairs({256}, false, 112),
+        chain_pair_shape(qkv8b)},
        132,
        16},
-      {{phase_map({256}, false, 32), phase_map({896, 896}, true, 32), phase_map({256}, false, 112)},
-       7,
-       16},
-      // The bundled model: 3 groups of K = 384, so 3 warps; 8 groups of the MLP.
-      {{phase_map({24}, false, 3), phase_map({64, 64}, true, 3), phase_map({24}, false, 8),
-        phase_map({24, 8, 8}, false, 3)},
+      {{pairs({256}, false, 32), pairs({896, 896}, true, 32), pairs({256}, false, 112)}, 7, 16},
+      // 4-bit, the bundled model: 3 groups of K = 384, so 3 warps; 8 groups of the MLP.
+      {{pairs({24}, false, 3), pairs({64, 64}, true, 3), pairs({24}, false, 8),
+        pairs({24, 8, 8}, false, 3)},
        132,
        3},
+      // bf16 (tiles, 64-wide chunks; gate / up as mixed tiles of 8 + 8 rows): Llama-2-7B,
+      // Llama-3.1-8B, and K = 384 (6 warps).
+      {{{256, 64}, {1376, 64}, {256, 172}, {768, 64}}, 132, 16},
+      {{{256, 64}, {1792, 64}, {256, 224}, {384, 64}}, 132, 16},
+      {{{24, 6}, {128, 6}, {24, 16}, {40, 6}}, 132, 6},
   };
   for (const Config& cfg : configs) {
-    const int phases = static_cast<int>(cfg.maps.size());
+    const int phases = static_cast<int>(cfg.phases.size());
     for (int block : {0, 1, 5, cfg.grid - 1}) {
       for (int warp : {0, cfg.num_warps / 2, cfg.num_warps - 1}) {
         std::vector<Stage> walk;  // the compute side's order
         for (int p = 0; p < phases; ++p) {
-          const ChainPairMap& w = cfg.maps[static_cast<size_t>(p)];
-          const int64_t first = w.groups * warp / cfg.num_warps;
-          const int64_t my_groups = w.groups * (warp + 1) / cfg.num_warps - first;
-          const int64_t pairs = chain_pair_count(w);
-          const int64_t my_pairs = block < pairs ? (pairs - 1 - block) / cfg.grid + 1 : 0;
-          for (int64_t pj = 0; pj < my_pairs; ++pj) {
-            for (int64_t gi = 0; gi < my_groups; ++gi) {
-              walk.push_back({p, block + pj * cfg.grid, first + gi});
+          const ChainPhaseShape& w = cfg.phases[static_cast<size_t>(p)];
+          const int64_t first = w.units * warp / cfg.num_warps;
+          const int64_t my_units = w.units * (warp + 1) / cfg.num_warps - first;
+          const int64_t my_items = block < w.items ? (w.items - 1 - block) / cfg.grid + 1 : 0;
+          for (int64_t ij = 0; ij < my_items; ++ij) {
+            for (int64_t ui = 0; ui < my_units; ++ui) {
+              walk.push_back({p, block + ij * cfg.grid, first + ui});
             }
           }
         }
         ChainCursor cursor(phases, block, cfg.grid, warp, cfg.num_warps);
         std::vector<Stage> fills;
-        int64_t group = 0;
+        int64_t unit = 0;
         for (size_t i = 0; i < walk.size() + 8; ++i) {
           int slot = -1;
           bool entered = false;
-          if (!cursor.next([&](int p) -> const ChainPairMap& { return cfg.maps[size_t(p)]; }, slot,
-                           entered)) {
+          if (!cursor.next([&](int p) { return cfg.phases[size_t(p)]; }, slot, entered)) {
             continue;
           }
-          group = entered ? cursor.grp_begin : group + 1;
+          unit = entered ? cursor.unit_begin : unit + 1;
           EXPECT_EQ(slot, static_cast<int>(fills.size() % kChainRingStages));
-          fills.push_back({cursor.phase, cursor.pair, group});
+          fills.push_back({cursor.phase, cursor.item, unit});
         }
         EXPECT_EQ(fills.size(), walk.size()) << "block " << block << " warp " << warp;
         EXPECT_TRUE(fills == walk) << "block " << block << " warp " << warp;

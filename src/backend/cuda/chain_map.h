@@ -1,6 +1,7 @@
-// The 4-bit layer chain's pair walk (gemv_q4.cu, gemv_q4_chain_kernel): which two 16-row tiles of
-// a phase's launch meet in a pair, and where a launch tile sits among the launch's matrices.
-// Plain C++ for the host and the device, so that the CPU tests check the mapping
+// The layer chains' walks: for the 4-bit chain (gemv_q4.cu, gemv_q4_chain_kernel) which two
+// 16-row tiles of a phase's launch meet in a pair and where a launch tile sits among the launch's
+// matrices; for both chains (and the bf16 one, gemv.cu) the order in which a warp fills its ring
+// across the phases. Plain C++ for the host and the device, so that the CPU tests check them
 // (tests/quant/chain_map_test.cpp) without a GPU.
 #pragma once
 
@@ -65,41 +66,54 @@ QS_HOST_DEVICE int chain_tile_segment(const ChainPairMap& w, int64_t t, int64_t&
   return si;
 }
 
-// Stages of a warp's cp.async ring in the chain (kernel 10's kPairStages).
+// Stages of a warp's cp.async ring in the chains (kernel 10's kPairStages; the bf16 ring
+// kernel's 4).
 constexpr int kChainRingStages = 4;
 
-// The order in which a warp of the chain fills its ring (ChainFetch in gemv_q4.cu): phase by phase,
-// this block's pairs block, block + grid, ..., and for each pair this warp's groups
-// [grp_begin, grp_begin + per_item) of the phase's K; each next() is one stage in the next slot.
-// The kernel's compute side takes the stages in the same order (chain_phase_run, pair_walk).
+// What a chain's fetch needs of a phase: its work items (pairs of 4-bit tiles, or bf16 tiles)
+// and the stages of K per item that the warps split (128-column groups, or 64-wide chunks).
+struct ChainPhaseShape {
+  int64_t items;
+  int64_t units;
+};
+
+// The 4-bit chain's phase shape of a ChainPairMap.
+QS_HOST_DEVICE ChainPhaseShape chain_pair_shape(const ChainPairMap& w) {
+  return {chain_pair_count(w), w.groups};
+}
+
+// The order in which a warp of a chain fills its ring (ChainFetch in gemv_q4.cu, RingChainFetch in
+// gemv.cu): phase by phase, this block's items block, block + grid, ..., and for each item this
+// warp's units [unit_begin, unit_begin + per_item) of the phase's K; each next() is one stage in
+// the next slot. The kernels' compute sides take the stages in the same order (chain_phase_run
+// with pair_walk; ring_chain_phase with ring_walk).
 struct ChainCursor {
   int phases, block, grid, warp, num_warps;
   int phase = -1, remaining = 0, per_item = 0, left = 0, slot = 0;
-  int64_t pair = 0, next_pair = 0, grp_begin = 0;
+  int64_t item = 0, next_item = 0, unit_begin = 0;
 
   QS_HOST_DEVICE ChainCursor(int phases_, int block_, int grid_, int warp_, int num_warps_)
       : phases(phases_), block(block_), grid(grid_), warp(warp_), num_warps(num_warps_) {}
 
   // The next stage: false past the last one. Else fill_slot is the ring slot it fills and
-  // `entered` says whether it starts a pair (then `pair` of `phase`, from group grp_begin).
-  // map_of(p): phase p's ChainPairMap.
-  template <class MapOf>
-  QS_HOST_DEVICE bool next(MapOf map_of, int& fill_slot, bool& entered) {
+  // `entered` says whether it starts an item (then `item` of `phase`, from unit unit_begin).
+  // shape_of(p): phase p's ChainPhaseShape.
+  template <class ShapeOf>
+  QS_HOST_DEVICE bool next(ShapeOf shape_of, int& fill_slot, bool& entered) {
     while (remaining == 0 && phase + 1 < phases) {
-      const ChainPairMap& w = map_of(++phase);
-      grp_begin = w.groups * warp / num_warps;
-      per_item = static_cast<int>(w.groups * (warp + 1) / num_warps - grp_begin);
-      const int64_t pairs = chain_pair_count(w);
-      const int64_t mine = block < pairs ? (pairs - 1 - block) / grid + 1 : 0;
+      const ChainPhaseShape w = shape_of(++phase);
+      unit_begin = w.units * warp / num_warps;
+      per_item = static_cast<int>(w.units * (warp + 1) / num_warps - unit_begin);
+      const int64_t mine = block < w.items ? (w.items - 1 - block) / grid + 1 : 0;
       remaining = static_cast<int>(mine) * per_item;
       left = 0;
-      next_pair = block;
+      next_item = block;
     }
     if (remaining == 0) return false;
     entered = left == 0;
     if (entered) {
-      pair = next_pair;
-      next_pair += grid;
+      item = next_item;
+      next_item += grid;
       left = per_item;
     }
     fill_slot = slot;

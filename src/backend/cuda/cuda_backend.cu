@@ -243,7 +243,7 @@ struct CudaBackend::Impl {
   // A deferred norm's partial sums (num_sms): one buffer serves every norm, since a producer writes
   // it only after its PDL wait, when the previous norm's consumer (the launch before it) is done.
   double* norm_sumsq = nullptr;
-  unsigned* grid_barrier = nullptr;  // launch_gemv_q4_chain's barrier word (zeroed once)
+  unsigned* grid_barrier = nullptr;  // the layer chains' barrier word (zeroed once)
 
 #ifdef QS_KERNEL_TRACE
   unsigned long long* trace = nullptr;
@@ -1121,10 +1121,57 @@ void CudaBackend::gate_up_swiglu_normed(const PendingNorm& pn, int m, const Line
   gate_up_swiglu_from(pn.h, m, gate, up, out, &pn);
 }
 
+bool CudaBackend::dense_layer_chain(const float* x, int m, const LinearOp& o, PendingNorm& mid,
+                                    const LinearOp& gate, const LinearOp& up, float* act,
+                                    const LinearOp& down, PendingNorm& next,
+                                    const LinearOp* next_ops, int next_count,
+                                    const KvRowStore* next_rows) {
+  if (!cuda::gemv_tuning().chain || !g_fuse_norm || !g_fuse_swiglu || m != 1 || mid.h != next.h ||
+      next_count < 1 || next_count > cuda::kMaxGemvSegments) {
+    return false;
+  }
+  const auto dense = [](const LinearOp& op) { return op.w != nullptr && op.w4 == nullptr; };
+  bool all_dense = dense(o) && dense(gate) && dense(up) && dense(down);
+  for (int i = 0; i < next_count; ++i) all_dense = all_dense && dense(next_ops[i]);
+  if (!all_dense) return false;
+  const auto segment = [&](const LinearOp& op, float* y) {
+    return cuda::GemvSegment{impl_->matrix(*op.w), impl_->bias(op.bias), y};
+  };
+  cuda::GemvLayerChain c;
+  c.x = x;
+  c.o = segment(o, nullptr);
+  c.gate = segment(gate, act);
+  c.up = segment(up, nullptr);
+  c.down = segment(down, nullptr);
+  c.next_count = next_count;
+  for (int i = 0; i < next_count; ++i) c.next[i] = segment(next_ops[i], next_ops[i].y);
+  c.h = mid.h;
+  c.mid_weight = impl_->resolve(*mid.weight);
+  c.mid_dtype = mid.weight->dtype;
+  c.mid_eps = mid.eps;
+  c.mid_out = mid.out;
+  c.next_weight = impl_->resolve(*next.weight);
+  c.next_dtype = next.weight->dtype;
+  c.next_eps = next.eps;
+  c.next_out = next.out;
+  c.barrier = impl_->grid_barrier;
+  if (o.rows() != mid.weight->numel() || down.rows() != next.weight->numel() ||
+      !cuda::launch_gemv_chain(c, impl_->num_sms, impl_->stream)) {
+    return false;
+  }
+  mid.deferred = false;
+  next.deferred = false;
+  if (next_rows != nullptr) store_next_rows(m, next_ops, next_count, *next_rows);
+  return true;
+}
+
 void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                                  const LinearOp& gate, const LinearOp& up, float* act,
                                  const LinearOp& down, PendingNorm& next, const LinearOp* next_ops,
                                  int next_count, const KvRowStore* next_rows) {
+  if (dense_layer_chain(x, m, o, mid, gate, up, act, down, next, next_ops, next_count, next_rows)) {
+    return;
+  }
   bool q4 = o.w4 != nullptr && gate.w4 != nullptr && up.w4 != nullptr && down.w4 != nullptr;
   for (int i = 0; i < next_count; ++i) q4 = q4 && next_ops[i].w4 != nullptr;
   if (cuda::q4_gemv_tuning().chain && g_defer_norm && g_fuse_norm && g_fuse_swiglu && m == 1 &&

@@ -152,7 +152,10 @@ class CudaBackend final : public Backend {
   // gate / up and down and the next layer's q / k / v (one row, 4-bit, both norms deferred) run
   // as one persistent launch with grid barriers between them (launch_gemv_q4_chain: the same bits
   // as kernel 10's four launches where every matrix has >= 16 groups); with chain 2 the next
-  // layer's RoPE and K/V row store too (the bits of rope_qk_store_kv); otherwise the calls.
+  // layer's RoPE and K/V row store too (the bits of rope_qk_store_kv). With GemvTuning::chain
+  // (QS_GEMV_CHAIN=1; off by default until measured) the same four for a bf16 / f16 layer at one
+  // row (launch_gemv_chain: the bits of the ring kernel's launches, both norms materialized),
+  // then the next layer's RoPE and K/V rows as usual. Otherwise the calls.
   void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                       const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
                       PendingNorm& next, const LinearOp* next_ops, int next_count,
@@ -222,6 +225,13 @@ class CudaBackend final : public Backend {
   void gate_up_swiglu_from(const float* x, int m, const LinearOp& gate, const LinearOp& up,
                            float* out, const PendingNorm* pn);
   cuda::NormIn norm_in(const PendingNorm& pn);
+  // output_and_mlp's bf16 / f16 chain (GemvTuning::chain, launch_gemv_chain): false where it
+  // does not run (nothing launched); else both norms are materialized and the next layer's K/V
+  // rows stored after it.
+  bool dense_layer_chain(const float* x, int m, const LinearOp& o, PendingNorm& mid,
+                         const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
+                         PendingNorm& next, const LinearOp* next_ops, int next_count,
+                         const KvRowStore* next_rows);
   std::unique_ptr<Impl> impl_;
 };
 

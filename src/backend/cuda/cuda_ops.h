@@ -198,6 +198,41 @@ bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const Device
 bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
                         int num_sms, cudaStream_t stream);
 
+// The rest of a layer after its attention and the next layer's q / k / v at m = 1, as one
+// persistent launch of the ring kernel (gemv.cu, gemv_ring_chain_kernel; Backend::output_and_mlp
+// with bf16 / f16 weights): four phases separated by grid barriers,
+//   h += o(x)                       (o.y unused; as launch_gemv_norm's add)
+//   act = swiglu(gate(n1), up(n1))  (n1 = rmsnorm(h, mid_weight), stored to mid_out too)
+//   h += down(act)
+//   next[i].y = next[i](n2)         (n2 = rmsnorm(h, next_weight), stored to next_out too)
+// where every block normalizes h itself after the barrier (the last block's code of
+// launch_gemv_norm, so the same bits) into shared memory, and each phase walks its tiles with the
+// ring kernel's warps and order. The same bits as launch_gemv_norm, launch_gemv_swiglu (mixed
+// tiles), launch_gemv_norm and launch_gemv_group where every matrix's K takes the ring kernel's
+// 16 warps (K > 960). barrier: a device word that only grid barriers use (zero-initialized, one
+// per stream). Returns false (nothing launched) unless GemvTuning::chain is set and the operands
+// fit: one row, the ring kernel's dtype and alignment, one hidden size, mixed gate / up tiles,
+// the phases' activations in shared memory.
+struct GemvLayerChain {
+  const float* x = nullptr;       // the attention's output, [1, o.w.cols]
+  GemvSegment o, gate, up, down;  // gate.y: the SwiGLU's output (act); o.y, up.y, down.y unused
+  GemvSegment next[kMaxGemvSegments];
+  int next_count = 0;  // 1..kMaxGemvSegments
+  float* h = nullptr;  // the residual stream, [1, d]
+  const void* mid_weight = nullptr;
+  DType mid_dtype = DType::F32;
+  float mid_eps = 0.0f;
+  float* mid_out = nullptr;
+  const void* next_weight = nullptr;
+  DType next_dtype = DType::F32;
+  float next_eps = 0.0f;
+  float* next_out = nullptr;
+  unsigned* barrier = nullptr;
+};
+bool launch_gemv_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream);
+// The chain launches so far in this process (tests check that a call took the chain).
+uint64_t gemv_chain_launches();
+
 // Tuning of launch_gemv, process-wide (benchmarks and tests compare the variants; every
 // variant computes the same function and is tested).
 // Defaults: the fastest measured on the H200 (docs/perf.md).
@@ -215,6 +250,10 @@ struct GemvTuning {
   // same index (gemv.cu, MIXED) instead of a gate tile paired with its up tile. On since session
   // 34 (Llama-2-7B at 32K: AR fp16 -1.2%, verification -3.0%); QS_SWIGLU_MIXED=0 pairs the tiles.
   bool swiglu_mixed = true;
+  // A layer's o, gate / up and down and the next layer's q / k / v as one launch with grid
+  // barriers between them (launch_gemv_chain, which runs nothing unless it is set;
+  // CudaBackend::output_and_mlp); QS_GEMV_CHAIN=1. Off until measured on a GPU.
+  bool chain = false;
 };
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();

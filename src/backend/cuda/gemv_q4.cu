@@ -55,6 +55,7 @@
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/gemv_norm.cuh"
+#include "backend/cuda/grid_barrier.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_ops.h"
@@ -1500,12 +1501,6 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 // and order, so it computes the same bits as that launch.
 constexpr int kQ4ChainMaxPhases = 4;
 
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
-  return t;
-}
-
 struct Q4ChainPhase {
   CcSegments segs;
   const float* x;  // the activation: the attention's output, then h (normed on load), then act,
@@ -1552,33 +1547,6 @@ __device__ __forceinline__ void chain_stamp(const Q4ChainArgs& args, int i) {
   }
 }
 
-// A grid-wide barrier for a grid whose blocks are all resident: every block adds to *count, block
-// 0 adds 2^31 - (gridDim.x - 1) and the others 1, so the word's top bit flips when the last
-// block arrives and its low bits return to where they were (no reset between launches). The
-// fences make each block's writes before the barrier visible to every block after it (readers
-// of such data load from L2: ld.global.cg). A block that waits kBarrierTimeoutNs (the grid was
-// not resident at once: the GPU shared with other work under MPS, say) traps, so the launch
-// fails with an error instead of hanging the process.
-constexpr uint64_t kBarrierTimeoutNs = 2'000'000'000;
-
-__device__ __forceinline__ void grid_barrier(unsigned* count) {
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
-    __threadfence();
-    const unsigned before = atomicAdd(count, add);
-    const uint64_t start = global_ns();
-    unsigned now;
-    for (unsigned spins = 1;; ++spins) {
-      asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(now) : "l"(count) : "memory");
-      if (((before ^ now) & 0x80000000u) != 0) break;
-      if (spins % 1024 == 0 && global_ns() - start > kBarrierTimeoutNs) __trap();
-    }
-    __threadfence();
-  }
-  __syncthreads();
-}
-
 // The fetch side of the chain: PairFetch's sequence for phase 0, then phase 1's, and so on, one
 // ring for all, so that the copies of a phase's first stages are issued during the previous
 // phase's last groups (and the barrier). It reads the phases' ChainWeights from shared memory
@@ -1604,7 +1572,7 @@ struct ChainFetch {
                                           const uint2*& meta) const {
     int64_t local;
     const int si = chain_tile_segment(w.map, t, local);
-    const int64_t first = local * w.map.groups + cursor.grp_begin;
+    const int64_t first = local * w.map.groups + cursor.unit_begin;
     codes = w.codes[si] + first * kPiecesPerTileGroup + lane;
     meta = w.meta[si] + first * kMetaPerTileGroup + (lane & 7);
   }
@@ -1613,7 +1581,7 @@ struct ChainFetch {
   __device__ __forceinline__ void enter_pair() {
     const ChainWeights& w = cw[cursor.phase];
     int64_t ta, tb;
-    chain_pair_tiles(w.map, cursor.pair, ta, tb, src.has_b);
+    chain_pair_tiles(w.map, cursor.item, ta, tb, src.has_b);
     const uint2 *meta_a, *meta_b;
     tile_at(w, ta, src.codes[0], meta_a);
     tile_at(w, tb, src.codes[1], meta_b);
@@ -1623,7 +1591,7 @@ struct ChainFetch {
   __device__ __forceinline__ void operator()() {
     int fill;
     bool entered;
-    if (cursor.next([&](int p) -> const ChainPairMap& { return cw[p].map; }, fill, entered)) {
+    if (cursor.next([&](int p) { return chain_pair_shape(cw[p].map); }, fill, entered)) {
       if (entered) enter_pair();
       src.copy(ring, fill, lane);
     }
