@@ -15,8 +15,8 @@
 // every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
 // list): per-block phase stamps of one quantized-attention call (bench_quant_timeline); chaintime
 // (not in the default list): the same for the draft layer chain (QS_Q4_CHAIN's kernel); chain:
-// what the launch boundaries between a layer's GEMVs cost, and the bf16 layer chain
-// (QS_GEMV_CHAIN's kernel) against the model's four launches.
+// what the launch boundaries between a layer's GEMVs cost, and both layer chains (QS_GEMV_CHAIN's
+// and QS_Q4_CHAIN's kernels) against the model's four launches.
 // Their small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured
 // decode step runs them; w4mm also states the eager time.
 //
@@ -1138,9 +1138,12 @@ void bench_gemv_chain(CudaBackend& be) {
       be.release_weights();
     }
   }
-  // The bf16 layer chain (GemvTuning::chain) with the model's dependencies and norms.
-  bench_output_mlp(be, "7b", 4096, 4096, 4096, 11008, false);
-  bench_output_mlp(be, "8b", 4096, 4096, 1024, 14336, false);
+  // The layer chains (GemvTuning::chain, Q4GemvTuning::chain) with the model's dependencies and
+  // norms.
+  for (const bool q4 : {false, true}) {
+    bench_output_mlp(be, "7b", 4096, 4096, 4096, 11008, q4);
+    bench_output_mlp(be, "8b", 4096, 4096, 1024, 14336, q4);
+  }
 }
 
 // quantize_kv at Llama-2-7B's shape (32 kv heads x 128, G = Gv = 128): the flush of one group in
