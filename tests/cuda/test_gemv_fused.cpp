@@ -339,8 +339,8 @@ int64_t first_bit_difference(const std::vector<float>& a, const std::vector<floa
 // runs twice on one backend: a barrier word left unbalanced by the first launch would hang or
 // corrupt the second. Shapes: Llama-like (o with a bias; heads of 128), odd tile counts with K off
 // a group boundary (a q/k/v pair straddling two matrices), K % 4 != 0 (the unaligned activation
-// loads), heads of 64 with few groups; the K/V rows where the heads divide q and k. m = 2 must
-// not fuse (the separate path, bit for bit).
+// loads), heads of 64 with few groups; the K/V rows where the heads divide q and k. The chain
+// must have run (its launch count) at m = 1; m = 2 must not fuse (the separate path, bit for bit).
 void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim, bool exact,
                    uint64_t seed) {
   auto q4 = [](int64_t rows, int64_t cols, uint64_t s) {
@@ -394,11 +394,14 @@ void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim, bool 
       const KvRowStore rows{RopeQK{q.data(), static_cast<int>(d / head_dim),
                                    static_cast<int>(kv / head_dim), head_dim, inv_freq.data()},
                             pos, k_rows.data(), v_rows.data(), rows_dtype};
+      const uint64_t launches = cuda::gemv_q4_chain_launches();
       gpu.output_and_mlp(
           xd.data(), m, LinearOp{nullptr, &wo, &bo.view, proj.data()}, mid,
           LinearOp{nullptr, &wg, nullptr, g.data()}, LinearOp{nullptr, &wu, nullptr, u.data()},
           act.data(), LinearOp{nullptr, &wd, nullptr, proj.data()}, next, form > 0 ? qkv : nullptr,
           form > 0 ? 3 : 0, form >= 2 && kv % head_dim == 0 ? &rows : nullptr);
+      EXPECT_EQ(cuda::gemv_q4_chain_launches() - launches, chain > 0 && m == 1 ? 1u : 0u)
+          << tag << " form " << form;
       if (form == 0) gpu.matmul_group_normed(next, m, qkv, 3);
       return Run{h.to_host(), act.to_host(),    q.to_host(),      k.to_host(),
                  v.to_host(), k_rows.to_host(), v_rows.to_host(), next.deferred};

@@ -46,6 +46,7 @@
 
 #include <algorithm>
 #include <array>
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
@@ -2181,6 +2182,10 @@ bool chain_operands_fit(const Q4LayerChain& c, int num_sms) {
 
 }  // namespace
 
+namespace {
+std::atomic<uint64_t> g_q4_chain_launches{0};
+}  // namespace
+
 bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t stream) {
   const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
   if (!g_q4_tuning.chain || kernel_choice != kQ4PairKernel || !chain_operands_fit(c, num_sms)) {
@@ -2247,7 +2252,12 @@ bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t strea
   // guarantee; a grid that is not resident anyway (SMs shared under MPS) traps at its barrier.
   launch(kernel, static_cast<unsigned>(num_sms), warps * 32, smem, stream, args);
   CUDA_CHECK_LAUNCH(stream);
+  ++g_q4_chain_launches;
   return true;
+}
+
+uint64_t gemv_q4_chain_launches() {
+  return g_q4_chain_launches.load();
 }
 
 namespace {

@@ -166,6 +166,8 @@ struct Q4LayerChain {
 // Q4GemvTuning::chain is set and its kernel runs these operands (kernel 10 chosen, tiled weights
 // of one layer's shapes, shared memory, a grid that can be resident at once).
 bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t stream);
+// The 4-bit chain launches so far in this process (tests check that a call took the chain).
+uint64_t gemv_q4_chain_launches();
 
 // Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
 // launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
