@@ -328,6 +328,27 @@ int64_t first_bit_difference(const std::vector<float>& a, const std::vector<floa
   return -1;
 }
 
+// A layer chain test's vectors: the biases of o, q (f32) and k (bf16), both norms' weights (the
+// next one's in next_norm_dtype) and RoPE's inverse frequencies (theta 500000), from seed + 7.
+struct LayerVectors {
+  HostWeight bo, bq, bk, mlp_norm, next_norm;
+  std::vector<float> inv_freq;
+
+  LayerVectors(int64_t d, int64_t kv, int head_dim, uint64_t seed, DType next_norm_dtype)
+      : bo(random_normal(static_cast<size_t>(d), seed + 7, 0.5f), DType::F32, 1, d, "bo"),
+        bq(random_normal(static_cast<size_t>(d), seed + 8, 0.5f), DType::F32, 1, d, "bq"),
+        bk(random_normal(static_cast<size_t>(kv), seed + 9, 0.5f), DType::BF16, 1, kv, "bk"),
+        mlp_norm(random_normal(static_cast<size_t>(d), seed + 10, 0.3f, 1.0f), DType::BF16, 1, d,
+                 "mlp_norm"),
+        next_norm(random_normal(static_cast<size_t>(d), seed + 11, 0.3f, 1.0f), next_norm_dtype, 1,
+                  d, "next_norm"),
+        inv_freq(static_cast<size_t>(head_dim / 2)) {
+    for (int i = 0; i < head_dim / 2; ++i) {
+      inv_freq[i] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / head_dim));
+    }
+  }
+};
+
 // Backend::output_and_mlp with Q4GemvTuning::chain (a draft layer's o -> gate/up -> down, the next
 // layer's q/k/v and, with chain 2, its RoPE and K/V row store, as one launch with grid barriers)
 // against the launches it replaces, from the same h: h, the SwiGLU rows, the next layer's q, k,
@@ -353,17 +374,10 @@ void q4_chain_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim, bool 
   const QuantizedWeight4 wo = q4(d, d, seed), wg = q4(ffn, d, seed + 1), wu = q4(ffn, d, seed + 2),
                          wd = q4(d, ffn, seed + 3), wq = q4(d, d, seed + 4),
                          wk = q4(kv, d, seed + 5), wv = q4(kv, d, seed + 6);
-  HostWeight bo(random_normal(static_cast<size_t>(d), seed + 7, 0.5f), DType::F32, 1, d, "bo");
-  HostWeight bq(random_normal(static_cast<size_t>(d), seed + 8, 0.5f), DType::F32, 1, d, "bq");
-  HostWeight bk(random_normal(static_cast<size_t>(kv), seed + 9, 0.5f), DType::BF16, 1, kv, "bk");
-  HostWeight mlp_norm(random_normal(static_cast<size_t>(d), seed + 10, 0.3f, 1.0f), DType::BF16, 1,
-                      d, "mlp_norm");
-  HostWeight next_norm(random_normal(static_cast<size_t>(d), seed + 11, 0.3f, 1.0f), DType::BF16, 1,
-                       d, "next_norm");
-  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
-  for (int i = 0; i < head_dim / 2; ++i) {
-    inv_freq[i] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / head_dim));
-  }
+  const LayerVectors vec(d, kv, head_dim, seed, DType::BF16);
+  const HostWeight &bo = vec.bo, &bq = vec.bq, &bk = vec.bk, &mlp_norm = vec.mlp_norm,
+                   &next_norm = vec.next_norm;
+  const std::vector<float>& inv_freq = vec.inv_freq;
   const int pos = 131000;
   const std::string tag = "d=" + std::to_string(d) + " ffn=" + std::to_string(ffn);
   for (int m : {1, 2}) {
@@ -474,17 +488,10 @@ void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, bool e
                    wu = weight(ffn, d, seed + 2, "wu"), wd = weight(d, ffn, seed + 3, "wd"),
                    wq = weight(d, d, seed + 4, "wq"), wk = weight(kv, d, seed + 5, "wk"),
                    wv = weight(kv, d, seed + 6, "wv");
-  HostWeight bo(random_normal(static_cast<size_t>(d), seed + 7, 0.5f), DType::F32, 1, d, "bo");
-  HostWeight bq(random_normal(static_cast<size_t>(d), seed + 8, 0.5f), DType::F32, 1, d, "bq");
-  HostWeight bk(random_normal(static_cast<size_t>(kv), seed + 9, 0.5f), DType::BF16, 1, kv, "bk");
-  HostWeight mlp_norm(random_normal(static_cast<size_t>(d), seed + 10, 0.3f, 1.0f), DType::BF16, 1,
-                      d, "mlp_norm");
-  HostWeight next_norm(random_normal(static_cast<size_t>(d), seed + 11, 0.3f, 1.0f), DType::F32, 1,
-                       d, "next_norm");
-  std::vector<float> inv_freq(static_cast<size_t>(head_dim / 2));
-  for (int i = 0; i < head_dim / 2; ++i) {
-    inv_freq[i] = static_cast<float>(1.0 / std::pow(500000.0, 2.0 * i / head_dim));
-  }
+  const LayerVectors vec(d, kv, head_dim, seed, DType::F32);
+  const HostWeight &bo = vec.bo, &bq = vec.bq, &bk = vec.bk, &mlp_norm = vec.mlp_norm,
+                   &next_norm = vec.next_norm;
+  const std::vector<float>& inv_freq = vec.inv_freq;
   const std::string tag =
       std::string(dtype_name(dt)) + " d=" + std::to_string(d) + " ffn=" + std::to_string(ffn);
   for (int m : {1, 2}) {
