@@ -14,11 +14,11 @@
 // layer's 4-bit launches (grouped as the model runs them) per code path, w4sweep the same with
 // every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
 // list): per-block phase stamps of one quantized-attention call (bench_quant_timeline); chaintime
-// (not in the default list): the same for the draft layer chain (QS_Q4_CHAIN's kernel); chain:
-// what the launch boundaries between a layer's GEMVs cost, and both layer chains (QS_GEMV_CHAIN's
-// and QS_Q4_CHAIN's kernels) against the model's four launches.
-// Their small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured
-// decode step runs them; w4mm also states the eager time.
+// (not in the default list): the same for both layer chains (QS_Q4_CHAIN's, QS_GEMV_CHAIN's);
+// chain: what the launch boundaries between a layer's GEMVs cost, and both layer chains
+// (QS_GEMV_CHAIN's and QS_Q4_CHAIN's kernels) against the model's four launches. Their small calls
+// are timed as CUDA graphs of many calls (time_graph_ms), the way a captured decode step runs them;
+// w4mm also states the eager time.
 //
 // Every time is the median over batches of launches timed with CUDA events after warm-up;
 // inputs rotate over enough copies to exceed the L2 cache, so each launch reads HBM. Every line
@@ -925,10 +925,11 @@ void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t
   be.release_weights();
 }
 
-// Where a chain launch's time goes (Q4GemvTuning::chain_timeline): the last of a graph of
-// back-to-back chain launches, per phase the median / max over blocks (us) of its wait (the PDL
-// wait for phase 0, the grid barrier after it: the slowest block's lead), its staging and its
-// walk, and the launch's span from the first block's entry to the last block's end.
+// Where a chain launch's time goes (Q4GemvTuning / GemvTuning::chain_timeline): the last of a
+// graph of back-to-back chain launches, per phase the median / max over blocks (us) of its wait
+// (the PDL wait for phase 0, the grid barrier after it: the slowest block's lead), its staging and
+// its walk, and the launch's span from the first block's entry to the last block's end; the 4-bit
+// chain (draft layers), then the bf16 one (AR layers).
 void bench_chain_timeline(CudaBackend& be) {
   auto s = static_cast<cudaStream_t>(be.stream());
   struct Shape {
@@ -938,54 +939,67 @@ void bench_chain_timeline(CudaBackend& be) {
   const Shape shapes[] = {{"7b", 4096, 4096, 4096, 11008}, {"8b", 4096, 4096, 1024, 14336}};
   int sms = 0;
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int W = cuda::kQ4ChainTimelineSlots;
+  const int W = cuda::kChainTimelineSlots;
   DeviceMem stamps(size_t(sms) * W * sizeof(unsigned long long));
-  for (const Shape& sh : shapes) {
-    LayerRest layer(sh.hidden, sh.q_rows, sh.kv_rows, sh.inter, true);
-    auto body = [&](int i) { layer.run(be, i); };
-    for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
-    const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
-    cuda::Q4GemvTuning t = saved;
-    t.chain = 1;
-    const double ms = [&] {
-      cuda::set_q4_gemv_tuning(t);
-      return time_graph_ms(s, body, 20 * layer.copies);
-    }();
-    t.chain_timeline = static_cast<unsigned long long*>(stamps.ptr);
-    cuda::set_q4_gemv_tuning(t);
-    CUDA_CHECK(cudaMemsetAsync(stamps.ptr, 0, stamps.bytes, s));
-    for (int i = 0; i < 2 * layer.copies; ++i) body(i);
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    cuda::set_q4_gemv_tuning(saved);
-    std::vector<unsigned long long> hst(size_t(sms) * W);
-    CUDA_CHECK(cudaMemcpy(hst.data(), stamps.ptr, stamps.bytes, cudaMemcpyDeviceToHost));
-    unsigned long long first = ~0ull, last = 0;
-    for (int b = 0; b < sms; ++b) {
-      const unsigned long long* w = &hst[size_t(b) * W];
-      first = std::min(first, w[0]);
-      for (int i = 1; i < W - 1; ++i) last = std::max(last, w[i]);
-    }
-    auto stat = [&](int from, int to) {  // slot `to` - slot `from` over the blocks, us
-      std::vector<double> v;
+  for (const bool q4 : {true, false}) {
+    for (const Shape& sh : shapes) {
+      LayerRest layer(sh.hidden, sh.q_rows, sh.kv_rows, sh.inter, q4);
+      auto body = [&](int i) { layer.run(be, i); };
+      for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
+      const cuda::Q4GemvTuning saved4 = cuda::q4_gemv_tuning();
+      const cuda::GemvTuning saved = cuda::gemv_tuning();
+      auto set = [&](unsigned long long* timeline) {  // the chain on, stamping into timeline
+        if (q4) {
+          cuda::Q4GemvTuning t = saved4;
+          t.chain = 1;
+          t.chain_timeline = timeline;
+          cuda::set_q4_gemv_tuning(t);
+        } else {
+          cuda::GemvTuning t = saved;
+          t.chain = true;
+          t.chain_timeline = timeline;
+          cuda::set_gemv_tuning(t);
+        }
+      };
+      set(nullptr);
+      const double ms = time_graph_ms(s, body, 20 * layer.copies);
+      set(static_cast<unsigned long long*>(stamps.ptr));
+      CUDA_CHECK(cudaMemsetAsync(stamps.ptr, 0, stamps.bytes, s));
+      for (int i = 0; i < 2 * layer.copies; ++i) body(i);
+      CUDA_CHECK(cudaStreamSynchronize(s));
+      cuda::set_q4_gemv_tuning(saved4);
+      cuda::set_gemv_tuning(saved);
+      std::vector<unsigned long long> hst(size_t(sms) * W);
+      CUDA_CHECK(cudaMemcpy(hst.data(), stamps.ptr, stamps.bytes, cudaMemcpyDeviceToHost));
+      unsigned long long first = ~0ull, last = 0;
       for (int b = 0; b < sms; ++b) {
         const unsigned long long* w = &hst[size_t(b) * W];
-        if (w[to] != 0 && w[from] != 0) v.push_back(double(w[to] - w[from]) * 1e-3);
+        first = std::min(first, w[0]);
+        for (int i = 1; i < W - 1; ++i) last = std::max(last, w[i]);
       }
-      char buf[48];
-      if (v.empty()) return std::string("    -/    -");
-      std::sort(v.begin(), v.end());
-      std::snprintf(buf, sizeof buf, "%5.1f/%5.1f", v[v.size() / 2], v.back());
-      return std::string(buf);
-    };
-    std::string line;
-    const char* names[] = {"o", "gate/up", "down", "qkv"};
-    for (int p = 0; p < 4; ++p) {
-      line += std::string(" ") + names[p] + ": wait " + stat(1 + 4 * p, 2 + 4 * p) + " stage " +
-              stat(2 + 4 * p, 3 + 4 * p) + " walk " + stat(3 + 4 * p, 4 + 4 * p) + " |";
+      auto stat = [&](int from, int to) {  // slot `to` - slot `from` over the blocks, us
+        std::vector<double> v;
+        for (int b = 0; b < sms; ++b) {
+          const unsigned long long* w = &hst[size_t(b) * W];
+          if (w[to] != 0 && w[from] != 0) v.push_back(double(w[to] - w[from]) * 1e-3);
+        }
+        char buf[48];
+        if (v.empty()) return std::string("    -/    -");
+        std::sort(v.begin(), v.end());
+        std::snprintf(buf, sizeof buf, "%5.1f/%5.1f", v[v.size() / 2], v.back());
+        return std::string(buf);
+      };
+      std::string line;
+      const char* names[] = {"o", "gate/up", "down", "qkv"};
+      for (int p = 0; p < 4; ++p) {
+        line += std::string(" ") + names[p] + ": wait " + stat(1 + 4 * p, 2 + 4 * p) + " stage " +
+                stat(2 + 4 * p, 3 + 4 * p) + " walk " + stat(3 + 4 * p, 4 + 4 * p) + " |";
+      }
+      summary("| chaintime %s %s | call %6.1f us, stamped span %6.1f us | %d blocks |%s",
+              q4 ? "w4  " : "bf16", sh.name, ms * 1e3, double(last - first) * 1e-3, sms,
+              line.c_str());
+      be.release_weights();
     }
-    summary("| chaintime %s | call %6.1f us, stamped span %6.1f us | %d blocks |%s", sh.name,
-            ms * 1e3, double(last - first) * 1e-3, sms, line.c_str());
-    be.release_weights();
   }
 }
 

@@ -254,7 +254,15 @@ struct GemvTuning {
   // barriers between them (launch_gemv_chain, which runs nothing unless it is set;
   // CudaBackend::output_and_mlp); QS_GEMV_CHAIN=1. Off until measured on a GPU.
   bool chain = false;
+  // Diagnostics (bench_ops --sections chaintime): as Q4GemvTuning::chain_timeline, for the bf16
+  // chain (kChainTimelineSlots words per SM).
+  unsigned long long* chain_timeline = nullptr;
 };
+// A layer chain's timeline (GemvTuning / Q4GemvTuning::chain_timeline), per block: [0] entry; for
+// phase p, [1 + 4p] its start (p = 0: before the PDL wait, else the barrier's entry), [2 + 4p]
+// released (the previous kernel complete / every block arrived), [3 + 4p] its activation staged,
+// [4 + 4p] its walk done (0 for a phase the launch lacks); [17] the SM the block ran on.
+constexpr int kChainTimelineSlots = 18;
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();
 

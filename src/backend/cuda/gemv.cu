@@ -493,6 +493,7 @@ struct RingChainArgs {
   const float* h;  // the residual stream's row (what the normed phases read)
   int64_t max_k;
   unsigned* barrier;
+  unsigned long long* timeline;  // GemvTuning::chain_timeline (null: no stamps)
 };
 
 // The chain's activations, norm scratch and phases after the rings and the partial sums.
@@ -588,11 +589,13 @@ __device__ __forceinline__ void ring_chain_phase(const RingChainArgs<T>& args,
   const int64_t K = ph.K;
   float w[kNormPer];
   if (ph.x == nullptr) load_weight_chunk(ph.norm_weight, ph.norm_dtype, 0, K, w);
+  timeline_stamp(args.timeline, 1 + 4 * P);
   if constexpr (P == 0) {
     pdl_begin();  // the attention's output is the previous kernel's
   } else {
     grid_barrier(args.barrier);  // the previous phase's outputs are written
   }
+  timeline_stamp(args.timeline, 2 + 4 * P);
   if (ph.x != nullptr) {
     const float4* src = reinterpret_cast<const float4*>(ph.x);
     for (int64_t i = threadIdx.x; i < K / 4; i += blockDim.x) {
@@ -603,6 +606,7 @@ __device__ __forceinline__ void ring_chain_phase(const RingChainArgs<T>& args,
                                scratch, xs);
   }
   __syncthreads();
+  timeline_stamp(args.timeline, 3 + 4 * P);
   if (ph.x == nullptr && blockIdx.x == 0) {
     for (int64_t i = threadIdx.x; i < K / 4; i += blockDim.x) {
       reinterpret_cast<float4*>(ph.norm_out)[i] = reinterpret_cast<const float4*>(xs)[i];
@@ -628,6 +632,7 @@ __device__ __forceinline__ void ring_chain_phase(const RingChainArgs<T>& args,
                                pick(ph.segs.bias, si), pick(ph.segs.y, si), ph.norm);
     }
   }
+  timeline_stamp(args.timeline, 4 + 4 * P);
 }
 
 template <typename T>
@@ -642,6 +647,7 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
   double* scratch = reinterpret_cast<double*>(xs + (args.max_k + 3) / 4 * 4);  // 16-byte aligned
   auto* phases = reinterpret_cast<RingChainPhase<T>*>(reinterpret_cast<unsigned char*>(scratch) +
                                                       kGemvNormScratchBytes + 8);
+  timeline_stamp(args.timeline, 0);
   if (threadIdx.x < kRingChainPhases) phases[threadIdx.x] = args.phase[threadIdx.x];
   __syncthreads();
   RingChainFetch<T> fetch(phases, ring, warp, num_warps, lane);
@@ -1107,6 +1113,7 @@ bool launch_ring_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream
   args.phase[3].norm_out = c.next_out;
   args.h = c.h;
   args.barrier = c.barrier;
+  args.timeline = g_tuning.chain_timeline;
   int warps = kRingMaxWarps;
   for (const RingChainPhase<T>& p : args.phase) {
     args.max_k = std::max(args.max_k, p.K);

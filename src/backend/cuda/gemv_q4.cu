@@ -1541,11 +1541,9 @@ struct Q4ChainArgs {
   unsigned long long* timeline;  // Q4GemvTuning::chain_timeline (null: no stamps)
 };
 
-// Thread 0 stamps slot i of this block's timeline entry (Q4GemvTuning::chain_timeline).
+// Slot i of this block's timeline entry (Q4GemvTuning::chain_timeline).
 __device__ __forceinline__ void chain_stamp(const Q4ChainArgs& args, int i) {
-  if (args.timeline != nullptr && threadIdx.x == 0) {
-    args.timeline[blockIdx.x * kQ4ChainTimelineSlots + i] = global_ns();
-  }
+  timeline_stamp(args.timeline, i, args.phases);
 }
 
 // The fetch side of the chain: PairFetch's sequence for phase 0, then phase 1's, and so on, one
@@ -1699,16 +1697,6 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
   uint2* zeros = reinterpret_cast<uint2*>(gscale + ((max_groups + 1) & ~int64_t{1})) + warp * 64;
   ChainWeights* cw = reinterpret_cast<ChainWeights*>(zeros + (num_warps - warp) * 64);  // [4]
   chain_stamp(args, 0);
-  if (args.timeline != nullptr && threadIdx.x == 0) {
-    unsigned sm;
-    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
-    args.timeline[blockIdx.x * kQ4ChainTimelineSlots + kQ4ChainTimelineSlots - 1] = sm;
-    if (args.phases < kQ4ChainMaxPhases) {  // the missing phase reads 0
-      for (int i = 1; i <= 4; ++i) {
-        args.timeline[blockIdx.x * kQ4ChainTimelineSlots + 4 * (kQ4ChainMaxPhases - 1) + i] = 0;
-      }
-    }
-  }
   if (threadIdx.x == 0) {
 #pragma unroll
     for (int p = 0; p < kQ4ChainMaxPhases; ++p) cw[p] = args.weights[p];

@@ -1,9 +1,11 @@
 // A grid-wide barrier for persistent kernels whose blocks are all resident at once (the layer
 // chains: gemv_q4_chain_kernel in gemv_q4.cu, gemv_ring_chain_kernel in gemv.cu), and the
-// device clock their timelines stamp.
+// timelines they stamp for bench_ops chaintime.
 #pragma once
 
 #include <cstdint>
+
+#include "backend/cuda/cuda_ops.h"
 
 namespace qs::cuda {
 
@@ -11,6 +13,22 @@ __device__ __forceinline__ uint64_t global_ns() {
   uint64_t t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
   return t;
+}
+
+// Thread 0 stamps slot i of this block's entry of a chain timeline (kChainTimelineSlots words per
+// block, cuda_ops.h; null: no stamps). At i = 0 it also records the block's SM in the last slot
+// and zeroes the slots of phases [phases, 4) (a launch without them).
+__device__ __forceinline__ void timeline_stamp(unsigned long long* timeline, int i,
+                                               int phases = 4) {
+  if (timeline == nullptr || threadIdx.x != 0) return;
+  unsigned long long* entry = timeline + blockIdx.x * kChainTimelineSlots;
+  entry[i] = global_ns();
+  if (i == 0) {
+    unsigned sm;
+    asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
+    entry[kChainTimelineSlots - 1] = sm;
+    for (int s = 1 + 4 * phases; s < kChainTimelineSlots - 1; ++s) entry[s] = 0;
+  }
 }
 
 // Every block adds to *count, block 0 adds 2^31 - (gridDim.x - 1) and the others 1, so the word's

@@ -209,15 +209,10 @@ struct Q4GemvTuning {
   // until measured on a GPU).
   int chain = 0;
   // Diagnostics (bench_ops --sections chaintime): non-null, a device buffer of
-  // kQ4ChainTimelineSlots words per SM into which every block of every chain launch writes
-  // %globaltimer (ns) as its phases pass (the last launch's stamps remain). Null: no stamp.
+  // kChainTimelineSlots (cuda_ops.h) words per SM into which every block of every chain launch
+  // writes %globaltimer (ns) as its phases pass (the last launch's stamps remain). Null: no stamp.
   unsigned long long* chain_timeline = nullptr;
 };
-// Per chain block: [0] entry; for phase p, [1 + 4p] its start (p = 0: before the PDL wait, else
-// the barrier's entry), [2 + 4p] released (the previous kernel complete / every block arrived),
-// [3 + 4p] its activation staged, [4 + 4p] its walk done (0 for a phase the launch lacks); [17]
-// the SM the block ran on.
-constexpr int kQ4ChainTimelineSlots = 18;
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
 // bench_ops w4layer (m = 1, us, CUDA-core default -> persistent): 7B q/k/v 16.4 -> 14.7, o 6.8
