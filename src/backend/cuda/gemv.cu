@@ -479,8 +479,10 @@ template <typename T>
 struct RingChainPhase {
   MmaSegments<T> segs;  // swiglu: the gate / up phase, on mixed tiles
   int64_t K, tiles;
-  const float* x;  // the activation ([1, K], read from L2), or null: h's row normalized with
-  const void* norm_weight;  // these (x null)
+  // The activation ([1, K], read from L2); null: h's row normalized with the weight, dtype and
+  // eps below.
+  const float* x;
+  const void* norm_weight;
   DType norm_dtype;
   float eps;
   float* norm_out;  // x null: block 0 stores the normalized row here too
