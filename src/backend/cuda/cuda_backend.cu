@@ -1127,7 +1127,8 @@ bool CudaBackend::dense_layer_chain(const float* x, int m, const LinearOp& o, Pe
                                     const LinearOp* next_ops, int next_count,
                                     const KvRowStore* next_rows) {
   if (!cuda::gemv_tuning().chain || !g_fuse_norm || !g_fuse_swiglu || m != 1 || mid.h != next.h ||
-      next_count < 1 || next_count > cuda::kMaxGemvSegments) {
+      next_count < 1 || next_count > cuda::kMaxGemvSegments || o.rows() != mid.weight->numel() ||
+      down.rows() != next.weight->numel()) {
     return false;
   }
   const auto dense = [](const LinearOp& op) { return op.w != nullptr && op.w4 == nullptr; };
@@ -1145,20 +1146,15 @@ bool CudaBackend::dense_layer_chain(const float* x, int m, const LinearOp& o, Pe
   c.down = segment(down, nullptr);
   c.next_count = next_count;
   for (int i = 0; i < next_count; ++i) c.next[i] = segment(next_ops[i], next_ops[i].y);
-  c.h = mid.h;
-  c.mid_weight = impl_->resolve(*mid.weight);
-  c.mid_dtype = mid.weight->dtype;
-  c.mid_eps = mid.eps;
-  c.mid_out = mid.out;
-  c.next_weight = impl_->resolve(*next.weight);
-  c.next_dtype = next.weight->dtype;
-  c.next_eps = next.eps;
-  c.next_out = next.out;
+  const auto norm = [&](const PendingNorm& pn) {
+    return cuda::GemvNorm{
+        pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, pn.out, nullptr,
+        1,    pn.weight->numel()};
+  };
+  c.mid = norm(mid);
+  c.next_norm = norm(next);
   c.barrier = impl_->grid_barrier;
-  if (o.rows() != mid.weight->numel() || down.rows() != next.weight->numel() ||
-      !cuda::launch_gemv_chain(c, impl_->num_sms, impl_->stream)) {
-    return false;
-  }
+  if (!cuda::launch_gemv_chain(c, impl_->num_sms, impl_->stream)) return false;
   mid.deferred = false;
   next.deferred = false;
   if (next_rows != nullptr) store_next_rows(m, next_ops, next_count, *next_rows);

@@ -202,9 +202,9 @@ bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const Ge
 // persistent launch of the ring kernel (gemv.cu, gemv_ring_chain_kernel; Backend::output_and_mlp
 // with bf16 / f16 weights): four phases separated by grid barriers,
 //   h += o(x)                       (o.y unused; as launch_gemv_norm's add)
-//   act = swiglu(gate(n1), up(n1))  (n1 = rmsnorm(h, mid_weight), stored to mid_out too)
+//   act = swiglu(gate(n1), up(n1))  (n1 = rmsnorm(h) by mid, stored to mid.out too)
 //   h += down(act)
-//   next[i].y = next[i](n2)         (n2 = rmsnorm(h, next_weight), stored to next_out too)
+//   next[i].y = next[i](n2)         (n2 = rmsnorm(h) by next, stored to next.out too)
 // where every block normalizes h itself after the barrier (the last block's code of
 // launch_gemv_norm, so the same bits) into shared memory, and each phase walks its tiles with the
 // ring kernel's warps and order. The same bits as launch_gemv_norm, launch_gemv_swiglu (mixed
@@ -218,15 +218,9 @@ struct GemvLayerChain {
   GemvSegment o, gate, up, down;  // gate.y: the SwiGLU's output (act); o.y, up.y, down.y unused
   GemvSegment next[kMaxGemvSegments];
   int next_count = 0;  // 1..kMaxGemvSegments
-  float* h = nullptr;  // the residual stream, [1, d]
-  const void* mid_weight = nullptr;
-  DType mid_dtype = DType::F32;
-  float mid_eps = 0.0f;
-  float* mid_out = nullptr;
-  const void* next_weight = nullptr;
-  DType next_dtype = DType::F32;
-  float next_eps = 0.0f;
-  float* next_out = nullptr;
+  // The MLP norm and the next layer's attention norm of the residual stream h ([1, d]; mid.h ==
+  // next.h): weight, weight_dtype, eps and out (arrivals and sumsq unused).
+  GemvNorm mid, next_norm;
   unsigned* barrier = nullptr;
 };
 bool launch_gemv_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream);

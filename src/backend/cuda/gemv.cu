@@ -479,20 +479,14 @@ template <typename T>
 struct RingChainPhase {
   MmaSegments<T> segs;  // swiglu: the gate / up phase, on mixed tiles
   int64_t K, tiles;
-  // The activation ([1, K], read from L2); null: h's row normalized with the weight, dtype and
-  // eps below.
-  const float* x;
-  const void* norm_weight;
-  DType norm_dtype;
-  float eps;
-  float* norm_out;  // x null: block 0 stores the normalized row here too
-  GemvNorm norm;    // h set: the sums are added into h (o and down), not stored
+  const float* x;  // the activation ([1, K], read from L2); null: in's normalized row
+  GemvNorm in;     // x null: the activation is rmsnorm(in.h), which block 0 also stores to in.out
+  GemvNorm norm;   // h set: the sums are added into h (o and down), not stored
 };
 
 template <typename T>
 struct RingChainArgs {
   RingChainPhase<T> phase[kRingChainPhases];
-  const float* h;  // the residual stream's row (what the normed phases read)
   int64_t max_k;
   unsigned* barrier;
   unsigned long long* timeline;  // GemvTuning::chain_timeline (null: no stamps)
@@ -590,7 +584,7 @@ __device__ __forceinline__ void ring_chain_phase(const RingChainArgs<T>& args,
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, num_warps = blockDim.x / 32;
   const int64_t K = ph.K;
   float w[kNormPer];
-  if (ph.x == nullptr) load_weight_chunk(ph.norm_weight, ph.norm_dtype, 0, K, w);
+  if (ph.x == nullptr) load_weight_chunk(ph.in.weight, ph.in.weight_dtype, 0, K, w);
   timeline_stamp(args.timeline, 1 + 4 * P);
   if constexpr (P == 0) {
     pdl_begin();  // the attention's output is the previous kernel's
@@ -604,14 +598,14 @@ __device__ __forceinline__ void ring_chain_phase(const RingChainArgs<T>& args,
       reinterpret_cast<float4*>(xs)[i] = __ldcg(src + i);
     }
   } else {
-    normalize_row<true, false>(args.h, nullptr, ph.norm_weight, ph.norm_dtype, K, ph.eps, w,
+    normalize_row<true, false>(ph.in.h, nullptr, ph.in.weight, ph.in.weight_dtype, K, ph.in.eps, w,
                                scratch, xs);
   }
   __syncthreads();
   timeline_stamp(args.timeline, 3 + 4 * P);
   if (ph.x == nullptr && blockIdx.x == 0) {
     for (int64_t i = threadIdx.x; i < K / 4; i += blockDim.x) {
-      reinterpret_cast<float4*>(ph.norm_out)[i] = reinterpret_cast<const float4*>(xs)[i];
+      reinterpret_cast<float4*>(ph.in.out)[i] = reinterpret_cast<const float4*>(xs)[i];
     }
   }
   const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
@@ -1065,8 +1059,9 @@ namespace {
 // Whether the chain's operands are one layer's at m = 1 on the ring kernel, as launch_gemv_chain
 // documents (the separate launches would each take the ring kernel at one row).
 bool chain_operands_fit(const GemvLayerChain& c) {
-  if (c.next_count < 1 || c.next_count > kMaxGemvSegments || !c.x || !c.h || !c.barrier ||
-      !c.gate.y || !c.mid_weight || !c.mid_out || !c.next_weight || !c.next_out) {
+  if (c.next_count < 1 || c.next_count > kMaxGemvSegments || !c.x || !c.barrier || !c.gate.y ||
+      !c.mid.h || c.next_norm.h != c.mid.h || !c.mid.weight || !c.mid.out || !c.next_norm.weight ||
+      !c.next_norm.out) {
     return false;
   }
   const int64_t d = c.o.w.rows;
@@ -1079,7 +1074,7 @@ bool chain_operands_fit(const GemvLayerChain& c) {
     if (all[i]->w.dtype != c.o.w.dtype || !gemv_uses_tensor_cores(c.x, all[i]->w)) return false;
   }
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return aligned(c.h) && aligned(c.gate.y) && aligned(c.mid_out) && aligned(c.next_out) &&
+  return aligned(c.mid.h) && aligned(c.gate.y) && aligned(c.mid.out) && aligned(c.next_norm.out) &&
          c.gate.w.rows == c.up.w.rows && c.down.w.cols == c.gate.w.rows && c.down.w.rows == d;
 }
 
@@ -1099,21 +1094,14 @@ template <typename T>
 bool launch_ring_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream) {
   RingChainArgs<T> args{};
   args.phase[0] = ring_chain_phase_of<T>(&c.o, 1, false, c.x);
-  args.phase[0].norm.h = c.h;
+  args.phase[0].norm.h = c.mid.h;
   const GemvSegment gate_up[2] = {c.gate, c.up};
   args.phase[1] = ring_chain_phase_of<T>(gate_up, 2, true, nullptr);
-  args.phase[1].norm_weight = c.mid_weight;
-  args.phase[1].norm_dtype = c.mid_dtype;
-  args.phase[1].eps = c.mid_eps;
-  args.phase[1].norm_out = c.mid_out;
+  args.phase[1].in = c.mid;
   args.phase[2] = ring_chain_phase_of<T>(&c.down, 1, false, c.gate.y);
-  args.phase[2].norm.h = c.h;
+  args.phase[2].norm.h = c.mid.h;
   args.phase[3] = ring_chain_phase_of<T>(c.next, c.next_count, false, nullptr);
-  args.phase[3].norm_weight = c.next_weight;
-  args.phase[3].norm_dtype = c.next_dtype;
-  args.phase[3].eps = c.next_eps;
-  args.phase[3].norm_out = c.next_out;
-  args.h = c.h;
+  args.phase[3].in = c.next_norm;
   args.barrier = c.barrier;
   args.timeline = g_tuning.chain_timeline;
   int warps = kRingMaxWarps;

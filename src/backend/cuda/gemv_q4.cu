@@ -863,7 +863,7 @@ __device__ __forceinline__ void persist_store_row(const GemvNorm& norm, float* y
     norm.h[row] = v;
     sq += static_cast<double>(v * v);
   } else {
-    gemv_store(norm, y, row, sum);
+    gemv_store<L2>(norm, y, row, sum);
   }
 }
 
