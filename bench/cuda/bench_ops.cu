@@ -891,6 +891,34 @@ struct LayerRest {
   }
 };
 
+// The layer chain of one kind (4-bit: Q4GemvTuning::chain, else GemvTuning::chain) switched on
+// or off over the tunings found at construction, with a timeline (null: none); restore() puts
+// those tunings back.
+struct LayerChainSwitch {
+  bool q4;
+  cuda::Q4GemvTuning saved4 = cuda::q4_gemv_tuning();
+  cuda::GemvTuning saved = cuda::gemv_tuning();
+
+  explicit LayerChainSwitch(bool q4_) : q4(q4_) {}
+  void set(bool on, unsigned long long* timeline = nullptr) const {
+    if (q4) {
+      cuda::Q4GemvTuning t = saved4;
+      t.chain = on ? 1 : 0;
+      t.chain_timeline = timeline;
+      cuda::set_q4_gemv_tuning(t);
+    } else {
+      cuda::GemvTuning t = saved;
+      t.chain = on;
+      t.chain_timeline = timeline;
+      cuda::set_gemv_tuning(t);
+    }
+  }
+  void restore() const {
+    cuda::set_q4_gemv_tuning(saved4);
+    cuda::set_gemv_tuning(saved);
+  }
+};
+
 // A LayerRest as the model's four launches and as one chain launch with grid barriers
 // (4-bit: Q4GemvTuning::chain; bf16: GemvTuning::chain).
 void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
@@ -899,27 +927,17 @@ void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t
   LayerRest layer(hidden, q_rows, kv_rows, inter, q4);
   auto body = [&](int i) { layer.run(be, i); };
   for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
-  const cuda::Q4GemvTuning saved4 = cuda::q4_gemv_tuning();
-  const cuda::GemvTuning saved = cuda::gemv_tuning();
+  LayerChainSwitch chain_switch(q4);
   std::string line;
   char buf[96];
   for (int chain : {0, 1}) {
-    if (q4) {
-      cuda::Q4GemvTuning t = saved4;
-      t.chain = chain;
-      cuda::set_q4_gemv_tuning(t);
-    } else {
-      cuda::GemvTuning t = saved;
-      t.chain = chain != 0;
-      cuda::set_gemv_tuning(t);
-    }
+    chain_switch.set(chain != 0);
     const double ms = time_graph_ms(s, body, 20 * layer.copies);
     std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", chain ? "chain" : "4 launches",
                   ms * 1e3, pct(layer.bytes, ms));
     line += buf;
   }
-  cuda::set_q4_gemv_tuning(saved4);
-  cuda::set_gemv_tuning(saved);
+  chain_switch.restore();
   summary("| %s layer %s o+gate/up+down+next qkv %6.1f MB |%s", q4 ? "w4" : "bf16", name,
           layer.bytes / 1e6, line.c_str());
   be.release_weights();
@@ -946,29 +964,14 @@ void bench_chain_timeline(CudaBackend& be) {
       LayerRest layer(sh.hidden, sh.q_rows, sh.kv_rows, sh.inter, q4);
       auto body = [&](int i) { layer.run(be, i); };
       for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
-      const cuda::Q4GemvTuning saved4 = cuda::q4_gemv_tuning();
-      const cuda::GemvTuning saved = cuda::gemv_tuning();
-      auto set = [&](unsigned long long* timeline) {  // the chain on, stamping into timeline
-        if (q4) {
-          cuda::Q4GemvTuning t = saved4;
-          t.chain = 1;
-          t.chain_timeline = timeline;
-          cuda::set_q4_gemv_tuning(t);
-        } else {
-          cuda::GemvTuning t = saved;
-          t.chain = true;
-          t.chain_timeline = timeline;
-          cuda::set_gemv_tuning(t);
-        }
-      };
-      set(nullptr);
+      LayerChainSwitch chain_switch(q4);
+      chain_switch.set(true);
       const double ms = time_graph_ms(s, body, 20 * layer.copies);
-      set(static_cast<unsigned long long*>(stamps.ptr));
+      chain_switch.set(true, static_cast<unsigned long long*>(stamps.ptr));
       CUDA_CHECK(cudaMemsetAsync(stamps.ptr, 0, stamps.bytes, s));
       for (int i = 0; i < 2 * layer.copies; ++i) body(i);
       CUDA_CHECK(cudaStreamSynchronize(s));
-      cuda::set_q4_gemv_tuning(saved4);
-      cuda::set_gemv_tuning(saved);
+      chain_switch.restore();
       std::vector<unsigned long long> hst(size_t(sms) * W);
       CUDA_CHECK(cudaMemcpy(hst.data(), stamps.ptr, stamps.bytes, cudaMemcpyDeviceToHost));
       unsigned long long first = ~0ull, last = 0;
