@@ -820,9 +820,10 @@ void bench_gemv_q4_variants(CudaBackend& be, bool quick) {
 // per layer, the codes reaching the registers through registers (stages 1) or the cp.async
 // ring (4), and the default; with `sweep` also every tiles-per-block x warps x path choice. Layers
 // rotate over >= kRotateBytes of weights.
-// A layer's o -> gate/up -> down and the next layer's q/k/v as the model runs them at m = 1
-// (Backend::output_and_mlp), over rotating copies of random weights (cold L2 in a CUDA graph):
-// a draft layer's 4-bit weights (both norms deferred), or bf16 ones (an AR layer).
+// A layer's o -> gate/up -> down, the next layer's q/k/v and its RoPE and f16 K/V rows (heads of
+// 128, position 100000) as the model runs them at m = 1 (Backend::output_and_mlp), over rotating
+// copies of random weights (cold L2 in a CUDA graph): a draft layer's 4-bit weights (both norms
+// deferred), or bf16 ones (an AR layer).
 struct LayerRest {
   int64_t hidden, q_rows, kv_rows, inter;
   bool q4;
@@ -834,7 +835,8 @@ struct LayerRest {
   std::vector<WeightView> w[7];
   std::unique_ptr<DeviceMem> x, h, norms;
   WeightView mlp_norm, next_norm;
-  DeviceMem proj, rows, g, u, act, q, k, v;
+  DeviceMem proj, rows, g, u, act, q, k, v, k_row, v_row;
+  std::vector<float> inv_freq;
 
   LayerRest(int64_t hidden_, int64_t q_rows_, int64_t kv_rows_, int64_t inter_, bool q4_)
       : hidden(hidden_),
@@ -854,7 +856,11 @@ struct LayerRest {
         act(inter * 4),
         q(q_rows * 4),
         k(kv_rows * 4),
-        v(kv_rows * 4) {
+        v(kv_rows * 4),
+        k_row(kv_rows * 2),
+        v_row(kv_rows * 2),
+        inv_freq(64) {
+    for (int i = 0; i < 64; ++i) inv_freq[i] = static_cast<float>(std::pow(500000.0, -i / 64.0));
     next_norm.data = static_cast<const uint16_t*>(norms->ptr) + hidden;
     const int64_t shapes[7][2] = {{hidden, q_rows}, {inter, hidden},  {inter, hidden},
                                   {hidden, inter},  {q_rows, hidden}, {kv_rows, hidden},
@@ -886,29 +892,32 @@ struct LayerRest {
     PendingNorm mid{h->f32(), &mlp_norm, 1e-5f, rows.f32(), false};
     PendingNorm next{h->f32(), &next_norm, 1e-5f, rows.f32(), false};
     const LinearOp qkv[] = {op(4, c, q.f32()), op(5, c, k.f32()), op(6, c, v.f32())};
+    const KvRowStore kv_rows_out{RopeQK{q.f32(), static_cast<int>(q_rows / 128),
+                                        static_cast<int>(kv_rows / 128), 128, inv_freq.data()},
+                                 100000, k_row.ptr, v_row.ptr, DType::F16};
     be.output_and_mlp(x->f32(), 1, op(0, c, proj.f32()), mid, op(1, c, g.f32()), op(2, c, u.f32()),
-                      act.f32(), op(3, c, proj.f32()), next, qkv, 3, nullptr);
+                      act.f32(), op(3, c, proj.f32()), next, qkv, 3, &kv_rows_out);
   }
 };
 
-// The layer chain of one kind (4-bit: Q4GemvTuning::chain, else GemvTuning::chain) switched on
-// or off over the tunings found at construction, with a timeline (null: none); restore() puts
-// those tunings back.
+// The layer chain of one kind (4-bit: Q4GemvTuning::chain, else GemvTuning::chain) set to a level
+// (0 off, 1 on, 2 with the RoPE and K/V rows) over the tunings found at construction, with a
+// timeline (null: none); restore() puts those tunings back.
 struct LayerChainSwitch {
   bool q4;
   cuda::Q4GemvTuning saved4 = cuda::q4_gemv_tuning();
   cuda::GemvTuning saved = cuda::gemv_tuning();
 
   explicit LayerChainSwitch(bool q4_) : q4(q4_) {}
-  void set(bool on, unsigned long long* timeline = nullptr) const {
+  void set(int level, unsigned long long* timeline = nullptr) const {
     if (q4) {
       cuda::Q4GemvTuning t = saved4;
-      t.chain = on ? 1 : 0;
+      t.chain = level;
       t.chain_timeline = timeline;
       cuda::set_q4_gemv_tuning(t);
     } else {
       cuda::GemvTuning t = saved;
-      t.chain = on;
+      t.chain = level;
       t.chain_timeline = timeline;
       cuda::set_gemv_tuning(t);
     }
@@ -919,7 +928,8 @@ struct LayerChainSwitch {
   }
 };
 
-// A LayerRest as the model's four launches and as one chain launch with grid barriers
+// A LayerRest as the model's launches (four GEMVs and the RoPE + row store), as one chain launch
+// with grid barriers and the RoPE + row store after it, and as one chain launch with them in it
 // (4-bit: Q4GemvTuning::chain; bf16: GemvTuning::chain).
 void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
                       int64_t kv_rows, int64_t inter, bool q4) {
@@ -930,15 +940,16 @@ void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t
   LayerChainSwitch chain_switch(q4);
   std::string line;
   char buf[96];
-  for (int chain : {0, 1}) {
-    chain_switch.set(chain != 0);
+  const char* names[] = {"5 launches", "chain + rows", "chain w/ rows"};
+  for (int chain : {0, 1, 2}) {
+    chain_switch.set(chain);
     const double ms = time_graph_ms(s, body, 20 * layer.copies);
-    std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", chain ? "chain" : "4 launches",
-                  ms * 1e3, pct(layer.bytes, ms));
+    std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", names[chain], ms * 1e3,
+                  pct(layer.bytes, ms));
     line += buf;
   }
   chain_switch.restore();
-  summary("| %s layer %s o+gate/up+down+next qkv %6.1f MB |%s", q4 ? "w4" : "bf16", name,
+  summary("| %s layer %s o+gate/up+down+next qkv+rows %6.1f MB |%s", q4 ? "w4" : "bf16", name,
           layer.bytes / 1e6, line.c_str());
   be.release_weights();
 }
@@ -965,9 +976,9 @@ void bench_chain_timeline(CudaBackend& be) {
       auto body = [&](int i) { layer.run(be, i); };
       for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
       LayerChainSwitch chain_switch(q4);
-      chain_switch.set(true);
+      chain_switch.set(2);
       const double ms = time_graph_ms(s, body, 20 * layer.copies);
-      chain_switch.set(true, static_cast<unsigned long long*>(stamps.ptr));
+      chain_switch.set(2, static_cast<unsigned long long*>(stamps.ptr));
       CUDA_CHECK(cudaMemsetAsync(stamps.ptr, 0, stamps.bytes, s));
       for (int i = 0; i < 2 * layer.copies; ++i) body(i);
       CUDA_CHECK(cudaStreamSynchronize(s));

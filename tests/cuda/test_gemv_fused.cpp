@@ -468,21 +468,21 @@ TEST_F(CudaOpsTest, Q4ChainEqualsTheSeparateLaunches) {
 }
 
 // Backend::output_and_mlp with GemvTuning::chain (a bf16 / f16 layer's o -> gate/up -> down and
-// the next layer's q/k/v as one launch with grid barriers; each block normalizes h itself)
-// against the separate ring-kernel launches, from the same h: h, both norms' rows (separate
-// buffers here; the model shares one), the SwiGLU rows, q, k, v and the K/V rows stored after
-// the chain, bit for bit where every K takes the ring kernel's 16 warps (K > 960); with a smaller
-// hidden size the chain's warps follow it, so the down projection and the norm after it are
-// regrouped (within 1e-6 of h, 1e-5 of the rest). The chain must have run (its launch count) at
-// m = 1 and not at m = 2. Each case runs twice on one backend: a barrier word left unbalanced by
-// the first launch would hang or corrupt the second.
-void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, bool exact,
+// the next layer's q/k/v as one launch with grid barriers; each block normalizes h itself; with
+// chain 2 also the next layer's RoPE and K/V row store) against the separate ring-kernel
+// launches, from the same h: h, both norms' rows (separate buffers here; the model shares one),
+// the SwiGLU rows, q, k, v (rotated) and the K/V rows (f32 and f16, at a position near 128K;
+// stored after the chain, or in it), bit for bit where every K takes the ring kernel's 16 warps
+// (K > 960); with a smaller hidden size the chain's warps follow it, so the down projection and
+// the norm after it are regrouped (within 1e-6 of h, 1e-5 of the rest). The chain must have run
+// (its launch count) at m = 1 and not at m = 2. Each case runs twice on one backend: a barrier
+// word left unbalanced by the first launch would hang or corrupt the second.
+void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int head_dim, bool exact,
                       uint64_t seed) {
   auto weight = [&](int64_t rows, int64_t cols, uint64_t s, const char* name) {
     return HostWeight(random_normal(static_cast<size_t>(rows * cols), s, 0.05f), dt, rows, cols,
                       name);
   };
-  const int head_dim = 128;
   const int64_t kv = d % 512 == 0 ? d / 4 : d / 4 + 8;  // odd tile counts off the head sizes
   const HostWeight wo = weight(d, d, seed, "wo"), wg = weight(ffn, d, seed + 1, "wg"),
                    wu = weight(ffn, d, seed + 2, "wu"), wd = weight(d, ffn, seed + 3, "wd"),
@@ -501,7 +501,7 @@ void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, bool e
     struct Run {
       std::vector<float> h, mid_out, next_out, act, q, k, v, k_rows, v_rows;
     };
-    auto run = [&](bool chain) {
+    auto run = [&](int chain, DType rows_dtype) {
       cuda::GemvTuning t = cuda::gemv_tuning();
       t.chain = chain;
       cuda::set_gemv_tuning(t);
@@ -516,50 +516,56 @@ void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, bool e
                               {&wv.view, nullptr, nullptr, v.data()}};
       const KvRowStore rows{RopeQK{q.data(), static_cast<int>(d / head_dim),
                                    static_cast<int>(kv / head_dim), head_dim, inv_freq.data()},
-                            131000, k_rows.data(), v_rows.data(), DType::F32};
+                            131000, k_rows.data(), v_rows.data(), rows_dtype};
       const uint64_t launches = cuda::gemv_chain_launches();
       gpu.output_and_mlp(xd.data(), m, LinearOp{&wo.view, nullptr, &bo.view, proj.data()}, mid,
                          LinearOp{&wg.view, nullptr, nullptr, g.data()},
                          LinearOp{&wu.view, nullptr, nullptr, u.data()}, act.data(),
                          LinearOp{&wd.view, nullptr, nullptr, proj.data()}, next, qkv, 3,
                          kv % head_dim == 0 ? &rows : nullptr);
-      EXPECT_EQ(cuda::gemv_chain_launches() - launches, chain && m == 1 ? 1u : 0u) << tag;
+      EXPECT_EQ(cuda::gemv_chain_launches() - launches, chain > 0 && m == 1 ? 1u : 0u) << tag;
       EXPECT_FALSE(mid.deferred || next.deferred) << tag;
       return Run{h.to_host(), mid_out.to_host(), next_out.to_host(), act.to_host(),   q.to_host(),
                  k.to_host(), v.to_host(),       k_rows.to_host(),   v_rows.to_host()};
     };
-    const Run want = run(false);
-    for (int rep = 0; rep < 2; ++rep) {
-      const Run got = run(true);
-      const std::string at = tag + " m=" + std::to_string(m) + ", run " + std::to_string(rep);
-      EXPECT_EQ(first_bit_difference(got.mid_out, want.mid_out), -1) << at << " MLP norm";
-      EXPECT_EQ(first_bit_difference(got.act, want.act), -1) << at << " SwiGLU rows";
-      const std::vector<float> Run::*outs[] = {&Run::h, &Run::next_out, &Run::q,     &Run::k,
-                                               &Run::v, &Run::k_rows,   &Run::v_rows};
-      const char* names[] = {"h", "next norm", "q", "k", "v", "K rows", "V rows"};
-      for (int i = 0; i < 7; ++i) {
-        if (i >= 5 && kv % head_dim != 0) continue;  // no rows stored
-        if (exact || m > 1) {
-          EXPECT_EQ(first_bit_difference(got.*outs[i], want.*outs[i]), -1) << at << " " << names[i];
-        } else {
-          EXPECT_LT(testing::rel_error(got.*outs[i], want.*outs[i]), i == 0 ? 1e-6 : 1e-5)
-              << at << " " << names[i];
+    for (int cr = 0; cr < 4; ++cr) {  // chain 1 / 2, rows f32 / f16
+      const int chain = 1 + cr / 2;
+      const DType rows_dtype = cr % 2 == 0 ? DType::F32 : DType::F16;
+      const Run want = run(0, rows_dtype);
+      for (int rep = 0; rep < 2; ++rep) {
+        const Run got = run(chain, rows_dtype);
+        const std::string at = tag + " m=" + std::to_string(m) + " chain " + std::to_string(chain) +
+                               " " + dtype_name(rows_dtype) + " rows, run " + std::to_string(rep);
+        EXPECT_EQ(first_bit_difference(got.mid_out, want.mid_out), -1) << at << " MLP norm";
+        EXPECT_EQ(first_bit_difference(got.act, want.act), -1) << at << " SwiGLU rows";
+        const std::vector<float> Run::*outs[] = {&Run::h, &Run::next_out, &Run::q,     &Run::k,
+                                                 &Run::v, &Run::k_rows,   &Run::v_rows};
+        const char* names[] = {"h", "next norm", "q", "k", "v", "K rows", "V rows"};
+        for (int i = 0; i < 7; ++i) {
+          if (i >= 5 && kv % head_dim != 0) continue;  // no rows stored
+          if (exact || m > 1) {
+            EXPECT_EQ(first_bit_difference(got.*outs[i], want.*outs[i]), -1)
+                << at << " " << names[i];
+          } else if (i < 5 || rows_dtype == DType::F32) {  // f16 rows are not floats
+            EXPECT_LT(testing::rel_error(got.*outs[i], want.*outs[i]), i == 0 ? 1e-6 : 1e-5)
+                << at << " " << names[i];
+          }
         }
       }
     }
   }
   cuda::GemvTuning t = cuda::gemv_tuning();
-  t.chain = false;
+  t.chain = 0;
   cuda::set_gemv_tuning(t);
   gpu.release_weights();
 }
 
 TEST_F(CudaOpsTest, DenseChainEqualsTheSeparateLaunches) {
   const cuda::GemvTuning saved = cuda::gemv_tuning();
-  dense_chain_case(gpu(), DType::BF16, 2048, 5504, true, 500);  // Llama-like, heads of 128
-  dense_chain_case(gpu(), DType::F16, 2048, 3000, true, 520);   // a mixed tile count off 16
-  dense_chain_case(gpu(), DType::BF16, 1032, 2824, true, 540);  // odd tile counts, partial tiles
-  dense_chain_case(gpu(), DType::BF16, 512, 1376, false, 560);  // 8 warps: regrouped sums
+  dense_chain_case(gpu(), DType::BF16, 2048, 5504, 128, true, 500);  // Llama-like
+  dense_chain_case(gpu(), DType::F16, 2048, 3000, 128, true, 520);   // mixed tiles off 16
+  dense_chain_case(gpu(), DType::BF16, 1032, 2824, 128, true, 540);  // odd tiles, no rows
+  dense_chain_case(gpu(), DType::BF16, 512, 1376, 64, false, 560);   // 8 warps: regrouped
   cuda::set_gemv_tuning(saved);
 }
 

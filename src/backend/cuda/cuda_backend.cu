@@ -782,6 +782,19 @@ void CudaBackend::rope_qk(float* q, float* k, int m, int num_heads, int num_kv_h
 }
 
 namespace {
+// A layer chain's RoPE and row store for next_rows (its dtype F16 or F32, head_dim / 2 <=
+// kMaxRopePairs).
+cuda::ChainKvRows chain_kv_rows(const KvRowStore& rows) {
+  cuda::ChainKvRows c;
+  c.freqs = rope_freqs(rows.rope.head_dim, rows.rope.inv_freq);
+  c.pos = rows.pos;
+  c.head_dim = rows.rope.head_dim;
+  c.k_dst = rows.k_dst;
+  c.v_dst = rows.v_dst;
+  c.f16 = rows.dtype == DType::F16 ? 1 : 0;
+  return c;
+}
+
 // QS_FUSE_ROPE_STORE=0: rope_qk_store_kv as the two launches it stands for (A/B runs).
 const bool g_fuse_rope_store = cuda::env_flag("QS_FUSE_ROPE_STORE", true);
 }  // namespace
@@ -1154,10 +1167,18 @@ bool CudaBackend::dense_layer_chain(const float* x, int m, const LinearOp& o, Pe
   c.mid = norm(mid);
   c.next_norm = norm(next);
   c.barrier = impl_->grid_barrier;
+  // Chain 2 also rotates q and k and stores the rows where they are the q/k/v ops' outputs.
+  const bool rows_in_chain =
+      cuda::gemv_tuning().chain >= 2 && next_rows != nullptr && next_count == 3 &&
+      kv_row_dtype_supported(next_rows->dtype) && next_rows->rope.q == next_ops[0].y &&
+      next_rows->rope.head_dim / 2 <= cuda::kMaxRopePairs &&
+      next_ops[0].rows() == int64_t{next_rows->rope.num_heads} * next_rows->rope.head_dim &&
+      next_ops[1].rows() == int64_t{next_rows->rope.num_kv_heads} * next_rows->rope.head_dim;
+  if (rows_in_chain) c.rows = chain_kv_rows(*next_rows);
   if (!cuda::launch_gemv_chain(c, impl_->num_sms, impl_->stream)) return false;
   mid.deferred = false;
   next.deferred = false;
-  if (next_rows != nullptr) store_next_rows(m, next_ops, next_count, *next_rows);
+  if (next_rows != nullptr && !rows_in_chain) store_next_rows(m, next_ops, next_count, *next_rows);
   return true;
 }
 
@@ -1222,14 +1243,7 @@ void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, Pendi
       if (&f != forms && f.count == (&f - 1)->count && f.rows == (&f - 1)->rows) continue;
       if (f.rows && next_rows->rope.head_dim / 2 > cuda::kMaxRopePairs) continue;
       c.next_count = f.count;
-      c.k_dst = f.rows ? next_rows->k_dst : nullptr;
-      c.v_dst = f.rows ? next_rows->v_dst : nullptr;
-      if (f.rows) {
-        c.f16_rows = next_rows->dtype == DType::F16;
-        c.rope_pos = next_rows->pos;
-        c.head_dim = next_rows->rope.head_dim;
-        c.freqs = rope_freqs(next_rows->rope.head_dim, next_rows->rope.inv_freq);
-      }
+      c.rows = f.rows ? chain_kv_rows(*next_rows) : cuda::ChainKvRows{};
       if (cuda::launch_gemv_q4_chain(c, impl_->num_sms, impl_->stream)) {
         mid.deferred = true;
         next.deferred = true;

@@ -52,6 +52,17 @@ constexpr int kMaxRopePairs = 128;
 struct RopeFreqs {
   float inv_freq[kMaxRopePairs];  // [head_dim / 2]
 };
+// A layer chain's RoPE and K/V row store in its q/k/v phase (GemvLayerChain, Q4LayerChain; chain
+// 2): q and k rotated for position pos, the rotated k rows and the v rows stored at k_dst /
+// v_dst (f16 or f32), as launch_rope_qk_store_kv does after the q/k/v launch. k_dst null: none.
+struct ChainKvRows {
+  RopeFreqs freqs{};
+  int pos = 0;
+  int head_dim = 0;
+  void* k_dst = nullptr;
+  void* v_dst = nullptr;
+  int f16 = 0;  // the rows' dtype: 1 f16, 0 f32
+};
 // x: [m, num_heads * head_dim] rotated in place for positions [pos, pos + m), HF rotate_half.
 void launch_rope(float* x, int m, int num_heads, int head_dim, int pos, const RopeFreqs& freqs,
                  cudaStream_t stream);
@@ -221,6 +232,9 @@ struct GemvLayerChain {
   // The MLP norm and the next layer's attention norm of the residual stream h ([1, d]; mid.h ==
   // next.h): weight, weight_dtype, eps and out (arrivals and sumsq unused).
   GemvNorm mid, next_norm;
+  // With rows.k_dst set (GemvTuning::chain 2; next q, k and v of whole heads, head_dim % 16 ==
+  // 0), the q/k/v phase also rotates q and k and stores the K/V rows (ChainKvRows).
+  ChainKvRows rows;
   unsigned* barrier = nullptr;
 };
 bool launch_gemv_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream);
@@ -246,8 +260,9 @@ struct GemvTuning {
   bool swiglu_mixed = true;
   // A layer's o, gate / up and down and the next layer's q / k / v as one launch with grid
   // barriers between them (launch_gemv_chain, which runs nothing unless it is set;
-  // CudaBackend::output_and_mlp); QS_GEMV_CHAIN=1. Off until measured on a GPU.
-  bool chain = false;
+  // CudaBackend::output_and_mlp); QS_GEMV_CHAIN=1, or 2 with the next layer's RoPE and K/V row
+  // store in the q/k/v phase (GemvLayerChain::rows). Off until measured on a GPU.
+  int chain = 0;
   // Diagnostics (bench_ops --sections chaintime): as Q4GemvTuning::chain_timeline, for the bf16
   // chain (kChainTimelineSlots words per SM).
   unsigned long long* chain_timeline = nullptr;

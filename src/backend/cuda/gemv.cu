@@ -40,6 +40,7 @@
 #include "backend/cuda/grid_barrier.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/rope_row.cuh"
 
 namespace qs::cuda {
 
@@ -482,12 +483,15 @@ struct RingChainPhase {
   const float* x;  // the activation ([1, K], read from L2); null: in's normalized row
   GemvNorm in;     // x null: the activation is rmsnorm(in.h), which block 0 also stores to in.out
   GemvNorm norm;   // h set: the sums are added into h (o and down), not stored
+  int rope_hd;     // > 0 (the q/k/v phase, chain 2): segments 0 and 1 walk RoPE tiles of heads
+                   // of rope_hd rows (RingChainFetch::enter), segment 2 stores the V rows
 };
 
 template <typename T>
 struct RingChainArgs {
   RingChainPhase<T> phase[kRingChainPhases];
   int64_t max_k;
+  ChainKvRows rows;  // the q/k/v phase's RoPE and K/V rows (where phase 3's rope_hd > 0)
   unsigned* barrier;
   unsigned long long* timeline;  // GemvTuning::chain_timeline (null: no stamps)
 };
@@ -497,6 +501,62 @@ size_t ring_chain_smem_bytes(int warps, int64_t max_k, size_t phase_bytes) {
   return ring_smem_bytes(warps, kChainRingStages, 1) - 128 * sizeof(float) +  // no gate sums
          static_cast<size_t>((max_k + 3) / 4 * 4) * sizeof(float) + kGemvNormScratchBytes + 8 +
          kRingChainPhases * phase_bytes;
+}
+
+// The first row of RoPE tile `local` of a q or k matrix with heads of hd rows (the chain's q/k/v
+// phase with GemvTuning::chain 2): a head's hd / 16 tiles take its first half's rows 8 at a time.
+__device__ __forceinline__ int64_t rope_tile_row(int64_t local, int hd) {
+  const int per_head = hd / 16;
+  return local / per_head * hd + local % per_head * 8;
+}
+
+// The q/k/v phase's tile epilogue at m = 1 with RoPE and the K/V rows (chain 2). The warps' sums
+// in store_tile_sums' order, plus the bias. A q or k tile (si 0, 1; rope_tile_row) holds the two
+// halves of 8 rotations: lane 4i's elements 0 and 2 (rows i and i + 8 of the tile, token 0) are
+// rotation i's pair, rotated as rope_qk_store_kv does and stored to y (k's also to the K row). A
+// v tile is stored as store_tile_sums stores it, and to the V row.
+template <typename T>
+__device__ __forceinline__ void store_tile_rope_rows(const float* partial, int num_warps,
+                                                     const MmaSegments<T>& segs, int si,
+                                                     int64_t local, int hd,
+                                                     const ChainKvRows& rows) {
+  float* y = pick(segs.y, si);
+  const DeviceBias bias = pick(segs.bias, si);
+  const auto sum_of = [&](int e, int64_t row) {
+    float sum = 0.0f;
+    for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi * 128 + e];
+    if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
+    return sum;
+  };
+  const auto store_row = [&](void* dst, int64_t row, float v) {
+    if (rows.f16) {
+      store_row_value<true>(dst, row, v);
+    } else {
+      store_row_value<false>(dst, row, v);
+    }
+  };
+  const int i = threadIdx.x;  // rotation i of a q / k tile, row i and i + 8 of a v tile
+  if (i >= 8) return;
+  if (si == 2) {
+    for (int r = 0; r < 4; r += 2) {
+      const int64_t row = local * 16 + i + 8 * (r >> 1);
+      if (row >= pick(segs.N, si)) continue;
+      const float v = sum_of(i * 16 + r, row);
+      y[row] = v;
+      store_row(rows.v_dst, row, v);
+    }
+    return;
+  }
+  const int64_t row = rope_tile_row(local, hd) + i, partner = row + hd / 2;
+  const float a = sum_of(i * 16, row), b = sum_of(i * 16 + 2, partner);
+  const float2 rot = rope_rotate(a, b, static_cast<float>(rows.pos),
+                                 rows.freqs.inv_freq[static_cast<int>(row % hd)]);
+  y[row] = rot.x;
+  y[partner] = rot.y;
+  if (si == 1) {
+    store_row(rows.k_dst, row, rot.x);
+    store_row(rows.k_dst, partner, rot.y);
+  }
 }
 
 // The fetch side of the chain: the ring kernel's copies (a whole 128-byte line per cp.async of
@@ -528,19 +588,28 @@ struct RingChainFetch {
     for (int j = 0; j < 4; ++j) woff[j] = ring_offset(4 * j + wq, wp);
   }
 
-  // The ring kernel's enter(tile) for tile `tile` of phase `ph`, from chunk cursor.unit_begin.
+  // The ring kernel's enter(tile) for tile `tile` of phase `ph`, from chunk cursor.unit_begin. A
+  // RoPE tile (ph.rope_hd > 0, segments 0 and 1) is mixed like a gate / up tile: rows 0-7 are
+  // rows r .. r + 7 of a head's first half, rows 8-15 the same rows of its second half.
   __device__ __forceinline__ void enter(const RingChainPhase<T>& ph, int64_t tile) {
     K = ph.K;
-    mixed = ph.segs.swiglu;
     w_any = ph.segs.w[0];
     f_k = cursor.unit_begin * kRingChunkK + 8 * wp;
-    if (mixed) {
+    if (ph.segs.swiglu) {
+      mixed = true;
       f_src = ph.segs.w[0] + (tile * 8 + wq) * K + f_k;
       f_up = ph.segs.w[1] + (tile * 8 + wq) * K + f_k;
       f_rows = static_cast<int>(min(int64_t{8}, ph.segs.N[0] - tile * 8));
+      return;
+    }
+    int64_t local;
+    const int si = find_segment_at(ph.segs, tile, local);
+    mixed = ph.rope_hd > 0 && si < 2;
+    if (mixed) {
+      f_src = ph.segs.w[si] + (rope_tile_row(local, ph.rope_hd) + wq) * K + f_k;
+      f_up = f_src + ph.rope_hd / 2 * K;
+      f_rows = 8;  // whole heads
     } else {
-      int64_t local;
-      const int si = find_segment_at(ph.segs, tile, local);
       f_src = ph.segs.w[si] + (local * 16 + wq) * K + f_k;
       f_up = f_src;  // unused
       f_rows = static_cast<int>(min(int64_t{16}, ph.segs.N[si] - local * 16));
@@ -624,8 +693,12 @@ __device__ __forceinline__ void ring_chain_phase(const RingChainArgs<T>& args,
     } else {
       int64_t local;
       const int si = find_segment_at(ph.segs, tile, local);
-      store_tile_sums<1, true>(part, num_warps, local * 16, pick(ph.segs.N, si), 1,
-                               pick(ph.segs.bias, si), pick(ph.segs.y, si), ph.norm);
+      if (P == 3 && ph.rope_hd > 0) {
+        store_tile_rope_rows(part, num_warps, ph.segs, si, local, ph.rope_hd, args.rows);
+      } else {
+        store_tile_sums<1, true>(part, num_warps, local * 16, pick(ph.segs.N, si), 1,
+                                 pick(ph.segs.bias, si), pick(ph.segs.y, si), ph.norm);
+      }
     }
   }
   timeline_stamp(args.timeline, 4 + 4 * P);
@@ -790,7 +863,7 @@ GemvTuning g_tuning = [] {
     }
   }
   t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", true);
-  t.chain = env_flag("QS_GEMV_CHAIN", false);
+  t.chain = env_int("QS_GEMV_CHAIN", 0, 2, t.chain);
   return t;
 }();
 
@@ -1073,6 +1146,14 @@ bool chain_operands_fit(const GemvLayerChain& c) {
   for (int i = 0; i < 4 + c.next_count; ++i) {
     if (all[i]->w.dtype != c.o.w.dtype || !gemv_uses_tensor_cores(c.x, all[i]->w)) return false;
   }
+  if (c.rows.k_dst != nullptr) {  // RoPE + rows: q, k, v of whole heads
+    const int hd = c.rows.head_dim;
+    if (g_tuning.chain < 2 || c.next_count != 3 || c.rows.v_dst == nullptr || hd <= 0 ||
+        hd % 16 != 0 || hd / 2 > kMaxRopePairs || c.next[0].w.rows % hd != 0 ||
+        c.next[1].w.rows % hd != 0 || c.next[2].w.rows != c.next[1].w.rows) {
+      return false;
+    }
+  }
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return aligned(c.mid.h) && aligned(c.gate.y) && aligned(c.mid.out) && aligned(c.next_norm.out) &&
          c.gate.w.rows == c.up.w.rows && c.down.w.cols == c.gate.w.rows && c.down.w.rows == d;
@@ -1102,6 +1183,10 @@ bool launch_ring_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream
   args.phase[2].norm.h = c.mid.h;
   args.phase[3] = ring_chain_phase_of<T>(c.next, c.next_count, false, nullptr);
   args.phase[3].in = c.next_norm;
+  if (c.rows.k_dst != nullptr) {
+    args.phase[3].rope_hd = c.rows.head_dim;
+    args.rows = c.rows;
+  }
   args.barrier = c.barrier;
   args.timeline = g_tuning.chain_timeline;
   int warps = kRingMaxWarps;

@@ -1521,20 +1521,10 @@ struct ChainWeights {
 static_assert(kMaxGemvSegments == kChainSegments, "one map entry per matrix");
 static_assert(kPairStages == kChainRingStages, "the chain's ring is kernel 10's");
 
-// The q/k/v phase's RoPE and K/V row store (QS_Q4_CHAIN=2; k_dst null: none), for one row at
-// position pos, as rope_qk_store_kv does it.
-struct ChainRope {
-  RopeFreqs freqs;
-  int pos, head_dim;
-  void* k_dst;
-  void* v_dst;
-  int f16;
-};
-
 struct Q4ChainArgs {
   Q4ChainPhase phase[kQ4ChainMaxPhases];
   ChainWeights weights[kQ4ChainMaxPhases];
-  ChainRope rope;
+  ChainKvRows rope;    // the q/k/v phase's RoPE and K/V row store (QS_Q4_CHAIN=2)
   int phases;          // 3, or 4 with the next layer's q/k/v
   int64_t max_groups;  // the shared memory's activation fragments
   unsigned* barrier;
@@ -1603,9 +1593,10 @@ struct ChainFetch {
 // exchange their sums and each keeps its side of rope_rotate; every row goes to q, k or v, and
 // k's and v's also into the cache's row at rope.pos (the bits of the separate launches).
 __device__ __forceinline__ void chain_rope_store_pair(const CcSegments& segs, const ChainWeights& w,
-                                                      const ChainRope& rope, float4* part, int warp,
-                                                      int lane, int num_warps, int64_t pair,
-                                                      const float (&acc)[2][2], float scale) {
+                                                      const ChainKvRows& rope, float4* part,
+                                                      int warp, int lane, int num_warps,
+                                                      int64_t pair, const float (&acc)[2][2],
+                                                      float scale) {
   part[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
   __syncthreads();
   if (threadIdx.x >= 32) return;
@@ -2149,11 +2140,12 @@ bool chain_operands_fit(const Q4LayerChain& c, int num_sms) {
     return false;
   }
   if (c.next_count < 0 || c.next_count > kMaxGemvSegments) return false;
-  if (c.k_dst != nullptr) {  // RoPE + store: q, k, v of whole heads, an even tile count per head
-    if (g_q4_tuning.chain < 2 || c.next_count != 3 || c.v_dst == nullptr || c.head_dim <= 0 ||
-        c.head_dim % 32 != 0 || c.head_dim / 2 > kMaxRopePairs ||
-        c.next_w[0]->rows % c.head_dim != 0 || c.next_w[1]->rows % c.head_dim != 0 ||
-        c.next_w[2]->rows != c.next_w[1]->rows) {
+  if (c.rows.k_dst !=
+      nullptr) {  // RoPE + store: q, k, v of whole heads, an even tile count per head
+    const int hd = c.rows.head_dim;
+    if (g_q4_tuning.chain < 2 || c.next_count != 3 || c.rows.v_dst == nullptr || hd <= 0 ||
+        hd % 32 != 0 || hd / 2 > kMaxRopePairs || c.next_w[0]->rows % hd != 0 ||
+        c.next_w[1]->rows % hd != 0 || c.next_w[2]->rows != c.next_w[1]->rows) {
       return false;
     }
   }
@@ -2198,17 +2190,12 @@ bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t strea
     }
     args.phase[3] = chain_phase(l, false, GemvNorm{}, c.next_in, args.weights[3]);
     args.phases = 4;
-    if (c.k_dst != nullptr) {
+    if (c.rows.k_dst != nullptr) {
       ChainWeights& w = args.weights[3];
-      w.map.tiles_per_head = c.head_dim / 16;
+      w.map.tiles_per_head = c.rows.head_dim / 16;
       w.map.rope_pairs[0] = c.next_w[0]->rows / 32;  // tiles / 2
       w.map.rope_pairs[1] = c.next_w[1]->rows / 32;
-      args.rope.freqs = c.freqs;
-      args.rope.pos = c.rope_pos;
-      args.rope.head_dim = c.head_dim;
-      args.rope.k_dst = c.k_dst;
-      args.rope.v_dst = c.v_dst;
-      args.rope.f16 = c.f16_rows ? 1 : 0;
+      args.rope = c.rows;
     }
   }
   args.barrier = c.barrier;

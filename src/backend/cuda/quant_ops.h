@@ -151,15 +151,9 @@ struct Q4LayerChain {
   const DeviceWeight4* next_w[kMaxGemvSegments] = {};
   DeviceBias next_bias[kMaxGemvSegments];
   float* next_y[kMaxGemvSegments] = {};
-  // With k_dst set (next_count 3: q, k, v; Q4GemvTuning::chain 2), phase 4 also rotates q and k
-  // for position rope_pos and stores the rotated k and v rows at k_dst / v_dst (f16 or f32), as
-  // launch_rope_qk_store_kv does after the q/k/v launch. head_dim % 32 == 0.
-  void* k_dst = nullptr;
-  void* v_dst = nullptr;
-  bool f16_rows = false;
-  int rope_pos = 0;
-  int head_dim = 0;
-  RopeFreqs freqs{};
+  // With rows.k_dst set (next_count 3: q, k, v; Q4GemvTuning::chain 2), phase 4 also rotates q
+  // and k and stores the K/V rows (ChainKvRows). head_dim % 32 == 0.
+  ChainKvRows rows;
   unsigned* barrier = nullptr;
 };
 // Launches the chain and returns true; launches nothing and returns false unless
