@@ -121,10 +121,13 @@ TEST_P(CudaEngineTest, GreedyTokensEqualTheCpuEngine) {
 // view: the two backends quantize K/V rows that differ by ~1e-6 (their own projections), so a
 // value next to a rounding boundary can get a neighbouring code on one side only (test_model.cpp's
 // logit bounds say the same). Measured on an H100 (session 41): up to 3.8e-4 with f32 rows,
-// 3.9e-3 with f16 rows; a wrong row is off by O(1).
+// 3.9e-3 with f16 rows; a wrong row is off by O(1). AR over the INT4 view: a neighbouring code is
+// 16x an INT8 step (session 44, H100: 2.8e-3 over PromptLogprobs' 300 positions with f32 rows,
+// where the INT8 view stayed at 6e-4).
 double logprob_tolerance(const ModeCase& c) {
   const bool quantized = c.mode == DecodeMode::kQuantSpec || c.kv != KvType::kFp16;
   const bool f16 = c.rows == KvDType::kF16;
+  if (c.mode == DecodeMode::kAr && c.kv == KvType::kInt4) return 1e-2;
   return quantized ? (f16 ? 1e-2 : 2e-3) : (f16 ? 2e-3 : 1e-4);
 }
 
