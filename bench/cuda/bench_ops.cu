@@ -930,7 +930,8 @@ struct LayerChainSwitch {
 
 // A LayerRest as the model's launches (four GEMVs and the RoPE + row store), as one chain launch
 // with grid barriers and the RoPE + row store after it, and as one chain launch with them in it
-// (4-bit: Q4GemvTuning::chain; bf16: GemvTuning::chain).
+// (4-bit: Q4GemvTuning::chain; bf16: GemvTuning::chain); bf16 also as four launches, the q/k/v
+// one with the RoPE and rows (GemvTuning::qkv_rows).
 void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
                       int64_t kv_rows, int64_t inter, bool q4) {
   auto s = static_cast<cudaStream_t>(be.stream());
@@ -945,6 +946,15 @@ void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t
     chain_switch.set(chain);
     const double ms = time_graph_ms(s, body, 20 * layer.copies);
     std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", names[chain], ms * 1e3,
+                  pct(layer.bytes, ms));
+    line += buf;
+  }
+  if (!q4) {
+    cuda::GemvTuning t = chain_switch.saved;
+    t.qkv_rows = true;
+    cuda::set_gemv_tuning(t);
+    const double ms = time_graph_ms(s, body, 20 * layer.copies);
+    std::snprintf(buf, sizeof buf, " qkv w/ rows %6.1f us %4.1f%% |", ms * 1e3,
                   pct(layer.bytes, ms));
     line += buf;
   }

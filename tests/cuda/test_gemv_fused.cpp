@@ -469,14 +469,16 @@ TEST_F(CudaOpsTest, Q4ChainEqualsTheSeparateLaunches) {
 
 // Backend::output_and_mlp with GemvTuning::chain (a bf16 / f16 layer's o -> gate/up -> down and
 // the next layer's q/k/v as one launch with grid barriers; each block normalizes h itself; with
-// chain 2 also the next layer's RoPE and K/V row store) against the separate ring-kernel
-// launches, from the same h: h, both norms' rows (separate buffers here; the model shares one),
+// chain 2 also the next layer's RoPE and K/V row store), and with GemvTuning::qkv_rows (no chain;
+// the q/k/v launch rotates and stores the rows), against the separate ring-kernel launches, from
+// the same h: h, both norms' rows (separate buffers here; the model shares one),
 // the SwiGLU rows, q, k, v (rotated) and the K/V rows (f32 and f16, at a position near 128K;
 // stored after the chain, or in it), bit for bit where every K takes the ring kernel's 16 warps
 // (K > 960); with a smaller hidden size the chain's warps follow it, so the down projection and
 // the norm after it are regrouped (within 1e-6 of h, 1e-5 of the rest). The chain must have run
-// (its launch count) at m = 1 and not at m = 2. Each case runs twice on one backend: a barrier
-// word left unbalanced by the first launch would hang or corrupt the second.
+// (its launch count; the q/k/v launch with rows likewise where there are rows) at m = 1 and not at
+// m = 2. Each case runs twice on one backend: a barrier word left unbalanced by the first launch
+// would hang or corrupt the second.
 void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int head_dim, bool exact,
                       uint64_t seed) {
   auto weight = [&](int64_t rows, int64_t cols, uint64_t s, const char* name) {
@@ -501,9 +503,10 @@ void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int he
     struct Run {
       std::vector<float> h, mid_out, next_out, act, q, k, v, k_rows, v_rows;
     };
-    auto run = [&](int chain, DType rows_dtype) {
+    auto run = [&](int chain, bool qkv_rows, DType rows_dtype) {
       cuda::GemvTuning t = cuda::gemv_tuning();
       t.chain = chain;
+      t.qkv_rows = qkv_rows;
       cuda::set_gemv_tuning(t);
       DeviceArray h(gpu, h0), mid_out(gpu, m * d), next_out(gpu, m * d), proj(gpu, m * d),
           g(gpu, m * ffn), u(gpu, m * ffn), act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv),
@@ -518,22 +521,25 @@ void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int he
                                    static_cast<int>(kv / head_dim), head_dim, inv_freq.data()},
                             131000, k_rows.data(), v_rows.data(), rows_dtype};
       const uint64_t launches = cuda::gemv_chain_launches();
+      const uint64_t qkv_launches = cuda::gemv_qkv_rows_launches();
       gpu.output_and_mlp(xd.data(), m, LinearOp{&wo.view, nullptr, &bo.view, proj.data()}, mid,
                          LinearOp{&wg.view, nullptr, nullptr, g.data()},
                          LinearOp{&wu.view, nullptr, nullptr, u.data()}, act.data(),
                          LinearOp{&wd.view, nullptr, nullptr, proj.data()}, next, qkv, 3,
                          kv % head_dim == 0 ? &rows : nullptr);
       EXPECT_EQ(cuda::gemv_chain_launches() - launches, chain > 0 && m == 1 ? 1u : 0u) << tag;
+      const bool fused_rows = qkv_rows && chain == 0 && m == 1 && kv % head_dim == 0;
+      EXPECT_EQ(cuda::gemv_qkv_rows_launches() - qkv_launches, fused_rows ? 1u : 0u) << tag;
       EXPECT_FALSE(mid.deferred || next.deferred) << tag;
       return Run{h.to_host(), mid_out.to_host(), next_out.to_host(), act.to_host(),   q.to_host(),
                  k.to_host(), v.to_host(),       k_rows.to_host(),   v_rows.to_host()};
     };
-    for (int cr = 0; cr < 4; ++cr) {  // chain 1 / 2, rows f32 / f16
-      const int chain = 1 + cr / 2;
+    for (int cr = 0; cr < 6; ++cr) {  // chain 1 / chain 2 / the q/k/v launch with rows; f32 / f16
+      const int chain = cr / 2 < 2 ? 1 + cr / 2 : 0;
       const DType rows_dtype = cr % 2 == 0 ? DType::F32 : DType::F16;
-      const Run want = run(0, rows_dtype);
+      const Run want = run(0, false, rows_dtype);
       for (int rep = 0; rep < 2; ++rep) {
-        const Run got = run(chain, rows_dtype);
+        const Run got = run(chain, chain == 0, rows_dtype);
         const std::string at = tag + " m=" + std::to_string(m) + " chain " + std::to_string(chain) +
                                " " + dtype_name(rows_dtype) + " rows, run " + std::to_string(rep);
         EXPECT_EQ(first_bit_difference(got.mid_out, want.mid_out), -1) << at << " MLP norm";
@@ -556,6 +562,7 @@ void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int he
   }
   cuda::GemvTuning t = cuda::gemv_tuning();
   t.chain = 0;
+  t.qkv_rows = false;
   cuda::set_gemv_tuning(t);
   gpu.release_weights();
 }

@@ -795,6 +795,16 @@ cuda::ChainKvRows chain_kv_rows(const KvRowStore& rows) {
   return c;
 }
 
+// Whether a launch over next_ops (q, k, v) can rotate and store `rows` in its epilogue: q is the
+// rows' query buffer, the heads match, the dtype and head size are the kernels'.
+bool rows_of_qkv(const LinearOp* ops, int count, const KvRowStore& rows) {
+  const RopeQK& r = rows.rope;
+  return count == 3 && kv_row_dtype_supported(rows.dtype) && r.q == ops[0].y &&
+         r.head_dim / 2 <= cuda::kMaxRopePairs &&
+         ops[0].rows() == int64_t{r.num_heads} * r.head_dim &&
+         ops[1].rows() == int64_t{r.num_kv_heads} * r.head_dim;
+}
+
 // QS_FUSE_ROPE_STORE=0: rope_qk_store_kv as the two launches it stands for (A/B runs).
 const bool g_fuse_rope_store = cuda::env_flag("QS_FUSE_ROPE_STORE", true);
 }  // namespace
@@ -1167,19 +1177,29 @@ bool CudaBackend::dense_layer_chain(const float* x, int m, const LinearOp& o, Pe
   c.mid = norm(mid);
   c.next_norm = norm(next);
   c.barrier = impl_->grid_barrier;
-  // Chain 2 also rotates q and k and stores the rows where they are the q/k/v ops' outputs.
-  const bool rows_in_chain =
-      cuda::gemv_tuning().chain >= 2 && next_rows != nullptr && next_count == 3 &&
-      kv_row_dtype_supported(next_rows->dtype) && next_rows->rope.q == next_ops[0].y &&
-      next_rows->rope.head_dim / 2 <= cuda::kMaxRopePairs &&
-      next_ops[0].rows() == int64_t{next_rows->rope.num_heads} * next_rows->rope.head_dim &&
-      next_ops[1].rows() == int64_t{next_rows->rope.num_kv_heads} * next_rows->rope.head_dim;
+  // Chain 2 also rotates q and k and stores the rows.
+  const bool rows_in_chain = cuda::gemv_tuning().chain >= 2 && next_rows != nullptr &&
+                             rows_of_qkv(next_ops, next_count, *next_rows);
   if (rows_in_chain) c.rows = chain_kv_rows(*next_rows);
   if (!cuda::launch_gemv_chain(c, impl_->num_sms, impl_->stream)) return false;
   mid.deferred = false;
   next.deferred = false;
   if (next_rows != nullptr && !rows_in_chain) store_next_rows(m, next_ops, next_count, *next_rows);
   return true;
+}
+
+bool CudaBackend::qkv_with_rows(int m, const PendingNorm& next, const LinearOp* ops, int count,
+                                const KvRowStore& rows) {
+  if (!cuda::gemv_tuning().qkv_rows || m != 1 || next.deferred || !rows_of_qkv(ops, count, rows)) {
+    return false;
+  }
+  cuda::GemvSegment segs[3];
+  for (int i = 0; i < 3; ++i) {
+    if (ops[i].w == nullptr || ops[i].w4 != nullptr) return false;
+    segs[i] = cuda::GemvSegment{impl_->matrix(*ops[i].w), impl_->bias(ops[i].bias), ops[i].y};
+  }
+  return cuda::launch_gemv_qkv_rows(next.out, segs, chain_kv_rows(rows), impl_->num_sms,
+                                    impl_->stream);
 }
 
 void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
@@ -1254,7 +1274,14 @@ void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, Pendi
       if (next_count == 0) break;
     }
   }
-  Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next, next_ops, next_count, next_rows);
+  // The q/k/v launch may take the K/V rows (GemvTuning::qkv_rows); else they are stored after it.
+  const bool rows_after = next_rows != nullptr && cuda::gemv_tuning().qkv_rows;
+  Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next, next_ops,
+                          rows_after ? 0 : next_count, rows_after ? nullptr : next_rows);
+  if (rows_after && !qkv_with_rows(m, next, next_ops, next_count, *next_rows)) {
+    if (next_count > 0) matmul_group_normed(next, m, next_ops, next_count);
+    store_next_rows(m, next_ops, next_count, *next_rows);
+  }
 }
 
 void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,

@@ -227,11 +227,15 @@ class CudaBackend final : public Backend {
   cuda::NormIn norm_in(const PendingNorm& pn);
   // output_and_mlp's bf16 / f16 chain (GemvTuning::chain, launch_gemv_chain): false where it
   // does not run (nothing launched); else both norms are materialized and the next layer's K/V
-  // rows stored after it.
+  // rows stored (in it with chain 2, else after it).
   bool dense_layer_chain(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                          const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
                          PendingNorm& next, const LinearOp* next_ops, int next_count,
                          const KvRowStore* next_rows);
+  // output_and_mlp's q/k/v with the K/V rows as one launch (GemvTuning::qkv_rows,
+  // launch_gemv_qkv_rows) from the materialized next norm: false where it does not run.
+  bool qkv_with_rows(int m, const PendingNorm& next, const LinearOp* ops, int count,
+                     const KvRowStore& rows);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -241,6 +241,16 @@ bool launch_gemv_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream
 // The chain launches so far in this process (tests check that a call took the chain).
 uint64_t gemv_chain_launches();
 
+// A layer's q, k and v (segs[0..2], heads of rows.head_dim rows, head_dim % 16 == 0) at one row
+// as launch_gemv_group computes them, then q and k rotated and the K/V rows stored as
+// launch_rope_qk_store_kv does, in one launch of the ring kernel (q and k on tiles that hold both
+// halves of 8 rotations). The same bits as those two launches. Returns false (nothing launched)
+// unless GemvTuning::qkv_rows is set and the ring kernel runs these operands.
+bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const ChainKvRows& rows,
+                          int num_sms, cudaStream_t stream);
+// Its launches so far in this process (tests check that a call took it).
+uint64_t gemv_qkv_rows_launches();
+
 // Tuning of launch_gemv, process-wide (benchmarks and tests compare the variants; every
 // variant computes the same function and is tested).
 // Defaults: the fastest measured on the H200 (docs/perf.md).
@@ -263,6 +273,9 @@ struct GemvTuning {
   // CudaBackend::output_and_mlp); QS_GEMV_CHAIN=1, or 2 with the next layer's RoPE and K/V row
   // store in the q/k/v phase (GemvLayerChain::rows). Off until measured on a GPU.
   int chain = 0;
+  // A layer's q/k/v launch at m = 1 also rotates q and k and stores the K/V rows
+  // (launch_gemv_qkv_rows; CudaBackend::output_and_mlp); QS_QKV_ROWS=1. Off until measured.
+  bool qkv_rows = false;
   // Diagnostics (bench_ops --sections chaintime): as Q4GemvTuning::chain_timeline, for the bf16
   // chain (kChainTimelineSlots words per SM).
   unsigned long long* chain_timeline = nullptr;

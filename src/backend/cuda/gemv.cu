@@ -375,142 +375,15 @@ __device__ __forceinline__ void ring_tile(Fetch& fetch, const unsigned char* rin
   __syncthreads();
 }
 
-template <typename T, int NT, int STAGES, bool MIXED>
-__global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
-    gemv_ring_kernel(const float* __restrict__ x, int m, int64_t K, const MmaSegments<T> segs,
-                     int64_t tiles, const GemvNorm norm) {
-  extern __shared__ __align__(16) unsigned char ring_smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int num_warps = blockDim.x / 32;
-  const int g = lane >> 2, c = lane & 3;  // as in gemv_mma_kernel
-  unsigned char* ring = ring_smem + size_t(warp) * STAGES * kRingStageBytes;
-  float* partial =
-      reinterpret_cast<float*>(ring_smem + size_t(num_warps) * STAGES * kRingStageBytes);
-  float* gate_sums = segs.swiglu && !MIXED ? partial + 2 * size_t(num_warps) * NT * 128 : nullptr;
-
-  const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
-  const int64_t chunk_begin = chunks * warp / num_warps;
-  const int64_t my_chunks = chunks * (warp + 1) / num_warps - chunk_begin;
-  const int64_t my_tiles = MIXED ? block_items(tiles) : block_tiles(segs, tiles);
-
-  // The fetch cursor. The writer's view: instruction j copies row 4j + lane / 8 of the tile,
-  // piece lane % 8 of the chunk, from f_src + j * 4K.
-  const int wq = lane >> 3, wp = lane & 7;
-  uint32_t woff[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) woff[j] = ring_offset(4 * j + wq, wp);
-  const uint32_t ring_base = smem_u32(ring);
-  const T* const w_any = segs.w[0];
-  RingCursor<STAGES> cursor(my_tiles, my_chunks);
-  int64_t f_k = 0;
-  const T* f_src = w_any;
-  const T* f_up = w_any;  // MIXED: the up rows (copies j = 2, 3)
-  int f_rows = 0;
-  auto enter = [&](int64_t tile) {
-    if constexpr (MIXED) {
-      f_k = chunk_begin * kRingChunkK + 8 * wp;
-      f_src = segs.w[0] + (tile * 8 + wq) * K + f_k;
-      f_up = segs.w[1] + (tile * 8 + wq) * K + f_k;
-      f_rows = static_cast<int>(min(int64_t{8}, segs.N[0] - tile * 8));
-    } else {
-      int64_t local;
-      const int si = find_tile(segs, tile, local);
-      f_k = chunk_begin * kRingChunkK + 8 * wp;
-      f_src = pick(segs.w, si) + (local * 16 + wq) * K + f_k;
-      f_rows = static_cast<int>(min(int64_t{16}, pick(segs.N, si) - local * 16));
-    }
-  };
-  auto copy = [&](int slot) {
-    const uint32_t dst = ring_base + slot * kRingStageBytes;
-    const bool k_ok = f_k < K;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      if constexpr (MIXED) {
-        const bool ok = k_ok && 4 * (j & 1) + wq < f_rows;
-        const T* src = (j < 2 ? f_src : f_up) + (j & 1) * 4 * K;
-        cp_async16_zfill(dst + woff[j], ok ? src : w_any, ok ? 16 : 0);
-      } else {
-        const bool ok = k_ok && 4 * j + wq < f_rows;
-        cp_async16_zfill(dst + woff[j], ok ? f_src + j * 4 * K : w_any, ok ? 16 : 0);
-      }
-    }
-    f_src += kRingChunkK, f_k += kRingChunkK;
-    if constexpr (MIXED) f_up += kRingChunkK;
-  };
-  auto fetch = [&] { cursor.next(enter, copy); };
-  // The weights do not depend on the previous kernel: the first stages are in flight while it
-  // finishes (launch.cuh).
-#pragma unroll
-  for (int s = 0; s < STAGES - 1; ++s) fetch();
-  pdl_begin();
-
-  int slot = 0;
-  for (int64_t tj = 0; tj < my_tiles; ++tj) {
-    float* part = partial + size_t(tj & 1) * num_warps * NT * 128;  // double-buffered
-    ring_tile<T, NT, STAGES, false>(fetch, ring, slot, part, x, m, K,
-                                    chunk_begin * kRingChunkK + 8 * c, my_chunks, warp, lane, g);
-    if constexpr (MIXED) {
-      store_tile_swiglu<NT>(part, num_warps, (blockIdx.x + tj * gridDim.x) * 8, segs.N[0], m,
-                            segs.bias[0], segs.bias[1], segs.y[0]);
-    } else {
-      int64_t local;
-      const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
-      store_tile_sums<NT>(part, num_warps, local * 16, pick(segs.N, si), m, pick(segs.bias, si),
-                          segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si);
-    }
-  }
-  cp_async_wait<0>();
-  if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 1 KiB
-}
-
-// ---- a layer's o -> gate/up -> down and the next q/k/v as one launch (launch_gemv_chain) ------
-//
-// The ring kernel four times in one persistent grid (a block per SM), the phases separated by
-// grid barriers instead of launch boundaries: session 34's chain section measured one
-// Llama-2-7B layer's bf16 GEMVs at m = 1 at 114.7 us as the model's four launches against 100.5
-// as one launch of the same bytes. Each warp's ring runs on across the phases (ChainCursor,
-// chain_map.h), so the next phase's first weights are in flight while the grid waits. A phase's
-// activation sits in shared memory: the attention's output, the MLP norm of h (every block
-// normalizes h's row itself after the barrier, with launch_gemv_norm's last-block code), act,
-// then the next layer's attention norm of h. A phase walks its tiles with the ring kernel's
-// warps, order and epilogues, so it computes that launch's bits.
-constexpr int kRingChainPhases = 4;
-
-template <typename T>
-struct RingChainPhase {
-  MmaSegments<T> segs;  // swiglu: the gate / up phase, on mixed tiles
-  int64_t K, tiles;
-  const float* x;  // the activation ([1, K], read from L2); null: in's normalized row
-  GemvNorm in;     // x null: the activation is rmsnorm(in.h), which block 0 also stores to in.out
-  GemvNorm norm;   // h set: the sums are added into h (o and down), not stored
-  int rope_hd;     // > 0 (the q/k/v phase, chain 2): segments 0 and 1 walk RoPE tiles of heads
-                   // of rope_hd rows (RingChainFetch::enter), segment 2 stores the V rows
-};
-
-template <typename T>
-struct RingChainArgs {
-  RingChainPhase<T> phase[kRingChainPhases];
-  int64_t max_k;
-  ChainKvRows rows;  // the q/k/v phase's RoPE and K/V rows (where phase 3's rope_hd > 0)
-  unsigned* barrier;
-  unsigned long long* timeline;  // GemvTuning::chain_timeline (null: no stamps)
-};
-
-// The chain's activations, norm scratch and phases after the rings and the partial sums.
-size_t ring_chain_smem_bytes(int warps, int64_t max_k, size_t phase_bytes) {
-  return ring_smem_bytes(warps, kChainRingStages, 1) - 128 * sizeof(float) +  // no gate sums
-         static_cast<size_t>((max_k + 3) / 4 * 4) * sizeof(float) + kGemvNormScratchBytes + 8 +
-         kRingChainPhases * phase_bytes;
-}
-
-// The first row of RoPE tile `local` of a q or k matrix with heads of hd rows (the chain's q/k/v
-// phase with GemvTuning::chain 2): a head's hd / 16 tiles take its first half's rows 8 at a time.
+// The first row of RoPE tile `local` of a q or k matrix with heads of hd rows (a q/k/v launch with
+// its RoPE and K/V rows: gemv_ring_rope_kernel, the chain's q/k/v phase with GemvTuning::chain 2):
+// a head's hd / 16 tiles take its first half's rows 8 at a time.
 __device__ __forceinline__ int64_t rope_tile_row(int64_t local, int hd) {
   const int per_head = hd / 16;
   return local / per_head * hd + local % per_head * 8;
 }
 
-// The q/k/v phase's tile epilogue at m = 1 with RoPE and the K/V rows (chain 2). The warps' sums
+// A q/k/v tile's epilogue at m = 1 with RoPE and the K/V rows. The warps' sums
 // in store_tile_sums' order, plus the bias. A q or k tile (si 0, 1; rope_tile_row) holds the two
 // halves of 8 rotations: lane 4i's elements 0 and 2 (rows i and i + 8 of the tile, token 0) are
 // rotation i's pair, rotated as rope_qk_store_kv does and stored to y (k's also to the K row). A
@@ -557,6 +430,165 @@ __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int n
     store_row(rows.k_dst, row, rot.x);
     store_row(rows.k_dst, partner, rot.y);
   }
+}
+
+// The ring kernel's body. ROPE (gemv_ring_rope_kernel: q, k, v at m = 1 with rows): the q and k
+// segments walk RoPE tiles (rope_tile_row, copied as a mixed tile's two halves) and every tile
+// ends in store_tile_rope_rows.
+template <typename T, int NT, int STAGES, bool MIXED, bool ROPE>
+__device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, int64_t K,
+                                          const MmaSegments<T>& segs, int64_t tiles,
+                                          const GemvNorm& norm, const ChainKvRows* rows) {
+  extern __shared__ __align__(16) unsigned char ring_smem[];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int num_warps = blockDim.x / 32;
+  const int g = lane >> 2, c = lane & 3;  // as in gemv_mma_kernel
+  unsigned char* ring = ring_smem + size_t(warp) * STAGES * kRingStageBytes;
+  float* partial =
+      reinterpret_cast<float*>(ring_smem + size_t(num_warps) * STAGES * kRingStageBytes);
+  float* gate_sums = segs.swiglu && !MIXED ? partial + 2 * size_t(num_warps) * NT * 128 : nullptr;
+
+  const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
+  const int64_t chunk_begin = chunks * warp / num_warps;
+  const int64_t my_chunks = chunks * (warp + 1) / num_warps - chunk_begin;
+  const int64_t my_tiles = MIXED ? block_items(tiles) : block_tiles(segs, tiles);
+
+  // The fetch cursor. The writer's view: instruction j copies row 4j + lane / 8 of the tile,
+  // piece lane % 8 of the chunk, from f_src + j * 4K.
+  const int wq = lane >> 3, wp = lane & 7;
+  uint32_t woff[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) woff[j] = ring_offset(4 * j + wq, wp);
+  const uint32_t ring_base = smem_u32(ring);
+  const T* const w_any = segs.w[0];
+  RingCursor<STAGES> cursor(my_tiles, my_chunks);
+  int64_t f_k = 0;
+  const T* f_src = w_any;
+  const T* f_up = w_any;  // MIXED (or a RoPE tile): the second half's rows (copies j = 2, 3)
+  int f_rows = 0;
+  bool rope_tile = false;
+  auto enter = [&](int64_t tile) {
+    if constexpr (MIXED) {
+      f_k = chunk_begin * kRingChunkK + 8 * wp;
+      f_src = segs.w[0] + (tile * 8 + wq) * K + f_k;
+      f_up = segs.w[1] + (tile * 8 + wq) * K + f_k;
+      f_rows = static_cast<int>(min(int64_t{8}, segs.N[0] - tile * 8));
+    } else {
+      int64_t local;
+      const int si = find_tile(segs, tile, local);
+      f_k = chunk_begin * kRingChunkK + 8 * wp;
+      if constexpr (ROPE) rope_tile = si < 2;
+      if (rope_tile) {
+        f_src = pick(segs.w, si) + (rope_tile_row(local, rows->head_dim) + wq) * K + f_k;
+        f_up = f_src + rows->head_dim / 2 * K;
+        f_rows = 8;  // whole heads
+      } else {
+        f_src = pick(segs.w, si) + (local * 16 + wq) * K + f_k;
+        f_rows = static_cast<int>(min(int64_t{16}, pick(segs.N, si) - local * 16));
+      }
+    }
+  };
+  auto copy = [&](int slot) {
+    const uint32_t dst = ring_base + slot * kRingStageBytes;
+    const bool k_ok = f_k < K;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      if (MIXED || rope_tile) {
+        const bool ok = k_ok && 4 * (j & 1) + wq < f_rows;
+        const T* src = (j < 2 ? f_src : f_up) + (j & 1) * 4 * K;
+        cp_async16_zfill(dst + woff[j], ok ? src : w_any, ok ? 16 : 0);
+      } else {
+        const bool ok = k_ok && 4 * j + wq < f_rows;
+        cp_async16_zfill(dst + woff[j], ok ? f_src + j * 4 * K : w_any, ok ? 16 : 0);
+      }
+    }
+    f_src += kRingChunkK, f_k += kRingChunkK;
+    if (MIXED || rope_tile) f_up += kRingChunkK;
+  };
+  auto fetch = [&] { cursor.next(enter, copy); };
+  // The weights do not depend on the previous kernel: the first stages are in flight while it
+  // finishes (launch.cuh).
+#pragma unroll
+  for (int s = 0; s < STAGES - 1; ++s) fetch();
+  pdl_begin();
+
+  int slot = 0;
+  for (int64_t tj = 0; tj < my_tiles; ++tj) {
+    float* part = partial + size_t(tj & 1) * num_warps * NT * 128;  // double-buffered
+    ring_tile<T, NT, STAGES, false>(fetch, ring, slot, part, x, m, K,
+                                    chunk_begin * kRingChunkK + 8 * c, my_chunks, warp, lane, g);
+    if constexpr (MIXED) {
+      store_tile_swiglu<NT>(part, num_warps, (blockIdx.x + tj * gridDim.x) * 8, segs.N[0], m,
+                            segs.bias[0], segs.bias[1], segs.y[0]);
+    } else {
+      int64_t local;
+      const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
+      if constexpr (ROPE) {
+        store_tile_rope_rows(part, num_warps, segs, si, local, rows->head_dim, *rows);
+      } else {
+        store_tile_sums<NT>(part, num_warps, local * 16, pick(segs.N, si), m, pick(segs.bias, si),
+                            segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si);
+      }
+    }
+  }
+  cp_async_wait<0>();
+  if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 1 KiB
+}
+
+template <typename T, int NT, int STAGES, bool MIXED>
+__global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
+    gemv_ring_kernel(const float* __restrict__ x, int m, int64_t K, const MmaSegments<T> segs,
+                     int64_t tiles, const GemvNorm norm) {
+  ring_walk<T, NT, STAGES, MIXED, false>(x, m, K, segs, tiles, norm, nullptr);
+}
+
+// The ring kernel over a layer's q, k and v at m = 1 that also rotates q and k and stores the
+// K/V rows (launch_gemv_qkv_rows): the bits of launch_gemv_group then launch_rope_qk_store_kv.
+template <typename T, int STAGES>
+__global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
+    gemv_ring_rope_kernel(const float* __restrict__ x, int64_t K, const MmaSegments<T> segs,
+                          int64_t tiles, const __grid_constant__ ChainKvRows rows) {
+  ring_walk<T, 1, STAGES, false, true>(x, 1, K, segs, tiles, GemvNorm{}, &rows);
+}
+
+// ---- a layer's o -> gate/up -> down and the next q/k/v as one launch (launch_gemv_chain) ------
+//
+// The ring kernel four times in one persistent grid (a block per SM), the phases separated by
+// grid barriers instead of launch boundaries: session 34's chain section measured one
+// Llama-2-7B layer's bf16 GEMVs at m = 1 at 114.7 us as the model's four launches against 100.5
+// as one launch of the same bytes. Each warp's ring runs on across the phases (ChainCursor,
+// chain_map.h), so the next phase's first weights are in flight while the grid waits. A phase's
+// activation sits in shared memory: the attention's output, the MLP norm of h (every block
+// normalizes h's row itself after the barrier, with launch_gemv_norm's last-block code), act,
+// then the next layer's attention norm of h. A phase walks its tiles with the ring kernel's
+// warps, order and epilogues, so it computes that launch's bits.
+constexpr int kRingChainPhases = 4;
+
+template <typename T>
+struct RingChainPhase {
+  MmaSegments<T> segs;  // swiglu: the gate / up phase, on mixed tiles
+  int64_t K, tiles;
+  const float* x;  // the activation ([1, K], read from L2); null: in's normalized row
+  GemvNorm in;     // x null: the activation is rmsnorm(in.h), which block 0 also stores to in.out
+  GemvNorm norm;   // h set: the sums are added into h (o and down), not stored
+  int rope_hd;     // > 0 (the q/k/v phase, chain 2): segments 0 and 1 walk RoPE tiles of heads
+                   // of rope_hd rows (RingChainFetch::enter), segment 2 stores the V rows
+};
+
+template <typename T>
+struct RingChainArgs {
+  RingChainPhase<T> phase[kRingChainPhases];
+  int64_t max_k;
+  ChainKvRows rows;  // the q/k/v phase's RoPE and K/V rows (where phase 3's rope_hd > 0)
+  unsigned* barrier;
+  unsigned long long* timeline;  // GemvTuning::chain_timeline (null: no stamps)
+};
+
+// The chain's activations, norm scratch and phases after the rings and the partial sums.
+size_t ring_chain_smem_bytes(int warps, int64_t max_k, size_t phase_bytes) {
+  return ring_smem_bytes(warps, kChainRingStages, 1) - 128 * sizeof(float) +  // no gate sums
+         static_cast<size_t>((max_k + 3) / 4 * 4) * sizeof(float) + kGemvNormScratchBytes + 8 +
+         kRingChainPhases * phase_bytes;
 }
 
 // The fetch side of the chain: the ring kernel's copies (a whole 128-byte line per cp.async of
@@ -864,6 +896,7 @@ GemvTuning g_tuning = [] {
   }
   t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", true);
   t.chain = env_int("QS_GEMV_CHAIN", 0, 2, t.chain);
+  t.qkv_rows = env_flag("QS_QKV_ROWS", false);
   return t;
 }();
 
@@ -1129,6 +1162,14 @@ bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const Ge
 
 namespace {
 
+// Whether q, k, v (segs[0..2]) are whole heads for a RoPE + row-store epilogue (rope_tile_row).
+bool qkv_rows_fit(const GemvSegment* segs, const ChainKvRows& rows) {
+  const int hd = rows.head_dim;
+  return rows.k_dst != nullptr && rows.v_dst != nullptr && hd > 0 && hd % 16 == 0 &&
+         hd / 2 <= kMaxRopePairs && segs[0].w.rows % hd == 0 && segs[1].w.rows % hd == 0 &&
+         segs[2].w.rows == segs[1].w.rows;
+}
+
 // Whether the chain's operands are one layer's at m = 1 on the ring kernel, as launch_gemv_chain
 // documents (the separate launches would each take the ring kernel at one row).
 bool chain_operands_fit(const GemvLayerChain& c) {
@@ -1146,13 +1187,9 @@ bool chain_operands_fit(const GemvLayerChain& c) {
   for (int i = 0; i < 4 + c.next_count; ++i) {
     if (all[i]->w.dtype != c.o.w.dtype || !gemv_uses_tensor_cores(c.x, all[i]->w)) return false;
   }
-  if (c.rows.k_dst != nullptr) {  // RoPE + rows: q, k, v of whole heads
-    const int hd = c.rows.head_dim;
-    if (g_tuning.chain < 2 || c.next_count != 3 || c.rows.v_dst == nullptr || hd <= 0 ||
-        hd % 16 != 0 || hd / 2 > kMaxRopePairs || c.next[0].w.rows % hd != 0 ||
-        c.next[1].w.rows % hd != 0 || c.next[2].w.rows != c.next[1].w.rows) {
-      return false;
-    }
+  if (c.rows.k_dst != nullptr &&
+      (g_tuning.chain < 2 || c.next_count != 3 || !qkv_rows_fit(c.next, c.rows))) {
+    return false;
   }
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   return aligned(c.mid.h) && aligned(c.gate.y) && aligned(c.mid.out) && aligned(c.next_norm.out) &&
@@ -1233,6 +1270,57 @@ bool launch_gemv_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream
 
 uint64_t gemv_chain_launches() {
   return g_chain_launches.load();
+}
+
+namespace {
+std::atomic<uint64_t> g_qkv_rows_launches{0};
+
+template <typename T, int STAGES>
+void launch_ring_rope(const float* x, const GemvSegment* segs, const ChainKvRows& rows, int num_sms,
+                      cudaStream_t stream) {
+  const MmaSegments<T> ms = mma_segments<T>(segs, 3);
+  const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
+  const int64_t K = segs[0].w.cols;
+  const int warps = ring_warps(K);
+  static bool opted_in = false;  // above 48 KiB, once per instantiation
+  if (!opted_in) {
+    const size_t most = std::min(ring_smem_bytes(kRingMaxWarps, STAGES, 1), max_smem_per_block());
+    CUDA_CHECK(cudaFuncSetAttribute(gemv_ring_rope_kernel<T, STAGES>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(most)));
+    opted_in = true;
+  }
+  launch(gemv_ring_rope_kernel<T, STAGES>, static_cast<unsigned>(std::min<int64_t>(tiles, num_sms)),
+         warps * 32, ring_smem_bytes(warps, STAGES, 1), stream, x, K, ms, tiles, rows);
+  CUDA_CHECK_LAUNCH(stream);
+}
+
+template <typename T>
+void launch_ring_rope_stages(int stages, const float* x, const GemvSegment* segs,
+                             const ChainKvRows& rows, int num_sms, cudaStream_t stream) {
+  if (stages == 6) return launch_ring_rope<T, 6>(x, segs, rows, num_sms, stream);
+  launch_ring_rope<T, 4>(x, segs, rows, num_sms, stream);
+}
+}  // namespace
+
+bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const ChainKvRows& rows,
+                          int num_sms, cudaStream_t stream) {
+  if (!g_tuning.qkv_rows || !gemv_group_supported(x, 1, segs, 3) || !qkv_rows_fit(segs, rows)) {
+    return false;
+  }
+  const int stages = ring_stages_for<1>(segs, 3, num_sms);
+  if (stages == 0) return false;
+  if (segs[0].w.dtype == DType::BF16) {
+    launch_ring_rope_stages<__nv_bfloat16>(stages, x, segs, rows, num_sms, stream);
+  } else {
+    launch_ring_rope_stages<__half>(stages, x, segs, rows, num_sms, stream);
+  }
+  ++g_qkv_rows_launches;
+  return true;
+}
+
+uint64_t gemv_qkv_rows_launches() {
+  return g_qkv_rows_launches.load();
 }
 
 void set_gemv_tuning(const GemvTuning& tuning) {
