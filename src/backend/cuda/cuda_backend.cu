@@ -1274,11 +1274,12 @@ void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, Pendi
       if (next_count == 0) break;
     }
   }
-  // The q/k/v launch may take the K/V rows (GemvTuning::qkv_rows); else they are stored after it.
-  const bool rows_after = next_rows != nullptr && cuda::gemv_tuning().qkv_rows;
+  // With GemvTuning::qkv_rows the next q/k/v and its rows are launched here, as one launch where
+  // qkv_with_rows runs them, else as the base class would.
+  const bool qkv_here = next_rows != nullptr && cuda::gemv_tuning().qkv_rows;
   Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next, next_ops,
-                          rows_after ? 0 : next_count, rows_after ? nullptr : next_rows);
-  if (rows_after && !qkv_with_rows(m, next, next_ops, next_count, *next_rows)) {
+                          qkv_here ? 0 : next_count, qkv_here ? nullptr : next_rows);
+  if (qkv_here && !qkv_with_rows(m, next, next_ops, next_count, *next_rows)) {
     if (next_count > 0) matmul_group_normed(next, m, next_ops, next_count);
     store_next_rows(m, next_ops, next_count, *next_rows);
   }
