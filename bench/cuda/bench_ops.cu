@@ -14,9 +14,9 @@
 // layer's 4-bit launches (grouped as the model runs them) per code path, w4sweep the same with
 // every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
 // list): per-block phase stamps of one quantized-attention call (bench_quant_timeline); chaintime
-// (not in the default list): the same for both layer chains (QS_Q4_CHAIN's, QS_GEMV_CHAIN's);
-// chain: what the launch boundaries between a layer's GEMVs cost, and both layer chains
-// (QS_GEMV_CHAIN's and QS_Q4_CHAIN's kernels) against the model's four launches. Their small calls
+// (not in the default list): the same for the layer chain (QS_GEMV_CHAIN's); chain: what the
+// launch boundaries between a layer's GEMVs cost, and a bf16 layer as the model's launches, as
+// the chain and with the q/k/v launch taking the RoPE and rows (QS_QKV_ROWS). Their small calls
 // are timed as CUDA graphs of many calls (time_graph_ms), the way a captured decode step runs them;
 // w4mm also states the eager time.
 //
@@ -900,61 +900,49 @@ struct LayerRest {
   }
 };
 
-// The layer chain of one kind (4-bit: Q4GemvTuning::chain, else GemvTuning::chain) set to a level
-// (0 off, 1 on, 2 with the RoPE and K/V rows) over the tunings found at construction, with a
-// timeline (null: none); restore() puts those tunings back.
+// GemvTuning over the one found at construction with the layer chain at a level (0 off, 1 on, 2
+// with the RoPE and K/V rows), the q/k/v launch with its rows (qkv_rows) and a chain timeline
+// (null: none); restore() puts the tuning back.
 struct LayerChainSwitch {
-  bool q4;
-  cuda::Q4GemvTuning saved4 = cuda::q4_gemv_tuning();
   cuda::GemvTuning saved = cuda::gemv_tuning();
 
-  explicit LayerChainSwitch(bool q4_) : q4(q4_) {}
-  void set(int level, unsigned long long* timeline = nullptr) const {
-    if (q4) {
-      cuda::Q4GemvTuning t = saved4;
-      t.chain = level;
-      t.chain_timeline = timeline;
-      cuda::set_q4_gemv_tuning(t);
-    } else {
-      cuda::GemvTuning t = saved;
-      t.chain = level;
-      t.chain_timeline = timeline;
-      cuda::set_gemv_tuning(t);
-    }
+  void set(int level, bool qkv_rows = false, unsigned long long* timeline = nullptr) const {
+    cuda::GemvTuning t = saved;
+    t.chain = level;
+    t.qkv_rows = qkv_rows;
+    t.chain_timeline = timeline;
+    cuda::set_gemv_tuning(t);
   }
-  void restore() const {
-    cuda::set_q4_gemv_tuning(saved4);
-    cuda::set_gemv_tuning(saved);
-  }
+  void restore() const { cuda::set_gemv_tuning(saved); }
 };
 
-// A LayerRest as the model's launches (four GEMVs and the RoPE + row store), as one chain launch
-// with grid barriers and the RoPE + row store after it, and as one chain launch with them in it
-// (4-bit: Q4GemvTuning::chain; bf16: GemvTuning::chain); bf16 also as four launches, the q/k/v
-// one with the RoPE and rows (GemvTuning::qkv_rows).
+// A LayerRest as the model's launches (four GEMVs and the RoPE + row store); with bf16 weights
+// also as one chain launch with grid barriers and the RoPE + row store after it, as one chain
+// launch with them in it (GemvTuning::chain), and as four launches, the q/k/v one with the RoPE
+// and rows (GemvTuning::qkv_rows).
 void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
                       int64_t kv_rows, int64_t inter, bool q4) {
   auto s = static_cast<cudaStream_t>(be.stream());
   LayerRest layer(hidden, q_rows, kv_rows, inter, q4);
   auto body = [&](int i) { layer.run(be, i); };
   for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
-  LayerChainSwitch chain_switch(q4);
+  const LayerChainSwitch chain_switch;
   std::string line;
   char buf[96];
-  const char* names[] = {"5 launches", "chain + rows", "chain w/ rows"};
-  for (int chain : {0, 1, 2}) {
-    chain_switch.set(chain);
+  struct Form {
+    const char* name;
+    int chain;
+    bool qkv_rows;
+  };
+  const Form forms[] = {{"5 launches", 0, false},
+                        {"chain + rows", 1, false},
+                        {"chain w/ rows", 2, false},
+                        {"qkv w/ rows", 0, true}};
+  for (const Form& f : forms) {
+    if (q4 && &f != forms) break;  // the 4-bit layer's launches only
+    chain_switch.set(f.chain, f.qkv_rows);
     const double ms = time_graph_ms(s, body, 20 * layer.copies);
-    std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", names[chain], ms * 1e3,
-                  pct(layer.bytes, ms));
-    line += buf;
-  }
-  if (!q4) {
-    cuda::GemvTuning t = chain_switch.saved;
-    t.qkv_rows = true;
-    cuda::set_gemv_tuning(t);
-    const double ms = time_graph_ms(s, body, 20 * layer.copies);
-    std::snprintf(buf, sizeof buf, " qkv w/ rows %6.1f us %4.1f%% |", ms * 1e3,
+    std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", f.name, ms * 1e3,
                   pct(layer.bytes, ms));
     line += buf;
   }
@@ -964,11 +952,10 @@ void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t
   be.release_weights();
 }
 
-// Where a chain launch's time goes (Q4GemvTuning / GemvTuning::chain_timeline): the last of a
-// graph of back-to-back chain launches, per phase the median / max over blocks (us) of its wait
-// (the PDL wait for phase 0, the grid barrier after it: the slowest block's lead), its staging and
-// its walk, and the launch's span from the first block's entry to the last block's end; the 4-bit
-// chain (draft layers), then the bf16 one (AR layers).
+// Where a chain launch's time goes (GemvTuning::chain_timeline, chain 2): the last of a graph of
+// back-to-back chain launches, per phase the median / max over blocks (us) of its wait (the PDL
+// wait for phase 0, the grid barrier after it: the slowest block's lead), its staging and its
+// walk, and the launch's span from the first block's entry to the last block's end.
 void bench_chain_timeline(CudaBackend& be) {
   auto s = static_cast<cudaStream_t>(be.stream());
   struct Shape {
@@ -980,50 +967,47 @@ void bench_chain_timeline(CudaBackend& be) {
   CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   const int W = cuda::kChainTimelineSlots;
   DeviceMem stamps(size_t(sms) * W * sizeof(unsigned long long));
-  for (const bool q4 : {true, false}) {
-    for (const Shape& sh : shapes) {
-      LayerRest layer(sh.hidden, sh.q_rows, sh.kv_rows, sh.inter, q4);
-      auto body = [&](int i) { layer.run(be, i); };
-      for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
-      LayerChainSwitch chain_switch(q4);
-      chain_switch.set(2);
-      const double ms = time_graph_ms(s, body, 20 * layer.copies);
-      chain_switch.set(2, static_cast<unsigned long long*>(stamps.ptr));
-      CUDA_CHECK(cudaMemsetAsync(stamps.ptr, 0, stamps.bytes, s));
-      for (int i = 0; i < 2 * layer.copies; ++i) body(i);
-      CUDA_CHECK(cudaStreamSynchronize(s));
-      chain_switch.restore();
-      std::vector<unsigned long long> hst(size_t(sms) * W);
-      CUDA_CHECK(cudaMemcpy(hst.data(), stamps.ptr, stamps.bytes, cudaMemcpyDeviceToHost));
-      unsigned long long first = ~0ull, last = 0;
+  for (const Shape& sh : shapes) {
+    LayerRest layer(sh.hidden, sh.q_rows, sh.kv_rows, sh.inter, false);
+    auto body = [&](int i) { layer.run(be, i); };
+    for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
+    const LayerChainSwitch chain_switch;
+    chain_switch.set(2);
+    const double ms = time_graph_ms(s, body, 20 * layer.copies);
+    chain_switch.set(2, false, static_cast<unsigned long long*>(stamps.ptr));
+    CUDA_CHECK(cudaMemsetAsync(stamps.ptr, 0, stamps.bytes, s));
+    for (int i = 0; i < 2 * layer.copies; ++i) body(i);
+    CUDA_CHECK(cudaStreamSynchronize(s));
+    chain_switch.restore();
+    std::vector<unsigned long long> hst(size_t(sms) * W);
+    CUDA_CHECK(cudaMemcpy(hst.data(), stamps.ptr, stamps.bytes, cudaMemcpyDeviceToHost));
+    unsigned long long first = ~0ull, last = 0;
+    for (int b = 0; b < sms; ++b) {
+      const unsigned long long* w = &hst[size_t(b) * W];
+      first = std::min(first, w[0]);
+      for (int i = 1; i < W - 1; ++i) last = std::max(last, w[i]);
+    }
+    auto stat = [&](int from, int to) {  // slot `to` - slot `from` over the blocks, us
+      std::vector<double> v;
       for (int b = 0; b < sms; ++b) {
         const unsigned long long* w = &hst[size_t(b) * W];
-        first = std::min(first, w[0]);
-        for (int i = 1; i < W - 1; ++i) last = std::max(last, w[i]);
+        if (w[to] != 0 && w[from] != 0) v.push_back(double(w[to] - w[from]) * 1e-3);
       }
-      auto stat = [&](int from, int to) {  // slot `to` - slot `from` over the blocks, us
-        std::vector<double> v;
-        for (int b = 0; b < sms; ++b) {
-          const unsigned long long* w = &hst[size_t(b) * W];
-          if (w[to] != 0 && w[from] != 0) v.push_back(double(w[to] - w[from]) * 1e-3);
-        }
-        char buf[48];
-        if (v.empty()) return std::string("    -/    -");
-        std::sort(v.begin(), v.end());
-        std::snprintf(buf, sizeof buf, "%5.1f/%5.1f", v[v.size() / 2], v.back());
-        return std::string(buf);
-      };
-      std::string line;
-      const char* names[] = {"o", "gate/up", "down", "qkv"};
-      for (int p = 0; p < 4; ++p) {
-        line += std::string(" ") + names[p] + ": wait " + stat(1 + 4 * p, 2 + 4 * p) + " stage " +
-                stat(2 + 4 * p, 3 + 4 * p) + " walk " + stat(3 + 4 * p, 4 + 4 * p) + " |";
-      }
-      summary("| chaintime %s %s | call %6.1f us, stamped span %6.1f us | %d blocks |%s",
-              q4 ? "w4  " : "bf16", sh.name, ms * 1e3, double(last - first) * 1e-3, sms,
-              line.c_str());
-      be.release_weights();
+      char buf[48];
+      if (v.empty()) return std::string("    -/    -");
+      std::sort(v.begin(), v.end());
+      std::snprintf(buf, sizeof buf, "%5.1f/%5.1f", v[v.size() / 2], v.back());
+      return std::string(buf);
+    };
+    std::string line;
+    const char* names[] = {"o", "gate/up", "down", "qkv"};
+    for (int p = 0; p < 4; ++p) {
+      line += std::string(" ") + names[p] + ": wait " + stat(1 + 4 * p, 2 + 4 * p) + " stage " +
+              stat(2 + 4 * p, 3 + 4 * p) + " walk " + stat(3 + 4 * p, 4 + 4 * p) + " |";
     }
+    summary("| chaintime bf16 %s | call %6.1f us, stamped span %6.1f us | %d blocks |%s", sh.name,
+            ms * 1e3, double(last - first) * 1e-3, sms, line.c_str());
+    be.release_weights();
   }
 }
 
@@ -1176,8 +1160,8 @@ void bench_gemv_chain(CudaBackend& be) {
       be.release_weights();
     }
   }
-  // The layer chains (GemvTuning::chain, Q4GemvTuning::chain) with the model's dependencies and
-  // norms.
+  // A layer with the model's dependencies and norms: its launches, the chain (GemvTuning::chain),
+  // the q/k/v launch with its rows (GemvTuning::qkv_rows); a draft layer's launches.
   for (const bool q4 : {false, true}) {
     bench_output_mlp(be, "7b", 4096, 4096, 4096, 11008, q4);
     bench_output_mlp(be, "8b", 4096, 4096, 1024, 14336, q4);

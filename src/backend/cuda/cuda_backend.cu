@@ -243,7 +243,7 @@ struct CudaBackend::Impl {
   // A deferred norm's partial sums (num_sms): one buffer serves every norm, since a producer writes
   // it only after its PDL wait, when the previous norm's consumer (the launch before it) is done.
   double* norm_sumsq = nullptr;
-  unsigned* grid_barrier = nullptr;  // the layer chains' barrier word (zeroed once)
+  unsigned* grid_barrier = nullptr;  // the layer chain's barrier word (zeroed once)
 
 #ifdef QS_KERNEL_TRACE
   unsigned long long* trace = nullptr;
@@ -1208,71 +1208,6 @@ void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, Pendi
                                  int next_count, const KvRowStore* next_rows) {
   if (dense_layer_chain(x, m, o, mid, gate, up, act, down, next, next_ops, next_count, next_rows)) {
     return;
-  }
-  bool q4 = o.w4 != nullptr && gate.w4 != nullptr && up.w4 != nullptr && down.w4 != nullptr;
-  for (int i = 0; i < next_count; ++i) q4 = q4 && next_ops[i].w4 != nullptr;
-  if (cuda::q4_gemv_tuning().chain && g_defer_norm && g_fuse_norm && g_fuse_swiglu && m == 1 &&
-      q4 && mid.h == next.h && next_count <= cuda::kMaxGemvSegments) {
-    cuda::Q4LayerChain c;
-    const auto resolve = [&](const LinearOp& op) {
-      check_q4_bias(*op.w4, op.bias);
-      return &impl_->weights4.resolve(*op.w4, impl_->stream);
-    };
-    c.x = x;
-    c.o = resolve(o);
-    c.o_bias = impl_->bias(o.bias);
-    c.gate = resolve(gate);
-    c.up = resolve(up);
-    c.gate_bias = impl_->bias(gate.bias);
-    c.up_bias = impl_->bias(up.bias);
-    c.act = act;
-    c.down = resolve(down);
-    c.down_bias = impl_->bias(down.bias);
-    const auto deferred = [&](PendingNorm& pn) {
-      cuda::GemvNorm norm{
-          pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, nullptr, nullptr,
-          1,    pn.weight->numel()};
-      norm.sumsq = impl_->norm_sumsq;
-      norm.parts = impl_->num_sms;
-      pn.record = impl_->norm_sumsq;
-      return norm;
-    };
-    c.mid = deferred(mid);
-    c.next = deferred(next);
-    c.mid_in = norm_in(mid);
-    c.next_in = norm_in(next);
-    c.barrier = impl_->grid_barrier;
-    c.next_count = next_count;
-    for (int i = 0; i < next_count; ++i) {
-      c.next_w[i] = resolve(next_ops[i]);
-      c.next_bias[i] = impl_->bias(next_ops[i].bias);
-      c.next_y[i] = next_ops[i].y;
-    }
-    // With the next layer's q/k/v and its K/V rows (four phases, the last with RoPE and the
-    // store), else with its q/k/v only, else without them (three phases); what the chain leaves
-    // out runs after it.
-    struct Form {
-      int count;
-      bool rows;
-    };
-    const Form forms[] = {
-        {next_count, next_rows != nullptr && kv_row_dtype_supported(next_rows->dtype)},
-        {next_count, false},
-        {0, false}};
-    for (const Form& f : forms) {
-      if (&f != forms && f.count == (&f - 1)->count && f.rows == (&f - 1)->rows) continue;
-      if (f.rows && next_rows->rope.head_dim / 2 > cuda::kMaxRopePairs) continue;
-      c.next_count = f.count;
-      c.rows = f.rows ? chain_kv_rows(*next_rows) : cuda::ChainKvRows{};
-      if (cuda::launch_gemv_q4_chain(c, impl_->num_sms, impl_->stream)) {
-        mid.deferred = true;
-        next.deferred = true;
-        if (f.count < next_count) matmul_group_normed(next, m, next_ops, next_count);
-        if (next_rows != nullptr && !f.rows) store_next_rows(m, next_ops, next_count, *next_rows);
-        return;
-      }
-      if (next_count == 0) break;
-    }
   }
   // With GemvTuning::qkv_rows the next q/k/v and its rows are launched here, as one launch where
   // qkv_with_rows runs them, else as the base class would.

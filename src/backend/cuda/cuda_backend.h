@@ -148,14 +148,12 @@ class CudaBackend final : public Backend {
   void matmul_group_normed(const PendingNorm& pn, int m, const LinearOp* ops, int count) override;
   void gate_up_swiglu_normed(const PendingNorm& pn, int m, const LinearOp& gate, const LinearOp& up,
                              float* out) override;
-  // With Q4GemvTuning::chain (QS_Q4_CHAIN=1; off by default until measured), a draft layer's o,
-  // gate / up and down and the next layer's q / k / v (one row, 4-bit, both norms deferred) run
-  // as one persistent launch with grid barriers between them (launch_gemv_q4_chain: the same bits
-  // as kernel 10's four launches where every matrix has >= 16 groups); with chain 2 the next
-  // layer's RoPE and K/V row store too (the bits of rope_qk_store_kv). With GemvTuning::chain
-  // (QS_GEMV_CHAIN=1; off by default until measured) the same four for a bf16 / f16 layer at one
-  // row (launch_gemv_chain: the bits of the ring kernel's launches, both norms materialized),
-  // then the next layer's RoPE and K/V rows as usual. Otherwise the calls.
+  // With GemvTuning::chain (QS_GEMV_CHAIN=1; off by default: measured slower, session 44) a bf16 /
+  // f16 layer's o, gate / up and down and the next layer's q / k / v at one row run as one
+  // persistent launch with grid barriers between them (launch_gemv_chain: the bits of the ring
+  // kernel's launches, both norms materialized), with chain 2 the next layer's RoPE and K/V row
+  // store too. With GemvTuning::qkv_rows the next q / k / v launch also rotates and stores the
+  // rows (launch_gemv_qkv_rows). Otherwise the calls.
   void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                       const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
                       PendingNorm& next, const LinearOp* next_ops, int next_count,

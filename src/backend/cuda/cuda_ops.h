@@ -52,9 +52,10 @@ constexpr int kMaxRopePairs = 128;
 struct RopeFreqs {
   float inv_freq[kMaxRopePairs];  // [head_dim / 2]
 };
-// A layer chain's RoPE and K/V row store in its q/k/v phase (GemvLayerChain, Q4LayerChain; chain
-// 2): q and k rotated for position pos, the rotated k rows and the v rows stored at k_dst /
-// v_dst (f16 or f32), as launch_rope_qk_store_kv does after the q/k/v launch. k_dst null: none.
+// The RoPE and K/V row store of a q/k/v launch's epilogue (launch_gemv_qkv_rows, GemvLayerChain
+// with chain 2): q and k rotated for position pos, the rotated k rows and the v rows stored at
+// k_dst / v_dst (f16 or f32), as launch_rope_qk_store_kv does after the q/k/v launch. k_dst
+// null: none.
 struct ChainKvRows {
   RopeFreqs freqs{};
   int pos = 0;
@@ -245,7 +246,7 @@ uint64_t gemv_chain_launches();
 // as launch_gemv_group computes them, then q and k rotated and the K/V rows stored as
 // launch_rope_qk_store_kv does, in one launch of the ring kernel (q and k on tiles that hold both
 // halves of 8 rotations). The same bits as those two launches. Returns false (nothing launched)
-// unless GemvTuning::qkv_rows is set and the ring kernel runs these operands.
+// unless GemvTuning::qkv_rows is set (the default) and the ring kernel runs these operands.
 bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const ChainKvRows& rows,
                           int num_sms, cudaStream_t stream);
 // Its launches so far in this process (tests check that a call took it).
@@ -274,16 +275,18 @@ struct GemvTuning {
   // store in the q/k/v phase (GemvLayerChain::rows). Off until measured on a GPU.
   int chain = 0;
   // A layer's q/k/v launch at m = 1 also rotates q and k and stores the K/V rows
-  // (launch_gemv_qkv_rows; CudaBackend::output_and_mlp); QS_QKV_ROWS=1. Off until measured.
-  bool qkv_rows = false;
-  // Diagnostics (bench_ops --sections chaintime): as Q4GemvTuning::chain_timeline, for the bf16
-  // chain (kChainTimelineSlots words per SM).
+  // (launch_gemv_qkv_rows; CudaBackend::output_and_mlp). On since session 44 (H100, AR fp16 at
+  // 32K: Llama-2-7B -0.6%, Llama-3.1-8B -1.0%); QS_QKV_ROWS=0 launches the RoPE + store apart.
+  bool qkv_rows = true;
+  // Diagnostics (bench_ops --sections chaintime): non-null, a device buffer of
+  // kChainTimelineSlots words per SM into which every block of every chain launch writes
+  // %globaltimer (ns) as its phases pass (the last launch's stamps remain). Null: no stamp.
   unsigned long long* chain_timeline = nullptr;
 };
-// A layer chain's timeline (GemvTuning / Q4GemvTuning::chain_timeline), per block: [0] entry; for
-// phase p, [1 + 4p] its start (p = 0: before the PDL wait, else the barrier's entry), [2 + 4p]
-// released (the previous kernel complete / every block arrived), [3 + 4p] its activation staged,
-// [4 + 4p] its walk done (0 for a phase the launch lacks); [17] the SM the block ran on.
+// The layer chain's timeline (GemvTuning::chain_timeline), per block: [0] entry; for phase p,
+// [1 + 4p] its start (p = 0: before the PDL wait, else the barrier's entry), [2 + 4p] released
+// (the previous kernel complete / every block arrived), [3 + 4p] its activation staged, [4 + 4p]
+// its walk done; [17] the SM the block ran on.
 constexpr int kChainTimelineSlots = 18;
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();

@@ -896,7 +896,7 @@ GemvTuning g_tuning = [] {
   }
   t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", true);
   t.chain = env_int("QS_GEMV_CHAIN", 0, 2, t.chain);
-  t.qkv_rows = env_flag("QS_QKV_ROWS", false);
+  t.qkv_rows = env_flag("QS_QKV_ROWS", true);
   return t;
 }();
 

@@ -36,8 +36,6 @@
 // gemv_q4_persist_sub_kernel (the default for m = 1): the same grid with the codes read as f16
 // subnormals and the activation's hi and lo parts as two token columns of one MMA.
 // gemv_q4_persist_pair_kernel: the same arithmetic with two tiles per ring stage.
-// gemv_q4_chain_kernel: the pair kernel's walk over a draft layer's o, gate / up, down and the
-// next layer's q / k / v in one launch, grid barriers between them (QS_Q4_CHAIN=1).
 //
 // Weights whose group size is not 128 keep the reference layout and run a plain FMA kernel
 // (correctness only; the draft weights use 128).
@@ -51,12 +49,10 @@
 #include <cstdlib>
 #include <cstring>
 
-#include "backend/cuda/chain_map.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/gemv_norm.cuh"
-#include "backend/cuda/grid_barrier.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_ops.h"
@@ -72,9 +68,9 @@ constexpr int kStepsPerGroup = kQ4TiledGroup / 16;  // k16 MMA steps per group
 constexpr int kPiecesPerTileGroup = 64;             // 16-byte pieces per (tile, group): 2 x 32
 constexpr int kMetaPerTileGroup = 8;                // 8-byte meta entries per (tile, group)
 
-// QS_Q4_STAGES=1|4, QS_Q4_KERNEL=1..10 and QS_Q4_CHAIN=0..2 start the process with that
-// Q4GemvTuning::stages / kernel / chain (end-to-end A/B runs of the code paths without a
-// rebuild); anything else is ignored with a warning.
+// QS_Q4_STAGES=1|4 and QS_Q4_KERNEL=1..10 start the process with that Q4GemvTuning::stages /
+// kernel (end-to-end A/B runs of the code paths without a rebuild); anything else is ignored with
+// a warning.
 Q4GemvTuning g_q4_tuning = [] {
   Q4GemvTuning t;
   const char* v = std::getenv("QS_Q4_STAGES");
@@ -86,7 +82,6 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
-  t.chain = env_int("QS_Q4_CHAIN", 0, 2, t.chain);
   return t;
 }();
 
@@ -139,26 +134,20 @@ __device__ __forceinline__ uint32_t word_of(const uint4& v, int i) {
 }
 
 // x[token][col .. col+3] (zeros past m or K). VEC: x 16-byte aligned and K % 4 == 0, so the
-// float4 is entirely inside or entirely outside the row. L2: x was written earlier in this launch
-// by other blocks (gemv_q4_chain_kernel), so it is read from L2 (ld.global.cg), not through the
-// read-only path.
-template <bool VEC, bool L2 = false>
+// float4 is entirely inside or entirely outside the row.
+template <bool VEC>
 __device__ __forceinline__ float4 load_x4(const float* __restrict__ x, int token, int m, int64_t K,
                                           int64_t col) {
   float4 r = make_float4(0.f, 0.f, 0.f, 0.f);
   if (token >= m) return r;
   const float* p = x + token * K + col;
-  auto ld = [](const float* a) { return L2 ? __ldcg(a) : __ldg(a); };
   if constexpr (VEC) {
-    if (col < K) {
-      const float4* a = reinterpret_cast<const float4*>(p);
-      r = L2 ? __ldcg(a) : __ldg(a);
-    }
+    if (col < K) r = __ldg(reinterpret_cast<const float4*>(p));
   } else {
-    if (col < K) r.x = ld(p);
-    if (col + 1 < K) r.y = ld(p + 1);
-    if (col + 2 < K) r.z = ld(p + 2);
-    if (col + 3 < K) r.w = ld(p + 3);
+    if (col < K) r.x = __ldg(p);
+    if (col + 1 < K) r.y = __ldg(p + 1);
+    if (col + 2 < K) r.z = __ldg(p + 2);
+    if (col + 3 < K) r.w = __ldg(p + 3);
   }
   return r;
 }
@@ -853,17 +842,15 @@ __device__ __forceinline__ float with_bias(const CcSegments& segs, int si, int64
 }
 
 // A persistent kernel's finished row sum: added into h with a deferred norm (its square into
-// sq), else stored (gemv_store: into y, or added into h for a fused norm). L2: h is read from L2
-// (other blocks of the launch wrote it; gemv_q4_chain_kernel).
-template <bool L2 = false>
+// sq), else stored (gemv_store: into y, or added into h for a fused norm).
 __device__ __forceinline__ void persist_store_row(const GemvNorm& norm, float* y, int64_t row,
                                                   float sum, double& sq) {
   if (norm.sumsq != nullptr) {
-    const float v = (L2 ? __ldcg(norm.h + row) : norm.h[row]) + sum;
+    const float v = norm.h[row] + sum;
     norm.h[row] = v;
     sq += static_cast<double>(v * v);
   } else {
-    gemv_store<L2>(norm, y, row, sum);
+    gemv_store(norm, y, row, sum);
   }
 }
 
@@ -1119,23 +1106,22 @@ struct SubActivation {
   // The activation was written by the previous kernel: the loads of up to kBatch groups are in
   // flight together (one L2 round trip instead of one per group, on the launch's critical path),
   // then staged. A NormIn input stages h * weight (wn: preload_norm_weight's first batch); its
-  // 1 / rms scales the sums. L2: written earlier in this launch (load_x4), and the weight is
-  // loaded here (wn unused).
-  template <bool VEC_X, bool L2 = false>
+  // 1 / rms scales the sums.
+  template <bool VEC_X>
   __device__ __forceinline__ void stage(const float4 (&wn)[kBatch]) const {
     for (int g0 = 0; g0 < my_groups; g0 += kBatch) {
       float4 v[kBatch];
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         if (g0 + u < my_groups) {
-          v[u] = load_x4<VEC_X, L2>(x, 0, 1, K, (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane);
+          v[u] = load_x4<VEC_X>(x, 0, 1, K, (grp_begin + g0 + u) * kQ4TiledGroup + 4 * lane);
         }
       }
 #pragma unroll
       for (int u = 0; u < kBatch; ++u) {
         if (g0 + u < my_groups) {
           if (nin.sumsq != nullptr) {
-            const float4 w = g0 == 0 && !L2 ? wn[u] : norm_weight(grp_begin + g0 + u);
+            const float4 w = g0 == 0 ? wn[u] : norm_weight(grp_begin + g0 + u);
             v[u] = make_float4(v[u].x * w.x, v[u].y * w.y, v[u].z * w.z, v[u].w * w.w);
           }
           stage_group(grp_begin + g0 + u, v[u]);
@@ -1369,7 +1355,6 @@ struct PairFetch {
 // tile b row g, row g + 8} (lanes of c = 0); thread t * 16 + r (t < 2, r < 16) sums row r of
 // tile t over the warps in kernel 8's order and stores it; a paired launch's threads 0..15 sum
 // row r of both (gate, up) and store the SwiGLU.
-template <bool L2 = false>
 __device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float4* part, int warp,
                                                    int lane, int num_warps, int64_t tiles,
                                                    int64_t pair, const float (&acc)[2][2],
@@ -1399,7 +1384,7 @@ __device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float
   if (!pair_tile(segs, tiles, pair, t, si, local)) return;
   const int64_t row = local * 16 + r;
   if (row < pick(segs.N, si)) {
-    persist_store_row<L2>(norm, pick(segs.y, si), row, with_bias(segs, si, row, row_sum(t)), sq);
+    persist_store_row(norm, pick(segs.y, si), row, with_bias(segs, si, row, row_sum(t)), sq);
   }
 }
 
@@ -1417,8 +1402,8 @@ struct PairWarp {
 // Kernel 10's compute side over one launch's operands: this warp's pairs [0, my_pairs) of
 // my_groups groups each from grp_begin, every stage taken from the ring in order (slot: the next
 // one; `fetch` refills each slot once it is read, keeping kPairStages - 1 stages ahead), each
-// pair's sums handed to store(part, pair, acc) (persist_store_pair, or the chain's RoPE store;
-// part: this pair's half of the block's double-buffered partial sums).
+// pair's sums handed to store(part, pair, acc) (persist_store_pair; part: this pair's half of
+// the block's double-buffered partial sums).
 template <int CHAINS, class Fetch, class Store>
 __device__ __forceinline__ void pair_walk(Fetch& fetch, const PairWarp& pw, int& slot,
                                           int64_t grp_begin, int my_pairs, int my_groups,
@@ -1490,222 +1475,6 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
                     });
   cp_async_wait<0>();
   persist_norm_end(norm, reinterpret_cast<float*>(partial), sq);
-}
-
-// ---- a draft layer's o -> gate/up -> down as one launch (launch_gemv_q4_chain) ------------
-//
-// Kernel 10 three or four times in one persistent grid (a block per SM), the phases separated by
-// grid barriers instead of launch boundaries: each launch boundary costs ~2.5-3.5 us (the
-// previous grid's tail, the next one's start; bench_ops chain, session 34), while here each
-// warp's ring is already streaming the next phase's weights (which depend on nothing) when the
-// grid waits. A phase is kernel 10's walk over one launch's operands with the same warps, pairs
-// and order, so it computes the same bits as that launch.
-constexpr int kQ4ChainMaxPhases = 4;
-
-struct Q4ChainPhase {
-  CcSegments segs;
-  const float* x;  // the activation: the attention's output, then h (normed on load), then act,
-                   // then h again (the next layer's q/k/v)
-  int64_t K, groups, tiles;
-  GemvNorm norm;  // phases 0 and 2: a deferred norm's producer
-  NormIn nin;     // phases 1 and 3: its consumer
-};
-
-// One phase's matrices as the chain's fetch walks them: their codes and metadata, the pairs'
-// tiles (chain_map.h).
-struct ChainWeights {
-  const uint4* codes[kMaxGemvSegments];
-  const uint2* meta[kMaxGemvSegments];
-  ChainPairMap map;
-};
-static_assert(kMaxGemvSegments == kChainSegments, "one map entry per matrix");
-static_assert(kPairStages == kChainRingStages, "the chain's ring is kernel 10's");
-
-struct Q4ChainArgs {
-  Q4ChainPhase phase[kQ4ChainMaxPhases];
-  ChainWeights weights[kQ4ChainMaxPhases];
-  ChainKvRows rope;    // the q/k/v phase's RoPE and K/V row store (QS_Q4_CHAIN=2)
-  int phases;          // 3, or 4 with the next layer's q/k/v
-  int64_t max_groups;  // the shared memory's activation fragments
-  unsigned* barrier;
-  unsigned long long* timeline;  // Q4GemvTuning::chain_timeline (null: no stamps)
-};
-
-// Slot i of this block's timeline entry (Q4GemvTuning::chain_timeline).
-__device__ __forceinline__ void chain_stamp(const Q4ChainArgs& args, int i) {
-  timeline_stamp(args.timeline, i, args.phases);
-}
-
-// The fetch side of the chain: PairFetch's sequence for phase 0, then phase 1's, and so on, one
-// ring for all, so that the copies of a phase's first stages are issued during the previous
-// phase's last groups (and the barrier). It reads the phases' ChainWeights from shared memory
-// (`cw`), which keeps its state to PairFetch's.
-struct ChainFetch {
-  const ChainWeights* cw;
-  uint4* ring;
-  int lane;
-  ChainCursor cursor;
-  PairSource src;
-
-  __device__ ChainFetch(const ChainWeights* cw_, uint4* ring_, int phases, int warp, int num_warps,
-                        int lane_)
-      : cw(cw_),
-        ring(ring_),
-        lane(lane_),
-        cursor(phases, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), warp, num_warps) {
-  }
-
-  // Tile t of the current phase's launch: its segment's codes and metadata at this warp's first
-  // group.
-  __device__ __forceinline__ void tile_at(const ChainWeights& w, int64_t t, const uint4*& codes,
-                                          const uint2*& meta) const {
-    int64_t local;
-    const int si = chain_tile_segment(w.map, t, local);
-    const int64_t first = local * w.map.groups + cursor.unit_begin;
-    codes = w.codes[si] + first * kPiecesPerTileGroup + lane;
-    meta = w.meta[si] + first * kMetaPerTileGroup + (lane & 7);
-  }
-
-  // PairSource::enter for the cursor's pair (a missing tile b reads tile a's address as zeros).
-  __device__ __forceinline__ void enter_pair() {
-    const ChainWeights& w = cw[cursor.phase];
-    int64_t ta, tb;
-    chain_pair_tiles(w.map, cursor.item, ta, tb, src.has_b);
-    const uint2 *meta_a, *meta_b;
-    tile_at(w, ta, src.codes[0], meta_a);
-    tile_at(w, tb, src.codes[1], meta_b);
-    src.meta = lane & 8 ? meta_b : meta_a;  // lanes 0..7: tile a's entries, 8..15: tile b's
-  }
-
-  __device__ __forceinline__ void operator()() {
-    int fill;
-    bool entered;
-    if (cursor.next([&](int p) { return chain_pair_shape(cw[p].map); }, fill, entered)) {
-      if (entered) enter_pair();
-      src.copy(ring, fill, lane);
-    }
-    cp_async_commit();
-  }
-};
-
-// persist_store_pair for the q/k/v phase with RoPE: threads t * 16 + r (t < 2) sum row r of the
-// pair's tile t; for a q or k pair (tiles j and j + half of a head) the two threads of a rotation
-// exchange their sums and each keeps its side of rope_rotate; every row goes to q, k or v, and
-// k's and v's also into the cache's row at rope.pos (the bits of the separate launches).
-__device__ __forceinline__ void chain_rope_store_pair(const CcSegments& segs, const ChainWeights& w,
-                                                      const ChainKvRows& rope, float4* part,
-                                                      int warp, int lane, int num_warps,
-                                                      int64_t pair, const float (&acc)[2][2],
-                                                      float scale) {
-  part[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
-  __syncthreads();
-  if (threadIdx.x >= 32) return;
-  const int r = threadIdx.x & 15, t = threadIdx.x >> 4;
-  const float* sums = reinterpret_cast<const float*>(part);
-  float sum = 0.0f;
-  for (int wi = 0; wi < num_warps; ++wi)
-    sum += sums[(wi * 32 + (r & 7) * 4) * 4 + t * 2 + (r >> 3)];
-  sum *= scale;
-  int64_t ta, tb, local;
-  bool has_b;
-  chain_pair_tiles(w.map, pair, ta, tb, has_b);
-  const int si = chain_tile_segment(w.map, t == 0 ? ta : tb, local);
-  const int64_t row = local * 16 + r;
-  const bool valid = (t == 0 || has_b) && row < pick(segs.N, si);
-  float v = valid ? with_bias(segs, si, row, sum) : 0.0f;
-  if (pair < w.map.rope_pairs[0] + w.map.rope_pairs[1]) {  // the same for all 32 threads
-    const float other = __shfl_xor_sync(0xffffffffu, v, 16);
-    const int half = rope.head_dim / 2;
-    const int j = static_cast<int>(row % rope.head_dim) - (t == 0 ? 0 : half);
-    const float2 rot = rope_rotate(t == 0 ? v : other, t == 0 ? other : v,
-                                   static_cast<float>(rope.pos), rope.freqs.inv_freq[j]);
-    v = t == 0 ? rot.x : rot.y;
-  }
-  if (!valid) return;
-  pick(segs.y, si)[row] = v;
-  if (si == 0) return;  // q stays in its buffer
-  void* dst = si == 1 ? rope.k_dst : rope.v_dst;
-  if (rope.f16) {
-    store_row_value<true>(dst, row, v);
-  } else {
-    store_row_value<false>(dst, row, v);
-  }
-}
-
-// One phase of the chain kernel (P: 0..3): its activation staged (phase 0 after the previous
-// kernel, the others after the grid barrier), kernel 10's walk, its deferred norm's sums.
-template <int P, bool VEC_X, int CHAINS>
-__device__ __forceinline__ void chain_phase_run(const Q4ChainArgs& args, ChainFetch& fetch,
-                                                const PairWarp& pw, int& slot, uint4* xfrag,
-                                                float2* gscale) {
-  const Q4ChainPhase& ph = args.phase[P];
-  const int warp = pw.warp, num_warps = pw.num_warps;
-  const int64_t grp_begin = ph.groups * warp / num_warps;
-  const int my_groups = static_cast<int>(ph.groups * (warp + 1) / num_warps - grp_begin);
-  const int my_pairs = static_cast<int>(block_items(pair_count(ph.tiles, ph.segs.swiglu)));
-  const SubActivation act{ph.x, ph.K, ph.nin, xfrag, gscale, grp_begin, my_groups, pw.lane};
-  chain_stamp(args, 1 + 4 * P);
-  if constexpr (P == 0) {
-    pdl_begin();  // the attention's output is the previous kernel's
-  } else {
-    grid_barrier(args.barrier);  // the previous phase's outputs (and norm sums) are written
-  }
-  chain_stamp(args, 2 + 4 * P);
-  const float4 unused[SubActivation::kBatch] = {};
-  act.stage<VEC_X, true>(unused);  // from L2; a NormIn's weight loaded as it goes
-  chain_stamp(args, 3 + 4 * P);
-  // Only warp 0's threads store the rows (persist_store_pair): the other warps need no scale.
-  const float scale =
-      ph.nin.sumsq != nullptr && warp == 0 ? norm_in_scale<true>(ph.nin, ph.K) : 1.0f;
-  double sq = 0.0;
-  const bool rope = P == 3 && args.rope.k_dst != nullptr;
-  pair_walk<CHAINS>(fetch, pw, slot, grp_begin, my_pairs, my_groups,
-                    [&](float4* part, int64_t pair, const float(&acc)[2][2]) {
-                      if (rope) {
-                        chain_rope_store_pair(ph.segs, args.weights[P], args.rope, part, warp,
-                                              pw.lane, num_warps, pair, acc, scale);
-                      } else {
-                        persist_store_pair<true>(ph.segs, part, warp, pw.lane, num_warps, ph.tiles,
-                                                 pair, acc, ph.norm, scale, sq);
-                      }
-                    });
-  if (ph.norm.sumsq != nullptr) gemv_norm_defer_finish(ph.norm, sq);
-  chain_stamp(args, 4 + 4 * P);
-}
-
-template <bool VEC_X, int CHAINS>
-__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
-    gemv_q4_chain_kernel(const __grid_constant__ Q4ChainArgs args) {
-  extern __shared__ uint4 p_smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int num_warps = blockDim.x / 32;
-  const int g = lane >> 2, c = lane & 3;
-  const int64_t max_groups = args.max_groups;
-  uint4* ring = p_smem + size_t(warp) * kPairStages * kPairStageVecs;
-  uint4* xfrag = p_smem + size_t(num_warps) * kPairStages * kPairStageVecs;  // [groups][32]
-  float4* partial = reinterpret_cast<float4*>(xfrag + max_groups * 32);      // [2][warps][32]
-  float2* gscale = reinterpret_cast<float2*>(partial + 2 * num_warps * 32);  // [groups]
-  uint2* zeros = reinterpret_cast<uint2*>(gscale + ((max_groups + 1) & ~int64_t{1})) + warp * 64;
-  ChainWeights* cw = reinterpret_cast<ChainWeights*>(zeros + (num_warps - warp) * 64);  // [4]
-  chain_stamp(args, 0);
-  if (threadIdx.x == 0) {
-#pragma unroll
-    for (int p = 0; p < kQ4ChainMaxPhases; ++p) cw[p] = args.weights[p];
-  }
-  __syncthreads();
-
-  ChainFetch fetch(cw, ring, args.phases, warp, num_warps, lane);
-#pragma unroll
-  for (int st = 0; st < kPairStages - 1; ++st) fetch();
-  const PairWarp pw{ring,           partial,   sub_x_fragments(xfrag, zeros, g, c, lane),
-                    g < 2 ? 64 : 0, gscale,    warp,
-                    lane,           num_warps, g};
-  int slot = 0;
-  chain_phase_run<0, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
-  chain_phase_run<1, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
-  chain_phase_run<2, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
-  if (args.phases > 3) chain_phase_run<3, VEC_X, CHAINS>(args, fetch, pw, slot, xfrag, gscale);
-  cp_async_wait<0>();
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
@@ -2105,135 +1874,7 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   return true;
 }
 
-// The chain's phase over one launch's matrices (CcLaunch as kernel 10 would take them), and the
-// same matrices as its fetch walks them.
-Q4ChainPhase chain_phase(const CcLaunch& l, bool swiglu, const GemvNorm& norm, const NormIn& nin,
-                         ChainWeights& w) {
-  Q4ChainPhase p{};
-  p.segs = cc_segments(l, 1);  // block_end: cumulative tiles, repeated past count
-  p.segs.swiglu = swiglu;
-  p.x = l.x;
-  p.K = l.w[0]->cols;
-  p.groups = l.w[0]->groups;
-  p.tiles = p.segs.block_end[kMaxGemvSegments - 1];
-  p.norm = norm;
-  p.nin = nin;
-  for (int i = 0; i < kMaxGemvSegments; ++i) {
-    w.codes[i] = p.segs.codes[i];
-    w.meta[i] = p.segs.meta[i];
-    w.map.tile_end[i] = p.segs.block_end[i];
-  }
-  w.map.groups = p.groups;
-  w.map.swiglu = swiglu;
-  return p;
-}
-
-// Whether the chain's operands are one draft layer's, as launch_gemv_q4_chain documents.
-bool chain_operands_fit(const Q4LayerChain& c, int num_sms) {
-  const DeviceWeight4 *o = c.o, *gate = c.gate, *up = c.up, *down = c.down;
-  if (!o || !gate || !up || !down || !c.x || !c.act || !c.barrier) return false;
-  if (!o->tiled || !gate->tiled || !up->tiled || !down->tiled) return false;
-  const GemvNorm &mid = c.mid, &next = c.next;
-  if (mid.h == nullptr || mid.sumsq == nullptr || next.h != mid.h || next.sumsq == nullptr ||
-      c.mid_in.sumsq != mid.sumsq || mid.m != 1 || next.m != 1 || mid.parts != num_sms ||
-      next.parts != num_sms || c.mid_in.parts != num_sms) {
-    return false;
-  }
-  if (c.next_count < 0 || c.next_count > kMaxGemvSegments) return false;
-  if (c.rows.k_dst !=
-      nullptr) {  // RoPE + store: q, k, v of whole heads, an even tile count per head
-    const int hd = c.rows.head_dim;
-    if (g_q4_tuning.chain < 2 || c.next_count != 3 || c.rows.v_dst == nullptr || hd <= 0 ||
-        hd % 32 != 0 || hd / 2 > kMaxRopePairs || c.next_w[0]->rows % hd != 0 ||
-        c.next_w[1]->rows % hd != 0 || c.next_w[2]->rows != c.next_w[1]->rows) {
-      return false;
-    }
-  }
-  if (c.next_count > 0) {
-    if (c.next_in.sumsq != next.sumsq || c.next_in.parts != num_sms) return false;
-    for (int i = 0; i < c.next_count; ++i) {
-      const DeviceWeight4* w = c.next_w[i];
-      if (w == nullptr || !w->tiled || w->cols != next.d || c.next_y[i] == nullptr) return false;
-    }
-  }
-  return o->rows == mid.d && down->rows == next.d && mid.d == next.d && gate->rows == up->rows &&
-         gate->cols == o->rows && up->cols == o->rows && down->cols == gate->rows;
-}
-
 }  // namespace
-
-namespace {
-std::atomic<uint64_t> g_q4_chain_launches{0};
-}  // namespace
-
-bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t stream) {
-  const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
-  if (!g_q4_tuning.chain || kernel_choice != kQ4PairKernel || !chain_operands_fit(c, num_sms)) {
-    return false;
-  }
-  Q4ChainArgs args{};
-  args.phase[0] = chain_phase(CcLaunch{c.x, 1, {c.o}, {c.o_bias}, {nullptr}, 1, 0, stream}, false,
-                              c.mid, NormIn{}, args.weights[0]);
-  args.phase[1] = chain_phase(
-      CcLaunch{
-          c.mid.h, 1, {c.gate, c.up}, {c.gate_bias, c.up_bias}, {c.act, nullptr}, 2, 0, stream},
-      true, GemvNorm{}, c.mid_in, args.weights[1]);
-  args.phase[2] = chain_phase(CcLaunch{c.act, 1, {c.down}, {c.down_bias}, {nullptr}, 1, 0, stream},
-                              false, c.next, NormIn{}, args.weights[2]);
-  args.phases = 3;
-  if (c.next_count > 0) {
-    CcLaunch l{c.next.h, 1, {}, {}, {}, c.next_count, 0, stream};
-    for (int i = 0; i < c.next_count; ++i) {
-      l.w[i] = c.next_w[i];
-      l.bias[i] = c.next_bias[i];
-      l.y[i] = c.next_y[i];
-    }
-    args.phase[3] = chain_phase(l, false, GemvNorm{}, c.next_in, args.weights[3]);
-    args.phases = 4;
-    if (c.rows.k_dst != nullptr) {
-      ChainWeights& w = args.weights[3];
-      w.map.tiles_per_head = c.rows.head_dim / 16;
-      w.map.rope_pairs[0] = c.next_w[0]->rows / 32;  // tiles / 2
-      w.map.rope_pairs[1] = c.next_w[1]->rows / 32;
-      args.rope = c.rows;
-    }
-  }
-  args.barrier = c.barrier;
-  args.timeline = g_q4_tuning.chain_timeline;
-  int64_t min_groups = args.phase[0].groups;
-  args.max_groups = 0;
-  bool vec_x = true;
-  for (int p = 0; p < args.phases; ++p) {
-    const Q4ChainPhase& ph = args.phase[p];
-    min_groups = std::min(min_groups, ph.groups);
-    args.max_groups = std::max(args.max_groups, ph.groups);
-    vec_x = vec_x && reinterpret_cast<uintptr_t>(ph.x) % 16 == 0 && ph.K % 4 == 0;
-  }
-  // Kernel 10's warps for each launch when every matrix has >= kPMaxWarps groups (its bits).
-  const int warps = static_cast<int>(std::clamp<int64_t>(min_groups, 1, kPMaxWarps));
-  const size_t smem = persist_pair_smem_bytes(warps, args.max_groups) +
-                      kQ4ChainMaxPhases * sizeof(ChainWeights);  // after the zeros
-  const size_t smem_max = max_smem_per_block();
-  if (smem > smem_max) return false;
-  auto* kernel = vec_x ? gemv_q4_chain_kernel<true, 2> : gemv_q4_chain_kernel<false, 2>;
-  static bool opted_in[2] = {};  // above 48 KiB: once per instantiation
-  if (!opted_in[vec_x]) {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_max)));
-    opted_in[vec_x] = true;
-  }
-  // The barriers need every block resident at once: one per SM, which the launch bound (512
-  // threads at 128 registers: one SM's register file) and the opt-in shared memory checked above
-  // guarantee; a grid that is not resident anyway (SMs shared under MPS) traps at its barrier.
-  launch(kernel, static_cast<unsigned>(num_sms), warps * 32, smem, stream, args);
-  CUDA_CHECK_LAUNCH(stream);
-  ++g_q4_chain_launches;
-  return true;
-}
-
-uint64_t gemv_q4_chain_launches() {
-  return g_q4_chain_launches.load();
-}
 
 namespace {
 
@@ -2405,7 +2046,6 @@ void set_q4_gemv_tuning(const Q4GemvTuning& tuning) {
   QS_CHECK(tuning.warps >= 0 && tuning.warps <= kQ4MaxWarps);
   QS_CHECK(tuning.stages == 0 || tuning.stages == 1 || tuning.stages == kRingStages);
   QS_CHECK(tuning.kernel >= 0 && tuning.kernel <= kQ4LastKernel);
-  QS_CHECK(tuning.chain >= 0 && tuning.chain <= 2);
   g_q4_tuning = tuning;
 }
 

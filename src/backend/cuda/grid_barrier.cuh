@@ -1,6 +1,5 @@
 // A grid-wide barrier for persistent kernels whose blocks are all resident at once (the layer
-// chains: gemv_q4_chain_kernel in gemv_q4.cu, gemv_ring_chain_kernel in gemv.cu), and the
-// timelines they stamp for bench_ops chaintime.
+// chain, gemv_ring_chain_kernel in gemv.cu), and the timelines it stamps for bench_ops chaintime.
 #pragma once
 
 #include <cstdint>
@@ -16,10 +15,8 @@ __device__ __forceinline__ uint64_t global_ns() {
 }
 
 // Thread 0 stamps slot i of this block's entry of a chain timeline (kChainTimelineSlots words per
-// block, cuda_ops.h; null: no stamps). At i = 0 it also records the block's SM in the last slot
-// and zeroes the slots of phases [phases, 4) (a launch without them).
-__device__ __forceinline__ void timeline_stamp(unsigned long long* timeline, int i,
-                                               int phases = 4) {
+// block, cuda_ops.h; null: no stamps). At i = 0 it also records the block's SM in the last slot.
+__device__ __forceinline__ void timeline_stamp(unsigned long long* timeline, int i) {
   if (timeline == nullptr || threadIdx.x != 0) return;
   unsigned long long* entry = timeline + blockIdx.x * kChainTimelineSlots;
   entry[i] = global_ns();
@@ -27,7 +24,6 @@ __device__ __forceinline__ void timeline_stamp(unsigned long long* timeline, int
     unsigned sm;
     asm volatile("mov.u32 %0, %%smid;" : "=r"(sm));
     entry[kChainTimelineSlots - 1] = sm;
-    for (int s = 1 + 4 * phases; s < kChainTimelineSlots - 1; ++s) entry[s] = 0;
   }
 }
 

@@ -120,48 +120,6 @@ bool launch_gemv_q4_swiglu(const float* x, int m, const DeviceWeight4& gate,
 bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* const* ws,
                                  const DeviceBias* biases, float* const* ys, int count,
                                  const NormIn& nin, int num_sms, cudaStream_t stream);
-// The rest of a draft layer after its attention, as one persistent launch (QS_Q4_CHAIN=1):
-//   1. h += x Wo^T (+ o_bias), its deferred norm's partial sums into mid.sumsq
-//      (launch_gemv_q4_norm with mid);
-//   2. act = silu(norm(h) Wg^T + bg) * (norm(h) Wu^T + bu), norm(h) read through mid_in
-//      (launch_gemv_q4_swiglu with mid_in);
-//   3. h += act Wd^T (+ down_bias), its deferred norm's partial sums into next.sumsq
-//      (launch_gemv_q4_norm with next);
-//   4. with next_count > 0, the next layer's q/k/v: y_i = norm(h) W_i^T + b_i, norm(h) read
-//      through next_in (launch_gemv_q4_group_normed with next_in).
-// The phases are separated by grid-wide barriers on `barrier` (a zeroed device word that every
-// launch leaves as it found it); each warp's cp.async ring runs on across them, so the next
-// phase's first weights stream in while the grid waits. m = 1, every weight tiled, kernel 10's
-// arithmetic (with at least 16 groups per matrix, its bits).
-struct Q4LayerChain {
-  const float* x = nullptr;  // [o.cols]
-  const DeviceWeight4* o = nullptr;
-  DeviceBias o_bias;
-  const DeviceWeight4* gate = nullptr;
-  const DeviceWeight4* up = nullptr;
-  DeviceBias gate_bias, up_bias;
-  float* act = nullptr;  // [gate.rows]
-  const DeviceWeight4* down = nullptr;
-  DeviceBias down_bias;
-  GemvNorm mid;   // sumsq set, mid.h the residual stream
-  NormIn mid_in;  // reads mid.sumsq
-  GemvNorm next;  // sumsq set, next.h == mid.h
-  NormIn next_in;      // reads next.sumsq (phase 4)
-  int next_count = 0;  // 0, or 1..kMaxGemvSegments matrices of next.d columns (phase 4)
-  const DeviceWeight4* next_w[kMaxGemvSegments] = {};
-  DeviceBias next_bias[kMaxGemvSegments];
-  float* next_y[kMaxGemvSegments] = {};
-  // With rows.k_dst set (next_count 3: q, k, v; Q4GemvTuning::chain 2), phase 4 also rotates q
-  // and k and stores the K/V rows (ChainKvRows). head_dim % 32 == 0.
-  ChainKvRows rows;
-  unsigned* barrier = nullptr;
-};
-// Launches the chain and returns true; launches nothing and returns false unless
-// Q4GemvTuning::chain is set and its kernel runs these operands (kernel 10 chosen, tiled weights
-// of one layer's shapes, shared memory, a grid that can be resident at once).
-bool launch_gemv_q4_chain(const Q4LayerChain& c, int num_sms, cudaStream_t stream);
-// The 4-bit chain launches so far in this process (tests check that a call took the chain).
-uint64_t gemv_q4_chain_launches();
 
 // Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
 // launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
@@ -197,15 +155,6 @@ struct Q4GemvTuning {
   // 10 = as 8 with two tiles per ring stage (each activation load feeds both tiles' MMAs, one
   // block barrier per two tiles; the same bits as 8).
   int kernel = 0;
-  // 1: a draft layer's o, gate / up, down and the next layer's q / k / v as one launch
-  // (launch_gemv_q4_chain, which runs nothing unless it is set; CudaBackend::output_and_mlp);
-  // 2: with the next layer's RoPE and K/V row store in it too; 0: separate launches (the default
-  // until measured on a GPU).
-  int chain = 0;
-  // Diagnostics (bench_ops --sections chaintime): non-null, a device buffer of
-  // kChainTimelineSlots (cuda_ops.h) words per SM into which every block of every chain launch
-  // writes %globaltimer (ns) as its phases pass (the last launch's stamps remain). Null: no stamp.
-  unsigned long long* chain_timeline = nullptr;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
