@@ -916,10 +916,10 @@ struct LayerChainSwitch {
   void restore() const { cuda::set_gemv_tuning(saved); }
 };
 
-// A LayerRest as the model's launches (four GEMVs and the RoPE + row store); with bf16 weights
-// also as one chain launch with grid barriers and the RoPE + row store after it, as one chain
-// launch with them in it (GemvTuning::chain), and as four launches, the q/k/v one with the RoPE
-// and rows (GemvTuning::qkv_rows).
+// A LayerRest as the model's launches (four GEMVs and the RoPE + row store) and as four launches,
+// the q/k/v one with the RoPE and rows (bf16: GemvTuning::qkv_rows; 4-bit: also
+// Q4GemvTuning::qkv_rows); with bf16 weights also as one chain launch with grid barriers and the
+// RoPE + row store after it, and as one chain launch with them in it (GemvTuning::chain).
 void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
                       int64_t kv_rows, int64_t inter, bool q4) {
   auto s = static_cast<cudaStream_t>(be.stream());
@@ -938,15 +938,20 @@ void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t
                         {"chain + rows", 1, false},
                         {"chain w/ rows", 2, false},
                         {"qkv w/ rows", 0, true}};
+  const cuda::Q4GemvTuning saved4 = cuda::q4_gemv_tuning();
   for (const Form& f : forms) {
-    if (q4 && &f != forms) break;  // the 4-bit layer's launches only
+    if (q4 && f.chain != 0) continue;  // no 4-bit chain
     chain_switch.set(f.chain, f.qkv_rows);
+    cuda::Q4GemvTuning t4 = saved4;
+    t4.qkv_rows = f.qkv_rows;
+    cuda::set_q4_gemv_tuning(t4);
     const double ms = time_graph_ms(s, body, 20 * layer.copies);
     std::snprintf(buf, sizeof buf, " %s %6.1f us %4.1f%% |", f.name, ms * 1e3,
                   pct(layer.bytes, ms));
     line += buf;
   }
   chain_switch.restore();
+  cuda::set_q4_gemv_tuning(saved4);
   summary("| %s layer %s o+gate/up+down+next qkv+rows %6.1f MB |%s", q4 ? "w4" : "bf16", name,
           layer.bytes / 1e6, line.c_str());
   be.release_weights();

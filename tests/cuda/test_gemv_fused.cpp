@@ -349,6 +349,83 @@ struct LayerVectors {
   }
 };
 
+// Backend::output_and_mlp of a draft layer (4-bit, both norms deferred) with its next q/k/v and
+// K/V rows, with Q4GemvTuning::qkv_rows (the q/k/v launch of kernel 10 rotates q and k and
+// stores the rows: launch_gemv_q4_qkv_rows) against the separate q/k/v and RoPE + store
+// launches, from the same h: h, the SwiGLU rows, q, k, v (biases on q and k) and the K/V rows
+// (f32 and f16, at a position near 128K), bit for bit; the fused launch must have run at m = 1
+// and not at m = 2. Shapes: Llama-like (heads of 128), heads of 64.
+void q4_qkv_rows_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim, uint64_t seed) {
+  auto q4 = [](int64_t rows, int64_t cols, uint64_t s) {
+    std::vector<float> wv = random_normal(static_cast<size_t>(rows * cols), s, 0.05f);
+    auto q = quantize_weight4(wv.data(), DType::F32, rows, cols, 128, "w4");
+    EXPECT_TRUE(q.ok());
+    return std::move(q).value();
+  };
+  const int64_t kv = d / 4;
+  const QuantizedWeight4 wo = q4(d, d, seed), wg = q4(ffn, d, seed + 1), wu = q4(ffn, d, seed + 2),
+                         wd = q4(d, ffn, seed + 3), wq = q4(d, d, seed + 4),
+                         wk = q4(kv, d, seed + 5), wv = q4(kv, d, seed + 6);
+  const LayerVectors vec(d, kv, head_dim, seed, DType::BF16);
+  const std::string tag = "d=" + std::to_string(d) + " head_dim=" + std::to_string(head_dim);
+  for (int m : {1, 2}) {
+    const std::vector<float> x = random_normal(static_cast<size_t>(m * d), seed + 12 + m);
+    const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), seed + 14 + m, 2.0f);
+    const DeviceArray xd(gpu, x);
+    struct Run {
+      std::vector<float> h, act, q, k, v, k_rows, v_rows;
+    };
+    auto run = [&](bool fused, DType rows_dtype) {
+      cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
+      t.qkv_rows = fused;
+      cuda::set_q4_gemv_tuning(t);
+      DeviceArray h(gpu, h0), x_rows(gpu, m * d), proj(gpu, m * d), g(gpu, m * ffn),
+          u(gpu, m * ffn), act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv), v(gpu, m * kv),
+          k_rows(gpu, m * kv), v_rows(gpu, m * kv);
+      for (DeviceArray* a : {&x_rows, &act, &q, &k, &v, &k_rows, &v_rows}) a->poison();
+      PendingNorm mid{h.data(), &vec.mlp_norm.view, kEps, x_rows.data(), false};
+      PendingNorm next{h.data(), &vec.next_norm.view, kEps, x_rows.data(), false};
+      const LinearOp qkv[] = {{nullptr, &wq, &vec.bq.view, q.data()},
+                              {nullptr, &wk, &vec.bk.view, k.data()},
+                              {nullptr, &wv, nullptr, v.data()}};
+      const KvRowStore rows{RopeQK{q.data(), static_cast<int>(d / head_dim),
+                                   static_cast<int>(kv / head_dim), head_dim, vec.inv_freq.data()},
+                            131000, k_rows.data(), v_rows.data(), rows_dtype};
+      const uint64_t launches = cuda::gemv_q4_qkv_rows_launches();
+      gpu.output_and_mlp(xd.data(), m, LinearOp{nullptr, &wo, &vec.bo.view, proj.data()}, mid,
+                         LinearOp{nullptr, &wg, nullptr, g.data()},
+                         LinearOp{nullptr, &wu, nullptr, u.data()}, act.data(),
+                         LinearOp{nullptr, &wd, nullptr, proj.data()}, next, qkv, 3, &rows);
+      EXPECT_EQ(cuda::gemv_q4_qkv_rows_launches() - launches, fused && m == 1 ? 1u : 0u) << tag;
+      return Run{h.to_host(), act.to_host(),    q.to_host(),     k.to_host(),
+                 v.to_host(), k_rows.to_host(), v_rows.to_host()};
+    };
+    for (const DType rows_dtype : {DType::F32, DType::F16}) {
+      const Run want = run(false, rows_dtype);
+      const Run got = run(true, rows_dtype);
+      const std::string at =
+          tag + " m=" + std::to_string(m) + " " + dtype_name(rows_dtype) + " rows";
+      const std::vector<float> Run::*outs[] = {&Run::h, &Run::act,    &Run::q,     &Run::k,
+                                               &Run::v, &Run::k_rows, &Run::v_rows};
+      const char* names[] = {"h", "SwiGLU rows", "q", "k", "v", "K rows", "V rows"};
+      for (int i = 0; i < 7; ++i) {
+        EXPECT_EQ(first_bit_difference(got.*outs[i], want.*outs[i]), -1) << at << " " << names[i];
+      }
+    }
+  }
+  cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
+  t.qkv_rows = false;
+  cuda::set_q4_gemv_tuning(t);
+  gpu.release_weights();
+}
+
+TEST_F(CudaOpsTest, Q4QkvRowsEqualTheSeparateLaunches) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  q4_qkv_rows_case(gpu(), 2048, 5504, 128, 400);
+  q4_qkv_rows_case(gpu(), 1024, 2816, 64, 460);
+  cuda::set_q4_gemv_tuning(saved);
+}
+
 // Backend::output_and_mlp with GemvTuning::chain (a bf16 / f16 layer's o -> gate/up -> down and
 // the next layer's q/k/v as one launch with grid barriers; each block normalizes h itself; with
 // chain 2 also the next layer's RoPE and K/V row store), and with GemvTuning::qkv_rows (no chain;

@@ -1190,8 +1190,20 @@ bool CudaBackend::dense_layer_chain(const float* x, int m, const LinearOp& o, Pe
 
 bool CudaBackend::qkv_with_rows(int m, const PendingNorm& next, const LinearOp* ops, int count,
                                 const KvRowStore& rows) {
-  if (!cuda::gemv_tuning().qkv_rows || m != 1 || next.deferred || !rows_of_qkv(ops, count, rows)) {
-    return false;
+  if (!cuda::gemv_tuning().qkv_rows || m != 1 || !rows_of_qkv(ops, count, rows)) return false;
+  if (next.deferred) {  // the draft: 4-bit q, k, v from the deferred norm
+    const cuda::DeviceWeight4* ws[3];
+    cuda::DeviceBias biases[3];
+    float* ys[3];
+    for (int i = 0; i < 3; ++i) {
+      if (ops[i].w4 == nullptr) return false;
+      check_q4_bias(*ops[i].w4, ops[i].bias);
+      ws[i] = &impl_->weights4.resolve(*ops[i].w4, impl_->stream);
+      biases[i] = impl_->bias(ops[i].bias);
+      ys[i] = ops[i].y;
+    }
+    return cuda::launch_gemv_q4_qkv_rows(next.h, ws, biases, ys, norm_in(next), chain_kv_rows(rows),
+                                         impl_->num_sms, impl_->stream);
   }
   cuda::GemvSegment segs[3];
   for (int i = 0; i < 3; ++i) {

@@ -82,6 +82,7 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
+  t.qkv_rows = env_flag("QS_Q4_QKV_ROWS", false);
   return t;
 }();
 
@@ -1279,6 +1280,35 @@ __device__ __forceinline__ bool pair_tile(const CcSegments& segs, int64_t tiles,
   return true;
 }
 
+// A q/k/v launch of kernel 10 with the RoPE and K/V rows (launch_gemv_q4_qkv_rows): its first
+// q_pairs pairs join, within one head of q, tiles j and j + tiles_per_head / 2 (the rows d and
+// d + head_dim / 2 that rotate together), the next k_pairs the same within k's heads, then v's
+// v_tiles tiles pair as usual (2p, 2p + 1).
+struct RopePairs {
+  int tiles_per_head;
+  int64_t q_pairs, k_pairs, v_tiles;
+};
+
+__host__ __device__ __forceinline__ int64_t rope_pair_count(const RopePairs& rp) {
+  return rp.q_pairs + rp.k_pairs + (rp.v_tiles + 1) / 2;
+}
+
+// pair_tile for such a launch.
+__device__ __forceinline__ bool rope_pair_tile(const RopePairs& rp, int64_t p, int t, int& si,
+                                               int64_t& local) {
+  if (p < rp.q_pairs + rp.k_pairs) {
+    const bool k = p >= rp.q_pairs;
+    const int64_t pk = k ? p - rp.q_pairs : p;
+    const int half = rp.tiles_per_head / 2;
+    si = k ? 1 : 0;
+    local = pk / half * rp.tiles_per_head + pk % half + t * half;
+    return true;
+  }
+  const int64_t vt = 2 * (p - rp.q_pairs - rp.k_pairs) + t;
+  si = 2, local = vt;
+  return vt < rp.v_tiles;
+}
+
 // Where a warp's copies of kernel 10's current pair come from: its two pieces of each tile and
 // (lanes 0..15) one metadata entry, advanced by one group per copy.
 struct PairSource {
@@ -1288,12 +1318,19 @@ struct PairSource {
 
   // Pair `pair` of a launch over `tiles` tiles, from group grp_begin: lanes 0..7 copy tile a's
   // metadata entry `lane`, lanes 8..15 tile b's entry lane - 8 (zeros for a missing tile b).
+  // rp: a launch with the RoPE pairs (else null).
   __device__ __forceinline__ void enter(const CcSegments& segs, int64_t tiles, int64_t groups,
-                                        int64_t grp_begin, int lane, int64_t pair) {
+                                        int64_t grp_begin, int lane, int64_t pair,
+                                        const RopePairs* rp) {
     int si[2];
     int64_t local[2];
-    pair_tile(segs, tiles, pair, 0, si[0], local[0]);
-    has_b = pair_tile(segs, tiles, pair, 1, si[1], local[1]);
+    if (rp != nullptr) {
+      rope_pair_tile(*rp, pair, 0, si[0], local[0]);
+      has_b = rope_pair_tile(*rp, pair, 1, si[1], local[1]);
+    } else {
+      pair_tile(segs, tiles, pair, 0, si[0], local[0]);
+      has_b = pair_tile(segs, tiles, pair, 1, si[1], local[1]);
+    }
     if (!has_b) si[1] = si[0], local[1] = local[0];  // a valid address, read as zeros
 #pragma unroll
     for (int t = 0; t < 2; ++t) {
@@ -1332,6 +1369,7 @@ struct PairFetch {
   uint4* ring;
   int64_t groups, grp_begin, tiles;
   int lane;
+  const RopePairs* rp = nullptr;  // a launch with the RoPE pairs
   PairSource src;
 
   __device__ PairFetch(const CcSegments& s, uint4* ring_, int64_t groups_, int64_t grp_begin_,
@@ -1345,7 +1383,7 @@ struct PairFetch {
         lane(lane_) {}
 
   __device__ __forceinline__ void operator()() {
-    cursor.next([&](int64_t pair) { src.enter(segs, tiles, groups, grp_begin, lane, pair); },
+    cursor.next([&](int64_t pair) { src.enter(segs, tiles, groups, grp_begin, lane, pair, rp); },
                 [&](int slot) { src.copy(ring, slot, lane); });
   }
 };
@@ -1385,6 +1423,48 @@ __device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float
   const int64_t row = local * 16 + r;
   if (row < pick(segs.N, si)) {
     persist_store_row(norm, pick(segs.y, si), row, with_bias(segs, si, row, row_sum(t)), sq);
+  }
+}
+
+// persist_store_pair for a launch with the RoPE pairs and the K/V rows: threads t * 16 + r sum
+// row r of the pair's tile t in the same order; for a q or k pair the two threads of a rotation
+// (r and 16 + r) exchange their sums and each keeps its side of rope_rotate; every row goes to q,
+// k or v, and k's and v's also to the cache's row at rows.pos (rope_qk_store_kv's bits).
+__device__ __forceinline__ void rope_store_pair(const CcSegments& segs, const RopePairs& rp,
+                                                const ChainKvRows& rows, float4* part, int warp,
+                                                int lane, int num_warps, int64_t pair,
+                                                const float (&acc)[2][2], float scale) {
+  part[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
+  __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const int r = threadIdx.x & 15, t = threadIdx.x >> 4;
+  const float* sums = reinterpret_cast<const float*>(part);
+  float sum = 0.0f;
+  for (int wi = 0; wi < num_warps; ++wi)
+    sum += sums[(wi * 32 + (r & 7) * 4) * 4 + t * 2 + (r >> 3)];
+  sum *= scale;
+  int si;
+  int64_t local;
+  const bool has = rope_pair_tile(rp, pair, t, si, local);
+  const int64_t row = local * 16 + r;
+  const bool valid = has && row < pick(segs.N, si);
+  float v = valid ? with_bias(segs, si, row, sum) : 0.0f;
+  if (pair < rp.q_pairs + rp.k_pairs) {  // the same for all 32 threads
+    const float other = __shfl_xor_sync(0xffffffffu, v, 16);
+    const int half = rows.head_dim / 2;
+    const int j = static_cast<int>(row % rows.head_dim) - (t == 0 ? 0 : half);
+    const float2 rot = rope_rotate(t == 0 ? v : other, t == 0 ? other : v,
+                                   static_cast<float>(rows.pos), rows.freqs.inv_freq[j]);
+    v = t == 0 ? rot.x : rot.y;
+  }
+  if (!valid) return;
+  pick(segs.y, si)[row] = v;
+  if (si == 0) return;  // q stays in its buffer
+  void* dst = si == 1 ? rows.k_dst : rows.v_dst;
+  if (rows.f16) {
+    store_row_value<true>(dst, row, v);
+  } else {
+    store_row_value<false>(dst, row, v);
   }
 }
 
@@ -1438,11 +1518,14 @@ __device__ __forceinline__ void pair_walk(Fetch& fetch, const PairWarp& pw, int&
   }
 }
 
-template <bool VEC_X, int CHAINS>
-__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
-    gemv_q4_persist_pair_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
-                                const CcSegments segs, int64_t tiles, const GemvNorm norm,
-                                const NormIn nin) {
+// Kernel 10's body. rp / rows (ROPE, gemv_q4_pair_rope_kernel): q, k, v with the RoPE pairs,
+// ending in rope_store_pair.
+template <bool VEC_X, int CHAINS, bool ROPE>
+__device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, int64_t K,
+                                                 int64_t groups, const CcSegments& segs,
+                                                 int64_t tiles, const GemvNorm& norm,
+                                                 const NormIn& nin, const RopePairs* rp,
+                                                 const ChainKvRows* rows) {
   extern __shared__ uint4 p_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -1455,9 +1538,11 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
 
   const int64_t grp_begin = groups * warp / num_warps;
   const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
-  const int my_pairs = static_cast<int>(block_items(pair_count(tiles, segs.swiglu)));
+  const int my_pairs =
+      static_cast<int>(block_items(ROPE ? rope_pair_count(*rp) : pair_count(tiles, segs.swiglu)));
 
   PairFetch fetch(segs, ring, groups, grp_begin, tiles, my_pairs, my_groups, lane);
+  if constexpr (ROPE) fetch.rp = rp;
 #pragma unroll
   for (int st = 0; st < kPairStages - 1; ++st) fetch();
   SubActivation{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane}.wait_and_stage<VEC_X>();
@@ -1468,13 +1553,37 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
                     lane,           num_warps, g};
   int slot = 0;
   double sq = 0.0;
-  pair_walk<CHAINS>(fetch, pw, slot, grp_begin, my_pairs, my_groups,
-                    [&](float4* part, int64_t pair, const float(&acc)[2][2]) {
-                      persist_store_pair(segs, part, warp, lane, num_warps, tiles, pair, acc, norm,
-                                         scale, sq);
-                    });
+  pair_walk<CHAINS>(
+      fetch, pw, slot, grp_begin, my_pairs, my_groups,
+      [&](float4* part, int64_t pair, const float(&acc)[2][2]) {
+        if constexpr (ROPE) {
+          rope_store_pair(segs, *rp, *rows, part, warp, lane, num_warps, pair, acc, scale);
+        } else {
+          persist_store_pair(segs, part, warp, lane, num_warps, tiles, pair, acc, norm, scale, sq);
+        }
+      });
   cp_async_wait<0>();
   persist_norm_end(norm, reinterpret_cast<float*>(partial), sq);
+}
+
+template <bool VEC_X, int CHAINS>
+__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
+    gemv_q4_persist_pair_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
+                                const CcSegments segs, int64_t tiles, const GemvNorm norm,
+                                const NormIn nin) {
+  pair_kernel_body<VEC_X, CHAINS, false>(x, K, groups, segs, tiles, norm, nin, nullptr, nullptr);
+}
+
+// Kernel 10 over a layer's q, k and v that also rotates q and k and stores the K/V rows
+// (launch_gemv_q4_qkv_rows): the bits of launch_gemv_q4_group_normed then
+// launch_rope_qk_store_kv.
+template <bool VEC_X, int CHAINS>
+__global__ void __launch_bounds__(kPMaxWarps * 32, 1)
+    gemv_q4_pair_rope_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
+                             const CcSegments segs, int64_t tiles, const NormIn nin,
+                             const __grid_constant__ RopePairs rp,
+                             const __grid_constant__ ChainKvRows rows) {
+  pair_kernel_body<VEC_X, CHAINS, true>(x, K, groups, segs, tiles, GemvNorm{}, nin, &rp, &rows);
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
@@ -2100,6 +2209,55 @@ bool launch_gemv_q4_swiglu(const float* x, int m, const DeviceWeight4& gate,
   return try_persist(
       CcLaunch{x, m, {&gate, &up}, {gate_bias, up_bias}, {out, nullptr}, 2, 0, stream}, num_sms,
       GemvNorm{}, true, nin);
+}
+
+namespace {
+std::atomic<uint64_t> g_q4_qkv_rows_launches{0};
+}  // namespace
+
+bool launch_gemv_q4_qkv_rows(const float* h, const DeviceWeight4* const* ws,
+                             const DeviceBias* biases, float* const* ys, const NormIn& nin,
+                             const ChainKvRows& rows, int num_sms, cudaStream_t stream) {
+  const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
+  const int hd = rows.head_dim;
+  if (!g_q4_tuning.qkv_rows || kernel_choice != kQ4PairKernel || nin.sumsq == nullptr ||
+      rows.k_dst == nullptr || rows.v_dst == nullptr || !gemv_q4_group_supported(1, ws, 3) ||
+      hd <= 0 || hd % 32 != 0 || hd / 2 > kMaxRopePairs || ws[0]->rows % hd != 0 ||
+      ws[1]->rows % hd != 0 || ws[2]->rows != ws[1]->rows) {
+    return false;
+  }
+  const int64_t groups = ws[0]->groups;
+  const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
+  const size_t smem = persist_pair_smem_bytes(warps, groups);
+  const size_t smem_max = max_smem_per_block();
+  if (smem > smem_max) return false;
+  CcLaunch l{h, 1, {}, {}, {}, 3, 0, stream};
+  for (int i = 0; i < 3; ++i) {
+    l.w[i] = ws[i];
+    l.bias[i] = biases[i];
+    l.y[i] = ys[i];
+  }
+  const CcSegments segs = cc_segments(l, 1);  // block_end: tiles
+  const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
+  const RopePairs rp{hd / 16, ws[0]->rows / 32, ws[1]->rows / 32, (ws[2]->rows + 15) / 16};
+  const bool vec_x = reinterpret_cast<uintptr_t>(h) % 16 == 0 && ws[0]->cols % 4 == 0;
+  auto* kernel = vec_x ? gemv_q4_pair_rope_kernel<true, 2> : gemv_q4_pair_rope_kernel<false, 2>;
+  static bool opted_in[2] = {};  // above 48 KiB: once per instantiation
+  if (!opted_in[vec_x]) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    static_cast<int>(smem_max)));
+    opted_in[vec_x] = true;
+  }
+  const int64_t grid = std::min<int64_t>(rope_pair_count(rp), num_sms);
+  launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, stream, h, ws[0]->cols, groups,
+         segs, tiles, nin, rp, rows);
+  CUDA_CHECK_LAUNCH(stream);
+  ++g_q4_qkv_rows_launches;
+  return true;
+}
+
+uint64_t gemv_q4_qkv_rows_launches() {
+  return g_q4_qkv_rows_launches.load();
 }
 
 bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* const* ws,

@@ -120,6 +120,17 @@ bool launch_gemv_q4_swiglu(const float* x, int m, const DeviceWeight4& gate,
 bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* const* ws,
                                  const DeviceBias* biases, float* const* ys, int count,
                                  const NormIn& nin, int num_sms, cudaStream_t stream);
+// A draft layer's q, k and v (ws[0..2], tiled, heads of rows.head_dim rows, head_dim % 32 == 0)
+// at one row from a deferred norm, as launch_gemv_q4_group_normed computes them, then q and k
+// rotated and the K/V rows stored as launch_rope_qk_store_kv does, in one launch of kernel 10
+// (its pairs join the two halves of a head's rotations). The same bits as those two launches.
+// Returns false (nothing launched) unless Q4GemvTuning::qkv_rows is set, kernel 10 is the one
+// chosen and it runs these operands.
+bool launch_gemv_q4_qkv_rows(const float* h, const DeviceWeight4* const* ws,
+                             const DeviceBias* biases, float* const* ys, const NormIn& nin,
+                             const ChainKvRows& rows, int num_sms, cudaStream_t stream);
+// Its launches so far in this process (tests check that a call took it).
+uint64_t gemv_q4_qkv_rows_launches();
 
 // Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
 // launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
@@ -155,6 +166,10 @@ struct Q4GemvTuning {
   // 10 = as 8 with two tiles per ring stage (each activation load feeds both tiles' MMAs, one
   // block barrier per two tiles; the same bits as 8).
   int kernel = 0;
+  // The draft's q/k/v launch also rotates q and k and stores the K/V rows
+  // (launch_gemv_q4_qkv_rows; CudaBackend::output_and_mlp with GemvTuning::qkv_rows too);
+  // QS_Q4_QKV_ROWS=1. Off until measured on a GPU.
+  bool qkv_rows = false;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
