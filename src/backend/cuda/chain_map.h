@@ -5,11 +5,7 @@
 
 #include <cstdint>
 
-#if defined(__CUDACC__)
-#define QS_HOST_DEVICE __host__ __device__ __forceinline__
-#else
-#define QS_HOST_DEVICE inline
-#endif
+#include "backend/cuda/host_device.h"
 
 namespace qs::cuda {
 

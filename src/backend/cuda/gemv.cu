@@ -41,6 +41,7 @@
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/rope_row.cuh"
+#include "backend/cuda/rope_tiles.h"
 
 namespace qs::cuda {
 
@@ -373,14 +374,6 @@ __device__ __forceinline__ void ring_tile(Fetch& fetch, const unsigned char* rin
         make_float4(acc[t][0], acc[t][1], acc[t][2], acc[t][3]);
   }
   __syncthreads();
-}
-
-// The first row of RoPE tile `local` of a q or k matrix with heads of hd rows (a q/k/v launch with
-// its RoPE and K/V rows: gemv_ring_rope_kernel, the chain's q/k/v phase with GemvTuning::chain 2):
-// a head's hd / 16 tiles take its first half's rows 8 at a time.
-__device__ __forceinline__ int64_t rope_tile_row(int64_t local, int hd) {
-  const int per_head = hd / 16;
-  return local / per_head * hd + local % per_head * 8;
 }
 
 // A q/k/v tile's epilogue at m = 1 with RoPE and the K/V rows. The warps' sums

@@ -57,6 +57,7 @@
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_ops.h"
 #include "backend/cuda/rope_row.cuh"
+#include "backend/cuda/rope_tiles.h"
 
 namespace qs::cuda {
 
@@ -1278,35 +1279,6 @@ __device__ __forceinline__ bool pair_tile(const CcSegments& segs, int64_t tiles,
   if (2 * p + t >= tiles) return false;
   si = find_segment_at(segs, 2 * p + t, local);
   return true;
-}
-
-// A q/k/v launch of kernel 10 with the RoPE and K/V rows (launch_gemv_q4_qkv_rows): its first
-// q_pairs pairs join, within one head of q, tiles j and j + tiles_per_head / 2 (the rows d and
-// d + head_dim / 2 that rotate together), the next k_pairs the same within k's heads, then v's
-// v_tiles tiles pair as usual (2p, 2p + 1).
-struct RopePairs {
-  int tiles_per_head;
-  int64_t q_pairs, k_pairs, v_tiles;
-};
-
-__host__ __device__ __forceinline__ int64_t rope_pair_count(const RopePairs& rp) {
-  return rp.q_pairs + rp.k_pairs + (rp.v_tiles + 1) / 2;
-}
-
-// pair_tile for such a launch.
-__device__ __forceinline__ bool rope_pair_tile(const RopePairs& rp, int64_t p, int t, int& si,
-                                               int64_t& local) {
-  if (p < rp.q_pairs + rp.k_pairs) {
-    const bool k = p >= rp.q_pairs;
-    const int64_t pk = k ? p - rp.q_pairs : p;
-    const int half = rp.tiles_per_head / 2;
-    si = k ? 1 : 0;
-    local = pk / half * rp.tiles_per_head + pk % half + t * half;
-    return true;
-  }
-  const int64_t vt = 2 * (p - rp.q_pairs - rp.k_pairs) + t;
-  si = 2, local = vt;
-  return vt < rp.v_tiles;
 }
 
 // Where a warp's copies of kernel 10's current pair come from: its two pieces of each tile and
