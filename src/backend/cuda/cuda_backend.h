@@ -153,7 +153,7 @@ class CudaBackend final : public Backend {
   // persistent launch with grid barriers between them (launch_gemv_chain: the bits of the ring
   // kernel's launches, both norms materialized), with chain 2 the next layer's RoPE and K/V row
   // store too. With GemvTuning::qkv_rows the next q / k / v launch also rotates and stores the
-  // rows (launch_gemv_qkv_rows). Otherwise the calls.
+  // rows (qkv_with_rows). Otherwise the calls.
   void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                       const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
                       PendingNorm& next, const LinearOp* next_ops, int next_count,
@@ -230,8 +230,10 @@ class CudaBackend final : public Backend {
                          const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
                          PendingNorm& next, const LinearOp* next_ops, int next_count,
                          const KvRowStore* next_rows);
-  // output_and_mlp's q/k/v with the K/V rows as one launch (GemvTuning::qkv_rows,
-  // launch_gemv_qkv_rows) from the materialized next norm: false where it does not run.
+  // output_and_mlp's q/k/v with the K/V rows as one launch (GemvTuning::qkv_rows): bf16 / f16
+  // weights from the materialized next norm (launch_gemv_qkv_rows), the draft's 4-bit ones from
+  // the deferred one (launch_gemv_q4_qkv_rows, with Q4GemvTuning::qkv_rows); false where it does
+  // not run (nothing launched).
   bool qkv_with_rows(int m, const PendingNorm& next, const LinearOp* ops, int count,
                      const KvRowStore& rows);
   std::unique_ptr<Impl> impl_;
