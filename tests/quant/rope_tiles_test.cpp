@@ -43,14 +43,17 @@ TEST(RopeTiles, PairsJoinTheTilesThatRotateTogether) {
     int hd, q_heads, kv_heads;
     int64_t v_rows;
   };
-  const Shape shapes[] = {{128, 32, 32, 4096}, {128, 32, 8, 1024}, {64, 16, 4, 256},
-                          {256, 8, 1, 256},    {64, 4, 1, 48}};  // the last: 3 v tiles
+  const Shape shapes[] = {{128, 32, 32, 4096},
+                          {128, 32, 8, 1024},
+                          {64, 16, 4, 256},
+                          {256, 8, 1, 256},
+                          {64, 4, 1, 48}};  // the last: 3 v tiles
   for (const Shape& s : shapes) {
     const int tph = s.hd / 16;
     const int64_t q_tiles = int64_t{s.q_heads} * tph, k_tiles = int64_t{s.kv_heads} * tph;
     const RopePairs rp{tph, q_tiles / 2, k_tiles / 2, (s.v_rows + 15) / 16};
-    const std::string tag = "hd " + std::to_string(s.hd) + " q heads " +
-                            std::to_string(s.q_heads) + " kv heads " + std::to_string(s.kv_heads);
+    const std::string tag = "hd " + std::to_string(s.hd) + " q heads " + std::to_string(s.q_heads) +
+                            " kv heads " + std::to_string(s.kv_heads);
     std::vector<int> seen[3] = {std::vector<int>(size_t(q_tiles), 0),
                                 std::vector<int>(size_t(k_tiles), 0),
                                 std::vector<int>(size_t(rp.v_tiles), 0)};

@@ -33,8 +33,7 @@ QS_HOST_DEVICE int64_t rope_pair_count(const RopePairs& rp) {
 
 // Tile t (0 or 1) of pair p: its matrix si (0 q, 1 k, 2 v) and its tile there; false for the
 // missing second tile of v's last pair.
-QS_HOST_DEVICE bool rope_pair_tile(const RopePairs& rp, int64_t p, int t, int& si,
-                                   int64_t& local) {
+QS_HOST_DEVICE bool rope_pair_tile(const RopePairs& rp, int64_t p, int t, int& si, int64_t& local) {
   if (p < rp.q_pairs + rp.k_pairs) {
     const bool k = p >= rp.q_pairs;
     const int64_t pk = k ? p - rp.q_pairs : p;
