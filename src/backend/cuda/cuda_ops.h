@@ -272,7 +272,8 @@ struct GemvTuning {
   // A layer's o, gate / up and down and the next layer's q / k / v as one launch with grid
   // barriers between them (launch_gemv_chain, which runs nothing unless it is set;
   // CudaBackend::output_and_mlp); QS_GEMV_CHAIN=1, or 2 with the next layer's RoPE and K/V row
-  // store in the q/k/v phase (GemvLayerChain::rows). Off until measured on a GPU.
+  // store in the q/k/v phase (GemvLayerChain::rows). Off: the same bits but slower on the H100
+  // (session 44: AR fp16 at 32K +0.7% / +1.9%); not yet measured on an H200.
   int chain = 0;
   // A layer's q/k/v launch at m = 1 also rotates q and k and stores the K/V rows
   // (launch_gemv_qkv_rows; CudaBackend::output_and_mlp). On since session 44 (H100, AR fp16 at
