@@ -782,10 +782,10 @@ void CudaBackend::rope_qk(float* q, float* k, int m, int num_heads, int num_kv_h
 }
 
 namespace {
-// A layer chain's RoPE and row store for next_rows (its dtype F16 or F32, head_dim / 2 <=
+// A q/k/v launch's RoPE and row-store epilogue for `rows` (its dtype F16 or F32, head_dim / 2 <=
 // kMaxRopePairs).
-cuda::ChainKvRows chain_kv_rows(const KvRowStore& rows) {
-  cuda::ChainKvRows c;
+cuda::KvRowEpilogue kv_row_epilogue(const KvRowStore& rows) {
+  cuda::KvRowEpilogue c;
   c.freqs = rope_freqs(rows.rope.head_dim, rows.rope.inv_freq);
   c.pos = rows.pos;
   c.head_dim = rows.rope.head_dim;
@@ -1005,9 +1005,12 @@ void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int c
   matmul_group_from(x, m, ops, count, nullptr);
 }
 
-void CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, int count,
-                                    const PendingNorm* pn) {
+bool CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, int count,
+                                    const PendingNorm* pn, const KvRowStore* rows) {
   const int n = count;
+  // The K/V rows in the launch's epilogue: one row, the q/k/v ops' own outputs.
+  const bool with_rows =
+      rows != nullptr && m == 1 && cuda::gemv_tuning().qkv_rows && rows_of_qkv(ops, count, *rows);
   bool dense = pn == nullptr, q4 = true;
   for (int i = 0; i < n; ++i) {
     const LinearOp& op = ops[i];
@@ -1021,9 +1024,13 @@ void CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, 
       for (int i = 0; i < n; ++i) {
         segs[i] = {impl_->matrix(*ops[i].w), impl_->bias(ops[i].bias), ops[i].y};
       }
+      if (with_rows && cuda::launch_gemv_qkv_rows(x, segs, kv_row_epilogue(*rows), impl_->num_sms,
+                                                  impl_->stream)) {
+        return true;
+      }
       if (cuda::gemv_group_supported(x, m, segs, n)) {
         cuda::launch_gemv_group(x, m, segs, n, impl_->num_sms, impl_->stream);
-        return;
+        return false;
       }
     } else if (q4) {
       const cuda::DeviceWeight4* ws[cuda::kMaxGemvSegments];
@@ -1035,21 +1042,27 @@ void CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, 
         ys[i] = ops[i].y;
       }
       if (pn != nullptr) {
+        if (with_rows && cuda::q4_gemv_tuning().qkv_rows &&
+            cuda::launch_gemv_q4_qkv_rows(x, ws, biases, ys, norm_in(*pn), kv_row_epilogue(*rows),
+                                          impl_->num_sms, impl_->stream)) {
+          return true;
+        }
         if (cuda::launch_gemv_q4_group_normed(x, m, ws, biases, ys, n, norm_in(*pn), impl_->num_sms,
                                               impl_->stream)) {
-          return;
+          return false;
         }
       } else if (cuda::gemv_q4_group_supported(m, ws, n)) {
         cuda::launch_gemv_q4_group(x, m, ws, biases, ys, n, impl_->num_sms, impl_->stream);
-        return;
+        return false;
       }
     }
   }
   if (pn != nullptr) {  // no launch reads the deferred norm: materialize it
     rmsnorm(pn->h, *pn->weight, m, pn->eps, pn->out);
-    return matmul_group_from(pn->out, m, ops, count, nullptr);
+    return matmul_group_from(pn->out, m, ops, count, nullptr, rows);
   }
   Backend::matmul_group(x, m, ops, count);
+  return false;
 }
 
 void CudaBackend::matmul_q4(const float* x, int m, const QuantizedWeight4& w,
@@ -1180,38 +1193,12 @@ bool CudaBackend::dense_layer_chain(const float* x, int m, const LinearOp& o, Pe
   // Chain 2 also rotates q and k and stores the rows.
   const bool rows_in_chain = cuda::gemv_tuning().chain >= 2 && next_rows != nullptr &&
                              rows_of_qkv(next_ops, next_count, *next_rows);
-  if (rows_in_chain) c.rows = chain_kv_rows(*next_rows);
+  if (rows_in_chain) c.rows = kv_row_epilogue(*next_rows);
   if (!cuda::launch_gemv_chain(c, impl_->num_sms, impl_->stream)) return false;
   mid.deferred = false;
   next.deferred = false;
   if (next_rows != nullptr && !rows_in_chain) store_next_rows(m, next_ops, next_count, *next_rows);
   return true;
-}
-
-bool CudaBackend::qkv_with_rows(int m, const PendingNorm& next, const LinearOp* ops, int count,
-                                const KvRowStore& rows) {
-  if (!cuda::gemv_tuning().qkv_rows || m != 1 || !rows_of_qkv(ops, count, rows)) return false;
-  if (next.deferred) {  // the draft: 4-bit q, k, v from the deferred norm
-    const cuda::DeviceWeight4* ws[3];
-    cuda::DeviceBias biases[3];
-    float* ys[3];
-    for (int i = 0; i < 3; ++i) {
-      if (ops[i].w4 == nullptr) return false;
-      check_q4_bias(*ops[i].w4, ops[i].bias);
-      ws[i] = &impl_->weights4.resolve(*ops[i].w4, impl_->stream);
-      biases[i] = impl_->bias(ops[i].bias);
-      ys[i] = ops[i].y;
-    }
-    return cuda::launch_gemv_q4_qkv_rows(next.h, ws, biases, ys, norm_in(next), chain_kv_rows(rows),
-                                         impl_->num_sms, impl_->stream);
-  }
-  cuda::GemvSegment segs[3];
-  for (int i = 0; i < 3; ++i) {
-    if (ops[i].w == nullptr || ops[i].w4 != nullptr) return false;
-    segs[i] = cuda::GemvSegment{impl_->matrix(*ops[i].w), impl_->bias(ops[i].bias), ops[i].y};
-  }
-  return cuda::launch_gemv_qkv_rows(next.out, segs, chain_kv_rows(rows), impl_->num_sms,
-                                    impl_->stream);
 }
 
 void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
@@ -1221,15 +1208,16 @@ void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, Pendi
   if (dense_layer_chain(x, m, o, mid, gate, up, act, down, next, next_ops, next_count, next_rows)) {
     return;
   }
-  // With GemvTuning::qkv_rows the next q/k/v and its rows are launched here, as one launch where
-  // qkv_with_rows runs them, else as the base class would.
-  const bool qkv_here = next_rows != nullptr && cuda::gemv_tuning().qkv_rows;
+  // With GemvTuning::qkv_rows the next q/k/v and its rows are launched here: as one launch where
+  // matmul_group_from runs them that way, else as the base class would.
+  const bool qkv_here = next_rows != nullptr && next_count > 0 && cuda::gemv_tuning().qkv_rows;
   Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next, next_ops,
                           qkv_here ? 0 : next_count, qkv_here ? nullptr : next_rows);
-  if (qkv_here && !qkv_with_rows(m, next, next_ops, next_count, *next_rows)) {
-    if (next_count > 0) matmul_group_normed(next, m, next_ops, next_count);
-    store_next_rows(m, next_ops, next_count, *next_rows);
-  }
+  if (!qkv_here) return;
+  const bool stored =
+      next.deferred ? matmul_group_from(next.h, m, next_ops, next_count, &next, next_rows)
+                    : matmul_group_from(next.out, m, next_ops, next_count, nullptr, next_rows);
+  if (!stored) store_next_rows(m, next_ops, next_count, *next_rows);
 }
 
 void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,

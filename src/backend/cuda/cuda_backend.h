@@ -153,7 +153,7 @@ class CudaBackend final : public Backend {
   // persistent launch with grid barriers between them (launch_gemv_chain: the bits of the ring
   // kernel's launches, both norms materialized), with chain 2 the next layer's RoPE and K/V row
   // store too. With GemvTuning::qkv_rows the next q / k / v launch also rotates and stores the
-  // rows (qkv_with_rows). Otherwise the calls.
+  // rows (matmul_group_from). Otherwise the calls.
   void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                       const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
                       PendingNorm& next, const LinearOp* next_ops, int next_count,
@@ -217,9 +217,12 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(std::unique_ptr<Impl> impl);
   // matmul_group / gate_up_swiglu over x or, with pn (a deferred norm), over x = pn->h read as
   // norm(h) by the 4-bit persistent kernel; where no launch reads it that way, the norm is
-  // materialized into pn->out first.
-  void matmul_group_from(const float* x, int m, const LinearOp* ops, int count,
-                         const PendingNorm* pn);
+  // materialized into pn->out first. With rows (ops: q, k, v; GemvTuning::qkv_rows) the q/k/v
+  // launch may also rotate q and k and store the K/V rows (launch_gemv_qkv_rows, and for the
+  // draft's 4-bit ones launch_gemv_q4_qkv_rows with Q4GemvTuning::qkv_rows): returns whether it
+  // did (else the caller stores them).
+  bool matmul_group_from(const float* x, int m, const LinearOp* ops, int count,
+                         const PendingNorm* pn, const KvRowStore* rows = nullptr);
   void gate_up_swiglu_from(const float* x, int m, const LinearOp& gate, const LinearOp& up,
                            float* out, const PendingNorm* pn);
   cuda::NormIn norm_in(const PendingNorm& pn);
@@ -230,12 +233,6 @@ class CudaBackend final : public Backend {
                          const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
                          PendingNorm& next, const LinearOp* next_ops, int next_count,
                          const KvRowStore* next_rows);
-  // output_and_mlp's q/k/v with the K/V rows as one launch (GemvTuning::qkv_rows): bf16 / f16
-  // weights from the materialized next norm (launch_gemv_qkv_rows), the draft's 4-bit ones from
-  // the deferred one (launch_gemv_q4_qkv_rows, with Q4GemvTuning::qkv_rows); false where it does
-  // not run (nothing launched).
-  bool qkv_with_rows(int m, const PendingNorm& next, const LinearOp* ops, int count,
-                     const KvRowStore& rows);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -56,7 +56,7 @@ struct RopeFreqs {
 // with chain 2): q and k rotated for position pos, the rotated k rows and the v rows stored at
 // k_dst / v_dst (f16 or f32), as launch_rope_qk_store_kv does after the q/k/v launch. k_dst
 // null: none.
-struct ChainKvRows {
+struct KvRowEpilogue {
   RopeFreqs freqs{};
   int pos = 0;
   int head_dim = 0;
@@ -234,8 +234,8 @@ struct GemvLayerChain {
   // next.h): weight, weight_dtype, eps and out (arrivals and sumsq unused).
   GemvNorm mid, next_norm;
   // With rows.k_dst set (GemvTuning::chain 2; next q, k and v of whole heads, head_dim % 16 ==
-  // 0), the q/k/v phase also rotates q and k and stores the K/V rows (ChainKvRows).
-  ChainKvRows rows;
+  // 0), the q/k/v phase also rotates q and k and stores the K/V rows (KvRowEpilogue).
+  KvRowEpilogue rows;
   unsigned* barrier = nullptr;
 };
 bool launch_gemv_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream);
@@ -247,7 +247,7 @@ uint64_t gemv_chain_launches();
 // launch_rope_qk_store_kv does, in one launch of the ring kernel (q and k on tiles that hold both
 // halves of 8 rotations). The same bits as those two launches. Returns false (nothing launched)
 // unless GemvTuning::qkv_rows is set (the default) and the ring kernel runs these operands.
-bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const ChainKvRows& rows,
+bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const KvRowEpilogue& rows,
                           int num_sms, cudaStream_t stream);
 // Its launches so far in this process (tests check that a call took it).
 uint64_t gemv_qkv_rows_launches();

@@ -385,7 +385,7 @@ template <typename T>
 __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int num_warps,
                                                      const MmaSegments<T>& segs, int si,
                                                      int64_t local, int hd,
-                                                     const ChainKvRows& rows) {
+                                                     const KvRowEpilogue& rows) {
   float* y = pick(segs.y, si);
   const DeviceBias bias = pick(segs.bias, si);
   const auto sum_of = [&](int e, int64_t row) {
@@ -431,7 +431,7 @@ __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int n
 template <typename T, int NT, int STAGES, bool MIXED, bool ROPE>
 __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, int64_t K,
                                           const MmaSegments<T>& segs, int64_t tiles,
-                                          const GemvNorm& norm, const ChainKvRows* rows) {
+                                          const GemvNorm& norm, const KvRowEpilogue* rows) {
   extern __shared__ __align__(16) unsigned char ring_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -540,7 +540,7 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
 template <typename T, int STAGES>
 __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     gemv_ring_rope_kernel(const float* __restrict__ x, int64_t K, const MmaSegments<T> segs,
-                          int64_t tiles, const __grid_constant__ ChainKvRows rows) {
+                          int64_t tiles, const __grid_constant__ KvRowEpilogue rows) {
   ring_walk<T, 1, STAGES, false, true>(x, 1, K, segs, tiles, GemvNorm{}, &rows);
 }
 
@@ -572,7 +572,7 @@ template <typename T>
 struct RingChainArgs {
   RingChainPhase<T> phase[kRingChainPhases];
   int64_t max_k;
-  ChainKvRows rows;  // the q/k/v phase's RoPE and K/V rows (where phase 3's rope_hd > 0)
+  KvRowEpilogue rows;  // the q/k/v phase's RoPE and K/V rows (where phase 3's rope_hd > 0)
   unsigned* barrier;
   unsigned long long* timeline;  // GemvTuning::chain_timeline (null: no stamps)
 };
@@ -1156,7 +1156,7 @@ bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const Ge
 namespace {
 
 // Whether q, k, v (segs[0..2]) are whole heads for a RoPE + row-store epilogue (rope_tile_row).
-bool qkv_rows_fit(const GemvSegment* segs, const ChainKvRows& rows) {
+bool qkv_rows_fit(const GemvSegment* segs, const KvRowEpilogue& rows) {
   const int hd = rows.head_dim;
   return rows.k_dst != nullptr && rows.v_dst != nullptr && hd > 0 && hd % 16 == 0 &&
          hd / 2 <= kMaxRopePairs && segs[0].w.rows % hd == 0 && segs[1].w.rows % hd == 0 &&
@@ -1269,8 +1269,8 @@ namespace {
 std::atomic<uint64_t> g_qkv_rows_launches{0};
 
 template <typename T, int STAGES>
-void launch_ring_rope(const float* x, const GemvSegment* segs, const ChainKvRows& rows, int num_sms,
-                      cudaStream_t stream) {
+void launch_ring_rope(const float* x, const GemvSegment* segs, const KvRowEpilogue& rows,
+                      int num_sms, cudaStream_t stream) {
   const MmaSegments<T> ms = mma_segments<T>(segs, 3);
   const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
@@ -1290,13 +1290,13 @@ void launch_ring_rope(const float* x, const GemvSegment* segs, const ChainKvRows
 
 template <typename T>
 void launch_ring_rope_stages(int stages, const float* x, const GemvSegment* segs,
-                             const ChainKvRows& rows, int num_sms, cudaStream_t stream) {
+                             const KvRowEpilogue& rows, int num_sms, cudaStream_t stream) {
   if (stages == 6) return launch_ring_rope<T, 6>(x, segs, rows, num_sms, stream);
   launch_ring_rope<T, 4>(x, segs, rows, num_sms, stream);
 }
 }  // namespace
 
-bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const ChainKvRows& rows,
+bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const KvRowEpilogue& rows,
                           int num_sms, cudaStream_t stream) {
   if (!g_tuning.qkv_rows || !gemv_group_supported(x, 1, segs, 3) || !qkv_rows_fit(segs, rows)) {
     return false;

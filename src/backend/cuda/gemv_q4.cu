@@ -1403,7 +1403,7 @@ __device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float
 // (r and 16 + r) exchange their sums and each keeps its side of rope_rotate; every row goes to q,
 // k or v, and k's and v's also to the cache's row at rows.pos (rope_qk_store_kv's bits).
 __device__ __forceinline__ void rope_store_pair(const CcSegments& segs, const RopePairs& rp,
-                                                const ChainKvRows& rows, float4* part, int warp,
+                                                const KvRowEpilogue& rows, float4* part, int warp,
                                                 int lane, int num_warps, int64_t pair,
                                                 const float (&acc)[2][2], float scale) {
   part[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
@@ -1497,7 +1497,7 @@ __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, in
                                                  int64_t groups, const CcSegments& segs,
                                                  int64_t tiles, const GemvNorm& norm,
                                                  const NormIn& nin, const RopePairs* rp,
-                                                 const ChainKvRows* rows) {
+                                                 const KvRowEpilogue* rows) {
   extern __shared__ uint4 p_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -1554,7 +1554,7 @@ __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_pair_rope_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                              const CcSegments segs, int64_t tiles, const NormIn nin,
                              const __grid_constant__ RopePairs rp,
-                             const __grid_constant__ ChainKvRows rows) {
+                             const __grid_constant__ KvRowEpilogue rows) {
   pair_kernel_body<VEC_X, CHAINS, true>(x, K, groups, segs, tiles, GemvNorm{}, nin, &rp, &rows);
 }
 
@@ -2189,7 +2189,7 @@ std::atomic<uint64_t> g_q4_qkv_rows_launches{0};
 
 bool launch_gemv_q4_qkv_rows(const float* h, const DeviceWeight4* const* ws,
                              const DeviceBias* biases, float* const* ys, const NormIn& nin,
-                             const ChainKvRows& rows, int num_sms, cudaStream_t stream) {
+                             const KvRowEpilogue& rows, int num_sms, cudaStream_t stream) {
   const int kernel_choice = g_q4_tuning.kernel != 0 ? g_q4_tuning.kernel : kQ4AutoKernel;
   const int hd = rows.head_dim;
   if (!g_q4_tuning.qkv_rows || kernel_choice != kQ4PairKernel || nin.sumsq == nullptr ||

@@ -128,7 +128,7 @@ bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* con
 // chosen and it runs these operands.
 bool launch_gemv_q4_qkv_rows(const float* h, const DeviceWeight4* const* ws,
                              const DeviceBias* biases, float* const* ys, const NormIn& nin,
-                             const ChainKvRows& rows, int num_sms, cudaStream_t stream);
+                             const KvRowEpilogue& rows, int num_sms, cudaStream_t stream);
 // Its launches so far in this process (tests check that a call took it).
 uint64_t gemv_q4_qkv_rows_launches();
 
