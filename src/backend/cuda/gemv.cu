@@ -327,9 +327,14 @@ int ring_warps(int64_t K) {
 }
 
 // The rings, the double-buffered partial sums, a paired launch's gate sums.
-size_t ring_smem_bytes(int warps, int stages, int nt) {
+__host__ __device__ size_t ring_smem_bytes(int warps, int stages, int nt) {
   return size_t(warps) * stages * kRingStageBytes +
          (2 * size_t(warps) + 1) * nt * 128 * sizeof(float);
+}
+
+// gemv_ring_rope_kernel's: the ring's, then the cos and sin of a head's hd / 2 rotations.
+size_t ring_rope_smem_bytes(int warps, int stages, int hd) {
+  return ring_smem_bytes(warps, stages, 1) + size_t(hd / 2) * sizeof(float2);
 }
 
 // Byte offset inside a stage of piece p (k = 8p .. 8p + 7 of the chunk) of tile row r: slot
@@ -379,13 +384,15 @@ __device__ __forceinline__ void ring_tile(Fetch& fetch, const unsigned char* rin
 // A q/k/v tile's epilogue at m = 1 with RoPE and the K/V rows. The warps' sums
 // in store_tile_sums' order, plus the bias. A q or k tile (si 0, 1; rope_tile_row) holds the two
 // halves of 8 rotations: lane 4i's elements 0 and 2 (rows i and i + 8 of the tile, token 0) are
-// rotation i's pair, rotated as rope_qk_store_kv does and stored to y (k's also to the K row). A
-// v tile is stored as store_tile_sums stores it, and to the V row.
+// rotation i's pair, rotated as rope_qk_store_kv does (its cos and sin from the block's table,
+// fill_rope_table) and stored to y (k's also to the K row). A v tile is stored as
+// store_tile_sums stores it, and to the V row.
 template <typename T>
 __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int num_warps,
                                                      const MmaSegments<T>& segs, int si,
                                                      int64_t local, int hd,
-                                                     const KvRowEpilogue& rows) {
+                                                     const KvRowEpilogue& rows,
+                                                     const float2* rope_cs) {
   float* y = pick(segs.y, si);
   const DeviceBias bias = pick(segs.bias, si);
   const auto sum_of = [&](int e, int64_t row) {
@@ -415,8 +422,7 @@ __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int n
   }
   const int64_t row = rope_tile_row(local, hd) + i, partner = row + hd / 2;
   const float a = sum_of(i * 16, row), b = sum_of(i * 16 + 2, partner);
-  const float2 rot = rope_rotate(a, b, static_cast<float>(rows.pos),
-                                 rows.freqs.inv_freq[static_cast<int>(row % hd)]);
+  const float2 rot = rope_apply(a, b, rope_cs[row % hd]);
   y[row] = rot.x;
   y[partner] = rot.y;
   if (si == 1) {
@@ -440,6 +446,8 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
   float* partial =
       reinterpret_cast<float*>(ring_smem + size_t(num_warps) * STAGES * kRingStageBytes);
   float* gate_sums = segs.swiglu && !MIXED ? partial + 2 * size_t(num_warps) * NT * 128 : nullptr;
+  // ROPE: the rotations' cos and sin after the ring's own bytes (ring_rope_smem_bytes).
+  float2* rope_cs = reinterpret_cast<float2*>(ring_smem + ring_smem_bytes(num_warps, STAGES, NT));
 
   const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
   const int64_t chunk_begin = chunks * warp / num_warps;
@@ -503,6 +511,10 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
   // finishes (launch.cuh).
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) fetch();
+  if constexpr (ROPE) {
+    fill_rope_table(rope_cs, rows->head_dim / 2, static_cast<float>(rows->pos),
+                    rows->freqs.inv_freq);
+  }
   pdl_begin();
 
   int slot = 0;
@@ -517,7 +529,7 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
       int64_t local;
       const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
       if constexpr (ROPE) {
-        store_tile_rope_rows(part, num_warps, segs, si, local, rows->head_dim, *rows);
+        store_tile_rope_rows(part, num_warps, segs, si, local, rows->head_dim, *rows, rope_cs);
       } else {
         store_tile_sums<NT>(part, num_warps, local * 16, pick(segs.N, si), m, pick(segs.bias, si),
                             segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si);
@@ -577,11 +589,12 @@ struct RingChainArgs {
   unsigned long long* timeline;  // GemvTuning::chain_timeline (null: no stamps)
 };
 
-// The chain's activations, norm scratch and phases after the rings and the partial sums.
-size_t ring_chain_smem_bytes(int warps, int64_t max_k, size_t phase_bytes) {
+// The chain's activations, norm scratch, phases and RoPE table (rope_hd: the rows' head_dim, 0
+// for none) after the rings and the partial sums.
+size_t ring_chain_smem_bytes(int warps, int64_t max_k, size_t phase_bytes, int rope_hd) {
   return ring_smem_bytes(warps, kChainRingStages, 1) - 128 * sizeof(float) +  // no gate sums
          static_cast<size_t>((max_k + 3) / 4 * 4) * sizeof(float) + kGemvNormScratchBytes + 8 +
-         kRingChainPhases * phase_bytes;
+         kRingChainPhases * phase_bytes + size_t(rope_hd / 2) * sizeof(float2);
 }
 
 // The fetch side of the chain: the ring kernel's copies (a whole 128-byte line per cp.async of
@@ -673,7 +686,8 @@ template <typename T, int P>
 __device__ __forceinline__ void ring_chain_phase(const RingChainArgs<T>& args,
                                                  RingChainFetch<T>& fetch,
                                                  const unsigned char* ring, int& slot,
-                                                 float* partial, float* xs, double* scratch) {
+                                                 float* partial, float* xs, double* scratch,
+                                                 const float2* rope_cs) {
   const RingChainPhase<T>& ph = args.phase[P];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, num_warps = blockDim.x / 32;
   const int64_t K = ph.K;
@@ -719,7 +733,7 @@ __device__ __forceinline__ void ring_chain_phase(const RingChainArgs<T>& args,
       int64_t local;
       const int si = find_segment_at(ph.segs, tile, local);
       if (P == 3 && ph.rope_hd > 0) {
-        store_tile_rope_rows(part, num_warps, ph.segs, si, local, ph.rope_hd, args.rows);
+        store_tile_rope_rows(part, num_warps, ph.segs, si, local, ph.rope_hd, args.rows, rope_cs);
       } else {
         store_tile_sums<1, true>(part, num_warps, local * 16, pick(ph.segs.N, si), 1,
                                  pick(ph.segs.bias, si), pick(ph.segs.y, si), ph.norm);
@@ -741,8 +755,11 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
   double* scratch = reinterpret_cast<double*>(xs + (args.max_k + 3) / 4 * 4);  // 16-byte aligned
   auto* phases = reinterpret_cast<RingChainPhase<T>*>(reinterpret_cast<unsigned char*>(scratch) +
                                                       kGemvNormScratchBytes + 8);
+  auto* rope_cs = reinterpret_cast<float2*>(phases + kRingChainPhases);  // [rows.head_dim / 2]
   timeline_stamp(args.timeline, 0);
   if (threadIdx.x < kRingChainPhases) phases[threadIdx.x] = args.phase[threadIdx.x];
+  fill_rope_table(rope_cs, args.rows.head_dim / 2, static_cast<float>(args.rows.pos),
+                  args.rows.freqs.inv_freq);
   __syncthreads();
   RingChainFetch<T> fetch(phases, ring, warp, num_warps, lane);
   // The weights do not depend on the previous kernel: the first stages are in flight while it
@@ -750,10 +767,10 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
 #pragma unroll
   for (int s = 0; s < kChainRingStages - 1; ++s) fetch();
   int slot = 0;
-  ring_chain_phase<T, 0>(args, fetch, ring, slot, partial, xs, scratch);
-  ring_chain_phase<T, 1>(args, fetch, ring, slot, partial, xs, scratch);
-  ring_chain_phase<T, 2>(args, fetch, ring, slot, partial, xs, scratch);
-  ring_chain_phase<T, 3>(args, fetch, ring, slot, partial, xs, scratch);
+  ring_chain_phase<T, 0>(args, fetch, ring, slot, partial, xs, scratch, rope_cs);
+  ring_chain_phase<T, 1>(args, fetch, ring, slot, partial, xs, scratch, rope_cs);
+  ring_chain_phase<T, 2>(args, fetch, ring, slot, partial, xs, scratch, rope_cs);
+  ring_chain_phase<T, 3>(args, fetch, ring, slot, partial, xs, scratch, rope_cs);
   cp_async_wait<0>();
 }
 
@@ -1224,7 +1241,8 @@ bool launch_ring_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream
     args.max_k = std::max(args.max_k, p.K);
     warps = std::min(warps, ring_warps(p.K));  // the separate launches' where K > 960
   }
-  const size_t smem = ring_chain_smem_bytes(warps, args.max_k, sizeof(RingChainPhase<T>));
+  const size_t smem =
+      ring_chain_smem_bytes(warps, args.max_k, sizeof(RingChainPhase<T>), args.rows.head_dim);
   const size_t smem_max = max_smem_per_block();
   if (smem > smem_max) return false;
   static bool opted_in = false;  // above 48 KiB: once per instantiation
@@ -1277,14 +1295,14 @@ void launch_ring_rope(const float* x, const GemvSegment* segs, const KvRowEpilog
   const int warps = ring_warps(K);
   static bool opted_in = false;  // above 48 KiB, once per instantiation
   if (!opted_in) {
-    const size_t most = std::min(ring_smem_bytes(kRingMaxWarps, STAGES, 1), max_smem_per_block());
     CUDA_CHECK(cudaFuncSetAttribute(gemv_ring_rope_kernel<T, STAGES>,
                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(most)));
+                                    static_cast<int>(max_smem_per_block())));
     opted_in = true;
   }
   launch(gemv_ring_rope_kernel<T, STAGES>, static_cast<unsigned>(std::min<int64_t>(tiles, num_sms)),
-         warps * 32, ring_smem_bytes(warps, STAGES, 1), stream, x, K, ms, tiles, rows);
+         warps * 32, ring_rope_smem_bytes(warps, STAGES, rows.head_dim), stream, x, K, ms, tiles,
+         rows);
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -1302,7 +1320,10 @@ bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const KvRowEp
     return false;
   }
   const int stages = ring_stages_for<1>(segs, 3, num_sms);
-  if (stages == 0) return false;
+  if (stages == 0 || ring_rope_smem_bytes(ring_warps(segs[0].w.cols), stages, rows.head_dim) >
+                         max_smem_per_block()) {
+    return false;
+  }
   if (segs[0].w.dtype == DType::BF16) {
     launch_ring_rope_stages<__nv_bfloat16>(stages, x, segs, rows, num_sms, stream);
   } else {

@@ -1258,7 +1258,7 @@ constexpr int kPairStages = 4;
 constexpr int kPairMetaVecs = 8;  // 16 uint2 entries: tile a's rows {g, g + 8}, then tile b's
 constexpr int kPairStageVecs = 2 * kPiecesPerTileGroup + kPairMetaVecs;
 
-size_t persist_pair_smem_bytes(int warps, int64_t groups) {
+__host__ __device__ size_t persist_pair_smem_bytes(int warps, int64_t groups) {
   return sizeof(uint4) * (size_t(warps) * kPairStages * kPairStageVecs + size_t(groups) * 32) +
          sizeof(float4) * 2 * size_t(warps) * 32 + sizeof(float2) * ((size_t(groups) + 1) & ~1) +
          size_t(warps) * kSubZeroBytes;
@@ -1400,12 +1400,14 @@ __device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float
 
 // persist_store_pair for a launch with the RoPE pairs and the K/V rows: threads t * 16 + r sum
 // row r of the pair's tile t in the same order; for a q or k pair the two threads of a rotation
-// (r and 16 + r) exchange their sums and each keeps its side of rope_rotate; every row goes to q,
+// (r and 16 + r) exchange their sums and each keeps its side of the rotation (rope_apply with the
+// block's table of cos and sin, fill_rope_table); every row goes to q,
 // k or v, and k's and v's also to the cache's row at rows.pos (rope_qk_store_kv's bits).
 __device__ __forceinline__ void rope_store_pair(const CcSegments& segs, const RopePairs& rp,
                                                 const KvRowEpilogue& rows, float4* part, int warp,
                                                 int lane, int num_warps, int64_t pair,
-                                                const float (&acc)[2][2], float scale) {
+                                                const float (&acc)[2][2], float scale,
+                                                const float2* rope_cs) {
   part[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
   __syncthreads();
   if (threadIdx.x >= 32) return;
@@ -1425,8 +1427,7 @@ __device__ __forceinline__ void rope_store_pair(const CcSegments& segs, const Ro
     const float other = __shfl_xor_sync(0xffffffffu, v, 16);
     const int half = rows.head_dim / 2;
     const int j = static_cast<int>(row % rows.head_dim) - (t == 0 ? 0 : half);
-    const float2 rot = rope_rotate(t == 0 ? v : other, t == 0 ? other : v,
-                                   static_cast<float>(rows.pos), rows.freqs.inv_freq[j]);
+    const float2 rot = rope_apply(t == 0 ? v : other, t == 0 ? other : v, rope_cs[j]);
     v = t == 0 ? rot.x : rot.y;
   }
   if (!valid) return;
@@ -1517,6 +1518,13 @@ __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, in
   if constexpr (ROPE) fetch.rp = rp;
 #pragma unroll
   for (int st = 0; st < kPairStages - 1; ++st) fetch();
+  // ROPE: the rotations' cos and sin after the kernel's own bytes (gemv_q4_pair_rope_kernel).
+  float2* rope_cs = reinterpret_cast<float2*>(reinterpret_cast<unsigned char*>(p_smem) +
+                                              persist_pair_smem_bytes(num_warps, groups));
+  if constexpr (ROPE) {
+    fill_rope_table(rope_cs, rows->head_dim / 2, static_cast<float>(rows->pos),
+                    rows->freqs.inv_freq);
+  }
   SubActivation{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane}.wait_and_stage<VEC_X>();
   // Only warp 0's threads store the rows (persist_store_pair): the other warps need no scale.
   const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
@@ -1529,7 +1537,7 @@ __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, in
       fetch, pw, slot, grp_begin, my_pairs, my_groups,
       [&](float4* part, int64_t pair, const float(&acc)[2][2]) {
         if constexpr (ROPE) {
-          rope_store_pair(segs, *rp, *rows, part, warp, lane, num_warps, pair, acc, scale);
+          rope_store_pair(segs, *rp, *rows, part, warp, lane, num_warps, pair, acc, scale, rope_cs);
         } else {
           persist_store_pair(segs, part, warp, lane, num_warps, tiles, pair, acc, norm, scale, sq);
         }
@@ -2200,7 +2208,8 @@ bool launch_gemv_q4_qkv_rows(const float* h, const DeviceWeight4* const* ws,
   }
   const int64_t groups = ws[0]->groups;
   const int warps = static_cast<int>(std::clamp<int64_t>(groups, 1, kPMaxWarps));
-  const size_t smem = persist_pair_smem_bytes(warps, groups);
+  // The kernel's bytes, then the cos and sin of a head's hd / 2 rotations (fill_rope_table).
+  const size_t smem = persist_pair_smem_bytes(warps, groups) + size_t(hd / 2) * sizeof(float2);
   const size_t smem_max = max_smem_per_block();
   if (smem > smem_max) return false;
   CcLaunch l{h, 1, {}, {}, {}, 3, 0, stream};
