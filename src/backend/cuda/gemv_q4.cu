@@ -83,7 +83,7 @@ Q4GemvTuning g_q4_tuning = [] {
     }
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
-  t.qkv_rows = env_flag("QS_Q4_QKV_ROWS", false);
+  t.qkv_rows = env_flag("QS_Q4_QKV_ROWS", true);
   return t;
 }();
 
