@@ -1008,9 +1008,9 @@ void CudaBackend::matmul_group(const float* x, int m, const LinearOp* ops, int c
 bool CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, int count,
                                     const PendingNorm* pn, const KvRowStore* rows) {
   const int n = count;
-  // The K/V rows in the launch's epilogue: one row, the q/k/v ops' own outputs.
-  const bool with_rows =
-      rows != nullptr && m == 1 && cuda::gemv_tuning().qkv_rows && rows_of_qkv(ops, count, *rows);
+  // The K/V rows in the launch's epilogue: one row, the q/k/v ops' own outputs (each launch
+  // checks its own switch: GemvTuning::qkv_rows, Q4GemvTuning::qkv_rows).
+  const bool with_rows = rows != nullptr && m == 1 && rows_of_qkv(ops, count, *rows);
   bool dense = pn == nullptr, q4 = true;
   for (int i = 0; i < n; ++i) {
     const LinearOp& op = ops[i];
@@ -1042,7 +1042,7 @@ bool CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, 
         ys[i] = ops[i].y;
       }
       if (pn != nullptr) {
-        if (with_rows && cuda::q4_gemv_tuning().qkv_rows &&
+        if (with_rows &&
             cuda::launch_gemv_q4_qkv_rows(x, ws, biases, ys, norm_in(*pn), kv_row_epilogue(*rows),
                                           impl_->num_sms, impl_->stream)) {
           return true;
@@ -1147,8 +1147,13 @@ cuda::NormIn CudaBackend::norm_in(const PendingNorm& pn) {
 
 void CudaBackend::matmul_group_normed(const PendingNorm& pn, int m, const LinearOp* ops,
                                       int count) {
-  if (!pn.deferred) return matmul_group(pn.out, m, ops, count);
-  matmul_group_from(pn.h, m, ops, count, &pn);
+  matmul_group_normed_rows(pn, m, ops, count, nullptr);
+}
+
+bool CudaBackend::matmul_group_normed_rows(const PendingNorm& pn, int m, const LinearOp* ops,
+                                           int count, const KvRowStore* rows) {
+  return pn.deferred ? matmul_group_from(pn.h, m, ops, count, &pn, rows)
+                     : matmul_group_from(pn.out, m, ops, count, nullptr, rows);
 }
 
 void CudaBackend::gate_up_swiglu_normed(const PendingNorm& pn, int m, const LinearOp& gate,
@@ -1208,16 +1213,15 @@ void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, Pendi
   if (dense_layer_chain(x, m, o, mid, gate, up, act, down, next, next_ops, next_count, next_rows)) {
     return;
   }
-  // With GemvTuning::qkv_rows the next q/k/v and its rows are launched here: as one launch where
-  // matmul_group_from runs them that way, else as the base class would.
-  const bool qkv_here = next_rows != nullptr && next_count > 0 && cuda::gemv_tuning().qkv_rows;
+  // With GemvTuning::qkv_rows or Q4GemvTuning::qkv_rows the next q/k/v and its rows are launched
+  // here: as one launch where matmul_group_from runs them that way, else as the base class would.
+  const bool qkv_here = next_rows != nullptr && next_count > 0 &&
+                        (cuda::gemv_tuning().qkv_rows || cuda::q4_gemv_tuning().qkv_rows);
   Backend::output_and_mlp(x, m, o, mid, gate, up, act, down, next, next_ops,
                           qkv_here ? 0 : next_count, qkv_here ? nullptr : next_rows);
-  if (!qkv_here) return;
-  const bool stored =
-      next.deferred ? matmul_group_from(next.h, m, next_ops, next_count, &next, next_rows)
-                    : matmul_group_from(next.out, m, next_ops, next_count, nullptr, next_rows);
-  if (!stored) store_next_rows(m, next_ops, next_count, *next_rows);
+  if (qkv_here && !matmul_group_normed_rows(next, m, next_ops, next_count, next_rows)) {
+    store_next_rows(m, next_ops, next_count, *next_rows);
+  }
 }
 
 void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, const LinearOp& up,

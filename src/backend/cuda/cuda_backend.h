@@ -152,8 +152,8 @@ class CudaBackend final : public Backend {
   // f16 layer's o, gate / up and down and the next layer's q / k / v at one row run as one
   // persistent launch with grid barriers between them (launch_gemv_chain: the bits of the ring
   // kernel's launches, both norms materialized), with chain 2 the next layer's RoPE and K/V row
-  // store too. With GemvTuning::qkv_rows the next q / k / v launch also rotates and stores the
-  // rows (matmul_group_from). Otherwise the calls.
+  // store too. With GemvTuning::qkv_rows (bf16 / f16) or Q4GemvTuning::qkv_rows (4-bit) the next
+  // q / k / v launch also rotates and stores the rows (matmul_group_from). Otherwise the calls.
   void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                       const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
                       PendingNorm& next, const LinearOp* next_ops, int next_count,
@@ -217,12 +217,16 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(std::unique_ptr<Impl> impl);
   // matmul_group / gate_up_swiglu over x or, with pn (a deferred norm), over x = pn->h read as
   // norm(h) by the 4-bit persistent kernel; where no launch reads it that way, the norm is
-  // materialized into pn->out first. With rows (ops: q, k, v; GemvTuning::qkv_rows) the q/k/v
-  // launch may also rotate q and k and store the K/V rows (launch_gemv_qkv_rows, and for the
-  // draft's 4-bit ones launch_gemv_q4_qkv_rows with Q4GemvTuning::qkv_rows): returns whether it
-  // did (else the caller stores them).
+  // materialized into pn->out first. With rows (ops: q, k, v) the q/k/v launch may also rotate
+  // q and k and store the K/V rows (launch_gemv_qkv_rows with GemvTuning::qkv_rows; the draft's
+  // 4-bit ones launch_gemv_q4_qkv_rows with Q4GemvTuning::qkv_rows): returns whether it did
+  // (else the caller stores them).
   bool matmul_group_from(const float* x, int m, const LinearOp* ops, int count,
                          const PendingNorm* pn, const KvRowStore* rows = nullptr);
+  // matmul_group_normed with rows as matmul_group_from takes them: returns whether the launch
+  // stored them.
+  bool matmul_group_normed_rows(const PendingNorm& pn, int m, const LinearOp* ops, int count,
+                                const KvRowStore* rows);
   void gate_up_swiglu_from(const float* x, int m, const LinearOp& gate, const LinearOp& up,
                            float* out, const PendingNorm* pn);
   cuda::NormIn norm_in(const PendingNorm& pn);

@@ -167,7 +167,7 @@ struct Q4GemvTuning {
   // block barrier per two tiles; the same bits as 8).
   int kernel = 0;
   // The draft's q/k/v launch also rotates q and k and stores the K/V rows
-  // (launch_gemv_q4_qkv_rows; CudaBackend::output_and_mlp with GemvTuning::qkv_rows too). On
+  // (launch_gemv_q4_qkv_rows; CudaBackend::output_and_mlp). On
   // since session 45 (H100, the QuantSpec draft step: Llama-3.1-8B -1.5% at 32K, -1.9% at 128K;
   // Llama-2-7B -0.4% at 32K, -0.0 to -0.2% at 128K); QS_Q4_QKV_ROWS=0 launches the RoPE + store
   // apart.
