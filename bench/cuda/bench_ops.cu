@@ -57,6 +57,22 @@ namespace {
 
 constexpr double kRefBandwidth = 4.24e12;           // bytes/s, H200 device copy (read + write)
 constexpr size_t kRotateBytes = size_t{512} << 20;  // inputs rotate over >= this many bytes
+// QS_BENCH_L2_HOT=1: the 4-bit sections (w4mm, w4var, w4layer, chain) time one copy of the
+// weights, resident in L2 after the first call wherever it fits (50 MB on the H100 / H200), instead
+// of rotating copies: against the default's cold reads, how much of a GEMV's time is waiting for
+// DRAM rather than its own instructions (what an L2 prefetch of the next weights could recover).
+const bool g_l2_hot = [] {
+  const char* v = std::getenv("QS_BENCH_L2_HOT");
+  return v != nullptr && std::strcmp(v, "1") == 0;
+}();
+
+// Copies of `bytes` of weights to rotate over: enough to exceed L2 (>= 2), or 1 with
+// QS_BENCH_L2_HOT=1.
+int weight_copies(double bytes) {
+  if (g_l2_hot) return 1;
+  return static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)));
+}
+
 // --profile: every timed body runs twice, eagerly, and times are not measured (for ncu, which
 // then sees each configuration's kernels a few times instead of thousands).
 bool g_profile = false;
@@ -746,7 +762,7 @@ void for_each_q4_shape(CudaBackend& be, bool quick,
     if (quick && mat.n != 11008 && mat.n != 128256) continue;
     const double wbytes = q4_bytes(mat, 0);
     const int copies =
-        g_profile ? 1 : static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / wbytes)));
+        g_profile ? 1 : weight_copies(wbytes);
     std::vector<QuantizedWeight4> ws = random_q4_copies(mat.n, mat.k, copies);
     auto x = random_f32(16 * mat.k, 3);
     DeviceMem y(16 * mat.n * 4);
@@ -869,7 +885,8 @@ struct LayerRest {
     for (const auto& sh : shapes) {
       bytes += q4 ? q4_bytes(Q4Mat{"", sh[0], sh[1]}, 1) : 2.0 * sh[0] * sh[1];
     }
-    copies = static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)));
+    copies = q4 ? weight_copies(bytes)
+                : static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)));
     for (int i = 0; i < 7; ++i) {
       if (q4) {
         w4[i] = random_q4_copies(shapes[i][0], shapes[i][1], copies);
@@ -1038,7 +1055,7 @@ void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
     for (const Mat& mat : mats) {
       double bytes = 0;
       for (auto [rows, cols] : mat.parts) bytes += q4_bytes(Q4Mat{mat.name, rows, cols}, 1);
-      const int copies = static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)));
+      const int copies = weight_copies(bytes);
       std::vector<std::vector<QuantizedWeight4>> ws;  // [part][copy]
       for (auto [rows, cols] : mat.parts) ws.push_back(random_q4_copies(rows, cols, copies));
       int64_t max_rows = 0;
@@ -1688,6 +1705,9 @@ int main(int argc, char** argv) {
   std::printf("device: %s, %d SMs, L2 %d MiB, %.1f GiB\n", prop.name, prop.multiProcessorCount,
               prop.l2CacheSize >> 20, double(prop.totalGlobalMem) / (1 << 30));
   auto has = [&](const char* s) { return sections.find(s) != std::string::npos; };
+  if (g_l2_hot) {
+    summary("| QS_BENCH_L2_HOT=1: the 4-bit sections read one L2-resident copy of their weights |");
+  }
   // Each section frees its device weights; release_weights() drops their cache entries.
   if (has("copy")) bench_copy(**be);
   if (has("read")) {
