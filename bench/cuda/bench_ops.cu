@@ -1,7 +1,7 @@
 // CUDA op benchmarks at real model shapes, and a first whole decode step.
 //
 //   bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,w4var,w4layer,
-//                         w4sweep,kvflush,quantkv,qtime,sample,chain,chaintime]
+//                         w4sweep,kvflush,quantkv,qtime,sample,chain]
 //             [--quick] [--profile]
 //
 // sample: sampling on the GPU (one row, five rows, the backend call, a gamma = 4 verdict) at
@@ -13,10 +13,9 @@
 // w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; w4layer: one draft
 // layer's 4-bit launches (grouped as the model runs them) per code path, w4sweep the same with
 // every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
-// list): per-block phase stamps of one quantized-attention call (bench_quant_timeline); chaintime
-// (not in the default list): the same for the layer chain (QS_GEMV_CHAIN's); chain: what the
-// launch boundaries between a layer's GEMVs cost, and a bf16 layer as the model's launches, as
-// the chain and with the q/k/v launch taking the RoPE and rows (QS_QKV_ROWS). Their small calls
+// list): per-block phase stamps of one quantized-attention call (bench_quant_timeline); chain:
+// what the launch boundaries between a layer's GEMVs cost, and a layer as the model's launches
+// and with the q/k/v launch taking the RoPE and rows (QS_QKV_ROWS). Their small calls
 // are timed as CUDA graphs of many calls (time_graph_ms), the way a captured decode step runs them;
 // w4mm also states the eager time.
 //
@@ -917,48 +916,39 @@ struct LayerRest {
   }
 };
 
-// GemvTuning over the one found at construction with the layer chain at a level (0 off, 1 on, 2
-// with the RoPE and K/V rows), the q/k/v launch with its rows (qkv_rows) and a chain timeline
-// (null: none); restore() puts the tuning back.
-struct LayerChainSwitch {
+// GemvTuning over the one found at construction with the q/k/v launch taking its rows or not
+// (qkv_rows); restore() puts the tuning back.
+struct QkvRowsSwitch {
   cuda::GemvTuning saved = cuda::gemv_tuning();
 
-  void set(int level, bool qkv_rows = false, unsigned long long* timeline = nullptr) const {
+  void set(bool qkv_rows) const {
     cuda::GemvTuning t = saved;
-    t.chain = level;
     t.qkv_rows = qkv_rows;
-    t.chain_timeline = timeline;
     cuda::set_gemv_tuning(t);
   }
   void restore() const { cuda::set_gemv_tuning(saved); }
 };
 
 // A LayerRest as the model's launches (four GEMVs and the RoPE + row store) and as four launches,
-// the q/k/v one with the RoPE and rows (bf16: GemvTuning::qkv_rows; 4-bit: also
-// Q4GemvTuning::qkv_rows); with bf16 weights also as one chain launch with grid barriers and the
-// RoPE + row store after it, and as one chain launch with them in it (GemvTuning::chain).
+// the q/k/v one with the RoPE and rows (bf16: GemvTuning::qkv_rows; 4-bit:
+// Q4GemvTuning::qkv_rows).
 void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t q_rows,
                       int64_t kv_rows, int64_t inter, bool q4) {
   auto s = static_cast<cudaStream_t>(be.stream());
   LayerRest layer(hidden, q_rows, kv_rows, inter, q4);
   auto body = [&](int i) { layer.run(be, i); };
   for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
-  const LayerChainSwitch chain_switch;
+  const QkvRowsSwitch rows_switch;
   std::string line;
   char buf[96];
   struct Form {
     const char* name;
-    int chain;
     bool qkv_rows;
   };
-  const Form forms[] = {{"5 launches", 0, false},
-                        {"chain + rows", 1, false},
-                        {"chain w/ rows", 2, false},
-                        {"qkv w/ rows", 0, true}};
+  const Form forms[] = {{"5 launches", false}, {"qkv w/ rows", true}};
   const cuda::Q4GemvTuning saved4 = cuda::q4_gemv_tuning();
   for (const Form& f : forms) {
-    if (q4 && f.chain != 0) continue;  // no 4-bit chain
-    chain_switch.set(f.chain, f.qkv_rows);
+    rows_switch.set(f.qkv_rows);
     cuda::Q4GemvTuning t4 = saved4;
     t4.qkv_rows = f.qkv_rows;
     cuda::set_q4_gemv_tuning(t4);
@@ -967,70 +957,11 @@ void bench_output_mlp(CudaBackend& be, const char* name, int64_t hidden, int64_t
                   pct(layer.bytes, ms));
     line += buf;
   }
-  chain_switch.restore();
+  rows_switch.restore();
   cuda::set_q4_gemv_tuning(saved4);
   summary("| %s layer %s o+gate/up+down+next qkv+rows %6.1f MB |%s", q4 ? "w4" : "bf16", name,
           layer.bytes / 1e6, line.c_str());
   be.release_weights();
-}
-
-// Where a chain launch's time goes (GemvTuning::chain_timeline, chain 2): the last of a graph of
-// back-to-back chain launches, per phase the median / max over blocks (us) of its wait (the PDL
-// wait for phase 0, the grid barrier after it: the slowest block's lead), its staging and its
-// walk, and the launch's span from the first block's entry to the last block's end.
-void bench_chain_timeline(CudaBackend& be) {
-  auto s = static_cast<cudaStream_t>(be.stream());
-  struct Shape {
-    const char* name;
-    int64_t hidden, q_rows, kv_rows, inter;
-  };
-  const Shape shapes[] = {{"7b", 4096, 4096, 4096, 11008}, {"8b", 4096, 4096, 1024, 14336}};
-  int sms = 0;
-  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
-  const int W = cuda::kChainTimelineSlots;
-  DeviceMem stamps(size_t(sms) * W * sizeof(unsigned long long));
-  for (const Shape& sh : shapes) {
-    LayerRest layer(sh.hidden, sh.q_rows, sh.kv_rows, sh.inter, false);
-    auto body = [&](int i) { layer.run(be, i); };
-    for (int i = 0; i < layer.copies; ++i) body(i);  // uploads
-    const LayerChainSwitch chain_switch;
-    chain_switch.set(2);
-    const double ms = time_graph_ms(s, body, 20 * layer.copies);
-    chain_switch.set(2, false, static_cast<unsigned long long*>(stamps.ptr));
-    CUDA_CHECK(cudaMemsetAsync(stamps.ptr, 0, stamps.bytes, s));
-    for (int i = 0; i < 2 * layer.copies; ++i) body(i);
-    CUDA_CHECK(cudaStreamSynchronize(s));
-    chain_switch.restore();
-    std::vector<unsigned long long> hst(size_t(sms) * W);
-    CUDA_CHECK(cudaMemcpy(hst.data(), stamps.ptr, stamps.bytes, cudaMemcpyDeviceToHost));
-    unsigned long long first = ~0ull, last = 0;
-    for (int b = 0; b < sms; ++b) {
-      const unsigned long long* w = &hst[size_t(b) * W];
-      first = std::min(first, w[0]);
-      for (int i = 1; i < W - 1; ++i) last = std::max(last, w[i]);
-    }
-    auto stat = [&](int from, int to) {  // slot `to` - slot `from` over the blocks, us
-      std::vector<double> v;
-      for (int b = 0; b < sms; ++b) {
-        const unsigned long long* w = &hst[size_t(b) * W];
-        if (w[to] != 0 && w[from] != 0) v.push_back(double(w[to] - w[from]) * 1e-3);
-      }
-      char buf[48];
-      if (v.empty()) return std::string("    -/    -");
-      std::sort(v.begin(), v.end());
-      std::snprintf(buf, sizeof buf, "%5.1f/%5.1f", v[v.size() / 2], v.back());
-      return std::string(buf);
-    };
-    std::string line;
-    const char* names[] = {"o", "gate/up", "down", "qkv"};
-    for (int p = 0; p < 4; ++p) {
-      line += std::string(" ") + names[p] + ": wait " + stat(1 + 4 * p, 2 + 4 * p) + " stage " +
-              stat(2 + 4 * p, 3 + 4 * p) + " walk " + stat(3 + 4 * p, 4 + 4 * p) + " |";
-    }
-    summary("| chaintime bf16 %s | call %6.1f us, stamped span %6.1f us | %d blocks |%s", sh.name,
-            ms * 1e3, double(last - first) * 1e-3, sms, line.c_str());
-    be.release_weights();
-  }
 }
 
 void bench_gemv_q4_layer(CudaBackend& be, bool sweep) {
@@ -1182,8 +1113,8 @@ void bench_gemv_chain(CudaBackend& be) {
       be.release_weights();
     }
   }
-  // A layer with the model's dependencies and norms: its launches, the chain (GemvTuning::chain),
-  // the q/k/v launch with its rows (GemvTuning::qkv_rows); a draft layer's launches.
+  // A layer with the model's dependencies and norms: its launches, and the q/k/v launch with its
+  // rows (GemvTuning::qkv_rows); a draft layer's launches.
   for (const bool q4 : {false, true}) {
     bench_output_mlp(be, "7b", 4096, 4096, 4096, 11008, q4);
     bench_output_mlp(be, "8b", 4096, 4096, 1024, 14336, q4);
@@ -1687,7 +1618,7 @@ int main(int argc, char** argv) {
       std::fprintf(
           stderr,
           "usage: bench_ops [--sections copy,read,gemv,tune,attn,prefill,prefattn,step,w4mm,"
-          "w4var,w4layer,w4sweep,kvflush,quantkv,qtime,sample,chain,chaintime] [--quick] "
+          "w4var,w4layer,w4sweep,kvflush,quantkv,qtime,sample,chain] [--quick] "
           "[--profile]\n");
       return 2;
     }
@@ -1736,7 +1667,6 @@ int main(int argc, char** argv) {
   if (has("w4var")) bench_gemv_q4_variants(**be, quick);
   if (has("w4layer") || has("w4sweep")) bench_gemv_q4_layer(**be, has("w4sweep"));
   if (has("chain")) bench_gemv_chain(**be);
-  if (has("chaintime")) bench_chain_timeline(**be);
   if (has("kvflush")) bench_quantize_kv(**be);
   if (has("quantkv")) bench_quant_attention(**be, quick);
   if (has("qtime")) bench_quant_timeline(**be);

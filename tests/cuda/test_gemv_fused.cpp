@@ -328,7 +328,7 @@ int64_t first_bit_difference(const std::vector<float>& a, const std::vector<floa
   return -1;
 }
 
-// A layer chain test's vectors: the biases of o, q (f32) and k (bf16), both norms' weights (the
+// A layer test's vectors: the biases of o, q (f32) and k (bf16), both norms' weights (the
 // next one's in next_norm_dtype) and RoPE's inverse frequencies (theta 500000), from seed + 7.
 struct LayerVectors {
   HostWeight bo, bq, bk, mlp_norm, next_norm;
@@ -426,20 +426,15 @@ TEST_F(CudaOpsTest, Q4QkvRowsEqualTheSeparateLaunches) {
   cuda::set_q4_gemv_tuning(saved);
 }
 
-// Backend::output_and_mlp with GemvTuning::chain (a bf16 / f16 layer's o -> gate/up -> down and
-// the next layer's q/k/v as one launch with grid barriers; each block normalizes h itself; with
-// chain 2 also the next layer's RoPE and K/V row store), and with GemvTuning::qkv_rows (no chain;
-// the q/k/v launch rotates and stores the rows), against the separate ring-kernel launches, from
-// the same h: h, both norms' rows (separate buffers here; the model shares one),
-// the SwiGLU rows, q, k, v (rotated) and the K/V rows (f32 and f16, at a position near 128K;
-// stored after the chain, or in it), bit for bit where every K takes the ring kernel's 16 warps
-// (K > 960); with a smaller hidden size the chain's warps follow it, so the down projection and
-// the norm after it are regrouped (within 1e-6 of h, 1e-5 of the rest). The chain must have run
-// (its launch count; the q/k/v launch with rows likewise where there are rows) at m = 1 and not at
-// m = 2. Each case runs twice on one backend: a barrier word left unbalanced by the first launch
-// would hang or corrupt the second.
-void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int head_dim, bool exact,
-                      uint64_t seed) {
+// Backend::output_and_mlp of a bf16 / f16 layer with GemvTuning::qkv_rows (the next layer's q/k/v
+// launch rotates q and k and stores the K/V rows in its epilogue) against the separate
+// ring-kernel launches (the q/k/v group, then rope_qk_store_kv), from the same h: h, both norms'
+// rows (separate buffers here; the model shares one), the SwiGLU rows, q, k, v (rotated) and the
+// K/V rows (f32 and f16, at a position near 128K), bit for bit. The launch with rows must have run
+// (its launch count) where there are rows at m = 1, and not at m = 2. Each case runs twice on one
+// backend.
+void dense_qkv_rows_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int head_dim,
+                         uint64_t seed) {
   auto weight = [&](int64_t rows, int64_t cols, uint64_t s, const char* name) {
     return HostWeight(random_normal(static_cast<size_t>(rows * cols), s, 0.05f), dt, rows, cols,
                       name);
@@ -455,6 +450,7 @@ void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int he
   const std::vector<float>& inv_freq = vec.inv_freq;
   const std::string tag =
       std::string(dtype_name(dt)) + " d=" + std::to_string(d) + " ffn=" + std::to_string(ffn);
+  const bool with_rows = kv % head_dim == 0;
   for (int m : {1, 2}) {
     const std::vector<float> x = random_normal(static_cast<size_t>(m * d), seed + 12 + m);
     const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), seed + 14 + m, 2.0f);
@@ -462,9 +458,8 @@ void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int he
     struct Run {
       std::vector<float> h, mid_out, next_out, act, q, k, v, k_rows, v_rows;
     };
-    auto run = [&](int chain, bool qkv_rows, DType rows_dtype) {
+    auto run = [&](bool qkv_rows, DType rows_dtype) {
       cuda::GemvTuning t = cuda::gemv_tuning();
-      t.chain = chain;
       t.qkv_rows = qkv_rows;
       cuda::set_gemv_tuning(t);
       DeviceArray h(gpu, h0), mid_out(gpu, m * d), next_out(gpu, m * d), proj(gpu, m * d),
@@ -479,59 +474,45 @@ void dense_chain_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int he
       const KvRowStore rows{RopeQK{q.data(), static_cast<int>(d / head_dim),
                                    static_cast<int>(kv / head_dim), head_dim, inv_freq.data()},
                             131000, k_rows.data(), v_rows.data(), rows_dtype};
-      const uint64_t launches = cuda::gemv_chain_launches();
       const uint64_t qkv_launches = cuda::gemv_qkv_rows_launches();
       gpu.output_and_mlp(xd.data(), m, LinearOp{&wo.view, nullptr, &bo.view, proj.data()}, mid,
                          LinearOp{&wg.view, nullptr, nullptr, g.data()},
                          LinearOp{&wu.view, nullptr, nullptr, u.data()}, act.data(),
                          LinearOp{&wd.view, nullptr, nullptr, proj.data()}, next, qkv, 3,
-                         kv % head_dim == 0 ? &rows : nullptr);
-      EXPECT_EQ(cuda::gemv_chain_launches() - launches, chain > 0 && m == 1 ? 1u : 0u) << tag;
-      const bool fused_rows = qkv_rows && chain == 0 && m == 1 && kv % head_dim == 0;
+                         with_rows ? &rows : nullptr);
+      const bool fused_rows = qkv_rows && m == 1 && with_rows;
       EXPECT_EQ(cuda::gemv_qkv_rows_launches() - qkv_launches, fused_rows ? 1u : 0u) << tag;
       EXPECT_FALSE(mid.deferred || next.deferred) << tag;
       return Run{h.to_host(), mid_out.to_host(), next_out.to_host(), act.to_host(),   q.to_host(),
                  k.to_host(), v.to_host(),       k_rows.to_host(),   v_rows.to_host()};
     };
-    for (int cr = 0; cr < 6; ++cr) {  // chain 1 / chain 2 / the q/k/v launch with rows; f32 / f16
-      const int chain = cr / 2 < 2 ? 1 + cr / 2 : 0;
-      const DType rows_dtype = cr % 2 == 0 ? DType::F32 : DType::F16;
-      const Run want = run(0, false, rows_dtype);
+    for (const DType rows_dtype : {DType::F32, DType::F16}) {
+      const Run want = run(false, rows_dtype);
       for (int rep = 0; rep < 2; ++rep) {
-        const Run got = run(chain, chain == 0, rows_dtype);
-        const std::string at = tag + " m=" + std::to_string(m) + " chain " + std::to_string(chain) +
-                               " " + dtype_name(rows_dtype) + " rows, run " + std::to_string(rep);
+        const Run got = run(true, rows_dtype);
+        const std::string at = tag + " m=" + std::to_string(m) + " " + dtype_name(rows_dtype) +
+                               " rows, run " + std::to_string(rep);
         EXPECT_EQ(first_bit_difference(got.mid_out, want.mid_out), -1) << at << " MLP norm";
         EXPECT_EQ(first_bit_difference(got.act, want.act), -1) << at << " SwiGLU rows";
         const std::vector<float> Run::*outs[] = {&Run::h, &Run::next_out, &Run::q,     &Run::k,
                                                  &Run::v, &Run::k_rows,   &Run::v_rows};
         const char* names[] = {"h", "next norm", "q", "k", "v", "K rows", "V rows"};
         for (int i = 0; i < 7; ++i) {
-          if (i >= 5 && kv % head_dim != 0) continue;  // no rows stored
-          if (exact || m > 1) {
-            EXPECT_EQ(first_bit_difference(got.*outs[i], want.*outs[i]), -1)
-                << at << " " << names[i];
-          } else if (i < 5 || rows_dtype == DType::F32) {  // f16 rows are not floats
-            EXPECT_LT(testing::rel_error(got.*outs[i], want.*outs[i]), i == 0 ? 1e-6 : 1e-5)
-                << at << " " << names[i];
-          }
+          if (i >= 5 && !with_rows) continue;  // no rows stored
+          EXPECT_EQ(first_bit_difference(got.*outs[i], want.*outs[i]), -1) << at << " " << names[i];
         }
       }
     }
   }
-  cuda::GemvTuning t = cuda::gemv_tuning();
-  t.chain = 0;
-  t.qkv_rows = false;
-  cuda::set_gemv_tuning(t);
   gpu.release_weights();
 }
 
-TEST_F(CudaOpsTest, DenseChainEqualsTheSeparateLaunches) {
+TEST_F(CudaOpsTest, DenseQkvRowsEqualTheSeparateLaunches) {
   const cuda::GemvTuning saved = cuda::gemv_tuning();
-  dense_chain_case(gpu(), DType::BF16, 2048, 5504, 128, true, 500);  // Llama-like
-  dense_chain_case(gpu(), DType::F16, 2048, 3000, 128, true, 520);   // mixed tiles off 16
-  dense_chain_case(gpu(), DType::BF16, 1032, 2824, 128, true, 540);  // odd tiles, no rows
-  dense_chain_case(gpu(), DType::BF16, 512, 1376, 64, false, 560);   // 8 warps: regrouped
+  dense_qkv_rows_case(gpu(), DType::BF16, 2048, 5504, 128, 500);  // Llama-like
+  dense_qkv_rows_case(gpu(), DType::F16, 2048, 3000, 128, 520);   // mixed tiles off 16
+  dense_qkv_rows_case(gpu(), DType::BF16, 1032, 2824, 128, 540);  // odd tiles, no rows
+  dense_qkv_rows_case(gpu(), DType::BF16, 512, 1376, 64, 560);    // 8 warps
   cuda::set_gemv_tuning(saved);
 }
 

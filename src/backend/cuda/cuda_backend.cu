@@ -243,7 +243,6 @@ struct CudaBackend::Impl {
   // A deferred norm's partial sums (num_sms): one buffer serves every norm, since a producer writes
   // it only after its PDL wait, when the previous norm's consumer (the launch before it) is done.
   double* norm_sumsq = nullptr;
-  unsigned* grid_barrier = nullptr;  // the layer chain's barrier word (zeroed once)
 
 #ifdef QS_KERNEL_TRACE
   unsigned long long* trace = nullptr;
@@ -267,7 +266,6 @@ struct CudaBackend::Impl {
     if (cublas_workspace) cudaFree(cublas_workspace);
     if (norm_arrivals) cudaFree(norm_arrivals);
     if (norm_sumsq) cudaFree(norm_sumsq);
-    if (grid_barrier) cudaFree(grid_barrier);
     if (cublas) cublasDestroy(cublas);
     if (stream) cudaStreamDestroy(stream);
   }
@@ -386,8 +384,6 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   CUDA_CHECK(cudaMalloc(&impl->norm_arrivals, sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl->norm_arrivals, 0, sizeof(unsigned)));
   CUDA_CHECK(cudaMalloc(&impl->norm_sumsq, sizeof(double) * static_cast<size_t>(impl->num_sms)));
-  CUDA_CHECK(cudaMalloc(&impl->grid_barrier, sizeof(unsigned)));
-  CUDA_CHECK(cudaMemset(impl->grid_barrier, 0, sizeof(unsigned)));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 
@@ -1162,57 +1158,10 @@ void CudaBackend::gate_up_swiglu_normed(const PendingNorm& pn, int m, const Line
   gate_up_swiglu_from(pn.h, m, gate, up, out, &pn);
 }
 
-bool CudaBackend::dense_layer_chain(const float* x, int m, const LinearOp& o, PendingNorm& mid,
-                                    const LinearOp& gate, const LinearOp& up, float* act,
-                                    const LinearOp& down, PendingNorm& next,
-                                    const LinearOp* next_ops, int next_count,
-                                    const KvRowStore* next_rows) {
-  if (!cuda::gemv_tuning().chain || !g_fuse_norm || !g_fuse_swiglu || m != 1 || mid.h != next.h ||
-      next_count < 1 || next_count > cuda::kMaxGemvSegments || o.rows() != mid.weight->numel() ||
-      down.rows() != next.weight->numel()) {
-    return false;
-  }
-  const auto dense = [](const LinearOp& op) { return op.w != nullptr && op.w4 == nullptr; };
-  bool all_dense = dense(o) && dense(gate) && dense(up) && dense(down);
-  for (int i = 0; i < next_count; ++i) all_dense = all_dense && dense(next_ops[i]);
-  if (!all_dense) return false;
-  const auto segment = [&](const LinearOp& op, float* y) {
-    return cuda::GemvSegment{impl_->matrix(*op.w), impl_->bias(op.bias), y};
-  };
-  cuda::GemvLayerChain c;
-  c.x = x;
-  c.o = segment(o, nullptr);
-  c.gate = segment(gate, act);
-  c.up = segment(up, nullptr);
-  c.down = segment(down, nullptr);
-  c.next_count = next_count;
-  for (int i = 0; i < next_count; ++i) c.next[i] = segment(next_ops[i], next_ops[i].y);
-  const auto norm = [&](const PendingNorm& pn) {
-    return cuda::GemvNorm{
-        pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, pn.out, nullptr,
-        1,    pn.weight->numel()};
-  };
-  c.mid = norm(mid);
-  c.next_norm = norm(next);
-  c.barrier = impl_->grid_barrier;
-  // Chain 2 also rotates q and k and stores the rows.
-  const bool rows_in_chain = cuda::gemv_tuning().chain >= 2 && next_rows != nullptr &&
-                             rows_of_qkv(next_ops, next_count, *next_rows);
-  if (rows_in_chain) c.rows = kv_row_epilogue(*next_rows);
-  if (!cuda::launch_gemv_chain(c, impl_->num_sms, impl_->stream)) return false;
-  mid.deferred = false;
-  next.deferred = false;
-  if (next_rows != nullptr && !rows_in_chain) store_next_rows(m, next_ops, next_count, *next_rows);
-  return true;
-}
-
 void CudaBackend::output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                                  const LinearOp& gate, const LinearOp& up, float* act,
                                  const LinearOp& down, PendingNorm& next, const LinearOp* next_ops,
                                  int next_count, const KvRowStore* next_rows) {
-  if (dense_layer_chain(x, m, o, mid, gate, up, act, down, next, next_ops, next_count, next_rows)) {
-    return;
-  }
   // With GemvTuning::qkv_rows or Q4GemvTuning::qkv_rows the next q/k/v and its rows are launched
   // here: as one launch where matmul_group_from runs them that way, else as the base class would.
   const bool qkv_here = next_rows != nullptr && next_count > 0 &&

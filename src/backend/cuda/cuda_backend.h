@@ -148,12 +148,8 @@ class CudaBackend final : public Backend {
   void matmul_group_normed(const PendingNorm& pn, int m, const LinearOp* ops, int count) override;
   void gate_up_swiglu_normed(const PendingNorm& pn, int m, const LinearOp& gate, const LinearOp& up,
                              float* out) override;
-  // With GemvTuning::chain (QS_GEMV_CHAIN=1; off by default: measured slower, session 44) a bf16 /
-  // f16 layer's o, gate / up and down and the next layer's q / k / v at one row run as one
-  // persistent launch with grid barriers between them (launch_gemv_chain: the bits of the ring
-  // kernel's launches, both norms materialized), with chain 2 the next layer's RoPE and K/V row
-  // store too. With GemvTuning::qkv_rows (bf16 / f16) or Q4GemvTuning::qkv_rows (4-bit) the next
-  // q / k / v launch also rotates and stores the rows (matmul_group_from). Otherwise the calls.
+  // With GemvTuning::qkv_rows (bf16 / f16) or Q4GemvTuning::qkv_rows (4-bit) the next q / k / v
+  // launch also rotates and stores the rows (matmul_group_from). Otherwise the calls.
   void output_and_mlp(const float* x, int m, const LinearOp& o, PendingNorm& mid,
                       const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
                       PendingNorm& next, const LinearOp* next_ops, int next_count,
@@ -230,13 +226,6 @@ class CudaBackend final : public Backend {
   void gate_up_swiglu_from(const float* x, int m, const LinearOp& gate, const LinearOp& up,
                            float* out, const PendingNorm* pn);
   cuda::NormIn norm_in(const PendingNorm& pn);
-  // output_and_mlp's bf16 / f16 chain (GemvTuning::chain, launch_gemv_chain): false where it
-  // does not run (nothing launched); else both norms are materialized and the next layer's K/V
-  // rows stored (in it with chain 2, else after it).
-  bool dense_layer_chain(const float* x, int m, const LinearOp& o, PendingNorm& mid,
-                         const LinearOp& gate, const LinearOp& up, float* act, const LinearOp& down,
-                         PendingNorm& next, const LinearOp* next_ops, int next_count,
-                         const KvRowStore* next_rows);
   std::unique_ptr<Impl> impl_;
 };
 

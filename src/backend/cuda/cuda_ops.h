@@ -52,10 +52,9 @@ constexpr int kMaxRopePairs = 128;
 struct RopeFreqs {
   float inv_freq[kMaxRopePairs];  // [head_dim / 2]
 };
-// The RoPE and K/V row store of a q/k/v launch's epilogue (launch_gemv_qkv_rows, GemvLayerChain
-// with chain 2): q and k rotated for position pos, the rotated k rows and the v rows stored at
-// k_dst / v_dst (f16 or f32), as launch_rope_qk_store_kv does after the q/k/v launch. k_dst
-// null: none.
+// The RoPE and K/V row store of a q/k/v launch's epilogue (launch_gemv_qkv_rows): q and k
+// rotated for position pos, the rotated k rows and the v rows stored at k_dst / v_dst (f16 or
+// f32), as launch_rope_qk_store_kv does after the q/k/v launch. k_dst null: none.
 struct KvRowEpilogue {
   RopeFreqs freqs{};
   int pos = 0;
@@ -210,38 +209,6 @@ bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const Device
 bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
                         int num_sms, cudaStream_t stream);
 
-// The rest of a layer after its attention and the next layer's q / k / v at m = 1, as one
-// persistent launch of the ring kernel (gemv.cu, gemv_ring_chain_kernel; Backend::output_and_mlp
-// with bf16 / f16 weights): four phases separated by grid barriers,
-//   h += o(x)                       (o.y unused; as launch_gemv_norm's add)
-//   act = swiglu(gate(n1), up(n1))  (n1 = rmsnorm(h) by mid, stored to mid.out too)
-//   h += down(act)
-//   next[i].y = next[i](n2)         (n2 = rmsnorm(h) by next, stored to next.out too)
-// where every block normalizes h itself after the barrier (the last block's code of
-// launch_gemv_norm, so the same bits) into shared memory, and each phase walks its tiles with the
-// ring kernel's warps and order. The same bits as launch_gemv_norm, launch_gemv_swiglu (mixed
-// tiles), launch_gemv_norm and launch_gemv_group where every matrix's K takes the ring kernel's
-// 16 warps (K > 960). barrier: a device word that only grid barriers use (zero-initialized, one
-// per stream). Returns false (nothing launched) unless GemvTuning::chain is set and the operands
-// fit: one row, the ring kernel's dtype and alignment, one hidden size, mixed gate / up tiles,
-// the phases' activations in shared memory.
-struct GemvLayerChain {
-  const float* x = nullptr;       // the attention's output, [1, o.w.cols]
-  GemvSegment o, gate, up, down;  // gate.y: the SwiGLU's output (act); o.y, up.y, down.y unused
-  GemvSegment next[kMaxGemvSegments];
-  int next_count = 0;  // 1..kMaxGemvSegments
-  // The MLP norm and the next layer's attention norm of the residual stream h ([1, d]; mid.h ==
-  // next.h): weight, weight_dtype, eps and out (arrivals and sumsq unused).
-  GemvNorm mid, next_norm;
-  // With rows.k_dst set (GemvTuning::chain 2; next q, k and v of whole heads, head_dim % 16 ==
-  // 0), the q/k/v phase also rotates q and k and stores the K/V rows (KvRowEpilogue).
-  KvRowEpilogue rows;
-  unsigned* barrier = nullptr;
-};
-bool launch_gemv_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream);
-// The chain launches so far in this process (tests check that a call took the chain).
-uint64_t gemv_chain_launches();
-
 // A layer's q, k and v (segs[0..2], heads of rows.head_dim rows, head_dim % 16 == 0) at one row
 // as launch_gemv_group computes them, then q and k rotated and the K/V rows stored as
 // launch_rope_qk_store_kv does, in one launch of the ring kernel (q and k on tiles that hold both
@@ -269,26 +236,11 @@ struct GemvTuning {
   // same index (gemv.cu, MIXED) instead of a gate tile paired with its up tile. On since session
   // 34 (Llama-2-7B at 32K: AR fp16 -1.2%, verification -3.0%); QS_SWIGLU_MIXED=0 pairs the tiles.
   bool swiglu_mixed = true;
-  // A layer's o, gate / up and down and the next layer's q / k / v as one launch with grid
-  // barriers between them (launch_gemv_chain, which runs nothing unless it is set;
-  // CudaBackend::output_and_mlp); QS_GEMV_CHAIN=1, or 2 with the next layer's RoPE and K/V row
-  // store in the q/k/v phase (GemvLayerChain::rows). Off: the same bits but slower on the H100
-  // (session 44: AR fp16 at 32K +0.7% / +1.9%); not yet measured on an H200.
-  int chain = 0;
   // A layer's q/k/v launch at m = 1 also rotates q and k and stores the K/V rows
   // (launch_gemv_qkv_rows; CudaBackend::output_and_mlp). On since session 44 (H100, AR fp16 at
   // 32K: Llama-2-7B -0.6%, Llama-3.1-8B -1.0%); QS_QKV_ROWS=0 launches the RoPE + store apart.
   bool qkv_rows = true;
-  // Diagnostics (bench_ops --sections chaintime): non-null, a device buffer of
-  // kChainTimelineSlots words per SM into which every block of every chain launch writes
-  // %globaltimer (ns) as its phases pass (the last launch's stamps remain). Null: no stamp.
-  unsigned long long* chain_timeline = nullptr;
 };
-// The layer chain's timeline (GemvTuning::chain_timeline), per block: [0] entry; for phase p,
-// [1 + 4p] its start (p = 0: before the PDL wait, else the barrier's entry), [2 + 4p] released
-// (the previous kernel complete / every block arrived), [3 + 4p] its activation staged, [4 + 4p]
-// its walk done; [17] the SM the block ran on.
-constexpr int kChainTimelineSlots = 18;
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();
 

@@ -31,13 +31,11 @@
 #include <cstring>
 #include <type_traits>
 
-#include "backend/cuda/chain_map.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/gemv_norm.cuh"
-#include "backend/cuda/grid_barrier.cuh"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/rope_row.cuh"
@@ -120,8 +118,8 @@ __device__ __forceinline__ void unpack8(const uint4& v, __half, float (&f)[8]) {
 
 // One 32-wide K chunk of a warp's 16 W rows into its C fragments: wa / wb are the lane's 16 bytes
 // of rows g and g + 8 at k .. k + 7 (zeros where invalid), times x[token][k .. k + 7] for the
-// tokens t * 8 + g of each tile (ok: k is inside K). SMEM_X: x is in shared memory (the chain).
-template <typename T, int NT, bool SMEM_X = false>
+// tokens t * 8 + g of each tile (ok: k is inside K).
+template <typename T, int NT>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, const uint4& wb,
                                           const float* __restrict__ x, int m, int64_t K, int64_t k,
                                           bool ok, int g) {
@@ -133,13 +131,8 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
     float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
     if (ok && token < m) {
       const float4* xp = reinterpret_cast<const float4*>(x + token * K + k);
-      if constexpr (SMEM_X) {
-        x0 = xp[0];
-        x1 = xp[1];
-      } else {
-        x0 = __ldg(xp);
-        x1 = __ldg(xp + 1);
-      }
+      x0 = __ldg(xp);
+      x1 = __ldg(xp + 1);
     }
     const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     float hi[8], lo[8];
@@ -161,8 +154,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
 // gate_sums (a paired launch, find_tile): [NT * 128] floats of shared memory where member 0 (the
 // gate tile) leaves its sums and member 1 (the up tile) stores swiglu_of(gate, up) into y; each
 // thread reads back only what it wrote.
-// COHERENT: norm.h read through L2 (gemv_store).
-template <int NT, bool COHERENT = false>
+template <int NT>
 __device__ __forceinline__ void store_tile_sums(const float* partial, int num_warps, int64_t n0,
                                                 int64_t N, int m, const DeviceBias& bias, float* y,
                                                 const GemvNorm& norm = {},
@@ -182,7 +174,7 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
         }
         sum = swiglu_of(gate_sums[e], sum);
       }
-      gemv_store<COHERENT>(norm, y, token * N + row, sum);
+      gemv_store(norm, y, token * N + row, sum);
     }
   }
 }
@@ -350,7 +342,7 @@ __device__ __forceinline__ uint32_t ring_offset(int r, int p) {
 // refilled by fetch(), which runs ahead by STAGES - 1 stages), from K offset k (chunk_begin * 64
 // + 8c), summed into its C fragments, which go to `part` ([warps][NT][32][4]: one buffer of the
 // caller's double-buffered partial), then a block barrier; the caller stores the tile from part.
-template <typename T, int NT, int STAGES, bool SMEM_X, class Fetch>
+template <typename T, int NT, int STAGES, class Fetch>
 __device__ __forceinline__ void ring_tile(Fetch& fetch, const unsigned char* ring, int& slot,
                                           float* part, const float* x, int m, int64_t K, int64_t k,
                                           int64_t my_chunks, int warp, int lane, int g) {
@@ -369,7 +361,7 @@ __device__ __forceinline__ void ring_tile(Fetch& fetch, const unsigned char* rin
       const int pos = (lane ^ (half * 4)) * 16;
       const uint4 wa = *reinterpret_cast<const uint4*>(stage + (half * 2) * 512 + pos);
       const uint4 wb = *reinterpret_cast<const uint4*>(stage + (half * 2 + 1) * 512 + pos);
-      mma_chunk<T, NT, SMEM_X>(acc, wa, wb, x, m, K, k + half * 32, k + half * 32 < K, g);
+      mma_chunk<T, NT>(acc, wa, wb, x, m, K, k + half * 32, k + half * 32 < K, g);
     }
   }
   part += size_t(warp) * NT * 128;
@@ -520,8 +512,8 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
   int slot = 0;
   for (int64_t tj = 0; tj < my_tiles; ++tj) {
     float* part = partial + size_t(tj & 1) * num_warps * NT * 128;  // double-buffered
-    ring_tile<T, NT, STAGES, false>(fetch, ring, slot, part, x, m, K,
-                                    chunk_begin * kRingChunkK + 8 * c, my_chunks, warp, lane, g);
+    ring_tile<T, NT, STAGES>(fetch, ring, slot, part, x, m, K, chunk_begin * kRingChunkK + 8 * c,
+                             my_chunks, warp, lane, g);
     if constexpr (MIXED) {
       store_tile_swiglu<NT>(part, num_warps, (blockIdx.x + tj * gridDim.x) * 8, segs.N[0], m,
                             segs.bias[0], segs.bias[1], segs.y[0]);
@@ -554,224 +546,6 @@ __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     gemv_ring_rope_kernel(const float* __restrict__ x, int64_t K, const MmaSegments<T> segs,
                           int64_t tiles, const __grid_constant__ KvRowEpilogue rows) {
   ring_walk<T, 1, STAGES, false, true>(x, 1, K, segs, tiles, GemvNorm{}, &rows);
-}
-
-// ---- a layer's o -> gate/up -> down and the next q/k/v as one launch (launch_gemv_chain) ------
-//
-// The ring kernel four times in one persistent grid (a block per SM), the phases separated by
-// grid barriers instead of launch boundaries: session 34's chain section measured one
-// Llama-2-7B layer's bf16 GEMVs at m = 1 at 114.7 us as the model's four launches against 100.5
-// as one launch of the same bytes. Each warp's ring runs on across the phases (ChainCursor,
-// chain_map.h), so the next phase's first weights are in flight while the grid waits. A phase's
-// activation sits in shared memory: the attention's output, the MLP norm of h (every block
-// normalizes h's row itself after the barrier, with launch_gemv_norm's last-block code), act,
-// then the next layer's attention norm of h. A phase walks its tiles with the ring kernel's
-// warps, order and epilogues, so it computes that launch's bits.
-constexpr int kRingChainPhases = 4;
-
-template <typename T>
-struct RingChainPhase {
-  MmaSegments<T> segs;  // swiglu: the gate / up phase, on mixed tiles
-  int64_t K, tiles;
-  const float* x;  // the activation ([1, K], read from L2); null: in's normalized row
-  GemvNorm in;     // x null: the activation is rmsnorm(in.h), which block 0 also stores to in.out
-  GemvNorm norm;   // h set: the sums are added into h (o and down), not stored
-  int rope_hd;     // > 0 (the q/k/v phase, chain 2): segments 0 and 1 walk RoPE tiles of heads
-                   // of rope_hd rows (RingChainFetch::enter), segment 2 stores the V rows
-};
-
-template <typename T>
-struct RingChainArgs {
-  RingChainPhase<T> phase[kRingChainPhases];
-  int64_t max_k;
-  KvRowEpilogue rows;  // the q/k/v phase's RoPE and K/V rows (where phase 3's rope_hd > 0)
-  unsigned* barrier;
-  unsigned long long* timeline;  // GemvTuning::chain_timeline (null: no stamps)
-};
-
-// The chain's activations, norm scratch, phases and RoPE table (rope_hd: the rows' head_dim, 0
-// for none) after the rings and the partial sums.
-size_t ring_chain_smem_bytes(int warps, int64_t max_k, size_t phase_bytes, int rope_hd) {
-  return ring_smem_bytes(warps, kChainRingStages, 1) - 128 * sizeof(float) +  // no gate sums
-         static_cast<size_t>((max_k + 3) / 4 * 4) * sizeof(float) + kGemvNormScratchBytes + 8 +
-         kRingChainPhases * phase_bytes + size_t(rope_hd / 2) * sizeof(float2);
-}
-
-// The fetch side of the chain: the ring kernel's copies (a whole 128-byte line per cp.async of
-// a quarter warp, into the reader lane's slot) over phase 0's tiles, then phase 1's, and so on
-// (ChainCursor), reading the phases from shared memory.
-template <typename T>
-struct RingChainFetch {
-  const RingChainPhase<T>* phases;
-  uint32_t ring_base;
-  uint32_t woff[4];
-  int wq, wp;
-  ChainCursor cursor;
-  const T* w_any = nullptr;
-  const T* f_src = nullptr;
-  const T* f_up = nullptr;  // a mixed tile's up rows (copies j = 2, 3)
-  int64_t f_k = 0, K = 0;
-  int f_rows = 0;
-  bool mixed = false;
-
-  __device__ RingChainFetch(const RingChainPhase<T>* phases_, const unsigned char* ring, int warp,
-                            int num_warps, int lane)
-      : phases(phases_),
-        ring_base(smem_u32(ring)),
-        wq(lane >> 3),
-        wp(lane & 7),
-        cursor(kRingChainPhases, static_cast<int>(blockIdx.x), static_cast<int>(gridDim.x), warp,
-               num_warps) {
-#pragma unroll
-    for (int j = 0; j < 4; ++j) woff[j] = ring_offset(4 * j + wq, wp);
-  }
-
-  // The ring kernel's enter(tile) for tile `tile` of phase `ph`, from chunk cursor.unit_begin. A
-  // RoPE tile (ph.rope_hd > 0, segments 0 and 1) is mixed like a gate / up tile: rows 0-7 are
-  // rows r .. r + 7 of a head's first half, rows 8-15 the same rows of its second half.
-  __device__ __forceinline__ void enter(const RingChainPhase<T>& ph, int64_t tile) {
-    K = ph.K;
-    w_any = ph.segs.w[0];
-    f_k = cursor.unit_begin * kRingChunkK + 8 * wp;
-    if (ph.segs.swiglu) {
-      mixed = true;
-      f_src = ph.segs.w[0] + (tile * 8 + wq) * K + f_k;
-      f_up = ph.segs.w[1] + (tile * 8 + wq) * K + f_k;
-      f_rows = static_cast<int>(min(int64_t{8}, ph.segs.N[0] - tile * 8));
-      return;
-    }
-    int64_t local;
-    const int si = find_segment_at(ph.segs, tile, local);
-    mixed = ph.rope_hd > 0 && si < 2;
-    if (mixed) {
-      f_src = ph.segs.w[si] + (rope_tile_row(local, ph.rope_hd) + wq) * K + f_k;
-      f_up = f_src + ph.rope_hd / 2 * K;
-      f_rows = 8;  // whole heads
-    } else {
-      f_src = ph.segs.w[si] + (local * 16 + wq) * K + f_k;
-      f_up = f_src;  // unused
-      f_rows = static_cast<int>(min(int64_t{16}, ph.segs.N[si] - local * 16));
-    }
-  }
-
-  __device__ __forceinline__ void copy(int slot) {
-    const uint32_t dst = ring_base + slot * kRingStageBytes;
-    const bool k_ok = f_k < K;
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      const bool ok = k_ok && (mixed ? 4 * (j & 1) : 4 * j) + wq < f_rows;
-      const T* src = mixed ? (j < 2 ? f_src : f_up) + (j & 1) * 4 * K : f_src + j * 4 * K;
-      cp_async16_zfill(dst + woff[j], ok ? src : w_any, ok ? 16 : 0);
-    }
-    f_src += kRingChunkK, f_up += kRingChunkK, f_k += kRingChunkK;
-  }
-
-  __device__ __forceinline__ void operator()() {
-    int fill;
-    bool entered;
-    const auto shape = [&](int p) {
-      return ChainPhaseShape{phases[p].tiles, (phases[p].K + kRingChunkK - 1) / kRingChunkK};
-    };
-    if (cursor.next(shape, fill, entered)) {
-      if (entered) enter(phases[cursor.phase], cursor.item);
-      copy(fill);
-    }
-    cp_async_commit();
-  }
-};
-
-// One phase of the chain (P: 0..3): wait for its input (phase 0: the previous kernel; the others:
-// the grid barrier), stage its activation in xs, walk this block's tiles and store them.
-template <typename T, int P>
-__device__ __forceinline__ void ring_chain_phase(const RingChainArgs<T>& args,
-                                                 RingChainFetch<T>& fetch,
-                                                 const unsigned char* ring, int& slot,
-                                                 float* partial, float* xs, double* scratch,
-                                                 const float2* rope_cs) {
-  const RingChainPhase<T>& ph = args.phase[P];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, num_warps = blockDim.x / 32;
-  const int64_t K = ph.K;
-  float w[kNormPer];
-  if (ph.x == nullptr) load_weight_chunk(ph.in.weight, ph.in.weight_dtype, 0, K, w);
-  timeline_stamp(args.timeline, 1 + 4 * P);
-  if constexpr (P == 0) {
-    pdl_begin();  // the attention's output is the previous kernel's
-  } else {
-    grid_barrier(args.barrier);  // the previous phase's outputs are written
-  }
-  timeline_stamp(args.timeline, 2 + 4 * P);
-  if (ph.x != nullptr) {
-    const float4* src = reinterpret_cast<const float4*>(ph.x);
-    for (int64_t i = threadIdx.x; i < K / 4; i += blockDim.x) {
-      reinterpret_cast<float4*>(xs)[i] = __ldcg(src + i);
-    }
-  } else {
-    normalize_row<true, false>(ph.in.h, nullptr, ph.in.weight, ph.in.weight_dtype, K, ph.in.eps, w,
-                               scratch, xs);
-  }
-  __syncthreads();
-  timeline_stamp(args.timeline, 3 + 4 * P);
-  if (ph.x == nullptr && blockIdx.x == 0) {
-    for (int64_t i = threadIdx.x; i < K / 4; i += blockDim.x) {
-      reinterpret_cast<float4*>(ph.in.out)[i] = reinterpret_cast<const float4*>(xs)[i];
-    }
-  }
-  const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
-  const int64_t chunk_begin = chunks * warp / num_warps;
-  const int64_t my_chunks = chunks * (warp + 1) / num_warps - chunk_begin;
-  const int64_t my_tiles = block_items(ph.tiles);
-  for (int64_t tj = 0; tj < my_tiles; ++tj) {
-    float* part = partial + size_t(tj & 1) * num_warps * 128;  // double-buffered
-    ring_tile<T, 1, kChainRingStages, true>(fetch, ring, slot, part, xs, 1, K,
-                                            chunk_begin * kRingChunkK + 8 * (lane & 3), my_chunks,
-                                            warp, lane, lane >> 2);
-    const int64_t tile = blockIdx.x + tj * gridDim.x;
-    if (ph.segs.swiglu) {
-      store_tile_swiglu<1>(part, num_warps, tile * 8, ph.segs.N[0], 1, ph.segs.bias[0],
-                           ph.segs.bias[1], ph.segs.y[0]);
-    } else {
-      int64_t local;
-      const int si = find_segment_at(ph.segs, tile, local);
-      if (P == 3 && ph.rope_hd > 0) {
-        store_tile_rope_rows(part, num_warps, ph.segs, si, local, ph.rope_hd, args.rows, rope_cs);
-      } else {
-        store_tile_sums<1, true>(part, num_warps, local * 16, pick(ph.segs.N, si), 1,
-                                 pick(ph.segs.bias, si), pick(ph.segs.y, si), ph.norm);
-      }
-    }
-  }
-  timeline_stamp(args.timeline, 4 + 4 * P);
-}
-
-template <typename T>
-__global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
-    gemv_ring_chain_kernel(const __grid_constant__ RingChainArgs<T> args) {
-  extern __shared__ __align__(16) unsigned char ring_smem[];
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, num_warps = blockDim.x / 32;
-  unsigned char* ring = ring_smem + size_t(warp) * kChainRingStages * kRingStageBytes;
-  float* partial =
-      reinterpret_cast<float*>(ring_smem + size_t(num_warps) * kChainRingStages * kRingStageBytes);
-  float* xs = partial + 2 * size_t(num_warps) * 128;                           // [max_k]
-  double* scratch = reinterpret_cast<double*>(xs + (args.max_k + 3) / 4 * 4);  // 16-byte aligned
-  auto* phases = reinterpret_cast<RingChainPhase<T>*>(reinterpret_cast<unsigned char*>(scratch) +
-                                                      kGemvNormScratchBytes + 8);
-  auto* rope_cs = reinterpret_cast<float2*>(phases + kRingChainPhases);  // [rows.head_dim / 2]
-  timeline_stamp(args.timeline, 0);
-  if (threadIdx.x < kRingChainPhases) phases[threadIdx.x] = args.phase[threadIdx.x];
-  fill_rope_table(rope_cs, args.rows.head_dim / 2, static_cast<float>(args.rows.pos),
-                  args.rows.freqs.inv_freq);
-  __syncthreads();
-  RingChainFetch<T> fetch(phases, ring, warp, num_warps, lane);
-  // The weights do not depend on the previous kernel: the first stages are in flight while it
-  // finishes (launch.cuh).
-#pragma unroll
-  for (int s = 0; s < kChainRingStages - 1; ++s) fetch();
-  int slot = 0;
-  ring_chain_phase<T, 0>(args, fetch, ring, slot, partial, xs, scratch, rope_cs);
-  ring_chain_phase<T, 1>(args, fetch, ring, slot, partial, xs, scratch, rope_cs);
-  ring_chain_phase<T, 2>(args, fetch, ring, slot, partial, xs, scratch, rope_cs);
-  ring_chain_phase<T, 3>(args, fetch, ring, slot, partial, xs, scratch, rope_cs);
-  cp_async_wait<0>();
 }
 
 // Coalesced FMA kernel for a few rows (m <= M <= 4): a warp owns kCoalRows W rows and reads
@@ -905,7 +679,6 @@ GemvTuning g_tuning = [] {
     }
   }
   t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", true);
-  t.chain = env_int("QS_GEMV_CHAIN", 0, 2, t.chain);
   t.qkv_rows = env_flag("QS_QKV_ROWS", true);
   return t;
 }();
@@ -1180,110 +953,6 @@ bool qkv_rows_fit(const GemvSegment* segs, const KvRowEpilogue& rows) {
          segs[2].w.rows == segs[1].w.rows;
 }
 
-// Whether the chain's operands are one layer's at m = 1 on the ring kernel, as launch_gemv_chain
-// documents (the separate launches would each take the ring kernel at one row).
-bool chain_operands_fit(const GemvLayerChain& c) {
-  if (c.next_count < 1 || c.next_count > kMaxGemvSegments || !c.x || !c.barrier || !c.gate.y ||
-      !c.mid.h || c.next_norm.h != c.mid.h || !c.mid.weight || !c.mid.out || !c.next_norm.weight ||
-      !c.next_norm.out) {
-    return false;
-  }
-  const int64_t d = c.o.w.rows;
-  const GemvSegment* in_d[] = {&c.gate, &c.up, &c.next[0], &c.next[1], &c.next[2]};
-  for (int i = 0; i < 2 + c.next_count; ++i) {
-    if (in_d[i]->w.cols != d || (i >= 2 && !in_d[i]->y)) return false;
-  }
-  const GemvSegment* all[] = {&c.o, &c.gate, &c.up, &c.down, &c.next[0], &c.next[1], &c.next[2]};
-  for (int i = 0; i < 4 + c.next_count; ++i) {
-    if (all[i]->w.dtype != c.o.w.dtype || !gemv_uses_tensor_cores(c.x, all[i]->w)) return false;
-  }
-  if (c.rows.k_dst != nullptr &&
-      (g_tuning.chain < 2 || c.next_count != 3 || !qkv_rows_fit(c.next, c.rows))) {
-    return false;
-  }
-  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return aligned(c.mid.h) && aligned(c.gate.y) && aligned(c.mid.out) && aligned(c.next_norm.out) &&
-         c.gate.w.rows == c.up.w.rows && c.down.w.cols == c.gate.w.rows && c.down.w.rows == d;
-}
-
-template <typename T>
-RingChainPhase<T> ring_chain_phase_of(const GemvSegment* segs, int count, bool swiglu,
-                                      const float* x) {
-  RingChainPhase<T> p{};
-  p.segs = mma_segments<T>(segs, count);
-  p.segs.swiglu = swiglu;
-  p.K = segs[0].w.cols;
-  p.tiles = swiglu ? (segs[0].w.rows + 7) / 8 : p.segs.block_end[kMaxGemvSegments - 1];
-  p.x = x;
-  return p;
-}
-
-template <typename T>
-bool launch_ring_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream) {
-  RingChainArgs<T> args{};
-  args.phase[0] = ring_chain_phase_of<T>(&c.o, 1, false, c.x);
-  args.phase[0].norm.h = c.mid.h;
-  const GemvSegment gate_up[2] = {c.gate, c.up};
-  args.phase[1] = ring_chain_phase_of<T>(gate_up, 2, true, nullptr);
-  args.phase[1].in = c.mid;
-  args.phase[2] = ring_chain_phase_of<T>(&c.down, 1, false, c.gate.y);
-  args.phase[2].norm.h = c.mid.h;
-  args.phase[3] = ring_chain_phase_of<T>(c.next, c.next_count, false, nullptr);
-  args.phase[3].in = c.next_norm;
-  if (c.rows.k_dst != nullptr) {
-    args.phase[3].rope_hd = c.rows.head_dim;
-    args.rows = c.rows;
-  }
-  args.barrier = c.barrier;
-  args.timeline = g_tuning.chain_timeline;
-  int warps = kRingMaxWarps;
-  for (const RingChainPhase<T>& p : args.phase) {
-    args.max_k = std::max(args.max_k, p.K);
-    warps = std::min(warps, ring_warps(p.K));  // the separate launches' where K > 960
-  }
-  const size_t smem =
-      ring_chain_smem_bytes(warps, args.max_k, sizeof(RingChainPhase<T>), args.rows.head_dim);
-  const size_t smem_max = max_smem_per_block();
-  if (smem > smem_max) return false;
-  static bool opted_in = false;  // above 48 KiB: once per instantiation
-  if (!opted_in) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_ring_chain_kernel<T>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    static_cast<int>(smem_max)));
-    opted_in = true;
-  }
-  // The barriers need every block resident at once: one per SM, which the launch bound (512
-  // threads, one block per SM) and the shared memory checked above allow; PDL schedules the next
-  // kernel only once every block of this one has started (launch.cuh), and a grid that is not
-  // resident anyway (SMs shared under MPS) traps at its barrier.
-  launch(gemv_ring_chain_kernel<T>, static_cast<unsigned>(num_sms), warps * 32, smem, stream, args);
-  CUDA_CHECK_LAUNCH(stream);
-  return true;
-}
-
-}  // namespace
-
-namespace {
-std::atomic<uint64_t> g_chain_launches{0};
-}  // namespace
-
-bool launch_gemv_chain(const GemvLayerChain& c, int num_sms, cudaStream_t stream) {
-  if (!g_tuning.chain || g_tuning.ring_stages < 0 || !g_tuning.swiglu_mixed ||
-      !chain_operands_fit(c)) {
-    return false;
-  }
-  const bool launched = c.o.w.dtype == DType::BF16
-                            ? launch_ring_chain<__nv_bfloat16>(c, num_sms, stream)
-                            : launch_ring_chain<__half>(c, num_sms, stream);
-  if (launched) ++g_chain_launches;
-  return launched;
-}
-
-uint64_t gemv_chain_launches() {
-  return g_chain_launches.load();
-}
-
-namespace {
 std::atomic<uint64_t> g_qkv_rows_launches{0};
 
 template <typename T, int STAGES>

@@ -15,15 +15,9 @@
 namespace qs::cuda {
 
 // Output element idx (token * N + row) of a GEMV whose tile sum (bias included) is `sum`.
-// COHERENT: h read through L2 (a chain launch, where other blocks wrote h earlier in the launch).
-template <bool COHERENT = false>
 __device__ __forceinline__ void gemv_store(const GemvNorm& norm, float* y, int64_t idx, float sum) {
   if (norm.h != nullptr) {
-    if constexpr (COHERENT) {
-      norm.h[idx] = __ldcg(norm.h + idx) + sum;
-    } else {
-      norm.h[idx] += sum;
-    }
+    norm.h[idx] += sum;
   } else {
     y[idx] = sum;
   }

@@ -1,5 +1,5 @@
 // QS_HOST_DEVICE: a function that CUDA code runs on the device and the CPU tests run on the host
-// (the tile maps of chain_map.h and rope_tiles.h).
+// (the tile maps of rope_tiles.h).
 #pragma once
 
 #if defined(__CUDACC__)

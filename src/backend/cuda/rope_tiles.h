@@ -10,10 +10,10 @@
 
 namespace qs::cuda {
 
-// The bf16 ring kernel (gemv_ring_rope_kernel, and the layer chain's q/k/v phase): RoPE tile
-// `local` of a q or k matrix with heads of hd rows (hd % 16 == 0) is rows r .. r + 7 of a head's
-// first half (its rows 0-7) and the same rows of the second half (rows 8-15); this is r. A head's
-// hd / 16 tiles take its first half 8 rows at a time.
+// The bf16 ring kernel (gemv_ring_rope_kernel): RoPE tile `local` of a q or k matrix with heads
+// of hd rows (hd % 16 == 0) is rows r .. r + 7 of a head's first half (its rows 0-7) and the same
+// rows of the second half (rows 8-15); this is r. A head's hd / 16 tiles take its first half 8
+// rows at a time.
 QS_HOST_DEVICE int64_t rope_tile_row(int64_t local, int hd) {
   const int per_head = hd / 16;
   return local / per_head * hd + local % per_head * 8;
