@@ -349,6 +349,64 @@ struct LayerVectors {
   }
 };
 
+// Random 4-bit weights (group 128) of rows x cols from seed.
+QuantizedWeight4 random_q4(int64_t rows, int64_t cols, uint64_t seed) {
+  std::vector<float> wv = random_normal(static_cast<size_t>(rows * cols), seed, 0.05f);
+  auto q = quantize_weight4(wv.data(), DType::F32, rows, cols, 128, "w4");
+  EXPECT_TRUE(q.ok());
+  return std::move(q).value();
+}
+
+// A draft layer's 4-bit o, gate, up, down and next q, k, v (kv = d / 4 rows) and its vectors.
+struct Q4Layer {
+  int64_t d, ffn, kv;
+  int head_dim;
+  QuantizedWeight4 wo, wg, wu, wd, wq, wk, wv;
+  LayerVectors vec;
+
+  Q4Layer(int64_t d_, int64_t ffn_, int head_dim_, uint64_t seed)
+      : d(d_),
+        ffn(ffn_),
+        kv(d_ / 4),
+        head_dim(head_dim_),
+        wo(random_q4(d_, d_, seed)),
+        wg(random_q4(ffn_, d_, seed + 1)),
+        wu(random_q4(ffn_, d_, seed + 2)),
+        wd(random_q4(d_, ffn_, seed + 3)),
+        wq(random_q4(d_, d_, seed + 4)),
+        wk(random_q4(d_ / 4, d_, seed + 5)),
+        wv(random_q4(d_ / 4, d_, seed + 6)),
+        vec(d_, d_ / 4, head_dim_, seed, DType::BF16) {}
+
+  // Backend::output_and_mlp of this layer from x and h0 (m rows) with the next q/k/v's K/V rows
+  // (rows_dtype, position 131000) under the current tuning: h, act, q, k, v and the K/V rows
+  // (kOutputNames).
+  std::vector<std::vector<float>> output_and_mlp(CudaBackend& gpu, const DeviceArray& x,
+                                                 const std::vector<float>& h0, int m,
+                                                 DType rows_dtype) const {
+    DeviceArray h(gpu, h0), x_rows(gpu, m * d), proj(gpu, m * d), g(gpu, m * ffn),
+        u(gpu, m * ffn), act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv), v(gpu, m * kv),
+        k_rows(gpu, m * kv), v_rows(gpu, m * kv);
+    for (DeviceArray* a : {&x_rows, &act, &q, &k, &v, &k_rows, &v_rows}) a->poison();
+    PendingNorm mid{h.data(), &vec.mlp_norm.view, kEps, x_rows.data(), false};
+    PendingNorm next{h.data(), &vec.next_norm.view, kEps, x_rows.data(), false};
+    const LinearOp qkv[] = {{nullptr, &wq, &vec.bq.view, q.data()},
+                            {nullptr, &wk, &vec.bk.view, k.data()},
+                            {nullptr, &wv, nullptr, v.data()}};
+    const KvRowStore rows{RopeQK{q.data(), static_cast<int>(d / head_dim),
+                                 static_cast<int>(kv / head_dim), head_dim, vec.inv_freq.data()},
+                          131000, k_rows.data(), v_rows.data(), rows_dtype};
+    gpu.output_and_mlp(x.data(), m, LinearOp{nullptr, &wo, &vec.bo.view, proj.data()}, mid,
+                       LinearOp{nullptr, &wg, nullptr, g.data()},
+                       LinearOp{nullptr, &wu, nullptr, u.data()}, act.data(),
+                       LinearOp{nullptr, &wd, nullptr, proj.data()}, next, qkv, 3, &rows);
+    return {h.to_host(), act.to_host(), q.to_host(),      k.to_host(),
+            v.to_host(), k_rows.to_host(), v_rows.to_host()};
+  }
+  static constexpr const char* kOutputNames[7] = {"h", "SwiGLU rows", "q",     "k",
+                                                  "v", "K rows",      "V rows"};
+};
+
 // Backend::output_and_mlp of a draft layer (4-bit, both norms deferred) with its next q/k/v and
 // K/V rows, with Q4GemvTuning::qkv_rows (the q/k/v launch of kernel 10 rotates q and k and
 // stores the rows: launch_gemv_q4_qkv_rows) against the separate q/k/v and RoPE + store
@@ -356,60 +414,28 @@ struct LayerVectors {
 // (f32 and f16, at a position near 128K), bit for bit; the fused launch must have run at m = 1
 // and not at m = 2. Shapes: Llama-like (heads of 128), heads of 64.
 void q4_qkv_rows_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim, uint64_t seed) {
-  auto q4 = [](int64_t rows, int64_t cols, uint64_t s) {
-    std::vector<float> wv = random_normal(static_cast<size_t>(rows * cols), s, 0.05f);
-    auto q = quantize_weight4(wv.data(), DType::F32, rows, cols, 128, "w4");
-    EXPECT_TRUE(q.ok());
-    return std::move(q).value();
-  };
-  const int64_t kv = d / 4;
-  const QuantizedWeight4 wo = q4(d, d, seed), wg = q4(ffn, d, seed + 1), wu = q4(ffn, d, seed + 2),
-                         wd = q4(d, ffn, seed + 3), wq = q4(d, d, seed + 4),
-                         wk = q4(kv, d, seed + 5), wv = q4(kv, d, seed + 6);
-  const LayerVectors vec(d, kv, head_dim, seed, DType::BF16);
+  const Q4Layer layer(d, ffn, head_dim, seed);
   const std::string tag = "d=" + std::to_string(d) + " head_dim=" + std::to_string(head_dim);
   for (int m : {1, 2}) {
     const std::vector<float> x = random_normal(static_cast<size_t>(m * d), seed + 12 + m);
     const std::vector<float> h0 = random_normal(static_cast<size_t>(m * d), seed + 14 + m, 2.0f);
     const DeviceArray xd(gpu, x);
-    struct Run {
-      std::vector<float> h, act, q, k, v, k_rows, v_rows;
-    };
     auto run = [&](bool fused, DType rows_dtype) {
       cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
       t.qkv_rows = fused;
       cuda::set_q4_gemv_tuning(t);
-      DeviceArray h(gpu, h0), x_rows(gpu, m * d), proj(gpu, m * d), g(gpu, m * ffn),
-          u(gpu, m * ffn), act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv), v(gpu, m * kv),
-          k_rows(gpu, m * kv), v_rows(gpu, m * kv);
-      for (DeviceArray* a : {&x_rows, &act, &q, &k, &v, &k_rows, &v_rows}) a->poison();
-      PendingNorm mid{h.data(), &vec.mlp_norm.view, kEps, x_rows.data(), false};
-      PendingNorm next{h.data(), &vec.next_norm.view, kEps, x_rows.data(), false};
-      const LinearOp qkv[] = {{nullptr, &wq, &vec.bq.view, q.data()},
-                              {nullptr, &wk, &vec.bk.view, k.data()},
-                              {nullptr, &wv, nullptr, v.data()}};
-      const KvRowStore rows{RopeQK{q.data(), static_cast<int>(d / head_dim),
-                                   static_cast<int>(kv / head_dim), head_dim, vec.inv_freq.data()},
-                            131000, k_rows.data(), v_rows.data(), rows_dtype};
       const uint64_t launches = cuda::gemv_q4_qkv_rows_launches();
-      gpu.output_and_mlp(xd.data(), m, LinearOp{nullptr, &wo, &vec.bo.view, proj.data()}, mid,
-                         LinearOp{nullptr, &wg, nullptr, g.data()},
-                         LinearOp{nullptr, &wu, nullptr, u.data()}, act.data(),
-                         LinearOp{nullptr, &wd, nullptr, proj.data()}, next, qkv, 3, &rows);
+      auto outs = layer.output_and_mlp(gpu, xd, h0, m, rows_dtype);
       EXPECT_EQ(cuda::gemv_q4_qkv_rows_launches() - launches, fused && m == 1 ? 1u : 0u) << tag;
-      return Run{h.to_host(), act.to_host(),    q.to_host(),     k.to_host(),
-                 v.to_host(), k_rows.to_host(), v_rows.to_host()};
+      return outs;
     };
     for (const DType rows_dtype : {DType::F32, DType::F16}) {
-      const Run want = run(false, rows_dtype);
-      const Run got = run(true, rows_dtype);
+      const auto want = run(false, rows_dtype);
+      const auto got = run(true, rows_dtype);
       const std::string at =
           tag + " m=" + std::to_string(m) + " " + dtype_name(rows_dtype) + " rows";
-      const std::vector<float> Run::*outs[] = {&Run::h, &Run::act,    &Run::q,     &Run::k,
-                                               &Run::v, &Run::k_rows, &Run::v_rows};
-      const char* names[] = {"h", "SwiGLU rows", "q", "k", "v", "K rows", "V rows"};
       for (int i = 0; i < 7; ++i) {
-        EXPECT_EQ(first_bit_difference(got.*outs[i], want.*outs[i]), -1) << at << " " << names[i];
+        EXPECT_EQ(first_bit_difference(got[i], want[i]), -1) << at << " " << Q4Layer::kOutputNames[i];
       }
     }
   }
@@ -423,6 +449,44 @@ TEST_F(CudaOpsTest, Q4QkvRowsEqualTheSeparateLaunches) {
   const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
   q4_qkv_rows_case(gpu(), 2048, 5504, 128, 400);
   q4_qkv_rows_case(gpu(), 1024, 2816, 64, 460);
+  cuda::set_q4_gemv_tuning(saved);
+}
+
+// Q4GemvTuning::early_norm_scale (kernel 10's consumers of a deferred norm load the producer's
+// partial sums right after the PDL wait): a 4-bit layer's output_and_mlp (gate / up and the next
+// q/k/v read deferred norms; the q/k/v launch with and without its RoPE + rows) gives the bits of
+// the default, and the early launches ran (gate / up and q/k/v: two per layer at m = 1).
+void q4_early_scale_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim, uint64_t seed) {
+  const Q4Layer layer(d, ffn, head_dim, seed);
+  const DeviceArray xd(gpu, random_normal(static_cast<size_t>(d), seed + 12));
+  const std::vector<float> h0 = random_normal(static_cast<size_t>(d), seed + 14, 2.0f);
+  for (const bool rows_in_launch : {true, false}) {
+    const std::string tag =
+        "d=" + std::to_string(d) + (rows_in_launch ? " rows in the launch" : " rows apart");
+    auto run = [&](bool early) {
+      cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
+      t.kernel = cuda::kQ4PairKernel;
+      t.qkv_rows = rows_in_launch;
+      t.early_norm_scale = early;
+      cuda::set_q4_gemv_tuning(t);
+      const uint64_t launches = cuda::gemv_q4_early_scale_launches();
+      auto outs = layer.output_and_mlp(gpu, xd, h0, 1, DType::F16);
+      EXPECT_EQ(cuda::gemv_q4_early_scale_launches() - launches, early ? 2u : 0u) << tag;
+      return outs;
+    };
+    const auto want = run(false);
+    const auto got = run(true);
+    for (int i = 0; i < 7; ++i) {
+      EXPECT_EQ(first_bit_difference(got[i], want[i]), -1) << tag << " " << Q4Layer::kOutputNames[i];
+    }
+  }
+  gpu.release_weights();
+}
+
+TEST_F(CudaOpsTest, Q4EarlyNormScaleGivesTheSameBits) {
+  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
+  q4_early_scale_case(gpu(), 2048, 5504, 128, 700);
+  q4_early_scale_case(gpu(), 4096, 11008, 128, 720);  // the Llama-2-7B layer: 16 warps, K = 11008
   cuda::set_q4_gemv_tuning(saved);
 }
 
