@@ -384,9 +384,9 @@ struct Q4Layer {
   std::vector<std::vector<float>> output_and_mlp(CudaBackend& gpu, const DeviceArray& x,
                                                  const std::vector<float>& h0, int m,
                                                  DType rows_dtype) const {
-    DeviceArray h(gpu, h0), x_rows(gpu, m * d), proj(gpu, m * d), g(gpu, m * ffn),
-        u(gpu, m * ffn), act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv), v(gpu, m * kv),
-        k_rows(gpu, m * kv), v_rows(gpu, m * kv);
+    DeviceArray h(gpu, h0), x_rows(gpu, m * d), proj(gpu, m * d), g(gpu, m * ffn), u(gpu, m * ffn),
+        act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv), v(gpu, m * kv), k_rows(gpu, m * kv),
+        v_rows(gpu, m * kv);
     for (DeviceArray* a : {&x_rows, &act, &q, &k, &v, &k_rows, &v_rows}) a->poison();
     PendingNorm mid{h.data(), &vec.mlp_norm.view, kEps, x_rows.data(), false};
     PendingNorm next{h.data(), &vec.next_norm.view, kEps, x_rows.data(), false};
@@ -400,7 +400,7 @@ struct Q4Layer {
                        LinearOp{nullptr, &wg, nullptr, g.data()},
                        LinearOp{nullptr, &wu, nullptr, u.data()}, act.data(),
                        LinearOp{nullptr, &wd, nullptr, proj.data()}, next, qkv, 3, &rows);
-    return {h.to_host(), act.to_host(), q.to_host(),      k.to_host(),
+    return {h.to_host(), act.to_host(),    q.to_host(),     k.to_host(),
             v.to_host(), k_rows.to_host(), v_rows.to_host()};
   }
   static constexpr const char* kOutputNames[7] = {"h", "SwiGLU rows", "q",     "k",
@@ -435,7 +435,8 @@ void q4_qkv_rows_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim, ui
       const std::string at =
           tag + " m=" + std::to_string(m) + " " + dtype_name(rows_dtype) + " rows";
       for (int i = 0; i < 7; ++i) {
-        EXPECT_EQ(first_bit_difference(got[i], want[i]), -1) << at << " " << Q4Layer::kOutputNames[i];
+        EXPECT_EQ(first_bit_difference(got[i], want[i]), -1)
+            << at << " " << Q4Layer::kOutputNames[i];
       }
     }
   }
@@ -477,7 +478,8 @@ void q4_early_scale_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim,
     const auto want = run(false);
     const auto got = run(true);
     for (int i = 0; i < 7; ++i) {
-      EXPECT_EQ(first_bit_difference(got[i], want[i]), -1) << tag << " " << Q4Layer::kOutputNames[i];
+      EXPECT_EQ(first_bit_difference(got[i], want[i]), -1)
+          << tag << " " << Q4Layer::kOutputNames[i];
     }
   }
   gpu.release_weights();
