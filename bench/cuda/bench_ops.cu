@@ -56,10 +56,11 @@ namespace {
 
 constexpr double kRefBandwidth = 4.24e12;           // bytes/s, H200 device copy (read + write)
 constexpr size_t kRotateBytes = size_t{512} << 20;  // inputs rotate over >= this many bytes
-// QS_BENCH_L2_HOT=1: the 4-bit sections (w4mm, w4var, w4layer, chain) time one copy of the
-// weights, resident in L2 after the first call wherever it fits (50 MB on the H100 / H200), instead
-// of rotating copies: against the default's cold reads, how much of a GEMV's time is waiting for
-// DRAM rather than its own instructions (what an L2 prefetch of the next weights could recover).
+// QS_BENCH_L2_HOT=1: the 4-bit sections and the layer rows (w4mm, w4var, w4layer, chain's layer
+// rows) time one copy of the weights, resident in L2 after the first call wherever it fits (50 MB
+// on the H100 / H200; a layer's weights do not), instead of rotating copies: against the default's
+// cold reads, how much of a GEMV's time is waiting for DRAM rather than its own instructions (what
+// an L2 prefetch of the next weights could recover).
 const bool g_l2_hot = [] {
   const char* v = std::getenv("QS_BENCH_L2_HOT");
   return v != nullptr && std::strcmp(v, "1") == 0;
@@ -884,8 +885,7 @@ struct LayerRest {
     for (const auto& sh : shapes) {
       bytes += q4 ? q4_bytes(Q4Mat{"", sh[0], sh[1]}, 1) : 2.0 * sh[0] * sh[1];
     }
-    copies = q4 ? weight_copies(bytes)
-                : static_cast<int>(std::max<double>(2, std::ceil(kRotateBytes / bytes)));
+    copies = weight_copies(bytes);
     for (int i = 0; i < 7; ++i) {
       if (q4) {
         w4[i] = random_q4_copies(shapes[i][0], shapes[i][1], copies);
@@ -1637,7 +1637,8 @@ int main(int argc, char** argv) {
               prop.l2CacheSize >> 20, double(prop.totalGlobalMem) / (1 << 30));
   auto has = [&](const char* s) { return sections.find(s) != std::string::npos; };
   if (g_l2_hot) {
-    summary("| QS_BENCH_L2_HOT=1: the 4-bit sections read one L2-resident copy of their weights |");
+    summary(
+        "| QS_BENCH_L2_HOT=1: the weight sections read one L2-resident copy of their weights |");
   }
   // Each section frees its device weights; release_weights() drops their cache entries.
   if (has("copy")) bench_copy(**be);

@@ -1137,13 +1137,19 @@ struct SubActivation {
   }
 
   // The kernel's start once its ring's first stages are issued: the NormIn weight's first batch,
-  // the wait for the previous kernel (pdl_begin), the staging.
-  template <bool VEC_X>
-  __device__ __forceinline__ void wait_and_stage() const {
+  // the wait for the previous kernel (pdl_begin), after_wait() (loads that need the previous
+  // kernel's results and go out next to the activation's), the staging.
+  template <bool VEC_X, class AfterWait>
+  __device__ __forceinline__ void wait_and_stage(AfterWait after_wait) const {
     float4 wn[kBatch];
     preload_norm_weight(wn);
     pdl_begin();
+    after_wait();
     stage<VEC_X>(wn);
+  }
+  template <bool VEC_X>
+  __device__ __forceinline__ void wait_and_stage() const {
+    wait_and_stage<VEC_X>([] {});
   }
 };
 
@@ -1533,18 +1539,16 @@ __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, in
   }
   // Only warp 0's threads store the rows (persist_store_pair): the other warps need no scale.
   float scale;
+  const SubActivation act{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane};
   if constexpr (EARLY) {
-    const SubActivation act{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane};
     const bool scaled = nin.sumsq != nullptr && warp == 0;
-    float4 wn[SubActivation::kBatch];
-    act.preload_norm_weight(wn);
-    pdl_begin();
     NormInParts parts;
-    if (scaled) parts.load(nin);
-    act.stage<VEC_X>(wn);
+    act.wait_and_stage<VEC_X>([&] {
+      if (scaled) parts.load(nin);
+    });
     scale = scaled ? parts.scale(nin, K) : 1.0f;
   } else {
-    SubActivation{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane}.wait_and_stage<VEC_X>();
+    act.wait_and_stage<VEC_X>();
     scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
   }
   const PairWarp pw{ring,           partial,   sub_x_fragments(xfrag, zeros, g, c, lane),
