@@ -453,45 +453,6 @@ TEST_F(CudaOpsTest, Q4QkvRowsEqualTheSeparateLaunches) {
   cuda::set_q4_gemv_tuning(saved);
 }
 
-// Q4GemvTuning::early_norm_scale (kernel 10's consumers of a deferred norm load the producer's
-// partial sums right after the PDL wait): a 4-bit layer's output_and_mlp (gate / up and the next
-// q/k/v read deferred norms; the q/k/v launch with and without its RoPE + rows) gives the bits of
-// the default, and the early launches ran (gate / up and q/k/v: two per layer at m = 1).
-void q4_early_scale_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim, uint64_t seed) {
-  const Q4Layer layer(d, ffn, head_dim, seed);
-  const DeviceArray xd(gpu, random_normal(static_cast<size_t>(d), seed + 12));
-  const std::vector<float> h0 = random_normal(static_cast<size_t>(d), seed + 14, 2.0f);
-  for (const bool rows_in_launch : {true, false}) {
-    const std::string tag =
-        "d=" + std::to_string(d) + (rows_in_launch ? " rows in the launch" : " rows apart");
-    auto run = [&](bool early) {
-      cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
-      t.kernel = cuda::kQ4PairKernel;
-      t.qkv_rows = rows_in_launch;
-      t.early_norm_scale = early;
-      cuda::set_q4_gemv_tuning(t);
-      const uint64_t launches = cuda::gemv_q4_early_scale_launches();
-      auto outs = layer.output_and_mlp(gpu, xd, h0, 1, DType::F16);
-      EXPECT_EQ(cuda::gemv_q4_early_scale_launches() - launches, early ? 2u : 0u) << tag;
-      return outs;
-    };
-    const auto want = run(false);
-    const auto got = run(true);
-    for (int i = 0; i < 7; ++i) {
-      EXPECT_EQ(first_bit_difference(got[i], want[i]), -1)
-          << tag << " " << Q4Layer::kOutputNames[i];
-    }
-  }
-  gpu.release_weights();
-}
-
-TEST_F(CudaOpsTest, Q4EarlyNormScaleGivesTheSameBits) {
-  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
-  q4_early_scale_case(gpu(), 2048, 5504, 128, 700);
-  q4_early_scale_case(gpu(), 4096, 11008, 128, 720);  // the Llama-2-7B layer: 16 warps, K = 11008
-  cuda::set_q4_gemv_tuning(saved);
-}
-
 // Backend::output_and_mlp of a bf16 / f16 layer with GemvTuning::qkv_rows (the next layer's q/k/v
 // launch rotates q and k and stores the K/V rows in its epilogue) against the separate
 // ring-kernel launches (the q/k/v group, then rope_qk_store_kv), from the same h: h, both norms'

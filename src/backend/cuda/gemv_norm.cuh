@@ -81,32 +81,4 @@ __device__ __forceinline__ float norm_in_scale(const NormIn& nin, int64_t d) {
   return inv_rms_of(warp_sum(s), d, nin.eps);
 }
 
-// norm_in_scale in two steps, so that a warp can issue the loads of the partial sums early (next
-// to the activation's, right after the PDL wait) and sum them once it needs the scale: load()
-// keeps the first kPerLane slots of each lane in registers, scale() adds them, then any slots
-// beyond, in norm_in_scale's order, so the result has its bits.
-struct NormInParts {
-  static constexpr int kPerLane = 5;  // up to 160 producer blocks held in registers
-  double v[kPerLane];
-
-  __device__ __forceinline__ void load(const NormIn& nin) {
-    const int lane = threadIdx.x % 32;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      v[i] = lane + 32 * i < nin.parts ? nin.sumsq[lane + 32 * i] : 0.0;
-    }
-  }
-
-  __device__ __forceinline__ float scale(const NormIn& nin, int64_t d) const {
-    const int lane = threadIdx.x % 32;
-    double s = 0.0;
-#pragma unroll
-    for (int i = 0; i < kPerLane; ++i) {
-      if (lane + 32 * i < nin.parts) s += v[i];
-    }
-    for (int i = lane + 32 * kPerLane; i < nin.parts; i += 32) s += nin.sumsq[i];
-    return inv_rms_of(warp_sum(s), d, nin.eps);
-  }
-};
-
 }  // namespace qs::cuda

@@ -84,12 +84,8 @@ Q4GemvTuning g_q4_tuning = [] {
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
   t.qkv_rows = env_flag("QS_Q4_QKV_ROWS", true);
-  t.early_norm_scale = env_flag("QS_Q4_EARLY_SCALE", false);
   return t;
 }();
-
-// Kernel-10 launches that took the early scale (gemv_q4_early_scale_launches).
-std::atomic<uint64_t> g_q4_early_scale_launches{0};
 
 // ---- device helpers ---------------------------------------------------------------------------
 
@@ -1137,19 +1133,13 @@ struct SubActivation {
   }
 
   // The kernel's start once its ring's first stages are issued: the NormIn weight's first batch,
-  // the wait for the previous kernel (pdl_begin), after_wait() (loads that need the previous
-  // kernel's results and go out next to the activation's), the staging.
-  template <bool VEC_X, class AfterWait>
-  __device__ __forceinline__ void wait_and_stage(AfterWait after_wait) const {
+  // the wait for the previous kernel (pdl_begin), the staging.
+  template <bool VEC_X>
+  __device__ __forceinline__ void wait_and_stage() const {
     float4 wn[kBatch];
     preload_norm_weight(wn);
     pdl_begin();
-    after_wait();
     stage<VEC_X>(wn);
-  }
-  template <bool VEC_X>
-  __device__ __forceinline__ void wait_and_stage() const {
-    wait_and_stage<VEC_X>([] {});
   }
 };
 
@@ -1502,10 +1492,8 @@ __device__ __forceinline__ void pair_walk(Fetch& fetch, const PairWarp& pw, int&
 }
 
 // Kernel 10's body. rp / rows (ROPE, gemv_q4_pair_rope_kernel): q, k, v with the RoPE pairs,
-// ending in rope_store_pair. EARLY (Q4GemvTuning::early_norm_scale, a NormIn input): warp 0 loads
-// the producer's partial sums right after the PDL wait, next to the activation's loads, and sums
-// them after the staging (NormInParts), instead of loading them one after another once staged.
-template <bool VEC_X, int CHAINS, bool ROPE, bool EARLY>
+// ending in rope_store_pair.
+template <bool VEC_X, int CHAINS, bool ROPE>
 __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, int64_t K,
                                                  int64_t groups, const CcSegments& segs,
                                                  int64_t tiles, const GemvNorm& norm,
@@ -1537,20 +1525,9 @@ __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, in
     fill_rope_table(rope_cs, rows->head_dim / 2, static_cast<float>(rows->pos),
                     rows->freqs.inv_freq);
   }
+  SubActivation{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane}.wait_and_stage<VEC_X>();
   // Only warp 0's threads store the rows (persist_store_pair): the other warps need no scale.
-  float scale;
-  const SubActivation act{x, K, nin, xfrag, gscale, grp_begin, my_groups, lane};
-  if constexpr (EARLY) {
-    const bool scaled = nin.sumsq != nullptr && warp == 0;
-    NormInParts parts;
-    act.wait_and_stage<VEC_X>([&] {
-      if (scaled) parts.load(nin);
-    });
-    scale = scaled ? parts.scale(nin, K) : 1.0f;
-  } else {
-    act.wait_and_stage<VEC_X>();
-    scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
-  }
+  const float scale = nin.sumsq != nullptr && warp == 0 ? norm_in_scale(nin, K) : 1.0f;
   const PairWarp pw{ring,           partial,   sub_x_fragments(xfrag, zeros, g, c, lane),
                     g < 2 ? 64 : 0, gscale,    warp,
                     lane,           num_warps, g};
@@ -1569,26 +1546,24 @@ __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, in
   persist_norm_end(norm, reinterpret_cast<float*>(partial), sq);
 }
 
-template <bool VEC_X, int CHAINS, bool EARLY = false>
+template <bool VEC_X, int CHAINS>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_pair_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                                 const CcSegments segs, int64_t tiles, const GemvNorm norm,
                                 const NormIn nin) {
-  pair_kernel_body<VEC_X, CHAINS, false, EARLY>(x, K, groups, segs, tiles, norm, nin, nullptr,
-                                                nullptr);
+  pair_kernel_body<VEC_X, CHAINS, false>(x, K, groups, segs, tiles, norm, nin, nullptr, nullptr);
 }
 
 // Kernel 10 over a layer's q, k and v that also rotates q and k and stores the K/V rows
 // (launch_gemv_q4_qkv_rows): the bits of launch_gemv_q4_group_normed then
 // launch_rope_qk_store_kv.
-template <bool VEC_X, int CHAINS, bool EARLY = false>
+template <bool VEC_X, int CHAINS>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_pair_rope_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                              const CcSegments segs, int64_t tiles, const NormIn nin,
                              const __grid_constant__ RopePairs rp,
                              const __grid_constant__ KvRowEpilogue rows) {
-  pair_kernel_body<VEC_X, CHAINS, true, EARLY>(x, K, groups, segs, tiles, GemvNorm{}, nin, &rp,
-                                               &rows);
+  pair_kernel_body<VEC_X, CHAINS, true>(x, K, groups, segs, tiles, GemvNorm{}, nin, &rp, &rows);
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
@@ -1970,14 +1945,11 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
       {gemv_q4_persist_kernel<true, 1, false>, gemv_q4_persist_kernel<true, 2, false>,
        gemv_q4_persist_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 2>,
        gemv_q4_persist_sub_kernel<true, 1>}};
-  // [early][vec_x]: early only for a NormIn input (Q4GemvTuning::early_norm_scale).
-  constexpr Kernel kPairKernels[2][2] = {
-      {gemv_q4_persist_pair_kernel<false, 2>, gemv_q4_persist_pair_kernel<true, 2>},
-      {gemv_q4_persist_pair_kernel<false, 2, true>, gemv_q4_persist_pair_kernel<true, 2, true>}};
-  const bool early = pair && g_q4_tuning.early_norm_scale && nin.sumsq != nullptr;
-  const Kernel kernel = pair ? kPairKernels[early][vec_x] : kKernels[vec_x][variant];
-  static bool opted_in[2][kVariants + 2] = {};  // above 48 KiB: once per instantiation
-  const int entry = pair ? kVariants + early : variant;
+  constexpr Kernel kPairKernels[2] = {gemv_q4_persist_pair_kernel<false, 2>,
+                                      gemv_q4_persist_pair_kernel<true, 2>};
+  const Kernel kernel = pair ? kPairKernels[vec_x] : kKernels[vec_x][variant];
+  static bool opted_in[2][kVariants + 1] = {};  // above 48 KiB: once per instantiation
+  const int entry = pair ? kVariants : variant;
   if (!opted_in[vec_x][entry]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)));
@@ -1988,7 +1960,6 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
   launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
          segs, tiles, norm, nin);
   CUDA_CHECK_LAUNCH(l.stream);
-  if (early) ++g_q4_early_scale_launches;
   return true;
 }
 
@@ -2251,32 +2222,23 @@ bool launch_gemv_q4_qkv_rows(const float* h, const DeviceWeight4* const* ws,
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const RopePairs rp{hd / 16, ws[0]->rows / 32, ws[1]->rows / 32, (ws[2]->rows + 15) / 16};
   const bool vec_x = reinterpret_cast<uintptr_t>(h) % 16 == 0 && ws[0]->cols % 4 == 0;
-  const bool early = g_q4_tuning.early_norm_scale;  // nin.sumsq is set (checked above)
-  auto* kernel =
-      early ? (vec_x ? gemv_q4_pair_rope_kernel<true, 2, true>
-                     : gemv_q4_pair_rope_kernel<false, 2, true>)
-            : (vec_x ? gemv_q4_pair_rope_kernel<true, 2> : gemv_q4_pair_rope_kernel<false, 2>);
-  static bool opted_in[2][2] = {};  // above 48 KiB: once per instantiation
-  if (!opted_in[early][vec_x]) {
+  auto* kernel = vec_x ? gemv_q4_pair_rope_kernel<true, 2> : gemv_q4_pair_rope_kernel<false, 2>;
+  static bool opted_in[2] = {};  // above 48 KiB: once per instantiation
+  if (!opted_in[vec_x]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)));
-    opted_in[early][vec_x] = true;
+    opted_in[vec_x] = true;
   }
   const int64_t grid = std::min<int64_t>(rope_pair_count(rp), num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, stream, h, ws[0]->cols, groups,
          segs, tiles, nin, rp, rows);
   CUDA_CHECK_LAUNCH(stream);
   ++g_q4_qkv_rows_launches;
-  if (early) ++g_q4_early_scale_launches;
   return true;
 }
 
 uint64_t gemv_q4_qkv_rows_launches() {
   return g_q4_qkv_rows_launches.load();
-}
-
-uint64_t gemv_q4_early_scale_launches() {
-  return g_q4_early_scale_launches.load();
 }
 
 bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* const* ws,

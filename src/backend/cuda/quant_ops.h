@@ -131,9 +131,6 @@ bool launch_gemv_q4_qkv_rows(const float* h, const DeviceWeight4* const* ws,
                              const KvRowEpilogue& rows, int num_sms, cudaStream_t stream);
 // Its launches so far in this process (tests check that a call took it).
 uint64_t gemv_q4_qkv_rows_launches();
-// The kernel-10 launches so far that loaded a deferred norm's partial sums early
-// (Q4GemvTuning::early_norm_scale; tests check that a call took it).
-uint64_t gemv_q4_early_scale_launches();
 
 // Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
 // launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
@@ -175,12 +172,6 @@ struct Q4GemvTuning {
   // Llama-2-7B -0.4% at 32K, -0.0 to -0.2% at 128K); QS_Q4_QKV_ROWS=0 launches the RoPE + store
   // apart.
   bool qkv_rows = true;
-  // Kernel 10 with a deferred norm's input (NormIn: the draft's gate / up and q/k/v) issues warp
-  // 0's loads of the producer's partial sums right after its PDL wait, next to the activation's,
-  // instead of after the staging, where they cost warp 0 (and every tile's barrier after it) a
-  // few dependent L2 round trips before its walk. The same bits. QS_Q4_EARLY_SCALE=1; off until
-  // measured on a GPU (session 46).
-  bool early_norm_scale = false;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
