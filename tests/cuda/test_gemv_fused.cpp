@@ -453,53 +453,6 @@ TEST_F(CudaOpsTest, Q4QkvRowsEqualTheSeparateLaunches) {
   cuda::set_q4_gemv_tuning(saved);
 }
 
-// Q4GemvTuning::half_pairs (kernel 10 runs a launch's last round of pairs as half pairs): a 4-bit
-// layer's output_and_mlp (o with its deferred norm, gate / up with SwiGLU, down, the next q/k/v
-// with its RoPE + K/V rows in the launch and apart) gives the default's bits, and the half-pair
-// launches ran. On 132 SMs (H100 / H200): d = 1024 has halves in all four launches (o and down:
-// 32 pairs, a block per half pair; gate / up: 176 pairs; q/k/v: 56 RoPE pairs or 48 pairs), the
-// Llama-2-7B layer in gate / up (688 pairs) and in the q/k/v launch without rows (192 pairs).
-void q4_half_pairs_case(CudaBackend& gpu, int64_t d, int64_t ffn, int head_dim,
-                        const uint64_t (&halves)[2], uint64_t seed) {
-  const Q4Layer layer(d, ffn, head_dim, seed);
-  const DeviceArray xd(gpu, random_normal(static_cast<size_t>(d), seed + 12));
-  const std::vector<float> h0 = random_normal(static_cast<size_t>(d), seed + 14, 2.0f);
-  for (const bool rows_in_launch : {true, false}) {
-    const std::string tag =
-        "d=" + std::to_string(d) + (rows_in_launch ? " rows in the launch" : " rows apart");
-    auto run = [&](bool half_pairs) {
-      cuda::Q4GemvTuning t = cuda::q4_gemv_tuning();
-      t.kernel = cuda::kQ4PairKernel;
-      t.qkv_rows = rows_in_launch;
-      t.half_pairs = half_pairs;
-      cuda::set_q4_gemv_tuning(t);
-      const uint64_t launches = cuda::gemv_q4_half_pair_launches();
-      auto outs = layer.output_and_mlp(gpu, xd, h0, 1, DType::F16);
-      const uint64_t ran = cuda::gemv_q4_half_pair_launches() - launches;
-      if (!half_pairs) {
-        EXPECT_EQ(ran, 0u) << tag;
-      } else if (gpu.num_sms() == 132) {
-        EXPECT_EQ(ran, halves[rows_in_launch ? 0 : 1]) << tag;
-      }
-      return outs;
-    };
-    const auto want = run(false);
-    const auto got = run(true);
-    for (int i = 0; i < 7; ++i) {
-      EXPECT_EQ(first_bit_difference(got[i], want[i]), -1)
-          << tag << " " << Q4Layer::kOutputNames[i];
-    }
-  }
-  gpu.release_weights();
-}
-
-TEST_F(CudaOpsTest, Q4HalfPairsGiveTheSameBits) {
-  const cuda::Q4GemvTuning saved = cuda::q4_gemv_tuning();
-  q4_half_pairs_case(gpu(), 1024, 2816, 128, {4, 4}, 800);
-  q4_half_pairs_case(gpu(), 4096, 11008, 128, {1, 2}, 820);  // the Llama-2-7B layer
-  cuda::set_q4_gemv_tuning(saved);
-}
-
 // Backend::output_and_mlp of a bf16 / f16 layer with GemvTuning::qkv_rows (the next layer's q/k/v
 // launch rotates q and k and stores the K/V rows in its epilogue) against the separate
 // ring-kernel launches (the q/k/v group, then rope_qk_store_kv), from the same h: h, both norms'

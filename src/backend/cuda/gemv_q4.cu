@@ -84,12 +84,8 @@ Q4GemvTuning g_q4_tuning = [] {
   }
   t.kernel = env_int("QS_Q4_KERNEL", 1, kQ4LastKernel, t.kernel);
   t.qkv_rows = env_flag("QS_Q4_QKV_ROWS", true);
-  t.half_pairs = env_flag("QS_Q4_HALF_PAIRS", false);
   return t;
 }();
-
-// Kernel-10 launches that ran half pairs (gemv_q4_half_pair_launches).
-std::atomic<uint64_t> g_q4_half_pair_launches{0};
 
 // ---- device helpers ---------------------------------------------------------------------------
 
@@ -1273,35 +1269,6 @@ __host__ __device__ __forceinline__ int64_t pair_count(int64_t tiles, bool swigl
   return swiglu ? tiles / 2 : (tiles + 1) / 2;
 }
 
-// Half pairs (Q4GemvTuning::half_pairs): a launch of `pairs` pairs on `blocks` blocks whose last
-// round would give r = pairs % blocks of them one more pair than the rest (0 < 2 r <= blocks)
-// does that round as 2 r half pairs instead, one per block: the slowest block's share drops from
-// q + 1 pairs to q + 1/2. A half pair is rows 8 h .. 8 h + 7 of both its tiles (h = 0, 1), so a
-// pair's two rows that a store joins (gate and up, a rotation's two sides) stay in one block.
-// Returns the pairs done whole: items [0, whole) are pairs, items whole + u the half pairs
-// (pair whole + u / 2, h = u % 2); `pairs` where the launch has no halves.
-__host__ __device__ __forceinline__ int64_t whole_pairs(int64_t pairs, int64_t blocks) {
-  const int64_t r = pairs % blocks;
-  return r > 0 && 2 * r <= blocks ? pairs - r : pairs;
-}
-
-// Kernel 10's item `item` of a launch whose first `whole` items are whole pairs (whole_pairs).
-struct PairItem {
-  int64_t pair;
-  int half;  // -1: the whole pair; else rows 8 half .. + 7 of both tiles
-};
-__device__ __forceinline__ PairItem pair_item(int64_t item, int64_t whole) {
-  if (item < whole) return {item, -1};
-  return {whole + (item - whole) / 2, static_cast<int>((item - whole) & 1)};
-}
-
-// A block's items in kernel 10 (its whole pairs blockIdx.x, + gridDim.x, ..., then at most one
-// half pair).
-__device__ __forceinline__ int block_pair_items(int64_t pairs, int64_t whole) {
-  const int64_t halves = 2 * (pairs - whole);
-  return static_cast<int>(block_items(whole) + (blockIdx.x < halves ? 1 : 0));
-}
-
 // Tile t (0 or 1) of pair p: its segment and its tile there; false past the launch's tiles.
 __device__ __forceinline__ bool pair_tile(const CcSegments& segs, int64_t tiles, int64_t p, int t,
                                           int& si, int64_t& local) {
@@ -1320,7 +1287,6 @@ struct PairSource {
   const uint4* codes[2] = {};
   const uint2* meta = nullptr;
   bool has_b = false;
-  int half = -1;  // a half pair's rows (PairItem::half), set by the caller
 
   // Pair `pair` of a launch over `tiles` tiles, from group grp_begin: lanes 0..7 copy tile a's
   // metadata entry `lane`, lanes 8..15 tile b's entry lane - 8 (zeros for a missing tile b).
@@ -1350,20 +1316,13 @@ struct PairSource {
            ((mb ? local[1] : local[0]) * groups + grp_begin) * kMetaPerTileGroup + (lane & 7);
   }
 
-  // The next group of the pair into ring slot `slot` (cp.async, not committed). A half pair
-  // (HALVES, half >= 0) copies only its rows' piece of each tile, to the whole pair's places.
-  template <bool HALVES>
+  // The next group of the pair into ring slot `slot` (cp.async, not committed).
   __device__ __forceinline__ void copy(uint4* ring, int slot, int lane) {
     uint4* dst = ring + slot * kPairStageVecs;
-    if (HALVES && half >= 0) {
-      cp_async_16(dst + 32 * half + lane, codes[0] + 32 * half, true);
-      cp_async_16(dst + 64 + 32 * half + lane, codes[1] + 32 * half, has_b);
-    } else {
-      cp_async_16(dst + lane, codes[0], true);
-      cp_async_16(dst + 32 + lane, codes[0] + 32, true);
-      cp_async_16(dst + 64 + lane, codes[1], has_b);
-      cp_async_16(dst + 96 + lane, codes[1] + 32, has_b);
-    }
+    cp_async_16(dst + lane, codes[0], true);
+    cp_async_16(dst + 32 + lane, codes[0] + 32, true);
+    cp_async_16(dst + 64 + lane, codes[1], has_b);
+    cp_async_16(dst + 96 + lane, codes[1] + 32, has_b);
     if (lane < 16) {
       cp_async_8(reinterpret_cast<uint2*>(dst + 2 * kPiecesPerTileGroup) + lane, meta,
                  lane < 8 || has_b);
@@ -1373,42 +1332,31 @@ struct PairSource {
   }
 };
 
-// The fetch side of kernel 10: each call copies the next stage of this warp's (item, group)
-// sequence (its groups [grp_begin, grp_begin + my_groups) of the items blockIdx.x, + gridDim.x,
-// ...: pairs, and with HALVES the half pairs from item `whole` on, pair_item) into its ring slot
-// and commits a cp.async group (RingCursor).
-template <bool HALVES>
+// The fetch side of kernel 10: each call copies the next stage of this warp's (pair, group)
+// sequence (its groups [grp_begin, grp_begin + my_groups) of the pairs blockIdx.x, + gridDim.x,
+// ...) into its ring slot and commits a cp.async group (RingCursor).
 struct PairFetch {
   RingCursor<kPairStages, int> cursor;
   const CcSegments& segs;
   uint4* ring;
-  int64_t groups, grp_begin, tiles, whole;
+  int64_t groups, grp_begin, tiles;
   int lane;
   const RopePairs* rp = nullptr;  // a launch with the RoPE pairs
   PairSource src;
 
   __device__ PairFetch(const CcSegments& s, uint4* ring_, int64_t groups_, int64_t grp_begin_,
-                       int64_t tiles_, int64_t whole_, int my_items, int my_groups, int lane_)
-      : cursor(my_items, my_groups),
+                       int64_t tiles_, int my_pairs, int my_groups, int lane_)
+      : cursor(my_pairs, my_groups),
         segs(s),
         ring(ring_),
         groups(groups_),
         grp_begin(grp_begin_),
         tiles(tiles_),
-        whole(whole_),
         lane(lane_) {}
 
   __device__ __forceinline__ void operator()() {
-    cursor.next(
-        [&](int64_t item) {
-          int64_t pair = item;
-          if constexpr (HALVES) {
-            const PairItem it = pair_item(item, whole);
-            pair = it.pair, src.half = it.half;
-          }
-          src.enter(segs, tiles, groups, grp_begin, lane, pair, rp);
-        },
-        [&](int slot) { src.copy<HALVES>(ring, slot, lane); });
+    cursor.next([&](int64_t pair) { src.enter(segs, tiles, groups, grp_begin, lane, pair, rp); },
+                [&](int slot) { src.copy(ring, slot, lane); });
   }
 };
 
@@ -1416,17 +1364,15 @@ struct PairFetch {
 // double-buffered by the caller across pairs) gets every lane's sums {tile a row g, row g + 8,
 // tile b row g, row g + 8} (lanes of c = 0); thread t * 16 + r (t < 2, r < 16) sums row r of
 // tile t over the warps in kernel 8's order and stores it; a paired launch's threads 0..15 sum
-// row r of both (gate, up) and store the SwiGLU. half >= 0 (a half pair, PairItem): only rows
-// r with r / 8 = half.
+// row r of both (gate, up) and store the SwiGLU.
 __device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float4* part, int warp,
                                                    int lane, int num_warps, int64_t tiles,
-                                                   int64_t pair, int half, const float (&acc)[2][2],
+                                                   int64_t pair, const float (&acc)[2][2],
                                                    const GemvNorm& norm, float scale, double& sq) {
   part[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
   __syncthreads();
   if (threadIdx.x >= (segs.swiglu ? 16 : 32)) return;
   const int r = threadIdx.x & 15;
-  if (half >= 0 && (r >> 3) != half) return;
   const float* sums = reinterpret_cast<const float*>(part);
   auto row_sum = [&](int t) {
     float sum = 0.0f;
@@ -1456,11 +1402,10 @@ __device__ __forceinline__ void persist_store_pair(const CcSegments& segs, float
 // row r of the pair's tile t in the same order; for a q or k pair the two threads of a rotation
 // (r and 16 + r) exchange their sums and each keeps its side of the rotation (rope_apply with the
 // block's table of cos and sin, fill_rope_table); every row goes to q,
-// k or v, and k's and v's also to the cache's row at rows.pos (rope_qk_store_kv's bits). half:
-// as persist_store_pair's (a rotation's two rows are row r of both tiles: both in the half).
+// k or v, and k's and v's also to the cache's row at rows.pos (rope_qk_store_kv's bits).
 __device__ __forceinline__ void rope_store_pair(const CcSegments& segs, const RopePairs& rp,
                                                 const KvRowEpilogue& rows, float4* part, int warp,
-                                                int lane, int num_warps, int64_t pair, int half,
+                                                int lane, int num_warps, int64_t pair,
                                                 const float (&acc)[2][2], float scale,
                                                 const float2* rope_cs) {
   part[warp * 32 + lane] = make_float4(acc[0][0], acc[0][1], acc[1][0], acc[1][1]);
@@ -1476,7 +1421,7 @@ __device__ __forceinline__ void rope_store_pair(const CcSegments& segs, const Ro
   int64_t local;
   const bool has = rope_pair_tile(rp, pair, t, si, local);
   const int64_t row = local * 16 + r;
-  const bool valid = has && row < pick(segs.N, si) && (half < 0 || (r >> 3) == half);
+  const bool valid = has && row < pick(segs.N, si);
   float v = valid ? with_bias(segs, si, row, sum) : 0.0f;
   if (pair < rp.q_pairs + rp.k_pairs) {  // the same for all 32 threads
     const float other = __shfl_xor_sync(0xffffffffu, v, 16);
@@ -1507,66 +1452,25 @@ struct PairWarp {
   int warp, lane, num_warps, g;
 };
 
-// One half pair of kernel 10 (PairItem it, it.half = h): per group, one MMA whose rows g and
-// g + 8 are row 8 h + g of tile a and of tile b (the pieces PairSource::copy<true> placed), with
-// those rows' metadata; each row's sum is formed as the whole pair forms it, so the same bits.
-// The store reads only the half's entries of acc (both entries of a tile hold its sum).
-template <int CHAINS, class NextStage, class Store>
-__device__ __forceinline__ void half_pair_walk(NextStage& next_stage, const PairWarp& pw,
-                                               int64_t grp_begin, int my_groups, PairItem it,
-                                               float4* part, Store& store) {
-  const int g = pw.g, lane = pw.lane, h = it.half;
-  float sum_a = 0.0f, sum_b = 0.0f;  // tile a's and tile b's row 8 h + g (lanes of c = 0)
-  for (int gi = 0; gi < my_groups; ++gi) {
-    const uint4* st = next_stage();
-    const uint4 wa = st[32 * h + lane], wb = st[64 + 32 * h + lane];
-    const uint2* mt = reinterpret_cast<const uint2*>(st + 2 * kPiecesPerTileGroup);
-    const uint2 ma = mt[g], mb = mt[8 + g];
-    const uint2 mm = h == 0 ? make_uint2(ma.x, mb.x) : make_uint2(ma.y, mb.y);
-    const int64_t grp = grp_begin + gi;
-    const uint2* xf = pw.xbase + grp * pw.xstride;
-    float chain[CHAINS][4] = {};
-#pragma unroll
-    for (int k = 0; k < kStepsPerGroup; ++k) sub_step<CHAINS>(chain, wa, wb, k, xf[8 * k]);
-    sub_group_end<CHAINS>(chain, mm, pw.gscale + grp, sum_a, sum_b);
-  }
-  const float acc[2][2] = {{sum_a, sum_a}, {sum_b, sum_b}};
-  store(part, it.pair, h, acc);
-}
-
-// Kernel 10's compute side over one launch's operands: this warp's items [0, my_items) of
-// my_groups groups each from grp_begin (pairs; with HALVES, items from `whole` on are half pairs,
-// pair_item), every stage taken from the ring in order (slot: the next one; `fetch` refills each
-// slot once it is read, keeping kPairStages - 1 stages ahead), each item's sums handed to
-// store(part, pair, half, acc) (persist_store_pair; part: this item's half of the block's
-// double-buffered partial sums).
-template <int CHAINS, bool HALVES, class Fetch, class Store>
+// Kernel 10's compute side over one launch's operands: this warp's pairs [0, my_pairs) of
+// my_groups groups each from grp_begin, every stage taken from the ring in order (slot: the next
+// one; `fetch` refills each slot once it is read, keeping kPairStages - 1 stages ahead), each
+// pair's sums handed to store(part, pair, acc) (persist_store_pair; part: this pair's half of
+// the block's double-buffered partial sums).
+template <int CHAINS, class Fetch, class Store>
 __device__ __forceinline__ void pair_walk(Fetch& fetch, const PairWarp& pw, int& slot,
-                                          int64_t grp_begin, int my_items, int my_groups,
-                                          int64_t whole, Store&& store) {
+                                          int64_t grp_begin, int my_pairs, int my_groups,
+                                          Store&& store) {
   const int g = pw.g, lane = pw.lane;
-  auto next_stage = [&] {
-    __syncwarp();  // every lane has read the slot that this fetch refills
-    fetch();
-    cp_async_wait<kPairStages - 1>();
-    __syncwarp();  // every lane's copies of this stage have landed (lanes read others' meta)
-    const uint4* st = pw.ring + slot * kPairStageVecs;
-    slot = slot + 1 == kPairStages ? 0 : slot + 1;
-    return st;
-  };
-  for (int pj = 0; pj < my_items; ++pj) {
-    const int64_t item = blockIdx.x + int64_t{pj} * gridDim.x;
-    float4* part = pw.partial + size_t(pj & 1) * pw.num_warps * 32;
-    if constexpr (HALVES) {
-      if (item >= whole) {
-        half_pair_walk<CHAINS>(next_stage, pw, grp_begin, my_groups, pair_item(item, whole), part,
-                               store);
-        continue;
-      }
-    }
+  for (int pj = 0; pj < my_pairs; ++pj) {
     float acc[2][2] = {};  // [tile][row g, g + 8] (lanes of c = 0)
     for (int gi = 0; gi < my_groups; ++gi) {
-      const uint4* st = next_stage();
+      __syncwarp();  // every lane has read the slot that this fetch refills
+      fetch();
+      cp_async_wait<kPairStages - 1>();
+      __syncwarp();  // every lane's copies of this stage have landed (lanes read others' meta)
+      const uint4* st = pw.ring + slot * kPairStageVecs;
+      slot = slot + 1 == kPairStages ? 0 : slot + 1;
       const uint4 w[2][2] = {{st[lane], st[32 + lane]}, {st[64 + lane], st[96 + lane]}};
       const uint2* mt = reinterpret_cast<const uint2*>(st + 2 * kPiecesPerTileGroup);
       const uint2 mm[2] = {mt[g], mt[8 + g]};
@@ -1582,14 +1486,14 @@ __device__ __forceinline__ void pair_walk(Fetch& fetch, const PairWarp& pw, int&
       sub_group_end<CHAINS>(chain[0], mm[0], pw.gscale + grp, acc[0][0], acc[0][1]);
       sub_group_end<CHAINS>(chain[1], mm[1], pw.gscale + grp, acc[1][0], acc[1][1]);
     }
-    store(part, item, -1, acc);
+    store(pw.partial + size_t(pj & 1) * pw.num_warps * 32, blockIdx.x + int64_t{pj} * gridDim.x,
+          acc);
   }
 }
 
 // Kernel 10's body. rp / rows (ROPE, gemv_q4_pair_rope_kernel): q, k, v with the RoPE pairs,
-// ending in rope_store_pair. HALVES (Q4GemvTuning::half_pairs): the launch's last round as half
-// pairs where whole_pairs says so.
-template <bool VEC_X, int CHAINS, bool ROPE, bool HALVES>
+// ending in rope_store_pair.
+template <bool VEC_X, int CHAINS, bool ROPE>
 __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, int64_t K,
                                                  int64_t groups, const CcSegments& segs,
                                                  int64_t tiles, const GemvNorm& norm,
@@ -1607,12 +1511,10 @@ __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, in
 
   const int64_t grp_begin = groups * warp / num_warps;
   const int my_groups = static_cast<int>(groups * (warp + 1) / num_warps - grp_begin);
-  const int64_t pairs = ROPE ? rope_pair_count(*rp) : pair_count(tiles, segs.swiglu);
-  const int64_t whole = HALVES ? whole_pairs(pairs, gridDim.x) : pairs;
-  const int my_items =
-      HALVES ? block_pair_items(pairs, whole) : static_cast<int>(block_items(pairs));
+  const int my_pairs =
+      static_cast<int>(block_items(ROPE ? rope_pair_count(*rp) : pair_count(tiles, segs.swiglu)));
 
-  PairFetch<HALVES> fetch(segs, ring, groups, grp_begin, tiles, whole, my_items, my_groups, lane);
+  PairFetch fetch(segs, ring, groups, grp_begin, tiles, my_pairs, my_groups, lane);
   if constexpr (ROPE) fetch.rp = rp;
 #pragma unroll
   for (int st = 0; st < kPairStages - 1; ++st) fetch();
@@ -1631,40 +1533,37 @@ __device__ __forceinline__ void pair_kernel_body(const float* __restrict__ x, in
                     lane,           num_warps, g};
   int slot = 0;
   double sq = 0.0;
-  pair_walk<CHAINS, HALVES>(fetch, pw, slot, grp_begin, my_items, my_groups, whole,
-                            [&](float4* part, int64_t pair, int half, const float(&acc)[2][2]) {
-                              if constexpr (ROPE) {
-                                rope_store_pair(segs, *rp, *rows, part, warp, lane, num_warps, pair,
-                                                half, acc, scale, rope_cs);
-                              } else {
-                                persist_store_pair(segs, part, warp, lane, num_warps, tiles, pair,
-                                                   half, acc, norm, scale, sq);
-                              }
-                            });
+  pair_walk<CHAINS>(
+      fetch, pw, slot, grp_begin, my_pairs, my_groups,
+      [&](float4* part, int64_t pair, const float(&acc)[2][2]) {
+        if constexpr (ROPE) {
+          rope_store_pair(segs, *rp, *rows, part, warp, lane, num_warps, pair, acc, scale, rope_cs);
+        } else {
+          persist_store_pair(segs, part, warp, lane, num_warps, tiles, pair, acc, norm, scale, sq);
+        }
+      });
   cp_async_wait<0>();
   persist_norm_end(norm, reinterpret_cast<float*>(partial), sq);
 }
 
-template <bool VEC_X, int CHAINS, bool HALVES = false>
+template <bool VEC_X, int CHAINS>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_persist_pair_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                                 const CcSegments segs, int64_t tiles, const GemvNorm norm,
                                 const NormIn nin) {
-  pair_kernel_body<VEC_X, CHAINS, false, HALVES>(x, K, groups, segs, tiles, norm, nin, nullptr,
-                                                 nullptr);
+  pair_kernel_body<VEC_X, CHAINS, false>(x, K, groups, segs, tiles, norm, nin, nullptr, nullptr);
 }
 
 // Kernel 10 over a layer's q, k and v that also rotates q and k and stores the K/V rows
 // (launch_gemv_q4_qkv_rows): the bits of launch_gemv_q4_group_normed then
 // launch_rope_qk_store_kv.
-template <bool VEC_X, int CHAINS, bool HALVES = false>
+template <bool VEC_X, int CHAINS>
 __global__ void __launch_bounds__(kPMaxWarps * 32, 1)
     gemv_q4_pair_rope_kernel(const float* __restrict__ x, int64_t K, int64_t groups,
                              const CcSegments segs, int64_t tiles, const NormIn nin,
                              const __grid_constant__ RopePairs rp,
                              const __grid_constant__ KvRowEpilogue rows) {
-  pair_kernel_body<VEC_X, CHAINS, true, HALVES>(x, K, groups, segs, tiles, GemvNorm{}, nin, &rp,
-                                                &rows);
+  pair_kernel_body<VEC_X, CHAINS, true>(x, K, groups, segs, tiles, GemvNorm{}, nin, &rp, &rows);
 }
 
 // Reference layout, any group size: a warp per output row, lanes over columns, the weight
@@ -2012,20 +1911,6 @@ void run_cc(CcLaunch l, int num_sms) {
 // fewer tiles), a warp per group up to kPMaxWarps, with `norm` (gemv_norm.cuh) when it is set.
 // Launches nothing and returns false when the activation's fragments and the rings do not fit in
 // shared memory (groups > ~230).
-// Kernel 10's grid for `pairs` pairs, and whether it runs half pairs (Q4GemvTuning::half_pairs,
-// whole_pairs): a launch of fewer pairs than half the SMs takes a block per half pair.
-struct PairGrid {
-  int64_t blocks;
-  bool halves;
-};
-PairGrid pair_grid(int64_t pairs, int num_sms) {
-  if (g_q4_tuning.half_pairs) {
-    const int64_t blocks = std::min<int64_t>(pairs >= num_sms ? pairs : 2 * pairs, num_sms);
-    if (whole_pairs(pairs, blocks) < pairs) return {blocks, true};
-  }
-  return {std::min<int64_t>(pairs, num_sms), false};
-}
-
 bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swiglu = false,
                  const NormIn& nin = NormIn{}) {
   const int64_t groups = l.w[0]->groups;
@@ -2060,25 +1945,21 @@ bool try_persist(const CcLaunch& l, int num_sms, const GemvNorm& norm, bool swig
       {gemv_q4_persist_kernel<true, 1, false>, gemv_q4_persist_kernel<true, 2, false>,
        gemv_q4_persist_kernel<true, 2, true>, gemv_q4_persist_sub_kernel<true, 2>,
        gemv_q4_persist_sub_kernel<true, 1>}};
-  constexpr Kernel kPairKernels[2][2] = {
-      // [halves][vec_x]
-      {gemv_q4_persist_pair_kernel<false, 2>, gemv_q4_persist_pair_kernel<true, 2>},
-      {gemv_q4_persist_pair_kernel<false, 2, true>, gemv_q4_persist_pair_kernel<true, 2, true>}};
-  const int64_t items = pair ? pair_count(tiles, swiglu) : swiglu ? tiles / 2 : tiles;
-  const PairGrid pg =
-      pair ? pair_grid(items, num_sms) : PairGrid{std::min<int64_t>(items, num_sms), false};
-  const Kernel kernel = pair ? kPairKernels[pg.halves][vec_x] : kKernels[vec_x][variant];
-  static bool opted_in[2][kVariants + 2] = {};  // above 48 KiB: once per instantiation
-  const int entry = pair ? kVariants + pg.halves : variant;
+  constexpr Kernel kPairKernels[2] = {gemv_q4_persist_pair_kernel<false, 2>,
+                                      gemv_q4_persist_pair_kernel<true, 2>};
+  const Kernel kernel = pair ? kPairKernels[vec_x] : kKernels[vec_x][variant];
+  static bool opted_in[2][kVariants + 1] = {};  // above 48 KiB: once per instantiation
+  const int entry = pair ? kVariants : variant;
   if (!opted_in[vec_x][entry]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)));
     opted_in[vec_x][entry] = true;
   }
-  launch(kernel, static_cast<unsigned>(pg.blocks), warps * 32, smem, l.stream, l.x, l.w[0]->cols,
-         groups, segs, tiles, norm, nin);
+  const int64_t items = pair ? pair_count(tiles, swiglu) : swiglu ? tiles / 2 : tiles;
+  const int64_t grid = std::min<int64_t>(items, num_sms);
+  launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, l.stream, l.x, l.w[0]->cols, groups,
+         segs, tiles, norm, nin);
   CUDA_CHECK_LAUNCH(l.stream);
-  if (pg.halves) ++g_q4_half_pair_launches;
   return true;
 }
 
@@ -2341,33 +2222,23 @@ bool launch_gemv_q4_qkv_rows(const float* h, const DeviceWeight4* const* ws,
   const int64_t tiles = segs.block_end[kMaxGemvSegments - 1];
   const RopePairs rp{hd / 16, ws[0]->rows / 32, ws[1]->rows / 32, (ws[2]->rows + 15) / 16};
   const bool vec_x = reinterpret_cast<uintptr_t>(h) % 16 == 0 && ws[0]->cols % 4 == 0;
-  const PairGrid pg = pair_grid(rope_pair_count(rp), num_sms);
-  using Kernel = decltype(&gemv_q4_pair_rope_kernel<true, 2>);
-  constexpr Kernel kKernels[2][2] = {
-      // [halves][vec_x]
-      {gemv_q4_pair_rope_kernel<false, 2>, gemv_q4_pair_rope_kernel<true, 2>},
-      {gemv_q4_pair_rope_kernel<false, 2, true>, gemv_q4_pair_rope_kernel<true, 2, true>}};
-  const Kernel kernel = kKernels[pg.halves][vec_x];
-  static bool opted_in[2][2] = {};  // above 48 KiB: once per instantiation
-  if (!opted_in[pg.halves][vec_x]) {
+  auto* kernel = vec_x ? gemv_q4_pair_rope_kernel<true, 2> : gemv_q4_pair_rope_kernel<false, 2>;
+  static bool opted_in[2] = {};  // above 48 KiB: once per instantiation
+  if (!opted_in[vec_x]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(smem_max)));
-    opted_in[pg.halves][vec_x] = true;
+    opted_in[vec_x] = true;
   }
-  launch(kernel, static_cast<unsigned>(pg.blocks), warps * 32, smem, stream, h, ws[0]->cols, groups,
+  const int64_t grid = std::min<int64_t>(rope_pair_count(rp), num_sms);
+  launch(kernel, static_cast<unsigned>(grid), warps * 32, smem, stream, h, ws[0]->cols, groups,
          segs, tiles, nin, rp, rows);
   CUDA_CHECK_LAUNCH(stream);
   ++g_q4_qkv_rows_launches;
-  if (pg.halves) ++g_q4_half_pair_launches;
   return true;
 }
 
 uint64_t gemv_q4_qkv_rows_launches() {
   return g_q4_qkv_rows_launches.load();
-}
-
-uint64_t gemv_q4_half_pair_launches() {
-  return g_q4_half_pair_launches.load();
 }
 
 bool launch_gemv_q4_group_normed(const float* h, int m, const DeviceWeight4* const* ws,

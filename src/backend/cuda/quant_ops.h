@@ -131,9 +131,6 @@ bool launch_gemv_q4_qkv_rows(const float* h, const DeviceWeight4* const* ws,
                              const KvRowEpilogue& rows, int num_sms, cudaStream_t stream);
 // Its launches so far in this process (tests check that a call took it).
 uint64_t gemv_q4_qkv_rows_launches();
-// The kernel-10 launches so far that ran half pairs (Q4GemvTuning::half_pairs; tests check that
-// a call took them).
-uint64_t gemv_q4_half_pair_launches();
 
 // Up to kMaxGemvSegments (cuda_ops.h) tiled matrices with the same cols and groups in one
 // launch of the CUDA-core kernel (q/k/v, gate/up of the draft): y_i = x W_i^T + b_i. Supported
@@ -175,12 +172,6 @@ struct Q4GemvTuning {
   // Llama-2-7B -0.4% at 32K, -0.0 to -0.2% at 128K); QS_Q4_QKV_ROWS=0 launches the RoPE + store
   // apart.
   bool qkv_rows = true;
-  // Kernel 10 balances a launch's last round of pairs: where r = pairs % blocks of them would
-  // give r blocks one more pair than the others (0 < 2 r <= blocks), that round runs as 2 r half
-  // pairs (rows 8 h .. 8 h + 7 of both tiles), one per block, so the slowest block does q + 1/2
-  // pairs instead of q + 1 (the draft's Llama-2-7B gate / up: 688 pairs on 132 SMs; Llama-3.1-8B
-  // q/k/v: 192). The same bits. QS_Q4_HALF_PAIRS=1; off until measured (session 47).
-  bool half_pairs = false;
 };
 // The kernel that Q4GemvTuning::kernel = 0 runs (1..9 above), chosen from the H200 bench
 // (docs/perf.md): the persistent kernel for m = 1, CUDA cores for m <= 4, tensor cores above.
