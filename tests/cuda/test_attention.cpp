@@ -168,28 +168,6 @@ TEST_F(CudaOpsTest, AttentionForcedSplitsAndCombine) {
   report("forced splits", worst);
 }
 
-// The combine with 2, 4 and 8 query vectors per block (set_attention_combine_qv): against the CPU
-// over forced splits, with query-vector counts that do not fill the last block (2 heads x 5 rows,
-// 8 x 5) and head dims 32 / 128 / 256.
-TEST_F(CudaOpsTest, AttentionCombineSeveralQueryVectorsPerBlock) {
-  const int saved = cuda::attention_combine_qv();
-  double worst = 0;
-  for (int qv : {2, 4, 8}) {
-    cuda::set_attention_combine_qv(qv);
-    for (int hd : {32, 128, 256}) {
-      KvData kv(gpu(), 1000, kKvHeads, hd, 0, 11 + hd);
-      std::vector<Case> cases;
-      for (int splits : {2, 7, 64}) {
-        for (int m : {1, 5, 16}) cases.push_back({8, m, Path::kDecode, splits});
-        cases.push_back({2, 5, Path::kDecode, splits});
-      }
-      check_cases(gpu(), cpu(), kv, cases, worst);
-    }
-  }
-  cuda::set_attention_combine_qv(saved);
-  report("combine, 2-8 query vectors per block", worst);
-}
-
 TEST_F(CudaOpsTest, AttentionPrefillSweep) {
   double worst = 0;
   for (int hd : {32, 64, 128, 256}) {

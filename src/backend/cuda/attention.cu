@@ -18,7 +18,6 @@
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/cuda_ops.h"
 #include "backend/cuda/device_util.cuh"
-#include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
 
@@ -407,57 +406,44 @@ __global__ void __launch_bounds__(kPrefillThreads) attention_prefill_kernel(Atte
 
 // ---- combine kernel -------------------------------------------------------------------------
 
-constexpr int kCombineThreads = 256;  // 8 warps per block
+constexpr int kCombineThreads = 256;  // 8 warps per query vector
 
-// The query vectors per combine block (set_attention_combine_qv; QS_COMBINE_QV, 1 by default).
-int g_combine_qv = [] {
-  const int qv = env_int("QS_COMBINE_QV", 1, 8, 1);
-  if ((qv & (qv - 1)) == 0) return qv;
-  std::fprintf(stderr, "quantspec: ignoring QS_COMBINE_QV=%d (expected 1, 2, 4 or 8)\n", qv);
-  return 1;
-}();
-
-// QV query vectors per block, kWarps / QV warps each: block b merges query vectors qi = QV b + j
-// (qi = row * num_heads + head): out[qi] = sum_s w_s o_s / sum_s w_s l_s, w_s = 2^(m_s - max m).
-// A query vector's warps take its splits round-robin, so the loads of several splits are in
+// One block per query vector qi (row * num_heads + head): out[qi] = sum_s w_s o_s / sum_s w_s l_s,
+// w_s = 2^(m_s - max m). The warps take the splits round-robin, so the loads of 8+ splits are in
 // flight at once (one thread per channel looping over the splits was a chain of dependent L2
 // round trips, ~0.3 us per split on the H200), and the warps' sums meet in shared memory. A split
-// that saw nothing has m = -inf, weight 0. Partials 16-byte aligned. Fewer blocks (QV > 1) leave
-// more SMs free of combine blocks for the next kernel's blocks to become resident early (PDL).
-template <int HD, int QV>
+// that saw nothing has m = -inf, weight 0. Partials 16-byte aligned.
+template <int HD>
 __global__ void __launch_bounds__(kCombineThreads)
     attention_combine_kernel(const float* __restrict__ partial_o,
                              const float* __restrict__ partial_ml, int splits, int64_t num_qv,
                              float* __restrict__ out) {
   pdl_begin();
   constexpr int kWarps = kCombineThreads / 32;
-  constexpr int kQvWarps = kWarps / QV;  // warps per query vector
-  constexpr int kC = HD / 32;            // channels per lane
+  constexpr int kC = HD / 32;  // channels per lane
   __shared__ float red_m[kWarps];
   __shared__ float red_l[kWarps];
   __shared__ __align__(16) float red_o[kWarps][HD];
+  const int64_t qi = blockIdx.x;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-  const int j = warp / kQvWarps, w_in = warp % kQvWarps;  // this warp's query vector, its rank
-  const int64_t qi = blockIdx.x * int64_t{QV} + j;
-  const bool live = qi < num_qv;
 
   float mx = kNegInf;
-  for (int s = w_in * 32 + lane; live && s < splits; s += kQvWarps * 32) {
+  for (int s = threadIdx.x; s < splits; s += kCombineThreads) {
     mx = fmaxf(mx, __ldg(partial_ml + (s * num_qv + qi) * 2));
   }
 #pragma unroll
   for (int off = 16; off > 0; off /= 2) mx = fmaxf(mx, __shfl_xor_sync(kFullMask, mx, off));
   if (lane == 0) red_m[warp] = mx;
   __syncthreads();
-  float m_tot = red_m[j * kQvWarps];
+  float m_tot = red_m[0];
 #pragma unroll
-  for (int w = 1; w < kQvWarps; ++w) m_tot = fmaxf(m_tot, red_m[j * kQvWarps + w]);
+  for (int w = 1; w < kWarps; ++w) m_tot = fmaxf(m_tot, red_m[w]);
 
   float acc[kC], l_sum = 0.0f;
 #pragma unroll
   for (int c = 0; c < kC; ++c) acc[c] = 0.0f;
 #pragma unroll 4
-  for (int s = w_in; live && s < splits; s += kQvWarps) {
+  for (int s = warp; s < splits; s += kWarps) {
     const int64_t slot = s * num_qv + qi;
     const float2 ml = __ldg(reinterpret_cast<const float2*>(partial_ml + slot * 2));
     float x[kC];
@@ -471,39 +457,22 @@ __global__ void __launch_bounds__(kCombineThreads)
   for (int c = 0; c < kC; ++c) red_o[warp][lane * kC + c] = acc[c];
   if (lane == 0) red_l[warp] = l_sum;  // the same in every lane
   __syncthreads();
-  for (int i = threadIdx.x; i < QV * HD; i += kCombineThreads) {
-    const int jq = i / HD, d = i % HD;
-    const int64_t q = blockIdx.x * int64_t{QV} + jq;
-    if (q >= num_qv) continue;
+  for (int d = threadIdx.x; d < HD; d += kCombineThreads) {
     float o = 0.0f, l = 0.0f;
 #pragma unroll
-    for (int w = 0; w < kQvWarps; ++w) {
-      o += red_o[jq * kQvWarps + w][d];
-      l += red_l[jq * kQvWarps + w];
+    for (int w = 0; w < kWarps; ++w) {
+      o += red_o[w][d];
+      l += red_l[w];
     }
-    out[q * HD + d] = o / l;
+    out[qi * HD + d] = o / l;
   }
-}
-
-template <int HD, int QV>
-void combine_launch(const AttentionArgs& a, int64_t num_qv, cudaStream_t stream) {
-  launch(attention_combine_kernel<HD, QV>, static_cast<unsigned>((num_qv + QV - 1) / QV),
-         kCombineThreads, 0, stream, a.partial_o, a.partial_ml, a.num_splits, num_qv, a.out);
-  CUDA_CHECK_LAUNCH(stream);
 }
 
 template <int HD>
 void combine_for_head_dim(const AttentionArgs& a, int64_t num_qv, cudaStream_t stream) {
-  switch (g_combine_qv) {
-    case 2:
-      return combine_launch<HD, 2>(a, num_qv, stream);
-    case 4:
-      return combine_launch<HD, 4>(a, num_qv, stream);
-    case 8:
-      return combine_launch<HD, 8>(a, num_qv, stream);
-    default:
-      return combine_launch<HD, 1>(a, num_qv, stream);
-  }
+  launch(attention_combine_kernel<HD>, static_cast<unsigned>(num_qv), kCombineThreads, 0, stream,
+         a.partial_o, a.partial_ml, a.num_splits, num_qv, a.out);
+  CUDA_CHECK_LAUNCH(stream);
 }
 
 // ---- launch helpers -------------------------------------------------------------------------
@@ -707,16 +676,6 @@ void launch_attention_prefill(const AttentionArgs& a, cudaStream_t stream) {
       QS_CHECK_MSG(false, "attention: unsupported head_dim");
   }
   if (a.num_splits > 1) launch_attention_combine(a, stream);
-}
-
-int attention_combine_qv() {
-  return g_combine_qv;
-}
-
-void set_attention_combine_qv(int qv) {
-  QS_CHECK_MSG(qv == 1 || qv == 2 || qv == 4 || qv == 8,
-               "attention combine: query vectors per block must be 1, 2, 4 or 8");
-  g_combine_qv = qv;
 }
 
 void launch_attention_combine(const AttentionArgs& a, cudaStream_t stream) {

@@ -299,11 +299,6 @@ int attention_prefill_query_tiles(const AttentionArgs& a);
 
 // Merges the num_splits partial states of every query vector into out.
 void launch_attention_combine(const AttentionArgs& a, cudaStream_t stream);
-// Query vectors per combine block: 1 (the default; QS_COMBINE_QV = 2, 4 or 8 for A/B runs, off
-// until measured, session 47), or 2, 4, 8 (fewer blocks, kWarps / qv warps per query vector; the
-// merge's sums grouped differently: results within f32 rounding of qv = 1).
-int attention_combine_qv();
-void set_attention_combine_qv(int qv);
 
 // ---- snapkv.cu ------------------------------------------------------------------------------
 
