@@ -22,7 +22,11 @@ synchronization). Forwards are grouped by kind (kernel count and first launch sh
 step, a verification, a prefill chunk); for the most frequent decode kinds the script finds the
 layer period (the shortest shift under which the launch shapes repeat) and prints, per position
 in the layer, the median share and its total per forward, then the kernels before and after
-the layers.
+the layers. Two more medians show how programmatic dependent launch overlapped the hand-over:
+"entry" is when block 0 reached pdl_begin() relative to the previous kernel's release (negative:
+resident before the previous kernel started its work), "lead" how long it then waited for its
+own release (a kernel whose blocks need a whole SM becomes resident only as the previous
+kernel's blocks leave, so its entry trails that release by the previous kernel's fastest block).
 """
 import argparse
 import collections
@@ -110,14 +114,18 @@ def main():
                     key = f"layer: {layer_names[j] if j < len(layer_names) else f'#{j}'}"
                 else:
                     key = f"after the layers, #{k - start - period * reps}"
-                rows.setdefault((key, ev[i][2:]), []).append(share)
-        print(f"  {'kernel':28s} {'launch':>10s} {'x':>3s} {'median us':>9s} {'per fwd ms':>10s} {'share':>6s}")
+                entry = (ev[i][1] - ev[i - 1][0]) / 1e3
+                lead = (ev[i][0] - ev[i][1]) / 1e3
+                rows.setdefault((key, ev[i][2:]), []).append((share, entry, lead))
+        print(f"  {'kernel':28s} {'launch':>10s} {'x':>3s} {'median us':>9s} {'per fwd ms':>10s} "
+              f"{'share':>6s} {'entry us':>9s} {'lead us':>8s}")
         total = statistics.median(spans)
         for (key, shape), v in rows.items():
             per = len(v) / len(sel)
-            per_fwd = statistics.median(v) * per
-            print(f"  {key:28s} {shape[0]:>6d}x{shape[1]:<4d} {per:3.0f} {statistics.median(v):9.2f} "
-                  f"{per_fwd / 1e3:10.3f} {100 * per_fwd / total:5.1f}%")
+            share, entry, lead = (statistics.median(x) for x in zip(*v))
+            per_fwd = share * per
+            print(f"  {key:28s} {shape[0]:>6d}x{shape[1]:<4d} {per:3.0f} {share:9.2f} "
+                  f"{per_fwd / 1e3:10.3f} {100 * per_fwd / total:5.1f}% {entry:9.2f} {lead:8.2f}")
 
 
 if __name__ == "__main__":
