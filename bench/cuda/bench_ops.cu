@@ -13,7 +13,9 @@
 // w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; w4layer: one draft
 // layer's 4-bit launches (grouped as the model runs them) per code path, w4sweep the same with
 // every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
-// list): per-block phase stamps of one quantized-attention call (bench_quant_timeline); chain:
+// list): per-block phase stamps of one quantized-attention call (bench_quant_timeline), and
+// whether the slow blocks of its quantized phase are slow again in a second call (lateness_line:
+// by block, by SM); chain:
 // what the launch boundaries between a layer's GEMVs cost, and a layer as the model's launches
 // and with the q/k/v launch taking the RoPE and rows (QS_QKV_ROWS). Their small calls
 // are timed as CUDA graphs of many calls (time_graph_ms), the way a captured decode step runs them;
@@ -1401,6 +1403,69 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
   cuda::set_quant_attention_tuning(saved);
 }
 
+// Pearson's correlation of two equally long series (0 where either is constant).
+double correlation(const std::vector<double>& a, const std::vector<double>& b) {
+  const double n = static_cast<double>(a.size());
+  double ma = 0, mb = 0;
+  for (size_t i = 0; i < a.size(); ++i) ma += a[i] / n, mb += b[i] / n;
+  double sab = 0, saa = 0, sbb = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    sab += (a[i] - ma) * (b[i] - mb), saa += (a[i] - ma) * (a[i] - ma);
+    sbb += (b[i] - mb) * (b[i] - mb);
+  }
+  return saa > 0 && sbb > 0 ? sab / std::sqrt(saa * sbb) : 0.0;
+}
+
+// Whether the quantized phase's slow blocks are slow again in another call on the same bytes:
+// `stamped(out)` runs a stamped call and copies its timeline; two such calls give each block's
+// quantized-phase cycles twice. Correlated by block: the lateness goes with the block's work (its
+// head, its positions, where its bytes lie); by SM (the mean of the blocks each SM ran): with the
+// SM; neither: it is the run's. Also how many of the first call's slowest tenth are again.
+std::string lateness_line(const char* model, int ctx, int m,
+                          const std::function<void(std::vector<unsigned long long>&)>& stamped) {
+  constexpr int W = cuda::kQuantTimelineSlots;
+  std::vector<unsigned long long> h[2];
+  for (auto& run : h) stamped(run);
+  const size_t blocks = h[0].size() / W;
+  auto quant = [&](const unsigned long long* w) {  // phase 4, else 2..5 (bench_quant_timeline)
+    return w[2 + 4] != 0 ? double(w[2 + 4] - w[2 + 3]) : double(w[2 + 5] - w[2 + 2]);
+  };
+  std::vector<double> t[2];
+  std::map<unsigned long long, double> sm_sum[2], sm_n[2];
+  for (int r = 0; r < 2; ++r) {
+    for (size_t b = 0; b < blocks; ++b) {
+      const unsigned long long* w = &h[r][b * W];
+      t[r].push_back(quant(w));
+      sm_sum[r][w[9]] += t[r].back();
+      sm_n[r][w[9]] += 1;
+    }
+  }
+  std::vector<double> sm_mean[2];
+  for (const auto& [sm, sum] : sm_sum[0]) {
+    if (sm_n[1].count(sm) == 0) continue;
+    sm_mean[0].push_back(sum / sm_n[0][sm]);
+    sm_mean[1].push_back(sm_sum[1][sm] / sm_n[1][sm]);
+  }
+  const size_t tenth = std::max<size_t>(1, blocks / 10);
+  auto slowest = [&](const std::vector<double>& v) {
+    std::vector<size_t> idx(v.size());
+    for (size_t i = 0; i < idx.size(); ++i) idx[i] = i;
+    std::partial_sort(idx.begin(), idx.begin() + tenth, idx.end(),
+                      [&](size_t a, size_t b) { return v[a] > v[b]; });
+    return std::vector<size_t>(idx.begin(), idx.begin() + tenth);
+  };
+  const auto s0 = slowest(t[0]), s1 = slowest(t[1]);
+  size_t again = 0;
+  for (size_t b : s0) again += std::count(s1.begin(), s1.end(), b);
+  char buf[200];
+  std::snprintf(buf, sizeof buf,
+                "| qtime %-11s ctx=%-6d m=%d | lateness over two calls: by block r = %.2f, by SM "
+                "r = %.2f (%zu SMs), slowest tenth again %zu of %zu |",
+                model, ctx, m, correlation(t[0], t[1]), correlation(sm_mean[0], sm_mean[1]),
+                sm_mean[0].size(), again, tenth);
+  return buf;
+}
+
 // Where one quantized-attention call's time goes, block by block (QuantAttentionTuning::timeline;
 // attention_quant.h names the phases): the default plan of the quantkv section's draft (m = 1)
 // and target (m = 4) calls at 4K / 32K / 128K, timed as a graph of calls without and with the
@@ -1522,6 +1587,16 @@ void bench_quant_timeline(CudaBackend& be) {
         }
         summary("| qtime %-11s ctx=%-6d m=%d | %zu SMs | quantized us by blocks per SM:%s",
                 sh->model, ctx, m, per_sm.size(), loads.c_str());
+        summary("%s", lateness_line(sh->model, ctx, m, [&](std::vector<unsigned long long>& out) {
+                        cuda::set_quant_attention_tuning(t);
+                        call(copies > 1 ? 1 : 0);  // another copy's bytes first: call(0) cold in L2
+                        call(0);
+                        cuda::set_quant_attention_tuning(saved);
+                        CUDA_CHECK(cudaStreamSynchronize(s));
+                        out.resize(h.size());
+                        CUDA_CHECK(cudaMemcpy(out.data(), stamps.ptr, stamps.bytes,
+                                              cudaMemcpyDeviceToHost));
+                      }).c_str());
       }
     }
   }
