@@ -15,11 +15,10 @@
 // every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
 // list): per-block phase stamps of one quantized-attention call (bench_quant_timeline), and
 // whether the slow blocks of its quantized phase are slow again in a second call (lateness_line:
-// by block, by SM); chain:
-// what the launch boundaries between a layer's GEMVs cost, and a layer as the model's launches
-// and with the q/k/v launch taking the RoPE and rows (QS_QKV_ROWS). Their small calls
-// are timed as CUDA graphs of many calls (time_graph_ms), the way a captured decode step runs them;
-// w4mm also states the eager time.
+// by block, by SM); chain: what the launch boundaries between a layer's GEMVs cost, and a layer
+// as the model's launches and with the q/k/v launch taking the RoPE and rows (QS_QKV_ROWS). Their
+// small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured decode
+// step runs them; w4mm also states the eager time.
 //
 // Every time is the median over batches of launches timed with CUDA events after warm-up;
 // inputs rotate over enough copies to exceed the L2 cache, so each launch reads HBM. Every line
@@ -1403,6 +1402,12 @@ void bench_quant_attention(CudaBackend& be, bool quick) {
   cuda::set_quant_attention_tuning(saved);
 }
 
+// A block's quantized-phase cycles from its timeline (attention_quant.h's slots): phase 4 (the
+// direct path), else phases 2..5.
+double quantized_cycles(const unsigned long long* w) {
+  return w[2 + 4] != 0 ? double(w[2 + 4] - w[2 + 3]) : double(w[2 + 5] - w[2 + 2]);
+}
+
 // Pearson's correlation of two equally long series (0 where either is constant).
 double correlation(const std::vector<double>& a, const std::vector<double>& b) {
   const double n = static_cast<double>(a.size());
@@ -1427,15 +1432,12 @@ std::string lateness_line(const char* model, int ctx, int m,
   std::vector<unsigned long long> h[2];
   for (auto& run : h) stamped(run);
   const size_t blocks = h[0].size() / W;
-  auto quant = [&](const unsigned long long* w) {  // phase 4, else 2..5 (bench_quant_timeline)
-    return w[2 + 4] != 0 ? double(w[2 + 4] - w[2 + 3]) : double(w[2 + 5] - w[2 + 2]);
-  };
   std::vector<double> t[2];
   std::map<unsigned long long, double> sm_sum[2], sm_n[2];
   for (int r = 0; r < 2; ++r) {
     for (size_t b = 0; b < blocks; ++b) {
       const unsigned long long* w = &h[r][b * W];
-      t[r].push_back(quant(w));
+      t[r].push_back(quantized_cycles(w));
       sm_sum[r][w[9]] += t[r].back();
       sm_n[r][w[9]] += 1;
     }
@@ -1573,9 +1575,7 @@ void bench_quant_timeline(CudaBackend& be) {
         std::map<int, std::vector<double>> by_load;
         for (int64_t b = 0; b < blocks; ++b) {
           const unsigned long long* w = &h[b * W];
-          const double cyc =
-              w[2 + 4] != 0 ? double(w[2 + 4] - w[2 + 3]) : double(w[2 + 5] - w[2 + 2]);
-          by_load[per_sm[w[9]]].push_back(cyc * ns_per_cycle * 1e-3);
+          by_load[per_sm[w[9]]].push_back(quantized_cycles(w) * ns_per_cycle * 1e-3);
         }
         std::string loads;
         for (auto& [k, v] : by_load) {
