@@ -1559,6 +1559,17 @@ void bench_quant_timeline(CudaBackend& be) {
             return double(w[2 + i] - w[2 + j]) * ns_per_cycle;
           });
         };
+        // When the blocks leave (us after the first entry): the 50th / 90th percentile and the
+        // last. What a perfectly balanced tail could save is at most last - p90 or so.
+        std::vector<double> exits;
+        for (int64_t b = 0; b < blocks; ++b)
+          exits.push_back(double(h[b * W + 1] - first_in) * 1e-3);
+        std::sort(exits.begin(), exits.end());
+        summary(
+            "| qtime %-11s ctx=%-6d m=%d | exits p50 %6.1f | p90 %6.1f | p97 %6.1f | last %6.1f us "
+            "|",
+            sh->model, ctx, m, exits[exits.size() / 2], exits[exits.size() * 9 / 10],
+            exits[exits.size() * 97 / 100], exits.back());
         summary(
             "| qtime %-11s ctx=%-6d m=%d | call %6.1f us (stamped %6.1f) | %5lld blocks | span "
             "%6.1f | entry %s | wait %s | q %s | fp %s | quant %s | barrier %s | merge %s | "
