@@ -453,15 +453,15 @@ TEST_F(CudaOpsTest, Q4QkvRowsEqualTheSeparateLaunches) {
   cuda::set_q4_gemv_tuning(saved);
 }
 
-// Backend::output_and_mlp of a bf16 / f16 layer with GemvTuning::qkv_rows (the next layer's q/k/v
-// launch rotates q and k and stores the K/V rows in its epilogue) against the separate
-// ring-kernel launches (the q/k/v group, then rope_qk_store_kv), from the same h: h, both norms'
-// rows (separate buffers here; the model shares one), the SwiGLU rows, q, k, v (rotated) and the
-// K/V rows (f32 and f16, at a position near 128K), bit for bit. The launch with rows must have run
-// (its launch count) where there are rows at m = 1, and not at m = 2. Each case runs twice on one
-// backend.
-void dense_qkv_rows_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int head_dim,
-                         uint64_t seed) {
+// Backend::output_and_mlp of a bf16 / f16 layer (o, gate / up with its SwiGLU, down, the next
+// layer's q/k/v with both norms deferred) under GemvTuning `got` against `want`, from the same h:
+// h, both norms' rows (separate buffers here; the model shares one), the SwiGLU rows, q, k, v
+// (rotated) and the K/V rows (f32 and f16, at a position near 128K), bit for bit. With qkv_rows
+// (the q/k/v launch rotates q and k and stores the K/V rows in its epilogue) that launch must have
+// run (its launch count) where there are rows at m = 1, and not at m = 2.
+void dense_layer_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int head_dim,
+                      uint64_t seed, const cuda::GemvTuning& want_tuning,
+                      const cuda::GemvTuning& got_tuning) {
   auto weight = [&](int64_t rows, int64_t cols, uint64_t s, const char* name) {
     return HostWeight(random_normal(static_cast<size_t>(rows * cols), s, 0.05f), dt, rows, cols,
                       name);
@@ -485,9 +485,7 @@ void dense_qkv_rows_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int
     struct Run {
       std::vector<float> h, mid_out, next_out, act, q, k, v, k_rows, v_rows;
     };
-    auto run = [&](bool qkv_rows, DType rows_dtype) {
-      cuda::GemvTuning t = cuda::gemv_tuning();
-      t.qkv_rows = qkv_rows;
+    auto run = [&](const cuda::GemvTuning& t, DType rows_dtype) {
       cuda::set_gemv_tuning(t);
       DeviceArray h(gpu, h0), mid_out(gpu, m * d), next_out(gpu, m * d), proj(gpu, m * d),
           g(gpu, m * ffn), u(gpu, m * ffn), act(gpu, m * ffn), q(gpu, m * d), k(gpu, m * kv),
@@ -507,39 +505,63 @@ void dense_qkv_rows_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int
                          LinearOp{&wu.view, nullptr, nullptr, u.data()}, act.data(),
                          LinearOp{&wd.view, nullptr, nullptr, proj.data()}, next, qkv, 3,
                          with_rows ? &rows : nullptr);
-      const bool fused_rows = qkv_rows && m == 1 && with_rows;
+      const bool fused_rows = t.qkv_rows && m == 1 && with_rows;
       EXPECT_EQ(cuda::gemv_qkv_rows_launches() - qkv_launches, fused_rows ? 1u : 0u) << tag;
       EXPECT_FALSE(mid.deferred || next.deferred) << tag;
       return Run{h.to_host(), mid_out.to_host(), next_out.to_host(), act.to_host(),   q.to_host(),
                  k.to_host(), v.to_host(),       k_rows.to_host(),   v_rows.to_host()};
     };
     for (const DType rows_dtype : {DType::F32, DType::F16}) {
-      const Run want = run(false, rows_dtype);
-      for (int rep = 0; rep < 2; ++rep) {
-        const Run got = run(true, rows_dtype);
-        const std::string at = tag + " m=" + std::to_string(m) + " " + dtype_name(rows_dtype) +
-                               " rows, run " + std::to_string(rep);
-        EXPECT_EQ(first_bit_difference(got.mid_out, want.mid_out), -1) << at << " MLP norm";
-        EXPECT_EQ(first_bit_difference(got.act, want.act), -1) << at << " SwiGLU rows";
-        const std::vector<float> Run::*outs[] = {&Run::h, &Run::next_out, &Run::q,     &Run::k,
-                                                 &Run::v, &Run::k_rows,   &Run::v_rows};
-        const char* names[] = {"h", "next norm", "q", "k", "v", "K rows", "V rows"};
-        for (int i = 0; i < 7; ++i) {
-          if (i >= 5 && !with_rows) continue;  // no rows stored
-          EXPECT_EQ(first_bit_difference(got.*outs[i], want.*outs[i]), -1) << at << " " << names[i];
-        }
+      const Run want = run(want_tuning, rows_dtype);
+      const Run got = run(got_tuning, rows_dtype);
+      const std::string at =
+          tag + " m=" + std::to_string(m) + " " + dtype_name(rows_dtype) + " rows";
+      EXPECT_EQ(first_bit_difference(got.mid_out, want.mid_out), -1) << at << " MLP norm";
+      EXPECT_EQ(first_bit_difference(got.act, want.act), -1) << at << " SwiGLU rows";
+      const std::vector<float> Run::*outs[] = {&Run::h, &Run::next_out, &Run::q,     &Run::k,
+                                               &Run::v, &Run::k_rows,   &Run::v_rows};
+      const char* names[] = {"h", "next norm", "q", "k", "v", "K rows", "V rows"};
+      for (int i = 0; i < 7; ++i) {
+        if (i >= 5 && !with_rows) continue;  // no rows stored
+        EXPECT_EQ(first_bit_difference(got.*outs[i], want.*outs[i]), -1) << at << " " << names[i];
       }
     }
   }
   gpu.release_weights();
 }
 
+// The dense layers the cases below run: Llama-like, mixed tiles off 16, odd tiles without rows,
+// 8 warps.
+void dense_layer_cases(CudaBackend& gpu, const cuda::GemvTuning& want,
+                       const cuda::GemvTuning& got) {
+  dense_layer_case(gpu, DType::BF16, 2048, 5504, 128, 500, want, got);
+  dense_layer_case(gpu, DType::F16, 2048, 3000, 128, 520, want, got);
+  dense_layer_case(gpu, DType::BF16, 1032, 2824, 128, 540, want, got);
+  dense_layer_case(gpu, DType::BF16, 512, 1376, 64, 560, want, got);
+}
+
+// The q/k/v launch with its RoPE and K/V rows (GemvTuning::qkv_rows) against the separate
+// ring-kernel launches (the q/k/v group, then rope_qk_store_kv).
 TEST_F(CudaOpsTest, DenseQkvRowsEqualTheSeparateLaunches) {
   const cuda::GemvTuning saved = cuda::gemv_tuning();
-  dense_qkv_rows_case(gpu(), DType::BF16, 2048, 5504, 128, 500);  // Llama-like
-  dense_qkv_rows_case(gpu(), DType::F16, 2048, 3000, 128, 520);   // mixed tiles off 16
-  dense_qkv_rows_case(gpu(), DType::BF16, 1032, 2824, 128, 540);  // odd tiles, no rows
-  dense_qkv_rows_case(gpu(), DType::BF16, 512, 1376, 64, 560);    // 8 warps
+  cuda::GemvTuning apart = saved, fused = saved;
+  apart.qkv_rows = false;
+  fused.qkv_rows = true;
+  dense_layer_cases(gpu(), apart, fused);
+  cuda::set_gemv_tuning(saved);
+}
+
+// The ring walks' first tiles asked of L2 before the PDL wait (GemvTuning::l2_ahead_tiles: one
+// and every warp's tile; the plain, mixed and RoPE walks, partial last tiles): the same bits.
+TEST_F(CudaOpsTest, GemvL2AheadGivesTheSameBits) {
+  const cuda::GemvTuning saved = cuda::gemv_tuning();
+  cuda::GemvTuning off = saved;
+  off.l2_ahead_tiles = 0;
+  for (const int tiles : {1, 16}) {
+    cuda::GemvTuning on = saved;
+    on.l2_ahead_tiles = tiles;
+    dense_layer_cases(gpu(), off, on);
+  }
   cuda::set_gemv_tuning(saved);
 }
 
