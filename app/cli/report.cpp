@@ -146,7 +146,7 @@ std::vector<std::pair<std::string, std::string>> kernel_switches() {
       "QS_DEFER_NORM",       "QS_CHAINED_ROUNDS", "QS_CUDA_SAMPLE",        "QS_DECODE_TC_T",
       "QS_FLUSH_LAYERS",     "QS_SWIGLU_MIXED",   "QS_INT8_F16",           "QS_QUANT_PREFILL",
       "QS_GQA_TWO_TILES",    "QS_EVEN_COLUMNS",   "QS_INT8_EVEN_COLUMNS",  "QS_QKV_ROWS",
-      "QS_Q4_QKV_ROWS",      "QS_GEMV_L2_AHEAD"};
+      "QS_Q4_QKV_ROWS"};
   std::vector<std::pair<std::string, std::string>> set;
   for (const char* name : kNames) {
     if (const char* v = std::getenv(name)) set.emplace_back(name, v);

@@ -551,19 +551,5 @@ TEST_F(CudaOpsTest, DenseQkvRowsEqualTheSeparateLaunches) {
   cuda::set_gemv_tuning(saved);
 }
 
-// The ring walks' first tiles asked of L2 before the PDL wait (GemvTuning::l2_ahead_tiles: one
-// and every warp's tile; the plain, mixed and RoPE walks, partial last tiles): the same bits.
-TEST_F(CudaOpsTest, GemvL2AheadGivesTheSameBits) {
-  const cuda::GemvTuning saved = cuda::gemv_tuning();
-  cuda::GemvTuning off = saved;
-  off.l2_ahead_tiles = 0;
-  for (const int tiles : {1, 16}) {
-    cuda::GemvTuning on = saved;
-    on.l2_ahead_tiles = tiles;
-    dense_layer_cases(gpu(), off, on);
-  }
-  cuda::set_gemv_tuning(saved);
-}
-
 }  // namespace
 }  // namespace qs

@@ -240,10 +240,6 @@ struct GemvTuning {
   // (launch_gemv_qkv_rows; CudaBackend::output_and_mlp). On since session 44 (H100, AR fp16 at
   // 32K: Llama-2-7B -0.6%, Llama-3.1-8B -1.0%); QS_QKV_ROWS=0 launches the RoPE + store apart.
   bool qkv_rows = true;
-  // The ring walk's first tiles per block (0..16, one per warp) asked of L2 before the PDL wait,
-  // so that a block resident before its release (o_proj in the attention's tail) walks them from
-  // L2 (QS_GEMV_L2_AHEAD=N; 0: off, measuring).
-  int l2_ahead_tiles = 0;
 };
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();

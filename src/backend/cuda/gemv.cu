@@ -217,7 +217,6 @@ struct MmaSegments {
   int64_t block_end[kMaxGemvSegments];
   int count;
   bool swiglu;  // gate (segment 0) / up (1) paired, y[0] = their SwiGLU (find_tile)
-  int l2_ahead = 0;  // the ring walk's first tiles asked of L2 before the PDL wait (GemvTuning)
 };
 
 // Block: (warps x 32) threads, 16 output features of one segment; NT tiles of 8 tokens
@@ -424,44 +423,6 @@ __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int n
   }
 }
 
-// Asks L2 for the weights of this block's first `segs.l2_ahead` tiles of its walk (warp w: tile
-// w), before the PDL wait: where the block is resident long before its release (o_proj in the
-// attention's tail) the walk then reads L2 instead of DRAM. A tile's rows as they lie in W: a
-// 16-row tile one run, a mixed or RoPE tile two runs of 8 rows (lanes 0-15 and 16-31), each
-// lane asking for its share in 16-byte units. No effect on the results.
-template <typename T, bool MIXED, bool ROPE>
-__device__ __forceinline__ void prefetch_tiles_l2(const MmaSegments<T>& segs, int64_t K,
-                                                  int64_t my_tiles, const KvRowEpilogue* rows) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  if (warp >= min(my_tiles, int64_t{segs.l2_ahead}) || (K * sizeof(T)) % 16 != 0) return;
-  const int64_t tile = blockIdx.x + int64_t{warp} * gridDim.x;
-  const T* run[2] = {nullptr, nullptr};
-  int64_t rows_in[2] = {0, 0};
-  if constexpr (MIXED) {
-    const int64_t r = min(int64_t{8}, segs.N[0] - tile * 8);
-    run[0] = segs.w[0] + tile * 8 * K, run[1] = segs.w[1] + tile * 8 * K;
-    rows_in[0] = rows_in[1] = r;
-  } else {
-    int64_t local;
-    const int si = find_tile(segs, tile, local);
-    if (ROPE && si < 2) {
-      run[0] = pick(segs.w, si) + rope_tile_row(local, rows->head_dim) * K;
-      run[1] = run[0] + rows->head_dim / 2 * K;
-      rows_in[0] = rows_in[1] = 8;
-    } else {
-      run[0] = pick(segs.w, si) + local * 16 * K;
-      rows_in[0] = min(int64_t{16}, pick(segs.N, si) - local * 16);
-    }
-  }
-  const int two = run[1] != nullptr, r = two ? lane / 16 : 0, lanes = two ? 16 : 32;
-  const int64_t units = rows_in[r] * K * int64_t{sizeof(T)} / 16;
-  const int64_t i = lane % lanes, begin = units * i / lanes, end = units * (i + 1) / lanes;
-  if (end > begin) {
-    prefetch_l2(reinterpret_cast<const unsigned char*>(run[r]) + begin * 16,
-                static_cast<uint32_t>((end - begin) * 16));
-  }
-}
-
 // The ring kernel's body. ROPE (gemv_ring_rope_kernel: q, k, v at m = 1 with rows): the q and k
 // segments walk RoPE tiles (rope_tile_row, copied as a mixed tile's two halves) and every tile
 // ends in store_tile_rope_rows.
@@ -542,7 +503,6 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
   // finishes (launch.cuh).
 #pragma unroll
   for (int s = 0; s < STAGES - 1; ++s) fetch();
-  if (segs.l2_ahead > 0) prefetch_tiles_l2<T, MIXED, ROPE>(segs, K, my_tiles, rows);
   if constexpr (ROPE) {
     fill_rope_table(rope_cs, rows->head_dim / 2, static_cast<float>(rows->pos),
                     rows->freqs.inv_freq);
@@ -720,7 +680,6 @@ GemvTuning g_tuning = [] {
   }
   t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", true);
   t.qkv_rows = env_flag("QS_QKV_ROWS", true);
-  t.l2_ahead_tiles = env_int("QS_GEMV_L2_AHEAD", 0, kRingMaxWarps, 0);
   return t;
 }();
 
@@ -764,7 +723,6 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
                  cudaStream_t stream, const GemvNorm& norm, bool swiglu) {
   MmaSegments<T> ms = mma_segments<T>(segs, count);
   ms.swiglu = swiglu;
-  ms.l2_ahead = g_tuning.l2_ahead_tiles;
   const bool mixed = swiglu && g_tuning.swiglu_mixed;
   // Mixed: ceil(N / 8) tiles of 8 gate + 8 up rows; else 16-row tiles (paired: gate, up).
   const int64_t tiles = mixed ? (segs[0].w.rows + 7) / 8 : ms.block_end[kMaxGemvSegments - 1];
@@ -1000,8 +958,7 @@ std::atomic<uint64_t> g_qkv_rows_launches{0};
 template <typename T, int STAGES>
 void launch_ring_rope(const float* x, const GemvSegment* segs, const KvRowEpilogue& rows,
                       int num_sms, cudaStream_t stream) {
-  MmaSegments<T> ms = mma_segments<T>(segs, 3);
-  ms.l2_ahead = g_tuning.l2_ahead_tiles;
+  const MmaSegments<T> ms = mma_segments<T>(segs, 3);
   const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
   const int warps = ring_warps(K);
@@ -1054,7 +1011,6 @@ void set_gemv_tuning(const GemvTuning& tuning) {
   QS_CHECK(tuning.coalesced_max_rows >= 0 && tuning.coalesced_max_rows <= 4);
   QS_CHECK(tuning.ring_stages == -1 || tuning.ring_stages == 0 || tuning.ring_stages == 4 ||
            tuning.ring_stages == 6);
-  QS_CHECK(tuning.l2_ahead_tiles >= 0 && tuning.l2_ahead_tiles <= kRingMaxWarps);
   g_tuning = tuning;
 }
 
