@@ -1007,7 +1007,8 @@ bool CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, 
   // The K/V rows in the launch's epilogue: one row, the q/k/v ops' own outputs (each launch
   // checks its own switch: GemvTuning::qkv_rows, Q4GemvTuning::qkv_rows).
   const bool with_rows = rows != nullptr && m == 1 && rows_of_qkv(ops, count, *rows);
-  bool dense = pn == nullptr, q4 = true;
+  // A deferred norm's dense reader: only the q/k/v launch with its rows (ring_walk's NIN).
+  bool dense = pn == nullptr || with_rows, q4 = true;
   for (int i = 0; i < n; ++i) {
     const LinearOp& op = ops[i];
     dense = dense && op.w4 == nullptr;
@@ -1020,11 +1021,12 @@ bool CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, 
       for (int i = 0; i < n; ++i) {
         segs[i] = {impl_->matrix(*ops[i].w), impl_->bias(ops[i].bias), ops[i].y};
       }
-      if (with_rows && cuda::launch_gemv_qkv_rows(x, segs, kv_row_epilogue(*rows), impl_->num_sms,
-                                                  impl_->stream)) {
+      if (with_rows &&
+          cuda::launch_gemv_qkv_rows(x, segs, kv_row_epilogue(*rows), impl_->num_sms, impl_->stream,
+                                     pn != nullptr ? norm_in(*pn) : cuda::NormIn{})) {
         return true;
       }
-      if (cuda::gemv_group_supported(x, m, segs, n)) {
+      if (pn == nullptr && cuda::gemv_group_supported(x, m, segs, n)) {
         cuda::launch_gemv_group(x, m, segs, n, impl_->num_sms, impl_->stream);
         return false;
       }
@@ -1113,15 +1115,24 @@ const bool g_defer_norm = cuda::env_flag("QS_DEFER_NORM", true);
 void CudaBackend::linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
                                               PendingNorm& pn) {
   const int64_t d = pn.weight->numel();
-  if (g_defer_norm && g_fuse_norm && m == 1 && op.w4 != nullptr && op.rows() == d) {
+  // The 4-bit draft's norms (QS_DEFER_NORM), a bf16 / f16 layer's where GemvTuning::defer_norm.
+  const bool dense = op.w4 == nullptr && cuda::gemv_tuning().defer_norm;
+  if (g_fuse_norm && m == 1 && op.rows() == d && (dense || (g_defer_norm && op.w4 != nullptr))) {
     cuda::GemvNorm norm{
         pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, nullptr, nullptr, m, d};
     norm.sumsq = impl_->norm_sumsq;
     norm.parts = impl_->num_sms;
-    check_q4_bias(*op.w4, op.bias);
-    const cuda::DeviceWeight4& dw = impl_->weights4.resolve(*op.w4, impl_->stream);
-    if (cuda::launch_gemv_q4_norm(x, m, dw, impl_->bias(op.bias), norm, impl_->num_sms,
-                                  impl_->stream)) {
+    const cuda::DeviceBias b = impl_->bias(op.bias);
+    bool launched = false;
+    if (dense) {
+      launched = cuda::launch_gemv_norm(x, m, impl_->matrix(*op.w), b, norm, impl_->num_sms,
+                                        impl_->stream);
+    } else {
+      check_q4_bias(*op.w4, op.bias);
+      const cuda::DeviceWeight4& dw = impl_->weights4.resolve(*op.w4, impl_->stream);
+      launched = cuda::launch_gemv_q4_norm(x, m, dw, b, norm, impl_->num_sms, impl_->stream);
+    }
+    if (launched) {
       pn.deferred = true;
       pn.record = impl_->norm_sumsq;
       return;
@@ -1181,7 +1192,7 @@ void CudaBackend::gate_up_swiglu(const float* x, int m, const LinearOp& gate, co
 void CudaBackend::gate_up_swiglu_from(const float* x, int m, const LinearOp& gate,
                                       const LinearOp& up, float* out, const PendingNorm* pn) {
   const bool q4 = gate.w4 != nullptr && up.w4 != nullptr;
-  const bool dense = pn == nullptr && gate.w4 == nullptr && up.w4 == nullptr;
+  const bool dense = gate.w4 == nullptr && up.w4 == nullptr;
   if (g_fuse_swiglu && m >= 1 && m <= kGemvMaxRows) {
     const cuda::DeviceBias bg = impl_->bias(gate.bias), bu = impl_->bias(up.bias);
     if (q4 && gate.w4->rows == up.w4->rows) {
@@ -1195,7 +1206,10 @@ void CudaBackend::gate_up_swiglu_from(const float* x, int m, const LinearOp& gat
       }
     } else if (dense && gate.w->rows == up.w->rows) {
       const cuda::GemvSegment g{impl_->matrix(*gate.w), bg, out}, u{impl_->matrix(*up.w), bu, up.y};
-      if (cuda::launch_gemv_swiglu(x, m, g, u, impl_->num_sms, impl_->stream)) return;
+      if (cuda::launch_gemv_swiglu(x, m, g, u, impl_->num_sms, impl_->stream,
+                                   pn != nullptr ? norm_in(*pn) : cuda::NormIn{})) {
+        return;
+      }
     }
   }
   if (pn != nullptr) {  // no launch reads the deferred norm: materialize it

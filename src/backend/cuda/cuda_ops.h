@@ -178,9 +178,10 @@ struct GemvNorm {
   unsigned* arrivals = nullptr;
   int m = 0;
   int64_t d = 0;
-  // Deferred (the 4-bit persistent kernel, m = 1; out and arrivals unused): h += y as above, and
-  // each block's sum of the squares of the h values it wrote goes to sumsq[block] (slots past
-  // the grid zeroed), for the next launch to normalize its input on load (NormIn).
+  // Deferred (m = 1: the 4-bit persistent kernel, the bf16 / f16 ring kernel; out and arrivals
+  // unused): h += y as above, and each block's sum of the squares of the h values it wrote goes
+  // to sumsq[block] (slots past the grid zeroed), for the next launch to normalize its input on
+  // load (NormIn).
   double* sumsq = nullptr;
   int parts = 0;  // sumsq's slots, >= the grid
 };
@@ -206,8 +207,9 @@ bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const Device
 // launch of the persistent ring kernel (each block takes a gate tile, then the same rows' up
 // tile, and stores their SwiGLU; up.y is not written). Returns false, launching nothing, where
 // that kernel does not run these operands (gate and up of the same shape and dtype required).
+// nin (m = 1): x is a deferred norm's h (NormIn); false where the ring kernel cannot read it.
 bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
-                        int num_sms, cudaStream_t stream);
+                        int num_sms, cudaStream_t stream, const NormIn& nin = {});
 
 // A layer's q, k and v (segs[0..2], heads of rows.head_dim rows, head_dim % 16 == 0) at one row
 // as launch_gemv_group computes them, then q and k rotated and the K/V rows stored as
@@ -215,9 +217,11 @@ bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const Ge
 // halves of 8 rotations). The same bits as those two launches. Returns false (nothing launched)
 // unless GemvTuning::qkv_rows is set (the default) and the ring kernel runs these operands.
 bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const KvRowEpilogue& rows,
-                          int num_sms, cudaStream_t stream);
+                          int num_sms, cudaStream_t stream, const NormIn& nin = {});
 // Its launches so far in this process (tests check that a call took it).
 uint64_t gemv_qkv_rows_launches();
+// The bf16 / f16 ring launches so far that read a deferred norm's input (tests).
+uint64_t gemv_norm_in_launches();
 
 // Tuning of launch_gemv, process-wide (benchmarks and tests compare the variants; every
 // variant computes the same function and is tested).
@@ -240,6 +244,11 @@ struct GemvTuning {
   // (launch_gemv_qkv_rows; CudaBackend::output_and_mlp). On since session 44 (H100, AR fp16 at
   // 32K: Llama-2-7B -0.6%, Llama-3.1-8B -1.0%); QS_QKV_ROWS=0 launches the RoPE + store apart.
   bool qkv_rows = true;
+  // A bf16 / f16 layer's norms at m = 1 deferred as the 4-bit draft's are (CudaBackend::
+  // linear_add_rmsnorm_deferred): o and down leave their blocks' sums of squares instead of the
+  // last block normalizing (gemv_norm_finish), and gate / up and the next q/k/v (with its rows)
+  // normalize their input on load (ring_walk's NIN). QS_DENSE_DEFER_NORM=1 (off: measuring).
+  bool defer_norm = false;
 };
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();

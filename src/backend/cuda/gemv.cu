@@ -119,7 +119,9 @@ __device__ __forceinline__ void unpack8(const uint4& v, __half, float (&f)[8]) {
 // One 32-wide K chunk of a warp's 16 W rows into its C fragments: wa / wb are the lane's 16 bytes
 // of rows g and g + 8 at k .. k + 7 (zeros where invalid), times x[token][k .. k + 7] for the
 // tokens t * 8 + g of each tile (ok: k is inside K).
-template <typename T, int NT>
+// XS: x lies in shared memory (a deferred norm's staged input, ring_walk's NIN), read with plain
+// loads.
+template <typename T, int NT, bool XS = false>
 __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, const uint4& wb,
                                           const float* __restrict__ x, int m, int64_t K, int64_t k,
                                           bool ok, int g) {
@@ -131,8 +133,8 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
     float4 x0 = make_float4(0.f, 0.f, 0.f, 0.f), x1 = x0;
     if (ok && token < m) {
       const float4* xp = reinterpret_cast<const float4*>(x + token * K + k);
-      x0 = __ldg(xp);
-      x1 = __ldg(xp + 1);
+      x0 = XS ? xp[0] : __ldg(xp);
+      x1 = XS ? xp[1] : __ldg(xp + 1);
     }
     const float xs[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
     float hi[8], lo[8];
@@ -154,11 +156,13 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
 // gate_sums (a paired launch, find_tile): [NT * 128] floats of shared memory where member 0 (the
 // gate tile) leaves its sums and member 1 (the up tile) stores swiglu_of(gate, up) into y; each
 // thread reads back only what it wrote.
+// sq (a deferred norm, norm.sumsq): the squares of the h values this thread wrote are added to it.
 template <int NT>
 __device__ __forceinline__ void store_tile_sums(const float* partial, int num_warps, int64_t n0,
                                                 int64_t N, int m, const DeviceBias& bias, float* y,
                                                 const GemvNorm& norm = {},
-                                                float* gate_sums = nullptr, int member = 0) {
+                                                float* gate_sums = nullptr, int member = 0,
+                                                double* sq = nullptr) {
   for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
     const int t = e / 128, l = (e / 4) % 32, r = e % 4;
     float sum = 0.0f;
@@ -175,6 +179,10 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
         sum = swiglu_of(gate_sums[e], sum);
       }
       gemv_store(norm, y, token * N + row, sum);
+      if (sq != nullptr) {
+        const float hv = norm.h[token * N + row];
+        *sq += double(hv) * hv;
+      }
     }
   }
 }
@@ -184,10 +192,12 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
 // r + 2 are the gate and up sums of one output, and y (= swiglu_of(gate, up), [m, N]) is stored
 // without shared memory between tiles. The warps' sums in the order of store_tile_sums: the bits
 // of the separate matmuls and swiglu.
+// scale: a deferred norm's 1 / rms, applied to both sums before the biases (1 otherwise).
 template <int NT>
 __device__ __forceinline__ void store_tile_swiglu(const float* partial, int num_warps, int64_t n0,
                                                   int64_t N, int m, const DeviceBias& gate_bias,
-                                                  const DeviceBias& up_bias, float* y) {
+                                                  const DeviceBias& up_bias, float* y,
+                                                  float scale = 1.0f) {
   for (int i = threadIdx.x; i < NT * 64; i += blockDim.x) {
     const int t = i / 64, l = (i / 2) % 32, r = i % 2;
     const int e = t * 128 + l * 4 + r;
@@ -199,6 +209,7 @@ __device__ __forceinline__ void store_tile_swiglu(const float* partial, int num_
     const int64_t row = n0 + (l >> 2);
     const int token = t * 8 + 2 * (l & 3) + r;
     if (row < N && token < m) {
+      if (scale != 1.0f) gate *= scale, up *= scale;
       if (gate_bias.data) gate += load_as_float(gate_bias.data, gate_bias.dtype, row);
       if (up_bias.data) up += load_as_float(up_bias.data, up_bias.dtype, row);
       y[token * N + row] = swiglu_of(gate, up);
@@ -342,7 +353,7 @@ __device__ __forceinline__ uint32_t ring_offset(int r, int p) {
 // refilled by fetch(), which runs ahead by STAGES - 1 stages), from K offset k (chunk_begin * 64
 // + 8c), summed into its C fragments, which go to `part` ([warps][NT][32][4]: one buffer of the
 // caller's double-buffered partial), then a block barrier; the caller stores the tile from part.
-template <typename T, int NT, int STAGES, class Fetch>
+template <typename T, int NT, int STAGES, bool XS, class Fetch>
 __device__ __forceinline__ void ring_tile(Fetch& fetch, const unsigned char* ring, int& slot,
                                           float* part, const float* x, int m, int64_t K, int64_t k,
                                           int64_t my_chunks, int warp, int lane, int g) {
@@ -361,7 +372,7 @@ __device__ __forceinline__ void ring_tile(Fetch& fetch, const unsigned char* rin
       const int pos = (lane ^ (half * 4)) * 16;
       const uint4 wa = *reinterpret_cast<const uint4*>(stage + (half * 2) * 512 + pos);
       const uint4 wb = *reinterpret_cast<const uint4*>(stage + (half * 2 + 1) * 512 + pos);
-      mma_chunk<T, NT>(acc, wa, wb, x, m, K, k + half * 32, k + half * 32 < K, g);
+      mma_chunk<T, NT, XS>(acc, wa, wb, x, m, K, k + half * 32, k + half * 32 < K, g);
     }
   }
   part += size_t(warp) * NT * 128;
@@ -384,12 +395,13 @@ __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int n
                                                      const MmaSegments<T>& segs, int si,
                                                      int64_t local, int hd,
                                                      const KvRowEpilogue& rows,
-                                                     const float2* rope_cs) {
+                                                     const float2* rope_cs, float scale = 1.0f) {
   float* y = pick(segs.y, si);
   const DeviceBias bias = pick(segs.bias, si);
   const auto sum_of = [&](int e, int64_t row) {
     float sum = 0.0f;
     for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi * 128 + e];
+    if (scale != 1.0f) sum *= scale;
     if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
     return sum;
   };
@@ -423,13 +435,26 @@ __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int n
   }
 }
 
+// A deferred norm's staged input (ring_walk's NIN, m = 1): h * weight over K, then its 1 / rms,
+// after the ring's own bytes (and a RoPE launch's table).
+__host__ __device__ inline size_t nin_smem_bytes(int64_t K) {
+  return (size_t(K + 1) * sizeof(float) + 15) / 16 * 16;
+}
+
 // The ring kernel's body. ROPE (gemv_ring_rope_kernel: q, k, v at m = 1 with rows): the q and k
 // segments walk RoPE tiles (rope_tile_row, copied as a mixed tile's two halves) and every tile
-// ends in store_tile_rope_rows.
-template <typename T, int NT, int STAGES, bool MIXED, bool ROPE>
+// ends in store_tile_rope_rows. NIN (m = 1; a mixed gate / up or a RoPE launch): x is the
+// residual stream h of a deferred norm (nin, GemvNorm::sumsq): the block stages h * weight in
+// shared memory after the PDL wait (the weight before it), warp 0 forms 1 / rms from the
+// producer's partial sums (norm_in_scale), and every output's sum is scaled by it before its
+// bias. A plain walk with norm.sumsq (o, down) is the producer: it leaves its block's sum of the
+// squares of the h values it wrote (gemv_norm_defer_block) instead of normalizing.
+template <typename T, int NT, int STAGES, bool MIXED, bool ROPE, bool NIN = false>
 __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, int64_t K,
                                           const MmaSegments<T>& segs, int64_t tiles,
-                                          const GemvNorm& norm, const KvRowEpilogue* rows) {
+                                          const GemvNorm& norm, const KvRowEpilogue* rows,
+                                          const NormIn& nin = {}) {
+  static_assert(!NIN || (NT == 1 && (MIXED || ROPE)), "a deferred norm's consumer at m = 1");
   extern __shared__ __align__(16) unsigned char ring_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -507,45 +532,72 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
     fill_rope_table(rope_cs, rows->head_dim / 2, static_cast<float>(rows->pos),
                     rows->freqs.inv_freq);
   }
+  float* xs = nullptr;  // NIN: h * weight [K], then 1 / rms
+  if constexpr (NIN) {
+    xs = reinterpret_cast<float*>(ring_smem + ring_smem_bytes(num_warps, STAGES, NT) +
+                                  (ROPE ? size_t(rows->head_dim / 2) * sizeof(float2) : 0));
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+      xs[k] = load_as_float(nin.weight, nin.weight_dtype, k);  // not the previous kernel's
+    }
+  }
   pdl_begin();
+  if constexpr (NIN) {
+    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k] * xs[k];
+    if (warp == 0) {
+      const float scale = norm_in_scale<true>(nin, K);
+      if (lane == 0) xs[K] = scale;
+    }
+    __syncthreads();
+  }
+  const float* xin = NIN ? xs : x;
+  const float scale = NIN ? xs[K] : 1.0f;
+  double sq = 0.0;  // a deferred norm's producer (norm.sumsq)
+  double* sq_out = norm.h != nullptr && norm.sumsq != nullptr ? &sq : nullptr;
 
   int slot = 0;
   for (int64_t tj = 0; tj < my_tiles; ++tj) {
     float* part = partial + size_t(tj & 1) * num_warps * NT * 128;  // double-buffered
-    ring_tile<T, NT, STAGES>(fetch, ring, slot, part, x, m, K, chunk_begin * kRingChunkK + 8 * c,
-                             my_chunks, warp, lane, g);
+    ring_tile<T, NT, STAGES, NIN>(fetch, ring, slot, part, xin, m, K,
+                                  chunk_begin * kRingChunkK + 8 * c, my_chunks, warp, lane, g);
     if constexpr (MIXED) {
       store_tile_swiglu<NT>(part, num_warps, (blockIdx.x + tj * gridDim.x) * 8, segs.N[0], m,
-                            segs.bias[0], segs.bias[1], segs.y[0]);
+                            segs.bias[0], segs.bias[1], segs.y[0], scale);
     } else {
       int64_t local;
       const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
       if constexpr (ROPE) {
-        store_tile_rope_rows(part, num_warps, segs, si, local, rows->head_dim, *rows, rope_cs);
+        store_tile_rope_rows(part, num_warps, segs, si, local, rows->head_dim, *rows, rope_cs,
+                             scale);
       } else {
         store_tile_sums<NT>(part, num_warps, local * 16, pick(segs.N, si), m, pick(segs.bias, si),
-                            segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si);
+                            segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si,
+                            sq_out);
       }
     }
   }
   cp_async_wait<0>();
-  if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 1 KiB
+  if (sq_out != nullptr) {
+    gemv_norm_defer_block(norm, sq, partial);
+  } else if (norm.h != nullptr) {
+    gemv_norm_finish(norm, partial);  // >= 1 KiB
+  }
 }
 
-template <typename T, int NT, int STAGES, bool MIXED>
+template <typename T, int NT, int STAGES, bool MIXED, bool NIN = false>
 __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     gemv_ring_kernel(const float* __restrict__ x, int m, int64_t K, const MmaSegments<T> segs,
-                     int64_t tiles, const GemvNorm norm) {
-  ring_walk<T, NT, STAGES, MIXED, false>(x, m, K, segs, tiles, norm, nullptr);
+                     int64_t tiles, const GemvNorm norm, const NormIn nin) {
+  ring_walk<T, NT, STAGES, MIXED, false, NIN>(x, m, K, segs, tiles, norm, nullptr, nin);
 }
 
 // The ring kernel over a layer's q, k and v at m = 1 that also rotates q and k and stores the
 // K/V rows (launch_gemv_qkv_rows): the bits of launch_gemv_group then launch_rope_qk_store_kv.
-template <typename T, int STAGES>
+template <typename T, int STAGES, bool NIN = false>
 __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     gemv_ring_rope_kernel(const float* __restrict__ x, int64_t K, const MmaSegments<T> segs,
-                          int64_t tiles, const __grid_constant__ KvRowEpilogue rows) {
-  ring_walk<T, 1, STAGES, false, true>(x, 1, K, segs, tiles, GemvNorm{}, &rows);
+                          int64_t tiles, const __grid_constant__ KvRowEpilogue rows,
+                          const NormIn nin) {
+  ring_walk<T, 1, STAGES, false, true, NIN>(x, 1, K, segs, tiles, GemvNorm{}, &rows, nin);
 }
 
 // Coalesced FMA kernel for a few rows (m <= M <= 4): a warp owns kCoalRows W rows and reads
@@ -663,9 +715,12 @@ __global__ void gemv_simt_kernel(const float* __restrict__ x, int m, int64_t K,
   }
 }
 
+// Launches that read a deferred norm's input (gemv_norm_in_launches).
+std::atomic<uint64_t> g_norm_in_launches{0};
+
 // QS_GEMV_RING=off|4|6 starts the process with GemvTuning::ring_stages -1 (gemv_mma_kernel), 4
 // or 6 (end-to-end A/B runs of the two tensor-core kernels without a rebuild); anything else is
-// ignored with a warning.
+// ignored with a warning. QS_DENSE_DEFER_NORM=1: GemvTuning::defer_norm.
 GemvTuning g_tuning = [] {
   GemvTuning t;
   const char* v = std::getenv("QS_GEMV_RING");
@@ -680,6 +735,7 @@ GemvTuning g_tuning = [] {
   }
   t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", true);
   t.qkv_rows = env_flag("QS_QKV_ROWS", true);
+  t.defer_norm = env_flag("QS_DENSE_DEFER_NORM", false);
   return t;
 }();
 
@@ -718,21 +774,28 @@ void launch_mma(const float* x, int m, const GemvSegment* segs, int count, int n
   CUDA_CHECK_LAUNCH(stream);
 }
 
+// nin.sumsq (NT = 1, a mixed gate / up launch): x is a deferred norm's h (ring_walk's NIN).
 template <typename T, int NT, int STAGES>
 void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
-                 cudaStream_t stream, const GemvNorm& norm, bool swiglu) {
+                 cudaStream_t stream, const GemvNorm& norm, bool swiglu, const NormIn& nin = {}) {
   MmaSegments<T> ms = mma_segments<T>(segs, count);
   ms.swiglu = swiglu;
   const bool mixed = swiglu && g_tuning.swiglu_mixed;
+  const bool nin_on = nin.sumsq != nullptr;
+  QS_CHECK(!nin_on || (NT == 1 && mixed));
   // Mixed: ceil(N / 8) tiles of 8 gate + 8 up rows; else 16-row tiles (paired: gate, up).
   const int64_t tiles = mixed ? (segs[0].w.rows + 7) / 8 : ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
   const int warps = ring_warps(K);
-  auto* kernel =
-      mixed ? gemv_ring_kernel<T, NT, STAGES, true> : gemv_ring_kernel<T, NT, STAGES, false>;
-  static bool opted_in[2] = {};  // above 48 KiB, once per instantiation
-  if (!opted_in[mixed]) {
-    const size_t most = std::min(ring_smem_bytes(kRingMaxWarps, STAGES, NT), max_smem_per_block());
+  auto* kernel = nin_on  ? gemv_ring_kernel<T, NT, STAGES, true, NT == 1>
+                 : mixed ? gemv_ring_kernel<T, NT, STAGES, true>
+                         : gemv_ring_kernel<T, NT, STAGES, false>;
+  const int variant = nin_on ? 2 : mixed;
+  static bool opted_in[3] = {};  // above 48 KiB, once per instantiation
+  if (!opted_in[variant]) {
+    const size_t most =
+        nin_on ? max_smem_per_block()
+               : std::min(ring_smem_bytes(kRingMaxWarps, STAGES, NT), max_smem_per_block());
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(most)));
     // QS_GEMV_CARVEOUT=P (0..100): the shared-memory share of the SM's L1 / shared storage the
@@ -742,11 +805,13 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
       CUDA_CHECK(
           cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, carveout));
     }
-    opted_in[mixed] = true;
+    opted_in[variant] = true;
   }
   const int64_t grid = std::min<int64_t>(swiglu && !mixed ? tiles / 2 : tiles, num_sms);
-  launch(kernel, static_cast<unsigned>(grid), warps * 32, ring_smem_bytes(warps, STAGES, NT),
-         stream, x, m, K, ms, tiles, norm);
+  launch(kernel, static_cast<unsigned>(grid), warps * 32,
+         ring_smem_bytes(warps, STAGES, NT) + (nin_on ? nin_smem_bytes(K) : 0), stream, x, m, K, ms,
+         tiles, norm, nin);
+  if (nin_on) ++g_norm_in_launches;
   CUDA_CHECK_LAUNCH(stream);
 }
 
@@ -769,10 +834,12 @@ int ring_stages_for(const GemvSegment* segs, int count, int num_sms) {
 
 template <typename T, int NT>
 void launch_ring_stages(int stages, const float* x, int m, const GemvSegment* segs, int count,
-                        int num_sms, cudaStream_t stream, const GemvNorm& norm,
-                        bool swiglu = false) {
-  if (stages == 6) return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream, norm, swiglu);
-  launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream, norm, swiglu);
+                        int num_sms, cudaStream_t stream, const GemvNorm& norm, bool swiglu = false,
+                        const NormIn& nin = {}) {
+  if (stages == 6) {
+    return launch_ring<T, NT, 6>(x, m, segs, count, num_sms, stream, norm, swiglu, nin);
+  }
+  launch_ring<T, NT, 4>(x, m, segs, count, num_sms, stream, norm, swiglu, nin);
 }
 
 template <typename T, int NT>
@@ -909,38 +976,54 @@ void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count
 
 // The ring kernel over these matrices with an epilogue (norm, or the gate / up pair's SwiGLU), or
 // false where it does not run them (nothing launched).
+// A deferred norm's consumer (nin.sumsq; m = 1, the mixed gate / up walk): whether the block's
+// staged input fits beside the ring.
+bool nin_fits(const NormIn& nin, int m, int64_t K, int warps, int stages, size_t extra = 0) {
+  return nin.sumsq != nullptr && m == 1 && K % 4 == 0 &&
+         ring_smem_bytes(warps, stages, 1) + extra + nin_smem_bytes(K) <= max_smem_per_block();
+}
+
 bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int count,
-                          const GemvNorm& norm, bool swiglu, int num_sms, cudaStream_t stream) {
+                          const GemvNorm& norm, bool swiglu, int num_sms, cudaStream_t stream,
+                          const NormIn& nin = {}) {
   if (!gemv_group_supported(x, m, segs, count)) return false;
   const bool two = m > 8;
   const int stages =
       two ? ring_stages_for<2>(segs, count, num_sms) : ring_stages_for<1>(segs, count, num_sms);
   if (stages == 0) return false;
+  if (nin.sumsq != nullptr &&
+      !(swiglu && g_tuning.swiglu_mixed &&
+        nin_fits(nin, m, segs[0].w.cols, ring_warps(segs[0].w.cols), stages))) {
+    return false;
+  }
   if (segs[0].w.dtype == DType::BF16) {
     two ? launch_ring_stages<__nv_bfloat16, 2>(stages, x, m, segs, count, num_sms, stream, norm,
                                                swiglu)
         : launch_ring_stages<__nv_bfloat16, 1>(stages, x, m, segs, count, num_sms, stream, norm,
-                                               swiglu);
+                                               swiglu, nin);
   } else {
     two ? launch_ring_stages<__half, 2>(stages, x, m, segs, count, num_sms, stream, norm, swiglu)
-        : launch_ring_stages<__half, 1>(stages, x, m, segs, count, num_sms, stream, norm, swiglu);
+        : launch_ring_stages<__half, 1>(stages, x, m, segs, count, num_sms, stream, norm, swiglu,
+                                        nin);
   }
   return true;
 }
 
 bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
                       const GemvNorm& norm, int num_sms, cudaStream_t stream) {
-  QS_CHECK(norm.h != nullptr && norm.out != nullptr && norm.arrivals != nullptr);
+  QS_CHECK(norm.h != nullptr);
+  QS_CHECK(norm.sumsq != nullptr ? m == 1 && norm.parts >= num_sms
+                                 : norm.out != nullptr && norm.arrivals != nullptr);
   QS_CHECK(norm.m == m && norm.d == w.rows);
   const GemvSegment seg{w, bias, nullptr};
   return launch_ring_epilogue(x, m, &seg, 1, norm, false, num_sms, stream);
 }
 
 bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
-                        int num_sms, cudaStream_t stream) {
+                        int num_sms, cudaStream_t stream, const NormIn& nin) {
   QS_CHECK(gate.y != nullptr && gate.w.rows == up.w.rows);
   const GemvSegment segs[2] = {gate, up};
-  return launch_ring_epilogue(x, m, segs, 2, GemvNorm{}, true, num_sms, stream);
+  return launch_ring_epilogue(x, m, segs, 2, GemvNorm{}, true, num_sms, stream, nin);
 }
 
 namespace {
@@ -955,48 +1038,55 @@ bool qkv_rows_fit(const GemvSegment* segs, const KvRowEpilogue& rows) {
 
 std::atomic<uint64_t> g_qkv_rows_launches{0};
 
+// nin.sumsq: x is a deferred norm's h (ring_walk's NIN).
 template <typename T, int STAGES>
 void launch_ring_rope(const float* x, const GemvSegment* segs, const KvRowEpilogue& rows,
-                      int num_sms, cudaStream_t stream) {
+                      int num_sms, cudaStream_t stream, const NormIn& nin) {
   const MmaSegments<T> ms = mma_segments<T>(segs, 3);
   const int64_t tiles = ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
   const int warps = ring_warps(K);
-  static bool opted_in = false;  // above 48 KiB, once per instantiation
-  if (!opted_in) {
-    CUDA_CHECK(cudaFuncSetAttribute(gemv_ring_rope_kernel<T, STAGES>,
-                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
+  const bool nin_on = nin.sumsq != nullptr;
+  auto* kernel = nin_on ? gemv_ring_rope_kernel<T, STAGES, true> : gemv_ring_rope_kernel<T, STAGES>;
+  static bool opted_in[2] = {};  // above 48 KiB, once per instantiation
+  if (!opted_in[nin_on]) {
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     static_cast<int>(max_smem_per_block())));
-    opted_in = true;
+    opted_in[nin_on] = true;
   }
-  launch(gemv_ring_rope_kernel<T, STAGES>, static_cast<unsigned>(std::min<int64_t>(tiles, num_sms)),
-         warps * 32, ring_rope_smem_bytes(warps, STAGES, rows.head_dim), stream, x, K, ms, tiles,
-         rows);
+  launch(kernel, static_cast<unsigned>(std::min<int64_t>(tiles, num_sms)), warps * 32,
+         ring_rope_smem_bytes(warps, STAGES, rows.head_dim) + (nin_on ? nin_smem_bytes(K) : 0),
+         stream, x, K, ms, tiles, rows, nin);
   CUDA_CHECK_LAUNCH(stream);
+  if (nin_on) ++g_norm_in_launches;
 }
 
 template <typename T>
 void launch_ring_rope_stages(int stages, const float* x, const GemvSegment* segs,
-                             const KvRowEpilogue& rows, int num_sms, cudaStream_t stream) {
-  if (stages == 6) return launch_ring_rope<T, 6>(x, segs, rows, num_sms, stream);
-  launch_ring_rope<T, 4>(x, segs, rows, num_sms, stream);
+                             const KvRowEpilogue& rows, int num_sms, cudaStream_t stream,
+                             const NormIn& nin) {
+  if (stages == 6) return launch_ring_rope<T, 6>(x, segs, rows, num_sms, stream, nin);
+  launch_ring_rope<T, 4>(x, segs, rows, num_sms, stream, nin);
 }
 }  // namespace
 
 bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const KvRowEpilogue& rows,
-                          int num_sms, cudaStream_t stream) {
+                          int num_sms, cudaStream_t stream, const NormIn& nin) {
   if (!g_tuning.qkv_rows || !gemv_group_supported(x, 1, segs, 3) || !qkv_rows_fit(segs, rows)) {
     return false;
   }
   const int stages = ring_stages_for<1>(segs, 3, num_sms);
-  if (stages == 0 || ring_rope_smem_bytes(ring_warps(segs[0].w.cols), stages, rows.head_dim) >
-                         max_smem_per_block()) {
+  const int64_t K = segs[0].w.cols;
+  const size_t rope_bytes = ring_rope_smem_bytes(ring_warps(K), stages, rows.head_dim);
+  if (stages == 0 || rope_bytes > max_smem_per_block()) return false;
+  if (nin.sumsq != nullptr && !nin_fits(nin, 1, K, ring_warps(K), stages,
+                                        rope_bytes - ring_smem_bytes(ring_warps(K), stages, 1))) {
     return false;
   }
   if (segs[0].w.dtype == DType::BF16) {
-    launch_ring_rope_stages<__nv_bfloat16>(stages, x, segs, rows, num_sms, stream);
+    launch_ring_rope_stages<__nv_bfloat16>(stages, x, segs, rows, num_sms, stream, nin);
   } else {
-    launch_ring_rope_stages<__half>(stages, x, segs, rows, num_sms, stream);
+    launch_ring_rope_stages<__half>(stages, x, segs, rows, num_sms, stream, nin);
   }
   ++g_qkv_rows_launches;
   return true;
@@ -1004,6 +1094,10 @@ bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const KvRowEp
 
 uint64_t gemv_qkv_rows_launches() {
   return g_qkv_rows_launches.load();
+}
+
+uint64_t gemv_norm_in_launches() {
+  return g_norm_in_launches.load();
 }
 
 void set_gemv_tuning(const GemvTuning& tuning) {

@@ -70,6 +70,29 @@ __device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, dou
   }
 }
 
+// gemv_norm_defer_finish for a block whose storing threads span several warps (the bf16 ring
+// walk's store_tile_sums): every thread passes its sum of squares; the warps' sums meet in
+// `scratch` (kGemvNormScratchBytes of the block's shared memory that no thread reads after the
+// block's last barrier) and thread 0 adds them in warp order into the block's slot.
+__device__ __forceinline__ void gemv_norm_defer_block(const GemvNorm& norm, double sq,
+                                                      void* scratch) {
+  double* warp_sums = static_cast<double*>(scratch);  // [32]
+  __syncthreads();  // every thread of the block has stored (and is done with scratch)
+  sq = warp_sum(sq);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sq;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    double s = 0.0;
+    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) s += warp_sums[w];
+    norm.sumsq[blockIdx.x] = s;
+  }
+  if (blockIdx.x == 0) {
+    for (int i = static_cast<int>(gridDim.x) + threadIdx.x; i < norm.parts; i += blockDim.x) {
+      norm.sumsq[i] = 0.0;
+    }
+  }
+}
+
 // The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the partial sums in a
 // fixed order (lanes over the slots, then the warp's butterfly), then rmsnorm's formula. L2: the
 // sums were written earlier in this launch by other blocks, so they are read from L2.
