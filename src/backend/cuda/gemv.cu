@@ -181,7 +181,7 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
       gemv_store(norm, y, token * N + row, sum);
       if (sq != nullptr) {
         const float hv = norm.h[token * N + row];
-        *sq += double(hv) * hv;
+        *sq += static_cast<double>(hv * hv);  // add_squares' arithmetic
       }
     }
   }
@@ -192,12 +192,10 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
 // r + 2 are the gate and up sums of one output, and y (= swiglu_of(gate, up), [m, N]) is stored
 // without shared memory between tiles. The warps' sums in the order of store_tile_sums: the bits
 // of the separate matmuls and swiglu.
-// scale: a deferred norm's 1 / rms, applied to both sums before the biases (1 otherwise).
 template <int NT>
 __device__ __forceinline__ void store_tile_swiglu(const float* partial, int num_warps, int64_t n0,
                                                   int64_t N, int m, const DeviceBias& gate_bias,
-                                                  const DeviceBias& up_bias, float* y,
-                                                  float scale = 1.0f) {
+                                                  const DeviceBias& up_bias, float* y) {
   for (int i = threadIdx.x; i < NT * 64; i += blockDim.x) {
     const int t = i / 64, l = (i / 2) % 32, r = i % 2;
     const int e = t * 128 + l * 4 + r;
@@ -209,7 +207,6 @@ __device__ __forceinline__ void store_tile_swiglu(const float* partial, int num_
     const int64_t row = n0 + (l >> 2);
     const int token = t * 8 + 2 * (l & 3) + r;
     if (row < N && token < m) {
-      if (scale != 1.0f) gate *= scale, up *= scale;
       if (gate_bias.data) gate += load_as_float(gate_bias.data, gate_bias.dtype, row);
       if (up_bias.data) up += load_as_float(up_bias.data, up_bias.dtype, row);
       y[token * N + row] = swiglu_of(gate, up);
@@ -395,13 +392,12 @@ __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int n
                                                      const MmaSegments<T>& segs, int si,
                                                      int64_t local, int hd,
                                                      const KvRowEpilogue& rows,
-                                                     const float2* rope_cs, float scale = 1.0f) {
+                                                     const float2* rope_cs) {
   float* y = pick(segs.y, si);
   const DeviceBias bias = pick(segs.bias, si);
   const auto sum_of = [&](int e, int64_t row) {
     float sum = 0.0f;
     for (int wi = 0; wi < num_warps; ++wi) sum += partial[wi * 128 + e];
-    if (scale != 1.0f) sum *= scale;
     if (bias.data) sum += load_as_float(bias.data, bias.dtype, row);
     return sum;
   };
@@ -435,26 +431,35 @@ __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int n
   }
 }
 
-// A deferred norm's staged input (ring_walk's NIN, m = 1): h * weight over K, then its 1 / rms,
-// after the ring's own bytes (and a RoPE launch's table).
+// A deferred norm's staged input (ring_walk's NIN, m = 1): norm(h) over K, after the ring's own
+// bytes (and a RoPE launch's table); each warp stages the columns it multiplies, at most
+// kNinPerLane per lane.
+constexpr int kNinPerLane = 16;
 __host__ __device__ inline size_t nin_smem_bytes(int64_t K) {
-  return (size_t(K + 1) * sizeof(float) + 15) / 16 * 16;
+  return (size_t(K) * sizeof(float) + 15) / 16 * 16;
 }
 
 // The ring kernel's body. ROPE (gemv_ring_rope_kernel: q, k, v at m = 1 with rows): the q and k
 // segments walk RoPE tiles (rope_tile_row, copied as a mixed tile's two halves) and every tile
 // ends in store_tile_rope_rows. NIN (m = 1; a mixed gate / up or a RoPE launch): x is the
-// residual stream h of a deferred norm (nin, GemvNorm::sumsq): the block stages h * weight in
-// shared memory after the PDL wait (the weight before it), warp 0 forms 1 / rms from the
-// producer's partial sums (norm_in_scale), and every output's sum is scaled by it before its
-// bias. A plain walk with norm.sumsq (o, down) is the producer: it leaves its block's sum of the
-// squares of the h values it wrote (gemv_norm_defer_block) instead of normalizing.
-template <typename T, int NT, int STAGES, bool MIXED, bool ROPE, bool NIN = false>
+// residual stream h of a deferred norm (nin, GemvNorm::sumsq). Each warp forms 1 / rms from the
+// producer's partial sums (norm_in_scale) and stages the columns it multiplies as the
+// materialized norm writes them (store_normed: weight * (h * 1 / rms); the weight loaded before
+// the PDL wait) in shared memory, which the walk then reads as x: the same bits as the norm's
+// rows wherever the two orders of the double sum of squares give the same float variance. A
+// plain walk in the kDeferOut form (o, down; norm.sumsq set) is the producer: it leaves its
+// block's sum of the squares of the h values it wrote (gemv_norm_defer_block) instead of
+// normalizing. Both forms are their own kernels, so the others compile as before.
+enum RingNorm : int { kNormAsGiven = 0, kNormIn = 1, kDeferOut = 2 };
+
+template <typename T, int NT, int STAGES, bool MIXED, bool ROPE, int NORM = kNormAsGiven>
 __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, int64_t K,
                                           const MmaSegments<T>& segs, int64_t tiles,
                                           const GemvNorm& norm, const KvRowEpilogue* rows,
                                           const NormIn& nin = {}) {
+  constexpr bool NIN = NORM == kNormIn;
   static_assert(!NIN || (NT == 1 && (MIXED || ROPE)), "a deferred norm's consumer at m = 1");
+  static_assert(NORM != kDeferOut || (NT == 1 && !MIXED && !ROPE), "a deferred norm's producer");
   extern __shared__ __align__(16) unsigned char ring_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -532,27 +537,36 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
     fill_rope_table(rope_cs, rows->head_dim / 2, static_cast<float>(rows->pos),
                     rows->freqs.inv_freq);
   }
-  float* xs = nullptr;  // NIN: h * weight [K], then 1 / rms
+  // NIN: norm(h) [K]; this warp's columns [x_lo, x_hi), lane + 32 i of them in its slot i.
+  float* xs = nullptr;
+  [[maybe_unused]] const int64_t x_lo = chunk_begin * kRingChunkK,
+                                 x_hi = min(K, x_lo + my_chunks * kRingChunkK);
   if constexpr (NIN) {
     xs = reinterpret_cast<float*>(ring_smem + ring_smem_bytes(num_warps, STAGES, NT) +
                                   (ROPE ? size_t(rows->head_dim / 2) * sizeof(float2) : 0));
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) {
+    for (int64_t k = x_lo + lane; k < x_hi; k += 32) {
       xs[k] = load_as_float(nin.weight, nin.weight_dtype, k);  // not the previous kernel's
     }
   }
   pdl_begin();
   if constexpr (NIN) {
-    for (int64_t k = threadIdx.x; k < K; k += blockDim.x) xs[k] = x[k] * xs[k];
-    if (warp == 0) {
-      const float scale = norm_in_scale<true>(nin, K);
-      if (lane == 0) xs[K] = scale;
+    float hv[kNinPerLane];
+#pragma unroll
+    for (int i = 0; i < kNinPerLane; ++i) {
+      const int64_t k = x_lo + lane + 32 * i;
+      hv[i] = k < x_hi ? x[k] : 0.0f;  // in flight with the partial sums' loads
     }
-    __syncthreads();
+    const float inv_rms = norm_in_scale<true>(nin, K);
+#pragma unroll
+    for (int i = 0; i < kNinPerLane; ++i) {
+      const int64_t k = x_lo + lane + 32 * i;
+      if (k < x_hi) xs[k] = xs[k] * (hv[i] * inv_rms);  // store_normed's w * (v * inv_rms)
+    }
+    __syncwarp();  // the walk's lanes read columns that other lanes staged
   }
   const float* xin = NIN ? xs : x;
-  const float scale = NIN ? xs[K] : 1.0f;
-  double sq = 0.0;  // a deferred norm's producer (norm.sumsq)
-  double* sq_out = norm.h != nullptr && norm.sumsq != nullptr ? &sq : nullptr;
+  double sq = 0.0;  // kDeferOut: this thread's sum of squares
+  double* sq_out = NORM == kDeferOut ? &sq : nullptr;
 
   int slot = 0;
   for (int64_t tj = 0; tj < my_tiles; ++tj) {
@@ -561,13 +575,12 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
                                   chunk_begin * kRingChunkK + 8 * c, my_chunks, warp, lane, g);
     if constexpr (MIXED) {
       store_tile_swiglu<NT>(part, num_warps, (blockIdx.x + tj * gridDim.x) * 8, segs.N[0], m,
-                            segs.bias[0], segs.bias[1], segs.y[0], scale);
+                            segs.bias[0], segs.bias[1], segs.y[0]);
     } else {
       int64_t local;
       const int si = find_tile(segs, blockIdx.x + tj * gridDim.x, local);
       if constexpr (ROPE) {
-        store_tile_rope_rows(part, num_warps, segs, si, local, rows->head_dim, *rows, rope_cs,
-                             scale);
+        store_tile_rope_rows(part, num_warps, segs, si, local, rows->head_dim, *rows, rope_cs);
       } else {
         store_tile_sums<NT>(part, num_warps, local * 16, pick(segs.N, si), m, pick(segs.bias, si),
                             segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si,
@@ -576,28 +589,28 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
     }
   }
   cp_async_wait<0>();
-  if (sq_out != nullptr) {
+  if constexpr (NORM == kDeferOut) {
     gemv_norm_defer_block(norm, sq, partial);
-  } else if (norm.h != nullptr) {
-    gemv_norm_finish(norm, partial);  // >= 1 KiB
+  } else {
+    if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 1 KiB
   }
 }
 
-template <typename T, int NT, int STAGES, bool MIXED, bool NIN = false>
+template <typename T, int NT, int STAGES, bool MIXED, int NORM = kNormAsGiven>
 __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     gemv_ring_kernel(const float* __restrict__ x, int m, int64_t K, const MmaSegments<T> segs,
                      int64_t tiles, const GemvNorm norm, const NormIn nin) {
-  ring_walk<T, NT, STAGES, MIXED, false, NIN>(x, m, K, segs, tiles, norm, nullptr, nin);
+  ring_walk<T, NT, STAGES, MIXED, false, NORM>(x, m, K, segs, tiles, norm, nullptr, nin);
 }
 
 // The ring kernel over a layer's q, k and v at m = 1 that also rotates q and k and stores the
 // K/V rows (launch_gemv_qkv_rows): the bits of launch_gemv_group then launch_rope_qk_store_kv.
-template <typename T, int STAGES, bool NIN = false>
+template <typename T, int STAGES, int NORM = kNormAsGiven>
 __global__ void __launch_bounds__(kRingMaxWarps * 32, 1)
     gemv_ring_rope_kernel(const float* __restrict__ x, int64_t K, const MmaSegments<T> segs,
                           int64_t tiles, const __grid_constant__ KvRowEpilogue rows,
                           const NormIn nin) {
-  ring_walk<T, 1, STAGES, false, true, NIN>(x, 1, K, segs, tiles, GemvNorm{}, &rows, nin);
+  ring_walk<T, 1, STAGES, false, true, NORM>(x, 1, K, segs, tiles, GemvNorm{}, &rows, nin);
 }
 
 // Coalesced FMA kernel for a few rows (m <= M <= 4): a warp owns kCoalRows W rows and reads
@@ -781,17 +794,21 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
   MmaSegments<T> ms = mma_segments<T>(segs, count);
   ms.swiglu = swiglu;
   const bool mixed = swiglu && g_tuning.swiglu_mixed;
-  const bool nin_on = nin.sumsq != nullptr;
+  const bool nin_on = nin.sumsq != nullptr, defer_out = norm.h != nullptr && norm.sumsq != nullptr;
   QS_CHECK(!nin_on || (NT == 1 && mixed));
+  QS_CHECK(!defer_out || (NT == 1 && !swiglu));
   // Mixed: ceil(N / 8) tiles of 8 gate + 8 up rows; else 16-row tiles (paired: gate, up).
   const int64_t tiles = mixed ? (segs[0].w.rows + 7) / 8 : ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
   const int warps = ring_warps(K);
-  auto* kernel = nin_on  ? gemv_ring_kernel<T, NT, STAGES, true, NT == 1>
-                 : mixed ? gemv_ring_kernel<T, NT, STAGES, true>
-                         : gemv_ring_kernel<T, NT, STAGES, false>;
-  const int variant = nin_on ? 2 : mixed;
-  static bool opted_in[3] = {};  // above 48 KiB, once per instantiation
+  // The deferred norm's forms at m = 1 only (NT = 1).
+  constexpr int kIn = NT == 1 ? kNormIn : kNormAsGiven, kOut = NT == 1 ? kDeferOut : kNormAsGiven;
+  auto* kernel = nin_on      ? gemv_ring_kernel<T, NT, STAGES, true, kIn>
+                 : defer_out ? gemv_ring_kernel<T, NT, STAGES, false, kOut>
+                 : mixed     ? gemv_ring_kernel<T, NT, STAGES, true>
+                             : gemv_ring_kernel<T, NT, STAGES, false>;
+  const int variant = nin_on ? 2 : defer_out ? 3 : mixed;
+  static bool opted_in[4] = {};  // above 48 KiB, once per instantiation
   if (!opted_in[variant]) {
     const size_t most =
         nin_on ? max_smem_per_block()
@@ -979,7 +996,9 @@ void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count
 // A deferred norm's consumer (nin.sumsq; m = 1, the mixed gate / up walk): whether the block's
 // staged input fits beside the ring.
 bool nin_fits(const NormIn& nin, int m, int64_t K, int warps, int stages, size_t extra = 0) {
-  return nin.sumsq != nullptr && m == 1 && K % 4 == 0 &&
+  const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
+  const int64_t per_warp = (chunks + warps - 1) / warps * kRingChunkK;  // a warp's columns, most
+  return nin.sumsq != nullptr && m == 1 && per_warp <= 32 * kNinPerLane &&
          ring_smem_bytes(warps, stages, 1) + extra + nin_smem_bytes(K) <= max_smem_per_block();
 }
 
@@ -1047,7 +1066,8 @@ void launch_ring_rope(const float* x, const GemvSegment* segs, const KvRowEpilog
   const int64_t K = segs[0].w.cols;
   const int warps = ring_warps(K);
   const bool nin_on = nin.sumsq != nullptr;
-  auto* kernel = nin_on ? gemv_ring_rope_kernel<T, STAGES, true> : gemv_ring_rope_kernel<T, STAGES>;
+  auto* kernel =
+      nin_on ? gemv_ring_rope_kernel<T, STAGES, kNormIn> : gemv_ring_rope_kernel<T, STAGES>;
   static bool opted_in[2] = {};  // above 48 KiB, once per instantiation
   if (!opted_in[nin_on]) {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
