@@ -55,6 +55,15 @@ __device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm, void* scr
   }
 }
 
+// Block 0 zeroes the deferred form's slots past the grid (the consumer sums all norm.parts).
+__device__ __forceinline__ void gemv_norm_zero_spare_slots(const GemvNorm& norm) {
+  if (blockIdx.x == 0) {
+    for (int i = static_cast<int>(gridDim.x) + threadIdx.x; i < norm.parts; i += blockDim.x) {
+      norm.sumsq[i] = 0.0;
+    }
+  }
+}
+
 // The deferred form's end (norm.sumsq set): `sq` is this thread's sum of the squares of the h
 // values it wrote (threads of warp 0 store the tiles' rows; the others pass 0). Warp 0 sums them
 // into the block's slot; block 0 zeroes the slots past the grid.
@@ -63,11 +72,7 @@ __device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, dou
     sq = warp_sum(sq);
     if (threadIdx.x == 0) norm.sumsq[blockIdx.x] = sq;
   }
-  if (blockIdx.x == 0) {
-    for (int i = static_cast<int>(gridDim.x) + threadIdx.x; i < norm.parts; i += blockDim.x) {
-      norm.sumsq[i] = 0.0;
-    }
-  }
+  gemv_norm_zero_spare_slots(norm);
 }
 
 // gemv_norm_defer_finish for a block whose storing threads span several warps (the bf16 ring
@@ -86,11 +91,7 @@ __device__ __forceinline__ void gemv_norm_defer_block(const GemvNorm& norm, doub
     for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) s += warp_sums[w];
     norm.sumsq[blockIdx.x] = s;
   }
-  if (blockIdx.x == 0) {
-    for (int i = static_cast<int>(gridDim.x) + threadIdx.x; i < norm.parts; i += blockDim.x) {
-      norm.sumsq[i] = 0.0;
-    }
-  }
+  gemv_norm_zero_spare_slots(norm);
 }
 
 // The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the partial sums in a
