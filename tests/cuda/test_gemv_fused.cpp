@@ -540,25 +540,24 @@ void dense_layer_case(CudaBackend& gpu, DType dt, int64_t d, int64_t ffn, int he
   gpu.release_weights();
 }
 
-// The dense layers the cases below run: Llama-like, mixed tiles off 16, odd tiles without rows,
-// 8 warps.
-void dense_layer_cases(CudaBackend& gpu, const cuda::GemvTuning& want,
-                       const cuda::GemvTuning& got) {
-  dense_layer_case(gpu, DType::BF16, 2048, 5504, 128, 500, want, got);
-  dense_layer_case(gpu, DType::F16, 2048, 3000, 128, 520, want, got);
-  dense_layer_case(gpu, DType::BF16, 1032, 2824, 128, 540, want, got);
-  dense_layer_case(gpu, DType::BF16, 512, 1376, 64, 560, want, got);
+// The dense layers the tests below run (Llama-like, mixed tiles off 16, odd tiles without rows, 8
+// warps) with a GemvTuning switch off (want) and on (got); the tuning is restored after.
+void dense_layer_cases(CudaBackend& gpu, bool cuda::GemvTuning::*flag) {
+  const cuda::GemvTuning saved = cuda::gemv_tuning();
+  cuda::GemvTuning off = saved, on = saved;
+  off.*flag = false;
+  on.*flag = true;
+  dense_layer_case(gpu, DType::BF16, 2048, 5504, 128, 500, off, on);
+  dense_layer_case(gpu, DType::F16, 2048, 3000, 128, 520, off, on);
+  dense_layer_case(gpu, DType::BF16, 1032, 2824, 128, 540, off, on);
+  dense_layer_case(gpu, DType::BF16, 512, 1376, 64, 560, off, on);
+  cuda::set_gemv_tuning(saved);
 }
 
 // The q/k/v launch with its RoPE and K/V rows (GemvTuning::qkv_rows) against the separate
 // ring-kernel launches (the q/k/v group, then rope_qk_store_kv).
 TEST_F(CudaOpsTest, DenseQkvRowsEqualTheSeparateLaunches) {
-  const cuda::GemvTuning saved = cuda::gemv_tuning();
-  cuda::GemvTuning apart = saved, fused = saved;
-  apart.qkv_rows = false;
-  fused.qkv_rows = true;
-  dense_layer_cases(gpu(), apart, fused);
-  cuda::set_gemv_tuning(saved);
+  dense_layer_cases(gpu(), &cuda::GemvTuning::qkv_rows);
 }
 
 // A dense layer's norms deferred at m = 1 (GemvTuning::defer_norm: o and down leave their blocks'
@@ -568,12 +567,7 @@ TEST_F(CudaOpsTest, DenseQkvRowsEqualTheSeparateLaunches) {
 // round to different float variances: ~1e-5 per norm for these widths; at m = 2 nothing is
 // deferred).
 TEST_F(CudaOpsTest, DenseDeferredNormMatchesTheMaterializedNorm) {
-  const cuda::GemvTuning saved = cuda::gemv_tuning();
-  cuda::GemvTuning off = saved, on = saved;
-  off.defer_norm = false;
-  on.defer_norm = true;
-  dense_layer_cases(gpu(), off, on);
-  cuda::set_gemv_tuning(saved);
+  dense_layer_cases(gpu(), &cuda::GemvTuning::defer_norm);
 }
 
 }  // namespace
