@@ -77,8 +77,9 @@ def main():
     ap.add_argument("--min-kernels", type=int, default=50, help="smaller forwards are skipped")
     ap.add_argument("--names", default="", help="'llama' or comma-separated names of the layer's kernels")
     ap.add_argument("--layer-start", type=int, default=-1,
-                    help="index of the first layer's first kernel (default: 2 with --names llama, "
-                    "after the embedding and the first norm; else where the repetition starts)")
+                    help="index of the first layer's first kernel (default: 2 with --names llama "
+                    "and its ten-kernel layer, after the embedding and the first norm; else where "
+                    "the repetition starts)")
     args = ap.parse_args()
     ev = read_events(args.trace)
     if not ev:
@@ -94,7 +95,11 @@ def main():
         spans = [(ev[b][0] - ev[a][0]) / 1e3 for a, b in sel]
         shapes = [ev[i][2:] for i in range(sel[0][0], sel[0][1])]
         start, period, reps = layer_period(shapes)
-        layer_start = args.layer_start if args.layer_start >= 0 else (2 if args.names == "llama" else -1)
+        # --names llama's ten-kernel layer starts after the embedding and the first norm; any other
+        # period starts where the repetition does (a first layer that launches more kernels than
+        # the rest, e.g. its q/k/v and a separate RoPE + store, is then before the layers).
+        llama_layout = args.names == "llama" and period == len(LLAMA_LAYER)
+        layer_start = args.layer_start if args.layer_start >= 0 else (2 if llama_layout else -1)
         if layer_start >= 0 and period:
             start, reps = layer_start, min(reps, (count - layer_start) // period)
         print(f"\n== {count} kernels from a {first[0]}x{first[1]} launch: {len(sel)} forwards, "
