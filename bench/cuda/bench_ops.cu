@@ -13,9 +13,10 @@
 // w4mm / w4var: the 4-bit draft-weight GEMV (matmul_q4) and its variants; w4layer: one draft
 // layer's 4-bit launches (grouped as the model runs them) per code path, w4sweep the same with
 // every tiles-per-block x warps x path choice; kvflush: quantize_kv; qtime (not in the default
-// list): per-block phase stamps of one quantized-attention call (bench_quant_timeline), and
-// whether the slow blocks of its quantized phase are slow again in a second call (lateness_line:
-// by block, by SM); chain: what the launch boundaries between a layer's GEMVs cost, and a layer
+// list): per-block phase stamps of one quantized-attention call (bench_quant_timeline: the
+// phases, when the blocks leave, the quantized phase by blocks per SM), and whether the slow
+// blocks of its quantized phase are slow again in a second call (lateness_line: by block, by
+// SM); chain: what the launch boundaries between a layer's GEMVs cost, and a layer
 // as the model's launches and with the q/k/v launch taking the RoPE and rows (QS_QKV_ROWS). Their
 // small calls are timed as CUDA graphs of many calls (time_graph_ms), the way a captured decode
 // step runs them; w4mm also states the eager time.
@@ -1559,8 +1560,8 @@ void bench_quant_timeline(CudaBackend& be) {
             return double(w[2 + i] - w[2 + j]) * ns_per_cycle;
           });
         };
-        // When the blocks leave (us after the first entry): the 50th / 90th percentile and the
-        // last. What a perfectly balanced tail could save is at most last - p90 or so.
+        // When the blocks leave (us after the first entry): percentiles and the last. What a
+        // balanced tail could save is bounded by the exits' spread past the median.
         std::vector<double> exits;
         for (int64_t b = 0; b < blocks; ++b)
           exits.push_back(double(h[b * W + 1] - first_in) * 1e-3);
