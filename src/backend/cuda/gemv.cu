@@ -156,7 +156,7 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
 // gate_sums (a paired launch, find_tile): [NT * 128] floats of shared memory where member 0 (the
 // gate tile) leaves its sums and member 1 (the up tile) stores swiglu_of(gate, up) into y; each
 // thread reads back only what it wrote.
-// sq (a deferred norm, norm.sumsq): the squares of the h values this thread wrote are added to it.
+// sq (a deferred norm's producer, norm.sumsq): gemv_store_deferred instead of gemv_store.
 template <int NT>
 __device__ __forceinline__ void store_tile_sums(const float* partial, int num_warps, int64_t n0,
                                                 int64_t N, int m, const DeviceBias& bias, float* y,
@@ -178,10 +178,10 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
         }
         sum = swiglu_of(gate_sums[e], sum);
       }
-      gemv_store(norm, y, token * N + row, sum);
       if (sq != nullptr) {
-        const float hv = norm.h[token * N + row];
-        *sq += static_cast<double>(hv * hv);  // add_squares' arithmetic
+        gemv_store_deferred(norm, token * N + row, sum, *sq);
+      } else {
+        gemv_store(norm, y, token * N + row, sum);
       }
     }
   }
@@ -993,13 +993,14 @@ void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count
 
 // The ring kernel over these matrices with an epilogue (norm, or the gate / up pair's SwiGLU), or
 // false where it does not run them (nothing launched).
-// A deferred norm's consumer (nin.sumsq; m = 1, the mixed gate / up walk): whether the block's
-// staged input fits beside the ring.
-bool nin_fits(const NormIn& nin, int m, int64_t K, int warps, int stages, size_t extra = 0) {
+// Whether a deferred norm's consumer (m = 1, ring_walk's NIN) runs: each warp's columns fit its
+// lanes' staging and the staged input fits beside the launch's own `bytes` of shared memory.
+bool nin_fits(int m, int64_t K, size_t bytes) {
+  const int warps = ring_warps(K);
   const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
   const int64_t per_warp = (chunks + warps - 1) / warps * kRingChunkK;  // a warp's columns, most
-  return nin.sumsq != nullptr && m == 1 && per_warp <= 32 * kNinPerLane &&
-         ring_smem_bytes(warps, stages, 1) + extra + nin_smem_bytes(K) <= max_smem_per_block();
+  return m == 1 && per_warp <= 32 * kNinPerLane &&
+         bytes + nin_smem_bytes(K) <= max_smem_per_block();
 }
 
 bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int count,
@@ -1010,9 +1011,9 @@ bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int co
   const int stages =
       two ? ring_stages_for<2>(segs, count, num_sms) : ring_stages_for<1>(segs, count, num_sms);
   if (stages == 0) return false;
-  if (nin.sumsq != nullptr &&
-      !(swiglu && g_tuning.swiglu_mixed &&
-        nin_fits(nin, m, segs[0].w.cols, ring_warps(segs[0].w.cols), stages))) {
+  const int64_t K = segs[0].w.cols;
+  if (nin.sumsq != nullptr && !(swiglu && g_tuning.swiglu_mixed &&
+                                nin_fits(m, K, ring_smem_bytes(ring_warps(K), stages, 1)))) {
     return false;
   }
   if (segs[0].w.dtype == DType::BF16) {
@@ -1099,10 +1100,7 @@ bool launch_gemv_qkv_rows(const float* x, const GemvSegment* segs, const KvRowEp
   const int64_t K = segs[0].w.cols;
   const size_t rope_bytes = ring_rope_smem_bytes(ring_warps(K), stages, rows.head_dim);
   if (stages == 0 || rope_bytes > max_smem_per_block()) return false;
-  if (nin.sumsq != nullptr && !nin_fits(nin, 1, K, ring_warps(K), stages,
-                                        rope_bytes - ring_smem_bytes(ring_warps(K), stages, 1))) {
-    return false;
-  }
+  if (nin.sumsq != nullptr && !nin_fits(1, K, rope_bytes)) return false;
   if (segs[0].w.dtype == DType::BF16) {
     launch_ring_rope_stages<__nv_bfloat16>(stages, x, segs, rows, num_sms, stream, nin);
   } else {

@@ -23,6 +23,15 @@ __device__ __forceinline__ void gemv_store(const GemvNorm& norm, float* y, int64
   }
 }
 
+// gemv_store for a deferred norm's producer (norm.sumsq set): h[idx] += sum, and the new value's
+// square (add_squares' arithmetic) into the storing thread's sq.
+__device__ __forceinline__ void gemv_store_deferred(const GemvNorm& norm, int64_t idx, float sum,
+                                                    double& sq) {
+  const float v = norm.h[idx] + sum;
+  norm.h[idx] = v;
+  sq += static_cast<double>(v * v);
+}
+
 // Shared memory gemv_norm_finish takes from the kernel's dynamic allocation (no static shared
 // memory: the kernels' dynamic limits are the whole of the SM's opt-in size).
 constexpr size_t kGemvNormScratchBytes = 33 * sizeof(double);
@@ -76,21 +85,14 @@ __device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, dou
 }
 
 // gemv_norm_defer_finish for a block whose storing threads span several warps (the bf16 ring
-// walk's store_tile_sums): every thread passes its sum of squares; the warps' sums meet in
-// `scratch` (kGemvNormScratchBytes of the block's shared memory that no thread reads after the
-// block's last barrier) and thread 0 adds them in warp order into the block's slot.
+// walk's store_tile_sums): the threads' sums of squares over the block (block_sum) into the
+// block's slot. scratch: kGemvNormScratchBytes of the block's shared memory that no thread reads
+// after the block's last barrier.
 __device__ __forceinline__ void gemv_norm_defer_block(const GemvNorm& norm, double sq,
                                                       void* scratch) {
-  double* warp_sums = static_cast<double*>(scratch);  // [32]
   __syncthreads();  // every thread of the block has stored (and is done with scratch)
-  sq = warp_sum(sq);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = sq;
-  __syncthreads();
-  if (threadIdx.x == 0) {
-    double s = 0.0;
-    for (int w = 0; w < static_cast<int>(blockDim.x / 32); ++w) s += warp_sums[w];
-    norm.sumsq[blockIdx.x] = s;
-  }
+  const double s = block_sum(sq, static_cast<double*>(scratch));
+  if (threadIdx.x == 0) norm.sumsq[blockIdx.x] = s;
   gemv_norm_zero_spare_slots(norm);
 }
 

@@ -848,9 +848,7 @@ __device__ __forceinline__ float with_bias(const CcSegments& segs, int si, int64
 __device__ __forceinline__ void persist_store_row(const GemvNorm& norm, float* y, int64_t row,
                                                   float sum, double& sq) {
   if (norm.sumsq != nullptr) {
-    const float v = norm.h[row] + sum;
-    norm.h[row] = v;
-    sq += static_cast<double>(v * v);
+    gemv_store_deferred(norm, row, sum, sq);
   } else {
     gemv_store(norm, y, row, sum);
   }
