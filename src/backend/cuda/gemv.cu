@@ -554,7 +554,10 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
 #pragma unroll
     for (int i = 0; i < kNinPerLane; ++i) {
       const int64_t k = x_lo + lane + 32 * i;
-      hv[i] = k < x_hi ? x[k] : 0.0f;  // in flight with the partial sums' loads
+      // In flight with the partial sums' loads. Through L2 and in order after the wait (an asm
+      // volatile load): a plain load of the __restrict__ x is an invariant ld.global.nc, which the
+      // compiler hoisted above the wait (4 of 16, session 49), reading h before the producer's +=.
+      hv[i] = k < x_hi ? __ldcg(x + k) : 0.0f;
     }
     const float inv_rms = norm_in_scale<true>(nin, K);
 #pragma unroll
