@@ -1518,7 +1518,7 @@ void bench_quant_timeline(CudaBackend& be) {
         const KvView kv0 = view(0);
         const cuda::QuantAttentionPlan plan = cuda::plan_attention_quant(
             cuda::make_quant_attention_args(q->f32(), m, ctx - m, shape, kv0, out.f32()), num_sms);
-        const int64_t blocks = plan.blocks;
+        const int64_t blocks = int64_t{plan.splits} * kv_heads * plan.query_groups;
         for (int i = 0; i < copies; ++i) call(i);
         const int reps = std::max(10, 2 * copies);
         const double plain = time_graph_ms(s, call, reps);

@@ -535,16 +535,15 @@ TEST_F(CudaOpsTest, QuantAttentionExactDraftBackendOption) {
   report("quantized sweep, backend with exact_draft_attention", worst);
 }
 
-// The plan of the GPU's call for case c over kv (the queries at the last m positions), on a GPU
-// of num_sms SMs.
-cuda::QuantAttentionPlan plan_of(const QuantKv& kv, const Case& c, int num_sms = 132) {
+// The plan of the GPU's call for case c over kv (the queries at the last m positions).
+cuda::QuantAttentionPlan plan_of(const QuantKv& kv, const Case& c) {
   const int pos = kv.cfg.len - c.m;
   const int fp_base = c.fp_base == kFpBaseMax ? quant_boundary(pos, kv.cfg.G) : c.fp_base;
   const AttentionShape shape{c.num_heads, kv.cfg.kv_heads, kv.cfg.head_dim, 1.0f};
   const QuantizedKvSegment seg = kv.segment(c.int8, true);
   const KvView view = kv.device_view(fp_base, seg);
   return cuda::plan_attention_quant(
-      cuda::make_quant_attention_args(kv.k_dev->data(), c.m, pos, shape, view, nullptr), num_sms);
+      cuda::make_quant_attention_args(kv.k_dev->data(), c.m, pos, shape, view, nullptr), 132);
 }
 
 // More than 16 query vectors per kv head (GQA 4 at m >= 5, GQA 8 at m >= 3) over a history of
@@ -577,56 +576,6 @@ TEST_F(CudaOpsTest, QuantAttentionLongHistoryTwoTiles) {
     }
   }
   report("quantized attention, GQA blocks over long and short histories", worst);
-}
-
-// The paired grid (QuantAttentionTuning::fill_slots, split_pairs.h) of the INT8 view's one-tile
-// ring kernel, exact and on f16 operands: an MHA shape of 32 kv heads (Llama-2-7B's) at m = 1
-// (AR INT8) and m = 2..4 (verifications), whose plain grid fills 512 of a 132-SM GPU's 528 slots,
-// takes 16 pairs x 33 blocks there; histories whose middle blocks hold short pieces (17000: 384
-// positions each, 30000: 128) or two empty ones (16600: 16 full pieces of 1024 fill each head). The
-// results must pass the exact reference like every call of the view; without the switch the
-// plan keeps the plain grid.
-TEST_F(CudaOpsTest, QuantAttentionPairedSplitsFillTheSlots) {
-  int num_sms = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, 0), cudaSuccess);
-  constexpr int kHeads = 32;
-  double worst = 0;
-  int paired_calls = 0;
-  for (int len : {17000, 16600, 30000}) {
-    QuantKv kv(gpu(), cpu(), {len, kHeads, 128, 128, 128, 0, Values::kNormal, uint64_t(len)});
-    for (bool f16 : {false, true}) {
-      for (int m : {1, 2, 4}) {
-        const Case c{kHeads, m, true, kFpBaseMax};
-        const std::string what = "len " + std::to_string(len) + " m " + std::to_string(m) +
-                                 (f16 ? " f16 operands" : " exact");
-        cuda::QuantAttentionTuning t;
-        t.int8_f16 = f16;
-        {
-          TuningScope plain(t);
-          const cuda::QuantAttentionPlan p = plan_of(kv, c, num_sms);
-          EXPECT_EQ(p.pair_pieces, 0) << what;
-          EXPECT_EQ(p.blocks, int64_t{p.splits} * kHeads) << what;
-        }
-        t.fill_slots = true;
-        TuningScope scope(t);
-        const cuda::QuantAttentionPlan p = plan_of(kv, c, num_sms);
-        if (num_sms == 132) {
-          EXPECT_EQ(p.pair_pieces, 17) << what;
-          EXPECT_EQ(p.blocks, 16 * 33) << what;
-        }
-        if (p.pair_pieces > 0) {
-          ++paired_calls;
-          EXPECT_EQ(p.splits, p.pair_pieces) << what;
-          EXPECT_EQ(p.blocks, int64_t{kHeads / 2} * (2 * p.pair_pieces - 1)) << what;
-        }
-        check_cases(gpu(), cpu(), kv, {c}, worst);
-      }
-    }
-  }
-  if (num_sms == 132) {
-    EXPECT_EQ(paired_calls, 3 * 2 * 3);
-  }
-  report("quantized attention, paired splits", worst);
 }
 
 // A backend made with f16_target_attention (--target-attention f16) runs the INT8 view on f16

@@ -50,7 +50,6 @@
 #include "backend/cuda/env_switch.h"
 #include "backend/cuda/launch.cuh"
 #include "backend/cuda/mma.cuh"
-#include "backend/cuda/split_pairs.h"
 #include "core/error.h"
 
 namespace qs::cuda {
@@ -111,9 +110,6 @@ struct Params {
   float* partial_o;   // [splits, m * num_heads, head_dim]
   float* partial_ml;  // [splits, m * num_heads, 2]
   unsigned long long* timeline;  // QuantAttentionTuning::timeline, or null
-  // > 0: paired splits (split_pairs.h; the paired kernels only), this many pieces per kv head;
-  // q_split_len is then a full piece's positions and fp_split_len a piece's rows.
-  int pair_pieces;
 };
 
 // Positions [begin, end) (empty when end <= begin).
@@ -130,54 +126,12 @@ __device__ __forceinline__ PosRange split_quantized(const Params& p) {
   const int begin = blockIdx.x * p.q_split_len;
   return {begin, min(p.q_end, begin + p.q_split_len)};
 }
-// Token slice ts's contiguous part of the split's quantized positions (direct path): `len`
-// positions per slice.
-__device__ __forceinline__ PosRange slice_quantized(PosRange split, int len, int ts) {
+// Token slice ts's contiguous part of the split's quantized positions (direct path).
+__device__ __forceinline__ PosRange slice_quantized(const Params& p, PosRange split, int ts) {
+  const int len = p.q_split_len / p.slices;
   const int b = split.begin + ts * len;
   return {b, min(split.end, b + len)};
 }
-
-// What one block computes (one piece; a paired block two, one after the other): its kv head, its
-// split (the index of the partials it writes), its quantized positions and full-precision rows,
-// and its token slices' positions each.
-// The plain grid's piece: the block's split (x) of its kv head (y).
-struct GridPiece {
-  __device__ __forceinline__ int kvh() const { return blockIdx.y; }
-  __device__ __forceinline__ unsigned split() const { return blockIdx.x; }
-  __device__ __forceinline__ PosRange quantized(const Params& p) const {
-    return split_quantized(p);
-  }
-  __device__ __forceinline__ PosRange fp_rows(const Params& p) const { return split_fp_rows(p); }
-  __device__ __forceinline__ int slice_len(const Params& p) const {
-    return p.q_split_len / p.slices;
-  }
-};
-// Piece i of a paired block (split_pairs.h): block x of the pair of kv heads y. Its slices split
-// the piece's positions evenly (the middle block's pieces are shorter than a full one).
-struct PairedPiece {
-  int kvh_;
-  int split_;
-  PosRange q_;
-  PosRange fp_;
-  int slice_len_;
-
-  __device__ __forceinline__ static PairedPiece of(const Params& p, int i) {
-    const PairPiece pc = pair_piece(p.pair_pieces, p.q_split_len, p.q_end, blockIdx.x, i);
-    const int fp_begin = p.fp_begin + pc.split * p.fp_split_len;
-    const int unit = 32 * p.slices;  // kSubTokens per slice
-    const int slice_len = (pc.end - pc.begin + unit - 1) / unit * 32;
-    return {2 * static_cast<int>(blockIdx.y) + pc.head,
-            pc.split,
-            {pc.begin, pc.end},
-            {fp_begin, min(p.fp_end, fp_begin + p.fp_split_len)},
-            slice_len};
-  }
-  __device__ __forceinline__ int kvh() const { return kvh_; }
-  __device__ __forceinline__ int split() const { return split_; }
-  __device__ __forceinline__ PosRange quantized(const Params&) const { return q_; }
-  __device__ __forceinline__ PosRange fp_rows(const Params&) const { return fp_; }
-  __device__ __forceinline__ int slice_len(const Params&) const { return slice_len_; }
-};
 
 // Diagnostics: the end of phase `i` of this block (kQuantTimelineSlots), by thread 0.
 __device__ __forceinline__ void timeline_stamp(const Params& p, int i) {
@@ -1225,15 +1179,12 @@ __device__ __forceinline__ void load_query_tile(const Params& p, int kvh, int qv
 // kDirect: the quantized part on the register-direct path (attention_quant_direct.cuh; head_dim
 // 128, NG 1, tensor cores), QW / 8 tiles of 8 query vectors per warp.
 template <int HD, bool INT8, int NG, bool kMma, int QW, bool kDirect, bool kF16 = false,
-          bool kRegPrefetch = true, bool kRing = false, int kTC = kPairCols,
-          class Piece = GridPiece>
-__device__ __forceinline__ void attention_quant_body(const Params& p, const Piece& piece = {}) {
-  static_assert(std::is_same_v<Piece, GridPiece> || kDirect,
-                "quantized attention: paired splits on the direct path only");
+          bool kRegPrefetch = true, bool kRing = false, int kTC = kPairCols>
+__device__ __forceinline__ void attention_quant_body(const Params& p) {
   extern __shared__ __align__(128) unsigned char smem[];
   constexpr int kQStride = HD + kQPad;
   const QuantAttentionArgs& a = p.a;
-  const int kvh = piece.kvh();
+  const int kvh = blockIdx.y;
   const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
   const int qt = warp % p.tiles, ts = warp / p.tiles;
   const int block_qv = p.tiles * QW;
@@ -1301,7 +1252,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p, const Piec
 
   // Full-precision part of a query at t: [b(t), t].
   auto fp_rows = [&]() {
-    const auto [begin, end] = piece.fp_rows(p);
+    const auto [begin, end] = split_fp_rows(p);
     const int64_t off = static_cast<int64_t>(kvh) * HD + lane * (HD / 32);  // elements
     const bool f16 = a.kv_dtype == DType::F16;
     const int64_t off_bytes = off * (f16 ? 2 : 4);
@@ -1330,7 +1281,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p, const Piec
     }
   };
 
-  const auto [q_begin, q_end] = piece.quantized(p);
+  const auto [q_begin, q_end] = split_quantized(p);
   float *o_q, *ml_q;
   state(1, o_q, ml_q);
   if constexpr (kDirect && HD == direct_path::kHD && NG == 1) {
@@ -1338,7 +1289,7 @@ __device__ __forceinline__ void attention_quant_body(const Params& p, const Piec
         kRing ? smem + p.ring_offset + warp * direct_path::ring_bytes_per_warp<INT8>(QW / 8)
               : nullptr;
     direct_path::quant_split_direct<INT8, kF16, kRegPrefetch, QW / 8, kRing, kTC>(
-        p, q_begin, q_end, piece.slice_len(p), kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
+        p, q_begin, q_end, kvh, ts, qv_warp, q_warp, o_q, ml_q, ring, fp_rows);
   } else if constexpr (kMma) {
     quant_split_mma<HD, INT8, NG, kF16>(p, q_begin, q_end, kvh, ts, qv_warp, q_warp, stages, o_q,
                                         ml_q, fp_rows);
@@ -1402,8 +1353,8 @@ __device__ __forceinline__ void attention_quant_body(const Params& p, const Piec
       o.z = fmaf(wgt, x.z, o.z), o.w = fmaf(wgt, x.w, o.w);
     }
     const int row = qv / p.group, head = kvh * p.group + qv % p.group;
-    const int64_t slot = static_cast<int64_t>(piece.split()) * num_qv +
-                         static_cast<int64_t>(row) * a.num_heads + head;
+    const int64_t slot =
+        static_cast<int64_t>(blockIdx.x) * num_qv + static_cast<int64_t>(row) * a.num_heads + head;
     *reinterpret_cast<float4*>(p.partial_o + slot * HD + d) = o;
     if (d == 0) {
       p.partial_ml[slot * 2] = w_s[j * kMergeSlots + kMaxStates];
@@ -1424,31 +1375,16 @@ __global__ void QS_QUANT_ATTENTION_BOUNDS attention_quant_kernel(const Params p)
 // kF16: the view's operands in f16 alone (QuantAttentionTuning::draft_f16 for the INT4 view,
 // int8_f16 for the INT8 one); NT: 8-query tiles per warp; kRing: the per-warp cp.async ring
 // (QuantAttentionTuning::direct_ring); kTC: the tile's query columns (TileCols: one
-// query vector per kv head, QuantAttentionTuning::single_query; 2..4, even_columns); kPaired:
-// the paired grid (split_pairs.h, Params::pair_pieces; QuantAttentionTuning::fill_slots), whose
-// middle block runs the body twice, one piece after the other.
+// query vector per kv head, QuantAttentionTuning::single_query; 2..4, even_columns).
 template <bool INT8, int kRegs, bool kF16, bool kRegPrefetch = true, int NT = 1, bool kRing = false,
-          int kTC = kPairCols, bool kPaired = false>
+          int kTC = kPairCols>
 __global__ void QS_QUANT_DIRECT_BOUNDS(kRegs) attention_quant_direct_kernel(const Params p) {
-  constexpr int kHD = direct_path::kHD;
   timeline_stamp(p, 0);
-  if constexpr (kPaired) {
-    direct_path::prefetch_block_start<INT8>(p, PairedPiece::of(p, 0));
-    pdl_begin();
-    timeline_stamp(p, 1);
-    const int pieces = pair_piece_count(p.pair_pieces, blockIdx.x);
-#pragma unroll 1
-    for (int i = 0; i < pieces; ++i) {
-      if (i > 0) __syncthreads();  // the first piece's merge has read the shared memory
-      attention_quant_body<kHD, INT8, 1, true, 8 * NT, true, kF16, kRegPrefetch, kRing, kTC>(
-          p, PairedPiece::of(p, i));
-    }
-  } else {
-    direct_path::prefetch_block_start<INT8>(p, GridPiece{});
-    pdl_begin();
-    timeline_stamp(p, 1);
-    attention_quant_body<kHD, INT8, 1, true, 8 * NT, true, kF16, kRegPrefetch, kRing, kTC>(p);
-  }
+  direct_path::prefetch_block_start<INT8>(p);
+  pdl_begin();
+  timeline_stamp(p, 1);
+  attention_quant_body<direct_path::kHD, INT8, 1, true, 8 * NT, true, kF16, kRegPrefetch, kRing,
+                       kTC>(p);
 }
 
 // ---- host side ------------------------------------------------------------------------------
@@ -1472,7 +1408,7 @@ std::mutex g_tuning_mu;
 // for more than 16 query vectors per kv head over any history, QS_QUANT_PREFILL=0 with the
 // slices of 16 queries for longer blocks, QS_EVEN_COLUMNS=0|1 without / with the even-column
 // draft kernel for 2..4 query vectors per kv head, QS_INT8_EVEN_COLUMNS=0|1 the INT8 view's for up
-// to 4, QS_QUANT_FILL=1 with its paired grid where that fills more slots (fill_slots).
+// to 4.
 QuantAttentionTuning g_tuning = [] {
   QuantAttentionTuning t;
   t.draft_reg_prefetch = env_int("QS_DRAFT_REG_PREFETCH", 0, 1, t.draft_reg_prefetch) != 0;
@@ -1482,7 +1418,6 @@ QuantAttentionTuning g_tuning = [] {
   t.long_history_two_tiles = env_flag("QS_GQA_TWO_TILES", t.long_history_two_tiles);
   t.even_columns = env_flag("QS_EVEN_COLUMNS", t.even_columns);
   t.int8_even_columns = env_flag("QS_INT8_EVEN_COLUMNS", t.int8_even_columns);
-  t.fill_slots = env_flag("QS_QUANT_FILL", t.fill_slots);
   t.hybrid_prefill = env_flag("QS_QUANT_PREFILL", t.hybrid_prefill);
   const int regs = env_int("QS_DIRECT_REGS", 0, 192, t.direct_regs);
   if (valid_direct_regs(regs)) {
@@ -1558,15 +1493,6 @@ const void* direct_kernel_at(int regs, int cols) {
                            attention_quant_direct_kernel<INT8, 192, kF16, kRegPrefetch, 1, kRing>)
                      : reinterpret_cast<const void*>(
                            attention_quant_direct_kernel<INT8, 168, kF16, kRegPrefetch, 1, kRing>);
-}
-
-// The paired form (split_pairs.h) of the INT8 view's one-tile even-column ring kernel.
-const void* paired_kernel_fn(bool f16) {
-  return f16 ? reinterpret_cast<const void*>(
-                   attention_quant_direct_kernel<true, 192, true, false, 1, true, kEvenCols, true>)
-             : reinterpret_cast<const void*>(
-                   attention_quant_direct_kernel<true, 192, false, false, 1, true, kEvenCols,
-                                                 true>);
 }
 
 template <bool INT8, bool kF16, bool kRegPrefetch>
@@ -1964,27 +1890,7 @@ QuantAttentionPlan plan_attention_quant(const QuantAttentionArgs& a, int num_sms
   pl.splits = static_cast<int>(splits);
   pl.fp_split_len = static_cast<int>(ceil_div(n_fp, splits));
   pl.q_split_len = b_max > 0 ? static_cast<int>(ceil_div(ceil_div(b_max, splits), unit) * unit) : 0;
-  pl.blocks = splits * base;
-  // The paired grid where it applies and fills more slots (tuning fill_slots): two kv heads of a
-  // query group share 2S - 1 blocks.
-  if (tune.fill_slots && tune.splits == 0 && kc.direct && kc.int8 && kc.ring &&
-      kc.cols == kEvenCols && kc.direct_tiles == 1 && pl.direct_regs == 192 &&
-      a.num_kv_heads % 2 == 0) {
-    const int64_t pairs = base / 2;
-    const void* fn = paired_kernel_fn(kc.f16);
-    const int64_t paired_slots =
-        static_cast<int64_t>(num_sms) * std::max(1, blocks_per_sm(fn, pl.threads, pl.smem_bytes));
-    const int pieces = static_cast<int>(std::min<int64_t>((paired_slots / pairs + 1) / 2, 4096));
-    const int len = pair_piece_len(pieces, b_max, unit);
-    if (pieces > splits && len > 0) {
-      pl.pair_pieces = pieces;
-      pl.splits = pieces;
-      pl.q_split_len = len;
-      pl.fp_split_len = static_cast<int>(ceil_div(n_fp, pieces));
-      pl.blocks = pairs * pair_blocks(pieces);
-    }
-  }
-  pl.partial_floats = int64_t{pl.splits} * a.m * a.num_heads * (hd + 2);
+  pl.partial_floats = splits * a.m * a.num_heads * (hd + 2);
   return pl;
 }
 
@@ -1996,11 +1902,6 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
                     plan.draft_reg_prefetch, plan.direct_tiles, plan.direct_ring, plan.tile_cols);
   QS_CHECK(kc.mma == plan.tensor_cores && kc.direct == plan.direct && kc.f16 == plan.f16_operands &&
            kc.qw == plan.queries_per_warp && kc.cols == plan.tile_cols);
-  const bool paired = plan.pair_pieces > 0;
-  QS_CHECK(!paired ||
-           (kc.direct && kc.int8 && kc.ring && kc.cols == kEvenCols && kc.direct_tiles == 1 &&
-            plan.direct_regs == 192 && a.num_kv_heads % 2 == 0 && plan.splits == plan.pair_pieces));
-  const void* fn = paired ? paired_kernel_fn(kc.f16) : kc.fn;
   QS_CHECK(partials != nullptr && plan.threads <= kMaxThreads && plan.splits >= 1);
   QS_CHECK(2 * plan.token_slices <= kMaxStates);
   const int G = a.seg.group_size;
@@ -2018,9 +1919,6 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.fp_end = a.pos + a.m;
   p.q_split_len = plan.q_split_len;
   p.q_end = quant_boundary(a.pos + a.m - 1, G);
-  p.pair_pieces = plan.pair_pieces;
-  QS_CHECK(!paired || pair_piece_len(plan.pair_pieces, p.q_end, kSubTokens * plan.token_slices) ==
-                          plan.q_split_len);
   const size_t block_qv = static_cast<size_t>(plan.query_tiles) * kc.qw;
   p.q_smem_bytes = static_cast<int>((block_qv * (hd + kQPad) * sizeof(float) + 127) / 128 * 128);
   p.chunk = plan.chunk;
@@ -2046,13 +1944,11 @@ void launch_attention_quant(const QuantAttentionArgs& a, const QuantAttentionPla
   p.ring_offset = static_cast<int>(layout.ring_offset);
   QS_CHECK(plan.smem_bytes >= layout.bytes);
 
-  blocks_per_sm(fn, plan.threads, plan.smem_bytes);  // sets the shared memory limit
-  const dim3 grid(static_cast<unsigned>(paired ? pair_blocks(plan.pair_pieces) : plan.splits),
-                  static_cast<unsigned>(paired ? a.num_kv_heads / 2 : a.num_kv_heads),
+  blocks_per_sm(kc.fn, plan.threads, plan.smem_bytes);  // sets the shared memory limit
+  const dim3 grid(static_cast<unsigned>(plan.splits), static_cast<unsigned>(a.num_kv_heads),
                   static_cast<unsigned>(plan.query_groups));
-  QS_CHECK(int64_t{grid.x} * grid.y * grid.z == plan.blocks);
-  launch(reinterpret_cast<void (*)(Params)>(fn), grid, dim3(plan.threads), plan.smem_bytes, stream,
-         p);
+  launch(reinterpret_cast<void (*)(Params)>(kc.fn), grid, dim3(plan.threads), plan.smem_bytes,
+         stream, p);
   CUDA_CHECK_LAUNCH(stream);
 
   AttentionArgs c;

@@ -80,14 +80,9 @@ struct QuantAttentionPlan {
   int query_tiles = 1;        // warp tiles per block (QT)
   int token_slices = 1;       // warps per query tile, each on its own part of the split (TS)
   int query_groups = 1;       // blocks along grid z (query tiles beyond one block)
-  int splits = 1;             // blocks along grid x (paired: pieces per kv head)
+  int splits = 1;             // blocks along grid x
   int fp_split_len = 1;
   int q_split_len = 0;  // a multiple of 32 * token_slices; 0 without a quantized history
-  // > 0: the paired grid (split_pairs.h; QuantAttentionTuning::fill_slots): x = pair_blocks of a
-  // pair of kv heads, y = the pair, each head cut into `splits` pieces of at most q_split_len
-  // positions and fp_split_len full-precision rows.
-  int pair_pieces = 0;
-  int64_t blocks = 0;  // the split kernel's blocks
   int threads = 32;
   size_t smem_bytes = 0;
   int64_t partial_floats = 0;  // scratch for the split partials (o, then (max, sum))
@@ -236,13 +231,6 @@ struct QuantAttentionTuning {
   // the slices, 2.34 s with this (session 36). QS_QUANT_PREFILL=0 turns it off for the whole
   // process.
   bool hybrid_prefill = true;
-  // The INT8 view's one-tile ring kernel (AR INT8, an MHA verification of up to 4 rows) on the
-  // paired grid (split_pairs.h) where the plain grid leaves resident-block slots empty:
-  // Llama-2-7B's 32 kv heads on 132 SMs x 4 blocks take 16 splits each, 512 blocks in 528 slots,
-  // and the verification's blocks are bound by their SM's issue rate (session 48: 335.7 us on
-  // four-block SMs, 231.6 on three-block ones at 128K, H100), so 16 pairs x 33 blocks of 2 / 33 of
-  // a head each should take ~3% off the call. QS_QUANT_FILL=1 turns it on for the whole process.
-  bool fill_slots = false;
 };
 // Per block: [0] %globaltimer (ns) at entry, [1] at exit, [2 + i] clock64 at the end of phase i:
 // 0 entry, 1 the previous kernel awaited (PDL), 2 the queries in shared memory, 3 the

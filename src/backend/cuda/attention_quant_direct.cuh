@@ -727,17 +727,17 @@ struct DirectPath {
 // mins, the key group's scales and mins), so that those DRAM round trips overlap the wait. No
 // effect on the results: L2 is coherent, and the rows the previous kernel writes are read after
 // the wait.
-template <bool INT8, class Piece>
-__device__ __forceinline__ void prefetch_block_start(const Params& p, const Piece& piece) {
+template <bool INT8>
+__device__ __forceinline__ void prefetch_block_start(const Params& p) {
   const QuantAttentionArgs& a = p.a;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
   if (warp % p.tiles != 0) return;  // one warp per slice
-  const int ts = warp / p.tiles, kvh = piece.kvh();
+  const int ts = warp / p.tiles, kvh = blockIdx.y;
   auto fetch = [](const void* ptr, uint32_t bytes) {
     if ((reinterpret_cast<uintptr_t>(ptr) & 15) == 0) prefetch_l2(ptr, bytes);
   };
   if (ts == 0) {
-    const auto [begin, end] = piece.fp_rows(p);
+    const auto [begin, end] = split_fp_rows(p);
     const int elem = a.kv_dtype == DType::F16 ? 2 : 4;
     for (int t = begin + lane; t < end; t += 32) {
       const int64_t off = (static_cast<int64_t>(t - a.fp_base) * a.row_stride + kvh * kHD) * elem;
@@ -745,7 +745,7 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p, const Piec
       fetch(static_cast<const char*>(a.v) + off, kHD * elem);
     }
   }
-  const auto [b, e] = slice_quantized(piece.quantized(p), piece.slice_len(p), ts);
+  const auto [b, e] = slice_quantized(p, split_quantized(p), ts);
   if (b + kTok > e) return;
   const int G = a.seg.group_size;
   const int64_t C = a.seg.capacity;
@@ -770,8 +770,8 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p, const Piec
 }
 
 // A quantized split [begin, end) of kv head kvh for the warp's 8 NT query vectors: slice `ts` of
-// the block's warps takes the contiguous positions [begin + ts * len, +len), len = slice_len
-// (INT4 with kRegPrefetch: one sub-chunk ahead in registers). No barrier, no shared memory
+// the block's warps takes the contiguous positions [begin + ts * len, +len), len = q_split_len /
+// slices (INT4 with kRegPrefetch: one sub-chunk ahead in registers). No barrier, no shared memory
 // but the warp's own (NT > 1: the folded queries in o_mine until the state is stored there):
 // `overlap()` (the full-precision rows) runs first (after the loop with several tiles and the
 // ring, below).
@@ -783,16 +783,15 @@ __device__ __forceinline__ void prefetch_block_start(const Params& p, const Piec
 // rings: a block barrier first), so that the block's shared memory keeps four blocks per SM.
 // kTC: DirectPath's TileCols form (which query vectors the warp's tile columns hold).
 template <bool INT8, bool kF16, bool kRegPrefetch, int NT, bool kRing, int kTC, class Overlap>
-__device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end,
-                                                   int slice_len, int kvh, int ts, int qv_warp,
-                                                   const float* q_warp, float* o_mine,
-                                                   float* ml_mine, unsigned char* ring,
-                                                   const Overlap& overlap) {
+__device__ __forceinline__ void quant_split_direct(const Params& p, int begin, int end, int kvh,
+                                                   int ts, int qv_warp, const float* q_warp,
+                                                   float* o_mine, float* ml_mine,
+                                                   unsigned char* ring, const Overlap& overlap) {
   const QuantAttentionArgs& a = p.a;
   const int lane = threadIdx.x & 31, c = lane & 3;
   const int G = a.seg.group_size;
   const int64_t C = a.seg.capacity;
-  const auto [b, e] = slice_quantized({begin, end}, slice_len, ts);
+  const auto [b, e] = slice_quantized(p, {begin, end}, ts);
   const int n_subs = e > b ? (e - b) / kTok : 0;
   const int64_t codes = static_cast<int64_t>(kvh) * C * (kHD / 2);
   const Head head{a.seg.key_upper + codes,
