@@ -23,7 +23,7 @@ def test_each_step_becomes_its_command(tmp_path):
     lines = [line for line in r.stdout.splitlines() if line.startswith("step ")]
     b = str(tmp_path / "b")
     assert lines == [
-        "step 1: env  bash tools/gpu/check.sh build",
+        "step 1: env  bash tools/gpu/check.sh build prewait",
         f"step 2: env  {b}/tests/test_cuda --gtest_filter=Cuda*:Tiny*",
         f"step 3: env QS_A=1 QS_B=2 {b}/tests/test_cuda --gtest_filter=X.*",
         f"step 4: env  compute-sanitizer --tool memcheck --error-exitcode 3 {b}/tests/test_cuda"

@@ -5,7 +5,8 @@
 #
 #   device run: QS_COMMIT=<git rev-parse --short HEAD here> bash tools/gpu/check.sh
 #               carry: [".deb/bundle"]   (the device copy's .git may lag the tree: name the commit)
-#   bash tools/gpu/check.sh build test       # only some stages (build sass test sanitize bench)
+#   bash tools/gpu/check.sh build test       # only some stages (build sass prewait test sanitize
+#                                            # bench e2e oracle)
 #
 # Environment: QS_BENCH_ARGS (extra bench_ops arguments, e.g. "--quick"), QS_TEST_FILTER
 # (gtest filter of the conformance run), OUT (log folder; default ./out).
@@ -16,7 +17,7 @@ cd "$repo"
 out=${OUT:-$repo/out}
 mkdir -p "$out"
 stages=("$@")
-((${#stages[@]})) || stages=(build sass test sanitize bench e2e oracle)
+((${#stages[@]})) || stages=(build sass prewait test sanitize bench e2e oracle)
 want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 build=${QS_GPU_BUILD:-$repo/build-gpu}
 declare -A result seconds
@@ -70,6 +71,26 @@ if want sass && [[ -x $cuobjdump_bin ]]; then
   seconds[sass]=0
 fi
 
+if want prewait && [[ -x $cuobjdump_bin ]]; then
+  # No kernel may read through the read-only path before its PDL wait (nvcc hoisted such loads of
+  # h above it in session 49, and the consumers read h before the producer's +=): a failure names
+  # the kernel before its tests fail. Every object at once.
+  rm -rf "$out/prewait" && mkdir -p "$out/prewait"
+  for obj in "$build"/src/backend/cuda/CMakeFiles/qs_backend_cuda.dir/*.cu.o; do
+    name=$(basename "$obj" .cu.o)
+    { python3 tools/gpu/sass_pre_wait.py "$obj" --cuobjdump "$cuobjdump_bin" \
+        >"$out/prewait/$name.txt" 2>&1
+      echo $? >"$out/prewait/$name.rc"; } &
+  done
+  wait
+  cat "$out"/prewait/*.txt >"$out/sass_pre_wait.txt"
+  result[prewait]=ok
+  grep -qv '^0$' "$out"/prewait/*.rc && result[prewait]="FAILED (sass_pre_wait.txt)"
+  rm -r "$out/prewait"
+  grep -E '^(READ-ONLY|#)' "$out/sass_pre_wait.txt"
+  seconds[prewait]=0
+fi
+
 if want test && [[ -x $build/tests/test_cuda ]]; then
   run_stage test ${QS_TEST_LIMIT:-300} bash -c "'$build/tests/test_cuda' --gtest_filter='${QS_TEST_FILTER:-*}' --gtest_output=xml:'$out/test_cuda.xml' >'$out/test_cuda.log' 2>&1"
 fi
@@ -98,7 +119,7 @@ fi
 # --- short table ---------------------------------------------------------------------------------
 echo
 echo "== GPU check =="
-for s in build sass test sanitize bench e2e oracle; do
+for s in build sass prewait test sanitize bench e2e oracle; do
   [[ -n ${result[$s]:-} ]] && printf '%-9s %-16s %4ss\n' "$s" "${result[$s]}" "${seconds[$s]}"
 done
 if [[ -f $out/test_cuda.log ]]; then

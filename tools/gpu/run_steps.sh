@@ -10,7 +10,8 @@
 #     'ab QS_SWIGLU_MIXED 32768 quantspec,ar-fp16' 'ncu gemv_q4_persist_sub w4layer 12'
 #
 # Steps (words; an `env NAME=VALUE ...` prefix sets variables for that step only):
-#   build                          tools/gpu/check.sh build (test_cuda, bench_ops, quantspec)
+#   build                          tools/gpu/check.sh build prewait (test_cuda, bench_ops,
+#                                  quantspec; then no read-only load before a PDL wait)
 #   test FILTER                    test_cuda --gtest_filter=FILTER
 #   memcheck FILTER                compute-sanitizer memcheck of test_cuda --gtest_filter=FILTER
 #   bench SECTIONS [--quick]       bench_ops --sections SECTIONS [--quick]
@@ -46,7 +47,7 @@ step_command() {
   local kind=$1
   shift
   case $kind in
-    build) cmd=(bash tools/gpu/check.sh build) ;;
+    build) cmd=(bash tools/gpu/check.sh build prewait) ;;
     test) (($# == 1)) || return 1
       cmd=("$build/tests/test_cuda" "--gtest_filter=$1") ;;
     memcheck) (($# == 1)) || return 1
