@@ -736,7 +736,7 @@ std::atomic<uint64_t> g_norm_in_launches{0};
 
 // QS_GEMV_RING=off|4|6 starts the process with GemvTuning::ring_stages -1 (gemv_mma_kernel), 4
 // or 6 (end-to-end A/B runs of the two tensor-core kernels without a rebuild); anything else is
-// ignored with a warning. QS_DENSE_DEFER_NORM=1: GemvTuning::defer_norm.
+// ignored with a warning. QS_DENSE_DEFER_NORM=0: GemvTuning::defer_norm off.
 GemvTuning g_tuning = [] {
   GemvTuning t;
   const char* v = std::getenv("QS_GEMV_RING");
@@ -751,7 +751,7 @@ GemvTuning g_tuning = [] {
   }
   t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", true);
   t.qkv_rows = env_flag("QS_QKV_ROWS", true);
-  t.defer_norm = env_flag("QS_DENSE_DEFER_NORM", false);
+  t.defer_norm = env_flag("QS_DENSE_DEFER_NORM", true);
   return t;
 }();
 
