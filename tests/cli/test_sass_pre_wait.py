@@ -3,15 +3,9 @@ import os
 import subprocess
 import sys
 
-REPO = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
+from test_sass_loops import REPO, sass
+
 TOOL = os.path.join(REPO, "tools", "gpu", "sass_pre_wait.py")
-
-
-def sass(name, body):
-    lines = [f"\t\tFunction : {name}", "\t.headerflags\t@\"EF_CUDA_SM90\""]
-    for i, text in enumerate(body):
-        lines.append(f"        /*{16 * i:04x}*/                   {text} ;      /* 0x0 */")
-    return "\n".join(lines) + "\n"
 
 
 def run(path, *args):
