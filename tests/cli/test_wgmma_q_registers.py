@@ -43,6 +43,24 @@ def test_q_intact_passes_and_q_overwritten_fails(tmp_path):
     assert "Q overwritten" in res.stdout and "F2FP" in res.stdout and "R154" in res.stdout
 
 
+def test_an_mbarrier_waits_out_of_line_retry_is_not_a_loop(tmp_path):
+    # The loop as above, P into its own registers; after it (0x90) code that writes Q's registers
+    # once (the epilogue), the main EXIT, then the wait's retry stub that branches back to the
+    # loop's start: the span 0x10 .. 0xe0 is not a loop body.
+    body = loop("R24")[:-1] + ["FADD R154, -R152, 12",                          # 0x90
+                               "@!P1 BRA 0xd0",                                 # 0xa0
+                               "EXIT",                                          # 0xb0
+                               "NOP",                                           # 0xc0
+                               "SYNCS.PHASECHK.TRANS64.TRYWAIT P1, [UR4], R3",  # 0xd0
+                               "@!P1 BRA 0xd0",                                 # 0xe0
+                               "BRA 0x10"]                                      # 0xf0
+    f = tmp_path / "ws.sass"
+    f.write_text(sass(KERNEL, body))
+    res = run(f)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "1 loop(s) with S wgmmas, Q intact" in res.stdout
+
+
 def test_an_object_without_the_kernels_loops_is_named(tmp_path):
     f = tmp_path / "other.sass"
     f.write_text(sass("_Z5otherv", ["EXIT"]))

@@ -50,10 +50,21 @@ def written_registers(text):
     return set(range(first, first + width))
 
 
+def last_exit(ins):
+    """The index of the function's last unpredicated EXIT (its main body ends there)."""
+    exits = [i for i, (_, t) in enumerate(ins) if t.split() and t.split()[0] == "EXIT"]
+    return exits[-1] if exits else len(ins)
+
+
 def check_kernel(ins):
-    """(loops with S wgmmas, [problems])."""
+    """(loops with S wgmmas, [problems]). Back-edges past the last EXIT are not loops: ptxas puts
+    the slow path of an mbarrier wait (TRYWAIT until the phase flips) out of line after it, and
+    its `BRA` back into the body spans code that runs once (the warp-specialized kernels)."""
     found, problems = 0, []
+    body_end = last_exit(ins)
     for start, end in backward_loops(ins):
+        if end > body_end:
+            continue
         body = ins[start : end + 1]
         q = set()
         for _, text in body:
