@@ -73,11 +73,16 @@ def strip_params(name):
     return name
 
 
-def opcode(text):
+def mnemonic(text):
+    """The instruction's opcode with its modifiers (LDG.E.CONSTANT), without its predicate."""
     words = text.split()
     if words and words[0].startswith("@"):
         words = words[1:]
-    return words[0].split(".")[0] if words else ""
+    return words[0] if words else ""
+
+
+def opcode(text):
+    return mnemonic(text).split(".")[0]
 
 
 def kernels(text):

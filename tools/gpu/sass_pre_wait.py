@@ -22,9 +22,7 @@ import sys
 from collections import Counter
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from sass_loops import demangle, kernels, opcode, sass_text, strip_params  # noqa: E402
-
-LOAD = re.compile(r"^(?:@!?U?P\w+\s+)?(LDG(?:\.[A-Z0-9]+)*)\b")
+from sass_loops import demangle, kernels, mnemonic, opcode, sass_text, strip_params  # noqa: E402
 
 
 def loads_before_wait(ins):
@@ -33,9 +31,8 @@ def loads_before_wait(ins):
     for _, text in ins:
         if opcode(text) == "ACQBULK":
             return before
-        m = LOAD.match(text)
-        if m:
-            before[m.group(1)] += 1
+        if opcode(text) == "LDG":
+            before[mnemonic(text)] += 1
     return None
 
 

@@ -52,7 +52,7 @@ def written_registers(text):
 
 def last_exit(ins):
     """The index of the function's last unpredicated EXIT (its main body ends there)."""
-    exits = [i for i, (_, t) in enumerate(ins) if t.split() and t.split()[0] == "EXIT"]
+    exits = [i for i, (_, t) in enumerate(ins) if t.split()[:1] == ["EXIT"]]
     return exits[-1] if exits else len(ins)
 
 
