@@ -138,15 +138,15 @@ std::vector<std::pair<std::string, std::string>> kernel_switches() {
   // Read by src/backend/cuda (attention_quant.cu, gemv.cu, gemv_q4.cu, attention_decode_tc.cu,
   // cuda_backend.cu) and src/engine/llm_engine.cpp.
   static const char* const kNames[] = {
-      "QS_CUDA_PDL",         "QS_CUDA_SYNC",        "QS_CUDA_ARGMAX",        "QS_DECODE_TC",
-      "QS_GEMV_RING",        "QS_Q4_KERNEL",        "QS_Q4_STAGES",          "QS_DIRECT_RING",
-      "QS_DIRECT_TILES",     "QS_DIRECT_REGS",      "QS_DRAFT_REG_PREFETCH", "QS_PROFILE_DECODE",
-      "QS_PREFILL_BY_CHUNK", "QS_PREFILL_DIRECT",   "QS_PREFILL_WGMMA",      "QS_PREFILL_WS",
-      "QS_GEMV_CARVEOUT",    "QS_FUSE_NORM",        "QS_FUSE_SWIGLU",        "QS_FUSE_ROPE_STORE",
-      "QS_DEFER_NORM",       "QS_CHAINED_ROUNDS",   "QS_CUDA_SAMPLE",        "QS_DECODE_TC_T",
-      "QS_FLUSH_LAYERS",     "QS_SWIGLU_MIXED",     "QS_INT8_F16",           "QS_QUANT_PREFILL",
-      "QS_GQA_TWO_TILES",    "QS_EVEN_COLUMNS",     "QS_INT8_EVEN_COLUMNS",  "QS_QKV_ROWS",
-      "QS_Q4_QKV_ROWS",      "QS_DENSE_DEFER_NORM", "QS_DENSE_DEFER_ROWS"};
+      "QS_CUDA_PDL",         "QS_CUDA_SYNC",       "QS_CUDA_ARGMAX",        "QS_DECODE_TC",
+      "QS_GEMV_RING",        "QS_Q4_KERNEL",       "QS_Q4_STAGES",          "QS_DIRECT_RING",
+      "QS_DIRECT_TILES",     "QS_DIRECT_REGS",     "QS_DRAFT_REG_PREFETCH", "QS_PROFILE_DECODE",
+      "QS_PREFILL_BY_CHUNK", "QS_PREFILL_DIRECT",  "QS_PREFILL_WGMMA",      "QS_PREFILL_WS",
+      "QS_GEMV_CARVEOUT",    "QS_FUSE_NORM",       "QS_FUSE_SWIGLU",        "QS_FUSE_ROPE_STORE",
+      "QS_DEFER_NORM",       "QS_CHAINED_ROUNDS",  "QS_CUDA_SAMPLE",        "QS_DECODE_TC_T",
+      "QS_FLUSH_LAYERS",     "QS_SWIGLU_MIXED",    "QS_INT8_F16",           "QS_QUANT_PREFILL",
+      "QS_GQA_TWO_TILES",    "QS_EVEN_COLUMNS",    "QS_INT8_EVEN_COLUMNS",  "QS_QKV_ROWS",
+      "QS_Q4_QKV_ROWS",      "QS_DENSE_DEFER_NORM"};
   std::vector<std::pair<std::string, std::string>> set;
   for (const char* name : kNames) {
     if (const char* v = std::getenv(name)) set.emplace_back(name, v);

@@ -383,8 +383,7 @@ Result<std::unique_ptr<CudaBackend>> CudaBackend::create(const CudaBackendOption
   CUBLAS_CHECK(cublasSetMathMode(impl->cublas, CUBLAS_DEFAULT_MATH));
   CUDA_CHECK(cudaMalloc(&impl->norm_arrivals, sizeof(unsigned)));
   CUDA_CHECK(cudaMemset(impl->norm_arrivals, 0, sizeof(unsigned)));
-  CUDA_CHECK(cudaMalloc(&impl->norm_sumsq, sizeof(double) * cuda::kDeferNormMaxRows *
-                                               static_cast<size_t>(impl->num_sms)));
+  CUDA_CHECK(cudaMalloc(&impl->norm_sumsq, sizeof(double) * static_cast<size_t>(impl->num_sms)));
   return std::unique_ptr<CudaBackend>(new CudaBackend(std::move(impl)));
 }
 
@@ -1008,7 +1007,8 @@ bool CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, 
   // The K/V rows in the launch's epilogue: one row, the q/k/v ops' own outputs (each launch
   // checks its own switch: GemvTuning::qkv_rows, Q4GemvTuning::qkv_rows).
   const bool with_rows = rows != nullptr && m == 1 && rows_of_qkv(ops, count, *rows);
-  bool dense = true, q4 = true;
+  // A deferred norm's dense reader: only the q/k/v launch with its rows (ring_walk's NIN).
+  bool dense = pn == nullptr || with_rows, q4 = true;
   for (int i = 0; i < n; ++i) {
     const LinearOp& op = ops[i];
     dense = dense && op.w4 == nullptr;
@@ -1028,11 +1028,6 @@ bool CudaBackend::matmul_group_from(const float* x, int m, const LinearOp* ops, 
       }
       if (pn == nullptr && cuda::gemv_group_supported(x, m, segs, n)) {
         cuda::launch_gemv_group(x, m, segs, n, impl_->num_sms, impl_->stream);
-        return false;
-      }
-      if (pn != nullptr && cuda::gemv_tuning().defer_norm_rows &&
-          cuda::launch_gemv_group_normed(x, m, segs, n, impl_->num_sms, impl_->stream,
-                                         norm_in(*pn))) {
         return false;
       }
     } else if (q4) {
@@ -1120,14 +1115,9 @@ const bool g_defer_norm = cuda::env_flag("QS_DEFER_NORM", true);
 void CudaBackend::linear_add_rmsnorm_deferred(const float* x, int m, const LinearOp& op,
                                               PendingNorm& pn) {
   const int64_t d = pn.weight->numel();
-  // The 4-bit draft's norms (QS_DEFER_NORM, m = 1), a bf16 / f16 layer's where
-  // GemvTuning::defer_norm (m = 1; with defer_norm_rows m <= kDeferNormMaxRows: a γ <= 3
-  // verification).
-  const cuda::GemvTuning& tuning = cuda::gemv_tuning();
-  const bool dense = op.w4 == nullptr && tuning.defer_norm;
-  const bool rows_ok =
-      m == 1 || (dense && tuning.defer_norm_rows && m >= 1 && m <= cuda::kDeferNormMaxRows);
-  if (g_fuse_norm && rows_ok && op.rows() == d && (dense || (g_defer_norm && op.w4 != nullptr))) {
+  // The 4-bit draft's norms (QS_DEFER_NORM), a bf16 / f16 layer's where GemvTuning::defer_norm.
+  const bool dense = op.w4 == nullptr && cuda::gemv_tuning().defer_norm;
+  if (g_fuse_norm && m == 1 && op.rows() == d && (dense || (g_defer_norm && op.w4 != nullptr))) {
     cuda::GemvNorm norm{
         pn.h, impl_->resolve(*pn.weight), pn.weight->dtype, pn.eps, nullptr, nullptr, m, d};
     norm.sumsq = impl_->norm_sumsq;
@@ -1151,8 +1141,7 @@ void CudaBackend::linear_add_rmsnorm_deferred(const float* x, int m, const Linea
   Backend::linear_add_rmsnorm_deferred(x, m, op, pn);
 }
 
-// The NormIn of a deferred norm (linear_add_rmsnorm_deferred's record: num_sms partial sums per
-// row).
+// The NormIn of a deferred norm (linear_add_rmsnorm_deferred's record: num_sms partial sums).
 cuda::NormIn CudaBackend::norm_in(const PendingNorm& pn) {
   cuda::NormIn nin;
   nin.sumsq = static_cast<const double*>(pn.record);

@@ -163,12 +163,6 @@ struct GemvSegment {
 bool gemv_group_supported(const float* x, int m, const GemvSegment* segs, int count);
 void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
                        cudaStream_t stream);
-struct NormIn;
-// launch_gemv_group of a deferred norm's rows (x is h, nin set, m <= kDeferNormMaxRows) on the
-// ring kernel, which normalizes them on load; false (nothing launched) where it does not run
-// these operands.
-bool launch_gemv_group_normed(const float* x, int m, const GemvSegment* segs, int count,
-                              int num_sms, cudaStream_t stream, const NormIn& nin);
 
 // A GEMV's output added into the residual stream and normalized (Backend::linear_add_rmsnorm):
 // h += y over [m, d] (d = the matrix's rows), then out = rmsnorm(h) with `weight`, as
@@ -184,22 +178,17 @@ struct GemvNorm {
   unsigned* arrivals = nullptr;
   int m = 0;
   int64_t d = 0;
-  // Deferred (the 4-bit persistent kernel at m = 1, the bf16 / f16 ring kernel at m <=
-  // kDeferNormMaxRows; out and arrivals unused): h += y as above, and each block's sum of the
-  // squares of the h values it wrote to row r goes to sumsq[r * parts + block] (slots past the
-  // grid zeroed), for the next launch to normalize its input on load (NormIn).
+  // Deferred (m = 1: the 4-bit persistent kernel, the bf16 / f16 ring kernel; out and arrivals
+  // unused): h += y as above, and each block's sum of the squares of the h values it wrote goes
+  // to sumsq[block] (slots past the grid zeroed), for the next launch to normalize its input on
+  // load (NormIn).
   double* sumsq = nullptr;
-  int parts = 0;  // sumsq's slots per row, >= the grid
+  int parts = 0;  // sumsq's slots, >= the grid
 };
 
-// Rows a deferred norm covers at most: a γ = 3 verification's four (the bf16 / f16 ring kernel;
-// the 4-bit draft's at m = 1 only). sumsq buffers hold kDeferNormMaxRows * parts slots.
-constexpr int kDeferNormMaxRows = 4;
-
-// A GEMV input read as norm(h) (the deferred norm above): the launch's x is h ([m, K]), the
-// producer's partial sums of squares of row r are in sumsq[r * parts, (r + 1) * parts), the
-// norm's weight and eps as rmsnorm's. Each block stages the normalized rows (weight * (h * 1 /
-// rms), store_normed's arithmetic) and multiplies them as x.
+// A GEMV input read as norm(h) (the deferred norm above, m = 1): the launch's x is h, the
+// producer's partial sums of squares are in sumsq[0, parts), the norm's weight and eps as
+// rmsnorm's. Each block stages h * weight and multiplies every output's sum by 1 / rms.
 struct NormIn {
   const double* sumsq = nullptr;  // null: x as given
   int parts = 0;
@@ -262,11 +251,6 @@ struct GemvTuning {
   // arm: Llama-2-7B AR fp16 -2.3%, AR INT8 -5.3%; Llama-3.1-8B -3.5%, -5.4%);
   // QS_DENSE_DEFER_NORM=0 has the last blocks normalize.
   bool defer_norm = true;
-  // With defer_norm, also at 2 .. kDeferNormMaxRows rows (a γ <= 3 verification: o and down
-  // leave per-row sums, gate / up and the q/k/v launch read norm(h)), and a q/k/v launch without
-  // rows at m = 1 reads the deferred norm instead of materializing it. Off until measured;
-  // QS_DENSE_DEFER_ROWS=1 turns it on.
-  bool defer_norm_rows = false;
 };
 void set_gemv_tuning(const GemvTuning& tuning);
 GemvTuning gemv_tuning();

@@ -156,14 +156,13 @@ __device__ __forceinline__ void mma_chunk(float (&acc)[NT][4], const uint4& wa, 
 // gate_sums (a paired launch, find_tile): [NT * 128] floats of shared memory where member 0 (the
 // gate tile) leaves its sums and member 1 (the up tile) stores swiglu_of(gate, up) into y; each
 // thread reads back only what it wrote.
-// sq (a deferred norm's producer, norm.sumsq; [SQ_ROWS], tokens below SQ_ROWS):
-// gemv_store_deferred_row instead of gemv_store.
-template <int NT, int SQ_ROWS = 1>
+// sq (a deferred norm's producer, norm.sumsq): gemv_store_deferred instead of gemv_store.
+template <int NT>
 __device__ __forceinline__ void store_tile_sums(const float* partial, int num_warps, int64_t n0,
                                                 int64_t N, int m, const DeviceBias& bias, float* y,
                                                 const GemvNorm& norm = {},
                                                 float* gate_sums = nullptr, int member = 0,
-                                                double (*sq)[SQ_ROWS] = nullptr) {
+                                                double* sq = nullptr) {
   for (int e = threadIdx.x; e < NT * 128; e += blockDim.x) {
     const int t = e / 128, l = (e / 4) % 32, r = e % 4;
     float sum = 0.0f;
@@ -180,7 +179,7 @@ __device__ __forceinline__ void store_tile_sums(const float* partial, int num_wa
         sum = swiglu_of(gate_sums[e], sum);
       }
       if (sq != nullptr) {
-        gemv_store_deferred_row(norm, token * N + row, token, sum, *sq);
+        gemv_store_deferred(norm, token * N + row, sum, *sq);
       } else {
         gemv_store(norm, y, token * N + row, sum);
       }
@@ -432,105 +431,35 @@ __device__ __forceinline__ void store_tile_rope_rows(const float* partial, int n
   }
 }
 
-// A deferred norm's staged input (ring_walk's NIN): norm(h) over [m, K], after the ring's own
+// A deferred norm's staged input (ring_walk's NIN, m = 1): norm(h) over K, after the ring's own
 // bytes (and a RoPE launch's table); each warp stages the columns it multiplies, at most
-// kNinPerLane per lane and row.
+// kNinPerLane per lane.
 constexpr int kNinPerLane = 16;
-__host__ __device__ inline size_t nin_smem_bytes(int m, int64_t K) {
-  return (size_t(m) * K * sizeof(float) + 15) / 16 * 16;
-}
-
-// The staging of NIN's rows (ring_walk): x is h [m, K] (m <= ROWS), xs[k] holds the norm weight
-// of this warp's columns [x_lo, x_hi) (lane + 32 i of them in its slot i, loaded before the PDL
-// wait), and on return xs[r * K + k] = weight * (h * 1 / rms_r), store_normed's arithmetic. The
-// last rows' h (two at a time: within the registers of one block per SM) are loaded with the
-// partial sums; h through L2 and in order after the wait (an asm volatile load): a plain load of
-// the __restrict__ x is an invariant ld.global.nc, which the compiler hoisted above the wait (4
-// of 16, session 49), reading h before the producer's +=. Row 0 is stored last: its slots hold
-// the weight until then.
-template <int ROWS>
-__device__ __forceinline__ void stage_norm_in(const float* x, int m, int64_t K, int64_t x_lo,
-                                              int64_t x_hi, const NormIn& nin, float* xs,
-                                              int lane) {
-  if constexpr (ROWS == 1) {
-    float hv[kNinPerLane];
-#pragma unroll
-    for (int i = 0; i < kNinPerLane; ++i) {
-      const int64_t k = x_lo + lane + 32 * i;
-      hv[i] = k < x_hi ? __ldcg(x + k) : 0.0f;
-    }
-    float inv_rms[1];
-    norm_in_scales<1, true>(nin, K, m, inv_rms);
-#pragma unroll
-    for (int i = 0; i < kNinPerLane; ++i) {
-      const int64_t k = x_lo + lane + 32 * i;
-      if (k < x_hi) xs[k] = xs[k] * (hv[i] * inv_rms[0]);  // store_normed's w * (v * inv_rms)
-    }
-  } else {
-    constexpr int P = 2;  // rows loaded together
-    static_assert(ROWS % P == 0, "whole pairs of rows");
-    float hv[P][kNinPerLane];
-    float inv_rms[ROWS];
-#pragma unroll
-    for (int r0 = ROWS - P; r0 >= 0; r0 -= P) {
-#pragma unroll
-      for (int p = 0; p < P; ++p) {
-#pragma unroll
-        for (int i = 0; i < kNinPerLane; ++i) {
-          const int64_t k = x_lo + lane + 32 * i;
-          const int r = r0 + p;
-          hv[p][i] = r < m && k < x_hi ? __ldcg(x + r * K + k) : 0.0f;
-        }
-      }
-      if (r0 == ROWS - P) norm_in_scales<ROWS, true>(nin, K, m, inv_rms);
-#pragma unroll
-      for (int p = P - 1; p >= 0; --p) {
-        const int r = r0 + p;
-        if (r >= m) continue;
-#pragma unroll
-        for (int i = 0; i < kNinPerLane; ++i) {
-          const int64_t k = x_lo + lane + 32 * i;
-          if (k < x_hi) xs[r * K + k] = xs[k] * (hv[p][i] * inv_rms[r]);
-        }
-      }
-    }
-  }
-  __syncwarp();  // the walk's lanes read columns that other lanes staged
+__host__ __device__ inline size_t nin_smem_bytes(int64_t K) {
+  return (size_t(K) * sizeof(float) + 15) / 16 * 16;
 }
 
 // The ring kernel's body. ROPE (gemv_ring_rope_kernel: q, k, v at m = 1 with rows): the q and k
 // segments walk RoPE tiles (rope_tile_row, copied as a mixed tile's two halves) and every tile
-// ends in store_tile_rope_rows. NIN (kNormIn: m = 1, a mixed gate / up or a RoPE launch;
-// kNormInRows: m <= kDeferNormMaxRows, a mixed gate / up or a plain q/k/v launch): x is the
-// residual stream h of a deferred norm (nin, GemvNorm::sumsq). Each warp forms the rows' 1 / rms
-// from the producer's partial sums (norm_in_scales) and stages the columns it multiplies as the
+// ends in store_tile_rope_rows. NIN (m = 1; a mixed gate / up or a RoPE launch): x is the
+// residual stream h of a deferred norm (nin, GemvNorm::sumsq). Each warp forms 1 / rms from the
+// producer's partial sums (norm_in_scale) and stages the columns it multiplies as the
 // materialized norm writes them (store_normed: weight * (h * 1 / rms); the weight loaded before
 // the PDL wait) in shared memory, which the walk then reads as x: the same bits as the norm's
 // rows wherever the two orders of the double sum of squares give the same float variance. A
-// plain walk in the kDeferOut form (o, down; norm.sumsq set; m = 1, or m <= kDeferNormMaxRows in
-// kDeferOutRows) is the producer: it leaves its block's sums of the squares of the h values it
-// wrote, per row (gemv_norm_defer_block), instead of normalizing. The forms are their own
-// kernels, so the others compile as before.
-enum RingNorm : int {
-  kNormAsGiven = 0,
-  kNormIn = 1,
-  kDeferOut = 2,
-  kNormInRows = 3,
-  kDeferOutRows = 4
-};
+// plain walk in the kDeferOut form (o, down; norm.sumsq set) is the producer: it leaves its
+// block's sum of the squares of the h values it wrote (gemv_norm_defer_block) instead of
+// normalizing. Both forms are their own kernels, so the others compile as before.
+enum RingNorm : int { kNormAsGiven = 0, kNormIn = 1, kDeferOut = 2 };
 
 template <typename T, int NT, int STAGES, bool MIXED, bool ROPE, int NORM = kNormAsGiven>
 __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, int64_t K,
                                           const MmaSegments<T>& segs, int64_t tiles,
                                           const GemvNorm& norm, const KvRowEpilogue* rows,
                                           const NormIn& nin = {}) {
-  constexpr bool NIN = NORM == kNormIn || NORM == kNormInRows;
-  constexpr int kNinRows = NORM == kNormInRows ? kDeferNormMaxRows : 1;
-  static_assert(NORM != kNormIn || (NT == 1 && (MIXED || ROPE)), "a deferred norm's consumer");
-  static_assert(NORM != kNormInRows || (NT == 1 && !ROPE), "a deferred norm's consumer of rows");
-  constexpr bool OUT = NORM == kDeferOut || NORM == kDeferOutRows;
-  constexpr int kOutRows = NORM == kDeferOutRows ? kDeferNormMaxRows : 1;
-  static_assert(!OUT || (NT == 1 && !MIXED && !ROPE), "a deferred norm's producer");
+  constexpr bool NIN = NORM == kNormIn;
+  static_assert(!NIN || (NT == 1 && (MIXED || ROPE)), "a deferred norm's consumer at m = 1");
+  static_assert(NORM != kDeferOut || (NT == 1 && !MIXED && !ROPE), "a deferred norm's producer");
   extern __shared__ __align__(16) unsigned char ring_smem[];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int num_warps = blockDim.x / 32;
@@ -608,7 +537,7 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
     fill_rope_table(rope_cs, rows->head_dim / 2, static_cast<float>(rows->pos),
                     rows->freqs.inv_freq);
   }
-  // NIN: norm(h) [m, K]; this warp's columns [x_lo, x_hi), lane + 32 i of them in its slot i.
+  // NIN: norm(h) [K]; this warp's columns [x_lo, x_hi), lane + 32 i of them in its slot i.
   float* xs = nullptr;
   [[maybe_unused]] const int64_t x_lo = chunk_begin * kRingChunkK,
                                  x_hi = min(K, x_lo + my_chunks * kRingChunkK);
@@ -620,10 +549,27 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
     }
   }
   pdl_begin();
-  if constexpr (NIN) stage_norm_in<kNinRows>(x, m, K, x_lo, x_hi, nin, xs, lane);
+  if constexpr (NIN) {
+    float hv[kNinPerLane];
+#pragma unroll
+    for (int i = 0; i < kNinPerLane; ++i) {
+      const int64_t k = x_lo + lane + 32 * i;
+      // In flight with the partial sums' loads. Through L2 and in order after the wait (an asm
+      // volatile load): a plain load of the __restrict__ x is an invariant ld.global.nc, which the
+      // compiler hoisted above the wait (4 of 16, session 49), reading h before the producer's +=.
+      hv[i] = k < x_hi ? __ldcg(x + k) : 0.0f;
+    }
+    const float inv_rms = norm_in_scale<true>(nin, K);
+#pragma unroll
+    for (int i = 0; i < kNinPerLane; ++i) {
+      const int64_t k = x_lo + lane + 32 * i;
+      if (k < x_hi) xs[k] = xs[k] * (hv[i] * inv_rms);  // store_normed's w * (v * inv_rms)
+    }
+    __syncwarp();  // the walk's lanes read columns that other lanes staged
+  }
   const float* xin = NIN ? xs : x;
-  double sq[kOutRows] = {};  // OUT: this thread's sums of squares, per row
-  double(*sq_out)[kOutRows] = OUT ? &sq : nullptr;
+  double sq = 0.0;  // kDeferOut: this thread's sum of squares
+  double* sq_out = NORM == kDeferOut ? &sq : nullptr;
 
   int slot = 0;
   for (int64_t tj = 0; tj < my_tiles; ++tj) {
@@ -639,15 +585,15 @@ __device__ __forceinline__ void ring_walk(const float* __restrict__ x, int m, in
       if constexpr (ROPE) {
         store_tile_rope_rows(part, num_warps, segs, si, local, rows->head_dim, *rows, rope_cs);
       } else {
-        store_tile_sums<NT, kOutRows>(
-            part, num_warps, local * 16, pick(segs.N, si), m, pick(segs.bias, si),
-            segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si, sq_out);
+        store_tile_sums<NT>(part, num_warps, local * 16, pick(segs.N, si), m, pick(segs.bias, si),
+                            segs.swiglu ? segs.y[0] : pick(segs.y, si), norm, gate_sums, si,
+                            sq_out);
       }
     }
   }
   cp_async_wait<0>();
-  if constexpr (OUT) {
-    gemv_norm_defer_block(norm, sq, partial);  // partial: >= 1.5 KiB
+  if constexpr (NORM == kDeferOut) {
+    gemv_norm_defer_block(norm, sq, partial);
   } else {
     if (norm.h != nullptr) gemv_norm_finish(norm, partial);  // >= 1 KiB
   }
@@ -790,8 +736,7 @@ std::atomic<uint64_t> g_norm_in_launches{0};
 
 // QS_GEMV_RING=off|4|6 starts the process with GemvTuning::ring_stages -1 (gemv_mma_kernel), 4
 // or 6 (end-to-end A/B runs of the two tensor-core kernels without a rebuild); anything else is
-// ignored with a warning. QS_DENSE_DEFER_NORM=0: GemvTuning::defer_norm off;
-// QS_DENSE_DEFER_ROWS=1: GemvTuning::defer_norm_rows on.
+// ignored with a warning. QS_DENSE_DEFER_NORM=0: GemvTuning::defer_norm off.
 GemvTuning g_tuning = [] {
   GemvTuning t;
   const char* v = std::getenv("QS_GEMV_RING");
@@ -807,7 +752,6 @@ GemvTuning g_tuning = [] {
   t.swiglu_mixed = env_flag("QS_SWIGLU_MIXED", true);
   t.qkv_rows = env_flag("QS_QKV_ROWS", true);
   t.defer_norm = env_flag("QS_DENSE_DEFER_NORM", true);
-  t.defer_norm_rows = env_flag("QS_DENSE_DEFER_ROWS", false);
   return t;
 }();
 
@@ -846,8 +790,7 @@ void launch_mma(const float* x, int m, const GemvSegment* segs, int count, int n
   CUDA_CHECK_LAUNCH(stream);
 }
 
-// nin.sumsq (NT = 1, a mixed gate / up or a plain launch): x is a deferred norm's h (ring_walk's
-// NIN).
+// nin.sumsq (NT = 1, a mixed gate / up launch): x is a deferred norm's h (ring_walk's NIN).
 template <typename T, int NT, int STAGES>
 void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int num_sms,
                  cudaStream_t stream, const GemvNorm& norm, bool swiglu, const NormIn& nin = {}) {
@@ -855,27 +798,20 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
   ms.swiglu = swiglu;
   const bool mixed = swiglu && g_tuning.swiglu_mixed;
   const bool nin_on = nin.sumsq != nullptr, defer_out = norm.h != nullptr && norm.sumsq != nullptr;
-  QS_CHECK(!nin_on || (NT == 1 && m <= kDeferNormMaxRows && (mixed || !swiglu)));
-  QS_CHECK(!defer_out || (NT == 1 && !swiglu && m <= kDeferNormMaxRows));
+  QS_CHECK(!nin_on || (NT == 1 && mixed));
+  QS_CHECK(!defer_out || (NT == 1 && !swiglu));
   // Mixed: ceil(N / 8) tiles of 8 gate + 8 up rows; else 16-row tiles (paired: gate, up).
   const int64_t tiles = mixed ? (segs[0].w.rows + 7) / 8 : ms.block_end[kMaxGemvSegments - 1];
   const int64_t K = segs[0].w.cols;
   const int warps = ring_warps(K);
-  // The deferred norm's forms (NT = 1): a mixed gate / up at m = 1 reads one row (kNormIn), the
-  // other consumers up to kDeferNormMaxRows.
+  // The deferred norm's forms at m = 1 only (NT = 1).
   constexpr int kIn = NT == 1 ? kNormIn : kNormAsGiven, kOut = NT == 1 ? kDeferOut : kNormAsGiven;
-  constexpr int kInRows = NT == 1 ? kNormInRows : kNormAsGiven;
-  constexpr int kOutRows = NT == 1 ? kDeferOutRows : kNormAsGiven;
-  const bool nin_one = nin_on && mixed && m == 1;
-  auto* kernel = nin_one     ? gemv_ring_kernel<T, NT, STAGES, true, kIn>
-                 : nin_on    ? (mixed ? gemv_ring_kernel<T, NT, STAGES, true, kInRows>
-                                      : gemv_ring_kernel<T, NT, STAGES, false, kInRows>)
-                 : defer_out ? (m == 1 ? gemv_ring_kernel<T, NT, STAGES, false, kOut>
-                                       : gemv_ring_kernel<T, NT, STAGES, false, kOutRows>)
+  auto* kernel = nin_on      ? gemv_ring_kernel<T, NT, STAGES, true, kIn>
+                 : defer_out ? gemv_ring_kernel<T, NT, STAGES, false, kOut>
                  : mixed     ? gemv_ring_kernel<T, NT, STAGES, true>
                              : gemv_ring_kernel<T, NT, STAGES, false>;
-  const int variant = nin_one ? 2 : nin_on ? 4 + mixed : defer_out ? (m == 1 ? 3 : 6) : mixed;
-  static bool opted_in[7] = {};  // above 48 KiB, once per instantiation
+  const int variant = nin_on ? 2 : defer_out ? 3 : mixed;
+  static bool opted_in[4] = {};  // above 48 KiB, once per instantiation
   if (!opted_in[variant]) {
     const size_t most =
         nin_on ? max_smem_per_block()
@@ -893,8 +829,8 @@ void launch_ring(const float* x, int m, const GemvSegment* segs, int count, int 
   }
   const int64_t grid = std::min<int64_t>(swiglu && !mixed ? tiles / 2 : tiles, num_sms);
   launch(kernel, static_cast<unsigned>(grid), warps * 32,
-         ring_smem_bytes(warps, STAGES, NT) + (nin_on ? nin_smem_bytes(m, K) : 0), stream, x, m, K,
-         ms, tiles, norm, nin);
+         ring_smem_bytes(warps, STAGES, NT) + (nin_on ? nin_smem_bytes(K) : 0), stream, x, m, K, ms,
+         tiles, norm, nin);
   if (nin_on) ++g_norm_in_launches;
   CUDA_CHECK_LAUNCH(stream);
 }
@@ -1060,15 +996,14 @@ void launch_gemv_group(const float* x, int m, const GemvSegment* segs, int count
 
 // The ring kernel over these matrices with an epilogue (norm, or the gate / up pair's SwiGLU), or
 // false where it does not run them (nothing launched).
-// Whether a deferred norm's consumer (m <= kDeferNormMaxRows, ring_walk's NIN) runs: each warp's
-// columns fit its lanes' staging and the staged rows fit beside the launch's own `bytes` of
-// shared memory.
+// Whether a deferred norm's consumer (m = 1, ring_walk's NIN) runs: each warp's columns fit its
+// lanes' staging and the staged input fits beside the launch's own `bytes` of shared memory.
 bool nin_fits(int m, int64_t K, size_t bytes) {
   const int warps = ring_warps(K);
   const int64_t chunks = (K + kRingChunkK - 1) / kRingChunkK;
   const int64_t per_warp = (chunks + warps - 1) / warps * kRingChunkK;  // a warp's columns, most
-  return m >= 1 && m <= kDeferNormMaxRows && per_warp <= 32 * kNinPerLane &&
-         bytes + nin_smem_bytes(m, K) <= max_smem_per_block();
+  return m == 1 && per_warp <= 32 * kNinPerLane &&
+         bytes + nin_smem_bytes(K) <= max_smem_per_block();
 }
 
 bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int count,
@@ -1080,7 +1015,7 @@ bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int co
       two ? ring_stages_for<2>(segs, count, num_sms) : ring_stages_for<1>(segs, count, num_sms);
   if (stages == 0) return false;
   const int64_t K = segs[0].w.cols;
-  if (nin.sumsq != nullptr && !((!swiglu || g_tuning.swiglu_mixed) &&
+  if (nin.sumsq != nullptr && !(swiglu && g_tuning.swiglu_mixed &&
                                 nin_fits(m, K, ring_smem_bytes(ring_warps(K), stages, 1)))) {
     return false;
   }
@@ -1100,17 +1035,11 @@ bool launch_ring_epilogue(const float* x, int m, const GemvSegment* segs, int co
 bool launch_gemv_norm(const float* x, int m, const DeviceMatrix& w, const DeviceBias& bias,
                       const GemvNorm& norm, int num_sms, cudaStream_t stream) {
   QS_CHECK(norm.h != nullptr);
-  QS_CHECK(norm.sumsq != nullptr ? m <= kDeferNormMaxRows && norm.parts >= num_sms
+  QS_CHECK(norm.sumsq != nullptr ? m == 1 && norm.parts >= num_sms
                                  : norm.out != nullptr && norm.arrivals != nullptr);
   QS_CHECK(norm.m == m && norm.d == w.rows);
   const GemvSegment seg{w, bias, nullptr};
   return launch_ring_epilogue(x, m, &seg, 1, norm, false, num_sms, stream);
-}
-
-bool launch_gemv_group_normed(const float* x, int m, const GemvSegment* segs, int count,
-                              int num_sms, cudaStream_t stream, const NormIn& nin) {
-  QS_CHECK(nin.sumsq != nullptr);
-  return launch_ring_epilogue(x, m, segs, count, GemvNorm{}, false, num_sms, stream, nin);
 }
 
 bool launch_gemv_swiglu(const float* x, int m, const GemvSegment& gate, const GemvSegment& up,
@@ -1150,7 +1079,7 @@ void launch_ring_rope(const float* x, const GemvSegment* segs, const KvRowEpilog
     opted_in[nin_on] = true;
   }
   launch(kernel, static_cast<unsigned>(std::min<int64_t>(tiles, num_sms)), warps * 32,
-         ring_rope_smem_bytes(warps, STAGES, rows.head_dim) + (nin_on ? nin_smem_bytes(1, K) : 0),
+         ring_rope_smem_bytes(warps, STAGES, rows.head_dim) + (nin_on ? nin_smem_bytes(K) : 0),
          stream, x, K, ms, tiles, rows, nin);
   CUDA_CHECK_LAUNCH(stream);
   if (nin_on) ++g_norm_in_launches;

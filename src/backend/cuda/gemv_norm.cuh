@@ -32,23 +32,6 @@ __device__ __forceinline__ void gemv_store_deferred(const GemvNorm& norm, int64_
   sq += static_cast<double>(v * v);
 }
 
-// gemv_store_deferred for a producer of up to ROWS rows (token < ROWS): the square into
-// sq[token] (registers: the rows are selected, not indexed).
-template <int ROWS>
-__device__ __forceinline__ void gemv_store_deferred_row(const GemvNorm& norm, int64_t idx,
-                                                        int token, float sum, double (&sq)[ROWS]) {
-  if constexpr (ROWS == 1) {
-    gemv_store_deferred(norm, idx, sum, sq[0]);
-  } else {
-    double s = 0.0;
-    gemv_store_deferred(norm, idx, sum, s);
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (r == token) sq[r] += s;
-    }
-  }
-}
-
 // Shared memory gemv_norm_finish takes from the kernel's dynamic allocation (no static shared
 // memory: the kernels' dynamic limits are the whole of the SM's opt-in size).
 constexpr size_t kGemvNormScratchBytes = 33 * sizeof(double);
@@ -81,16 +64,11 @@ __device__ __forceinline__ void gemv_norm_finish(const GemvNorm& norm, void* scr
   }
 }
 
-// Block 0 zeroes the deferred form's slots past the grid (the consumer sums all norm.parts), in
-// each of the norm.m rows where ROWS > 1 (else row 0's).
-template <int ROWS = 1>
+// Block 0 zeroes the deferred form's slots past the grid (the consumer sums all norm.parts).
 __device__ __forceinline__ void gemv_norm_zero_spare_slots(const GemvNorm& norm) {
   if (blockIdx.x == 0) {
-    for (int r = 0; r < (ROWS == 1 ? 1 : norm.m); ++r) {
-      double* row = norm.sumsq + static_cast<int64_t>(r) * norm.parts;
-      for (int i = static_cast<int>(gridDim.x) + threadIdx.x; i < norm.parts; i += blockDim.x) {
-        row[i] = 0.0;
-      }
+    for (int i = static_cast<int>(gridDim.x) + threadIdx.x; i < norm.parts; i += blockDim.x) {
+      norm.sumsq[i] = 0.0;
     }
   }
 }
@@ -106,58 +84,27 @@ __device__ __forceinline__ void gemv_norm_defer_finish(const GemvNorm& norm, dou
   gemv_norm_zero_spare_slots(norm);
 }
 
-// Shared memory gemv_norm_defer_block takes at most: a block_sum's scratch per row.
-constexpr size_t kGemvNormRowsScratchBytes = kDeferNormMaxRows * kGemvNormScratchBytes;
-
 // gemv_norm_defer_finish for a block whose storing threads span several warps (the bf16 ring
-// walk's store_tile_sums): the threads' sums of squares of each of the norm.m rows (sq[r]) over
-// the block (block_sum, each row in its own scratch) into the row's slot of the block (ROWS: 1,
-// or up to kDeferNormMaxRows where norm.m says how many). scratch:
-// kGemvNormRowsScratchBytes of the block's shared memory that no thread reads after the block's
-// last barrier.
-template <int ROWS>
-__device__ __forceinline__ void gemv_norm_defer_block(const GemvNorm& norm,
-                                                      const double (&sq)[ROWS], void* scratch) {
+// walk's store_tile_sums): the threads' sums of squares over the block (block_sum) into the
+// block's slot. scratch: kGemvNormScratchBytes of the block's shared memory that no thread reads
+// after the block's last barrier.
+__device__ __forceinline__ void gemv_norm_defer_block(const GemvNorm& norm, double sq,
+                                                      void* scratch) {
   __syncthreads();  // every thread of the block has stored (and is done with scratch)
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) {
-    if (ROWS == 1 || r < norm.m) {  // uniform over the block
-      const double s = block_sum(sq[r], static_cast<double*>(scratch) + 33 * r);
-      if (threadIdx.x == 0) norm.sumsq[static_cast<int64_t>(r) * norm.parts + blockIdx.x] = s;
-    }
-  }
-  gemv_norm_zero_spare_slots<ROWS>(norm);
+  const double s = block_sum(sq, static_cast<double*>(scratch));
+  if (threadIdx.x == 0) norm.sumsq[blockIdx.x] = s;
+  gemv_norm_zero_spare_slots(norm);
 }
 
-// The 1 / rms of a NormIn's rows 0 .. ROWS - 1 below m (every lane of the calling warp gets
-// them): each row's partial sums in a fixed order (lanes over the slots, then the warp's
-// butterfly), then rmsnorm's formula; the rows' loads in flight together. L2: the sums were
-// written earlier in this launch by other blocks, so they are read from L2.
-template <int ROWS, bool L2 = false>
-__device__ __forceinline__ void norm_in_scales(const NormIn& nin, int64_t d, int m,
-                                               float (&inv_rms)[ROWS]) {
-  double s[ROWS];
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) s[r] = 0.0;
-  for (int i = threadIdx.x % 32; i < nin.parts; i += 32) {
-#pragma unroll
-    for (int r = 0; r < ROWS; ++r) {
-      if (ROWS == 1 || r < m) {
-        const double* p = nin.sumsq + static_cast<int64_t>(r) * nin.parts + i;
-        s[r] += L2 ? __ldcg(p) : *p;
-      }
-    }
-  }
-#pragma unroll
-  for (int r = 0; r < ROWS; ++r) inv_rms[r] = inv_rms_of(warp_sum(s[r]), d, nin.eps);
-}
-
-// norm_in_scales of a one-row input.
+// The 1 / rms of a NormIn's row (every lane of the calling warp gets it): the partial sums in a
+// fixed order (lanes over the slots, then the warp's butterfly), then rmsnorm's formula. L2: the
+// sums were written earlier in this launch by other blocks, so they are read from L2.
 template <bool L2 = false>
 __device__ __forceinline__ float norm_in_scale(const NormIn& nin, int64_t d) {
-  float inv_rms[1];
-  norm_in_scales<1, L2>(nin, d, 1, inv_rms);
-  return inv_rms[0];
+  double s = 0.0;
+  for (int i = threadIdx.x % 32; i < nin.parts; i += 32)
+    s += L2 ? __ldcg(nin.sumsq + i) : nin.sumsq[i];
+  return inv_rms_of(warp_sum(s), d, nin.eps);
 }
 
 }  // namespace qs::cuda
