@@ -53,6 +53,7 @@ fi
 
 cuobjdump_bin=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
 if want sass && [[ -x $cuobjdump_bin ]]; then
+  t0=$SECONDS
   # Load / tensor-core / branch / local-memory instructions of each kernel, in program order:
   # are the 16-byte weight loads issued together, is anything spilled.
   for obj in "$build"/src/backend/cuda/CMakeFiles/qs_backend_cuda.dir/{gemv,attention,attention_quant,attention_prefill_tc,gemv_q4,kv_quantize}.cu.o; do
@@ -68,10 +69,11 @@ if want sass && [[ -x $cuobjdump_bin ]]; then
   else
     result[sass]="FAILED (wgmma Q registers, sass.txt)"
   fi
-  seconds[sass]=0
+  seconds[sass]=$((SECONDS - t0))
 fi
 
 if want prewait && [[ -x $cuobjdump_bin ]]; then
+  t0=$SECONDS
   # No kernel may read through the read-only path before its PDL wait (nvcc hoisted such loads of
   # h above it in session 49, and the consumers read h before the producer's +=): a failure names
   # the kernel before its tests fail. Every object at once.
@@ -88,7 +90,7 @@ if want prewait && [[ -x $cuobjdump_bin ]]; then
   grep -qv '^0$' "$out"/prewait/*.rc && result[prewait]="FAILED (sass_pre_wait.txt)"
   rm -r "$out/prewait"
   grep -E '^(READ-ONLY|#)' "$out/sass_pre_wait.txt"
-  seconds[prewait]=0
+  seconds[prewait]=$((SECONDS - t0))
 fi
 
 if want test && [[ -x $build/tests/test_cuda ]]; then
