@@ -22,13 +22,20 @@ want() { [[ " ${stages[*]} " == *" $1 "* ]]; }
 build=${QS_GPU_BUILD:-$repo/build-gpu}
 declare -A result seconds
 
+timed() {  # name, command...: runs the command, its seconds into seconds[name]
+  local name=$1 t0=$SECONDS
+  shift
+  "$@"
+  local rc=$?
+  seconds[$name]=$((SECONDS - t0))
+  return $rc
+}
+
 run_stage() {  # name, timeout seconds, command...
   local name=$1 limit=$2
   shift 2
-  local t0=$SECONDS
-  timeout --kill-after=10 "$limit" "$@"
+  timed "$name" timeout --kill-after=10 "$limit" "$@"
   local rc=$?
-  seconds[$name]=$((SECONDS - t0))
   if ((rc == 0)); then result[$name]=ok; elif ((rc == 124)); then result[$name]="TIMEOUT"; else result[$name]="FAILED (rc $rc)"; fi
   return $rc
 }
@@ -52,8 +59,8 @@ fi
 [[ -f $build/env.sh ]] && source "$build/env.sh"
 
 cuobjdump_bin=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
-if want sass && [[ -x $cuobjdump_bin ]]; then
-  t0=$SECONDS
+sass_check() {
+  local obj
   # Load / tensor-core / branch / local-memory instructions of each kernel, in program order:
   # are the 16-byte weight loads issued together, is anything spilled.
   for obj in "$build"/src/backend/cuda/CMakeFiles/qs_backend_cuda.dir/{gemv,attention,attention_quant,attention_prefill_tc,gemv_q4,kv_quantize}.cu.o; do
@@ -69,11 +76,10 @@ if want sass && [[ -x $cuobjdump_bin ]]; then
   else
     result[sass]="FAILED (wgmma Q registers, sass.txt)"
   fi
-  seconds[sass]=$((SECONDS - t0))
-fi
+}
 
-if want prewait && [[ -x $cuobjdump_bin ]]; then
-  t0=$SECONDS
+prewait_check() {
+  local obj name
   # No kernel may read through the read-only path before its PDL wait (nvcc hoisted such loads of
   # h above it in session 49, and the consumers read h before the producer's +=): a failure names
   # the kernel before its tests fail. Every object at once.
@@ -90,8 +96,10 @@ if want prewait && [[ -x $cuobjdump_bin ]]; then
   grep -qv '^0$' "$out"/prewait/*.rc && result[prewait]="FAILED (sass_pre_wait.txt)"
   rm -r "$out/prewait"
   grep -E '^(READ-ONLY|#)' "$out/sass_pre_wait.txt"
-  seconds[prewait]=$((SECONDS - t0))
-fi
+}
+
+want sass && [[ -x $cuobjdump_bin ]] && timed sass sass_check
+want prewait && [[ -x $cuobjdump_bin ]] && timed prewait prewait_check
 
 if want test && [[ -x $build/tests/test_cuda ]]; then
   run_stage test ${QS_TEST_LIMIT:-300} bash -c "'$build/tests/test_cuda' --gtest_filter='${QS_TEST_FILTER:-*}' --gtest_output=xml:'$out/test_cuda.xml' >'$out/test_cuda.log' 2>&1"
