@@ -308,12 +308,45 @@ std::string dump_json(const Json& j) {
 
 namespace {
 
+// Deeper than any request of ours needs; the parser's memory grows with the depth (an 8 MB body
+// of brackets would take ~130 MB), so a deeper body is refused before it is parsed.
+constexpr int kMaxJsonDepth = 64;
+
+// Whether `body` opens more than `limit` arrays / objects inside one another (brackets inside
+// strings do not count; a malformed body is left to the parser).
+bool nested_deeper_than(std::string_view body, int limit) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < body.size(); ++i) {
+    const char c = body[i];
+    if (in_string) {
+      if (c == '\\') {
+        ++i;
+      } else if (c == '"') {
+        in_string = false;
+      }
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > limit) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 // A request body as a JSON object.
 std::variant<Json, ApiError> parse_body(std::string_view body) {
+  if (nested_deeper_than(body, kMaxJsonDepth)) {
+    return invalid("the request body nests arrays / objects deeper than " +
+                       std::to_string(kMaxJsonDepth) + " levels",
+                   "", "invalid_json");
+  }
   Json j;
   try {
     j = Json::parse(body.begin(), body.end());
-  } catch (const Json::parse_error& e) {
+  } catch (const Json::exception& e) {  // parse_error, or out_of_range for a number like 1e400
     std::string what = e.what();
     if (const size_t end = what.find("] ");
         what.rfind("[json.exception", 0) == 0 && end != std::string::npos)
@@ -697,7 +730,7 @@ Json token_bytes(const std::string& text) {
 }  // namespace
 
 Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
-                   const Tokenizer& tokenizer, int64_t* text_offset) {
+                   const Tokenizer& tokenizer, int64_t* text_offset, std::string_view echoed) {
   if (endpoint == Endpoint::kChatCompletions) {
     Json content = Json::array();
     for (const TokenLogprob& e : entries) {
@@ -716,9 +749,15 @@ Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
   }
   Json tokens = Json::array(), token_logprobs = Json::array(), tops = Json::array(),
        offsets = Json::array();
+  size_t echo_pos = 0;  // bytes of `echoed` the entries so far produced
   for (const TokenLogprob& e : entries) {
     const std::string text = tokenizer.token_text(e.id);
     tokens.push_back(text);
+    bool in_text = true;
+    if (echo_pos < echoed.size()) {
+      in_text = !tokenizer.is_special(e.id) || echoed.substr(echo_pos).rfind(text, 0) == 0;
+      if (in_text) echo_pos += text.size();
+    }
     if (std::isnan(e.logprob)) {  // an echoed prompt's first token: nothing predicts it
       token_logprobs.push_back(nullptr);
       tops.push_back(nullptr);
@@ -731,7 +770,7 @@ Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
       tops.push_back(std::move(top));
     }
     offsets.push_back(*text_offset);
-    *text_offset += code_points(text);
+    if (in_text) *text_offset += code_points(text);
   }
   return Json{{"tokens", std::move(tokens)},
               {"token_logprobs", std::move(token_logprobs)},

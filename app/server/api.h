@@ -130,8 +130,11 @@ Json stats_json(const std::vector<GenerationResult>& results, const ResponseStat
 // top_logprobs: [{text: logprob}] (the alternatives and the chosen token), text_offset: code
 // points from the completion's start, carried across chunks in *text_offset}. Chat: {content:
 // [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}], refusal: null}.
+// `echoed`: the text of an echoed prompt the entries start with (its tokens' entries first); a
+// special token of the prompt that this text does not hold where the token falls (the BOS the
+// tokenizer added) is 0 code points wide.
 Json logprobs_json(Endpoint endpoint, const std::vector<TokenLogprob>& entries,
-                   const Tokenizer& tokenizer, int64_t* text_offset);
+                   const Tokenizer& tokenizer, int64_t* text_offset, std::string_view echoed = {});
 
 // A response with one choice per result (index i: results[i]); usage counts the prompt once.
 // `logprobs`: each choice's logprobs_json (empty, or shorter: null for the rest).

@@ -6,6 +6,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 
 #include "conn_watch.h"
@@ -31,6 +32,20 @@ std::string default_error_message(int status, const httplib::Request& req, size_
     default:
       return "HTTP error " + std::to_string(status);
   }
+}
+
+// Why a request's Content-Length header cannot be trusted (several of them, or a value that is
+// not a plain decimal number: the library would read a body of another length), or nothing.
+std::optional<std::string> bad_content_length(const httplib::Request& req) {
+  const size_t count = req.get_header_value_count("Content-Length");
+  if (count > 1) return std::string("the request has more than one Content-Length header");
+  if (count == 0) return std::nullopt;
+  const std::string value = req.get_header_value("Content-Length");
+  const bool digits =
+      !value.empty() && value.size() <= 19 &&
+      std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
+  if (!digits) return "the request's Content-Length is not a number of bytes: '" + value + "'";
+  return std::nullopt;
 }
 
 // The socket of one request's connection, looked up when first needed (most requests never ask).
@@ -92,6 +107,22 @@ struct HttpServer::Impl {
     res.set_content(error_body(status, message), "application/json");
   }
 
+  // An error answer after which the connection closes, for a request whose body was left unread
+  // or whose end is unknown: nothing after it on the connection can be trusted. The library has
+  // no call for this; the releaser of the body's provider runs once the answer is written (when
+  // the library drops the response) and stops the reading side, which ends the keep-alive loop.
+  // (Stopping it before the answer would make the library think the client gone and not answer.)
+  void set_error_and_close(httplib::Response& res, int status, const std::string& message, int fd) {
+    auto body = std::make_shared<std::string>(error_body(status, message));
+    res.status = status;
+    res.set_content_provider(
+        body->size(), "application/json",
+        [body](size_t offset, size_t length, httplib::DataSink& sink) {
+          return sink.write(body->data() + offset, length);
+        },
+        [fd](bool) { stop_reading(fd); });
+  }
+
   void dispatch(const std::string& path, const httplib::Request& req, httplib::Response& res,
                 const httplib::ContentReader* reader) {
     const std::string peer = req.remote_addr;
@@ -111,6 +142,15 @@ struct HttpServer::Impl {
     r.remote = peer + ":" + std::to_string(peer_port);
     r.client_gone = [conn] { return conn->peer_gone(); };
 
+    if (reader && req.is_multipart_form_data()) {
+      // The library reads such a body only through a multipart reader; ours are JSON.
+      set_error_and_close(res, 415,
+                          "multipart/form-data bodies are not accepted: send the request as JSON "
+                          "(Content-Type: application/json)",
+                          conn->fd());
+      end_request();
+      return;
+    }
     if (reader) {
       bool too_big = false;
       const bool ok = (*reader)([&](const char* data, size_t n) {
@@ -199,6 +239,26 @@ Result<int> HttpServer::bind() {
   svr.set_keep_alive_timeout(d.opt.keep_alive_timeout_s);
   svr.set_payload_max_length(d.opt.max_body_bytes);
   svr.set_tcp_nodelay(true);
+  // The library's default also sets SO_REUSEPORT, with which a second server on a port in use
+  // starts and the two share the connections; SO_REUSEADDR alone still allows a restart while
+  // the last run's connections are in TIME_WAIT.
+  svr.set_socket_options([](socket_t sock) {
+    int yes = 1;
+    setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
+  });
+  svr.set_pre_routing_handler([impl = &d](const httplib::Request& req, httplib::Response& res) {
+    if (auto error = bad_content_length(req)) {
+      impl->set_error_and_close(res, 400, *error,
+                                find_connection_fd(impl->port, req.remote_addr, req.remote_port));
+      return httplib::Server::HandlerResponse::Handled;
+    }
+    // Byte ranges are for files; applied to an API answer they would cut its JSON. The
+    // request object is the library's own, writable one: clearing its parsed ranges makes
+    // every answer whole (RFC 9110 lets a server ignore Range).
+    const_cast<httplib::Request&>(req).ranges.clear();
+    res.set_header("Accept-Ranges", "none");
+    return httplib::Server::HandlerResponse::Unhandled;
+  });
 
   for (const auto& [path, by_method] : d.routes) {
     const std::string p = path;
@@ -226,7 +286,8 @@ Result<int> HttpServer::bind() {
 
   svr.set_error_handler(httplib::Server::HandlerWithResponse(
       [impl = &d](const httplib::Request& req, httplib::Response& res) {
-        if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
+        if (!res.body.empty() || res.content_length_ > 0)  // answered already
+          return httplib::Server::HandlerResponse::Unhandled;
         // A well-formed request line with a method we route nowhere (TRACE, ...): the library
         // says 400; answer as for any other method: 405 on a known path, else 404.
         // (For a method it does not know at all, only the method and target are parsed.)

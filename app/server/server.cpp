@@ -401,7 +401,8 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
       std::vector<TokenLogprob> entries = o.prompt_logprobs[static_cast<size_t>(p)];
       entries.insert(entries.end(), result.logprobs.begin(), result.logprobs.end());
       int64_t text_offset = 0;
-      logprobs.push_back(logprobs_json(endpoint, entries, tokenizer_, &text_offset));
+      logprobs.push_back(logprobs_json(endpoint, entries, tokenizer_, &text_offset,
+                                       job->echo() ? job->echo_text(p) : std::string_view()));
     }
     const Json body = endpoint == Endpoint::kChatCompletions
                           ? chat_response(meta, results, extra, logprobs)
@@ -452,7 +453,8 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
           // back UTF-8 or stop-string prefixes).
           Json logprobs =
               logprob_tokenizer != nullptr
-                  ? logprobs_json(endpoint, d.logprobs, *logprob_tokenizer, &text_offset)
+                  ? logprobs_json(endpoint, d.logprobs, *logprob_tokenizer, &text_offset,
+                                  d.echo ? std::string_view(d.text) : std::string_view())
                   : Json(nullptr);
           const Json chunk =
               chat ? chat_chunk(meta, Json{{"content", d.text}}, "", std::move(logprobs), d.choice)

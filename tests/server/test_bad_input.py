@@ -28,6 +28,10 @@ MATRIX = [
     (C, b'{"prompt": "x"} trailing', 400, None, "invalid_json"),
     (C, b'{"prompt": ' + b"[" * 100000 + b"]" * 100000 + b"}", 400, None, None),
     (CH, b'{"messages": [' + b"{" * 50000, 400, None, "invalid_json"),
+    (C, b'{"prompt": "x", "a": ' + b"[" * 64 + b"]" * 64 + b"}", 400, None, "invalid_json"),
+    (C, b'{"prompt": "x", "max_tokens": 1e400}', 400, None, "invalid_json"),
+    (C, b'{"prompt": "x", "foo": -1e400}', 400, None, "invalid_json"),
+    (C, b'{"prompt": "x", "logit_bias": {"5": 1e400}}', 400, None, "invalid_json"),
     # missing fields and wrong types
     (C, {}, 400, "prompt", "missing_required_parameter"),
     (C, {"prompt": None}, 400, "prompt", "missing_required_parameter"),
@@ -247,6 +251,55 @@ def test_malformed_http(server):
     got, _ = status_and_body(raw_http(server.port, b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n", timeout=5))
     assert got in (400, 414)
     assert server.get("/health")[0] == 200
+
+
+def test_untrustworthy_content_length_is_refused_and_the_connection_closed(server):
+    """Two Content-Length headers, or one that is not a number: which body length is meant is
+    unknown, so the answer is 400 and nothing after it on the connection is read (a second
+    request hidden in the body gets no answer)."""
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    hidden = b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n"
+    for lengths in ([len(body), len(body) + len(hidden)], [f"{len(body)}x"], ["-5"]):
+        head = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n" + b"".join(
+            f"Content-Length: {n}\r\n".encode() for n in lengths) + b"\r\n"
+        t0 = time.monotonic()
+        out = raw_http(server.port, head + body + hidden, timeout=10)
+        got, err = status_and_body(out)
+        assert got == 400, out
+        check_error_shape(json.loads(err))
+        assert "Content-Length" in json.loads(err)["error"]["message"]
+        assert out.count(b"HTTP/1.1 ") == 1, out  # the hidden request was not served
+        assert time.monotonic() - t0 < 5  # closed at once, not at the keep-alive timeout
+
+
+def test_multipart_body_is_415(server):
+    boundary = "zz"
+    form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nhi\r\n"
+            f"--{boundary}--\r\n").encode()
+    status, body = post(server.url + C, None, raw=form,
+                        headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
+    assert status == 415, body
+    check_error_shape(body)
+    assert "JSON" in body["error"]["message"]
+
+
+def test_range_header_does_not_cut_api_answers(server):
+    """Byte ranges are for files: an API answer (or an error) comes whole, with status 200 / 4xx."""
+    for payload, want in (({"prompt": "hi", "max_tokens": 2}, 200), ({"prompt": 5}, 400)):
+        status, body = post(server.url + C, payload, headers={"Range": "bytes=0-5"})
+        assert status == want and isinstance(body, dict), body
+    req = b"GET /metrics HTTP/1.1\r\nHost: x\r\nRange: bytes=0-3,10-20\r\nConnection: close\r\n\r\n"
+    out = raw_http(server.port, req)
+    got, text = status_and_body(out)
+    assert got == 200 and b"quantspec_http_requests_total" in text and b"Content-Range" not in out
+
+
+def test_a_second_server_on_the_same_port_fails(server, quantspec_binary):
+    import subprocess
+    from serverlib import REPO
+    p = subprocess.run([quantspec_binary, "serve", "-m", f"{REPO}/models/test/llama3-tiny",
+                        "--port", str(server.port)], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and "cannot listen" in p.stderr, p.stderr
 
 
 @pytest.fixture(scope="module")

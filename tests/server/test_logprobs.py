@@ -204,9 +204,10 @@ def test_echo_scores_the_prompt(servers):
         lp = choice["logprobs"]
         assert len(lp["tokens"]) == n_prompt
         assert lp["token_logprobs"][0] is None and lp["top_logprobs"][0] is None
-        rest = {k: v[1:] for k, v in lp.items() if k != "text_offset"}
-        rest["text_offset"] = [o - lp["text_offset"][1] for o in lp["text_offset"][1:]]
-        check_completion_logprobs(rest, n_prompt - 1, 2)
+        # The BOS the tokenizer added is not in the echoed text: it is 0 characters wide, and
+        # every offset points into the text.
+        assert lp["text_offset"][:2] == [0, 0]
+        check_completion_logprobs({k: v[1:] for k, v in lp.items()}, n_prompt - 1, 2)
         values.append(lp["token_logprobs"][1:])
     assert values[0] == pytest.approx(values[1], abs=1e-4)
 
@@ -222,6 +223,10 @@ def test_echo_scores_the_prompt(servers):
     assert got["logprobs"]["token_logprobs"][n_prompt:] == pytest.approx(
         want["logprobs"]["token_logprobs"], abs=1e-5)
     assert got["logprobs"]["token_logprobs"][1:n_prompt] == pytest.approx(values[1], abs=1e-5)
+    offsets = got["logprobs"]["text_offset"]
+    assert offsets[n_prompt:] == [len(PROMPT) + o for o in want["logprobs"]["text_offset"]]
+    for tok, off in zip(got["logprobs"]["tokens"][1:], offsets[1:]):
+        assert got["text"][off:off + len(tok)] == tok
 
     # Streamed: the first chunk carries the prompt and its values.
     events = stream_events(ar.url + C, {**req, "echo": True})
@@ -229,6 +234,7 @@ def test_echo_scores_the_prompt(servers):
     assert first["text"] == PROMPT
     assert first["logprobs"]["token_logprobs"][0] is None
     assert len(first["logprobs"]["tokens"]) == n_prompt
+    assert first["logprobs"]["text_offset"] == offsets[:n_prompt]
     assert "".join(e["choices"][0]["text"] for e in events if e["choices"]) == got["text"]
 
     # Without echo, max_tokens 0 asks for nothing.
