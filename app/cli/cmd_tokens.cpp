@@ -27,8 +27,15 @@ int for_each_json_line(const char* expect, Fn fn) {
   std::string line;
   for (long line_no = 1; std::getline(std::cin, line); ++line_no) {
     if (line.find_first_not_of(" \t\r") == std::string::npos) continue;
-    nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_discarded() || !j.is_object())
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::exception& e) {  // the parser's reason (bad UTF-8, ...)
+      std::string why = e.what();
+      if (const size_t end = why.find("] "); end != std::string::npos) why = why.substr(end + 2);
+      return report_error("stdin line " + std::to_string(line_no) + ": not valid JSON: " + why);
+    }
+    if (!j.is_object())
       return report_error("stdin line " + std::to_string(line_no) + ": not a JSON object");
     std::string err = fn(j);
     if (!err.empty())

@@ -1,16 +1,22 @@
 #include "files.h"
 
 #include <cstdint>
+#include <filesystem>
 #include <fstream>
 #include <sstream>
 
 namespace qs::cli {
 
 Result<std::string> read_file(const std::string& path) {
+  std::error_code ec;
+  if (std::filesystem::is_directory(path, ec)) {
+    return make_error("'" + path + "' is a directory, not a file");
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) return make_error("cannot read '" + path + "'");
   std::stringstream ss;
   ss << in.rdbuf();
+  if (in.bad()) return make_error("error reading '" + path + "'");
   return ss.str();
 }
 

@@ -150,8 +150,8 @@ std::string validate_decode_options(const ModelOptions& opts) {
   if (sparse && e.kv_explicit && e.kv != KvType::kFp16)
     return std::string("--kv applies to --mode ar only; --mode ") + decode_mode_name(e.mode) +
            " keeps the full-precision KV cache for the target";
-  if (sparse && !(e.draft_budget > 0.0))
-    return "--draft-budget must be > 0 (a fraction < 1 or a count >= 1), got " +
+  if (sparse && !(e.draft_budget > 0.0 && std::isfinite(e.draft_budget)))
+    return "--draft-budget must be a finite number > 0 (a fraction < 1 or a count >= 1), got " +
            std::to_string(e.draft_budget);
   if (e.mode == DecodeMode::kQuantSpec && e.kv_explicit)
     return "--kv applies to --mode ar only; --mode quantspec always uses the hierarchical "
@@ -186,7 +186,16 @@ void add_generation_options(CLI::App& app, GenerationParams& params) {
                  "Subtract this times its count from each generated token's logit (-2..2; 0: off)")
       ->envname("QS_FREQUENCY_PENALTY");
   app.add_option("--seed", params.sampling.seed, "Random seed (same seed, same output)")
-      ->envname("QS_SEED");
+      ->envname("QS_SEED")
+      ->check(CLI::Validator(
+          [](std::string& s) {
+            // The library's own conversion wraps -1 and saturates past 2^64 - 1.
+            const bool digits = !s.empty() && s.size() <= 20 &&
+                                s.find_first_not_of("0123456789") == std::string::npos;
+            const bool fits = digits && (s.size() < 20 || s <= "18446744073709551615");
+            return fits ? std::string() : "must be an integer in [0, 18446744073709551615]";
+          },
+          "UINT64"));
   app.add_option("--stop", params.stop, "Stop string (repeatable); not included in the output");
   app.add_flag(
       "--ignore-eos", [&params](int64_t) { params.stop_at_eos = false; },

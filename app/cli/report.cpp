@@ -94,6 +94,14 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
              "prefill chunk {}, prefill kv {}\n",
              backend, engine.max_context(), kv_label, kv_gib, effective_prefill_chunk(opts.engine),
              prefill_kv_name(eo.prefill_kv));
+  for (const std::string& w : engine.load_warnings()) fmt::print(stderr, "  warning: {}\n", w);
+  if (c.max_position_embeddings > 0 && engine.max_context() > c.max_position_embeddings) {
+    fmt::print(stderr,
+               "  warning: the context ({} tokens) is longer than the model's "
+               "max_position_embeddings ({}): past that position it runs beyond the length it "
+               "was made for, and its outputs may degrade\n",
+               engine.max_context(), c.max_position_embeddings);
+  }
   const EngineOptions& e = eo;
   const int gv = e.value_group_size > 0 ? e.value_group_size : c.head_dim;
   if (e.mode == DecodeMode::kQuantSpec) {

@@ -252,6 +252,10 @@ class Backend {
   // Bytes of device memory in use now (the whole device), or -1 where it is not measured (host
   // memory).
   virtual int64_t memory_in_use() const { return -1; }
+  // Bytes that could still be allocated now, or -1 where not known. Large caches check it first:
+  // past it a host allocation still succeeds (Linux overcommits) and the process is killed once
+  // the memory is touched.
+  virtual int64_t memory_available() const { return -1; }
 
   // Memory for activations (contents undefined), and the copy back to the host.
   virtual std::unique_ptr<Buffer> alloc(size_t n) = 0;

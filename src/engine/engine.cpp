@@ -78,6 +78,17 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::filesystem::path& dir,
                                              const EngineOptions& options) {
   QS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));
   QS_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(dir, cfg));
+  std::vector<std::string> warnings;
+  if (!weights.unused.empty()) {
+    std::string names;
+    for (size_t i = 0; i < weights.unused.size() && i < 4; ++i)
+      names += (i ? ", " : "") + weights.unused[i];
+    if (weights.unused.size() > 4) names += ", ...";
+    warnings.push_back(std::to_string(weights.unused.size()) +
+                       " tensor(s) of the checkpoint are not used by the model as config.json "
+                       "describes it (" +
+                       names + ")");
+  }
   std::optional<Tokenizer> tokenizer;
   std::error_code ec;
   if (std::filesystem::exists(dir / "tokenizer.json", ec)) {
@@ -86,6 +97,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::filesystem::path& dir,
   }
   QS_ASSIGN_OR_RETURN(std::unique_ptr<LlmEngine> engine,
                       LlmEngine::create(cfg, std::move(weights), std::move(tokenizer), options));
+  engine->load_warnings_ = std::move(warnings);
   return std::unique_ptr<Engine>(std::move(engine));
 }
 

@@ -248,6 +248,10 @@ class Engine {
                                               const EngineOptions& options);
   virtual ~Engine() = default;
 
+  // What loading found questionable but not wrong (checkpoint tensors the model does not use),
+  // one line each, for the caller to show.
+  const std::vector<std::string>& load_warnings() const { return load_warnings_; }
+
   virtual const ModelConfig& config() const = 0;
   virtual const Tokenizer* tokenizer() const = 0;  // nullptr when the directory has none
   virtual int max_context() const = 0;
@@ -293,6 +297,9 @@ class Engine {
   // ("cancelled").
   virtual Result<std::vector<TokenLogprob>> prompt_logprobs(
       const std::vector<int32_t>& ids, int top, const std::function<bool()>& stop = {}) = 0;
+
+ private:
+  std::vector<std::string> load_warnings_;
 };
 
 }  // namespace qs

@@ -25,6 +25,18 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 }  // namespace
 
+Status check_finite_logits(std::span<const float> logits) {
+  for (size_t i = 0; i < logits.size(); ++i) {
+    if (!std::isfinite(logits[i])) {
+      return make_error("the prompt's logits are not finite (token " + std::to_string(i) + ": " +
+                        std::to_string(logits[i]) +
+                        "): the model's weights hold NaN or Inf values, or its activations "
+                        "overflow");
+    }
+  }
+  return Status::ok_status();
+}
+
 Result<int> resolve_max_context(const ModelConfig& cfg, const EngineOptions& options) {
   if (options.max_context < 0) {
     return make_error("max_context must be >= 0 (0: the model's), got " +
@@ -76,9 +88,10 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
       return make_error(std::string("--mode ") + decode_mode_name(options.mode) +
                         " keeps the full-precision KV cache for the target: drop --kv");
     }
-    if (!(options.draft_budget > 0.0)) {
-      return make_error("draft budget must be > 0 (a fraction < 1 or a count >= 1), got " +
-                        std::to_string(options.draft_budget));
+    if (!(options.draft_budget > 0.0 && std::isfinite(options.draft_budget))) {
+      return make_error(
+          "draft budget must be a finite number > 0 (a fraction < 1 or a count >= 1), got " +
+          std::to_string(options.draft_budget));
     }
     if (options.sink_tokens < 0 || options.snap_window < 1 || options.snap_kernel < 1 ||
         options.snap_kernel % 2 == 0) {
@@ -658,6 +671,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   } else {
     QS_TRY(prefill(prompt, params.on_prefill_progress, decode_rows));
   }
+  QS_TRY(check_finite_logits(last_logits_));
   result.stats.cached_prompt_tokens = reuse;
   result.stats.prefill_s = seconds_since(t_start);
   // Every token in the order it enters the sequence (also a round's accepted candidates after an

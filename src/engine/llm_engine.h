@@ -9,6 +9,7 @@
 #include <functional>
 #include <memory>
 #include <optional>
+#include <span>
 #include <vector>
 
 #include "backend/backend.h"
@@ -28,6 +29,10 @@ namespace qs {
 // min(max_position_embeddings, 8192). Sliding-window attention is not implemented, so a model
 // with sliding_window > 0 is limited to that window (a larger explicit max_context is an error;
 // within the window, sliding-window and full attention are the same).
+// An error naming the first NaN / Inf of a logits row (corrupt weights would otherwise be
+// sampled as token 0, silently).
+Status check_finite_logits(std::span<const float> logits);
+
 Result<int> resolve_max_context(const ModelConfig& cfg, const EngineOptions& options);
 
 class LlmEngine final : public Engine {

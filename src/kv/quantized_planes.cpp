@@ -1,5 +1,6 @@
 #include "kv/quantized_planes.h"
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <new>
@@ -20,6 +21,12 @@ bool is_power_of_two(int64_t x) {
 
 std::string str(int64_t x) {
   return std::to_string(x);
+}
+
+std::string gib(int64_t bytes) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "%.2f", static_cast<double>(bytes) / (1 << 30));
+  return buf;
 }
 
 }  // namespace
@@ -76,6 +83,12 @@ Result<QuantizedPlanes> QuantizedPlanes::create(const KvPlanesShape& shape, Back
   KvPlanesShape resolved = shape;
   resolved.value_group_size = shape.value_group_channels();
   QuantizedPlanes p(resolved);
+  if (const int64_t avail = backend ? backend->memory_available() : -1;
+      avail >= 0 && resolved.total_bytes() > avail) {
+    return make_error("KV planes: " + str(resolved.capacity) + " quantized tokens need " +
+                      gib(resolved.total_bytes()) + " GiB but " + gib(avail) + " GiB of " +
+                      backend->name() + " memory is available: use a smaller context (--ctx)");
+  }
   const auto code_bytes = static_cast<size_t>(resolved.code_plane_bytes());
   const size_t meta_bytes[2] = {static_cast<size_t>(resolved.key_meta_elems()) * kFp16Bytes,
                                 static_cast<size_t>(resolved.value_meta_elems()) * kFp16Bytes};

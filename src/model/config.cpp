@@ -69,7 +69,8 @@ class FieldReader {
       in_range = x <= std::numeric_limits<int>::max();
     }
     if (!in_range || x < min_value) {
-      return error(key, fmt::format("must be an integer >= {}, got {}", min_value, dump(*v)));
+      return error(key, fmt::format("must be an integer in [{}, {}], got {}", min_value,
+                                    std::numeric_limits<int>::max(), dump(*v)));
     }
     return static_cast<int>(x);
   }
@@ -78,6 +79,10 @@ class FieldReader {
   Result<float> get_positive(const char* key, std::optional<float> fallback,
                              bool allow_zero = false) const {
     QS_ASSIGN_OR_RETURN(double x, get_number(key, fallback, allow_zero));
+    if (x != 0 && x < std::numeric_limits<float>::min()) {  // would round to 0 or lose bits
+      return error(key, fmt::format("must be a positive number a float holds (>= {:g}), got {:g}",
+                                    std::numeric_limits<float>::min(), x));
+    }
     return static_cast<float>(x);
   }
 

@@ -3,6 +3,9 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <set>
+
 #include "model/safetensors.h"
 
 namespace qs {
@@ -27,6 +30,20 @@ class Binder {
     return bind(out, name, {n});
   }
 
+  // The checkpoint's tensors that nothing bound, sorted, except the RoPE frequencies older
+  // checkpoints carry (computed from the config instead, as transformers does).
+  std::vector<std::string> unbound() const {
+    std::vector<std::string> out;
+    for (const auto& file : set_.files()) {
+      for (const TensorInfo& t : file->tensors()) {
+        if (bound_.count(t.name) == 0 && !t.name.ends_with("rotary_emb.inv_freq"))
+          out.push_back(t.name);
+      }
+    }
+    std::sort(out.begin(), out.end());
+    return out;
+  }
+
  private:
   Status bind(WeightView& out, const std::string& name, const std::vector<int64_t>& expected) {
     const SafetensorsFile* file = set_.file_for(name);
@@ -45,6 +62,7 @@ class Binder {
                                     name, shape_str(info->shape), shape_str(expected)));
     }
     QS_ASSIGN_OR_RETURN(TensorView view, file->tensor(name));
+    bound_.insert(name);
     out.data = view.data;
     out.dtype = view.dtype;
     out.rows = expected.size() == 2 ? expected[0] : 1;
@@ -54,6 +72,7 @@ class Binder {
   }
 
   const SafetensorsSet& set_;
+  std::set<std::string> bound_;
 };
 
 }  // namespace
@@ -99,6 +118,9 @@ Result<ModelWeights> load_model_weights(const std::filesystem::path& dir, const 
   } else {
     QS_TRY(b.matrix(w.lm_head, "lm_head.weight", vocab, hidden));
   }
+  w.unused = b.unbound();
+  // A tied checkpoint that stores its output projection too: transformers ties over it silently.
+  if (cfg.tie_word_embeddings) std::erase(w.unused, std::string("lm_head.weight"));
   w.files = set.files();
   return w;
 }

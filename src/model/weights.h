@@ -53,6 +53,10 @@ struct ModelWeights {
   WeightView lm_head;         // {vocab, hidden}  lm_head.weight, or tok_embeddings when tied
 
   std::vector<std::shared_ptr<SafetensorsFile>> files;  // keeps the mappings alive
+  // The checkpoint's tensors the architecture does not read (sorted): what transformers warns
+  // about as "weights of the model checkpoint not used", e.g. biases with attention_bias false
+  // (not lm_head.weight of a tied model, which transformers ties over silently).
+  std::vector<std::string> unused;
 };
 
 // Open model.safetensors or model.safetensors.index.json (sharded) in `dir`, and bind every

@@ -194,6 +194,8 @@ def test_tokenize_add_special(qs):
 def test_tokenize_bad_line(qs):
     p = qs("tokenize", "-m", model_dir("llama3-tiny"), input='{"txt": 1}\n', check=False)
     assert p.returncode == 1 and "line 1" in p.stderr
+    p = qs("tokenize", "-m", model_dir("llama3-tiny"), input='{"text": "\\ud800"}\n', check=False)
+    assert p.returncode == 1 and "line 1: not valid JSON" in p.stderr and "surrogate" in p.stderr
 
 
 # ---- bad input: a clear one-line error, non-zero exit, no crash ----
@@ -247,6 +249,89 @@ def test_prompt_longer_than_context(qs):
     p = qs("generate", "-m", model_dir("llama3-tiny"), "--ctx", "16", "-p", "word " * 100,
            check=False)
     assert_clean_error(p, "context")
+
+
+def test_nan_weights_are_an_error_not_token_0(qs, model_copy):
+    """Corrupt weights (NaN in the embedding) make every logit NaN; sampling them would emit token
+    0 over and over with exit status 0."""
+    import struct
+    d = model_copy("llama3-tiny")
+    f = d / "model.safetensors"
+    data = bytearray(f.read_bytes())
+    n = struct.unpack("<Q", data[:8])[0]
+    header = json.loads(data[8:8 + n])
+    begin, end = header["model.embed_tokens.weight"]["data_offsets"]
+    nan = {"F32": b"\x00\x00\xc0\x7f", "F16": b"\x00\x7e",
+           "BF16": b"\xc0\x7f"}[header["model.embed_tokens.weight"]["dtype"]]
+    width = len(nan)
+    data[8 + n + begin:8 + n + end] = nan * ((end - begin) // width)
+    f.write_bytes(bytes(data))
+    for mode in ("ar", "quantspec"):
+        p = qs("generate", "-m", d, "-p", "Hello", "-n", "4", "--mode", mode, check=False)
+        assert_clean_error(p, "not finite", "NaN")
+
+
+def test_unused_checkpoint_tensors_are_warned(qs, model_copy):
+    """As transformers' "weights of the model checkpoint not used": biases that config.json turns
+    off are named, not dropped silently."""
+    d = model_copy("llama2-tiny")
+    p = qs("generate", "-m", d, "-p", "x", "-n", "1")
+    assert "warning" not in p.stderr
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["attention_bias"] = False
+    (d / "config.json").write_text(json.dumps(cfg))
+    p = qs("generate", "-m", d, "-p", "x", "-n", "1")
+    assert "tensor(s) of the checkpoint are not used" in p.stderr
+    assert "model.layers.0.self_attn.q_proj.bias" in p.stderr
+
+
+def test_prompt_file_that_is_a_directory(qs, tmp_path):
+    p = qs("generate", "-m", model_dir("llama3-tiny"), "-f", tmp_path, "-n", "2", check=False)
+    assert_clean_error(p, "is a directory")
+
+
+def test_context_past_the_models_length_is_warned(qs):
+    p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "x", "-n", "1", "--ctx", "5000")
+    assert "warning: the context (5000 tokens) is longer than the model's " \
+        "max_position_embeddings (4096)" in p.stderr
+    p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "x", "-n", "1", "--ctx", "4096")
+    assert "warning" not in p.stderr
+
+
+def test_quantized_cache_larger_than_memory_is_refused(qs):
+    """The planes are allocated for the whole context at once: past the memory there is, a clear
+    error instead of the kernel's OOM kill."""
+    model = os.path.join(REPO, "models", "default")
+    cfg = json.load(open(os.path.join(model, "config.json")))
+    kv_dim = cfg["num_key_value_heads"] * cfg["hidden_size"] // cfg["num_attention_heads"]
+    ctx = 1 << 24  # the largest --ctx
+    need_kib = ctx * cfg["num_hidden_layers"] * 2 * kv_dim / 1024  # the four 4-bit code planes
+    avail_kib = int(next(l.split()[1] for l in open("/proc/meminfo")
+                         if l.startswith("MemAvailable:")))
+    if need_kib < avail_kib:  # (the planes need more: their scales too)
+        pytest.skip("this machine's memory might hold the planes")
+    p = qs("generate", "-m", model, "-p", "x", "-n", "1", "--ctx", ctx, "--kv", "int8",
+           check=False, timeout=60)
+    assert_clean_error(p, "KV planes", "memory is available", "--ctx")
+
+
+def test_seed_and_budget_out_of_range(qs):
+    for args in (("--seed", "-1"), ("--seed", "18446744073709551616"),
+                 ("--mode", "snapkv", "--draft-budget", "inf")):
+        p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "x", "-n", "1", *args,
+               check=False)
+        assert p.returncode in (1, 2) and args[-2] in p.stderr, (args, p.stderr)
+    p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "x", "-n", "1", "--seed",
+           "18446744073709551615")
+    assert p.returncode == 0
+
+
+def test_empty_tokenizer_vocab(qs, model_copy):
+    d = model_copy("llama3-tiny")
+    t = json.loads((d / "tokenizer.json").read_text())
+    t["model"]["vocab"], t["model"]["merges"] = {}, []
+    (d / "tokenizer.json").write_text(json.dumps(t))
+    assert_clean_error(qs("generate", "-m", d, "-p", "Hello", check=False), "'vocab' is empty")
 
 
 def test_bad_sampling_values(qs):

@@ -215,7 +215,8 @@ TEST(Config, MistralSlidingWindow) {
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->sliding_window, 0);
   j["sliding_window"] = -5;
-  EXPECT_EQ(error_of(j), "config.json: field 'sliding_window' must be an integer >= 0, got -5");
+  EXPECT_EQ(error_of(j),
+            "config.json: field 'sliding_window' must be an integer in [0, 2147483647], got -5");
 }
 
 TEST(Config, Qwen2BiasTiedAndSlidingWindowOff) {
@@ -315,15 +316,16 @@ TEST(Config, Errors) {
   const json absent = json(json::value_t::discarded);
   EXPECT_EQ(with("hidden_size", absent), "config.json: missing field 'hidden_size'");
   EXPECT_EQ(with("hidden_size", 0),
-            "config.json: field 'hidden_size' must be an integer >= 1, got 0");
+            "config.json: field 'hidden_size' must be an integer in [1, 2147483647], got 0");
   EXPECT_EQ(with("vocab_size", -3),
-            "config.json: field 'vocab_size' must be an integer >= 1, got -3");
+            "config.json: field 'vocab_size' must be an integer in [1, 2147483647], got -3");
   EXPECT_EQ(with("num_hidden_layers", "32"),
             "config.json: field 'num_hidden_layers' must be an integer, got \"32\"");
   EXPECT_EQ(with("intermediate_size", 1e20),
             "config.json: field 'intermediate_size' must be an integer, got 1e+20");
   EXPECT_EQ(with("num_attention_heads", 4294967296ull),
-            "config.json: field 'num_attention_heads' must be an integer >= 1, got 4294967296");
+            "config.json: field 'num_attention_heads' must be an integer in [1, 2147483647], got "
+            "4294967296");
   EXPECT_EQ(with("num_key_value_heads", 5),
             "config.json: num_attention_heads (32) must be a multiple of num_key_value_heads (5)");
   EXPECT_EQ(with("num_attention_heads", 36),
@@ -336,6 +338,9 @@ TEST(Config, Errors) {
             "config.json: field 'rms_norm_eps' must be a positive number, got -1.0");
   EXPECT_EQ(with("rope_theta", 0),
             "config.json: field 'rope_theta' must be a positive number, got 0");
+  EXPECT_EQ(with("rope_theta", 1e-300),
+            "config.json: field 'rope_theta' must be a positive number a float holds (>= "
+            "1.17549e-38), got 1e-300");
   EXPECT_EQ(with("tie_word_embeddings", 1),
             "config.json: field 'tie_word_embeddings' must be true or false, got 1");
   EXPECT_EQ(

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstring>
+#include <fstream>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/simd.h"
@@ -26,6 +28,17 @@ CpuBackend::CpuBackend(int num_threads) : pool_(num_threads) {
 
 std::unique_ptr<Buffer> CpuBackend::alloc(size_t n) {
   return std::make_unique<HostBuffer>(n);
+}
+
+int64_t CpuBackend::memory_available() const {
+  std::ifstream in("/proc/meminfo");
+  std::string key;
+  int64_t kib = 0;
+  std::string unit;
+  while (in >> key >> kib >> unit) {
+    if (key == "MemAvailable:") return kib * 1024;
+  }
+  return -1;
 }
 
 void CpuBackend::to_host(const float* src, float* dst_host, size_t n) {

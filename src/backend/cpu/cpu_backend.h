@@ -20,6 +20,7 @@ class CpuBackend : public Backend {
   ThreadPool& pool() { return pool_; }
 
   std::unique_ptr<Buffer> alloc(size_t n) override;
+  int64_t memory_available() const override;  // MemAvailable of /proc/meminfo (-1 elsewhere)
   void to_host(const float* src, float* dst_host, size_t n) override;
   void embedding(const WeightView& table, const int32_t* ids, int m, float* out) override;
   void rmsnorm(const float* x, const WeightView& weight, int m, float eps, float* out) override;

@@ -54,6 +54,7 @@ Result<BpeModel> BpeModel::parse(const Json& model) {
   if (vocab == model.end() || !vocab->is_object()) {
     return make_error(where + ": field 'vocab' must be an object of token -> id");
   }
+  if (vocab->empty()) return make_error(where + ": field 'vocab' is empty");
   int64_t max_id = -1;
   for (auto it = vocab->begin(); it != vocab->end(); ++it) {
     if (!it.value().is_number_integer() || it.value().get<int64_t>() < 0 ||
