@@ -4,10 +4,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <map>
 #include <memory>
 #include <optional>
 #include <set>
+#include <utility>
 
 #include "conn_watch.h"
 
@@ -34,17 +36,32 @@ std::string default_error_message(int status, const httplib::Request& req, size_
   }
 }
 
-// Why a request's Content-Length header cannot be trusted (several of them, or a value that is
-// not a plain decimal number: the library would read a body of another length), or nothing.
-std::optional<std::string> bad_content_length(const httplib::Request& req) {
+// A request whose body's framing cannot be trusted: the status and why, or nothing. Several
+// Content-Length headers, or a value that is not a plain decimal number (the library would read
+// a body of another length): 400. A transfer coding other than chunked (the library ignores it
+// and waits for a body that never ends, or reads a compressed one as JSON): 501, as RFC 9112 asks.
+std::optional<std::pair<int, std::string>> bad_body_framing(const httplib::Request& req) {
   const size_t count = req.get_header_value_count("Content-Length");
-  if (count > 1) return std::string("the request has more than one Content-Length header");
-  if (count == 0) return std::nullopt;
-  const std::string value = req.get_header_value("Content-Length");
-  const bool digits =
-      !value.empty() && value.size() <= 19 &&
-      std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
-  if (!digits) return "the request's Content-Length is not a number of bytes: '" + value + "'";
+  if (count > 1)
+    return std::pair{400, std::string("the request has more than one Content-Length header")};
+  if (count == 1) {
+    const std::string value = req.get_header_value("Content-Length");
+    const bool digits =
+        !value.empty() && value.size() <= 19 &&
+        std::all_of(value.begin(), value.end(), [](char c) { return c >= '0' && c <= '9'; });
+    if (!digits)
+      return std::pair{400,
+                       "the request's Content-Length is not a number of bytes: '" + value + "'"};
+  }
+  for (size_t i = 0; i < req.get_header_value_count("Transfer-Encoding"); ++i) {
+    std::string te = req.get_header_value("Transfer-Encoding", i);
+    std::transform(te.begin(), te.end(), te.begin(),
+                   [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
+    if (te != "chunked") {
+      return std::pair{501, "Transfer-Encoding '" + req.get_header_value("Transfer-Encoding", i) +
+                                "' is not supported (only chunked)"};
+    }
+  }
   return std::nullopt;
 }
 
@@ -247,8 +264,8 @@ Result<int> HttpServer::bind() {
     setsockopt(sock, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof(yes));
   });
   svr.set_pre_routing_handler([impl = &d](const httplib::Request& req, httplib::Response& res) {
-    if (auto error = bad_content_length(req)) {
-      impl->set_error_and_close(res, 400, *error,
+    if (auto error = bad_body_framing(req)) {
+      impl->set_error_and_close(res, error->first, error->second,
                                 find_connection_fd(impl->port, req.remote_addr, req.remote_port));
       return httplib::Server::HandlerResponse::Handled;
     }

@@ -50,6 +50,9 @@ ApiError make_api_error(int status, std::string message, std::string code, std::
     case 503:
       e.type = "service_unavailable";
       break;
+    case 501:  // a request feature the server does not implement (a transfer coding)
+      e.type = "invalid_request_error";
+      break;
     default:
       e.type = status >= 500 ? "server_error" : "invalid_request_error";
   }
@@ -74,6 +77,12 @@ std::string http_error_body(int status, const std::string& message) {
       break;
     case 414:
       code = "uri_too_long";
+      break;
+    case 415:
+      code = "unsupported_media_type";
+      break;
+    case 501:
+      code = "not_implemented";
       break;
     default:
       code = status >= 500 ? "internal_error" : "bad_request";

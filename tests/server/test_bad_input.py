@@ -272,6 +272,23 @@ def test_untrustworthy_content_length_is_refused_and_the_connection_closed(serve
         assert time.monotonic() - t0 < 5  # closed at once, not at the keep-alive timeout
 
 
+def test_transfer_codings_other_than_chunked_are_501(server):
+    body = b'{"prompt": "hi", "max_tokens": 2}'
+    for te in (b"gzip", b"gzip, chunked"):
+        t0 = time.monotonic()
+        out = raw_http(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\n"
+                       b"Transfer-Encoding: " + te + b"\r\n\r\n" + body, timeout=10)
+        got, err = status_and_body(out)
+        assert got == 501, out
+        check_error_shape(json.loads(err))
+        assert json.loads(err)["error"]["code"] == "not_implemented"
+        assert time.monotonic() - t0 < 5
+    chunked = b"%x\r\n" % len(body) + body + b"\r\n0\r\n\r\n"
+    out = raw_http(server.port, b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
+                   b"Transfer-Encoding: Chunked\r\n\r\n" + chunked)
+    assert status_and_body(out)[0] == 200, out
+
+
 def test_multipart_body_is_415(server):
     boundary = "zz"
     form = (f"--{boundary}\r\nContent-Disposition: form-data; name=\"prompt\"\r\n\r\nhi\r\n"
@@ -280,6 +297,7 @@ def test_multipart_body_is_415(server):
                         headers={"Content-Type": f"multipart/form-data; boundary={boundary}"})
     assert status == 415, body
     check_error_shape(body)
+    assert body["error"]["code"] == "unsupported_media_type"
     assert "JSON" in body["error"]["message"]
 
 
