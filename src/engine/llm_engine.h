@@ -25,14 +25,14 @@
 
 namespace qs {
 
-// The KV capacity a model runs with: options.max_context when set, else
-// min(max_position_embeddings, 8192). Sliding-window attention is not implemented, so a model
-// with sliding_window > 0 is limited to that window (a larger explicit max_context is an error;
-// within the window, sliding-window and full attention are the same).
 // An error naming the first NaN / Inf of a logits row (corrupt weights would otherwise be
 // sampled as token 0, silently).
 Status check_finite_logits(std::span<const float> logits);
 
+// The KV capacity a model runs with: options.max_context when set, else
+// min(max_position_embeddings, 8192). Sliding-window attention is not implemented, so a model
+// with sliding_window > 0 is limited to that window (a larger explicit max_context is an error;
+// within the window, sliding-window and full attention are the same).
 Result<int> resolve_max_context(const ModelConfig& cfg, const EngineOptions& options);
 
 class LlmEngine final : public Engine {
