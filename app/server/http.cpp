@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cstdio>
 #include <map>
 #include <memory>
 #include <optional>
@@ -343,6 +344,7 @@ Result<int> HttpServer::bind() {
           what = e.what();
         } catch (...) {
         }
+        std::fprintf(stderr, "quantspec serve: internal error: %s\n", what.c_str());
         impl->set_error(res, 500, "internal error: " + what);
       });
   svr.set_logger([impl = &d](const httplib::Request& req, const httplib::Response& res) {

@@ -145,8 +145,14 @@ Server::Server(Engine& engine, ServerOptions options, ChatSetup chat)
   openapi_json_ = openapi_document(limits).dump(2);
 
   http_.set_error_body(http_error_body);
-  http_.set_access_log([this](const std::string&, const std::string& path, int status) {
+  http_.set_access_log([this](const std::string& method, const std::string& path, int status) {
     metrics_.on_http_response(path, status);
+    // The server's own failures reach the operator too, not only the client (the message is in
+    // the answer's error body). Not 501 (a client's transfer coding) or 503 (shutting down).
+    if (status >= 500 && status != 501 && status != 503) {
+      std::fprintf(stderr, "quantspec serve: %s %s answered %d\n", method.c_str(), path.c_str(),
+                   status);
+    }
   });
   http_.handle("GET", "/health", [this](const HttpRequest&, HttpResponse& res) {
     const bool down = shutting_down_.load();
