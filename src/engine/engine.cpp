@@ -78,7 +78,7 @@ Result<std::unique_ptr<Engine>> Engine::load(const std::filesystem::path& dir,
                                              const EngineOptions& options) {
   QS_ASSIGN_OR_RETURN(ModelConfig cfg, load_model_config(dir));
   QS_ASSIGN_OR_RETURN(ModelWeights weights, load_model_weights(dir, cfg));
-  std::vector<std::string> warnings;
+  std::vector<std::string> warnings = cfg.warnings;
   if (!weights.unused.empty()) {
     std::string names;
     for (size_t i = 0; i < weights.unused.size() && i < 4; ++i)

@@ -248,8 +248,8 @@ class Engine {
                                               const EngineOptions& options);
   virtual ~Engine() = default;
 
-  // What loading found questionable but not wrong (checkpoint tensors the model does not use),
-  // one line each, for the caller to show.
+  // What loading found questionable but not wrong (config.json keys not applied, checkpoint
+  // tensors the model does not use), one line each, for the caller to show.
   const std::vector<std::string>& load_warnings() const { return load_warnings_; }
 
   virtual const ModelConfig& config() const = 0;

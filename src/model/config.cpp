@@ -232,6 +232,21 @@ Status parse_rope(const FieldReader& top, ModelConfig& cfg) {
   RopeScaling& s = cfg.rope_scaling;
   if (type == "default") {
     s = RopeScaling{};
+    // transformers warns about these too ("Unrecognized keys in `rope_scaling`"): a factor
+    // without a type is not applied.
+    std::string ignored;
+    for (const auto& [k, v] : rope->items()) {
+      if (k != "rope_type" && k != "type" && k != "rope_theta" && !v.is_null())
+        ignored += (ignored.empty() ? "" : ", ") + k;
+    }
+    if (!ignored.empty()) {
+      cfg.warnings.push_back(
+          r.has("rope_type") || r.has("type")
+              ? fmt::format("{}: rope type 'default' ignores {}", r.source(), ignored)
+              : fmt::format("{}: no 'rope_type' (or 'type'), so the default RoPE is used and {} "
+                            "ignored",
+                            r.source(), ignored));
+    }
   } else if (type == "linear") {
     s.type = RopeScalingType::Linear;
     QS_ASSIGN_OR_RETURN(s.factor, r.get_positive("factor", std::nullopt));

@@ -53,6 +53,10 @@ struct ModelConfig {
   int bos_token_id = -1;
   std::vector<int> eos_token_ids;
 
+  // What config.json says that is not applied, one line each (as transformers warns about
+  // it), e.g. a rope_scaling factor without a scaling type.
+  std::vector<std::string> warnings;
+
   int q_dim() const { return num_heads * head_dim; }
   int kv_dim() const { return num_kv_heads * head_dim; }
   // The softmax scale of q . k: 1 / sqrt(head_dim), times yarn's attention_factor squared (HF

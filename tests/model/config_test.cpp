@@ -110,6 +110,30 @@ TEST(Config, LinearRopeScalingInBothSpellings) {
   c = parse(j);
   ASSERT_TRUE(c.ok()) << c.error().message;
   EXPECT_EQ(c->rope_scaling.type, RopeScalingType::None);
+  EXPECT_TRUE(c->warnings.empty());
+}
+
+// A scaling factor without a type runs the default RoPE, as in transformers, which warns too.
+TEST(Config, RopeKeysTheDefaultTypeIgnoresAreWarned) {
+  json j = llama31_config();
+  j["rope_scaling"] = {{"factor", 4.0}};
+  auto c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_EQ(c->rope_scaling.type, RopeScalingType::None);
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_EQ(c->warnings[0],
+            "config.json: rope_scaling: no 'rope_type' (or 'type'), so the default RoPE is used "
+            "and factor ignored");
+  j["rope_scaling"] = {{"type", "default"}, {"factor", 4.0}, {"low_freq_factor", 1.0}};
+  c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  ASSERT_EQ(c->warnings.size(), 1u);
+  EXPECT_EQ(c->warnings[0],
+            "config.json: rope_scaling: rope type 'default' ignores factor, low_freq_factor");
+  j["rope_scaling"] = {{"rope_type", "linear"}, {"factor", 2}};
+  c = parse(j);
+  ASSERT_TRUE(c.ok()) << c.error().message;
+  EXPECT_TRUE(c->warnings.empty());
 }
 
 TEST(Config, TransformersV5RopeParameters) {
