@@ -180,9 +180,13 @@ struct HttpServer::Impl {
         return true;
       });
       if (too_big || (!ok && res.status == 413)) {
-        // A chunked body is not drained: stop reading so the connection closes after the answer.
-        if (!req.has_header("Content-Length")) stop_reading(conn->fd());
-        set_error(res, 413, default_error_message(413, req, opt.max_body_bytes));
+        // A chunked body is not drained: the connection closes after the answer.
+        if (req.has_header("Content-Length")) {
+          set_error(res, 413, default_error_message(413, req, opt.max_body_bytes));
+        } else {
+          set_error_and_close(res, 413, default_error_message(413, req, opt.max_body_bytes),
+                              conn->fd());
+        }
         end_request();
         return;
       }
