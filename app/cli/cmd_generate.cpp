@@ -40,12 +40,16 @@ int run_generate(const GenerateArgs& a) {
   auto engine = Engine::load(dir, a.model.engine);
   if (!engine) return report_error(engine.error().message);
   Engine& eng = *engine.value();
-  print_resolved_config("generate", dir, eng, a.model, &a.gen);
   if (!eng.tokenizer())
     return report_error(dir.string() + ": no tokenizer.json, cannot generate text");
 
   std::vector<int32_t> ids = eng.tokenizer()->encode(prompt, !a.no_special);
   if (ids.empty()) return report_error("the prompt is empty (no tokens)");
+  if (std::string bad =
+          fit_context(eng, a.model, static_cast<int64_t>(ids.size()), a.gen.max_new_tokens);
+      !bad.empty())
+    return report_error(bad);
+  print_resolved_config("generate", dir, eng, a.model, &a.gen);
   GenerationParams gen = a.gen;
   if (stderr_is_tty() && static_cast<int>(ids.size()) > eng.max_context() / 64) {
     gen.on_prefill_progress = [](int done, int total) {

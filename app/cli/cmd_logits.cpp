@@ -54,7 +54,6 @@ int run_logits(const LogitsArgs& a) {
   auto engine = Engine::load(dir, a.model.engine);
   if (!engine) return report_error(engine.error().message);
   Engine& eng = *engine.value();
-  print_resolved_config("logits", dir, eng, a.model, nullptr);
   if (a.ids_csv.empty() == a.tokens_file.empty())
     return report_error("logits needs exactly one of --ids or --tokens");
   auto ids = a.tokens_file.empty()
@@ -62,6 +61,10 @@ int run_logits(const LogitsArgs& a) {
                  : read_token_file(a.tokens_file, a.token_dtype, eng.config().vocab_size);
   if (!ids) return report_error(ids.error().message);
   if (ids->empty()) return report_error("no token ids given");
+  if (std::string bad = fit_context(eng, a.model, static_cast<int64_t>(ids->size()), 0);
+      !bad.empty())
+    return report_error(bad);
+  print_resolved_config("logits", dir, eng, a.model, nullptr);
   const size_t rows = a.last > 0 ? std::min<size_t>(a.last, ids->size()) : ids->size();
   if (stderr_is_tty()) {
     fmt::print(stderr, "  prefill of {} tokens...\n", ids->size());

@@ -1,7 +1,8 @@
 #include "options.h"
 
-#include <cstdint>
+#include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <map>
 #include <string>
@@ -73,7 +74,8 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   app.add_option("--ctx", opts.engine.max_context,
-                 "Context capacity in tokens (0: min(model max, 8192))")
+                 "Context capacity in tokens (0: min(model max, 8192), grown for a longer prompt "
+                 "and --max-tokens by generate and logits, up to the model's max)")
       ->envname("QS_CTX")
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("--prefill-chunk", opts.engine.prefill_chunk,
@@ -205,6 +207,34 @@ void add_generation_options(CLI::App& app, GenerationParams& params) {
 std::filesystem::path resolve_model_dir(const ModelOptions& opts) {
   if (!opts.model_dir.empty()) return opts.model_dir;
   return QS_DEFAULT_MODEL_DIR;
+}
+
+std::string fit_context(Engine& engine, const ModelOptions& opts, int64_t prompt_tokens,
+                        int64_t new_tokens) {
+  const ModelConfig& c = engine.config();
+  const bool automatic = opts.engine.max_context == 0;
+  int64_t limit = c.max_position_embeddings > 0 ? c.max_position_embeddings : INT32_MAX;
+  if (c.sliding_window > 0) limit = std::min<int64_t>(limit, c.sliding_window);
+  const int64_t want = std::min(prompt_tokens + std::max<int64_t>(new_tokens, 0), limit);
+  if (automatic && want > engine.max_context()) {
+    if (Status st = engine.set_max_context(static_cast<int>(want)); !st.ok()) {
+      return "a context of " + std::to_string(want) +
+             " tokens for the prompt and --max-tokens: " + st.error().message +
+             "; set a context with --ctx";
+    }
+  }
+  const int64_t ctx = engine.max_context();
+  if (prompt_tokens <= ctx) return {};
+  if (automatic && ctx == limit) {
+    return "prompt has " + std::to_string(prompt_tokens) +
+           " tokens, more than the model's maximum context of " + std::to_string(ctx) +
+           " tokens (" +
+           (c.sliding_window > 0 && ctx == c.sliding_window ? "its sliding window"
+                                                            : "max_position_embeddings") +
+           "); --ctx sets a longer one, past what the model was trained for";
+  }
+  return "prompt has " + std::to_string(prompt_tokens) + " tokens but the context is " +
+         std::to_string(ctx) + " tokens (--ctx sets it)";
 }
 
 std::string validate_generation_params(const GenerationParams& p) {

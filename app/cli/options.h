@@ -53,6 +53,13 @@ void add_generation_options(CLI::App& app, GenerationParams& params);
 // Resolve the model directory: flag, then $QS_MODEL, then the bundled default.
 std::filesystem::path resolve_model_dir(const ModelOptions& opts);
 
+// Without --ctx, grows `engine`'s cache to hold a prompt of `prompt_tokens` and `new_tokens`
+// after it, up to the model's max_position_embeddings (and sliding window): a long prompt needs no
+// flag, and a short one keeps the default cache. Then checks that the prompt fits. Empty string,
+// or the error (naming --ctx).
+std::string fit_context(Engine& engine, const ModelOptions& opts, int64_t prompt_tokens,
+                        int64_t new_tokens);
+
 // Check ranges CLI11 cannot express (NaN, top_p in (0,1], ...). Empty string when valid.
 std::string validate_generation_params(const GenerationParams& params);
 

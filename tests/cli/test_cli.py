@@ -251,6 +251,43 @@ def test_prompt_longer_than_context(qs):
     assert_clean_error(p, "context")
 
 
+def test_long_prompt_grows_the_default_context(qs, model_copy, tmp_path):
+    """Without --ctx the cache is min(model max, 8192), grown for a longer prompt and -n up to
+    max_position_embeddings: a 9K-token prompt needs no flag on a 12K model (as generate and
+    logits), a prompt past the model's length names it, and an explicit --ctx is kept."""
+    d = model_copy("llama3-tiny")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 12000
+    (d / "config.json").write_text(json.dumps(cfg))
+    prompt = "word " * 4600  # 9202 tokens with this tokenizer
+    for mode in ("ar", "quantspec"):
+        p = qs("generate", "-m", d, "-p", prompt, "-n", "4", "--mode", mode, "--stats-json",
+               tmp_path / "s.json")
+        assert "context 9206 tokens" in p.stderr
+        stats = json.loads((tmp_path / "s.json").read_text())
+        assert stats["prompt_tokens"] == 9202 and stats["generated_tokens"] == 4
+        assert stats["max_context"] == 9206
+    short = qs("generate", "-m", d, "-p", "word", "-n", "4")
+    assert "context 8192 tokens" in short.stderr
+    # -n past the model's length: the context stops there, and so does the generation.
+    p = qs("generate", "-m", d, "-p", "word " * 5990, "-n", "100", "--ignore-eos", "--stats-json",
+           tmp_path / "s.json")
+    assert "context 12000 tokens" in p.stderr
+    stats = json.loads((tmp_path / "s.json").read_text())
+    # 18 tokens fill the cache; the 19th is sampled from the last position's logits.
+    assert stats["prompt_tokens"] == 11982 and stats["generated_tokens"] == 19
+    assert stats["finish_reason"] == "length"
+    p = qs("generate", "-m", d, "-p", "word " * 6100, "-n", "4", check=False)
+    assert_clean_error(p, "12202 tokens, more than the model's maximum context of 12000",
+                       "max_position_embeddings", "--ctx")
+    p = qs("generate", "-m", d, "-p", prompt, "-n", "4", "--ctx", "8192", check=False)
+    assert_clean_error(p, "9202 tokens but the context is 8192", "--ctx")
+    ids = ",".join(["5"] * 9000)
+    p = qs("logits", "-m", d, "--ids", ids, "--last", "1", "--out", tmp_path / "l.npy")
+    assert "context 9000 tokens" in p.stderr
+    assert np.load(tmp_path / "l.npy").shape == (1, cfg["vocab_size"])
+
+
 def test_nan_weights_are_an_error_not_token_0(qs, model_copy):
     """Corrupt weights (NaN in the embedding) make every logit NaN; sampling them would emit token
     0 over and over with exit status 0."""
