@@ -1,13 +1,14 @@
 // quantspec generate: stream a completion to stdout, human stats to stderr.
-#include <cstdint>
 #include <fmt/core.h>
 
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <memory>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "chat_setup.h"
 #include "commands.h"
 #include "files.h"
 #include "options.h"
@@ -24,8 +25,31 @@ struct GenerateArgs {
   std::string prompt_file;
   std::string stats_json;
   bool no_special = false;
+  bool chat = false;          // the prompt as a user message through the chat template
+  std::string system;         // --system: a system message before it
+  std::string chat_template;  // --chat-template: a built-in or a file; empty: the model's own
 };
 
+// The text to tokenize: the prompt, or with --chat the chat template's rendering of
+// [{system}, {user: prompt}] with the generation prompt (the template writes BOS and the like,
+// so it is tokenized without adding special tokens, as HF's apply_chat_template).
+Result<std::string> prompt_text(const GenerateArgs& a, const std::string& prompt,
+                                const std::filesystem::path& dir, const Tokenizer& tok,
+                                std::string* origin) {
+  if (!a.chat) return prompt;
+  const std::string fix =
+      "choose one with --chat-template NAME (built-ins: " + chat_builtin_list() +
+      ") or a template file, or drop --chat";
+  QS_ASSIGN_OR_RETURN(ChatSetupChoice c, resolve_chat_template(a.chat_template, dir, tok, fix));
+  if (!c.chat_template) return make_error(c.problem);
+  *origin = c.origin;
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+  messages.push_back({{"role", "user"}, {"content", prompt}});
+  auto text = c.chat_template->render(messages, c.tokens);
+  if (!text) return make_error("the chat template rejected the prompt: " + text.error().message);
+  return std::move(text).value();
+}
 
 int run_generate(const GenerateArgs& a) {
   if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
@@ -43,13 +67,18 @@ int run_generate(const GenerateArgs& a) {
   if (!eng.tokenizer())
     return report_error(dir.string() + ": no tokenizer.json, cannot generate text");
 
-  std::vector<int32_t> ids = eng.tokenizer()->encode(prompt, !a.no_special);
+  std::string chat_origin;
+  auto text = prompt_text(a, prompt, dir, *eng.tokenizer(), &chat_origin);
+  if (!text) return report_error(text.error().message);
+  std::vector<int32_t> ids = eng.tokenizer()->encode(*text, !a.no_special && !a.chat);
   if (ids.empty()) return report_error("the prompt is empty (no tokens)");
   if (std::string bad =
           fit_context(eng, a.model, static_cast<int64_t>(ids.size()), a.gen.max_new_tokens);
       !bad.empty())
     return report_error(bad);
   print_resolved_config("generate", dir, eng, a.model, &a.gen);
+  if (a.chat)
+    fmt::print(stderr, "  chat: the prompt as a user message, template {}\n", chat_origin);
   GenerationParams gen = a.gen;
   if (stderr_is_tty() && static_cast<int>(ids.size()) > eng.max_context() / 64) {
     gen.on_prefill_progress = [](int done, int total) {
@@ -101,7 +130,18 @@ CommandRun add_generate_command(CLI::App& root) {
   p->excludes(f);
   f->excludes(p);
   cmd->add_option("--stats-json", args->stats_json, "Write generation statistics as JSON");
-  cmd->add_flag("--no-special", args->no_special, "Do not add BOS/special tokens to the prompt");
+  auto* no_special = cmd->add_flag("--no-special", args->no_special,
+                                   "Do not add BOS/special tokens to the prompt");
+  auto* chat = cmd->add_flag("--chat", args->chat,
+                             "Send the prompt as a user message through the chat template (the "
+                             "model's, or --chat-template) and generate the assistant's reply");
+  chat->excludes(no_special);
+  cmd->add_option("--system", args->system, "With --chat: a system message before the prompt")
+      ->needs(chat);
+  cmd->add_option("--chat-template", args->chat_template,
+                  "With --chat: a built-in template (" + chat_builtin_list() +
+                      ") or a Jinja file instead of the model's tokenizer_config.json one")
+      ->needs(chat);
   cmd->callback([cmd, p, f] {
     if (p->count() == 0 && f->count() == 0)
       throw CLI::ValidationError("generate", "one of -p/--prompt or -f/--file is required");

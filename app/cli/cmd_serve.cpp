@@ -2,10 +2,9 @@
 #include <fmt/core.h>
 
 #include <filesystem>
-#include <fstream>
 #include <memory>
-#include <sstream>
 
+#include "chat_setup.h"
 #include "commands.h"
 #include "options.h"
 #include "report.h"
@@ -25,64 +24,16 @@ struct ServeArgs {
   CLI::Option* seed_option = nullptr;
 };
 
-std::string builtin_list() {
-  std::string s;
-  for (const auto& n : ChatTemplate::builtin_names()) s += (s.empty() ? "" : ", ") + n;
-  return s;
-}
-
-// The chat template to use: --chat-template (built-in name or file) or the model's own.
-// A broken --chat-template is fatal; a model template we cannot parse only disables chat.
+// The chat template (--chat-template or the model's own) as the server takes it.
 Result<server::ChatSetup> resolve_chat(const ServeArgs& a, const std::filesystem::path& dir,
                                        const Engine& engine, std::string* origin) {
-  QS_ASSIGN_OR_RETURN(ModelChatTemplate model, load_model_chat_template(dir));
-  server::ChatSetup chat;
-  chat.tokens.bos_token = model.bos_token;
-  chat.tokens.eos_token = model.eos_token;
-  const Tokenizer& tok = *engine.tokenizer();
-  if (chat.tokens.bos_token.empty() && tok.bos_id() >= 0)
-    chat.tokens.bos_token = tok.id_to_piece(tok.bos_id());
-  if (chat.tokens.eos_token.empty() && !tok.eos_ids().empty()) {
-    chat.tokens.eos_token = tok.id_to_piece(tok.eos_ids().front());
-  }
   const std::string fix =
-      "start the server with --chat-template NAME (built-ins: " + builtin_list() +
+      "start the server with --chat-template NAME (built-ins: " + chat_builtin_list() +
       ") or a template file, or use /v1/completions";
-  if (!a.chat_template.empty()) {
-    const auto names = ChatTemplate::builtin_names();
-    if (std::find(names.begin(), names.end(), a.chat_template) != names.end()) {
-      QS_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::builtin(a.chat_template));
-      chat.chat_template.emplace(std::move(t));
-      *origin = "built-in '" + a.chat_template + "'";
-      return chat;
-    }
-    std::ifstream in(a.chat_template, std::ios::binary);
-    if (!in) {
-      return make_error("--chat-template '" + a.chat_template + "' is neither a built-in (" +
-                        builtin_list() + ") nor a readable file");
-    }
-    std::stringstream ss;
-    ss << in.rdbuf();
-    QS_ASSIGN_OR_RETURN(ChatTemplate t, ChatTemplate::parse(ss.str(), a.chat_template));
-    chat.chat_template.emplace(std::move(t));
-    *origin = a.chat_template;
-    return chat;
-  }
-  if (!model.source) {
-    chat.problem =
-        "the model has no chat template (no chat_template in tokenizer_config.json); " + fix;
-    *origin = "none (" + chat.problem + ")";
-    return chat;
-  }
-  auto t = ChatTemplate::parse(*model.source, model.origin);
-  if (!t.ok()) {
-    chat.problem = "the model's chat template is not supported: " + t.error().message + "; " + fix;
-    *origin = "unusable (" + t.error().message + "): chat requests get 400; " + fix;
-    return chat;
-  }
-  chat.chat_template.emplace(std::move(t.value()));
-  *origin = model.origin;
-  return chat;
+  QS_ASSIGN_OR_RETURN(ChatSetupChoice c,
+                      resolve_chat_template(a.chat_template, dir, *engine.tokenizer(), fix));
+  *origin = std::move(c.origin);
+  return server::ChatSetup{std::move(c.chat_template), std::move(c.tokens), std::move(c.problem)};
 }
 
 std::string default_model_name(const std::filesystem::path& dir) {
@@ -170,7 +121,7 @@ CommandRun add_serve_command(CLI::App& root) {
                   "Model id reported by /v1/models (default: the model directory's name)")
       ->envname("QS_SERVED_MODEL_NAME");
   cmd->add_option("--chat-template", args->chat_template,
-                  "Chat template: a built-in (" + builtin_list() +
+                  "Chat template: a built-in (" + chat_builtin_list() +
                       ") or a Jinja file; default: the model's tokenizer_config.json chat_template")
       ->envname("QS_CHAT_TEMPLATE");
   const std::map<std::string, bool> on_off{{"on", true}, {"off", false}};

@@ -288,6 +288,39 @@ def test_long_prompt_grows_the_default_context(qs, model_copy, tmp_path):
     assert np.load(tmp_path / "l.npy").shape == (1, cfg["vocab_size"])
 
 
+def test_generate_chat_renders_the_template(qs, tmp_path):
+    """--chat sends the prompt as a user message (after --system's) through the chat template and
+    tokenizes the rendering without adding special tokens: the same prompt ids and greedy tokens
+    as the rendered text given with --no-special."""
+    def run(*args):
+        p = qs("generate", *args, "-n", "6", "--stats-json", tmp_path / "s.json")
+        stats = json.loads((tmp_path / "s.json").read_text())
+        return p, (stats["prompt_tokens"], stats["tokens"])
+
+    # The bundled model's own template (tokenizer_config.json).
+    p, chat = run("--chat", "--system", "You answer briefly.", "-p", "Who was Moses?")
+    assert "chat: the prompt as a user message, template" in p.stderr
+    _, plain = run("--no-special", "-p",
+                   "<|begin_of_text|>You answer briefly.\n\nUser: Who was Moses?\n\nAssistant:")
+    assert chat == plain
+    # A built-in one for a model that has none.
+    m = model_dir("llama3-tiny")
+    p, chat = run("-m", m, "--chat", "--chat-template", "llama3", "-p", "Hello")
+    assert "template built-in 'llama3'" in p.stderr
+    _, plain = run("-m", m, "--no-special", "-p",
+                   "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello<|eot_id|>"
+                   "<|start_header_id|>assistant<|end_header_id|>\n\n")
+    assert chat == plain
+    _, raw = run("-m", m, "-p", "Hello")
+    assert raw[0] < chat[0]
+    p = qs("generate", "-m", m, "--chat", "-p", "Hello", check=False)
+    assert_clean_error(p, "the model has no chat template", "--chat-template NAME")
+    p = qs("generate", "--chat", "--chat-template", tmp_path / "none.jinja", "-p", "x",
+           check=False)
+    assert_clean_error(p, "neither a built-in")
+    assert qs("generate", "-p", "x", "--system", "y", check=False).returncode == 2
+
+
 def test_nan_weights_are_an_error_not_token_0(qs, model_copy):
     """Corrupt weights (NaN in the embedding) make every logit NaN; sampling them would emit token
     0 over and over with exit status 0."""

@@ -1,0 +1,31 @@
+// The chat template a command renders messages with (serve's /v1/chat/completions, generate
+// --chat): --chat-template (a built-in name or a Jinja file) or the model's own.
+#pragma once
+
+#include <filesystem>
+#include <optional>
+#include <string>
+
+#include "core/error.h"
+#include "model/chat_template.h"
+#include "model/tokenizer/tokenizer.h"
+
+namespace qs::cli {
+
+struct ChatSetupChoice {
+  std::optional<ChatTemplate> chat_template;  // none: `problem` says why
+  ChatRenderOptions tokens;                   // bos_token / eos_token the template sees
+  std::string problem;
+  std::string origin;  // where the template came from, for the resolved configuration
+};
+
+// The built-in templates' names, comma-separated (for help texts and messages).
+std::string chat_builtin_list();
+
+// `flag`: --chat-template's value (empty: the model's own). A broken --chat-template is an error;
+// a model without a usable template gives no template and a `problem` that ends with `fix`.
+Result<ChatSetupChoice> resolve_chat_template(const std::string& flag,
+                                              const std::filesystem::path& dir,
+                                              const Tokenizer& tok, const std::string& fix);
+
+}  // namespace qs::cli
