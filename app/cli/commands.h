@@ -12,6 +12,7 @@ namespace qs::cli {
 using CommandRun = std::function<int()>;
 
 CommandRun add_generate_command(CLI::App& root);
+CommandRun add_chat_command(CLI::App& root);
 CommandRun add_tokenize_command(CLI::App& root);
 CommandRun add_detokenize_command(CLI::App& root);
 CommandRun add_logits_command(CLI::App& root);

@@ -15,6 +15,7 @@ int main(int argc, char** argv) {
   std::map<CLI::App*, qs::cli::CommandRun> runs;
   auto add = [&](qs::cli::CommandRun run) { runs[app.get_subcommands({}).back()] = std::move(run); };
   add(qs::cli::add_generate_command(app));
+  add(qs::cli::add_chat_command(app));
   add(qs::cli::add_tokenize_command(app));
   add(qs::cli::add_detokenize_command(app));
   add(qs::cli::add_logits_command(app));

@@ -210,15 +210,20 @@ std::filesystem::path resolve_model_dir(const ModelOptions& opts) {
 }
 
 std::string fit_context(Engine& engine, const ModelOptions& opts, int64_t prompt_tokens,
-                        int64_t new_tokens) {
+                        int64_t new_tokens, bool doubling) {
   const ModelConfig& c = engine.config();
   const bool automatic = opts.engine.max_context == 0;
   int64_t limit = c.max_position_embeddings > 0 ? c.max_position_embeddings : INT32_MAX;
   if (c.sliding_window > 0) limit = std::min<int64_t>(limit, c.sliding_window);
-  const int64_t want = std::min(prompt_tokens + std::max<int64_t>(new_tokens, 0), limit);
-  if (automatic && want > engine.max_context()) {
-    if (Status st = engine.set_max_context(static_cast<int>(want)); !st.ok()) {
-      return "a context of " + std::to_string(want) +
+  const int64_t need = prompt_tokens + std::max<int64_t>(new_tokens, 0);
+  if (automatic && std::min(need, limit) > engine.max_context()) {
+    const int64_t want =
+        std::min(doubling ? std::max<int64_t>(need, 2LL * engine.max_context()) : need, limit);
+    int64_t tried = want;
+    Status st = engine.set_max_context(static_cast<int>(tried));
+    if (!st.ok() && want > need) st = engine.set_max_context(static_cast<int>(tried = need));
+    if (!st.ok()) {
+      return "a context of " + std::to_string(tried) +
              " tokens for the prompt and --max-tokens: " + st.error().message +
              "; set a context with --ctx";
     }

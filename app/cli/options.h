@@ -55,10 +55,11 @@ std::filesystem::path resolve_model_dir(const ModelOptions& opts);
 
 // Without --ctx, grows `engine`'s cache to hold a prompt of `prompt_tokens` and `new_tokens`
 // after it, up to the model's max_position_embeddings (and sliding window): a long prompt needs no
-// flag, and a short one keeps the default cache. Then checks that the prompt fits. Empty string,
-// or the error (naming --ctx).
+// flag, and a short one keeps the default cache. `doubling`: grow to at least twice the present
+// size (a conversation, whose cached turns each growth drops). Then checks that the prompt fits.
+// Empty string, or the error (naming --ctx).
 std::string fit_context(Engine& engine, const ModelOptions& opts, int64_t prompt_tokens,
-                        int64_t new_tokens);
+                        int64_t new_tokens, bool doubling = false);
 
 // Check ranges CLI11 cannot express (NaN, top_p in (0,1], ...). Empty string when valid.
 std::string validate_generation_params(const GenerationParams& params);

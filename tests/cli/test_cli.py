@@ -10,7 +10,7 @@ import pytest
 
 from conftest import REPO, TEST_MODELS, golden_dir, model_dir
 
-SUBCOMMANDS = ["generate", "tokenize", "detokenize", "logits", "eval", "bench"]
+SUBCOMMANDS = ["generate", "chat", "tokenize", "detokenize", "logits", "eval", "bench"]
 
 
 @pytest.mark.parametrize("sub", SUBCOMMANDS)
@@ -319,6 +319,55 @@ def test_generate_chat_renders_the_template(qs, tmp_path):
            check=False)
     assert_clean_error(p, "neither a built-in")
     assert qs("generate", "-p", "x", "--system", "y", check=False).returncode == 2
+
+
+def chat_turns(stderr):
+    """(prompt tokens, cached prompt tokens) of each turn's stats line of `quantspec chat`."""
+    import re
+    return [(int(m[1]), int(m[2]))
+            for m in re.finditer(r"^\[(\d+) prompt tokens \((\d+) cached\)", stderr, re.M)]
+
+
+def test_chat_turns_share_the_prompt_cache(qs, tmp_path):
+    """Each stdin line is a user message; a turn renders the whole conversation and prefills only
+    what the last one did not (the engine's prompt cache); /reset starts over; -f leads the first
+    message with a document, which later turns do not prefill again."""
+    def chat(stdin, *args, check=True):
+        return qs("chat", "-n", "6", *args, input=stdin, check=check)
+
+    p = chat("Who was Moses?\n\nAnd Aaron?\n/reset\nWho was Moses?\n/exit\nnot read\n")
+    turns = chat_turns(p.stderr)
+    assert len(turns) == 3, p.stderr
+    assert turns[0][1] == 0 and turns[1][1] >= turns[0][0]  # the first turn's prompt is kept
+    assert turns[1][0] > turns[0][0]
+    assert turns[2][0] == turns[0][0]  # after /reset: the first message alone again
+    first_reply = p.stdout.split("\n")[0]
+    g = qs("generate", "--chat", "-p", "Who was Moses?", "-n", "6")
+    assert g.stdout.split("\n")[0] == first_reply
+    doc = tmp_path / "doc.txt"
+    doc.write_text("And the Lord spake unto Moses, saying, " * 40)
+    p = chat("What is this about?\nWho spoke?\n", "-f", doc, "--system", "Be brief.")
+    (n1, _), (n2, cached2) = chat_turns(p.stderr)
+    assert n1 > 200 and cached2 >= n1
+    p = chat("Hello\n", "-m", model_dir("llama3-tiny"), check=False)
+    assert_clean_error(p, "the model has no chat template", "--chat-template NAME")
+
+
+def test_chat_grows_the_context_once_for_a_long_document(qs, model_copy, tmp_path):
+    """Without --ctx a conversation past the context grows it to at least twice its size (up to
+    the model's maximum), so that the next turns keep their cached prefix."""
+    d = model_copy("llama3-tiny")
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["max_position_embeddings"] = 12000
+    (d / "config.json").write_text(json.dumps(cfg))
+    doc = tmp_path / "doc.txt"
+    doc.write_text("word " * 4600)
+    p = qs("chat", "-m", d, "--chat-template", "llama3", "-f", doc, "-n", "4",
+           input="first\nsecond\nthird\n")
+    assert p.stderr.count("context grown to 12000 tokens") == 1
+    turns = chat_turns(p.stderr)
+    assert len(turns) == 3 and turns[0][0] > 9000
+    assert turns[1][1] >= turns[0][0] and turns[2][1] >= turns[1][0] - 8
 
 
 def test_nan_weights_are_an_error_not_token_0(qs, model_copy):

@@ -1,0 +1,144 @@
+// quantspec chat: a conversation in the terminal. Each line read from stdin is a user message;
+// the whole conversation is rendered by the chat template and the reply streams to stdout. The
+// engine keeps the previous turn's KV (its prompt cache), so a turn prefills only what is new: a
+// long document given once with -f is not read again for each question.
+#include <fmt/core.h>
+
+#include <cstdio>
+#include <iostream>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "chat_setup.h"
+#include "commands.h"
+#include "files.h"
+#include "options.h"
+#include "report.h"
+
+namespace qs::cli {
+
+namespace {
+
+struct ChatArgs {
+  ModelOptions model;
+  GenerationParams gen;
+  std::string system;
+  std::string document_file;
+  std::string chat_template;
+};
+
+// One turn: render the conversation with the new user message, generate the reply (streamed to
+// stdout) and append both to `messages`. An error leaves `messages` as it was.
+Status chat_turn(Engine& eng, const ChatArgs& a, const ChatSetupChoice& chat,
+                 nlohmann::ordered_json& messages, const std::string& user) {
+  nlohmann::ordered_json next = messages;
+  next.push_back({{"role", "user"}, {"content", user}});
+  auto text = chat.chat_template->render(next, chat.tokens);
+  if (!text)
+    return make_error("the chat template rejected the conversation: " + text.error().message);
+  // The template writes BOS and the like itself, as HF's apply_chat_template.
+  const std::vector<int32_t> ids = eng.tokenizer()->encode(*text, /*add_special=*/false);
+  const int before = eng.max_context();
+  if (std::string bad = fit_context(eng, a.model, static_cast<int64_t>(ids.size()),
+                                    a.gen.max_new_tokens, /*doubling=*/true);
+      !bad.empty()) {
+    return make_error("the conversation: " + bad + " (/reset starts a new one)");
+  }
+  if (eng.max_context() != before)
+    fmt::print(stderr, "  (context grown to {} tokens; the conversation is prefilled again)\n",
+               eng.max_context());
+  auto result = eng.generate(ids, a.gen, [](std::string_view piece) {
+    std::fwrite(piece.data(), 1, piece.size(), stdout);
+    std::fflush(stdout);
+    return true;
+  });
+  std::fputc('\n', stdout);
+  std::fflush(stdout);
+  if (!result) return result.error();
+  const GenerationStats& st = result->stats;
+  fmt::print(stderr, "[{} prompt tokens ({} cached); {} generated, {:.2f} tok/s; finish: {}]\n",
+             st.prompt_tokens, st.cached_prompt_tokens, st.generated_tokens, st.decode_tok_s(),
+             result->finish_reason);
+  messages = std::move(next);
+  messages.push_back({{"role", "assistant"}, {"content", result->text}});
+  return Status::ok_status();
+}
+
+int run_chat(ChatArgs& a) {
+  if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
+  if (std::string bad = validate_decode_options(a.model); !bad.empty()) return report_error(bad);
+  std::string document;
+  if (!a.document_file.empty()) {
+    auto text = read_file(a.document_file);
+    if (!text) return report_error(text.error().message);
+    document = std::move(text.value());
+  }
+  const auto dir = resolve_model_dir(a.model);
+  a.model.engine.prompt_cache = true;
+  auto engine = Engine::load(dir, a.model.engine);
+  if (!engine) return report_error(engine.error().message);
+  Engine& eng = *engine.value();
+  if (!eng.tokenizer()) return report_error(dir.string() + ": no tokenizer.json, cannot chat");
+  const std::string fix =
+      "choose one with --chat-template NAME (built-ins: " + chat_builtin_list() +
+      ") or a template file";
+  auto chat = resolve_chat_template(a.chat_template, dir, *eng.tokenizer(), fix);
+  if (!chat) return report_error(chat.error().message);
+  if (!chat->chat_template) return report_error(chat->problem);
+  print_resolved_config("chat", dir, eng, a.model, &a.gen);
+  fmt::print(stderr, "  chat template: {}; one line of stdin per message, /reset, /exit\n",
+             chat->origin);
+
+  const bool interactive = stderr_is_tty();
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  auto start = [&] {
+    messages = nlohmann::ordered_json::array();
+    if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+  };
+  start();
+  bool failed = false;
+  std::string line;
+  while (true) {
+    if (interactive) fmt::print(stderr, "> ");
+    if (!std::getline(std::cin, line)) break;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.empty()) continue;
+    if (line == "/exit" || line == "/quit") break;
+    if (line == "/reset") {
+      start();
+      fmt::print(stderr, "  (a new conversation)\n");
+      continue;
+    }
+    // The document, if any, leads the first user message.
+    const bool first = messages.empty() || messages.back()["role"] == "system";
+    const std::string user = first && !document.empty() ? document + "\n\n" + line : line;
+    if (Status st = chat_turn(eng, a, *chat, messages, user); !st.ok()) {
+      report_error(st.error().message);
+      failed = true;
+    }
+  }
+  return failed ? 1 : 0;
+}
+
+}  // namespace
+
+CommandRun add_chat_command(CLI::App& root) {
+  auto args = std::make_shared<ChatArgs>();
+  CLI::App* cmd = root.add_subcommand(
+      "chat",
+      "Converse in the terminal: each line of stdin is a user message, rendered with the chat "
+      "template; a turn prefills only what is new since the last one");
+  add_model_options(*cmd, args->model);
+  add_decode_options(*cmd, args->model);
+  add_generation_options(*cmd, args->gen);
+  cmd->add_option("--system", args->system, "A system message before the conversation");
+  cmd->add_option("-f,--file", args->document_file,
+                  "A document the conversation is about: it leads the first user message");
+  cmd->add_option("--chat-template", args->chat_template,
+                  "A built-in template (" + chat_builtin_list() +
+                      ") or a Jinja file instead of the model's tokenizer_config.json one");
+  return [args] { return run_chat(*args); };
+}
+
+}  // namespace qs::cli
