@@ -3,6 +3,7 @@
 // engine keeps the previous turn's KV (its prompt cache), so a turn prefills only what is new: a
 // long document given once with -f is not read again for each question.
 #include <fmt/core.h>
+#include <unistd.h>
 
 #include <cstdio>
 #include <iostream>
@@ -48,7 +49,9 @@ Status chat_turn(Engine& eng, const ChatArgs& a, const ChatSetupChoice& chat,
   if (eng.max_context() != before)
     fmt::print(stderr, "  (context grown to {} tokens; the conversation is prefilled again)\n",
                eng.max_context());
-  auto result = eng.generate(ids, a.gen, [](std::string_view piece) {
+  GenerationParams gen = a.gen;
+  show_prefill_progress(gen, static_cast<int64_t>(ids.size()), eng.max_context());
+  auto result = eng.generate(ids, gen, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
     return true;
@@ -90,7 +93,7 @@ int run_chat(ChatArgs& a) {
   fmt::print(stderr, "  chat template: {}; one line of stdin per message, /reset, /exit\n",
              chat->origin);
 
-  const bool interactive = stderr_is_tty();
+  const bool interactive = isatty(fileno(stdin)) != 0 && stderr_is_tty();  // "> " prompts
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   auto start = [&] {
     messages = nlohmann::ordered_json::array();

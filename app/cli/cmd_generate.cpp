@@ -80,12 +80,7 @@ int run_generate(const GenerateArgs& a) {
   if (a.chat)
     fmt::print(stderr, "  chat: the prompt as a user message, template {}\n", chat_origin);
   GenerationParams gen = a.gen;
-  if (stderr_is_tty() && static_cast<int>(ids.size()) > eng.max_context() / 64) {
-    gen.on_prefill_progress = [](int done, int total) {
-      fmt::print(stderr, "\r  prefill {}/{} tokens ({:.0f}%)", done, total, 100.0 * done / total);
-      if (done == total) fmt::print(stderr, "\r\033[K");
-    };
-  }
+  show_prefill_progress(gen, static_cast<int64_t>(ids.size()), eng.max_context());
   auto result = eng.generate(ids, gen, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);

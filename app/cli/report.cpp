@@ -42,6 +42,14 @@ bool stderr_is_tty() {
   return isatty(fileno(stderr)) != 0;
 }
 
+void show_prefill_progress(GenerationParams& gen, int64_t prompt_tokens, int max_context) {
+  if (!stderr_is_tty() || prompt_tokens <= max_context / 64) return;
+  gen.on_prefill_progress = [](int done, int total) {
+    fmt::print(stderr, "\r  prefill {}/{} tokens ({:.0f}%)", done, total, 100.0 * done / total);
+    if (done == total) fmt::print(stderr, "\r\033[K");
+  };
+}
+
 void print_resolved_config(const char* command, const std::filesystem::path& model_dir,
                            const Engine& engine, const ModelOptions& opts,
                            const GenerationParams* gen) {

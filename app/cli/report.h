@@ -29,4 +29,8 @@ std::vector<std::pair<std::string, std::string>> kernel_switches();
 // Whether stderr is a terminal (progress output only then).
 bool stderr_is_tty();
 
+// On a terminal, a prefill of more than a 64th of the context shows its progress on stderr
+// (sets `gen.on_prefill_progress`).
+void show_prefill_progress(GenerationParams& gen, int64_t prompt_tokens, int max_context);
+
 }  // namespace qs::cli
