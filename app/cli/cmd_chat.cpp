@@ -5,6 +5,8 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <atomic>
+#include <csignal>
 #include <cstdio>
 #include <iostream>
 #include <memory>
@@ -20,6 +22,21 @@
 namespace qs::cli {
 
 namespace {
+
+// Ctrl-C during a reply stops it (the conversation keeps what was said); at the prompt it ends
+// the program as usual. Whichever thread the signal lands on, the handler only reads and writes
+// these lock-free atomics, or re-raises with the default action.
+std::atomic<bool> g_replying{false};
+std::atomic<bool> g_stop_reply{false};
+
+extern "C" void on_sigint(int sig) {
+  if (g_replying.load()) {
+    g_stop_reply.store(true);
+    return;
+  }
+  std::signal(sig, SIG_DFL);
+  std::raise(sig);
+}
 
 struct ChatArgs {
   ModelOptions model;
@@ -51,11 +68,14 @@ Status chat_turn(Engine& eng, const ChatArgs& a, const ChatSetupChoice& chat,
                eng.max_context());
   GenerationParams gen = a.gen;
   show_prefill_progress(gen, static_cast<int64_t>(ids.size()), eng.max_context());
+  g_stop_reply.store(false);
+  g_replying.store(true);
   auto result = eng.generate(ids, gen, [](std::string_view piece) {
     std::fwrite(piece.data(), 1, piece.size(), stdout);
     std::fflush(stdout);
-    return true;
+    return !g_stop_reply.load();
   });
+  g_replying.store(false);
   std::fputc('\n', stdout);
   std::fflush(stdout);
   if (!result) return result.error();
@@ -90,10 +110,13 @@ int run_chat(ChatArgs& a) {
   if (!chat) return report_error(chat.error().message);
   if (!chat->chat_template) return report_error(chat->problem);
   print_resolved_config("chat", dir, eng, a.model, &a.gen);
-  fmt::print(stderr, "  chat template: {}; one line of stdin per message, /reset, /exit\n",
+  fmt::print(stderr,
+             "  chat template: {}; one line of stdin per message, /reset, /exit (Ctrl-C stops a "
+             "reply)\n",
              chat->origin);
 
   const bool interactive = isatty(fileno(stdin)) != 0 && stderr_is_tty();  // "> " prompts
+  std::signal(SIGINT, on_sigint);
   nlohmann::ordered_json messages = nlohmann::ordered_json::array();
   auto start = [&] {
     messages = nlohmann::ordered_json::array();

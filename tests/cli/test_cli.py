@@ -353,6 +353,26 @@ def test_chat_turns_share_the_prompt_cache(qs, tmp_path):
     assert_clean_error(p, "the model has no chat template", "--chat-template NAME")
 
 
+def test_chat_ctrl_c_stops_the_reply_not_the_conversation(qs, request):
+    """SIGINT during a reply ends it ("cancelled") and the next line is read; at the prompt SIGINT
+    ends the program as usual."""
+    import signal
+    binary = request.config.getoption("--quantspec")
+    p = subprocess.Popen([binary, "chat", "-n", "100000", "--ignore-eos"], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    p.stdin.write("Who was Moses?\n")
+    p.stdin.flush()
+    p.stdout.read(8)  # the reply has begun
+    p.send_signal(signal.SIGINT)
+    p.stdin.write("/reset\n")
+    p.stdin.flush()
+    time.sleep(2)  # back at the prompt: a second SIGINT ends the program
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == -signal.SIGINT, err
+    assert "finish: cancelled]" in err and "(a new conversation)" in err
+
+
 def test_chat_grows_the_context_once_for_a_long_document(qs, model_copy, tmp_path):
     """Without --ctx a conversation past the context grows it to at least twice its size (up to
     the model's maximum), so that the next turns keep their cached prefix."""
