@@ -80,9 +80,11 @@ Status chat_turn(Engine& eng, const ChatArgs& a, const ChatSetupChoice& chat,
   std::fflush(stdout);
   if (!result) return result.error();
   const GenerationStats& st = result->stats;
-  fmt::print(stderr, "[{} prompt tokens ({} cached); {} generated, {:.2f} tok/s; finish: {}]\n",
-             st.prompt_tokens, st.cached_prompt_tokens, st.generated_tokens, st.decode_tok_s(),
-             result->finish_reason);
+  fmt::print(stderr,
+             "[{} prompt tokens ({} cached), prefill {:.3f} s; {} generated, {:.2f} tok/s; "
+             "finish: {}]\n",
+             st.prompt_tokens, st.cached_prompt_tokens, st.prefill_s, st.generated_tokens,
+             st.decode_tok_s(), result->finish_reason);
   messages = std::move(next);
   messages.push_back({{"role", "assistant"}, {"content", result->text}});
   return Status::ok_status();

@@ -18,7 +18,7 @@ def test_each_step_becomes_its_command(tmp_path):
             "memcheck Y.Z", "bench chain", "ab QS_SW 32768 quantspec,ar-fp16",
             "env QS_AB_SHAPE=llama3.1-8b ab QS_SW 4096 quantspec 1024 2",
             "matrix llama3.1-8b 4096,32768 ar-fp16 2048", "ncu gemv_ring gemv 6",
-            "trace llama2-7b 4096 quantspec", "bench attn --quick")
+            "trace llama2-7b 4096 quantspec", "bench attn --quick", "cli llama3.1-8b 12000")
     assert r.returncode == 0, r.stderr
     lines = [line for line in r.stdout.splitlines() if line.startswith("step ")]
     b = str(tmp_path / "b")
@@ -40,6 +40,7 @@ def test_each_step_becomes_its_command(tmp_path):
         "step 10: env  env QS_TRACE_MODEL=llama2-7b QS_TRACE_CONTEXT=4096 QS_TRACE_MODES=quantspec"
         " bash tools/gpu/trace_decode.sh",
         f"step 11: env  {b}/bench/cuda/bench_ops --sections attn --quick",
+        "step 12: env  bash tools/gpu/cli_long_context.sh llama3.1-8b 12000",
     ]
 
 

@@ -21,6 +21,8 @@
 #   matrix SHAPE CONTEXTS MODES [N]  tools/gpu/bench_matrix.sh (N tokens, default 256)
 #   ncu REGEX SECTIONS COUNT       tools/gpu/ncu_stalls.sh
 #   trace SHAPE CONTEXT MODES      tools/gpu/trace_decode.sh
+#   cli SHAPE TOKENS               tools/gpu/cli_long_context.sh (generate and chat over a
+#                                  TOKENS-token document, the bundled model padded to SHAPE)
 # Environment: QS_COMMIT (the tree's commit, for env.log), QS_STEPS_DEADLINE (seconds after the
 # start past which no step starts; default 540), QS_STEPS_LIMIT (seconds after the start at which
 # a running step is stopped; default 580, inside the device tool's 600), QS_STEPS_DRY=1 (print each step's command, run
@@ -66,6 +68,8 @@ step_command() {
     trace) (($# == 3)) || return 1
       cmd=(env "QS_TRACE_MODEL=$1" "QS_TRACE_CONTEXT=$2" "QS_TRACE_MODES=$3"
         bash tools/gpu/trace_decode.sh) ;;
+    cli) (($# == 2)) || return 1
+      cmd=(bash tools/gpu/cli_long_context.sh "$1" "$2") ;;
     *) return 1 ;;
   esac
 }
@@ -110,7 +114,7 @@ for step in "$@"; do
   [[ -f $build/env.sh ]] && source "$build/env.sh"  # after the build step: the bundle's libraries
   log "step $n: rc $rc in $((SECONDS - t0)) s: $step"
   # The lines worth reading in the call's reply: test verdicts, sanitizer summaries, bench rows.
-  grep -hE '^\[  (PASSED|FAILED) |^\[==========\] [0-9]+ tests|ERROR SUMMARY|^\| |^(ar-|quantspec |streamingllm |snapkv )|medians per arm|QS_[A-Z_]+=.* n=|^build ' \
+  grep -hE '^\[  (PASSED|FAILED) |^\[==========\] [0-9]+ tests|ERROR SUMMARY|^\| |^(ar-|quantspec |streamingllm |snapkv )|medians per arm|QS_[A-Z_]+=.* n=|^build |^cli: ' \
     "$work/step$n.log" | sort -u | head -40 | tee -a "$work/steps.txt"
   grep -hA5 'Failure$' "$work/step$n.log" | head -20 | tee -a "$work/steps.txt"
   pack
