@@ -75,6 +75,12 @@ int run_serve(ServeArgs& a) {
              o.http.request_deadline_s, o.http.keep_alive_timeout_s, o.http.max_body_bytes,
              o.http.threads, o.shutdown_grace_s);
   fmt::print(stderr, "  chat template: {}\n", chat_origin);
+  if (const int64_t model_max = model_context_limit(eng.config());
+      a.model.engine.max_context == 0 && model_max > eng.max_context() && model_max < INT32_MAX) {
+    fmt::print(stderr,
+               "  context: {} tokens, fixed while serving; the model allows {} (--ctx sets it)\n",
+               eng.max_context(), model_max);
+  }
   fmt::print(stderr, "  prompt cache: {}\n",
              !a.prompt_cache ? "off"
              : a.model.engine.mode == DecodeMode::kStreamingLlm ||

@@ -209,12 +209,17 @@ std::filesystem::path resolve_model_dir(const ModelOptions& opts) {
   return QS_DEFAULT_MODEL_DIR;
 }
 
+int64_t model_context_limit(const ModelConfig& c) {
+  int64_t limit = c.max_position_embeddings > 0 ? c.max_position_embeddings : INT32_MAX;
+  if (c.sliding_window > 0) limit = std::min<int64_t>(limit, c.sliding_window);
+  return limit;
+}
+
 std::string fit_context(Engine& engine, const ModelOptions& opts, int64_t prompt_tokens,
                         int64_t new_tokens, bool doubling) {
   const ModelConfig& c = engine.config();
   const bool automatic = opts.engine.max_context == 0;
-  int64_t limit = c.max_position_embeddings > 0 ? c.max_position_embeddings : INT32_MAX;
-  if (c.sliding_window > 0) limit = std::min<int64_t>(limit, c.sliding_window);
+  const int64_t limit = model_context_limit(c);
   const int64_t need = prompt_tokens + std::max<int64_t>(new_tokens, 0);
   if (automatic && std::min(need, limit) > engine.max_context()) {
     const int64_t want =

@@ -53,6 +53,10 @@ void add_generation_options(CLI::App& app, GenerationParams& params);
 // Resolve the model directory: flag, then $QS_MODEL, then the bundled default.
 std::filesystem::path resolve_model_dir(const ModelOptions& opts);
 
+// The longest context the model allows: max_position_embeddings, capped by a sliding window
+// (sliding-window attention is not implemented); INT32_MAX when config.json names neither.
+int64_t model_context_limit(const ModelConfig& config);
+
 // Without --ctx, grows `engine`'s cache to hold a prompt of `prompt_tokens` and `new_tokens`
 // after it, up to the model's max_position_embeddings (and sliding window): a long prompt needs no
 // flag, and a short one keeps the default cache. `doubling`: grow to at least twice the present

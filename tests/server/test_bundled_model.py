@@ -21,3 +21,18 @@ def test_bundled_model_chat_uses_its_template(start_server):
         assert status == 400, body  # raise_exception in the template: the role is not supported
     finally:
         s.stop()
+
+
+def test_startup_names_the_context_the_model_allows(start_server):
+    """A server's context is fixed at start: without --ctx it is min(model max, 8192), and the
+    resolved configuration says how far --ctx could take it; with --ctx nothing is added."""
+    s = start_server("-m", f"{REPO}/models/default")
+    try:
+        assert "context: 8192 tokens, fixed while serving; the model allows 16384" in s.stderr
+    finally:
+        s.stop()
+    s = start_server("-m", f"{REPO}/models/default", "--ctx", "512")
+    try:
+        assert "fixed while serving" not in s.stderr
+    finally:
+        s.stop()
