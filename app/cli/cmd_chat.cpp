@@ -1,4 +1,5 @@
-// quantspec chat: a conversation in the terminal. Each line read from stdin is a user message;
+// quantspec chat: a conversation in the terminal. Each line read from stdin is a user message
+// (a trailing backslash continues it, and lines between two """ lines make one message);
 // the whole conversation is rendered by the chat template and the reply streams to stdout. The
 // engine keeps the previous turn's KV (its prompt cache), so a turn prefills only what is new: a
 // long document given once with -f is not read again for each question.
@@ -90,6 +91,31 @@ Status chat_turn(Engine& eng, const ChatArgs& a, const ChatSetupChoice& chat,
   return Status::ok_status();
 }
 
+// One message from `in`: a line, several joined by a trailing backslash, or the lines between
+// two lines of three double quotes ("""), with their newlines. False at the end of the input.
+bool read_message(std::istream& in, std::string& message, bool interactive) {
+  auto next_line = [&](std::string& line) {
+    if (!std::getline(in, line)) return false;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    return true;
+  };
+  std::string line;
+  if (!next_line(line)) return false;
+  message.clear();
+  if (line == "\"\"\"") {
+    while (next_line(line) && line != "\"\"\"") message += (message.empty() ? "" : "\n") + line;
+    return true;
+  }
+  while (!line.empty() && line.back() == '\\') {
+    line.pop_back();
+    message += line + "\n";
+    if (interactive) fmt::print(stderr, ". ");
+    if (!next_line(line)) return true;
+  }
+  message += line;
+  return true;
+}
+
 int run_chat(ChatArgs& a) {
   if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
   if (std::string bad = validate_decode_options(a.model); !bad.empty()) return report_error(bad);
@@ -113,8 +139,8 @@ int run_chat(ChatArgs& a) {
   if (!chat->chat_template) return report_error(chat->problem);
   print_resolved_config("chat", dir, eng, a.model, &a.gen);
   fmt::print(stderr,
-             "  chat template: {}; one line of stdin per message, /reset, /exit (Ctrl-C stops a "
-             "reply)\n",
+             "  chat template: {}; a line of stdin per message (a trailing \\ continues it; "
+             "lines between two \"\"\" lines make one), /reset, /exit; Ctrl-C stops a reply\n",
              chat->origin);
 
   const bool interactive = isatty(fileno(stdin)) != 0 && stderr_is_tty();  // "> " prompts
@@ -129,8 +155,7 @@ int run_chat(ChatArgs& a) {
   std::string line;
   while (true) {
     if (interactive) fmt::print(stderr, "> ");
-    if (!std::getline(std::cin, line)) break;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (!read_message(std::cin, line, interactive)) break;
     if (line.empty()) continue;
     if (line == "/exit" || line == "/quit") break;
     if (line == "/reset") {

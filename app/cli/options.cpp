@@ -74,8 +74,8 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
       ->capture_default_str()
       ->check(CLI::Range(1, 1024));
   app.add_option("--ctx", opts.engine.max_context,
-                 "Context capacity in tokens (0: min(model max, 8192), grown for a longer prompt "
-                 "and --max-tokens by generate and logits, up to the model's max)")
+                 "Context capacity in tokens (0: min(model max, 8192); generate, chat and logits "
+                 "grow it for a longer prompt and --max-tokens, up to the model's max)")
       ->envname("QS_CTX")
       ->check(CLI::Range(0, 1 << 24));
   app.add_option("--prefill-chunk", opts.engine.prefill_chunk,

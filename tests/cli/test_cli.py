@@ -351,6 +351,14 @@ def test_chat_turns_share_the_prompt_cache(qs, tmp_path):
     assert n1 > 200 and cached2 >= n1
     p = chat("Hello\n", "-m", model_dir("llama3-tiny"), check=False)
     assert_clean_error(p, "the model has no chat template", "--chat-template NAME")
+    # Multi-line messages: a trailing backslash continues a line; """ lines enclose a block.
+    p = chat('first \\\nsecond\n"""\na\n\nb\n"""\nlast\n')
+    assert len(chat_turns(p.stderr)) == 3, p.stderr
+    g = qs("generate", "--chat", "-p", "first \nsecond", "-n", "6", "--stats-json",
+           tmp_path / "g.json")
+    assert chat_turns(p.stderr)[0][0] == json.loads((tmp_path / "g.json").read_text())[
+        "prompt_tokens"]
+    assert p.stdout.split("\n")[0] == g.stdout.split("\n")[0]
 
 
 def test_chat_ctrl_c_stops_the_reply_not_the_conversation(qs, request):
