@@ -180,8 +180,8 @@ CommandRun add_chat_command(CLI::App& root) {
   auto args = std::make_shared<ChatArgs>();
   CLI::App* cmd = root.add_subcommand(
       "chat",
-      "Converse in the terminal: each line of stdin is a user message, rendered with the chat "
-      "template; a turn prefills only what is new since the last one");
+      "Converse in the terminal: each line (or \"\"\" block) of stdin is a user message, "
+      "rendered with the chat template; a turn prefills only what is new since the last one");
   add_model_options(*cmd, args->model);
   add_decode_options(*cmd, args->model);
   add_generation_options(*cmd, args->gen);
