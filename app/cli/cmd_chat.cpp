@@ -47,6 +47,19 @@ struct ChatArgs {
   std::string chat_template;
 };
 
+// The reply as the conversation keeps it: without the whitespace around it, as templates such as
+// Llama 3's trim it. A template that writes "Assistant: " before the content then renders the
+// reply as the tokens that were generated after "Assistant:", so the next turn's prompt repeats
+// the cache through the reply and only the new message is prefilled (a quantized cache cannot
+// be cut back below its last complete group: a prompt that diverged at the reply's first token
+// would be prefilled whole).
+std::string trimmed(const std::string& s) {
+  const char* ws = " \t\n\r";
+  const size_t b = s.find_first_not_of(ws);
+  if (b == std::string::npos) return {};
+  return s.substr(b, s.find_last_not_of(ws) - b + 1);
+}
+
 // One turn: render the conversation with the new user message, generate the reply (streamed to
 // stdout) and append both to `messages`. An error leaves `messages` as it was.
 Status chat_turn(Engine& eng, const ChatArgs& a, const ChatSetupChoice& chat,
@@ -87,7 +100,7 @@ Status chat_turn(Engine& eng, const ChatArgs& a, const ChatSetupChoice& chat,
              st.prompt_tokens, st.cached_prompt_tokens, st.prefill_s, st.generated_tokens,
              st.decode_tok_s(), result->finish_reason);
   messages = std::move(next);
-  messages.push_back({{"role", "assistant"}, {"content", result->text}});
+  messages.push_back({{"role", "assistant"}, {"content", trimmed(result->text)}});
   return Status::ok_status();
 }
 

@@ -222,8 +222,7 @@ std::string fit_context(Engine& engine, const ModelOptions& opts, int64_t prompt
   const int64_t limit = model_context_limit(c);
   const int64_t need = prompt_tokens + std::max<int64_t>(new_tokens, 0);
   if (automatic && std::min(need, limit) > engine.max_context()) {
-    const int64_t want =
-        std::min(doubling ? std::max<int64_t>(need, 2LL * engine.max_context()) : need, limit);
+    const int64_t want = std::min(doubling ? 2 * need : need, limit);
     int64_t tried = want;
     Status st = engine.set_max_context(static_cast<int>(tried));
     if (!st.ok() && want > need) st = engine.set_max_context(static_cast<int>(tried = need));

@@ -59,8 +59,9 @@ int64_t model_context_limit(const ModelConfig& config);
 
 // Without --ctx, grows `engine`'s cache to hold a prompt of `prompt_tokens` and `new_tokens`
 // after it, up to the model's max_position_embeddings (and sliding window): a long prompt needs no
-// flag, and a short one keeps the default cache. `doubling`: grow to at least twice the present
-// size (a conversation, whose cached turns each growth drops). Then checks that the prompt fits.
+// flag, and a short one keeps the default cache. `doubling`: grow to twice what is needed (a
+// conversation, which goes on, and whose cached turns each growth drops; what is needed alone if
+// that does not fit). Then checks that the prompt fits.
 // Empty string, or the error (naming --ctx).
 std::string fit_context(Engine& engine, const ModelOptions& opts, int64_t prompt_tokens,
                         int64_t new_tokens, bool doubling = false);

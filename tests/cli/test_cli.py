@@ -338,7 +338,9 @@ def test_chat_turns_share_the_prompt_cache(qs, tmp_path):
     p = chat("Who was Moses?\n\nAnd Aaron?\n/reset\nWho was Moses?\n/exit\nnot read\n")
     turns = chat_turns(p.stderr)
     assert len(turns) == 3, p.stderr
-    assert turns[0][1] == 0 and turns[1][1] >= turns[0][0]  # the first turn's prompt is kept
+    # The first turn's prompt and reply are kept (the reply's 6 tokens but the last, which the
+    # cache never holds): the reply, stored trimmed, renders as the tokens generated.
+    assert turns[0][1] == 0 and turns[1][1] == turns[0][0] + 5
     assert turns[1][0] > turns[0][0]
     assert turns[2][0] == turns[0][0]  # after /reset: the first message alone again
     first_reply = p.stdout.split("\n")[0]
@@ -351,6 +353,12 @@ def test_chat_turns_share_the_prompt_cache(qs, tmp_path):
     assert n1 > 200 and cached2 >= n1
     p = chat("Hello\n", "-m", model_dir("llama3-tiny"), check=False)
     assert_clean_error(p, "the model has no chat template", "--chat-template NAME")
+    # A quantized cache cannot be cut back below its last complete group (G = 128): a reply of
+    # 200 tokens is reused only because the next prompt repeats it token for token.
+    p = qs("chat", "-n", "200", "--ignore-eos", "--mode", "quantspec",
+           input="Who was Moses?\nAnd Aaron?\n")
+    turns = chat_turns(p.stderr)
+    assert turns[1][1] == turns[0][0] + 199, p.stderr
     # Multi-line messages: a trailing backslash continues a line; """ lines enclose a block.
     p = chat('first \\\nsecond\n"""\na\n\nb\n"""\nlast\n')
     assert len(chat_turns(p.stderr)) == 3, p.stderr
@@ -382,19 +390,20 @@ def test_chat_ctrl_c_stops_the_reply_not_the_conversation(qs, request):
 
 
 def test_chat_grows_the_context_once_for_a_long_document(qs, model_copy, tmp_path):
-    """Without --ctx a conversation past the context grows it to at least twice its size (up to
+    """Without --ctx a conversation past the context grows it to twice what the turn needs (up to
     the model's maximum), so that the next turns keep their cached prefix."""
     d = model_copy("llama3-tiny")
     cfg = json.loads((d / "config.json").read_text())
-    cfg["max_position_embeddings"] = 12000
+    cfg["max_position_embeddings"] = 40000
     (d / "config.json").write_text(json.dumps(cfg))
     doc = tmp_path / "doc.txt"
-    doc.write_text("word " * 4600)
+    doc.write_text("word " * 8500)  # past twice the default 8192
     p = qs("chat", "-m", d, "--chat-template", "llama3", "-f", doc, "-n", "4",
            input="first\nsecond\nthird\n")
-    assert p.stderr.count("context grown to 12000 tokens") == 1
     turns = chat_turns(p.stderr)
-    assert len(turns) == 3 and turns[0][0] > 9000
+    assert len(turns) == 3 and turns[0][0] > 17000
+    assert p.stderr.count("context grown to") == 1
+    assert f"context grown to {2 * (turns[0][0] + 4)} tokens" in p.stderr
     assert turns[1][1] >= turns[0][0] and turns[2][1] >= turns[1][0] - 8
 
 
