@@ -60,4 +60,29 @@ Result<ChatSetupChoice> resolve_chat_template(const std::string& flag,
   return chat;
 }
 
+Result<ChatSetupChoice> require_chat_template(const std::string& flag,
+                                              const std::filesystem::path& dir,
+                                              const Tokenizer& tok,
+                                              const std::string& alternative) {
+  const std::string fix =
+      "choose one with --chat-template NAME (built-ins: " + chat_builtin_list() +
+      ") or a template file" + alternative;
+  QS_ASSIGN_OR_RETURN(ChatSetupChoice c, resolve_chat_template(flag, dir, tok, fix));
+  if (!c.chat_template) return make_error(c.problem);
+  return c;
+}
+
+nlohmann::ordered_json chat_opening(const std::string& system) {
+  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
+  if (!system.empty()) messages.push_back({{"role", "system"}, {"content", system}});
+  return messages;
+}
+
+Result<std::string> render_chat(const ChatSetupChoice& chat,
+                                const nlohmann::ordered_json& messages) {
+  auto text = chat.chat_template->render(messages, chat.tokens);
+  if (!text) return make_error("the chat template rejected the messages: " + text.error().message);
+  return std::move(text).value();
+}
+
 }  // namespace qs::cli

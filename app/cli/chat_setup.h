@@ -3,6 +3,7 @@
 #pragma once
 
 #include <filesystem>
+#include <nlohmann/json.hpp>
 #include <optional>
 #include <string>
 
@@ -27,5 +28,22 @@ std::string chat_builtin_list();
 Result<ChatSetupChoice> resolve_chat_template(const std::string& flag,
                                               const std::filesystem::path& dir,
                                               const Tokenizer& tok, const std::string& fix);
+
+// For the commands that cannot go without a template (generate --chat, chat): as
+// resolve_chat_template, and no usable template is an error naming --chat-template (then
+// `alternative`, e.g. ", or drop --chat").
+Result<ChatSetupChoice> require_chat_template(const std::string& flag,
+                                              const std::filesystem::path& dir,
+                                              const Tokenizer& tok,
+                                              const std::string& alternative = "");
+
+// A conversation's first messages: the system message, when there is one.
+nlohmann::ordered_json chat_opening(const std::string& system);
+
+// `messages` rendered by `chat`'s template with the generation prompt (the text to tokenize
+// without added special tokens: the template writes BOS and the like, as HF's
+// apply_chat_template).
+Result<std::string> render_chat(const ChatSetupChoice& chat,
+                                const nlohmann::ordered_json& messages);
 
 }  // namespace qs::cli

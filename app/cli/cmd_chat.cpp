@@ -66,11 +66,8 @@ Status chat_turn(Engine& eng, const ChatArgs& a, const ChatSetupChoice& chat,
                  nlohmann::ordered_json& messages, const std::string& user) {
   nlohmann::ordered_json next = messages;
   next.push_back({{"role", "user"}, {"content", user}});
-  auto text = chat.chat_template->render(next, chat.tokens);
-  if (!text)
-    return make_error("the chat template rejected the conversation: " + text.error().message);
-  // The template writes BOS and the like itself, as HF's apply_chat_template.
-  const std::vector<int32_t> ids = eng.tokenizer()->encode(*text, /*add_special=*/false);
+  QS_ASSIGN_OR_RETURN(const std::string text, render_chat(chat, next));
+  const std::vector<int32_t> ids = eng.tokenizer()->encode(text, /*add_special=*/false);
   const int before = eng.max_context();
   if (std::string bad = fit_context(eng, a.model, static_cast<int64_t>(ids.size()),
                                     a.gen.max_new_tokens, /*doubling=*/true);
@@ -144,12 +141,8 @@ int run_chat(ChatArgs& a) {
   if (!engine) return report_error(engine.error().message);
   Engine& eng = *engine.value();
   if (!eng.tokenizer()) return report_error(dir.string() + ": no tokenizer.json, cannot chat");
-  const std::string fix =
-      "choose one with --chat-template NAME (built-ins: " + chat_builtin_list() +
-      ") or a template file";
-  auto chat = resolve_chat_template(a.chat_template, dir, *eng.tokenizer(), fix);
+  auto chat = require_chat_template(a.chat_template, dir, *eng.tokenizer());
   if (!chat) return report_error(chat.error().message);
-  if (!chat->chat_template) return report_error(chat->problem);
   print_resolved_config("chat", dir, eng, a.model, &a.gen);
   fmt::print(stderr,
              "  chat template: {}; a line of stdin per message (a trailing \\ continues it; "
@@ -158,12 +151,7 @@ int run_chat(ChatArgs& a) {
 
   const bool interactive = isatty(fileno(stdin)) != 0 && stderr_is_tty();  // "> " prompts
   std::signal(SIGINT, on_sigint);
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  auto start = [&] {
-    messages = nlohmann::ordered_json::array();
-    if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
-  };
-  start();
+  nlohmann::ordered_json messages = chat_opening(a.system);
   bool failed = false;
   std::string line;
   while (true) {
@@ -172,7 +160,7 @@ int run_chat(ChatArgs& a) {
     if (line.empty()) continue;
     if (line == "/exit" || line == "/quit") break;
     if (line == "/reset") {
-      start();
+      messages = chat_opening(a.system);
       fmt::print(stderr, "  (a new conversation)\n");
       continue;
     }

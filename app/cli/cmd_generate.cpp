@@ -37,18 +37,12 @@ Result<std::string> prompt_text(const GenerateArgs& a, const std::string& prompt
                                 const std::filesystem::path& dir, const Tokenizer& tok,
                                 std::string* origin) {
   if (!a.chat) return prompt;
-  const std::string fix =
-      "choose one with --chat-template NAME (built-ins: " + chat_builtin_list() +
-      ") or a template file, or drop --chat";
-  QS_ASSIGN_OR_RETURN(ChatSetupChoice c, resolve_chat_template(a.chat_template, dir, tok, fix));
-  if (!c.chat_template) return make_error(c.problem);
+  QS_ASSIGN_OR_RETURN(ChatSetupChoice c,
+                      require_chat_template(a.chat_template, dir, tok, ", or drop --chat"));
   *origin = c.origin;
-  nlohmann::ordered_json messages = nlohmann::ordered_json::array();
-  if (!a.system.empty()) messages.push_back({{"role", "system"}, {"content", a.system}});
+  nlohmann::ordered_json messages = chat_opening(a.system);
   messages.push_back({{"role", "user"}, {"content", prompt}});
-  auto text = c.chat_template->render(messages, c.tokens);
-  if (!text) return make_error("the chat template rejected the prompt: " + text.error().message);
-  return std::move(text).value();
+  return render_chat(c, messages);
 }
 
 int run_generate(const GenerateArgs& a) {
