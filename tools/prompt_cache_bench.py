@@ -2,11 +2,13 @@
 """Prefill time of a conversation's next turn with and without the server's prompt cache.
 
 Starts `quantspec serve` (--port 0, the given mode and --prompt-cache on|off), posts the first N
-held-out tokens (greedy, 64 new tokens), the same prompt again, then the first N + M tokens (a
-next turn that extends the first), and prints each response's prompt tokens, kept prompt tokens
+held-out tokens (greedy, --new tokens), the same prompt again, the first N - Q tokens and Q others
+(another question on the same document), then the first N + M tokens (a next turn that extends the
+first), and prints each response's prompt tokens, kept prompt tokens
 (usage.prompt_tokens_details.cached_tokens) and prefill seconds (quantspec.prefill_s).
 
     python3 tools/prompt_cache_bench.py build/quantspec quantspec on [--first 4000] [--more 300]
+        [--question 100] [--new 64]
 """
 import argparse
 import json
@@ -24,11 +26,15 @@ def main():
     ap.add_argument("cache", choices=["on", "off"])
     ap.add_argument("--first", type=int, default=4000)
     ap.add_argument("--more", type=int, default=300)
+    ap.add_argument("--question", type=int, default=100)
+    ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--tokens", default="models/default/heldout.u16")
     ap.add_argument("--ctx", type=int, default=8192)
     a = ap.parse_args()
 
-    ids = np.fromfile(a.tokens, dtype=np.uint16)[: a.first + a.more].astype(int).tolist()
+    ids = np.fromfile(a.tokens, dtype=np.uint16)[: a.first + a.more + a.question]
+    ids = ids.astype(int).tolist()
+    question = ids[: a.first - a.question] + ids[a.first + a.more:]
     proc = subprocess.Popen([a.binary, "serve", "--port", "0", "--ctx", str(a.ctx), "--mode",
                              a.mode, "--prompt-cache", a.cache], stderr=subprocess.PIPE, text=True)
     port = None
@@ -41,7 +47,7 @@ def main():
         raise SystemExit("the server did not start")
 
     def post(prompt):
-        body = {"prompt": prompt, "max_tokens": 64, "temperature": 0, "ignore_eos": True}
+        body = {"prompt": prompt, "max_tokens": a.new, "temperature": 0, "ignore_eos": True}
         req = urllib.request.Request(f"http://127.0.0.1:{port}/v1/completions",
                                      data=json.dumps(body).encode(),
                                      headers={"Content-Type": "application/json"})
@@ -50,7 +56,7 @@ def main():
 
     try:
         for what, prompt in (("first", ids[: a.first]), ("again", ids[: a.first]),
-                             ("next turn", ids)):
+                             ("question", question), ("next turn", ids[: a.first + a.more])):
             r = post(prompt)
             print(f"{a.mode} cache {a.cache} {what}: prompt {r['usage']['prompt_tokens']}, kept "
                   f"{r['usage']['prompt_tokens_details']['cached_tokens']}, prefill "

@@ -104,16 +104,27 @@ struct EngineOptions {
   int snap_kernel = 7;
   // A prompt cache of one sequence (the server's --prompt-cache): generate() keeps the tokens
   // whose K/V the cache holds when it ends, and the next prompt that starts with some of them
-  // prefills only the rest (LlmEngine::reusable_prefix says how much is kept: any shared prefix
-  // with the fp cache; with a quantized cache the shared prefix must reach the last quantized
-  // group, as when a conversation's next turn extends the previous one). Where the kept history
-  // has quantized groups, the rest of the prompt reads it as decoding does (the INT8 view of its
-  // quantized part, --prefill-kv quantized): what a decode of those tokens would compute, not an
-  // exact prefill of the whole prompt; a shorter history is all full precision, and the rest of
-  // the prompt is prefilled exactly after it. Not with the sparse-KV drafts (their index is built
-  // from the whole prompt).
+  // prefills only the rest (LlmEngine::reusable_prefix says how much is kept). The fp cache keeps
+  // any shared prefix. A quantized cache keeps one where it still holds the full-precision rows
+  // that attention at its end reads (KvCache::can_truncate): a prefix that reaches the last
+  // quantized group (a conversation's next turn), and one that leaves the previous prompt within
+  // its last kPromptCacheTail tokens or shares all of it (another question on the same document,
+  // another completion of the same prompt), for which generate() keeps the rows from there on
+  // while at most prompt_cache_rows of them lie below the quantization boundary (past that, a
+  // long completion drops them, and such a prompt is prefilled whole again). Where the kept
+  // history has quantized groups, the rest of the prompt reads it as decoding does (the INT8 view
+  // of its quantized part, --prefill-kv quantized): what a decode of those tokens would compute,
+  // not an exact prefill of the whole prompt; a shorter history is all full precision, and the
+  // rest of the prompt is prefilled exactly after it. Not with the sparse-KV drafts (their index
+  // is built from the whole prompt).
   bool prompt_cache = false;
+  // Llama-2-7B, f16 rows: 0.5 MiB per row (2048 rows: 1 GiB); Llama-3.1-8B: 0.125 MiB.
+  int prompt_cache_rows = 2048;
 };
+
+// The prompt tokens before the last one whose full-precision rows a quantized prompt cache keeps
+// (EngineOptions::prompt_cache).
+inline constexpr int kPromptCacheTail = 256;
 
 // The prefill chunk an engine with these options runs: prefill_chunk, or for 0 the default of
 // its device: 8192 on cuda (larger GEMMs and attention launches: H200, Llama-2-7B, 32K prompt,

@@ -332,6 +332,20 @@ void LlmEngine::truncate_all(int length) {
   QS_CHECK(st.ok());
 }
 
+void LlmEngine::keep_rows_all(int from) {
+  const int max_rows = options_.prompt_cache_rows;
+  const Status st = each_cache([from, max_rows](KvCache& c) {
+    c.keep_rows_from(from, max_rows);
+    return Status::ok_status();
+  });
+  QS_CHECK(st.ok());
+}
+
+int LlmEngine::prompt_cache_keep_from(int prompt_len) const {
+  if (!options_.prompt_cache || sparse() || !cache_.quantized()) return -1;
+  return quant_boundary(std::max(prompt_len - 1 - kPromptCacheTail, 0), cache_.group_size());
+}
+
 void LlmEngine::clear_all() {
   cached_ids_.clear();
   const Status st = each_cache([](KvCache& c) {
@@ -352,8 +366,9 @@ DecoderDispatch LlmEngine::dispatch() {
 }
 
 Status LlmEngine::prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress,
-                          int decode_rows) {
+                          int decode_rows, int keep_from) {
   clear_all();
+  if (keep_from >= 0) keep_rows_all(keep_from);
   sparse_ = SparseDraftIndex{};
   const int n = static_cast<int>(ids.size());
   const ModelConfig& cfg = config();
@@ -393,10 +408,11 @@ int LlmEngine::reusable_prefix(const std::vector<int32_t>& prompt) const {
 }
 
 Status LlmEngine::extend(const std::vector<int32_t>& ids, int from, const PrefillProgress& progress,
-                         int decode_rows) {
+                         int decode_rows, int keep_from) {
   QS_CHECK(from >= 1 && from < static_cast<int>(ids.size()) && cache_.can_truncate(from));
   cached_ids_.clear();  // until the generation that runs on this cache ends
   truncate_all(from);
+  if (keep_from >= 0) keep_rows_all(keep_from);
   return prefill_by_chunk(ids, progress, decode_rows, nullptr, 0, from);
 }
 
@@ -666,10 +682,11 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   // Decoding writes up to max_new - 1 committed rows plus a round's candidates past them.
   const int decode_rows = max_new + cache_.config().max_gamma + 1;
   const int reuse = reusable_prefix(prompt);
+  const int keep_from = prompt_cache_keep_from(prompt_len);
   if (reuse > 0) {
-    QS_TRY(extend(prompt, reuse, params.on_prefill_progress, decode_rows));
+    QS_TRY(extend(prompt, reuse, params.on_prefill_progress, decode_rows, keep_from));
   } else {
-    QS_TRY(prefill(prompt, params.on_prefill_progress, decode_rows));
+    QS_TRY(prefill(prompt, params.on_prefill_progress, decode_rows, keep_from));
   }
   QS_TRY(check_finite_logits(last_logits_));
   result.stats.cached_prompt_tokens = reuse;

@@ -116,13 +116,21 @@ class LlmEngine final : public Engine {
   // position into last_logits_.
   using PrefillProgress = std::function<void(int done, int total)>;
   // decode_rows: the rows decoding will write after the prompt, reserved with the prompt's (the
-  // full-precision modes; capped at the capacity).
+  // full-precision modes; capped at the capacity). keep_from >= 0: the cache keeps its
+  // full-precision rows from there (prompt_cache_keep_from).
   Status prefill(const std::vector<int32_t>& ids, const PrefillProgress& progress = {},
-                 int decode_rows = 0);
+                 int decode_rows = 0, int keep_from = -1);
   // The prompt cache's prefill: keeps positions [0, from) of the cache (reusable_prefix) and runs
   // ids[from..] after them, chunk by chunk, reading the kept history through the mode's view.
   Status extend(const std::vector<int32_t>& ids, int from, const PrefillProgress& progress,
-                int decode_rows);
+                int decode_rows, int keep_from);
+  // With EngineOptions::prompt_cache on a quantized cache: where a generation from a prompt of
+  // `prompt_len` tokens has the cache keep its full-precision rows from
+  // (KvCache::keep_rows_from), so that a next prompt that leaves this one within its last
+  // kPromptCacheTail tokens, or shares all of it (another completion of the same prompt), keeps
+  // the shared prefix; -1 otherwise.
+  int prompt_cache_keep_from(int prompt_len) const;
+  void keep_rows_all(int from);
   // prefill's layer-major order (quantized caches, exact attention) on every rank.
   Status prefill_by_layer_all(const std::vector<int32_t>& ids, const PrefillProgress& progress);
   // prefill's chunk-major order: each chunk through every layer (every rank), then the next;

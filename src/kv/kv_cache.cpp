@@ -166,7 +166,12 @@ Status KvCache::prepare_write(int pos, int m) {
     // 128K: 96 of the 140 GB).
     const int room = cfg_.capacity - fp_base_;
     const int rows = needed > room / 2 ? room : std::min(std::max(needed, 2 * buffer_rows_), room);
-    QS_TRY(reserve_rows(rows));
+    const Status grown = reserve_rows(rows);
+    if (!grown.ok() && keep_from_ >= 0) {
+      drop_kept_rows();  // the kept rows are what is in the way: the write goes first
+      return prepare_write(pos, m);
+    }
+    QS_TRY(grown);
   }
   return Status::ok_status();
 }
@@ -262,26 +267,57 @@ void KvCache::commit(int n) {
     quantize_layers_below(complete);
     n_planes_ = complete;
   }
-  const int base = quant_boundary(n, G);
+  const int base = buffer_start(n);
   if (base > fp_base_) shift_rows(base);
+  // Give back what a long prefill grew (a failed allocation just keeps the large buffer): down
+  // to the steady rows, or with kept rows (keep_rows_from) to those and the steady rows.
   const int steady = steady_rows();
-  if (buffer_rows_ > std::max(2 * steady, held_rows_) && fp_end_ - fp_base_ <= steady) {
-    // Give back what a long prefill grew (a failed allocation just keeps the large buffer).
-    (void)resize_rows(std::max(steady, held_rows_));
+  const int used = fp_end_ - fp_base_;
+  const int want = used <= steady ? steady : used + steady;
+  if (buffer_rows_ > std::max(2 * want, held_rows_)) {
+    (void)resize_rows(std::max(want, held_rows_));
   }
+}
+
+int KvCache::buffer_start(int n) {
+  const int b = quant_boundary(n, cfg_.group_size);
+  if (keep_from_ < 0) return b;
+  if (b - std::max(keep_from_, fp_base_) > keep_max_) {
+    keep_from_ = -1;
+    return b;
+  }
+  return std::min(b, keep_from_);
+}
+
+void KvCache::keep_rows_from(int from, int max_rows) {
+  QS_CHECK(from >= 0 && max_rows >= 0);
+  if (!quantized()) return;
+  keep_from_ = from;
+  keep_max_ = max_rows;
+}
+
+void KvCache::drop_kept_rows() {
+  keep_from_ = -1;
+  const int b = quant_boundary(n_, cfg_.group_size);
+  if (b > fp_base_) shift_rows(b);
 }
 
 bool KvCache::can_truncate(int n) const {
   if (n < 0 || n > n_ || in_layer_prefill()) return false;
-  return !quantized() || n >= n_planes_;
+  return !quantized() || quant_boundary(n, cfg_.group_size) >= fp_base_;
 }
 
 void KvCache::truncate(int n) {
   QS_CHECK_MSG(can_truncate(n), "KV cache: truncate to " + str(n) + " of " + str(n_) +
-                                    " positions with " + str(n_planes_) + " quantized");
-  QS_CHECK(quant_boundary(n, cfg_.group_size) == fp_base_ || !quantized());
+                                    " positions with full-precision rows from " + str(fp_base_));
   n_ = n;
   fp_end_ = n;
+  if (!quantized()) return;
+  const int complete = cfg_.group_size * (n / cfg_.group_size);
+  n_planes_ = std::min(n_planes_, complete);
+  for (int l = 0; l < cfg_.num_layers; ++l) {
+    layer_quantized_[l] = std::min(layer_quantized_[l], complete);
+  }
 }
 
 Status KvCache::hold_rows(int chunk) {
@@ -292,6 +328,7 @@ Status KvCache::hold_rows(int chunk) {
 
 void KvCache::clear() {
   n_ = n_planes_ = fp_base_ = fp_end_ = flushes_ = 0;
+  keep_from_ = -1;
   for (int l = 0; l < cfg_.num_layers; ++l) layer_quantized_[l] = 0;
   lp_rows_ = lp_layer_ = lp_end_ = 0;
   lp_k_.reset();
@@ -311,8 +348,14 @@ Status KvCache::begin_layer_prefill(int n) {
     return make_error("context is full: " + str(n) + " positions needed but the KV cache holds " +
                       str(cfg_.capacity));
   }
-  // The rows every layer keeps after the prompt: [b(n), n), fewer than 2G.
-  QS_TRY(reserve_rows(n - quant_boundary(n, cfg_.group_size)));
+  // The rows every layer keeps after the prompt: [b(n), n), fewer than 2G, or from the kept
+  // position (keep_rows_from) where the buffer can take them.
+  lp_base_ = buffer_start(n);
+  if (!reserve_rows(n - lp_base_).ok()) {
+    keep_from_ = -1;
+    lp_base_ = quant_boundary(n, cfg_.group_size);
+    QS_TRY(reserve_rows(n - lp_base_));
+  }
   const size_t bytes = static_cast<size_t>(n) * kv_dim() * elem_bytes();
   const size_t floats = (bytes + sizeof(float) - 1) / sizeof(float);  // Buffer counts floats
   lp_k_ = backend_->try_alloc(floats);
@@ -334,7 +377,7 @@ void KvCache::end_layer_prefill(int layer) {
   const int n = lp_rows_;
   const int G = cfg_.group_size;
   const int complete = G * (n / G);
-  const int base = quant_boundary(n, G);
+  const int base = lp_base_;
   if (complete > 0) {
     backend_->quantize_kv(lp_row(lp_k_, 0), lp_row(lp_v_, 0), cfg_.row_dtype, kv_dim(),
                           cfg_.num_kv_heads, cfg_.head_dim, 0, complete / G,

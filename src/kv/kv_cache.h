@@ -109,18 +109,27 @@ class KvCache {
   // mode or when no group above n is quantized), quantizes newly complete groups, drops buffer
   // rows below b(n).
   void commit(int n);
-  // The longest prefix [0, n) of the committed positions the cache can keep on its own
-  // (truncate(n)): every n <= length() in the fp mode; in the quantized modes n >= planes_length(),
-  // where no quantized group lies above n and the buffer keeps rows [b(n), n) (b(n) = fp_base()
-  // there). Below that, the rows [b(n), fp_base()) that attention at n would read in full
-  // precision are gone.
+  // Whether the cache can cut back to the prefix [0, n) of the committed positions on its own
+  // (truncate(n)): every n <= length() in the fp mode; in the quantized modes where the buffer
+  // still holds the rows [b(n), n) that attention at n reads in full precision, b(n) >=
+  // fp_base(): n >= planes_length(), and further down over rows keep_rows_from kept.
   bool can_truncate(int n) const;
   // Drops the committed positions [n, length()) (a prompt cache: the next prompt shares only
   // [0, n) with the sequence in the cache); can_truncate(n) must hold (a bug otherwise). A length
-  // change: nothing is re-quantized, the planes are untouched.
+  // change: the planes' bytes are untouched; the groups at or above G*floor(n/G) are no longer
+  // committed and are quantized again, from the rows then written, when they complete.
   void truncate(int n);
-  // Empty cache (planes keep their memory; nothing of them is read until rewritten).
+  // Empty cache (planes keep their memory; nothing of them is read until rewritten). Ends
+  // keep_rows_from.
   void clear();
+  // The prompt cache's kept rows (quantized modes; a no-op in the fp mode, which keeps every
+  // row): from now on commits and a layer-major prefill drop no buffer row at or above `from`
+  // while at most `max_rows` rows lie below the quantization boundary b(length()). Then
+  // can_truncate(n) holds down to b(n) >= max(from, fp_base()), below the quantized groups.
+  // Past max_rows, and when the buffer cannot grow for a write, the kept rows are dropped as
+  // without this call (the cache never fails for them) and stay dropped until the next call.
+  // Attention reads the same rows either way (query t: [b(t), t] in full precision).
+  void keep_rows_from(int from, int max_rows);
 
   // Layer-major prefill of an empty quantized cache: the prompt's full-precision attention with
   // one layer's rows at a time instead of every layer's (Llama-2-7B at 128K: 2 instead of 64 GiB
@@ -152,6 +161,11 @@ class KvCache {
   void quantize_layers_below(int end);
   // Moves rows [from, fp_end) of every layer to the start of the buffer.
   void shift_rows(int from);
+  // Where the buffer starts once n positions are committed: b(n), or the kept position while
+  // keep_rows_from's limit holds at n (ends keep_rows_from past it).
+  int buffer_start(int n);
+  // Ends keep_rows_from and drops the kept rows below b(n).
+  void drop_kept_rows();
   // Element size of the rows, and where row `pos` of `layer` starts.
   size_t elem_bytes() const { return dtype_size(cfg_.row_dtype); }
   void* k_row(int layer, int pos) const;
@@ -170,6 +184,8 @@ class KvCache {
   std::unique_ptr<int[]> layer_quantized_;  // [num_layers] positions quantized per layer
   int buffer_rows_ = 0;                     // allocated rows per layer
   int held_rows_ = 0;                       // commit() keeps at least this many (hold_rows)
+  int keep_from_ = -1;                      // keep_rows_from (-1: none)
+  int keep_max_ = 0;
   // [num_layers, buffer_rows, kv_dim] of row_dtype (Buffer sizes count floats: rounded up).
   std::unique_ptr<Buffer> k_buf_;  // post-RoPE
   std::unique_ptr<Buffer> v_buf_;
@@ -178,6 +194,7 @@ class KvCache {
   int lp_rows_ = 0;
   int lp_layer_ = 0;
   int lp_end_ = 0;
+  int lp_base_ = 0;  // the buffer's first row after the prefill (buffer_start(lp_rows_))
   std::unique_ptr<Buffer> lp_k_;
   std::unique_ptr<Buffer> lp_v_;
   void* lp_row(const std::unique_ptr<Buffer>& b, int pos) const;

@@ -272,9 +272,11 @@ TEST_P(CudaEngineTest, LayerByLayerPrefillGivesTheChunkByChunkTokens) {
 }
 
 // The prompt cache (EngineOptions::prompt_cache) on the GPU: a conversation of three turns, each
-// prompt the previous one, its completion and more, keeps the same tokens and completes with the
-// same tokens as on the CPU (the kept history truncated, the rest prefilled after it on the
-// device: exactly, or through the quantized view where the history has quantized groups).
+// prompt the previous one, its completion and more, then the last prompt again (another
+// completion: cut back below the completion's quantized groups, over the rows the cache kept),
+// keeps the same tokens and completes with the same tokens as on the CPU (the kept history
+// truncated, the rest prefilled after it on the device: exactly, or through the quantized view
+// where the history has quantized groups).
 TEST_P(CudaEngineTest, PromptCacheEqualsTheCpuEngine) {
   const ModeCase& c = GetParam();
   if (c.mode == DecodeMode::kStreamingLlm || c.mode == DecodeMode::kSnapKv) {
@@ -294,6 +296,16 @@ TEST_P(CudaEngineTest, PromptCacheEqualsTheCpuEngine) {
     EXPECT_EQ(got->stats.cached_prompt_tokens, want->stats.cached_prompt_tokens) << c.name;
     if (turn > 0) {
       EXPECT_GT(got->stats.cached_prompt_tokens, 0) << c.name << " turn " << turn;
+    }
+    if (turn == 2) {
+      auto want_again = cpu->generate(prompt, params, {});
+      auto got_again = gpu->generate(prompt, params, {});
+      ASSERT_TRUE(want_again.ok() && got_again.ok());
+      EXPECT_EQ(got_again->tokens, want_again->tokens) << c.name;
+      EXPECT_EQ(got_again->stats.cached_prompt_tokens, static_cast<int>(prompt.size()) - 1)
+          << c.name;
+      EXPECT_EQ(want_again->stats.cached_prompt_tokens, static_cast<int>(prompt.size()) - 1)
+          << c.name;
     }
     prompt.insert(prompt.end(), want->tokens.begin(), want->tokens.end());
     const std::vector<int32_t> more = prompt_ids(*cpu, 8 + 60 * turn);

@@ -3,11 +3,13 @@
 // - The fp cache keeps any shared prefix: the continuation is the computation of a fresh prefill
 //   of the whole prompt (the same greedy tokens).
 // - A quantized cache keeps a shared prefix that reaches its last quantized group (a next turn
-//   that extends the previous one), and the rest of the prompt reads the kept history through the
-//   mode's view, as decoding does: the computation of a fresh run whose prefill is streamed
+//   that extends the previous one) or the full-precision rows it kept from the previous prompt's
+//   last kPromptCacheTail tokens on (another question on the same document, another completion
+//   of the same prompt), and the rest of the prompt reads the kept history through the mode's
+//   view, as decoding does: the computation of a fresh run whose prefill is streamed
 //   (--prefill-kv quantized: every chunk committed, later chunks reading the history quantized).
-// - Anything else prefills from scratch: a prompt that diverges inside the quantized groups, the
-//   sparse-KV drafts, the option off, a cache another call changed.
+// - Anything else prefills from scratch: a prompt that diverges further back inside the
+//   quantized groups, the sparse-KV drafts, the option off, a cache another call changed.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -66,14 +68,15 @@ int shared_prefix(const std::vector<int32_t>& a, const std::vector<int32_t>& b) 
 }
 
 // A conversation of three turns, each prompt the previous prompt, its completion and a new
-// message (what a chat client sends), and a prompt that keeps only part of the history. Each
+// message (what a chat client sends), and two prompts that keep only part of the history. Each
 // request runs on the caching engine and on a fresh engine without the cache; the greedy tokens
 // must be equal, and the cached prompt tokens what the cache held of the prompt.
 void check_conversation(const TinyModel& tiny, const EngineOptions& cached_opts,
                         const EngineOptions& fresh_opts, bool any_prefix) {
   auto cached = testing::make_tiny_engine(tiny, cached_opts);
   ASSERT_TRUE(cached);
-  std::vector<int32_t> prompt = random_prompt(150, kVocab, 1);
+  std::vector<int32_t> prompt = random_prompt(300, kVocab, 1);
+  std::vector<int32_t> last_prompt;
   int expect_cached = 0;
   std::vector<int32_t> in_cache;
   for (int turn = 0; turn < 3; ++turn) {
@@ -90,14 +93,29 @@ void check_conversation(const TinyModel& tiny, const EngineOptions& cached_opts,
     ASSERT_EQ(got.tokens.size(), size_t(n));
     in_cache = held(prompt, got);
     expect_cached = static_cast<int>(in_cache.size());
+    last_prompt = prompt;
     prompt = concat(prompt, got.tokens, random_prompt(20 + 17 * turn, kVocab, 10 + turn));
   }
-  // A prompt that shares only the first ~100 tokens: the fp cache keeps them, a quantized cache
-  // (whose groups reach far past 100) none.
-  std::vector<int32_t> other(prompt.begin(), prompt.begin() + 100);
-  other = concat(other, random_prompt(30, kVocab, 99));
-  const GenerationResult got = generate(*cached, other, 25);
+  // Another question on the same history: the last prompt but its last 60 tokens, and a new
+  // message. Every cache keeps the shared prefix (a quantized one through the rows it kept).
+  std::vector<int32_t> other(last_prompt.begin(), last_prompt.end() - 60);
+  other = concat(other, random_prompt(30, kVocab, 98));
+  GenerationResult got = generate(*cached, other, 25);
   auto fresh = testing::make_tiny_engine(tiny, fresh_opts);
+  ASSERT_TRUE(fresh);
+  EXPECT_EQ(got.tokens, generate(*fresh, other, 25).tokens);
+  EXPECT_EQ(got.stats.cached_prompt_tokens, shared_prefix(in_cache, other));
+  EXPECT_GE(got.stats.cached_prompt_tokens, static_cast<int>(last_prompt.size()) - 60);
+  in_cache = held(other, got);
+  // A prompt that shares only the first 100 tokens: the fp cache keeps them, a quantized cache
+  // (whose groups and kept rows start far past 100) none.
+  const int group = testing::kEngineTestGroup;
+  ASSERT_GT(quant_boundary(static_cast<int>(other.size()) - 1 - kPromptCacheTail, group),
+            quant_boundary(100, group));
+  other.resize(100);
+  other = concat(other, random_prompt(30, kVocab, 99));
+  got = generate(*cached, other, 25);
+  fresh = testing::make_tiny_engine(tiny, fresh_opts);
   ASSERT_TRUE(fresh);
   EXPECT_EQ(got.tokens, generate(*fresh, other, 25).tokens);
   EXPECT_EQ(got.stats.cached_prompt_tokens, any_prefix ? shared_prefix(in_cache, other) : 0);
@@ -216,7 +234,8 @@ TEST(PromptCache, AShortHistoryIsExtendedExactly) {
   }
 }
 
-// The same prompt again: everything but its last token is kept where the cache can be cut there.
+// The same prompt again (another completion, a retry): everything but its last token is kept, in
+// every mode, also after completions longer than a group.
 TEST(PromptCache, RepeatedPromptRunsItsLastToken) {
   const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 73);
   auto e = testing::make_tiny_engine(tiny, options(DecodeMode::kAr, KvType::kFp16, true));
@@ -226,6 +245,31 @@ TEST(PromptCache, RepeatedPromptRunsItsLastToken) {
   const GenerationResult b = generate(*e, prompt, 20);
   EXPECT_EQ(b.stats.cached_prompt_tokens, 89);
   EXPECT_EQ(a.tokens, b.tokens);
+  const std::vector<int32_t> long_prompt = random_prompt(400, kVocab, 9);
+  for (const auto& [mode, kv] : testing::kQuantizedModes) {
+    SCOPED_TRACE(std::string(decode_mode_name(mode)) + " " + kv_type_name(kv));
+    auto q = testing::make_tiny_engine(tiny, options(mode, kv, true, PrefillKv::kQuantized));
+    ASSERT_TRUE(q);
+    const GenerationResult first = generate(*q, long_prompt, 100);  // 3 groups past the prompt
+    const GenerationResult again = generate(*q, long_prompt, 100);
+    EXPECT_EQ(again.stats.cached_prompt_tokens, 399);
+    EXPECT_EQ(again.tokens, first.tokens);
+  }
+}
+
+// The rows a quantized prompt cache keeps are bounded (EngineOptions::prompt_cache_rows): a
+// completion that would keep more drops them, and the same prompt is then prefilled whole.
+TEST(PromptCache, ALongCompletionDropsTheKeptRows) {
+  const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 78);
+  EngineOptions o = options(DecodeMode::kQuantSpec, KvType::kFp16, true, PrefillKv::kQuantized);
+  o.prompt_cache_rows = 96;
+  auto e = testing::make_tiny_engine(tiny, o);
+  ASSERT_TRUE(e);
+  const std::vector<int32_t> prompt = random_prompt(100, kVocab, 12);
+  generate(*e, prompt, 40);  // 139 positions: the b(139) = 96 rows below the boundary are kept
+  EXPECT_EQ(generate(*e, prompt, 80).stats.cached_prompt_tokens, 99);
+  // 179 positions: b(179) = 128 > 96 rows, dropped.
+  EXPECT_EQ(generate(*e, prompt, 20).stats.cached_prompt_tokens, 0);
 }
 
 // Where nothing is kept: the option off (the default), the sparse-KV drafts, and after a call that

@@ -169,6 +169,142 @@ TEST(KvCache, TruncatesToAPrefixTheBufferStillHolds) {
   EXPECT_NEAR(out[0], 35.0f, 0.05f);
 }
 
+// The prompt cache's kept rows (keep_rows_from): commits drop no buffer row at or above the kept
+// position while at most max_rows rows lie below the quantization boundary, so truncate() can
+// cut back below quantized groups. The groups above the cut are quantized again from the new
+// rows, and the cache then holds what a cache that only ever committed those rows holds.
+TEST(KvCache, KeptRowsLetTruncateCutBelowTheQuantizedGroups) {
+  KvCache q = std::move(KvCache::create(small(KvMode::kQuantSpec), cpu())).value();
+  q.keep_rows_from(16, 40);
+  write_rows(q, 0, 45);
+  q.commit(45);  // G = 8: planes [0, 40); rows from 16 kept (b(45) = 32)
+  EXPECT_EQ(q.planes_length(), 40);
+  EXPECT_EQ(q.fp_base(), 16);
+  EXPECT_TRUE(q.can_truncate(24));   // b(24) = 16: the rows attention at 24 reads are held
+  EXPECT_FALSE(q.can_truncate(23));  // b(23) = 8 < 16
+  q.truncate(26);
+  EXPECT_EQ(q.length(), 26);
+  EXPECT_EQ(q.planes_length(), 24);  // groups [24, 40) are no longer committed
+  EXPECT_EQ(q.fp_base(), 16);
+  write_rows(q, 26, 25, 0.5f);
+  q.commit(51);
+
+  // The same rows committed by a cache that never held the dropped ones.
+  KvCache fresh = std::move(KvCache::create(small(KvMode::kQuantSpec), cpu())).value();
+  write_rows(fresh, 0, 26);
+  write_rows(fresh, 26, 25, 0.5f);
+  fresh.commit(51);
+  ASSERT_EQ(q.planes_length(), 48);
+  ASSERT_EQ(fresh.planes_length(), 48);
+  std::vector<float> a(4), b(4);
+  for (int p = 0; p < 48; ++p) {
+    for (const KvQuantView view : {KvQuantView::kTargetInt8, KvQuantView::kDraftInt4}) {
+      q.planes()->read_keys(1, 0, p, 1, view, a.data());
+      fresh.planes()->read_keys(1, 0, p, 1, view, b.data());
+      EXPECT_EQ(a, b) << p;
+      q.planes()->read_values(1, 0, p, 1, view, a.data());
+      fresh.planes()->read_values(1, 0, p, 1, view, b.data());
+      EXPECT_EQ(a, b) << p;
+    }
+  }
+  QuantizedKvSegment seg;
+  const KvView v = q.view(0, KvQuantView::kTargetInt8, &seg);
+  EXPECT_EQ(v.fp_base, 16);
+  for (int p = v.fp_base; p < 51; ++p) {
+    EXPECT_EQ(v.k_f32()[(p - v.fp_base) * 4], float(p) + (p >= 26 ? 0.5f : 0.0f)) << p;
+  }
+}
+
+// Past max_rows below the boundary the rows go as without keep_rows_from; clear() ends it.
+TEST(KvCache, KeptRowsAreDroppedPastTheirLimit) {
+  KvCache q = std::move(KvCache::create(small(KvMode::kInt8), cpu())).value();
+  q.keep_rows_from(8, 16);
+  write_rows(q, 0, 30);
+  q.commit(30);  // b(30) = 16: 8 rows below it
+  EXPECT_EQ(q.fp_base(), 8);
+  write_rows(q, 30, 6);
+  q.commit(36);  // b(36) = 24: 16 rows
+  EXPECT_EQ(q.fp_base(), 8);
+  write_rows(q, 36, 4);
+  q.commit(40);  // b(40) = 32: 24 rows, past the limit
+  EXPECT_EQ(q.fp_base(), 32);
+  EXPECT_FALSE(q.can_truncate(30));
+  write_rows(q, 40, 10);
+  q.commit(50);
+  EXPECT_EQ(q.fp_base(), 40);  // not kept again
+
+  q.clear();
+  q.keep_rows_from(0, 100);
+  q.clear();
+  write_rows(q, 0, 30);
+  q.commit(30);
+  EXPECT_EQ(q.fp_base(), 16);
+}
+
+// A layer-major prefill keeps the rows from the kept position too: the state a chunk-major
+// prefill of the same rows leaves.
+TEST(KvCache, LayerMajorPrefillKeepsTheKeptRows) {
+  KvCache lm = std::move(KvCache::create(small(KvMode::kQuantSpec), cpu())).value();
+  KvCache cm = std::move(KvCache::create(small(KvMode::kQuantSpec), cpu())).value();
+  lm.keep_rows_from(24, 64);
+  cm.keep_rows_from(24, 64);
+  ASSERT_TRUE(lm.begin_layer_prefill(61).ok());
+  std::vector<float> k(61 * 4), v(61 * 4);
+  for (int i = 0; i < 61 * 4; ++i) {
+    k[i] = float(i / 4);
+    v[i] = float(i / 4) + 1000.0f;
+  }
+  for (int l = 0; l < 2; ++l) {
+    lm.write(l, 0, 61, k.data(), v.data());
+    lm.end_layer_prefill(l);
+  }
+  write_rows(cm, 0, 61);
+  cm.commit(61);
+  EXPECT_EQ(lm.fp_base(), 24);
+  EXPECT_EQ(cm.fp_base(), 24);
+  EXPECT_EQ(lm.planes_length(), cm.planes_length());
+  EXPECT_EQ(snapshot(lm), snapshot(cm));
+  for (int l = 0; l < 2; ++l) {
+    const KvView a = lm.view(l, std::nullopt, nullptr);
+    const KvView b = cm.view(l, std::nullopt, nullptr);
+    for (int p = 24; p < 61; ++p) {
+      EXPECT_EQ(a.k_f32()[(p - 24) * 4], float(p));
+      EXPECT_EQ(a.v_f32()[(p - 24) * 4], b.v_f32()[(p - 24) * 4]);
+    }
+  }
+  EXPECT_TRUE(lm.can_truncate(33));
+  EXPECT_FALSE(lm.can_truncate(31));
+}
+
+// A backend that has no memory for buffers of more than `limit` floats.
+class LimitedCpuBackend : public CpuBackend {
+ public:
+  explicit LimitedCpuBackend(size_t limit) : CpuBackend(1), limit_(limit) {}
+  std::unique_ptr<Buffer> try_alloc(size_t n) override {
+    return n > limit_ ? nullptr : CpuBackend::try_alloc(n);
+  }
+
+ private:
+  size_t limit_;
+};
+
+// Kept rows never make a write fail: when the buffer cannot grow, they are dropped first.
+TEST(KvCache, KeptRowsGiveWayWhenTheBufferCannotGrow) {
+  LimitedCpuBackend backend(40 * 2 * 4);  // 40 rows of 2 layers x 4 floats
+  KvCache q = std::move(KvCache::create(small(KvMode::kQuantSpec), backend)).value();
+  q.keep_rows_from(0, 1000);
+  write_rows(q, 0, 40);
+  q.commit(40);
+  EXPECT_EQ(q.fp_base(), 0);
+  EXPECT_TRUE(q.can_truncate(3));
+  ASSERT_TRUE(q.prepare_write(40, 5).ok());  // 45 rows do not fit: back to b(40) = 32
+  EXPECT_EQ(q.fp_base(), 32);
+  EXPECT_FALSE(q.can_truncate(30));
+  write_rows(q, 40, 5);
+  q.commit(45);
+  EXPECT_EQ(q.planes_length(), 40);
+}
+
 TEST(KvCache, RejectsBadConfigurations) {
   KvCacheConfig c = small(KvMode::kInt8);
   c.max_gamma = 8;
