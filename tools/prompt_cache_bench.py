@@ -8,7 +8,7 @@ first), and prints each response's prompt tokens, kept prompt tokens
 (usage.prompt_tokens_details.cached_tokens) and prefill seconds (quantspec.prefill_s).
 
     python3 tools/prompt_cache_bench.py build/quantspec quantspec on [--first 4000] [--more 300]
-        [--question 100] [--new 64]
+        [--question 100] [--new 64] [--model DIR] [--device cuda]
 """
 import argparse
 import json
@@ -30,13 +30,18 @@ def main():
     ap.add_argument("--new", type=int, default=64)
     ap.add_argument("--tokens", default="models/default/heldout.u16")
     ap.add_argument("--ctx", type=int, default=8192)
+    ap.add_argument("--model", help="model directory (default: the binary's default model)")
+    ap.add_argument("--device", help="cpu or cuda (default: the binary's default)")
     a = ap.parse_args()
 
     ids = np.fromfile(a.tokens, dtype=np.uint16)[: a.first + a.more + a.question]
     ids = ids.astype(int).tolist()
     question = ids[: a.first - a.question] + ids[a.first + a.more:]
-    proc = subprocess.Popen([a.binary, "serve", "--port", "0", "--ctx", str(a.ctx), "--mode",
-                             a.mode, "--prompt-cache", a.cache], stderr=subprocess.PIPE, text=True)
+    cmd = [a.binary, "serve", "--port", "0", "--ctx", str(a.ctx), "--mode", a.mode,
+           "--prompt-cache", a.cache]
+    cmd += ["-m", a.model] if a.model else []
+    cmd += ["--device", a.device] if a.device else []
+    proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     port = None
     for line in proc.stderr:
         m = re.search(r"listening on http://[^ ]+:(\d+)", line)
