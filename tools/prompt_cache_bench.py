@@ -3,9 +3,10 @@
 
 Starts `quantspec serve` (--port 0, the given mode and --prompt-cache on|off), posts the first N
 held-out tokens (greedy, --new tokens), the same prompt again, the first N - Q tokens and Q others
-(another question on the same document), then the first N + M tokens (a next turn that extends the
-first), and prints each response's prompt tokens, kept prompt tokens
-(usage.prompt_tokens_details.cached_tokens) and prefill seconds (quantspec.prefill_s).
+(another question on the same document), then the first N + M tokens (a prompt that extends the
+first; after the question the cache shares N - Q tokens with it), and prints each response's
+prompt tokens, kept prompt tokens (usage.prompt_tokens_details.cached_tokens) and prefill seconds
+(quantspec.prefill_s).
 
     python3 tools/prompt_cache_bench.py build/quantspec quantspec on [--first 4000] [--more 300]
         [--question 100] [--new 64] [--model DIR] [--device cuda]

@@ -118,7 +118,8 @@ struct EngineOptions {
   // rest of the prompt is prefilled exactly after it. Not with the sparse-KV drafts (their index
   // is built from the whole prompt).
   bool prompt_cache = false;
-  // Llama-2-7B, f16 rows: 0.5 MiB per row (2048 rows: 1 GiB); Llama-3.1-8B: 0.125 MiB.
+  // Llama-2-7B, f16 rows: 0.5 MiB per row (2048 rows: 1 GiB; the buffer then holds ~1.2 GiB
+  // with its steady rows); Llama-3.1-8B: 0.125 MiB. Must be >= 0.
   int prompt_cache_rows = 2048;
 };
 

@@ -69,6 +69,10 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
     return make_error("prefill_chunk must be >= 0 (0: the device's default), got " +
                       std::to_string(options.prefill_chunk));
   }
+  if (options.prompt_cache_rows < 0) {
+    return make_error("prompt_cache_rows must be >= 0, got " +
+                      std::to_string(options.prompt_cache_rows));
+  }
   if (options.tensor_parallel < 1) {
     return make_error("tensor parallel size (--tp) must be >= 1, got " +
                       std::to_string(options.tensor_parallel));
@@ -404,12 +408,21 @@ int LlmEngine::reusable_prefix(const std::vector<int32_t>& prompt) const {
   size_t shared = 0;
   while (shared < limit && cached_ids_[shared] == prompt[shared]) ++shared;
   const int n = static_cast<int>(shared);
-  return cache_.can_truncate(n) ? n : 0;
+  return can_truncate_all(n) ? n : 0;
+}
+
+bool LlmEngine::can_truncate_all(int n) const {
+  // Each rank's cache decides on its own when kept rows give way to a failed growth.
+  if (!cache_.can_truncate(n)) return false;
+  for (const Peer& p : peers_) {
+    if (!p.cache.can_truncate(n)) return false;
+  }
+  return true;
 }
 
 Status LlmEngine::extend(const std::vector<int32_t>& ids, int from, const PrefillProgress& progress,
                          int decode_rows, int keep_from) {
-  QS_CHECK(from >= 1 && from < static_cast<int>(ids.size()) && cache_.can_truncate(from));
+  QS_CHECK(from >= 1 && from < static_cast<int>(ids.size()) && can_truncate_all(from));
   cached_ids_.clear();  // until the generation that runs on this cache ends
   truncate_all(from);
   if (keep_from >= 0) keep_rows_all(keep_from);
@@ -445,9 +458,9 @@ Status LlmEngine::prefill_by_chunk(const std::vector<int32_t>& ids, const Prefil
   const int n = static_cast<int>(ids.size());
   // kQuantized (quantized modes), and every extension of a quantized cache whose history has
   // quantized groups (there is no exact prefill after them): every chunk is committed before the
-  // next and read back through the mode's view, so the buffer holds a chunk plus the steady rows.
-  // Otherwise the prompt's rows and those decoding will write in one allocation: a growth while
-  // decoding holds two buffers at once (Llama-2-7B, 128K: 64 GiB of rows twice).
+  // next and read back through the mode's view, so the buffer holds a chunk plus the steady (and
+  // kept) rows. Otherwise the prompt's rows and those decoding will write in one allocation: a
+  // growth while decoding holds two buffers at once (Llama-2-7B, 128K: 64 GiB of rows twice).
   const bool streamed = cache_.quantized() && (options_.prefill_kv == PrefillKv::kQuantized ||
                                                (from > 0 && cache_.planes_length() > 0));
   const int chunk = options_.prefill_chunk;

@@ -149,6 +149,7 @@ class LlmEngine final : public Engine {
   Status each_cache(const std::function<Status(KvCache&)>& fn);
   void commit_all(int length);
   void truncate_all(int length);
+  bool can_truncate_all(int length) const;  // KvCache::can_truncate on every rank
   // Empties every rank's cache (and forgets the prompt cache's tokens).
   void clear_all();
   // How a SpeculativeDecoder over model_ runs on all ranks (empty with one rank).

@@ -164,8 +164,11 @@ Status KvCache::prepare_write(int pos, int m) {
     // the capacity once more than half of it is needed: a growth holds the old and the new buffer
     // at once, and two large steps (half, then all) would need 1.5x the final size (Llama-2-7B at
     // 128K: 96 of the 140 GB).
+    // With kept rows (keep_rows_from) never past what they may take: their max_rows below b(n),
+    // the steady rows above it.
     const int room = cfg_.capacity - fp_base_;
-    const int rows = needed > room / 2 ? room : std::min(std::max(needed, 2 * buffer_rows_), room);
+    int rows = needed > room / 2 ? room : std::min(std::max(needed, 2 * buffer_rows_), room);
+    if (keep_from_ >= 0) rows = std::max(needed, std::min(rows, keep_max_ + steady_rows()));
     const Status grown = reserve_rows(rows);
     if (!grown.ok() && keep_from_ >= 0) {
       drop_kept_rows();  // the kept rows are what is in the way: the write goes first
@@ -330,6 +333,10 @@ void KvCache::clear() {
   n_ = n_planes_ = fp_base_ = fp_end_ = flushes_ = 0;
   keep_from_ = -1;
   for (int l = 0; l < cfg_.num_layers; ++l) layer_quantized_[l] = 0;
+  // A quantized cache gives back what kept rows grew (the next prompt's prefill allocates its
+  // own scratch); the fp cache keeps its buffer for the next prompt's rows.
+  const int steady = std::min(steady_rows(), cfg_.capacity);
+  if (quantized() && buffer_rows_ > 2 * steady) (void)resize_rows(steady);
   lp_rows_ = lp_layer_ = lp_end_ = 0;
   lp_k_.reset();
   lp_v_.reset();

@@ -7,10 +7,12 @@
 //
 // State: n = committed positions (target-verified K/V). In the quantized modes the planes hold
 // the complete committed groups [0, n_planes), n_planes = G*floor(n/G), each quantized once, as
-// soon as its G rows are committed (the flush). The full-precision buffer holds rows
-// [fp_base, fp_end): fp_base = b(n) (backend.h quant_boundary) after a commit, and the rows past n
-// are the speculative ones (draft K/V, then the target's overwrite). Rows [fp_base, n_planes)
-// exist in both forms. Rejection is only a length change: the planes are never touched by it.
+// soon as its G rows are committed (the flush); only a prompt cache's truncate() below them makes
+// groups uncommitted, to be quantized again from the rows written next. The full-precision
+// buffer holds rows [fp_base, fp_end): fp_base = b(n) (backend.h quant_boundary) after a commit,
+// or lower while keep_rows_from keeps rows, and the rows past n are the speculative ones (draft
+// K/V, then the target's overwrite). Rows [fp_base, n_planes) exist in both forms. Rejection is
+// only a length change: the planes are never touched by it.
 //
 // The full-precision rows (the whole fp cache, the quantized modes' buffer) are f32 or f16
 // (KvCacheConfig::row_dtype): new rows are stored through Backend::store_kv_row_pair (f16: rounded
@@ -82,8 +84,9 @@ class KvCache {
   // instead of a chain of growths.
   Status prepare_write(int pos, int m);
   // Keeps the buffer at >= chunk + the steady rows until released (hold_rows(0)): a prefill that
-  // commits every chunk (EngineOptions::prefill_kv = kQuantized) then needs no more, and commit()
-  // does not give the rows back between chunks. hold_rows(0) lets the next commit shrink it.
+  // commits every chunk (EngineOptions::prefill_kv = kQuantized) then needs no more (but kept
+  // rows, keep_rows_from), and commit() does not give the rows back between chunks.
+  // hold_rows(0) lets the next commit shrink it.
   Status hold_rows(int chunk);
   // Stores m rows of K and V ([m, kv_dim] f32 each, backend memory) as row_dtype at positions
   // [pos, pos + m) of `layer`'s buffer (every layer gets the same rows), after
@@ -105,9 +108,9 @@ class KvCache {
   // buffer. Used by commit() and by a forward over committed-by-construction rows (evaluation).
   void quantize_below(int layer, int end);
 
-  // Makes [0, n) committed (n_old <= n <= written_end; n < n_old is a rollback only in the fp
-  // mode or when no group above n is quantized), quantizes newly complete groups, drops buffer
-  // rows below b(n).
+  // Makes [0, n) committed (n_old <= n <= written_end), quantizes newly complete groups, drops
+  // buffer rows below b(n) (below the kept position while keep_rows_from keeps rows) and gives
+  // back a buffer a prefill grew.
   void commit(int n);
   // Whether the cache can cut back to the prefix [0, n) of the committed positions on its own
   // (truncate(n)): every n <= length() in the fp mode; in the quantized modes where the buffer
@@ -136,10 +139,11 @@ class KvCache {
   // of f16 rows next to the planes). begin_layer_prefill(n) gives layer 0 a scratch of n rows;
   // write() and view(layer) then act on the scratch of the layer in progress (rows [0, written),
   // full precision; the other layers are not touched). end_layer_prefill(layer), once its n rows
-  // are written, quantizes its complete groups from the scratch, keeps its rows [b(n), n) in the
-  // buffer and hands the scratch to the next layer. After the last layer the cache holds exactly
-  // what commit(n) leaves after a chunk-major prefill of the same rows (planes, rows, counters)
-  // and the scratch is freed; clear() abandons a layer-major prefill.
+  // are written, quantizes its complete groups from the scratch, keeps its rows [b(n), n) (from
+  // the kept position on, keep_rows_from) in the buffer and hands the scratch to the next layer.
+  // After the last layer the cache holds exactly what commit(n) leaves after a chunk-major prefill
+  // of the same rows (planes, rows, counters) and the scratch is freed; clear() abandons a
+  // layer-major prefill.
   Status begin_layer_prefill(int n);
   void end_layer_prefill(int layer);
   bool in_layer_prefill() const { return lp_rows_ > 0; }

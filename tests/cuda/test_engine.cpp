@@ -272,7 +272,7 @@ TEST_P(CudaEngineTest, LayerByLayerPrefillGivesTheChunkByChunkTokens) {
 }
 
 // The prompt cache (EngineOptions::prompt_cache) on the GPU: a conversation of three turns, each
-// prompt the previous one, its completion and more, then the last prompt again (another
+// prompt the previous one, its completion and more, then the last prompt again, twice (another
 // completion: cut back below the completion's quantized groups, over the rows the cache kept),
 // keeps the same tokens and completes with the same tokens as on the CPU (the kept history
 // truncated, the rest prefilled after it on the device: exactly, or through the quantized view
@@ -298,14 +298,18 @@ TEST_P(CudaEngineTest, PromptCacheEqualsTheCpuEngine) {
       EXPECT_GT(got->stats.cached_prompt_tokens, 0) << c.name << " turn " << turn;
     }
     if (turn == 2) {
-      auto want_again = cpu->generate(prompt, params, {});
-      auto got_again = gpu->generate(prompt, params, {});
-      ASSERT_TRUE(want_again.ok() && got_again.ok());
-      EXPECT_EQ(got_again->tokens, want_again->tokens) << c.name;
-      EXPECT_EQ(got_again->stats.cached_prompt_tokens, static_cast<int>(prompt.size()) - 1)
-          << c.name;
-      EXPECT_EQ(want_again->stats.cached_prompt_tokens, static_cast<int>(prompt.size()) - 1)
-          << c.name;
+      // A completion of 100 tokens, then the same prompt again: the cut lies below the groups
+      // that completion quantized (G <= 128), over the rows the cache kept.
+      const int p = static_cast<int>(prompt.size());
+      ASSERT_LT(p - 1, c.group_size * ((p + 99) / c.group_size));
+      for (const int n : {100, 40}) {
+        auto want_again = cpu->generate(prompt, no_eos_params(n), {});
+        auto got_again = gpu->generate(prompt, no_eos_params(n), {});
+        ASSERT_TRUE(want_again.ok() && got_again.ok());
+        EXPECT_EQ(got_again->tokens, want_again->tokens) << c.name;
+        EXPECT_EQ(got_again->stats.cached_prompt_tokens, p - 1) << c.name;
+        EXPECT_EQ(want_again->stats.cached_prompt_tokens, p - 1) << c.name;
+      }
     }
     prompt.insert(prompt.end(), want->tokens.begin(), want->tokens.end());
     const std::vector<int32_t> more = prompt_ids(*cpu, 8 + 60 * turn);

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <tuple>
 #include <vector>
 
 #include "engine/llm_engine.h"
@@ -153,7 +154,23 @@ TEST(PromptCache, QuantizedCacheContinuesAsDecodingWould) {
     EXPECT_EQ(a.stats.cached_prompt_tokens, expect_cached) << "turn " << turn;
     EXPECT_EQ(b.stats.cached_prompt_tokens, expect_cached) << "turn " << turn;
     expect_cached = static_cast<int>(held(prompt, a).size());
-    prompt = concat(prompt, a.tokens, random_prompt(11, kVocab, 20 + turn));
+    if (turn < 2) prompt = concat(prompt, a.tokens, random_prompt(11, kVocab, 20 + turn));
+  }
+  // The last prompt again after a completion of 3 groups (its layer-major prefill kept the rows
+  // from b(prompt - 257) > 0 on), once more, and another question on it: the two engines keep the
+  // same tokens and agree.
+  ASSERT_GT(static_cast<int>(prompt.size()) - 1 - kPromptCacheTail, 2 * testing::kEngineTestGroup);
+  std::vector<int32_t> question(prompt.begin(), prompt.end() - 60);
+  question = concat(question, random_prompt(40, kVocab, 23));
+  for (const auto& [next, n, cached_tokens] :
+       {std::tuple{prompt, 100, static_cast<int>(prompt.size()) - 1},
+        std::tuple{prompt, 30, static_cast<int>(prompt.size()) - 1},
+        std::tuple{question, 30, static_cast<int>(prompt.size()) - 60}}) {
+    const GenerationResult a = generate(*exact, next, n);
+    const GenerationResult b = generate(*ar, next, n);
+    EXPECT_EQ(a.tokens, b.tokens);
+    EXPECT_EQ(a.stats.cached_prompt_tokens, cached_tokens);
+    EXPECT_EQ(b.stats.cached_prompt_tokens, cached_tokens);
   }
 }
 
@@ -270,6 +287,15 @@ TEST(PromptCache, ALongCompletionDropsTheKeptRows) {
   EXPECT_EQ(generate(*e, prompt, 80).stats.cached_prompt_tokens, 99);
   // 179 positions: b(179) = 128 > 96 rows, dropped.
   EXPECT_EQ(generate(*e, prompt, 20).stats.cached_prompt_tokens, 0);
+}
+
+TEST(PromptCache, ANegativeRowLimitIsAClearError) {
+  const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 79);
+  EngineOptions o = options(DecodeMode::kQuantSpec, KvType::kFp16, true);
+  o.prompt_cache_rows = -1;
+  auto e = LlmEngine::create(tiny.cfg, tiny.weights, std::nullopt, o);
+  ASSERT_FALSE(e.ok());
+  EXPECT_EQ(e.error().message, "prompt_cache_rows must be >= 0, got -1");
 }
 
 // Where nothing is kept: the option off (the default), the sparse-KV drafts, and after a call that

@@ -288,21 +288,37 @@ class LimitedCpuBackend : public CpuBackend {
   size_t limit_;
 };
 
-// Kept rows never make a write fail: when the buffer cannot grow, they are dropped first.
+// Kept rows never make a write fail: when the buffer cannot grow, they are dropped first (the
+// speculative rows past the committed ones stay). Nor do they grow the buffer past max_rows below
+// the boundary and the steady rows above it, and clear() gives back what they grew.
 TEST(KvCache, KeptRowsGiveWayWhenTheBufferCannotGrow) {
   LimitedCpuBackend backend(40 * 2 * 4);  // 40 rows of 2 layers x 4 floats
+  const size_t per_row = 2 * 2 * 4 * sizeof(float);
   KvCache q = std::move(KvCache::create(small(KvMode::kQuantSpec), backend)).value();
   q.keep_rows_from(0, 1000);
-  write_rows(q, 0, 40);
-  q.commit(40);
+  write_rows(q, 0, 38);
+  q.commit(38);
+  write_rows(q, 38, 2);  // a round's candidates
   EXPECT_EQ(q.fp_base(), 0);
   EXPECT_TRUE(q.can_truncate(3));
-  ASSERT_TRUE(q.prepare_write(40, 5).ok());  // 45 rows do not fit: back to b(40) = 32
-  EXPECT_EQ(q.fp_base(), 32);
+  ASSERT_TRUE(q.prepare_write(40, 5).ok());  // 45 rows do not fit: back to b(38) = 24
+  EXPECT_EQ(q.fp_base(), 24);
+  EXPECT_EQ(q.written_end(), 40);
   EXPECT_FALSE(q.can_truncate(30));
+  const KvView v = q.view(1, std::nullopt, nullptr);
+  for (int p = 24; p < 40; ++p) EXPECT_EQ(v.k_f32()[(p - 24) * 4], float(p)) << p;
   write_rows(q, 40, 5);
   q.commit(45);
   EXPECT_EQ(q.planes_length(), 40);
+
+  KvCache c = std::move(KvCache::create(small(KvMode::kInt8), cpu())).value();
+  c.keep_rows_from(0, 40);  // steady rows: 2G + gamma + 1 = 20
+  write_rows(c, 0, 50);
+  c.commit(50);  // b(50) = 40 rows kept below the boundary
+  write_rows(c, 50, 3);
+  EXPECT_EQ(c.bytes() - c.planes()->shape().total_bytes(), 60 * per_row);  // 40 + 20, not 2 x 50
+  c.clear();
+  EXPECT_EQ(c.bytes() - c.planes()->shape().total_bytes(), 20 * per_row);
 }
 
 TEST(KvCache, RejectsBadConfigurations) {
