@@ -115,8 +115,10 @@ struct EngineOptions {
   // history has quantized groups, the rest of the prompt reads it as decoding does (the INT8 view
   // of its quantized part, --prefill-kv quantized): what a decode of those tokens would compute,
   // not an exact prefill of the whole prompt; a shorter history is all full precision, and the
-  // rest of the prompt is prefilled exactly after it. Not with the sparse-KV drafts (their index
-  // is built from the whole prompt).
+  // rest of the prompt is prefilled exactly after it. The previous prompt again (every cache)
+  // runs nothing: the cache is cut back to it and the first token drawn from its kept logits, so
+  // the completion is the one a fresh run gets. Not with the sparse-KV drafts (their index is
+  // built from the whole prompt).
   bool prompt_cache = false;
   // Llama-2-7B, f16 rows: 0.5 MiB per row (2048 rows: 1 GiB; the buffer then holds ~1.2 GiB
   // with its steady rows); Llama-3.1-8B: 0.125 MiB. Must be >= 0.

@@ -336,6 +336,13 @@ void LlmEngine::truncate_all(int length) {
   QS_CHECK(st.ok());
 }
 
+Status LlmEngine::reserve_rows_all(int from, int64_t end) {
+  return each_cache([&](KvCache& c) {
+    const int64_t rows = std::min<int64_t>(end, c.capacity());
+    return c.prepare_write(from, static_cast<int>(rows) - from);
+  });
+}
+
 void LlmEngine::keep_rows_all(int from) {
   const int max_rows = options_.prompt_cache_rows;
   const Status st = each_cache([from, max_rows](KvCache& c) {
@@ -407,6 +414,11 @@ int LlmEngine::reusable_prefix(const std::vector<int32_t>& prompt) const {
   const size_t limit = std::min(cached_ids_.size(), prompt.size() - 1);
   size_t shared = 0;
   while (shared < limit && cached_ids_[shared] == prompt[shared]) ++shared;
+  // The previous prompt again (cached_ids_ starts with it): its logits are kept.
+  if (shared == limit && prompt.size() == prompt_logits_len_ &&
+      cached_ids_.size() >= prompt.size() && cached_ids_[shared] == prompt[shared]) {
+    ++shared;
+  }
   const int n = static_cast<int>(shared);
   return can_truncate_all(n) ? n : 0;
 }
@@ -467,10 +479,7 @@ Status LlmEngine::prefill_by_chunk(const std::vector<int32_t>& ids, const Prefil
   if (streamed) {
     QS_TRY(each_cache([chunk](KvCache& c) { return c.hold_rows(chunk); }));
   } else {
-    QS_TRY(each_cache([&](KvCache& c) {
-      const int64_t rows = std::min<int64_t>(int64_t{n} + std::max(decode_rows, 0), c.capacity());
-      return c.prepare_write(from, static_cast<int>(rows) - from);
-    }));
+    QS_TRY(reserve_rows_all(from, int64_t{n} + std::max(decode_rows, 0)));
   }
   const int64_t q_dim = config().q_dim();
   ForwardPath path;
@@ -696,10 +705,21 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   const int decode_rows = max_new + cache_.config().max_gamma + 1;
   const int reuse = reusable_prefix(prompt);
   const int keep_from = prompt_cache_keep_from(prompt_len);
-  if (reuse > 0) {
+  if (reuse == prompt_len) {  // the previous prompt: its cache rows and its logits
+    cached_ids_.clear();      // until the generation that runs on this cache ends
+    truncate_all(reuse);
+    if (keep_from >= 0) keep_rows_all(keep_from);
+    // The fp cache takes decoding's rows at once, as a prefill does (prefill_by_chunk).
+    if (!cache_.quantized()) QS_TRY(reserve_rows_all(reuse, int64_t{reuse} + decode_rows));
+    last_logits_ = prompt_logits_;
+  } else if (reuse > 0) {
     QS_TRY(extend(prompt, reuse, params.on_prefill_progress, decode_rows, keep_from));
   } else {
     QS_TRY(prefill(prompt, params.on_prefill_progress, decode_rows, keep_from));
+  }
+  if (options_.prompt_cache) {
+    prompt_logits_ = last_logits_;
+    prompt_logits_len_ = prompt.size();
   }
   QS_TRY(check_finite_logits(last_logits_));
   result.stats.cached_prompt_tokens = reuse;

@@ -89,9 +89,10 @@ class LlmEngine final : public Engine {
 
   // With EngineOptions::prompt_cache: how many leading tokens of `prompt` the next generate()
   // keeps in the cache instead of prefilling them: the prefix it shares with the tokens the cache
-  // holds, at most prompt.size() - 1 (the last prompt token is always run, for its logits), and 0
-  // where the cache cannot be cut there (KvCache::can_truncate), in the sparse-KV modes, or when
-  // the option is off.
+  // holds, at most prompt.size() - 1 (the last prompt token is run, for its logits) unless the
+  // previous generation's prompt was this one (its logits are kept: all of it), and 0 where the
+  // cache cannot be cut there (KvCache::can_truncate), in the sparse-KV modes, or when the option
+  // is off.
   int reusable_prefix(const std::vector<int32_t>& prompt) const;
 
  private:
@@ -131,6 +132,8 @@ class LlmEngine final : public Engine {
   // the shared prefix; -1 otherwise.
   int prompt_cache_keep_from(int prompt_len) const;
   void keep_rows_all(int from);
+  // KvCache::prepare_write of the rows [from, end) on every rank (end capped at the capacity).
+  Status reserve_rows_all(int from, int64_t end);
   // prefill's layer-major order (quantized caches, exact attention) on every rank.
   Status prefill_by_layer_all(const std::vector<int32_t>& ids, const PrefillProgress& progress);
   // prefill's chunk-major order: each chunk through every layer (every rank), then the next;
@@ -193,6 +196,10 @@ class LlmEngine final : public Engine {
   // the last generate() left them; empty when the cache's contents are not known to match a
   // token sequence (another call changed them, or a generation failed).
   std::vector<int32_t> cached_ids_;
+  // The logits at the last position of that generation's prompt (prompt_logits_len_ tokens), so
+  // that the same prompt again (the next choice, a retry) runs nothing: it samples from them.
+  std::vector<float> prompt_logits_;
+  size_t prompt_logits_len_ = 0;
   std::vector<float> probs_;        // [vocab] sampler scratch
   SparseDraftIndex sparse_;
 };

@@ -273,7 +273,8 @@ TEST_P(CudaEngineTest, LayerByLayerPrefillGivesTheChunkByChunkTokens) {
 
 // The prompt cache (EngineOptions::prompt_cache) on the GPU: a conversation of three turns, each
 // prompt the previous one, its completion and more, then the last prompt again, twice (another
-// completion: cut back below the completion's quantized groups, over the rows the cache kept),
+// completion: cut back below the completion's quantized groups, over the rows the cache kept, and
+// the first token drawn from the prompt's kept logits),
 // keeps the same tokens and completes with the same tokens as on the CPU (the kept history
 // truncated, the rest prefilled after it on the device: exactly, or through the quantized view
 // where the history has quantized groups).
@@ -307,8 +308,8 @@ TEST_P(CudaEngineTest, PromptCacheEqualsTheCpuEngine) {
         auto got_again = gpu->generate(prompt, no_eos_params(n), {});
         ASSERT_TRUE(want_again.ok() && got_again.ok());
         EXPECT_EQ(got_again->tokens, want_again->tokens) << c.name;
-        EXPECT_EQ(got_again->stats.cached_prompt_tokens, p - 1) << c.name;
-        EXPECT_EQ(want_again->stats.cached_prompt_tokens, p - 1) << c.name;
+        EXPECT_EQ(got_again->stats.cached_prompt_tokens, p) << c.name;
+        EXPECT_EQ(want_again->stats.cached_prompt_tokens, p) << c.name;
       }
     }
     prompt.insert(prompt.end(), want->tokens.begin(), want->tokens.end());

@@ -163,8 +163,8 @@ TEST(PromptCache, QuantizedCacheContinuesAsDecodingWould) {
   std::vector<int32_t> question(prompt.begin(), prompt.end() - 60);
   question = concat(question, random_prompt(40, kVocab, 23));
   for (const auto& [next, n, cached_tokens] :
-       {std::tuple{prompt, 100, static_cast<int>(prompt.size()) - 1},
-        std::tuple{prompt, 30, static_cast<int>(prompt.size()) - 1},
+       {std::tuple{prompt, 100, static_cast<int>(prompt.size())},
+        std::tuple{prompt, 30, static_cast<int>(prompt.size())},
         std::tuple{question, 30, static_cast<int>(prompt.size()) - 60}}) {
     const GenerationResult a = generate(*exact, next, n);
     const GenerationResult b = generate(*ar, next, n);
@@ -251,27 +251,47 @@ TEST(PromptCache, AShortHistoryIsExtendedExactly) {
   }
 }
 
-// The same prompt again (another completion, a retry): everything but its last token is kept, in
-// every mode, also after completions longer than a group.
-TEST(PromptCache, RepeatedPromptRunsItsLastToken) {
+// The same prompt again (another completion, a retry): nothing is prefilled. The cache is cut
+// back to the prompt (in the quantized modes below the groups a completion longer than a group
+// quantized, over the rows it kept) and the first token comes from the prompt's kept logits, so
+// each completion is a fresh run's, with either prefill, greedy or sampled.
+TEST(PromptCache, RepeatedPromptRunsNothing) {
   const TinyModel tiny = testing::make_tiny_model(config(), DType::BF16, 73);
-  auto e = testing::make_tiny_engine(tiny, options(DecodeMode::kAr, KvType::kFp16, true));
-  ASSERT_TRUE(e);
-  const std::vector<int32_t> prompt = random_prompt(90, kVocab, 4);
-  const GenerationResult a = generate(*e, prompt, 20);
-  const GenerationResult b = generate(*e, prompt, 20);
-  EXPECT_EQ(b.stats.cached_prompt_tokens, 89);
-  EXPECT_EQ(a.tokens, b.tokens);
-  const std::vector<int32_t> long_prompt = random_prompt(400, kVocab, 9);
-  for (const auto& [mode, kv] : testing::kQuantizedModes) {
-    SCOPED_TRACE(std::string(decode_mode_name(mode)) + " " + kv_type_name(kv));
-    auto q = testing::make_tiny_engine(tiny, options(mode, kv, true, PrefillKv::kQuantized));
-    ASSERT_TRUE(q);
-    const GenerationResult first = generate(*q, long_prompt, 100);  // 3 groups past the prompt
-    const GenerationResult again = generate(*q, long_prompt, 100);
-    EXPECT_EQ(again.stats.cached_prompt_tokens, 399);
-    EXPECT_EQ(again.tokens, first.tokens);
+  const std::vector<int32_t> prompt = random_prompt(400, kVocab, 9);
+  std::vector<std::pair<DecodeMode, KvType>> modes = {{DecodeMode::kAr, KvType::kFp16}};
+  modes.insert(modes.end(), std::begin(testing::kQuantizedModes),
+               std::end(testing::kQuantizedModes));
+  for (const auto& [mode, kv] : modes) {
+    for (const PrefillKv prefill : {PrefillKv::kExact, PrefillKv::kQuantized}) {
+      SCOPED_TRACE(std::string(decode_mode_name(mode)) + " " + kv_type_name(kv) +
+                   (prefill == PrefillKv::kExact ? " exact" : " streamed"));
+      auto e = testing::make_tiny_engine(tiny, options(mode, kv, true, prefill));
+      auto fresh = testing::make_tiny_engine(tiny, options(mode, kv, false, prefill));
+      ASSERT_TRUE(e && fresh);
+      const GenerationResult want = generate(*fresh, prompt, 100);  // 3 groups past the prompt
+      EXPECT_EQ(generate(*e, prompt, 100).tokens, want.tokens);
+      for (const int n : {100, 30}) {
+        const GenerationResult again = generate(*e, prompt, n);
+        EXPECT_EQ(again.stats.cached_prompt_tokens, 400);
+        EXPECT_EQ(again.tokens, std::vector<int32_t>(want.tokens.begin(), want.tokens.begin() + n));
+      }
+    }
   }
+  // Sampled: the same seed draws the same completion from the kept logits.
+  GenerationParams sampled = greedy_params(60);
+  sampled.sampling.temperature = 0.9f;
+  sampled.sampling.seed = 5;
+  auto e = testing::make_tiny_engine(tiny, options(DecodeMode::kQuantSpec, KvType::kFp16, true));
+  auto fresh =
+      testing::make_tiny_engine(tiny, options(DecodeMode::kQuantSpec, KvType::kFp16, false));
+  ASSERT_TRUE(e && fresh);
+  auto want = fresh->generate(prompt, sampled, nullptr);
+  auto first = e->generate(prompt, sampled, nullptr);
+  auto again = e->generate(prompt, sampled, nullptr);
+  ASSERT_TRUE(want.ok() && first.ok() && again.ok());
+  EXPECT_EQ(first->tokens, want->tokens);
+  EXPECT_EQ(again->tokens, want->tokens);
+  EXPECT_EQ(again->stats.cached_prompt_tokens, 400);
 }
 
 // The rows a quantized prompt cache keeps are bounded (EngineOptions::prompt_cache_rows): a
@@ -284,7 +304,7 @@ TEST(PromptCache, ALongCompletionDropsTheKeptRows) {
   ASSERT_TRUE(e);
   const std::vector<int32_t> prompt = random_prompt(100, kVocab, 12);
   generate(*e, prompt, 40);  // 139 positions: the b(139) = 96 rows below the boundary are kept
-  EXPECT_EQ(generate(*e, prompt, 80).stats.cached_prompt_tokens, 99);
+  EXPECT_EQ(generate(*e, prompt, 80).stats.cached_prompt_tokens, 100);
   // 179 positions: b(179) = 128 > 96 rows, dropped.
   EXPECT_EQ(generate(*e, prompt, 20).stats.cached_prompt_tokens, 0);
 }

@@ -258,13 +258,11 @@ def test_quantspec_mode_reports_speculative_statistics(start_server, chat_models
 @pytest.mark.parametrize("mode", ["ar-int8", "quantspec"])
 def test_prompt_cache_keeps_a_long_prompt_for_the_next_choice(start_server, chat_models, mode):
     """The same prompt again (another choice of the request, a retry): under a quantized cache
-    all but the last prompt token are kept, also where the previous completion crossed
-    quantization groups (the cache keeps those full-precision rows for it), and the completion is
-    a server's without the cache (streamed prefill: the kept history is read as decoding
-    reads it). usage reports each prompt's first choice."""
+    the whole prompt is kept, also where the previous completion crossed quantization groups (the
+    cache keeps those full-precision rows for it, and the prompt's logits), and the completion is
+    a server's without the cache. usage reports each prompt's first choice."""
     mode_args = ["--mode", "ar", "--kv", "int8"] if mode == "ar-int8" else ["--mode", mode]
-    common = ["-m", chat_models["llama3-tiny"], "--ctx", "1024", "--group-size", "32",
-              "--prefill-kv", "quantized", *mode_args]
+    common = ["-m", chat_models["llama3-tiny"], "--ctx", "1024", "--group-size", "32", *mode_args]
     cached = start_server(*common)
     fresh = start_server(*common, "--prompt-cache", "off")
     try:
@@ -278,7 +276,7 @@ def test_prompt_cache_keeps_a_long_prompt_for_the_next_choice(start_server, chat
         assert [c["text"] for c in got["choices"]] == [want["choices"][0]["text"]] * 2
         status, again = post(cached.url + "/v1/completions", body)
         assert status == 200, again
-        assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt) - 1}
+        assert again["usage"]["prompt_tokens_details"] == {"cached_tokens": len(prompt)}
         assert again["choices"][0]["text"] == want["choices"][0]["text"]
     finally:
         cached.stop()
