@@ -44,13 +44,15 @@ def main():
     cmd += ["--device", a.device] if a.device else []
     proc = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True)
     port = None
+    startup = []
     for line in proc.stderr:
+        startup.append(line)
         m = re.search(r"listening on http://[^ ]+:(\d+)", line)
         if m:
             port = int(m.group(1))
             break
     if port is None:
-        raise SystemExit("the server did not start")
+        raise SystemExit("the server did not start:\n" + "".join(startup[-10:]))
 
     def post(prompt):
         body = {"prompt": prompt, "max_tokens": a.new, "temperature": 0, "ignore_eos": True}
