@@ -2,9 +2,9 @@
 # The CLI's long-context paths on the GPU machine (after check.sh's build stage): `generate`
 # without --ctx on a TOKENS-token prompt (the context grows to fit it), then `chat` over the same
 # text as a document with three questions (the first turn prefills it, the next ones only their
-# own tokens, through the engine's prompt cache), then `serve` under tools/prompt_cache_bench.py
-# (the document, the same prompt again, another question, a next turn; 256 new tokens each: the
-# prompt cache's prefill times), in AR fp16 and in QuantSpec. The model is the
+# own tokens, through the engine's prompt cache), then, where the build has the server, `serve`
+# under tools/prompt_cache_bench.py (the document, the same prompt again, another question, a
+# next turn; 256 new tokens each: the prompt cache's prefill times), in AR fp16 and in QuantSpec. The model is the
 # bundled one padded to SHAPE (tools/pad_model.py: its own function and acceptance on real text at
 # the shape's memory traffic); the text is the start of its held-out tokens.
 #
@@ -51,6 +51,11 @@ printf '%s\n' "What is this text about?" "Who speaks in it?" "Say it in one sent
 for mode in ar quantspec; do
   run "chat-$mode" chat -f "$doc" -n 64 --mode "$mode"
 done
+# The device's build has no server (build_on_device.sh: QS_SERVER=OFF, no cpp-httplib there).
+if grep -q '^QS_SERVER:BOOL=OFF' "$(dirname "$qs")/CMakeCache.txt" 2>/dev/null; then
+  echo "cli: serve: skipped (this build has no server)"
+  exit $status
+fi
 for mode in ar quantspec; do
   python3 tools/prompt_cache_bench.py "$qs" "$mode" on --model "$model" \
     --device "${QS_CLI_DEVICE:-cuda}" --first $((tokens - 400)) --more 300 --question 100 \
