@@ -8,8 +8,7 @@
 # CMake is pointed at it. Afterwards `source build-gpu/env.sh` sets LD_LIBRARY_PATH for the binaries.
 # Environment: QS_GPU_PREFIX (default /tmp/qs-deps), QS_GPU_BUILD (default build-gpu),
 # QS_CUDA_ARCH (default 90a), QS_JOBS (default: all cores), QS_CMAKE_EXTRA (more -D arguments,
-# e.g. where NCCL is: tools/gpu/multi_gpu.sh), QS_GPU_SERVER (default OFF; ON builds `quantspec
-# serve` against the bundle's cpp-httplib, libssl3 and libbrotli1).
+# e.g. where NCCL is: tools/gpu/multi_gpu.sh).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -69,7 +68,7 @@ export LD_LIBRARY_PATH="$runtime_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cmake -S "$repo" -B "$build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release \
   -DQS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
-  -DQS_BUILD_TESTS=ON -DQS_BUILD_BENCH=ON -DQS_SERVER="${QS_GPU_SERVER:-OFF}" \
+  -DQS_BUILD_TESTS=ON -DQS_BUILD_BENCH=ON -DQS_SERVER=OFF \
   -DCMAKE_PREFIX_PATH="$prefix/usr" \
   -DCMAKE_LIBRARY_PATH="$blasdir;$libdir" \
   -DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include" \

@@ -51,7 +51,7 @@ printf '%s\n' "What is this text about?" "Who speaks in it?" "Say it in one sent
 for mode in ar quantspec; do
   run "chat-$mode" chat -f "$doc" -n 64 --mode "$mode"
 done
-# The device build has no server unless built with QS_GPU_SERVER=ON (build_on_device.sh).
+# The device's build has no server (build_on_device.sh configures QS_SERVER=OFF).
 if grep -q '^QS_SERVER:BOOL=OFF' "$(dirname "$qs")/CMakeCache.txt" 2>/dev/null; then
   echo "cli: serve: skipped (this build has no server)"
   exit $status

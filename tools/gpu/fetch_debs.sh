@@ -24,9 +24,8 @@ packages=(
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev googletest
   pkgconf pkgconf-bin libpkgconf3
-  # app/server: cpp-httplib's pkg-config module and the modules it requires, and the libraries
-  # it runs with (build_on_device.sh QS_GPU_SERVER=ON).
-  libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libbrotli-dev zlib1g-dev libssl3 libbrotli1
+  # app/server: cpp-httplib's pkg-config module and the modules it requires (configure only).
+  libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libbrotli-dev zlib1g-dev
 )
 # When CMakeLists.txt gains a find_package/pkg_check_modules, add its -dev package here.
 
