@@ -156,9 +156,9 @@ TEST(PromptCache, QuantizedCacheContinuesAsDecodingWould) {
     expect_cached = static_cast<int>(held(prompt, a).size());
     if (turn < 2) prompt = concat(prompt, a.tokens, random_prompt(11, kVocab, 20 + turn));
   }
-  // The last prompt again after a completion of 3 groups (its layer-major prefill kept the rows
-  // from b(prompt - 257) > 0 on), once more, and another question on it: the two engines keep the
-  // same tokens and agree.
+  // The last prompt again after a completion of 3 groups (its extension kept the rows from
+  // b(prompt - 257) > 0 on), once more, and another question on it: the two engines keep the
+  // same tokens and agree. (RepeatedPromptRunsNothing keeps rows through a layer-major prefill.)
   ASSERT_GT(static_cast<int>(prompt.size()) - 1 - kPromptCacheTail, 2 * testing::kEngineTestGroup);
   std::vector<int32_t> question(prompt.begin(), prompt.end() - 60);
   question = concat(question, random_prompt(40, kVocab, 23));
