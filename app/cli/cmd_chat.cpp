@@ -50,9 +50,9 @@ struct ChatArgs {
 // The reply as the conversation keeps it: without the whitespace around it, as templates such as
 // Llama 3's trim it. A template that writes "Assistant: " before the content then renders the
 // reply as the tokens that were generated after "Assistant:", so the next turn's prompt repeats
-// the cache through the reply and only the new message is prefilled (a quantized cache cannot
-// be cut back below its last complete group: a prompt that diverged at the reply's first token
-// would be prefilled whole).
+// the cache through the reply and only the new message is prefilled (a prompt that diverged at
+// the reply's first token would prefill the whole reply again, and under a quantized cache a
+// reply longer than the rows it keeps, EngineOptions::prompt_cache_rows, the whole prompt).
 std::string trimmed(const std::string& s) {
   const char* ws = " \t\n\r";
   const size_t b = s.find_first_not_of(ws);

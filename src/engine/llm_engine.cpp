@@ -434,11 +434,16 @@ bool LlmEngine::can_truncate_all(int n) const {
 
 Status LlmEngine::extend(const std::vector<int32_t>& ids, int from, const PrefillProgress& progress,
                          int decode_rows, int keep_from) {
-  QS_CHECK(from >= 1 && from < static_cast<int>(ids.size()) && can_truncate_all(from));
-  cached_ids_.clear();  // until the generation that runs on this cache ends
-  truncate_all(from);
-  if (keep_from >= 0) keep_rows_all(keep_from);
+  QS_CHECK(from >= 1 && from < static_cast<int>(ids.size()));
+  cut_back(from, keep_from);
   return prefill_by_chunk(ids, progress, decode_rows, nullptr, 0, from);
+}
+
+void LlmEngine::cut_back(int n, int keep_from) {
+  QS_CHECK(can_truncate_all(n));
+  cached_ids_.clear();  // until the generation that runs on this cache ends
+  truncate_all(n);
+  if (keep_from >= 0) keep_rows_all(keep_from);
 }
 
 Status LlmEngine::prefill_by_layer_all(const std::vector<int32_t>& ids,
@@ -706,9 +711,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   const int reuse = reusable_prefix(prompt);
   const int keep_from = prompt_cache_keep_from(prompt_len);
   if (reuse == prompt_len) {  // the previous prompt: its cache rows and its logits
-    cached_ids_.clear();      // until the generation that runs on this cache ends
-    truncate_all(reuse);
-    if (keep_from >= 0) keep_rows_all(keep_from);
+    cut_back(reuse, keep_from);
     // The fp cache takes decoding's rows at once, as a prefill does (prefill_by_chunk).
     if (!cache_.quantized()) QS_TRY(reserve_rows_all(reuse, int64_t{reuse} + decode_rows));
     last_logits_ = prompt_logits_;

@@ -125,6 +125,10 @@ class LlmEngine final : public Engine {
   // ids[from..] after them, chunk by chunk, reading the kept history through the mode's view.
   Status extend(const std::vector<int32_t>& ids, int from, const PrefillProgress& progress,
                 int decode_rows, int keep_from);
+  // The prompt cache's cut: keeps positions [0, n) of every rank's cache (can_truncate_all must
+  // hold), forgets the cached tokens until the generation ends, and keeps rows from keep_from
+  // (>= 0) on.
+  void cut_back(int n, int keep_from);
   // With EngineOptions::prompt_cache on a quantized cache: where a generation from a prompt of
   // `prompt_len` tokens has the cache keep its full-precision rows from
   // (KvCache::keep_rows_from), so that a next prompt that leaves this one within its last
