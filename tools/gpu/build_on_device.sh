@@ -8,7 +8,9 @@
 # CMake is pointed at it. Afterwards `source build-gpu/env.sh` sets LD_LIBRARY_PATH for the binaries.
 # Environment: QS_GPU_PREFIX (default /tmp/qs-deps), QS_GPU_BUILD (default build-gpu),
 # QS_CUDA_ARCH (default 90a), QS_JOBS (default: all cores), QS_CMAKE_EXTRA (more -D arguments,
-# e.g. where NCCL is: tools/gpu/multi_gpu.sh).
+# e.g. where NCCL is: tools/gpu/multi_gpu.sh), QS_GPU_SERVER (default OFF; ON builds `quantspec
+# serve` against the bundle's cpp-httplib, which runs with the machine's own libssl3 and
+# libbrotli1: the bundle does not carry them, for the device tool's 64 MiB).
 set -euo pipefail
 
 repo=$(cd "$(dirname "$0")/../.." && pwd)
@@ -68,7 +70,7 @@ export LD_LIBRARY_PATH="$runtime_path${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 cmake -S "$repo" -B "$build" "${generator[@]}" \
   -DCMAKE_BUILD_TYPE=Release \
   -DQS_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="$arch" -DCMAKE_CUDA_COMPILER="$nvcc_bin" \
-  -DQS_BUILD_TESTS=ON -DQS_BUILD_BENCH=ON -DQS_SERVER=OFF \
+  -DQS_BUILD_TESTS=ON -DQS_BUILD_BENCH=ON -DQS_SERVER="${QS_GPU_SERVER:-OFF}" \
   -DCMAKE_PREFIX_PATH="$prefix/usr" \
   -DCMAKE_LIBRARY_PATH="$blasdir;$libdir" \
   -DCMAKE_CXX_FLAGS="-isystem $prefix/usr/include" \

@@ -12,7 +12,8 @@
 #
 # Writes OUT/cli-<run>.txt (each run's stderr, stdout in OUT/cli-<run>.out) and prints one line
 # per run that starts with "cli: ". QS_CLI_MODEL (a model directory instead of the padded one) and
-# QS_CLI_DEVICE (default cuda) let it run anywhere, e.g. on the CPU with the bundled model.
+# QS_CLI_DEVICE (default cuda) let it run anywhere, e.g. on the CPU with the bundled model;
+# QS_CLI_PARTS (default "generate chat serve") picks the parts that run.
 set -uo pipefail
 shape=${1:?usage: cli_long_context.sh SHAPE TOKENS}
 tokens=${2:?usage: cli_long_context.sh SHAPE TOKENS}
@@ -31,6 +32,7 @@ print(json.dumps({"ids": ids.tolist()}))' "$tokens" |
   exit 1
 
 status=0
+parts=" ${QS_CLI_PARTS:-generate chat serve} "
 # run NAME ARGS...: one quantspec run on the GPU, its stdin from $input.
 run() {
   local name=$1
@@ -43,15 +45,16 @@ run() {
   grep -E '^\[|context grown|error' "$out/cli-$name.txt" | sed 's/^/cli:   /'
 }
 input=/dev/null
-for mode in ar quantspec; do
+[[ $parts == *" generate "* ]] && for mode in ar quantspec; do
   run "generate-$mode" generate -f "$doc" -n 128 --mode "$mode"
 done
 input=$out/questions.txt
 printf '%s\n' "What is this text about?" "Who speaks in it?" "Say it in one sentence." >"$input"
-for mode in ar quantspec; do
+[[ $parts == *" chat "* ]] && for mode in ar quantspec; do
   run "chat-$mode" chat -f "$doc" -n 64 --mode "$mode"
 done
-# The device's build has no server (build_on_device.sh configures QS_SERVER=OFF).
+[[ $parts == *" serve "* ]] || exit $status
+# The device build has no server unless built with QS_GPU_SERVER=ON (build_on_device.sh).
 if grep -q '^QS_SERVER:BOOL=OFF' "$(dirname "$qs")/CMakeCache.txt" 2>/dev/null; then
   echo "cli: serve: skipped (this build has no server)"
   exit $status
