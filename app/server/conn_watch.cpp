@@ -1,6 +1,7 @@
 #include "conn_watch.h"
 
 #include <dirent.h>
+#include <fcntl.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -31,6 +32,23 @@ bool numeric_address(const sockaddr_storage& addr, socklen_t len, std::string* h
   return true;
 }
 
+// The connection of socket `fd` to local_port; false for any other kind of descriptor, a socket on
+// another port, or the listening socket.
+bool tcp_connection(int fd, int local_port, TcpConnection* c) {
+  struct stat st;
+  if (fstat(fd, &st) != 0 || !S_ISSOCK(st.st_mode)) return false;
+  sockaddr_storage local{}, peer{};
+  socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
+  if (getsockname(fd, reinterpret_cast<sockaddr*>(&local), &local_len) != 0) return false;
+  if (local.ss_family != AF_INET && local.ss_family != AF_INET6) return false;
+  std::string local_host;
+  int port = 0;
+  if (!numeric_address(local, local_len, &local_host, &port) || port != local_port) return false;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) return false;
+  c->fd = fd;
+  return numeric_address(peer, peer_len, &c->peer, &c->peer_port);
+}
+
 }  // namespace
 
 std::vector<TcpConnection> list_tcp_connections(int local_port) {
@@ -41,23 +59,8 @@ std::vector<TcpConnection> list_tcp_connections(int local_port) {
     char* end = nullptr;
     const long fd = std::strtol(e->d_name, &end, 10);
     if (end == e->d_name || *end != '\0' || fd == dirfd(dir)) continue;
-    struct stat st;
-    if (fstat(static_cast<int>(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage local{}, peer{};
-    socklen_t local_len = sizeof(local), peer_len = sizeof(peer);
-    if (getsockname(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0)
-      continue;
-    if (local.ss_family != AF_INET && local.ss_family != AF_INET6) continue;
-    std::string local_host;
-    int port = 0;
-    if (!numeric_address(local, local_len, &local_host, &port) || port != local_port) continue;
-    if (getpeername(static_cast<int>(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) {
-      continue;  // the listening socket
-    }
     TcpConnection c;
-    c.fd = static_cast<int>(fd);
-    if (!numeric_address(peer, peer_len, &c.peer, &c.peer_port)) continue;
-    out.push_back(std::move(c));
+    if (tcp_connection(static_cast<int>(fd), local_port, &c)) out.push_back(std::move(c));
   }
   closedir(dir);
   return out;
@@ -81,6 +84,20 @@ bool peer_closed(int fd) {
 
 void stop_reading(int fd) {
   if (fd >= 0) shutdown(fd, SHUT_RD);
+}
+
+bool stop_reading_if(int fd, int local_port, const std::string& peer, int peer_port) {
+  // The check and the shutdown act on a duplicate: if the connection closed and a new one got its
+  // descriptor number meanwhile, the duplicate refers to the new socket and fails the check, and
+  // once checked, it keeps referring to the same socket whatever happens to the number `fd`.
+  const int dup_fd = fd >= 0 ? fcntl(fd, F_DUPFD_CLOEXEC, 0) : -1;
+  if (dup_fd < 0) return false;
+  TcpConnection c;
+  const bool same =
+      tcp_connection(dup_fd, local_port, &c) && c.peer == peer && c.peer_port == peer_port;
+  if (same) shutdown(dup_fd, SHUT_RD);
+  close(dup_fd);
+  return same;
 }
 
 ConnectionWatchdog::ConnectionWatchdog(int local_port, std::chrono::milliseconds deadline)
@@ -142,8 +159,8 @@ void ConnectionWatchdog::update_locked(const std::vector<TcpConnection>& open,
       }
     } else if (s.busy == 0 && !s.cut &&
                now - s.since > (close_idle_ ? std::min(deadline_, kShutdownGrace) : deadline_)) {
-      // The fd was listed a moment ago; make sure it still is this peer's connection.
-      if (find_connection_fd(port_, it->first.first, it->first.second) == s.fd) stop_reading(s.fd);
+      // The fd was listed a moment ago; it is cut only if it still is this peer's connection.
+      stop_reading_if(s.fd, port_, it->first.first, it->first.second);
       s.cut = true;
     }
     ++it;

@@ -33,6 +33,11 @@ bool peer_closed(int fd);
 // HTTP library answers what it has (400 for a partial request) and closes the connection.
 void stop_reading(int fd);
 
+// stop_reading(fd) if fd still is the connection from peer:peer_port to local_port, checked and
+// cut through a duplicate of fd, so that a connection that opens on a reused descriptor number
+// is never cut in its place. Returns whether it was.
+bool stop_reading_if(int fd, int local_port, const std::string& peer, int peer_port);
+
 // A thread that, twice a second, looks at the open connections on a port and stops reading from
 // those that have spent longer than `deadline` outside a request handler (a request that has not
 // fully arrived yet, or an idle keep-alive connection). After close_idle_from_now_on() it does the
