@@ -1,15 +1,13 @@
 // conn_watch's socket bookkeeping on real loopback connections.
-#include "conn_watch.h"
-
 #include <arpa/inet.h>
+#include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <cerrno>
 #include <string>
 
-#include <gtest/gtest.h>
+#include "conn_watch.h"
 
 namespace qs::server {
 namespace {
