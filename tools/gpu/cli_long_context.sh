@@ -4,9 +4,10 @@
 # text as a document with three questions (the first turn prefills it, the next ones only their
 # own tokens, through the engine's prompt cache), then, where the build has the server, `serve`
 # under tools/prompt_cache_bench.py (the document, the same prompt again, another question, a
-# next turn; 256 new tokens each: the prompt cache's prefill times), in AR fp16 and in QuantSpec. The model is the
-# bundled one padded to SHAPE (tools/pad_model.py: its own function and acceptance on real text at
-# the shape's memory traffic); the text is the start of its held-out tokens.
+# next turn; 256 new tokens each: the prompt cache's prefill times), in AR fp16 and in
+# QuantSpec. The model is the bundled one padded to SHAPE (tools/pad_model.py: its own function
+# and acceptance on real text at the shape's memory traffic); the text is the start of its
+# held-out tokens.
 #
 #   bash tools/gpu/cli_long_context.sh llama3.1-8b 12000
 #
