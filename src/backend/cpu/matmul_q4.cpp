@@ -18,6 +18,12 @@ namespace {
 // Rows of x up to which the grouped kernel below is used (decode and verification sizes).
 constexpr int kQ4FastRows = 8;
 
+// How far ahead of the group being summed its row's codes are asked of the cache (bytes; the
+// following rows when the row ends sooner). Without it one thread waits on every line: on a
+// 2-core Xeon VM a 4096 x 1536 matmul at m = 1 streamed from memory took 2x its cached time
+// (bench_cpu_kernels; docs/perf.md "Session 56").
+constexpr int64_t kQ4PrefetchBytes = 2048;
+
 // Weight row n against M activation rows (xe / xo: each row's even / odd columns, [M, half];
 // xsum: its per-group sums, [M, groups]): W4 x = sum_g s_g * (U_g . x_g) + min_g * sum(x_g). Per
 // group the codes' dot with x stays in vector lanes (low and high nibbles in two accumulators)
@@ -28,6 +34,7 @@ void q4_row(const QuantizedWeight4& w, int64_t n, const float* xe, const float* 
             const float* xsum, int64_t half, float* y) {
   const int64_t groups = w.groups_per_row, k = w.cols;
   const uint8_t* codes = w.codes.data() + n * w.row_bytes;
+  const uint8_t* codes_end = w.codes.data() + w.codes.size();
   float rest[M] = {};
 #if QS_CPU_SIMD
   using cpu::VecF;
@@ -40,6 +47,9 @@ void q4_row(const QuantizedWeight4& w, int64_t n, const float* xe, const float* 
     const int64_t j0 = g * w.group_size / 2;
     const int64_t nj = (std::min<int64_t>((g + 1) * w.group_size, k) - 2 * j0) / 2;
     const uint8_t* b = codes + j0;
+    for (int64_t p = 0; p < nj; p += 64) {
+      if (codes_end - b > p + kQ4PrefetchBytes) __builtin_prefetch(b + p + kQ4PrefetchBytes);
+    }
     int64_t j = 0;
 #if QS_CPU_SIMD
     VecF lo_acc[M], hi_acc[M];
