@@ -69,6 +69,31 @@ TEST(AttentionRows, AxpyRowsMatchesAndSplitsAnywhere) {
   }
 }
 
+// Any number of queries over the same rows: each one's sums bit for bit those of its own call.
+TEST(AttentionRows, AxpyRowsMultiEqualsOneCallPerQuery) {
+  for (int n_ch : {8, 16, 20, 32, 64, 128, 300}) {
+    for (int nq : {1, 2, 3, 4, 5, 9}) {
+      const int stride = n_ch + 5, n = 29;
+      const std::vector<float> rows = randn(size_t(n) * stride, n_ch + nq);
+      std::vector<std::vector<float>> coef, multi, single;
+      std::vector<const float*> coef_ptr;
+      std::vector<float*> acc_ptr;
+      for (int q = 0; q < nq; ++q) {
+        coef.push_back(randn(n, 40 + q));
+        multi.push_back(randn(n_ch, 60 + q));
+      }
+      single = multi;
+      for (int q = 0; q < nq; ++q) {
+        coef_ptr.push_back(coef[q].data());
+        acc_ptr.push_back(multi[q].data());
+        cpu::axpy_rows(coef[q].data(), rows.data(), stride, n, single[q].data(), n_ch);
+      }
+      cpu::axpy_rows_multi(coef_ptr.data(), rows.data(), stride, n, acc_ptr.data(), n_ch, nq);
+      for (int q = 0; q < nq; ++q) ASSERT_EQ(multi[q], single[q]) << n_ch << " " << nq << " " << q;
+    }
+  }
+}
+
 // One call over a block of m query rows against m one-row calls (and other thread counts, which
 // split the tasks differently): equal bit for bit, over f32 and f16 rows and both quantized views.
 TEST(AttentionRows, ABlockOfQueriesEqualsOneCallPerQuery) {

@@ -35,7 +35,9 @@ struct Scratch {
   std::vector<float> key_meta;  // [2, hd] a key group's steps and mins
   std::vector<float> rows;      // [kChunk, hd] decoded codes or converted rows
   std::vector<float> vmeta;     // [2, kChunk * value groups] value steps, then centred mins
-  std::vector<float> coef;      // [kChunk] p * step of one value group
+  std::vector<float> coef;      // [queries, kChunk] p * step of one value group
+  std::vector<const float*> coef_ptr;  // [queries] axpy_rows_multi's coefficient rows
+  std::vector<float*> acc_ptr;         // [queries] and its sums
 
   static void grow(std::vector<float>& v, size_t n) {
     if (v.size() < n) v.resize(n);
@@ -105,7 +107,11 @@ class AttentionTask {
       Scratch::grow(sc_.acc_min, size_t(nq) * vgroups_);
       Scratch::grow(sc_.key_meta, size_t(2) * hd);
       Scratch::grow(sc_.vmeta, size_t(kChunk) * 2 * vgroups_);
-      Scratch::grow(sc_.coef, kChunk);
+      Scratch::grow(sc_.coef, size_t(nq) * kChunk);
+    }
+    if (sc_.coef_ptr.size() < size_t(nq)) {
+      sc_.coef_ptr.resize(nq);
+      sc_.acc_ptr.resize(nq);
     }
     if (bq(rows_ - 1) > 0) quantized_keys();
     fp_keys();
@@ -200,16 +206,18 @@ class AttentionTask {
 
   // Scores of the full-precision rows: row i reads [bq(i), len(i)).
   void fp_keys() {
-    for_each_fp_span(kv_.k, [&](int i, int j, const float* rows, int64_t stride, int a, int n) {
-      float* s = srow(i, j) + a;
-      cpu::dot_rows(qhead(i, j), rows, stride, hd_, n, s);
-      for (int r = 0; r < n; ++r) s[r] *= shape_.scale;
+    for_each_fp_span(kv_.k, [&](int i, const float* rows, int64_t stride, int a, int n) {
+      for (int j = 0; j < nh_; ++j) {
+        float* s = srow(i, j) + a;
+        cpu::dot_rows(qhead(i, j), rows, stride, hd_, n, s);
+        for (int r = 0; r < n; ++r) s[r] *= shape_.scale;
+      }
     });
   }
 
   // The full-precision rows of K or V (base) a chunk at a time (the next one prefetched), each
-  // chunk handed to fn(i, j, rows, stride, a, n) for every query (i, j) that reads part of it:
-  // its rows [a, a + n) at `rows`.
+  // chunk handed to fn(i, rows, stride, a, n) for every query row i whose queries read part of
+  // it: its rows [a, a + n) at `rows`.
   template <class Fn>
   void for_each_fp_span(const void* base, const Fn& fn) {
     const int64_t kv_off = static_cast<int64_t>(kvh_) * hd_;
@@ -222,43 +230,62 @@ class AttentionTask {
       const float* rows = fp_rows(kv_, base, kv_off, hd_, c0, n, sc_.rows.data(), &stride);
       for (int i = 0; i < rows_; ++i) {
         const int a = std::max(c0, bq(i)), b = std::min(c0 + n, len(i));
-        for (int j = 0; j < nh_ && a < b; ++j) fn(i, j, rows + (a - c0) * stride, stride, a, b - a);
+        if (a < b) fn(i, rows + (a - c0) * stride, stride, a, b - a);
       }
     }
   }
 
   // sum_t p * (code * step + min) per value group = sum_t (p * step) * code + sum_t p * min
-  // (centred codes and mins, simd.h), the even / odd channels apart.
+  // (centred codes and mins, simd.h), the even / odd channels apart (together when one group
+  // spans the head). The queries of consecutive rows that read the same rows of a chunk share
+  // its loads (axpy_rows_multi; each query's sums are those of its own axpy_rows).
   void quantized_values() {
-    const int nq = rows_ * hs_, hd = hd_, half = hd / 2, gh = seg_->value_group_size / 2;
-    const int bq_max = bq(rows_ - 1);
+    const int nq = rows_ * hs_, hd = hd_, bq_max = bq(rows_ - 1);
     std::fill(sc_.acc.begin(), sc_.acc.begin() + size_t(nq) * hd, 0.0f);
     std::fill(sc_.acc_min.begin(), sc_.acc_min.begin() + size_t(nq) * vgroups_, 0.0f);
     for (int c0 = 0; c0 < bq_max; c0 += kChunk) {
       const int n = std::min(kChunk, bq_max - c0);
       decode_rows(seg_->value_upper, seg_->int8 ? seg_->value_lower : nullptr, c0, n);
       value_meta(c0, n);
-      for (int i = 0; i < rows_; ++i) {
-        const int nr = std::min(c0 + n, bq(i)) - c0;
-        for (int j = 0; j < nh_ && nr > 0; ++j) {
+      for (int i0 = 0; i0 < rows_;) {
+        const int nr = std::min(c0 + n, bq(i0)) - c0;
+        int i1 = i0 + 1;
+        while (i1 < rows_ && std::min(c0 + n, bq(i1)) - c0 == nr) ++i1;
+        if (nr > 0) chunk_values(c0, i0, i1, nr);
+        i0 = i1;
+      }
+    }
+  }
+
+  // The decoded chunk at c0's first nr rows into the sums of every query of rows [i0, i1).
+  void chunk_values(int c0, int i0, int i1, int nr) {
+    const int hd = hd_, half = hd / 2, gh = seg_->value_group_size / 2, nqr = (i1 - i0) * nh_;
+    for (int g = 0; g < vgroups_; ++g) {
+      const float* steps = sc_.vmeta.data() + g;
+      const float* mids = steps + kChunk * vgroups_;
+      for (int i = i0, k = 0; i < i1; ++i) {
+        for (int j = 0; j < nh_; ++j, ++k) {
           const float* p = srow(i, j) + c0;
-          float* a = sc_.acc.data() + size_t(qi(i, j)) * hd;
+          float* coef = sc_.coef.data() + size_t(k) * kChunk;
           float* am = sc_.acc_min.data() + size_t(qi(i, j)) * vgroups_;
-          for (int g = 0; g < vgroups_; ++g) {
-            const float* steps = sc_.vmeta.data() + g;
-            const float* mids = steps + kChunk * vgroups_;
-            float sum_min = am[g];
-            for (int r = 0; r < nr; ++r) {
-              sc_.coef[r] = p[r] * steps[r * vgroups_];
-              sum_min += p[r] * mids[r * vgroups_];
-            }
-            am[g] = sum_min;
-            const float* rows = sc_.rows.data() + g * gh;
-            cpu::axpy_rows(sc_.coef.data(), rows, hd, nr, a + g * gh, gh);
-            cpu::axpy_rows(sc_.coef.data(), rows + half, hd, nr, a + half + g * gh, gh);
+          float sum_min = am[g];
+          for (int r = 0; r < nr; ++r) {
+            coef[r] = p[r] * steps[r * vgroups_];
+            sum_min += p[r] * mids[r * vgroups_];
           }
+          am[g] = sum_min;
+          sc_.coef_ptr[k] = coef;
+          sc_.acc_ptr[k] = sc_.acc.data() + size_t(qi(i, j)) * hd + g * gh;
         }
       }
+      const float* rows = sc_.rows.data() + g * gh;
+      if (vgroups_ == 1) {  // even | odd channels of the whole head, one coefficient per row
+        cpu::axpy_rows_multi(sc_.coef_ptr.data(), rows, hd, nr, sc_.acc_ptr.data(), hd, nqr);
+        continue;
+      }
+      cpu::axpy_rows_multi(sc_.coef_ptr.data(), rows, hd, nr, sc_.acc_ptr.data(), gh, nqr);
+      for (int k = 0; k < nqr; ++k) sc_.acc_ptr[k] += half;
+      cpu::axpy_rows_multi(sc_.coef_ptr.data(), rows + half, hd, nr, sc_.acc_ptr.data(), gh, nqr);
     }
   }
 
@@ -295,8 +322,12 @@ class AttentionTask {
 
   // The full-precision rows' p-weighted sum, added to the outputs.
   void fp_values() {
-    for_each_fp_span(kv_.v, [&](int i, int j, const float* rows, int64_t stride, int a, int n) {
-      cpu::axpy_rows(srow(i, j) + a, rows, stride, n, ohead(i, j), hd_);
+    for_each_fp_span(kv_.v, [&](int i, const float* rows, int64_t stride, int a, int n) {
+      for (int j = 0; j < nh_; ++j) {
+        sc_.coef_ptr[j] = srow(i, j) + a;
+        sc_.acc_ptr[j] = ohead(i, j);
+      }
+      cpu::axpy_rows_multi(sc_.coef_ptr.data(), rows, stride, n, sc_.acc_ptr.data(), hd_, nh_);
     });
   }
 

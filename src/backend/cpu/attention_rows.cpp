@@ -108,7 +108,58 @@ inline void axpy_block(const float* coef, const float* rows, int64_t stride, int
 #pragma GCC unroll 8
   for (int b = 0; b < NB; ++b) vstore(acc + b * kLanes, a[b]);
 }
+
+// axpy_block for NQ queries: channels [c0, c0 + NB kLanes) of each acc[q], one load per row
+// vector for all of them (NB * NQ independent accumulators).
+template <int NB, int NQ>
+inline void axpy_block_multi(const float* const* coef, const float* rows, int64_t stride, int n,
+                             float* const* acc, int c0) {
+  VecF a[NQ][NB];
+#pragma GCC unroll 4
+  for (int q = 0; q < NQ; ++q) {
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) a[q][b] = vload(acc[q] + c0 + b * kLanes);
+  }
+  for (int r = 0; r < n; ++r) {
+    const float* row = rows + r * stride + c0;
+    VecF x[NB];
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) x[b] = vload(row + b * kLanes);
+#pragma GCC unroll 4
+    for (int q = 0; q < NQ; ++q) {
+      const VecF c = vset1(coef[q][r]);
+#pragma GCC unroll 8
+      for (int b = 0; b < NB; ++b) a[q][b] = vfmadd(c, x[b], a[q][b]);
+    }
+  }
+#pragma GCC unroll 4
+  for (int q = 0; q < NQ; ++q) {
+#pragma GCC unroll 8
+    for (int b = 0; b < NB; ++b) vstore(acc[q] + c0 + b * kLanes, a[q][b]);
+  }
+}
+
+// Every whole vector of channels of NQ queries; returns the first channel left.
+template <int NQ>
+int axpy_vectors_multi(const float* const* coef, const float* rows, int64_t stride, int n,
+                       float* const* acc, int n_ch) {
+  int c0 = 0;
+  for (; c0 + 4 * kLanes <= n_ch; c0 += 4 * kLanes)
+    axpy_block_multi<4, NQ>(coef, rows, stride, n, acc, c0);
+  for (; c0 + kLanes <= n_ch; c0 += kLanes) axpy_block_multi<1, NQ>(coef, rows, stride, n, acc, c0);
+  return c0;
+}
 #endif
+
+// The channels [c0, n_ch) of one query, one at a time.
+void axpy_channels(const float* coef, const float* rows, int64_t stride, int n, float* acc, int c0,
+                   int n_ch) {
+  for (; c0 < n_ch; ++c0) {
+    float x = acc[c0];
+    for (int r = 0; r < n; ++r) x = madd(coef[r], rows[r * stride + c0], x);
+    acc[c0] = x;
+  }
+}
 
 }  // namespace
 
@@ -173,10 +224,31 @@ void axpy_rows(const float* coef, const float* rows, int64_t stride, int n, floa
     axpy_block<4>(coef, rows + c0, stride, n, acc + c0);
   for (; c0 + kLanes <= n_ch; c0 += kLanes) axpy_block<1>(coef, rows + c0, stride, n, acc + c0);
 #endif
-  for (; c0 < n_ch; ++c0) {
-    float x = acc[c0];
-    for (int r = 0; r < n; ++r) x = madd(coef[r], rows[r * stride + c0], x);
-    acc[c0] = x;
+  axpy_channels(coef, rows, stride, n, acc, c0, n_ch);
+}
+
+void axpy_rows_multi(const float* const* coef, const float* rows, int64_t stride, int n,
+                     float* const* acc, int n_ch, int nq) {
+  for (int q0 = 0; q0 < nq; q0 += kAxpyQueries) {
+    const int nb = std::min(kAxpyQueries, nq - q0);
+    int c0 = 0;
+#if QS_CPU_SIMD
+    switch (nb) {
+      case 1:
+        c0 = axpy_vectors_multi<1>(coef + q0, rows, stride, n, acc + q0, n_ch);
+        break;
+      case 2:
+        c0 = axpy_vectors_multi<2>(coef + q0, rows, stride, n, acc + q0, n_ch);
+        break;
+      case 3:
+        c0 = axpy_vectors_multi<3>(coef + q0, rows, stride, n, acc + q0, n_ch);
+        break;
+      default:
+        c0 = axpy_vectors_multi<4>(coef + q0, rows, stride, n, acc + q0, n_ch);
+        break;
+    }
+#endif
+    for (int q = q0; q < q0 + nb; ++q) axpy_channels(coef[q], rows, stride, n, acc[q], c0, n_ch);
   }
 }
 

@@ -20,4 +20,11 @@ void softmax_row(float* s, int n);
 // acc[c] += sum_r coef[r] * rows[r * stride + c] over r < n in ascending order, for c < n_ch.
 void axpy_rows(const float* coef, const float* rows, int64_t stride, int n, float* acc, int n_ch);
 
+// axpy_rows for nq queries over the same rows (coef[q], acc[q]), each row's vectors loaded once
+// for up to kAxpyQueries of them: the arithmetic of every acc[q][c] is axpy_rows', so the result
+// is bit for bit that of nq axpy_rows calls.
+constexpr int kAxpyQueries = 4;
+void axpy_rows_multi(const float* const* coef, const float* rows, int64_t stride, int n,
+                     float* const* acc, int n_ch, int nq);
+
 }  // namespace qs::cpu
