@@ -45,6 +45,22 @@ if [[ ! -e $blasdir/libopenblas.so ]]; then
   echo "build_on_device: OpenBLAS replaced by tools/gpu/cblas_shim.c"
 fi
 
+if [[ ${QS_GPU_SERVER:-OFF} == ON ]]; then
+  # The bundle's -dev symlinks (libssl.so -> libssl.so.3, ...) name runtime libraries it does not
+  # carry: point them at the machine's own copies.
+  for link in "$libdir"/*.so; do
+    [[ -L $link && ! -e $link ]] || continue
+    target=$(basename "$(readlink "$link")")
+    for dir in /lib/x86_64-linux-gnu /usr/lib/x86_64-linux-gnu; do
+      if [[ -e $dir/$target ]]; then
+        ln -sf "$dir/$target" "$link"
+        break
+      fi
+    done
+    [[ -e $link ]] || echo "build_on_device: $(basename "$link"): no $target on this machine" >&2
+  done
+fi
+
 # pkg-config for pkg_check_modules: the unpacked pkgconf, reading only the prefix's .pc files,
 # with the prefix as sysroot (the .pc files say prefix=/usr).
 mkdir -p "$prefix/bin"

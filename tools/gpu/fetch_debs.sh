@@ -24,7 +24,9 @@ packages=(
   nlohmann-json3-dev libcli11-dev
   libgtest-dev libgmock-dev googletest
   pkgconf pkgconf-bin libpkgconf3
-  # app/server: cpp-httplib's pkg-config module and the modules it requires (configure only).
+  # app/server: cpp-httplib, the pkg-config modules it requires and their headers (httplib.h
+  # includes OpenSSL's and Brotli's); their shared libraries are the machine's own
+  # (build_on_device.sh links the -dev symlinks to them).
   libcpp-httplib-dev libcpp-httplib0.11 libssl-dev libbrotli-dev zlib1g-dev
 )
 # When CMakeLists.txt gains a find_package/pkg_check_modules, add its -dev package here.
@@ -56,8 +58,7 @@ trap 'rm -rf "$stage"' EXIT
 for deb in "$dest"/*.deb; do dpkg -x "$deb" "$stage"; done
 lib=$stage/usr/lib/x86_64-linux-gnu
 rm -rf "$stage/usr/share/doc" "$stage/usr/share/man" "$stage/usr/share/lintian" \
-  "$stage/usr/share/aclocal" "$stage/usr/src" "$stage/usr/include/openssl" \
-  "$stage/usr/include/x86_64-linux-gnu/openssl" "$stage/usr/include/brotli"
+  "$stage/usr/share/aclocal" "$stage/usr/src"
 find "$stage" -name '*.a' ! -name 'libgtest*.a' ! -name 'libgmock*.a' -delete
 rm -f "$lib"/openblas-pthread/liblapack.so* "$lib"/openblas-pthread/libblas.so*
 mkdir -p "$dest/bundle"
