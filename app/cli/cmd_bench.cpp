@@ -19,14 +19,11 @@
 #include <string>
 #include <vector>
 
+#include "build_commit.h"
 #include "commands.h"
 #include "files.h"
 #include "options.h"
 #include "report.h"
-
-#ifndef QS_GIT_COMMIT
-#define QS_GIT_COMMIT "unknown"
-#endif
 
 namespace qs::cli {
 
@@ -63,7 +60,7 @@ struct BenchArgs {
 
 std::string commit_id() {
   const char* env = std::getenv("QS_COMMIT");
-  return env && *env ? env : QS_GIT_COMMIT;
+  return env && *env ? env : build_commit();
 }
 
 std::string utc_now() {

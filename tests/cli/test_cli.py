@@ -708,6 +708,11 @@ def test_bench_matrix_table_and_json(qs, tmp_path):
     assert [r[0] for r in body] == ["ar-fp16"] * 4 + ["quantspec"] * 8
     report = json.loads(out.read_text())
     assert report["command"] == "bench" and report["backend"] == "cpu" and report["commit"]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True)
+    if head.returncode == 0 and not os.environ.get("QS_COMMIT"):
+        # The commit of the build, not of the configure: the tree's, "-dirty" when edited.
+        assert report["commit"].split("-")[0] == head.stdout.strip()
     assert not os.path.isabs(report["model"])  # reports name no machine's paths
     # The quantized views' attention arithmetic: the CPU's is exact whatever the GPU choices.
     assert report["draft_attention"] == report["target_attention"] == "exact"
