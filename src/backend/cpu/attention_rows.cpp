@@ -93,24 +93,8 @@ void dot_rows_nv(const float* w, const float* rows, int64_t stride, int n_ch, in
   }
 }
 
-// NB vectors of channels of acc, kept in registers over the n rows.
-template <int NB>
-inline void axpy_block(const float* coef, const float* rows, int64_t stride, int n, float* acc) {
-  VecF a[NB];
-#pragma GCC unroll 8
-  for (int b = 0; b < NB; ++b) a[b] = vload(acc + b * kLanes);
-  for (int r = 0; r < n; ++r) {
-    const VecF c = vset1(coef[r]);
-    const float* row = rows + r * stride;
-#pragma GCC unroll 8
-    for (int b = 0; b < NB; ++b) a[b] = vfmadd(c, vload(row + b * kLanes), a[b]);
-  }
-#pragma GCC unroll 8
-  for (int b = 0; b < NB; ++b) vstore(acc + b * kLanes, a[b]);
-}
-
-// axpy_block for NQ queries: channels [c0, c0 + NB kLanes) of each acc[q], one load per row
-// vector for all of them (NB * NQ independent accumulators).
+// Channels [c0, c0 + NB kLanes) of each of NQ queries' acc[q], kept in registers over the n
+// rows, one load per row vector for all of them (NB * NQ independent accumulators).
 template <int NB, int NQ>
 inline void axpy_block_multi(const float* const* coef, const float* rows, int64_t stride, int n,
                              float* const* acc, int c0) {
@@ -218,13 +202,7 @@ void softmax_row(float* s, int n) {
 }
 
 void axpy_rows(const float* coef, const float* rows, int64_t stride, int n, float* acc, int n_ch) {
-  int c0 = 0;
-#if QS_CPU_SIMD
-  for (; c0 + 4 * kLanes <= n_ch; c0 += 4 * kLanes)
-    axpy_block<4>(coef, rows + c0, stride, n, acc + c0);
-  for (; c0 + kLanes <= n_ch; c0 += kLanes) axpy_block<1>(coef, rows + c0, stride, n, acc + c0);
-#endif
-  axpy_channels(coef, rows, stride, n, acc, c0, n_ch);
+  axpy_rows_multi(&coef, rows, stride, n, &acc, n_ch, 1);
 }
 
 void axpy_rows_multi(const float* const* coef, const float* rows, int64_t stride, int n,
