@@ -17,6 +17,9 @@ namespace {
 // GEMV: R weight rows against M activation rows at a time, the weight read once in its own dtype
 // and widened to f32 in registers; M*R accumulators stay in registers.
 
+template <DType T>
+constexpr int64_t kWeightBytes = T == DType::F32 ? 4 : 2;
+
 template <DType T, int M, int R>
 void gemv_block(const float* x, int64_t k, const void* w, int64_t row, float* y, int64_t n) {
   int64_t kk = 0;
@@ -26,9 +29,18 @@ void gemv_block(const float* x, int64_t k, const void* w, int64_t row, float* y,
   VecF acc[R][M];
   for (int r = 0; r < R; ++r)
     for (int i = 0; i < M; ++i) acc[r][i] = cpu::vzero();
+  // The next block's rows are asked for while this one runs: each row is a short stream (a few
+  // KiB) that the hardware prefetcher finds only after its first misses. On a 2-core Xeon VM the
+  // 4096 x 1536 bf16 matmul went from 590-630 to 480-490 us at m = 1 and from 780-860 to
+  // 515-530 us at m = 5 (bench_cpu_kernels, two threads; docs/perf.md "Session 57").
+  const char* next = static_cast<const char*>(w) + (row + R) * k * kWeightBytes<T>;
+  const bool prefetch_next = row + 2 * R <= n;
   for (; kk + cpu::kLanes <= k; kk += cpu::kLanes) {
     VecF wv[R];
     for (int r = 0; r < R; ++r) wv[r] = cpu::vload_w<T>(w, (row + r) * k + kk);
+    if (prefetch_next) {
+      for (int r = 0; r < R; ++r) __builtin_prefetch(next + (r * k + kk) * kWeightBytes<T>);
+    }
     for (int i = 0; i < M; ++i) {
       const VecF xv = cpu::vload(x + i * k + kk);
       for (int r = 0; r < R; ++r) acc[r][i] = cpu::vfmadd(wv[r], xv, acc[r][i]);
