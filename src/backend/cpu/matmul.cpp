@@ -33,8 +33,9 @@ void gemv_block(const float* x, int64_t k, const void* w, int64_t row, float* y,
   // KiB) that the hardware prefetcher finds only after its first misses. On a 2-core Xeon VM the
   // 4096 x 1536 bf16 matmul went from 590-630 to 480-490 us at m = 1 and from 780-860 to
   // 515-530 us at m = 5 (bench_cpu_kernels, two threads; docs/perf.md "Session 57").
-  const char* next = static_cast<const char*>(w) + (row + R) * k * kWeightBytes<T>;
   const bool prefetch_next = row + 2 * R <= n;
+  const char* next =
+      prefetch_next ? static_cast<const char*>(w) + (row + R) * k * kWeightBytes<T> : nullptr;
   for (; kk + cpu::kLanes <= k; kk += cpu::kLanes) {
     VecF wv[R];
     for (int r = 0; r < R; ++r) wv[r] = cpu::vload_w<T>(w, (row + r) * k + kk);
