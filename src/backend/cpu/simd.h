@@ -327,8 +327,9 @@ inline void code_pair(const uint8_t* upper, const uint8_t* lower, int64_t j, flo
 inline void load_nibbles(const uint8_t* b, VecF* lo, VecF* hi) {
 #if defined(__AVX512F__)
   const __m512i w = _mm512_cvtepu8_epi32(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b)));
-  *lo = _mm512_cvtepi32_ps(_mm512_and_si512(w, _mm512_set1_epi32(0x0f)));
-  *hi = _mm512_cvtepi32_ps(_mm512_srli_epi32(w, 4));
+  const __m512 codes = _mm512_set_ps(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0);
+  *lo = _mm512_permutexvar_ps(w, codes);
+  *hi = _mm512_permutexvar_ps(_mm512_srli_epi32(w, 4), codes);
 #else
   const __m256i w = _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(b)));
   *lo = _mm256_cvtepi32_ps(_mm256_and_si256(w, _mm256_set1_epi32(0x0f)));
