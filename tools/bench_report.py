@@ -109,7 +109,10 @@ def cells(report):
     """{(mode, context, gamma): averaged run dict} over repeats."""
     groups = collections.defaultdict(list)
     for run in report["runs"]:
-        groups[(run["bench_mode"], run["context"], run.get("gamma", 0))].append(run)
+        # Rounds of --gamma auto (adaptive_gamma) are no point of the fixed-gamma sweep: key 0,
+        # as a mode's default, so that they are neither projected nor in the acceptance plot.
+        gamma = 0 if run.get("adaptive_gamma") else run.get("gamma", 0)
+        groups[(run["bench_mode"], run["context"], gamma)].append(run)
     out = {}
     for key, runs in groups.items():
         avg = dict(runs[0])
@@ -163,7 +166,8 @@ def markdown(reports):
                     b = best.get((base, ctx))
                     speed.append(f"{cell['decode_tok_s'] / b['decode_tok_s']:.2f}x" if b else "-")
                 spec = cell.get("drafted", 0) > 0  # a speculative mode (not AR, not HF)
-                gamma = cell.get("gamma", "-") if spec else "-"
+                gamma = ("auto" if cell.get("adaptive_gamma") else cell.get("gamma", "-")) \
+                    if spec else "-"
                 accept = f"{cell['acceptance_rate']:.3f}" if spec else "-"
                 lines.append(
                     f"| {ctx} | {mode} | {gamma} | {cell['decode_tok_s']:.1f} | "

@@ -51,12 +51,16 @@ struct BenchArgs {
   GenerationParams gen;
   std::vector<std::string> modes{"ar-fp16", "ar-int8", "quantspec"};
   std::vector<int> contexts;
-  std::vector<int> gammas;  // empty: the engine's default
+  std::vector<int> gammas;  // empty: the engine's default; kAutoGamma: --gamma auto's rounds
   int repeats = 1;
   std::string tokens_file;
   std::string token_dtype = "u16";
   std::string json_out;
 };
+
+// A --gammas entry "auto": rounds whose length AdaptiveGamma chooses
+// (EngineOptions::adaptive_gamma).
+constexpr int kAutoGamma = 0;
 
 std::string commit_id() {
   const char* env = std::getenv("QS_COMMIT");
@@ -107,6 +111,12 @@ std::string write_report(const std::string& path, const nlohmann::json& report) 
   return "";
 }
 
+std::string gamma_list(const std::vector<int>& gammas) {
+  std::vector<std::string> names;
+  for (int g : gammas) names.push_back(g == kAutoGamma ? "auto" : std::to_string(g));
+  return fmt::format("{}", fmt::join(names, ","));
+}
+
 double gib(double bytes) {
   return bytes / double(1 << 30);
 }
@@ -115,8 +125,10 @@ int run_bench(const BenchArgs& a) {
   if (std::string bad = validate_generation_params(a.gen); !bad.empty()) return report_error(bad);
   if (a.contexts.empty()) return report_error("bench needs --contexts (prompt lengths in tokens)");
   const int max_ctx = *std::max_element(a.contexts.begin(), a.contexts.end());
-  const int max_gamma = a.gammas.empty() ? kDefaultGamma
-                                         : *std::max_element(a.gammas.begin(), a.gammas.end());
+  const bool sweep_auto = std::find(a.gammas.begin(), a.gammas.end(), kAutoGamma) != a.gammas.end();
+  const int max_gamma = std::max(
+      a.gammas.empty() ? kDefaultGamma : *std::max_element(a.gammas.begin(), a.gammas.end()),
+      sweep_auto ? std::min(kAdaptiveGammaMax, a.model.engine.group_size - 1) : 0);
   const auto dir = resolve_model_dir(a.model);
 
   nlohmann::json report = {{"command", "bench"}, {"version", QS_VERSION},
@@ -145,6 +157,12 @@ int run_bench(const BenchArgs& a) {
     // The positions a run of `ctx` prompt tokens needs: its tokens and a round's candidates.
     auto capacity_for = [&](int ctx) { return ctx + a.gen.max_new_tokens + max_gamma + 1; };
     if (mo.engine.max_context == 0) mo.engine.max_context = capacity_for(max_ctx);
+    // With "auto" in the sweep its rounds draft up to the sweep's largest gamma; the others keep
+    // their fixed length (GenerationParams::gamma).
+    if (sweep_auto && bm.mode != DecodeMode::kAr) {
+      mo.engine.adaptive_gamma = true;
+      mo.engine.gamma = max_gamma;
+    }
     if (std::string bad = validate_decode_options(mo); !bad.empty()) return report_error(bad);
     auto loaded = Engine::load(dir, mo.engine);
     if (!loaded) return report_error(mode_name + ": " + loaded.error().message);
@@ -156,7 +174,7 @@ int run_bench(const BenchArgs& a) {
     print_resolved_config("bench", dir, eng, mo, &shown);
     const std::string swept = bm.mode == DecodeMode::kAr ? "-"
                               : a.gammas.empty()         ? "(the mode's)"
-                                                 : fmt::format("{}", fmt::join(a.gammas, ","));
+                                                         : gamma_list(a.gammas);
     fmt::print(stderr, "  bench: contexts {} gammas {} repeats {}\n", fmt::join(a.contexts, ","),
                swept, a.repeats);
     if (!header) {
@@ -243,15 +261,19 @@ int run_bench(const BenchArgs& a) {
           row["draft_ms_per_step"] = draft_ms;
           row["verify_ms_per_step"] = verify_ms;
           row["flush_ms_per_flush"] = flush_ms;
+          if (s.rounds > 0) row["mean_gamma"] = double(s.drafted) / s.rounds;
           row["peak_device_memory_bytes"] = peak;
           report["runs"].push_back(row);
           if (std::string bad = save(); !bad.empty()) return report_error(bad);
           fmt::print(
               "{:<13} {:>7} {:>5} {:>3} {:>9.3f} {:>9.2f} {:>8.3f} {:>7.3f} {:>8.3f} "
               "{:>9.3f} {:>8.2f} {:>8}\n",
-              mode_name, ctx, spec ? row.value("gamma", 0) : 0, rep, s.prefill_s, s.decode_tok_s(),
-              ms_per_token, s.acceptance_rate(), draft_ms, verify_ms, flush_ms,
-              peak >= 0 ? fmt::format("{:.2f}", gib(double(peak))) : "-");
+              mode_name, ctx,
+              !spec             ? "0"
+              : g == kAutoGamma ? "auto"
+                                : std::to_string(g),
+              rep, s.prefill_s, s.decode_tok_s(), ms_per_token, s.acceptance_rate(), draft_ms,
+              verify_ms, flush_ms, peak >= 0 ? fmt::format("{:.2f}", gib(double(peak))) : "-");
           std::fflush(stdout);
         }
       }
@@ -289,11 +311,18 @@ CommandRun add_bench_command(CLI::App& root) {
       ->delimiter(',')
       ->required()
       ->check(CLI::Range(1, 1 << 24));
-  cmd->add_option("--gammas", args->gammas,
-                  "Speculative modes: draft lengths to sweep, comma-separated [default: the "
-                  "engine's]")
+  cmd->add_option_function<std::vector<std::string>>(
+         "--gammas",
+         [args](const std::vector<std::string>& v) {
+           args->gammas.clear();
+           for (const std::string& g : v)
+             args->gammas.push_back(g == "auto" ? kAutoGamma : std::stoi(g));
+         },
+         "Speculative modes: draft lengths to sweep, comma-separated, each 1..255 or auto "
+         "(--gamma auto's rounds, up to the sweep's largest or " +
+             std::to_string(kAdaptiveGammaMax) + ") [default: the engine's]")
       ->delimiter(',')
-      ->check(CLI::Range(1, 255));
+      ->check(gamma_validator(255));
   cmd->add_option("--repeats", args->repeats, "Runs per cell")->check(CLI::Range(1, 1000));
   cmd->add_option("--prompt-tokens", args->tokens_file,
                   "Prompt ids from a raw token file (e.g. models/default/heldout.u16); "

@@ -86,6 +86,20 @@ void add_model_options(CLI::App& app, ModelOptions& opts) {
 
 static void add_sparse_draft_options(CLI::App& app, EngineOptions& e);
 
+CLI::Validator gamma_validator(int max_gamma) {
+  return CLI::Validator(
+      [max_gamma](std::string& v) -> std::string {
+        if (v == "auto") return "";
+        const std::string err =
+            "must be an integer in [1, " + std::to_string(max_gamma) + "] or auto, got " + v;
+        if (v.empty() || v.size() > 6 || v.find_first_not_of("0123456789") != std::string::npos)
+          return err;
+        const int g = std::stoi(v);
+        return g >= 1 && g <= max_gamma ? "" : err;
+      },
+      "INT|auto");
+}
+
 void add_decode_options(CLI::App& app, ModelOptions& opts) {
   EngineOptions& e = opts.engine;
   const std::map<std::string, DecodeMode> modes{{"ar", DecodeMode::kAr},
@@ -108,11 +122,19 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
          "view), int4 (draft view) [default: fp16]")
       ->envname("QS_KV")
       ->check(CLI::IsMember({"fp16", "int8", "int4"}));
-  app.add_option("--gamma", e.gamma,
-                 "QuantSpec draft tokens per round, 1 <= gamma < G [default: " +
-                     std::to_string(kDefaultGamma) + "]")
+  app.add_option_function<std::string>(
+         "--gamma",
+         [&e](const std::string& v) {
+           e.adaptive_gamma = v == "auto";
+           e.gamma = e.adaptive_gamma ? 0 : std::stoi(v);
+         },
+         "Draft tokens per round (QuantSpec, sparse drafts), 1 <= gamma < G, or auto: each round "
+         "drafts 1.." +
+             std::to_string(kAdaptiveGammaMax) +
+             ", chosen from the acceptance and step times measured so far [default: " +
+             std::to_string(kDefaultGamma) + "]")
       ->envname("QS_GAMMA")
-      ->check(CLI::Range(1, 1 << 16));
+      ->check(gamma_validator(1 << 16));
   app.add_option("--group-size", e.group_size,
                  "G: key quantization group and flush granularity (32, 64 or 128)")
       ->envname("QS_GROUP_SIZE")

@@ -45,6 +45,9 @@ void add_model_options(CLI::App& app, ModelOptions& opts);
 // --mode, --kv, --gamma, --group-size, --value-group-size, --draft-weights (the cache and the
 // decoding mode; docs/quantspec.md).
 void add_decode_options(CLI::App& app, ModelOptions& opts);
+// Accepts a draft length in [1, max_gamma] or "auto" (AdaptiveGamma's rounds): --gamma,
+// bench's --gammas.
+CLI::Validator gamma_validator(int max_gamma);
 // Checks across those flags CLI11 cannot express. Empty string when valid.
 std::string validate_decode_options(const ModelOptions& opts);
 // -n, --temperature, --top-k, --top-p, --min-p, --seed, --stop, --ignore-eos.

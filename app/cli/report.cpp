@@ -38,6 +38,24 @@ std::string rope_scaling_label(const RopeScaling& s) {
 
 }  // namespace
 
+// Whether a generation's rounds choose their own length (--gamma auto, no fixed gamma given).
+bool adaptive_rounds(const EngineOptions& e, const GenerationParams* gen) {
+  return e.adaptive_gamma && !(gen && gen->gamma > 0);
+}
+
+// The draft tokens of a round (with --gamma auto: the most a round drafts), as the engine
+// resolves them.
+int resolved_gamma(const EngineOptions& e, const GenerationParams* gen) {
+  if (gen && gen->gamma > 0) return gen->gamma;
+  if (e.gamma > 0) return e.gamma;
+  return std::min(e.adaptive_gamma ? kAdaptiveGammaMax : kDefaultGamma, e.group_size - 1);
+}
+
+std::string gamma_text(const EngineOptions& e, const GenerationParams* gen) {
+  const int g = resolved_gamma(e, gen);
+  return adaptive_rounds(e, gen) ? fmt::format("auto (1..{} per round)", g) : std::to_string(g);
+}
+
 bool stderr_is_tty() {
   return isatty(fileno(stderr)) != 0;
 }
@@ -113,21 +131,18 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
   const EngineOptions& e = eo;
   const int gv = e.value_group_size > 0 ? e.value_group_size : c.head_dim;
   if (e.mode == DecodeMode::kQuantSpec) {
-    const int gamma = e.gamma > 0 ? e.gamma : std::min(kDefaultGamma, e.group_size - 1);
     fmt::print(stderr,
                "  mode quantspec: gamma {} draft weights {} ; KV hierarchical G {} Gv {} "
                "(draft INT4 view, target INT8 view, {} buffer)\n",
-               gen && gen->gamma > 0 ? gen->gamma : gamma, draft_weights_name(e.draft_weights),
-               e.group_size, gv, rows_name);
+               gamma_text(e, gen), draft_weights_name(e.draft_weights), e.group_size, gv,
+               rows_name);
   } else if (e.mode == DecodeMode::kStreamingLlm || e.mode == DecodeMode::kSnapKv) {
-    const int gamma = e.gamma > 0 ? e.gamma : std::min(kDefaultGamma, e.group_size - 1);
     fmt::print(stderr,
                "  mode {}: gamma {} draft weights {} ; draft KV budget {:g}{} (sinks {}, snap "
                "window {}), target KV full precision ({} rows)\n",
-               decode_mode_name(e.mode), gen && gen->gamma > 0 ? gen->gamma : gamma,
-               draft_weights_name(e.draft_weights), e.draft_budget,
-               e.draft_budget < 1 ? " of the prompt" : " positions", e.sink_tokens, e.snap_window,
-               rows_name);
+               decode_mode_name(e.mode), gamma_text(e, gen), draft_weights_name(e.draft_weights),
+               e.draft_budget, e.draft_budget < 1 ? " of the prompt" : " positions", e.sink_tokens,
+               e.snap_window, rows_name);
   } else if (e.kv != KvType::kFp16) {
     fmt::print(stderr, "  mode ar: KV {} view of the hierarchical cache, G {} Gv {}\n",
                kv_type_name(e.kv), e.group_size, gv);
@@ -228,7 +243,8 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
         {"meta", st.target_kv_meta_bytes},
         {"fp", st.target_kv_fp_bytes}}}};
   if (options.mode != DecodeMode::kAr) {
-    j["gamma"] = gen.gamma > 0 ? gen.gamma : (options.gamma > 0 ? options.gamma : kDefaultGamma);
+    j["gamma"] = resolved_gamma(options, &gen);
+    j["adaptive_gamma"] = adaptive_rounds(options, &gen);
   }
   return j;
 }

@@ -64,6 +64,8 @@ enum class Device : uint8_t { kCpu, kCuda };
 
 // The speculation length used when none is given (measured on models/default, docs/quantspec.md).
 inline constexpr int kDefaultGamma = 4;
+// The largest round of EngineOptions::adaptive_gamma when gamma is not given.
+inline constexpr int kAdaptiveGammaMax = 8;
 
 struct EngineOptions {
   Device device = Device::kCpu;
@@ -94,6 +96,10 @@ struct EngineOptions {
   int group_size = 128;       // G: key group size and flush granularity (32, 64, 128)
   int value_group_size = 0;   // Gv: value channels per group; 0: head_dim
   int gamma = 0;              // draft tokens per round; 0: kDefaultGamma (clamped < G)
+  // Speculative modes: each round drafts 1..gamma tokens, chosen from the acceptance and the step
+  // times measured so far (AdaptiveGamma; `--gamma auto`); gamma 0 then means kAdaptiveGammaMax.
+  // A GenerationParams::gamma > 0 still fixes a generation's rounds.
+  bool adaptive_gamma = false;
   DraftWeights draft_weights = DraftWeights::kInt4;
   // Sparse-KV drafts: prompt positions the draft keeps, a fraction of the prompt (< 1) or an
   // absolute count (>= 1); attention sinks (StreamingLLM); SnapKV's observation window (queries)

@@ -4,9 +4,11 @@
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
+#include <optional>
 #include <string>
 #include <unordered_set>
 
+#include "engine/adaptive_gamma.h"
 #include "engine/backend_factory.h"
 #include "engine/logit_adjust.h"
 #include "engine/sampler.h"
@@ -126,8 +128,10 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
   kv.head_dim = cfg.head_dim;
   kv.group_size = options.group_size;
   kv.value_group_size = options.value_group_size;
-  const int gamma =
-      options.gamma > 0 ? options.gamma : std::min(kDefaultGamma, options.group_size - 1);
+  const int gamma = options.gamma > 0
+                        ? options.gamma
+                        : std::min(options.adaptive_gamma ? kAdaptiveGammaMax : kDefaultGamma,
+                                   options.group_size - 1);
   kv.max_gamma = qspec ? gamma : 0;
   kv.capacity = ctx;
   kv.row_dtype = resolve_kv_dtype(options) == KvDType::kF16 ? DType::F16 : DType::F32;
@@ -857,10 +861,18 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     TokenLogprob x_lp;
     if (want_logprobs) x_lp = token_logprob(first.data(), vocab, x, params.logprobs);
     bool done = push(x, &x_lp);
+    std::optional<AdaptiveGamma> adaptive;
+    if (options_.adaptive_gamma && params.gamma == 0) adaptive.emplace(gamma);
     while (!done) {
       // Never draft past what may still be emitted (nor past the context).
-      const int g = std::min(gamma, max_new - emitted - 1);
+      const int g = std::min(adaptive ? adaptive->next() : gamma, max_new - emitted - 1);
+      const double draft_before = st.draft_s;
+      const double rest_before = st.verify_s + st.flush_s + st.sample_s;
       QS_ASSIGN_OR_RETURN(RoundResult r, spec.round(x, g, params.sampling, rng, st, counters_));
+      if (adaptive) {
+        adaptive->observe(g, r.accepted, st.draft_s - draft_before,
+                          st.verify_s + st.flush_s + st.sample_s - rest_before);
+      }
       if (options_.prompt_cache) sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
       for (size_t i = 0; i < r.tokens.size(); ++i) {
         if ((done = push(r.tokens[i], want_logprobs ? &r.logprobs[i] : nullptr))) break;

@@ -555,6 +555,40 @@ def test_quantspec_greedy_equals_ar_int8(qs, tmp_path, name):
         assert s["kv_bytes_per_target_step"]["lower"] > 0
 
 
+def test_quantspec_gamma_auto(qs, tmp_path):
+    # Rounds of 1..8 chosen by AdaptiveGamma: still AR INT8's greedy tokens, and the stats say so.
+    ar = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "ar", "--kv", "int8", "--group-size",
+                   "32")
+    s = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "quantspec", "--group-size", "32",
+                  "--gamma", "auto")
+    assert s["tokens"] == ar["tokens"]
+    assert s["adaptive_gamma"] is True and s["gamma"] == 8
+    assert len(s["accepted_histogram"]) == 9
+    assert s["rounds"] <= s["drafted"] <= 8 * s["rounds"]
+    fixed = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "quantspec", "--gamma", "3")
+    assert fixed["adaptive_gamma"] is False and fixed["gamma"] == 3
+    # The banner names the choice.
+    p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "Hi", "-n", "4", "--mode",
+           "quantspec", "--gamma", "auto")
+    assert "gamma auto (1..8 per round)" in p.stderr
+
+
+def test_bench_sweeps_gamma_auto(qs, tmp_path):
+    out = tmp_path / "b.json"
+    p = qs("bench", "-m", model_dir("llama3-tiny"), "--modes", "quantspec", "--contexts", "64",
+           "--gammas", "2,auto", "-n", "24", "-o", out)
+    rows = [line.split() for line in p.stdout.splitlines() if line.startswith("quantspec")]
+    assert [r[2] for r in rows] == ["2", "auto"]
+    runs = json.loads(out.read_text())["runs"]
+    assert [r["adaptive_gamma"] for r in runs] == [False, True]
+    assert runs[0]["gamma"] == 2 and runs[1]["gamma"] == 8  # auto drafts up to 8
+    assert all(r["mean_gamma"] >= 1 for r in runs)
+    bad = qs("bench", "-m", model_dir("llama3-tiny"), "--contexts", "64", "--gammas", "2,fast",
+             check=False)
+    assert bad.returncode in (1, 2) and "--gammas" in bad.stderr, bad.stderr
+    assert "Traceback" not in bad.stderr and "Aborted" not in bad.stderr
+
+
 def test_kv_modes_and_draft_weights(qs, tmp_path):
     fp = gen_stats(qs, tmp_path, "llama3-tiny", "--kv", "fp16")
     assert fp["mode"] == "ar" and fp["kv"] == "fp16" and fp["generated_tokens"] == 40
@@ -572,6 +606,8 @@ def test_kv_modes_and_draft_weights(qs, tmp_path):
     (["--mode", "quantspec", "--gamma", "128"], "gamma"),
     (["--mode", "quantspec", "--group-size", "32", "--gamma", "32"], "gamma"),
     (["--mode", "quantspec", "--gamma", "99999999"], "gamma"),
+    (["--mode", "quantspec", "--gamma", "fast"], "gamma"),
+    (["--mode", "quantspec", "--gamma", "-3"], "gamma"),
     (["--mode", "quantspec", "--kv", "int8"], "--kv"),
     (["--value-group-size", "48"], "value"),
     (["--value-group-size", "16"], "value"),

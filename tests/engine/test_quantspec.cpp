@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "engine/adaptive_gamma.h"
 #include "engine/llm_engine.h"
 #include "engine/logit_adjust.h"
 #include "engine/sampler.h"
@@ -82,6 +83,41 @@ TEST(QuantSpec, GreedyEqualsArInt8TokenForToken) {
         EXPECT_EQ(spec->cache().planes_length(), group * (committed / group));
       }
     }
+  }
+}
+
+TEST(QuantSpec, AdaptiveRoundsEqualArInt8TokenForToken) {
+  // --gamma auto: each round drafts what AdaptiveGamma chooses (at most the engine's gamma);
+  // verification stays exact, so the output is still the target path's.
+  const TinyModel tiny = testing::make_tiny_model(spec_config(), DType::BF16, 5);
+  auto ar = make_engine(tiny, ar_options(KvType::kInt8, 32));
+  ASSERT_TRUE(ar);
+  for (int max_gamma : {0, 3, 12}) {
+    EngineOptions o = spec_options(32, max_gamma);
+    o.adaptive_gamma = true;
+    auto spec = make_engine(tiny, o);
+    ASSERT_TRUE(spec);
+    const int most = max_gamma > 0 ? max_gamma : kAdaptiveGammaMax;
+    EXPECT_EQ(spec->gamma(), most);
+    for (int len : {1, 70, 300}) {
+      const std::vector<int32_t> prompt = random_prompt(len, 97, 400 + len);
+      auto want = ar->generate(prompt, greedy_params(200), nullptr);
+      auto got = spec->generate(prompt, greedy_params(200), nullptr);
+      ASSERT_TRUE(want.ok() && got.ok());
+      ASSERT_EQ(got->tokens, want->tokens) << "max gamma " << max_gamma << " len " << len;
+      const GenerationStats& s = got->stats;
+      EXPECT_GT(s.rounds, 0);
+      EXPECT_GE(s.drafted, s.rounds);  // every round drafted at least one token ...
+      EXPECT_LE(s.drafted, static_cast<int64_t>(s.rounds) * most);  // ... and at most `most`
+      EXPECT_EQ(s.accepted_histogram.size(), static_cast<size_t>(most + 1));
+    }
+    // A generation's own gamma still fixes its rounds.
+    GenerationParams fixed = greedy_params(60);
+    fixed.gamma = 2;
+    auto got = spec->generate(random_prompt(50, 97, 7), fixed, nullptr);
+    ASSERT_TRUE(got.ok());
+    EXPECT_EQ(got->stats.accepted_histogram.size(), 3u);
+    EXPECT_LE(got->stats.drafted, 2 * got->stats.rounds);
   }
 }
 
@@ -301,8 +337,10 @@ TEST(ChiSquare, PValueMatchesKnownQuantiles) {
 // Exactness of speculative sampling for both kinds of self-speculation: the QuantSpec cache (the
 // draft reads the INT4 view), and a sparse-KV draft (StreamingLLM-style selection over a
 // full-precision cache); and QuantSpec with a LogitAdjust (penalties and logit_bias, each row
-// adjusted by its own position's history), against the target-only law with the same adjustment.
-enum DistributionCase { kQuantSpecDraft, kSparseDraft, kAdjustedQuantSpec };
+// adjusted by its own position's history), against the target-only law with the same adjustment;
+// and QuantSpec whose rounds draft 1 or 2 tokens as AdaptiveGamma chooses from the rounds before
+// (`--gamma auto`: a length chosen from the past keeps every round exact).
+enum DistributionCase { kQuantSpecDraft, kSparseDraft, kAdjustedQuantSpec, kAdaptiveQuantSpec };
 
 class Distribution : public ::testing::TestWithParam<DistributionCase> {
  protected:
@@ -397,12 +435,17 @@ class Distribution : public ::testing::TestWithParam<DistributionCase> {
     control.broken_no_residual = broken;
     std::vector<int32_t> out;
     spec.set_adjust(&adjust, &out);
+    AdaptiveGamma adaptive(2);
+    std::set<int> lengths;
     for (int s = 0; s < samples; ++s) {
       std::vector<float> p0 = prefill_probs();
       out.assign(1, sample_from(p0, rng));
       while (static_cast<int>(out.size()) < kTokens) {
-        auto r = spec.round(out.back(), 2, sampling, rng, stats, counters, control);
+        const int gamma = GetParam() == kAdaptiveQuantSpec ? adaptive.next() : 2;
+        lengths.insert(gamma);
+        auto r = spec.round(out.back(), gamma, sampling, rng, stats, counters, control);
         EXPECT_TRUE(r.ok());
+        adaptive.observe(gamma, r->accepted, 0.0, 0.0);
         out.insert(out.end(), r->tokens.begin(), r->tokens.end());
       }
       int cell = 0;
@@ -410,6 +453,7 @@ class Distribution : public ::testing::TestWithParam<DistributionCase> {
       ++counts[cell];
     }
     EXPECT_GT(stats.rounds, samples);
+    if (GetParam() == kAdaptiveQuantSpec) EXPECT_EQ(lengths, (std::set<int>{1, 2}));
     EXPECT_LT(stats.acceptance_rate(), 0.9);  // the draft disagrees: rejections are common
     // Cells with expected count < 5 are pooled into one.
     double chi2 = 0, pooled_e = 0;
@@ -444,11 +488,13 @@ TEST_P(Distribution, WithoutResidualResamplingTheTestFails) {
 }
 
 INSTANTIATE_TEST_SUITE_P(Drafts, Distribution,
-                         ::testing::Values(kQuantSpecDraft, kSparseDraft, kAdjustedQuantSpec),
+                         ::testing::Values(kQuantSpecDraft, kSparseDraft, kAdjustedQuantSpec,
+                                           kAdaptiveQuantSpec),
                          [](const ::testing::TestParamInfo<DistributionCase>& info) {
-                           return std::string(info.param == kSparseDraft ? "sparse_kv"
-                                              : info.param == kQuantSpecDraft
-                                                  ? "quantspec"
+                           return std::string(info.param == kSparseDraft      ? "sparse_kv"
+                                              : info.param == kQuantSpecDraft ? "quantspec"
+                                              : info.param == kAdaptiveQuantSpec
+                                                  ? "quantspec_adaptive_gamma"
                                                   : "quantspec_adjusted");
                          });
 
