@@ -29,8 +29,8 @@ class AdaptiveGamma {
 
   // One round's outcome: it drafted `gamma` tokens and accepted `accepted` of them; its draft
   // steps took draft_s seconds in all and the rest of the round rest_s. Rounds that drafted
-  // nothing (gamma 0) are ignored. The first timed round is skipped as a warm-up (allocations,
-  // CUDA graph captures); times <= 0 (not measured) leave the cost estimates as they were.
+  // nothing (gamma 0) are ignored. The first timed round is skipped as a warm-up (first-use
+  // uploads, lazy allocations); times <= 0 (not measured) leave the cost estimates as they were.
   void observe(int gamma, int accepted, double draft_s, double rest_s);
 
   double acceptance() const;  // the per-token acceptance estimate a, in (0, 1)
