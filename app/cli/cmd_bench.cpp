@@ -126,9 +126,12 @@ int run_bench(const BenchArgs& a) {
   if (a.contexts.empty()) return report_error("bench needs --contexts (prompt lengths in tokens)");
   const int max_ctx = *std::max_element(a.contexts.begin(), a.contexts.end());
   const bool sweep_auto = std::find(a.gammas.begin(), a.gammas.end(), kAutoGamma) != a.gammas.end();
+  EngineOptions auto_rounds = a.model.engine;  // what an "auto" entry's rounds draft at most
+  auto_rounds.gamma = 0;
+  auto_rounds.adaptive_gamma = true;
   const int max_gamma = std::max(
       a.gammas.empty() ? kDefaultGamma : *std::max_element(a.gammas.begin(), a.gammas.end()),
-      sweep_auto ? std::min(kAdaptiveGammaMax, a.model.engine.group_size - 1) : 0);
+      sweep_auto ? auto_rounds.max_round_gamma() : 0);
   const auto dir = resolve_model_dir(a.model);
 
   nlohmann::json report = {{"command", "bench"}, {"version", QS_VERSION},

@@ -46,9 +46,7 @@ bool adaptive_rounds(const EngineOptions& e, const GenerationParams* gen) {
 // The draft tokens of a round (with --gamma auto: the most a round drafts), as the engine
 // resolves them.
 int resolved_gamma(const EngineOptions& e, const GenerationParams* gen) {
-  if (gen && gen->gamma > 0) return gen->gamma;
-  if (e.gamma > 0) return e.gamma;
-  return std::min(e.adaptive_gamma ? kAdaptiveGammaMax : kDefaultGamma, e.group_size - 1);
+  return gen && gen->gamma > 0 ? gen->gamma : e.max_round_gamma();
 }
 
 std::string gamma_text(const EngineOptions& e, const GenerationParams* gen) {
@@ -86,7 +84,7 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
     const double gv = eo.value_group_size > 0 ? eo.value_group_size : c.head_dim;
     const double per_token = 2.0 * c.kv_dim() + 4.0 * c.kv_dim() / eo.group_size +
                              4.0 * c.num_kv_heads * (c.head_dim / gv);
-    const double buffer_rows = 2.0 * eo.group_size + (eo.gamma > 0 ? eo.gamma : kDefaultGamma) + 1;
+    const double buffer_rows = 2.0 * eo.group_size + eo.max_round_gamma() + 1;
     kv_gib = c.num_layers *
              (per_token * engine.max_context() + buffer_rows * 2.0 * c.kv_dim() * row_bytes) /
              (1 << 30);

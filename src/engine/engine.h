@@ -2,6 +2,7 @@
 // The CLI and the server use only this header (and model/, core/).
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <functional>
@@ -101,6 +102,13 @@ struct EngineOptions {
   // A GenerationParams::gamma > 0 still fixes a generation's rounds.
   bool adaptive_gamma = false;
   DraftWeights draft_weights = DraftWeights::kInt4;
+
+  // The most draft tokens a round takes (what the full-precision buffer is sized for): gamma, or
+  // when 0 the default (kAdaptiveGammaMax with adaptive_gamma), kept below G.
+  int max_round_gamma() const {
+    if (gamma > 0) return gamma;
+    return std::min(adaptive_gamma ? kAdaptiveGammaMax : kDefaultGamma, group_size - 1);
+  }
   // Sparse-KV drafts: prompt positions the draft keeps, a fraction of the prompt (< 1) or an
   // absolute count (>= 1); attention sinks (StreamingLLM); SnapKV's observation window (queries)
   // and max-pool kernel.

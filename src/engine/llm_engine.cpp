@@ -128,10 +128,7 @@ Result<std::unique_ptr<LlmEngine>> LlmEngine::create(const ModelConfig& cfg, Mod
   kv.head_dim = cfg.head_dim;
   kv.group_size = options.group_size;
   kv.value_group_size = options.value_group_size;
-  const int gamma = options.gamma > 0
-                        ? options.gamma
-                        : std::min(options.adaptive_gamma ? kAdaptiveGammaMax : kDefaultGamma,
-                                   options.group_size - 1);
+  const int gamma = options.max_round_gamma();
   kv.max_gamma = qspec ? gamma : 0;
   kv.capacity = ctx;
   kv.row_dtype = resolve_kv_dtype(options) == KvDType::kF16 ? DType::F16 : DType::F32;
@@ -863,15 +860,15 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     bool done = push(x, &x_lp);
     std::optional<AdaptiveGamma> adaptive;
     if (options_.adaptive_gamma && params.gamma == 0) adaptive.emplace(gamma);
+    // A round's time besides its draft steps: verification, accept/reject, commit.
+    auto rest_s = [&st] { return st.verify_s + st.flush_s + st.sample_s; };
     while (!done) {
       // Never draft past what may still be emitted (nor past the context).
       const int g = std::min(adaptive ? adaptive->next() : gamma, max_new - emitted - 1);
-      const double draft_before = st.draft_s;
-      const double rest_before = st.verify_s + st.flush_s + st.sample_s;
+      const double draft_before = st.draft_s, rest_before = rest_s();
       QS_ASSIGN_OR_RETURN(RoundResult r, spec.round(x, g, params.sampling, rng, st, counters_));
       if (adaptive) {
-        adaptive->observe(g, r.accepted, st.draft_s - draft_before,
-                          st.verify_s + st.flush_s + st.sample_s - rest_before);
+        adaptive->observe(g, r.accepted, st.draft_s - draft_before, rest_s() - rest_before);
       }
       if (options_.prompt_cache) sequence.insert(sequence.end(), r.tokens.begin(), r.tokens.end());
       for (size_t i = 0; i < r.tokens.size(); ++i) {
