@@ -19,6 +19,7 @@ namespace {
 
 template <DType T>
 constexpr int64_t kWeightBytes = T == DType::F32 ? 4 : 2;
+constexpr int64_t kLineBytes = 64;
 
 template <DType T, int M, int R>
 void gemv_block(const float* x, int64_t k, const void* w, int64_t row, float* y, int64_t n) {
@@ -33,13 +34,14 @@ void gemv_block(const float* x, int64_t k, const void* w, int64_t row, float* y,
   // KiB) that the hardware prefetcher finds only after its first misses. On a 2-core Xeon VM the
   // 4096 x 1536 bf16 matmul went from 590-630 to 480-490 us at m = 1 and from 780-860 to
   // 515-530 us at m = 5 (bench_cpu_kernels, two threads; docs/perf.md "Session 57").
+  constexpr int64_t kVecBytes = cpu::kLanes * kWeightBytes<T>;  // weight bytes per iteration
   const bool prefetch_next = row + 2 * R <= n;
   const char* next =
       prefetch_next ? static_cast<const char*>(w) + (row + R) * k * kWeightBytes<T> : nullptr;
   for (; kk + cpu::kLanes <= k; kk += cpu::kLanes) {
     VecF wv[R];
     for (int r = 0; r < R; ++r) wv[r] = cpu::vload_w<T>(w, (row + r) * k + kk);
-    if (prefetch_next) {
+    if (prefetch_next && (kk * kWeightBytes<T>) % kLineBytes < kVecBytes) {  // once per line
       for (int r = 0; r < R; ++r) __builtin_prefetch(next + (r * k + kk) * kWeightBytes<T>);
     }
     for (int i = 0; i < M; ++i) {
