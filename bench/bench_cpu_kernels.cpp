@@ -1,6 +1,8 @@
 // CPU kernels alone: the attention's row kernels (one thread, operands in L1), the decode
 // matmuls (a 4096 x 1536 weight, 64 copies streamed from memory) on 1 and on all threads, and
-// the host's per-token log-probability reduction (token_logprob over a Llama-3 vocabulary).
+// the host's per-token log-probability reduction (token_logprob over a Llama-3 vocabulary), and
+// JSON mode's mask of a parser state over a synthetic 128K-token vocabulary (the trie walk, the
+// one host cost a state meets for the first time).
 //
 //   bench_cpu_kernels [--threads N (all)]
 #include <fmt/core.h>
@@ -14,6 +16,7 @@
 
 #include "backend/cpu/attention_rows.h"
 #include "backend/cpu/cpu_backend.h"
+#include "engine/json_constraint.h"
 #include "engine/sampler.h"
 #include "model/weights.h"
 #include "quant/weight_quant.h"
@@ -112,6 +115,46 @@ void logprobs() {
   }
 }
 
+// JSON mode: JsonConstraint::allowed for states it has not met (the walk; a met one is a lookup),
+// over 128256 tokens: the 256 bytes, then pseudo-words of 1-10 letters (half with a leading
+// space, as a BPE vocabulary's), some with JSON punctuation around them.
+void json_masks() {
+  const int vocab = 128256;
+  std::mt19937 g(11);
+  std::vector<std::string> bytes;
+  for (int b = 0; b < 256; ++b) bytes.emplace_back(1, static_cast<char>(b));
+  const char* punct[] = {"", "\"", "\":", "\",", ",", "{\"", "}", "]", "\n", "  "};
+  while (static_cast<int>(bytes.size()) < vocab) {
+    std::string w = g() % 2 ? " " : "";
+    const int len = 1 + static_cast<int>(g() % 10);
+    for (int i = 0; i < len; ++i) w += static_cast<char>('a' + g() % 26);
+    if (g() % 4 == 0) w = punct[g() % 10] + w + punct[g() % 10];
+    bytes.push_back(w);
+  }
+  const auto t0 = Clock::now();
+  qs::JsonConstraint json(bytes, std::vector<bool>(vocab, false), {});
+  fmt::print("json mode: trie of {} tokens built in {:.1f} ms\n", vocab,
+             std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
+  // Each depth is a state of its own: `prefix` + depth - 1 '[' + `tail`.
+  auto time_states = [&](const char* name, const std::string& tail) {
+    std::vector<double> t;
+    for (int depth = 1; depth < 40; ++depth) {
+      qs::JsonState s;
+      s.advance("{\"k\":" + std::string(static_cast<size_t>(depth), '[') + tail);
+      const auto a = Clock::now();
+      const std::vector<uint64_t>& bits = json.allowed(s);
+      t.push_back(std::chrono::duration<double>(Clock::now() - a).count());
+      if (bits.empty()) std::abort();
+    }
+    std::sort(t.begin(), t.end());
+    fmt::print("json mode: mask of a new state {:<22} {:6.2f} ms (median of {})\n", name,
+               t[t.size() / 2] * 1e3, t.size());
+  };
+  time_states("(a value is due)", "");
+  time_states("(in a string)", "\"abc");
+  time_states("(after a number)", "12");
+}
+
 int main(int argc, char** argv) {
   int threads = 0;
   for (int i = 1; i < argc; ++i) {
@@ -127,5 +170,6 @@ int main(int argc, char** argv) {
   row_kernels();
   matmuls(threads);
   logprobs();
+  json_masks();
   return 0;
 }

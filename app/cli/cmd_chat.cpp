@@ -186,6 +186,7 @@ CommandRun add_chat_command(CLI::App& root) {
   add_model_options(*cmd, args->model);
   add_decode_options(*cmd, args->model);
   add_generation_options(*cmd, args->gen);
+  add_format_option(*cmd, args->gen);
   cmd->add_option("--system", args->system, "A system message before the conversation");
   cmd->add_option("-f,--file", args->document_file,
                   "A document the conversation is about: it leads the first user message");

@@ -114,6 +114,7 @@ CommandRun add_generate_command(CLI::App& root) {
   add_model_options(*cmd, args->model);
   add_decode_options(*cmd, args->model);
   add_generation_options(*cmd, args->gen);
+  add_format_option(*cmd, args->gen);
   auto* p = cmd->add_option("-p,--prompt", args->prompt, "Prompt text");
   auto* f = cmd->add_option("-f,--file", args->prompt_file, "Read the prompt from a file");
   p->excludes(f);

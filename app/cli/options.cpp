@@ -226,6 +226,14 @@ void add_generation_options(CLI::App& app, GenerationParams& params) {
       "Do not stop at the end-of-sequence token");
 }
 
+void add_format_option(CLI::App& app, GenerationParams& params) {
+  app.add_option_function<std::string>(
+         "--format", [&params](const std::string& v) { params.json_object = v == "json"; },
+         "Output format: text, or json (one JSON object; generation ends when it is complete)")
+      ->envname("QS_FORMAT")
+      ->check(CLI::IsMember({"text", "json"}));
+}
+
 std::filesystem::path resolve_model_dir(const ModelOptions& opts) {
   if (!opts.model_dir.empty()) return opts.model_dir;
   return QS_DEFAULT_MODEL_DIR;

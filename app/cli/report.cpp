@@ -156,10 +156,10 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
     const SamplingParams& s = gen->sampling;
     fmt::print(stderr,
                "  max_tokens {} temperature {:g} top_k {} top_p {:g} min_p {:g} presence_penalty "
-               "{:g} frequency_penalty {:g} seed {} stop_at_eos {} stop strings {}\n",
+               "{:g} frequency_penalty {:g} seed {} stop_at_eos {} stop strings {} format {}\n",
                gen->max_new_tokens, s.temperature, s.top_k, s.top_p, s.min_p,
                gen->adjust.presence_penalty, gen->adjust.frequency_penalty, s.seed,
-               gen->stop_at_eos, gen->stop.size());
+               gen->stop_at_eos, gen->stop.size(), gen->json_object ? "json" : "text");
   }
 }
 

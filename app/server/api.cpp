@@ -638,15 +638,21 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
         return invalid("'response_format' needs a string 'type'", "response_format.type",
                        "missing_required_parameter");
       }
+      const std::string type = rf["type"].get<std::string>();
+      if (type == "json_schema") {
+        return unsupported("response_format",
+                           "response_format 'json_schema' (a JSON object of any form: "
+                           "'json_object')");
+      }
       for (const auto& [k, v] : rf.items()) {
         if (k != "type") {
           return invalid("unknown parameter 'response_format." + k + "'", "response_format." + k,
                          "unknown_parameter");
         }
       }
-      if (rf["type"] != "text")
-        return unsupported("response_format",
-                           "response_format '" + rf["type"].get<std::string>() + "'");
+      if (type != "text" && type != "json_object")
+        return unsupported("response_format", "response_format '" + type + "'");
+      r.params.json_object = type == "json_object";
     }
   } else {
     if (has("echo")) {

@@ -333,7 +333,7 @@ constexpr const char* kDocument = R"JSON({
             "type": ["object", "null"],
             "additionalProperties": false,
             "required": ["type"],
-            "properties": {"type": {"const": "text"}}
+            "properties": {"type": {"enum": ["text", "json_object"], "description": "json_object: the message is one JSON object (JSON mode; the tokens that cannot continue one are masked in every row, the draft's and the target's alike, so QuantSpec stays exact). It ends as the object completes."}}
           },
           "user": {"type": ["string", "null"]},
           "ignore_eos": {"type": ["boolean", "null"]}

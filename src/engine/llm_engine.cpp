@@ -668,6 +668,25 @@ const std::vector<float>& LlmEngine::first_logits(const LogitAdjust& adjust,
   return adjusted_logits_;
 }
 
+Result<LogitAdjust> LlmEngine::resolve_adjust(const GenerationParams& params) {
+  QS_TRY(check_logit_adjust(params.adjust, config().vocab_size));
+  LogitAdjust adjust = params.adjust;
+  adjust.json = nullptr;
+  if (!params.json_object) return adjust;
+  if (!tokenizer_) {
+    return make_error(
+        "JSON mode needs the model's tokenizer, and the model directory has no "
+        "tokenizer.json");
+  }
+  if (!json_) {
+    std::vector<int32_t> eos = config().eos_token_ids;
+    for (int32_t id : tokenizer_->eos_ids()) eos.push_back(id);
+    QS_ASSIGN_OR_RETURN(json_, JsonConstraint::create(*tokenizer_, config().vocab_size, eos));
+  }
+  adjust.json = json_.get();
+  return adjust;
+}
+
 Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
                                              const GenerationParams& params,
                                              const TextCallback& on_text) {
@@ -683,7 +702,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
                       " alternatives, got " + std::to_string(params.logprobs));
   }
   QS_TRY(check_prompt(prompt));
-  QS_TRY(check_logit_adjust(params.adjust, config().vocab_size));
+  QS_ASSIGN_OR_RETURN(const LogitAdjust adjust, resolve_adjust(params));
   if (!params.stop.empty() && !tokenizer_) {
     return make_error(
         "stop strings need a tokenizer, and the model directory has no "
@@ -761,6 +780,7 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   // Emits one token (with its log-probability when asked: `lp`); true when generation ends with it.
   const bool want_logprobs = params.logprobs >= 0;
   int emitted = 0;
+  JsonState json_state;  // JSON mode: after the tokens pushed
   auto push = [&](int32_t next, const TokenLogprob* lp) {
     result.tokens.push_back(next);
     if (want_logprobs) {
@@ -782,6 +802,13 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
       }
       if (cancelled) return true;
     }
+    if (adjust.json != nullptr) {  // the object is complete: nothing may follow
+      QS_CHECK(adjust.json->advance(json_state, next));
+      if (json_state.complete()) {
+        result.finish_reason = "stop";
+        return true;
+      }
+    }
     return emitted == max_new;
   };
 
@@ -798,10 +825,10 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     // its argmax (Backend::argmax_rows), sampling its draw (Backend::sample_rows), both computed
     // where the logits are.
     const bool greedy = params.sampling.temperature <= 0.0f;
-    const bool adjust = params.adjust.active();
+    const bool adjusted = adjust.active();
     LogitAdjuster adjuster;
     auto t_first = std::chrono::steady_clock::now();
-    const std::vector<float>& first = first_logits(params.adjust, adjuster);
+    const std::vector<float>& first = first_logits(adjust, adjuster);
     int32_t next = sample_token(first.data(), vocab, params.sampling, rng, probs_);
     st.sample_s += seconds_since(t_first);
     TokenLogprob next_lp;
@@ -812,12 +839,11 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
       auto t0 = std::chrono::steady_clock::now();
       const int32_t input = next;
       QS_TRY(forward_all(std::span<const int32_t>(&input, 1), pos, path, LogitRows::kLast, nullptr,
-                         greedy && !adjust ? &next : nullptr));
+                         greedy && !adjusted ? &next : nullptr));
       ++counters_.target_steps;
       st.verify_s += seconds_since(t0);
-      if (adjust) {  // the row after every generated token, where it is; then greedy's argmax
-        adjuster.apply(*backend_, model_->mutable_logits_buffer(), 1, vocab, params.adjust,
-                       result.tokens);
+      if (adjusted) {  // the row after every generated token, where it is; then greedy's argmax
+        adjuster.apply(*backend_, model_->mutable_logits_buffer(), 1, vocab, adjust, result.tokens);
         if (greedy) backend_->argmax_rows(model_->logits_buffer(), 1, vocab, &next);
       }
       if (!greedy) {
@@ -850,9 +876,9 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     SpeculativeDecoder spec(*model_, *model_, cache_, draft_selection(), dispatch());
     st.draft_index_bytes = static_cast<int64_t>(sparse_.bytes());
     spec.set_logprobs(params.logprobs);
-    spec.set_adjust(&params.adjust, &result.tokens);
+    spec.set_adjust(&adjust, &result.tokens);
     LogitAdjuster adjuster;
-    const std::vector<float>& first = first_logits(params.adjust, adjuster);
+    const std::vector<float>& first = first_logits(adjust, adjuster);
     int32_t x = sample_token(first.data(), vocab, params.sampling, rng, probs_);
     if (options_.prompt_cache) sequence.push_back(x);
     TokenLogprob x_lp;

@@ -171,6 +171,9 @@ class LlmEngine final : public Engine {
   // The prompt's last logits row for the first token: last_logits_, or with an active adjustment
   // a copy adjusted (no token generated yet: logit_bias alone).
   const std::vector<float>& first_logits(const LogitAdjust& adjust, LogitAdjuster& adjuster);
+  // params.adjust, with JSON mode's constraint when params.json_object (json_, made on first
+  // use from the tokenizer).
+  Result<LogitAdjust> resolve_adjust(const GenerationParams& params);
 
   EngineOptions options_;
   std::unique_ptr<ThreadPool> host_pool_;
@@ -194,6 +197,7 @@ class LlmEngine final : public Engine {
   std::unique_ptr<RankCommunicators> comms_;  // destroyed before the backends
   std::unique_ptr<RankThreads> rank_threads_;  // joined first
   std::optional<Tokenizer> tokenizer_;
+  std::unique_ptr<JsonConstraint> json_;  // resolve_adjust
   std::vector<float> last_logits_;  // [vocab]
   std::vector<float> adjusted_logits_;  // first_logits
   // EngineOptions::prompt_cache: the tokens of the committed positions [0, cache_.length()) as

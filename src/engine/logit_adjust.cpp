@@ -51,6 +51,35 @@ void LogitAdjuster::fill(int rows, int vocab, const LogitAdjust& a,
     for (const auto& [id, bias] : a.logit_bias) row[static_cast<size_t>(id)] += bias;
     for (const auto& [t, c] : counts) row[static_cast<size_t>(t)] -= penalty(c);
   }
+  if (a.json != nullptr) mask_json(*a.json, rows, vocab, history, extra, first);
+}
+
+void LogitAdjuster::mask_json(JsonConstraint& json, int rows, int vocab,
+                              std::span<const int32_t> history, std::span<const int32_t> extra,
+                              int first) {
+  QS_CHECK(json.vocab() == vocab);
+  if (json_of_ != &json || history.size() < json_history_.size() ||
+      !std::equal(json_history_.begin(), json_history_.end(), history.begin())) {
+    json_of_ = &json;
+    json_history_.clear();
+    json_state_ = JsonState{};
+  }
+  // Every token here came from a row masked alike, so each continues the object.
+  for (size_t i = json_history_.size(); i < history.size(); ++i) {
+    QS_CHECK(json.advance(json_state_, history[i]));
+    json_history_.push_back(history[i]);
+  }
+  JsonState s = json_state_;
+  for (int i = 0; i < first; ++i) QS_CHECK(json.advance(s, extra[static_cast<size_t>(i)]));
+  const size_t v = static_cast<size_t>(vocab);
+  for (int j = 0; j < rows; ++j) {
+    if (j > 0) QS_CHECK(json.advance(s, extra[static_cast<size_t>(first + j - 1)]));
+    const std::vector<uint64_t>& bits = json.allowed(s);
+    float* row = host_.data() + static_cast<size_t>(j) * v;
+    for (size_t id = 0; id < v; ++id) {
+      if (((bits[id / 64] >> (id % 64)) & 1u) == 0) row[id] = -INFINITY;
+    }
+  }
 }
 
 void LogitAdjuster::apply(Backend& backend, float* logits, int rows, int vocab,

@@ -9,6 +9,7 @@
 #include "backend/backend.h"
 #include "core/error.h"
 #include "engine/engine.h"
+#include "engine/json_constraint.h"
 
 namespace qs {
 
@@ -31,8 +32,16 @@ class LogitAdjuster {
   // host_ = the adjustments of the rows apply() describes.
   void fill(int rows, int vocab, const LogitAdjust& adjust, std::span<const int32_t> history,
             std::span<const int32_t> extra, int first);
+  // -inf where JSON mode refuses a token, in each row.
+  void mask_json(JsonConstraint& json, int rows, int vocab, std::span<const int32_t> history,
+                 std::span<const int32_t> extra, int first);
 
   std::vector<float> host_;
+  // JSON mode: the state after json_history_ (a generation's history only grows, so each call
+  // reads its new tokens alone; a history that does not extend it starts again).
+  const JsonConstraint* json_of_ = nullptr;
+  std::vector<int32_t> json_history_;
+  JsonState json_state_;
   std::unique_ptr<Buffer> device_;
 };
 

@@ -75,9 +75,12 @@ TokenLogprob token_logprob(const float* logits, int vocab, int32_t id, int top) 
   TokenLogprob r;
   r.id = id;
   r.logprob = logprob_of(id);
-  // The `top` most likely in one pass (ties: the lower id).
+  // The `top` most likely in one pass (ties: the lower id); none that cannot come (a -inf
+  // logit: JSON mode's mask).
   const std::vector<int32_t> kept = cpu::row_top_k(logits, vocab, std::min(top, vocab));
-  for (int32_t t : kept) r.top.emplace_back(t, logprob_of(t));
+  for (int32_t t : kept) {
+    if (logits[t] != -INFINITY) r.top.emplace_back(t, logprob_of(t));
+  }
   return r;
 }
 

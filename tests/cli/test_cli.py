@@ -996,3 +996,25 @@ def test_hf_decode_bench_writes_bench_json(tmp_path):
     md = subprocess.run([sys.executable, os.path.join(REPO, "tools", "bench_report.py"), str(out)],
                         check=True, capture_output=True, text=True).stdout
     assert "| 20 | hf-transformers |" in md
+
+
+def test_format_json(qs, tmp_path):
+    # JSON mode: QuantSpec gives AR INT8's greedy tokens under the same masks; the output opens an
+    # object, and parses as one when generation stopped on it; the banner says so.
+    ar = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "ar", "--kv", "int8", "--group-size", "32",
+                   "--format", "json")
+    s = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "quantspec", "--group-size", "32",
+                  "--gamma", "4", "--format", "json")
+    assert s["tokens"] == ar["tokens"]
+    assert s["drafted"] > 0
+    plain = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "ar", "--kv", "int8", "--group-size", "32")
+    assert plain["tokens"] != ar["tokens"]  # the mask changes the output
+    for seed in ("1", "2", "3"):
+        p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "JSON:", "-n", "64", "--format", "json",
+               "--temperature", "1", "--seed", seed)
+        assert "format json" in p.stderr
+        assert p.stdout.lstrip(" \t\r\n").startswith("{"), p.stdout
+        if "finish: stop" in p.stderr:
+            assert isinstance(json.loads(p.stdout), dict), p.stdout
+    bad = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "x", "--format", "yaml", check=False)
+    assert bad.returncode == 2 and "--format" in bad.stderr

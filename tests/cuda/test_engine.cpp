@@ -15,6 +15,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
 #include "engine/engine.h"
+#include "engine/json_constraint.h"
 
 namespace qs {
 namespace {
@@ -181,22 +182,48 @@ TEST_P(CudaEngineTest, PromptLogprobsMatchTheCpuEngine) {
   std::printf("[ max abs error ] %s prompt logprobs: %.3g\n", c.name, worst);
 }
 
-// GenerationParams::adjust (penalties, logit_bias) on the device's rows (Backend::from_host +
-// Backend::add; the speculative modes step by step): the CPU engine's tokens.
+// GenerationParams::adjust (penalties, logit_bias; JSON mode's -inf on the tokens that cannot
+// continue an object) on the device's rows (Backend::from_host + Backend::add; the speculative
+// modes step by step): the CPU engine's tokens.
 TEST_P(CudaEngineTest, AdjustedGreedyTokensEqualTheCpuEngine) {
   const ModeCase& c = GetParam();
   auto [cpu, gpu] = load_both(c);
   ASSERT_TRUE(cpu && gpu);
-  GenerationParams params = no_eos_params(48);
-  params.adjust.frequency_penalty = 1.0f;
-  params.adjust.presence_penalty = 0.5f;
-  params.adjust.logit_bias = {{13, 2.0f}};
+  GenerationParams penalties = no_eos_params(48);
+  penalties.adjust.frequency_penalty = 1.0f;
+  penalties.adjust.presence_penalty = 0.5f;
+  penalties.adjust.logit_bias = {{13, 2.0f}};
+  GenerationParams json = no_eos_params(48);
+  json.json_object = true;
   const std::vector<int32_t> prompt = prompt_ids(*cpu, 150);
-  auto want = cpu->generate(prompt, params, {});
-  auto got = gpu->generate(prompt, params, {});
-  ASSERT_TRUE(want.ok()) << want.error().message;
-  ASSERT_TRUE(got.ok()) << got.error().message;
-  EXPECT_EQ(got->tokens, want->tokens) << c.name;
+  for (const GenerationParams& params : {penalties, json}) {
+    auto want = cpu->generate(prompt, params, {});
+    auto got = gpu->generate(prompt, params, {});
+    ASSERT_TRUE(want.ok()) << want.error().message;
+    ASSERT_TRUE(got.ok()) << got.error().message;
+    EXPECT_EQ(got->tokens, want->tokens) << c.name << (params.json_object ? " json" : "");
+  }
+}
+
+// JSON mode sampled on the device (sample_rows and the verdict over rows holding -inf): every
+// output is a prefix of one object, complete exactly when generation stopped on it.
+TEST_P(CudaEngineTest, JsonModeSamplesPrefixesOfAnObject) {
+  const ModeCase& c = GetParam();
+  auto gpu = load(c, Device::kCuda);
+  ASSERT_TRUE(gpu);
+  GenerationParams params = no_eos_params(48);
+  params.json_object = true;
+  params.sampling.temperature = 0.9f;
+  params.sampling.top_p = 0.95f;
+  const Tokenizer& t = *gpu->tokenizer();
+  for (uint64_t seed : {1, 2, 3}) {
+    params.sampling.seed = seed;
+    auto r = gpu->generate(prompt_ids(*gpu, 150), params, {});
+    ASSERT_TRUE(r.ok()) << r.error().message;
+    JsonState s;
+    for (int32_t id : r->tokens) ASSERT_TRUE(s.advance(t.token_bytes(id))) << c.name << r->text;
+    EXPECT_EQ(s.complete(), r->finish_reason == "stop") << c.name;
+  }
 }
 
 // Sampling where the logits are (Backend::sample_rows / speculative_verdict on the GPU, the

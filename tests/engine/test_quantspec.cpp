@@ -12,6 +12,7 @@
 
 #include "backend/cpu/cpu_backend.h"
 #include "engine/adaptive_gamma.h"
+#include "engine/json_constraint.h"
 #include "engine/llm_engine.h"
 #include "engine/logit_adjust.h"
 #include "engine/sampler.h"
@@ -339,8 +340,16 @@ TEST(ChiSquare, PValueMatchesKnownQuantiles) {
 // full-precision cache); and QuantSpec with a LogitAdjust (penalties and logit_bias, each row
 // adjusted by its own position's history), against the target-only law with the same adjustment;
 // and QuantSpec whose rounds draft 1 or 2 tokens as AdaptiveGamma chooses from the rounds before
-// (`--gamma auto`: a length chosen from the past keeps every round exact).
-enum DistributionCase { kQuantSpecDraft, kSparseDraft, kAdjustedQuantSpec, kAdaptiveQuantSpec };
+// (`--gamma auto`: a length chosen from the past keeps every round exact); and QuantSpec in JSON
+// mode (every row masked to the tokens that keep the text a prefix of one object, which differ
+// from position to position), against the target-only law under the same masks.
+enum DistributionCase {
+  kQuantSpecDraft,
+  kSparseDraft,
+  kAdjustedQuantSpec,
+  kAdaptiveQuantSpec,
+  kJsonQuantSpec
+};
 
 class Distribution : public ::testing::TestWithParam<DistributionCase> {
  protected:
@@ -353,8 +362,13 @@ class Distribution : public ::testing::TestWithParam<DistributionCase> {
   Model target{cfg, target_w.weights, backend};
   Model draft{cfg, draft_w.weights, backend};
   const bool sparse = GetParam() == kSparseDraft;
+  // JSON mode's vocabulary: token 7 ends the text.
+  JsonConstraint json{{"{", "}", "\"", "a", ":", "1", " {\"", ""},
+                      {false, false, false, false, false, false, false, true},
+                      {7}};
   const LogitAdjust adjust = [this] {
     LogitAdjust a;
+    if (GetParam() == kJsonQuantSpec) a.json = &json;
     if (GetParam() == kAdjustedQuantSpec) {
       a.presence_penalty = 0.7f;
       a.frequency_penalty = 0.4f;
@@ -396,8 +410,10 @@ class Distribution : public ::testing::TestWithParam<DistributionCase> {
       std::vector<double> next_law;
       std::vector<std::vector<int32_t>> next_prefixes;
       for (size_t i = 0; i < prefixes.size(); ++i) {
-        std::vector<float> probs;
-        if (prefixes[i].empty()) {
+        std::vector<float> probs(kVocab, 0.0f);
+        if (law[i] == 0.0) {
+          // A prefix that cannot occur (JSON mode's masks): its continuations cannot either.
+        } else if (prefixes[i].empty()) {
           probs = prefill_probs();
         } else {
           prefill_probs();
@@ -489,13 +505,20 @@ TEST_P(Distribution, WithoutResidualResamplingTheTestFails) {
 
 INSTANTIATE_TEST_SUITE_P(Drafts, Distribution,
                          ::testing::Values(kQuantSpecDraft, kSparseDraft, kAdjustedQuantSpec,
-                                           kAdaptiveQuantSpec),
+                                           kAdaptiveQuantSpec, kJsonQuantSpec),
                          [](const ::testing::TestParamInfo<DistributionCase>& info) {
-                           return std::string(info.param == kSparseDraft      ? "sparse_kv"
-                                              : info.param == kQuantSpecDraft ? "quantspec"
-                                              : info.param == kAdaptiveQuantSpec
-                                                  ? "quantspec_adaptive_gamma"
-                                                  : "quantspec_adjusted");
+                           switch (info.param) {
+                             case kSparseDraft:
+                               return std::string("sparse_kv");
+                             case kQuantSpecDraft:
+                               return std::string("quantspec");
+                             case kAdaptiveQuantSpec:
+                               return std::string("quantspec_adaptive_gamma");
+                             case kJsonQuantSpec:
+                               return std::string("quantspec_json");
+                             default:
+                               return std::string("quantspec_adjusted");
+                           }
                          });
 
 // ---------------------------------------------------------------------------------------------

@@ -315,3 +315,45 @@ def test_prompt_cache_keeps_the_previous_requests_tokens(start_server, chat_mode
     finally:
         cached.stop()
         fresh.stop()
+
+
+def test_chat_json_mode(client, start_server, chat_models):
+    """response_format json_object: the message is a prefix of one JSON object (the whole object when
+    it finished with "stop"), the same streamed, and QuantSpec's greedy message is AR INT8's."""
+    bias = {}
+    tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
+    for piece in ('"', "}", ":"):  # favoured, so that the random-weight model closes some objects
+        bias[str(tok.token_to_id(piece))] = 4
+    finished = 0
+    for seed in range(1, 7):
+        kwargs = dict(model="x", messages=[{"role": "user", "content": "Answer in JSON."}],
+                      max_tokens=48, temperature=1.0, seed=seed, logit_bias=bias,
+                      response_format={"type": "json_object"})
+        r = client.chat.completions.create(**kwargs)
+        content, finish = r.choices[0].message.content, r.choices[0].finish_reason
+        assert content.lstrip(" \t\r\n").startswith("{"), content
+        if finish == "stop":
+            assert isinstance(json.loads(content), dict), content
+            finished += 1
+        else:
+            assert finish == "length" and r.usage.completion_tokens == 48
+        chunks = list(client.chat.completions.create(stream=True, **kwargs))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == content
+    assert finished > 0
+
+    greedy = dict(model="x", messages=[{"role": "user", "content": "List three colors as JSON."}],
+                  max_tokens=40, temperature=0, response_format={"type": "json_object"})
+    want = client.chat.completions.create(**greedy).choices[0].message.content
+    ar8 = start_server("-m", chat_models["llama3-tiny"], "--ctx", "1024", "--kv", "int8", "--group-size", "32")
+    spec = start_server("-m", chat_models["llama3-tiny"], "--ctx", "1024", "--mode", "quantspec",
+                        "--group-size", "32", "--gamma", "4")
+    try:
+        got = {}
+        for name, s in (("ar-int8", ar8), ("quantspec", spec)):
+            c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            got[name] = c.chat.completions.create(**greedy).choices[0].message.content
+        assert got["quantspec"] == got["ar-int8"]
+        assert got["ar-int8"].lstrip(" \t\r\n").startswith("{") and want.lstrip(" \t\r\n").startswith("{")
+    finally:
+        ar8.stop()
+        spec.stop()

@@ -91,6 +91,10 @@ class Decoder {
  public:
   virtual ~Decoder() = default;
   virtual void decode_chain(std::vector<std::string>& tokens) const = 0;
+  // The same chain with a byte-level token's bytes of an incomplete UTF-8 sequence kept as they
+  // are (where decode_chain makes them U+FFFD): what a token adds to a text, byte by byte.
+  // (Byte-fallback pieces are read by Tokenizer::token_bytes itself.)
+  virtual void decode_chain_bytes(std::vector<std::string>& tokens) const { decode_chain(tokens); }
   // What streaming must know about the chain.
   virtual bool has_byte_fallback() const { return false; }
   virtual bool strips_trailing() const { return false; }  // a Strip with stop > 0

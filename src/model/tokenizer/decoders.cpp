@@ -14,6 +14,9 @@ class SequenceDecoder final : public Decoder {
   void decode_chain(std::vector<std::string>& tokens) const override {
     for (const auto& p : parts_) p->decode_chain(tokens);
   }
+  void decode_chain_bytes(std::vector<std::string>& tokens) const override {
+    for (const auto& p : parts_) p->decode_chain_bytes(tokens);
+  }
   bool has_byte_fallback() const override {
     for (const auto& p : parts_) {
       if (p->has_byte_fallback()) return true;
@@ -36,6 +39,14 @@ class SequenceDecoder final : public Decoder {
 class ByteLevelDecoder final : public Decoder {
  public:
   void decode_chain(std::vector<std::string>& tokens) const override {
+    decode(tokens);
+    tokens[0] = unicode::utf8_lossy(tokens[0]);
+  }
+  void decode_chain_bytes(std::vector<std::string>& tokens) const override { decode(tokens); }
+
+ private:
+  // The joined bytes as one token.
+  static void decode(std::vector<std::string>& tokens) {
     std::string bytes;
     std::string token_bytes;
     for (const auto& t : tokens) {
@@ -53,7 +64,7 @@ class ByteLevelDecoder final : public Decoder {
       }
       bytes += mapped ? token_bytes : t;
     }
-    tokens.assign(1, unicode::utf8_lossy(bytes));
+    tokens.assign(1, std::move(bytes));
   }
 };
 

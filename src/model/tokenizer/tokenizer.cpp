@@ -283,7 +283,7 @@ std::vector<int32_t> TokenizerImpl::encode(std::string_view input, bool add_spec
 }
 
 std::string TokenizerImpl::decode(const int32_t* ids, size_t n, bool skip_special,
-                                  bool continuation) const {
+                                  bool continuation, bool raw) const {
   QS_CHECK(!continuation || anchor_id_ >= 0);
   std::vector<std::string> tokens;
   tokens.reserve(n + 1);
@@ -293,7 +293,11 @@ std::string TokenizerImpl::decode(const int32_t* ids, size_t n, bool skip_specia
   }
   std::string text;
   if (decoder_) {
-    decoder_->decode_chain(tokens);
+    if (raw) {
+      decoder_->decode_chain_bytes(tokens);
+    } else {
+      decoder_->decode_chain(tokens);
+    }
     for (const auto& t : tokens) text += t;
   } else {
     for (size_t i = 0; i < tokens.size(); ++i) {
@@ -369,6 +373,15 @@ std::string Tokenizer::id_to_piece(int32_t id) const {
 std::string Tokenizer::token_text(int32_t id) const {
   if (id < 0 || id >= impl_->vocab_size()) return "";
   return impl_->decode(&id, 1, false, impl_->has_anchor());
+}
+
+std::string Tokenizer::token_bytes(int32_t id) const {
+  if (id < 0 || id >= impl_->vocab_size()) return "";
+  if (impl_->is_byte_fallback_piece(id)) {  // "<0xE2>"
+    const std::string piece = id_to_piece(id);
+    return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+  }
+  return impl_->decode(&id, 1, false, impl_->has_anchor(), /*raw=*/true);
 }
 
 }  // namespace qs

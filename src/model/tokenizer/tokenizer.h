@@ -42,6 +42,10 @@ class Tokenizer {
   // apply. A byte-fallback or byte-level piece of an incomplete UTF-8 sequence gives U+FFFD, as
   // decode() does; "" for an id out of range.
   std::string token_text(int32_t id) const;
+  // token_text's bytes with a piece of an incomplete UTF-8 sequence kept as its bytes (a
+  // byte-fallback "<0xE2>" is the byte 0xE2, a byte-level piece its bytes): what the token adds
+  // to the text's bytes.
+  std::string token_bytes(int32_t id) const;
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;

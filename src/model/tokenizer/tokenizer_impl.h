@@ -21,7 +21,10 @@ class TokenizerImpl {
   std::vector<int32_t> encode(std::string_view text, bool add_special) const;
   // HF decode; with `continuation` the ids are decoded as if earlier text preceded them (an
   // anchor token is decoded in front and its text removed). Needs has_anchor().
-  std::string decode(const int32_t* ids, size_t n, bool skip_special, bool continuation) const;
+  // raw: a byte-level piece's bytes of an incomplete UTF-8 sequence as they are
+  // (Decoder::decode_chain_bytes).
+  std::string decode(const int32_t* ids, size_t n, bool skip_special, bool continuation,
+                     bool raw = false) const;
 
   int32_t vocab_size() const { return static_cast<int32_t>(pieces_.size()); }
   int32_t bos_id() const { return bos_id_; }
