@@ -1018,3 +1018,11 @@ def test_format_json(qs, tmp_path):
             assert isinstance(json.loads(p.stdout), dict), p.stdout
     bad = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "x", "--format", "yaml", check=False)
     assert bad.returncode == 2 and "--format" in bad.stderr
+    # chat: every reply is JSON mode's (the same first reply as generate --chat --format json).
+    p = qs("chat", "-n", "12", "--format", "json", "--mode", "quantspec",
+           input="Who was Moses? Answer in JSON.\nAnd Aaron?\n")
+    assert len(chat_turns(p.stderr)) == 2 and "format json" in p.stderr
+    g = qs("generate", "--chat", "-p", "Who was Moses? Answer in JSON.", "-n", "12", "--format", "json",
+           "--mode", "quantspec")
+    assert p.stdout.startswith(g.stdout.rstrip("\n")), (p.stdout, g.stdout)
+    assert g.stdout.lstrip(" \t\r\n").startswith("{"), g.stdout
