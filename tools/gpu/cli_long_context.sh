@@ -14,7 +14,8 @@
 # Writes OUT/cli-<run>.txt (each run's stderr, stdout in OUT/cli-<run>.out) and prints one line
 # per run that starts with "cli: ". QS_CLI_MODEL (a model directory instead of the padded one) and
 # QS_CLI_DEVICE (default cuda) let it run anywhere, e.g. on the CPU with the bundled model;
-# QS_CLI_PARTS (default "generate chat serve") picks the parts that run.
+# QS_CLI_PARTS (default "generate chat serve") picks the parts that run; QS_CLI_FORMAT=json runs
+# generate and chat in JSON mode (--format json).
 set -uo pipefail
 shape=${1:?usage: cli_long_context.sh SHAPE TOKENS}
 tokens=${2:?usage: cli_long_context.sh SHAPE TOKENS}
@@ -47,12 +48,12 @@ run() {
 }
 input=/dev/null
 [[ $parts == *" generate "* ]] && for mode in ar quantspec; do
-  run "generate-$mode" generate -f "$doc" -n 128 --mode "$mode"
+  run "generate-$mode" generate -f "$doc" -n 128 --mode "$mode" --format "${QS_CLI_FORMAT:-text}"
 done
 input=$out/questions.txt
 printf '%s\n' "What is this text about?" "Who speaks in it?" "Say it in one sentence." >"$input"
 [[ $parts == *" chat "* ]] && for mode in ar quantspec; do
-  run "chat-$mode" chat -f "$doc" -n 64 --mode "$mode"
+  run "chat-$mode" chat -f "$doc" -n 64 --mode "$mode" --format "${QS_CLI_FORMAT:-text}"
 done
 [[ $parts == *" serve "* ]] || exit $status
 # The device build has no server unless built with QS_GPU_SERVER=ON (build_on_device.sh).
