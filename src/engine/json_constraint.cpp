@@ -359,6 +359,17 @@ void JsonConstraint::build_trie(const std::vector<std::string>& token_bytes,
     prev = s;
   }
   close_to(0);
+  plain_before_.assign(nodes_.size() + 1, 0);
+  for (size_t i = 0; i < nodes_.size(); ++i) {
+    const uint8_t b = nodes_[i].byte;
+    const bool plain = b >= 0x20 && b < 0x7F && b != '"' && b != '\\';
+    plain_before_[i + 1] = plain_before_[i] + (plain ? 1 : 0);
+  }
+}
+
+int32_t JsonConstraint::first_token_at(int32_t node) const {
+  return node < static_cast<int32_t>(nodes_.size()) ? nodes_[static_cast<size_t>(node)].first_token
+                                                    : static_cast<int32_t>(tokens_.size());
 }
 
 JsonConstraint::Key JsonConstraint::key_of(const JsonState& s) {
@@ -379,19 +390,29 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) const {
   // node's subtree.
   std::vector<JsonState> states(1, s);
   const int32_t n = static_cast<int32_t>(nodes_.size());
+  auto allow_tokens = [&](int32_t first, int32_t last) {
+    for (int32_t t = first; t < last; ++t) allow(tokens_[static_cast<size_t>(t)]);
+    any = any || last > first;
+  };
   for (int32_t i = 0; i < n;) {
     const Node& node = nodes_[static_cast<size_t>(i)];
-    JsonState next = states[node.depth - 1u];
+    const JsonState& parent = states[node.depth - 1u];
+    // Inside a string between characters, a subtree of plain bytes is taken whole.
+    if (parent.mode == kString && parent.aux == 0 &&
+        plain_before_[static_cast<size_t>(node.end)] - plain_before_[static_cast<size_t>(i)] ==
+            node.end - i) {
+      allow_tokens(node.first_token, first_token_at(node.end));
+      i = node.end;
+      continue;
+    }
+    JsonState next = parent;
     if (!next.advance(node.byte)) {
       i = node.end;
       continue;
     }
     if (states.size() <= node.depth) states.resize(node.depth + 1u);
     states[node.depth] = next;
-    const int32_t last = i + 1 < n ? nodes_[static_cast<size_t>(i) + 1].first_token
-                                   : static_cast<int32_t>(tokens_.size());
-    for (int32_t t = node.first_token; t < last; ++t) allow(tokens_[static_cast<size_t>(t)]);
-    any = any || last > node.first_token;
+    allow_tokens(node.first_token, first_token_at(i + 1));
     ++i;
   }
   if (!any) {

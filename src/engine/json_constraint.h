@@ -80,12 +80,17 @@ class JsonConstraint {
   static Key key_of(const JsonState& s);
   void build_trie(const std::vector<std::string>& token_bytes, const std::vector<bool>& excluded);
   std::vector<uint64_t> walk(const JsonState& s) const;
+  // tokens_[first .. end): the tokens of the nodes [node, end) (a subtree: preorder).
+  int32_t first_token_at(int32_t node) const;
 
   int vocab_ = 0;
   std::vector<std::string> bytes_;  // each id's bytes ("" for an excluded id)
   std::vector<bool> is_eos_;
   std::vector<int32_t> eos_;
   std::vector<Node> nodes_;  // the trie in preorder, without its root
+  // plain_before_[i]: how many of nodes_[0, i) spell a byte a string takes as it is (printable
+  // ASCII but '"' and '\\'); a subtree of nothing else is taken whole inside a string.
+  std::vector<int32_t> plain_before_;
   std::vector<int32_t> tokens_;
   std::unordered_map<Key, std::vector<uint64_t>, KeyHash> cache_;
 };
