@@ -253,7 +253,7 @@ int run_bench(const BenchArgs& a) {
           const int decoded = s.decode_tokens();
           const double ms_per_token = decoded > 0 ? 1e3 * s.decode_s / decoded : 0;
           const double draft_ms = s.drafted > 0 ? 1e3 * s.draft_s / s.drafted : 0;
-          const double verify_steps = spec ? s.rounds : decoded;
+          const double verify_steps = spec ? s.rounds + s.plain_steps : decoded;
           const double verify_ms = verify_steps > 0 ? 1e3 * s.verify_s / verify_steps : 0;
           // A flush's own cost: the commits that quantized a group (GenerationStats).
           const double flush_ms = s.flushes > 0 ? 1e3 * s.flushing_commit_s / s.flushes : 0;
@@ -264,7 +264,10 @@ int run_bench(const BenchArgs& a) {
           row["draft_ms_per_step"] = draft_ms;
           row["verify_ms_per_step"] = verify_ms;
           row["flush_ms_per_flush"] = flush_ms;
-          if (s.rounds > 0) row["mean_gamma"] = double(s.drafted) / s.rounds;
+          // Over every round, plain steps (rounds of 0) included.
+          if (s.rounds + s.plain_steps > 0) {
+            row["mean_gamma"] = double(s.drafted) / (s.rounds + s.plain_steps);
+          }
           row["peak_device_memory_bytes"] = peak;
           report["runs"].push_back(row);
           if (std::string bad = save(); !bad.empty()) return report_error(bad);

@@ -90,12 +90,13 @@ int run_generate(const GenerateArgs& a) {
              st.prompt_tokens, st.prefill_s, st.prefill_s > 0 ? st.prompt_tokens / st.prefill_s : 0,
              st.generated_tokens, st.decode_s, st.decode_tok_s(), result->finish_reason);
   if (st.rounds > 0) {
-    fmt::print(
-        stderr,
-        "[{}: {} rounds, acceptance {:.3f}, mean accepted length {:.2f}; draft {:.3f} "
-        "s, verify {:.3f} s, flush {:.3f} s, sample {:.3f} s]\n",
-        decode_mode_name(a.model.engine.mode), st.rounds, st.acceptance_rate(), st.mean_accepted_length(), st.draft_s, st.verify_s,
-        st.flush_s, st.sample_s);
+    fmt::print(stderr,
+               "[{}: {} rounds{}, acceptance {:.3f}, mean accepted length {:.2f}; draft {:.3f} "
+               "s, verify {:.3f} s, flush {:.3f} s, sample {:.3f} s]\n",
+               decode_mode_name(a.model.engine.mode), st.rounds,
+               st.plain_steps > 0 ? fmt::format(" and {} plain steps", st.plain_steps) : "",
+               st.acceptance_rate(), st.mean_accepted_length(), st.draft_s, st.verify_s, st.flush_s,
+               st.sample_s);
   }
   if (!a.stats_json.empty()) {
     const nlohmann::json j = stats_json(*result, eng, a.model.engine, a.gen);

@@ -51,7 +51,7 @@ int resolved_gamma(const EngineOptions& e, const GenerationParams* gen) {
 
 std::string gamma_text(const EngineOptions& e, const GenerationParams* gen) {
   const int g = resolved_gamma(e, gen);
-  return adaptive_rounds(e, gen) ? fmt::format("auto (1..{} per round)", g) : std::to_string(g);
+  return adaptive_rounds(e, gen) ? fmt::format("auto (0..{} per round)", g) : std::to_string(g);
 }
 
 bool stderr_is_tty() {
@@ -217,6 +217,7 @@ nlohmann::json stats_json(const GenerationResult& result, const Engine& engine,
       {"device", engine.device_description()},
       {"tokens", result.tokens},
       {"rounds", st.rounds},
+      {"plain_steps", st.plain_steps},
       {"drafted", st.drafted},
       {"accepted", st.accepted},
       {"acceptance_rate", st.acceptance_rate()},

@@ -13,6 +13,9 @@ namespace {
 // ~5 for the costs (which change only with the context length).
 constexpr double kAcceptanceDecay = 0.9;
 constexpr double kCostDecay = 0.8;
+// The acceptance estimate's range: E(g) stays finite and every g keeps a chance to be chosen.
+constexpr double kMinAcceptance = 0.01;
+constexpr double kMaxAcceptance = 0.99;
 
 }  // namespace
 
@@ -26,7 +29,7 @@ double AdaptiveGamma::rest_cost(int g) const {
   // when it could pay: the nearest shorter round's (a verification of more positions costs no
   // less), or below every measured one the nearest longer round's in proportion to the positions
   // verified (it costs no less than that share).
-  for (int h = g; h >= 1; --h) {
+  for (int h = g; h >= 0; --h) {
     if (rest_[h] > 0) return rest_[h];
   }
   for (int h = g + 1; h <= max_gamma_; ++h) {
@@ -36,8 +39,7 @@ double AdaptiveGamma::rest_cost(int g) const {
 }
 
 double AdaptiveGamma::acceptance() const {
-  // Kept inside (0, 1) so that E(g) stays finite and every g keeps a chance to be chosen.
-  return std::clamp(accepted_ / (accepted_ + rejected_), 0.01, 0.99);
+  return std::clamp(accepted_ / (accepted_ + rejected_), kMinAcceptance, kMaxAcceptance);
 }
 
 double AdaptiveGamma::tokens_per_second(int g, double acceptance, double draft_s, double rest_s) {
@@ -45,11 +47,10 @@ double AdaptiveGamma::tokens_per_second(int g, double acceptance, double draft_s
   return expected / (g * draft_s + rest_s);
 }
 
-int AdaptiveGamma::next() const {
-  const double a = acceptance();
-  int best = 1;
-  double best_rate = tokens_per_second(1, a, draft_cost_, rest_cost(1));
-  for (int g = 2; g <= max_gamma_; ++g) {
+int AdaptiveGamma::best(double a) const {
+  int best = 0;
+  double best_rate = tokens_per_second(0, a, draft_cost_, rest_cost(0));
+  for (int g = 1; g <= max_gamma_; ++g) {
     const double rate = tokens_per_second(g, a, draft_cost_, rest_cost(g));
     if (rate > best_rate) {
       best = g;
@@ -59,16 +60,44 @@ int AdaptiveGamma::next() const {
   return best;
 }
 
+int AdaptiveGamma::next() const {
+  const int g = best(acceptance());
+  return g == 0 && plain_rounds_ >= probe_after_ ? 1 : g;
+}
+
 void AdaptiveGamma::observe(int gamma, int accepted, double draft_s, double rest_s) {
-  if (gamma <= 0) return;
-  QS_CHECK(accepted >= 0 && accepted <= gamma && gamma <= max_gamma_);
-  accepted_ = kAcceptanceDecay * accepted_ + accepted;
-  rejected_ = kAcceptanceDecay * rejected_ + (accepted < gamma ? 1.0 : 0.0);
-  if (draft_s <= 0 || rest_s <= 0) return;
+  QS_CHECK(gamma >= 0 && accepted >= 0 && accepted <= gamma && gamma <= max_gamma_);
+  const bool probe = gamma > 0 && plain_rounds_ >= probe_after_;
+  if (gamma > 0) {
+    accepted_ = kAcceptanceDecay * accepted_ + accepted;
+    rejected_ = kAcceptanceDecay * rejected_ + (accepted < gamma ? 1.0 : 0.0);
+  }
+  update_costs(gamma, draft_s, rest_s);
+  if (gamma == 0) {
+    ++plain_rounds_;
+    return;
+  }
+  // After a probe plain steps may still pay: if drafting would not pay even with every
+  // candidate accepted (the costs decide), or this probe found nothing, the next probe waits
+  // twice as long; a probe that found an accepted candidate while the acceptance decides is
+  // followed soon by another (the text may have changed), as is a drafting round that pays.
+  const bool plain_ahead = best(acceptance()) == 0;
+  const bool costs_decide = best(kMaxAcceptance) == 0;
+  probe_after_ = probe && plain_ahead && (costs_decide || accepted == 0)
+                     ? std::min(2 * probe_after_, kLastProbeAfter)
+                     : kFirstProbeAfter;
+  plain_rounds_ = 0;
+}
+
+void AdaptiveGamma::update_costs(int gamma, double draft_s, double rest_s) {
+  if (rest_s <= 0 || (gamma > 0 && draft_s <= 0)) return;
   if (timed_rounds_++ == 0) return;  // warm-up
   // The first measurement of each estimate replaces its prior; later ones are averaged in.
-  const double step = draft_s / gamma;
-  draft_cost_ = timed_rounds_ == 2 ? step : kCostDecay * draft_cost_ + (1.0 - kCostDecay) * step;
+  if (gamma > 0) {
+    const double step = draft_s / gamma;
+    draft_cost_ = draft_measured_ ? kCostDecay * draft_cost_ + (1.0 - kCostDecay) * step : step;
+    draft_measured_ = true;
+  }
   double& rest = rest_[gamma];
   rest = rest > 0 ? kCostDecay * rest + (1.0 - kCostDecay) * rest_s : rest_s;
 }

@@ -241,6 +241,9 @@ struct GenerationStats {
   // QuantSpec (zero in AR modes). acceptance_rate = accepted / drafted (vLLM's definition);
   // mean_accepted_length = 1 + accepted / rounds.
   int rounds = 0;
+  // Rounds that drafted nothing (`--gamma auto` where drafting does not pay, or the last token
+  // before max_new_tokens): a plain target step each, not counted in rounds.
+  int plain_steps = 0;
   int64_t drafted = 0;
   int64_t accepted = 0;
   std::vector<int64_t> accepted_histogram;  // [gamma + 1] rounds that accepted k candidates

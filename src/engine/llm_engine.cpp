@@ -886,8 +886,10 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
     bool done = push(x, &x_lp);
     std::optional<AdaptiveGamma> adaptive;
     if (options_.adaptive_gamma && params.gamma == 0) adaptive.emplace(gamma);
-    // A round's time besides its draft steps: verification, accept/reject, commit.
-    auto rest_s = [&st] { return st.verify_s + st.flush_s + st.sample_s; };
+    // A round's time besides its draft steps: verification, accept/reject, commit; not a commit
+    // that quantized a group, which comes once per G committed tokens whatever the rounds'
+    // lengths (one in a round's measure would make that length look dear).
+    auto rest_s = [&st] { return st.verify_s + st.sample_s + (st.flush_s - st.flushing_commit_s); };
     while (!done) {
       // Never draft past what may still be emitted (nor past the context).
       const int g = std::min(adaptive ? adaptive->next() : gamma, max_new - emitted - 1);

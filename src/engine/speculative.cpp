@@ -80,6 +80,7 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   stats.flush_s += commit_s;
   if (cache_.flushes() != flushes_before) stats.flushing_commit_s += commit_s;
 
+  if (gamma == 0) ++stats.plain_steps;
   if (gamma > 0) {
     ++stats.rounds;
     stats.drafted += gamma;

@@ -339,7 +339,7 @@ TEST(ChiSquare, PValueMatchesKnownQuantiles) {
 // draft reads the INT4 view), and a sparse-KV draft (StreamingLLM-style selection over a
 // full-precision cache); and QuantSpec with a LogitAdjust (penalties and logit_bias, each row
 // adjusted by its own position's history), against the target-only law with the same adjustment;
-// and QuantSpec whose rounds draft 1 or 2 tokens as AdaptiveGamma chooses from the rounds before
+// and QuantSpec whose rounds draft 0, 1 or 2 tokens as AdaptiveGamma chooses from the rounds before
 // (`--gamma auto`: a length chosen from the past keeps every round exact); and QuantSpec in JSON
 // mode (every row masked to the tokens that keep the text a prefix of one object, which differ
 // from position to position), against the target-only law under the same masks.
@@ -461,7 +461,8 @@ class Distribution : public ::testing::TestWithParam<DistributionCase> {
         lengths.insert(gamma);
         auto r = spec.round(out.back(), gamma, sampling, rng, stats, counters, control);
         EXPECT_TRUE(r.ok());
-        adaptive.observe(gamma, r->accepted, 0.0, 0.0);
+        // A draft step 1/100 of the rest of a round: drafting pays at any acceptance seen here.
+        adaptive.observe(gamma, r->accepted, 0.01 * gamma, 1.0);
         out.insert(out.end(), r->tokens.begin(), r->tokens.end());
       }
       int cell = 0;
@@ -469,7 +470,9 @@ class Distribution : public ::testing::TestWithParam<DistributionCase> {
       ++counts[cell];
     }
     EXPECT_GT(stats.rounds, samples);
-    if (GetParam() == kAdaptiveQuantSpec) EXPECT_EQ(lengths, (std::set<int>{1, 2}));
+    if (GetParam() == kAdaptiveQuantSpec) {  // and a plain step or two, its cost explored
+      EXPECT_TRUE(lengths.count(1) && lengths.count(2));
+    }
     EXPECT_LT(stats.acceptance_rate(), 0.9);  // the draft disagrees: rejections are common
     // Cells with expected count < 5 are pooled into one.
     double chi2 = 0, pooled_e = 0;
