@@ -11,13 +11,12 @@
 // probes after 2 plain steps, then 4, 8, .. 64 while the probes find nothing (or the costs alone
 // rule drafting out), so that drafting resumes soon after the text becomes predictable and
 // probing costs little where it never does. v is kept per g: it is nearly flat on a GPU, but on
-// a CPU a
-// verification of more than 8 positions leaves the GEMV for a GEMM that widens every weight and
-// costs 3x (docs/perf.md, session 57). A g not measured yet is taken at a lower bound of its
-// cost (rest_cost), so the choice tries each length that could pay and keeps it only if it does.
-// The estimates follow the recent rounds (exponentially weighted), so a text whose acceptance
-// changes (code, then prose) changes g. The choice never changes what is emitted: every round's
-// verification is exact (greedy output equals AR's; sampled output follows the target's
+// a CPU a verification of more than 8 positions leaves the GEMV for a GEMM that widens every
+// weight and costs 3x (docs/perf.md, session 57). A g not measured yet is taken at a lower bound
+// of its cost (rest_cost), so the choice tries each length that could pay and keeps it only if
+// it does. The estimates follow the recent rounds (exponentially weighted), so a text whose
+// acceptance changes (code, then prose) changes g. The choice never changes what is emitted: every
+// round's verification is exact (greedy output equals AR's; sampled output follows the target's
 // distribution), whatever g.
 #pragma once
 

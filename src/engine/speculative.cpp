@@ -80,8 +80,9 @@ Result<RoundResult> SpeculativeDecoder::round(int32_t x, int gamma, const Sampli
   stats.flush_s += commit_s;
   if (cache_.flushes() != flushes_before) stats.flushing_commit_s += commit_s;
 
-  if (gamma == 0) ++stats.plain_steps;
-  if (gamma > 0) {
+  if (gamma == 0) {
+    ++stats.plain_steps;
+  } else {
     ++stats.rounds;
     stats.drafted += gamma;
     stats.accepted += result.accepted;
