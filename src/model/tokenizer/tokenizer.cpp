@@ -1,5 +1,6 @@
 #include "model/tokenizer/tokenizer.h"
 
+#include <charconv>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -377,9 +378,12 @@ std::string Tokenizer::token_text(int32_t id) const {
 
 std::string Tokenizer::token_bytes(int32_t id) const {
   if (id < 0 || id >= impl_->vocab_size()) return "";
-  if (impl_->is_byte_fallback_piece(id)) {  // "<0xE2>"
+  if (impl_->is_byte_fallback_piece(id)) {  // "<0xE2>" (its text: U+FFFD unless the digits fail)
     const std::string piece = id_to_piece(id);
-    return std::string(1, static_cast<char>(std::stoi(piece.substr(3, 2), nullptr, 16)));
+    unsigned value = 0;
+    const auto [end, ec] = std::from_chars(piece.data() + 3, piece.data() + 5, value, 16);
+    if (ec == std::errc() && end == piece.data() + 5)
+      return std::string(1, static_cast<char>(value));
   }
   return impl_->decode(&id, 1, false, impl_->has_anchor(), /*raw=*/true);
 }
