@@ -129,7 +129,7 @@ void add_decode_options(CLI::App& app, ModelOptions& opts) {
            e.gamma = e.adaptive_gamma ? 0 : std::stoi(v);
          },
          "Draft tokens per round (QuantSpec, sparse drafts), 1 <= gamma < G, or auto: each round "
-         "drafts 1.." +
+         "drafts 0.." +
              std::to_string(kAdaptiveGammaMax) +
              ", chosen from the acceptance and step times measured so far [default: " +
              std::to_string(kDefaultGamma) + "]")

@@ -99,8 +99,9 @@ struct EngineOptions {
   int group_size = 128;       // G: key group size and flush granularity (32, 64, 128)
   int value_group_size = 0;   // Gv: value channels per group; 0: head_dim
   int gamma = 0;              // draft tokens per round; 0: kDefaultGamma (clamped < G)
-  // Speculative modes: each round drafts 1..gamma tokens, chosen from the acceptance and the step
-  // times measured so far (AdaptiveGamma; `--gamma auto`); gamma 0 then means kAdaptiveGammaMax.
+  // Speculative modes: each round drafts 0..gamma tokens (0: a plain target step), chosen from the
+  // acceptance and the step times measured so far (AdaptiveGamma; `--gamma auto`); gamma 0 then
+  // means kAdaptiveGammaMax.
   // A GenerationParams::gamma > 0 still fixes a generation's rounds.
   bool adaptive_gamma = false;
   DraftWeights draft_weights = DraftWeights::kInt4;
