@@ -32,26 +32,42 @@ void LogitAdjuster::fill(int rows, int vocab, const LogitAdjust& a,
                          std::span<const int32_t> history, std::span<const int32_t> extra,
                          int first) {
   QS_CHECK(rows >= 1 && first >= 0 && static_cast<int>(extra.size()) >= first + rows - 1);
+  for (int i = 0; i < first + rows - 1; ++i) {
+    const int32_t t = extra[static_cast<size_t>(i)];
+    QS_CHECK(t >= 0 && t < vocab);
+  }
   const size_t v = static_cast<size_t>(vocab);
   host_.assign(static_cast<size_t>(rows) * v, 0.0f);
+  for (int j = 0; j < rows; ++j) {
+    float* row = host_.data() + static_cast<size_t>(j) * v;
+    for (const auto& [id, bias] : a.logit_bias) row[static_cast<size_t>(id)] += bias;
+  }
+  // The penalties count the whole history: only when there are any (JSON mode alone reads only
+  // the tokens it has not seen).
+  if (a.presence_penalty != 0.0f || a.frequency_penalty != 0.0f) {
+    add_penalties(rows, vocab, a, history, extra, first);
+  }
+  if (a.json != nullptr) mask_json(*a.json, rows, vocab, history, extra, first);
+}
+
+void LogitAdjuster::add_penalties(int rows, int vocab, const LogitAdjust& a,
+                                  std::span<const int32_t> history, std::span<const int32_t> extra,
+                                  int first) {
   std::unordered_map<int32_t, int> counts;
-  auto in_vocab = [vocab](int32_t t) { return t >= 0 && t < vocab; };
   for (int32_t t : history) {
-    QS_CHECK(in_vocab(t));
+    QS_CHECK(t >= 0 && t < vocab);
     ++counts[t];
   }
-  for (int i = 0; i < first + rows - 1; ++i) QS_CHECK(in_vocab(extra[static_cast<size_t>(i)]));
   for (int i = 0; i < first; ++i) ++counts[extra[static_cast<size_t>(i)]];
   auto penalty = [&](int c) {
     return a.frequency_penalty * static_cast<float>(c) + (c > 0 ? a.presence_penalty : 0.0f);
   };
+  const size_t v = static_cast<size_t>(vocab);
   for (int j = 0; j < rows; ++j) {
     if (j > 0) ++counts[extra[static_cast<size_t>(first + j - 1)]];
     float* row = host_.data() + static_cast<size_t>(j) * v;
-    for (const auto& [id, bias] : a.logit_bias) row[static_cast<size_t>(id)] += bias;
     for (const auto& [t, c] : counts) row[static_cast<size_t>(t)] -= penalty(c);
   }
-  if (a.json != nullptr) mask_json(*a.json, rows, vocab, history, extra, first);
 }
 
 void LogitAdjuster::mask_json(JsonConstraint& json, int rows, int vocab,

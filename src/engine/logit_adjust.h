@@ -32,6 +32,9 @@ class LogitAdjuster {
   // host_ = the adjustments of the rows apply() describes.
   void fill(int rows, int vocab, const LogitAdjust& adjust, std::span<const int32_t> history,
             std::span<const int32_t> extra, int first);
+  // The presence / frequency penalties of each row, from its position's token counts.
+  void add_penalties(int rows, int vocab, const LogitAdjust& adjust,
+                     std::span<const int32_t> history, std::span<const int32_t> extra, int first);
   // -inf where JSON mode refuses a token, in each row.
   void mask_json(JsonConstraint& json, int rows, int vocab, std::span<const int32_t> history,
                  std::span<const int32_t> extra, int first);
