@@ -132,7 +132,7 @@ void json_masks() {
     bytes.push_back(w);
   }
   const auto t0 = Clock::now();
-  qs::JsonConstraint json(bytes, std::vector<bool>(vocab, false), {});
+  qs::JsonConstraint json(std::move(bytes), {});
   fmt::print("json mode: trie of {} tokens built in {:.1f} ms\n", vocab,
              std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
   // Each depth is a state of its own: `prefix` + depth - 1 '[' + `tail`.

@@ -283,14 +283,12 @@ Result<std::unique_ptr<JsonConstraint>> JsonConstraint::create(const Tokenizer& 
                                                                int vocab,
                                                                std::vector<int32_t> eos) {
   std::vector<std::string> bytes(static_cast<size_t>(vocab));
-  std::vector<bool> excluded(static_cast<size_t>(vocab), true);
   std::vector<bool> single(256, false);
   const int n = std::min(vocab, tokenizer.vocab_size());
   for (int32_t id = 0; id < n; ++id) {
     if (tokenizer.is_special(id)) continue;
     bytes[static_cast<size_t>(id)] = tokenizer.token_bytes(id);
     const std::string& b = bytes[static_cast<size_t>(id)];
-    excluded[static_cast<size_t>(id)] = b.empty();
     if (b.size() == 1) single[static_cast<uint8_t>(b[0])] = true;
   }
   // What every state needs to go on: the structure, numbers, literals, escapes, a space.
@@ -300,39 +298,31 @@ Result<std::unique_ptr<JsonConstraint>> JsonConstraint::create(const Tokenizer& 
           fmt::format("JSON mode: the vocabulary has no token for the single byte '{}'", c));
     }
   }
-  return std::make_unique<JsonConstraint>(bytes, excluded, std::move(eos));
+  return std::make_unique<JsonConstraint>(std::move(bytes), std::move(eos));
 }
 
-JsonConstraint::JsonConstraint(const std::vector<std::string>& token_bytes,
-                               const std::vector<bool>& excluded, std::vector<int32_t> eos)
+JsonConstraint::JsonConstraint(std::vector<std::string> token_bytes, std::vector<int32_t> eos)
     : vocab_(static_cast<int>(token_bytes.size())),
-      bytes_(token_bytes),
-      is_eos_(token_bytes.size(), false) {
+      bytes_(std::move(token_bytes)),
+      is_eos_(bytes_.size(), false) {
   for (int32_t id : eos) {
     if (id >= 0 && id < vocab_ && !is_eos_[static_cast<size_t>(id)]) {
       is_eos_[static_cast<size_t>(id)] = true;
       eos_.push_back(id);
     }
   }
-  std::vector<bool> out = excluded;
-  for (int32_t id : eos_) out[static_cast<size_t>(id)] = true;  // never as bytes
-  for (size_t id = 0; id < bytes_.size(); ++id) {
-    if (out[id]) bytes_[id].clear();
-  }
-  build_trie(bytes_, out);
+  for (int32_t id : eos_) bytes_[static_cast<size_t>(id)].clear();  // no path in the trie
+  build_trie();
 }
 
-void JsonConstraint::build_trie(const std::vector<std::string>& token_bytes,
-                                const std::vector<bool>& excluded) {
+void JsonConstraint::build_trie() {
   std::vector<int32_t> order;
   for (int32_t id = 0; id < vocab_; ++id) {
-    if (!excluded[static_cast<size_t>(id)] && !token_bytes[static_cast<size_t>(id)].empty()) {
-      order.push_back(id);
-    }
+    if (!bytes_[static_cast<size_t>(id)].empty()) order.push_back(id);
   }
   std::sort(order.begin(), order.end(), [&](int32_t a, int32_t b) {
-    const std::string& x = token_bytes[static_cast<size_t>(a)];
-    const std::string& y = token_bytes[static_cast<size_t>(b)];
+    const std::string& x = bytes_[static_cast<size_t>(a)];
+    const std::string& y = bytes_[static_cast<size_t>(b)];
     return x != y ? x < y : a < b;
   });
   // Sorted strings give the trie in preorder: a string's nodes past its common prefix with the
@@ -346,7 +336,7 @@ void JsonConstraint::build_trie(const std::vector<std::string>& token_bytes,
     }
   };
   for (int32_t id : order) {
-    const std::string& s = token_bytes[static_cast<size_t>(id)];
+    const std::string& s = bytes_[static_cast<size_t>(id)];
     size_t common = 0;
     while (common < s.size() && common < prev.size() && s[common] == prev[common]) ++common;
     close_to(common);

@@ -49,9 +49,8 @@ class JsonConstraint {
   // error names a byte that JSON needs and no single token spells.
   static Result<std::unique_ptr<JsonConstraint>> create(const Tokenizer& tokenizer, int vocab,
                                                         std::vector<int32_t> eos);
-  // The same from each id's bytes (`excluded[id]`: never allowed).
-  JsonConstraint(const std::vector<std::string>& token_bytes, const std::vector<bool>& excluded,
-                 std::vector<int32_t> eos);
+  // The same from each id's bytes (an id with none is never allowed).
+  JsonConstraint(std::vector<std::string> token_bytes, std::vector<int32_t> eos);
 
   int vocab() const { return vocab_; }
   // Advances `s` over token `id`'s bytes; false if they do not continue the object. An
@@ -78,7 +77,7 @@ class JsonConstraint {
     size_t operator()(const Key& k) const { return k.a * 0x9e3779b97f4a7c15ull ^ k.b; }
   };
   static Key key_of(const JsonState& s);
-  void build_trie(const std::vector<std::string>& token_bytes, const std::vector<bool>& excluded);
+  void build_trie();  // nodes_, tokens_, plain_before_ from bytes_
   std::vector<uint64_t> walk(const JsonState& s) const;
   // tokens_[first .. end): the tokens of the nodes [node, end) (a subtree: preorder).
   int32_t first_token_at(int32_t node) const;

@@ -231,7 +231,7 @@ TEST(JsonConstraint, SmallVocabularies) {
   auto t = Tokenizer::load(std::filesystem::path(QS_SOURCE_DIR) / "models/tokenizers/bytelevel");
   ASSERT_TRUE(t.ok());
   std::vector<std::string> bytes{"{", "}", "\""};
-  JsonConstraint small(bytes, std::vector<bool>(3, false), {});
+  JsonConstraint small(bytes, {});
   JsonState s;
   EXPECT_TRUE(small.advance(s, 0));
   EXPECT_FALSE(small.advance(s, 0));  // "{{"

@@ -363,9 +363,7 @@ class Distribution : public ::testing::TestWithParam<DistributionCase> {
   Model draft{cfg, draft_w.weights, backend};
   const bool sparse = GetParam() == kSparseDraft;
   // JSON mode's vocabulary: token 7 ends the text.
-  JsonConstraint json{{"{", "}", "\"", "a", ":", "1", " {\"", ""},
-                      {false, false, false, false, false, false, false, true},
-                      {7}};
+  JsonConstraint json{{"{", "}", "\"", "a", ":", "1", " {\"", ""}, {7}};
   const LogitAdjust adjust = [this] {
     LogitAdjust a;
     if (GetParam() == kJsonQuantSpec) a.json = &json;
