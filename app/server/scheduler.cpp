@@ -88,13 +88,14 @@ void Job::begin_choice(int choice) {
 
 void Job::end_choice(const std::string& finish_reason) {
   std::lock_guard<std::mutex> lock(mu_);
+  publish({});  // an end-of-sequence token has a log-probability and no text
   current_delta().finish_reason = finish_reason;
   cv_.notify_all();
 }
 
 void Job::on_logprob(const TokenLogprob& lp) {
   std::lock_guard<std::mutex> lock(mu_);
-  current_delta().logprobs.push_back(lp);
+  staged_.push_back(lp);
 }
 
 void Job::on_echo(const std::string& text, const std::vector<TokenLogprob>& logprobs) {
@@ -106,9 +107,17 @@ void Job::on_echo(const std::string& text, const std::vector<TokenLogprob>& logp
   cv_.notify_all();
 }
 
+void Job::publish(std::string_view piece) {
+  if (piece.empty() && staged_.empty()) return;
+  Delta& d = current_delta();
+  d.text.append(piece);
+  d.logprobs.insert(d.logprobs.end(), staged_.begin(), staged_.end());
+  staged_.clear();
+}
+
 bool Job::on_text(std::string_view piece) {
   std::lock_guard<std::mutex> lock(mu_);
-  if (!piece.empty()) current_delta().text.append(piece);
+  publish(piece);
   cv_.notify_all();
   if (stop_ == StopReason::kNone && Clock::now() > deadline_) stop_ = StopReason::kTimeout;
   return stop_ == StopReason::kNone;
@@ -116,6 +125,7 @@ bool Job::on_text(std::string_view piece) {
 
 void Job::finish(Outcome outcome) {
   std::lock_guard<std::mutex> lock(mu_);
+  publish({});
   outcome_ = std::move(outcome);
   finished_ = true;
   cv_.notify_all();

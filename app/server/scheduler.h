@@ -103,6 +103,11 @@ class Job {
   std::condition_variable cv_;
   StopReason stop_ = StopReason::kNone;
   std::vector<Delta> pending_;
+  // on_logprob's entries until their token's on_text: published together, so that a reader
+  // never takes a token's log-probability in one chunk and a later token's text, without its
+  // own, in the next.
+  std::vector<TokenLogprob> staged_;
+  void publish(std::string_view piece);  // piece and staged_ into the current delta (mu_ held)
   int choice_ = 0;
   bool finished_ = false;
   Outcome outcome_;
