@@ -115,9 +115,10 @@ void logprobs() {
   }
 }
 
-// JSON mode: JsonConstraint::allowed for states it has not met (the walk; a met one is a lookup),
-// over 128256 tokens: the 256 bytes, then pseudo-words of 1-10 letters (half with a leading
-// space, as a BPE vocabulary's), some with JSON punctuation around them.
+// Constrained JSON: JsonConstraint::allowed for states it has not met (the walk; a met one is a
+// lookup), over 128256 tokens: the 256 bytes, then pseudo-words of 1-10 letters (half with a
+// leading space, as a BPE vocabulary's), some with JSON punctuation around them. JSON mode, then a
+// recursive schema (a listed key due, a bounded string, an enum value).
 void json_masks() {
   const int vocab = 128256;
   std::mt19937 g(11);
@@ -132,27 +133,42 @@ void json_masks() {
     bytes.push_back(w);
   }
   const auto t0 = Clock::now();
-  qs::JsonConstraint json(std::move(bytes), {});
-  fmt::print("json mode: trie of {} tokens built in {:.1f} ms\n", vocab,
+  auto trie = std::make_shared<const qs::JsonVocab>(std::move(bytes), std::vector<int32_t>{});
+  fmt::print("json: trie of {} tokens built in {:.1f} ms\n", vocab,
              std::chrono::duration<double>(Clock::now() - t0).count() * 1e3);
-  // Each depth is a state of its own: `prefix` + depth - 1 '[' + `tail`.
-  auto time_states = [&](const char* name, const std::string& tail) {
+  // Each depth is a state of its own: `open` (an object and an array) repeated `depth` times,
+  // then `tail` (within kJsonMaxDepth).
+  auto time_states = [&](qs::JsonConstraint& json, const char* name, const std::string& open,
+                         const std::string& tail) {
     std::vector<double> t;
-    for (int depth = 1; depth < 40; ++depth) {
-      qs::JsonState s;
-      s.advance("{\"k\":" + std::string(static_cast<size_t>(depth), '[') + tail);
+    for (int depth = 1; depth <= 30; ++depth) {
+      qs::JsonState s = json.start();
+      std::string text;
+      for (int d = 0; d < depth; ++d) text += open;
+      if (!json.recognizer().advance(s, text + tail)) std::abort();
       const auto a = Clock::now();
       const std::vector<uint64_t>& bits = json.allowed(s);
       t.push_back(std::chrono::duration<double>(Clock::now() - a).count());
       if (bits.empty()) std::abort();
     }
     std::sort(t.begin(), t.end());
-    fmt::print("json mode: mask of a new state {:<22} {:6.2f} ms (median of {})\n", name,
+    fmt::print("json: mask of a new state {:<32} {:6.2f} ms (median of {})\n", name,
                t[t.size() / 2] * 1e3, t.size());
   };
-  time_states("(a value is due)", "");
-  time_states("(in a string)", "\"abc");
-  time_states("(after a number)", "12");
+  qs::JsonConstraint mode(trie, qs::JsonGrammar::compile(qs::kJsonObjectSchema).value());
+  time_states(mode, "(json mode, a value is due)", "{\"k\":[", "");
+  time_states(mode, "(json mode, in a string)", "{\"k\":[", "\"abc");
+  time_states(mode, "(json mode, after a number)", "{\"k\":[", "12");
+  qs::JsonConstraint schema(trie, qs::JsonGrammar::compile(R"({"$defs": {"n": {"type": "object",
+      "properties": {"name": {"type": "string", "maxLength": 40},
+                     "kind": {"enum": ["alpha", "beta", "gamma"]},
+                     "kids": {"type": "array", "items": {"$ref": "#/$defs/n"}}},
+      "required": ["name", "kind"]}}, "$ref": "#/$defs/n"})")
+                                      .value());
+  const std::string node = R"({"name":"a","kind":"beta","kids":[)";
+  time_states(schema, "(schema, a listed key is due)", node, "{\"");
+  time_states(schema, "(schema, in a bounded string)", node, "{\"name\":\"ab");
+  time_states(schema, "(schema, in an enum value)", node, "{\"name\":\"a\",\"kind\":\"");
 }
 
 int main(int argc, char** argv) {

@@ -7,6 +7,9 @@
 #include <map>
 #include <string>
 
+#include "engine/json_schema.h"
+#include "files.h"
+
 namespace qs::cli {
 
 void add_model_options(CLI::App& app, ModelOptions& opts) {
@@ -226,12 +229,45 @@ void add_generation_options(CLI::App& app, GenerationParams& params) {
       "Do not stop at the end-of-sequence token");
 }
 
+namespace {
+
+// A schema JsonGrammar compiles (its error otherwise).
+std::string schema_error(const std::string& schema) {
+  auto grammar = JsonGrammar::compile(schema);
+  return grammar.ok() ? std::string() : grammar.error().message;
+}
+
+}  // namespace
+
 void add_format_option(CLI::App& app, GenerationParams& params) {
-  app.add_option_function<std::string>(
-         "--format", [&params](const std::string& v) { params.json_object = v == "json"; },
-         "Output format: text, or json (one JSON object; generation ends when it is complete)")
-      ->envname("QS_FORMAT")
-      ->check(CLI::IsMember({"text", "json"}));
+  CLI::Option* format =
+      app.add_option_function<std::string>(
+             "--format",
+             [&params](const std::string& v) {
+               params.json_schema = v == "json" ? std::string(kJsonObjectSchema) : "";
+             },
+             "Output format: text, or json (one JSON object; generation ends when it is complete)")
+          ->envname("QS_FORMAT")
+          ->check(CLI::IsMember({"text", "json"}));
+  CLI::Option* inline_schema =
+      app.add_option_function<std::string>(
+             "--json-schema", [&params](const std::string& v) { params.json_schema = v; },
+             "Output one JSON document that this JSON Schema (its text) accepts; generation ends "
+             "when it is complete (the keywords supported: app/server/README.md)")
+          ->check(CLI::Validator(schema_error, "SCHEMA"));
+  CLI::Option* file_schema =
+      app.add_option_function<std::string>(
+             "--json-schema-file",
+             [&params](const std::string& path) { params.json_schema = *cli::read_file(path); },
+             "--json-schema with the schema read from a file")
+          ->check(CLI::Validator(
+              [](std::string& path) {
+                auto text = cli::read_file(path);
+                return text.ok() ? schema_error(*text) : text.error().message;
+              },
+              "FILE"));
+  format->excludes(inline_schema)->excludes(file_schema);
+  inline_schema->excludes(file_schema);
 }
 
 std::filesystem::path resolve_model_dir(const ModelOptions& opts) {

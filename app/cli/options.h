@@ -52,7 +52,8 @@ CLI::Validator gamma_validator(int max_gamma);
 std::string validate_decode_options(const ModelOptions& opts);
 // -n, --temperature, --top-k, --top-p, --min-p, --seed, --stop, --ignore-eos.
 void add_generation_options(CLI::App& app, GenerationParams& params);
-// --format text|json (GenerationParams::json_object): generate and chat.
+// --format text|json, --json-schema, --json-schema-file (GenerationParams::json_schema):
+// generate and chat.
 void add_format_option(CLI::App& app, GenerationParams& params);
 
 // Resolve the model directory: flag, then $QS_MODEL, then the bundled default.

@@ -8,9 +8,18 @@
 #include <cstdlib>
 #include <thread>
 
+#include "engine/json_schema.h"
+
 namespace qs::cli {
 
 namespace {
+
+// The banner's output format: text, json (JSON mode) or json-schema (its size).
+std::string format_name(const std::string& json_schema) {
+  if (json_schema.empty()) return "text";
+  if (json_schema == kJsonObjectSchema) return "json";
+  return fmt::format("json-schema ({} bytes)", json_schema.size());
+}
 
 double parameter_count(const ModelConfig& c) {
   double h = c.hidden_size, layer = 0;
@@ -159,7 +168,7 @@ void print_resolved_config(const char* command, const std::filesystem::path& mod
                "{:g} frequency_penalty {:g} seed {} stop_at_eos {} stop strings {} format {}\n",
                gen->max_new_tokens, s.temperature, s.top_k, s.top_p, s.min_p,
                gen->adjust.presence_penalty, gen->adjust.frequency_penalty, s.seed,
-               gen->stop_at_eos, gen->stop.size(), gen->json_object ? "json" : "text");
+               gen->stop_at_eos, gen->stop.size(), format_name(gen->json_schema));
   }
 }
 

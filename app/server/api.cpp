@@ -1,10 +1,14 @@
 #include "api.h"
 
+#include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <limits>
 #include <random>
 #include <set>
+
+#include "engine/json_schema.h"
 
 namespace qs::server {
 
@@ -423,6 +427,84 @@ std::variant<std::vector<int64_t>, ApiError> parse_detokenize(std::string_view b
   return ids;
 }
 
+namespace {
+
+// OpenAI's json_schema object {"name", "description", "schema", "strict"}: the schema's text in
+// `schema` (its properties in the body's order, which the grammar generates in; read again from
+// `body`, as Json keeps its keys sorted). Every schema is followed (strict or not); none is any
+// JSON value.
+std::optional<ApiError> read_json_schema(const Json& js, std::string_view body,
+                                         std::string* schema) {
+  const std::string p = "response_format.json_schema";
+  if (!js.is_object()) return wrong_type(p, "an object", js);
+  for (const auto& [k, v] : js.items()) {
+    if (k != "name" && k != "description" && k != "schema" && k != "strict") {
+      return invalid("unknown parameter '" + p + "." + k + "'", p + "." + k, "unknown_parameter");
+    }
+  }
+  if (!js.contains("name")) {
+    return invalid("'" + p + "' needs a 'name'", p + ".name", "missing_required_parameter");
+  }
+  const Json& name = js["name"];
+  if (!name.is_string()) return wrong_type(p + ".name", "a string", name);
+  const std::string n = name.get<std::string>();
+  const bool well_formed =
+      !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+      });
+  if (!well_formed) {
+    return invalid("'" + p + ".name' must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -",
+                   p + ".name");
+  }
+  if (js.contains("description") && !js["description"].is_string()) {
+    return wrong_type(p + ".description", "a string", js["description"]);
+  }
+  if (js.contains("strict") && !js["strict"].is_boolean() && !js["strict"].is_null()) {
+    return wrong_type(p + ".strict", "a boolean", js["strict"]);
+  }
+  if (!js.contains("schema")) {
+    *schema = "{}";
+  } else if (!js["schema"].is_object() && !js["schema"].is_boolean()) {
+    return wrong_type(p + ".schema", "an object", js["schema"]);
+  } else {
+    *schema =
+        nlohmann::ordered_json::parse(body)["response_format"]["json_schema"]["schema"].dump();
+  }
+  auto grammar = JsonGrammar::compile(*schema);
+  if (!grammar.ok()) return invalid(grammar.error().message, p + ".schema");
+  return std::nullopt;
+}
+
+// response_format (chat): text, json_object or json_schema, as GenerationParams::json_schema.
+std::optional<ApiError> read_response_format(const Json& rf, std::string_view body,
+                                             std::string* schema) {
+  if (!rf.is_object()) return wrong_type("response_format", "an object", rf);
+  if (!rf.contains("type") || !rf["type"].is_string()) {
+    return invalid("'response_format' needs a string 'type'", "response_format.type",
+                   "missing_required_parameter");
+  }
+  const std::string type = rf["type"].get<std::string>();
+  for (const auto& [k, v] : rf.items()) {
+    if (k != "type" && (k != "json_schema" || type != "json_schema")) {
+      return invalid("unknown parameter 'response_format." + k + "'", "response_format." + k,
+                     "unknown_parameter");
+    }
+  }
+  if (type == "json_schema") {
+    if (!rf.contains("json_schema")) {
+      return invalid("response_format 'json_schema' needs a 'json_schema' object",
+                     "response_format.json_schema", "missing_required_parameter");
+    }
+    return read_json_schema(rf["json_schema"], body, schema);
+  }
+  if (type != "text" && type != "json_object")
+    return unsupported("response_format", "response_format '" + type + "'");
+  *schema = type == "json_object" ? std::string(kJsonObjectSchema) : "";
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
                                                  const RequestDefaults& defaults) {
   auto parsed = parse_body(body);
@@ -632,27 +714,9 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
       return wrong_type("parallel_tool_calls", "a boolean", j["parallel_tool_calls"]);
     }
     if (has("response_format")) {
-      const Json& rf = j["response_format"];
-      if (!rf.is_object()) return wrong_type("response_format", "an object", rf);
-      if (!rf.contains("type") || !rf["type"].is_string()) {
-        return invalid("'response_format' needs a string 'type'", "response_format.type",
-                       "missing_required_parameter");
+      if (auto e = read_response_format(j["response_format"], body, &r.params.json_schema)) {
+        return *e;
       }
-      const std::string type = rf["type"].get<std::string>();
-      if (type == "json_schema") {
-        return unsupported("response_format",
-                           "response_format 'json_schema' (a JSON object of any form: "
-                           "'json_object')");
-      }
-      for (const auto& [k, v] : rf.items()) {
-        if (k != "type") {
-          return invalid("unknown parameter 'response_format." + k + "'", "response_format." + k,
-                         "unknown_parameter");
-        }
-      }
-      if (type != "text" && type != "json_object")
-        return unsupported("response_format", "response_format '" + type + "'");
-      r.params.json_object = type == "json_object";
     }
   } else {
     if (has("echo")) {

@@ -333,7 +333,21 @@ constexpr const char* kDocument = R"JSON({
             "type": ["object", "null"],
             "additionalProperties": false,
             "required": ["type"],
-            "properties": {"type": {"enum": ["text", "json_object"], "description": "json_object: the message is one JSON object (JSON mode; the tokens that cannot continue one are masked in every row, the draft's and the target's alike, so QuantSpec stays exact). It ends as the object completes."}}
+            "properties": {
+              "type": {"enum": ["text", "json_object", "json_schema"], "description": "json_object: the message is one JSON object (JSON mode); json_schema: one JSON document that json_schema.schema accepts (structured outputs). The tokens that cannot continue one are masked in every row, the draft's and the target's alike, so QuantSpec stays exact; the message ends as the document completes."},
+              "json_schema": {
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["name"],
+                "description": "With type json_schema only.",
+                "properties": {
+                  "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+                  "description": {"type": "string"},
+                  "schema": {"type": ["object", "boolean"], "description": "A JSON Schema (the supported keywords: the server's README); absent: any JSON value. Properties are generated in the order given."},
+                  "strict": {"type": ["boolean", "null"], "description": "Accepted; the schema is always followed."}
+                }
+              }
+            }
           },
           "user": {"type": ["string", "null"]},
           "ignore_eos": {"type": ["boolean", "null"]}

@@ -191,14 +191,15 @@ constexpr int kMaxTopLogprobs = 20;
 // adjusted alike, each by its own position's history (DESIGN.md §4), so QuantSpec still emits
 // what the target alone would. Greedy decoding takes the argmax of the adjusted logits.
 //
-// JSON mode (GenerationParams::json_object) is one more adjustment: -inf on every token that
-// would not keep the generated text a prefix of one JSON object (json_constraint.h), so every
-// row samples from the target's (or the draft's) distribution restricted to those tokens.
+// JSON output (GenerationParams::json_schema) is one more adjustment: -inf on every token that
+// would not keep the generated text a prefix of one JSON document the schema accepts
+// (json_constraint.h), so every row samples from the target's (or the draft's) distribution
+// restricted to those tokens.
 struct LogitAdjust {
   float presence_penalty = 0.0f;                      // [-2, 2]
   float frequency_penalty = 0.0f;                     // [-2, 2]
   std::vector<std::pair<int32_t, float>> logit_bias;  // (token, [-100, 100])
-  // Set by LlmEngine::generate for GenerationParams::json_object (callers leave it null).
+  // Set by LlmEngine::generate for GenerationParams::json_schema (callers leave it null).
   JsonConstraint* json = nullptr;
   bool active() const {
     return presence_penalty != 0.0f || frequency_penalty != 0.0f || !logit_bias.empty() ||
@@ -220,9 +221,11 @@ struct GenerationParams {
   int logprobs = -1;
   std::function<void(const TokenLogprob&)> on_logprob;
   LogitAdjust adjust;
-  // JSON mode (OpenAI's response_format json_object): the output is one JSON object; generation
-  // ends as it completes (finish "stop"), or at max_new_tokens with a prefix of one ("length").
-  bool json_object = false;
+  // JSON output (OpenAI's response_format): the text of a JSON Schema (json_schema.h; JSON mode,
+  // json_object, is kJsonObjectSchema); empty: none. The output is one JSON document the schema
+  // accepts; generation ends as it completes (finish "stop"), or at max_new_tokens with a prefix
+  // of one ("length").
+  std::string json_schema;
 };
 
 struct GenerationStats {

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "model/tokenizer/tokenizer.h"
 
@@ -11,17 +12,16 @@ namespace qs {
 namespace {
 
 enum Mode : uint8_t {
-  kStart,     // before the object: whitespace, '{'
+  kValue,     // whitespace, a value of `node`
   kObjFirst,  // after '{': whitespace, a key, '}'
   kObjKey,    // after ',' in an object: whitespace, a key
-  kColon,     // after a key: whitespace, ':'
-  kValue,     // after ':' or ',' in an array: whitespace, a value
+  kColon,     // after a key: whitespace, ':' (node: the value's)
   kArrFirst,  // after '[': whitespace, a value, ']'
   kAfter,     // after a value in a container: whitespace, ',', the container's closer
   kString,    // in a string (aux: UTF-8 continuation bytes still due, and their first's range)
   kEscape,    // after a backslash in a string
   kHex,       // in a \u escape (aux: hex digits still due)
-  kLiteral,   // in true / false / null (aux: literal * 8 + bytes matched)
+  kLiteral,   // in a literal trie (trie: the bytes matched so far)
   kMinus,     // a number's '-'
   kZero,      // a number's leading 0
   kInt,       // a number's integer digits after a leading 1-9
@@ -30,10 +30,13 @@ enum Mode : uint8_t {
   kExp,       // 'e' / 'E'
   kExpSign,   // the exponent's sign
   kExpInt,    // exponent digits
-  kDone,      // the object is complete
+  kDone,      // the document is complete
 };
 
-constexpr const char* kLiterals[] = {"true", "false", "null"};
+// Modes between tokens of the grammar, where whitespace may come.
+bool takes_whitespace(uint8_t mode) {
+  return mode <= kAfter;
+}
 
 bool is_ws(uint8_t c) {
   return c == ' ' || c == '\t' || c == '\n' || c == '\r';
@@ -76,235 +79,408 @@ uint8_t lead_aux(uint8_t c) {
   return 0;
 }
 
-// Moves to `mode`: the byte is taken.
-bool to(JsonState& s, Mode mode) {
-  s.mode = mode;
-  return true;
-}
-
-bool top_is_array(const JsonState& s) {
-  return (s.stack >> (s.depth - 1)) & 1u;
-}
-
-bool push(JsonState& s, bool array) {
-  if (s.depth >= kJsonMaxDepth) return false;
-  if (array) {
-    s.stack |= uint64_t{1} << s.depth;
-  } else {
-    s.stack &= ~(uint64_t{1} << s.depth);
-  }
-  ++s.depth;
-  s.mode = array ? kArrFirst : kObjFirst;
-  return true;
-}
-
-bool pop(JsonState& s, uint8_t closer) {
-  if (s.depth == 0 || top_is_array(s) != (closer == ']')) return false;
-  --s.depth;
-  s.stack &= ~(uint64_t{1} << s.depth);
-  s.mode = s.depth == 0 ? kDone : kAfter;
-  return true;
-}
-
-// The first byte of a value.
-bool start_value(JsonState& s, uint8_t c) {
-  switch (c) {
-    case '{':
-      return push(s, false);
-    case '[':
-      return push(s, true);
-    case '"':
-      s.mode = kString;
-      s.key = 0;
-      s.aux = 0;
-      return true;
-    case '-':
-      return to(s, kMinus);
-    case '0':
-      return to(s, kZero);
-    case 't':
-    case 'f':
-    case 'n':
-      s.mode = kLiteral;
-      s.aux = static_cast<uint8_t>((c == 't' ? 0 : c == 'f' ? 1 : 2) * 8 + 1);
-      return true;
-    default:
-      return c >= '1' && c <= '9' && to(s, kInt);
-  }
-}
-
-bool in_string(JsonState& s, uint8_t c) {
-  if ((s.aux & 3) != 0) {
-    if (!continuation_ok(s.aux, c)) return false;
-    s.aux = static_cast<uint8_t>((s.aux & 3) - 1);  // later continuation bytes: any range
-    return true;
-  }
-  if (c == '"') {
-    s.mode = s.key ? kColon : kAfter;
-    s.key = 0;
-    return true;
-  }
-  if (c == '\\') {
-    s.mode = kEscape;
-    return true;
-  }
-  if (c < 0x20) return false;
-  if (c < 0x80) return true;
-  s.aux = lead_aux(c);
-  return s.aux != 0;
-}
-
-// A byte after a number's digits that ends it: the number is done, the byte is read after it.
-bool end_number(JsonState& s, uint8_t c) {
-  s.mode = kAfter;
-  return s.advance(c);
-}
-
-bool step(JsonState& s, uint8_t c) {
-  switch (s.mode) {
-    case kStart:
-      if (c != '{') return false;
-      return push(s, false);
-    case kObjFirst:
-      if (c == '}') return pop(s, c);
-      [[fallthrough]];
-    case kObjKey:
-      if (c != '"') return false;
-      s.mode = kString;
-      s.key = 1;
-      s.aux = 0;
-      return true;
-    case kColon:
-      if (c != ':') return false;
-      s.mode = kValue;
-      return true;
-    case kArrFirst:
-      if (c == ']') return pop(s, c);
-      [[fallthrough]];
-    case kValue:
-      return start_value(s, c);
-    case kAfter:
-      if (c == ',') {
-        s.mode = top_is_array(s) ? kValue : kObjKey;
-        return true;
-      }
-      if (c == '}' || c == ']') return pop(s, c);
-      return false;
-    case kString:
-      return in_string(s, c);
-    case kEscape:
-      if (c == 'u') {
-        s.mode = kHex;
-        s.aux = 4;
-        return true;
-      }
-      if (c == '"' || c == '\\' || c == '/' || c == 'b' || c == 'f' || c == 'n' || c == 'r' ||
-          c == 't') {
-        s.mode = kString;
-        return true;
-      }
-      return false;
-    case kHex:
-      if (!is_hex(c)) return false;
-      if (--s.aux == 0) s.mode = kString;
-      return true;
-    case kLiteral: {
-      const char* lit = kLiterals[s.aux / 8];
-      const int at = s.aux % 8;
-      if (c != static_cast<uint8_t>(lit[at])) return false;
-      if (lit[at + 1] == '\0') {
-        s.mode = kAfter;
-        s.aux = 0;
-      } else {
-        ++s.aux;
-      }
-      return true;
-    }
-    case kMinus:
-      if (c == '0') return to(s, kZero);
-      return c >= '1' && c <= '9' && to(s, kInt);
-    case kZero:
-    case kInt:
-      if (s.mode == kInt && is_digit(c)) return true;
-      if (c == '.') return to(s, kDot);
-      if (c == 'e' || c == 'E') return to(s, kExp);
-      return end_number(s, c);
-    case kDot:
-      return is_digit(c) && to(s, kFrac);
-    case kFrac:
-      if (is_digit(c)) return true;
-      if (c == 'e' || c == 'E') return to(s, kExp);
-      return end_number(s, c);
-    case kExp:
-      if (c == '+' || c == '-') return to(s, kExpSign);
-      [[fallthrough]];
-    case kExpSign:
-      return is_digit(c) && to(s, kExpInt);
-    case kExpInt:
-      if (is_digit(c)) return true;
-      return end_number(s, c);
-    default:
-      return false;  // kDone: nothing follows
-  }
-}
-
-// Modes between tokens of the grammar, where whitespace may come.
-bool takes_whitespace(uint8_t mode) {
-  return mode <= kAfter;
+// An array's items started, as its frame keeps them: without maxItems only whether minItems is
+// reached matters, so the count stops there (the states of an array's items then repeat).
+int32_t saturate(const JsonNode& array, int32_t count) {
+  return array.max_items < 0 ? std::min(count, array.min_items) : count;
 }
 
 }  // namespace
 
-bool JsonState::advance(uint8_t c) {
-  JsonState next = *this;
-  if (is_ws(c) && takes_whitespace(mode)) {
-    if (next.ws >= kJsonMaxWhitespace) return false;
-    ++next.ws;
+bool JsonState::operator==(const JsonState& o) const {
+  return bytes() == o.bytes();
+}
+
+std::string_view JsonState::bytes() const {
+  return {reinterpret_cast<const char*>(threads.data()), n * sizeof(JsonThread)};
+}
+
+// The threads a byte leaves, without repeats; past kJsonMaxThreads later ones are dropped.
+class JsonRecognizer::Sink {
+ public:
+  explicit Sink(JsonState& s) : s_(s) { s_.n = 0; }
+  void add(const JsonThread& t) {
+    for (int i = 0; i < s_.n; ++i) {
+      if (s_.threads[static_cast<size_t>(i)] == t) return;
+    }
+    if (s_.n < kJsonMaxThreads) s_.threads[s_.n++] = t;
+  }
+
+ private:
+  JsonState& s_;
+};
+
+size_t JsonRecognizer::FrameHash::operator()(const Frame& f) const {
+  uint64_t h = static_cast<uint32_t>(f.parent);
+  h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.node);
+  h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.index);
+  return static_cast<size_t>(h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.depth));
+}
+
+JsonRecognizer::JsonRecognizer(JsonGrammar grammar) : g_(std::move(grammar)) {}
+
+JsonState JsonRecognizer::start() const {
+  JsonState s;
+  s.n = 1;
+  s.threads[0].mode = kValue;
+  s.threads[0].node = g_.root();
+  return s;
+}
+
+int32_t JsonRecognizer::intern(const Frame& f) {
+  auto [it, added] = frame_ids_.try_emplace(f, static_cast<int32_t>(frames_.size()));
+  if (added) frames_.push_back(f);
+  return it->second;
+}
+
+bool JsonRecognizer::push(JsonThread& t, int32_t node) {
+  const int32_t depth = t.frame < 0 ? 1 : frame(t.frame).depth + 1;
+  if (depth > kJsonMaxDepth) return false;
+  t.frame = intern(Frame{t.frame, node, 0, depth});
+  return true;
+}
+
+void JsonRecognizer::set_index(JsonThread& t, int32_t index) {
+  Frame f = frame(t.frame);
+  f.index = index;
+  t.frame = intern(f);
+}
+
+void JsonRecognizer::end_value(JsonThread t, uint8_t c, bool reread, Sink& out) {
+  t.mode = t.frame < 0 ? kDone : kAfter;
+  t.node = -1;
+  t.trie = -1;
+  t.count = 0;
+  t.aux = 0;
+  t.key = 0;
+  if (reread) {
+    step(t, c, out);  // the byte that ended a number or a literal comes after it
   } else {
-    next.ws = 0;
-    if (!step(next, c)) return false;
+    out.add(t);
   }
-  *this = next;
+}
+
+void JsonRecognizer::start_value(JsonThread t, int32_t id, uint8_t c, Sink& out) {
+  using Kind = JsonNode::Kind;
+  const JsonNode& n = g_.node(id);
+  switch (n.kind) {
+    case Kind::kUnion:
+      for (int32_t alt : n.alternatives) start_value(t, alt, c, out);
+      return;
+    case Kind::kObject:
+    case Kind::kArray:
+      if (c != (n.kind == Kind::kObject ? '{' : '[') || !push(t, id)) return;
+      t.mode = n.kind == Kind::kObject ? kObjFirst : kArrFirst;
+      break;
+    case Kind::kString:
+      if (c != '"') return;
+      t.mode = kString;
+      t.node = id;
+      break;
+    case Kind::kNumber:
+    case Kind::kInteger:
+      if (c == '-') {
+        t.mode = kMinus;
+      } else if (c == '0') {
+        t.mode = kZero;
+      } else if (c >= '1' && c <= '9') {
+        t.mode = kInt;
+      } else {
+        return;
+      }
+      t.node = id;
+      break;
+    case Kind::kLiterals:
+      t.mode = kLiteral;
+      t.node = id;
+      return enter_trie(t, g_.child(n.trie, c), out);
+  }
+  out.add(t);
+}
+
+void JsonRecognizer::enter_trie(JsonThread t, int32_t next, Sink& out) {
+  if (next < 0) return;
+  const JsonTrieNode& at = g_.trie(next);
+  if (at.value >= 0 && at.edges.empty()) return end_value(t, 0, false, out);  // nothing can follow
+  t.trie = next;
+  out.add(t);
+}
+
+void JsonRecognizer::start_key(JsonThread t, Sink& out) {
+  const Frame& f = frame(t.frame);
+  const JsonNode& o = g_.node(f.node);
+  if (f.index >= static_cast<int32_t>(o.properties.size()) && o.additional < 0) return;
+  t.mode = kString;
+  t.key = 1;
+  t.trie = o.keys;  // -1 without properties
+  out.add(t);
+}
+
+bool JsonRecognizer::key_byte(JsonThread& t, uint8_t c) const {
+  const Frame& f = frame(t.frame);
+  const JsonNode& o = g_.node(f.node);
+  const int32_t next = t.trie >= 0 ? g_.child(t.trie, c) : -1;
+  if (o.additional < 0) {
+    // Only the names of the properties that may come next.
+    if (next < 0) return false;
+    const std::vector<int32_t>& below = g_.trie(next).below;
+    auto it = std::lower_bound(below.begin(), below.end(), f.index);
+    if (it == below.end() || *it > o.last_may[static_cast<size_t>(f.index)]) return false;
+  } else if (next < 0 && c == '\\' && o.keys >= 0) {
+    return false;  // other keys are spelled without escapes, so none spells a listed name
+  }
+  t.trie = next;
   return true;
 }
 
-bool JsonState::advance(std::string_view bytes) {
-  for (char c : bytes) {
-    if (!advance(static_cast<uint8_t>(c))) return false;
+void JsonRecognizer::end_key(JsonThread t, Sink& out) {
+  const Frame f = frame(t.frame);
+  const JsonNode& o = g_.node(f.node);
+  const int32_t j = t.trie >= 0 ? g_.trie(t.trie).value : -1;
+  if (j >= 0) {
+    // A listed name: only in its turn (the properties come in their order, each once).
+    if (j < f.index || j > o.last_may[static_cast<size_t>(f.index)]) return;
+    set_index(t, j + 1);
+    t.node = o.properties[static_cast<size_t>(j)].value;
+  } else {
+    if (o.additional < 0) return;
+    t.node = o.additional;
   }
-  return true;
+  t.mode = kColon;
+  t.key = 0;
+  t.trie = -1;
+  t.aux = 0;
+  out.add(t);
 }
 
-bool JsonState::complete() const {
-  return mode == kDone;
-}
-
-Result<std::unique_ptr<JsonConstraint>> JsonConstraint::create(const Tokenizer& tokenizer,
-                                                               int vocab,
-                                                               std::vector<int32_t> eos) {
-  std::vector<std::string> bytes(static_cast<size_t>(vocab));
-  std::vector<bool> single(256, false);
-  const int n = std::min(vocab, tokenizer.vocab_size());
-  for (int32_t id = 0; id < n; ++id) {
-    if (tokenizer.is_special(id)) continue;
-    bytes[static_cast<size_t>(id)] = tokenizer.token_bytes(id);
-    const std::string& b = bytes[static_cast<size_t>(id)];
-    if (b.size() == 1) single[static_cast<uint8_t>(b[0])] = true;
+void JsonRecognizer::string_byte(JsonThread t, uint8_t c, Sink& out) {
+  if ((t.aux & 3) != 0) {
+    if (!continuation_ok(t.aux, c) || (t.key && !key_byte(t, c))) return;
+    t.aux = static_cast<uint8_t>((t.aux & 3) - 1);  // later continuation bytes: any range
+    out.add(t);
+    return;
   }
-  // What every state needs to go on: the structure, numbers, literals, escapes, a space.
-  for (char c : std::string_view("{}[]\":,-+.0123456789eEtrufalsn\\ ")) {
-    if (!single[static_cast<uint8_t>(c)]) {
-      return make_error(
-          fmt::format("JSON mode: the vocabulary has no token for the single byte '{}'", c));
+  if (c == '"') {
+    if (t.key) return end_key(t, out);
+    if (t.count < g_.node(t.node).min_length) return;
+    return end_value(t, c, false, out);
+  }
+  if (c < 0x20) return;
+  const uint8_t aux = c < 0x80 ? 0 : lead_aux(c);
+  if (c >= 0x80 && aux == 0) return;
+  if (t.key) {
+    if (!key_byte(t, c)) return;
+  } else {
+    const JsonNode& n = g_.node(t.node);  // a character starts: count it where bounds ask
+    if (n.max_length >= 0 || n.min_length > 0) {
+      if (n.max_length >= 0 && t.count >= n.max_length) return;
+      t.count = static_cast<uint16_t>(
+          n.max_length < 0 ? std::min<int32_t>(t.count + 1, n.min_length) : t.count + 1);
     }
   }
-  return std::make_unique<JsonConstraint>(std::move(bytes), std::move(eos));
+  if (c == '\\') t.mode = kEscape;
+  t.aux = aux;
+  out.add(t);
 }
 
-JsonConstraint::JsonConstraint(std::vector<std::string> token_bytes, std::vector<int32_t> eos)
+void JsonRecognizer::literal_byte(JsonThread t, uint8_t c, Sink& out) {
+  enter_trie(t, g_.child(t.trie, c), out);
+  if (g_.trie(t.trie).value >= 0) end_value(t, c, true, out);  // the literal ended before `c`
+}
+
+void JsonRecognizer::close(JsonThread t, uint8_t c, Sink& out) {
+  if (t.frame < 0) return;
+  const Frame f = frame(t.frame);
+  const JsonNode& n = g_.node(f.node);
+  if (c == '}') {
+    if (n.kind != JsonNode::Kind::kObject || f.index <= n.last_required) return;
+  } else if (n.kind != JsonNode::Kind::kArray || f.index < n.min_items) {
+    return;
+  }
+  t.frame = f.parent;
+  end_value(t, c, false, out);
+}
+
+void JsonRecognizer::next_member(JsonThread t, Sink& out) {
+  const Frame f = frame(t.frame);
+  const JsonNode& n = g_.node(f.node);
+  if (n.kind == JsonNode::Kind::kObject) {
+    if (f.index >= static_cast<int32_t>(n.properties.size()) && n.additional < 0) return;
+    t.mode = kObjKey;
+  } else {
+    if (n.max_items >= 0 && f.index >= n.max_items) return;
+    set_index(t, saturate(n, f.index + 1));
+    t.mode = kValue;
+    t.node = n.items;
+  }
+  out.add(t);
+}
+
+void JsonRecognizer::step(JsonThread t, uint8_t c, Sink& out) {
+  if (is_ws(c) && takes_whitespace(t.mode)) {
+    if (t.ws >= kJsonMaxWhitespace) return;
+    ++t.ws;
+    out.add(t);
+    return;
+  }
+  t.ws = 0;
+  auto to = [&](uint8_t mode) {
+    t.mode = mode;
+    out.add(t);
+  };
+  switch (t.mode) {
+    case kValue: {
+      const int32_t node = t.node;
+      t.node = -1;
+      return start_value(t, node, c, out);
+    }
+    case kObjFirst:
+      if (c == '}') return close(t, c, out);
+      [[fallthrough]];
+    case kObjKey:
+      if (c == '"') start_key(t, out);
+      return;
+    case kColon:
+      if (c == ':') to(kValue);
+      return;
+    case kArrFirst: {
+      if (c == ']') return close(t, c, out);
+      const JsonNode& a = g_.node(frame(t.frame).node);
+      if (a.max_items == 0) return;
+      set_index(t, saturate(a, 1));
+      return start_value(t, a.items, c, out);
+    }
+    case kAfter:
+      if (c == ',') return next_member(t, out);
+      if (c == '}' || c == ']') return close(t, c, out);
+      return;
+    case kString:
+      return string_byte(t, c, out);
+    case kEscape:
+      if (c != 'u' && c != '"' && c != '\\' && c != '/' && c != 'b' && c != 'f' && c != 'n' &&
+          c != 'r' && c != 't') {
+        return;
+      }
+      if (t.key && !key_byte(t, c)) return;
+      t.aux = c == 'u' ? 4 : 0;
+      return to(c == 'u' ? kHex : kString);
+    case kHex:
+      if (!is_hex(c) || (t.key && !key_byte(t, c))) return;
+      --t.aux;
+      return to(t.aux == 0 ? kString : kHex);
+    case kLiteral:
+      return literal_byte(t, c, out);
+    case kMinus:
+      if (c == '0') return to(kZero);
+      if (c >= '1' && c <= '9') to(kInt);
+      return;
+    case kZero:
+    case kInt: {
+      if (t.mode == kInt && is_digit(c)) return to(kInt);
+      const bool integer = g_.node(t.node).kind == JsonNode::Kind::kInteger;
+      if (!integer && c == '.') return to(kDot);
+      if (!integer && (c == 'e' || c == 'E')) return to(kExp);
+      return end_value(t, c, true, out);
+    }
+    case kDot:
+      if (is_digit(c)) to(kFrac);
+      return;
+    case kFrac:
+      if (is_digit(c)) return to(kFrac);
+      if (c == 'e' || c == 'E') return to(kExp);
+      return end_value(t, c, true, out);
+    case kExp:
+      if (c == '+' || c == '-') return to(kExpSign);
+      [[fallthrough]];
+    case kExpSign:
+      if (is_digit(c)) to(kExpInt);
+      return;
+    case kExpInt:
+      if (is_digit(c)) return to(kExpInt);
+      return end_value(t, c, true, out);
+    default:
+      return;  // kDone: nothing follows
+  }
+}
+
+bool JsonRecognizer::advance_into(const JsonState& from, uint8_t c, JsonState& to) {
+  QS_CHECK(&from != &to);
+  Sink out(to);
+  for (int i = 0; i < from.n; ++i) step(from.threads[static_cast<size_t>(i)], c, out);
+  return to.n > 0;
+}
+
+bool JsonRecognizer::advance(JsonState& s, uint8_t c) {
+  JsonState next;
+  if (!advance_into(s, c, next)) return false;
+  s = next;
+  return true;
+}
+
+bool JsonRecognizer::advance(JsonState& s, std::string_view bytes) {
+  for (char c : bytes) {
+    if (!advance(s, static_cast<uint8_t>(c))) return false;
+  }
+  return true;
+}
+
+bool JsonRecognizer::accepting(const JsonState& s) const {
+  for (int i = 0; i < s.n; ++i) {
+    const JsonThread& t = s.threads[static_cast<size_t>(i)];
+    if (t.mode == kDone) return true;
+    if (t.frame >= 0) continue;
+    // A number or a literal at the top level ends with the text.
+    if (t.mode == kZero || t.mode == kInt || t.mode == kFrac || t.mode == kExpInt) return true;
+    if (t.mode == kLiteral && g_.trie(t.trie).value >= 0) return true;
+  }
+  return false;
+}
+
+bool JsonRecognizer::finished(const JsonState& s) const {
+  for (int i = 0; i < s.n; ++i) {
+    if (s.threads[static_cast<size_t>(i)].mode != kDone) return false;
+  }
+  return s.n > 0;
+}
+
+int JsonRecognizer::plain_room(const JsonState& s) const {
+  constexpr int kAny = 1 << 30;
+  int room = 0;
+  for (int i = 0; i < s.n; ++i) {
+    const JsonThread& t = s.threads[static_cast<size_t>(i)];
+    if (t.mode != kString || (t.aux & 3) != 0) continue;
+    if (t.key) {  // a key outside the listed names (only where other keys may come)
+      if (g_.node(frame(t.frame).node).additional >= 0) room = kAny;
+    } else {
+      const int max = g_.node(t.node).max_length;
+      room = std::max(room, max < 0 ? kAny : max - t.count);
+    }
+  }
+  return room;
+}
+
+Result<std::shared_ptr<const JsonVocab>> JsonVocab::create(const Tokenizer& tokenizer, int vocab,
+                                                           std::vector<int32_t> eos) {
+  std::vector<std::string> bytes(static_cast<size_t>(vocab));
+  const int n = std::min(vocab, tokenizer.vocab_size());
+  for (int32_t id = 0; id < n; ++id) {
+    if (!tokenizer.is_special(id)) bytes[static_cast<size_t>(id)] = tokenizer.token_bytes(id);
+  }
+  auto made = std::make_shared<const JsonVocab>(std::move(bytes), std::move(eos));
+  // What every document needs to go on: the structure, numbers, literals, escapes, a space.
+  const int missing = made->missing_byte("{}[]\":,-+.0123456789eEtrufalsn\\ ");
+  if (missing >= 0) {
+    return make_error(fmt::format("JSON mode: the vocabulary has no token for the single byte '{}'",
+                                  static_cast<char>(missing)));
+  }
+  return made;
+}
+
+JsonVocab::JsonVocab(std::vector<std::string> token_bytes, std::vector<int32_t> eos)
     : vocab_(static_cast<int>(token_bytes.size())),
       bytes_(std::move(token_bytes)),
-      is_eos_(bytes_.size(), false) {
+      is_eos_(bytes_.size(), false),
+      single_(256, false) {
   for (int32_t id : eos) {
     if (id >= 0 && id < vocab_ && !is_eos_[static_cast<size_t>(id)]) {
       is_eos_[static_cast<size_t>(id)] = true;
@@ -312,10 +488,25 @@ JsonConstraint::JsonConstraint(std::vector<std::string> token_bytes, std::vector
     }
   }
   for (int32_t id : eos_) bytes_[static_cast<size_t>(id)].clear();  // no path in the trie
+  for (const std::string& b : bytes_) {
+    if (b.size() == 1) single_[static_cast<uint8_t>(b[0])] = true;
+  }
   build_trie();
 }
 
-void JsonConstraint::build_trie() {
+int JsonVocab::missing_byte(std::string_view needed) const {
+  for (char c : needed) {
+    if (!single_[static_cast<uint8_t>(c)]) return static_cast<uint8_t>(c);
+  }
+  return -1;
+}
+
+bool JsonVocab::all_plain(int32_t first, int32_t end) const {
+  return plain_before_[static_cast<size_t>(end)] - plain_before_[static_cast<size_t>(first)] ==
+         end - first;
+}
+
+void JsonVocab::build_trie() {
   std::vector<int32_t> order;
   for (int32_t id = 0; id < vocab_; ++id) {
     if (!bytes_[static_cast<size_t>(id)].empty()) order.push_back(id);
@@ -342,13 +533,23 @@ void JsonConstraint::build_trie() {
     close_to(common);
     for (size_t i = common; i < s.size(); ++i) {
       path.push_back(static_cast<int32_t>(nodes_.size()));
-      nodes_.push_back(Node{static_cast<uint8_t>(s[i]), static_cast<uint16_t>(i + 1), 0,
+      nodes_.push_back(Node{static_cast<uint8_t>(s[i]), static_cast<uint16_t>(i + 1), 0, 0,
                             static_cast<int32_t>(tokens_.size())});
     }
     tokens_.push_back(id);  // ends at path.back(), the newest node or (a repeat) the same one
     prev = s;
   }
   close_to(0);
+  // A subtree's deepest node: its own depth or its children's subtrees' (each child is visited
+  // once, as the next node after its elder sibling's subtree).
+  for (size_t i = nodes_.size(); i-- > 0;) {
+    Node& node = nodes_[i];
+    node.deepest = node.depth;
+    for (int32_t j = static_cast<int32_t>(i) + 1; j < node.end;
+         j = nodes_[static_cast<size_t>(j)].end) {
+      node.deepest = std::max(node.deepest, nodes_[static_cast<size_t>(j)].deepest);
+    }
+  }
   plain_before_.assign(nodes_.size() + 1, 0);
   for (size_t i = 0; i < nodes_.size(); ++i) {
     const uint8_t b = nodes_[i].byte;
@@ -357,75 +558,93 @@ void JsonConstraint::build_trie() {
   }
 }
 
-int32_t JsonConstraint::first_token_at(int32_t node) const {
+int32_t JsonVocab::first_token_at(int32_t node) const {
   return node < static_cast<int32_t>(nodes_.size()) ? nodes_[static_cast<size_t>(node)].first_token
                                                     : static_cast<int32_t>(tokens_.size());
 }
 
-JsonConstraint::Key JsonConstraint::key_of(const JsonState& s) {
-  return Key{s.stack, uint64_t{s.depth} | uint64_t{s.mode} << 8 | uint64_t{s.aux} << 16 |
-                          uint64_t{s.ws} << 24 | uint64_t{s.key} << 32};
+Result<std::unique_ptr<JsonConstraint>> JsonConstraint::create(
+    std::shared_ptr<const JsonVocab> vocab, JsonGrammar grammar) {
+  const int missing = vocab->missing_byte(grammar.literal_bytes());
+  if (missing >= 0) {
+    return make_error(fmt::format(
+        "json_schema: the vocabulary has no token for the single byte 0x{:02x} of a property name "
+        "or an enum / const value",
+        missing));
+  }
+  return std::make_unique<JsonConstraint>(std::move(vocab), std::move(grammar));
 }
 
-std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) const {
-  std::vector<uint64_t> bits(static_cast<size_t>((vocab_ + 63) / 64), 0);
+JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, JsonGrammar grammar)
+    : vocab_(std::move(vocab)), rec_(std::move(grammar)) {
+  size_t depth = 1;
+  for (const JsonVocab::Node& node : vocab_->nodes()) depth = std::max<size_t>(depth, node.depth);
+  states_.resize(depth + 1);
+  rooms_.resize(depth + 1);
+}
+
+std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
+  const int vocab = vocab_->vocab();
+  std::vector<uint64_t> bits(static_cast<size_t>((vocab + 63) / 64), 0);
   auto allow = [&bits](int32_t id) { bits[static_cast<size_t>(id) / 64] |= 1ull << (id % 64); };
-  bool any = false;
-  if (s.complete()) {
-    for (int32_t id : eos_) allow(id);
-    if (eos_.empty()) std::fill(bits.begin(), bits.end(), ~0ull);
+  auto allow_eos = [&] {
+    for (int32_t id : vocab_->eos()) allow(id);
+  };
+  if (rec_.finished(s)) {
+    allow_eos();
+    if (vocab_->eos().empty()) std::fill(bits.begin(), bits.end(), ~0ull);
     return bits;
   }
-  // states[d]: the state after a node's first d bytes (states[0] = s); a refused byte skips the
-  // node's subtree.
-  std::vector<JsonState> states(1, s);
-  const int32_t n = static_cast<int32_t>(nodes_.size());
+  bool any = false;
+  if (rec_.accepting(s)) allow_eos();
+  // states_[d]: the state after a node's first d bytes (states_[0] = s); a refused byte skips
+  // the node's subtree.
+  states_[0] = s;
+  rooms_[0] = rec_.plain_room(s);
+  const std::vector<JsonVocab::Node>& nodes = vocab_->nodes();
+  const std::vector<int32_t>& tokens = vocab_->tokens();
   auto allow_tokens = [&](int32_t first, int32_t last) {
-    for (int32_t t = first; t < last; ++t) allow(tokens_[static_cast<size_t>(t)]);
+    for (int32_t t = first; t < last; ++t) allow(tokens[static_cast<size_t>(t)]);
     any = any || last > first;
   };
+  const auto n = static_cast<int32_t>(nodes.size());
   for (int32_t i = 0; i < n;) {
-    const Node& node = nodes_[static_cast<size_t>(i)];
-    const JsonState& parent = states[node.depth - 1u];
-    // Inside a string between characters, a subtree of plain bytes is taken whole.
-    if (parent.mode == kString && parent.aux == 0 &&
-        plain_before_[static_cast<size_t>(node.end)] - plain_before_[static_cast<size_t>(i)] ==
-            node.end - i) {
-      allow_tokens(node.first_token, first_token_at(node.end));
+    const JsonVocab::Node& node = nodes[static_cast<size_t>(i)];
+    const JsonState& parent = states_[node.depth - 1u];
+    // Inside a string between characters, a subtree of plain bytes is taken whole where the
+    // string has room for its longest token.
+    if (node.deepest - node.depth < rooms_[node.depth - 1u] && vocab_->all_plain(i, node.end)) {
+      allow_tokens(node.first_token, vocab_->first_token_at(node.end));
       i = node.end;
       continue;
     }
-    JsonState next = parent;
-    if (!next.advance(node.byte)) {
+    if (!rec_.advance_into(parent, node.byte, states_[node.depth])) {
       i = node.end;
       continue;
     }
-    if (states.size() <= node.depth) states.resize(node.depth + 1u);
-    states[node.depth] = next;
-    allow_tokens(node.first_token, first_token_at(i + 1));
+    rooms_[node.depth] = rec_.plain_room(states_[node.depth]);
+    allow_tokens(node.first_token, vocab_->first_token_at(i + 1));
     ++i;
   }
-  if (!any) {
-    for (int32_t id : eos_) allow(id);
-  }
+  if (!any) allow_eos();
   return bits;
 }
 
 const std::vector<uint64_t>& JsonConstraint::allowed(const JsonState& s) {
-  const Key k = key_of(s);
-  auto it = cache_.find(k);
+  std::string key(s.bytes());
+  auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   if (cache_.size() >= 1024) cache_.clear();  // ~16 KiB per mask at a 128K vocabulary
-  return cache_.emplace(k, walk(s)).first->second;
+  return cache_.emplace(std::move(key), walk(s)).first->second;
 }
 
-bool JsonConstraint::advance(JsonState& s, int32_t id) const {
-  if (id < 0 || id >= vocab_) return false;
-  if (is_eos_[static_cast<size_t>(id)]) return true;
-  const std::string& b = bytes_[static_cast<size_t>(id)];
+bool JsonConstraint::advance(JsonState& s, int32_t id) {
+  if (id < 0 || id >= vocab_->vocab()) return false;
+  if (vocab_->is_eos(id)) return true;
+  const std::string& b = vocab_->bytes(id);
   if (b.empty()) return false;
   JsonState next = s;
-  if (!next.advance(b)) return false;
+  if (!rec_.advance(next, b)) return false;
   s = next;
   return true;
 }

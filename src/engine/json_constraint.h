@@ -1,20 +1,25 @@
-// JSON mode (OpenAI's response_format {"type": "json_object"}): the tokens that keep the text
-// generated so far a prefix of one JSON object (RFC 8259), as a mask over the vocabulary.
+// Constrained JSON output (OpenAI's response_format: json_object and json_schema): the tokens
+// that keep the text generated so far a prefix of one JSON document that a schema accepts, as a
+// mask over the vocabulary.
 //
-// JsonState recognizes the text byte by byte (a pushdown automaton: the open objects and arrays
-// on a bit stack). JsonConstraint holds the vocabulary's bytes in a trie and finds every token
-// the state can take by one walk of it, pruning a subtree at its first refused byte; the masks
-// are kept per state, since a generation meets few distinct states.
+// JsonRecognizer follows the text byte by byte over a JsonGrammar (json_schema.h; JSON mode is
+// the schema {"type": "object"}): a pushdown automaton whose open objects and arrays are frames
+// interned in a pool, so that a state is a few small threads (one per reading of the text that
+// an anyOf leaves open). JsonVocab holds the vocabulary's bytes in a trie; JsonConstraint finds
+// every token a state can take by one walk of it, pruning a subtree at its first refused byte,
+// and keeps the masks per state, since a generation meets few distinct states.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
-#include <span>
 #include <string>
+#include <string_view>
 #include <unordered_map>
 #include <vector>
 
 #include "core/error.h"
+#include "engine/json_schema.h"
 
 namespace qs {
 
@@ -24,74 +29,162 @@ class Tokenizer;
 constexpr int kJsonMaxDepth = 64;
 // Consecutive whitespace bytes beyond this are refused, so that a model cannot pad forever.
 constexpr int kJsonMaxWhitespace = 48;
+// Readings of the text followed at once (anyOf alternatives alive together); past this the later
+// alternatives are not offered (the output stays valid, the choice narrower).
+constexpr int kJsonMaxThreads = 16;
 
-struct JsonState {
-  uint64_t stack = 0;  // bit d: the container at depth d is an array (0: an object)
-  uint8_t depth = 0;   // open containers
+// One reading of the text: where in the grammar it is. Unused fields stay at their defaults, so
+// that equal readings compare (and hash) equal byte for byte.
+struct JsonThread {
+  int32_t frame = -1;  // the innermost open container (JsonRecognizer's pool), -1: none
+  int32_t node = -1;   // the value due (value, colon modes) or being read (scalars)
+  int32_t trie = -1;   // position in a literal trie (a literal value, a key's name), -1: none
+  uint16_t count = 0;  // characters of a string with length bounds
   uint8_t mode = 0;    // where in the grammar (json_constraint.cpp's Mode)
-  uint8_t aux = 0;     // the mode's counter: literal progress, \u digits, UTF-8 bytes left
+  uint8_t aux = 0;     // the mode's counter: \u digits, UTF-8 bytes left
   uint8_t ws = 0;      // consecutive whitespace bytes
   uint8_t key = 0;     // the string being read is an object's key
-  bool operator==(const JsonState&) const = default;
-
-  // Takes one more byte; false (and the state unchanged) if no JSON object starts with the text
-  // so far followed by `c`.
-  bool advance(uint8_t c);
-  bool advance(std::string_view bytes);  // every byte, or false (the state then undefined)
-  // The text so far is one whole JSON object (nothing may follow but the end).
-  bool complete() const;
+  uint16_t pad = 0;
+  bool operator==(const JsonThread&) const = default;
 };
 
-class JsonConstraint {
- public:
-  // The vocabulary of `vocab` ids (the model's logit rows; ids the tokenizer does not have, and
-  // special tokens, are never allowed), with `eos` the ids that may end a complete object. An
-  // error names a byte that JSON needs and no single token spells.
-  static Result<std::unique_ptr<JsonConstraint>> create(const Tokenizer& tokenizer, int vocab,
-                                                        std::vector<int32_t> eos);
-  // The same from each id's bytes (an id with none is never allowed).
-  JsonConstraint(std::vector<std::string> token_bytes, std::vector<int32_t> eos);
+struct JsonState {
+  uint8_t n = 0;
+  std::array<JsonThread, kJsonMaxThreads> threads{};
+  bool operator==(const JsonState& o) const;
+  std::string_view bytes() const;  // the live threads' bytes (a key)
+};
 
-  int vocab() const { return vocab_; }
-  // Advances `s` over token `id`'s bytes; false if they do not continue the object. An
-  // end-of-text id leaves the state as it is (allowed() says when one may come).
-  bool advance(JsonState& s, int32_t id) const;
-  // Bit id of word id / 64: token id is allowed after `s`. Once the object is complete only the
-  // end-of-text ids are (every id if there are none: the engine stops at completion anyway); a
-  // state no token can continue (not met with a vocabulary that create() accepts) allows the
-  // end-of-text ids.
-  const std::vector<uint64_t>& allowed(const JsonState& s);
+class JsonRecognizer {
+ public:
+  explicit JsonRecognizer(JsonGrammar grammar);
+
+  const JsonGrammar& grammar() const { return g_; }
+  JsonState start() const;
+  // Takes one more byte; false (and the state unchanged) if no accepted document starts with the
+  // text so far followed by `c`.
+  bool advance(JsonState& s, uint8_t c);
+  bool advance(JsonState& s, std::string_view bytes);  // every byte, or false (s then undefined)
+  // `to` = `from` after `c`; false if nothing is left.
+  bool advance_into(const JsonState& from, uint8_t c, JsonState& to);
+  // The text so far is a whole accepted document (it may end here).
+  bool accepting(const JsonState& s) const;
+  // ... and nothing can follow it.
+  bool finished(const JsonState& s) const;
+  // How long a run of printable ASCII but '"' and '\\' some reading takes whatever its bytes
+  // (inside a string, up to its maxLength); 0: none.
+  int plain_room(const JsonState& s) const;
+  size_t frames() const { return frames_.size(); }
 
  private:
+  struct Frame {
+    int32_t parent;  // -1: the outermost
+    int32_t node;    // an object or array node
+    int32_t index;   // objects: the next property that may come; arrays: the items started
+    int32_t depth;
+    bool operator==(const Frame&) const = default;
+  };
+  struct FrameHash {
+    size_t operator()(const Frame& f) const;
+  };
+  class Sink;
+  void step(JsonThread t, uint8_t c, Sink& out);
+  void start_value(JsonThread t, int32_t node, uint8_t c, Sink& out);
+  void start_key(JsonThread t, Sink& out);
+  void next_member(JsonThread t, Sink& out);
+  void close(JsonThread t, uint8_t c, Sink& out);
+  void string_byte(JsonThread t, uint8_t c, Sink& out);
+  void end_key(JsonThread t, Sink& out);
+  bool key_byte(JsonThread& t, uint8_t c) const;
+  void literal_byte(JsonThread t, uint8_t c, Sink& out);
+  // Moves into literal trie node `next` (none: -1), ending the value where nothing can follow.
+  void enter_trie(JsonThread t, int32_t next, Sink& out);
+  void end_value(JsonThread t, uint8_t c, bool reread, Sink& out);
+  bool push(JsonThread& t, int32_t node);
+  void set_index(JsonThread& t, int32_t index);
+  const Frame& frame(int32_t id) const { return frames_[static_cast<size_t>(id)]; }
+  int32_t intern(const Frame& f);
+
+  JsonGrammar g_;
+  std::vector<Frame> frames_;
+  std::unordered_map<Frame, int32_t, FrameHash> frame_ids_;
+};
+
+// The vocabulary's bytes as a trie stored in preorder (made once per tokenizer).
+class JsonVocab {
+ public:
+  // The vocabulary of `vocab` ids (the model's logit rows; ids the tokenizer does not have, and
+  // special tokens, are never allowed), with `eos` the ids that may end a whole document. An
+  // error names a byte that JSON needs and no single token spells.
+  static Result<std::shared_ptr<const JsonVocab>> create(const Tokenizer& tokenizer, int vocab,
+                                                         std::vector<int32_t> eos);
+  // The same from each id's bytes (an id with none is never allowed).
+  JsonVocab(std::vector<std::string> token_bytes, std::vector<int32_t> eos);
+
+  int vocab() const { return vocab_; }
+  const std::string& bytes(int32_t id) const { return bytes_[static_cast<size_t>(id)]; }
+  bool is_eos(int32_t id) const { return is_eos_[static_cast<size_t>(id)]; }
+  const std::vector<int32_t>& eos() const { return eos_; }
+  // A byte no single token spells, in `needed`; -1 if there is none.
+  int missing_byte(std::string_view needed) const;
+
   struct Node {
     uint8_t byte;
     uint16_t depth;       // 1 for the first byte of a token
+    uint16_t deepest;     // the largest depth in this node's subtree
     int32_t end;          // one past the last node of this node's subtree (preorder)
     int32_t first_token;  // tokens_[first_token .. next node's first_token) end here
   };
-  struct Key {
-    uint64_t a, b;
-    bool operator==(const Key&) const = default;
-  };
-  struct KeyHash {
-    size_t operator()(const Key& k) const { return k.a * 0x9e3779b97f4a7c15ull ^ k.b; }
-  };
-  static Key key_of(const JsonState& s);
-  void build_trie();  // nodes_, tokens_, plain_before_ from bytes_
-  std::vector<uint64_t> walk(const JsonState& s) const;
-  // tokens_[first .. end): the tokens of the nodes [node, end) (a subtree: preorder).
+  const std::vector<Node>& nodes() const { return nodes_; }
+  const std::vector<int32_t>& tokens() const { return tokens_; }
+  // tokens()[first .. end): the tokens of the nodes [node, end) (a subtree: preorder).
   int32_t first_token_at(int32_t node) const;
+  // Whether nodes [first, end) all spell bytes a string takes as they are (printable ASCII but
+  // '"' and '\\').
+  bool all_plain(int32_t first, int32_t end) const;
+
+ private:
+  void build_trie();  // nodes_, tokens_, plain_before_ from bytes_
 
   int vocab_ = 0;
   std::vector<std::string> bytes_;  // each id's bytes ("" for an excluded id)
   std::vector<bool> is_eos_;
   std::vector<int32_t> eos_;
-  std::vector<Node> nodes_;  // the trie in preorder, without its root
-  // plain_before_[i]: how many of nodes_[0, i) spell a byte a string takes as it is (printable
-  // ASCII but '"' and '\\'); a subtree of nothing else is taken whole inside a string.
+  std::vector<bool> single_;  // single_[b]: some token is the byte b alone
+  std::vector<Node> nodes_;   // the trie in preorder, without its root
+  // plain_before_[i]: how many of nodes_[0, i) spell a plain byte.
   std::vector<int32_t> plain_before_;
   std::vector<int32_t> tokens_;
-  std::unordered_map<Key, std::vector<uint64_t>, KeyHash> cache_;
+};
+
+class JsonConstraint {
+ public:
+  // An error names a byte the grammar needs that no single token spells.
+  static Result<std::unique_ptr<JsonConstraint>> create(std::shared_ptr<const JsonVocab> vocab,
+                                                        JsonGrammar grammar);
+  JsonConstraint(std::shared_ptr<const JsonVocab> vocab, JsonGrammar grammar);
+
+  int vocab() const { return vocab_->vocab(); }
+  JsonRecognizer& recognizer() { return rec_; }
+  JsonState start() const { return rec_.start(); }
+  bool finished(const JsonState& s) const { return rec_.finished(s); }
+  // Advances `s` over token `id`'s bytes; false if they do not continue the document. An
+  // end-of-text id leaves the state as it is (allowed() says when one may come).
+  bool advance(JsonState& s, int32_t id);
+  // Bit id of word id / 64: token id is allowed after `s`. Where the document may end, the
+  // end-of-text ids are too (once it is finished, only they are: every id if there are none, as
+  // the engine stops there anyway); a state no token can continue (not met with a vocabulary
+  // that create() accepts) allows the end-of-text ids.
+  const std::vector<uint64_t>& allowed(const JsonState& s);
+
+ private:
+  std::vector<uint64_t> walk(const JsonState& s);
+
+  std::shared_ptr<const JsonVocab> vocab_;
+  JsonRecognizer rec_;
+  std::unordered_map<std::string, std::vector<uint64_t>> cache_;
+  std::vector<JsonState> states_;  // walk's states by depth
+  std::vector<int> rooms_;         // and their plain_room
 };
 
 }  // namespace qs

@@ -672,19 +672,37 @@ Result<LogitAdjust> LlmEngine::resolve_adjust(const GenerationParams& params) {
   QS_TRY(check_logit_adjust(params.adjust, config().vocab_size));
   LogitAdjust adjust = params.adjust;
   adjust.json = nullptr;
-  if (!params.json_object) return adjust;
+  if (params.json_schema.empty()) return adjust;
+  QS_ASSIGN_OR_RETURN(adjust.json, json_constraint(params.json_schema));
+  return adjust;
+}
+
+Result<JsonConstraint*> LlmEngine::json_constraint(const std::string& schema) {
+  constexpr size_t kKept = 8;
+  constexpr size_t kMaxFrames = size_t{1} << 20;  // a constraint's pool only grows: start afresh
+  auto it = std::find_if(json_constraints_.begin(), json_constraints_.end(),
+                         [&](const auto& kept) { return kept.first == schema; });
+  if (it != json_constraints_.end() && it->second->recognizer().frames() < kMaxFrames) {
+    std::rotate(it, it + 1, json_constraints_.end());  // the newest at the back
+    return json_constraints_.back().second.get();
+  }
+  if (it != json_constraints_.end()) json_constraints_.erase(it);
   if (!tokenizer_) {
     return make_error(
-        "JSON mode needs the model's tokenizer, and the model directory has no "
+        "JSON output needs the model's tokenizer, and the model directory has no "
         "tokenizer.json");
   }
-  if (!json_) {
+  if (!json_vocab_) {
     std::vector<int32_t> eos = config().eos_token_ids;
     for (int32_t id : tokenizer_->eos_ids()) eos.push_back(id);
-    QS_ASSIGN_OR_RETURN(json_, JsonConstraint::create(*tokenizer_, config().vocab_size, eos));
+    QS_ASSIGN_OR_RETURN(json_vocab_, JsonVocab::create(*tokenizer_, config().vocab_size, eos));
   }
-  adjust.json = json_.get();
-  return adjust;
+  QS_ASSIGN_OR_RETURN(JsonGrammar grammar, JsonGrammar::compile(schema));
+  QS_ASSIGN_OR_RETURN(std::unique_ptr<JsonConstraint> made,
+                      JsonConstraint::create(json_vocab_, std::move(grammar)));
+  if (json_constraints_.size() >= kKept) json_constraints_.erase(json_constraints_.begin());
+  json_constraints_.emplace_back(schema, std::move(made));
+  return json_constraints_.back().second.get();
 }
 
 Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
@@ -780,7 +798,8 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
   // Emits one token (with its log-probability when asked: `lp`); true when generation ends with it.
   const bool want_logprobs = params.logprobs >= 0;
   int emitted = 0;
-  JsonState json_state;  // JSON mode: after the tokens pushed
+  // JSON output: the state after the tokens pushed.
+  JsonState json_state = adjust.json != nullptr ? adjust.json->start() : JsonState{};
   auto push = [&](int32_t next, const TokenLogprob* lp) {
     result.tokens.push_back(next);
     if (want_logprobs) {
@@ -802,9 +821,9 @@ Result<GenerationResult> LlmEngine::generate(const std::vector<int32_t>& prompt,
       }
       if (cancelled) return true;
     }
-    if (adjust.json != nullptr) {  // the object is complete: nothing may follow
+    if (adjust.json != nullptr) {  // the document is complete: nothing may follow
       QS_CHECK(adjust.json->advance(json_state, next));
-      if (json_state.complete()) {
+      if (adjust.json->finished(json_state)) {
         result.finish_reason = "stop";
         return true;
       }

@@ -171,9 +171,10 @@ class LlmEngine final : public Engine {
   // The prompt's last logits row for the first token: last_logits_, or with an active adjustment
   // a copy adjusted (no token generated yet: logit_bias alone).
   const std::vector<float>& first_logits(const LogitAdjust& adjust, LogitAdjuster& adjuster);
-  // params.adjust, with JSON mode's constraint when params.json_object (json_, made on first
-  // use from the tokenizer).
+  // params.adjust, with the constraint of params.json_schema when it is set (json_constraints_;
+  // json_vocab_ is made on first use from the tokenizer).
   Result<LogitAdjust> resolve_adjust(const GenerationParams& params);
+  Result<JsonConstraint*> json_constraint(const std::string& schema);
 
   EngineOptions options_;
   std::unique_ptr<ThreadPool> host_pool_;
@@ -197,7 +198,10 @@ class LlmEngine final : public Engine {
   std::unique_ptr<RankCommunicators> comms_;  // destroyed before the backends
   std::unique_ptr<RankThreads> rank_threads_;  // joined first
   std::optional<Tokenizer> tokenizer_;
-  std::unique_ptr<JsonConstraint> json_;  // resolve_adjust
+  std::shared_ptr<const JsonVocab> json_vocab_;
+  // The schemas met last (the newest at the back), kept with their masks: a server's clients
+  // send the same few schemas again and again.
+  std::vector<std::pair<std::string, std::unique_ptr<JsonConstraint>>> json_constraints_;
   std::vector<float> last_logits_;  // [vocab]
   std::vector<float> adjusted_logits_;  // first_logits
   // EngineOptions::prompt_cache: the tokens of the committed positions [0, cache_.length()) as

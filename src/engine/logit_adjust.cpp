@@ -78,7 +78,7 @@ void LogitAdjuster::mask_json(JsonConstraint& json, int rows, int vocab,
       !std::equal(json_history_.begin(), json_history_.end(), history.begin())) {
     json_of_ = &json;
     json_history_.clear();
-    json_state_ = JsonState{};
+    json_state_ = json.start();
   }
   // Every token here came from a row masked alike, so each continues the object.
   for (size_t i = json_history_.size(); i < history.size(); ++i) {

@@ -1000,6 +1000,45 @@ def test_hf_decode_bench_writes_bench_json(tmp_path):
     assert "| 20 | hf-transformers |" in md
 
 
+def test_json_schema(qs, tmp_path):
+    # --json-schema / --json-schema-file: QuantSpec gives AR INT8's greedy tokens under the same
+    # schema; a finished output is a document the schema accepts, its properties in the schema's
+    # order; bad schemas and flag combinations are clear errors before the model loads.
+    import jsonschema
+    schema = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]},
+                                               "age": {"type": "integer"},
+                                               "names": {"type": "array", "items": {"type": "string", "maxLength": 5},
+                                                         "maxItems": 2}},
+              "required": ["kind", "age"]}
+    path = tmp_path / "schema.json"
+    path.write_text(json.dumps(schema))
+    ar = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "ar", "--kv", "int8", "--group-size", "32",
+                   "--json-schema-file", str(path))
+    s = gen_stats(qs, tmp_path, "llama3-tiny", "--mode", "quantspec", "--group-size", "32",
+                  "--gamma", "4", "--json-schema", json.dumps(schema))
+    assert s["tokens"] == ar["tokens"] and s["drafted"] > 0
+    finished = 0
+    for seed in ("1", "2", "3", "4"):
+        p = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "A pet in JSON:", "-n", "96",
+               "--json-schema-file", str(path), "--temperature", "1", "--seed", seed)
+        assert "format json-schema" in p.stderr
+        if "finish: stop" in p.stderr:
+            doc = json.loads(p.stdout)
+            jsonschema.validate(doc, schema)
+            assert list(doc) == [k for k in ("kind", "age", "names") if k in doc], p.stdout
+            finished += 1
+        else:
+            assert p.stdout.lstrip(" \t\r\n").startswith("{"), p.stdout
+    assert finished > 0
+    for args, want in ((["--json-schema", '{"type": "string", "pattern": "a"}'], "'pattern' is not supported"),
+                       (["--json-schema", "{"], "not valid JSON"),
+                       (["--json-schema-file", str(tmp_path / "missing.json")], "missing.json"),
+                       (["--json-schema", "{}", "--format", "json"], "excludes"),
+                       (["--json-schema", "{}", "--json-schema-file", str(path)], "excludes")):
+        bad = qs("generate", "-m", model_dir("llama3-tiny"), "-p", "x", *args, check=False)
+        assert bad.returncode == 2 and want in bad.stderr, bad.stderr
+
+
 def test_format_json(qs, tmp_path):
     # JSON mode: QuantSpec gives AR INT8's greedy tokens under the same masks; the output opens an
     # object, and parses as one when generation stopped on it; the banner says so.

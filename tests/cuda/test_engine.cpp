@@ -182,9 +182,9 @@ TEST_P(CudaEngineTest, PromptLogprobsMatchTheCpuEngine) {
   std::printf("[ max abs error ] %s prompt logprobs: %.3g\n", c.name, worst);
 }
 
-// GenerationParams::adjust (penalties, logit_bias; JSON mode's -inf on the tokens that cannot
-// continue an object) on the device's rows (Backend::from_host + Backend::add; the speculative
-// modes step by step): the CPU engine's tokens.
+// GenerationParams::adjust (penalties, logit_bias; JSON mode's and a JSON Schema's -inf on the
+// tokens that cannot continue a document) on the device's rows (Backend::from_host +
+// Backend::add; the speculative modes step by step): the CPU engine's tokens.
 TEST_P(CudaEngineTest, AdjustedGreedyTokensEqualTheCpuEngine) {
   const ModeCase& c = GetParam();
   auto [cpu, gpu] = load_both(c);
@@ -194,14 +194,18 @@ TEST_P(CudaEngineTest, AdjustedGreedyTokensEqualTheCpuEngine) {
   penalties.adjust.presence_penalty = 0.5f;
   penalties.adjust.logit_bias = {{13, 2.0f}};
   GenerationParams json = no_eos_params(48);
-  json.json_object = true;
+  json.json_schema = kJsonObjectSchema;
+  GenerationParams schema = no_eos_params(48);
+  schema.json_schema = R"({"type": "object", "properties": {"kind": {"enum": ["a", "bc", 7]},
+      "n": {"type": "integer"}, "tags": {"type": "array", "items": {"type": ["string", "null"]}}},
+      "required": ["kind", "n"]})";
   const std::vector<int32_t> prompt = prompt_ids(*cpu, 150);
-  for (const GenerationParams& params : {penalties, json}) {
+  for (const GenerationParams& params : {penalties, json, schema}) {
     auto want = cpu->generate(prompt, params, {});
     auto got = gpu->generate(prompt, params, {});
     ASSERT_TRUE(want.ok()) << want.error().message;
     ASSERT_TRUE(got.ok()) << got.error().message;
-    EXPECT_EQ(got->tokens, want->tokens) << c.name << (params.json_object ? " json" : "");
+    EXPECT_EQ(got->tokens, want->tokens) << c.name << " " << params.json_schema;
   }
 }
 
@@ -212,7 +216,7 @@ TEST_P(CudaEngineTest, JsonModeSamplesPrefixesOfAnObject) {
   auto gpu = load(c, Device::kCuda);
   ASSERT_TRUE(gpu);
   GenerationParams params = no_eos_params(48);
-  params.json_object = true;
+  params.json_schema = kJsonObjectSchema;
   params.sampling.temperature = 0.9f;
   params.sampling.top_p = 0.95f;
   const Tokenizer& t = *gpu->tokenizer();
@@ -220,9 +224,11 @@ TEST_P(CudaEngineTest, JsonModeSamplesPrefixesOfAnObject) {
     params.sampling.seed = seed;
     auto r = gpu->generate(prompt_ids(*gpu, 150), params, {});
     ASSERT_TRUE(r.ok()) << r.error().message;
-    JsonState s;
-    for (int32_t id : r->tokens) ASSERT_TRUE(s.advance(t.token_bytes(id))) << c.name << r->text;
-    EXPECT_EQ(s.complete(), r->finish_reason == "stop") << c.name;
+    JsonRecognizer rec(JsonGrammar::compile(kJsonObjectSchema).value());
+    JsonState s = rec.start();
+    for (int32_t id : r->tokens)
+      ASSERT_TRUE(rec.advance(s, t.token_bytes(id))) << c.name << r->text;
+    EXPECT_EQ(rec.finished(s), r->finish_reason == "stop") << c.name;
   }
 }
 

@@ -1,7 +1,9 @@
-// JSON mode: JsonState recognizes exactly the prefixes of one JSON object (checked byte by byte
-// and against nlohmann's parser), JsonConstraint's trie walk allows exactly the tokens whose bytes
-// the state takes (against a token-by-token check over real vocabularies), and
-// Tokenizer::token_bytes spells each token's bytes.
+// Constrained JSON: JSON mode's recognizer takes exactly the prefixes of one JSON object (checked
+// byte by byte and against nlohmann's parser); a JSON Schema's grammar takes its documents and
+// refuses the rest at the first impossible byte, and every document a random walk through it
+// finishes is one the schema accepts (tests' own tree-based check); JsonConstraint's trie walk
+// allows exactly the tokens whose bytes the state takes (against a token-by-token check over real
+// vocabularies), and Tokenizer::token_bytes spells each token's bytes.
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -11,6 +13,7 @@
 #include <vector>
 
 #include "engine/json_constraint.h"
+#include "json_schema_check.h"
 #include "model/tokenizer/tokenizer.h"
 
 #ifndef QS_SOURCE_DIR
@@ -26,15 +29,31 @@ struct Verdict {
   bool complete = false;
 };
 
-Verdict run(std::string_view text) {
-  JsonState s;
+JsonRecognizer recognizer(std::string_view schema) {
+  auto g = JsonGrammar::compile(schema);
+  EXPECT_TRUE(g.ok()) << g.error().message;
+  return JsonRecognizer(std::move(g).value());
+}
+
+// JSON mode's (one for the tests that share it).
+JsonRecognizer& object_mode() {
+  static JsonRecognizer rec = recognizer(kJsonObjectSchema);
+  return rec;
+}
+
+Verdict run(JsonRecognizer& rec, std::string_view text) {
+  JsonState s = rec.start();
   Verdict v;
   for (char c : text) {
-    if (!s.advance(static_cast<uint8_t>(c))) return v;
+    if (!rec.advance(s, static_cast<uint8_t>(c))) return v;
     ++v.taken;
   }
-  v.complete = s.complete();
+  v.complete = rec.finished(s);
   return v;
+}
+
+Verdict run(std::string_view text) {
+  return run(object_mode(), text);
 }
 
 const std::vector<std::string> kValid = {
@@ -49,13 +68,14 @@ const std::vector<std::string> kValid = {
 };
 
 TEST(JsonState, TakesWholeObjectsAndCompletesOnlyAtTheirEnd) {
+  JsonRecognizer& rec = object_mode();
   for (const std::string& doc : kValid) {
-    JsonState s;
+    JsonState s = rec.start();
     for (size_t i = 0; i < doc.size(); ++i) {
-      ASSERT_FALSE(s.complete()) << doc << " complete after " << i << " bytes";
-      ASSERT_TRUE(s.advance(static_cast<uint8_t>(doc[i]))) << doc << " refused byte " << i;
+      ASSERT_FALSE(rec.accepting(s)) << doc << " complete after " << i << " bytes";
+      ASSERT_TRUE(rec.advance(s, static_cast<uint8_t>(doc[i]))) << doc << " refused byte " << i;
     }
-    EXPECT_TRUE(s.complete()) << doc;
+    EXPECT_TRUE(rec.finished(s)) << doc;
     EXPECT_TRUE(nlohmann::json::accept(doc)) << doc;
   }
 }
@@ -156,20 +176,20 @@ TEST(JsonState, AgreesWithAParserOnMutatedDocuments) {
 }
 
 // Every byte prefix of the documents: the states a generation meets.
-std::vector<JsonState> states_of_documents() {
+std::vector<JsonState> states_of(JsonRecognizer& rec, const std::vector<std::string>& docs) {
   std::vector<JsonState> out;
-  for (const std::string& doc : kValid) {
-    JsonState s;
+  for (const std::string& doc : docs) {
+    JsonState s = rec.start();
     out.push_back(s);
     for (char c : doc) {
-      EXPECT_TRUE(s.advance(static_cast<uint8_t>(c)));
+      EXPECT_TRUE(rec.advance(s, static_cast<uint8_t>(c))) << doc;
       out.push_back(s);
     }
   }
   return out;
 }
 
-class JsonVocab : public ::testing::TestWithParam<const char*> {
+class JsonTokens : public ::testing::TestWithParam<const char*> {
  protected:
   Tokenizer tokenizer = [] {
     auto t =
@@ -179,7 +199,7 @@ class JsonVocab : public ::testing::TestWithParam<const char*> {
   }();
 };
 
-TEST_P(JsonVocab, TokenBytesSpellTheText) {
+TEST_P(JsonTokens, TokenBytesSpellTheText) {
   const std::string text =
       "{\"k\": [1, -2.5e3], \"s\": \"caf\xc3\xa9 \xe2\x82\xac\xf0\x9f\x98\x80\"}";
   const std::vector<int32_t> ids = tokenizer.encode(text, false);
@@ -189,59 +209,259 @@ TEST_P(JsonVocab, TokenBytesSpellTheText) {
   EXPECT_TRUE(joined == text || joined == " " + text) << joined;
 }
 
-TEST_P(JsonVocab, TheTrieWalkAllowsExactlyTheTokensTheStateTakes) {
+// Schemas and documents they accept: each schema's documents, then what they are written in.
+struct SchemaCase {
+  const char* name;
+  std::string schema;
+  std::vector<std::string> valid;
+  // (text, the part it is refused at: the bytes before its first occurrence are taken)
+  std::vector<std::pair<std::string, std::string>> refused;
+};
+
+const std::vector<SchemaCase>& schema_cases() {
+  static const std::vector<SchemaCase> cases = {
+      {"person",
+       R"({"type": "object", "properties": {
+             "name": {"type": "string", "minLength": 1, "maxLength": 5},
+             "age": {"type": "integer", "description": "years"},
+             "tags": {"type": "array", "items": {"enum": ["a", "bc"]}, "maxItems": 2},
+             "ok": {"type": "boolean"}},
+           "required": ["name", "age"], "title": "Person"})",
+       {R"({"name":"Al","age":30})",
+        R"({ "name" : "Bob" , "age" : -1 , "tags" : ["a","bc"], "ok": true })",
+        "{\"name\":\"\xc3\xa9\xe2\x82\xac\xf0\x9f\x98\x80\",\"age\":0,\"ok\":false}",
+        R"({"name":"a\"\u00e9","age":1,"tags":[]})"},
+       {{R"({"age":30})", "age"},                                      // name comes first
+        {R"({"name":"","age":1})", "\",\"age"},                        // minLength
+        {R"({"name":"abcdef","age":1})", "f\""},                       // maxLength
+        {R"({"name":"a","age":1.5})", ".5"},                           // an integer
+        {R"({"name":"a","age":1,"tags":["a","bc","a"]})", ",\"a\"]"},  // maxItems
+        {R"({"name":"a","age":1,"tags":["b"]})", "\"]"},               // enum ("b" starts "bc")
+        {R"({"name":"a","age":1,"x":1})", "x\""},                      // no other keys
+        {R"({"name":"a","name":"b","age":1})", "name\":\"b"},          // each key once
+        {R"({"name":"a","age":1,"ok":tru})", "}"},                     //
+        {R"({"name":"a"})", "}"}}},                                    // age is required
+      {"tree or list",
+       R"({"$defs": {"node": {"type": "object", "properties": {
+             "v": {"type": ["integer", "null"]},
+             "kids": {"type": "array", "items": {"$ref": "#/$defs/node"}}},
+           "required": ["v"]}},
+           "anyOf": [{"$ref": "#/$defs/node"},
+                     {"type": "object", "properties": {"v": {"type": "string"}}, "required": ["v"]},
+                     {"type": "array", "items": {"type": "number"}, "minItems": 1}]})",
+       {R"({"v":1,"kids":[{"v":null},{"v":2,"kids":[{"v":3}]}]})", R"({"v":"s"})",
+        R"([1.5, -2e3, 0])"},
+       {{R"({"v":true})", "true"},
+        {"[]", "]"},
+        {R"({"v":"s","kids":[]})", ",\"kids"},
+        {R"({"v":1,"kids":[{"kids":[]}]})", "kids\":[]}]"}}},
+      {"other keys",
+       R"({"type": "object", "properties": {"id": {"type": "integer"}},
+           "additionalProperties": {"type": "string"}})",
+       {R"({"id":1,"x":"y"})", R"({"x":"y","id":2,"z":""})", "{}"},
+       {{R"({"id":1,"id":2})", "\":2}"}, {R"({"x":1})", "1}"}, {R"({"i\u0064":"s"})", "\\u"}}},
+      {"literals",
+       R"({"enum": ["red", "green", 1, 12, [1, 2], {"a": null}]})",
+       {R"("red")", "1", "12", "[1,2]", R"({"a":null})"},
+       {{"[1, 2]", " 2"}, {R"("blue")", "blue"}, {"13", "3"}, {R"("red" )", " "}}},
+      {"integer", R"({"type": "integer"})", {"12", "-0", "7"}, {{"1.0", ".0"}, {"01", "1"}}},
+      {"any", "{}", {R"("s")", "[1,{}]", "null", R"({"a":[{}]})", "-1.5e3"}, {{"[1,]", "]"}}},
+      {"json mode",
+       std::string(kJsonObjectSchema),
+       {"{}", R"({"a":[1,"b",{"c":null}]})"},
+       {{"[]", "[]"}, {R"({"a":1} )", " "}}},
+  };
+  return cases;
+}
+
+TEST(JsonSchema, TakesItsDocumentsAndRefusesAtTheFirstImpossibleByte) {
+  for (const SchemaCase& c : schema_cases()) {
+    JsonRecognizer rec = recognizer(c.schema);
+    const auto schema = testing::OrderedJson::parse(c.schema);
+    for (const std::string& doc : c.valid) {
+      JsonState s = rec.start();
+      EXPECT_TRUE(rec.advance(s, doc)) << c.name << ": " << doc;
+      EXPECT_TRUE(rec.accepting(s)) << c.name << ": " << doc;
+      const auto value = testing::OrderedJson::parse(doc);
+      EXPECT_TRUE(testing::schema_accepts(schema, value, schema)) << c.name << ": " << doc;
+    }
+    for (const auto& [text, at] : c.refused) {
+      const size_t want = text.find(at);
+      ASSERT_NE(want, std::string::npos) << text;
+      const Verdict v = run(rec, text);
+      EXPECT_EQ(v.taken, want) << c.name << ": " << text;
+      EXPECT_FALSE(v.complete) << c.name << ": " << text;
+    }
+  }
+}
+
+TEST(JsonSchema, EndsWhereTheDocumentIsWhole) {
+  JsonRecognizer number = recognizer(R"({"type": "number"})");
+  JsonState s = number.start();
+  ASSERT_TRUE(number.advance(s, "12"));
+  EXPECT_TRUE(number.accepting(s));  // may end, or go on: "123"
+  EXPECT_FALSE(number.finished(s));
+  JsonRecognizer object = recognizer(R"({"properties": {"a": {"const": true}}})");
+  s = object.start();
+  ASSERT_TRUE(object.advance(s, R"({"a":true)"));
+  EXPECT_FALSE(object.accepting(s));
+  ASSERT_TRUE(object.advance(s, "}"));
+  EXPECT_TRUE(object.finished(s));
+}
+
+TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {R"({"type": "string", "pattern": "a+"})", "at '#': 'pattern' is not supported"},
+      {R"({"properties": {"age": {"type": "integer", "minimum": 0}}})",
+       "at '#/properties/age': 'minimum' is not supported"},
+      {R"({"type": "strin"})", "unknown type \"strin\""},
+      {R"({"$ref": "#/$defs/missing"})", "names nothing in the schema"},
+      {R"({"$ref": "https://example.com/s.json"})", "only references inside the schema"},
+      {R"({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"})",
+       "refers to itself with no value in between"},
+      {R"({"type": "object", "required": ["x"]})", "required \"x\" is not one of 'properties'"},
+      {R"({"allOf": [{}, {}]})", "'allOf' of more than one schema is not supported"},
+      {R"({"type": "string", "anyOf": [{}]})", "'anyOf' beside other constraints"},
+      {R"({"type": "array", "items": [{}]})", "a tuple) is not supported"},
+      {R"({"enum": []})", "the schema accepts no value"},
+      {R"({"type": "array", "minItems": 2, "maxItems": 1})", "the schema accepts no value"},
+      {R"({"properties": {"a": false}, "required": ["a"]})", "the schema accepts no value"},
+      {"{\"type\": ", "not valid JSON"},
+      {"3", "a schema must be an object or a boolean, got integer"},
+      {R"({"type": "string", "maxLength": 70000})", "'maxLength' above 65535 is not supported"},
+      {R"({"type": "array", "minItems": -1})", "'minItems' must be a non-negative integer"},
+  };
+  for (const auto& [schema, want] : cases) {
+    auto g = JsonGrammar::compile(schema);
+    ASSERT_FALSE(g.ok()) << schema;
+    EXPECT_NE(g.error().message.find(want), std::string::npos) << schema << "\n"
+                                                               << g.error().message;
+  }
+}
+
+// Random walks through each grammar, each byte drawn among those it takes (closing ones favoured
+// as the text grows): no walk meets a dead end (a text no byte continues is whole), and every
+// text a walk ends (where the grammar says it may) is one the schema accepts.
+TEST(JsonSchema, RandomWalksEndInDocumentsTheSchemaAccepts) {
+  std::mt19937 rng(3);
+  for (const SchemaCase& c : schema_cases()) {
+    JsonRecognizer rec = recognizer(c.schema);
+    const auto schema = testing::OrderedJson::parse(c.schema);
+    int ended = 0;
+    for (int walk = 0; walk < 100; ++walk) {
+      JsonState s = rec.start();
+      std::string text;
+      while (!rec.finished(s) && text.size() < 3000) {
+        const double hurry = std::min(0.95, static_cast<double>(text.size()) / 200.0);
+        if (rec.accepting(s) && std::uniform_real_distribution<>(0, 1)(rng) < hurry) break;
+        std::vector<uint8_t> takes, closing;
+        for (int b = 0; b < 256; ++b) {
+          JsonState t;
+          if (!rec.advance_into(s, static_cast<uint8_t>(b), t)) continue;
+          takes.push_back(static_cast<uint8_t>(b));
+          if (std::string_view("\"}]0").find(static_cast<char>(b)) != std::string_view::npos) {
+            closing.push_back(static_cast<uint8_t>(b));
+          }
+        }
+        if (takes.empty()) {  // e.g. an integer's leading 0 at the top: nothing may follow
+          ASSERT_TRUE(rec.accepting(s)) << c.name << ": a dead end after " << text;
+          break;
+        }
+        const bool close = !closing.empty() && std::uniform_real_distribution<>(0, 1)(rng) < hurry;
+        const std::vector<uint8_t>& from = close ? closing : takes;
+        const uint8_t b = from[rng() % from.size()];
+        ASSERT_TRUE(rec.advance(s, b));
+        text += static_cast<char>(b);
+      }
+      if (!rec.accepting(s)) continue;
+      ++ended;
+      testing::OrderedJson value;
+      try {
+        value = testing::OrderedJson::parse(text);
+      } catch (const testing::OrderedJson::out_of_range&) {
+        continue;  // a number past a double's range: JSON's grammar has no bound
+      } catch (const testing::OrderedJson::exception& e) {
+        if (text.find("\\u") != std::string::npos) continue;  // unpaired surrogates
+        FAIL() << c.name << ": " << e.what() << "\n" << text;
+      }
+      EXPECT_TRUE(testing::schema_accepts(schema, value, schema)) << c.name << ": " << text;
+    }
+    EXPECT_GT(ended, 70) << c.name;
+  }
+}
+
+TEST_P(JsonTokens, TheTrieWalkAllowsExactlyTheTokensTheStateTakes) {
   const int vocab = tokenizer.vocab_size() + 3;  // logit rows past the tokenizer's: never allowed
   const std::vector<int32_t> eos = tokenizer.eos_ids();
-  auto made = JsonConstraint::create(tokenizer, vocab, eos);
+  auto made = JsonVocab::create(tokenizer, vocab, eos);
   ASSERT_TRUE(made.ok()) << made.error().message;
-  JsonConstraint& json = **made;
   std::vector<bool> is_eos(static_cast<size_t>(vocab), false);
   for (int32_t id : eos) is_eos[static_cast<size_t>(id)] = true;
   int states = 0;
-  for (const JsonState& s : states_of_documents()) {
-    const std::vector<uint64_t> bits = json.allowed(s);  // a copy: the cache may move on
-    int allowed = 0;
-    for (int32_t id = 0; id < vocab; ++id) {
-      const bool got = (bits[static_cast<size_t>(id) / 64] >> (id % 64)) & 1u;
-      bool want = false;
-      if (s.complete()) {
-        want = is_eos[static_cast<size_t>(id)];
-      } else if (id < tokenizer.vocab_size() && !tokenizer.is_special(id)) {
-        const std::string b = tokenizer.token_bytes(id);
-        JsonState t = s;
-        want = !b.empty() && t.advance(b);
-        JsonState u = s;
-        EXPECT_EQ(json.advance(u, id), want) << "token " << id;
-        if (want) {
-          EXPECT_TRUE(u == t);
+  std::vector<std::pair<std::string, std::vector<std::string>>> grammars = {
+      {std::string(kJsonObjectSchema), kValid}};
+  for (const SchemaCase& c : schema_cases()) grammars.emplace_back(c.schema, c.valid);
+  for (const auto& [schema, docs] : grammars) {
+    auto g = JsonGrammar::compile(schema);
+    ASSERT_TRUE(g.ok()) << g.error().message;
+    auto constraint = JsonConstraint::create(*made, std::move(g).value());
+    ASSERT_TRUE(constraint.ok()) << constraint.error().message;
+    JsonConstraint& json = **constraint;
+    JsonRecognizer& rec = json.recognizer();
+    for (const JsonState& s : states_of(rec, docs)) {
+      const std::vector<uint64_t> bits = json.allowed(s);  // a copy: the cache may move on
+      int allowed = 0;
+      for (int32_t id = 0; id < vocab; ++id) {
+        const bool got = (bits[static_cast<size_t>(id) / 64] >> (id % 64)) & 1u;
+        bool want = false;
+        if (rec.finished(s)) {
+          want = is_eos[static_cast<size_t>(id)];
+        } else if (is_eos[static_cast<size_t>(id)]) {
+          want = rec.accepting(s);
+        } else if (id < tokenizer.vocab_size() && !tokenizer.is_special(id)) {
+          const std::string b = tokenizer.token_bytes(id);
+          JsonState t = s;
+          want = !b.empty() && rec.advance(t, b);
+          JsonState u = s;
+          EXPECT_EQ(json.advance(u, id), want) << "token " << id;
+          if (want) {
+            EXPECT_TRUE(u == t);
+          }
         }
+        ASSERT_EQ(got, want) << "token " << id << " '" << tokenizer.token_bytes(id) << "' in "
+                             << schema;
+        allowed += got;
       }
-      ASSERT_EQ(got, want) << "token " << id << " '" << tokenizer.token_bytes(id) << "'";
-      allowed += got;
+      EXPECT_GT(allowed, 0);
+      ++states;
     }
-    EXPECT_GT(allowed, 0);
-    ++states;
   }
-  EXPECT_GT(states, 250);
+  EXPECT_GT(states, 600);
 }
 
-INSTANTIATE_TEST_SUITE_P(Tokenizers, JsonVocab, ::testing::Values("bytelevel", "spm"));
+INSTANTIATE_TEST_SUITE_P(Tokenizers, JsonTokens, ::testing::Values("bytelevel", "spm"));
 
 TEST(JsonConstraint, SmallVocabularies) {
   auto t = Tokenizer::load(std::filesystem::path(QS_SOURCE_DIR) / "models/tokenizers/bytelevel");
   ASSERT_TRUE(t.ok());
-  std::vector<std::string> bytes{"{", "}", "\""};
-  JsonConstraint small(bytes, {});
-  JsonState s;
+  auto bytes = std::make_shared<const JsonVocab>(std::vector<std::string>{"{", "}", "\""},
+                                                 std::vector<int32_t>{});
+  JsonConstraint small(bytes, JsonGrammar::compile(kJsonObjectSchema).value());
+  JsonState s = small.start();
   EXPECT_TRUE(small.advance(s, 0));
   EXPECT_FALSE(small.advance(s, 0));  // "{{"
   EXPECT_TRUE(small.advance(s, 1));
-  EXPECT_TRUE(s.complete());
+  EXPECT_TRUE(small.finished(s));
   // A vocabulary of one token cannot spell every byte JSON needs.
-  auto clipped = JsonConstraint::create(*t, 1, {});
+  auto clipped = JsonVocab::create(*t, 1, {});
   ASSERT_FALSE(clipped.ok());
   EXPECT_NE(clipped.error().message.find("no token for the single byte"), std::string::npos)
       << clipped.error().message;
+  // Nor the bytes of a schema's names and values.
+  auto named = JsonConstraint::create(bytes, JsonGrammar::compile(R"({"const": "x"})").value());
+  ASSERT_FALSE(named.ok());
+  EXPECT_NE(named.error().message.find("single byte 0x78"), std::string::npos)
+      << named.error().message;
 }
 
 }  // namespace

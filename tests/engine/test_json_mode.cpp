@@ -1,8 +1,9 @@
-// JSON mode through the engine (GenerationParams::json_object) on the committed test models with
-// their tokenizers (byte-level BPE and SentencePiece-style): every output is a prefix of one JSON
-// object, a complete one ends the generation, greedy QuantSpec emits what greedy AR INT8 emits
-// in JSON mode, and log-probabilities name no token the mask removed. The sampling law under the
-// mask is Drafts/Distribution's quantspec_json case (test_quantspec.cpp).
+// JSON output through the engine (GenerationParams::json_schema) on the committed test models with
+// their tokenizers (byte-level BPE and SentencePiece-style), in JSON mode and under a JSON Schema:
+// every output is a prefix of one document the schema accepts, a complete one ends the
+// generation, greedy QuantSpec emits what greedy AR INT8 emits under the same constraint, and
+// log-probabilities name no token the mask removed. The sampling law under the mask is
+// Drafts/Distribution's quantspec_json case (test_quantspec.cpp).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -13,6 +14,7 @@
 
 #include "engine/json_constraint.h"
 #include "engine/llm_engine.h"
+#include "json_schema_check.h"
 #include "tiny_model.h"
 
 #ifndef QS_SOURCE_DIR
@@ -21,6 +23,21 @@
 
 namespace qs {
 namespace {
+
+// Every kind of node: listed and optional properties, an enum, a bounded string and array, a
+// union through a reference.
+constexpr const char* kSchema = R"({
+  "type": "object",
+  "properties": {
+    "name": {"type": "string", "maxLength": 12},
+    "size": {"enum": ["small", "large", 3]},
+    "tags": {"type": "array", "items": {"$ref": "#/$defs/tag"}, "maxItems": 3},
+    "score": {"type": "number"}
+  },
+  "required": ["name", "size"],
+  "$defs": {"tag": {"anyOf": [{"type": "integer"}, {"type": "string", "maxLength": 4},
+                               {"type": "null"}]}}
+})";
 
 class JsonMode : public ::testing::TestWithParam<const char*> {
  protected:
@@ -44,30 +61,52 @@ class JsonMode : public ::testing::TestWithParam<const char*> {
   }
 
   // A prompt, and closing tokens favoured so that random weights finish some objects.
-  GenerationParams params(const Tokenizer& t, int n, float temperature, uint64_t seed) {
+  GenerationParams params(const Tokenizer& t, int n, float temperature, uint64_t seed,
+                          std::string_view schema = kJsonObjectSchema) {
     GenerationParams p;
     p.max_new_tokens = n;
     p.sampling.temperature = temperature;
     p.sampling.seed = seed;
-    p.json_object = true;
+    p.json_schema = schema;
     for (const char* b : {"\"", "}", ":", ","}) p.adjust.logit_bias.emplace_back(id_of(t, b), 4.0f);
     return p;
   }
 
   // The output's bytes are taken by the grammar; complete exactly when it finished with "stop",
-  // and then the text parses as one object.
-  static void expect_json(const Tokenizer& t, const GenerationResult& r, int n) {
-    JsonState s;
-    for (int32_t id : r.tokens) ASSERT_TRUE(s.advance(t.token_bytes(id))) << r.text;
+  // and then the text parses as one document the schema accepts.
+  static void expect_json(const Tokenizer& t, const GenerationResult& r, int n,
+                          std::string_view schema = kJsonObjectSchema) {
+    JsonRecognizer rec(JsonGrammar::compile(schema).value());
+    JsonState s = rec.start();
+    for (int32_t id : r.tokens) ASSERT_TRUE(rec.advance(s, t.token_bytes(id))) << r.text;
     if (r.finish_reason == "stop") {
-      EXPECT_TRUE(s.complete()) << r.text;
-      const nlohmann::json parsed = nlohmann::json::parse(r.text);
-      EXPECT_TRUE(parsed.is_object()) << r.text;
+      EXPECT_TRUE(rec.finished(s)) << r.text;
+      const auto parsed = testing::OrderedJson::parse(r.text);
+      const auto want = testing::OrderedJson::parse(schema);
+      EXPECT_TRUE(testing::schema_accepts(want, parsed, want)) << r.text;
     } else {
       EXPECT_EQ(r.finish_reason, "length");
-      EXPECT_FALSE(s.complete()) << r.text;
+      EXPECT_FALSE(rec.finished(s)) << r.text;
       EXPECT_EQ(static_cast<int>(r.tokens.size()), n);
     }
+  }
+
+  // Six seeds on each engine: every output passes expect_json, and some finish (so that the
+  // finished case is exercised too).
+  void expect_sampled_documents(Engine& ar, Engine& spec, const char* text, int n,
+                                std::string_view schema) {
+    const Tokenizer& t = *ar.tokenizer();
+    const std::vector<int32_t> prompt = t.encode(text, true);
+    int complete = 0;
+    for (uint64_t seed = 1; seed <= 6; ++seed) {
+      for (Engine* e : {&ar, &spec}) {
+        auto r = e->generate(prompt, params(t, n, 1.0f, seed, schema), nullptr);
+        ASSERT_TRUE(r.ok()) << r.error().message;
+        expect_json(t, *r, n, schema);
+        complete += r->finish_reason == "stop";
+      }
+    }
+    EXPECT_GT(complete, 0);
   }
 };
 
@@ -75,18 +114,23 @@ TEST_P(JsonMode, SampledOutputsArePrefixesOfOneObject) {
   auto ar = load(DecodeMode::kAr);
   auto spec = load(DecodeMode::kQuantSpec, 3);
   ASSERT_TRUE(ar && spec);
+  expect_sampled_documents(*ar, *spec, "Answer in JSON: what is 2 + 2?", 60, kJsonObjectSchema);
+}
+
+TEST_P(JsonMode, SchemaOutputsAreDocumentsItAccepts) {
+  auto ar = load(DecodeMode::kAr);
+  auto spec = load(DecodeMode::kQuantSpec, 3);
+  ASSERT_TRUE(ar && spec);
+  expect_sampled_documents(*ar, *spec, "Describe the box in JSON:", 80, kSchema);
   const Tokenizer& t = *ar->tokenizer();
-  const std::vector<int32_t> prompt = t.encode("Answer in JSON: what is 2 + 2?", true);
-  int complete = 0;
-  for (uint64_t seed = 1; seed <= 6; ++seed) {
-    for (Engine* e : {ar.get(), spec.get()}) {
-      auto r = e->generate(prompt, params(t, 60, 1.0f, seed), nullptr);
-      ASSERT_TRUE(r.ok()) << r.error().message;
-      expect_json(t, *r, 60);
-      complete += r->finish_reason == "stop";
-    }
-  }
-  EXPECT_GT(complete, 0);  // the finished case is exercised too
+  const std::vector<int32_t> prompt = t.encode("Describe the box in JSON:", true);
+  // Greedy: QuantSpec's tokens are AR INT8's under the same schema.
+  GenerationParams p = params(t, 80, 0.0f, 1, kSchema);
+  auto want = ar->generate(prompt, p, nullptr);
+  auto got = spec->generate(prompt, p, nullptr);
+  ASSERT_TRUE(want.ok() && got.ok());
+  expect_json(t, *want, 80, kSchema);
+  EXPECT_EQ(got->tokens, want->tokens);
 }
 
 TEST_P(JsonMode, GreedyQuantSpecEqualsGreedyArInt8) {
@@ -118,15 +162,16 @@ TEST_P(JsonMode, LogprobsNameOnlyAllowedTokens) {
   auto r = spec->generate(t.encode("JSON:", true), p, nullptr);
   ASSERT_TRUE(r.ok()) << r.error().message;
   ASSERT_EQ(r->logprobs.size(), r->tokens.size());
-  JsonState s;
+  JsonRecognizer rec(JsonGrammar::compile(kJsonObjectSchema).value());
+  JsonState s = rec.start();
   for (const TokenLogprob& lp : r->logprobs) {
     EXPECT_TRUE(std::isfinite(lp.logprob));
     for (const auto& [id, v] : lp.top) {
       EXPECT_TRUE(std::isfinite(v));
       JsonState u = s;
-      EXPECT_TRUE(u.advance(t.token_bytes(id))) << "alternative '" << t.token_bytes(id) << "'";
+      EXPECT_TRUE(rec.advance(u, t.token_bytes(id))) << "alternative '" << t.token_bytes(id) << "'";
     }
-    ASSERT_TRUE(s.advance(t.token_bytes(lp.id)));
+    ASSERT_TRUE(rec.advance(s, t.token_bytes(lp.id)));
   }
 }
 
@@ -142,10 +187,10 @@ TEST(JsonModeErrors, AModelWithoutATokenizerIsRefused) {
       testing::make_tiny_engine(tiny, testing::engine_test_options(DecodeMode::kAr, KvType::kInt8));
   ASSERT_TRUE(e);
   GenerationParams p = testing::greedy_params(4);
-  p.json_object = true;
+  p.json_schema = kJsonObjectSchema;
   auto r = e->generate(testing::random_prompt(5, testing::kEngineTestVocab, 1), p, nullptr);
   ASSERT_FALSE(r.ok());
-  EXPECT_NE(r.error().message.find("JSON mode needs the model's tokenizer"), std::string::npos)
+  EXPECT_NE(r.error().message.find("JSON output needs the model's tokenizer"), std::string::npos)
       << r.error().message;
 }
 

@@ -363,7 +363,10 @@ class Distribution : public ::testing::TestWithParam<DistributionCase> {
   Model draft{cfg, draft_w.weights, backend};
   const bool sparse = GetParam() == kSparseDraft;
   // JSON mode's vocabulary: token 7 ends the text.
-  JsonConstraint json{{"{", "}", "\"", "a", ":", "1", " {\"", ""}, {7}};
+  JsonConstraint json{std::make_shared<const JsonVocab>(
+                          std::vector<std::string>{"{", "}", "\"", "a", ":", "1", " {\"", ""},
+                          std::vector<int32_t>{7}),
+                      JsonGrammar::compile(kJsonObjectSchema).value()};
   const LogitAdjust adjust = [this] {
     LogitAdjust a;
     if (GetParam() == kJsonQuantSpec) a.json = &json;

@@ -317,6 +317,76 @@ def test_prompt_cache_keeps_the_previous_requests_tokens(start_server, chat_mode
         fresh.stop()
 
 
+def ar_int8_and_quantspec(start_server, chat_models, request):
+    """The first choice of `request` (a chat) on an AR INT8 server and on a QuantSpec server."""
+    ar8 = start_server("-m", chat_models["llama3-tiny"], "--ctx", "1024", "--kv", "int8", "--group-size", "32")
+    spec = start_server("-m", chat_models["llama3-tiny"], "--ctx", "1024", "--mode", "quantspec",
+                        "--group-size", "32", "--gamma", "4")
+    try:
+        got = []
+        for s in (ar8, spec):
+            c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+            got.append(c.chat.completions.create(**request).choices[0])
+        return got
+    finally:
+        ar8.stop()
+        spec.stop()
+
+
+def test_chat_json_schema(client, start_server, chat_models):
+    """response_format json_schema, as the openai client's parse() sends it from a pydantic model: a
+    finished message is a document the schema accepts (jsonschema's check and pydantic's), its
+    properties in the schema's order; streamed equals not streamed; QuantSpec's greedy message is
+    AR INT8's."""
+    import jsonschema
+    from typing import Annotated, Literal, Optional
+
+    from pydantic import BaseModel, Field
+
+    class Box(BaseModel):  # properties out of alphabetical order, as users write them
+        size: Literal["small", "large"]
+        name: Annotated[str, Field(max_length=8)]
+        tags: Annotated[list[Annotated[str, Field(max_length=6)]], Field(max_length=2)]
+        weight: Optional[int]
+
+    tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
+    bias = {str(tok.token_to_id(p)): 4 for p in ('"', "}", ",", "]")}
+    messages = [{"role": "user", "content": "Describe a box in JSON."}]
+    finished = 0
+    for seed in range(1, 7):
+        try:
+            r = client.chat.completions.parse(model="x", messages=messages, max_tokens=80, temperature=1.0,
+                                              seed=seed, logit_bias=bias, response_format=Box)
+        except openai.LengthFinishReasonError:
+            continue  # a prefix of one: the client refuses to parse it
+        content = r.choices[0].message.content
+        assert isinstance(r.choices[0].message.parsed, Box), content
+        doc = json.loads(content)
+        jsonschema.validate(doc, Box.model_json_schema())
+        assert [k for k in ("size", "name", "tags", "weight") if k in doc] == list(doc), content
+        finished += 1
+    assert finished > 0
+
+    schema = {"type": "object", "properties": {"b": {"enum": ["x", "yz"]}, "a": {"type": "integer"}},
+              "required": ["b", "a"], "additionalProperties": False}
+    bias[str(tok.token_to_id(":"))] = 4
+    kwargs = dict(model="x", messages=messages, max_tokens=150, temperature=0.8, seed=3, logit_bias=bias,
+                  response_format={"type": "json_schema", "json_schema": {"name": "ab", "schema": schema}})
+    choice = client.chat.completions.create(**kwargs).choices[0]
+    content = choice.message.content
+    chunks = list(client.chat.completions.create(stream=True, **kwargs))
+    assert "".join(c.choices[0].delta.content or "" for c in chunks) == content
+    assert choice.finish_reason == "stop", content  # an enum and an integer: short with the bias
+    doc = json.loads(content)
+    jsonschema.validate(doc, schema)
+    assert list(doc) == ["b", "a"], content
+
+    ar8, spec = ar_int8_and_quantspec(start_server, chat_models, dict(kwargs, temperature=0))
+    assert spec.message.content == ar8.message.content
+    if ar8.finish_reason == "stop":
+        jsonschema.validate(json.loads(ar8.message.content), schema)
+
+
 def test_chat_json_mode(client, start_server, chat_models):
     """response_format json_object: the message is a prefix of one JSON object (the whole object when
     it finished with "stop"), the same streamed, and QuantSpec's greedy message is AR INT8's."""
@@ -344,16 +414,6 @@ def test_chat_json_mode(client, start_server, chat_models):
     greedy = dict(model="x", messages=[{"role": "user", "content": "List three colors as JSON."}],
                   max_tokens=40, temperature=0, response_format={"type": "json_object"})
     want = client.chat.completions.create(**greedy).choices[0].message.content
-    ar8 = start_server("-m", chat_models["llama3-tiny"], "--ctx", "1024", "--kv", "int8", "--group-size", "32")
-    spec = start_server("-m", chat_models["llama3-tiny"], "--ctx", "1024", "--mode", "quantspec",
-                        "--group-size", "32", "--gamma", "4")
-    try:
-        got = {}
-        for name, s in (("ar-int8", ar8), ("quantspec", spec)):
-            c = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
-            got[name] = c.chat.completions.create(**greedy).choices[0].message.content
-        assert got["quantspec"] == got["ar-int8"]
-        assert got["ar-int8"].lstrip(" \t\r\n").startswith("{") and want.lstrip(" \t\r\n").startswith("{")
-    finally:
-        ar8.stop()
-        spec.stop()
+    ar8, spec = ar_int8_and_quantspec(start_server, chat_models, greedy)
+    assert spec.message.content == ar8.message.content
+    assert ar8.message.content.lstrip(" \t\r\n").startswith("{") and want.lstrip(" \t\r\n").startswith("{")

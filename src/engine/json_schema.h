@@ -1,0 +1,93 @@
+// A JSON Schema (OpenAI's response_format json_schema, structured outputs) compiled into the
+// grammar JsonRecognizer (json_constraint.h) follows byte by byte: a table of nodes, one per
+// kind of value a place in the document may hold, and tries of the literal texts (enum / const
+// values, object keys).
+//
+// The subset (docs in app/server/README.md, "JSON Schema"): type (a name or a list), enum, const,
+// anyOf / oneOf (followed as anyOf), allOf of one schema, $ref to "#..." (recursion included),
+// $defs / definitions, properties (generated in their order; those not in required may be left
+// out), required, additionalProperties (false when properties are given and it is not, as vLLM's
+// xgrammar does), items, minItems, maxItems, minLength, maxLength. Annotations (title,
+// description, default, examples, format, ...) and unknown keywords are ignored, as JSON Schema
+// says; the assertions this engine cannot enforce (pattern, minimum, uniqueItems, ...) are errors
+// that name them. An empty schema (or true) is any JSON value.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/error.h"
+
+namespace qs {
+
+// The JSON mode's schema (OpenAI's json_object): one object of any members.
+inline constexpr std::string_view kJsonObjectSchema = R"({"type":"object"})";
+
+struct JsonNode {
+  enum class Kind : uint8_t {
+    kObject,
+    kArray,
+    kString,
+    kNumber,
+    kInteger,   // a number without fraction or exponent
+    kLiterals,  // one of the texts of a literal trie (enum, const, true / false / null)
+    kUnion,     // any of `alternatives` (none of them a union)
+  };
+  struct Property {
+    std::string name;  // as it appears between the quotes (JSON-escaped)
+    int32_t value = -1;
+    bool required = false;
+  };
+  Kind kind = Kind::kUnion;
+  // kObject: the properties in generation order; `additional`: the node of any other key's value
+  // (-1: no other keys); `keys`: the root of the properties' names' trie (-1: no properties);
+  // `last_may[i]`: after properties [0, i) the last one that may come next (the first required
+  // one from i on, else the last); `last_required`: -1 if none.
+  std::vector<Property> properties;
+  int32_t additional = -1;
+  int32_t keys = -1;
+  std::vector<int32_t> last_may;
+  int32_t last_required = -1;
+  // kArray
+  int32_t items = -1;
+  int32_t min_items = 0, max_items = -1;  // -1: no bound
+  // kString: characters (code points; an escape is one)
+  int32_t min_length = 0, max_length = -1;
+  // kLiterals: the root of its trie
+  int32_t trie = -1;
+  // kUnion
+  std::vector<int32_t> alternatives;
+};
+
+// A node of the literal tries: its edges (byte, child) and, where a text ends, its value (the
+// property's index in a key trie, 0 in a value trie; -1 elsewhere). `below`: the values in the
+// subtree, ascending (key tries: whether a property that may come next is still reachable).
+struct JsonTrieNode {
+  std::vector<std::pair<uint8_t, int32_t>> edges;
+  int32_t value = -1;
+  std::vector<int32_t> below;
+};
+
+class JsonGrammar {
+ public:
+  // `schema`: the schema's JSON text. Errors name the place (a JSON pointer) and the keyword.
+  static Result<JsonGrammar> compile(std::string_view schema);
+
+  int32_t root() const { return root_; }
+  const JsonNode& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
+  const JsonTrieNode& trie(int32_t id) const { return tries_[static_cast<size_t>(id)]; }
+  int32_t child(int32_t trie, uint8_t byte) const;  // -1: none
+  // Every byte a literal trie spells (so that the vocabulary can be checked for them).
+  std::string literal_bytes() const;
+  size_t nodes() const { return nodes_.size(); }
+
+ private:
+  friend class JsonSchemaCompiler;
+  std::vector<JsonNode> nodes_;
+  std::vector<JsonTrieNode> tries_;
+  int32_t root_ = -1;
+};
+
+}  // namespace qs
