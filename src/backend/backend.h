@@ -487,6 +487,10 @@ class Backend {
   // a device backend uploads a weight on its first use otherwise.
   virtual void prepare_weights(const ModelWeights& weights) { (void)weights; }
 
+  // prepare_weights for 4-bit weights (a Model's draft weights, as they are made), so that the
+  // first draft step does not pay their upload.
+  virtual void prepare_weights4(const std::vector<const QuantizedWeight4*>& w) { (void)w; }
+
   // The 4-bit weights `w` are about to be freed (their owner, a Model's draft weights, goes or
   // replaces them): a device backend drops the copies it found by their host addresses, so that a
   // later weight allocated at one of those addresses is not taken for a stale copy of another.

@@ -399,7 +399,7 @@ Model::~Model() {
   drop_draft_weights();
 }
 
-void Model::drop_draft_weights() {
+std::vector<const QuantizedWeight4*> Model::draft_weights4() const {
   std::vector<const QuantizedWeight4*> w;
   for (const DraftLayer& D : draft_layers_) {
     for (const auto* p : {&D.wq, &D.wk, &D.wv, &D.wo, &D.w_gate, &D.w_up, &D.w_down}) {
@@ -407,6 +407,11 @@ void Model::drop_draft_weights() {
     }
   }
   if (draft_lm_head_) w.push_back(draft_lm_head_.get());
+  return w;
+}
+
+void Model::drop_draft_weights() {
+  const std::vector<const QuantizedWeight4*> w = draft_weights4();
   if (!w.empty()) backend_.forget_weights4(w);
   draft_layers_.clear();
   draft_lm_head_.reset();
@@ -438,6 +443,7 @@ Status Model::make_draft_weights(DraftWeights kind, int threads) {
   if (kind == DraftWeights::kInt4) {
     QS_ASSIGN_OR_RETURN(draft_lm_head_, quantize(weights_.lm_head));
   }
+  backend_.prepare_weights4(draft_weights4());  // resident now, as the target's weights are
   return Status::ok_status();
 }
 

@@ -172,6 +172,7 @@ class Model {
   // Drops the draft weights, after telling the backend (their device copies are found by host
   // address: a later weight at the same address must not be taken for one of them).
   void drop_draft_weights();
+  std::vector<const QuantizedWeight4*> draft_weights4() const;  // those there are
   // Layer l's draft copies on a draft path, else none (every entry null).
   const DraftLayer& draft_layer(int l, const ForwardPath& path) const;
   std::vector<DraftLayer> draft_layers_;

@@ -1280,6 +1280,10 @@ size_t CudaBackend::resident_weight_bytes() const {
   return impl_->resident_bytes + impl_->weights4.bytes();
 }
 
+void CudaBackend::prepare_weights4(const std::vector<const QuantizedWeight4*>& w) {
+  for (const QuantizedWeight4* q : w) impl_->weights4.resolve(*q, impl_->stream);
+}
+
 void CudaBackend::forget_weights4(const std::vector<const QuantizedWeight4*>& w) {
   // Runs from a Model's destructor: no abort on a failed stream (the backend is unusable then,
   // and its own teardown frees the copies).

@@ -100,6 +100,7 @@ class CudaBackend final : public Backend {
   void store_kv_row_pair(void* k_dst, void* v_dst, DType dst_dtype, const float* k, const float* v,
                          size_t n) override;
   void prepare_weights(const ModelWeights& weights) override;
+  void prepare_weights4(const std::vector<const QuantizedWeight4*>& w) override;
   void forget_weights4(const std::vector<const QuantizedWeight4*>& w) override;
   void bind_thread() override;
   void profile_region(bool begin) override;
