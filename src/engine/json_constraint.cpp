@@ -22,6 +22,7 @@ enum Mode : uint8_t {
   kEscape,    // after a backslash in a string
   kHex,       // in a \u escape (aux: hex digits still due)
   kLiteral,   // in a literal trie (trie: the bytes matched so far)
+  kNumStart,  // before a number's first byte (only while number_byte reads it)
   kMinus,     // a number's '-'
   kZero,      // a number's leading 0
   kInt,       // a number's integer digits after a leading 1-9
@@ -91,6 +92,11 @@ bool JsonState::operator==(const JsonState& o) const {
   return bytes() == o.bytes();
 }
 
+void JsonState::assign(const JsonState& o) {
+  n = o.n;
+  std::copy_n(o.threads.begin(), o.n, threads.begin());
+}
+
 std::string_view JsonState::bytes() const {
   return {reinterpret_cast<const char*>(threads.data()), n * sizeof(JsonThread)};
 }
@@ -148,6 +154,7 @@ void JsonRecognizer::set_index(JsonThread& t, int32_t index) {
 
 void JsonRecognizer::end_value(JsonThread t, uint8_t c, bool reread, Sink& out) {
   t.mode = t.frame < 0 ? kDone : kAfter;
+  t.value = 0;
   t.node = -1;
   t.trie = -1;
   t.count = 0;
@@ -179,17 +186,9 @@ void JsonRecognizer::start_value(JsonThread t, int32_t id, uint8_t c, Sink& out)
       break;
     case Kind::kNumber:
     case Kind::kInteger:
-      if (c == '-') {
-        t.mode = kMinus;
-      } else if (c == '0') {
-        t.mode = kZero;
-      } else if (c >= '1' && c <= '9') {
-        t.mode = kInt;
-      } else {
-        return;
-      }
+      t.mode = kNumStart;
       t.node = id;
-      break;
+      return number_byte(t, c, out);
     case Kind::kLiterals:
       t.mode = kLiteral;
       t.node = id;
@@ -283,6 +282,98 @@ void JsonRecognizer::string_byte(JsonThread t, uint8_t c, Sink& out) {
   out.add(t);
 }
 
+namespace {
+
+// A bounded integer's magnitude past every finite bound (digits beyond it change nothing).
+constexpr int64_t kClampedMagnitude = 2 * kJsonMaxBound;
+
+bool bounded(const JsonNode& n) {
+  return n.kind == JsonNode::Kind::kInteger &&
+         (n.minimum != -kJsonNoBound || n.maximum != kJsonNoBound);
+}
+
+// Whether the integer of sign `negative` and magnitude `p` lies within n's bounds.
+bool in_bounds(const JsonNode& n, bool negative, int64_t p) {
+  const __int128 v = negative ? -static_cast<__int128>(p) : p;
+  return v >= n.minimum && v <= n.maximum;
+}
+
+// Whether an integer whose digits so far make the magnitude `p` (`closed`: a leading 0, which no
+// digit follows) can still end within n's bounds: p itself, or p followed by j more digits, the
+// magnitudes [p * 10^j, (p + 1) * 10^j - 1].
+bool integer_viable(const JsonNode& n, bool negative, int64_t p, bool closed) {
+  if (in_bounds(n, negative, p)) return true;
+  if (closed || p == 0) return false;
+  // The magnitudes the bounds allow: [lo, hi], without hi where that side is unbounded.
+  const bool no_hi = negative ? n.minimum == -kJsonNoBound : n.maximum == kJsonNoBound;
+  if (no_hi) return true;
+  const __int128 lo = negative ? -static_cast<__int128>(n.maximum) : n.minimum;
+  const __int128 hi = negative ? -static_cast<__int128>(n.minimum) : n.maximum;
+  for (__int128 scale = 10;; scale *= 10) {
+    if (p * scale > hi) return false;
+    if ((p + 1) * scale - 1 >= lo) return true;
+  }
+}
+
+}  // namespace
+
+void JsonRecognizer::number_byte(JsonThread t, uint8_t c, Sink& out) {
+  const JsonNode& n = g_.node(t.node);
+  const bool integer = n.kind == JsonNode::Kind::kInteger;
+  const bool checked = bounded(n);
+  auto to = [&](uint8_t mode) {
+    t.mode = mode;
+    out.add(t);
+  };
+  // A digit of the integer part, into `mode` (kZero: a leading 0).
+  auto digit = [&](uint8_t mode) {
+    if (checked) {
+      const __int128 p = static_cast<__int128>(t.value) * 10 + (c - '0');
+      t.value = static_cast<int64_t>(std::min<__int128>(p, kClampedMagnitude));
+      if (!integer_viable(n, t.aux == 1, t.value, mode == kZero)) return;
+    }
+    to(mode);
+  };
+  switch (t.mode) {
+    case kNumStart:
+      if (c == '-') {
+        if (checked && n.minimum > 0) return;  // "-0" is 0: a minimum of 0 allows the sign
+        t.aux = 1;
+        return to(kMinus);
+      }
+      [[fallthrough]];
+    case kMinus:
+      if (c == '0') return digit(kZero);
+      if (c >= '1' && c <= '9') digit(kInt);
+      return;
+    case kZero:
+    case kInt:
+      if (t.mode == kInt && is_digit(c)) return digit(kInt);
+      if (!integer && c == '.') return to(kDot);
+      if (!integer && (c == 'e' || c == 'E')) return to(kExp);
+      if (checked && !in_bounds(n, t.aux == 1, t.value)) return;
+      return end_value(t, c, true, out);
+    case kDot:
+      if (is_digit(c)) to(kFrac);
+      return;
+    case kFrac:
+      if (is_digit(c)) return to(kFrac);
+      if (c == 'e' || c == 'E') return to(kExp);
+      return end_value(t, c, true, out);
+    case kExp:
+      if (c == '+' || c == '-') return to(kExpSign);
+      [[fallthrough]];
+    case kExpSign:
+      if (is_digit(c)) to(kExpInt);
+      return;
+    case kExpInt:
+      if (is_digit(c)) return to(kExpInt);
+      return end_value(t, c, true, out);
+    default:
+      return;
+  }
+}
+
 void JsonRecognizer::literal_byte(JsonThread t, uint8_t c, Sink& out) {
   enter_trie(t, g_.child(t.trie, c), out);
   if (g_.trie(t.trie).value >= 0) end_value(t, c, true, out);  // the literal ended before `c`
@@ -371,33 +462,14 @@ void JsonRecognizer::step(JsonThread t, uint8_t c, Sink& out) {
     case kLiteral:
       return literal_byte(t, c, out);
     case kMinus:
-      if (c == '0') return to(kZero);
-      if (c >= '1' && c <= '9') to(kInt);
-      return;
     case kZero:
-    case kInt: {
-      if (t.mode == kInt && is_digit(c)) return to(kInt);
-      const bool integer = g_.node(t.node).kind == JsonNode::Kind::kInteger;
-      if (!integer && c == '.') return to(kDot);
-      if (!integer && (c == 'e' || c == 'E')) return to(kExp);
-      return end_value(t, c, true, out);
-    }
+    case kInt:
     case kDot:
-      if (is_digit(c)) to(kFrac);
-      return;
     case kFrac:
-      if (is_digit(c)) return to(kFrac);
-      if (c == 'e' || c == 'E') return to(kExp);
-      return end_value(t, c, true, out);
     case kExp:
-      if (c == '+' || c == '-') return to(kExpSign);
-      [[fallthrough]];
     case kExpSign:
-      if (is_digit(c)) to(kExpInt);
-      return;
     case kExpInt:
-      if (is_digit(c)) return to(kExpInt);
-      return end_value(t, c, true, out);
+      return number_byte(t, c, out);
     default:
       return;  // kDone: nothing follows
   }
@@ -430,7 +502,11 @@ bool JsonRecognizer::accepting(const JsonState& s) const {
     if (t.mode == kDone) return true;
     if (t.frame >= 0) continue;
     // A number or a literal at the top level ends with the text.
-    if (t.mode == kZero || t.mode == kInt || t.mode == kFrac || t.mode == kExpInt) return true;
+    if (t.mode == kZero || t.mode == kInt) {
+      const JsonNode& n = g_.node(t.node);
+      if (!bounded(n) || in_bounds(n, t.aux == 1, t.value)) return true;
+    }
+    if (t.mode == kFrac || t.mode == kExpInt) return true;
     if (t.mode == kLiteral && g_.trie(t.trie).value >= 0) return true;
   }
   return false;
@@ -441,6 +517,15 @@ bool JsonRecognizer::finished(const JsonState& s) const {
     if (s.threads[static_cast<size_t>(i)].mode != kDone) return false;
   }
   return s.n > 0;
+}
+
+bool JsonRecognizer::keeps_plain(const JsonState& s) const {
+  if (s.n != 1) return false;
+  const JsonThread& t = s.threads[0];
+  if (t.mode != kString || (t.aux & 3) != 0) return false;
+  if (t.key) return t.trie < 0 && g_.node(frame(t.frame).node).additional >= 0;
+  const JsonNode& n = g_.node(t.node);
+  return n.max_length < 0 && t.count >= n.min_length;
 }
 
 int JsonRecognizer::plain_room(const JsonState& s) const {
@@ -581,6 +666,7 @@ JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, JsonGramm
   for (const JsonVocab::Node& node : vocab_->nodes()) depth = std::max<size_t>(depth, node.depth);
   states_.resize(depth + 1);
   rooms_.resize(depth + 1);
+  keeps_.resize(depth + 1);
 }
 
 std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
@@ -599,8 +685,9 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
   if (rec_.accepting(s)) allow_eos();
   // states_[d]: the state after a node's first d bytes (states_[0] = s); a refused byte skips
   // the node's subtree.
-  states_[0] = s;
+  states_[0].assign(s);
   rooms_[0] = rec_.plain_room(s);
+  keeps_[0] = rec_.keeps_plain(s);
   const std::vector<JsonVocab::Node>& nodes = vocab_->nodes();
   const std::vector<int32_t>& tokens = vocab_->tokens();
   auto allow_tokens = [&](int32_t first, int32_t last) {
@@ -618,11 +705,18 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
       i = node.end;
       continue;
     }
-    if (!rec_.advance_into(parent, node.byte, states_[node.depth])) {
+    const size_t d = node.depth;
+    if (keeps_[d - 1] && vocab_->all_plain(i, i + 1)) {  // the byte changes nothing
+      states_[d].assign(parent);
+      rooms_[d] = rooms_[d - 1];
+      keeps_[d] = 1;
+    } else if (rec_.advance_into(parent, node.byte, states_[d])) {
+      rooms_[d] = rec_.plain_room(states_[d]);
+      keeps_[d] = rec_.keeps_plain(states_[d]);
+    } else {
       i = node.end;
       continue;
     }
-    rooms_[node.depth] = rec_.plain_room(states_[node.depth]);
     allow_tokens(node.first_token, vocab_->first_token_at(i + 1));
     ++i;
   }

@@ -36,15 +36,17 @@ constexpr int kJsonMaxThreads = 16;
 // One reading of the text: where in the grammar it is. Unused fields stay at their defaults, so
 // that equal readings compare (and hash) equal byte for byte.
 struct JsonThread {
+  int64_t value = 0;   // a bounded integer's digits so far (magnitude, clamped past the bounds)
   int32_t frame = -1;  // the innermost open container (JsonRecognizer's pool), -1: none
   int32_t node = -1;   // the value due (value, colon modes) or being read (scalars)
   int32_t trie = -1;   // position in a literal trie (a literal value, a key's name), -1: none
   uint16_t count = 0;  // characters of a string with length bounds
   uint8_t mode = 0;    // where in the grammar (json_constraint.cpp's Mode)
-  uint8_t aux = 0;     // the mode's counter: \u digits, UTF-8 bytes left
+  uint8_t aux = 0;     // the mode's counter: \u digits, UTF-8 bytes left; a number's sign (1: -)
   uint8_t ws = 0;      // consecutive whitespace bytes
   uint8_t key = 0;     // the string being read is an object's key
   uint16_t pad = 0;
+  uint32_t pad2 = 0;
   bool operator==(const JsonThread&) const = default;
 };
 
@@ -53,6 +55,7 @@ struct JsonState {
   std::array<JsonThread, kJsonMaxThreads> threads{};
   bool operator==(const JsonState& o) const;
   std::string_view bytes() const;  // the live threads' bytes (a key)
+  void assign(const JsonState& o);  // = o, copying its live threads only
 };
 
 class JsonRecognizer {
@@ -74,6 +77,8 @@ class JsonRecognizer {
   // How long a run of printable ASCII but '"' and '\\' some reading takes whatever its bytes
   // (inside a string, up to its maxLength); 0: none.
   int plain_room(const JsonState& s) const;
+  // A plain byte leaves `s` as it is (one reading, inside a string nothing bounds or tracks).
+  bool keeps_plain(const JsonState& s) const;
   size_t frames() const { return frames_.size(); }
 
  private:
@@ -97,6 +102,8 @@ class JsonRecognizer {
   void end_key(JsonThread t, Sink& out);
   bool key_byte(JsonThread& t, uint8_t c) const;
   void literal_byte(JsonThread t, uint8_t c, Sink& out);
+  // A number's byte (start_value's first one included): digits, sign, fraction, exponent.
+  void number_byte(JsonThread t, uint8_t c, Sink& out);
   // Moves into literal trie node `next` (none: -1), ending the value where nothing can follow.
   void enter_trie(JsonThread t, int32_t next, Sink& out);
   void end_value(JsonThread t, uint8_t c, bool reread, Sink& out);
@@ -185,6 +192,7 @@ class JsonConstraint {
   std::unordered_map<std::string, std::vector<uint64_t>> cache_;
   std::vector<JsonState> states_;  // walk's states by depth
   std::vector<int> rooms_;         // and their plain_room
+  std::vector<uint8_t> keeps_;     // and their keeps_plain
 };
 
 }  // namespace qs

@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cmath>
 #include <functional>
 #include <limits>
 #include <map>
@@ -26,10 +27,6 @@ constexpr int64_t kMaxLength = 65535;  // JsonThread counts a string's character
 // loosely.
 const std::set<std::string, std::less<>> kUnsupported = {
     "pattern",
-    "minimum",
-    "maximum",
-    "exclusiveMinimum",
-    "exclusiveMaximum",
     "multipleOf",
     "patternProperties",
     "propertyNames",
@@ -56,11 +53,24 @@ const std::set<std::string, std::less<>> kUnsupported = {
 const char* const kObjectWords[] = {"properties", "required", "additionalProperties"};
 const char* const kArrayWords[] = {"items", "minItems", "maxItems"};
 const char* const kStringWords[] = {"minLength", "maxLength"};
+const char* const kNumberWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 // Keywords that constrain a value: beside $ref, anyOf, oneOf and allOf they are refused (this
 // compiler does not intersect schemas).
-const char* const kConstraints[] = {
-    "type",  "enum",     "const",    "properties", "required", "additionalProperties",
-    "items", "minItems", "maxItems", "minLength",  "maxLength"};
+const char* const kConstraints[] = {"type",
+                                    "enum",
+                                    "const",
+                                    "properties",
+                                    "required",
+                                    "additionalProperties",
+                                    "items",
+                                    "minItems",
+                                    "maxItems",
+                                    "minLength",
+                                    "maxLength",
+                                    "minimum",
+                                    "maximum",
+                                    "exclusiveMinimum",
+                                    "exclusiveMaximum"};
 
 bool has_any(const Schema& s, std::span<const char* const> words) {
   return std::any_of(words.begin(), words.end(), [&](const char* w) { return s.contains(w); });
@@ -288,7 +298,15 @@ class JsonSchemaCompiler {
           types.empty() || std::any_of(types.begin(), types.end(), [&](const std::string& want) {
             return want == t || (want == "number" && v.is_number());
           });
-      if (typed) texts.push_back(v.dump());
+      // Bounds beside an enum hold for its numbers too.
+      const auto num = [&](const char* w) {
+        return s.contains(w) && s[w].is_number() && v.is_number();
+      };
+      const bool bounded = (num("minimum") && v < s["minimum"]) ||
+                           (num("maximum") && v > s["maximum"]) ||
+                           (num("exclusiveMinimum") && v <= s["exclusiveMinimum"]) ||
+                           (num("exclusiveMaximum") && v >= s["exclusiveMaximum"]);
+      if (typed && !bounded) texts.push_back(v.dump());
     }
     return fill_literals(id, texts, at);
   }
@@ -301,6 +319,9 @@ class JsonSchemaCompiler {
       if (has_any(s, kObjectWords)) return std::vector<std::string>{"object"};
       if (has_any(s, kArrayWords)) return std::vector<std::string>{"array"};
       if (has_any(s, kStringWords)) return std::vector<std::string>{"string"};
+      if (has_any(s, kNumberWords)) {
+        return error_at(at, "'minimum' / 'maximum' need \"type\": \"integer\"");
+      }
       return types;  // any value
     }
     const Schema& t = s["type"];
@@ -338,10 +359,16 @@ class JsonSchemaCompiler {
     using Kind = JsonNode::Kind;
     if (type == "boolean") return fill_literals(id, {"true", "false"}, at);
     if (type == "null") return fill_literals(id, {"null"}, at);
-    if (type == "number" || type == "integer") {
-      node(id).kind = type == "number" ? Kind::kNumber : Kind::kInteger;
+    if (type == "number") {
+      if (has_any(s, kNumberWords)) {
+        return error_at(at,
+                        "'minimum' / 'maximum' on a \"number\" are not supported (on an "
+                        "\"integer\" they are)");
+      }
+      node(id).kind = Kind::kNumber;
       return Status::ok_status();
     }
+    if (type == "integer") return fill_integer(id, s, at);
     if (type == "string") {
       QS_ASSIGN_OR_RETURN(const int32_t lo, bound(s, "minLength", kMaxLength, at));
       QS_ASSIGN_OR_RETURN(const int32_t hi, bound(s, "maxLength", kMaxLength, at));
@@ -352,6 +379,36 @@ class JsonSchemaCompiler {
     }
     if (type == "array") return fill_array(id, s, at, depth);
     return fill_object(id, s, at, depth);
+  }
+
+  // An integer's bounds, inclusive: minimum and exclusiveMinimum (a number, as JSON Schema 2020-12
+  // and OpenAPI 3.1 write it) both count, the tighter wins.
+  Status fill_integer(int32_t id, const Schema& s, const std::string& at) {
+    JsonNode& n = node(id);
+    n.kind = JsonNode::Kind::kInteger;
+    for (const char* word : kNumberWords) {
+      if (!s.contains(word)) continue;
+      const Schema& v = s[word];
+      if (!v.is_number()) {
+        return error_at(at, fmt::format("'{}' must be a number (the boolean form of draft 4 is "
+                                        "not supported)",
+                                        word));
+      }
+      const double x = v.get<double>();
+      if (!(std::abs(x) <= static_cast<double>(kJsonMaxBound))) {
+        return error_at(at, fmt::format("'{}' beyond 1e18 is not supported", word));
+      }
+      const std::string_view w = word;
+      if (w == "minimum") n.minimum = std::max(n.minimum, static_cast<int64_t>(std::ceil(x)));
+      if (w == "exclusiveMinimum") {
+        n.minimum = std::max(n.minimum, static_cast<int64_t>(std::floor(x)) + 1);
+      }
+      if (w == "maximum") n.maximum = std::min(n.maximum, static_cast<int64_t>(std::floor(x)));
+      if (w == "exclusiveMaximum") {
+        n.maximum = std::min(n.maximum, static_cast<int64_t>(std::ceil(x)) - 1);
+      }
+    }
+    return Status::ok_status();
   }
 
   Status fill_array(int32_t id, const Schema& s, const std::string& at, int depth) {
@@ -481,8 +538,10 @@ class JsonSchemaCompiler {
             p = u.max_length < 0 || u.min_length <= u.max_length;
             break;
           case Kind::kNumber:
-          case Kind::kInteger:
             p = true;
+            break;
+          case Kind::kInteger:
+            p = u.minimum <= u.maximum;
             break;
           case Kind::kLiterals:
             p = !g_.trie(u.trie).below.empty();

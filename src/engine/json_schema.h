@@ -7,7 +7,8 @@
 // anyOf / oneOf (followed as anyOf), allOf of one schema, $ref to "#..." (recursion included),
 // $defs / definitions, properties (generated in their order; those not in required may be left
 // out), required, additionalProperties (false when properties are given and it is not, as vLLM's
-// xgrammar does), items, minItems, maxItems, minLength, maxLength. Annotations (title,
+// xgrammar does), items, minItems, maxItems, minLength, maxLength, and on integers minimum,
+// maximum, exclusiveMinimum, exclusiveMaximum. Annotations (title,
 // description, default, examples, format, ...) and unknown keywords are ignored, as JSON Schema
 // says; the assertions this engine cannot enforce (pattern, minimum, uniqueItems, ...) are errors
 // that name them. An empty schema (or true) is any JSON value.
@@ -24,6 +25,10 @@ namespace qs {
 
 // The JSON mode's schema (OpenAI's json_object): one object of any members.
 inline constexpr std::string_view kJsonObjectSchema = R"({"type":"object"})";
+
+// An integer's bound that is none; finite bounds are within +-kJsonMaxBound.
+inline constexpr int64_t kJsonNoBound = INT64_MAX;
+inline constexpr int64_t kJsonMaxBound = 1'000'000'000'000'000'000;
 
 struct JsonNode {
   enum class Kind : uint8_t {
@@ -55,6 +60,8 @@ struct JsonNode {
   int32_t min_items = 0, max_items = -1;  // -1: no bound
   // kString: characters (code points; an escape is one)
   int32_t min_length = 0, max_length = -1;
+  // kInteger: the inclusive bounds (kJsonNoBound: none); finite ones within +-kJsonMaxBound.
+  int64_t minimum = -kJsonNoBound, maximum = kJsonNoBound;
   // kLiterals: the root of its trie
   int32_t trie = -1;
   // kUnion

@@ -1006,7 +1006,7 @@ def test_json_schema(qs, tmp_path):
     # order; bad schemas and flag combinations are clear errors before the model loads.
     import jsonschema
     schema = {"type": "object", "properties": {"kind": {"enum": ["cat", "dog"]},
-                                               "age": {"type": "integer"},
+                                               "age": {"type": "integer", "minimum": 0, "maximum": 30},
                                                "names": {"type": "array", "items": {"type": "string", "maxLength": 5},
                                                          "maxItems": 2}},
               "required": ["kind", "age"]}

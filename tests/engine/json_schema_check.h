@@ -95,6 +95,17 @@ inline bool schema_accepts(const OrderedJson& schema, const OrderedJson& v,
       }
     }
   }
+  if (v.is_number()) {
+    const double x = v.get<double>();
+    if (schema.contains("minimum") && x < schema["minimum"].get<double>()) return false;
+    if (schema.contains("maximum") && x > schema["maximum"].get<double>()) return false;
+    if (schema.contains("exclusiveMinimum") && x <= schema["exclusiveMinimum"].get<double>()) {
+      return false;
+    }
+    if (schema.contains("exclusiveMaximum") && x >= schema["exclusiveMaximum"].get<double>()) {
+      return false;
+    }
+  }
   if (v.is_string()) {
     const size_t n = code_points(v.get<std::string>());
     if (n < schema.value("minLength", size_t{0})) return false;

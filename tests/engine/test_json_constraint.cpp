@@ -265,6 +265,26 @@ const std::vector<SchemaCase>& schema_cases() {
        {R"("red")", "1", "12", "[1,2]", R"({"a":null})"},
        {{"[1, 2]", " 2"}, {R"("blue")", "blue"}, {"13", "3"}, {R"("red" )", " "}}},
       {"integer", R"({"type": "integer"})", {"12", "-0", "7"}, {{"1.0", ".0"}, {"01", "1"}}},
+      {"integer bounds",
+       R"({"type": "object", "properties": {
+             "age": {"type": "integer", "minimum": 18, "exclusiveMaximum": 130},
+             "delta": {"type": "integer", "minimum": -5, "maximum": -2},
+             "big": {"type": "integer", "exclusiveMinimum": 999.5}},
+           "required": ["age", "delta"]})",
+       {R"({"age":18,"delta":-5})", R"({"age":129,"delta":-2,"big":1000})",
+        R"({"age": 42, "delta": -3, "big": 123456789012345678901234567890})"},
+       {{R"({"age":17,"delta":-3})", "7,"},       // 17, and 170.. are out
+        {R"({"age":130,"delta":-3})", "30"},      // 13 cannot reach 18..129
+        {R"({"age":5,"delta":-3})", ",\"delta"},  // 5 may grow to 50: it ends out of range
+        {R"({"age":018,"delta":-3})", "018"},     // a leading 0 is 0
+        {R"({"age":18,"delta":-1})", "1}"},       //
+        {R"({"age":18,"delta":2})", "2}"},        //
+        {R"({"age":18,"delta":-0})", "0}"},       // -0 is 0
+        {R"({"age":18,"delta":-3,"big":999})", "}"}}},
+      {"top-level bounds",
+       R"({"type": "integer", "minimum": -3, "maximum": 250})",
+       {"-3", "0", "-0", "250", "25", "9"},
+       {{"-4", "4"}, {"251", "1"}, {"2509", "9"}}},
       {"any", "{}", {R"("s")", "[1,{}]", "null", R"({"a":[{}]})", "-1.5e3"}, {{"[1,]", "]"}}},
       {"json mode",
        std::string(kJsonObjectSchema),
@@ -312,8 +332,13 @@ TEST(JsonSchema, EndsWhereTheDocumentIsWhole) {
 TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type": "string", "pattern": "a+"})", "at '#': 'pattern' is not supported"},
-      {R"({"properties": {"age": {"type": "integer", "minimum": 0}}})",
-       "at '#/properties/age': 'minimum' is not supported"},
+      {R"({"properties": {"age": {"type": "integer", "multipleOf": 5}}})",
+       "at '#/properties/age': 'multipleOf' is not supported"},
+      {R"({"type": "number", "minimum": 0})", "on a \"number\" are not supported"},
+      {R"({"maximum": 3})", "need \"type\": \"integer\""},
+      {R"({"type": "integer", "minimum": 1e19})", "'minimum' beyond 1e18 is not supported"},
+      {R"({"type": "integer", "minimum": 0, "exclusiveMinimum": true})", "must be a number"},
+      {R"({"type": "integer", "minimum": 5, "maximum": 4})", "the schema accepts no value"},
       {R"({"type": "strin"})", "unknown type \"strin\""},
       {R"({"$ref": "#/$defs/missing"})", "names nothing in the schema"},
       {R"({"$ref": "https://example.com/s.json"})", "only references inside the schema"},
