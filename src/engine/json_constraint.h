@@ -49,6 +49,8 @@ struct JsonThread {
   uint32_t pad2 = 0;
   bool operator==(const JsonThread&) const = default;
 };
+static_assert(sizeof(JsonThread) == 32,
+              "no padding bytes: readings are compared and hashed as bytes");
 
 struct JsonState {
   uint8_t n = 0;

@@ -302,11 +302,11 @@ class JsonSchemaCompiler {
       const auto num = [&](const char* w) {
         return s.contains(w) && s[w].is_number() && v.is_number();
       };
-      const bool bounded = (num("minimum") && v < s["minimum"]) ||
+      const bool outside = (num("minimum") && v < s["minimum"]) ||
                            (num("maximum") && v > s["maximum"]) ||
                            (num("exclusiveMinimum") && v <= s["exclusiveMinimum"]) ||
                            (num("exclusiveMaximum") && v >= s["exclusiveMaximum"]);
-      if (typed && !bounded) texts.push_back(v.dump());
+      if (typed && !outside) texts.push_back(v.dump());
     }
     return fill_literals(id, texts, at);
   }
