@@ -519,13 +519,14 @@ bool JsonRecognizer::finished(const JsonState& s) const {
   return s.n > 0;
 }
 
-bool JsonRecognizer::keeps_plain(const JsonState& s) const {
-  if (s.n != 1) return false;
+int JsonRecognizer::plain_step(const JsonState& s) const {
+  if (s.n != 1) return -1;
   const JsonThread& t = s.threads[0];
-  if (t.mode != kString || (t.aux & 3) != 0) return false;
-  if (t.key) return t.trie < 0 && g_.node(frame(t.frame).node).additional >= 0;
+  if (t.mode != kString || (t.aux & 3) != 0) return -1;
+  if (t.key) return t.trie < 0 && g_.node(frame(t.frame).node).additional >= 0 ? 0 : -1;
   const JsonNode& n = g_.node(t.node);
-  return n.max_length < 0 && t.count >= n.min_length;
+  if (n.max_length < 0) return t.count >= n.min_length ? 0 : 1;  // string_byte's saturation
+  return t.count < n.max_length ? 1 : -1;
 }
 
 int JsonRecognizer::plain_room(const JsonState& s) const {
@@ -666,7 +667,7 @@ JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, JsonGramm
   for (const JsonVocab::Node& node : vocab_->nodes()) depth = std::max<size_t>(depth, node.depth);
   states_.resize(depth + 1);
   rooms_.resize(depth + 1);
-  keeps_.resize(depth + 1);
+  plain_steps_.resize(depth + 1);
 }
 
 std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
@@ -687,7 +688,7 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
   // the node's subtree.
   states_[0].assign(s);
   rooms_[0] = rec_.plain_room(s);
-  keeps_[0] = rec_.keeps_plain(s);
+  plain_steps_[0] = rec_.plain_step(s);
   const std::vector<JsonVocab::Node>& nodes = vocab_->nodes();
   const std::vector<int32_t>& tokens = vocab_->tokens();
   auto allow_tokens = [&](int32_t first, int32_t last) {
@@ -706,13 +707,18 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
       continue;
     }
     const size_t d = node.depth;
-    if (keeps_[d - 1] && vocab_->all_plain(i, i + 1)) {  // the byte changes nothing
+    if (plain_steps_[d - 1] == 0 && vocab_->all_plain(i, i + 1)) {  // the byte changes nothing
       states_[d].assign(parent);
       rooms_[d] = rooms_[d - 1];
-      keeps_[d] = 1;
+      plain_steps_[d] = 0;
+    } else if (plain_steps_[d - 1] == 1 && vocab_->all_plain(i, i + 1)) {  // it only counts
+      states_[d].assign(parent);
+      ++states_[d].threads[0].count;
+      rooms_[d] = rec_.plain_room(states_[d]);
+      plain_steps_[d] = rec_.plain_step(states_[d]);
     } else if (rec_.advance_into(parent, node.byte, states_[d])) {
       rooms_[d] = rec_.plain_room(states_[d]);
-      keeps_[d] = rec_.keeps_plain(states_[d]);
+      plain_steps_[d] = rec_.plain_step(states_[d]);
     } else {
       i = node.end;
       continue;

@@ -79,8 +79,10 @@ class JsonRecognizer {
   // How long a run of printable ASCII but '"' and '\\' some reading takes whatever its bytes
   // (inside a string, up to its maxLength); 0: none.
   int plain_room(const JsonState& s) const;
-  // A plain byte leaves `s` as it is (one reading, inside a string nothing bounds or tracks).
-  bool keeps_plain(const JsonState& s) const;
+  // What a plain byte does to `s` where that is simple: 0 leaves it as it is, 1 only counts a
+  // character (one reading, inside a string no key trie tracks, with room for the byte); -1:
+  // step it.
+  int plain_step(const JsonState& s) const;
   size_t frames() const { return frames_.size(); }
 
  private:
@@ -194,7 +196,7 @@ class JsonConstraint {
   std::unordered_map<std::string, std::vector<uint64_t>> cache_;
   std::vector<JsonState> states_;  // walk's states by depth
   std::vector<int> rooms_;         // and their plain_room
-  std::vector<uint8_t> keeps_;     // and their keeps_plain
+  std::vector<int8_t> plain_steps_;  // and their plain_step
 };
 
 }  // namespace qs
