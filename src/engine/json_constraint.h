@@ -56,7 +56,7 @@ struct JsonState {
   uint8_t n = 0;
   std::array<JsonThread, kJsonMaxThreads> threads{};
   bool operator==(const JsonState& o) const;
-  std::string_view bytes() const;  // the live threads' bytes (a key)
+  std::string_view bytes() const;   // the live threads' bytes (a key)
   void assign(const JsonState& o);  // = o, copying its live threads only
 };
 
@@ -194,8 +194,8 @@ class JsonConstraint {
   std::shared_ptr<const JsonVocab> vocab_;
   JsonRecognizer rec_;
   std::unordered_map<std::string, std::vector<uint64_t>> cache_;
-  std::vector<JsonState> states_;  // walk's states by depth
-  std::vector<int> rooms_;         // and their plain_room
+  std::vector<JsonState> states_;    // walk's states by depth
+  std::vector<int> rooms_;           // and their plain_room
   std::vector<int8_t> plain_steps_;  // and their plain_step
 };
 
