@@ -80,6 +80,14 @@ uint8_t lead_aux(uint8_t c) {
   return 0;
 }
 
+// A string's count after one more character: only bounds make it count, and without maxLength
+// it stops at minLength (only reaching it matters, and the states then repeat); -1 past
+// maxLength.
+int counted(const JsonNode& string, int count) {
+  if (string.max_length < 0) return std::min(count + 1, string.min_length);
+  return count < string.max_length ? count + 1 : -1;
+}
+
 // An array's items started, as its frame keeps them: without maxItems only whether minItems is
 // reached matters, so the count stops there (the states of an array's items then repeat).
 int32_t saturate(const JsonNode& array, int32_t count) {
@@ -153,17 +161,13 @@ void JsonRecognizer::set_index(JsonThread& t, int32_t index) {
 }
 
 void JsonRecognizer::end_value(JsonThread t, uint8_t c, bool reread, Sink& out) {
-  t.mode = t.frame < 0 ? kDone : kAfter;
-  t.value = 0;
-  t.node = -1;
-  t.trie = -1;
-  t.count = 0;
-  t.aux = 0;
-  t.key = 0;
+  JsonThread after;  // only the open containers carry over
+  after.frame = t.frame;
+  after.mode = t.frame < 0 ? kDone : kAfter;
   if (reread) {
-    step(t, c, out);  // the byte that ended a number or a literal comes after it
+    step(after, c, out);  // the byte that ended a number or a literal comes after it
   } else {
-    out.add(t);
+    out.add(after);
   }
 }
 
@@ -269,13 +273,10 @@ void JsonRecognizer::string_byte(JsonThread t, uint8_t c, Sink& out) {
   if (c >= 0x80 && aux == 0) return;
   if (t.key) {
     if (!key_byte(t, c)) return;
-  } else {
-    const JsonNode& n = g_.node(t.node);  // a character starts: count it where bounds ask
-    if (n.max_length >= 0 || n.min_length > 0) {
-      if (n.max_length >= 0 && t.count >= n.max_length) return;
-      t.count = static_cast<uint16_t>(
-          n.max_length < 0 ? std::min<int32_t>(t.count + 1, n.min_length) : t.count + 1);
-    }
+  } else {  // a character starts
+    const int count = counted(g_.node(t.node), t.count);
+    if (count < 0) return;
+    t.count = static_cast<uint16_t>(count);
   }
   if (c == '\\') t.mode = kEscape;
   t.aux = aux;
@@ -483,9 +484,8 @@ bool JsonRecognizer::advance_into(const JsonState& from, uint8_t c, JsonState& t
 }
 
 bool JsonRecognizer::advance(JsonState& s, uint8_t c) {
-  JsonState next;
-  if (!advance_into(s, c, next)) return false;
-  s = next;
+  if (!advance_into(s, c, scratch_)) return false;
+  s.assign(scratch_);
   return true;
 }
 
@@ -524,9 +524,8 @@ int JsonRecognizer::plain_step(const JsonState& s) const {
   const JsonThread& t = s.threads[0];
   if (t.mode != kString || (t.aux & 3) != 0) return -1;
   if (t.key) return t.trie < 0 && g_.node(frame(t.frame).node).additional >= 0 ? 0 : -1;
-  const JsonNode& n = g_.node(t.node);
-  if (n.max_length < 0) return t.count >= n.min_length ? 0 : 1;  // string_byte's saturation
-  return t.count < n.max_length ? 1 : -1;
+  const int count = counted(g_.node(t.node), t.count);
+  return count < 0 ? -1 : count - t.count;
 }
 
 int JsonRecognizer::plain_room(const JsonState& s) const {
@@ -743,9 +742,9 @@ bool JsonConstraint::advance(JsonState& s, int32_t id) {
   if (vocab_->is_eos(id)) return true;
   const std::string& b = vocab_->bytes(id);
   if (b.empty()) return false;
-  JsonState next = s;
-  if (!rec_.advance(next, b)) return false;
-  s = next;
+  token_state_.assign(s);
+  if (!rec_.advance(token_state_, b)) return false;
+  s.assign(token_state_);
   return true;
 }
 

@@ -117,6 +117,7 @@ class JsonRecognizer {
   int32_t intern(const Frame& f);
 
   JsonGrammar g_;
+  JsonState scratch_;  // advance's next state
   std::vector<Frame> frames_;
   std::unordered_map<Frame, int32_t, FrameHash> frame_ids_;
 };
@@ -197,6 +198,7 @@ class JsonConstraint {
   std::vector<JsonState> states_;    // walk's states by depth
   std::vector<int> rooms_;           // and their plain_room
   std::vector<int8_t> plain_steps_;  // and their plain_step
+  JsonState token_state_;            // advance's state over a token's bytes
 };
 
 }  // namespace qs
