@@ -75,6 +75,10 @@ int run_serve(ServeArgs& a) {
              o.http.request_deadline_s, o.http.keep_alive_timeout_s, o.http.max_body_bytes,
              o.http.threads, o.shutdown_grace_s);
   fmt::print(stderr, "  chat template: {}\n", chat_origin);
+  if (chat->chat_template) {
+    fmt::print(stderr, "  tool calls (tool_choice auto): read in the {} format\n",
+               server::tool_format_name(server::tool_format_of(chat->chat_template->source())));
+  }
   if (const int64_t model_max = model_context_limit(eng.config());
       a.model.engine.max_context == 0 && model_max > eng.max_context() && model_max < INT32_MAX) {
     fmt::print(stderr,

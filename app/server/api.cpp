@@ -8,6 +8,7 @@
 #include <random>
 #include <set>
 
+#include "api_common.h"
 #include "engine/json_schema.h"
 
 namespace qs::server {
@@ -18,45 +19,6 @@ constexpr size_t kMaxStopStrings = 4;  // as OpenAI
 constexpr size_t kMaxStopStringBytes = 1024;
 constexpr int64_t kMaxTokensLimit = int64_t{1} << 30;
 constexpr double kMinTemperature = 1e-6;
-
-ApiError invalid(std::string message, std::string param, std::string code = "invalid_value") {
-  ApiError e;
-  e.message = std::move(message);
-  e.param = std::move(param);
-  e.code = std::move(code);
-  return e;
-}
-
-ApiError unsupported(const std::string& param, const std::string& what) {
-  return invalid(what + " is not supported by this server", param, "unsupported_parameter");
-}
-
-const char* json_type_name(const Json& j) {
-  switch (j.type()) {
-    case Json::value_t::null:
-      return "null";
-    case Json::value_t::boolean:
-      return "boolean";
-    case Json::value_t::number_integer:
-    case Json::value_t::number_unsigned:
-      return "integer";
-    case Json::value_t::number_float:
-      return "number";
-    case Json::value_t::string:
-      return "string";
-    case Json::value_t::array:
-      return "array";
-    case Json::value_t::object:
-      return "object";
-    default:
-      return "value";
-  }
-}
-
-ApiError wrong_type(const std::string& param, const char* expected, const Json& got) {
-  return invalid("'" + param + "' must be " + expected + ", got " + json_type_name(got), param,
-                 "invalid_type");
-}
 
 bool is_integral_number(const Json& j) {
   if (j.is_number_integer()) return true;
@@ -92,12 +54,6 @@ std::optional<ApiError> read_number(const Json& j, const std::string& param, dou
                    param);
   }
   *out = v;
-  return std::nullopt;
-}
-
-std::optional<ApiError> read_bool(const Json& j, const std::string& param, bool* out) {
-  if (!j.is_boolean()) return wrong_type(param, "a boolean", j);
-  *out = j.get<bool>();
   return std::nullopt;
 }
 
@@ -171,6 +127,7 @@ std::optional<ApiError> read_messages(const Json& j, Json* out) {
   static const std::set<std::string> kKeys = {"role", "content", "name"};
   static const std::set<std::string> kAssistantKeys = {
       "role", "content", "name", "refusal", "tool_calls", "function_call", "audio"};
+  static const std::set<std::string> kToolKeys = {"role", "content", "tool_call_id", "name"};
   Json messages = Json::array();
   for (size_t i = 0; i < j.size(); ++i) {
     const std::string p = "messages[" + std::to_string(i) + "]";
@@ -180,29 +137,34 @@ std::optional<ApiError> read_messages(const Json& j, Json* out) {
       return invalid(p + " has no 'role'", p + ".role", "missing_required_parameter");
     if (!m["role"].is_string()) return wrong_type(p + ".role", "a string", m["role"]);
     std::string role = m["role"].get<std::string>();
-    if (role == "tool" || role == "function")
-      return unsupported(p + ".role", "tool calling (role '" + role + "')");
+    if (role == "function")
+      return unsupported(p + ".role", "the deprecated role 'function' (use 'tool')");
     if (role == "developer") role = "system";
-    if (role != "system" && role != "user" && role != "assistant") {
+    if (role != "system" && role != "user" && role != "assistant" && role != "tool") {
       return invalid("unknown role '" + role + "' in " + p +
-                         " (expected system, developer, user or assistant)",
+                         " (expected system, developer, user, assistant or tool)",
                      p + ".role");
     }
+    const auto& keys = role == "assistant" ? kAssistantKeys : role == "tool" ? kToolKeys : kKeys;
     for (const auto& [k, v] : m.items()) {
-      if (!(role == "assistant" ? kAssistantKeys : kKeys).count(k)) {
+      if (!keys.count(k)) {
         return invalid("unknown parameter '" + p + "." + k + "' (for role " + role + ")",
                        p + "." + k, "unknown_parameter");
       }
     }
-    for (const char* k : {"tool_calls", "function_call", "audio"}) {
-      if (m.contains(k) && !m[k].is_null() &&
-          !(std::string(k) == "tool_calls" && m[k].is_array() && m[k].empty())) {
-        return unsupported(p + "." + k,
-                           std::string("'") + k + "' in messages (tool calling / audio)");
+    for (const char* k : {"function_call", "audio"}) {
+      if (m.contains(k) && !m[k].is_null()) {
+        return unsupported(p + "." + k, std::string("'") + k +
+                                            "' in messages (the deprecated function call / "
+                                            "audio; use 'tool_calls')");
       }
     }
     if (m.contains("refusal") && !m["refusal"].is_null() && !m["refusal"].is_string()) {
       return wrong_type(p + ".refusal", "a string or null", m["refusal"]);
+    }
+    Json calls;
+    if (m.contains("tool_calls") && !m["tool_calls"].is_null()) {
+      if (auto e = read_message_tool_calls(m["tool_calls"], p + ".tool_calls", &calls)) return e;
     }
     std::string content;
     if (!m.contains("content") || m["content"].is_null()) {
@@ -217,6 +179,17 @@ std::optional<ApiError> read_messages(const Json& j, Json* out) {
     if (m.contains("name") && !m["name"].is_null()) {
       if (!m["name"].is_string()) return wrong_type(p + ".name", "a string", m["name"]);
       msg["name"] = m["name"];
+    }
+    // Templates test `message.tool_calls is defined` (Mistral's): only a message with calls has
+    // the key.
+    if (!calls.empty()) msg["tool_calls"] = std::move(calls);
+    if (role == "tool") {
+      if (!m.contains("tool_call_id"))
+        return invalid(p + " (role tool) needs a 'tool_call_id'", p + ".tool_call_id",
+                       "missing_required_parameter");
+      if (!m["tool_call_id"].is_string())
+        return wrong_type(p + ".tool_call_id", "a string", m["tool_call_id"]);
+      msg["tool_call_id"] = m["tool_call_id"];
     }
     messages.push_back(std::move(msg));
   }
@@ -316,33 +289,11 @@ namespace {
 // of brackets would take ~130 MB), so a deeper body is refused before it is parsed.
 constexpr int kMaxJsonDepth = 64;
 
-// Whether `body` opens more than `limit` arrays / objects inside one another (brackets inside
-// strings do not count; a malformed body is left to the parser).
-bool nested_deeper_than(std::string_view body, int limit) {
-  int depth = 0;
-  bool in_string = false;
-  for (size_t i = 0; i < body.size(); ++i) {
-    const char c = body[i];
-    if (in_string) {
-      if (c == '\\') {
-        ++i;
-      } else if (c == '"') {
-        in_string = false;
-      }
-    } else if (c == '"') {
-      in_string = true;
-    } else if (c == '[' || c == '{') {
-      if (++depth > limit) return true;
-    } else if (c == ']' || c == '}') {
-      --depth;
-    }
-  }
-  return false;
-}
-
 // A request body as a JSON object.
 std::variant<Json, ApiError> parse_body(std::string_view body) {
-  if (nested_deeper_than(body, kMaxJsonDepth)) {
+  // Up to the first container's end (the parser stops at anything after it); a malformed body is
+  // left to the parser.
+  if (scan_brackets(body, 0).deepest > kMaxJsonDepth) {
     return invalid("the request body nests arrays / objects deeper than " +
                        std::to_string(kMaxJsonDepth) + " levels",
                    "", "invalid_json");
@@ -377,7 +328,8 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body) {
   auto parsed = parse_body(body);
   if (auto* e = std::get_if<ApiError>(&parsed)) return *e;
   const Json& j = std::get<Json>(parsed);
-  if (auto e = unknown_field(j, {"model", "prompt", "messages", "add_special_tokens"})) return *e;
+  if (auto e = unknown_field(j, {"model", "prompt", "messages", "tools", "add_special_tokens"}))
+    return *e;
   auto has = [&](const char* k) { return j.contains(k) && !j[k].is_null(); };
   if (has("model") && !j["model"].is_string()) return wrong_type("model", "a string", j["model"]);
   TokenizeRequest r;
@@ -393,10 +345,15 @@ std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body) {
   }
   if (given("prompt")) {
     if (!j["prompt"].is_string()) return wrong_type("prompt", "a string", j["prompt"]);
+    if (given("tools"))
+      return invalid("'tools' go with 'messages' (the chat template shows them)", "tools");
     r.prompt = j["prompt"].get<std::string>();
     r.add_special = true;
   } else {
     if (auto e = read_messages(j["messages"], &r.messages)) return *e;
+    ToolRequest tools;
+    if (auto e = read_tools(j, &tools)) return *e;
+    r.tools = std::move(tools.tools);
     r.add_special = false;  // the chat template writes its special tokens
   }
   if (has("add_special_tokens")) {
@@ -445,17 +402,8 @@ std::optional<ApiError> read_json_schema(const Json& js, std::string_view body,
   if (!js.contains("name")) {
     return invalid("'" + p + "' needs a 'name'", p + ".name", "missing_required_parameter");
   }
-  const Json& name = js["name"];
-  if (!name.is_string()) return wrong_type(p + ".name", "a string", name);
-  const std::string n = name.get<std::string>();
-  const bool well_formed =
-      !n.empty() && n.size() <= 64 && std::all_of(n.begin(), n.end(), [](char c) {
-        return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
-      });
-  if (!well_formed) {
-    return invalid("'" + p + ".name' must be 1 to 64 characters of a-z, A-Z, 0-9, _ and -",
-                   p + ".name");
-  }
+  std::string name;
+  if (auto e = read_name(js["name"], p + ".name", &name)) return e;
   if (js.contains("description") && !js["description"].is_string()) {
     return wrong_type(p + ".description", "a string", js["description"]);
   }
@@ -691,31 +639,30 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
         return invalid("'top_logprobs' needs 'logprobs' to be true", "top_logprobs");
       }
     }
-    for (const char* k : {"tools", "functions"}) {
-      if (!has(k)) continue;
-      if (!j[k].is_array()) return wrong_type(k, "an array", j[k]);
-      if (!j[k].empty()) return unsupported(k, "tool calling");
-    }
-    if (has("tool_choice")) {
-      const Json& tc = j["tool_choice"];
-      if (!tc.is_string() && !tc.is_object())
-        return wrong_type("tool_choice", "a string or an object", tc);
-      if (!tc.is_string() || (tc != "none" && tc != "auto"))
-        return unsupported("tool_choice", "tool calling");
+    if (has("functions")) {
+      if (!j["functions"].is_array()) return wrong_type("functions", "an array", j["functions"]);
+      if (!j["functions"].empty())
+        return unsupported("functions", "the deprecated 'functions' (use 'tools')");
     }
     if (has("function_call")) {
       const Json& fc = j["function_call"];
       if (!fc.is_string() && !fc.is_object())
         return wrong_type("function_call", "a string or an object", fc);
       if (!fc.is_string() || (fc != "none" && fc != "auto"))
-        return unsupported("function_call", "function calling");
+        return unsupported("function_call", "the deprecated 'function_call' (use 'tool_choice')");
     }
-    if (has("parallel_tool_calls") && !j["parallel_tool_calls"].is_boolean()) {
-      return wrong_type("parallel_tool_calls", "a boolean", j["parallel_tool_calls"]);
-    }
+    if (auto e = read_tools(j, &r.tools)) return *e;
     if (has("response_format")) {
       if (auto e = read_response_format(j["response_format"], body, &r.params.json_schema)) {
         return *e;
+      }
+      const ToolChoice c = r.tools.choice;
+      if (!r.params.json_schema.empty() &&
+          (c == ToolChoice::kRequired || c == ToolChoice::kFunction)) {
+        return invalid(
+            "'response_format' and a tool_choice that forces a call both say what the "
+            "reply is; give one",
+            "response_format");
       }
     }
   } else {

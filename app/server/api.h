@@ -8,9 +8,10 @@
 //    (completions; with logprobs the prompt's tokens are scored too, and max_tokens may be 0),
 //    presence_penalty / frequency_penalty (-2..2), logit_bias ({"id": -100..100}, up to 300
 //    entries); extensions top_k, min_p, ignore_eos;
-//  - accepted only at their neutral value (else 400 unsupported_parameter): suffix = "", best_of =
-//  1, tools = [], tool_choice = none/auto, functions = [],
-//    function_call = none, response_format = {type: text}; parallel_tool_calls is ignored;
+//  - chat: tools, tool_choice, parallel_tool_calls (tools.h), response_format (text,
+//    json_object, json_schema);
+//  - accepted only at their neutral value (else 400 unsupported_parameter): suffix = "",
+//    best_of = 1, functions = [], function_call = none / auto (the deprecated forms of tools);
 //  - any other field: 400 unknown_parameter (as OpenAI's "Unrecognized request argument").
 #pragma once
 
@@ -22,21 +23,13 @@
 #include <variant>
 #include <vector>
 
+#include "api_common.h"
 #include "engine/engine.h"
 #include "metrics.h"
 #include "model/tokenizer/tokenizer.h"
+#include "tools.h"
 
 namespace qs::server {
-
-using Json = nlohmann::ordered_json;
-
-struct ApiError {
-  int status = 400;
-  std::string message;
-  std::string type = "invalid_request_error";
-  std::string param;  // "" -> null
-  std::string code;   // "" -> null
-};
 
 // {"error": {"message", "type", "param", "code"}}
 Json error_json(const ApiError& e);
@@ -78,20 +71,23 @@ struct ApiRequest {
   // /v1/completions: echo the prompt before each choice's text (with logprobs: the prompt
   // tokens' values too, the first null). max_tokens may then be 0 (score the prompt only).
   bool echo = false;
-  // /v1/chat/completions: [{"role", "content"[, "name"]}], roles system/user/assistant.
+  // /v1/chat/completions: [{"role", "content"[, "name"]}], roles system/user/assistant/tool; an
+  // assistant's "tool_calls" and a tool's "tool_call_id" as chat templates read them.
   Json messages;
+  ToolRequest tools;  // chat: tools, tool_choice, parallel_tool_calls
 };
 
 std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint endpoint,
                                                  const RequestDefaults& defaults);
 
 // POST /tokenize (as vLLM's): {"model"?, "prompt": text, "add_special_tokens"? (default true)} or
-// {"model"?, "messages": [...], "add_special_tokens"? (default false)}: the ids that
+// {"model"?, "messages": [...], "tools"?, "add_special_tokens"? (default false)}: the ids that
 // /v1/completions or /v1/chat/completions would run for it, so that a client can check that a
 // long document fits the context before sending it.
 struct TokenizeRequest {
-  std::optional<std::string> prompt;  // else `messages`
+  std::optional<std::string> prompt;  // else `messages`, and the `tools` the template shows
   Json messages;
+  Json tools = Json::array();
   bool add_special = true;
 };
 std::variant<TokenizeRequest, ApiError> parse_tokenize(std::string_view body);

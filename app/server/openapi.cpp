@@ -180,11 +180,12 @@ constexpr const char* kDocument = R"JSON({
       "TokenizeRequest": {
         "type": "object",
         "additionalProperties": false,
-        "oneOf": [{"required": ["prompt"]}, {"required": ["messages"]}],
+        "oneOf": [{"required": ["prompt"], "not": {"required": ["tools"]}}, {"required": ["messages"]}],
         "properties": {
           "model": {"type": ["string", "null"]},
           "prompt": {"type": "string"},
           "messages": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ChatMessage"}},
+          "tools": {"type": ["array", "null"], "maxItems": 128, "items": {"$ref": "#/components/schemas/Tool"}, "description": "With messages: the tools the chat template shows."},
           "add_special_tokens": {"type": ["boolean", "null"], "description": "Default: true for a prompt (as /v1/completions), false for messages (the chat template writes them)."}
         }
       },
@@ -262,8 +263,46 @@ constexpr const char* kDocument = R"JSON({
         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}
       },
       "Content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"$ref": "#/components/schemas/ContentPart"}}]},
+      "FunctionName": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+      "Tool": {
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["type", "function"],
+        "properties": {
+          "type": {"const": "function"},
+          "function": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["name"],
+            "properties": {
+              "name": {"$ref": "#/components/schemas/FunctionName"},
+              "description": {"type": ["string", "null"]},
+              "parameters": {"type": ["object", "null"], "description": "A JSON Schema of the arguments object; absent: none. With tool_choice required or naming this function, the arguments are generated to follow it (the supported keywords: the server's README)."},
+              "strict": {"type": ["boolean", "null"], "description": "Accepted; a call that tool_choice forces always follows its schema."}
+            }
+          }
+        }
+      },
+      "ToolCall": {
+        "type": "object",
+        "additionalProperties": false,
+        "required": ["id", "function"],
+        "properties": {
+          "id": {"type": "string"},
+          "type": {"const": "function"},
+          "function": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["name", "arguments"],
+            "properties": {
+              "name": {"$ref": "#/components/schemas/FunctionName"},
+              "arguments": {"type": "string", "description": "The JSON text of an object (empty: none)."}
+            }
+          }
+        }
+      },
       "ChatMessage": {
-        "description": "system (or developer), user and assistant messages; an assistant message may omit its content.",
+        "description": "system (or developer), user, assistant and tool messages; an assistant message may omit its content.",
         "oneOf": [
           {
             "type": "object",
@@ -284,9 +323,20 @@ constexpr const char* kDocument = R"JSON({
               "content": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/Content"}]},
               "name": {"type": ["string", "null"]},
               "refusal": {"type": ["string", "null"]},
-              "tool_calls": {"type": ["array", "null"], "maxItems": 0},
+              "tool_calls": {"type": ["array", "null"], "items": {"$ref": "#/components/schemas/ToolCall"}},
               "function_call": {"type": "null"},
               "audio": {"type": "null"}
+            }
+          },
+          {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["role", "content", "tool_call_id"],
+            "properties": {
+              "role": {"const": "tool"},
+              "content": {"$ref": "#/components/schemas/Content"},
+              "tool_call_id": {"type": "string"},
+              "name": {"type": ["string", "null"]}
             }
           }
         ]
@@ -324,9 +374,23 @@ constexpr const char* kDocument = R"JSON({
           "logit_bias": {"$ref": "#/components/schemas/LogitBias"},
           "logprobs": {"type": ["boolean", "null"], "description": "Each generated token's log-probability under the target model's distribution (after penalties and logit_bias, before temperature and truncation)."},
           "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20, "description": "Alternatives per token; needs logprobs: true."},
-          "tools": {"type": ["array", "null"], "maxItems": 0},
-          "tool_choice": {"type": ["string", "null"], "enum": ["none", "auto", null]},
-          "parallel_tool_calls": {"type": ["boolean", "null"]},
+          "tools": {"type": ["array", "null"], "maxItems": 128, "items": {"$ref": "#/components/schemas/Tool"}, "description": "The chat template shows them to the model (its `tools`)."},
+          "tool_choice": {
+            "description": "none; auto (the default with tools: calls the model writes in its template's format are returned as tool_calls); required (the reply is generated as calls of the given tools, at most 16 tools); or a named function (the reply is generated as its arguments).",
+            "oneOf": [
+              {"type": ["string", "null"], "enum": ["none", "auto", "required", null]},
+              {
+                "type": "object",
+                "additionalProperties": false,
+                "required": ["type", "function"],
+                "properties": {
+                  "type": {"const": "function"},
+                  "function": {"type": "object", "additionalProperties": false, "required": ["name"], "properties": {"name": {"$ref": "#/components/schemas/FunctionName"}}}
+                }
+              }
+            ]
+          },
+          "parallel_tool_calls": {"type": ["boolean", "null"], "description": "false: tool_choice required makes one call."},
           "functions": {"type": ["array", "null"], "maxItems": 0},
           "function_call": {"type": ["string", "null"], "enum": ["none", "auto", null]},
           "response_format": {
@@ -436,10 +500,14 @@ constexpr const char* kDocument = R"JSON({
                 "message": {
                   "type": "object",
                   "required": ["role", "content"],
-                  "properties": {"role": {"const": "assistant"}, "content": {"type": "string"}}
+                  "properties": {
+                    "role": {"const": "assistant"},
+                    "content": {"type": ["string", "null"], "description": "null when the reply is only tool calls."},
+                    "tool_calls": {"type": "array", "minItems": 1, "items": {"$ref": "#/components/schemas/ToolCall"}}
+                  }
                 },
                 "logprobs": {"oneOf": [{"type": "null"}, {"$ref": "#/components/schemas/ChatLogprobs"}]},
-                "finish_reason": {"type": "string", "enum": ["stop", "length"]}
+                "finish_reason": {"type": "string", "enum": ["stop", "length", "tool_calls"]}
               }
             }
           },

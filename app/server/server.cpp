@@ -134,6 +134,7 @@ Server::Server(Engine& engine, ServerOptions options, ChatSetup chat)
                 "/detokenize", "/metrics", "/openapi.json"}),
       http_(options_.http),
       started_at_(unix_now()) {
+  if (chat_.chat_template) tool_format_ = tool_format_of(chat_.chat_template->source());
   options_.defaults.max_context = engine_.max_context();
   options_.defaults.vocab_size = engine_.config().vocab_size;
   scheduler_ = std::make_unique<Scheduler>(engine_, options_.max_queue, metrics_);
@@ -217,10 +218,12 @@ void Server::respond_error(HttpResponse& res, const ApiError& e) {
   if (e.status == 429) res.headers.emplace_back("Retry-After", "1");
 }
 
-std::variant<std::string, ApiError> Server::render_chat(const Json& messages) const {
+std::variant<std::string, ApiError> Server::render_chat(const Json& messages,
+                                                        const Json& tools) const {
   if (!chat_.chat_template)
     return make_api_error(400, chat_.problem, "chat_template_missing", "messages");
-  auto text = chat_.chat_template->render(messages, chat_.tokens);
+  const Json extra = tools.empty() ? Json::object() : Json{{"tools", tools}};
+  auto text = chat_.chat_template->render(messages, chat_.tokens, extra);
   if (!text.ok()) {
     return make_api_error(400, "the chat template rejected the messages: " + text.error().message,
                           "chat_template_error", "messages");
@@ -233,7 +236,7 @@ std::optional<ApiError> Server::prompt_ids(const ApiRequest& r,
   const bool chat = r.endpoint == Endpoint::kChatCompletions;
   prompts->clear();
   if (chat) {
-    auto text = render_chat(r.messages);
+    auto text = render_chat(r.messages, r.tools.tools);
     if (auto* e = std::get_if<ApiError>(&text)) return *e;
     // The template writes the special tokens (BOS, ...) itself, as HF's apply_chat_template.
     prompts->push_back(tokenizer_.encode(std::get<std::string>(text), /*add_special=*/false));
@@ -279,7 +282,7 @@ void Server::handle_tokenize(const HttpRequest& req, HttpResponse& res) {
   if (t.prompt) {
     text = *t.prompt;
   } else {
-    auto rendered = render_chat(t.messages);
+    auto rendered = render_chat(t.messages, t.tools);
     if (auto* e = std::get_if<ApiError>(&rendered)) return respond_error(res, *e);
     text = std::move(std::get<std::string>(rendered));
   }
@@ -314,6 +317,9 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
 
   std::vector<std::vector<int32_t>> prompts;
   if (auto e = prompt_ids(r, &prompts)) return respond_error(res, *e);
+  // tool_choice required / a named function: the reply follows the calls' schema.
+  if (std::string schema = tool_output_schema(r.tools, tool_format_); !schema.empty())
+    r.params.json_schema = std::move(schema);
 
   // Context: prompt + completion must fit (as OpenAI), for every prompt of a batch; without
   // max_tokens the completion gets the server default, clipped to the room the longest leaves.
@@ -419,9 +425,12 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
       logprobs.push_back(logprobs_json(endpoint, entries, tokenizer_, &text_offset,
                                        job->echo() ? job->echo_text(p) : std::string_view()));
     }
-    const Json body = endpoint == Endpoint::kChatCompletions
-                          ? chat_response(meta, results, extra, logprobs)
-                          : completion_response(meta, results, extra, logprobs);
+    Json body = endpoint == Endpoint::kChatCompletions
+                    ? chat_response(meta, results, extra, logprobs)
+                    : completion_response(meta, results, extra, logprobs);
+    if (endpoint == Endpoint::kChatCompletions) {
+      for (Json& choice : body["choices"]) take_tool_calls(r.tools, tool_format_, &choice);
+    }
     res.body = dump_json(body);
     return;
   }
@@ -432,8 +441,8 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
   const bool include_usage = r.include_usage;
   const std::string mode = options_.decode_mode;
   const Tokenizer* logprob_tokenizer = r.params.logprobs >= 0 ? &tokenizer_ : nullptr;
-  res.stream = [job, meta, endpoint, include_usage, timeout_s, mode, n,
-                logprob_tokenizer](StreamSink& sink) {
+  res.stream = [job, meta, endpoint, include_usage, timeout_s, mode, n, logprob_tokenizer,
+                tools = r.tools, tool_format = tool_format_](StreamSink& sink) {
     const bool chat = endpoint == Endpoint::kChatCompletions;
     auto send_error = [&](const ApiError& e) {
       sink.write(sse_event(error_json(e)));
@@ -449,38 +458,60 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
       job->cancel(StopReason::kClientGone);
       return false;
     };
+    // Chat: the current choice's reply, whose tool calls are held back and sent as it ends.
+    std::optional<ToolReplyReader> reader;
     auto open_choice = [&](int choice) {
       if (!chat) return true;
       for (; opened <= choice; ++opened) {
+        reader.emplace(tools, tool_format);
         if (!write(chat_chunk(meta, Json{{"role", "assistant"}, {"content", ""}}, "", nullptr,
                               opened)))
           return false;
       }
       return true;
     };
+    // A chat choice's end: the content held back and its tool calls, then its finish reason
+    // (nullopt: the client is gone).
+    auto end_reply = [&](int choice, const std::string& finish_reason) {
+      std::optional<std::string> reason = finish_reason;
+      if (!chat) return reason;
+      const ToolReply reply = reader->finish();
+      if (!reply.content.empty() &&
+          !write(chat_chunk(meta, Json{{"content", reply.content}}, "", nullptr, choice)))
+        return std::optional<std::string>();
+      if (!reply.calls.empty() &&
+          !write(chat_chunk(meta, Json{{"tool_calls", tool_calls_json(reply.calls, true)}}, "",
+                            nullptr, choice)))
+        return std::optional<std::string>();
+      reason = tool_finish_reason(tools, reply, finish_reason);
+      return reason;
+    };
     if (!open_choice(0)) return;
     for (;;) {
       Job::Progress p = job->wait(kPollInterval);
       for (const Job::Delta& d : p.deltas) {
         if (!open_choice(d.choice)) return;
-        if (!d.text.empty() || !d.logprobs.empty()) {
+        // Chat: text that may start a tool call is held back.
+        const std::string text = chat ? reader->feed(d.text) : d.text;
+        if (!text.empty() || !d.logprobs.empty()) {
           // A chunk carries the tokens generated since the last one (its text may lag them: held
-          // back UTF-8 or stop-string prefixes).
+          // back UTF-8, stop-string prefixes or tool calls).
           Json logprobs =
               logprob_tokenizer != nullptr
                   ? logprobs_json(endpoint, d.logprobs, *logprob_tokenizer, &text_offset,
                                   d.echo ? std::string_view(d.text) : std::string_view())
                   : Json(nullptr);
           const Json chunk =
-              chat ? chat_chunk(meta, Json{{"content", d.text}}, "", std::move(logprobs), d.choice)
-                   : completion_chunk(meta, d.text, "", std::move(logprobs), d.choice);
+              chat ? chat_chunk(meta, Json{{"content", text}}, "", std::move(logprobs), d.choice)
+                   : completion_chunk(meta, text, "", std::move(logprobs), d.choice);
           if (!write(chunk)) return;
         }
         if (!d.finish_reason.empty()) {
           text_offset = 0;
-          const Json end =
-              chat ? chat_chunk(meta, Json::object(), d.finish_reason, nullptr, d.choice)
-                   : completion_chunk(meta, "", d.finish_reason, nullptr, d.choice);
+          const auto reason = end_reply(d.choice, d.finish_reason);
+          if (!reason) return;
+          const Json end = chat ? chat_chunk(meta, Json::object(), *reason, nullptr, d.choice)
+                                : completion_chunk(meta, "", *reason, nullptr, d.choice);
           if (!write(end)) return;
         }
       }
@@ -500,8 +531,11 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
     const Job::Outcome& o = job->outcome();
     const GenerationResult& result = o.results.back();
     const int index = static_cast<int>(o.results.size()) - 1;
-    Json last = chat ? chat_chunk(meta, Json::object(), result.finish_reason, nullptr, index)
-                     : completion_chunk(meta, "", result.finish_reason, nullptr, index);
+    if (!open_choice(index)) return;
+    const auto reason = end_reply(index, result.finish_reason);
+    if (!reason) return;
+    Json last = chat ? chat_chunk(meta, Json::object(), *reason, nullptr, index)
+                     : completion_chunk(meta, "", *reason, nullptr, index);
     last["quantspec"] = stats_json(o.results, ResponseStats{mode, o.spec, o.queue_s, n});
     sink.write(sse_event(last));
     if (include_usage) {

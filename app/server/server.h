@@ -57,7 +57,8 @@ class Server {
   void handle_tokenize(const HttpRequest& req, HttpResponse& res);
   void handle_detokenize(const HttpRequest& req, HttpResponse& res);
   // The conversation as the chat template renders it (special tokens written by the template).
-  std::variant<std::string, ApiError> render_chat(const Json& messages) const;
+  // `tools`: the request's tools (an array; empty: none), which the template sees as `tools`.
+  std::variant<std::string, ApiError> render_chat(const Json& messages, const Json& tools) const;
   void respond_error(HttpResponse& res, const ApiError& e);
   // Prompt ids for the request, or the 4xx to answer.
   // The request's prompts as token ids (chat: one, the rendered conversation).
@@ -68,6 +69,7 @@ class Server {
   const Tokenizer& tokenizer_;
   ServerOptions options_;
   ChatSetup chat_;
+  ToolFormat tool_format_ = ToolFormat::kHermes;  // how the chat template's model writes calls
   Metrics metrics_;
   std::unique_ptr<Scheduler> scheduler_;
   HttpServer http_;

@@ -44,6 +44,7 @@ std::string special_token_text(const json& j) {
 
 struct ChatTemplateProgram {
   std::string name;
+  std::string source;
   NodeList nodes;
 };
 
@@ -57,6 +58,10 @@ const std::string& ChatTemplate::name() const {
   return program_->name;
 }
 
+const std::string& ChatTemplate::source() const {
+  return program_->source;
+}
+
 static std::string format_template_error(const std::string& name, const TemplateError& e) {
   if (e.line > 0) return name + " line " + std::to_string(e.line) + ": " + e.message;
   return name + ": " + e.message;
@@ -65,6 +70,7 @@ static std::string format_template_error(const std::string& name, const Template
 Result<ChatTemplate> ChatTemplate::parse(std::string_view source, std::string name) {
   auto program = std::make_unique<ChatTemplateProgram>();
   program->name = std::move(name);
+  program->source = std::string(source);
   try {
     program->nodes = chat_template_internal::parse_template(source);
   } catch (const TemplateError& e) {

@@ -44,6 +44,7 @@ class ChatTemplate {
                              const nlohmann::ordered_json& extra) const;
 
   const std::string& name() const;
+  const std::string& source() const;  // the template text
 
   ChatTemplate(ChatTemplate&&) noexcept;
   ChatTemplate& operator=(ChatTemplate&&) noexcept;

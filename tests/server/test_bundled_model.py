@@ -17,7 +17,7 @@ def test_bundled_model_chat_uses_its_template(start_server):
         # the template: more than the raw message text alone.
         assert body["usage"]["prompt_tokens"] > 12
         assert "chat template: none" not in s.stderr
-        status, body = post(s.url + CH, {"messages": [{"role": "tool", "content": "x"}]})
+        status, body = post(s.url + CH, {"messages": [{"role": "tool", "content": "x", "tool_call_id": "c"}]})
         assert status == 400, body  # raise_exception in the template: the role is not supported
     finally:
         s.stop()
