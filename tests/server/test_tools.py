@@ -153,3 +153,23 @@ def test_a_call_and_its_result_go_back_to_the_model(start_server, chat_models, m
         assert call.function.name in text["prompt"] and "temp" in text["prompt"]
     finally:
         s.stop()
+
+
+def test_forced_calls_are_exact_under_quantspec(start_server, chat_models):
+    """A call that tool_choice forces is generated under its schema's mask in every row, the
+    draft's too: greedy QuantSpec writes AR INT8's call."""
+    request = dict(model="x", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=100,
+                   temperature=0, logit_bias=short_json_bias("qwen2-tiny"))
+    got = []
+    for flags in (("--kv", "int8"), ("--mode", "quantspec", "--gamma", "4")):
+        s = start_server("-m", chat_models["qwen2-tiny"], "--ctx", "1024", "--group-size", "32", *flags)
+        try:
+            got.append(client_of(s).chat.completions.create(**request).choices[0])
+        finally:
+            s.stop()
+    ar8, spec = got
+    assert (spec.message.content, spec.finish_reason) == (ar8.message.content, ar8.finish_reason)
+    strip = lambda calls: [(c.function.name, c.function.arguments) for c in calls or []]
+    assert strip(spec.message.tool_calls) == strip(ar8.message.tool_calls)
+    assert ar8.finish_reason == "tool_calls", ar8  # a whole call (with the bias, in 100 tokens)
+    check_calls(ar8.message.tool_calls)
