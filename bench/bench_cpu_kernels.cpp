@@ -118,7 +118,7 @@ void logprobs() {
 // Constrained JSON: JsonConstraint::allowed for states it has not met (the walk; a met one is a
 // lookup), over 128256 tokens: the 256 bytes, then pseudo-words of 1-10 letters (half with a
 // leading space, as a BPE vocabulary's), some with JSON punctuation around them. JSON mode, then a
-// recursive schema (a listed key due, a bounded string, an enum value).
+// recursive schema (a listed key due, a bounded string, an enum value), then a bounded number.
 void json_masks() {
   const int vocab = 128256;
   std::mt19937 g(11);
@@ -169,6 +169,11 @@ void json_masks() {
   time_states(schema, "(schema, a listed key is due)", node, "{\"");
   time_states(schema, "(schema, in a bounded string)", node, "{\"name\":\"ab");
   time_states(schema, "(schema, in an enum value)", node, "{\"name\":\"a\",\"kind\":\"");
+  qs::JsonConstraint numbers(trie, qs::JsonGrammar::compile(R"({"$defs": {"a": {"type": "array",
+      "items": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "number", "minimum": 0, "maximum": 100}]}}},
+      "$ref": "#/$defs/a"})")
+                                       .value());
+  time_states(numbers, "(schema, in a bounded number)", "[", "42.5");
 }
 
 int main(int argc, char** argv) {

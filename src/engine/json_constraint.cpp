@@ -192,6 +192,10 @@ void JsonRecognizer::start_value(JsonThread t, int32_t id, uint8_t c, Sink& out)
     case Kind::kInteger:
       t.mode = kNumStart;
       t.node = id;
+      t.value = 0;
+      t.count = 0;
+      t.frac = 0;
+      t.aux = 0;
       return number_byte(t, c, out);
     case Kind::kLiterals:
       t.mode = kLiteral;
@@ -285,34 +289,67 @@ void JsonRecognizer::string_byte(JsonThread t, uint8_t c, Sink& out) {
 
 namespace {
 
-// A bounded integer's magnitude past every finite bound (digits beyond it change nothing).
+// A bounded number's integer magnitude past every finite bound (digits beyond it change nothing).
 constexpr int64_t kClampedMagnitude = 2 * kJsonMaxBound;
+constexpr uint8_t kNegative = 1;  // JsonThread::aux of a number
+constexpr uint8_t kBeyond = 2;    // ... a nonzero fraction digit past the first kJsonUnitDigits
 
 bool bounded(const JsonNode& n) {
-  return n.kind == JsonNode::Kind::kInteger &&
+  return (n.kind == JsonNode::Kind::kInteger || n.kind == JsonNode::Kind::kNumber) &&
          (n.minimum != -kJsonNoBound || n.maximum != kJsonNoBound);
 }
 
-// Whether the integer of sign `negative` and magnitude `p` lies within n's bounds.
-bool in_bounds(const JsonNode& n, bool negative, int64_t p) {
-  const __int128 v = negative ? -static_cast<__int128>(p) : p;
-  return v >= n.minimum && v <= n.maximum;
+// The magnitudes, in units, n's bounds allow a number of t's sign: [lo, hi].
+struct Magnitudes {
+  JsonScaled lo, hi;
+};
+Magnitudes magnitudes(const JsonNode& n, const JsonThread& t) {
+  if (t.aux & kNegative) return {-n.maximum, -n.minimum};
+  return {n.minimum, n.maximum};
 }
 
-// Whether an integer whose digits so far make the magnitude `p` (`closed`: a leading 0, which no
-// digit follows) can still end within n's bounds: p itself, or p followed by j more digits, the
-// magnitudes [p * 10^j, (p + 1) * 10^j - 1].
-bool integer_viable(const JsonNode& n, bool negative, int64_t p, bool closed) {
-  if (in_bounds(n, negative, p)) return true;
-  if (closed || p == 0) return false;
-  // The magnitudes the bounds allow: [lo, hi], without hi where that side is unbounded.
-  const bool no_hi = negative ? n.minimum == -kJsonNoBound : n.maximum == kJsonNoBound;
-  if (no_hi) return true;
-  const __int128 lo = negative ? -static_cast<__int128>(n.maximum) : n.minimum;
-  const __int128 hi = negative ? -static_cast<__int128>(n.minimum) : n.maximum;
-  for (__int128 scale = 10;; scale *= 10) {
-    if (p * scale > hi) return false;
-    if ((p + 1) * scale - 1 >= lo) return true;
+JsonScaled whole_units(const JsonThread& t) {
+  return JsonScaled{t.value} * kJsonUnit;
+}
+
+// Whether a number that ends here lies within n's bounds.
+bool number_in_bounds(const JsonNode& n, const JsonThread& t) {
+  const Magnitudes m = magnitudes(n, t);
+  const JsonScaled v = whole_units(t) + (t.mode == kFrac ? t.frac : 0);
+  // Digits past the first kJsonUnitDigits that are not all 0: strictly between v and v + 1.
+  if (t.mode == kFrac && (t.aux & kBeyond)) return v >= m.lo && v + 1 <= m.hi;
+  return v >= m.lo && v <= m.hi;
+}
+
+// Whether a bounded number read up to t (in t.mode) can still end within n's bounds. What its
+// magnitude can still become, in units: after integer digits P (kInt) P followed by j more digits
+// and any fraction, [P 10^j, (P + 1) 10^j) for every j >= 0; after a leading 0 or the '.' only
+// j = 0; after fraction digits F (k of them) [P.F, P.F + 10^-k). Bounds and those ends are whole
+// units, so an interval that meets the bounds holds a number of at most kJsonUnitDigits fraction
+// digits the text can still become.
+bool number_viable(const JsonNode& n, const JsonThread& t) {
+  const Magnitudes m = magnitudes(n, t);
+  const JsonScaled whole = whole_units(t);
+  switch (t.mode) {
+    case kMinus:
+      return m.hi >= 0;
+    case kZero:
+    case kDot:
+      return whole <= m.hi && whole + kJsonUnit > m.lo;
+    case kInt:
+      for (JsonScaled a = whole, b = whole + kJsonUnit; a <= m.hi; a *= 10, b *= 10) {
+        if (b > m.lo) return true;
+      }
+      return false;
+    case kFrac: {
+      if (t.count > kJsonUnitDigits) return number_in_bounds(n, t);  // no new digit moves it
+      JsonScaled width = 1;
+      for (int i = t.count; i < kJsonUnitDigits; ++i) width *= 10;
+      const JsonScaled v = whole + t.frac;
+      return v <= m.hi && v + width > m.lo;
+    }
+    default:
+      return true;
   }
 }
 
@@ -321,45 +358,60 @@ bool integer_viable(const JsonNode& n, bool negative, int64_t p, bool closed) {
 void JsonRecognizer::number_byte(JsonThread t, uint8_t c, Sink& out) {
   const JsonNode& n = g_.node(t.node);
   const bool integer = n.kind == JsonNode::Kind::kInteger;
-  const bool checked = bounded(n);
+  const bool checked = bounded(n);  // then also no exponent: a decimal whose value is tracked
+  // On to `mode`, where the number can still end within its bounds.
   auto to = [&](uint8_t mode) {
     t.mode = mode;
-    out.add(t);
+    if (!checked || number_viable(n, t)) out.add(t);
   };
   // A digit of the integer part, into `mode` (kZero: a leading 0).
-  auto digit = [&](uint8_t mode) {
+  auto integer_digit = [&](uint8_t mode) {
     if (checked) {
       const __int128 p = static_cast<__int128>(t.value) * 10 + (c - '0');
       t.value = static_cast<int64_t>(std::min<__int128>(p, kClampedMagnitude));
-      if (!integer_viable(n, t.aux == 1, t.value, mode == kZero)) return;
     }
     to(mode);
   };
+  auto fraction_digit = [&] {
+    if (checked) {
+      if (t.count < kJsonUnitDigits) {
+        uint32_t place = 1;
+        for (int i = t.count + 1; i < kJsonUnitDigits; ++i) place *= 10;
+        t.frac += static_cast<uint32_t>(c - '0') * place;
+        ++t.count;
+      } else {
+        if (c != '0') t.aux |= kBeyond;
+        t.count = kJsonUnitDigits + 1;
+      }
+    }
+    to(kFrac);
+  };
+  const bool exponent = !checked && (c == 'e' || c == 'E');
   switch (t.mode) {
     case kNumStart:
       if (c == '-') {
-        if (checked && n.minimum > 0) return;  // "-0" is 0: a minimum of 0 allows the sign
-        t.aux = 1;
+        t.aux = kNegative;
         return to(kMinus);
       }
       [[fallthrough]];
     case kMinus:
-      if (c == '0') return digit(kZero);
-      if (c >= '1' && c <= '9') digit(kInt);
+      if (c == '0') return integer_digit(kZero);
+      if (c >= '1' && c <= '9') integer_digit(kInt);
       return;
     case kZero:
     case kInt:
-      if (t.mode == kInt && is_digit(c)) return digit(kInt);
+      if (t.mode == kInt && is_digit(c)) return integer_digit(kInt);
       if (!integer && c == '.') return to(kDot);
-      if (!integer && (c == 'e' || c == 'E')) return to(kExp);
-      if (checked && !in_bounds(n, t.aux == 1, t.value)) return;
+      if (!integer && exponent) return to(kExp);
+      if (checked && !number_in_bounds(n, t)) return;
       return end_value(t, c, true, out);
     case kDot:
-      if (is_digit(c)) to(kFrac);
+      if (is_digit(c)) fraction_digit();
       return;
     case kFrac:
-      if (is_digit(c)) return to(kFrac);
-      if (c == 'e' || c == 'E') return to(kExp);
+      if (is_digit(c)) return fraction_digit();
+      if (exponent) return to(kExp);
+      if (checked && !number_in_bounds(n, t)) return;
       return end_value(t, c, true, out);
     case kExp:
       if (c == '+' || c == '-') return to(kExpSign);
@@ -502,11 +554,11 @@ bool JsonRecognizer::accepting(const JsonState& s) const {
     if (t.mode == kDone) return true;
     if (t.frame >= 0) continue;
     // A number or a literal at the top level ends with the text.
-    if (t.mode == kZero || t.mode == kInt) {
+    if (t.mode == kZero || t.mode == kInt || t.mode == kFrac) {
       const JsonNode& n = g_.node(t.node);
-      if (!bounded(n) || in_bounds(n, t.aux == 1, t.value)) return true;
+      if (!bounded(n) || number_in_bounds(n, t)) return true;
     }
-    if (t.mode == kFrac || t.mode == kExpInt) return true;
+    if (t.mode == kExpInt) return true;
     if (t.mode == kLiteral && g_.trie(t.trie).value >= 0) return true;
   }
   return false;

@@ -36,17 +36,21 @@ constexpr int kJsonMaxThreads = 16;
 // One reading of the text: where in the grammar it is. Unused fields stay at their defaults, so
 // that equal readings compare (and hash) equal byte for byte.
 struct JsonThread {
-  int64_t value = 0;   // a bounded integer's digits so far (magnitude, clamped past the bounds)
+  int64_t value = 0;   // a bounded number's integer digits so far (magnitude, clamped past the
+                       // bounds)
   int32_t frame = -1;  // the innermost open container (JsonRecognizer's pool), -1: none
   int32_t node = -1;   // the value due (value, colon modes) or being read (scalars)
   int32_t trie = -1;   // position in a literal trie (a literal value, a key's name), -1: none
-  uint16_t count = 0;  // characters of a string with length bounds
+  uint16_t count = 0;  // characters of a string with length bounds; a bounded number's fraction
+                       // digits (kJsonUnitDigits + 1: more)
   uint8_t mode = 0;    // where in the grammar (json_constraint.cpp's Mode)
-  uint8_t aux = 0;     // the mode's counter: \u digits, UTF-8 bytes left; a number's sign (1: -)
+  uint8_t aux = 0;     // the mode's counter: \u digits, UTF-8 bytes left; a number's sign (bit 0:
+                       // -) and, bounded, a nonzero fraction digit past its first kJsonUnitDigits
+                       // (bit 1)
   uint8_t ws = 0;      // consecutive whitespace bytes
   uint8_t key = 0;     // the string being read is an object's key
   uint16_t pad = 0;
-  uint32_t pad2 = 0;
+  uint32_t frac = 0;  // a bounded number's first kJsonUnitDigits fraction digits, in units
   bool operator==(const JsonThread&) const = default;
 };
 static_assert(sizeof(JsonThread) == 32,

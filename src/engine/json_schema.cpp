@@ -19,6 +19,59 @@ namespace {
 using Schema = nlohmann::ordered_json;
 
 constexpr size_t kMaxNodes = 20000;
+
+JsonScaled floor_div(JsonScaled a, JsonScaled b) {
+  const JsonScaled q = a / b;
+  return q * b > a ? q - 1 : q;
+}
+
+JsonScaled ceil_div(JsonScaled a, JsonScaled b) {
+  const JsonScaled q = a / b;
+  return q * b < a ? q + 1 : q;
+}
+
+// A schema number times kJsonUnit, rounded down and up (equal when it is a whole number of units).
+struct Scaled {
+  JsonScaled floor = 0, ceil = 0;
+};
+
+// Exact for the number as the schema wrote it: a double is taken as its shortest decimal text
+// (0.1 is 0.1, not the binary fraction nearest to it). |v| <= kJsonMaxBound.
+Scaled scaled(const Schema& v) {
+  if (v.is_number_integer()) {
+    const JsonScaled x =
+        v.is_number_unsigned() ? JsonScaled{v.get<uint64_t>()} : JsonScaled{v.get<int64_t>()};
+    return {x * kJsonUnit, x * kJsonUnit};
+  }
+  const std::string text = fmt::format("{}", v.get<double>());  // [-]digits[.digits][e[+-]n]
+  JsonScaled digits = 0;
+  int exponent = kJsonUnitDigits;  // the power of ten `digits` is multiplied by, in units
+  bool fraction = false;
+  size_t i = text[0] == '-' ? 1 : 0;
+  for (; i < text.size() && text[i] != 'e'; ++i) {
+    if (text[i] == '.') {
+      fraction = true;
+    } else {
+      digits = digits * 10 + (text[i] - '0');
+      exponent -= fraction ? 1 : 0;
+    }
+  }
+  if (i < text.size()) exponent += std::stoi(text.substr(i + 1));
+  JsonScaled q = digits;
+  bool exact = true;
+  for (; exponent > 0; --exponent) q *= 10;
+  if (exponent < -30) {  // far below one unit
+    exact = q == 0;
+    q = 0;
+  } else if (exponent < 0) {
+    JsonScaled d = 1;
+    for (; exponent < 0; ++exponent) d *= 10;
+    exact = q % d == 0;
+    q /= d;
+  }
+  if (text[0] == '-') return {-(q + (exact ? 0 : 1)), -q};
+  return {q, q + (exact ? 0 : 1)};
+}
 constexpr size_t kMaxLiteralBytes = size_t{1} << 20;
 constexpr int kMaxDepth = 128;
 constexpr int64_t kMaxLength = 65535;  // JsonThread counts a string's characters in 16 bits
@@ -319,9 +372,7 @@ class JsonSchemaCompiler {
       if (has_any(s, kObjectWords)) return std::vector<std::string>{"object"};
       if (has_any(s, kArrayWords)) return std::vector<std::string>{"array"};
       if (has_any(s, kStringWords)) return std::vector<std::string>{"string"};
-      if (has_any(s, kNumberWords)) {
-        return error_at(at, "'minimum' / 'maximum' need \"type\": \"integer\"");
-      }
+      if (has_any(s, kNumberWords)) return std::vector<std::string>{"number"};
       return types;  // any value
     }
     const Schema& t = s["type"];
@@ -359,16 +410,7 @@ class JsonSchemaCompiler {
     using Kind = JsonNode::Kind;
     if (type == "boolean") return fill_literals(id, {"true", "false"}, at);
     if (type == "null") return fill_literals(id, {"null"}, at);
-    if (type == "number") {
-      if (has_any(s, kNumberWords)) {
-        return error_at(at,
-                        "'minimum' / 'maximum' on a \"number\" are not supported (on an "
-                        "\"integer\" they are)");
-      }
-      node(id).kind = Kind::kNumber;
-      return Status::ok_status();
-    }
-    if (type == "integer") return fill_integer(id, s, at);
+    if (type == "number" || type == "integer") return fill_number(id, s, type == "integer", at);
     if (type == "string") {
       QS_ASSIGN_OR_RETURN(const int32_t lo, bound(s, "minLength", kMaxLength, at));
       QS_ASSIGN_OR_RETURN(const int32_t hi, bound(s, "maxLength", kMaxLength, at));
@@ -381,11 +423,12 @@ class JsonSchemaCompiler {
     return fill_object(id, s, at, depth);
   }
 
-  // An integer's bounds, inclusive: minimum and exclusiveMinimum (a number, as JSON Schema 2020-12
-  // and OpenAPI 3.1 write it) both count, the tighter wins.
-  Status fill_integer(int32_t id, const Schema& s, const std::string& at) {
+  // A number's or an integer's bounds, inclusive, in units: minimum and exclusiveMinimum (a
+  // number, as JSON Schema 2020-12 and OpenAPI 3.1 write it) both count, the tighter wins.
+  Status fill_number(int32_t id, const Schema& s, bool integer, const std::string& at) {
     JsonNode& n = node(id);
-    n.kind = JsonNode::Kind::kInteger;
+    n.kind = integer ? JsonNode::Kind::kInteger : JsonNode::Kind::kNumber;
+    const JsonScaled step = integer ? kJsonUnit : 1;  // the values a bound is rounded to
     for (const char* word : kNumberWords) {
       if (!s.contains(word)) continue;
       const Schema& v = s[word];
@@ -394,18 +437,18 @@ class JsonSchemaCompiler {
                                         "not supported)",
                                         word));
       }
-      const double x = v.get<double>();
-      if (!(std::abs(x) <= static_cast<double>(kJsonMaxBound))) {
+      if (!(std::abs(v.get<double>()) <= static_cast<double>(kJsonMaxBound))) {
         return error_at(at, fmt::format("'{}' beyond 1e18 is not supported", word));
       }
+      const Scaled x = scaled(v);
       const std::string_view w = word;
-      if (w == "minimum") n.minimum = std::max(n.minimum, static_cast<int64_t>(std::ceil(x)));
+      if (w == "minimum") n.minimum = std::max(n.minimum, ceil_div(x.ceil, step) * step);
       if (w == "exclusiveMinimum") {
-        n.minimum = std::max(n.minimum, static_cast<int64_t>(std::floor(x)) + 1);
+        n.minimum = std::max(n.minimum, (floor_div(x.floor, step) + 1) * step);
       }
-      if (w == "maximum") n.maximum = std::min(n.maximum, static_cast<int64_t>(std::floor(x)));
+      if (w == "maximum") n.maximum = std::min(n.maximum, floor_div(x.floor, step) * step);
       if (w == "exclusiveMaximum") {
-        n.maximum = std::min(n.maximum, static_cast<int64_t>(std::ceil(x)) - 1);
+        n.maximum = std::min(n.maximum, (ceil_div(x.ceil, step) - 1) * step);
       }
     }
     return Status::ok_status();
@@ -538,8 +581,6 @@ class JsonSchemaCompiler {
             p = u.max_length < 0 || u.min_length <= u.max_length;
             break;
           case Kind::kNumber:
-            p = true;
-            break;
           case Kind::kInteger:
             p = u.minimum <= u.maximum;
             break;

@@ -7,11 +7,11 @@
 // anyOf / oneOf (followed as anyOf), allOf of one schema, $ref to "#..." (recursion included),
 // $defs / definitions, properties (generated in their order; those not in required may be left
 // out), required, additionalProperties (false when properties are given and it is not, as vLLM's
-// xgrammar does), items, minItems, maxItems, minLength, maxLength, and on integers minimum,
-// maximum, exclusiveMinimum, exclusiveMaximum. Annotations (title,
-// description, default, examples, format, ...) and unknown keywords are ignored, as JSON Schema
-// says; the assertions this engine cannot enforce (pattern, minimum, uniqueItems, ...) are errors
-// that name them. An empty schema (or true) is any JSON value.
+// xgrammar does), items, minItems, maxItems, minLength, maxLength, and on numbers and integers
+// minimum, maximum, exclusiveMinimum, exclusiveMaximum. Annotations (title, description,
+// default, examples, format, ...) and unknown keywords are ignored, as JSON Schema says; the
+// assertions this engine cannot enforce (pattern, multipleOf, uniqueItems, ...) are errors that
+// name them. An empty schema (or true) is any JSON value.
 #pragma once
 
 #include <cstdint>
@@ -26,9 +26,13 @@ namespace qs {
 // The JSON mode's schema (OpenAI's json_object): one object of any members.
 inline constexpr std::string_view kJsonObjectSchema = R"({"type":"object"})";
 
-// An integer's bound that is none; finite bounds are within +-kJsonMaxBound.
-inline constexpr int64_t kJsonNoBound = INT64_MAX;
+// A number's bounds are kept in units of 10^-kJsonUnitDigits (kJsonUnit units make 1), exactly:
+// JsonScaled. Finite bounds are within +-kJsonMaxBound; kJsonNoBound is beyond all of them.
+using JsonScaled = __int128;
+inline constexpr int kJsonUnitDigits = 9;
+inline constexpr int64_t kJsonUnit = 1'000'000'000;
 inline constexpr int64_t kJsonMaxBound = 1'000'000'000'000'000'000;
+inline constexpr JsonScaled kJsonNoBound = JsonScaled{kJsonMaxBound} * kJsonUnit * 1000;
 
 struct JsonNode {
   enum class Kind : uint8_t {
@@ -60,8 +64,11 @@ struct JsonNode {
   int32_t min_items = 0, max_items = -1;  // -1: no bound
   // kString: characters (code points; an escape is one)
   int32_t min_length = 0, max_length = -1;
-  // kInteger: the inclusive bounds (kJsonNoBound: none); finite ones within +-kJsonMaxBound.
-  int64_t minimum = -kJsonNoBound, maximum = kJsonNoBound;
+  // kNumber, kInteger: the inclusive bounds in units (kJsonNoBound: none): a value v is within
+  // them when minimum <= v * kJsonUnit <= maximum. An integer's are whole numbers (multiples of
+  // kJsonUnit); a number's are rounded inwards to units, and a number with bounds is written
+  // without an exponent.
+  JsonScaled minimum = -kJsonNoBound, maximum = kJsonNoBound;
   // kLiterals: the root of its trie
   int32_t trie = -1;
   // kUnion

@@ -285,6 +285,32 @@ const std::vector<SchemaCase>& schema_cases() {
        R"({"type": "integer", "minimum": -3, "maximum": 250})",
        {"-3", "0", "-0", "250", "25", "9"},
        {{"-4", "4"}, {"251", "1"}, {"2509", "9"}}},
+      {"number bounds",
+       R"({"type": "object", "properties": {
+             "p": {"type": "number", "minimum": 0, "maximum": 1},
+             "t": {"type": "number", "exclusiveMinimum": -0.5, "exclusiveMaximum": 2.25},
+             "lat": {"minimum": -90, "maximum": 90},
+             "tiny": {"type": "number", "minimum": 1e-9, "maximum": 0.000000002}},
+           "required": ["p"]})",
+       {R"({"p":0})", R"({"p":1,"t":-0.4999,"lat":-90})",
+        R"({"p":0.25,"t":2.249999999,"lat":89.999})", R"({"p":1.000,"lat":-0})",
+        R"({"p":-0.0,"tiny":0.000000001})", R"({"p":0.3333333333333333,"tiny":0.0000000015})",
+        R"({"p":0.5,"tiny":0.000000002000})"},
+       {{R"({"p":-0.5})", "5}"},                     // "-0." may still be -0.0
+        {R"({"p":1.5})", "5}"},                      //
+        {R"({"p":2})", "2}"},                        // 2, 20.., 200.. are all out
+        {R"({"p":0.5e1})", "e1"},                    // no exponent where bounds are
+        {R"({"p":1,"t":-0.5})", "5}"},               // exclusive
+        {R"({"p":1,"t":2.25})", "5}"},               //
+        {R"({"p":1,"t":2.2499999999})", "9}"},       // past 9 fraction digits: below 2.25 by
+                                                     // less than 10^-9, not followed
+        {R"({"p":1,"lat":90.5})", "5}"},             //
+        {R"({"p":0,"lat":"x"})", "\"x"},             // a number (bounds imply it)
+        {R"({"p":0,"tiny":0.0000000025})", "5}"}}},  // 2e-9 and more: out
+      {"top-level number bounds",
+       R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
+       {"-1.5", "1000", "999.99", "-0.75", "0"},
+       {{"-1.6", "6"}, {"1000.5", "5"}, {"-2", "2"}, {"5e2", "e2"}}},
       {"any", "{}", {R"("s")", "[1,{}]", "null", R"({"a":[{}]})", "-1.5e3"}, {{"[1,]", "]"}}},
       {"json mode",
        std::string(kJsonObjectSchema),
@@ -334,8 +360,10 @@ TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
       {R"({"type": "string", "pattern": "a+"})", "at '#': 'pattern' is not supported"},
       {R"({"properties": {"age": {"type": "integer", "multipleOf": 5}}})",
        "at '#/properties/age': 'multipleOf' is not supported"},
-      {R"({"type": "number", "minimum": 0})", "on a \"number\" are not supported"},
-      {R"({"maximum": 3})", "need \"type\": \"integer\""},
+      {R"({"type": "number", "minimum": 2, "maximum": 1.5})", "the schema accepts no value"},
+      {R"({"exclusiveMinimum": 1, "exclusiveMaximum": 1.000000001})",  // no unit between them
+       "the schema accepts no value"},
+      {R"({"type": "number", "maximum": -2e18})", "'maximum' beyond 1e18 is not supported"},
       {R"({"type": "integer", "minimum": 1e19})", "'minimum' beyond 1e18 is not supported"},
       {R"({"type": "integer", "minimum": 0, "exclusiveMinimum": true})", "must be a number"},
       {R"({"type": "integer", "minimum": 5, "maximum": 4})", "the schema accepts no value"},
