@@ -168,6 +168,7 @@ void json_masks() {
   const std::string node = R"({"name":"a","kind":"beta","kids":[)";
   time_states(schema, "(schema, a listed key is due)", node, "{\"");
   time_states(schema, "(schema, in a bounded string)", node, "{\"name\":\"ab");
+  time_states(schema, "(schema, that string 2 chars on)", node, "{\"name\":\"abcd");
   time_states(schema, "(schema, in an enum value)", node, "{\"name\":\"a\",\"kind\":\"");
   qs::JsonConstraint numbers(trie, qs::JsonGrammar::compile(R"({"$defs": {"a": {"type": "array",
       "items": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "number", "minimum": 0, "maximum": 100}]}}},

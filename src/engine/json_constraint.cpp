@@ -580,6 +580,17 @@ int JsonRecognizer::plain_step(const JsonState& s) const {
   return count < 0 ? -1 : count - t.count;
 }
 
+void JsonRecognizer::merge_counts(JsonState& s, int chars) const {
+  for (int i = 0; i < s.n; ++i) {
+    JsonThread& t = s.threads[static_cast<size_t>(i)];
+    if (t.key || (t.mode != kString && t.mode != kEscape && t.mode != kHex)) continue;
+    const JsonNode& n = g_.node(t.node);
+    // A character that fits and a closing quote are both taken: as at minLength.
+    if (n.max_length >= 0 && t.count >= n.min_length && t.count + chars <= n.max_length)
+      t.count = static_cast<uint16_t>(n.min_length);
+  }
+}
+
 int JsonRecognizer::plain_room(const JsonState& s) const {
   constexpr int kAny = 1 << 30;
   int room = 0;
@@ -674,6 +685,7 @@ void JsonVocab::build_trie() {
                             static_cast<int32_t>(tokens_.size())});
     }
     tokens_.push_back(id);  // ends at path.back(), the newest node or (a repeat) the same one
+    longest_ = std::max(longest_, static_cast<int>(s.size()));
     prev = s;
   }
   close_to(0);
@@ -782,11 +794,15 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
 }
 
 const std::vector<uint64_t>& JsonConstraint::allowed(const JsonState& s) {
-  std::string key(s.bytes());
+  // A bounded string's characters are each a state of its own, but where every token fits they
+  // all allow the same tokens: one mask serves them.
+  key_state_.assign(s);
+  rec_.merge_counts(key_state_, vocab_->longest());
+  std::string key(key_state_.bytes());
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;
   if (cache_.size() >= 1024) cache_.clear();  // ~16 KiB per mask at a 128K vocabulary
-  return cache_.emplace(std::move(key), walk(s)).first->second;
+  return cache_.emplace(std::move(key), walk(key_state_)).first->second;
 }
 
 bool JsonConstraint::advance(JsonState& s, int32_t id) {

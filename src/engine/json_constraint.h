@@ -88,6 +88,9 @@ class JsonRecognizer {
   // step it.
   int plain_step(const JsonState& s) const;
   size_t frames() const { return frames_.size(); }
+  // The counts of the strings in `s` with room for `chars` more characters past their minLength
+  // set to their minLength: states no text of `chars` bytes tells apart made equal (a mask's key).
+  void merge_counts(JsonState& s, int chars) const;
 
  private:
   struct Frame {
@@ -158,6 +161,7 @@ class JsonVocab {
   // Whether nodes [first, end) all spell bytes a string takes as they are (printable ASCII but
   // '"' and '\\').
   bool all_plain(int32_t first, int32_t end) const;
+  int longest() const { return longest_; }  // the most bytes a token has
 
  private:
   void build_trie();  // nodes_, tokens_, plain_before_ from bytes_
@@ -171,6 +175,7 @@ class JsonVocab {
   // plain_before_[i]: how many of nodes_[0, i) spell a plain byte.
   std::vector<int32_t> plain_before_;
   std::vector<int32_t> tokens_;
+  int longest_ = 0;
 };
 
 class JsonConstraint {
@@ -203,6 +208,7 @@ class JsonConstraint {
   std::vector<int> rooms_;           // and their plain_room
   std::vector<int8_t> plain_steps_;  // and their plain_step
   JsonState token_state_;            // advance's state over a token's bytes
+  JsonState key_state_;              // allowed's state with its counts merged
 };
 
 }  // namespace qs

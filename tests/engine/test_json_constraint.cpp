@@ -307,6 +307,12 @@ const std::vector<SchemaCase>& schema_cases() {
         {R"({"p":1,"lat":90.5})", "5}"},             //
         {R"({"p":0,"lat":"x"})", "\"x"},             // a number (bounds imply it)
         {R"({"p":0,"tiny":0.0000000025})", "5}"}}},  // 2e-9 and more: out
+      {"long bounded string",  // past minLength and with room for any token: one mask
+       R"({"type": "object", "properties": {"s": {"type": "string", "minLength": 3,
+           "maxLength": 60}}, "required": ["s"]})",
+       {R"({"s":"abc"})", R"({"s":"The Lord said unto Moses, \u00e9 \"quoted\" caf\u00e9 \n ok"})",
+        "{\"s\":\"" + std::string(60, 'x') + "\"}"},
+       {{R"({"s":"ab"})", "\"}"}, {"{\"s\":\"" + std::string(60, 'y') + "z\"}", "z"}}},
       {"top-level number bounds",
        R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
        {"-1.5", "1000", "999.99", "-0.75", "0"},
