@@ -118,7 +118,8 @@ void logprobs() {
 // Constrained JSON: JsonConstraint::allowed for states it has not met (the walk; a met one is a
 // lookup), over 128256 tokens: the 256 bytes, then pseudo-words of 1-10 letters (half with a
 // leading space, as a BPE vocabulary's), some with JSON punctuation around them. JSON mode, then a
-// recursive schema (a listed key due, a bounded string, an enum value), then a bounded number.
+// recursive schema (a listed key due, a bounded string, an enum value), then a bounded number and
+// a string with a pattern.
 void json_masks() {
   const int vocab = 128256;
   std::mt19937 g(11);
@@ -175,6 +176,11 @@ void json_masks() {
       "$ref": "#/$defs/a"})")
                                        .value());
   time_states(numbers, "(schema, in a bounded number)", "[", "42.5");
+  qs::JsonConstraint patterns(trie, qs::JsonGrammar::compile(R"({"$defs": {"a": {"type": "array",
+      "items": {"anyOf": [{"$ref": "#/$defs/a"}, {"type": "string", "pattern": "^[a-z]+-\\d+$"}]}}},
+      "$ref": "#/$defs/a"})")
+                                        .value());
+  time_states(patterns, "(schema, in a pattern string)", "[", "\"abc");
 }
 
 int main(int argc, char** argv) {

@@ -88,6 +88,24 @@ int counted(const JsonNode& string, int count) {
   return count < string.max_length ? count + 1 : -1;
 }
 
+// The character a short escape's letter stands for (\" \\ \/ \b \f \n \r \t).
+uint8_t escaped_byte(uint8_t letter) {
+  switch (letter) {
+    case 'b':
+      return '\b';
+    case 'f':
+      return '\f';
+    case 'n':
+      return '\n';
+    case 'r':
+      return '\r';
+    case 't':
+      return '\t';
+    default:
+      return letter;
+  }
+}
+
 // An array's items started, as its frame keeps them: without maxItems only whether minItems is
 // reached matters, so the count stops there (the states of an array's items then repeat).
 int32_t saturate(const JsonNode& array, int32_t count) {
@@ -187,6 +205,7 @@ void JsonRecognizer::start_value(JsonThread t, int32_t id, uint8_t c, Sink& out)
       if (c != '"') return;
       t.mode = kString;
       t.node = id;
+      t.pattern = n.pattern >= 0 ? static_cast<uint16_t>(g_.pattern(n.pattern).start() + 1) : 0;
       break;
     case Kind::kNumber:
     case Kind::kInteger:
@@ -260,16 +279,35 @@ void JsonRecognizer::end_key(JsonThread t, Sink& out) {
   out.add(t);
 }
 
+bool JsonRecognizer::pattern_byte(JsonThread& t, uint8_t c) const {
+  if (t.pattern == 0) return true;
+  const int32_t next = g_.pattern(g_.node(t.node).pattern).next(t.pattern - 1, c);
+  if (next < 0) return false;
+  t.pattern = static_cast<uint16_t>(next + 1);
+  return true;
+}
+
+bool JsonRecognizer::pattern_escapes(const JsonThread& t) const {
+  if (t.pattern == 0) return true;
+  for (uint8_t letter : {'"', '\\', '/', 'b', 'f', 'n', 'r', 't'}) {
+    JsonThread u = t;
+    if (pattern_byte(u, escaped_byte(letter))) return true;
+  }
+  return false;
+}
+
 void JsonRecognizer::string_byte(JsonThread t, uint8_t c, Sink& out) {
   if ((t.aux & 3) != 0) {
-    if (!continuation_ok(t.aux, c) || (t.key && !key_byte(t, c))) return;
+    if (!continuation_ok(t.aux, c) || (t.key && !key_byte(t, c)) || !pattern_byte(t, c)) return;
     t.aux = static_cast<uint8_t>((t.aux & 3) - 1);  // later continuation bytes: any range
     out.add(t);
     return;
   }
   if (c == '"') {
     if (t.key) return end_key(t, out);
-    if (t.count < g_.node(t.node).min_length) return;
+    const JsonNode& n = g_.node(t.node);
+    if (t.count < n.min_length) return;
+    if (t.pattern != 0 && !g_.pattern(n.pattern).accepts(t.pattern - 1)) return;
     return end_value(t, c, false, out);
   }
   if (c < 0x20) return;
@@ -282,6 +320,9 @@ void JsonRecognizer::string_byte(JsonThread t, uint8_t c, Sink& out) {
     if (count < 0) return;
     t.count = static_cast<uint16_t>(count);
   }
+  // An escape steps the pattern by the character it stands for, once its letter comes: a
+  // backslash is taken only if some escape's character continues the pattern.
+  if (c == '\\' ? !pattern_escapes(t) : !pattern_byte(t, c)) return;
   if (c == '\\') t.mode = kEscape;
   t.aux = aux;
   out.add(t);
@@ -506,6 +547,9 @@ void JsonRecognizer::step(JsonThread t, uint8_t c, Sink& out) {
         return;
       }
       if (t.key && !key_byte(t, c)) return;
+      if (t.pattern != 0) {  // no \u escapes where a pattern reads the characters
+        if (c == 'u' || !pattern_byte(t, escaped_byte(c))) return;
+      }
       t.aux = c == 'u' ? 4 : 0;
       return to(c == 'u' ? kHex : kString);
     case kHex:
@@ -574,7 +618,7 @@ bool JsonRecognizer::finished(const JsonState& s) const {
 int JsonRecognizer::plain_step(const JsonState& s) const {
   if (s.n != 1) return -1;
   const JsonThread& t = s.threads[0];
-  if (t.mode != kString || (t.aux & 3) != 0) return -1;
+  if (t.mode != kString || (t.aux & 3) != 0 || t.pattern != 0) return -1;
   if (t.key) return t.trie < 0 && g_.node(frame(t.frame).node).additional >= 0 ? 0 : -1;
   const int count = counted(g_.node(t.node), t.count);
   return count < 0 ? -1 : count - t.count;
@@ -596,7 +640,7 @@ int JsonRecognizer::plain_room(const JsonState& s) const {
   int room = 0;
   for (int i = 0; i < s.n; ++i) {
     const JsonThread& t = s.threads[static_cast<size_t>(i)];
-    if (t.mode != kString || (t.aux & 3) != 0) continue;
+    if (t.mode != kString || (t.aux & 3) != 0 || t.pattern != 0) continue;
     if (t.key) {  // a key outside the listed names (only where other keys may come)
       if (g_.node(frame(t.frame).node).additional >= 0) room = kAny;
     } else {

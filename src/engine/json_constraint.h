@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "core/error.h"
+#include "engine/json_pattern.h"
 #include "engine/json_schema.h"
 
 namespace qs {
@@ -49,10 +50,11 @@ struct JsonThread {
                        // (bit 1)
   uint8_t ws = 0;      // consecutive whitespace bytes
   uint8_t key = 0;     // the string being read is an object's key
-  uint16_t pad = 0;
+  uint16_t pattern = 0;  // a string's pattern automaton state + 1 (0: none)
   uint32_t frac = 0;  // a bounded number's first kJsonUnitDigits fraction digits, in units
   bool operator==(const JsonThread&) const = default;
 };
+static_assert(kMaxPatternStates < 65535, "JsonThread::pattern holds a state + 1 in 16 bits");
 static_assert(sizeof(JsonThread) == 32,
               "no padding bytes: readings are compared and hashed as bytes");
 
@@ -110,6 +112,10 @@ class JsonRecognizer {
   void next_member(JsonThread t, Sink& out);
   void close(JsonThread t, uint8_t c, Sink& out);
   void string_byte(JsonThread t, uint8_t c, Sink& out);
+  // Steps a pattern string's automaton by c; false where no match can follow.
+  bool pattern_byte(JsonThread& t, uint8_t c) const;
+  // Some short escape's character continues t's pattern (or t has none).
+  bool pattern_escapes(const JsonThread& t) const;
   void end_key(JsonThread t, Sink& out);
   bool key_byte(JsonThread& t, uint8_t c) const;
   void literal_byte(JsonThread t, uint8_t c, Sink& out);

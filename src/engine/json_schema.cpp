@@ -8,6 +8,7 @@
 #include <limits>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <set>
 #include <span>
 
@@ -79,7 +80,6 @@ constexpr int64_t kMaxLength = 65535;  // JsonThread counts a string's character
 // Assertions this engine does not enforce: a schema using one is refused rather than followed
 // loosely.
 const std::set<std::string, std::less<>> kUnsupported = {
-    "pattern",
     "multipleOf",
     "patternProperties",
     "propertyNames",
@@ -105,7 +105,7 @@ const std::set<std::string, std::less<>> kUnsupported = {
 };
 const char* const kObjectWords[] = {"properties", "required", "additionalProperties"};
 const char* const kArrayWords[] = {"items", "minItems", "maxItems"};
-const char* const kStringWords[] = {"minLength", "maxLength"};
+const char* const kStringWords[] = {"minLength", "maxLength", "pattern"};
 const char* const kNumberWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 // Keywords that constrain a value: beside $ref, anyOf, oneOf and allOf they are refused (this
 // compiler does not intersect schemas).
@@ -344,6 +344,7 @@ class JsonSchemaCompiler {
     if (s.contains("type")) {
       QS_ASSIGN_OR_RETURN(types, types_of(s, at));
     }
+    QS_ASSIGN_OR_RETURN(const std::optional<JsonPattern> pattern, pattern_of(s, at));
     std::vector<std::string> texts;
     for (const Schema& v : values) {
       const std::string t = type_name(v);
@@ -359,7 +360,8 @@ class JsonSchemaCompiler {
                            (num("maximum") && v > s["maximum"]) ||
                            (num("exclusiveMinimum") && v <= s["exclusiveMinimum"]) ||
                            (num("exclusiveMaximum") && v >= s["exclusiveMaximum"]);
-      if (typed && !outside) texts.push_back(v.dump());
+      const bool unmatched = pattern && v.is_string() && !pattern->matches(v.get<std::string>());
+      if (typed && !outside && !unmatched) texts.push_back(v.dump());
     }
     return fill_literals(id, texts, at);
   }
@@ -392,6 +394,15 @@ class JsonSchemaCompiler {
     return types;
   }
 
+  // The schema's "pattern" compiled (none when it has none).
+  Result<std::optional<JsonPattern>> pattern_of(const Schema& s, const std::string& at) {
+    if (!s.contains("pattern")) return std::optional<JsonPattern>();
+    if (!s["pattern"].is_string()) return error_at(at, "'pattern' must be a string");
+    auto p = JsonPattern::compile(s["pattern"].get<std::string>());
+    if (!p.ok()) return error_at(at + "/pattern", p.error().message);
+    return std::optional<JsonPattern>(std::move(p).value());
+  }
+
   // A bound keyword's value: -1 when absent.
   Result<int32_t> bound(const Schema& s, const char* word, int64_t most, const std::string& at) {
     if (!s.contains(word)) return -1;
@@ -414,9 +425,17 @@ class JsonSchemaCompiler {
     if (type == "string") {
       QS_ASSIGN_OR_RETURN(const int32_t lo, bound(s, "minLength", kMaxLength, at));
       QS_ASSIGN_OR_RETURN(const int32_t hi, bound(s, "maxLength", kMaxLength, at));
+      QS_ASSIGN_OR_RETURN(std::optional<JsonPattern> pattern, pattern_of(s, at));
+      if (pattern && (lo >= 0 || hi >= 0)) {
+        return error_at(at, "'pattern' beside 'minLength' / 'maxLength' is not supported");
+      }
       node(id).kind = Kind::kString;
       node(id).min_length = std::max(lo, 0);
       node(id).max_length = hi;
+      if (pattern) {
+        node(id).pattern = static_cast<int32_t>(g_.patterns_.size());
+        g_.patterns_.push_back(std::move(*pattern));
+      }
       return Status::ok_status();
     }
     if (type == "array") return fill_array(id, s, at, depth);
@@ -578,7 +597,8 @@ class JsonSchemaCompiler {
                 (u.min_items == 0 || ok(u.items));
             break;
           case Kind::kString:
-            p = u.max_length < 0 || u.min_length <= u.max_length;
+            p = (u.max_length < 0 || u.min_length <= u.max_length) &&
+                (u.pattern < 0 || g_.pattern(u.pattern).satisfiable());
             break;
           case Kind::kNumber:
           case Kind::kInteger:

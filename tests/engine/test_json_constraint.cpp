@@ -313,6 +313,27 @@ const std::vector<SchemaCase>& schema_cases() {
        {R"({"s":"abc"})", R"({"s":"The Lord said unto Moses, \u00e9 \"quoted\" caf\u00e9 \n ok"})",
         "{\"s\":\"" + std::string(60, 'x') + "\"}"},
        {{R"({"s":"ab"})", "\"}"}, {"{\"s\":\"" + std::string(60, 'y') + "z\"}", "z"}}},
+      {"patterns",
+       R"({"type": "object", "properties": {
+             "zip": {"type": "string", "pattern": "^\\d{5}(-\\d{4})?$"},
+             "code": {"pattern": "^[A-Z]{2}[0-9]+$"},
+             "note": {"type": "string", "pattern": "ok"},
+             "q": {"type": "string", "pattern": "^a\"b\\\\c\\n$"},
+             "kind": {"enum": ["ab", "xy", "abc"], "pattern": "^a"}},
+           "required": ["zip"]})",
+       {R"({"zip":"12345"})", R"({"zip":"12345-6789","code":"AB12","note":"is ok here"})",
+        R"({"zip":"00000","q":"a\"b\\c\n"})", R"({"zip":"11111","kind":"abc"})",
+        "{\"zip\":\"11111\",\"note\":\"\xc3\xa9ok\xe6\x97\xa5\"}"},
+       {{R"({"zip":"1234"})", "\"}"},                   // too short
+        {R"({"zip":"123456"})", "6\""},                 //
+        {R"({"zip":"12345-"})", "\"}"},                 // a half suffix
+        {R"({"zip":"1a"})", "a\""},                     //
+        {R"({"zip":"12345","code":"A1"})", "1\"}"},     //
+        {R"({"zip":"12345","code":"ab"})", "ab\""},     //
+        {R"({"zip":"12345","note":"no"})", "\"}"},      // "ok" is not in it (yet)
+        {R"({"zip":"12345","kind":"xy"})", "xy"},       // an enum value it does not match
+        {R"({"zip":"\u0031"})", "\\u0031"},             // no escape's character is a digit
+        {R"({"zip":"12345","q":"a\u0022)", "u0022"}}},  // no \u where a pattern reads
       {"top-level number bounds",
        R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
        {"-1.5", "1000", "999.99", "-0.75", "0"},
@@ -363,7 +384,10 @@ TEST(JsonSchema, EndsWhereTheDocumentIsWhole) {
 
 TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
   const std::vector<std::pair<std::string, std::string>> cases = {
-      {R"({"type": "string", "pattern": "a+"})", "at '#': 'pattern' is not supported"},
+      {R"({"type": "string", "pattern": "(a"})", "at '#/pattern': pattern: a missing ')'"},
+      {R"({"pattern": "a", "maxLength": 3})", "'pattern' beside 'minLength' / 'maxLength'"},
+      {R"({"pattern": "^\\x01$"})", "the schema accepts no value"},
+      {R"({"pattern": 5})", "'pattern' must be a string"},
       {R"({"properties": {"age": {"type": "integer", "multipleOf": 5}}})",
        "at '#/properties/age': 'multipleOf' is not supported"},
       {R"({"type": "number", "minimum": 2, "maximum": 1.5})", "the schema accepts no value"},

@@ -350,6 +350,7 @@ def test_chat_json_schema(client, start_server, chat_models):
         weight: Optional[int]
         count: Annotated[int, Field(ge=1, lt=13)]  # minimum / exclusiveMaximum
         price: Annotated[float, Field(gt=0, le=9.5)]  # a number's exclusiveMinimum / maximum
+        code: Annotated[str, Field(pattern=r"^[A-Z]{2}-\d{2}$")]
 
     tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
     bias = {str(tok.token_to_id(p)): 4 for p in ('"', "}", ",", "]")}
@@ -365,7 +366,7 @@ def test_chat_json_schema(client, start_server, chat_models):
         assert isinstance(r.choices[0].message.parsed, Box), content
         doc = json.loads(content)
         jsonschema.validate(doc, Box.model_json_schema())
-        assert [k for k in ("size", "name", "tags", "weight", "count", "price") if k in doc] == list(doc), content
+        assert [k for k in ("size", "name", "tags", "weight", "count", "price", "code") if k in doc] == list(doc), content
         finished += 1
     assert finished > 0
 

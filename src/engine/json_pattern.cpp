@@ -1,0 +1,667 @@
+#include "engine/json_pattern.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+
+namespace qs {
+
+namespace {
+
+constexpr uint32_t kMaxCodePoint = 0x10FFFF;
+constexpr int kMaxRepeat = 1000;  // {n,m} counts
+constexpr size_t kMaxNfaStates = 200000;
+
+// A set of code points: sorted, disjoint, non-adjacent inclusive ranges.
+using Ranges = std::vector<std::pair<uint32_t, uint32_t>>;
+
+Ranges normalized(Ranges r) {
+  std::sort(r.begin(), r.end());
+  Ranges out;
+  for (const auto& [lo, hi] : r) {
+    if (!out.empty() && lo <= out.back().second + 1) {
+      out.back().second = std::max(out.back().second, hi);
+    } else {
+      out.emplace_back(lo, hi);
+    }
+  }
+  return out;
+}
+
+Ranges complement(const Ranges& r) {
+  Ranges out;
+  uint32_t next = 0;
+  for (const auto& [lo, hi] : r) {
+    if (lo > next) out.emplace_back(next, lo - 1);
+    next = hi + 1;
+  }
+  if (next <= kMaxCodePoint) out.emplace_back(next, kMaxCodePoint);
+  return out;
+}
+
+// What a JSON string can carry as the model writes it: no surrogates, and of the control
+// characters only those with a short escape (\b \t \n \f \r).
+const Ranges& expressible() {
+  static const Ranges r = {{0x08, 0x0A}, {0x0C, 0x0D}, {0x20, 0xD7FF}, {0xE000, kMaxCodePoint}};
+  return r;
+}
+
+Ranges intersect(const Ranges& a, const Ranges& b) {
+  Ranges out;
+  size_t i = 0, j = 0;
+  while (i < a.size() && j < b.size()) {
+    const uint32_t lo = std::max(a[i].first, b[j].first);
+    const uint32_t hi = std::min(a[i].second, b[j].second);
+    if (lo <= hi) out.emplace_back(lo, hi);
+    (a[i].second < b[j].second ? i : j)++;
+  }
+  return out;
+}
+
+const Ranges kDigit = {{'0', '9'}};
+const Ranges kWord = {{'0', '9'}, {'A', 'Z'}, {'_', '_'}, {'a', 'z'}};
+const Ranges kSpace = {{0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},     {0x1680, 0x1680},
+                       {0x2000, 0x200A}, {0x2028, 0x2029}, {0x202F, 0x202F}, {0x205F, 0x205F},
+                       {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
+const Ranges kLineEnds = {{0x0A, 0x0A}, {0x0D, 0x0D}, {0x2028, 0x2029}};
+
+int utf8_length(uint32_t c) {
+  return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
+}
+
+std::vector<uint8_t> utf8(uint32_t c) {
+  switch (utf8_length(c)) {
+    case 1:
+      return {static_cast<uint8_t>(c)};
+    case 2:
+      return {static_cast<uint8_t>(0xC0 | (c >> 6)), static_cast<uint8_t>(0x80 | (c & 0x3F))};
+    case 3:
+      return {static_cast<uint8_t>(0xE0 | (c >> 12)),
+              static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F)),
+              static_cast<uint8_t>(0x80 | (c & 0x3F))};
+    default:
+      return {
+          static_cast<uint8_t>(0xF0 | (c >> 18)), static_cast<uint8_t>(0x80 | ((c >> 12) & 0x3F)),
+          static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F)), static_cast<uint8_t>(0x80 | (c & 0x3F))};
+  }
+}
+
+// The UTF-8 of the code points [lo, hi] (no surrogates in it) as sequences of byte ranges, each
+// position's bytes any of its range.
+using ByteSeq = std::vector<std::pair<uint8_t, uint8_t>>;
+void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out) {
+  if (lo > hi) return;
+  for (uint32_t bound : {0x7Fu, 0x7FFu, 0xFFFFu}) {  // one encoded length at a time
+    if (lo <= bound && bound < hi) {
+      utf8_sequences(lo, bound, out);
+      utf8_sequences(bound + 1, hi, out);
+      return;
+    }
+  }
+  const int n = utf8_length(lo);
+  // Split until every byte after the first differing one spans its whole continuation range.
+  for (int i = 1; i < n; ++i) {
+    const uint32_t m = (1u << (6 * i)) - 1;
+    if ((lo & ~m) != (hi & ~m)) {
+      if ((lo & m) != 0) {
+        utf8_sequences(lo, lo | m, out);
+        utf8_sequences((lo | m) + 1, hi, out);
+        return;
+      }
+      if ((hi & m) != m) {
+        utf8_sequences(lo, (hi & ~m) - 1, out);
+        utf8_sequences(hi & ~m, hi, out);
+        return;
+      }
+    }
+  }
+  const std::vector<uint8_t> a = utf8(lo), b = utf8(hi);
+  ByteSeq seq;
+  for (size_t i = 0; i < a.size(); ++i) seq.emplace_back(a[i], b[i]);
+  out.push_back(std::move(seq));
+}
+
+// The pattern's syntax tree.
+struct Node {
+  enum class Kind { kSet, kConcat, kAlt, kRepeat } kind = Kind::kConcat;
+  Ranges set;
+  std::vector<int> kids;
+  int min = 0, max = 0;  // kRepeat; max -1: no bound
+};
+
+class Parser {
+ public:
+  explicit Parser(std::vector<uint32_t> text) : s_(std::move(text)) {}
+
+  Result<int> parse(bool* anchored_start, bool* anchored_end) {
+    size_t end = s_.size();
+    *anchored_start = !s_.empty() && s_[0] == '^';
+    size_t backslashes = 0;  // right before a final '$': an odd count escapes it
+    while (end >= backslashes + 2 && s_[end - 2 - backslashes] == '\\') ++backslashes;
+    *anchored_end = end > (*anchored_start ? 1u : 0u) && s_[end - 1] == '$' && backslashes % 2 == 0;
+    if (*anchored_end) --end;
+    s_.resize(end);
+    pos_ = *anchored_start ? 1 : 0;
+    QS_ASSIGN_OR_RETURN(const int root, alternation());
+    if (pos_ < s_.size()) return error("unbalanced ')'");
+    if ((*anchored_start || *anchored_end) &&
+        nodes_[static_cast<size_t>(root)].kind == Node::Kind::kAlt) {
+      return error("^ or $ around a top-level | is not supported (group it: ^(a|b)$)");
+    }
+    return root;
+  }
+
+  std::vector<Node>& nodes() { return nodes_; }
+  int add(Node n) {
+    nodes_.push_back(std::move(n));
+    return static_cast<int>(nodes_.size()) - 1;
+  }
+  int set(Ranges r) {
+    Node n;
+    n.kind = Node::Kind::kSet;
+    n.set = normalized(std::move(r));
+    return add(std::move(n));
+  }
+
+ private:
+  Error error(const std::string& what) const {
+    return make_error(fmt::format("pattern: {} (at character {})", what, pos_ + 1));
+  }
+  bool more() const { return pos_ < s_.size(); }
+  uint32_t peek() const { return s_[pos_]; }
+
+  Result<int> alternation() {
+    std::vector<int> kids;
+    QS_ASSIGN_OR_RETURN(const int first, sequence());
+    kids.push_back(first);
+    while (more() && peek() == '|') {
+      ++pos_;
+      QS_ASSIGN_OR_RETURN(const int next, sequence());
+      kids.push_back(next);
+    }
+    if (kids.size() == 1) return kids[0];
+    Node n;
+    n.kind = Node::Kind::kAlt;
+    n.kids = std::move(kids);
+    return add(std::move(n));
+  }
+
+  Result<int> sequence() {
+    Node n;
+    while (more() && peek() != '|' && peek() != ')') {
+      QS_ASSIGN_OR_RETURN(const int r, repeated());
+      n.kids.push_back(r);
+    }
+    return add(std::move(n));
+  }
+
+  // {n}, {n,} or {n,m} at pos_ (past it on success); false (pos_ unchanged): a literal '{'.
+  bool braces(int* lo, int* hi) {
+    size_t p = pos_ + 1;
+    auto number = [&](int* out) {
+      const size_t from = p;
+      int64_t v = 0;
+      while (p < s_.size() && s_[p] >= '0' && s_[p] <= '9') {
+        v = std::min<int64_t>(v * 10 + (s_[p] - '0'), 1 << 20);
+        ++p;
+      }
+      *out = static_cast<int>(v);
+      return p > from;
+    };
+    if (!number(lo)) return false;
+    *hi = *lo;
+    if (p < s_.size() && s_[p] == ',') {
+      ++p;
+      if (!number(hi)) *hi = -1;
+    }
+    if (p >= s_.size() || s_[p] != '}') return false;
+    pos_ = p + 1;
+    return true;
+  }
+
+  Result<int> repeated() {
+    QS_ASSIGN_OR_RETURN(int atom_id, atom());
+    while (more()) {
+      int lo = 0, hi = 0;
+      const uint32_t c = peek();
+      if (c == '*' || c == '+' || c == '?') {
+        ++pos_;
+        lo = c == '+' ? 1 : 0;
+        hi = c == '?' ? 1 : -1;
+      } else if (c != '{' || !braces(&lo, &hi)) {
+        break;
+      }
+      if (hi >= 0 && hi < lo) return error("a {n,m} with m < n");
+      if (lo > kMaxRepeat || hi > kMaxRepeat) {
+        return error(fmt::format("a repetition count above {}", kMaxRepeat));
+      }
+      if (more() && peek() == '?') ++pos_;  // lazy: the same strings match
+      if (more() && (peek() == '*' || peek() == '+' || peek() == '?')) {
+        return error("nothing to repeat");
+      }
+      Node n;
+      n.kind = Node::Kind::kRepeat;
+      n.kids = {atom_id};
+      n.min = lo;
+      n.max = hi;
+      atom_id = add(std::move(n));
+    }
+    return atom_id;
+  }
+
+  Result<int> atom() {
+    const uint32_t c = s_[pos_++];
+    switch (c) {
+      case '(': {
+        if (more() && peek() == '?') {
+          ++pos_;
+          if (more() && peek() == ':') {
+            ++pos_;
+          } else if (more() && peek() == '<' && pos_ + 1 < s_.size() && s_[pos_ + 1] != '=' &&
+                     s_[pos_ + 1] != '!') {
+            while (more() && peek() != '>') ++pos_;  // a named group
+            if (!more()) return error("an unterminated group name");
+            ++pos_;
+          } else {
+            return error("lookahead and lookbehind are not supported");
+          }
+        }
+        QS_ASSIGN_OR_RETURN(const int inner, alternation());
+        if (!more() || peek() != ')') return error("a missing ')'");
+        ++pos_;
+        return inner;
+      }
+      case ')':
+        return error("unbalanced ')'");
+      case '[':
+        return char_class();
+      case '.':
+        return set(complement(kLineEnds));
+      case '\\': {
+        Ranges r;
+        QS_TRY(escape(false, &r));
+        return set(std::move(r));
+      }
+      case '^':
+      case '$':
+        return error("^ and $ are supported only as the pattern's first and last character");
+      case '*':
+      case '+':
+      case '?':
+        return error("nothing to repeat");
+      default:
+        return set({{c, c}});
+    }
+  }
+
+  Status hex(int digits, uint32_t* out) {
+    uint32_t v = 0;
+    for (int i = 0; i < digits; ++i) {
+      if (!more()) return error("a short hex escape");
+      const uint32_t d = peek();
+      const int x = d >= '0' && d <= '9'   ? static_cast<int>(d - '0')
+                    : d >= 'a' && d <= 'f' ? static_cast<int>(d - 'a' + 10)
+                    : d >= 'A' && d <= 'F' ? static_cast<int>(d - 'A' + 10)
+                                           : -1;
+      if (x < 0) return error("a bad hex escape");
+      v = v * 16 + static_cast<uint32_t>(x);
+      ++pos_;
+    }
+    *out = v;
+    return Status::ok_status();
+  }
+
+  // After a backslash: the characters the escape stands for.
+  Status escape(bool in_class, Ranges* out) {
+    if (!more()) return error("a pattern ending in a backslash");
+    const uint32_t c = s_[pos_++];
+    auto one = [&](uint32_t x) {
+      out->emplace_back(x, x);
+      return Status::ok_status();
+    };
+    switch (c) {
+      case 'd':
+      case 'D':
+      case 'w':
+      case 'W':
+      case 's':
+      case 'S': {
+        const Ranges& base = c == 'd' || c == 'D' ? kDigit : c == 'w' || c == 'W' ? kWord : kSpace;
+        const Ranges r = (c >= 'a') ? base : complement(base);
+        out->insert(out->end(), r.begin(), r.end());
+        return Status::ok_status();
+      }
+      case 'n':
+        return one('\n');
+      case 't':
+        return one('\t');
+      case 'r':
+        return one('\r');
+      case 'f':
+        return one('\f');
+      case 'v':
+        return one('\v');
+      case '0':
+        return one(0);
+      case 'b':
+        if (in_class) return one('\b');
+        return error("\\b (a word boundary) is not supported");
+      case 'x': {
+        uint32_t v = 0;
+        QS_TRY(hex(2, &v));
+        return one(v);
+      }
+      case 'u': {
+        uint32_t v = 0;
+        if (more() && peek() == '{') {
+          ++pos_;
+          const size_t from = pos_;
+          while (more() && peek() != '}') ++pos_;
+          if (!more() || pos_ == from || pos_ - from > 6) return error("a bad \\u{...} escape");
+          const size_t end = pos_;
+          pos_ = from;
+          QS_TRY(hex(static_cast<int>(end - from), &v));
+          ++pos_;
+        } else {
+          QS_TRY(hex(4, &v));
+        }
+        if (v > kMaxCodePoint) return error("a code point past U+10FFFF");
+        return one(v);
+      }
+      default:
+        break;
+    }
+    if (c >= '1' && c <= '9') return error("backreferences are not supported");
+    if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) {
+      return error(fmt::format("the escape \\{} is not supported", static_cast<char>(c)));
+    }
+    return one(c);  // escaped punctuation (or any other character) is itself
+  }
+
+  Result<int> char_class() {
+    Ranges r;
+    const bool negated = more() && peek() == '^';
+    if (negated) ++pos_;
+    while (true) {  // "[]" matches nothing, "[^]" any character, as in ECMAScript
+      if (!more()) return error("a missing ']'");
+      if (peek() == ']') {
+        ++pos_;
+        break;
+      }
+      // One class atom: a character, or a set (\d ...) that cannot be a range's end.
+      auto class_atom = [&](Ranges* into, bool* single, uint32_t* value) -> Status {
+        const uint32_t c = s_[pos_++];
+        Ranges got;
+        if (c == '\\') {
+          QS_TRY(escape(true, &got));
+        } else {
+          got.emplace_back(c, c);
+        }
+        *single = got.size() == 1 && got[0].first == got[0].second;
+        *value = got.empty() ? 0 : got[0].first;
+        into->insert(into->end(), got.begin(), got.end());
+        return Status::ok_status();
+      };
+      Ranges left;
+      bool single = false;
+      uint32_t lo = 0;
+      QS_TRY(class_atom(&left, &single, &lo));
+      if (pos_ + 1 < s_.size() && peek() == '-' && s_[pos_ + 1] != ']') {
+        ++pos_;
+        Ranges right;
+        bool single_right = false;
+        uint32_t hi = 0;
+        QS_TRY(class_atom(&right, &single_right, &hi));
+        if (!single || !single_right) return error("a class range with a set at an end");
+        if (hi < lo) return error("a class range out of order");
+        r.emplace_back(lo, hi);
+      } else {
+        r.insert(r.end(), left.begin(), left.end());
+      }
+    }
+    r = normalized(std::move(r));
+    return set(negated ? complement(r) : r);
+  }
+
+  std::vector<uint32_t> s_;
+  size_t pos_ = 0;
+  std::vector<Node> nodes_;
+};
+
+// Code points of UTF-8 text (the pattern as the schema's JSON string holds it); false if it is
+// not UTF-8.
+bool decode_utf8(std::string_view text, std::vector<uint32_t>* out) {
+  for (size_t i = 0; i < text.size();) {
+    const uint8_t b = static_cast<uint8_t>(text[i]);
+    const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
+    if (n == 0 || i + static_cast<size_t>(n) > text.size()) return false;
+    uint32_t c = n == 1 ? b : b & (0x7F >> n);
+    for (int k = 1; k < n; ++k) {
+      const uint8_t cont = static_cast<uint8_t>(text[i + static_cast<size_t>(k)]);
+      if ((cont >> 6) != 2) return false;
+      c = (c << 6) | (cont & 0x3F);
+    }
+    out->push_back(c);
+    i += static_cast<size_t>(n);
+  }
+  return true;
+}
+
+// Thompson's construction: states with empty moves and byte-range moves.
+struct Nfa {
+  struct Edge {
+    uint8_t lo, hi;
+    int to;
+  };
+  std::vector<std::vector<int>> eps;
+  std::vector<std::vector<Edge>> edges;
+
+  int state() {
+    eps.emplace_back();
+    edges.emplace_back();
+    return static_cast<int>(eps.size()) - 1;
+  }
+};
+
+class NfaBuilder {
+ public:
+  NfaBuilder(const std::vector<Node>& nodes, Nfa& nfa) : nodes_(nodes), nfa_(nfa) {}
+
+  // The fragment of node `id` from state `from`: the state it ends in.
+  Result<int> build(int id, int from) {
+    if (nfa_.eps.size() > kMaxNfaStates) return make_error("pattern: the pattern is too large");
+    const Node& n = nodes_[static_cast<size_t>(id)];
+    switch (n.kind) {
+      case Node::Kind::kSet: {
+        const int to = nfa_.state();
+        std::vector<ByteSeq> seqs;
+        for (const auto& [lo, hi] : intersect(n.set, expressible())) utf8_sequences(lo, hi, seqs);
+        for (const ByteSeq& seq : seqs) {
+          int at = from;
+          for (size_t i = 0; i < seq.size(); ++i) {
+            const int next = i + 1 == seq.size() ? to : nfa_.state();
+            nfa_.edges[static_cast<size_t>(at)].push_back({seq[i].first, seq[i].second, next});
+            at = next;
+          }
+        }
+        return to;
+      }
+      case Node::Kind::kConcat: {
+        int at = from;
+        for (int kid : n.kids) {
+          QS_ASSIGN_OR_RETURN(at, build(kid, at));
+        }
+        return at;
+      }
+      case Node::Kind::kAlt: {
+        const int to = nfa_.state();
+        for (int kid : n.kids) {
+          const int start = nfa_.state();
+          nfa_.eps[static_cast<size_t>(from)].push_back(start);
+          QS_ASSIGN_OR_RETURN(const int end, build(kid, start));
+          nfa_.eps[static_cast<size_t>(end)].push_back(to);
+        }
+        return to;
+      }
+      case Node::Kind::kRepeat: {
+        int at = from;
+        for (int i = 0; i < n.min; ++i) {
+          QS_ASSIGN_OR_RETURN(at, build(n.kids[0], at));
+        }
+        if (n.max < 0) {  // a loop: at -> kid -> at
+          const int loop = nfa_.state();
+          nfa_.eps[static_cast<size_t>(at)].push_back(loop);
+          QS_ASSIGN_OR_RETURN(const int end, build(n.kids[0], loop));
+          nfa_.eps[static_cast<size_t>(end)].push_back(loop);
+          return loop;
+        }
+        const int to = nfa_.state();
+        for (int i = n.min; i < n.max; ++i) {  // each optional copy may be skipped to the end
+          nfa_.eps[static_cast<size_t>(at)].push_back(to);
+          QS_ASSIGN_OR_RETURN(at, build(n.kids[0], at));
+        }
+        nfa_.eps[static_cast<size_t>(at)].push_back(to);
+        return to;
+      }
+    }
+    return from;
+  }
+
+ private:
+  const std::vector<Node>& nodes_;
+  Nfa& nfa_;
+};
+
+}  // namespace
+
+// Subset construction over byte classes, then every state that cannot reach a match dropped.
+class JsonPatternBuilder {
+ public:
+  static Result<JsonPattern> determinize(const Nfa& nfa, int start, int accept) {
+    JsonPattern p;
+    // Byte classes: bytes no edge tells apart share one.
+    std::vector<bool> cut(257, false);
+    cut[0] = true;
+    for (const auto& edges : nfa.edges) {
+      for (const Nfa::Edge& e : edges) cut[e.lo] = cut[e.hi + 1] = true;
+    }
+    std::vector<uint8_t> representative;
+    int cls = -1;
+    for (int b = 0; b < 256; ++b) {
+      if (cut[static_cast<size_t>(b)]) {
+        ++cls;
+        representative.push_back(static_cast<uint8_t>(b));
+      }
+      p.classes_[static_cast<size_t>(b)] = static_cast<uint8_t>(cls);
+    }
+    p.num_classes_ = representative.size();
+
+    auto closure = [&](std::vector<int> set) {
+      std::vector<bool> seen(nfa.eps.size(), false);
+      for (int s : set) seen[static_cast<size_t>(s)] = true;
+      for (size_t i = 0; i < set.size(); ++i) {
+        for (int t : nfa.eps[static_cast<size_t>(set[i])]) {
+          if (!seen[static_cast<size_t>(t)]) {
+            seen[static_cast<size_t>(t)] = true;
+            set.push_back(t);
+          }
+        }
+      }
+      std::sort(set.begin(), set.end());
+      return set;
+    };
+    std::map<std::vector<int>, int32_t> ids;
+    std::vector<std::vector<int>> sets = {closure({start})};
+    ids[sets[0]] = 0;
+    std::vector<int32_t> table;
+    std::vector<bool> accepting;
+    for (size_t d = 0; d < sets.size(); ++d) {
+      accepting.push_back(std::binary_search(sets[d].begin(), sets[d].end(), accept));
+      for (uint8_t b : representative) {
+        std::vector<int> moved;
+        for (int s : sets[d]) {
+          for (const Nfa::Edge& e : nfa.edges[static_cast<size_t>(s)]) {
+            if (b >= e.lo && b <= e.hi) moved.push_back(e.to);
+          }
+        }
+        if (moved.empty()) {
+          table.push_back(-1);
+          continue;
+        }
+        std::vector<int> next = closure(std::move(moved));
+        auto [it, added] = ids.emplace(next, static_cast<int32_t>(sets.size()));
+        if (added) {
+          if (sets.size() >= static_cast<size_t>(kMaxPatternStates)) {
+            return make_error(fmt::format(
+                "pattern: the pattern needs more than {} automaton states", kMaxPatternStates));
+          }
+          sets.push_back(std::move(next));
+        }
+        table.push_back(it->second);
+      }
+    }
+    // Live states: those that reach a match.
+    const size_t n = sets.size(), k = p.num_classes_;
+    std::vector<bool> live = accepting;
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t s = 0; s < n; ++s) {
+        if (live[s]) continue;
+        for (size_t c = 0; c < k; ++c) {
+          const int32_t t = table[s * k + c];
+          if (t >= 0 && live[static_cast<size_t>(t)]) {
+            live[s] = changed = true;
+            break;
+          }
+        }
+      }
+    }
+    if (!live[0]) return p;  // nothing matches
+    for (int32_t& t : table) {
+      if (t >= 0 && !live[static_cast<size_t>(t)]) t = -1;
+    }
+    p.table_ = std::move(table);
+    p.accept_ = std::move(accepting);
+    return p;
+  }
+};
+
+Result<JsonPattern> JsonPattern::compile(std::string_view regex) {
+  std::vector<uint32_t> text;
+  if (!decode_utf8(regex, &text)) return make_error("pattern: not UTF-8");
+  Parser parser(std::move(text));
+  bool anchored_start = false, anchored_end = false;
+  QS_ASSIGN_OR_RETURN(int root, parser.parse(&anchored_start, &anchored_end));
+  // Unanchored ends: any text before and after the match.
+  const Ranges everything = {{0, kMaxCodePoint}};
+  auto any_text = [&] {
+    Node r;
+    r.kind = Node::Kind::kRepeat;
+    r.kids = {parser.set(everything)};
+    r.min = 0;
+    r.max = -1;
+    return parser.add(std::move(r));
+  };
+  Node whole;
+  if (!anchored_start) whole.kids.push_back(any_text());
+  whole.kids.push_back(root);
+  if (!anchored_end) whole.kids.push_back(any_text());
+  root = parser.add(std::move(whole));
+  Nfa nfa;
+  const int start = nfa.state();
+  QS_ASSIGN_OR_RETURN(const int accept, NfaBuilder(parser.nodes(), nfa).build(root, start));
+  return JsonPatternBuilder::determinize(nfa, start, accept);
+}
+
+bool JsonPattern::matches(std::string_view text) const {
+  if (!satisfiable()) return false;
+  int32_t s = start();
+  for (char c : text) {
+    s = next(s, static_cast<uint8_t>(c));
+    if (s < 0) return false;
+  }
+  return accepts(s);
+}
+
+}  // namespace qs

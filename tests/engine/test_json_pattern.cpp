@@ -1,0 +1,166 @@
+// JsonPattern (a JSON Schema "pattern" as a byte automaton) against std::regex's ECMAScript
+// grammar on many strings, its UTF-8 handling, and its refusals.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "engine/json_pattern.h"
+
+namespace qs {
+namespace {
+
+JsonPattern compiled(const std::string& regex) {
+  auto p = JsonPattern::compile(regex);
+  EXPECT_TRUE(p.ok()) << regex << ": " << p.error().message;
+  return std::move(p).value();
+}
+
+TEST(JsonPattern, MatchesAsEcmaScriptDoes) {
+  const std::vector<std::string> patterns = {"^[a-d]+$",
+                                             R"(^\d{3}-\d{2}$)",
+                                             "ab|cd",
+                                             "^(ab|cd)*$",
+                                             "colou?r",
+                                             "^[A-Z][a-z]{1,3}$",
+                                             R"(^\w+@\w+\.com$)",
+                                             "^[^abc]*$",
+                                             "^a{2,}$",
+                                             "^(a|b){0,3}c?$",
+                                             "x$",
+                                             "^y",
+                                             "^$",
+                                             R"(^\s*$)",
+                                             R"(^[\d.-]+$)",
+                                             "^[-a]+$",
+                                             "^(?:a|bc)+d$",
+                                             "^(?<n>ab)+$",
+                                             "a.c",
+                                             R"(^a\.b$)",
+                                             "^[a-c]*?b+?$",
+                                             R"(^\D\W$)",
+                                             "^(a*)*b$",
+                                             "^((a|b)(c|d)){2}$",
+                                             "^a{0}b$",
+                                             "^[x-z0-3]{2,4}$",
+                                             R"(^\{\}$)",
+                                             "(x|y)z$"};
+  const std::string alphabet = "abcdrxyzAZ0139-@._{},\n ";
+  std::mt19937 rng(7);
+  std::vector<std::string> texts = {"",       "a",      "ab",  "abab",      "cdab", "color",
+                                    "colour", "123-45", "Abc", "ab@cd.com", "aa",   "aab",
+                                    "ccc",    "{}",     "a.b", "acbd"};
+  for (int i = 0; i < 3000; ++i) {
+    std::string t;
+    const int n = static_cast<int>(rng() % 9);
+    for (int k = 0; k < n; ++k) t += alphabet[rng() % alphabet.size()];
+    texts.push_back(t);
+  }
+  for (const std::string& pattern : patterns) {
+    const JsonPattern p = compiled(pattern);
+    const std::regex re(pattern.find("(?<") != std::string::npos ? "^(ab)+$" : pattern,
+                        std::regex::ECMAScript);
+    int matched = 0;
+    for (const std::string& t : texts) {
+      const bool want = std::regex_search(t, re);
+      ASSERT_EQ(p.matches(t), want) << pattern << " on '" << t << "'";
+      matched += want;
+    }
+    EXPECT_GT(matched, 0) << pattern;
+  }
+}
+
+// Every state reached by a byte the automaton takes can still reach a match: a model that
+// follows it never meets a dead end.
+TEST(JsonPattern, EveryStateItLeavesCanStillMatch) {
+  for (const std::string pattern : {"^[a-c]{2,3}x$", R"(^\d+(\.\d{1,2})?$)", "^(ab|cd)*e$"}) {
+    const JsonPattern p = compiled(pattern);
+    std::vector<int32_t> todo = {p.start()};
+    std::vector<bool> seen(p.states(), false);
+    seen[0] = true;
+    while (!todo.empty()) {
+      const int32_t s = todo.back();
+      todo.pop_back();
+      // Breadth-first from s: a match is reachable.
+      std::vector<int32_t> frontier = {s};
+      std::vector<bool> met(p.states(), false);
+      bool reaches = false;
+      for (size_t i = 0; i < frontier.size() && !reaches; ++i) {
+        reaches = p.accepts(frontier[i]);
+        for (int b = 0; b < 256; ++b) {
+          const int32_t t = p.next(frontier[i], static_cast<uint8_t>(b));
+          if (t >= 0 && !met[static_cast<size_t>(t)]) {
+            met[static_cast<size_t>(t)] = true;
+            frontier.push_back(t);
+          }
+          if (t >= 0 && !seen[static_cast<size_t>(t)]) {
+            seen[static_cast<size_t>(t)] = true;
+            todo.push_back(t);
+          }
+        }
+      }
+      EXPECT_TRUE(reaches) << pattern << " state " << s;
+    }
+  }
+}
+
+TEST(JsonPattern, CharactersAreUtf8) {
+  const JsonPattern one = compiled("^.$");
+  EXPECT_TRUE(one.matches("\xe6\x97\xa5"));               // 日: one character, three bytes
+  EXPECT_FALSE(one.matches("\xe6\x97\xa5\xe6\x9c\xac"));  // 日本
+  EXPECT_TRUE(one.matches("\xf0\x9f\x98\x80"));           // U+1F600
+  EXPECT_FALSE(one.matches("\n"));
+  EXPECT_FALSE(one.matches("\xe6\x97"));                         // a cut character
+  const JsonPattern greek = compiled("^[\xce\xb1-\xcf\x89]+$");  // [α-ω]+
+  EXPECT_TRUE(greek.matches("\xce\xbb\xce\xbf"));                // λο
+  EXPECT_FALSE(greek.matches("\xce\x91"));                       // Α
+  EXPECT_TRUE(compiled(R"(^\u00e9\x41\u{1F600}$)")
+                  .matches("\xc3\xa9"
+                           "A"
+                           "\xf0\x9f\x98\x80"));
+  EXPECT_TRUE(compiled(R"(^[^a]$)").matches("\xc3\xa9"));
+  // Only what a JSON string can carry: \x01 has no short escape, so nothing matches.
+  EXPECT_FALSE(compiled(R"(^\x01$)").satisfiable());
+  EXPECT_TRUE(compiled(R"(^\n\t$)").matches("\n\t"));
+  EXPECT_FALSE(compiled("[]").satisfiable());
+  EXPECT_TRUE(compiled("^[^]$").matches("\xc3\xa9"));
+  // A '{' that does not start a count is itself (ECMAScript's Annex B; std::regex refuses it).
+  EXPECT_TRUE(compiled("^a{,2}$").matches("a{,2}"));
+  EXPECT_FALSE(compiled("^a{,2}$").matches("aa"));
+}
+
+TEST(JsonPattern, RefusesWhatItDoesNotFollow) {
+  const std::vector<std::pair<std::string, std::string>> cases = {
+      {"(a", "a missing ')'"},
+      {"a)", "unbalanced ')'"},
+      {"a**", "nothing to repeat"},
+      {"*a", "nothing to repeat"},
+      {R"((a)\1)", "backreferences"},
+      {"(?=a)", "lookahead"},
+      {"(?<!a)b", "lookahead"},
+      {R"(\bfoo)", "word boundary"},
+      {R"(\p{L})", "\\p is not supported"},
+      {"a^b", "first and last"},
+      {"a$b", "first and last"},
+      {"^a|b$", "top-level |"},
+      {"a{3,2}", "m < n"},
+      {"[z-a]", "out of order"},
+      {R"([\d-z])", "a set at an end"},
+      {"a{2000}", "above 1000"},
+      {"[ab", "a missing ']'"},
+      {R"(\)", "ending in a backslash"},
+      {"(a{1,1000}){1,1000}", "too large"},
+      {"(a|b)*a(a|b){12}", "automaton states"},
+  };
+  for (const auto& [regex, want] : cases) {
+    auto p = JsonPattern::compile(regex);
+    ASSERT_FALSE(p.ok()) << regex;
+    EXPECT_NE(p.error().message.find(want), std::string::npos)
+        << regex << ": " << p.error().message;
+  }
+}
+
+}  // namespace
+}  // namespace qs
