@@ -387,11 +387,9 @@ std::variant<std::vector<int64_t>, ApiError> parse_detokenize(std::string_view b
 namespace {
 
 // OpenAI's json_schema object {"name", "description", "schema", "strict"}: the schema's text in
-// `schema` (its properties in the body's order, which the grammar generates in; read again from
-// `body`, as Json keeps its keys sorted). Every schema is followed (strict or not); none is any
-// JSON value.
-std::optional<ApiError> read_json_schema(const Json& js, std::string_view body,
-                                         std::string* schema) {
+// `schema` (its properties in the body's order, which the grammar generates in: Json keeps the
+// order of keys). Every schema is followed (strict or not); none is any JSON value.
+std::optional<ApiError> read_json_schema(const Json& js, std::string* schema) {
   const std::string p = "response_format.json_schema";
   if (!js.is_object()) return wrong_type(p, "an object", js);
   for (const auto& [k, v] : js.items()) {
@@ -415,17 +413,15 @@ std::optional<ApiError> read_json_schema(const Json& js, std::string_view body,
   } else if (!js["schema"].is_object() && !js["schema"].is_boolean()) {
     return wrong_type(p + ".schema", "an object", js["schema"]);
   } else {
-    *schema =
-        nlohmann::ordered_json::parse(body)["response_format"]["json_schema"]["schema"].dump();
+    *schema = js["schema"].dump();
   }
   auto grammar = JsonGrammar::compile(*schema);
   if (!grammar.ok()) return invalid(grammar.error().message, p + ".schema");
   return std::nullopt;
 }
 
-// response_format (chat): text, json_object or json_schema, as GenerationParams::json_schema.
-std::optional<ApiError> read_response_format(const Json& rf, std::string_view body,
-                                             std::string* schema) {
+// response_format: text, json_object or json_schema, as GenerationParams::json_schema.
+std::optional<ApiError> read_response_format(const Json& rf, std::string* schema) {
   if (!rf.is_object()) return wrong_type("response_format", "an object", rf);
   if (!rf.contains("type") || !rf["type"].is_string()) {
     return invalid("'response_format' needs a string 'type'", "response_format.type",
@@ -443,7 +439,7 @@ std::optional<ApiError> read_response_format(const Json& rf, std::string_view bo
       return invalid("response_format 'json_schema' needs a 'json_schema' object",
                      "response_format.json_schema", "missing_required_parameter");
     }
-    return read_json_schema(rf["json_schema"], body, schema);
+    return read_json_schema(rf["json_schema"], schema);
   }
   if (type != "text" && type != "json_object")
     return unsupported("response_format", "response_format '" + type + "'");
@@ -476,12 +472,12 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
                                                 "user",
                                                 "top_k",
                                                 "min_p",
-                                                "ignore_eos"};
+                                                "ignore_eos",
+                                                "response_format"};
   static const std::set<std::string> kCompletionOnly = {"prompt", "echo", "suffix", "best_of"};
   static const std::set<std::string> kChatOnly = {
-      "messages",  "max_completion_tokens", "top_logprobs",
-      "tools",     "tool_choice",           "parallel_tool_calls",
-      "functions", "function_call",         "response_format"};
+      "messages",    "max_completion_tokens", "top_logprobs", "tools",
+      "tool_choice", "parallel_tool_calls",   "functions",    "function_call"};
   std::set<std::string> allowed = kCommon;
   allowed.insert((chat ? kChatOnly : kCompletionOnly).begin(),
                  (chat ? kChatOnly : kCompletionOnly).end());
@@ -629,6 +625,9 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
       r.params.logprobs = static_cast<int>(n);
     }
   }
+  if (has("response_format")) {
+    if (auto e = read_response_format(j["response_format"], &r.params.json_schema)) return *e;
+  }
   if (chat) {
     if (has("top_logprobs")) {
       int64_t n = 0;
@@ -652,18 +651,13 @@ std::variant<ApiRequest, ApiError> parse_request(std::string_view body, Endpoint
         return unsupported("function_call", "the deprecated 'function_call' (use 'tool_choice')");
     }
     if (auto e = read_tools(j, &r.tools)) return *e;
-    if (has("response_format")) {
-      if (auto e = read_response_format(j["response_format"], body, &r.params.json_schema)) {
-        return *e;
-      }
-      const ToolChoice c = r.tools.choice;
-      if (!r.params.json_schema.empty() &&
-          (c == ToolChoice::kRequired || c == ToolChoice::kFunction)) {
-        return invalid(
-            "'response_format' and a tool_choice that forces a call both say what the "
-            "reply is; give one",
-            "response_format");
-      }
+    const ToolChoice c = r.tools.choice;
+    if (!r.params.json_schema.empty() &&
+        (c == ToolChoice::kRequired || c == ToolChoice::kFunction)) {
+      return invalid(
+          "'response_format' and a tool_choice that forces a call both say what the reply is; "
+          "give one",
+          "response_format");
     }
   } else {
     if (has("echo")) {

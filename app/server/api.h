@@ -8,8 +8,8 @@
 //    (completions; with logprobs the prompt's tokens are scored too, and max_tokens may be 0),
 //    presence_penalty / frequency_penalty (-2..2), logit_bias ({"id": -100..100}, up to 300
 //    entries); extensions top_k, min_p, ignore_eos;
-//  - chat: tools, tool_choice, parallel_tool_calls (tools.h), response_format (text,
-//    json_object, json_schema);
+//  - response_format (text, json_object, json_schema); chat: tools, tool_choice,
+//    parallel_tool_calls (tools.h);
 //  - accepted only at their neutral value (else 400 unsupported_parameter): suffix = "",
 //    best_of = 1, functions = [], function_call = none / auto (the deprecated forms of tools);
 //  - any other field: 400 unknown_parameter (as OpenAI's "Unrecognized request argument").

@@ -253,7 +253,8 @@ constexpr const char* kDocument = R"JSON({
           "echo": {"type": ["boolean", "null"], "description": "Each choice's text starts with the prompt; with logprobs the prompt's tokens get log-probabilities too (the first null), computed by a scoring pass over the prompt before generation."},
           "suffix": {"type": ["string", "null"]},
           "user": {"type": ["string", "null"]},
-          "ignore_eos": {"type": ["boolean", "null"], "description": "Extension: do not stop at end-of-sequence tokens."}
+          "ignore_eos": {"type": ["boolean", "null"], "description": "Extension: do not stop at end-of-sequence tokens."},
+          "response_format": {"$ref": "#/components/schemas/ResponseFormat"}
         }
       },
       "ContentPart": {
@@ -263,6 +264,26 @@ constexpr const char* kDocument = R"JSON({
         "properties": {"type": {"const": "text"}, "text": {"type": "string"}}
       },
       "Content": {"oneOf": [{"type": "string"}, {"type": "array", "items": {"$ref": "#/components/schemas/ContentPart"}}]},
+      "ResponseFormat": {
+        "type": ["object", "null"],
+        "additionalProperties": false,
+        "required": ["type"],
+        "properties": {
+          "type": {"enum": ["text", "json_object", "json_schema"], "description": "json_object: the message is one JSON object (JSON mode); json_schema: one JSON document that json_schema.schema accepts (structured outputs). The tokens that cannot continue one are masked in every row, the draft's and the target's alike, so QuantSpec stays exact; the message ends as the document completes."},
+          "json_schema": {
+            "type": "object",
+            "additionalProperties": false,
+            "required": ["name"],
+            "description": "With type json_schema only.",
+            "properties": {
+              "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
+              "description": {"type": "string"},
+              "schema": {"type": ["object", "boolean"], "description": "A JSON Schema (the supported keywords: the server's README); absent: any JSON value. Properties are generated in the order given."},
+              "strict": {"type": ["boolean", "null"], "description": "Accepted; the schema is always followed."}
+            }
+          }
+        }
+      },
       "FunctionName": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
       "Tool": {
         "type": "object",
@@ -393,26 +414,7 @@ constexpr const char* kDocument = R"JSON({
           "parallel_tool_calls": {"type": ["boolean", "null"], "description": "false: tool_choice required makes one call."},
           "functions": {"type": ["array", "null"], "maxItems": 0},
           "function_call": {"type": ["string", "null"], "enum": ["none", "auto", null]},
-          "response_format": {
-            "type": ["object", "null"],
-            "additionalProperties": false,
-            "required": ["type"],
-            "properties": {
-              "type": {"enum": ["text", "json_object", "json_schema"], "description": "json_object: the message is one JSON object (JSON mode); json_schema: one JSON document that json_schema.schema accepts (structured outputs). The tokens that cannot continue one are masked in every row, the draft's and the target's alike, so QuantSpec stays exact; the message ends as the document completes."},
-              "json_schema": {
-                "type": "object",
-                "additionalProperties": false,
-                "required": ["name"],
-                "description": "With type json_schema only.",
-                "properties": {
-                  "name": {"type": "string", "pattern": "^[a-zA-Z0-9_-]{1,64}$"},
-                  "description": {"type": "string"},
-                  "schema": {"type": ["object", "boolean"], "description": "A JSON Schema (the supported keywords: the server's README); absent: any JSON value. Properties are generated in the order given."},
-                  "strict": {"type": ["boolean", "null"], "description": "Accepted; the schema is always followed."}
-                }
-              }
-            }
-          },
+          "response_format": {"$ref": "#/components/schemas/ResponseFormat"},
           "user": {"type": ["string", "null"]},
           "ignore_eos": {"type": ["boolean", "null"]}
         }

@@ -390,6 +390,31 @@ def test_chat_json_schema(client, start_server, chat_models):
         jsonschema.validate(json.loads(ar8.message.content), schema)
 
 
+def test_completions_response_format(server):
+    """response_format on /v1/completions (as vLLM takes it): the text is a document the schema
+    accepts once it finished, the same streamed; a bad schema is a 400 naming it."""
+    import jsonschema
+
+    tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
+    bias = {str(tok.token_to_id(p)): 4 for p in ('"', "}", ",", ":")}
+    schema = {"type": "object", "properties": {"b": {"enum": ["x", "yz"]}, "a": {"type": "integer"}},
+              "required": ["b", "a"], "additionalProperties": False}
+    body = {"prompt": "A JSON object:", "max_tokens": 150, "temperature": 0.8, "seed": 3, "logit_bias": bias,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "ab", "schema": schema}}}
+    status, r = post(server.url + "/v1/completions", body)
+    assert status == 200, r
+    text, finish = r["choices"][0]["text"], r["choices"][0]["finish_reason"]
+    assert finish == "stop", text
+    jsonschema.validate(json.loads(text), schema)
+    c = openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+    chunks = c.completions.create(model="x", stream=True, extra_body={"response_format": body["response_format"]},
+                                  **{k: v for k, v in body.items() if k != "response_format"})
+    assert "".join(ch.choices[0].text for ch in chunks) == text
+    status, r = post(server.url + "/v1/completions", dict(body, response_format={"type": "json_schema",
+                     "json_schema": {"name": "x", "schema": {"type": "integer", "multipleOf": 2}}}))
+    assert status == 400 and r["error"]["param"] == "response_format.json_schema.schema", r
+
+
 def test_chat_json_mode(client, start_server, chat_models):
     """response_format json_object: the message is a prefix of one JSON object (the whole object when
     it finished with "stop"), the same streamed, and QuantSpec's greedy message is AR INT8's."""
