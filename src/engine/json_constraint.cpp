@@ -281,8 +281,11 @@ void JsonRecognizer::end_key(JsonThread t, Sink& out) {
 
 bool JsonRecognizer::pattern_byte(JsonThread& t, uint8_t c) const {
   if (t.pattern == 0) return true;
-  const int32_t next = g_.pattern(g_.node(t.node).pattern).next(t.pattern - 1, c);
-  if (next < 0) return false;
+  const JsonNode& n = g_.node(t.node);
+  const int32_t next = g_.pattern(n.pattern).next(t.pattern - 1, c);
+  // With length bounds, the characters so far (t.count, this one's included) must leave room
+  // for a match of an allowed length.
+  if (next < 0 || (n.lengths >= 0 && !g_.lengths(n.lengths).viable(next, t.count))) return false;
   t.pattern = static_cast<uint16_t>(next + 1);
   return true;
 }
@@ -627,7 +630,9 @@ int JsonRecognizer::plain_step(const JsonState& s) const {
 void JsonRecognizer::merge_counts(JsonState& s, int chars) const {
   for (int i = 0; i < s.n; ++i) {
     JsonThread& t = s.threads[static_cast<size_t>(i)];
-    if (t.key || (t.mode != kString && t.mode != kEscape && t.mode != kHex)) continue;
+    // (A pattern string's count decides which characters may still come: kept as it is.)
+    if (t.key || t.pattern != 0 || (t.mode != kString && t.mode != kEscape && t.mode != kHex))
+      continue;
     const JsonNode& n = g_.node(t.node);
     // A character that fits and a closing quote are both taken: as at minLength.
     if (n.max_length >= 0 && t.count >= n.min_length && t.count + chars <= n.max_length)

@@ -542,7 +542,7 @@ class JsonPatternBuilder {
     JsonPattern p;
     // Byte classes: bytes no edge tells apart share one.
     std::vector<bool> cut(257, false);
-    cut[0] = true;
+    cut[0] = cut[0x80] = cut[0xC0] = true;  // continuation bytes apart from the others
     for (const auto& edges : nfa.edges) {
       for (const Nfa::Edge& e : edges) cut[e.lo] = cut[e.hi + 1] = true;
     }
@@ -556,6 +556,8 @@ class JsonPatternBuilder {
       p.classes_[static_cast<size_t>(b)] = static_cast<uint8_t>(cls);
     }
     p.num_classes_ = representative.size();
+    p.starts_.clear();
+    for (uint8_t b : representative) p.starts_.push_back(b < 0x80 || b >= 0xC0);
 
     auto closure = [&](std::vector<int> set) {
       std::vector<bool> seen(nfa.eps.size(), false);
@@ -652,6 +654,80 @@ Result<JsonPattern> JsonPattern::compile(std::string_view regex) {
   const int start = nfa.state();
   QS_ASSIGN_OR_RETURN(const int accept, NfaBuilder(parser.nodes(), nfa).build(root, start));
   return JsonPatternBuilder::determinize(nfa, start, accept);
+}
+
+Result<PatternLengths> PatternLengths::build(const JsonPattern& p, int min, int max) {
+  PatternLengths t;
+  t.min_ = min;
+  t.max_ = max;
+  t.states_ = p.states();
+  if (!p.satisfiable()) return t;
+  const int layers = (max >= 0 ? max : min) + 1;
+  if (static_cast<size_t>(layers) * t.states_ > kMaxPatternLengthBits) {
+    return make_error(
+        fmt::format("pattern: a pattern of {} automaton states with a length bound "
+                    "of {} is too large to follow",
+                    t.states_, layers - 1));
+  }
+  t.layers_ = static_cast<size_t>(layers);
+  t.bits_.assign((t.layers_ * t.states_ + 63) / 64, 0);
+  std::vector<bool> on(t.states_);
+  auto set = [&](int layer, size_t q) {
+    const size_t i = t.index(layer, static_cast<int32_t>(q));
+    t.bits_[i / 64] |= uint64_t{1} << (i % 64);
+  };
+  for (int r = 0; r < layers; ++r) {
+    // Seeds: layer 0 the matches (exactly 0 more) or every live state (at least 0); above, a
+    // character's first byte into the layer below.
+    for (size_t q = 0; q < t.states_; ++q) {
+      bool seed = false;
+      if (r == 0) {
+        seed = max >= 0 ? p.accepts(static_cast<int32_t>(q)) : true;
+      } else {
+        for (size_t c = 0; c < p.classes() && !seed; ++c) {
+          const int32_t to = p.next_by_class(static_cast<int32_t>(q), c);
+          seed = to >= 0 && p.starts_character(c) && t.bit(r - 1, to);
+        }
+      }
+      on[q] = seed;
+    }
+    // Then the states that reach those by continuation bytes (no character more).
+    for (bool changed = true; changed;) {
+      changed = false;
+      for (size_t q = 0; q < t.states_; ++q) {
+        if (on[q]) continue;
+        for (size_t c = 0; c < p.classes(); ++c) {
+          const int32_t to = p.next_by_class(static_cast<int32_t>(q), c);
+          if (to >= 0 && !p.starts_character(c) && on[static_cast<size_t>(to)]) {
+            on[q] = changed = true;
+            break;
+          }
+        }
+      }
+    }
+    for (size_t q = 0; q < t.states_; ++q) {
+      if (on[q]) set(r, q);
+    }
+  }
+  return t;
+}
+
+bool PatternLengths::viable(int32_t state, int count) const {
+  if (max_ < 0) return bit(std::max(0, min_ - count), state);
+  // Some layer in [min - count, max - count]: the state's bits a word at a time.
+  const int lo = std::max(0, min_ - count), hi = max_ - count;
+  if (hi < lo) return false;
+  size_t i = index(lo, state);
+  const size_t end = index(hi, state) + 1;
+  while (i < end) {
+    const size_t word = i / 64, shift = i % 64;
+    const size_t take = std::min<size_t>(64 - shift, end - i);
+    uint64_t bits = bits_[word] >> shift;
+    if (take < 64) bits &= (uint64_t{1} << take) - 1;
+    if (bits != 0) return true;
+    i += take;
+  }
+  return false;
 }
 
 bool JsonPattern::matches(std::string_view text) const {

@@ -43,13 +43,48 @@ class JsonPattern {
   // A whole string's bytes match.
   bool matches(std::string_view text) const;
   size_t states() const { return accept_.size(); }
+  // Bytes no transition tells apart share a class: the moves by class, and whether a class's
+  // bytes start a character (not UTF-8 continuation bytes).
+  size_t classes() const { return num_classes_; }
+  int32_t next_by_class(int32_t state, size_t cls) const {
+    return table_[static_cast<size_t>(state) * num_classes_ + cls];
+  }
+  bool starts_character(size_t cls) const { return starts_[cls]; }
 
  private:
   std::vector<uint8_t> classes_ = std::vector<uint8_t>(256, 0);  // byte -> its class
   size_t num_classes_ = 1;
+  std::vector<bool> starts_ = {true};
   std::vector<int32_t> table_;  // state * num_classes_ + class -> state or -1
   std::vector<bool> accept_;    // empty: nothing matches
   friend class JsonPatternBuilder;
 };
+
+// A pattern string with length bounds (minLength / maxLength, in characters): which (state,
+// characters so far) pairs can still end in a match of an allowed length, so that the bounds
+// and the pattern together leave no dead end.
+class PatternLengths {
+ public:
+  // max -1: none. An error when the table would pass kMaxPatternLengthBits.
+  static Result<PatternLengths> build(const JsonPattern& p, int min, int max);
+  bool viable(int32_t state, int count) const;
+  bool satisfiable() const { return !bits_.empty() && viable(0, 0); }
+
+ private:
+  size_t index(int layer, int32_t state) const {
+    return static_cast<size_t>(state) * layers_ + static_cast<size_t>(layer);
+  }
+  bool bit(int layer, int32_t state) const {
+    const size_t i = index(layer, state);
+    return (bits_[i / 64] >> (i % 64)) & 1u;
+  }
+  int min_ = 0, max_ = -1;
+  size_t states_ = 0, layers_ = 0;
+  // State q, layer r (q's layers together): with a bound above, some match from q has exactly r
+  // more characters; without one, at least r (r up to min).
+  std::vector<uint64_t> bits_;
+};
+
+constexpr size_t kMaxPatternLengthBits = size_t{1} << 24;
 
 }  // namespace qs

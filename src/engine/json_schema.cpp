@@ -426,12 +426,15 @@ class JsonSchemaCompiler {
       QS_ASSIGN_OR_RETURN(const int32_t lo, bound(s, "minLength", kMaxLength, at));
       QS_ASSIGN_OR_RETURN(const int32_t hi, bound(s, "maxLength", kMaxLength, at));
       QS_ASSIGN_OR_RETURN(std::optional<JsonPattern> pattern, pattern_of(s, at));
-      if (pattern && (lo >= 0 || hi >= 0)) {
-        return error_at(at, "'pattern' beside 'minLength' / 'maxLength' is not supported");
-      }
       node(id).kind = Kind::kString;
       node(id).min_length = std::max(lo, 0);
       node(id).max_length = hi;
+      if (pattern && (lo > 0 || hi >= 0)) {  // the bounds and the pattern followed together
+        auto lengths = PatternLengths::build(*pattern, std::max(lo, 0), hi);
+        if (!lengths.ok()) return error_at(at, lengths.error().message);
+        node(id).lengths = static_cast<int32_t>(g_.lengths_.size());
+        g_.lengths_.push_back(std::move(lengths).value());
+      }
       if (pattern) {
         node(id).pattern = static_cast<int32_t>(g_.patterns_.size());
         g_.patterns_.push_back(std::move(*pattern));
@@ -598,7 +601,8 @@ class JsonSchemaCompiler {
             break;
           case Kind::kString:
             p = (u.max_length < 0 || u.min_length <= u.max_length) &&
-                (u.pattern < 0 || g_.pattern(u.pattern).satisfiable());
+                (u.pattern < 0 || g_.pattern(u.pattern).satisfiable()) &&
+                (u.lengths < 0 || g_.lengths(u.lengths).satisfiable());
             break;
           case Kind::kNumber:
           case Kind::kInteger:

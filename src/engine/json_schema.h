@@ -7,12 +7,11 @@
 // anyOf / oneOf (followed as anyOf), allOf of one schema, $ref to "#..." (recursion included),
 // $defs / definitions, properties (generated in their order; those not in required may be left
 // out), required, additionalProperties (false when properties are given and it is not, as vLLM's
-// xgrammar does), items, minItems, maxItems, minLength, maxLength, pattern (json_pattern.h; not
-// beside minLength / maxLength), and on numbers and integers minimum, maximum, exclusiveMinimum,
-// exclusiveMaximum. Annotations (title, description, default, examples, format, ...) and unknown
-// keywords are ignored, as JSON Schema says; the assertions this engine cannot enforce
-// (multipleOf, uniqueItems, ...) are errors that name them. An empty schema (or true) is any JSON
-// value.
+// xgrammar does), items, minItems, maxItems, minLength, maxLength, pattern (json_pattern.h), and
+// on numbers and integers minimum, maximum, exclusiveMinimum, exclusiveMaximum. Annotations (title,
+// description, default, examples, format, ...) and unknown keywords are ignored, as JSON Schema
+// says; the assertions this engine cannot enforce (multipleOf, uniqueItems, ...) are errors that
+// name them. An empty schema (or true) is any JSON value.
 #pragma once
 
 #include <cstdint>
@@ -68,6 +67,7 @@ struct JsonNode {
   // none
   int32_t min_length = 0, max_length = -1;
   int32_t pattern = -1;
+  int32_t lengths = -1;  // with a pattern and length bounds: JsonGrammar::lengths, else -1
   // kNumber, kInteger: the inclusive bounds in units (kJsonNoBound: none): a value v is within
   // them when minimum <= v * kJsonUnit <= maximum. An integer's are whole numbers (multiples of
   // kJsonUnit); a number's are rounded inwards to units, and a number with bounds is written
@@ -97,6 +97,7 @@ class JsonGrammar {
   const JsonNode& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
   const JsonTrieNode& trie(int32_t id) const { return tries_[static_cast<size_t>(id)]; }
   const JsonPattern& pattern(int32_t id) const { return patterns_[static_cast<size_t>(id)]; }
+  const PatternLengths& lengths(int32_t id) const { return lengths_[static_cast<size_t>(id)]; }
   int32_t child(int32_t trie, uint8_t byte) const;  // -1: none
   // Every byte a literal trie spells (so that the vocabulary can be checked for them).
   std::string literal_bytes() const;
@@ -107,6 +108,7 @@ class JsonGrammar {
   std::vector<JsonNode> nodes_;
   std::vector<JsonTrieNode> tries_;
   std::vector<JsonPattern> patterns_;
+  std::vector<PatternLengths> lengths_;
   int32_t root_ = -1;
 };
 

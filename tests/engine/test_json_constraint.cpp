@@ -334,6 +334,19 @@ const std::vector<SchemaCase>& schema_cases() {
         {R"({"zip":"12345","kind":"xy"})", "xy"},       // an enum value it does not match
         {R"({"zip":"\u0031"})", "\\u0031"},             // no escape's character is a digit
         {R"({"zip":"12345","q":"a\u0022)", "u0022"}}},  // no \u where a pattern reads
+      {"patterns with lengths",  // both followed together: no string they leave unfinishable
+       R"({"type": "object", "properties": {
+             "id": {"type": "string", "pattern": "^[a-z]+\\d*$", "minLength": 3, "maxLength": 5},
+             "tag": {"type": "string", "pattern": "^(ab)+$", "maxLength": 5},
+             "w": {"type": "string", "pattern": "x", "minLength": 4}},
+           "required": ["id"]})",
+       {R"({"id":"abc"})", R"({"id":"ab12"})", R"({"id":"a1234","tag":"abab"})",
+        R"({"id":"xyz","w":"aaax"})", R"({"id":"xyz","w":"xaaaaaaa"})"},
+       {{R"({"id":"ab"})", "\"}"},                  // minLength
+        {R"({"id":"abcdef"})", "f\""},              // maxLength
+        {R"({"id":"a12345"})", "5\""},              //
+        {R"({"id":"abc","tag":"ababa"})", "a\"}"},  // a 6th character would be due
+        {R"({"id":"abc","w":"axa"})", "\"}"}}},     // "x" is in it, but 3 < 4
       {"top-level number bounds",
        R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
        {"-1.5", "1000", "999.99", "-0.75", "0"},
@@ -385,7 +398,8 @@ TEST(JsonSchema, EndsWhereTheDocumentIsWhole) {
 TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {R"({"type": "string", "pattern": "(a"})", "at '#/pattern': pattern: a missing ')'"},
-      {R"({"pattern": "a", "maxLength": 3})", "'pattern' beside 'minLength' / 'maxLength'"},
+      {R"({"pattern": "^(a|b)*a(a|b){10}$", "maxLength": 10000})", "too large to follow"},
+      {R"({"pattern": "^(ab)+$", "maxLength": 1})", "the schema accepts no value"},
       {R"({"pattern": "^\\x01$"})", "the schema accepts no value"},
       {R"({"pattern": 5})", "'pattern' must be a string"},
       {R"({"properties": {"age": {"type": "integer", "multipleOf": 5}}})",

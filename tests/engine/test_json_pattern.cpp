@@ -131,6 +131,53 @@ TEST(JsonPattern, CharactersAreUtf8) {
   EXPECT_FALSE(compiled("^a{,2}$").matches("aa"));
 }
 
+// PatternLengths against brute force over a small alphabet: a prefix is viable exactly when some
+// completion of an allowed length matches.
+TEST(JsonPattern, LengthBoundsLeaveNoDeadEnd) {
+  struct Case {
+    std::string regex;
+    int min, max;
+  };
+  const std::vector<Case> cases = {{"^(ab)+$", 0, 5},
+                                   {"^[ab]*c[ab]*$", 3, 6},
+                                   {"a", 4, -1},
+                                   {"^[ab]{2,}$", 0, 3},
+                                   {"^(a|bc)*$", 2, 5}};
+  const std::string alphabet = "abc";
+  auto all_strings = [&](int up_to) {
+    std::vector<std::string> out = {""};
+    for (size_t i = 0; i < out.size(); ++i) {
+      if (static_cast<int>(out[i].size()) == up_to) continue;
+      for (char ch : alphabet) out.push_back(out[i] + ch);
+    }
+    return out;
+  };
+  for (const Case& c : cases) {
+    const JsonPattern p = compiled(c.regex);
+    auto lengths = PatternLengths::build(p, c.min, c.max);
+    ASSERT_TRUE(lengths.ok()) << lengths.error().message;
+    const int longest = c.max >= 0 ? c.max : c.min + 3;
+    const std::vector<std::string> texts = all_strings(longest);
+    for (const std::string& prefix : texts) {
+      // Without a bound above, the search's own bound must leave room for a completion.
+      if (c.max < 0 && static_cast<int>(prefix.size()) > c.min) continue;
+      int32_t state = p.start();
+      for (char ch : prefix) {
+        state = state < 0 ? -1 : p.next(state, static_cast<uint8_t>(ch));
+      }
+      if (state < 0) continue;
+      bool want = false;
+      for (const std::string& t : texts) {
+        const int n = static_cast<int>(t.size());
+        want = want || (t.compare(0, prefix.size(), prefix) == 0 && t.size() >= prefix.size() &&
+                        n >= c.min && (c.max < 0 || n <= c.max) && p.matches(t));
+      }
+      EXPECT_EQ(lengths->viable(state, static_cast<int>(prefix.size())), want)
+          << c.regex << " [" << c.min << ", " << c.max << "] after '" << prefix << "'";
+    }
+  }
+}
+
 TEST(JsonPattern, RefusesWhatItDoesNotFollow) {
   const std::vector<std::pair<std::string, std::string>> cases = {
       {"(a", "a missing ')'"},
