@@ -491,9 +491,11 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
       Job::Progress p = job->wait(kPollInterval);
       for (const Job::Delta& d : p.deltas) {
         if (!open_choice(d.choice)) return;
-        // Chat: text that may start a tool call is held back.
-        const std::string text = chat ? reader->feed(d.text) : d.text;
-        if (!text.empty() || !d.logprobs.empty()) {
+        // Chat: text that may start a tool call is held back; a named function's arguments go
+        // out as tool call deltas.
+        const ToolReplyPart part = chat ? reader->feed(d.text) : ToolReplyPart{d.text};
+        const bool call = !part.tool_calls.empty();
+        if (!part.content.empty() || call || !d.logprobs.empty()) {
           // A chunk carries the tokens generated since the last one (its text may lag them: held
           // back UTF-8, stop-string prefixes or tool calls).
           Json logprobs =
@@ -501,9 +503,11 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
                   ? logprobs_json(endpoint, d.logprobs, *logprob_tokenizer, &text_offset,
                                   d.echo ? std::string_view(d.text) : std::string_view())
                   : Json(nullptr);
+          const Json delta =
+              call ? Json{{"tool_calls", part.tool_calls}} : Json{{"content", part.content}};
           const Json chunk =
-              chat ? chat_chunk(meta, Json{{"content", text}}, "", std::move(logprobs), d.choice)
-                   : completion_chunk(meta, text, "", std::move(logprobs), d.choice);
+              chat ? chat_chunk(meta, delta, "", std::move(logprobs), d.choice)
+                   : completion_chunk(meta, part.content, "", std::move(logprobs), d.choice);
           if (!write(chunk)) return;
         }
         if (!d.finish_reason.empty()) {

@@ -406,31 +406,51 @@ std::optional<ApiError> read_message_tool_calls(const Json& calls, const std::st
 }
 
 ToolReplyReader::ToolReplyReader(ToolRequest t, ToolFormat f) : request_(std::move(t)), format_(f) {
-  holding_ = request_.choice == ToolChoice::kRequired || request_.choice == ToolChoice::kFunction;
+  holding_ = request_.choice == ToolChoice::kRequired;
 }
 
-std::string ToolReplyReader::feed(std::string_view text) {
-  if (request_.choice == ToolChoice::kNone || free_) return std::string(text);
+ToolReplyPart ToolReplyReader::feed(std::string_view text) {
+  ToolReplyPart part;
+  if (request_.choice == ToolChoice::kNone || free_) {
+    part.content = text;
+    return part;
+  }
   text_ += text;
-  if (holding_) return "";
+  if (holding_) return part;
   const std::string_view all = text_;
+  if (request_.choice == ToolChoice::kFunction) {  // the arguments, from the first visible byte
+    const size_t from = opened_ ? sent_ : skip_space(all, 0);
+    if (from == all.size()) return part;
+    Json call = {{"index", 0}};
+    if (!opened_) {
+      call["id"] = new_call_id(format_);
+      call["type"] = "function";
+      call["function"]["name"] = request_.function;
+    }
+    call["function"]["arguments"] = std::string(all.substr(from));
+    part.tool_calls.push_back(std::move(call));
+    opened_ = true;
+    sent_ = all.size();
+    return part;
+  }
   if (format_ == ToolFormat::kHermes) {
     const size_t open = all.find(kHermesOpen, sent_);
     const size_t end = open != std::string_view::npos ? open : all.size() - open_tag_prefix(all);
-    std::string out(all.substr(sent_, end - sent_));
+    part.content = all.substr(sent_, end - sent_);
     sent_ = end;
     holding_ = open != std::string_view::npos;
-    return out;
+    return part;
   }
   // The JSON formats: a call is the whole reply, so its first visible character decides.
   const size_t first = skip_space(all, 0);
-  if (first == all.size()) return "";
+  if (first == all.size()) return part;
   if (all[first] == (format_ == ToolFormat::kLlama3Json ? '{' : '[')) {
     holding_ = true;
-    return "";
+    return part;
   }
   free_ = true;
-  return std::move(text_);
+  part.content = std::move(text_);
+  return part;
 }
 
 ToolReply ToolReplyReader::finish() {
@@ -439,9 +459,8 @@ ToolReply ToolReplyReader::finish() {
   const std::string_view rest = std::string_view(text_).substr(sent_);
   Calls calls;
   if (request_.choice == ToolChoice::kFunction) {
-    auto args = parse_json(rest);
-    if (args && args->is_object())
-      calls = std::vector<ToolCall>{ToolCall{"", request_.function, args->dump()}};
+    // Its arguments went out as they came; a reply with none still makes its call.
+    if (!opened_) calls = std::vector<ToolCall>{ToolCall{"", request_.function, ""}};
   } else if (request_.choice == ToolChoice::kRequired) {
     auto value = parse_json(rest);
     if (value && value->is_array()) calls = calls_from(*value, request_);
@@ -481,8 +500,14 @@ Json tool_calls_json(const std::vector<ToolCall>& calls, bool index) {
 void take_tool_calls(const ToolRequest& t, ToolFormat f, Json* choice) {
   if (t.choice == ToolChoice::kNone) return;
   Json& message = (*choice)["message"];
+  if (t.choice == ToolChoice::kFunction) {  // the whole reply is its arguments
+    const std::string args(trim(message["content"].get<std::string>()));
+    message["content"] = nullptr;
+    message["tool_calls"] = tool_calls_json({{new_call_id(f), t.function, args}});
+    return;
+  }
   ToolReplyReader reader(t, f);
-  std::string content = reader.feed(message["content"].get<std::string>());
+  std::string content = reader.feed(message["content"].get<std::string>()).content;
   ToolReply reply = reader.finish();
   if (reply.calls.empty()) return;
   content += reply.content;

@@ -4,10 +4,10 @@
 //  - The chat template sees the request's tools as `tools` (HF apply_chat_template's argument)
 //    and an assistant message's calls with their arguments as objects, as vLLM passes them.
 //  - tool_choice "required" or a named function constrains the reply with a JSON Schema
-//    (tool_output_schema), so that it always parses: "required" is an array of {"name",
-//    "arguments"} objects (one when parallel_tool_calls is false), a named function its
-//    arguments object. As vLLM's guided tool choice, the reply is plain JSON, not the model's own
-//    call format.
+//    (tool_output_schema): "required" is an array of {"name", "arguments"} objects (one when
+//    parallel_tool_calls is false), a named function its arguments object, which a stream sends
+//    as it comes (as OpenAI: cut by max_tokens, the arguments are cut too). As vLLM's guided
+//    tool choice, the reply is plain JSON, not the model's own call format.
 //  - tool_choice "auto" (the default with tools) leaves the reply free and takes out the calls
 //    written in the model's format (ToolFormat, read from its chat template); a reply whose calls
 //    do not parse, or name a function not in tools, is content.
@@ -69,6 +69,13 @@ struct ToolCall {
   std::string arguments;  // a JSON object's text
 };
 
+// What may go out of a reply now: content, and for a named function (tool_choice) its call's
+// next piece as stream deltas ([{"index": 0, ...}]: the first with the call's id and name).
+struct ToolReplyPart {
+  std::string content;
+  Json tool_calls = Json::array();
+};
+
 // What a reply says besides its content: the calls it makes.
 struct ToolReply {
   std::string content;  // the text not sent yet (all of it when the calls did not parse)
@@ -80,10 +87,11 @@ struct ToolReply {
 class ToolReplyReader {
  public:
   ToolReplyReader(ToolRequest t, ToolFormat f);
-  // Appends text; returns what may be sent as content now (text that cannot start a call).
-  std::string feed(std::string_view text);
-  // At the reply's end: the calls (with new ids), and the content that was held back (all of the
-  // held text when it holds no call that parses).
+  // Appends text; returns what may be sent now: content (text that cannot start a call), or a
+  // named function's arguments as they come (from their first visible character on).
+  ToolReplyPart feed(std::string_view text);
+  // At the reply's end: the calls not sent yet (with new ids), and the content that was held
+  // back (all of the held text when it holds no call that parses).
   ToolReply finish();
 
  private:
@@ -93,6 +101,7 @@ class ToolReplyReader {
   size_t sent_ = 0;
   bool holding_ = false;  // a call may have started at sent_: nothing more goes out
   bool free_ = false;     // the reply cannot hold a call: it goes out as it comes
+  bool opened_ = false;   // a named function's call went out (its id and name)
 };
 
 // A choice's finish_reason once its calls are known (OpenAI: "tool_calls" for calls the model

@@ -169,7 +169,7 @@ std::pair<std::string, ToolReply> read_reply(const ToolRequest& t, ToolFormat f,
                                              const std::vector<std::string>& pieces) {
   ToolReplyReader reader(t, f);
   std::string sent;
-  for (const auto& p : pieces) sent += reader.feed(p);
+  for (const auto& p : pieces) sent += reader.feed(p).content;
   return {sent, reader.finish()};
 }
 
@@ -266,13 +266,36 @@ TEST(Tools, ConstrainedRepliesAndFinishReasons) {
   EXPECT_EQ(cut.content, R"([{"name": "no)");
   EXPECT_EQ(tool_finish_reason(required, cut, "length"), "length");
 
+  // A named function: its arguments go out as they come, the first piece with the call's id and
+  // name; leading whitespace is left out.
   const ToolRequest named =
       request(R"(, "tool_choice": {"type": "function", "function": {"name": "get_weather"}})");
-  auto [sent3, args] = read_reply(named, ToolFormat::kHermes, {R"( {"city": "Rome"} )"});
-  ASSERT_EQ(args.calls.size(), 1u);
-  EXPECT_EQ(args.calls[0].name, "get_weather");
-  EXPECT_EQ(args.calls[0].arguments, R"({"city":"Rome"})");
-  EXPECT_EQ(tool_finish_reason(named, args, "stop"), "stop");  // as OpenAI for a named function
+  ToolReplyReader reader(named, ToolFormat::kHermes);
+  EXPECT_TRUE(reader.feed(" \n").tool_calls.empty());
+  const Json first = reader.feed(R"( {"ci)").tool_calls;
+  const Json second = reader.feed(R"(ty": "Rome"})").tool_calls;
+  ASSERT_EQ(first.size(), 1u);
+  EXPECT_EQ(first[0]["index"], 0);
+  EXPECT_EQ(first[0]["function"]["name"], "get_weather");
+  EXPECT_EQ(first[0]["id"].get<std::string>().substr(0, 5), "call_");
+  ASSERT_EQ(second.size(), 1u);
+  EXPECT_FALSE(second[0].contains("id"));
+  EXPECT_EQ(first[0]["function"]["arguments"].get<std::string>() +
+                second[0]["function"]["arguments"].get<std::string>(),
+            R"({"city": "Rome"})");
+  const ToolReply rest = reader.finish();
+  EXPECT_TRUE(rest.calls.empty() && rest.content.empty());
+  EXPECT_EQ(tool_finish_reason(named, rest, "stop"), "stop");  // as OpenAI for a named function
+  // A reply with nothing visible still makes its call; the whole reply is its arguments.
+  auto [sent3, empty] = read_reply(named, ToolFormat::kHermes, {"  "});
+  ASSERT_EQ(empty.calls.size(), 1u);
+  EXPECT_EQ(empty.calls[0].arguments, "");
+  Json choice = {{"message", {{"role", "assistant"}, {"content", R"( {"city": "Ro)"}}},
+                 {"finish_reason", "length"}};
+  take_tool_calls(named, ToolFormat::kHermes, &choice);
+  EXPECT_TRUE(choice["message"]["content"].is_null());
+  EXPECT_EQ(choice["message"]["tool_calls"][0]["function"]["arguments"], R"({"city": "Ro)");
+  EXPECT_EQ(choice["finish_reason"], "length");
 
   const ToolRequest none = request(R"(, "tool_choice": "none")");
   auto [sent4, plain] = read_reply(none, ToolFormat::kHermes, {"<tool_call>{", "}"});
