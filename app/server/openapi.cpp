@@ -397,7 +397,7 @@ constexpr const char* kDocument = R"JSON({
           "top_logprobs": {"type": ["integer", "null"], "minimum": 0, "maximum": 20, "description": "Alternatives per token; needs logprobs: true."},
           "tools": {"type": ["array", "null"], "maxItems": 128, "items": {"$ref": "#/components/schemas/Tool"}, "description": "The chat template shows them to the model (its `tools`)."},
           "tool_choice": {
-            "description": "none; auto (the default with tools: calls the model writes in its template's format are returned as tool_calls); required (the reply is generated as calls of the given tools, at most 16 tools); or a named function (the reply is generated as its arguments).",
+            "description": "none; auto (the default with tools: calls the model writes in its template's format are returned as tool_calls); required (the reply is generated as calls of the given tools, at most 64 tools); or a named function (the reply is generated as its arguments).",
             "oneOf": [
               {"type": ["string", "null"], "enum": ["none", "auto", "required", null]},
               {

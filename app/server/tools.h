@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "api_common.h"
+#include "engine/json_constraint.h"
 
 namespace qs::server {
 
@@ -47,7 +48,7 @@ struct ToolRequest {
 // The most tools a request may give (OpenAI's limit), and the most "required" can choose among
 // (each is followed as a reading of the reply until its name differs: JsonState's limit).
 constexpr size_t kMaxTools = 128;
-constexpr size_t kMaxRequiredTools = 16;
+constexpr size_t kMaxRequiredTools = kJsonMaxThreads;
 
 // tools, tool_choice and parallel_tool_calls of a chat request body. The parameters schemas that
 // will constrain a reply ("required", a named function) are compiled here, so that one the engine

@@ -32,7 +32,7 @@ constexpr int kJsonMaxDepth = 64;
 constexpr int kJsonMaxWhitespace = 48;
 // Readings of the text followed at once (anyOf alternatives alive together); past this the later
 // alternatives are not offered (the output stays valid, the choice narrower).
-constexpr int kJsonMaxThreads = 16;
+constexpr int kJsonMaxThreads = 64;
 
 // One reading of the text: where in the grammar it is. Unused fields stay at their defaults, so
 // that equal readings compare (and hash) equal byte for byte.

@@ -142,6 +142,18 @@ TEST(Tools, OutputSchemaTakesCallsOfTheGivenTools) {
   EXPECT_TRUE(accepts(named, R"({"city": "Oslo"})"));
   EXPECT_FALSE(accepts(named, R"({"unit": "C"})"));
   EXPECT_EQ(tool_output_schema(request(), ToolFormat::kHermes), "");
+  // Every one of kMaxRequiredTools tools can be called (each is a reading while names are read).
+  std::string many = R"({"tool_choice": "required", "tools": [)";
+  for (size_t i = 0; i < kMaxRequiredTools; ++i)
+    many += (i ? "," : "") + std::string(R"({"type": "function", "function": {"name": "tool_)") +
+            std::to_string(i) + "\"}}";
+  ToolRequest t;
+  ASSERT_FALSE(read_tools(Json::parse(many + "]}"), &t));
+  const std::string all = tool_output_schema(t, ToolFormat::kHermes);
+  for (size_t i : {size_t{0}, size_t{17}, kMaxRequiredTools - 1}) {
+    EXPECT_TRUE(accepts(all, R"([{"name": "tool_)" + std::to_string(i) + R"(", "arguments": {}}])"))
+        << i;
+  }
 }
 
 TEST(Tools, OutputSchemaFollowsReferencesInsideParameters) {
