@@ -181,6 +181,18 @@ void json_masks() {
       "$ref": "#/$defs/a"})")
                                         .value());
   time_states(patterns, "(schema, in a pattern string)", "[", "\"abc");
+  // Compiling a pattern happens on the request's path (the server validates the schema).
+  for (const char* regex : {R"(^[a-z]+-\d+$)", "^a{1000}$", "^(a|b)*a(a|b){10}$",
+                            "(a|b)*a(a|b){12}", R"(^[\w.+-]+@[\w-]+\.[\w.]+$)"}) {
+    const auto a = Clock::now();
+    auto p = qs::JsonPattern::compile(regex);
+    const double ms = std::chrono::duration<double>(Clock::now() - a).count() * 1e3;
+    if (!p.ok()) {
+      fmt::print("json: pattern {:<30} refused in {:7.2f} ms: {}\n", regex, ms, p.error().message);
+      continue;
+    }
+    fmt::print("json: pattern {:<30} compiled in {:7.2f} ms ({} states)\n", regex, ms, p->states());
+  }
   // tool_choice "required" among 64 tools (the server's schema shape): every reading is alive
   // while the call's name is read. A fresh constraint per sample, so that each mask is walked.
   std::string tools = R"({"type": "array", "minItems": 1, "items": {"anyOf": [)";

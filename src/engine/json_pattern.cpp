@@ -603,19 +603,27 @@ class JsonPatternBuilder {
         table.push_back(it->second);
       }
     }
-    // Live states: those that reach a match.
+    // Live states: those that reach a match (a search back from the matches).
     const size_t n = sets.size(), k = p.num_classes_;
+    std::vector<std::vector<int32_t>> into(n);
+    for (size_t s = 0; s < n; ++s) {
+      for (size_t c = 0; c < k; ++c) {
+        const int32_t t = table[s * k + c];
+        if (t >= 0) into[static_cast<size_t>(t)].push_back(static_cast<int32_t>(s));
+      }
+    }
     std::vector<bool> live = accepting;
-    for (bool changed = true; changed;) {
-      changed = false;
-      for (size_t s = 0; s < n; ++s) {
-        if (live[s]) continue;
-        for (size_t c = 0; c < k; ++c) {
-          const int32_t t = table[s * k + c];
-          if (t >= 0 && live[static_cast<size_t>(t)]) {
-            live[s] = changed = true;
-            break;
-          }
+    std::vector<int32_t> todo;
+    for (size_t s = 0; s < n; ++s) {
+      if (live[s]) todo.push_back(static_cast<int32_t>(s));
+    }
+    while (!todo.empty()) {
+      const int32_t t = todo.back();
+      todo.pop_back();
+      for (int32_t s : into[static_cast<size_t>(t)]) {
+        if (!live[static_cast<size_t>(s)]) {
+          live[static_cast<size_t>(s)] = true;
+          todo.push_back(s);
         }
       }
     }

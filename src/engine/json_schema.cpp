@@ -73,6 +73,7 @@ Scaled scaled(const Schema& v) {
   if (text[0] == '-') return {-(q + (exact ? 0 : 1)), -q};
   return {q, q + (exact ? 0 : 1)};
 }
+
 constexpr size_t kMaxLiteralBytes = size_t{1} << 20;
 constexpr int kMaxDepth = 128;
 constexpr int64_t kMaxLength = 65535;  // JsonThread counts a string's characters in 16 bits
