@@ -479,7 +479,7 @@ void Server::handle_generate(Endpoint endpoint, const HttpRequest& req, HttpResp
       if (!reply.content.empty() &&
           !write(chat_chunk(meta, Json{{"content", reply.content}}, "", nullptr, choice)))
         return std::optional<std::string>();
-      if (!reply.calls.empty() &&
+      if (!reply.calls.empty() && !reply.streamed &&
           !write(chat_chunk(meta, Json{{"tool_calls", tool_calls_json(reply.calls, true)}}, "",
                             nullptr, choice)))
         return std::optional<std::string>();

@@ -419,17 +419,17 @@ ToolReplyPart ToolReplyReader::feed(std::string_view text) {
   if (holding_) return part;
   const std::string_view all = text_;
   if (request_.choice == ToolChoice::kFunction) {  // the arguments, from the first visible byte
-    const size_t from = opened_ ? sent_ : skip_space(all, 0);
+    const size_t from = call_id_.empty() ? skip_space(all, 0) : sent_;
     if (from == all.size()) return part;
     Json call = {{"index", 0}};
-    if (!opened_) {
-      call["id"] = new_call_id(format_);
+    if (call_id_.empty()) {
+      call_id_ = new_call_id(format_);
+      call["id"] = call_id_;
       call["type"] = "function";
       call["function"]["name"] = request_.function;
     }
     call["function"]["arguments"] = std::string(all.substr(from));
     part.tool_calls.push_back(std::move(call));
-    opened_ = true;
     sent_ = all.size();
     return part;
   }
@@ -456,12 +456,18 @@ ToolReplyPart ToolReplyReader::feed(std::string_view text) {
 ToolReply ToolReplyReader::finish() {
   ToolReply reply;
   if (request_.choice == ToolChoice::kNone || free_) return reply;
+  if (request_.choice == ToolChoice::kFunction) {
+    // The whole reply is its arguments (as written, even when cut), which went out as they came
+    // once one was visible; a reply with none still makes its call.
+    reply.streamed = !call_id_.empty();
+    if (call_id_.empty()) call_id_ = new_call_id(format_);
+    const std::string_view all = text_;
+    reply.calls = {ToolCall{call_id_, request_.function, std::string(all.substr(skip_space(all, 0)))}};
+    return reply;
+  }
   const std::string_view rest = std::string_view(text_).substr(sent_);
   Calls calls;
-  if (request_.choice == ToolChoice::kFunction) {
-    // Its arguments went out as they came; a reply with none still makes its call.
-    if (!opened_) calls = std::vector<ToolCall>{ToolCall{"", request_.function, ""}};
-  } else if (request_.choice == ToolChoice::kRequired) {
+  if (request_.choice == ToolChoice::kRequired) {
     auto value = parse_json(rest);
     if (value && value->is_array()) calls = calls_from(*value, request_);
   } else if (format_ == ToolFormat::kHermes) {
@@ -500,12 +506,6 @@ Json tool_calls_json(const std::vector<ToolCall>& calls, bool index) {
 void take_tool_calls(const ToolRequest& t, ToolFormat f, Json* choice) {
   if (t.choice == ToolChoice::kNone) return;
   Json& message = (*choice)["message"];
-  if (t.choice == ToolChoice::kFunction) {  // the whole reply is its arguments
-    const std::string args(trim(message["content"].get<std::string>()));
-    message["content"] = nullptr;
-    message["tool_calls"] = tool_calls_json({{new_call_id(f), t.function, args}});
-    return;
-  }
   ToolReplyReader reader(t, f);
   std::string content = reader.feed(message["content"].get<std::string>()).content;
   ToolReply reply = reader.finish();

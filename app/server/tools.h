@@ -81,6 +81,7 @@ struct ToolReplyPart {
 struct ToolReply {
   std::string content;  // the text not sent yet (all of it when the calls did not parse)
   std::vector<ToolCall> calls;
+  bool streamed = false;  // the calls already went out as feed()'s deltas (a named function's)
 };
 
 // A reply as it is generated: which of its text may go out as content now, and at its end the
@@ -91,8 +92,8 @@ class ToolReplyReader {
   // Appends text; returns what may be sent now: content (text that cannot start a call), or a
   // named function's arguments as they come (from their first visible character on).
   ToolReplyPart feed(std::string_view text);
-  // At the reply's end: the calls not sent yet (with new ids), and the content that was held
-  // back (all of the held text when it holds no call that parses).
+  // At the reply's end: the calls (with their ids), and the content that was held back (all of
+  // the held text when it holds no call that parses).
   ToolReply finish();
 
  private:
@@ -102,7 +103,7 @@ class ToolReplyReader {
   size_t sent_ = 0;
   bool holding_ = false;  // a call may have started at sent_: nothing more goes out
   bool free_ = false;     // the reply cannot hold a call: it goes out as it comes
-  bool opened_ = false;   // a named function's call went out (its id and name)
+  std::string call_id_;   // a named function's call, once its first delta went out
 };
 
 // A choice's finish_reason once its calls are known (OpenAI: "tool_calls" for calls the model

@@ -5,6 +5,8 @@
 #include <algorithm>
 #include <map>
 
+#include "model/tokenizer/unicode.h"
+
 namespace qs {
 
 namespace {
@@ -66,27 +68,6 @@ const Ranges kSpace = {{0x09, 0x0D},     {0x20, 0x20},     {0xA0, 0xA0},     {0x
                        {0x3000, 0x3000}, {0xFEFF, 0xFEFF}};
 const Ranges kLineEnds = {{0x0A, 0x0A}, {0x0D, 0x0D}, {0x2028, 0x2029}};
 
-int utf8_length(uint32_t c) {
-  return c < 0x80 ? 1 : c < 0x800 ? 2 : c < 0x10000 ? 3 : 4;
-}
-
-std::vector<uint8_t> utf8(uint32_t c) {
-  switch (utf8_length(c)) {
-    case 1:
-      return {static_cast<uint8_t>(c)};
-    case 2:
-      return {static_cast<uint8_t>(0xC0 | (c >> 6)), static_cast<uint8_t>(0x80 | (c & 0x3F))};
-    case 3:
-      return {static_cast<uint8_t>(0xE0 | (c >> 12)),
-              static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F)),
-              static_cast<uint8_t>(0x80 | (c & 0x3F))};
-    default:
-      return {
-          static_cast<uint8_t>(0xF0 | (c >> 18)), static_cast<uint8_t>(0x80 | ((c >> 12) & 0x3F)),
-          static_cast<uint8_t>(0x80 | ((c >> 6) & 0x3F)), static_cast<uint8_t>(0x80 | (c & 0x3F))};
-  }
-}
-
 // The UTF-8 of the code points [lo, hi] (no surrogates in it) as sequences of byte ranges, each
 // position's bytes any of its range.
 using ByteSeq = std::vector<std::pair<uint8_t, uint8_t>>;
@@ -99,7 +80,7 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out) {
       return;
     }
   }
-  const int n = utf8_length(lo);
+  const int n = static_cast<int>(unicode::to_utf8(lo).size());
   // Split until every byte after the first differing one spans its whole continuation range.
   for (int i = 1; i < n; ++i) {
     const uint32_t m = (1u << (6 * i)) - 1;
@@ -116,9 +97,11 @@ void utf8_sequences(uint32_t lo, uint32_t hi, std::vector<ByteSeq>& out) {
       }
     }
   }
-  const std::vector<uint8_t> a = utf8(lo), b = utf8(hi);
+  const std::string a = unicode::to_utf8(lo), b = unicode::to_utf8(hi);
   ByteSeq seq;
-  for (size_t i = 0; i < a.size(); ++i) seq.emplace_back(a[i], b[i]);
+  for (size_t i = 0; i < a.size(); ++i) {
+    seq.emplace_back(static_cast<uint8_t>(a[i]), static_cast<uint8_t>(b[i]));
+  }
   out.push_back(std::move(seq));
 }
 
@@ -429,25 +412,6 @@ class Parser {
   std::vector<Node> nodes_;
 };
 
-// Code points of UTF-8 text (the pattern as the schema's JSON string holds it); false if it is
-// not UTF-8.
-bool decode_utf8(std::string_view text, std::vector<uint32_t>* out) {
-  for (size_t i = 0; i < text.size();) {
-    const uint8_t b = static_cast<uint8_t>(text[i]);
-    const int n = b < 0x80 ? 1 : (b >> 5) == 6 ? 2 : (b >> 4) == 14 ? 3 : (b >> 3) == 30 ? 4 : 0;
-    if (n == 0 || i + static_cast<size_t>(n) > text.size()) return false;
-    uint32_t c = n == 1 ? b : b & (0x7F >> n);
-    for (int k = 1; k < n; ++k) {
-      const uint8_t cont = static_cast<uint8_t>(text[i + static_cast<size_t>(k)]);
-      if ((cont >> 6) != 2) return false;
-      c = (c << 6) | (cont & 0x3F);
-    }
-    out->push_back(c);
-    i += static_cast<size_t>(n);
-  }
-  return true;
-}
-
 // Thompson's construction: states with empty moves and byte-range moves.
 struct Nfa {
   struct Edge {
@@ -638,8 +602,13 @@ class JsonPatternBuilder {
 };
 
 Result<JsonPattern> JsonPattern::compile(std::string_view regex) {
+  if (!unicode::is_valid_utf8(regex)) return make_error("pattern: not UTF-8");
   std::vector<uint32_t> text;
-  if (!decode_utf8(regex, &text)) return make_error("pattern: not UTF-8");
+  for (size_t i = 0; i < regex.size();) {
+    int len = 0;
+    text.push_back(unicode::decode_utf8(regex, i, &len));
+    i += static_cast<size_t>(len);
+  }
   Parser parser(std::move(text));
   bool anchored_start = false, anchored_end = false;
   QS_ASSIGN_OR_RETURN(int root, parser.parse(&anchored_start, &anchored_end));

@@ -295,13 +295,18 @@ TEST(Tools, ConstrainedRepliesAndFinishReasons) {
   EXPECT_EQ(first[0]["function"]["arguments"].get<std::string>() +
                 second[0]["function"]["arguments"].get<std::string>(),
             R"({"city": "Rome"})");
+  // At the end: the same call, whole, marked as already sent (nothing goes out twice).
   const ToolReply rest = reader.finish();
-  EXPECT_TRUE(rest.calls.empty() && rest.content.empty());
+  EXPECT_TRUE(rest.streamed && rest.content.empty());
+  ASSERT_EQ(rest.calls.size(), 1u);
+  EXPECT_EQ(rest.calls[0].id, first[0]["id"]);
+  EXPECT_EQ(rest.calls[0].arguments, R"({"city": "Rome"})");
   EXPECT_EQ(tool_finish_reason(named, rest, "stop"), "stop");  // as OpenAI for a named function
   // A reply with nothing visible still makes its call; the whole reply is its arguments.
   auto [sent3, empty] = read_reply(named, ToolFormat::kHermes, {"  "});
   ASSERT_EQ(empty.calls.size(), 1u);
   EXPECT_EQ(empty.calls[0].arguments, "");
+  EXPECT_FALSE(empty.streamed);
   Json choice = {{"message", {{"role", "assistant"}, {"content", R"( {"city": "Ro)"}}},
                  {"finish_reason", "length"}};
   take_tool_calls(named, ToolFormat::kHermes, &choice);
