@@ -462,7 +462,8 @@ ToolReply ToolReplyReader::finish() {
     reply.streamed = !call_id_.empty();
     if (call_id_.empty()) call_id_ = new_call_id(format_);
     const std::string_view all = text_;
-    reply.calls = {ToolCall{call_id_, request_.function, std::string(all.substr(skip_space(all, 0)))}};
+    reply.calls = {
+        ToolCall{call_id_, request_.function, std::string(all.substr(skip_space(all, 0)))}};
     return reply;
   }
   const std::string_view rest = std::string_view(text_).substr(sent_);
