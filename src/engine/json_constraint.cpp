@@ -209,12 +209,10 @@ void JsonRecognizer::start_value(JsonThread t, int32_t id, uint8_t c, Sink& out)
       break;
     case Kind::kNumber:
     case Kind::kInteger:
+      // (value, count, frac and aux are 0 here: a reading due a value carries only its frame and
+      // node, as end_value and end_key leave it.)
       t.mode = kNumStart;
       t.node = id;
-      t.value = 0;
-      t.count = 0;
-      t.frac = 0;
-      t.aux = 0;
       return number_byte(t, c, out);
     case Kind::kLiterals:
       t.mode = kLiteral;
