@@ -616,13 +616,53 @@ bool JsonRecognizer::finished(const JsonState& s) const {
   return s.n > 0;
 }
 
-int JsonRecognizer::plain_step(const JsonState& s) const {
-  if (s.n != 1) return -1;
+namespace {
+
+constexpr std::array<uint8_t, 256> group_table() {
+  std::array<uint8_t, 256> t{};
+  for (int b = 0; b < 256; ++b)
+    t[static_cast<size_t>(b)] = static_cast<uint8_t>(byte_group(static_cast<uint8_t>(b)));
+  return t;
+}
+constexpr std::array<uint8_t, 256> kGroup = group_table();
+
+bool is_plain(uint8_t b) {
+  return kGroup[b] != 0;
+}
+bool loops_on(ByteGroups loops, uint8_t b) {
+  return (loops >> kGroup[b]) & 1u;
+}
+
+}  // namespace
+
+ByteGroups JsonRecognizer::loops(const JsonState& s) const {
+  if (s.n != 1) return 0;
   const JsonThread& t = s.threads[0];
-  if (t.mode != kString || (t.aux & 3) != 0 || t.pattern != 0) return -1;
-  if (t.key) return t.trie < 0 && g_.node(frame(t.frame).node).additional >= 0 ? 0 : -1;
+  if (t.mode != kString || (t.aux & 3) != 0) return 0;
+  if (t.key) {
+    const bool other_keys = t.trie < 0 && g_.node(frame(t.frame).node).additional >= 0;
+    return other_keys ? kPlainGroups : 0;
+  }
+  const JsonNode& n = g_.node(t.node);
+  if (t.pattern != 0) {  // (with length bounds a character changes what may follow)
+    return n.lengths >= 0 ? 0 : g_.pattern(n.pattern).loops(t.pattern - 1);
+  }
+  return counted(n, t.count) == t.count ? kPlainGroups : 0;
+}
+
+JsonRecognizer::PlainStep JsonRecognizer::plain_step(const JsonState& s) const {
+  if (s.n != 1) return kOther;
+  const JsonThread& t = s.threads[0];
+  if (t.mode != kString || (t.aux & 3) != 0 || t.key) return kOther;
+  if (t.pattern != 0) return kSteps;
+  return counted(g_.node(t.node), t.count) > t.count ? kCounts : kOther;
+}
+
+bool JsonRecognizer::plain_pattern_step(JsonThread& t, uint8_t c) const {
   const int count = counted(g_.node(t.node), t.count);
-  return count < 0 ? -1 : count - t.count;
+  if (count < 0) return false;
+  t.count = static_cast<uint16_t>(count);
+  return pattern_byte(t, c);
 }
 
 void JsonRecognizer::merge_counts(JsonState& s, int chars) const {
@@ -696,11 +736,6 @@ int JsonVocab::missing_byte(std::string_view needed) const {
   return -1;
 }
 
-bool JsonVocab::all_plain(int32_t first, int32_t end) const {
-  return plain_before_[static_cast<size_t>(end)] - plain_before_[static_cast<size_t>(first)] ==
-         end - first;
-}
-
 void JsonVocab::build_trie() {
   std::vector<int32_t> order;
   for (int32_t id = 0; id < vocab_; ++id) {
@@ -746,11 +781,15 @@ void JsonVocab::build_trie() {
       node.deepest = std::max(node.deepest, nodes_[static_cast<size_t>(j)].deepest);
     }
   }
-  plain_before_.assign(nodes_.size() + 1, 0);
-  for (size_t i = 0; i < nodes_.size(); ++i) {
-    const uint8_t b = nodes_[i].byte;
-    const bool plain = b >= 0x20 && b < 0x7F && b != '"' && b != '\\';
-    plain_before_[i + 1] = plain_before_[i] + (plain ? 1 : 0);
+  // Each subtree's bytes: its node's and its children's subtrees' (visited as above).
+  subtree_groups_.assign(nodes_.size(), 0);
+  for (size_t i = nodes_.size(); i-- > 0;) {
+    ByteGroups& set = subtree_groups_[i];
+    set = ByteGroups{1} << kGroup[nodes_[i].byte];
+    for (int32_t j = static_cast<int32_t>(i) + 1; j < nodes_[i].end;
+         j = nodes_[static_cast<size_t>(j)].end) {
+      set |= subtree_groups_[static_cast<size_t>(j)];
+    }
   }
 }
 
@@ -776,8 +815,16 @@ JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, JsonGramm
   size_t depth = 1;
   for (const JsonVocab::Node& node : vocab_->nodes()) depth = std::max<size_t>(depth, node.depth);
   states_.resize(depth + 1);
-  rooms_.resize(depth + 1);
-  plain_steps_.resize(depth + 1);
+  reaches_.resize(depth + 1);
+}
+
+void JsonConstraint::reach(size_t depth) {
+  const JsonState& s = states_[depth];
+  Reach& r = reaches_[depth];
+  r.room = rec_.plain_room(s);
+  r.step = rec_.plain_step(s);
+  r.loops = rec_.loops(s);
+  r.takes = r.room > 0 || r.loops != 0;
 }
 
 std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
@@ -797,43 +844,55 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
   // states_[d]: the state after a node's first d bytes (states_[0] = s); a refused byte skips
   // the node's subtree.
   states_[0].assign(s);
-  rooms_[0] = rec_.plain_room(s);
-  plain_steps_[0] = rec_.plain_step(s);
-  const std::vector<JsonVocab::Node>& nodes = vocab_->nodes();
-  const std::vector<int32_t>& tokens = vocab_->tokens();
+  reach(0);
+  // (Raw pointers: writes to the mask's words could otherwise alias the vocabulary's arrays.)
+  const JsonVocab::Node* nodes = vocab_->nodes().data();
+  const int32_t* tokens = vocab_->tokens().data();
+  const ByteGroups* subtree = vocab_->subtree_groups().data();
+  uint64_t* words = bits.data();
+  const auto n = static_cast<int32_t>(vocab_->nodes().size());
+  const auto num_tokens = static_cast<int32_t>(vocab_->tokens().size());
+  auto first_token_at = [&](int32_t i) { return i < n ? nodes[i].first_token : num_tokens; };
   auto allow_tokens = [&](int32_t first, int32_t last) {
-    for (int32_t t = first; t < last; ++t) allow(tokens[static_cast<size_t>(t)]);
+    for (int32_t t = first; t < last; ++t) {
+      const int32_t id = tokens[t];
+      words[id / 64] |= uint64_t{1} << (id % 64);
+    }
     any = any || last > first;
   };
-  const auto n = static_cast<int32_t>(nodes.size());
   for (int32_t i = 0; i < n;) {
-    const JsonVocab::Node& node = nodes[static_cast<size_t>(i)];
-    const JsonState& parent = states_[node.depth - 1u];
-    // Inside a string between characters, a subtree of plain bytes is taken whole where the
-    // string has room for its longest token.
-    if (node.deepest - node.depth < rooms_[node.depth - 1u] && vocab_->all_plain(i, node.end)) {
-      allow_tokens(node.first_token, vocab_->first_token_at(node.end));
+    const JsonVocab::Node& node = nodes[i];
+    const size_t d = node.depth;
+    const JsonState& parent = states_[d - 1];
+    const Reach& from = reaches_[d - 1];
+    // A subtree of bytes that leave the state as it is, or of plain bytes inside a string with
+    // room for its longest token, is taken whole.
+    if (from.takes && ((subtree[i] & ~from.loops) == 0 ||
+                       (node.deepest - node.depth < from.room && (subtree[i] & 1u) == 0))) {
+      allow_tokens(node.first_token, first_token_at(node.end));
       i = node.end;
       continue;
     }
-    const size_t d = node.depth;
-    if (plain_steps_[d - 1] == 0 && vocab_->all_plain(i, i + 1)) {  // the byte changes nothing
+    if (loops_on(from.loops, node.byte)) {  // the byte changes nothing
       states_[d].assign(parent);
-      rooms_[d] = rooms_[d - 1];
-      plain_steps_[d] = 0;
-    } else if (plain_steps_[d - 1] == 1 && vocab_->all_plain(i, i + 1)) {  // it only counts
+      reaches_[d] = from;
+    } else if (from.step != JsonRecognizer::kOther && is_plain(node.byte)) {
       states_[d].assign(parent);
-      ++states_[d].threads[0].count;
-      rooms_[d] = rec_.plain_room(states_[d]);
-      plain_steps_[d] = rec_.plain_step(states_[d]);
+      JsonThread& t = states_[d].threads[0];
+      if (from.step == JsonRecognizer::kCounts) {
+        ++t.count;
+      } else if (!rec_.plain_pattern_step(t, node.byte)) {
+        i = node.end;
+        continue;
+      }
+      reach(d);
     } else if (rec_.advance_into(parent, node.byte, states_[d])) {
-      rooms_[d] = rec_.plain_room(states_[d]);
-      plain_steps_[d] = rec_.plain_step(states_[d]);
+      reach(d);
     } else {
       i = node.end;
       continue;
     }
-    allow_tokens(node.first_token, vocab_->first_token_at(i + 1));
+    allow_tokens(node.first_token, first_token_at(i + 1));
     ++i;
   }
   if (!any) allow_eos();

@@ -85,10 +85,17 @@ class JsonRecognizer {
   // How long a run of printable ASCII but '"' and '\\' some reading takes whatever its bytes
   // (inside a string, up to its maxLength); 0: none.
   int plain_room(const JsonState& s) const;
-  // What a plain byte does to `s` where that is simple: 0 leaves it as it is, 1 only counts a
-  // character (one reading, inside a string no key trie tracks, with room for the byte); -1:
-  // step it.
-  int plain_step(const JsonState& s) const;
+  // The byte groups (json_pattern.h) whose bytes all leave `s` as it is: inside a string, the
+  // plain bytes (printable ASCII but '"' and '\\', kPlainGroups) where they change nothing, or
+  // those a pattern's automaton state loops on.
+  ByteGroups loops(const JsonState& s) const;
+  // What a plain byte outside loops(s) does to `s` where that is simple (one reading, inside a
+  // string no key trie tracks): kCounts: it only counts a character; kSteps: it counts and steps
+  // the string's pattern (plain_pattern_step); kOther: step it.
+  enum PlainStep : int8_t { kOther, kCounts, kSteps };
+  PlainStep plain_step(const JsonState& s) const;
+  // A string's thread after plain byte c where plain_step says kSteps; false if refused.
+  bool plain_pattern_step(JsonThread& t, uint8_t c) const;
   size_t frames() const { return frames_.size(); }
   // The counts of the strings in `s` with room for `chars` more characters past their minLength
   // set to their minLength: states no text of `chars` bytes tells apart made equal (a mask's key).
@@ -164,13 +171,12 @@ class JsonVocab {
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // tokens()[first .. end): the tokens of the nodes [node, end) (a subtree: preorder).
   int32_t first_token_at(int32_t node) const;
-  // Whether nodes [first, end) all spell bytes a string takes as they are (printable ASCII but
-  // '"' and '\\').
-  bool all_plain(int32_t first, int32_t end) const;
+  // By node: the groups of the bytes its subtree's nodes spell.
+  const std::vector<ByteGroups>& subtree_groups() const { return subtree_groups_; }
   int longest() const { return longest_; }  // the most bytes a token has
 
  private:
-  void build_trie();  // nodes_, tokens_, plain_before_ from bytes_
+  void build_trie();  // nodes_, tokens_, subtree_groups_ from bytes_
 
   int vocab_ = 0;
   std::vector<std::string> bytes_;  // each id's bytes ("" for an excluded id)
@@ -178,8 +184,7 @@ class JsonVocab {
   std::vector<int32_t> eos_;
   std::vector<bool> single_;  // single_[b]: some token is the byte b alone
   std::vector<Node> nodes_;   // the trie in preorder, without its root
-  // plain_before_[i]: how many of nodes_[0, i) spell a plain byte.
-  std::vector<int32_t> plain_before_;
+  std::vector<ByteGroups> subtree_groups_;  // by node
   std::vector<int32_t> tokens_;
   int longest_ = 0;
 };
@@ -210,9 +215,16 @@ class JsonConstraint {
   std::shared_ptr<const JsonVocab> vocab_;
   JsonRecognizer rec_;
   std::unordered_map<std::string, std::vector<uint64_t>> cache_;
-  std::vector<JsonState> states_;    // walk's states by depth
-  std::vector<int> rooms_;           // and their plain_room
-  std::vector<int8_t> plain_steps_;  // and their plain_step
+  // walk's states by depth, and what plain bytes do to them
+  struct Reach {
+    int room = 0;  // plain_room
+    JsonRecognizer::PlainStep step = JsonRecognizer::kOther;
+    ByteGroups loops = 0;
+    bool takes = false;  // some subtree may be taken whole (room or loops)
+  };
+  void reach(size_t depth);  // reaches_[depth] from states_[depth]
+  std::vector<JsonState> states_;
+  std::vector<Reach> reaches_;
   JsonState token_state_;            // advance's state over a token's bytes
   JsonState key_state_;              // allowed's state with its counts merged
 };

@@ -567,8 +567,189 @@ class JsonPatternBuilder {
         table.push_back(it->second);
       }
     }
+    return finish(std::move(p), std::move(table), std::move(accepting));
+  }
+
+  // Strings both a and b match: their product automaton (the pairs of states reachable
+  // together), byte classes refined to tell both patterns' apart.
+  static Result<JsonPattern> intersect(const JsonPattern& a, const JsonPattern& b) {
+    JsonPattern p;
+    if (!a.satisfiable() || !b.satisfiable()) return p;
+    std::map<std::pair<uint8_t, uint8_t>, uint8_t> class_of;
+    std::vector<uint8_t> representative;
+    p.starts_.clear();
+    for (int byte = 0; byte < 256; ++byte) {
+      const auto key = std::make_pair(a.classes_[static_cast<size_t>(byte)],
+                                      b.classes_[static_cast<size_t>(byte)]);
+      auto [it, added] = class_of.emplace(key, static_cast<uint8_t>(representative.size()));
+      if (added) {
+        representative.push_back(static_cast<uint8_t>(byte));
+        p.starts_.push_back(byte < 0x80 || byte >= 0xC0);
+      }
+      p.classes_[static_cast<size_t>(byte)] = it->second;
+    }
+    p.num_classes_ = representative.size();
+    std::map<std::pair<int32_t, int32_t>, int32_t> ids = {{{0, 0}, 0}};
+    std::vector<std::pair<int32_t, int32_t>> pairs = {{0, 0}};
+    std::vector<int32_t> table;
+    std::vector<bool> accepting;
+    for (size_t d = 0; d < pairs.size(); ++d) {
+      const auto [qa, qb] = pairs[d];
+      accepting.push_back(a.accepts(qa) && b.accepts(qb));
+      for (uint8_t byte : representative) {
+        const int32_t ta = a.next(qa, byte), tb = b.next(qb, byte);
+        if (ta < 0 || tb < 0) {
+          table.push_back(-1);
+          continue;
+        }
+        auto [it, added] = ids.emplace(std::make_pair(ta, tb), static_cast<int32_t>(pairs.size()));
+        if (added) {
+          if (pairs.size() >= static_cast<size_t>(kMaxPatternStates)) {
+            return make_error(
+                fmt::format("pattern: the patterns together need more than {} automaton states",
+                            kMaxPatternStates));
+          }
+          pairs.emplace_back(ta, tb);
+        }
+        table.push_back(it->second);
+      }
+    }
+    return finish(std::move(p), std::move(table), std::move(accepting));
+  }
+
+ private:
+  // The states reachable from 0 (whose moves lead to live states or -1), those no text tells
+  // apart merged (Hopcroft's partition refinement, with -1 as a sink state of its own); the start
+  // stays 0.
+  static void minimize(std::vector<int32_t>& table, std::vector<bool>& accepting, size_t k) {
+    // Dense ids for the reachable states (0 first), the sink last.
+    std::vector<int32_t> id(accepting.size(), -1);
+    std::vector<int32_t> order = {0};
+    id[0] = 0;
+    for (size_t i = 0; i < order.size(); ++i) {
+      for (size_t c = 0; c < k; ++c) {
+        const int32_t t = table[static_cast<size_t>(order[i]) * k + c];
+        if (t >= 0 && id[static_cast<size_t>(t)] < 0) {
+          id[static_cast<size_t>(t)] = static_cast<int32_t>(order.size());
+          order.push_back(t);
+        }
+      }
+    }
+    const size_t m = order.size() + 1, sink = m - 1;
+    std::vector<int32_t> moves(m * k, static_cast<int32_t>(sink));
+    for (size_t q = 0; q < order.size(); ++q) {
+      for (size_t c = 0; c < k; ++c) {
+        const int32_t t = table[static_cast<size_t>(order[q]) * k + c];
+        if (t >= 0) moves[q * k + c] = id[static_cast<size_t>(t)];
+      }
+    }
+    // Predecessors by (state, class), compressed: into[first[t * k + c] .. first[t * k + c + 1]).
+    std::vector<int32_t> first(m * k + 1, 0), into(m * k);
+    for (int32_t t : moves) ++first[static_cast<size_t>(t) * k + 1];  // counts, shifted below
+    std::vector<int32_t> count_by(m * k, 0);
+    for (size_t q = 0; q < m; ++q) {
+      for (size_t c = 0; c < k; ++c) ++count_by[static_cast<size_t>(moves[q * k + c]) * k + c];
+    }
+    for (size_t i = 0; i < m * k; ++i) first[i + 1] = first[i] + count_by[i];
+    std::vector<int32_t> fill(first.begin(), first.end() - 1);
+    for (size_t q = 0; q < m; ++q) {
+      for (size_t c = 0; c < k; ++c) {
+        into[static_cast<size_t>(fill[static_cast<size_t>(moves[q * k + c]) * k + c]++)] =
+            static_cast<int32_t>(q);
+      }
+    }
+    // Blocks: the matches, the other live states, the sink; refined by each block in `work`.
+    std::vector<std::vector<int32_t>> blocks(3);
+    std::vector<int32_t> block_of(m);
+    for (size_t q = 0; q < m; ++q) {
+      const int32_t b = q == sink ? 2 : accepting[static_cast<size_t>(order[q])] ? 0 : 1;
+      blocks[static_cast<size_t>(b)].push_back(static_cast<int32_t>(q));
+      block_of[q] = b;
+    }
+    std::vector<int32_t> work;
+    std::vector<bool> in_work;
+    for (int32_t b = 0; b < 3; ++b) {
+      work.push_back(b);
+      in_work.push_back(true);
+    }
+    std::vector<bool> marked(m, false);
+    std::vector<int32_t> hits(3, 0), touched;
+    while (!work.empty()) {
+      const std::vector<int32_t> splitter = blocks[static_cast<size_t>(work.back())];
+      in_work[static_cast<size_t>(work.back())] = false;
+      work.pop_back();
+      for (size_t c = 0; c < k; ++c) {
+        touched.clear();
+        for (int32_t t : splitter) {
+          const size_t at = static_cast<size_t>(t) * k + c;
+          for (int32_t i = first[at]; i < first[at + 1]; ++i) {
+            const auto q = static_cast<size_t>(into[static_cast<size_t>(i)]);
+            if (marked[q]) continue;
+            marked[q] = true;
+            const auto b = static_cast<size_t>(block_of[q]);
+            if (hits[b]++ == 0) touched.push_back(static_cast<int32_t>(b));
+          }
+        }
+        for (int32_t b : touched) {
+          std::vector<int32_t>& y = blocks[static_cast<size_t>(b)];
+          if (static_cast<size_t>(hits[static_cast<size_t>(b)]) < y.size()) {
+            const auto z = static_cast<int32_t>(blocks.size());
+            std::vector<int32_t> in, out;
+            for (int32_t q : y) (marked[static_cast<size_t>(q)] ? in : out).push_back(q);
+            for (int32_t q : in) block_of[static_cast<size_t>(q)] = z;
+            const bool smaller = in.size() < out.size();
+            y = std::move(out);
+            blocks.push_back(std::move(in));
+            hits.push_back(0);
+            in_work.push_back(false);
+            // Both halves wait where the whole did; else the smaller suffices.
+            const int32_t next = in_work[static_cast<size_t>(b)] || smaller ? z : b;
+            if (!in_work[static_cast<size_t>(next)]) {
+              work.push_back(next);
+              in_work[static_cast<size_t>(next)] = true;
+            }
+          }
+          hits[static_cast<size_t>(b)] = 0;
+        }
+        for (int32_t t : splitter) {
+          const size_t at = static_cast<size_t>(t) * k + c;
+          for (int32_t i = first[at]; i < first[at + 1]; ++i) {
+            marked[static_cast<size_t>(into[static_cast<size_t>(i)])] = false;
+          }
+        }
+      }
+    }
+    // The blocks as states, numbered as first met from the start's; the sink's is -1.
+    std::vector<int32_t> number(blocks.size(), -1);
+    std::vector<int32_t> reps;  // a state of each numbered block
+    const auto sink_block = static_cast<size_t>(block_of[sink]);
+    for (size_t q = 0; q < order.size(); ++q) {
+      const auto b = static_cast<size_t>(block_of[q]);
+      if (number[b] < 0) {
+        number[b] = static_cast<int32_t>(reps.size());
+        reps.push_back(static_cast<int32_t>(q));
+      }
+    }
+    std::vector<int32_t> merged;
+    std::vector<bool> matches;
+    for (int32_t q : reps) {
+      matches.push_back(accepting[static_cast<size_t>(order[static_cast<size_t>(q)])]);
+      for (size_t c = 0; c < k; ++c) {
+        const auto b = static_cast<size_t>(
+            block_of[static_cast<size_t>(moves[static_cast<size_t>(q) * k + c])]);
+        merged.push_back(b == sink_block ? -1 : number[b]);
+      }
+    }
+    table = std::move(merged);
+    accepting = std::move(matches);
+  }
+
+  // p with its transitions and matches, its dead states (no match reachable) cut off, states no
+  // text tells apart merged, and each state's loops found.
+  static JsonPattern finish(JsonPattern p, std::vector<int32_t> table,
+                            std::vector<bool> accepting) {
     // Live states: those that reach a match (a search back from the matches).
-    const size_t n = sets.size(), k = p.num_classes_;
+    const size_t n = accepting.size(), k = p.num_classes_;
     std::vector<std::vector<int32_t>> into(n);
     for (size_t s = 0; s < n; ++s) {
       for (size_t c = 0; c < k; ++c) {
@@ -594,6 +775,20 @@ class JsonPatternBuilder {
     if (!live[0]) return p;  // nothing matches
     for (int32_t& t : table) {
       if (t >= 0 && !live[static_cast<size_t>(t)]) t = -1;
+    }
+    minimize(table, accepting, k);
+    const size_t states = accepting.size();
+    // A state's loops: the groups no byte of a class that leaves it falls in.
+    std::vector<ByteGroups> class_groups(k, 0);
+    for (int byte = 0; byte < 256; ++byte) {
+      class_groups[p.classes_[static_cast<size_t>(byte)]] |=
+          ByteGroups{1} << byte_group(static_cast<uint8_t>(byte));
+    }
+    p.loops_.assign(states, kPlainGroups);
+    for (size_t s = 0; s < states; ++s) {
+      for (size_t c = 0; c < k; ++c) {
+        if (table[s * k + c] != static_cast<int32_t>(s)) p.loops_[s] &= ~class_groups[c];
+      }
     }
     p.table_ = std::move(table);
     p.accept_ = std::move(accepting);
@@ -631,6 +826,10 @@ Result<JsonPattern> JsonPattern::compile(std::string_view regex) {
   const int start = nfa.state();
   QS_ASSIGN_OR_RETURN(const int accept, NfaBuilder(parser.nodes(), nfa).build(root, start));
   return JsonPatternBuilder::determinize(nfa, start, accept);
+}
+
+Result<JsonPattern> JsonPattern::intersect(const JsonPattern& a, const JsonPattern& b) {
+  return JsonPatternBuilder::intersect(a, b);
 }
 
 Result<PatternLengths> PatternLengths::build(const JsonPattern& p, int min, int max) {

@@ -27,9 +27,29 @@ namespace qs {
 
 constexpr int kMaxPatternStates = 4096;
 
+// Bytes in 64 groups: the unit in which a pattern state's loops and a vocabulary subtree's
+// bytes are compared (JsonConstraint's walk takes a subtree whole where all its bytes leave the
+// state as it is). Group 0 holds the bytes no JSON string takes as they are (controls, '"',
+// '\\', DEL, non-ASCII); 1-63 printable ASCII: space, the digits, each letter, some
+// punctuation singly, the rest of it. A set of groups is a ByteGroups, bit g for group g.
+using ByteGroups = uint64_t;
+constexpr int byte_group(uint8_t b) {
+  constexpr std::string_view kSingly = "-_.,:/@+";
+  if (b == ' ') return 1;
+  if (b >= '0' && b <= '9') return 2;
+  if (b >= 'a' && b <= 'z') return 3 + (b - 'a');
+  if (b >= 'A' && b <= 'Z') return 29 + (b - 'A');
+  const size_t at = kSingly.find(static_cast<char>(b));
+  if (at != std::string_view::npos) return 55 + static_cast<int>(at);
+  return b > 0x20 && b < 0x7F && b != '"' && b != '\\' ? 63 : 0;
+}
+inline constexpr ByteGroups kPlainGroups = ~ByteGroups{1};  // every group but 0
+
 class JsonPattern {
  public:
   static Result<JsonPattern> compile(std::string_view regex);
+  // The strings both match (an error past kMaxPatternStates states).
+  static Result<JsonPattern> intersect(const JsonPattern& a, const JsonPattern& b);
 
   int32_t start() const { return 0; }
   // The state after `byte`; -1 when no matched string starts with the text so far and it.
@@ -38,6 +58,8 @@ class JsonPattern {
   }
   // The text so far is a string the pattern matches.
   bool accepts(int32_t state) const { return accept_[static_cast<size_t>(state)]; }
+  // The groups (but 0) whose bytes all leave `state` as it is.
+  ByteGroups loops(int32_t state) const { return loops_[static_cast<size_t>(state)]; }
   // Some string matches (the start state is live).
   bool satisfiable() const { return !accept_.empty(); }
   // A whole string's bytes match.
@@ -57,6 +79,7 @@ class JsonPattern {
   std::vector<bool> starts_ = {true};
   std::vector<int32_t> table_;  // state * num_classes_ + class -> state or -1
   std::vector<bool> accept_;    // empty: nothing matches
+  std::vector<ByteGroups> loops_;  // by state
   friend class JsonPatternBuilder;
 };
 

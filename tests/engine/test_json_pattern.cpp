@@ -106,6 +106,75 @@ TEST(JsonPattern, EveryStateItLeavesCanStillMatch) {
   }
 }
 
+// loops(state) names only groups all of whose bytes leave the state as it is (what lets a walk
+// of the vocabulary take a subtree of them whole), and the groups that do.
+TEST(JsonPattern, LoopsAreTheGroupsThatLeaveAStateAsItIs) {
+  int looping = 0;
+  for (const std::string pattern :
+       {"^[a-z]+-\\d+$", "ok", "^[\\w.-]+@[a-z]+$", "^(ab)*$", "^[^\"]*x$", "^[a-y]+$", "^.*$"}) {
+    const JsonPattern p = compiled(pattern);
+    for (int32_t q = 0; q < static_cast<int32_t>(p.states()); ++q) {
+      ByteGroups all_loop = kPlainGroups;  // the groups whose every byte loops at q
+      for (int b = 0; b < 256; ++b) {
+        if (p.next(q, static_cast<uint8_t>(b)) != q) {
+          all_loop &= ~(ByteGroups{1} << byte_group(static_cast<uint8_t>(b)));
+        }
+      }
+      EXPECT_EQ(p.loops(q), all_loop) << pattern << " state " << q;
+      looping += p.loops(q) != 0;
+    }
+  }
+  EXPECT_GE(looping, 7);
+  // "ok" unanchored: past the match every plain byte loops; [a-y]: no letter group but 'z's.
+  const JsonPattern ok = compiled("ok");
+  EXPECT_EQ(ok.loops(ok.next(ok.next(ok.start(), 'o'), 'k')), kPlainGroups);
+  const JsonPattern ay = compiled("^[a-y]+$");
+  const ByteGroups letters = ay.loops(ay.next(ay.start(), 'a'));
+  EXPECT_TRUE((letters >> byte_group('y')) & 1u);
+  EXPECT_FALSE((letters >> byte_group('z')) & 1u);
+  EXPECT_FALSE(letters & 1u);  // group 0 never
+}
+
+// States no text tells apart are one (fewer masks to walk, and a loop is a loop from its first
+// byte): the fewest states that can tell apart what the pattern does.
+TEST(JsonPattern, AutomataAreMinimal) {
+  const std::vector<std::pair<std::string, size_t>> cases = {
+      {"^[a-z]+$", 2},
+      {"ok",
+       17},  // before "o" / after "o" / past "ok", and 7 places inside a UTF-8 character
+             // before and past the match         {"^(ab|cd)*$", 3},     {"^(a|b)*a(a|b){3}$", 16},
+      {"^a{1000}$", 1001},
+      {"^(a+|a+b)$", 3},
+      {"^(?:x|y|z)+$", 2}};
+  for (const auto& [regex, states] : cases) EXPECT_EQ(compiled(regex).states(), states) << regex;
+}
+
+// The intersection matches exactly the strings both patterns match.
+TEST(JsonPattern, IntersectionMatchesWhatBothMatch) {
+  const std::vector<std::pair<std::string, std::string>> pairs = {
+      {"^[a-c]+$", "b"}, {"^(ab)*$", "^a.{0,3}$"}, {"^\\d+$", "^[0-5]{2,4}$"}, {"x", "y"}};
+  const std::string alphabet = "abcxy0259";
+  std::mt19937 rng(3);
+  for (const auto& [ra, rb] : pairs) {
+    const JsonPattern a = compiled(ra), b = compiled(rb);
+    auto both = JsonPattern::intersect(a, b);
+    ASSERT_TRUE(both.ok()) << both.error().message;
+    int matched = 0;
+    for (int i = 0; i < 4000; ++i) {
+      std::string t;
+      const int n = static_cast<int>(rng() % 7);
+      for (int k = 0; k < n; ++k) t += alphabet[rng() % alphabet.size()];
+      const bool want = a.matches(t) && b.matches(t);
+      ASSERT_EQ(both->matches(t), want) << ra << " & " << rb << " on '" << t << "'";
+      matched += want;
+    }
+    EXPECT_GT(matched, 0) << ra << " & " << rb;
+  }
+  auto none = JsonPattern::intersect(compiled("^a+$"), compiled("^b+$"));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->satisfiable());
+}
+
 TEST(JsonPattern, CharactersAreUtf8) {
   const JsonPattern one = compiled("^.$");
   EXPECT_TRUE(one.matches("\xe6\x97\xa5"));               // 日: one character, three bytes
