@@ -181,6 +181,18 @@ void json_masks() {
       "$ref": "#/$defs/a"})")
                                         .value());
   time_states(patterns, "(schema, in a pattern string)", "[", "\"abc");
+  for (const auto& [format, tail, name] :
+       {std::tuple{"date-time", "\"2024-01-", "(schema, in a date-time string)"},
+        std::tuple{"email", "\"john.doe@exa", "(schema, in an email string)"},
+        std::tuple{"uri", "\"https://example.com/a", "(schema, in a uri string)"}}) {
+    qs::JsonConstraint formats(
+        trie, qs::JsonGrammar::compile(fmt::format(R"({{"$defs": {{"a": {{"type": "array",
+        "items": {{"anyOf": [{{"$ref": "#/$defs/a"}}, {{"type": "string", "format": "{}"}}]}}}}}},
+        "$ref": "#/$defs/a"}})",
+                                                   format))
+                  .value());
+    time_states(formats, name, "[", tail);
+  }
   // Compiling a pattern happens on the request's path (the server validates the schema).
   for (const char* regex : {R"(^[a-z]+-\d+$)", "^a{1000}$", "^(a|b)*a(a|b){10}$",
                             "(a|b)*a(a|b){12}", R"(^[\w.+-]+@[\w-]+\.[\w.]+$)"}) {

@@ -635,7 +635,7 @@ bool loops_on(ByteGroups loops, uint8_t b) {
 
 }  // namespace
 
-ByteGroups JsonRecognizer::loops(const JsonState& s) const {
+ByteGroups JsonRecognizer::loops(const JsonState& s, int horizon) const {
   if (s.n != 1) return 0;
   const JsonThread& t = s.threads[0];
   if (t.mode != kString || (t.aux & 3) != 0) return 0;
@@ -644,8 +644,9 @@ ByteGroups JsonRecognizer::loops(const JsonState& s) const {
     return other_keys ? kPlainGroups : 0;
   }
   const JsonNode& n = g_.node(t.node);
-  if (t.pattern != 0) {  // (with length bounds a character changes what may follow)
-    return n.lengths >= 0 ? 0 : g_.pattern(n.pattern).loops(t.pattern - 1);
+  if (t.pattern != 0) {  // (with length bounds, only where the count changes nothing)
+    const bool counts = n.lengths >= 0 && !g_.lengths(n.lengths).idle(t.count, horizon);
+    return counts ? 0 : g_.pattern(n.pattern).loops(t.pattern - 1);
   }
   return counted(n, t.count) == t.count ? kPlainGroups : 0;
 }
@@ -668,13 +669,14 @@ bool JsonRecognizer::plain_pattern_step(JsonThread& t, uint8_t c) const {
 void JsonRecognizer::merge_counts(JsonState& s, int chars) const {
   for (int i = 0; i < s.n; ++i) {
     JsonThread& t = s.threads[static_cast<size_t>(i)];
-    // (A pattern string's count decides which characters may still come: kept as it is.)
-    if (t.key || t.pattern != 0 || (t.mode != kString && t.mode != kEscape && t.mode != kHex))
-      continue;
+    if (t.key || (t.mode != kString && t.mode != kEscape && t.mode != kHex)) continue;
     const JsonNode& n = g_.node(t.node);
-    // A character that fits and a closing quote are both taken: as at minLength.
-    if (n.max_length >= 0 && t.count >= n.min_length && t.count + chars <= n.max_length)
-      t.count = static_cast<uint16_t>(n.min_length);
+    // A character that fits and a closing quote are both taken: as at minLength. (A pattern's
+    // lengths also need room for its way to a match.)
+    const bool idle = t.pattern != 0 ? n.lengths >= 0 && g_.lengths(n.lengths).idle(t.count, chars)
+                                     : n.max_length >= 0 && t.count >= n.min_length &&
+                                           t.count + chars <= n.max_length;
+    if (idle) t.count = static_cast<uint16_t>(n.min_length);
   }
 }
 
@@ -823,7 +825,7 @@ void JsonConstraint::reach(size_t depth) {
   Reach& r = reaches_[depth];
   r.room = rec_.plain_room(s);
   r.step = rec_.plain_step(s);
-  r.loops = rec_.loops(s);
+  r.loops = rec_.loops(s, vocab_->longest());
   r.takes = r.room > 0 || r.loops != 0;
 }
 
@@ -881,11 +883,16 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
       JsonThread& t = states_[d].threads[0];
       if (from.step == JsonRecognizer::kCounts) {
         ++t.count;
-      } else if (!rec_.plain_pattern_step(t, node.byte)) {
+        reach(d);
+      } else if (rec_.plain_pattern_step(t, node.byte)) {  // still one pattern string's reading
+        Reach& r = reaches_[d];
+        r = from;
+        r.loops = rec_.loops(states_[d], vocab_->longest());
+        r.takes = r.loops != 0;
+      } else {
         i = node.end;
         continue;
       }
-      reach(d);
     } else if (rec_.advance_into(parent, node.byte, states_[d])) {
       reach(d);
     } else {

@@ -85,10 +85,11 @@ class JsonRecognizer {
   // How long a run of printable ASCII but '"' and '\\' some reading takes whatever its bytes
   // (inside a string, up to its maxLength); 0: none.
   int plain_room(const JsonState& s) const;
-  // The byte groups (json_pattern.h) whose bytes all leave `s` as it is: inside a string, the
-  // plain bytes (printable ASCII but '"' and '\\', kPlainGroups) where they change nothing, or
-  // those a pattern's automaton state loops on.
-  ByteGroups loops(const JsonState& s) const;
+  // The byte groups (json_pattern.h) whose bytes all leave `s` as it is, as far as any text of
+  // up to `horizon` more bytes can tell: inside a string, the plain bytes (printable ASCII but
+  // '"' and '\\', kPlainGroups) where they change nothing, or those a pattern's automaton state
+  // loops on (with length bounds, where its count changes nothing: PatternLengths::idle).
+  ByteGroups loops(const JsonState& s, int horizon) const;
   // What a plain byte outside loops(s) does to `s` where that is simple (one reading, inside a
   // string no key trie tracks): kCounts: it only counts a character; kSteps: it counts and steps
   // the string's pattern (plain_pattern_step); kOther: step it.

@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <deque>
+#include <limits>
 #include <map>
 
 #include "model/tokenizer/unicode.h"
@@ -570,11 +572,13 @@ class JsonPatternBuilder {
     return finish(std::move(p), std::move(table), std::move(accepting));
   }
 
-  // Strings both a and b match: their product automaton (the pairs of states reachable
-  // together), byte classes refined to tell both patterns' apart.
-  static Result<JsonPattern> intersect(const JsonPattern& a, const JsonPattern& b) {
+  // Strings a matches and b does (or, `without`, does not): their product automaton (the pairs
+  // of states reachable together; without, b's side -1 once b can match no more), byte classes
+  // refined to tell both patterns' apart.
+  static Result<JsonPattern> combine(const JsonPattern& a, const JsonPattern& b, bool without) {
     JsonPattern p;
-    if (!a.satisfiable() || !b.satisfiable()) return p;
+    if (!b.satisfiable()) return without ? a : p;
+    if (!a.satisfiable()) return p;
     std::map<std::pair<uint8_t, uint8_t>, uint8_t> class_of;
     std::vector<uint8_t> representative;
     p.starts_.clear();
@@ -595,10 +599,11 @@ class JsonPatternBuilder {
     std::vector<bool> accepting;
     for (size_t d = 0; d < pairs.size(); ++d) {
       const auto [qa, qb] = pairs[d];
-      accepting.push_back(a.accepts(qa) && b.accepts(qb));
+      const bool b_matches = qb >= 0 && b.accepts(qb);
+      accepting.push_back(a.accepts(qa) && b_matches != without);
       for (uint8_t byte : representative) {
-        const int32_t ta = a.next(qa, byte), tb = b.next(qb, byte);
-        if (ta < 0 || tb < 0) {
+        const int32_t ta = a.next(qa, byte), tb = qb >= 0 ? b.next(qb, byte) : -1;
+        if (ta < 0 || (tb < 0 && !without)) {
           table.push_back(-1);
           continue;
         }
@@ -829,7 +834,11 @@ Result<JsonPattern> JsonPattern::compile(std::string_view regex) {
 }
 
 Result<JsonPattern> JsonPattern::intersect(const JsonPattern& a, const JsonPattern& b) {
-  return JsonPatternBuilder::intersect(a, b);
+  return JsonPatternBuilder::combine(a, b, false);
+}
+
+Result<JsonPattern> JsonPattern::subtract(const JsonPattern& a, const JsonPattern& b) {
+  return JsonPatternBuilder::combine(a, b, true);
 }
 
 Result<PatternLengths> PatternLengths::build(const JsonPattern& p, int min, int max) {
@@ -844,6 +853,39 @@ Result<PatternLengths> PatternLengths::build(const JsonPattern& p, int min, int 
         fmt::format("pattern: a pattern of {} automaton states with a length bound "
                     "of {} is too large to follow",
                     t.states_, layers - 1));
+  }
+  // Each state's fewest characters to a match: a search back from the matches (0-1 breadth
+  // first), a character's first byte costing one and continuation bytes none.
+  std::vector<std::vector<std::pair<int32_t, int>>> into(t.states_);
+  for (size_t q = 0; q < t.states_; ++q) {
+    for (size_t c = 0; c < p.classes(); ++c) {
+      const int32_t to = p.next_by_class(static_cast<int32_t>(q), c);
+      if (to >= 0) {
+        into[static_cast<size_t>(to)].emplace_back(static_cast<int32_t>(q),
+                                                   p.starts_character(c) ? 1 : 0);
+      }
+    }
+  }
+  std::vector<int> need(t.states_, std::numeric_limits<int>::max());
+  std::deque<int32_t> todo;
+  for (size_t q = 0; q < t.states_; ++q) {
+    if (p.accepts(static_cast<int32_t>(q))) {
+      need[q] = 0;
+      todo.push_back(static_cast<int32_t>(q));
+    }
+  }
+  while (!todo.empty()) {
+    const auto to = static_cast<size_t>(todo.front());
+    todo.pop_front();
+    for (const auto& [q, cost] : into[to]) {
+      if (need[to] + cost < need[static_cast<size_t>(q)]) {
+        need[static_cast<size_t>(q)] = need[to] + cost;
+        cost == 0 ? todo.push_front(q) : todo.push_back(q);
+      }
+    }
+  }
+  for (int n : need) {
+    if (n != std::numeric_limits<int>::max()) t.most_needed_ = std::max(t.most_needed_, n);
   }
   t.layers_ = static_cast<size_t>(layers);
   t.bits_.assign((t.layers_ * t.states_ + 63) / 64, 0);

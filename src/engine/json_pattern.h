@@ -50,6 +50,8 @@ class JsonPattern {
   static Result<JsonPattern> compile(std::string_view regex);
   // The strings both match (an error past kMaxPatternStates states).
   static Result<JsonPattern> intersect(const JsonPattern& a, const JsonPattern& b);
+  // The strings a matches and b does not.
+  static Result<JsonPattern> subtract(const JsonPattern& a, const JsonPattern& b);
 
   int32_t start() const { return 0; }
   // The state after `byte`; -1 when no matched string starts with the text so far and it.
@@ -92,6 +94,12 @@ class PatternLengths {
   static Result<PatternLengths> build(const JsonPattern& p, int min, int max);
   bool viable(int32_t state, int count) const;
   bool satisfiable() const { return !bits_.empty() && viable(0, 0); }
+  // Whether no text of up to `chars` more characters can meet the bounds from `count` on: past
+  // min, and with room below max for those and the most characters any state needs to reach a
+  // match (then every live state is viable, whatever the count).
+  bool idle(int count, int chars) const {
+    return count >= min_ && (max_ < 0 || count + chars + most_needed_ <= max_);
+  }
 
  private:
   size_t index(int layer, int32_t state) const {
@@ -102,6 +110,7 @@ class PatternLengths {
     return (bits_[i / 64] >> (i % 64)) & 1u;
   }
   int min_ = 0, max_ = -1;
+  int most_needed_ = 0;  // characters, over the live states, of their shortest way to a match
   size_t states_ = 0, layers_ = 0;
   // State q, layer r (q's layers together): with a bound above, some match from q has exactly r
   // more characters; without one, at least r (r up to min).

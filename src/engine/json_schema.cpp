@@ -12,6 +12,8 @@
 #include <set>
 #include <span>
 
+#include "engine/json_formats.h"
+
 namespace qs {
 
 namespace {
@@ -368,14 +370,19 @@ class JsonSchemaCompiler {
   }
 
   Result<std::vector<std::string>> types_of(const Schema& s, const std::string& at) {
-    static const std::set<std::string, std::less<>> kTypes = {
+    static const std::set<std::string, std::less<>> kNames = {
         "object", "array", "string", "number", "integer", "boolean", "null"};
+    // Every value (a number's type takes the integers).
+    static const std::vector<std::string> kTypes = {"object", "array",   "string",
+                                                    "number", "boolean", "null"};
     std::vector<std::string> types;
     if (!s.contains("type")) {
       if (has_any(s, kObjectWords)) return std::vector<std::string>{"object"};
       if (has_any(s, kArrayWords)) return std::vector<std::string>{"array"};
       if (has_any(s, kStringWords)) return std::vector<std::string>{"string"};
       if (has_any(s, kNumberWords)) return std::vector<std::string>{"number"};
+      // Any value, with a string in its format.
+      if (format_of(s).pattern) return kTypes;
       return types;  // any value
     }
     const Schema& t = s["type"];
@@ -390,18 +397,36 @@ class JsonSchemaCompiler {
       return error_at(at, "'type' must be a name or a non-empty list of names");
     }
     for (const std::string& name : types) {
-      if (!kTypes.count(name)) return error_at(at, fmt::format("unknown type \"{}\"", name));
+      if (!kNames.count(name)) return error_at(at, fmt::format("unknown type \"{}\"", name));
     }
     return types;
   }
 
-  // The schema's "pattern" compiled (none when it has none).
+  // The schema's "format" where it is one followed (json_formats.h); other formats, and a
+  // "format" that is not a string, are annotations.
+  static JsonFormat format_of(const Schema& s) {
+    if (!s.contains("format") || !s["format"].is_string()) return {};
+    return json_format(s["format"].get<std::string>());
+  }
+
+  // The automaton of the strings the schema's "pattern" and "format" both admit (none when it
+  // has neither).
   Result<std::optional<JsonPattern>> pattern_of(const Schema& s, const std::string& at) {
-    if (!s.contains("pattern")) return std::optional<JsonPattern>();
-    if (!s["pattern"].is_string()) return error_at(at, "'pattern' must be a string");
-    auto p = JsonPattern::compile(s["pattern"].get<std::string>());
-    if (!p.ok()) return error_at(at + "/pattern", p.error().message);
-    return std::optional<JsonPattern>(std::move(p).value());
+    std::optional<JsonPattern> pattern;
+    if (s.contains("pattern")) {
+      if (!s["pattern"].is_string()) return error_at(at, "'pattern' must be a string");
+      auto p = JsonPattern::compile(s["pattern"].get<std::string>());
+      if (!p.ok()) return error_at(at + "/pattern", p.error().message);
+      pattern = std::move(p).value();
+    }
+    const JsonFormat format = format_of(s);
+    if (format.pattern && !pattern) return std::optional<JsonPattern>(*format.pattern);
+    if (format.pattern) {
+      auto both = JsonPattern::intersect(*pattern, *format.pattern);
+      if (!both.ok()) return error_at(at, both.error().message + " ('pattern' with 'format')");
+      pattern = std::move(both).value();
+    }
+    return pattern;
   }
 
   // A bound keyword's value: -1 when absent.
@@ -425,7 +450,9 @@ class JsonSchemaCompiler {
     if (type == "number" || type == "integer") return fill_number(id, s, type == "integer", at);
     if (type == "string") {
       QS_ASSIGN_OR_RETURN(const int32_t lo, bound(s, "minLength", kMaxLength, at));
-      QS_ASSIGN_OR_RETURN(const int32_t hi, bound(s, "maxLength", kMaxLength, at));
+      QS_ASSIGN_OR_RETURN(int32_t hi, bound(s, "maxLength", kMaxLength, at));
+      const int format_max = format_of(s).max_length;  // the format's own bound, if any
+      if (format_max >= 0) hi = hi < 0 ? format_max : std::min(hi, format_max);
       QS_ASSIGN_OR_RETURN(std::optional<JsonPattern> pattern, pattern_of(s, at));
       node(id).kind = Kind::kString;
       node(id).min_length = std::max(lo, 0);

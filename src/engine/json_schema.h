@@ -7,11 +7,12 @@
 // anyOf / oneOf (followed as anyOf), allOf of one schema, $ref to "#..." (recursion included),
 // $defs / definitions, properties (generated in their order; those not in required may be left
 // out), required, additionalProperties (false when properties are given and it is not, as vLLM's
-// xgrammar does), items, minItems, maxItems, minLength, maxLength, pattern (json_pattern.h), and
-// on numbers and integers minimum, maximum, exclusiveMinimum, exclusiveMaximum. Annotations (title,
-// description, default, examples, format, ...) and unknown keywords are ignored, as JSON Schema
-// says; the assertions this engine cannot enforce (multipleOf, uniqueItems, ...) are errors that
-// name them. An empty schema (or true) is any JSON value.
+// xgrammar does), items, minItems, maxItems, minLength, maxLength, pattern (json_pattern.h), the
+// string formats of json_formats.h, and on numbers and integers minimum, maximum,
+// exclusiveMinimum, exclusiveMaximum. Annotations (title, description, default, examples, other
+// formats, ...) and unknown keywords are ignored, as JSON Schema says; the assertions this engine
+// cannot enforce (multipleOf, uniqueItems, ...) are errors that name them. An empty schema (or
+// true) is any JSON value.
 #pragma once
 
 #include <cstdint>

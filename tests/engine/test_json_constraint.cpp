@@ -347,6 +347,31 @@ const std::vector<SchemaCase>& schema_cases() {
         {R"({"id":"a12345"})", "5\""},              //
         {R"({"id":"abc","tag":"ababa"})", "a\"}"},  // a 6th character would be due
         {R"({"id":"abc","w":"axa"})", "\"}"}}},     // "x" is in it, but 3 < 4
+      {"formats",  // json_formats.h: alone, beside a pattern, an enum, length bounds, no type
+       R"({"type": "object", "properties": {
+             "when": {"type": "string", "format": "date-time"},
+             "day": {"type": "string", "format": "date"},
+             "mail": {"type": "string", "format": "email"},
+             "ip": {"type": "string", "format": "ipv4"},
+             "id": {"format": "uuid", "type": "string"},
+             "site": {"type": "string", "format": "uri", "minLength": 1, "maxLength": 40},
+             "code": {"type": "string", "format": "date", "pattern": "^2024-"},
+             "any": {"format": "date"},
+             "kind": {"enum": ["2024-01-01", "yesterday"], "format": "date"},
+             "pic": {"type": "string", "format": "binary"}}})",
+       {R"({"when":"2024-01-15T10:30:00Z","day":"2000-02-29","mail":"a.b@c.io","ip":"10.0.0.1"})",
+        R"({"id":"550e8400-e29b-41d4-a716-446655440000","site":"https://example.com/a?b=1"})",
+        R"({"code":"2024-03-01","any":5,"kind":"2024-01-01","pic":"anything"})",
+        R"({"when":"2024-02-29T23:59:59.5+05:30","any":"2024-01-01"})"},
+       {{R"({"day":"2023-02-29"})", "9\"}"},   // not a leap year
+        {R"({"mail":"a@b.test"})", "\"}"},     // pydantic refuses .test
+        {R"({"ip":"256.1.1.1"})", "6.1"},      //
+        {R"({"code":"2023-01-01"})", "3-01"},  // the pattern
+        {R"({"any":"yesterday"})", "yes"},     //
+        {R"({"kind":"yesterday"})", "yes"},    // not a date: not offered
+        {R"({"site":"http://"})", "\"}"},      // no host
+        {R"({"site":"https://example.com/abcdefghijklmnopqrstuvwxyz"})", "uvw"},  // 40
+        {R"({"when":"2024-01-15T10:30:00"})", "\"}"}}},                           // no offset
       {"top-level number bounds",
        R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
        {"-1.5", "1000", "999.99", "-0.75", "0"},

@@ -138,39 +138,49 @@ TEST(JsonPattern, LoopsAreTheGroupsThatLeaveAStateAsItIs) {
 // States no text tells apart are one (fewer masks to walk, and a loop is a loop from its first
 // byte): the fewest states that can tell apart what the pattern does.
 TEST(JsonPattern, AutomataAreMinimal) {
+  // "ok": before "o" / after "o" / past "ok", and 7 places inside a UTF-8 character before and
+  // past the match.
   const std::vector<std::pair<std::string, size_t>> cases = {
-      {"^[a-z]+$", 2},
-      {"ok",
-       17},  // before "o" / after "o" / past "ok", and 7 places inside a UTF-8 character
-             // before and past the match         {"^(ab|cd)*$", 3},     {"^(a|b)*a(a|b){3}$", 16},
-      {"^a{1000}$", 1001},
-      {"^(a+|a+b)$", 3},
-      {"^(?:x|y|z)+$", 2}};
+      {"^[a-z]+$", 2},     {"ok", 17},        {"^(ab|cd)*$", 3},  {"^(a|b)*a(a|b){3}$", 16},
+      {"^a{1000}$", 1001}, {"^(a+|a+b)$", 3}, {"^(?:x|y|z)+$", 2}};
   for (const auto& [regex, states] : cases) EXPECT_EQ(compiled(regex).states(), states) << regex;
 }
 
-// The intersection matches exactly the strings both patterns match.
-TEST(JsonPattern, IntersectionMatchesWhatBothMatch) {
-  const std::vector<std::pair<std::string, std::string>> pairs = {
-      {"^[a-c]+$", "b"}, {"^(ab)*$", "^a.{0,3}$"}, {"^\\d+$", "^[0-5]{2,4}$"}, {"x", "y"}};
+// intersect(a, b) (or, `without`, subtract(a, b)) on random strings: matches where a does and b
+// does (does not).
+void check_combined(const std::vector<std::pair<std::string, std::string>>& pairs, bool without) {
   const std::string alphabet = "abcxy0259";
   std::mt19937 rng(3);
   for (const auto& [ra, rb] : pairs) {
     const JsonPattern a = compiled(ra), b = compiled(rb);
-    auto both = JsonPattern::intersect(a, b);
+    auto both = without ? JsonPattern::subtract(a, b) : JsonPattern::intersect(a, b);
     ASSERT_TRUE(both.ok()) << both.error().message;
     int matched = 0;
     for (int i = 0; i < 4000; ++i) {
       std::string t;
       const int n = static_cast<int>(rng() % 7);
       for (int k = 0; k < n; ++k) t += alphabet[rng() % alphabet.size()];
-      const bool want = a.matches(t) && b.matches(t);
-      ASSERT_EQ(both->matches(t), want) << ra << " & " << rb << " on '" << t << "'";
+      const bool want = a.matches(t) && b.matches(t) != without;
+      ASSERT_EQ(both->matches(t), want)
+          << ra << (without ? " - " : " & ") << rb << " on '" << t << "'";
       matched += want;
     }
-    EXPECT_GT(matched, 0) << ra << " & " << rb;
+    EXPECT_GT(matched, 0) << ra << (without ? " - " : " & ") << rb;
   }
+}
+
+TEST(JsonPattern, IntersectionMatchesWhatBothMatch) {
+  check_combined(
+      {{"^[a-c]+$", "b"}, {"^(ab)*$", "^a.{0,3}$"}, {"^\\d+$", "^[0-5]{2,4}$"}, {"x", "y"}}, false);
   auto none = JsonPattern::intersect(compiled("^a+$"), compiled("^b+$"));
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->satisfiable());
+}
+
+TEST(JsonPattern, DifferenceMatchesWhatOnlyTheFirstMatches) {
+  check_combined(
+      {{"^[a-c]+$", "b"}, {"^[a-z0-9]{1,5}$", "^(ab|x)$"}, {"^\\d+$", "0$"}, {"x", "[]"}}, true);
+  auto none = JsonPattern::subtract(compiled("^a+$"), compiled("a"));
   ASSERT_TRUE(none.ok());
   EXPECT_FALSE(none->satisfiable());
 }

@@ -390,6 +390,57 @@ def test_chat_json_schema(client, start_server, chat_models):
         jsonschema.validate(json.loads(ar8.message.content), schema)
 
 
+def test_chat_json_schema_formats(client):
+    """The string formats pydantic's types write into a schema (date-time, date, time, duration,
+    uuid, ipv4, ipv6, email, uri) are followed: every finished choice, sampled from a random model
+    at temperature 1, validates as the pydantic model (its own parsers for each type) and against
+    the schema with jsonschema's format checks."""
+    import jsonschema
+    from datetime import date, datetime, time, timedelta
+    from ipaddress import IPv4Address, IPv6Address
+    from uuid import UUID
+
+    from pydantic import AnyUrl, BaseModel, EmailStr
+
+    class Record(BaseModel):
+        when: datetime
+        day: date
+        at: time
+        took: timedelta
+        id: UUID
+        v4: IPv4Address
+        v6: IPv6Address
+        mail: EmailStr
+        site: AnyUrl
+
+    schema = Record.model_json_schema()
+    assert {p["format"] for p in schema["properties"].values()} == {
+        "date-time", "date", "time", "duration", "uuid", "ipv4", "ipv6", "email", "uri"}
+    tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
+    bias = {str(tok.token_to_id(p)): 3 for p in ("}", ",")}
+    bias[str(tok.token_to_id('"'))] = 8  # strings end where they may (a path could go on and on)
+    # A URL's scheme and an email's local part end only at these.
+    bias.update({str(tok.token_to_id(p)): 5 for p in (":", "@")})
+    # No whitespace between the values (a random model pads with all it may).
+    spaces = [i for i in range(tok.get_vocab_size()) if tok.decode([i]) and not tok.decode([i]).strip()]
+    assert 0 < len(spaces) < 290
+    bias.update({str(i): -100 for i in spaces})
+    messages = [{"role": "user", "content": "A record in JSON."}]
+    finished = 0
+    for seed in (1, 9):
+        r = client.chat.completions.create(
+            model="x", messages=messages, max_tokens=600, temperature=1.0, seed=seed, n=8, logit_bias=bias,
+            response_format={"type": "json_schema", "json_schema": {"name": "record", "schema": schema}})
+        for choice in r.choices:
+            if choice.finish_reason != "stop":
+                continue  # cut by max_tokens: a prefix of one
+            content = choice.message.content
+            Record.model_validate_json(content)
+            jsonschema.validate(json.loads(content), schema, format_checker=jsonschema.Draft202012Validator.FORMAT_CHECKER)
+            finished += 1
+    assert finished >= 12
+
+
 def test_completions_response_format(server):
     """response_format on /v1/completions (as vLLM takes it): the text is a document the schema
     accepts once it finished, the same streamed; a bad schema is a 400 naming it."""
