@@ -107,9 +107,18 @@ uint8_t escaped_byte(uint8_t letter) {
 }
 
 // An array's items started, as its frame keeps them: without maxItems only whether minItems is
-// reached matters, so the count stops there (the states of an array's items then repeat).
+// reached and which prefix item is due matter, so the count stops past both (the states of an
+// array's items then repeat).
 int32_t saturate(const JsonNode& array, int32_t count) {
-  return array.max_items < 0 ? std::min(count, array.min_items) : count;
+  const auto prefix = static_cast<int32_t>(array.prefix_items.size());
+  return array.max_items < 0 ? std::min(count, std::max(array.min_items, prefix)) : count;
+}
+
+// The node of an array's item `index` (0 the first); -1: none may come there.
+int32_t item_node(const JsonNode& array, int32_t index) {
+  return index < static_cast<int32_t>(array.prefix_items.size())
+             ? array.prefix_items[static_cast<size_t>(index)]
+             : array.items;
 }
 
 }  // namespace
@@ -495,9 +504,11 @@ void JsonRecognizer::next_member(JsonThread t, Sink& out) {
     t.mode = kObjKey;
   } else {
     if (n.max_items >= 0 && f.index >= n.max_items) return;
+    const int32_t item = item_node(n, f.index);
+    if (item < 0) return;
     set_index(t, saturate(n, f.index + 1));
     t.mode = kValue;
-    t.node = n.items;
+    t.node = item;
   }
   out.add(t);
 }
@@ -532,9 +543,9 @@ void JsonRecognizer::step(JsonThread t, uint8_t c, Sink& out) {
     case kArrFirst: {
       if (c == ']') return close(t, c, out);
       const JsonNode& a = g_.node(frame(t.frame).node);
-      if (a.max_items == 0) return;
+      if (a.max_items == 0 || item_node(a, 0) < 0) return;
       set_index(t, saturate(a, 1));
-      return start_value(t, a.items, c, out);
+      return start_value(t, item_node(a, 0), c, out);
     }
     case kAfter:
       if (c == ',') return next_member(t, out);

@@ -95,7 +95,6 @@ const std::set<std::string, std::less<>> kUnsupported = {
     "contains",
     "minContains",
     "maxContains",
-    "prefixItems",
     "additionalItems",
     "unevaluatedProperties",
     "unevaluatedItems",
@@ -107,7 +106,7 @@ const std::set<std::string, std::less<>> kUnsupported = {
     "$recursiveRef",
 };
 const char* const kObjectWords[] = {"properties", "required", "additionalProperties"};
-const char* const kArrayWords[] = {"items", "minItems", "maxItems"};
+const char* const kArrayWords[] = {"items", "prefixItems", "minItems", "maxItems"};
 const char* const kStringWords[] = {"minLength", "maxLength", "pattern"};
 const char* const kNumberWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 // Keywords that constrain a value: beside $ref, anyOf, oneOf and allOf they are refused (this
@@ -119,6 +118,7 @@ const char* const kConstraints[] = {"type",
                                     "required",
                                     "additionalProperties",
                                     "items",
+                                    "prefixItems",
                                     "minItems",
                                     "maxItems",
                                     "minLength",
@@ -509,16 +509,27 @@ class JsonSchemaCompiler {
                         bound(s, "minItems", std::numeric_limits<int32_t>::max(), at));
     QS_ASSIGN_OR_RETURN(const int32_t hi,
                         bound(s, "maxItems", std::numeric_limits<int32_t>::max(), at));
+    std::vector<int32_t> prefix;  // a tuple's items (2020-12's prefixItems)
+    if (s.contains("prefixItems")) {
+      const Schema& list = s["prefixItems"];
+      if (!list.is_array()) return error_at(at, "'prefixItems' must be an array of schemas");
+      for (size_t i = 0; i < list.size(); ++i) {
+        QS_ASSIGN_OR_RETURN(const int32_t item,
+                            compile(list[i], fmt::format("{}/prefixItems/{}", at, i), depth + 1));
+        prefix.push_back(item);
+      }
+    }
     int32_t items = -1;
     if (!s.contains("items")) {
       QS_ASSIGN_OR_RETURN(items, any());
     } else if (s["items"].is_array()) {
-      return error_at(at, "'items' as a list (a tuple) is not supported");
+      return error_at(at, "'items' as a list (a tuple) is not supported: write 'prefixItems'");
     } else {
       QS_ASSIGN_OR_RETURN(items, compile(s["items"], at + "/items", depth + 1));
     }
     JsonNode& n = node(id);
     n.kind = JsonNode::Kind::kArray;
+    n.prefix_items = std::move(prefix);
     n.items = items;
     n.min_items = std::max(lo, 0);
     n.max_items = hi;
@@ -624,8 +635,13 @@ class JsonSchemaCompiler {
                 [&](const JsonNode::Property& q) { return !q.required || ok(q.value); });
             break;
           case Kind::kArray:
+            // Its first min_items items can be made.
             p = (u.max_items < 0 || u.min_items <= u.max_items) &&
-                (u.min_items == 0 || ok(u.items));
+                std::all_of(u.prefix_items.begin(),
+                            u.prefix_items.begin() +
+                                std::min<ptrdiff_t>(u.min_items, std::ssize(u.prefix_items)),
+                            ok) &&
+                (u.min_items <= std::ssize(u.prefix_items) || ok(u.items));
             break;
           case Kind::kString:
             p = (u.max_length < 0 || u.min_length <= u.max_length) &&
@@ -653,9 +669,14 @@ class JsonSchemaCompiler {
       std::erase_if(u.alternatives, [&](int32_t a) { return !ok(a); });
       std::erase_if(u.properties, [&](const JsonNode::Property& q) { return !ok(q.value); });
       if (u.additional >= 0 && !ok(u.additional)) u.additional = -1;
-      if (u.kind == Kind::kArray && !ok(u.items)) {
-        u.items = -1;
-        u.max_items = 0;
+      if (u.kind == Kind::kArray) {
+        // An array ends before the first item no value makes.
+        if (!ok(u.items)) u.items = -1;
+        auto cut = std::find_if_not(u.prefix_items.begin(), u.prefix_items.end(), ok);
+        const bool rest = cut == u.prefix_items.end() && u.items >= 0;
+        u.prefix_items.erase(cut, u.prefix_items.end());
+        const auto most = static_cast<int32_t>(u.prefix_items.size());
+        if (!rest) u.max_items = u.max_items < 0 ? most : std::min(u.max_items, most);
       }
     }
   }

@@ -7,12 +7,12 @@
 // anyOf / oneOf (followed as anyOf), allOf of one schema, $ref to "#..." (recursion included),
 // $defs / definitions, properties (generated in their order; those not in required may be left
 // out), required, additionalProperties (false when properties are given and it is not, as vLLM's
-// xgrammar does), items, minItems, maxItems, minLength, maxLength, pattern (json_pattern.h), the
-// string formats of json_formats.h, and on numbers and integers minimum, maximum,
-// exclusiveMinimum, exclusiveMaximum. Annotations (title, description, default, examples, other
-// formats, ...) and unknown keywords are ignored, as JSON Schema says; the assertions this engine
-// cannot enforce (multipleOf, uniqueItems, ...) are errors that name them. An empty schema (or
-// true) is any JSON value.
+// xgrammar does), items, prefixItems, minItems, maxItems, minLength, maxLength, pattern
+// (json_pattern.h), the string formats of json_formats.h, and on numbers and integers minimum,
+// maximum, exclusiveMinimum, exclusiveMaximum. Annotations (title, description, default, examples,
+// other formats, ...) and unknown keywords are ignored, as JSON Schema says; the assertions this
+// engine cannot enforce (multipleOf, uniqueItems, ...) are errors that name them. An empty schema
+// (or true) is any JSON value.
 #pragma once
 
 #include <cstdint>
@@ -61,7 +61,9 @@ struct JsonNode {
   int32_t keys = -1;
   std::vector<int32_t> last_may;
   int32_t last_required = -1;
-  // kArray
+  // kArray: item i's node is prefix_items[i] (prefixItems, a tuple's), past them `items` (-1:
+  // none)
+  std::vector<int32_t> prefix_items;
   int32_t items = -1;
   int32_t min_items = 0, max_items = -1;  // -1: no bound
   // kString: characters (code points; an escape is one); its pattern (JsonGrammar::pattern), -1:

@@ -90,9 +90,13 @@ inline bool schema_accepts(const OrderedJson& schema, const OrderedJson& v,
   if (v.is_array()) {
     if (v.size() < schema.value("minItems", size_t{0})) return false;
     if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>()) return false;
-    if (schema.contains("items")) {
-      for (const OrderedJson& item : v) {
-        if (!schema_accepts(schema["items"], item, root)) return false;
+    // prefixItems the first items, items the rest.
+    const OrderedJson prefix = schema.value("prefixItems", OrderedJson::array());
+    for (size_t i = 0; i < v.size(); ++i) {
+      if (i < prefix.size()) {
+        if (!schema_accepts(prefix[i], v[i], root)) return false;
+      } else if (schema.contains("items") && !schema_accepts(schema["items"], v[i], root)) {
+        return false;
       }
     }
   }

@@ -372,6 +372,22 @@ const std::vector<SchemaCase>& schema_cases() {
         {R"({"site":"http://"})", "\"}"},      // no host
         {R"({"site":"https://example.com/abcdefghijklmnopqrstuvwxyz"})", "uvw"},  // 40
         {R"({"when":"2024-01-15T10:30:00"})", "\"}"}}},                           // no offset
+      {"tuples",  // prefixItems (pydantic's tuple[int, str]), with items past them or not
+       R"({"type": "object", "properties": {
+             "pair": {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}],
+                      "minItems": 2, "maxItems": 2},
+             "head": {"type": "array", "prefixItems": [{"const": "x"}], "items": {"type": "integer"}},
+             "closed": {"prefixItems": [{"type": "boolean"}, {"type": "null"}], "items": false},
+             "rest": {"type": "array", "prefixItems": [{"type": "integer"}]}}})",
+       {R"({"pair":[1,"a"],"head":["x",1,2,3],"closed":[true]})",
+        R"({"head":[],"closed":[false,null],"rest":[1,"any",{}]})", R"({"rest":[]})"},
+       {{R"({"pair":["a",1]})", "\"a\","},      // item 0 is an integer
+        {R"({"pair":[1]})", "]}"},              // minItems
+        {R"({"pair":[1,"a",2]})", ",2"},        // maxItems
+        {R"({"head":["y"]})", "y"},             //
+        {R"({"head":["x","z"]})", "\"z"},       // past the prefix: integers
+        {R"({"closed":[true,null,1]})", ",1"},  // items: false
+        {R"({"closed":[null]})", "null"}}},     //
       {"top-level number bounds",
        R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
        {"-1.5", "1000", "999.99", "-0.75", "0"},

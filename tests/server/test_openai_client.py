@@ -336,8 +336,8 @@ def ar_int8_and_quantspec(start_server, chat_models, request):
 def test_chat_json_schema(client, start_server, chat_models):
     """response_format json_schema, as the openai client's parse() sends it from a pydantic model: a
     finished message is a document the schema accepts (jsonschema's check and pydantic's), its
-    properties in the schema's order; streamed equals not streamed; QuantSpec's greedy message is
-    AR INT8's."""
+    properties in the schema's order (a tuple's items in theirs); streamed equals not streamed;
+    QuantSpec's greedy message is AR INT8's."""
     import jsonschema
     from typing import Annotated, Literal, Optional
 
@@ -351,6 +351,7 @@ def test_chat_json_schema(client, start_server, chat_models):
         count: Annotated[int, Field(ge=1, lt=13)]  # minimum / exclusiveMaximum
         price: Annotated[float, Field(gt=0, le=9.5)]  # a number's exclusiveMinimum / maximum
         code: Annotated[str, Field(pattern=r"^[A-Z]{2}-\d{2}$")]
+        corner: tuple[int, Literal["cm", "in"]]  # prefixItems
 
     tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
     bias = {str(tok.token_to_id(p)): 4 for p in ('"', "}", ",", "]")}
@@ -366,7 +367,8 @@ def test_chat_json_schema(client, start_server, chat_models):
         assert isinstance(r.choices[0].message.parsed, Box), content
         doc = json.loads(content)
         jsonschema.validate(doc, Box.model_json_schema())
-        assert [k for k in ("size", "name", "tags", "weight", "count", "price", "code") if k in doc] == list(doc), content
+        assert [k for k in ("size", "name", "tags", "weight", "count", "price", "code", "corner") if k in doc] == \
+            list(doc), content
         finished += 1
     assert finished > 0
 
