@@ -249,7 +249,9 @@ class Parser {
             if (!more()) return error("an unterminated group name");
             ++pos_;
           } else {
-            return error("lookahead and lookbehind are not supported");
+            return error(
+                "lookahead and lookbehind are not supported (but a lookahead right after a leading "
+                "^)");
           }
         }
         QS_ASSIGN_OR_RETURN(const int inner, alternation());
@@ -801,8 +803,54 @@ class JsonPatternBuilder {
   }
 };
 
+namespace {
+
+// Where the group opening at regex[open] closes (skipping escapes and classes); npos: nowhere.
+size_t group_end(std::string_view regex, size_t open) {
+  int depth = 0;
+  bool in_class = false;
+  for (size_t i = open; i < regex.size(); ++i) {
+    const char c = regex[i];
+    if (c == '\\') {
+      ++i;
+    } else if (in_class) {
+      in_class = c != ']';
+    } else if (c == '[') {
+      in_class = true;
+    } else if (c == '(') {
+      ++depth;
+    } else if (c == ')' && --depth == 0) {
+      return i;
+    }
+  }
+  return std::string_view::npos;
+}
+
+}  // namespace
+
 Result<JsonPattern> JsonPattern::compile(std::string_view regex) {
   if (!unicode::is_valid_utf8(regex)) return make_error("pattern: not UTF-8");
+  // A lookahead right after the leading ^ (as pydantic's Decimal pattern starts "^(?!^[-+.]*$)"):
+  // the rest of the pattern with (?=A) and without (?!A) the strings A matches from the start.
+  if (regex.starts_with("^(?=") || regex.starts_with("^(?!")) {
+    const size_t close = group_end(regex, 1);
+    if (close == std::string_view::npos) return make_error("pattern: a missing ')'");
+    // The lookahead's own pattern, grouped: ^(?:A) or, where A ends with $, ^(?:A)$.
+    std::string_view inner = regex.substr(4, close - 4);
+    if (inner.starts_with('^')) inner.remove_prefix(1);
+    size_t slashes = 0;  // backslashes before A's last character
+    while (slashes + 1 < inner.size() && inner[inner.size() - 2 - slashes] == '\\') ++slashes;
+    const bool to_end = inner.ends_with('$') && slashes % 2 == 0;
+    if (to_end) inner.remove_suffix(1);
+    std::string ahead_regex = "^(?:";
+    ahead_regex += inner;
+    ahead_regex += to_end ? ")$" : ")";
+    std::string rest_regex = "^";
+    rest_regex += regex.substr(close + 1);
+    QS_ASSIGN_OR_RETURN(const JsonPattern rest, compile(rest_regex));
+    QS_ASSIGN_OR_RETURN(const JsonPattern ahead, compile(ahead_regex));
+    return regex[3] == '=' ? intersect(rest, ahead) : subtract(rest, ahead);
+  }
   std::vector<uint32_t> text;
   for (size_t i = 0; i < regex.size();) {
     int len = 0;

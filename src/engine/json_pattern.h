@@ -7,8 +7,10 @@
 // their negations, escapes (\n \t \r \f \v \0 \xHH \uHHHH \u{H...} and escaped punctuation),
 // groups (...), (?:...) and (?<name>...), alternation |, quantifiers * + ? {n} {n,} {n,m} (lazy
 // forms too: the same strings match), ^ as the pattern's first character and $ as its last.
-// Refused with an error naming them: anchors elsewhere, backreferences, lookaround, \b, \p{...},
-// and automata past kMaxPatternStates states.
+// Lookaheads right after the leading ^ (^(?!A)B, ^(?=A)B, as pydantic's Decimal pattern starts):
+// B's strings that A does not / does match from the start (subtract / intersect).
+// Refused with an error naming them: anchors elsewhere, backreferences, other lookaround, \b,
+// \p{...}, and automata past kMaxPatternStates states.
 //
 // The bytes are those a JSON string can carry as the model writes them: UTF-8 characters, and the
 // control characters JSON writes as \b \t \n \f \r (the recognizer steps the automaton by the
