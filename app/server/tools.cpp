@@ -405,6 +405,145 @@ std::optional<ApiError> read_message_tool_calls(const Json& calls, const std::st
   return std::nullopt;
 }
 
+namespace {
+
+// The end of the JSON string starting at s[i] ('"'), one past its closing quote; npos if it does
+// not end in s.
+size_t string_end(std::string_view s, size_t i) {
+  for (++i; i < s.size(); ++i) {
+    if (s[i] == '\\') {
+      ++i;
+    } else if (s[i] == '"') {
+      return i + 1;
+    }
+  }
+  return std::string_view::npos;
+}
+
+Json call_delta(size_t index) {
+  return Json{{"index", index}};
+}
+
+}  // namespace
+
+bool RequiredCallScan::header(std::string_view text, ToolFormat f, Json* deltas) {
+  // {"name": NAME, "arguments": from its '{' (pos_ is at the call's '{').
+  size_t i = pos_ + 1;
+  std::string name;
+  for (const char* want : {"k", ":", "s", ",", "k", ":"}) {
+    i = skip_space(text, i);
+    if (i >= text.size()) return false;
+    if (*want == ':' || *want == ',') {
+      if (text[i] != *want) {
+        phase_ = kLost;
+        return true;
+      }
+      ++i;
+      continue;
+    }
+    if (text[i] != '"') {
+      phase_ = kLost;
+      return true;
+    }
+    const size_t end = string_end(text, i);
+    if (end == std::string_view::npos) return false;
+    if (*want == 's') {
+      auto value = parse_json(text.substr(i, end - i));
+      if (!value || !value->is_string()) {
+        phase_ = kLost;
+        return true;
+      }
+      name = value->get<std::string>();
+    }
+    i = end;
+  }
+  i = skip_space(text, i);
+  if (i >= text.size()) return false;
+  calls_.push_back(ToolCall{new_call_id(f), name, ""});
+  Json first = call_delta(calls_.size() - 1);
+  first["id"] = calls_.back().id;
+  first["type"] = "function";
+  first["function"] = {{"name", name}, {"arguments", ""}};
+  deltas->push_back(std::move(first));
+  pos_ = i;
+  phase_ = kArguments;
+  depth_ = 0;
+  in_string_ = escaped_ = false;
+  return true;
+}
+
+void RequiredCallScan::scan(std::string_view text, ToolFormat f, Json* deltas) {
+  // Where the current call's arguments start being new in this read.
+  size_t piece = phase_ == kArguments ? pos_ : std::string_view::npos;
+  auto flush = [&] {
+    if (piece == std::string_view::npos || pos_ == piece) return;
+    const std::string more(text.substr(piece, pos_ - piece));
+    calls_.back().arguments += more;
+    Json delta = call_delta(calls_.size() - 1);
+    delta["function"] = {{"arguments", more}};
+    deltas->push_back(std::move(delta));
+    piece = pos_;
+  };
+  while (phase_ != kDone && phase_ != kLost) {
+    if (phase_ != kArguments) pos_ = skip_space(text, pos_);
+    if (pos_ >= text.size()) break;
+    const char c = text[pos_];
+    switch (phase_) {
+      case kOpen:
+      case kCall:
+        if (c != (phase_ == kOpen ? '[' : '{')) {
+          phase_ = kLost;
+          break;
+        }
+        if (phase_ == kOpen) {
+          ++pos_;
+          phase_ = kCall;
+        } else {
+          phase_ = kHeader;
+        }
+        break;
+      case kHeader:
+        if (!header(text, f, deltas)) {
+          flush();
+          return;
+        }
+        piece = pos_;
+        break;
+      case kArguments:
+        ++pos_;
+        if (in_string_) {
+          if (escaped_) {
+            escaped_ = false;
+          } else if (c == '\\') {
+            escaped_ = true;
+          } else if (c == '"') {
+            in_string_ = false;
+          }
+        } else if (c == '"') {
+          in_string_ = true;
+        } else if (c == '{' || c == '[') {
+          ++depth_;
+        } else if ((c == '}' || c == ']') && --depth_ == 0) {
+          flush();
+          piece = std::string_view::npos;
+          phase_ = kAfter;
+        }
+        break;
+      case kAfter:
+        phase_ = c == '}' ? kBetween : kLost;
+        ++pos_;
+        break;
+      case kBetween:
+        phase_ = c == ',' ? kCall : c == ']' ? kDone : kLost;
+        ++pos_;
+        break;
+      default:
+        break;
+    }
+  }
+  flush();
+}
+
 ToolReplyReader::ToolReplyReader(ToolRequest t, ToolFormat f) : request_(std::move(t)), format_(f) {
   holding_ = request_.choice == ToolChoice::kRequired;
 }
@@ -416,6 +555,10 @@ ToolReplyPart ToolReplyReader::feed(std::string_view text) {
     return part;
   }
   text_ += text;
+  if (request_.choice == ToolChoice::kRequired) {
+    required_.scan(text_, format_, &part.tool_calls);
+    return part;
+  }
   if (holding_) return part;
   const std::string_view all = text_;
   if (request_.choice == ToolChoice::kFunction) {  // the arguments, from the first visible byte
@@ -466,6 +609,12 @@ ToolReply ToolReplyReader::finish() {
         ToolCall{call_id_, request_.function, std::string(all.substr(skip_space(all, 0)))}};
     return reply;
   }
+  if (request_.choice == ToolChoice::kRequired && !required_.calls().empty() && !required_.lost()) {
+    // They went out as they came (cut where the reply was).
+    reply.calls = required_.calls();
+    reply.streamed = true;
+    return reply;
+  }
   const std::string_view rest = std::string_view(text_).substr(sent_);
   Calls calls;
   if (request_.choice == ToolChoice::kRequired) {
@@ -487,7 +636,8 @@ ToolReply ToolReplyReader::finish() {
 
 std::string tool_finish_reason(const ToolRequest& t, const ToolReply& reply,
                                const std::string& finish_reason) {
-  if (reply.calls.empty() || t.choice == ToolChoice::kFunction) return finish_reason;
+  if (reply.calls.empty() || t.choice == ToolChoice::kFunction || finish_reason == "length")
+    return finish_reason;
   return "tool_calls";
 }
 

@@ -5,8 +5,9 @@
 //    and an assistant message's calls with their arguments as objects, as vLLM passes them.
 //  - tool_choice "required" or a named function constrains the reply with a JSON Schema
 //    (tool_output_schema): "required" is an array of {"name", "arguments"} objects (one when
-//    parallel_tool_calls is false), a named function its arguments object, which a stream sends
-//    as it comes (as OpenAI: cut by max_tokens, the arguments are cut too). As vLLM's guided
+//    parallel_tool_calls is false), a named function its arguments object; a stream sends the
+//    calls as they come (RequiredCallScan; as OpenAI: cut by max_tokens, the arguments are cut
+//    too). As vLLM's guided
 //    tool choice, the reply is plain JSON, not the model's own call format.
 //  - tool_choice "auto" (the default with tools) leaves the reply free and takes out the calls
 //    written in the model's format (ToolFormat, read from its chat template); a reply whose calls
@@ -70,8 +71,9 @@ struct ToolCall {
   std::string arguments;  // a JSON object's text
 };
 
-// What may go out of a reply now: content, and for a named function (tool_choice) its call's
-// next piece as stream deltas ([{"index": 0, ...}]: the first with the call's id and name).
+// What may go out of a reply now: content, and for a named function or "required" (tool_choice)
+// the calls' next pieces as stream deltas ([{"index": i, ...}]: a call's first with its id and
+// name).
 struct ToolReplyPart {
   std::string content;
   Json tool_calls = Json::array();
@@ -81,7 +83,32 @@ struct ToolReplyPart {
 struct ToolReply {
   std::string content;  // the text not sent yet (all of it when the calls did not parse)
   std::vector<ToolCall> calls;
-  bool streamed = false;  // the calls already went out as feed()'s deltas (a named function's)
+  bool streamed = false;  // the calls already went out as feed()'s deltas (a named function's,
+                          // "required"'s)
+};
+
+// tool_choice "required"'s reply, [{"name": ..., "arguments": {...}}, ...] in that key order (the
+// constraining schema's), read as it comes: each call once its name is whole, then its arguments
+// as they are written.
+class RequiredCallScan {
+ public:
+  // Reads `text` (all of the reply so far) past where it stopped; appends stream deltas for what
+  // is new to `deltas` (a call's first with its id and name, then pieces of its arguments).
+  void scan(std::string_view text, ToolFormat f, Json* deltas);
+  // The calls begun so far, their arguments as written (cut where the reply was).
+  const std::vector<ToolCall>& calls() const { return calls_; }
+  // The reply left the expected form (not met under the constraint): its calls are read whole
+  // at its end.
+  bool lost() const { return phase_ == kLost; }
+
+ private:
+  enum Phase { kOpen, kCall, kHeader, kArguments, kAfter, kBetween, kDone, kLost };
+  bool header(std::string_view text, ToolFormat f, Json* deltas);  // false: more text needed
+  Phase phase_ = kOpen;
+  size_t pos_ = 0;  // read up to here
+  int depth_ = 0;   // the arguments' open objects and arrays
+  bool in_string_ = false, escaped_ = false;
+  std::vector<ToolCall> calls_;
 };
 
 // A reply as it is generated: which of its text may go out as content now, and at its end the
@@ -104,6 +131,7 @@ class ToolReplyReader {
   bool holding_ = false;  // a call may have started at sent_: nothing more goes out
   bool free_ = false;     // the reply cannot hold a call: it goes out as it comes
   std::string call_id_;   // a named function's call, once its first delta went out
+  RequiredCallScan required_;
 };
 
 // A choice's finish_reason once its calls are known (OpenAI: "tool_calls" for calls the model

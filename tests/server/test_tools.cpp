@@ -320,6 +320,57 @@ TEST(Tools, ConstrainedRepliesAndFinishReasons) {
   EXPECT_TRUE(plain.calls.empty() && plain.content.empty());
 }
 
+// tool_choice "required" streams each call as it comes: its id and name once the name is whole,
+// then its arguments as written, whatever the pieces the reply arrives in; the end gives the
+// same calls, marked as sent. Cut by max_tokens, the calls are cut too.
+TEST(Tools, RequiredCallsStreamAsTheyCome) {
+  const ToolRequest required = request(R"(, "tool_choice": "required")");
+  const std::string text =
+      " [ {\"name\": \"get_weather\", \"arguments\": {\"city\": \"R\\\"o}m[e\", \"unit\": \"C\"}} "
+      ",\n"
+      "{\"name\":\"now\",\"parameters\":{}}]";
+  for (size_t n : {1, 2, 3, 7, 1000}) {
+    ToolReplyReader reader(required, ToolFormat::kHermes);
+    std::vector<Json> deltas;
+    for (const std::string& p : pieces_of(text, n)) {
+      const ToolReplyPart part = reader.feed(p);
+      EXPECT_EQ(part.content, "");
+      for (const Json& d : part.tool_calls) deltas.push_back(d);
+    }
+    std::vector<std::string> ids(2), names(2), args(2);
+    for (const Json& d : deltas) {
+      const size_t i = d["index"].get<size_t>();
+      ASSERT_LT(i, 2u);
+      if (d.contains("id")) {
+        EXPECT_TRUE(ids[i].empty()) << "one first delta per call";
+        ids[i] = d["id"].get<std::string>();
+        names[i] = d["function"]["name"].get<std::string>();
+      } else {
+        EXPECT_FALSE(ids[i].empty()) << "arguments only after the call's id and name";
+      }
+      args[i] += d["function"]["arguments"].get<std::string>();
+    }
+    EXPECT_EQ(names, (std::vector<std::string>{"get_weather", "now"})) << n;
+    EXPECT_EQ(args[0], R"({"city": "R\"o}m[e", "unit": "C"})") << n;
+    EXPECT_EQ(args[1], "{}") << n;
+    if (n == 1) {
+      EXPECT_GT(deltas.size(), 30u);  // byte by byte: many pieces
+    }
+    const ToolReply reply = reader.finish();
+    EXPECT_TRUE(reply.streamed && reply.content.empty());
+    ASSERT_EQ(reply.calls.size(), 2u);
+    EXPECT_EQ(reply.calls[0].id, ids[0]);
+    EXPECT_EQ(reply.calls[1].id, ids[1]);
+    EXPECT_EQ(reply.calls[0].arguments, args[0]);
+    EXPECT_EQ(tool_finish_reason(required, reply, "stop"), "tool_calls");
+  }
+  auto [sent, cut] =
+      read_reply(required, ToolFormat::kHermes, {R"([{"name": "get_weather", "arguments": {"ci)"});
+  ASSERT_EQ(cut.calls.size(), 1u);
+  EXPECT_EQ(cut.calls[0].arguments, R"({"ci)");
+  EXPECT_EQ(tool_finish_reason(required, cut, "length"), "length");
+}
+
 TEST(Tools, ChoiceMessagesGetTheirCalls) {
   const ToolRequest t = request();
   Json choice = {

@@ -69,7 +69,8 @@ def check_calls(calls):
 def test_required_and_named_calls(qwen):
     """tool_choice required: every finished reply is calls of the given tools whose arguments their
     schemas accept; a named function is called with valid arguments and finish_reason "stop";
-    streaming gives the same calls; parallel_tool_calls false gives one call."""
+    streaming gives the same calls, their arguments in pieces; parallel_tool_calls false gives one
+    call."""
     client = client_of(qwen)
     bias = short_json_bias("qwen2-tiny")
     finished = 0
@@ -77,16 +78,24 @@ def test_required_and_named_calls(qwen):
         kwargs = dict(model="x", messages=MESSAGES, tools=TOOLS, tool_choice="required", max_tokens=120,
                       temperature=1.0, seed=seed, logit_bias=bias)
         choice = client.chat.completions.create(**kwargs).choices[0]
+        content, calls, finish = streamed(client, **kwargs)
+        # Streamed or not, the same calls (cut by max_tokens, cut too: from the first whose name
+        # is whole; before it the text is content).
+        assert [(c["name"], c["arguments"]) for c in calls] == \
+            [(c.function.name, c.function.arguments) for c in choice.message.tool_calls or []]
+        assert finish == choice.finish_reason
         if choice.finish_reason == "length":
-            assert choice.message.tool_calls is None and choice.message.content.lstrip().startswith("[")
+            assert (choice.message.tool_calls is None and choice.message.content.lstrip().startswith("[")) or \
+                choice.message.content is None
             continue
         finished += 1
-        assert choice.finish_reason == "tool_calls" and choice.message.content is None
+        assert choice.finish_reason == "tool_calls" and choice.message.content is None and content == ""
         check_calls(choice.message.tool_calls)
-        content, calls, finish = streamed(client, **kwargs)
-        assert content == "" and finish == "tool_calls"
-        assert [(c["name"], c["arguments"]) for c in calls] == \
-            [(c.function.name, c.function.arguments) for c in choice.message.tool_calls]
+        # Each call's arguments come in pieces as they are generated (the first delta of a call
+        # carries its id and name).
+        pieces = [c for chunk in client.chat.completions.create(stream=True, **kwargs)
+                  for c in chunk.choices[0].delta.tool_calls or []]
+        assert len(pieces) > len(calls) and all(p.id for p in pieces if p.function.name)
         one = client.chat.completions.create(parallel_tool_calls=False, **kwargs).choices[0]
         assert one.finish_reason != "tool_calls" or len(one.message.tool_calls) == 1
     assert finished > 0
