@@ -677,7 +677,14 @@ bool JsonRecognizer::plain_pattern_step(JsonThread& t, uint8_t c) const {
   return pattern_byte(t, c);
 }
 
-void JsonRecognizer::merge_counts(JsonState& s, int chars) const {
+void JsonRecognizer::prepare_merge(int chars) {
+  alike_.clear();
+  for (size_t p = 0; p < g_.patterns(); ++p) {
+    alike_.push_back(g_.pattern(static_cast<int32_t>(p)).alike_within(chars));
+  }
+}
+
+void JsonRecognizer::merge_alike(JsonState& s, int chars) const {
   for (int i = 0; i < s.n; ++i) {
     JsonThread& t = s.threads[static_cast<size_t>(i)];
     if (t.key || (t.mode != kString && t.mode != kEscape && t.mode != kHex)) continue;
@@ -688,6 +695,9 @@ void JsonRecognizer::merge_counts(JsonState& s, int chars) const {
                                      : n.max_length >= 0 && t.count >= n.min_length &&
                                            t.count + chars <= n.max_length;
     if (idle) t.count = static_cast<uint16_t>(n.min_length);
+    if (t.pattern != 0 && (n.lengths < 0 || idle) && !alike_.empty()) {
+      t.pattern = static_cast<uint16_t>(alike_[static_cast<size_t>(n.pattern)][t.pattern - 1u] + 1);
+    }
   }
 }
 
@@ -829,6 +839,7 @@ JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, JsonGramm
   for (const JsonVocab::Node& node : vocab_->nodes()) depth = std::max<size_t>(depth, node.depth);
   states_.resize(depth + 1);
   reaches_.resize(depth + 1);
+  rec_.prepare_merge(vocab_->longest());
 }
 
 void JsonConstraint::reach(size_t depth) {
@@ -921,7 +932,7 @@ const std::vector<uint64_t>& JsonConstraint::allowed(const JsonState& s) {
   // A bounded string's characters are each a state of its own, but where every token fits they
   // all allow the same tokens: one mask serves them.
   key_state_.assign(s);
-  rec_.merge_counts(key_state_, vocab_->longest());
+  rec_.merge_alike(key_state_, vocab_->longest());
   std::string key(key_state_.bytes());
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;

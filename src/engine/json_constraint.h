@@ -98,9 +98,13 @@ class JsonRecognizer {
   // A string's thread after plain byte c where plain_step says kSteps; false if refused.
   bool plain_pattern_step(JsonThread& t, uint8_t c) const;
   size_t frames() const { return frames_.size(); }
-  // The counts of the strings in `s` with room for `chars` more characters past their minLength
-  // set to their minLength: states no text of `chars` bytes tells apart made equal (a mask's key).
-  void merge_counts(JsonState& s, int chars) const;
+  // States no text of `chars` bytes tells apart made equal (a mask's key, `chars` the longest
+  // token): the counts of the strings in `s` with room for them past their minLength set to their
+  // minLength, and pattern strings' automaton states set to the first state alike within them
+  // (JsonPattern::alike_within; with length bounds, where the count changes nothing). `chars`
+  // must be what prepare_merge was given.
+  void merge_alike(JsonState& s, int chars) const;
+  void prepare_merge(int chars);
 
  private:
   struct Frame {
@@ -138,6 +142,7 @@ class JsonRecognizer {
   int32_t intern(const Frame& f);
 
   JsonGrammar g_;
+  std::vector<std::vector<int32_t>> alike_;  // by pattern: prepare_merge's alike_within
   JsonState scratch_;  // advance's next state
   std::vector<Frame> frames_;
   std::unordered_map<Frame, int32_t, FrameHash> frame_ids_;

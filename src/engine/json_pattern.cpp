@@ -6,6 +6,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <set>
 
 #include "model/tokenizer/unicode.h"
 
@@ -994,6 +995,38 @@ bool PatternLengths::viable(int32_t state, int count) const {
     i += take;
   }
   return false;
+}
+
+std::vector<int32_t> JsonPattern::alike_within(int chars) const {
+  // Moore's refinement, one round per byte of text: states start apart by whether they match,
+  // then by the classes their moves reach (-1: none), until `chars` rounds or nothing splits.
+  const size_t n = states(), k = num_classes_;
+  std::vector<int32_t> cls(n);
+  for (size_t q = 0; q < n; ++q) cls[q] = accept_[q] ? 1 : 0;
+  size_t count = std::set<int32_t>(cls.begin(), cls.end()).size();
+  std::vector<int32_t> key(k + 1), next(n);
+  for (int round = 0; round < chars; ++round) {
+    std::map<std::vector<int32_t>, int32_t> ids;
+    for (size_t q = 0; q < n; ++q) {
+      key[0] = cls[q];
+      for (size_t c = 0; c < k; ++c) {
+        const int32_t t = table_[q * k + c];
+        key[c + 1] = t < 0 ? -1 : cls[static_cast<size_t>(t)];
+      }
+      next[q] = ids.emplace(key, static_cast<int32_t>(ids.size())).first->second;
+    }
+    const bool stable = ids.size() == count;
+    cls.swap(next);
+    count = ids.size();
+    if (stable) break;
+  }
+  std::vector<int32_t> first(count, -1), alike(n);
+  for (size_t q = 0; q < n; ++q) {
+    int32_t& f = first[static_cast<size_t>(cls[q])];
+    if (f < 0) f = static_cast<int32_t>(q);
+    alike[q] = f;
+  }
+  return alike;
 }
 
 bool JsonPattern::matches(std::string_view text) const {

@@ -62,6 +62,10 @@ class JsonPattern {
   }
   // The text so far is a string the pattern matches.
   bool accepts(int32_t state) const { return accept_[static_cast<size_t>(state)]; }
+  // For each state, the first state no text of up to `chars` bytes tells apart from it (the same
+  // texts lead from both to live states, and to matches): where only that much text follows,
+  // the two are alike (a counting state far from its bound is like the next one).
+  std::vector<int32_t> alike_within(int chars) const;
   // The groups (but 0) whose bytes all leave `state` as it is.
   ByteGroups loops(int32_t state) const { return loops_[static_cast<size_t>(state)]; }
   // Some string matches (the start state is live).

@@ -100,6 +100,7 @@ class JsonGrammar {
   const JsonNode& node(int32_t id) const { return nodes_[static_cast<size_t>(id)]; }
   const JsonTrieNode& trie(int32_t id) const { return tries_[static_cast<size_t>(id)]; }
   const JsonPattern& pattern(int32_t id) const { return patterns_[static_cast<size_t>(id)]; }
+  size_t patterns() const { return patterns_.size(); }
   const PatternLengths& lengths(int32_t id) const { return lengths_[static_cast<size_t>(id)]; }
   int32_t child(int32_t trie, uint8_t byte) const;  // -1: none
   // Every byte a literal trie spells (so that the vocabulary can be checked for them).

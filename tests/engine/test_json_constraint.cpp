@@ -579,6 +579,28 @@ TEST_P(JsonTokens, TheTrieWalkAllowsExactlyTheTokensTheStateTakes) {
 
 INSTANTIATE_TEST_SUITE_P(Tokenizers, JsonTokens, ::testing::Values("bytelevel", "spm"));
 
+// A pattern string's states that no token tells apart share one mask (the walk is done once): in
+// a 40-letter counter, the characters far from the bound; near it, masks of their own.
+TEST(JsonConstraint, AlikePatternStatesShareAMask) {
+  auto vocab = std::make_shared<const JsonVocab>(
+      std::vector<std::string>{"\"", "a", "aa", "aaa", "b", "{", "}", "[", "]", ",", ":"},
+      std::vector<int32_t>{});
+  JsonConstraint json(
+      vocab, JsonGrammar::compile(R"({"type": "string", "pattern": "^a{1,40}$"})").value());
+  JsonState s = json.start();
+  ASSERT_TRUE(json.advance(s, 0));  // "
+  std::vector<const std::vector<uint64_t>*> masks;
+  for (int k = 0; k < 40; ++k) {
+    masks.push_back(&json.allowed(s));
+    ASSERT_TRUE(json.advance(s, 1)) << k;  // a
+  }
+  // Up to 37 a's, "aaa" (the longest token) still fits; from 38 on, fewer do.
+  for (int k = 2; k <= 37; ++k) EXPECT_EQ(masks[static_cast<size_t>(k)], masks[1]) << k;
+  EXPECT_NE(*masks[38], *masks[1]);
+  EXPECT_NE(*masks[39], *masks[38]);
+  EXPECT_EQ((*masks[39])[0] & 0xF, 0b0011u);  // '"' and "a" only
+}
+
 TEST(JsonConstraint, SmallVocabularies) {
   auto t = Tokenizer::load(std::filesystem::path(QS_SOURCE_DIR) / "models/tokenizers/bytelevel");
   ASSERT_TRUE(t.ok());

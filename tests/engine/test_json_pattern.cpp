@@ -127,6 +127,27 @@ TEST(JsonPattern, AutomataAreMinimal) {
   for (const auto& [regex, states] : cases) EXPECT_EQ(compiled(regex).states(), states) << regex;
 }
 
+// States that only a longer text tells apart are alike within a shorter one: a counter far from
+// its bound is like the next position.
+TEST(JsonPattern, StatesAlikeWithinAFewBytes) {
+  const JsonPattern p = compiled("^a{10}$");
+  ASSERT_EQ(p.states(), 11u);
+  int32_t q = p.start();
+  std::vector<int32_t> after = {q};  // after[k]: the state after k a's
+  for (int k = 0; k < 10; ++k) after.push_back(q = p.next(q, 'a'));
+  const std::vector<int32_t> alike = p.alike_within(3);
+  // Within 3 bytes, 0..6 a's are alike (no match yet, all of "a" "aa" "aaa" live); 7..10 each
+  // differ (a match 3, 2, 1, 0 bytes on).
+  for (int k = 0; k <= 10; ++k) {
+    const int32_t want =
+        k <= 6 ? alike[static_cast<size_t>(after[0])] : after[static_cast<size_t>(k)];
+    EXPECT_EQ(alike[static_cast<size_t>(after[static_cast<size_t>(k)])], want) << k;
+  }
+  // Within enough bytes, every state of a minimal automaton is its own.
+  const std::vector<int32_t> all = p.alike_within(100);
+  for (size_t s = 0; s < all.size(); ++s) EXPECT_EQ(all[s], static_cast<int32_t>(s));
+}
+
 // intersect(a, b) (or, `without`, subtract(a, b)) on random strings: matches where a does and b
 // does (does not).
 void check_combined(const std::vector<std::pair<std::string, std::string>>& pairs, bool without) {
