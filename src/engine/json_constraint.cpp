@@ -657,7 +657,10 @@ ByteGroups JsonRecognizer::loops(const JsonState& s, int horizon) const {
   const JsonNode& n = g_.node(t.node);
   if (t.pattern != 0) {  // (with length bounds, only where the count changes nothing)
     const bool counts = n.lengths >= 0 && !g_.lengths(n.lengths).idle(t.count, horizon);
-    return counts ? 0 : g_.pattern(n.pattern).loops(t.pattern - 1);
+    if (counts) return 0;
+    // Prepared for this horizon: also the bytes into a state alike within it.
+    return alike_loops_.empty() ? g_.pattern(n.pattern).loops(t.pattern - 1)
+                                : alike_loops_[static_cast<size_t>(n.pattern)][t.pattern - 1u];
   }
   return counted(n, t.count) == t.count ? kPlainGroups : 0;
 }
@@ -679,8 +682,11 @@ bool JsonRecognizer::plain_pattern_step(JsonThread& t, uint8_t c) const {
 
 void JsonRecognizer::prepare_merge(int chars) {
   alike_.clear();
+  alike_loops_.clear();
   for (size_t p = 0; p < g_.patterns(); ++p) {
-    alike_.push_back(g_.pattern(static_cast<int32_t>(p)).alike_within(chars));
+    const JsonPattern& pattern = g_.pattern(static_cast<int32_t>(p));
+    alike_.push_back(pattern.alike_within(chars));
+    alike_loops_.push_back(pattern.loops_among(alike_.back()));
   }
 }
 

@@ -88,7 +88,8 @@ class JsonRecognizer {
   // The byte groups (json_pattern.h) whose bytes all leave `s` as it is, as far as any text of
   // up to `horizon` more bytes can tell: inside a string, the plain bytes (printable ASCII but
   // '"' and '\\', kPlainGroups) where they change nothing, or those a pattern's automaton state
-  // loops on (with length bounds, where its count changes nothing: PatternLengths::idle).
+  // loops on (with length bounds, where its count changes nothing: PatternLengths::idle), or
+  // once prepare_merge was given `horizon`, leads to a state alike within it.
   ByteGroups loops(const JsonState& s, int horizon) const;
   // What a plain byte outside loops(s) does to `s` where that is simple (one reading, inside a
   // string no key trie tracks): kCounts: it only counts a character; kSteps: it counts and steps
@@ -143,6 +144,7 @@ class JsonRecognizer {
 
   JsonGrammar g_;
   std::vector<std::vector<int32_t>> alike_;  // by pattern: prepare_merge's alike_within
+  std::vector<std::vector<ByteGroups>> alike_loops_;  // by pattern: its loops_among(alike_)
   JsonState scratch_;  // advance's next state
   std::vector<Frame> frames_;
   std::unordered_map<Frame, int32_t, FrameHash> frame_ids_;

@@ -6,6 +6,7 @@
 #include <deque>
 #include <limits>
 #include <map>
+#include <numeric>
 #include <set>
 
 #include "model/tokenizer/unicode.h"
@@ -786,20 +787,11 @@ class JsonPatternBuilder {
     }
     minimize(table, accepting, k);
     const size_t states = accepting.size();
-    // A state's loops: the groups no byte of a class that leaves it falls in.
-    std::vector<ByteGroups> class_groups(k, 0);
-    for (int byte = 0; byte < 256; ++byte) {
-      class_groups[p.classes_[static_cast<size_t>(byte)]] |=
-          ByteGroups{1} << byte_group(static_cast<uint8_t>(byte));
-    }
-    p.loops_.assign(states, kPlainGroups);
-    for (size_t s = 0; s < states; ++s) {
-      for (size_t c = 0; c < k; ++c) {
-        if (table[s * k + c] != static_cast<int32_t>(s)) p.loops_[s] &= ~class_groups[c];
-      }
-    }
     p.table_ = std::move(table);
     p.accept_ = std::move(accepting);
+    std::vector<int32_t> self(states);
+    std::iota(self.begin(), self.end(), 0);
+    p.loops_ = p.loops_among(self);
     return p;
   }
 };
@@ -1027,6 +1019,24 @@ std::vector<int32_t> JsonPattern::alike_within(int chars) const {
     alike[q] = f;
   }
   return alike;
+}
+
+std::vector<ByteGroups> JsonPattern::loops_among(const std::vector<int32_t>& alike) const {
+  // The groups no byte of a class that leads elsewhere falls in.
+  const size_t n = states(), k = num_classes_;
+  std::vector<ByteGroups> class_groups(k, 0);
+  for (int byte = 0; byte < 256; ++byte) {
+    class_groups[classes_[static_cast<size_t>(byte)]] |= ByteGroups{1}
+                                                         << byte_group(static_cast<uint8_t>(byte));
+  }
+  std::vector<ByteGroups> loops(n, kPlainGroups);
+  for (size_t s = 0; s < n; ++s) {
+    for (size_t c = 0; c < k; ++c) {
+      const int32_t t = table_[s * k + c];
+      if (t < 0 || alike[static_cast<size_t>(t)] != alike[s]) loops[s] &= ~class_groups[c];
+    }
+  }
+  return loops;
 }
 
 bool JsonPattern::matches(std::string_view text) const {

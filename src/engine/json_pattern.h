@@ -68,6 +68,10 @@ class JsonPattern {
   std::vector<int32_t> alike_within(int chars) const;
   // The groups (but 0) whose bytes all leave `state` as it is.
   ByteGroups loops(int32_t state) const { return loops_[static_cast<size_t>(state)]; }
+  // By state: the groups (but 0) whose bytes all lead to a state alike to it (`alike`: a state's
+  // class, as alike_within gives them). Within the text alike_within was given, such bytes
+  // change nothing that text can tell: no string of them leads to a dead end.
+  std::vector<ByteGroups> loops_among(const std::vector<int32_t>& alike) const;
   // Some string matches (the start state is live).
   bool satisfiable() const { return !accept_.empty(); }
   // A whole string's bytes match.

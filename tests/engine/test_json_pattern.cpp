@@ -143,6 +143,16 @@ TEST(JsonPattern, StatesAlikeWithinAFewBytes) {
         k <= 6 ? alike[static_cast<size_t>(after[0])] : after[static_cast<size_t>(k)];
     EXPECT_EQ(alike[static_cast<size_t>(after[static_cast<size_t>(k)])], want) << k;
   }
+  // An 'a' leads from 0..5 a's to a state alike to where it left (so any run of them stays
+  // alive within 3 bytes): a loop among alike states; from 6 on it does not.
+  const std::vector<ByteGroups> loops = p.loops_among(alike);
+  const ByteGroups a_group = ByteGroups{1} << byte_group('a');
+  for (int k = 0; k <= 10; ++k) {
+    EXPECT_EQ(loops[static_cast<size_t>(after[static_cast<size_t>(k)])] & a_group,
+              k <= 5 ? a_group : 0u)
+        << k;
+  }
+  EXPECT_EQ(p.loops(after[3]) & a_group, 0u);  // exactly, 'a' loops nowhere
   // Within enough bytes, every state of a minimal automaton is its own.
   const std::vector<int32_t> all = p.alike_within(100);
   for (size_t s = 0; s < all.size(); ++s) EXPECT_EQ(all[s], static_cast<int32_t>(s));
