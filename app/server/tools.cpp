@@ -427,7 +427,8 @@ Json call_delta(size_t index) {
 }  // namespace
 
 bool RequiredCallScan::header(std::string_view text, ToolFormat f, Json* deltas) {
-  // {"name": NAME, "arguments": from its '{' (pos_ is at the call's '{').
+  // {"name": NAME, "arguments": (pos_ is at the call's '{'): the parts in order, 'k' a key (a
+  // string; the constraining schema fixes which), 's' the name, or that punctuation.
   size_t i = pos_ + 1;
   std::string name;
   for (const char* want : {"k", ":", "s", ",", "k", ":"}) {
