@@ -158,14 +158,20 @@ TEST(JsonPattern, StatesAlikeWithinAFewBytes) {
   for (size_t s = 0; s < all.size(); ++s) EXPECT_EQ(all[s], static_cast<int32_t>(s));
 }
 
+using PatternPair = std::pair<std::string, std::string>;
+
 // intersect(a, b) (or, `without`, subtract(a, b)) on random strings: matches where a does and b
-// does (does not).
-void check_combined(const std::vector<std::pair<std::string, std::string>>& pairs, bool without) {
+// does (does not); for `empty`'s pair it matches nothing.
+void check_combined(const std::vector<PatternPair>& pairs, const PatternPair& empty, bool without) {
+  auto combine = [&](const std::string& ra, const std::string& rb) {
+    const JsonPattern a = compiled(ra), b = compiled(rb);
+    return without ? JsonPattern::subtract(a, b) : JsonPattern::intersect(a, b);
+  };
   const std::string alphabet = "abcxy0259";
   std::mt19937 rng(3);
   for (const auto& [ra, rb] : pairs) {
     const JsonPattern a = compiled(ra), b = compiled(rb);
-    auto both = without ? JsonPattern::subtract(a, b) : JsonPattern::intersect(a, b);
+    auto both = combine(ra, rb);
     ASSERT_TRUE(both.ok()) << both.error().message;
     int matched = 0;
     for (int i = 0; i < 4000; ++i) {
@@ -179,22 +185,21 @@ void check_combined(const std::vector<std::pair<std::string, std::string>>& pair
     }
     EXPECT_GT(matched, 0) << ra << (without ? " - " : " & ") << rb;
   }
+  auto none = combine(empty.first, empty.second);
+  ASSERT_TRUE(none.ok());
+  EXPECT_FALSE(none->satisfiable()) << empty.first << (without ? " - " : " & ") << empty.second;
 }
 
 TEST(JsonPattern, IntersectionMatchesWhatBothMatch) {
   check_combined(
-      {{"^[a-c]+$", "b"}, {"^(ab)*$", "^a.{0,3}$"}, {"^\\d+$", "^[0-5]{2,4}$"}, {"x", "y"}}, false);
-  auto none = JsonPattern::intersect(compiled("^a+$"), compiled("^b+$"));
-  ASSERT_TRUE(none.ok());
-  EXPECT_FALSE(none->satisfiable());
+      {{"^[a-c]+$", "b"}, {"^(ab)*$", "^a.{0,3}$"}, {"^\\d+$", "^[0-5]{2,4}$"}, {"x", "y"}},
+      {"^a+$", "^b+$"}, false);
 }
 
 TEST(JsonPattern, DifferenceMatchesWhatOnlyTheFirstMatches) {
   check_combined(
-      {{"^[a-c]+$", "b"}, {"^[a-z0-9]{1,5}$", "^(ab|x)$"}, {"^\\d+$", "0$"}, {"x", "[]"}}, true);
-  auto none = JsonPattern::subtract(compiled("^a+$"), compiled("a"));
-  ASSERT_TRUE(none.ok());
-  EXPECT_FALSE(none->satisfiable());
+      {{"^[a-c]+$", "b"}, {"^[a-z0-9]{1,5}$", "^(ab|x)$"}, {"^\\d+$", "0$"}, {"x", "[]"}},
+      {"^a+$", "a"}, true);
 }
 
 TEST(JsonPattern, CharactersAreUtf8) {
