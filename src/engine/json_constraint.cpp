@@ -646,7 +646,7 @@ bool loops_on(ByteGroups loops, uint8_t b) {
 
 }  // namespace
 
-ByteGroups JsonRecognizer::loops(const JsonState& s, int horizon) const {
+ByteGroups JsonRecognizer::loops(const JsonState& s) const {
   if (s.n != 1) return 0;
   const JsonThread& t = s.threads[0];
   if (t.mode != kString || (t.aux & 3) != 0) return 0;
@@ -656,9 +656,8 @@ ByteGroups JsonRecognizer::loops(const JsonState& s, int horizon) const {
   }
   const JsonNode& n = g_.node(t.node);
   if (t.pattern != 0) {  // (with length bounds, only where the count changes nothing)
-    const bool counts = n.lengths >= 0 && !g_.lengths(n.lengths).idle(t.count, horizon);
+    const bool counts = n.lengths >= 0 && !g_.lengths(n.lengths).idle(t.count, horizon_);
     if (counts) return 0;
-    // Prepared for this horizon: also the bytes into a state alike within it.
     return alike_loops_.empty() ? g_.pattern(n.pattern).loops(t.pattern - 1)
                                 : alike_loops_[static_cast<size_t>(n.pattern)][t.pattern - 1u];
   }
@@ -680,26 +679,28 @@ bool JsonRecognizer::plain_pattern_step(JsonThread& t, uint8_t c) const {
   return pattern_byte(t, c);
 }
 
-void JsonRecognizer::prepare_merge(int chars) {
+void JsonRecognizer::set_horizon(int bytes) {
+  horizon_ = bytes;
   alike_.clear();
   alike_loops_.clear();
   for (size_t p = 0; p < g_.patterns(); ++p) {
     const JsonPattern& pattern = g_.pattern(static_cast<int32_t>(p));
-    alike_.push_back(pattern.alike_within(chars));
+    alike_.push_back(pattern.alike_within(bytes));
     alike_loops_.push_back(pattern.loops_among(alike_.back()));
   }
 }
 
-void JsonRecognizer::merge_alike(JsonState& s, int chars) const {
+void JsonRecognizer::merge_alike(JsonState& s) const {
   for (int i = 0; i < s.n; ++i) {
     JsonThread& t = s.threads[static_cast<size_t>(i)];
     if (t.key || (t.mode != kString && t.mode != kEscape && t.mode != kHex)) continue;
     const JsonNode& n = g_.node(t.node);
     // A character that fits and a closing quote are both taken: as at minLength. (A pattern's
     // lengths also need room for its way to a match.)
-    const bool idle = t.pattern != 0 ? n.lengths >= 0 && g_.lengths(n.lengths).idle(t.count, chars)
-                                     : n.max_length >= 0 && t.count >= n.min_length &&
-                                           t.count + chars <= n.max_length;
+    const bool idle =
+        t.pattern != 0
+            ? n.lengths >= 0 && g_.lengths(n.lengths).idle(t.count, horizon_)
+            : n.max_length >= 0 && t.count >= n.min_length && t.count + horizon_ <= n.max_length;
     if (idle) t.count = static_cast<uint16_t>(n.min_length);
     if (t.pattern != 0 && (n.lengths < 0 || idle) && !alike_.empty()) {
       t.pattern = static_cast<uint16_t>(alike_[static_cast<size_t>(n.pattern)][t.pattern - 1u] + 1);
@@ -845,7 +846,7 @@ JsonConstraint::JsonConstraint(std::shared_ptr<const JsonVocab> vocab, JsonGramm
   for (const JsonVocab::Node& node : vocab_->nodes()) depth = std::max<size_t>(depth, node.depth);
   states_.resize(depth + 1);
   reaches_.resize(depth + 1);
-  rec_.prepare_merge(vocab_->longest());
+  rec_.set_horizon(vocab_->longest());
 }
 
 void JsonConstraint::reach(size_t depth) {
@@ -853,7 +854,7 @@ void JsonConstraint::reach(size_t depth) {
   Reach& r = reaches_[depth];
   r.room = rec_.plain_room(s);
   r.step = rec_.plain_step(s);
-  r.loops = rec_.loops(s, vocab_->longest());
+  r.loops = rec_.loops(s);
   r.takes = r.room > 0 || r.loops != 0;
 }
 
@@ -915,7 +916,7 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
       } else if (rec_.plain_pattern_step(t, node.byte)) {  // still one pattern string's reading
         Reach& r = reaches_[d];
         r = from;
-        r.loops = rec_.loops(states_[d], vocab_->longest());
+        r.loops = rec_.loops(states_[d]);
         r.takes = r.loops != 0;
       } else {
         i = node.end;
@@ -938,7 +939,7 @@ const std::vector<uint64_t>& JsonConstraint::allowed(const JsonState& s) {
   // A bounded string's characters are each a state of its own, but where every token fits they
   // all allow the same tokens: one mask serves them.
   key_state_.assign(s);
-  rec_.merge_alike(key_state_, vocab_->longest());
+  rec_.merge_alike(key_state_);
   std::string key(key_state_.bytes());
   auto it = cache_.find(key);
   if (it != cache_.end()) return it->second;

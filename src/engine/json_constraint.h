@@ -85,12 +85,15 @@ class JsonRecognizer {
   // How long a run of printable ASCII but '"' and '\\' some reading takes whatever its bytes
   // (inside a string, up to its maxLength); 0: none.
   int plain_room(const JsonState& s) const;
-  // The byte groups (json_pattern.h) whose bytes all leave `s` as it is, as far as any text of
-  // up to `horizon` more bytes can tell: inside a string, the plain bytes (printable ASCII but
-  // '"' and '\\', kPlainGroups) where they change nothing, or those a pattern's automaton state
-  // loops on (with length bounds, where its count changes nothing: PatternLengths::idle), or
-  // once prepare_merge was given `horizon`, leads to a state alike within it.
-  ByteGroups loops(const JsonState& s, int horizon) const;
+  // The most bytes of text that loops and merge_alike answer for (a vocabulary's longest token),
+  // with each pattern's alike states within them; until set, none are merged.
+  void set_horizon(int bytes);
+  // The byte groups (json_pattern.h) whose bytes all leave `s` as it is, as far as any text within
+  // the horizon can tell: inside a string, the plain bytes (printable ASCII but '"' and '\\',
+  // kPlainGroups) where they change nothing, or those that lead a pattern's automaton state to a
+  // state alike to it (itself, until a horizon is set; with length bounds, only where the count
+  // changes nothing: PatternLengths::idle).
+  ByteGroups loops(const JsonState& s) const;
   // What a plain byte outside loops(s) does to `s` where that is simple (one reading, inside a
   // string no key trie tracks): kCounts: it only counts a character; kSteps: it counts and steps
   // the string's pattern (plain_pattern_step); kOther: step it.
@@ -99,13 +102,11 @@ class JsonRecognizer {
   // A string's thread after plain byte c where plain_step says kSteps; false if refused.
   bool plain_pattern_step(JsonThread& t, uint8_t c) const;
   size_t frames() const { return frames_.size(); }
-  // States no text of `chars` bytes tells apart made equal (a mask's key, `chars` the longest
-  // token): the counts of the strings in `s` with room for them past their minLength set to their
-  // minLength, and pattern strings' automaton states set to the first state alike within them
-  // (JsonPattern::alike_within; with length bounds, where the count changes nothing). `chars`
-  // must be what prepare_merge was given.
-  void merge_alike(JsonState& s, int chars) const;
-  void prepare_merge(int chars);
+  // States no text within the horizon tells apart made equal (a mask's key): the counts of the
+  // strings in `s` with room for it past their minLength set to their minLength, and pattern
+  // strings' automaton states set to the first state alike within it (JsonPattern::alike_within;
+  // with length bounds, where the count changes nothing).
+  void merge_alike(JsonState& s) const;
 
  private:
   struct Frame {
@@ -143,7 +144,8 @@ class JsonRecognizer {
   int32_t intern(const Frame& f);
 
   JsonGrammar g_;
-  std::vector<std::vector<int32_t>> alike_;  // by pattern: prepare_merge's alike_within
+  int horizon_ = 1 << 20;  // set_horizon's (the default: past any string's bound, merges none)
+  std::vector<std::vector<int32_t>> alike_;           // by pattern: alike_within the horizon
   std::vector<std::vector<ByteGroups>> alike_loops_;  // by pattern: its loops_among(alike_)
   JsonState scratch_;  // advance's next state
   std::vector<Frame> frames_;
