@@ -823,11 +823,6 @@ void JsonVocab::build_trie() {
   }
 }
 
-int32_t JsonVocab::first_token_at(int32_t node) const {
-  return node < static_cast<int32_t>(nodes_.size()) ? nodes_[static_cast<size_t>(node)].first_token
-                                                    : static_cast<int32_t>(tokens_.size());
-}
-
 Result<std::unique_ptr<JsonConstraint>> JsonConstraint::create(
     std::shared_ptr<const JsonVocab> vocab, JsonGrammar grammar) {
   const int missing = vocab->missing_byte(grammar.literal_bytes());
@@ -882,8 +877,7 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
   const ByteGroups* subtree = vocab_->subtree_groups().data();
   uint64_t* words = bits.data();
   const auto n = static_cast<int32_t>(vocab_->nodes().size());
-  const auto num_tokens = static_cast<int32_t>(vocab_->tokens().size());
-  auto first_token_at = [&](int32_t i) { return i < n ? nodes[i].first_token : num_tokens; };
+  const JsonVocab& trie = *vocab_;
   auto allow_tokens = [&](int32_t first, int32_t last) {
     for (int32_t t = first; t < last; ++t) {
       const int32_t id = tokens[t];
@@ -900,7 +894,7 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
     // room for its longest token, is taken whole.
     if (from.takes && ((subtree[i] & ~from.loops) == 0 ||
                        (node.deepest - node.depth < from.room && (subtree[i] & 1u) == 0))) {
-      allow_tokens(node.first_token, first_token_at(node.end));
+      allow_tokens(node.first_token, trie.first_token_at(node.end));
       i = node.end;
       continue;
     }
@@ -928,7 +922,7 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
       i = node.end;
       continue;
     }
-    allow_tokens(node.first_token, first_token_at(i + 1));
+    allow_tokens(node.first_token, trie.first_token_at(i + 1));
     ++i;
   }
   if (!any) allow_eos();

@@ -180,7 +180,11 @@ class JsonVocab {
   const std::vector<Node>& nodes() const { return nodes_; }
   const std::vector<int32_t>& tokens() const { return tokens_; }
   // tokens()[first .. end): the tokens of the nodes [node, end) (a subtree: preorder).
-  int32_t first_token_at(int32_t node) const;
+  int32_t first_token_at(int32_t node) const {
+    return node < static_cast<int32_t>(nodes_.size())
+               ? nodes_[static_cast<size_t>(node)].first_token
+               : static_cast<int32_t>(tokens_.size());
+  }
   // By node: the groups of the bytes its subtree's nodes spell.
   const std::vector<ByteGroups>& subtree_groups() const { return subtree_groups_; }
   int longest() const { return longest_; }  // the most bytes a token has
