@@ -856,7 +856,9 @@ void JsonConstraint::reach(size_t depth) {
 std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
   const int vocab = vocab_->vocab();
   std::vector<uint64_t> bits(static_cast<size_t>((vocab + 63) / 64), 0);
-  auto allow = [&bits](int32_t id) { bits[static_cast<size_t>(id) / 64] |= 1ull << (id % 64); };
+  // (Raw pointers: writes to the mask's words could otherwise alias the vocabulary's arrays.)
+  uint64_t* words = bits.data();
+  auto allow = [words](int32_t id) { words[id / 64] |= uint64_t{1} << (id % 64); };
   auto allow_eos = [&] {
     for (int32_t id : vocab_->eos()) allow(id);
   };
@@ -871,18 +873,13 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
   // the node's subtree.
   states_[0].assign(s);
   reach(0);
-  // (Raw pointers: writes to the mask's words could otherwise alias the vocabulary's arrays.)
   const JsonVocab::Node* nodes = vocab_->nodes().data();
   const int32_t* tokens = vocab_->tokens().data();
   const ByteGroups* subtree = vocab_->subtree_groups().data();
-  uint64_t* words = bits.data();
   const auto n = static_cast<int32_t>(vocab_->nodes().size());
   const JsonVocab& trie = *vocab_;
   auto allow_tokens = [&](int32_t first, int32_t last) {
-    for (int32_t t = first; t < last; ++t) {
-      const int32_t id = tokens[t];
-      words[id / 64] |= uint64_t{1} << (id % 64);
-    }
+    for (int32_t t = first; t < last; ++t) allow(tokens[t]);
     any = any || last > first;
   };
   for (int32_t i = 0; i < n;) {
