@@ -903,16 +903,11 @@ std::vector<uint64_t> JsonConstraint::walk(const JsonState& s) {
       JsonThread& t = states_[d].threads[0];
       if (from.step == JsonRecognizer::kCounts) {
         ++t.count;
-        reach(d);
-      } else if (rec_.plain_pattern_step(t, node.byte)) {  // still one pattern string's reading
-        Reach& r = reaches_[d];
-        r = from;
-        r.loops = rec_.loops(states_[d]);
-        r.takes = r.loops != 0;
-      } else {
+      } else if (!rec_.plain_pattern_step(t, node.byte)) {
         i = node.end;
         continue;
       }
+      reach(d);
     } else if (rec_.advance_into(parent, node.byte, states_[d])) {
       reach(d);
     } else {
