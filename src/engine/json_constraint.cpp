@@ -363,41 +363,51 @@ JsonScaled whole_units(const JsonThread& t) {
   return JsonScaled{t.value} * kJsonUnit;
 }
 
-// Whether a number that ends here lies within n's bounds.
-bool number_in_bounds(const JsonNode& n, const JsonThread& t) {
-  const Magnitudes m = magnitudes(n, t);
-  const JsonScaled v = whole_units(t) + (t.mode == kFrac ? t.frac : 0);
-  // Digits past the first kJsonUnitDigits that are not all 0: strictly between v and v + 1.
-  if (t.mode == kFrac && (t.aux & kBeyond)) return v >= m.lo && v + 1 <= m.hi;
-  return v >= m.lo && v <= m.hi;
+// Whether [a, b] (magnitudes in units, a >= 0) holds one that n allows a number of m's sign:
+// within its bounds and, with multipleOf, a multiple of it.
+bool holds_allowed(const JsonNode& n, const Magnitudes& m, JsonScaled a, JsonScaled b) {
+  a = std::max(a, m.lo);
+  b = std::min(b, m.hi);
+  if (a > b) return false;
+  return n.multiple == 0 || (a + n.multiple - 1) / n.multiple * n.multiple <= b;
 }
 
-// Whether a bounded number read up to t (in t.mode) can still end within n's bounds. What its
+// Whether a number that ends here is one n allows (bounds, multipleOf).
+bool number_allowed(const JsonNode& n, const JsonThread& t) {
+  const Magnitudes m = magnitudes(n, t);
+  const JsonScaled v = whole_units(t) + (t.mode == kFrac ? t.frac : 0);
+  // Digits past the first kJsonUnitDigits that are not all 0: strictly between v and v + 1, so
+  // no multiple of a unit.
+  if (t.mode == kFrac && (t.aux & kBeyond)) return n.multiple == 0 && v >= m.lo && v + 1 <= m.hi;
+  return holds_allowed(n, m, v, v);
+}
+
+// Whether a bounded number read up to t (in t.mode) can still end as one n allows. What its
 // magnitude can still become, in units: after integer digits P (kInt) P followed by j more digits
 // and any fraction, [P 10^j, (P + 1) 10^j) for every j >= 0; after a leading 0 or the '.' only
-// j = 0; after fraction digits F (k of them) [P.F, P.F + 10^-k). Bounds and those ends are whole
-// units, so an interval that meets the bounds holds a number of at most kJsonUnitDigits fraction
-// digits the text can still become.
+// j = 0; after fraction digits F (k of them) [P.F, P.F + 10^-k). Bounds, multiples and those ends
+// are whole units, so an interval that holds an allowed value holds one of at most
+// kJsonUnitDigits fraction digits the text can still become.
 bool number_viable(const JsonNode& n, const JsonThread& t) {
   const Magnitudes m = magnitudes(n, t);
   const JsonScaled whole = whole_units(t);
   switch (t.mode) {
     case kMinus:
-      return m.hi >= 0;
+      return holds_allowed(n, m, 0, m.hi);
     case kZero:
     case kDot:
-      return whole <= m.hi && whole + kJsonUnit > m.lo;
+      return holds_allowed(n, m, whole, whole + kJsonUnit - 1);
     case kInt:
       for (JsonScaled a = whole, b = whole + kJsonUnit; a <= m.hi; a *= 10, b *= 10) {
-        if (b > m.lo) return true;
+        if (holds_allowed(n, m, a, b - 1)) return true;
       }
       return false;
     case kFrac: {
-      if (t.count > kJsonUnitDigits) return number_in_bounds(n, t);  // no new digit moves it
+      if (t.count > kJsonUnitDigits) return number_allowed(n, t);  // no new digit moves it
       JsonScaled width = 1;
       for (int i = t.count; i < kJsonUnitDigits; ++i) width *= 10;
       const JsonScaled v = whole + t.frac;
-      return v <= m.hi && v + width > m.lo;
+      return holds_allowed(n, m, v, v + width - 1);
     }
     default:
       return true;
@@ -410,7 +420,7 @@ void JsonRecognizer::number_byte(JsonThread t, uint8_t c, Sink& out) {
   const JsonNode& n = g_.node(t.node);
   const bool integer = n.kind == JsonNode::Kind::kInteger;
   const bool checked = bounded(n);  // then also no exponent: a decimal whose value is tracked
-  // On to `mode`, where the number can still end within its bounds.
+  // On to `mode`, where the number can still end as one n allows.
   auto to = [&](uint8_t mode) {
     t.mode = mode;
     if (!checked || number_viable(n, t)) out.add(t);
@@ -454,7 +464,7 @@ void JsonRecognizer::number_byte(JsonThread t, uint8_t c, Sink& out) {
       if (t.mode == kInt && is_digit(c)) return integer_digit(kInt);
       if (!integer && c == '.') return to(kDot);
       if (!integer && exponent) return to(kExp);
-      if (checked && !number_in_bounds(n, t)) return;
+      if (checked && !number_allowed(n, t)) return;
       return end_value(t, c, true, out);
     case kDot:
       if (is_digit(c)) fraction_digit();
@@ -462,7 +472,7 @@ void JsonRecognizer::number_byte(JsonThread t, uint8_t c, Sink& out) {
     case kFrac:
       if (is_digit(c)) return fraction_digit();
       if (exponent) return to(kExp);
-      if (checked && !number_in_bounds(n, t)) return;
+      if (checked && !number_allowed(n, t)) return;
       return end_value(t, c, true, out);
     case kExp:
       if (c == '+' || c == '-') return to(kExpSign);
@@ -612,7 +622,7 @@ bool JsonRecognizer::accepting(const JsonState& s) const {
     // A number or a literal at the top level ends with the text.
     if (t.mode == kZero || t.mode == kInt || t.mode == kFrac) {
       const JsonNode& n = g_.node(t.node);
-      if (!bounded(n) || number_in_bounds(n, t)) return true;
+      if (!bounded(n) || number_allowed(n, t)) return true;
     }
     if (t.mode == kExpInt) return true;
     if (t.mode == kLiteral && g_.trie(t.trie).value >= 0) return true;

@@ -11,6 +11,7 @@
 #include <optional>
 #include <set>
 #include <span>
+#include <utility>
 
 #include "engine/json_formats.h"
 
@@ -76,6 +77,16 @@ Scaled scaled(const Schema& v) {
   return {q, q + (exact ? 0 : 1)};
 }
 
+// Whether the number v is a multiple of the (positive) number m, exactly as written.
+bool is_multiple_of(const Schema& v, const Schema& m) {
+  const auto within = [](const Schema& x) {
+    return std::abs(x.get<double>()) <= static_cast<double>(kJsonMaxBound);
+  };
+  if (!within(v) || !within(m)) return false;
+  const Scaled a = scaled(v), b = scaled(m);
+  return a.floor == a.ceil && b.floor == b.ceil && b.floor > 0 && a.floor % b.floor == 0;
+}
+
 constexpr size_t kMaxLiteralBytes = size_t{1} << 20;
 constexpr int kMaxDepth = 128;
 constexpr int64_t kMaxLength = 65535;  // JsonThread counts a string's characters in 16 bits
@@ -83,7 +94,6 @@ constexpr int64_t kMaxLength = 65535;  // JsonThread counts a string's character
 // Assertions this engine does not enforce: a schema using one is refused rather than followed
 // loosely.
 const std::set<std::string, std::less<>> kUnsupported = {
-    "multipleOf",
     "patternProperties",
     "propertyNames",
     "minProperties",
@@ -108,7 +118,9 @@ const std::set<std::string, std::less<>> kUnsupported = {
 const char* const kObjectWords[] = {"properties", "required", "additionalProperties"};
 const char* const kArrayWords[] = {"items", "prefixItems", "minItems", "maxItems"};
 const char* const kStringWords[] = {"minLength", "maxLength", "pattern"};
-const char* const kNumberWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+const char* const kBoundWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
+const char* const kNumberWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
+                                    "multipleOf"};
 // Keywords that constrain a value: beside $ref, anyOf, oneOf and allOf they are refused (this
 // compiler does not intersect schemas).
 const char* const kConstraints[] = {"type",
@@ -126,7 +138,8 @@ const char* const kConstraints[] = {"type",
                                     "minimum",
                                     "maximum",
                                     "exclusiveMinimum",
-                                    "exclusiveMaximum"};
+                                    "exclusiveMaximum",
+                                    "multipleOf"};
 
 bool has_any(const Schema& s, std::span<const char* const> words) {
   return std::any_of(words.begin(), words.end(), [&](const char* w) { return s.contains(w); });
@@ -362,7 +375,8 @@ class JsonSchemaCompiler {
       const bool outside = (num("minimum") && v < s["minimum"]) ||
                            (num("maximum") && v > s["maximum"]) ||
                            (num("exclusiveMinimum") && v <= s["exclusiveMinimum"]) ||
-                           (num("exclusiveMaximum") && v >= s["exclusiveMaximum"]);
+                           (num("exclusiveMaximum") && v >= s["exclusiveMaximum"]) ||
+                           (num("multipleOf") && !is_multiple_of(v, s["multipleOf"]));
       const bool unmatched = pattern && v.is_string() && !pattern->matches(v.get<std::string>());
       if (typed && !outside && !unmatched) texts.push_back(v.dump());
     }
@@ -478,8 +492,14 @@ class JsonSchemaCompiler {
   Status fill_number(int32_t id, const Schema& s, bool integer, const std::string& at) {
     JsonNode& n = node(id);
     n.kind = integer ? JsonNode::Kind::kInteger : JsonNode::Kind::kNumber;
-    const JsonScaled step = integer ? kJsonUnit : 1;  // the values a bound is rounded to
-    for (const char* word : kNumberWords) {
+    QS_ASSIGN_OR_RETURN(n.multiple, multiple_units(s, integer, at));
+    // The values a bound is rounded to
+    const JsonScaled step = n.multiple != 0 ? n.multiple : integer ? kJsonUnit : 1;
+    if (n.multiple != 0) {  // bounded, so that the value is tracked exactly
+      n.minimum = -JsonScaled{kJsonMaxBound} * kJsonUnit;
+      n.maximum = JsonScaled{kJsonMaxBound} * kJsonUnit;
+    }
+    for (const char* word : kBoundWords) {
       if (!s.contains(word)) continue;
       const Schema& v = s[word];
       if (!v.is_number()) {
@@ -501,7 +521,33 @@ class JsonSchemaCompiler {
         n.maximum = std::min(n.maximum, (ceil_div(x.ceil, step) - 1) * step);
       }
     }
+    if (n.multiple != 0) {  // the implicit bounds too
+      n.minimum = ceil_div(n.minimum, step) * step;
+      n.maximum = floor_div(n.maximum, step) * step;
+    }
     return Status::ok_status();
+  }
+
+  // multipleOf in units (0: none); an integer's is the least common multiple with kJsonUnit.
+  Result<JsonScaled> multiple_units(const Schema& s, bool integer, const std::string& at) const {
+    if (!s.contains("multipleOf")) return JsonScaled{0};
+    const Schema& v = s["multipleOf"];
+    if (!v.is_number() || !(v.get<double>() > 0)) {
+      return error_at(at, "'multipleOf' must be a number greater than 0");
+    }
+    if (!(v.get<double>() <= static_cast<double>(kJsonMaxBound))) {
+      return error_at(at, "'multipleOf' beyond 1e18 is not supported");
+    }
+    const Scaled x = scaled(v);
+    if (x.floor != x.ceil || x.floor == 0) {
+      return error_at(at, fmt::format("'multipleOf' with more than {} decimal places is not "
+                                      "supported",
+                                      kJsonUnitDigits));
+    }
+    if (!integer) return x.floor;
+    JsonScaled a = x.floor, b = kJsonUnit;  // gcd
+    while (b != 0) a = std::exchange(b, a % b);
+    return x.floor / a * kJsonUnit;
   }
 
   Status fill_array(int32_t id, const Schema& s, const std::string& at, int depth) {

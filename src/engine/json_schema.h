@@ -9,10 +9,10 @@
 // out), required, additionalProperties (false when properties are given and it is not, as vLLM's
 // xgrammar does), items, prefixItems, minItems, maxItems, minLength, maxLength, pattern
 // (json_pattern.h), the string formats of json_formats.h, and on numbers and integers minimum,
-// maximum, exclusiveMinimum, exclusiveMaximum. Annotations (title, description, default, examples,
-// other formats, ...) and unknown keywords are ignored, as JSON Schema says; the assertions this
-// engine cannot enforce (multipleOf, uniqueItems, ...) are errors that name them. An empty schema
-// (or true) is any JSON value.
+// maximum, exclusiveMinimum, exclusiveMaximum, multipleOf. Annotations (title, description,
+// default, examples, other formats, ...) and unknown keywords are ignored, as JSON Schema says; the
+// assertions this engine cannot enforce (uniqueItems, not, ...) are errors that name them. An empty
+// schema (or true) is any JSON value.
 #pragma once
 
 #include <cstdint>
@@ -76,6 +76,10 @@ struct JsonNode {
   // kJsonUnit); a number's are rounded inwards to units, and a number with bounds is written
   // without an exponent.
   JsonScaled minimum = -kJsonNoBound, maximum = kJsonNoBound;
+  // ... and multipleOf in units (0: none; an integer's is also a whole number: the least common
+  // multiple with kJsonUnit). A number with one is bounded (within +-kJsonMaxBound unless its
+  // bounds are narrower), and its bounds are multiples of it.
+  JsonScaled multiple = 0;
   // kLiterals: the root of its trie
   int32_t trie = -1;
   // kUnion

@@ -4,6 +4,7 @@
 // recognizer it checks.
 #pragma once
 
+#include <algorithm>
 #include <cmath>
 #include <nlohmann/json.hpp>
 #include <regex>
@@ -30,6 +31,36 @@ inline bool has_type(const OrderedJson& v, const std::string& type) {
   }
   if (type == "boolean") return v.is_boolean();
   return type == "null" && v.is_null();
+}
+
+// A number as digits x 10^exponent, read from its shortest decimal text (exact for the tests'
+// values).
+struct DecimalValue {
+  __int128 digits = 0;
+  int exponent = 0;
+};
+inline DecimalValue decimal_of(const OrderedJson& v) {
+  const std::string text = v.dump();
+  DecimalValue d;
+  bool fraction = false;
+  size_t i = 0;
+  for (; i < text.size() && text[i] != 'e' && text[i] != 'E'; ++i) {
+    if (text[i] == '.') fraction = true;
+    if (text[i] < '0' || text[i] > '9') continue;
+    d.digits = d.digits * 10 + (text[i] - '0');
+    d.exponent -= fraction ? 1 : 0;
+  }
+  if (i < text.size()) d.exponent += std::stoi(text.substr(i + 1));
+  return d;
+}
+
+// multipleOf: v / m is a whole number.
+inline bool is_multiple(const OrderedJson& v, const OrderedJson& m) {
+  DecimalValue a = decimal_of(v), b = decimal_of(m);
+  const int common = std::min(a.exponent, b.exponent);
+  for (; a.exponent > common; --a.exponent) a.digits *= 10;
+  for (; b.exponent > common; --b.exponent) b.digits *= 10;
+  return a.digits % b.digits == 0;
 }
 
 // Whether `schema` (a part of the document `root`) accepts `v`.
@@ -110,6 +141,7 @@ inline bool schema_accepts(const OrderedJson& schema, const OrderedJson& v,
     if (schema.contains("exclusiveMaximum") && x >= schema["exclusiveMaximum"].get<double>()) {
       return false;
     }
+    if (schema.contains("multipleOf") && !is_multiple(v, schema["multipleOf"])) return false;
   }
   if (v.is_string()) {
     const size_t n = code_points(v.get<std::string>());

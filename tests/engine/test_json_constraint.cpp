@@ -388,6 +388,32 @@ const std::vector<SchemaCase>& schema_cases() {
         {R"({"head":["x","z"]})", "\"z"},       // past the prefix: integers
         {R"({"closed":[true,null,1]})", ",1"},  // items: false
         {R"({"closed":[null]})", "null"}}},     //
+      {"multiples",  // multipleOf: alone (within 1e18), beside bounds, on integers, in an enum
+       R"({"type": "object", "properties": {
+             "n": {"type": "integer", "multipleOf": 5},
+             "price": {"type": "number", "multipleOf": 0.01, "minimum": 0, "maximum": 100},
+             "q": {"type": "number", "multipleOf": 0.25, "exclusiveMinimum": -1},
+             "h": {"type": "integer", "multipleOf": 1.5, "maximum": 10},
+             "e": {"enum": [1, 2.5, 3, 7, "x"], "multipleOf": 1.5},
+             "any": {"multipleOf": 2}}})",
+       {R"({"n":0,"price":19.99,"q":-0.75,"h":-3})", R"({"n":-15,"price":100,"q":2.5,"h":9})",
+        R"({"n":1000000000000000000,"price":0.10,"q":12.250,"h":0,"e":3})",
+        R"({"price":1.000000000,"q":0,"e":"x","any":-4})", R"({"price":-0.0,"any":0.0})"},
+       {{R"({"n":12})", "}"},                       // 12 may become 120 or 125
+        {R"({"n":5.0})", ".0"},                     // an integer
+        {R"({"price":19.999})", "9}"},              // 19.999..: no multiple of 0.01
+        {R"({"price":1.0000000001})", "1}"},        // past 9 fraction digits: not a multiple
+        {R"({"price":-0.01})", "1}"},               // -0.0.. is 0
+        {R"({"price":100.5})", "5}"},               //
+        {R"({"q":-1})", "1}"},                      // exclusive
+        {R"({"q":0.3})", "3}"},                     //
+        {R"({"q":2.5e1})", "e1"},                   // no exponent
+        {R"({"h":4})", "4}"},                       // multiples of 3 up to 9
+        {R"({"h":12})", "12}"},                     //
+        {R"({"e":1})", "1}"},                       //
+        {R"({"any":3})", "}"},                      // 3 may become 30
+        {R"({"any":"2"})", "\"2"},                  // a number (multipleOf implies it)
+        {R"({"n":10000000000000000000})", "0}"}}},  // past 1e18
       {"top-level number bounds",
        R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
        {"-1.5", "1000", "999.99", "-0.75", "0"},
@@ -443,8 +469,14 @@ TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
       {R"({"pattern": "^(ab)+$", "maxLength": 1})", "the schema accepts no value"},
       {R"({"pattern": "^\\x01$"})", "the schema accepts no value"},
       {R"({"pattern": 5})", "'pattern' must be a string"},
-      {R"({"properties": {"age": {"type": "integer", "multipleOf": 5}}})",
-       "at '#/properties/age': 'multipleOf' is not supported"},
+      {R"({"properties": {"tags": {"type": "array", "uniqueItems": true}}})",
+       "at '#/properties/tags': 'uniqueItems' is not supported"},
+      {R"({"type": "number", "multipleOf": 0})", "'multipleOf' must be a number greater than 0"},
+      {R"({"type": "number", "multipleOf": "5"})", "'multipleOf' must be a number greater than 0"},
+      {R"({"type": "number", "multipleOf": 1e-10})", "more than 9 decimal places is not supported"},
+      {R"({"type": "integer", "multipleOf": 1e19})", "'multipleOf' beyond 1e18 is not supported"},
+      {R"({"type": "integer", "multipleOf": 7, "minimum": 1, "maximum": 6})",
+       "the schema accepts no value"},
       {R"({"type": "number", "minimum": 2, "maximum": 1.5})", "the schema accepts no value"},
       {R"({"exclusiveMinimum": 1, "exclusiveMaximum": 1.000000001})",  // no unit between them
        "the schema accepts no value"},
