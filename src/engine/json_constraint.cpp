@@ -155,7 +155,8 @@ size_t JsonRecognizer::FrameHash::operator()(const Frame& f) const {
   uint64_t h = static_cast<uint32_t>(f.parent);
   h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.node);
   h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.index);
-  return static_cast<size_t>(h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.depth));
+  h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.depth);
+  return static_cast<size_t>(h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.last));
 }
 
 JsonRecognizer::JsonRecognizer(JsonGrammar grammar) : g_(std::move(grammar)) {}
@@ -232,11 +233,33 @@ void JsonRecognizer::start_value(JsonThread t, int32_t id, uint8_t c, Sink& out)
 }
 
 void JsonRecognizer::enter_trie(JsonThread t, int32_t next, Sink& out) {
-  if (next < 0) return;
+  if (next < 0 || !unique_allows(t, next)) return;
   const JsonTrieNode& at = g_.trie(next);
-  if (at.value >= 0 && at.edges.empty()) return end_value(t, 0, false, out);  // nothing can follow
+  if (at.value >= 0 && at.edges.empty()) return end_literal(t, next, 0, false, out);  // the end
   t.trie = next;
   out.add(t);
+}
+
+bool JsonRecognizer::unique_allows(const JsonThread& t, int32_t next) const {
+  if (t.frame < 0) return true;
+  const Frame& f = frame(t.frame);
+  const JsonNode& a = g_.node(f.node);
+  if (!a.unique) return true;
+  // The largest value this item (the f.index-th, saturated at minItems) may take.
+  const auto values = std::ssize(g_.trie(g_.node(a.items).trie).below);
+  const int64_t most = values - 1 - std::max(0, a.min_items - f.index);
+  const std::vector<int32_t>& below = g_.trie(next).below;
+  const auto it = std::upper_bound(below.begin(), below.end(), f.last);
+  return it != below.end() && *it <= most;
+}
+
+void JsonRecognizer::end_literal(JsonThread t, int32_t at, uint8_t c, bool reread, Sink& out) {
+  if (t.frame >= 0 && g_.node(frame(t.frame).node).unique) {
+    Frame f = frame(t.frame);
+    f.last = g_.trie(at).value;
+    t.frame = intern(f);
+  }
+  end_value(t, c, reread, out);
 }
 
 void JsonRecognizer::start_key(JsonThread t, Sink& out) {
@@ -490,7 +513,7 @@ void JsonRecognizer::number_byte(JsonThread t, uint8_t c, Sink& out) {
 
 void JsonRecognizer::literal_byte(JsonThread t, uint8_t c, Sink& out) {
   enter_trie(t, g_.child(t.trie, c), out);
-  if (g_.trie(t.trie).value >= 0) end_value(t, c, true, out);  // the literal ended before `c`
+  if (g_.trie(t.trie).value >= 0) end_literal(t, t.trie, c, true, out);  // it ended before `c`
 }
 
 void JsonRecognizer::close(JsonThread t, uint8_t c, Sink& out) {
@@ -517,6 +540,7 @@ void JsonRecognizer::next_member(JsonThread t, Sink& out) {
     const int32_t item = item_node(n, f.index);
     if (item < 0) return;
     set_index(t, saturate(n, f.index + 1));
+    if (!unique_allows(t, g_.node(item).trie)) return;  // no value left for a unique item
     t.mode = kValue;
     t.node = item;
   }

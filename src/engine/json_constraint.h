@@ -114,6 +114,7 @@ class JsonRecognizer {
     int32_t node;    // an object or array node
     int32_t index;   // objects: the next property that may come; arrays: the items started
     int32_t depth;
+    int32_t last = -1;  // a unique array's last item's value (JsonNode::unique), -1: none yet
     bool operator==(const Frame&) const = default;
   };
   struct FrameHash {
@@ -137,6 +138,11 @@ class JsonRecognizer {
   void number_byte(JsonThread t, uint8_t c, Sink& out);
   // Moves into literal trie node `next` (none: -1), ending the value where nothing can follow.
   void enter_trie(JsonThread t, int32_t next, Sink& out);
+  // The literal at trie node `at` ends (a unique array keeps its value), then end_value.
+  void end_literal(JsonThread t, int32_t at, uint8_t c, bool reread, Sink& out);
+  // Whether t may enter literal trie node `next`: only a value past the last one where t's
+  // container is a unique array, leaving values enough for its minItems.
+  bool unique_allows(const JsonThread& t, int32_t next) const;
   void end_value(JsonThread t, uint8_t c, bool reread, Sink& out);
   bool push(JsonThread& t, int32_t node);
   void set_index(JsonThread& t, int32_t index);

@@ -101,7 +101,6 @@ const std::set<std::string, std::less<>> kUnsupported = {
     "dependentRequired",
     "dependentSchemas",
     "dependencies",
-    "uniqueItems",
     "contains",
     "minContains",
     "maxContains",
@@ -116,7 +115,7 @@ const std::set<std::string, std::less<>> kUnsupported = {
     "$recursiveRef",
 };
 const char* const kObjectWords[] = {"properties", "required", "additionalProperties"};
-const char* const kArrayWords[] = {"items", "prefixItems", "minItems", "maxItems"};
+const char* const kArrayWords[] = {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"};
 const char* const kStringWords[] = {"minLength", "maxLength", "pattern"};
 const char* const kBoundWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
 const char* const kNumberWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum",
@@ -133,6 +132,7 @@ const char* const kConstraints[] = {"type",
                                     "prefixItems",
                                     "minItems",
                                     "maxItems",
+                                    "uniqueItems",
                                     "minLength",
                                     "maxLength",
                                     "minimum",
@@ -172,6 +172,7 @@ class JsonSchemaCompiler {
   Result<JsonGrammar> run() {
     QS_ASSIGN_OR_RETURN(g_.root_, compile(doc_, "#", 0));
     QS_TRY(flatten_unions());
+    QS_TRY(resolve_unique_items());
     prune_unproducible();
     if (!producible_[static_cast<size_t>(g_.root_)]) {
       return make_error("json_schema: the schema accepts no value");
@@ -221,13 +222,14 @@ class JsonSchemaCompiler {
     const int32_t root = new_trie();
     node(id).kind = JsonNode::Kind::kLiterals;
     node(id).trie = root;
+    std::set<std::string_view> seen;
     for (const std::string& t : texts) {
       literal_bytes_ += t.size();
       if (literal_bytes_ > kMaxLiteralBytes) {
         return error_at(at,
                         fmt::format("the enum and const values exceed {} bytes", kMaxLiteralBytes));
       }
-      insert(root, t, 0);
+      if (seen.insert(t).second) insert(root, t, static_cast<int32_t>(seen.size() - 1));
     }
     return Status::ok_status();
   }
@@ -573,12 +575,35 @@ class JsonSchemaCompiler {
     } else {
       QS_ASSIGN_OR_RETURN(items, compile(s["items"], at + "/items", depth + 1));
     }
+    if (s.contains("uniqueItems") && !s["uniqueItems"].is_boolean()) {
+      return error_at(at, "'uniqueItems' must be a boolean");
+    }
     JsonNode& n = node(id);
     n.kind = JsonNode::Kind::kArray;
     n.prefix_items = std::move(prefix);
     n.items = items;
     n.min_items = std::max(lo, 0);
     n.max_items = hi;
+    n.unique = s.value("uniqueItems", false);  // resolve_unique_items checks its items
+    return Status::ok_status();
+  }
+
+  // A unique array's items must be one literal node (an enum, a const, a boolean, through $ref
+  // too): its item is that node, its values come in their order.
+  Status resolve_unique_items() {
+    for (size_t id = 0; id < g_.nodes_.size(); ++id) {
+      JsonNode& a = g_.nodes_[id];
+      if (a.kind != JsonNode::Kind::kArray || !a.unique) continue;
+      int32_t item = a.items;
+      const JsonNode& u = node(item);
+      if (u.kind == JsonNode::Kind::kUnion && u.alternatives.size() == 1) item = u.alternatives[0];
+      if (!a.prefix_items.empty() || node(item).kind != JsonNode::Kind::kLiterals) {
+        return error_at(where_[id],
+                        "'uniqueItems' is supported for items of one enum, const or "
+                        "boolean schema (no prefixItems)");
+      }
+      g_.nodes_[id].items = item;
+    }
     return Status::ok_status();
   }
 
@@ -681,8 +706,9 @@ class JsonSchemaCompiler {
                 [&](const JsonNode::Property& q) { return !q.required || ok(q.value); });
             break;
           case Kind::kArray:
-            // Its first min_items items can be made.
+            // Its first min_items items can be made (unique ones: that many values).
             p = (u.max_items < 0 || u.min_items <= u.max_items) &&
+                (!u.unique || u.min_items <= std::ssize(g_.trie(node(u.items).trie).below)) &&
                 std::all_of(u.prefix_items.begin(),
                             u.prefix_items.begin() +
                                 std::min<ptrdiff_t>(u.min_items, std::ssize(u.prefix_items)),

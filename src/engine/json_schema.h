@@ -7,11 +7,12 @@
 // anyOf / oneOf (followed as anyOf), allOf of one schema, $ref to "#..." (recursion included),
 // $defs / definitions, properties (generated in their order; those not in required may be left
 // out), required, additionalProperties (false when properties are given and it is not, as vLLM's
-// xgrammar does), items, prefixItems, minItems, maxItems, minLength, maxLength, pattern
+// xgrammar does), items, prefixItems, minItems, maxItems, uniqueItems (of enum / const / boolean
+// items, in their order), minLength, maxLength, pattern
 // (json_pattern.h), the string formats of json_formats.h, and on numbers and integers minimum,
 // maximum, exclusiveMinimum, exclusiveMaximum, multipleOf. Annotations (title, description,
 // default, examples, other formats, ...) and unknown keywords are ignored, as JSON Schema says; the
-// assertions this engine cannot enforce (uniqueItems, not, ...) are errors that name them. An empty
+// assertions this engine cannot enforce (not, if, ...) are errors that name them. An empty
 // schema (or true) is any JSON value.
 #pragma once
 
@@ -66,6 +67,10 @@ struct JsonNode {
   std::vector<int32_t> prefix_items;
   int32_t items = -1;
   int32_t min_items = 0, max_items = -1;  // -1: no bound
+  // uniqueItems: `items` is a kLiterals node (no prefix_items), and its values come in the order
+  // of their indices (as the enum lists them), each at most once: a set written in one order, as
+  // an object's properties are.
+  bool unique = false;
   // kString: characters (code points; an escape is one); its pattern (JsonGrammar::pattern), -1:
   // none
   int32_t min_length = 0, max_length = -1;
@@ -87,8 +92,10 @@ struct JsonNode {
 };
 
 // A node of the literal tries: its edges (byte, child) and, where a text ends, its value (the
-// property's index in a key trie, 0 in a value trie; -1 elsewhere). `below`: the values in the
-// subtree, ascending (key tries: whether a property that may come next is still reachable).
+// property's index in a key trie, the text's index among its node's distinct texts in a value
+// trie; -1 elsewhere). `below`: the values in the subtree, ascending (key tries: whether a
+// property that may come next is still reachable; value tries: whether a unique array's next item
+// is).
 struct JsonTrieNode {
   std::vector<std::pair<uint8_t, int32_t>> edges;
   int32_t value = -1;

@@ -121,6 +121,13 @@ inline bool schema_accepts(const OrderedJson& schema, const OrderedJson& v,
   if (v.is_array()) {
     if (v.size() < schema.value("minItems", size_t{0})) return false;
     if (schema.contains("maxItems") && v.size() > schema["maxItems"].get<size_t>()) return false;
+    if (schema.value("uniqueItems", false)) {
+      for (size_t i = 0; i < v.size(); ++i) {
+        for (size_t j = 0; j < i; ++j) {
+          if (v[i] == v[j]) return false;
+        }
+      }
+    }
     // prefixItems the first items, items the rest.
     const OrderedJson prefix = schema.value("prefixItems", OrderedJson::array());
     for (size_t i = 0; i < v.size(); ++i) {

@@ -414,6 +414,29 @@ const std::vector<SchemaCase>& schema_cases() {
         {R"({"any":3})", "}"},                      // 3 may become 30
         {R"({"any":"2"})", "\"2"},                  // a number (multipleOf implies it)
         {R"({"n":10000000000000000000})", "0}"}}},  // past 1e18
+      {"unique items",  // uniqueItems of enum / boolean / $ref items: in their order, each once
+       R"({"type": "object", "properties": {
+             "colors": {"type": "array", "items": {"enum": ["red", "green", "blue"]},
+                        "uniqueItems": true},
+             "flags": {"type": "array", "items": {"type": "boolean"}, "uniqueItems": true,
+                       "minItems": 2},
+             "refs": {"type": "array", "items": {"$ref": "#/$defs/c"}, "uniqueItems": true,
+                      "maxItems": 2},
+             "two": {"type": "array", "items": {"enum": ["a", "b", "c", "a"]}, "uniqueItems": true,
+                     "minItems": 2},
+             "loose": {"type": "array", "items": {"type": "integer"}, "uniqueItems": false}},
+           "$defs": {"c": {"enum": [1, 2, "a"]}}})",
+       {R"({"colors":["red","blue"],"flags":[true,false]})",
+        R"({"colors":[],"flags":[true,false],"refs":[1,"a"]})",
+        R"({"colors":["green"],"two":["a","c"],"loose":[1,1]})",
+        R"({"colors":["red","green","blue"],"refs":[2],"two":["b","c"]})"},
+       {{R"({"colors":["blue","red"]})", ",\"red"},  // blue is the last value
+        {R"({"colors":["red","red"]})", "red\"]"},   // each once
+        {R"({"flags":[false,true]})", "false"},      // true comes first, and two are due
+        {R"({"flags":[true]})", "]}"},               // minItems
+        {R"({"refs":[2,1]})", "1]"},                 //
+        {R"({"refs":[1,2,"a"]})", ",\"a"},           // maxItems
+        {R"({"two":["c"]})", "c\"]"}}},              // "c" leaves nothing for a second item
       {"top-level number bounds",
        R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
        {"-1.5", "1000", "999.99", "-0.75", "0"},
@@ -470,7 +493,15 @@ TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
       {R"({"pattern": "^\\x01$"})", "the schema accepts no value"},
       {R"({"pattern": 5})", "'pattern' must be a string"},
       {R"({"properties": {"tags": {"type": "array", "uniqueItems": true}}})",
-       "at '#/properties/tags': 'uniqueItems' is not supported"},
+       "at '#/properties/tags': 'uniqueItems' is supported for items of one enum, const or "
+       "boolean schema"},
+      {R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true})",
+       "'uniqueItems' is supported for items of one enum"},
+      {R"({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": 1})",
+       "'uniqueItems' must be a boolean"},
+      {R"({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": true, "minItems": 3})",
+       "the schema accepts no value"},
+      {R"({"type": "object", "if": {}})", "'if' is not supported"},
       {R"({"type": "number", "multipleOf": 0})", "'multipleOf' must be a number greater than 0"},
       {R"({"type": "number", "multipleOf": "5"})", "'multipleOf' must be a number greater than 0"},
       {R"({"type": "number", "multipleOf": 1e-10})", "more than 9 decimal places is not supported"},
