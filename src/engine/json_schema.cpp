@@ -95,7 +95,6 @@ constexpr int64_t kMaxLength = 65535;  // JsonThread counts a string's character
 // loosely.
 const std::set<std::string, std::less<>> kUnsupported = {
     "patternProperties",
-    "propertyNames",
     "minProperties",
     "maxProperties",
     "dependentRequired",
@@ -114,7 +113,8 @@ const std::set<std::string, std::less<>> kUnsupported = {
     "$dynamicRef",
     "$recursiveRef",
 };
-const char* const kObjectWords[] = {"properties", "required", "additionalProperties"};
+const char* const kObjectWords[] = {"properties", "required", "additionalProperties",
+                                    "propertyNames"};
 const char* const kArrayWords[] = {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"};
 const char* const kStringWords[] = {"minLength", "maxLength", "pattern"};
 const char* const kBoundWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
@@ -128,6 +128,7 @@ const char* const kConstraints[] = {"type",
                                     "properties",
                                     "required",
                                     "additionalProperties",
+                                    "propertyNames",
                                     "items",
                                     "prefixItems",
                                     "minItems",
@@ -644,11 +645,68 @@ class JsonSchemaCompiler {
         additional = -1;
       }
     }
+    if (s.contains("propertyNames")) {
+      // The names it allows: listed properties outside them are left out, the others become
+      // properties after them, each with additionalProperties' schema (a dict keyed by an enum).
+      QS_ASSIGN_OR_RETURN(const std::vector<std::string> names,
+                          property_names(s["propertyNames"], at + "/propertyNames"));
+      const auto allowed = [&](const JsonNode::Property& p) {
+        return std::find(names.begin(), names.end(), p.name) != names.end();
+      };
+      for (const JsonNode::Property& p : props) {
+        if (p.required && !allowed(p)) {
+          return error_at(at, fmt::format("required \"{}\" is not one of 'propertyNames'", p.name));
+        }
+      }
+      std::erase_if(props, [&](const JsonNode::Property& p) { return !allowed(p); });
+      for (const std::string& name : names) {
+        const bool listed_already =
+            std::any_of(props.begin(), props.end(),
+                        [&](const JsonNode::Property& p) { return p.name == name; });
+        if (!listed_already && additional >= 0) props.push_back({name, additional, false});
+      }
+      additional = -1;
+    }
     JsonNode& n = node(id);
     n.kind = JsonNode::Kind::kObject;
     n.properties = std::move(props);
     n.additional = additional;
     return Status::ok_status();
+  }
+
+  // propertyNames' names (JSON-escaped, as JsonNode::Property's): the strings of an enum or a
+  // const, also through $ref (pydantic's dict[Literal[...], V] and dict[AnEnum, V]).
+  Result<std::vector<std::string>> property_names(const Schema& s, const std::string& at) {
+    const Schema* p = &s;
+    for (int hops = 0; p->is_object() && p->contains("$ref"); ++hops) {
+      if (hops > kMaxDepth || !(*p)["$ref"].is_string()) {
+        return error_at(at, "'propertyNames' has a '$ref' that leads to no schema");
+      }
+      QS_ASSIGN_OR_RETURN(p, resolve((*p)["$ref"].get<std::string>(), at));
+    }
+    const Schema& names = *p;
+    const bool string_type = !names.is_object() || !names.contains("type") ||
+                             (names["type"].is_string() && names["type"] == "string");
+    if (!names.is_object() || !(names.contains("enum") || names.contains("const")) ||
+        !string_type || has_any(names, kStringWords) || names.contains("format")) {
+      return error_at(at,
+                      "'propertyNames' other than an enum or const of strings is not "
+                      "supported");
+    }
+    std::vector<std::string> out;
+    const auto add = [&](const Schema& v) {
+      if (!v.is_string() || (names.contains("const") && v != names["const"])) return;
+      const std::string quoted = v.dump();
+      const std::string name = quoted.substr(1, quoted.size() - 2);
+      if (std::find(out.begin(), out.end(), name) == out.end()) out.push_back(name);
+    };
+    if (names.contains("enum")) {
+      if (!names["enum"].is_array()) return error_at(at, "'enum' must be an array");
+      for (const Schema& v : names["enum"]) add(v);
+    } else {
+      add(names["const"]);
+    }
+    return out;
   }
 
   // Every union's alternatives become the non-union nodes it reaches.

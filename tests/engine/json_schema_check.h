@@ -107,6 +107,10 @@ inline bool schema_accepts(const OrderedJson& schema, const OrderedJson& v,
   if (v.is_object()) {
     const OrderedJson props = schema.value("properties", OrderedJson::object());
     for (const auto& [k, sub] : v.items()) {
+      if (schema.contains("propertyNames") &&
+          !schema_accepts(schema["propertyNames"], OrderedJson(k), root)) {
+        return false;
+      }
       if (props.contains(k)) {
         if (!schema_accepts(props[k], sub, root)) return false;
       } else if (schema.contains("additionalProperties") &&

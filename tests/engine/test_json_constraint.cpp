@@ -437,6 +437,25 @@ const std::vector<SchemaCase>& schema_cases() {
         {R"({"refs":[2,1]})", "1]"},                 //
         {R"({"refs":[1,2,"a"]})", ",\"a"},           // maxItems
         {R"({"two":["c"]})", "c\"]"}}},              // "c" leaves nothing for a second item
+      {"property names",  // propertyNames of an enum / const (pydantic's dict[AnEnum, V])
+       R"({"type": "object", "properties": {
+             "d": {"type": "object", "additionalProperties": {"type": "integer"},
+                   "propertyNames": {"enum": ["x", "y", 3]}},
+             "e": {"type": "object", "additionalProperties": {"type": "string"},
+                   "propertyNames": {"$ref": "#/$defs/C"}},
+             "f": {"type": "object", "properties": {"a": {"type": "boolean"}, "z": {}},
+                   "propertyNames": {"enum": ["a", "b"]}},
+             "g": {"propertyNames": {"const": "k"}}},
+           "$defs": {"C": {"enum": ["a", "b\"q"], "type": "string"}}})",
+       {R"({"d":{"x":1,"y":2},"e":{"b\"q":"s"}})", R"({"d":{},"e":{},"f":{"a":true}})",
+        R"({"d":{"y":-3},"e":{"a":""},"f":{},"g":{"k":[{}]}})"},
+       {{R"({"d":{"z":1}})", "z\""},            //
+        {R"({"d":{"y":1,"x":2}})", ",\"x"},     // in the enum's order: none after y
+        {R"({"d":{"x":"s"}})", "\"s"},          // additionalProperties
+        {R"({"e":{"c":"s"}})", "c\""},          //
+        {R"({"f":{"z":null}})", "z\""},         // not a name it allows
+        {R"({"f":{"a":true,"b":1}})", ",\"b"},  // listed properties: no others
+        {R"({"g":{"j":1}})", "j\""}}},          //
       {"top-level number bounds",
        R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
        {"-1.5", "1000", "999.99", "-0.75", "0"},
@@ -502,6 +521,11 @@ TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
       {R"({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": true, "minItems": 3})",
        "the schema accepts no value"},
       {R"({"type": "object", "if": {}})", "'if' is not supported"},
+      {R"({"type": "object", "propertyNames": {"pattern": "^a"}})",
+       "'propertyNames' other than an enum or const of strings is not supported"},
+      {R"({"type": "object", "properties": {"a": {}}, "required": ["a"],
+           "propertyNames": {"enum": ["b"]}})",
+       "required \"a\" is not one of 'propertyNames'"},
       {R"({"type": "number", "multipleOf": 0})", "'multipleOf' must be a number greater than 0"},
       {R"({"type": "number", "multipleOf": "5"})", "'multipleOf' must be a number greater than 0"},
       {R"({"type": "number", "multipleOf": 1e-10})", "more than 9 decimal places is not supported"},

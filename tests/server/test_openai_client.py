@@ -357,6 +357,7 @@ def test_chat_json_schema(client, start_server, chat_models):
         step: Annotated[int, Field(multiple_of=5)]  # multipleOf
         share: Annotated[float, Field(multiple_of=0.25, ge=0, le=4)]  # ... beside bounds
         colors: set[Literal["red", "green", "blue"]]  # uniqueItems
+        marks: dict[Literal["x", "y"], bool]  # propertyNames
 
     tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
     bias = {str(tok.token_to_id(p)): 4 for p in ('"', "}", ",", "]")}
@@ -373,7 +374,7 @@ def test_chat_json_schema(client, start_server, chat_models):
         doc = json.loads(content)
         jsonschema.validate(doc, Box.model_json_schema())
         assert [k for k in ("size", "name", "tags", "weight", "count", "price", "code", "corner",
-                                          "cost", "step", "share", "colors") if k in doc] == \
+                                          "cost", "step", "share", "colors", "marks") if k in doc] == \
             list(doc), content
         finished += 1
     assert finished > 0
