@@ -156,7 +156,8 @@ size_t JsonRecognizer::FrameHash::operator()(const Frame& f) const {
   h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.node);
   h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.index);
   h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.depth);
-  return static_cast<size_t>(h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.last));
+  h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.last);
+  return static_cast<size_t>(h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.members));
 }
 
 JsonRecognizer::JsonRecognizer(JsonGrammar grammar) : g_(std::move(grammar)) {}
@@ -262,10 +263,37 @@ void JsonRecognizer::end_literal(JsonThread t, int32_t at, uint8_t c, bool rerea
   end_value(t, c, reread, out);
 }
 
+std::pair<int32_t, int32_t> JsonRecognizer::next_properties(const Frame& f) const {
+  const JsonNode& o = g_.node(f.node);
+  const auto count = static_cast<int32_t>(o.properties.size());
+  if (f.index >= count) return {1, 0};
+  int32_t first = f.index, last = o.last_may[static_cast<size_t>(f.index)];
+  if (o.max_properties >= 0) {
+    while (first <= last &&
+           f.members + 1 + o.required_from[static_cast<size_t>(first) + 1] > o.max_properties) {
+      ++first;
+    }
+  }
+  if (o.additional < 0) last = std::min(last, count + f.members - o.min_properties);
+  return {first, last};
+}
+
+bool JsonRecognizer::other_key_fits(const Frame& f) const {
+  const JsonNode& o = g_.node(f.node);
+  return o.additional >= 0 &&
+         (o.max_properties < 0 ||
+          f.members + 1 + o.required_from[static_cast<size_t>(f.index)] <= o.max_properties);
+}
+
+bool JsonRecognizer::key_may_come(const Frame& f) const {
+  const auto [first, last] = next_properties(f);
+  return first <= last || other_key_fits(f);
+}
+
 void JsonRecognizer::start_key(JsonThread t, Sink& out) {
   const Frame& f = frame(t.frame);
   const JsonNode& o = g_.node(f.node);
-  if (f.index >= static_cast<int32_t>(o.properties.size()) && o.additional < 0) return;
+  if (!key_may_come(f)) return;
   t.mode = kString;
   t.key = 1;
   t.trie = o.keys;  // -1 without properties
@@ -276,12 +304,13 @@ bool JsonRecognizer::key_byte(JsonThread& t, uint8_t c) const {
   const Frame& f = frame(t.frame);
   const JsonNode& o = g_.node(f.node);
   const int32_t next = t.trie >= 0 ? g_.child(t.trie, c) : -1;
-  if (o.additional < 0) {
+  if (!other_key_fits(f)) {
     // Only the names of the properties that may come next.
     if (next < 0) return false;
     const std::vector<int32_t>& below = g_.trie(next).below;
-    auto it = std::lower_bound(below.begin(), below.end(), f.index);
-    if (it == below.end() || *it > o.last_may[static_cast<size_t>(f.index)]) return false;
+    const auto [first, last] = next_properties(f);
+    auto it = std::lower_bound(below.begin(), below.end(), first);
+    if (it == below.end() || *it > last) return false;
   } else if (next < 0 && c == '\\' && o.keys >= 0) {
     return false;  // other keys are spelled without escapes, so none spells a listed name
   }
@@ -290,18 +319,23 @@ bool JsonRecognizer::key_byte(JsonThread& t, uint8_t c) const {
 }
 
 void JsonRecognizer::end_key(JsonThread t, Sink& out) {
-  const Frame f = frame(t.frame);
+  Frame f = frame(t.frame);
   const JsonNode& o = g_.node(f.node);
   const int32_t j = t.trie >= 0 ? g_.trie(t.trie).value : -1;
   if (j >= 0) {
     // A listed name: only in its turn (the properties come in their order, each once).
-    if (j < f.index || j > o.last_may[static_cast<size_t>(f.index)]) return;
-    set_index(t, j + 1);
+    const auto [first, last] = next_properties(f);
+    if (j < first || j > last) return;
+    f.index = j + 1;
     t.node = o.properties[static_cast<size_t>(j)].value;
   } else {
-    if (o.additional < 0) return;
+    if (!other_key_fits(f)) return;
     t.node = o.additional;
   }
+  if (o.min_properties > 0 || o.max_properties >= 0) {  // counted as far as it tells states apart
+    f.members = o.max_properties >= 0 ? f.members + 1 : std::min(f.members + 1, o.min_properties);
+  }
+  t.frame = intern(f);
   t.mode = kColon;
   t.key = 0;
   t.trie = -1;
@@ -521,7 +555,10 @@ void JsonRecognizer::close(JsonThread t, uint8_t c, Sink& out) {
   const Frame f = frame(t.frame);
   const JsonNode& n = g_.node(f.node);
   if (c == '}') {
-    if (n.kind != JsonNode::Kind::kObject || f.index <= n.last_required) return;
+    if (n.kind != JsonNode::Kind::kObject || f.index <= n.last_required ||
+        f.members < n.min_properties) {
+      return;
+    }
   } else if (n.kind != JsonNode::Kind::kArray || f.index < n.min_items) {
     return;
   }
@@ -533,7 +570,7 @@ void JsonRecognizer::next_member(JsonThread t, Sink& out) {
   const Frame f = frame(t.frame);
   const JsonNode& n = g_.node(f.node);
   if (n.kind == JsonNode::Kind::kObject) {
-    if (f.index >= static_cast<int32_t>(n.properties.size()) && n.additional < 0) return;
+    if (!key_may_come(f)) return;
     t.mode = kObjKey;
   } else {
     if (n.max_items >= 0 && f.index >= n.max_items) return;
@@ -685,7 +722,7 @@ ByteGroups JsonRecognizer::loops(const JsonState& s) const {
   const JsonThread& t = s.threads[0];
   if (t.mode != kString || (t.aux & 3) != 0) return 0;
   if (t.key) {
-    const bool other_keys = t.trie < 0 && g_.node(frame(t.frame).node).additional >= 0;
+    const bool other_keys = t.trie < 0 && other_key_fits(frame(t.frame));
     return other_keys ? kPlainGroups : 0;
   }
   const JsonNode& n = g_.node(t.node);
@@ -749,7 +786,7 @@ int JsonRecognizer::plain_room(const JsonState& s) const {
     const JsonThread& t = s.threads[static_cast<size_t>(i)];
     if (t.mode != kString || (t.aux & 3) != 0 || t.pattern != 0) continue;
     if (t.key) {  // a key outside the listed names (only where other keys may come)
-      if (g_.node(frame(t.frame).node).additional >= 0) room = kAny;
+      if (other_key_fits(frame(t.frame))) room = kAny;
     } else {
       const int max = g_.node(t.node).max_length;
       room = std::max(room, max < 0 ? kAny : max - t.count);

@@ -115,6 +115,7 @@ class JsonRecognizer {
     int32_t index;   // objects: the next property that may come; arrays: the items started
     int32_t depth;
     int32_t last = -1;  // a unique array's last item's value (JsonNode::unique), -1: none yet
+    int32_t members = 0;  // an object's members so far, counted only with min/maxProperties
     bool operator==(const Frame&) const = default;
   };
   struct FrameHash {
@@ -133,6 +134,13 @@ class JsonRecognizer {
   bool pattern_escapes(const JsonThread& t) const;
   void end_key(JsonThread t, Sink& out);
   bool key_byte(JsonThread& t, uint8_t c) const;
+  // The listed properties that may come next in object frame f: [first, last] (first > last:
+  // none), from f.index up to the first required one, each leaving room for the required ones
+  // after it within maxProperties and enough after it for minProperties.
+  std::pair<int32_t, int32_t> next_properties(const Frame& f) const;
+  // Another key than the listed ones may come next in object frame f.
+  bool other_key_fits(const Frame& f) const;
+  bool key_may_come(const Frame& f) const;
   void literal_byte(JsonThread t, uint8_t c, Sink& out);
   // A number's byte (start_value's first one included): digits, sign, fraction, exponent.
   void number_byte(JsonThread t, uint8_t c, Sink& out);

@@ -95,8 +95,6 @@ constexpr int64_t kMaxLength = 65535;  // JsonThread counts a string's character
 // loosely.
 const std::set<std::string, std::less<>> kUnsupported = {
     "patternProperties",
-    "minProperties",
-    "maxProperties",
     "dependentRequired",
     "dependentSchemas",
     "dependencies",
@@ -113,8 +111,8 @@ const std::set<std::string, std::less<>> kUnsupported = {
     "$dynamicRef",
     "$recursiveRef",
 };
-const char* const kObjectWords[] = {"properties", "required", "additionalProperties",
-                                    "propertyNames"};
+const char* const kObjectWords[] = {"properties",    "required",      "additionalProperties",
+                                    "propertyNames", "minProperties", "maxProperties"};
 const char* const kArrayWords[] = {"items", "prefixItems", "minItems", "maxItems", "uniqueItems"};
 const char* const kStringWords[] = {"minLength", "maxLength", "pattern"};
 const char* const kBoundWords[] = {"minimum", "maximum", "exclusiveMinimum", "exclusiveMaximum"};
@@ -129,6 +127,8 @@ const char* const kConstraints[] = {"type",
                                     "required",
                                     "additionalProperties",
                                     "propertyNames",
+                                    "minProperties",
+                                    "maxProperties",
                                     "items",
                                     "prefixItems",
                                     "minItems",
@@ -667,10 +667,16 @@ class JsonSchemaCompiler {
       }
       additional = -1;
     }
+    QS_ASSIGN_OR_RETURN(const int32_t lo,
+                        bound(s, "minProperties", std::numeric_limits<int32_t>::max(), at));
+    QS_ASSIGN_OR_RETURN(const int32_t hi,
+                        bound(s, "maxProperties", std::numeric_limits<int32_t>::max(), at));
     JsonNode& n = node(id);
     n.kind = JsonNode::Kind::kObject;
     n.properties = std::move(props);
     n.additional = additional;
+    n.min_properties = std::max(lo, 0);
+    n.max_properties = hi;
     return Status::ok_status();
   }
 
@@ -758,11 +764,23 @@ class JsonSchemaCompiler {
         const JsonNode& u = g_.nodes_[i];
         bool p = false;
         switch (u.kind) {
-          case Kind::kObject:
+          case Kind::kObject: {
+            // Its required properties can be made, within maxProperties, and minProperties of
+            // them all (other keys: as many as wanted).
+            const auto made =
+                std::count_if(u.properties.begin(), u.properties.end(),
+                              [&](const JsonNode::Property& q) { return ok(q.value); });
+            const auto required =
+                std::count_if(u.properties.begin(), u.properties.end(),
+                              [](const JsonNode::Property& q) { return q.required; });
             p = std::all_of(
-                u.properties.begin(), u.properties.end(),
-                [&](const JsonNode::Property& q) { return !q.required || ok(q.value); });
+                    u.properties.begin(), u.properties.end(),
+                    [&](const JsonNode::Property& q) { return !q.required || ok(q.value); }) &&
+                (u.max_properties < 0 ||
+                 (required <= u.max_properties && u.min_properties <= u.max_properties)) &&
+                (ok(u.additional) || made >= u.min_properties);
             break;
+          }
           case Kind::kArray:
             // Its first min_items items can be made (unique ones: that many values).
             p = (u.max_items < 0 || u.min_items <= u.max_items) &&
@@ -816,10 +834,12 @@ class JsonSchemaCompiler {
       if (u.kind != JsonNode::Kind::kObject) continue;
       const auto count = static_cast<int32_t>(u.properties.size());
       u.last_may.assign(static_cast<size_t>(count) + 1, count - 1);
+      u.required_from.assign(static_cast<size_t>(count) + 1, 0);
       for (int32_t i = count - 1; i >= 0; --i) {
         const bool req = u.properties[static_cast<size_t>(i)].required;
         if (req && u.last_required < 0) u.last_required = i;
         u.last_may[static_cast<size_t>(i)] = req ? i : u.last_may[static_cast<size_t>(i) + 1];
+        u.required_from[static_cast<size_t>(i)] = u.required_from[static_cast<size_t>(i) + 1] + req;
       }
       if (count == 0) continue;
       u.keys = new_trie();

@@ -7,13 +7,13 @@
 // anyOf / oneOf (followed as anyOf), allOf of one schema, $ref to "#..." (recursion included),
 // $defs / definitions, properties (generated in their order; those not in required may be left
 // out), required, additionalProperties (false when properties are given and it is not, as vLLM's
-// xgrammar does), items, prefixItems, minItems, maxItems, uniqueItems (of enum / const / boolean
-// items, in their order), minLength, maxLength, pattern
-// (json_pattern.h), the string formats of json_formats.h, and on numbers and integers minimum,
-// maximum, exclusiveMinimum, exclusiveMaximum, multipleOf. Annotations (title, description,
-// default, examples, other formats, ...) and unknown keywords are ignored, as JSON Schema says; the
-// assertions this engine cannot enforce (not, if, ...) are errors that name them. An empty
-// schema (or true) is any JSON value.
+// xgrammar does), propertyNames (an enum's), minProperties, maxProperties, items, prefixItems,
+// minItems, maxItems, uniqueItems (of enum / const / boolean items, in their order), minLength,
+// maxLength, pattern (json_pattern.h), the string formats of json_formats.h, and on numbers and
+// integers minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf. Annotations (title,
+// description, default, examples, other formats, ...) and unknown keywords are ignored, as JSON
+// Schema says; the assertions this engine cannot enforce (not, if, ...) are errors that name them.
+// An empty schema (or true) is any JSON value.
 #pragma once
 
 #include <cstdint>
@@ -62,6 +62,10 @@ struct JsonNode {
   int32_t keys = -1;
   std::vector<int32_t> last_may;
   int32_t last_required = -1;
+  // ... minProperties, maxProperties (-1: no bound); `required_from[i]`: the required properties
+  // from i on (properties.size() + 1 entries).
+  int32_t min_properties = 0, max_properties = -1;
+  std::vector<int32_t> required_from;
   // kArray: item i's node is prefix_items[i] (prefixItems, a tuple's), past them `items` (-1:
   // none)
   std::vector<int32_t> prefix_items;

@@ -118,6 +118,10 @@ inline bool schema_accepts(const OrderedJson& schema, const OrderedJson& v,
         return false;
       }
     }
+    if (v.size() < schema.value("minProperties", size_t{0})) return false;
+    if (schema.contains("maxProperties") && v.size() > schema["maxProperties"].get<size_t>()) {
+      return false;
+    }
     for (const OrderedJson& r : schema.value("required", OrderedJson::array())) {
       if (!v.contains(r.get<std::string>())) return false;
     }

@@ -456,6 +456,28 @@ const std::vector<SchemaCase>& schema_cases() {
         {R"({"f":{"z":null}})", "z\""},         // not a name it allows
         {R"({"f":{"a":true,"b":1}})", ",\"b"},  // listed properties: no others
         {R"({"g":{"j":1}})", "j\""}}},          //
+      {"member counts",  // minProperties / maxProperties beside required and other keys
+       R"({"type": "object", "properties": {
+             "d": {"type": "object", "additionalProperties": {"type": "integer"},
+                   "minProperties": 1, "maxProperties": 2},
+             "p": {"type": "object", "properties": {"a": {"type": "integer"},
+                   "b": {"type": "integer"}, "c": {"type": "integer"}}, "required": ["c"],
+                   "minProperties": 2, "maxProperties": 2},
+             "q": {"type": "object", "properties": {"a": {}, "b": {}},
+                   "additionalProperties": {"type": "null"}, "required": ["b"],
+                   "maxProperties": 2},
+             "e": {"propertyNames": {"enum": ["x", "y", "z"]}, "minProperties": 2}}})",
+       {R"({"d":{"x":1}})", R"({"d":{"x":1,"y":2},"p":{"a":1,"c":3}})",
+        R"({"p":{"b":2,"c":3},"q":{"b":1}})", R"({"q":{"a":1,"b":[]},"e":{"x":1,"z":2}})",
+        R"({"q":{"o":null,"b":0},"e":{"y":1,"z":2}})"},
+       {{R"({"d":{}})", "}}"},                           // minProperties
+        {R"({"d":{"x":1,"y":2,"z":3}})", ",\"z"},        // maxProperties
+        {R"({"p":{"c":3}})", "c\""},                     // one more is due before c
+        {R"({"p":{"a":1,"b":2}})", "b\""},               // then no room for c
+        {R"({"q":{"a":1,"o":null}})", "o\""},            // room is left for b only
+        {R"({"q":{"o":null,"a":1}})", "a\""},            //
+        {R"({"q":{"b":1,"o":null,"x":null}})", ",\"x"},  //
+        {R"({"e":{"z":1}})", "z\""}}},                   // nothing could follow z
       {"top-level number bounds",
        R"({"type": "number", "minimum": -1.5, "maximum": 1e3})",
        {"-1.5", "1000", "999.99", "-0.75", "0"},
@@ -521,6 +543,13 @@ TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
       {R"({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": true, "minItems": 3})",
        "the schema accepts no value"},
       {R"({"type": "object", "if": {}})", "'if' is not supported"},
+      {R"({"properties": {"a": {}}, "additionalProperties": false, "minProperties": 2})",
+       "the schema accepts no value"},
+      {R"({"properties": {"a": {}, "b": {}}, "required": ["a", "b"], "maxProperties": 1})",
+       "the schema accepts no value"},
+      {R"({"type": "object", "minProperties": 3, "maxProperties": 2})",
+       "the schema accepts no value"},
+      {R"({"type": "object", "maxProperties": -1})", "'maxProperties' must be a non-negative"},
       {R"({"type": "object", "propertyNames": {"pattern": "^a"}})",
        "'propertyNames' other than an enum or const of strings is not supported"},
       {R"({"type": "object", "properties": {"a": {}}, "required": ["a"],

@@ -130,7 +130,7 @@ MATRIX = [
           "tool_choice": {"type": "function", "function": {"name": "g"}}}, 400, "tool_choice.function.name",
      "invalid_value"),
     (CH, {"messages": USER, "tool_choice": "required", "tools": [{"type": "function", "function": {
-        "name": "f", "parameters": {"type": "object", "properties": {"s": {"minProperties": 1}}}}}]}, 400,
+        "name": "f", "parameters": {"type": "object", "properties": {"s": {"patternProperties": {"^a": {}}}}}}}]}, 400,
      "tools[0].function.parameters", "invalid_value"),
     (CH, {"messages": USER, "tool_choice": "required", "response_format": {"type": "json_object"},
           "tools": [{"type": "function", "function": {"name": "f"}}]}, 400, "response_format", "invalid_value"),

@@ -358,6 +358,7 @@ def test_chat_json_schema(client, start_server, chat_models):
         share: Annotated[float, Field(multiple_of=0.25, ge=0, le=4)]  # ... beside bounds
         colors: set[Literal["red", "green", "blue"]]  # uniqueItems
         marks: dict[Literal["x", "y"], bool]  # propertyNames
+        extra: Annotated[dict[str, int], Field(min_length=1, max_length=2)]  # min/maxProperties
 
     tok = Tokenizer.from_file(os.path.join(REPO, "models", "test", "llama3-tiny", "tokenizer.json"))
     bias = {str(tok.token_to_id(p)): 4 for p in ('"', "}", ",", "]")}
@@ -374,7 +375,7 @@ def test_chat_json_schema(client, start_server, chat_models):
         doc = json.loads(content)
         jsonschema.validate(doc, Box.model_json_schema())
         assert [k for k in ("size", "name", "tags", "weight", "count", "price", "code", "corner",
-                                          "cost", "step", "share", "colors", "marks") if k in doc] == \
+                                          "cost", "step", "share", "colors", "marks", "extra") if k in doc] == \
             list(doc), content
         finished += 1
     assert finished > 0
@@ -471,7 +472,7 @@ def test_completions_response_format(server):
                                   **{k: v for k, v in body.items() if k != "response_format"})
     assert "".join(ch.choices[0].text for ch in chunks) == text
     status, r = post(server.url + "/v1/completions", dict(body, response_format={"type": "json_schema",
-                     "json_schema": {"name": "x", "schema": {"type": "object", "minProperties": 1}}}))
+                     "json_schema": {"name": "x", "schema": {"type": "object", "patternProperties": {"^a": {}}}}}))
     assert status == 400 and r["error"]["param"] == "response_format.json_schema.schema", r
 
 

@@ -96,9 +96,9 @@ TEST(Tools, BadRequestsNameTheParameter) {
       {R"({"tools": [)" + f + R"(], "tool_choice": {"type": "function"}})", "tool_choice.function"},
       {R"({"tools": [)" + f + R"(], "parallel_tool_calls": 1})", "parallel_tool_calls"},
       {R"({"tools": [{"type": "function", "function": {"name": "f", "parameters":
-           {"type": "object", "properties": {"s": {"type": "object", "minProperties": 1}}}}}],
+           {"type": "object", "properties": {"s": {"type": "object", "patternProperties": {"^a": {}}}}}}}],
            "tool_choice": "required"})",
-       "tools[0].function.parameters: json_schema at '#/properties/s': 'minProperties' is not "
+       "tools[0].function.parameters: json_schema at '#/properties/s': 'patternProperties' is not "
        "supported"},
   };
   for (const auto& [body, want] : cases) {
@@ -107,7 +107,7 @@ TEST(Tools, BadRequestsNameTheParameter) {
   }
   // The same parameters are fine where nothing constrains the reply.
   EXPECT_EQ(tools_error(R"({"tools": [{"type": "function", "function": {"name": "f", "parameters":
-           {"type": "object", "properties": {"s": {"type": "object", "minProperties": 1}}}}}]})"),
+           {"type": "object", "properties": {"s": {"type": "object", "patternProperties": {"^a": {}}}}}}}]})"),
             "");
   // "required" among more tools than the recognizer follows at once.
   std::string many = R"({"tool_choice": "required", "tools": [)";
