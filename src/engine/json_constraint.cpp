@@ -156,7 +156,7 @@ size_t JsonRecognizer::FrameHash::operator()(const Frame& f) const {
   h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.node);
   h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.index);
   h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.depth);
-  h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.last);
+  h = h * 0x9e3779b97f4a7c15ull ^ static_cast<uint64_t>(f.last);
   return static_cast<size_t>(h * 0x9e3779b97f4a7c15ull ^ static_cast<uint32_t>(f.members));
 }
 
@@ -407,36 +407,36 @@ bool bounded(const JsonNode& n) {
          (n.minimum != -kJsonNoBound || n.maximum != kJsonNoBound);
 }
 
-// The magnitudes, in units, n's bounds allow a number of t's sign: [lo, hi].
+// The magnitudes, in units, a rule's bounds allow a number of t's sign: [lo, hi].
 struct Magnitudes {
   JsonScaled lo, hi;
 };
-Magnitudes magnitudes(const JsonNode& n, const JsonThread& t) {
-  if (t.aux & kNegative) return {-n.maximum, -n.minimum};
-  return {n.minimum, n.maximum};
+Magnitudes magnitudes(const NumberRule& r, const JsonThread& t) {
+  if (t.aux & kNegative) return {-r.maximum, -r.minimum};
+  return {r.minimum, r.maximum};
 }
 
 JsonScaled whole_units(const JsonThread& t) {
   return JsonScaled{t.value} * kJsonUnit;
 }
 
-// Whether [a, b] (magnitudes in units, a >= 0) holds one that n allows a number of m's sign:
+// Whether [a, b] (magnitudes in units, a >= 0) holds one that r allows a number of m's sign:
 // within its bounds and, with multipleOf, a multiple of it.
-bool holds_allowed(const JsonNode& n, const Magnitudes& m, JsonScaled a, JsonScaled b) {
+bool holds_allowed(const NumberRule& r, const Magnitudes& m, JsonScaled a, JsonScaled b) {
   a = std::max(a, m.lo);
   b = std::min(b, m.hi);
   if (a > b) return false;
-  return n.multiple == 0 || (a + n.multiple - 1) / n.multiple * n.multiple <= b;
+  return r.multiple == 0 || (a + r.multiple - 1) / r.multiple * r.multiple <= b;
 }
 
-// Whether a number that ends here is one n allows (bounds, multipleOf).
-bool number_allowed(const JsonNode& n, const JsonThread& t) {
-  const Magnitudes m = magnitudes(n, t);
+// Whether a number that ends here is one r allows (bounds, multipleOf).
+bool number_allowed(const NumberRule& r, const JsonThread& t) {
+  const Magnitudes m = magnitudes(r, t);
   const JsonScaled v = whole_units(t) + (t.mode == kFrac ? t.frac : 0);
   // Digits past the first kJsonUnitDigits that are not all 0: strictly between v and v + 1, so
   // no multiple of a unit.
-  if (t.mode == kFrac && (t.aux & kBeyond)) return n.multiple == 0 && v >= m.lo && v + 1 <= m.hi;
-  return holds_allowed(n, m, v, v);
+  if (t.mode == kFrac && (t.aux & kBeyond)) return r.multiple == 0 && v >= m.lo && v + 1 <= m.hi;
+  return holds_allowed(r, m, v, v);
 }
 
 // Whether a bounded number read up to t (in t.mode) can still end as one n allows. What its
@@ -445,7 +445,7 @@ bool number_allowed(const JsonNode& n, const JsonThread& t) {
 // j = 0; after fraction digits F (k of them) [P.F, P.F + 10^-k). Bounds, multiples and those ends
 // are whole units, so an interval that holds an allowed value holds one of at most
 // kJsonUnitDigits fraction digits the text can still become.
-bool number_viable(const JsonNode& n, const JsonThread& t) {
+bool number_viable(const NumberRule& n, const JsonThread& t) {
   const Magnitudes m = magnitudes(n, t);
   const JsonScaled whole = whole_units(t);
   switch (t.mode) {
@@ -473,14 +473,53 @@ bool number_viable(const JsonNode& n, const JsonThread& t) {
 
 }  // namespace
 
+NumberRule JsonRecognizer::number_rule(const JsonThread& t) const {
+  const JsonNode& n = g_.node(t.node);
+  NumberRule r{n.minimum, n.maximum, n.multiple};
+  if (t.frame < 0) return r;
+  const Frame& f = frame(t.frame);
+  const JsonNode& a = g_.node(f.node);
+  if (!a.unique) return r;
+  // An item of a unique array of integers: past the last one, with room below the maximum for
+  // the items minItems still asks after it.
+  const JsonScaled step = n.multiple != 0 ? n.multiple : kJsonUnit;
+  if (f.last != kNoItem) r.minimum = std::max(r.minimum, (JsonScaled{f.last} + 1) * kJsonUnit);
+  r.maximum -= step * std::max(0, a.min_items - f.index);
+  return r;
+}
+
+void JsonRecognizer::end_number(JsonThread t, uint8_t c, Sink& out) {
+  if (t.frame >= 0 && g_.node(frame(t.frame).node).unique) {
+    Frame f = frame(t.frame);
+    f.last = (t.aux & kNegative) ? -t.value : t.value;
+    t.frame = intern(f);
+  }
+  end_value(t, c, true, out);
+}
+
+bool JsonRecognizer::item_may_start(const JsonThread& t, int32_t item) const {
+  const JsonNode& a = g_.node(frame(t.frame).node);
+  if (!a.unique) return true;
+  const JsonNode& n = g_.node(item);
+  if (n.kind == JsonNode::Kind::kLiterals) return unique_allows(t, n.trie);
+  JsonThread u = t;
+  u.node = item;
+  const NumberRule r = number_rule(u);
+  const JsonScaled step = n.multiple != 0 ? n.multiple : kJsonUnit;
+  const JsonScaled q = r.minimum / step;  // the first multiple of step from r.minimum on
+  const JsonScaled first = (q * step < r.minimum ? q + 1 : q) * step;
+  return first <= r.maximum;
+}
+
 void JsonRecognizer::number_byte(JsonThread t, uint8_t c, Sink& out) {
   const JsonNode& n = g_.node(t.node);
   const bool integer = n.kind == JsonNode::Kind::kInteger;
   const bool checked = bounded(n);  // then also no exponent: a decimal whose value is tracked
-  // On to `mode`, where the number can still end as one n allows.
+  const NumberRule rule = number_rule(t);
+  // On to `mode`, where the number can still end as one the rule allows.
   auto to = [&](uint8_t mode) {
     t.mode = mode;
-    if (!checked || number_viable(n, t)) out.add(t);
+    if (!checked || number_viable(rule, t)) out.add(t);
   };
   // A digit of the integer part, into `mode` (kZero: a leading 0).
   auto integer_digit = [&](uint8_t mode) {
@@ -521,15 +560,15 @@ void JsonRecognizer::number_byte(JsonThread t, uint8_t c, Sink& out) {
       if (t.mode == kInt && is_digit(c)) return integer_digit(kInt);
       if (!integer && c == '.') return to(kDot);
       if (!integer && exponent) return to(kExp);
-      if (checked && !number_allowed(n, t)) return;
-      return end_value(t, c, true, out);
+      if (checked && !number_allowed(rule, t)) return;
+      return end_number(t, c, out);
     case kDot:
       if (is_digit(c)) fraction_digit();
       return;
     case kFrac:
       if (is_digit(c)) return fraction_digit();
       if (exponent) return to(kExp);
-      if (checked && !number_allowed(n, t)) return;
+      if (checked && !number_allowed(rule, t)) return;
       return end_value(t, c, true, out);
     case kExp:
       if (c == '+' || c == '-') return to(kExpSign);
@@ -577,7 +616,7 @@ void JsonRecognizer::next_member(JsonThread t, Sink& out) {
     const int32_t item = item_node(n, f.index);
     if (item < 0) return;
     set_index(t, saturate(n, f.index + 1));
-    if (!unique_allows(t, g_.node(item).trie)) return;  // no value left for a unique item
+    if (!item_may_start(t, item)) return;  // no value left for a unique item
     t.mode = kValue;
     t.node = item;
   }
@@ -682,8 +721,7 @@ bool JsonRecognizer::accepting(const JsonState& s) const {
     if (t.frame >= 0) continue;
     // A number or a literal at the top level ends with the text.
     if (t.mode == kZero || t.mode == kInt || t.mode == kFrac) {
-      const JsonNode& n = g_.node(t.node);
-      if (!bounded(n) || number_allowed(n, t)) return true;
+      if (!bounded(g_.node(t.node)) || number_allowed(number_rule(t), t)) return true;
     }
     if (t.mode == kExpInt) return true;
     if (t.mode == kLiteral && g_.trie(t.trie).value >= 0) return true;

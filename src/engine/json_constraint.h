@@ -12,6 +12,7 @@
 
 #include <array>
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -25,6 +26,12 @@
 namespace qs {
 
 class Tokenizer;
+
+// What a number may be (JsonNode's bounds and multipleOf), narrowed where it is an item of a
+// unique array of integers.
+struct NumberRule {
+  JsonScaled minimum, maximum, multiple;
+};
 
 // Nesting beyond this many open objects / arrays is refused.
 constexpr int kJsonMaxDepth = 64;
@@ -109,12 +116,15 @@ class JsonRecognizer {
   void merge_alike(JsonState& s) const;
 
  private:
+  static constexpr int64_t kNoItem = std::numeric_limits<int64_t>::min();
   struct Frame {
     int32_t parent;  // -1: the outermost
     int32_t node;    // an object or array node
     int32_t index;   // objects: the next property that may come; arrays: the items started
     int32_t depth;
-    int32_t last = -1;  // a unique array's last item's value (JsonNode::unique), -1: none yet
+    // A unique array's last item (JsonNode::unique): its literal's value or its integer;
+    // kNoItem: none yet.
+    int64_t last = kNoItem;
     int32_t members = 0;  // an object's members so far, counted only with min/maxProperties
     bool operator==(const Frame&) const = default;
   };
@@ -146,6 +156,13 @@ class JsonRecognizer {
   void number_byte(JsonThread t, uint8_t c, Sink& out);
   // Moves into literal trie node `next` (none: -1), ending the value where nothing can follow.
   void enter_trie(JsonThread t, int32_t next, Sink& out);
+  // number_byte's rule for t: its node's, narrowed in a unique array of integers.
+  NumberRule number_rule(const JsonThread& t) const;
+  // A number ends before `c` (a unique array keeps its value), then end_value.
+  void end_number(JsonThread t, uint8_t c, Sink& out);
+  // Whether a unique array's next item (node `item`, its frame t's, index counted) has a value
+  // left; true elsewhere.
+  bool item_may_start(const JsonThread& t, int32_t item) const;
   // The literal at trie node `at` ends (a unique array keeps its value), then end_value.
   void end_literal(JsonThread t, int32_t at, uint8_t c, bool reread, Sink& out);
   // Whether t may enter literal trie node `next`: only a value past the last one where t's

@@ -589,23 +589,44 @@ class JsonSchemaCompiler {
     return Status::ok_status();
   }
 
-  // A unique array's items must be one literal node (an enum, a const, a boolean, through $ref
-  // too): its item is that node, its values come in their order.
+  // A unique array's items must be one literal node (an enum, a const, a boolean) or one integer
+  // node, through $ref too: its item is that node, its values come in ascending order (a
+  // literal's by its index). An integer item is bounded, within +-kJsonMaxBound, so that its
+  // value is tracked exactly (a copy of the node where it was not).
   Status resolve_unique_items() {
+    using Kind = JsonNode::Kind;
     for (size_t id = 0; id < g_.nodes_.size(); ++id) {
-      JsonNode& a = g_.nodes_[id];
-      if (a.kind != JsonNode::Kind::kArray || !a.unique) continue;
-      int32_t item = a.items;
+      if (g_.nodes_[id].kind != Kind::kArray || !g_.nodes_[id].unique) continue;
+      int32_t item = g_.nodes_[id].items;
       const JsonNode& u = node(item);
-      if (u.kind == JsonNode::Kind::kUnion && u.alternatives.size() == 1) item = u.alternatives[0];
-      if (!a.prefix_items.empty() || node(item).kind != JsonNode::Kind::kLiterals) {
+      if (u.kind == Kind::kUnion && u.alternatives.size() == 1) item = u.alternatives[0];
+      const Kind kind = node(item).kind;
+      if (!g_.nodes_[id].prefix_items.empty() ||
+          (kind != Kind::kLiterals && kind != Kind::kInteger)) {
         return error_at(where_[id],
-                        "'uniqueItems' is supported for items of one enum, const or "
-                        "boolean schema (no prefixItems)");
+                        "'uniqueItems' is supported for items of one enum, const, "
+                        "boolean or integer schema (no prefixItems)");
+      }
+      constexpr JsonScaled kMost = JsonScaled{kJsonMaxBound} * kJsonUnit;
+      if (kind == Kind::kInteger && (node(item).minimum < -kMost || node(item).maximum > kMost)) {
+        JsonNode bounded = node(item);
+        const JsonScaled step = bounded.multiple != 0 ? bounded.multiple : kJsonUnit;
+        bounded.minimum = std::max(bounded.minimum, ceil_div(-kMost, step) * step);
+        bounded.maximum = std::min(bounded.maximum, floor_div(kMost, step) * step);
+        QS_ASSIGN_OR_RETURN(item, new_node(where_[static_cast<size_t>(item)]));
+        node(item) = std::move(bounded);
       }
       g_.nodes_[id].items = item;
     }
     return Status::ok_status();
+  }
+
+  // How many values a unique array's item node has (enough for its minItems?).
+  JsonScaled distinct_values(const JsonNode& item) const {
+    if (item.kind == JsonNode::Kind::kLiterals) return std::ssize(g_.trie(item.trie).below);
+    const JsonScaled step = item.multiple != 0 ? item.multiple : kJsonUnit;
+    if (item.minimum > item.maximum) return 0;
+    return floor_div(item.maximum, step) - ceil_div(item.minimum, step) + 1;
   }
 
   Status fill_object(int32_t id, const Schema& s, const std::string& at, int depth) {
@@ -784,7 +805,8 @@ class JsonSchemaCompiler {
           case Kind::kArray:
             // Its first min_items items can be made (unique ones: that many values).
             p = (u.max_items < 0 || u.min_items <= u.max_items) &&
-                (!u.unique || u.min_items <= std::ssize(g_.trie(node(u.items).trie).below)) &&
+                (!u.unique ||
+                 u.min_items <= distinct_values(g_.nodes_[static_cast<size_t>(u.items)])) &&
                 std::all_of(u.prefix_items.begin(),
                             u.prefix_items.begin() +
                                 std::min<ptrdiff_t>(u.min_items, std::ssize(u.prefix_items)),

@@ -8,12 +8,12 @@
 // $defs / definitions, properties (generated in their order; those not in required may be left
 // out), required, additionalProperties (false when properties are given and it is not, as vLLM's
 // xgrammar does), propertyNames (an enum's), minProperties, maxProperties, items, prefixItems,
-// minItems, maxItems, uniqueItems (of enum / const / boolean items, in their order), minLength,
-// maxLength, pattern (json_pattern.h), the string formats of json_formats.h, and on numbers and
-// integers minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf. Annotations (title,
-// description, default, examples, other formats, ...) and unknown keywords are ignored, as JSON
-// Schema says; the assertions this engine cannot enforce (not, if, ...) are errors that name them.
-// An empty schema (or true) is any JSON value.
+// minItems, maxItems, uniqueItems (of enum / const / boolean / integer items, ascending),
+// minLength, maxLength, pattern (json_pattern.h), the string formats of json_formats.h, and on
+// numbers and integers minimum, maximum, exclusiveMinimum, exclusiveMaximum, multipleOf.
+// Annotations (title, description, default, examples, other formats, ...) and unknown keywords are
+// ignored, as JSON Schema says; the assertions this engine cannot enforce (not, if, ...) are errors
+// that name them. An empty schema (or true) is any JSON value.
 #pragma once
 
 #include <cstdint>
@@ -71,9 +71,9 @@ struct JsonNode {
   std::vector<int32_t> prefix_items;
   int32_t items = -1;
   int32_t min_items = 0, max_items = -1;  // -1: no bound
-  // uniqueItems: `items` is a kLiterals node (no prefix_items), and its values come in the order
-  // of their indices (as the enum lists them), each at most once: a set written in one order, as
-  // an object's properties are.
+  // uniqueItems: `items` is a kLiterals node (its values come in the order of their indices, as
+  // the enum lists them) or a kInteger one within +-kJsonMaxBound (ascending), no prefix_items:
+  // each value at most once, a set written in one order, as an object's properties are.
   bool unique = false;
   // kString: characters (code points; an escape is one); its pattern (JsonGrammar::pattern), -1:
   // none

@@ -424,19 +424,32 @@ const std::vector<SchemaCase>& schema_cases() {
                       "maxItems": 2},
              "two": {"type": "array", "items": {"enum": ["a", "b", "c", "a"]}, "uniqueItems": true,
                      "minItems": 2},
-             "loose": {"type": "array", "items": {"type": "integer"}, "uniqueItems": false}},
+             "loose": {"type": "array", "items": {"type": "integer"}, "uniqueItems": false},
+             "ids": {"type": "array", "items": {"type": "integer", "minimum": 0, "maximum": 3},
+                     "uniqueItems": true, "minItems": 2},
+             "tens": {"type": "array", "items": {"type": "integer", "multipleOf": 10},
+                      "uniqueItems": true}},
            "$defs": {"c": {"enum": [1, 2, "a"]}}})",
        {R"({"colors":["red","blue"],"flags":[true,false]})",
         R"({"colors":[],"flags":[true,false],"refs":[1,"a"]})",
         R"({"colors":["green"],"two":["a","c"],"loose":[1,1]})",
-        R"({"colors":["red","green","blue"],"refs":[2],"two":["b","c"]})"},
-       {{R"({"colors":["blue","red"]})", ",\"red"},  // blue is the last value
-        {R"({"colors":["red","red"]})", "red\"]"},   // each once
-        {R"({"flags":[false,true]})", "false"},      // true comes first, and two are due
-        {R"({"flags":[true]})", "]}"},               // minItems
-        {R"({"refs":[2,1]})", "1]"},                 //
-        {R"({"refs":[1,2,"a"]})", ",\"a"},           // maxItems
-        {R"({"two":["c"]})", "c\"]"}}},              // "c" leaves nothing for a second item
+        R"({"colors":["red","green","blue"],"refs":[2],"two":["b","c"]})",
+        R"({"ids":[0,3],"tens":[-20,0,1000]})", R"({"ids":[1,2,3],"tens":[]})",
+        R"({"ids":[0,1,2,3],"tens":[-1000000000000000000,1000000000000000000]})"},
+       {{R"({"colors":["blue","red"]})", ",\"red"},       // blue is the last value
+        {R"({"colors":["red","red"]})", "red\"]"},        // each once
+        {R"({"flags":[false,true]})", "false"},           // true comes first, and two are due
+        {R"({"flags":[true]})", "]}"},                    // minItems
+        {R"({"refs":[2,1]})", "1]"},                      //
+        {R"({"refs":[1,2,"a"]})", ",\"a"},                // maxItems
+        {R"({"two":["c"]})", "c\"]"},                     // "c" leaves nothing for a second item
+        {R"({"ids":[2,1]})", "1]"},                       // ascending
+        {R"({"ids":[1,1]})", "1]"},                       // each once
+        {R"({"ids":[3]})", "3]"},                         // 3 leaves nothing for a second item
+        {R"({"ids":[0,1,2,3,4]})", ",4"},                 // nothing is left past 3
+        {R"({"tens":[10,5]})", "]}"},                     // 5 may still become 50
+        {R"({"tens":[10,10]})", "]}"},                    // 10 may still become 100
+        {R"({"tens":[1000000000000000000,1]})", ",1"}}},  // nothing past 1e18
       {"property names",  // propertyNames of an enum / const (pydantic's dict[AnEnum, V])
        R"({"type": "object", "properties": {
              "d": {"type": "object", "additionalProperties": {"type": "integer"},
@@ -534,10 +547,13 @@ TEST(JsonSchema, ErrorsNameTheKeywordAndThePlace) {
       {R"({"pattern": "^\\x01$"})", "the schema accepts no value"},
       {R"({"pattern": 5})", "'pattern' must be a string"},
       {R"({"properties": {"tags": {"type": "array", "uniqueItems": true}}})",
-       "at '#/properties/tags': 'uniqueItems' is supported for items of one enum, const or "
-       "boolean schema"},
+       "at '#/properties/tags': 'uniqueItems' is supported for items of one enum, const, "
+       "boolean or integer schema"},
       {R"({"type": "array", "items": {"type": "string"}, "uniqueItems": true})",
        "'uniqueItems' is supported for items of one enum"},
+      {R"({"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 3},
+           "uniqueItems": true, "minItems": 4})",
+       "the schema accepts no value"},
       {R"({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": 1})",
        "'uniqueItems' must be a boolean"},
       {R"({"type": "array", "items": {"enum": ["a", "b"]}, "uniqueItems": true, "minItems": 3})",

@@ -357,6 +357,7 @@ def test_chat_json_schema(client, start_server, chat_models):
         step: Annotated[int, Field(multiple_of=5)]  # multipleOf
         share: Annotated[float, Field(multiple_of=0.25, ge=0, le=4)]  # ... beside bounds
         colors: set[Literal["red", "green", "blue"]]  # uniqueItems
+        ids: set[int]  # ... of integers
         marks: dict[Literal["x", "y"], bool]  # propertyNames
         extra: Annotated[dict[str, int], Field(min_length=1, max_length=2)]  # min/maxProperties
 
@@ -375,7 +376,7 @@ def test_chat_json_schema(client, start_server, chat_models):
         doc = json.loads(content)
         jsonschema.validate(doc, Box.model_json_schema())
         assert [k for k in ("size", "name", "tags", "weight", "count", "price", "code", "corner",
-                                          "cost", "step", "share", "colors", "marks", "extra") if k in doc] == \
+                                          "cost", "step", "share", "colors", "ids", "marks", "extra") if k in doc] == \
             list(doc), content
         finished += 1
     assert finished > 0
