@@ -254,12 +254,15 @@ bool JsonRecognizer::unique_allows(const JsonThread& t, int32_t next) const {
   return it != below.end() && *it <= most;
 }
 
+void JsonRecognizer::keep_item(JsonThread& t, int64_t value) {
+  if (t.frame < 0 || !g_.node(frame(t.frame).node).unique) return;
+  Frame f = frame(t.frame);
+  f.last = value;
+  t.frame = intern(f);
+}
+
 void JsonRecognizer::end_literal(JsonThread t, int32_t at, uint8_t c, bool reread, Sink& out) {
-  if (t.frame >= 0 && g_.node(frame(t.frame).node).unique) {
-    Frame f = frame(t.frame);
-    f.last = g_.trie(at).value;
-    t.frame = intern(f);
-  }
+  keep_item(t, g_.trie(at).value);
   end_value(t, c, reread, out);
 }
 
@@ -426,7 +429,7 @@ bool holds_allowed(const NumberRule& r, const Magnitudes& m, JsonScaled a, JsonS
   a = std::max(a, m.lo);
   b = std::min(b, m.hi);
   if (a > b) return false;
-  return r.multiple == 0 || (a + r.multiple - 1) / r.multiple * r.multiple <= b;
+  return r.multiple == 0 || json_ceil_div(a, r.multiple) * r.multiple <= b;
 }
 
 // Whether a number that ends here is one r allows (bounds, multipleOf).
@@ -445,26 +448,26 @@ bool number_allowed(const NumberRule& r, const JsonThread& t) {
 // j = 0; after fraction digits F (k of them) [P.F, P.F + 10^-k). Bounds, multiples and those ends
 // are whole units, so an interval that holds an allowed value holds one of at most
 // kJsonUnitDigits fraction digits the text can still become.
-bool number_viable(const NumberRule& n, const JsonThread& t) {
-  const Magnitudes m = magnitudes(n, t);
+bool number_viable(const NumberRule& r, const JsonThread& t) {
+  const Magnitudes m = magnitudes(r, t);
   const JsonScaled whole = whole_units(t);
   switch (t.mode) {
     case kMinus:
-      return holds_allowed(n, m, 0, m.hi);
+      return holds_allowed(r, m, 0, m.hi);
     case kZero:
     case kDot:
-      return holds_allowed(n, m, whole, whole + kJsonUnit - 1);
+      return holds_allowed(r, m, whole, whole + kJsonUnit - 1);
     case kInt:
       for (JsonScaled a = whole, b = whole + kJsonUnit; a <= m.hi; a *= 10, b *= 10) {
-        if (holds_allowed(n, m, a, b - 1)) return true;
+        if (holds_allowed(r, m, a, b - 1)) return true;
       }
       return false;
     case kFrac: {
-      if (t.count > kJsonUnitDigits) return number_allowed(n, t);  // no new digit moves it
+      if (t.count > kJsonUnitDigits) return number_allowed(r, t);  // no new digit moves it
       JsonScaled width = 1;
       for (int i = t.count; i < kJsonUnitDigits; ++i) width *= 10;
       const JsonScaled v = whole + t.frac;
-      return holds_allowed(n, m, v, v + width - 1);
+      return holds_allowed(r, m, v, v + width - 1);
     }
     default:
       return true;
@@ -482,18 +485,13 @@ NumberRule JsonRecognizer::number_rule(const JsonThread& t) const {
   if (!a.unique) return r;
   // An item of a unique array of integers: past the last one, with room below the maximum for
   // the items minItems still asks after it.
-  const JsonScaled step = n.multiple != 0 ? n.multiple : kJsonUnit;
   if (f.last != kNoItem) r.minimum = std::max(r.minimum, (JsonScaled{f.last} + 1) * kJsonUnit);
-  r.maximum -= step * std::max(0, a.min_items - f.index);
+  r.maximum -= n.integer_step() * std::max(0, a.min_items - f.index);
   return r;
 }
 
 void JsonRecognizer::end_number(JsonThread t, uint8_t c, Sink& out) {
-  if (t.frame >= 0 && g_.node(frame(t.frame).node).unique) {
-    Frame f = frame(t.frame);
-    f.last = (t.aux & kNegative) ? -t.value : t.value;
-    t.frame = intern(f);
-  }
+  keep_item(t, (t.aux & kNegative) ? -t.value : t.value);
   end_value(t, c, true, out);
 }
 
@@ -505,10 +503,7 @@ bool JsonRecognizer::item_may_start(const JsonThread& t, int32_t item) const {
   JsonThread u = t;
   u.node = item;
   const NumberRule r = number_rule(u);
-  const JsonScaled step = n.multiple != 0 ? n.multiple : kJsonUnit;
-  const JsonScaled q = r.minimum / step;  // the first multiple of step from r.minimum on
-  const JsonScaled first = (q * step < r.minimum ? q + 1 : q) * step;
-  return first <= r.maximum;
+  return json_ceil_div(r.minimum, n.integer_step()) * n.integer_step() <= r.maximum;
 }
 
 void JsonRecognizer::number_byte(JsonThread t, uint8_t c, Sink& out) {

@@ -163,6 +163,9 @@ class JsonRecognizer {
   // Whether a unique array's next item (node `item`, its frame t's, index counted) has a value
   // left; true elsewhere.
   bool item_may_start(const JsonThread& t, int32_t item) const;
+  // In a unique array, its frame keeps the item that ended (JsonNode::unique): a literal's
+  // value, an integer.
+  void keep_item(JsonThread& t, int64_t value);
   // The literal at trie node `at` ends (a unique array keeps its value), then end_value.
   void end_literal(JsonThread t, int32_t at, uint8_t c, bool reread, Sink& out);
   // Whether t may enter literal trie node `next`: only a value past the last one where t's

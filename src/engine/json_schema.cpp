@@ -24,16 +24,6 @@ using Schema = nlohmann::ordered_json;
 
 constexpr size_t kMaxNodes = 20000;
 
-JsonScaled floor_div(JsonScaled a, JsonScaled b) {
-  const JsonScaled q = a / b;
-  return q * b > a ? q - 1 : q;
-}
-
-JsonScaled ceil_div(JsonScaled a, JsonScaled b) {
-  const JsonScaled q = a / b;
-  return q * b < a ? q + 1 : q;
-}
-
 // A schema number times kJsonUnit, rounded down and up (equal when it is a whole number of units).
 struct Scaled {
   JsonScaled floor = 0, ceil = 0;
@@ -515,18 +505,18 @@ class JsonSchemaCompiler {
       }
       const Scaled x = scaled(v);
       const std::string_view w = word;
-      if (w == "minimum") n.minimum = std::max(n.minimum, ceil_div(x.ceil, step) * step);
+      if (w == "minimum") n.minimum = std::max(n.minimum, json_ceil_div(x.ceil, step) * step);
       if (w == "exclusiveMinimum") {
-        n.minimum = std::max(n.minimum, (floor_div(x.floor, step) + 1) * step);
+        n.minimum = std::max(n.minimum, (json_floor_div(x.floor, step) + 1) * step);
       }
-      if (w == "maximum") n.maximum = std::min(n.maximum, floor_div(x.floor, step) * step);
+      if (w == "maximum") n.maximum = std::min(n.maximum, json_floor_div(x.floor, step) * step);
       if (w == "exclusiveMaximum") {
-        n.maximum = std::min(n.maximum, (ceil_div(x.ceil, step) - 1) * step);
+        n.maximum = std::min(n.maximum, (json_ceil_div(x.ceil, step) - 1) * step);
       }
     }
     if (n.multiple != 0) {  // the implicit bounds too
-      n.minimum = ceil_div(n.minimum, step) * step;
-      n.maximum = floor_div(n.maximum, step) * step;
+      n.minimum = json_ceil_div(n.minimum, step) * step;
+      n.maximum = json_floor_div(n.maximum, step) * step;
     }
     return Status::ok_status();
   }
@@ -610,9 +600,9 @@ class JsonSchemaCompiler {
       constexpr JsonScaled kMost = JsonScaled{kJsonMaxBound} * kJsonUnit;
       if (kind == Kind::kInteger && (node(item).minimum < -kMost || node(item).maximum > kMost)) {
         JsonNode bounded = node(item);
-        const JsonScaled step = bounded.multiple != 0 ? bounded.multiple : kJsonUnit;
-        bounded.minimum = std::max(bounded.minimum, ceil_div(-kMost, step) * step);
-        bounded.maximum = std::min(bounded.maximum, floor_div(kMost, step) * step);
+        const JsonScaled step = bounded.integer_step();
+        bounded.minimum = std::max(bounded.minimum, json_ceil_div(-kMost, step) * step);
+        bounded.maximum = std::min(bounded.maximum, json_floor_div(kMost, step) * step);
         QS_ASSIGN_OR_RETURN(item, new_node(where_[static_cast<size_t>(item)]));
         node(item) = std::move(bounded);
       }
@@ -624,9 +614,9 @@ class JsonSchemaCompiler {
   // How many values a unique array's item node has (enough for its minItems?).
   JsonScaled distinct_values(const JsonNode& item) const {
     if (item.kind == JsonNode::Kind::kLiterals) return std::ssize(g_.trie(item.trie).below);
-    const JsonScaled step = item.multiple != 0 ? item.multiple : kJsonUnit;
+    const JsonScaled step = item.integer_step();
     if (item.minimum > item.maximum) return 0;
-    return floor_div(item.maximum, step) - ceil_div(item.minimum, step) + 1;
+    return json_floor_div(item.maximum, step) - json_ceil_div(item.minimum, step) + 1;
   }
 
   Status fill_object(int32_t id, const Schema& s, const std::string& at, int depth) {

@@ -37,6 +37,16 @@ inline constexpr int64_t kJsonUnit = 1'000'000'000;
 inline constexpr int64_t kJsonMaxBound = 1'000'000'000'000'000'000;
 inline constexpr JsonScaled kJsonNoBound = JsonScaled{kJsonMaxBound} * kJsonUnit * 1000;
 
+// Division of units rounded down / up (b > 0).
+inline JsonScaled json_floor_div(JsonScaled a, JsonScaled b) {
+  const JsonScaled q = a / b;
+  return q * b > a ? q - 1 : q;
+}
+inline JsonScaled json_ceil_div(JsonScaled a, JsonScaled b) {
+  const JsonScaled q = a / b;
+  return q * b < a ? q + 1 : q;
+}
+
 struct JsonNode {
   enum class Kind : uint8_t {
     kObject,
@@ -89,6 +99,8 @@ struct JsonNode {
   // multiple with kJsonUnit). A number with one is bounded (within +-kJsonMaxBound unless its
   // bounds are narrower), and its bounds are multiples of it.
   JsonScaled multiple = 0;
+  // An integer's values are this far apart, in units.
+  JsonScaled integer_step() const { return multiple != 0 ? multiple : kJsonUnit; }
   // kLiterals: the root of its trie
   int32_t trie = -1;
   // kUnion
